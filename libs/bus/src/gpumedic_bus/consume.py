@@ -1,0 +1,196 @@
+"""Consuming typed events from durable JetStream consumers, safely.
+
+The adapter between FastStream and a service's handler: it validates each message into its
+event class, never hands an invalid one to the handler, and keeps what it refuses in the
+dead-letter stream with the reason. A handler that raises gets the message back later with
+back-off; after `max_deliver` tries the message is dead-lettered too. Acks are explicit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import ConsumerConfig
+from opentelemetry.context import Context
+
+from gpumedic_bus.publish import publish_event
+from gpumedic_bus.settings import NatsSettings
+from gpumedic_bus.streams import stream_of
+from gpumedic_bus.tracing import trace_context
+from gpumedic_events import Event, EventDecodeError, MessageRejected
+from gpumedic_events.deadletter import MAX_KEPT_PAYLOAD
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+
+RETRY_BACKOFF_S = (1.0, 5.0, 15.0, 30.0, 60.0)
+"""Delay before redelivery after the n-th failed attempt (the last value repeats)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler gets besides the event: where it came from and how often it came."""
+
+    subject: str
+    headers: Mapping[str, str]
+    deliveries: int
+    message: NatsMessage | None = None
+
+    @property
+    def trace_context(self) -> Context:
+        return trace_context(self.headers)
+
+    async def still_working(self) -> None:
+        """Tell JetStream a long handler is alive, so AckWait does not redeliver meanwhile."""
+        if self.message is not None:
+            await self.message.in_progress()
+
+
+@dataclass
+class RejectionStats:
+    """Counts of refused messages by subject filter and by cause, for logs and tests."""
+
+    by_cause: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_cause.values())
+
+
+Handler = Callable[[E, Delivery], Awaitable[None]]
+
+
+class EventConsumer(Generic[E]):
+    """Validates, dispatches and acknowledges one durable consumer's messages."""
+
+    def __init__(
+        self,
+        broker: NatsBroker,
+        event_type: type[E],
+        handler: Handler[E],
+        *,
+        service: str,
+        max_deliver: int,
+        stats: RejectionStats,
+    ) -> None:
+        self._broker = broker
+        self._event_type = event_type
+        self._handler = handler
+        self._service = service
+        self._max_deliver = max_deliver
+        self.stats = stats
+
+    async def process(self, msg: NatsMessage) -> None:
+        raw = msg.raw_message
+        subject = raw.subject
+        deliveries = _deliveries(raw)
+        headers = dict(raw.headers or {})
+        try:
+            event = self._event_type.from_json(raw.data, subject=subject)
+        except EventDecodeError as exc:
+            await self._dead_letter(msg, exc.reason, deliveries, cause="invalid")
+            return
+        try:
+            await self._handler(event, Delivery(subject, headers, deliveries, msg))
+        except Exception as exc:
+            if deliveries >= self._max_deliver:
+                log.exception("%s: giving up on %s after %d deliveries", self._service, subject, deliveries)
+                await self._dead_letter(msg, f"handler failed {deliveries} times: {exc!r}"[:2000], deliveries, cause="failed")
+                return
+            delay = RETRY_BACKOFF_S[min(deliveries, len(RETRY_BACKOFF_S)) - 1]
+            log.warning(
+                "%s: handling %s failed (delivery %d of %d), retrying in %.0fs: %r",
+                self._service, subject, deliveries, self._max_deliver, delay, exc,
+            )
+            await msg.nack(delay=delay)
+            return
+        await msg.ack()
+
+    async def _dead_letter(self, msg: NatsMessage, reason: str, deliveries: int, *, cause: str) -> None:
+        raw = msg.raw_message
+        self.stats.by_cause[cause] += 1
+        log.warning(
+            "%s rejected a message on %s (%s, %d so far): %s",
+            self._service, raw.subject, cause, self.stats.total, reason,
+        )
+        record = rejection(self._service, raw.subject, raw.data, reason, deliveries)
+        # If the dead-letter stream cannot take it, this raises: the message is not acked and
+        # comes back later, so nothing is lost.
+        await publish_event(self._broker, record)
+        await msg.reject()
+
+
+def rejection(service: str, subject: str, data: bytes, reason: str, deliveries: int) -> MessageRejected:
+    """The dead-letter record of one refused message."""
+    kept = data[:MAX_KEPT_PAYLOAD].decode("utf-8", errors="replace")[:MAX_KEPT_PAYLOAD]
+    return MessageRejected(
+        source=service,
+        service=service,
+        original_subject=subject[:512],
+        reason=reason[:2000],
+        deliveries=max(deliveries, 1),
+        payload_bytes=len(data),
+        payload_sha256=hashlib.sha256(data).hexdigest(),
+        payload=kept,
+        payload_truncated=len(data) > MAX_KEPT_PAYLOAD,
+    )
+
+
+def _deliveries(raw) -> int:
+    try:
+        return int(raw.metadata.num_delivered)
+    except Exception:  # core (non-JetStream) message
+        return 1
+
+
+def subscribe_events(
+    broker: NatsBroker,
+    event_type: type[E],
+    handler: Handler[E],
+    *,
+    service: str,
+    durable: str,
+    settings: NatsSettings,
+    stats: RejectionStats,
+    subject: str | None = None,
+    batch_size: int = 16,
+) -> EventConsumer[E]:
+    """Attach `handler` to a durable pull consumer of `event_type`'s stream.
+
+    `subject` narrows the filter (e.g. to one node); it defaults to every event of the type.
+    Several instances of a service share the durable and so split the work.
+    """
+    consumer = EventConsumer(broker, event_type, handler, service=service, max_deliver=settings.max_deliver, stats=stats)
+    stream = stream_of(event_type)
+    config = ConsumerConfig(
+        ack_policy=JsAckPolicy.EXPLICIT,
+        # One more than we act on, so the last failure is dead-lettered by us, not dropped by the server.
+        max_deliver=settings.max_deliver + 1,
+        ack_wait=settings.ack_wait_s,
+        max_ack_pending=1000,
+    )
+
+    @broker.subscriber(
+        subject or event_type.subject_filter(),
+        stream=JStream(stream.name, declare=False),
+        durable=durable,
+        config=config,
+        pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
+        ack_policy=AckPolicy.MANUAL,
+        title=f"{service}:{event_type.__name__}",
+        description=(event_type.__doc__ or "").strip(),
+    )
+    async def _on_message(msg: NatsMessage) -> None:
+        await consumer.process(msg)
+
+    return consumer

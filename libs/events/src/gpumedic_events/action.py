@@ -1,0 +1,129 @@
+"""Action requests from the brains (detectors, autoscaler) and results from the hands (remediator).
+
+Actions are a closed catalogue of typed operations; there is no free-form command.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import StrEnum
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpumedic_events.base import Event, NodeId
+
+_ACTION_NAMESPACE = uuid.UUID("6c1f0a3e-9b1d-4e55-a2f4-0d3c2b1a9e8f")
+_INCIDENT_ID = "3b9a1d52-8f3e-4c1a-9d7e-5a0b6c2d4e11"
+_ACTION_ID = "1f7e3b2a-6c5d-5e4f-9a8b-7c6d5e4f3a21"
+
+
+def action_id_for(incident_id: uuid.UUID, attempt: int) -> uuid.UUID:
+    """The deterministic id of an incident's n-th action: a retried request de-duplicates."""
+    return uuid.uuid5(_ACTION_NAMESPACE, f"{incident_id}/{attempt}")
+
+
+class ProcessTarget(BaseModel):
+    """A process to act on, identified by pid and start time so a recycled pid is never hit."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    pid: int = Field(ge=2, le=4_194_304, description="Process id; 1 (init) is never a target.")
+    start_ticks: int | None = Field(
+        default=None, ge=0, description="Expected /proc/PID/stat start time; the action refuses on mismatch."
+    )
+    command: str = Field(default="", max_length=4096, description="Expected command line, for the audit and check.")
+
+
+class KillGpuProcesses(BaseModel):
+    """Kill the processes holding one GPU, after checking each is still the process that was seen."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["kill_gpu_processes"] = "kill_gpu_processes"
+    gpu_index: int = Field(ge=0, le=63)
+    targets: tuple[ProcessTarget, ...] = Field(min_length=1, max_length=64)
+    signal: Literal["TERM", "KILL"] = Field(default="KILL", description="Signal to send.")
+
+
+class ActionEvent(Event):
+    """Fields shared by action events; routed by node."""
+
+    subject_key: ClassVar[str | None] = "node_id"
+
+    action_id: uuid.UUID = Field(description="Deterministic per (incident, attempt); the idempotency key.")
+    incident_id: uuid.UUID
+    node_id: NodeId
+    attempt: int = Field(ge=1, le=100, description="Which attempt at fixing the incident this is.")
+
+
+class ActionRequested(ActionEvent):
+    """A brain asks the remediator to act on a node."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.action.requested"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c04",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:15:05Z",
+                    "source": "zombie-detector",
+                    "action_id": _ACTION_ID,
+                    "incident_id": _INCIDENT_ID,
+                    "node_id": "gpu-node-07",
+                    "attempt": 1,
+                    "operation": {
+                        "operation": "kill_gpu_processes",
+                        "gpu_index": 0,
+                        "targets": [{"pid": 41230, "start_ticks": 8812345, "command": "python train.py --epochs 90"}],
+                        "signal": "KILL",
+                    },
+                    "reason": "zombie job on GPU 0",
+                }
+            ]
+        }
+    )
+
+    operation: KillGpuProcesses = Field(description="What to do, from the closed catalogue.")
+    reason: str = Field(max_length=1000, description="Why, in one sentence.")
+
+
+class ActionOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    """The remediator's gate refused; `detail` says which rule."""
+    OBSERVED = "observed"
+    """Observe mode: the action was decided and recorded, never run."""
+    INTERRUPTED = "interrupted"
+    """The remediator stopped mid-action; it is not run again blindly."""
+
+
+class ActionCompleted(ActionEvent):
+    """The remediator's answer to a request: what it did, or why it did not."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.action.completed"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e05",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:15:06Z",
+                    "source": "remediator",
+                    "action_id": _ACTION_ID,
+                    "incident_id": _INCIDENT_ID,
+                    "node_id": "gpu-node-07",
+                    "attempt": 1,
+                    "outcome": "succeeded",
+                    "detail": "sent KILL to 41230",
+                    "steps": ["cat /proc/41230/stat", "kill -s KILL 41230"],
+                }
+            ]
+        }
+    )
+
+    outcome: ActionOutcome
+    detail: str = Field(max_length=2000, description="What happened, for a person.")
+    steps: tuple[str, ...] = Field(default=(), max_length=64, description="Commands run on the node, in order.")

@@ -1,0 +1,97 @@
+"""Status facts the services publish about themselves and the fleet as a whole."""
+
+from __future__ import annotations
+
+import uuid
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from gpumedic_events.base import Event, SubjectToken
+
+
+class ServiceHeartbeat(Event):
+    """A service is ready (published at start and every few seconds) or is stopping."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.service.heartbeat"
+    subject_key: ClassVar[str | None] = "service"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "4d5e6f7a-8b9c-4d0e-9f1a-2b3c4d5e6f06",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:00:00Z",
+                    "source": "zombie-detector",
+                    "service": "zombie-detector",
+                    "instance_id": "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a07",
+                    "state": "ready",
+                }
+            ]
+        }
+    )
+
+    service: SubjectToken
+    instance_id: uuid.UUID = Field(description="One id per running process of the service.")
+    state: Literal["ready", "stopping"]
+
+
+class ClusterChecked(Event):
+    """leader-health's periodic check of a peer cluster: one line of the cluster monitoring log."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.cluster.checked"
+    subject_key: ClassVar[str | None] = "cluster"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "6f7a8b9c-0d1e-4f2a-9b3c-4d5e6f7a8b08",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:00:30Z",
+                    "source": "leader-health",
+                    "cluster": "selfplay",
+                    "peers_total": 3,
+                    "peers_answering": 3,
+                    "leader": "gpu-node-01",
+                    "healthy": True,
+                    "summary": "3/3 peers answer; leader gpu-node-01",
+                }
+            ]
+        }
+    )
+
+    cluster: SubjectToken
+    peers_total: int = Field(ge=0)
+    peers_answering: int = Field(ge=0)
+    leader: str | None = Field(default=None, max_length=256, description="The leader most peers name, if any.")
+    healthy: bool
+    summary: str = Field(max_length=1000)
+
+
+class CapacityEvaluated(Event):
+    """The autoscaler's periodic view of demand and supply, and what it decided."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.capacity.evaluated"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c09",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:01:00Z",
+                    "source": "autoscaler",
+                    "nodes_seen": 4,
+                    "gpus_total": 32,
+                    "gpus_busy": 27,
+                    "decision": "hold",
+                    "reason": "27/32 GPUs busy; within target band",
+                }
+            ]
+        }
+    )
+
+    nodes_seen: int = Field(ge=0, description="Nodes that sampled within the window.")
+    gpus_total: int = Field(ge=0)
+    gpus_busy: int = Field(ge=0, description="GPUs above the busy threshold.")
+    decision: Literal["hold", "scale_up", "scale_down"]
+    reason: str = Field(max_length=1000)

