@@ -2,4 +2,6 @@
 
 pytest_plugins = [
     "tests.fixtures.nats",
+    "tests.fixtures.postgres",
+    "tests.fixtures.sshd",
 ]
