@@ -1,6 +1,13 @@
 """gpumedic's NATS JetStream bus: streams, connection settings, publishing and consuming events."""
 
-from gpumedic_bus.consume import Delivery, EventConsumer, RejectionStats, rejection, subscribe_events
+from gpumedic_bus.consume import (
+    Delivery,
+    EventConsumer,
+    RejectionStats,
+    rejection,
+    subscribe_event_batches,
+    subscribe_events,
+)
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.runtime import ServiceRuntime, connect, connect_options
 from gpumedic_bus.settings import NatsSettings
@@ -21,6 +28,7 @@ __all__ = [
     "publish_event",
     "rejection",
     "stream_of",
+    "subscribe_event_batches",
     "subscribe_events",
     "trace_context",
 ]

@@ -96,6 +96,7 @@ class ServiceRuntime:
         app.after_startup(self._started)
         app.on_shutdown(self._stopping)
         app.after_shutdown(self._stopped)
+        app.runtime = self  # callers (tests, the embedded stack) reach readiness and stats here
         return app
 
     async def _declare(self) -> None:

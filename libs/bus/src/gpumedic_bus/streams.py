@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from gpumedic_events import (
     ActionCompleted,
@@ -122,6 +122,14 @@ TELEMETRY = Stream(
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY)
 
+DETECTOR_STATE = KeyValueConfig(
+    bucket="GPUMEDIC_DETECTOR_STATE",
+    description="zombie-detector's open incidents by fingerprint, so a restart neither loses nor repeats them.",
+    history=1,
+    storage=StorageType.FILE,
+)
+KV_BUCKETS: tuple[KeyValueConfig, ...] = (DETECTOR_STATE,)
+
 
 def stream_of(event_type: type[Event]) -> Stream:
     for stream in STREAMS:
@@ -131,7 +139,7 @@ def stream_of(event_type: type[Event]) -> Stream:
 
 
 async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
-    """Create each stream, or update it to the declared settings. Idempotent; every service may call it."""
+    """Create each stream and bucket, or update a stream to the declared settings. Idempotent."""
     for stream in STREAMS:
         config = stream.config(replicas)
         try:
@@ -141,3 +149,9 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
             log.info("created stream %s for %s", stream.name, ", ".join(stream.subjects))
         else:
             await js.update_stream(config)
+    for bucket in KV_BUCKETS:
+        try:
+            await js.key_value(bucket.bucket)
+        except BucketNotFoundError:
+            await js.create_key_value(bucket)
+            log.info("created key-value bucket %s", bucket.bucket)

@@ -1,0 +1,59 @@
+# gpumedic's front door. `make help` lists the targets.
+# A fresh machine needs only python3 (3.11+): the first target that needs it creates .tools/
+# with uv (from PyPI), then .venv/ with every workspace package from the lock file.
+
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+
+MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+
+.PHONY: help install demo up test test-fast bench proto proto-check lock clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(VENV)/.installed: $(UV) $(MANIFESTS)
+	$(UV) sync --all-packages --frozen --python "$$(command -v $(PYTHON))"
+	@touch $@
+
+install: $(VENV)/.installed ## create .venv and install every service, lib and test tool
+
+demo: install ## the main job: embedded stack + simulated fleet; one zombie job found, killed over SSH, verified
+	$(VENV)/bin/gpumedic demo
+
+up: install ## the embedded stack (nats-server, SQLite, six services) until Ctrl-C
+	$(VENV)/bin/gpumedic up
+
+test: install ## every test: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
+	$(PY) -m pytest
+
+test-fast: install ## the tests that need no server (pure logic and contracts)
+	$(PY) -m pytest tests/zombie_detector tests/contract -q
+
+bench: install ## benchmarks; each prints ratios measured side by side in one run
+	$(PY) -m benchmarks
+
+proto: install ## regenerate proto/ (schemas, subjects, AsyncAPI, examples) from the event models
+	$(PY) -m gpumedic.proto
+
+proto-check: install ## fail if proto/ is stale or a change breaks v1 compatibility
+	$(PY) -m gpumedic.proto --check
+
+lock: $(UV) ## refresh uv.lock after changing a pyproject.toml
+	$(UV) lock
+
+clean: ## remove the embedded stack's data (var/); keeps .venv
+	rm -rf var

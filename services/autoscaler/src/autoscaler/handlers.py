@@ -1,0 +1,38 @@
+"""autoscaler's adapters: remember each node's latest sample; evaluate and publish periodically."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_events import NodeSampled
+from autoscaler.logic import evaluate
+from autoscaler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class CapacityHandlers:
+    def __init__(self, runtime: ServiceRuntime, settings: Settings) -> None:
+        self._runtime = runtime
+        self._settings = settings
+        self.latest: dict[str, NodeSampled] = {}
+
+    async def on_samples(self, samples: list[NodeSampled]) -> None:
+        for sample in samples:
+            self.latest[sample.node_id] = sample
+
+    async def evaluate_loop(self) -> None:
+        s = self._settings
+        while True:
+            await asyncio.sleep(s.interval_s)
+            evaluated = evaluate(
+                self.latest, datetime.now(UTC), busy_util_pct=s.busy_util_pct,
+                up_above=s.scale_up_above, down_below=s.scale_down_below, stale_after_s=s.stale_after_s,
+            )
+            try:
+                await publish_event(self._runtime.broker, evaluated)
+            except Exception as exc:
+                log.warning("capacity evaluation not published (%r); the bus may be reconnecting", exc)

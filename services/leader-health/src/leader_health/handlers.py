@@ -1,0 +1,30 @@
+"""leader-health consumes nothing from the bus yet: it probes peers and publishes its checks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gpumedic_bus import ServiceRuntime, publish_event
+from leader_health.logic import assess
+from leader_health.probe import probe
+from leader_health.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def check_loop(runtime: ServiceRuntime, settings: Settings):
+    async def check_cluster() -> None:
+        while True:
+            answers = await asyncio.gather(*(probe(url, settings.probe_timeout_s) for url in settings.peers))
+            for answer in answers:
+                if answer.error:
+                    log.info("peer %s: %s", answer.url, answer.error)
+            checked = assess(settings.cluster, list(answers))
+            try:
+                await publish_event(runtime.broker, checked)
+            except Exception as exc:
+                log.warning("cluster check not published (%r); the bus may be reconnecting", exc)
+            await asyncio.sleep(settings.interval_s)
+
+    return check_cluster

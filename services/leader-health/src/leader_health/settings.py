@@ -1,0 +1,20 @@
+"""leader-health's settings, read once from GPUMEDIC_LEADER_* variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpumedic_bus import NatsSettings
+from gpumedic_events import SubjectToken
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_LEADER_", extra="ignore")
+
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    cluster: SubjectToken = Field(default="default", description="Name of the peer cluster watched.")
+    peers: list[str] = Field(default_factory=list, description="Status URLs of the peers, e.g. http://10.0.0.7:8770/status (JSON list in the env).")
+    interval_s: float = Field(default=30.0, gt=0, description="How often to check the cluster.")
+    probe_timeout_s: float = Field(default=3.0, gt=0, description="A peer silent this long counts as not answering.")
+    trace_to_bus: bool = False

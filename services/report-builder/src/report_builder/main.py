@@ -1,0 +1,49 @@
+"""report-builder's composition root: `create_app` builds everything; `run` is the console script."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from faststream import FastStream
+
+from gpumedic_bus import ServiceRuntime, subscribe_events
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    SpansExported,
+)
+from gpumedic_store import create_engine, session_factory
+from report_builder.handlers import ReportHandlers
+from report_builder.settings import Settings
+
+SERVICE = "report-builder"
+RECORDED = (IncidentOpened, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
+
+
+def create_app(settings: Settings | None = None) -> FastStream:
+    settings = settings or Settings()
+    runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
+    engine = create_engine(settings.store.url)
+    handlers = ReportHandlers(session_factory(engine), runtime.tracer)
+    for event_type in RECORDED:
+        subscribe_events(
+            runtime.broker, event_type, handlers.on_incident_or_action,
+            service=SERVICE, durable=f"report-builder-{event_type.__name__}",
+            settings=settings.nats, stats=runtime.rejections,
+        )
+    subscribe_events(
+        runtime.broker, SpansExported, handlers.on_spans,
+        service=SERVICE, durable="report-builder-spans", settings=settings.nats, stats=runtime.rejections,
+    )
+    app = runtime.app()
+    app.after_shutdown(engine.dispose)
+    return app
+
+
+def run() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(create_app().run())

@@ -1,0 +1,172 @@
+"""`gpumedic`: the front door. Start the embedded stack, run one service, read incidents."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+
+from gpumedic.stack import SERVICES
+
+DEFAULT_VAR = Path("var")
+
+_DESCRIPTION = """\
+gpumedic finds and fixes what goes wrong on rented GPU fleets: zombie jobs, GPUs held by
+leftover processes, leaderless clusters, stuck workers. It samples every node, detects,
+decides, acts over SSH through one safety gate, verifies, and records each incident with
+its trace.
+
+Start here:
+  gpumedic demo              the whole stack on one machine with a simulated fleet and
+                             one injected zombie job, shown from detection to fix
+  gpumedic up                the embedded stack (bus, store, six services) until Ctrl-C
+  gpumedic incidents         what happened; `gpumedic incidents ID` for one incident's
+                             timeline and trace
+"""
+
+
+def _run(coro: Coroutine) -> int:
+    """Run until done, Ctrl-C or SIGTERM; cleanup in the coroutine's `finally` always runs."""
+
+    async def _main():
+        task = asyncio.current_task()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await coro
+
+    try:
+        return asyncio.run(_main()) or 0
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 130
+
+
+def _store_url(args) -> str:
+    if args.store:
+        return args.store
+    from gpumedic_store import StoreSettings
+
+    return StoreSettings().url
+
+
+def cmd_demo(args) -> int:
+    from gpumedic.demo import run_demo
+
+    return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=args.keep_running))
+
+
+def cmd_up(args) -> int:
+    if args.demo:
+        from gpumedic.demo import run_demo
+
+        return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=True))
+    from gpumedic.stack import Stack
+
+    async def _up() -> int:
+        stack = Stack(args.var)
+        try:
+            print(f"[1/3] starting the bus and the store under {args.var}/")
+            stack.start_bus()
+            stack.migrate()
+            print("[2/3] starting the six services")
+            stack.start_services()
+            await stack.wait_ready()
+            print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")
+            print(f"      bus: {stack.nats.url}   store: {stack.store_url}")
+            while True:
+                await asyncio.sleep(1 if args.duration is None else args.duration)
+                if args.duration is not None:
+                    return 0
+                stack._check_alive()
+        finally:
+            print("stopping services, then the bus")
+            stack.stop()
+            print("stopped; no process left behind")
+
+    return _run(_up())
+
+
+def cmd_run(args) -> int:
+    module = importlib.import_module(f"{SERVICES[args.service]}.main")
+    module.run()
+    return 0
+
+
+def cmd_incidents(args) -> int:
+    from gpumedic.incidents import incident_text, list_text
+
+    url = _store_url(args)
+    if args.id:
+        print(asyncio.run(incident_text(url, args.id)))
+    else:
+        print(asyncio.run(list_text(url, status=args.status, limit=args.limit)))
+    return 0
+
+
+def cmd_migrate(args) -> int:
+    from gpumedic_store import StoreSettings
+    from gpumedic_store.migrate import upgrade
+
+    url = _store_url(args)
+    upgrade(url)
+    print(f"migrated {StoreSettings(url=url).safe_url} to the latest revision")
+    return 0
+
+
+def cmd_proto(args) -> int:
+    from gpumedic import proto
+
+    return proto.main(["--check"] if args.check else [])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpumedic", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def fleet_options(p):
+        p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+        p.add_argument("--gpus", type=int, default=2, help="GPUs per simulated node (default 2)")
+        p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="where the bus, store, logs and fleet files live (default ./var)")
+
+    p = sub.add_parser("demo", help="the embedded stack on a simulated fleet, with one zombie job fixed end to end")
+    fleet_options(p)
+    p.add_argument("--duration", type=float, default=180.0, help="give up after this many seconds (default 180)")
+    p.add_argument("--keep-running", action="store_true", help="keep the stack up after the story, until --duration or Ctrl-C")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("up", help="start the embedded stack: nats-server, SQLite store, the six services")
+    fleet_options(p)
+    p.add_argument("--demo", action="store_true", help="also start a simulated fleet and inject a zombie job")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("run", help="run one service in the foreground (settings from GPUMEDIC_* variables)")
+    p.add_argument("service", choices=sorted(SERVICES), help="which service")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("incidents", help="list incidents, or show one's timeline and trace")
+    p.add_argument("id", nargs="?", help="an incident id or its first characters")
+    p.add_argument("--status", choices=["open", "resolved", "escalated"], help="only incidents in this state")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_incidents)
+
+    p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("proto", help="regenerate proto/ from the event models (--check: fail if stale)")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(func=cmd_proto)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""`gpumedic demo` / `gpumedic up --demo`: the embedded stack on a simulated fleet, with one
+zombie job injected, shown from detection to fix with its trace id.
+
+The fleet's nodes run the real node-sampler code over simulated NVML and /proc, answer SSH on
+loopback (the remediator's kill really travels over SSH with host keys verified) and serve a
+peer status endpoint that leader-health probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import nats
+
+from gpumedic.incidents import incident_text
+from gpumedic.sim.fleet import SimFleet
+from gpumedic.stack import Stack, env_json
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+)
+
+SAMPLE_INTERVAL_S = 1.0
+ZOMBIE_AFTER_S = 5.0
+
+
+def demo_env(fleet: SimFleet) -> dict[str, str]:
+    """Settings that make the demo's story take seconds instead of the production minutes."""
+    return {
+        "GPUMEDIC_SAMPLER_INTERVAL_S": "5",
+        "GPUMEDIC_DETECTOR_IDLE_FOR_S": str(ZOMBIE_AFTER_S),
+        "GPUMEDIC_DETECTOR_VERIFY_WITHIN_S": "10",
+        "GPUMEDIC_DETECTOR_ACTION_TIMEOUT_S": "60",
+        "GPUMEDIC_REMEDIATOR_MODE": "enforce",
+        "GPUMEDIC_REMEDIATOR_INVENTORY": str(fleet.inventory_path),
+        "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),
+        "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(fleet.client_key_path),
+        "GPUMEDIC_LEADER_CLUSTER": "sim",
+        "GPUMEDIC_LEADER_PEERS": env_json(fleet.status_urls),
+        "GPUMEDIC_LEADER_INTERVAL_S": "5",
+        "GPUMEDIC_AUTOSCALER_INTERVAL_S": "5",
+        **{f"GPUMEDIC_{svc}_TRACE_TO_BUS": "true" for svc in ("SAMPLER", "DETECTOR", "LEADER", "AUTOSCALER", "REMEDIATOR", "REPORTS")},
+    }
+
+
+def _line(event: Event) -> str | None:
+    match event:
+        case IncidentOpened():
+            return f"DETECTED  incident {str(event.incident_id)[:8]} on {event.node_id} GPU {event.gpu_index}: {event.summary}"
+        case ActionRequested():
+            pids = ", ".join(str(t.pid) for t in event.operation.targets)
+            return f"DECIDED   kill pid {pids} on {event.node_id} GPU {event.operation.gpu_index} (attempt {event.attempt})"
+        case ActionCompleted():
+            return f"ACTED     {event.outcome.value}: {event.detail}"
+        case IncidentResolved():
+            return f"RESOLVED  ({event.resolution}) {event.summary}"
+        case IncidentEscalated():
+            return f"ESCALATED {event.reason}"
+    return None
+
+
+async def run_demo(
+    var_dir: Path, *, nodes: int = 4, gpus: int = 2, duration_s: float = 180.0, keep_running: bool = False, say=print
+) -> int:
+    """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise."""
+    started = time.monotonic()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    fleet = SimFleet(nodes, gpus, var_dir / "fleet")
+    stack = Stack(var_dir, say=say)
+    nc = None
+    sampling = None
+    try:
+        say(f"[1/5] starting the bus and the store under {var_dir}/")
+        url = stack.start_bus()
+        stack.migrate()
+        say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs (SSH and /status on loopback)")
+        await fleet.start()
+        stack.env = demo_env(fleet)
+        say("[3/5] starting the six services")
+        stack.start_services()
+        await stack.wait_ready()
+
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+
+        async def publish(event: Event) -> None:
+            await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
+
+        sampling = asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S))
+        story: asyncio.Queue[Event] = asyncio.Queue()
+        for event_type in (IncidentOpened, ActionRequested, ActionCompleted, IncidentResolved, IncidentEscalated):
+            await nc.subscribe(event_type.subject_filter(), cb=_enqueue(event_type, story))
+
+        target = fleet.nodes[min(1, nodes - 1)]
+        say(f"[4/5] fleet sampling every {SAMPLE_INTERVAL_S:.0f}s; injecting a zombie job on {target.node_id} GPU 0")
+        target.inject_zombie(0)
+        say(f"      (a process holds GPU 0 at 0% while the node claims a job; detection after {ZOMBIE_AFTER_S:.0f}s idle)")
+
+        outcome = await _follow_story(story, started, duration_s, say)
+        if outcome is None:
+            say(f"no resolution within {duration_s:.0f}s; see the logs in {stack.logs}")
+            return 1
+        await asyncio.sleep(1.5)  # let report-builder record the last events and spans
+        say("[5/5] the incident as report-builder recorded it (gpumedic incidents " + str(outcome.incident_id)[:8] + "):")
+        say("")
+        say(await incident_text(stack.store_url, str(outcome.incident_id)))
+        say("")
+        if keep_running:
+            say("the stack keeps running; Ctrl-C stops it")
+            await _sleep_until(started + duration_s)
+        return 0 if isinstance(outcome, IncidentResolved) else 1
+    finally:
+        say("stopping: fleet, services, bus")
+        if sampling is not None:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sampling
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        with contextlib.suppress(Exception):
+            await fleet.stop()
+        stack.stop()
+        say("stopped; no process left behind")
+
+
+def _enqueue(event_type, queue: asyncio.Queue):
+    async def _cb(msg) -> None:
+        with contextlib.suppress(Exception):
+            queue.put_nowait(event_type.from_json(msg.data, subject=msg.subject))
+
+    return _cb
+
+
+async def _follow_story(story: asyncio.Queue, started: float, duration_s: float, say):
+    while True:
+        left = started + duration_s - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            event = await asyncio.wait_for(story.get(), left)
+        except TimeoutError:
+            return None
+        line = _line(event)
+        if line:
+            say(f"      +{time.monotonic() - started:5.1f}s  {line}")
+        if isinstance(event, IncidentResolved | IncidentEscalated):
+            return event
+
+
+async def _sleep_until(deadline: float) -> None:
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,76 @@
+"""What `gpumedic incidents` prints: the incident list, and one incident's timeline and trace,
+read from the store report-builder keeps."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from gpumedic_store import create_engine, session_factory
+from report_builder import repository
+
+
+def _t(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "-"
+
+
+async def list_text(store_url: str, *, status: str | None = None, limit: int = 50) -> str:
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            rows = await repository.list_incidents(session, status=status, limit=limit)
+    finally:
+        await engine.dispose()
+    if not rows:
+        return "no incidents recorded" + (f" with status {status}" if status else "")
+    lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<12} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
+    for i in rows:
+        where = f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id
+        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<12} {where:<18} {_t(i.opened_at):<24} {i.summary[:80]}")
+    return "\n".join(lines)
+
+
+async def incident_text(store_url: str, id_prefix: str) -> str:
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            incident = await repository.find_incident(session, id_prefix=id_prefix)
+            if incident is None:
+                return f"no incident whose id starts with {id_prefix!r}"
+            timeline = await repository.incident_timeline(session, incident_id=incident.id)
+            spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+    finally:
+        await engine.dispose()
+    lines = [
+        f"incident {incident.id}  [{incident.status}{' ' + incident.resolution if incident.resolution else ''}]",
+        f"  {incident.kind} on {incident.node_id}" + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else ""),
+        f"  {incident.summary}",
+        f"  trace id: {incident.trace_id or '(none)'}",
+        "",
+        "timeline:",
+    ]
+    start = timeline[0].occurred_at if timeline else None
+    for entry in timeline:
+        offset = (entry.occurred_at - start).total_seconds() if start else 0.0
+        lines.append(f"  {_t(entry.occurred_at)}  +{offset:6.2f}s  {entry.source:<16} {entry.summary}")
+    if spans:
+        lines += ["", f"trace {incident.trace_id}:"]
+        lines += _trace_tree(spans)
+    return "\n".join(lines)
+
+
+def _trace_tree(spans) -> list[str]:
+    by_parent: dict[str | None, list] = {}
+    ids = {s.span_id for s in spans}
+    for span in spans:
+        parent = span.parent_span_id if span.parent_span_id in ids else None
+        by_parent.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for span in sorted(by_parent.get(parent, []), key=lambda s: s.started_at):
+            ms = (span.ended_at - span.started_at).total_seconds() * 1000
+            lines.append(f"  {'  ' * depth}{span.name:<{max(8, 20 - 2 * depth)}} {span.service:<16} {ms:8.1f} ms  {span.status}")
+            walk(span.span_id, depth + 1)
+
+    walk(None, 0)
+    return lines

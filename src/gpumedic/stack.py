@@ -1,0 +1,164 @@
+"""The embedded stack: one machine, one command. A real nats-server with JetStream under var/,
+the SQLite store migrated, and the six services as child processes, each told where the bus
+and the store are. Stopping is orderly (services first, the bus last) and leaves no process
+behind, also when this process dies: children get SIGTERM from the kernel if it does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from gpumedic.natsd import NatsServer
+from gpumedic_events import ServiceHeartbeat
+
+SERVICES: dict[str, str] = {
+    "node-sampler": "node_sampler",
+    "zombie-detector": "zombie_detector",
+    "leader-health": "leader_health",
+    "autoscaler": "autoscaler",
+    "remediator": "remediator",
+    "report-builder": "report_builder",
+}
+"""Service name -> the package whose `main.run` starts it."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: ask the kernel for SIGTERM when the parent dies (Linux only)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def service_command(service: str) -> list[str]:
+    return [sys.executable, "-c", f"from {SERVICES[service]}.main import run; run()"]
+
+
+@dataclass
+class Stack:
+    var_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for every service (thresholds, modes, file paths)."""
+    say: Callable[[str], None] = print
+    nats: NatsServer | None = None
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def store_url(self) -> str:
+        return f"sqlite+aiosqlite:///{(self.var_dir / 'gpumedic.db').resolve()}"
+
+    @property
+    def logs(self) -> Path:
+        return self.var_dir / "logs"
+
+    def start_bus(self) -> str:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(self.var_dir / "nats", log_file=self.logs / "nats-server.log")
+        url = self.nats.start()
+        self.say(f"  nats-server with JetStream on {url} (data in {self.var_dir / 'nats'})")
+        return url
+
+    def migrate(self) -> None:
+        from gpumedic_store.migrate import upgrade
+
+        upgrade(self.store_url)
+        self.say(f"  store migrated: {self.var_dir / 'gpumedic.db'}")
+
+    def start_services(self, services: list[str] | None = None) -> None:
+        assert self.nats is not None, "start the bus first"
+        base = {
+            **os.environ,
+            "GPUMEDIC_NATS_URL": self.nats.url,
+            "GPUMEDIC_STORE_URL": self.store_url,
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
+        for service in services or list(SERVICES):
+            log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
+            self.processes[service] = subprocess.Popen(
+                service_command(service),
+                env=base,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
+                preexec_fn=_die_with_parent,
+            )
+            log.close()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait for every started service's first `ready` heartbeat, showing which are up."""
+        assert self.nats is not None
+        nc = await nats.connect(self.nats.url)
+        ready: set[str] = set()
+        arrived = asyncio.Event()
+
+        async def _on_heartbeat(msg) -> None:
+            with contextlib.suppress(Exception):
+                beat = ServiceHeartbeat.from_json(msg.data, subject=msg.subject)
+                if beat.state == "ready" and beat.service in self.processes and beat.service not in ready:
+                    ready.add(beat.service)
+                    self.say(f"  ready: {beat.service} ({len(ready)}/{len(self.processes)})")
+                    arrived.set()
+
+        await nc.subscribe(ServiceHeartbeat.subject_filter(), cb=_on_heartbeat)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(ready) < len(self.processes):
+                self._check_alive()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(self.processes) - ready)
+                    raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.logs})")
+                arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), min(left, 0.5))
+        finally:
+            await nc.close()
+
+    def _check_alive(self) -> None:
+        for service, proc in self.processes.items():
+            if proc.poll() is not None:
+                tail = _tail(self.logs / f"{service}.log")
+                raise RuntimeError(f"{service} exited with {proc.returncode}; last lines of its log:\n{tail}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for service, proc in self.processes.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"  {service} did not stop in {timeout_s:.0f}s; killing it")
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def env_json(value) -> str:
+    """List and dict settings travel as JSON in the environment (pydantic-settings reads it)."""
+    return json.dumps(value)

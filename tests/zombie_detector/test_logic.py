@@ -1,0 +1,126 @@
+"""The zombie rules and the incident state machine, driven directly with plain events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    GpuProcess,
+    GpuSample,
+    JobsObservation,
+    NodeSampled,
+)
+from zombie_detector.logic import Escalated, Followed, Opened, Resolved, Retried, Rules, ZombieDetector
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+RULES = Rules(idle_util_pct=5, idle_for_s=60, verify_within_s=30, action_timeout_s=120, max_attempts=2)
+HOLDER = GpuProcess(pid=4242, start_ticks=777, command="python train.py", used_memory_mib=20000)
+
+
+def sample(at_s: float, *, util=0, procs=(HOLDER,), running=1, growing=False, node="n1") -> NodeSampled:
+    gpu = GpuSample(index=0, utilization_gpu_pct=util, memory_used_mib=20000 if procs else 0, processes=procs)
+    return NodeSampled(
+        source="node-sampler", node_id=node, interval_s=5, occurred_at=T0 + timedelta(seconds=at_s),
+        gpus=(gpu,), jobs=JobsObservation(running=running, output_growing=growing),
+    )
+
+
+def completed(opened: Opened, outcome=ActionOutcome.SUCCEEDED, attempt=1) -> ActionCompleted:
+    return ActionCompleted(
+        source="remediator", action_id=opened.action.action_id, incident_id=opened.incident.incident_id,
+        node_id=opened.incident.node_id, attempt=attempt, outcome=outcome, detail="done",
+    )
+
+
+def open_incident(det: ZombieDetector) -> Opened:
+    assert det.on_sample(sample(0), T0) == []
+    (effect,) = det.on_sample(sample(60), T0 + timedelta(seconds=60))
+    assert isinstance(effect, Opened)
+    return effect
+
+
+def test_idle_gpu_with_jobs_claimed_opens_one_incident_and_requests_a_kill():
+    det = ZombieDetector(RULES)
+    assert det.on_sample(sample(0), T0) == []
+    assert det.on_sample(sample(59), T0) == []  # not yet idle for long enough
+    opened = open_incident(ZombieDetector(RULES))
+    assert opened.opened.gpu_index == 0 and opened.opened.kind == "zombie_job"
+    assert [t.pid for t in opened.action.operation.targets] == [4242]
+    assert opened.action.operation.targets[0].start_ticks == 777
+    assert opened.action.attempt == 1
+
+
+def test_repeats_update_the_open_incident_instead_of_opening_another():
+    det = ZombieDetector(RULES)
+    open_incident(det)
+    for s in (70, 200, 400):
+        assert not any(isinstance(e, Opened) for e in det.on_sample(sample(s), T0 + timedelta(seconds=s)))
+    assert len(det.incidents) == 1
+
+
+def test_busy_gpu_or_growing_output_or_no_jobs_is_not_a_zombie():
+    for kwargs in ({"util": 80}, {"growing": True}, {"running": 0}, {"running": None}, {"procs": ()}):
+        det = ZombieDetector(RULES)
+        det.on_sample(sample(0, **kwargs), T0)
+        assert det.on_sample(sample(600, **kwargs), T0) == [], kwargs
+
+
+def test_activity_in_between_restarts_the_idle_clock():
+    det = ZombieDetector(RULES)
+    det.on_sample(sample(0), T0)
+    det.on_sample(sample(30, util=90), T0)
+    assert det.on_sample(sample(70), T0) == []
+    assert isinstance(det.on_sample(sample(130), T0)[0], Opened)
+
+
+def test_kill_then_free_gpu_resolves_as_fixed():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    assert det.on_sample(sample(65, procs=()), T0) == []  # still acting: wait for the remediator
+    (followed,) = det.on_action_completed(completed(opened), T0 + timedelta(seconds=66), "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    assert isinstance(followed, Followed) and followed.incident.phase == "verifying"
+    (resolved,) = det.on_sample(sample(70, procs=()), T0 + timedelta(seconds=70))
+    assert isinstance(resolved, Resolved) and resolved.event.resolution == "fixed"
+    assert det.incidents == {}
+
+
+def test_gpu_still_held_after_verify_window_retries_then_escalates():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    det.on_action_completed(completed(opened, ActionOutcome.FAILED), T0 + timedelta(seconds=61), None)
+    assert det.on_sample(sample(80), T0 + timedelta(seconds=80)) == []  # inside the verify window
+    (retried,) = det.on_sample(sample(95), T0 + timedelta(seconds=95))
+    assert isinstance(retried, Retried) and retried.action.attempt == 2
+    assert retried.action.action_id != opened.action.action_id
+    later = T0 + timedelta(seconds=100)
+    det.on_action_completed(completed(opened, attempt=2).model_copy(update={"action_id": retried.action.action_id}), later, None)
+    (escalated,) = det.on_sample(sample(140), T0 + timedelta(seconds=140))
+    assert isinstance(escalated, Escalated) and "2 attempts" in escalated.event.reason
+
+
+def test_observe_mode_or_blocked_escalates_and_a_later_clearance_resolves():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    (escalated,) = det.on_action_completed(completed(opened, ActionOutcome.OBSERVED), T0, None)
+    assert isinstance(escalated, Escalated) and "observe mode" in escalated.event.reason
+    assert det.on_sample(sample(200), T0) == []  # no new incident while escalated
+    (resolved,) = det.on_sample(sample(300, util=90), T0)
+    assert resolved.event.resolution == "cleared"
+
+
+def test_a_repeated_or_stale_action_result_changes_nothing():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    assert det.on_action_completed(completed(opened, attempt=2), T0, None) == []
+    assert len(det.on_action_completed(completed(opened), T0, None)) == 1
+    assert det.on_action_completed(completed(opened), T0, None) == []
+
+
+def test_a_remediator_that_never_answers_is_escalated_by_the_tick():
+    det = ZombieDetector(RULES)
+    open_incident(det)
+    assert det.on_tick(T0 + timedelta(seconds=100)) == []
+    (escalated,) = det.on_tick(T0 + timedelta(seconds=200))
+    assert "no answer from the remediator" in escalated.event.reason
