@@ -1,0 +1,1 @@
+"""Contract tests: proto/ matches the models, stays v1-compatible, and its examples validate."""
