@@ -1,0 +1,41 @@
+"""The incident store: SQLAlchemy 2 async models, engines and Alembic migrations.
+
+SQLite by default (the embedded mode), PostgreSQL by URL; the schema and its migrations are
+the same on both. Services own their repository functions; this package owns the tables.
+"""
+
+from gpumedic_store.engine import StoreUnavailable, create_engine, ping, session_factory
+from gpumedic_store.migrate import check, downgrade, upgrade
+from gpumedic_store.models import (
+    ACTION_STATUSES,
+    INCIDENT_STATUSES,
+    ActionRecord,
+    Base,
+    BreakerTrip,
+    Incident,
+    SpanRow,
+    TimelineEntry,
+    UTCDateTime,
+)
+from gpumedic_store.settings import StoreSettings, mask_url
+
+__all__ = [
+    "ACTION_STATUSES",
+    "INCIDENT_STATUSES",
+    "ActionRecord",
+    "Base",
+    "BreakerTrip",
+    "Incident",
+    "SpanRow",
+    "StoreSettings",
+    "StoreUnavailable",
+    "TimelineEntry",
+    "UTCDateTime",
+    "check",
+    "create_engine",
+    "downgrade",
+    "mask_url",
+    "ping",
+    "session_factory",
+    "upgrade",
+]

@@ -1,0 +1,231 @@
+"""report-builder's reads and writes of the incident store.
+
+Incident and action events arrive on different streams, in any order, and any of them may be
+delivered twice. Every event is kept once (by its event id) in the incident's timeline, and
+the incident row is brought up to date from whatever arrived, so the store converges to the
+same state whatever the order. Functions take the session keyword-only; the caller commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    SpanRecord,
+)
+from gpumedic_store import INCIDENT_STATUSES, Incident, SpanRow, TimelineEntry
+from sqlalchemy import Insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger(__name__)
+
+IncidentEvent = IncidentOpened | IncidentResolved | IncidentEscalated
+RecordedEvent = IncidentEvent | ActionRequested | ActionCompleted
+
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_BATCH = 500
+"""Rows per INSERT: well under SQLite's bound-parameter limit."""
+
+
+async def record_event(session: AsyncSession, *, event: RecordedEvent, subject: str, trace_id: str | None) -> bool:
+    """Keep `event` in its incident's timeline and update the incident; False if already kept."""
+    if not isinstance(event, RecordedEvent):
+        raise TypeError(f"record_event does not keep {type(event).__name__}")
+    trace_id = _valid_trace_id(trace_id)
+    incident_id = str(event.incident_id)
+    entry = {
+        "event_id": str(event.event_id),
+        "incident_id": incident_id,
+        "occurred_at": event.occurred_at,
+        "event_type": type(event).__name__,
+        "subject": subject,
+        "source": event.source,
+        "summary": _summary(event),
+        "payload": event.model_dump(mode="json"),
+        "trace_id": trace_id,
+    }
+    # ON CONFLICT DO NOTHING rather than look-then-insert: two replicas handling a redelivered
+    # message at once must not both keep it (nor fail on the unique event id).
+    stmt = _insert(session, TimelineEntry).values(entry).on_conflict_do_nothing(index_elements=["event_id"])
+    inserted = await session.scalar(stmt.returning(TimelineEntry.id))
+    if inserted is None:
+        log.debug("event %s of incident %s already recorded", event.event_id, incident_id)
+        return False
+
+    incident = await session.get(Incident, incident_id)
+    if isinstance(event, IncidentOpened):
+        incident = _opened(incident, event, trace_id)
+        session.add(incident)
+    elif isinstance(event, IncidentResolved | IncidentEscalated):
+        incident = _closed(incident, event, trace_id)
+        session.add(incident)
+    elif incident is not None and incident.trace_id is None and trace_id is not None:
+        incident.trace_id = trace_id
+    if incident is not None and event.occurred_at > incident.updated_at:
+        incident.updated_at = event.occurred_at
+    await session.flush()
+    return True
+
+
+async def record_spans(session: AsyncSession, *, spans: Sequence[SpanRecord]) -> int:
+    """Keep finished spans; a span already kept (same span id) is left as it is. Returns how many were new."""
+    rows: dict[str, dict[str, Any]] = {}
+    for span in spans:
+        rows.setdefault(span.span_id, span.model_dump(mode="python"))
+    new = 0
+    values = list(rows.values())
+    for start in range(0, len(values), _SPAN_BATCH):
+        batch = values[start : start + _SPAN_BATCH]
+        stmt = _insert(session, SpanRow).values(batch).on_conflict_do_nothing(index_elements=["span_id"])
+        new += len((await session.scalars(stmt.returning(SpanRow.span_id))).all())
+    return new
+
+
+async def list_incidents(session: AsyncSession, *, status: str | None = None, limit: int = 50) -> list[Incident]:
+    """Incidents, newest first, optionally only those in one status."""
+    if status is not None and status not in INCIDENT_STATUSES:
+        raise ValueError(f"unknown incident status {status!r}; expected one of {', '.join(INCIDENT_STATUSES)}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    stmt = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
+    if status is not None:
+        stmt = stmt.where(Incident.status == status)
+    return list((await session.scalars(stmt)).all())
+
+
+async def find_incident(session: AsyncSession, *, id_prefix: str) -> Incident | None:
+    """The one incident whose id starts with `id_prefix` (as a person types it in the CLI).
+
+    None when nothing matches; ValueError when the prefix is empty or matches several.
+    """
+    prefix = id_prefix.strip().lower()
+    if not prefix:
+        raise ValueError("an incident id prefix must not be empty")
+    stmt = select(Incident).where(Incident.id.startswith(prefix, autoescape=True)).order_by(Incident.id).limit(3)
+    found = list((await session.scalars(stmt)).all())
+    if len(found) > 1:
+        shown = ", ".join(i.id for i in found[:2]) + (", ..." if len(found) > 2 else "")
+        raise ValueError(f"incident id prefix {prefix!r} is ambiguous: it matches {shown}; type more of the id")
+    return found[0] if found else None
+
+
+async def incident_timeline(session: AsyncSession, *, incident_id: str) -> list[TimelineEntry]:
+    """The incident's events, oldest first (ties in the order they were received)."""
+    stmt = (
+        select(TimelineEntry)
+        .where(TimelineEntry.incident_id == incident_id)
+        .order_by(TimelineEntry.occurred_at, TimelineEntry.id)
+    )
+    return list((await session.scalars(stmt)).all())
+
+
+async def trace_spans(session: AsyncSession, *, trace_id: str) -> list[SpanRow]:
+    """The trace's spans by start time."""
+    stmt = select(SpanRow).where(SpanRow.trace_id == trace_id).order_by(SpanRow.started_at, SpanRow.span_id)
+    return list((await session.scalars(stmt)).all())
+
+
+def _insert(session: AsyncSession, model: type) -> Insert:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(model)
+    if dialect == "sqlite":
+        return sqlite.insert(model)
+    raise NotImplementedError(f"the incident store supports SQLite and PostgreSQL, not {dialect}")
+
+
+def _valid_trace_id(trace_id: str | None) -> str | None:
+    if trace_id is None:
+        return None
+    if not _TRACE_ID.match(trace_id) or trace_id == "0" * 32:
+        # A malformed header must not keep the event out of the store; it only loses the link.
+        log.warning("ignoring invalid trace id %r", trace_id[:64])
+        return None
+    return trace_id
+
+
+def _summary(event: RecordedEvent) -> str:
+    match event:
+        case IncidentOpened():
+            text = f"opened: {event.summary}"
+        case ActionRequested():
+            op = event.operation
+            text = f"action requested: {op.operation} on GPU {op.gpu_index} (attempt {event.attempt})"
+        case ActionCompleted():
+            text = f"action {event.outcome.value}: {event.detail}"
+        case IncidentResolved():
+            text = f"resolved ({event.resolution}): {event.summary}"
+        case IncidentEscalated():
+            text = f"escalated: {event.reason}"
+        case _:
+            raise TypeError(f"no summary for {type(event).__name__}")
+    # One line: the timeline is read in a terminal and in a table cell.
+    return " ".join(text.split())
+
+
+def _fingerprint(event: IncidentEvent) -> str:
+    """The detectors' (node, kind, gpu) fingerprint, for an incident known only from its end."""
+    gpu = "-" if event.gpu_index is None else str(event.gpu_index)
+    return f"{event.node_id}/{event.kind.value}/{gpu}"
+
+
+def _new_incident(event: IncidentEvent, trace_id: str | None, **fields: Any) -> Incident:
+    return Incident(
+        id=str(event.incident_id),
+        node_id=event.node_id,
+        kind=event.kind.value,
+        gpu_index=event.gpu_index,
+        opened_at=event.occurred_at,
+        updated_at=event.occurred_at,
+        closed_at=None,
+        resolution=None,
+        trace_id=trace_id,
+        **fields,
+    )
+
+
+def _opened(incident: Incident | None, event: IncidentOpened, trace_id: str | None) -> Incident:
+    if incident is None:
+        return _new_incident(
+            event,
+            trace_id,
+            fingerprint=event.fingerprint,
+            status="open",
+            summary=event.summary,
+            evidence=dict(event.evidence),
+        )
+    # The incident's end arrived first: fill in what only the opening knows, and leave it closed.
+    incident.fingerprint = event.fingerprint
+    incident.summary = event.summary
+    incident.evidence = dict(event.evidence)
+    incident.opened_at = min(incident.opened_at, event.occurred_at)
+    incident.trace_id = incident.trace_id or trace_id
+    return incident
+
+
+def _closed(incident: Incident | None, event: IncidentResolved | IncidentEscalated, trace_id: str | None) -> Incident:
+    if isinstance(event, IncidentResolved):
+        status, resolution, summary = "resolved", event.resolution, event.summary
+    else:
+        status, resolution, summary = "escalated", event.reason, event.reason
+    if incident is None:
+        incident = _new_incident(
+            event, trace_id, fingerprint=_fingerprint(event), status=status, summary=summary, evidence={}
+        )
+    elif incident.closed_at is not None and event.occurred_at < incident.closed_at:
+        # Redeliveries come out of order: an earlier ending never overrides a later one.
+        return incident
+    incident.status = status
+    incident.resolution = resolution
+    incident.closed_at = event.occurred_at
+    incident.trace_id = incident.trace_id or trace_id
+    return incident
