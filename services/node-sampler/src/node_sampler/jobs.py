@@ -1,0 +1,258 @@
+"""Job probes: does the node say it runs jobs, and is their output growing?
+
+A zombie job is one the node claims to run while nothing comes out of it, so the sampler asks
+the node's own view (its status endpoint, or a count of job processes) and watches outputs grow.
+A probe never raises: a failed or malformed answer is `None` for what it measures plus a note,
+because "could not tell" must never read as "no jobs".
+
+The HTTP client is a few lines of asyncio streams rather than a dependency: the sampler installs
+on GPU nodes and needs one GET with a hard deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import ssl
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from node_sampler.logic import JobsReading
+from node_sampler.procs import ProcessTable
+
+MAX_STATUS_BYTES = 1024 * 1024
+MAX_WALK_FILES = 100_000
+"""A watched directory bigger than this is measured partly (and the sample says so)."""
+
+
+class JobProbe(Protocol):
+    async def observe(self) -> JobsReading: ...
+
+
+class ProbeError(Exception):
+    """A probe could not get an answer; the message is the note the sample carries."""
+
+
+class StatusEndpointProbe:
+    """The node's own status endpoint: GET `url`, take the integer at a dotted JSON path."""
+
+    def __init__(self, url: str, path: str = "selfplay_jobs", *, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.path = path
+        self.timeout_s = timeout_s
+
+    async def observe(self) -> JobsReading:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                status, body = await http_get(self.url)
+            if status != 200:
+                raise ProbeError(f"HTTP {status}")
+            try:
+                document = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                raise ProbeError("answer is not JSON") from None
+            running = json_int_at(document, self.path)
+        except TimeoutError:
+            return JobsReading(errors=(f"status probe {self.url}: no answer within {self.timeout_s:g}s",))
+        except ProbeError as exc:
+            return JobsReading(errors=(f"status probe {self.url}: {exc}",))
+        except OSError as exc:
+            return JobsReading(errors=(f"status probe {self.url}: {type(exc).__name__}: {exc.strerror or exc}",))
+        return JobsReading(running=running)
+
+
+class ProcessPatternProbe:
+    """Counts the node's processes whose command line matches a regular expression."""
+
+    def __init__(self, pattern: str | re.Pattern[str], processes: ProcessTable) -> None:
+        self.pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
+        self.processes = processes
+
+    async def observe(self) -> JobsReading:
+        return await asyncio.to_thread(self._count)
+
+    def _count(self) -> JobsReading:
+        own = os.getpid()
+        ignored: list[str] = []
+        errors: list[str] = []
+        pids = self.processes.pids(errors)
+        if errors:
+            return JobsReading(errors=tuple(f"process probe: {e}" for e in errors))
+        count = 0
+        for pid in pids:
+            # processes exit while the table is scanned; that is not worth a note
+            info = self.processes.describe(pid, ignored)
+            if info is not None and pid != own and self.pattern.search(info.command):
+                count += 1
+        return JobsReading(running=count)
+
+
+Measure = Callable[[], tuple[int, list[str]]]
+"""Returns the total size of the watched outputs in bytes, and notes on what could not be read."""
+
+
+class OutputGrowthProbe:
+    """Whether watched outputs grew since the previous sample. The first sample has no baseline,
+    so it says None rather than guess."""
+
+    def __init__(self, measure: Measure) -> None:
+        self._measure = measure
+        self._last: int | None = None
+
+    @classmethod
+    def for_paths(cls, paths: Sequence[Path]) -> OutputGrowthProbe:
+        """Over files and directories on disk (a directory counts every file under it)."""
+        return cls(lambda: paths_size(paths))
+
+    async def observe(self) -> JobsReading:
+        try:
+            total, notes = await asyncio.to_thread(self._measure)
+        except Exception as exc:
+            return JobsReading(errors=(f"output probe: {type(exc).__name__}",))
+        last, self._last = self._last, total
+        growing = None if last is None else total > last
+        return JobsReading(output_growing=growing, errors=tuple(f"output probe: {n}" for n in notes))
+
+
+def paths_size(paths: Sequence[Path]) -> tuple[int, list[str]]:
+    """Total bytes under `paths`; a missing or unreadable one counts 0 and is noted."""
+    total = 0
+    notes: list[str] = []
+    for path in paths:
+        try:
+            if path.is_dir():
+                total += _dir_size(path, notes)
+            else:
+                total += path.stat().st_size
+        except FileNotFoundError:
+            notes.append(f"{path}: missing")
+        except OSError as exc:
+            notes.append(f"{path}: unreadable ({type(exc).__name__})")
+    return total, notes
+
+
+def _dir_size(root: Path, notes: list[str]) -> int:
+    total = 0
+    seen = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            seen += 1
+            if seen > MAX_WALK_FILES:
+                notes.append(f"{root}: more than {MAX_WALK_FILES} files, measured partly")
+                return total
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue  # a file rotated away mid-walk
+    return total
+
+
+def json_int_at(document: Any, path: str) -> int:
+    """The non-negative integer at a dotted path (`a.b.0.c`: keys, and indices into lists)."""
+    value = document
+    for part in path.split(".") if path else []:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise ProbeError(f"no {path!r} in the answer")
+    # bool is an int in Python, but `true` is not a job count
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProbeError(f"{path!r} is {type(value).__name__}, not an integer")
+    if value < 0:
+        raise ProbeError(f"{path!r} is negative ({value})")
+    return value
+
+
+async def http_get(url: str, *, max_bytes: int = MAX_STATUS_BYTES) -> tuple[int, bytes]:
+    """One HTTP/1.1 GET; returns the status code and body. The caller bounds the time."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProbeError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    reader, writer = await asyncio.open_connection(
+        parts.hostname, port, ssl=ssl.create_default_context() if parts.scheme == "https" else None
+    )
+    try:
+        request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+        writer.write(request.encode("ascii"))
+        await writer.drain()
+        status, headers = await _read_head(reader)
+        body = await _read_body(reader, headers, max_bytes)
+        return status, body
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        raise ProbeError("connection closed before an HTTP answer") from None
+    except asyncio.LimitOverrunError:
+        raise ProbeError("HTTP header too large") from None
+    lines = head.decode("latin-1").split("\r\n")
+    status_line = lines[0].split(" ", 2)
+    if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
+        raise ProbeError("not an HTTP answer")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line[1]), headers
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return await _read_chunked(reader, max_bytes)
+    if "content-length" in headers:
+        try:
+            length = int(headers["content-length"])
+        except ValueError:
+            raise ProbeError("bad Content-Length") from None
+        if length > max_bytes:
+            raise ProbeError(f"answer larger than {max_bytes} bytes")
+        try:
+            return await reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise ProbeError("answer cut short") from None
+    body = await reader.read(max_bytes + 1)
+    while len(body) <= max_bytes:
+        more = await reader.read(max_bytes + 1 - len(body))
+        if not more:
+            break
+        body += more
+    if len(body) > max_bytes:
+        raise ProbeError(f"answer larger than {max_bytes} bytes")
+    return body
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    body = b""
+    try:
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            try:
+                size = int(size_line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise ProbeError("bad chunk size") from None
+            if size == 0:
+                return body
+            if len(body) + size > max_bytes:
+                raise ProbeError(f"answer larger than {max_bytes} bytes")
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        raise ProbeError("answer cut short") from None

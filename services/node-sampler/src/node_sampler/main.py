@@ -1,0 +1,90 @@
+"""The node-sampler's composition root: settings, sources, the sampling loop and the bus.
+
+Nothing happens at import time. Tests and the simulated fleet pass their own NVML and process
+table; on a real node the defaults are the `pynvml` module and /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sys
+from typing import Any
+
+from faststream import FastStream
+from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_events import NodeSampled
+from pydantic import ValidationError
+
+from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
+from node_sampler.procs import ProcessTable, ProcFsTable
+from node_sampler.sampler import Sampler
+from node_sampler.settings import Settings
+
+SERVICE = "node-sampler"
+
+log = logging.getLogger(__name__)
+
+
+def build_probes(settings: Settings, processes: ProcessTable) -> list[JobProbe]:
+    """The job probes the settings ask for, the node's own status endpoint first."""
+    probes: list[JobProbe] = []
+    if settings.status_url:
+        probes.append(
+            StatusEndpointProbe(settings.status_url, settings.status_jobs_path, timeout_s=settings.status_timeout_s)
+        )
+    if settings.job_process_pattern:
+        probes.append(ProcessPatternProbe(re.compile(settings.job_process_pattern), processes))
+    if settings.watch_paths:
+        probes.append(OutputGrowthProbe.for_paths(settings.watch_paths))
+    return probes
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    nvml: Any = None,
+    processes: ProcessTable | None = None,
+    probes: list[JobProbe] | None = None,
+) -> FastStream:
+    settings = settings or Settings()
+    if nvml is None:
+        import pynvml
+
+        nvml = pynvml
+    processes = processes or ProcFsTable(settings.proc_root)
+    runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
+    sampler = Sampler(
+        settings.node_id,
+        nvml,
+        processes,
+        build_probes(settings, processes) if probes is None else probes,
+        settings.interval_s,
+    )
+
+    async def publish(event: NodeSampled) -> None:
+        await publish_event(runtime.broker, event)
+
+    async def sample_loop() -> None:
+        await sampler.run(publish)
+
+    async def release_nvml() -> None:
+        await asyncio.to_thread(sampler.close)
+
+    runtime.background(sample_loop)
+    app = runtime.app()
+    app.after_shutdown(release_nvml)
+    log.debug("node-sampler for %s every %.1fs", settings.node_id, settings.interval_s)
+    return app
+
+
+def run() -> None:
+    """Console script `gpumedic-node-sampler`."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"gpumedic-node-sampler: bad settings:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    asyncio.run(create_app(settings).run())

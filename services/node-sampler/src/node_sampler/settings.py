@@ -1,0 +1,61 @@
+"""The node-sampler's settings, read once from GPUMEDIC_SAMPLER_* (NATS from GPUMEDIC_NATS_*).
+
+Only what a GPU node needs: where NATS is, what this node is called, how often to sample, and
+which job probes to run. List values come as JSON, e.g.
+GPUMEDIC_SAMPLER_WATCH_PATHS='["/data/selfplay", "/data/checkpoints"]'.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from gpumedic_bus import NatsSettings
+from gpumedic_events import NodeId
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_node_id(hostname: str | None = None) -> str:
+    """The hostname made into a valid subject token: lowercase, other characters -> '-'."""
+    name = (hostname if hostname is not None else socket.gethostname()).lower()
+    token = re.sub(r"[^a-z0-9_-]", "-", name).lstrip("-_")[:63]
+    return token or "node"
+
+
+class Settings(BaseSettings):
+    """How one node-sampler runs."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_SAMPLER_", extra="ignore")
+
+    nats: NatsSettings = Field(default_factory=NatsSettings, description="How to reach NATS (GPUMEDIC_NATS_*).")
+    node_id: NodeId = Field(
+        default_factory=default_node_id, description="This node's id in the fleet inventory; default: the hostname."
+    )
+    interval_s: float = Field(default=5.0, gt=0, le=3600, description="Seconds between samples.")
+    proc_root: Path = Field(default=Path("/proc"), description="Where the process table is mounted.")
+    status_url: str | None = Field(
+        default=None, description="The node's own status endpoint (HTTP GET, JSON), probed for its job count."
+    )
+    status_jobs_path: str = Field(
+        default="selfplay_jobs", description="Dotted path of the job count in the status answer."
+    )
+    status_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Deadline for the status probe.")
+    job_process_pattern: str | None = Field(
+        default=None, description="Regular expression: processes whose command line matches are jobs."
+    )
+    watch_paths: list[Path] = Field(
+        default_factory=list, description="Files or directories whose growth means the jobs produce output."
+    )
+    trace_to_bus: bool = Field(default=False, description="Send finished spans over the bus (embedded mode).")
+
+    @field_validator("job_process_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value

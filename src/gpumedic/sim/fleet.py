@@ -1,0 +1,151 @@
+"""A simulated fleet: N nodes with K GPUs each, and the files the control plane needs to reach them.
+
+`start()` brings every node up on loopback and writes, into the work directory, what an operator
+would hand the remediator for a real fleet: `inventory.yaml` (where each node's SSH is),
+`known_hosts` (each node's own host key, so host keys are verified as in production) and
+`client_key` (the one key the fleet accepts). `run_samplers` runs the real node-sampler for every
+node through one publish callable, so hundreds of nodes share one NATS connection. `injected`
+is the ground truth of scripted faults, to score detection against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import asyncssh
+from gpumedic_events import NodeSampled
+
+from gpumedic.sim.node import SimNode
+from gpumedic.sim.state import InjectedFault
+
+log = logging.getLogger(__name__)
+
+SSH_USER = "gpumedic"
+
+Publish = Callable[[NodeSampled], Awaitable[None]]
+
+
+class SimFleet:
+    def __init__(
+        self,
+        n_nodes: int,
+        gpus_per_node: int,
+        workdir: Path,
+        *,
+        jobs_per_gpu: int = 1,
+        user: str = SSH_USER,
+    ) -> None:
+        """`jobs_per_gpu` busy jobs start on every GPU (0 for an idle fleet), backdated by
+        minutes to hours so start ticks differ as on a fleet that has been running."""
+        if n_nodes < 1:
+            raise ValueError("a fleet has at least one node")
+        self.workdir = Path(workdir)
+        self.user = user
+        self.injected: list[InjectedFault] = []
+        width = max(2, len(str(n_nodes)))
+        self.nodes: dict[str, SimNode] = {}
+        for i in range(1, n_nodes + 1):
+            node = SimNode(f"sim-node-{i:0{width}d}", gpus_per_node)
+            node.fault_listeners.append(self.injected.append)
+            for gpu in range(gpus_per_node):
+                for _ in range(jobs_per_gpu):
+                    node.start_job(gpu, started_ago_s=node.random_age_s(600, 6 * 3600))
+            self.nodes[node.node_id] = node
+        self.client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.set_leader(next(iter(self.nodes)))
+        self._sampler_tasks: set[asyncio.Task] = set()
+        self._started = False
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.workdir / "inventory.yaml"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.workdir / "known_hosts"
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.workdir / "client_key"
+
+    def node(self, node_id: str) -> SimNode:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise KeyError(f"no node {node_id!r} in the fleet") from None
+
+    def set_leader(self, leader: str | None) -> None:
+        """Which node every peer reports as leader; None scripts "no leader"."""
+        ids = list(self.nodes)
+        for node in self.nodes.values():
+            node.leader = leader
+            node.peers = [n for n in ids if n != node.node_id]
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        public = self.client_key.convert_to_public()
+        await asyncio.gather(*(node.start(public) for node in self.nodes.values()))
+        self._started = True
+        self._write_files()
+        log.info("simulated fleet of %d nodes up; inventory in %s", len(self.nodes), self.inventory_path)
+
+    async def stop(self) -> None:
+        for task in list(self._sampler_tasks):
+            task.cancel()
+        for task in list(self._sampler_tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        self._started = False
+
+    async def run_samplers(self, publish: Publish, interval_s: float = 5.0) -> None:
+        """Run the real node-sampler for every node until cancelled (or `stop()`).
+
+        The nodes' start times are spread over one interval, as real nodes booted at different
+        moments would be, so the bus sees a steady stream rather than a burst per interval.
+        """
+        if not self._started:
+            raise RuntimeError("start the fleet first")
+        nodes = list(self.nodes.values())
+        tasks = [
+            asyncio.create_task(self._sample(node, publish, interval_s, i * interval_s / len(nodes)), name=f"sampler-{node.node_id}")
+            for i, node in enumerate(nodes)
+        ]
+        self._sampler_tasks.update(tasks)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._sampler_tasks.difference_update(tasks)
+
+    async def __aenter__(self) -> SimFleet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @staticmethod
+    async def _sample(node: SimNode, publish: Publish, interval_s: float, offset_s: float) -> None:
+        await asyncio.sleep(offset_s)
+        await node.sampler(interval_s).run(publish)
+
+    def _write_files(self) -> None:
+        lines = ["nodes:"]
+        for node in self.nodes.values():
+            lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}}}")
+        self.inventory_path.write_text("\n".join(lines) + "\n")
+        self.known_hosts_path.write_text("".join(f"{n.known_hosts_line()}\n" for n in self.nodes.values()))
+        # created 0600 from the start: the private key is never readable by others, not even briefly
+        with contextlib.suppress(FileNotFoundError):
+            self.client_key_path.unlink()
+        fd = os.open(self.client_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.client_key.export_private_key())
+        (self.workdir / "client_key.pub").write_bytes(self.client_key.export_public_key())

@@ -1,0 +1,66 @@
+"""The simulated node's process table, behind the node-sampler's `ProcessTable` interface.
+
+It also renders the two /proc files the remediator reads over SSH, in the kernel's formats, so
+the sampler's view and the shell's view of a process are the same by construction.
+"""
+
+from __future__ import annotations
+
+from node_sampler.procs import ProcessInfo
+
+from gpumedic.sim.state import NodeState, SimProcess
+
+
+class SimProcessTable:
+    def __init__(self, node: NodeState) -> None:
+        self._node = node
+
+    def describe(self, pid: int, errors: list[str] | None = None) -> ProcessInfo | None:
+        p = self._node.process(pid)
+        if p is None:
+            if errors is not None:
+                errors.append(f"pid {pid}: not in /proc (exited, or another pid namespace)")
+            return None
+        return ProcessInfo(pid=p.pid, start_ticks=p.start_ticks, command=p.command)
+
+    def pids(self, errors: list[str] | None = None) -> list[int]:
+        return sorted(p.pid for p in self._node.live_processes())
+
+
+def stat_line(p: SimProcess) -> str:
+    """/proc/PID/stat as Linux writes it: 52 fields, starttime (field 22) = the start ticks."""
+    fields = [
+        str(p.pid),  # 1 pid
+        f"({p.comm})",  # 2 comm
+        "R" if p.producing else "S",  # 3 state
+        "1",  # 4 ppid
+        str(p.pid),  # 5 pgrp
+        str(p.pid),  # 6 session
+        "0",  # 7 tty_nr
+        "-1",  # 8 tpgid
+        "4194560",  # 9 flags
+        "81234",  # 10 minflt
+        "0",  # 11 cminflt
+        "12",  # 12 majflt
+        "0",  # 13 cmajflt
+        "52310",  # 14 utime
+        "8712",  # 15 stime
+        "0",  # 16 cutime
+        "0",  # 17 cstime
+        "20",  # 18 priority
+        "0",  # 19 nice
+        "24",  # 20 num_threads
+        "0",  # 21 itrealvalue
+        str(p.start_ticks),  # 22 starttime
+        "38105403392",  # 23 vsize
+        "1048576",  # 24 rss
+        "18446744073709551615",  # 25 rsslim
+    ]
+    # 26..52: addresses, signals and accounting nobody here reads
+    fields += ["0"] * (52 - len(fields))
+    return " ".join(fields) + "\n"
+
+
+def cmdline_text(p: SimProcess) -> str:
+    """/proc/PID/cmdline: each argument NUL-terminated."""
+    return "".join(f"{arg}\0" for arg in p.argv)

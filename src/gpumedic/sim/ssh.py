@@ -1,0 +1,123 @@
+"""The simulated node's SSH endpoint: a real asyncssh server that understands the remediator's
+exact commands and changes the simulated state the way a Linux shell would.
+
+Only these forms are interpreted (a real node runs the same lines unchanged):
+`cat /proc/<pid>/stat`, `cat /proc/<pid>/cmdline`, `kill -s KILL|TERM <pid>...`. Anything else
+answers as a shell that lacks the command (exit 127) and changes nothing. Lines are split with
+shlex and matched; nothing is ever evaluated. Every line received is recorded, in order, in
+`node.ssh_commands`, so tests and the demo can show exactly what the remediator did.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+from dataclasses import dataclass
+
+import asyncssh
+
+from gpumedic.sim.procs import cmdline_text, stat_line
+from gpumedic.sim.state import NodeState
+
+log = logging.getLogger(__name__)
+
+_PROC_FILE = re.compile(r"^/proc/([^/]+)/(stat|cmdline)$")
+_SIGNALS = ("KILL", "TERM")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_status: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+def interpret(node: NodeState, command: str) -> CommandResult:
+    """Run one command line against the node's state, as its shell would."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return CommandResult(2, stderr="sh: 1: Syntax error: Unterminated quoted string\n")
+    if not words:
+        return CommandResult(0)
+    if words[0] == "cat" and len(words) == 2 and (match := _PROC_FILE.match(words[1])):
+        return _cat_proc(node, words[1], match.group(1), match.group(2))
+    if words[0] == "kill" and len(words) >= 4 and words[1] == "-s" and words[2] in _SIGNALS:
+        pids = words[3:]
+        if all(w.isdigit() for w in pids):
+            return _kill(node, words[2], [int(w) for w in pids])
+    return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
+
+
+def _cat_proc(node: NodeState, path: str, pid_word: str, name: str) -> CommandResult:
+    p = node.process(int(pid_word)) if pid_word.isdigit() else None
+    if p is None:
+        return CommandResult(1, stderr=f"cat: {path}: No such file or directory\n")
+    return CommandResult(0, stdout=stat_line(p) if name == "stat" else cmdline_text(p))
+
+
+def _kill(node: NodeState, signal: str, pids: list[int]) -> CommandResult:
+    # like procps kill: every pid is tried; one that is missing makes the exit status 1
+    missing = [pid for pid in pids if not node.kill(pid, signal)]
+    stderr = "".join(f"kill: ({pid}) - No such process\n" for pid in missing)
+    return CommandResult(1 if missing else 0, stderr=stderr)
+
+
+class _Server(asyncssh.SSHServer):
+    """Public-key authentication only; the authorized key is the fleet's, for any user."""
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+
+class SshEndpoint:
+    """One node's SSH server on loopback, with its own ed25519 host key."""
+
+    def __init__(self, node: NodeState, host_key: asyncssh.SSHKey) -> None:
+        self.node = node
+        self.host_key = host_key
+        self.port: int | None = None
+        self._server: asyncssh.SSHAcceptor | None = None
+
+    async def start(self, client_public_key: asyncssh.SSHKey, host: str = "127.0.0.1") -> int:
+        authorized = asyncssh.import_authorized_keys(client_public_key.export_public_key().decode())
+        self._server = await asyncssh.create_server(
+            _Server,
+            host,
+            0,
+            server_host_keys=[self.host_key],
+            authorized_client_keys=authorized,
+            process_factory=self._handle,
+            encoding="utf-8",
+            allow_pty=False,
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    def _handle(self, process: asyncssh.SSHServerProcess) -> None:
+        command = process.command
+        if command is None:
+            process.stderr.write("interactive shells are not offered\n")
+            process.exit(1)
+            return
+        self.node.ssh_commands.append(command)
+        result = interpret(self.node, command)
+        log.debug("%s: %r -> exit %d", self.node.node_id, command, result.exit_status)
+        if result.stdout:
+            process.stdout.write(result.stdout)
+        if result.stderr:
+            process.stderr.write(result.stderr)
+        process.exit(result.exit_status)

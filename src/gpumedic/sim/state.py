@@ -1,0 +1,275 @@
+"""The simulated node's in-memory truth: GPUs, processes, jobs, and the faults scripted into them.
+
+Everything a real node would show through NVML, /proc, its status endpoint and its shell is
+derived from this one state, so a kill sent over SSH is seen by the next sample exactly as on a
+real node. The sampler reads it from a worker thread while SSH commands change it on the event
+loop, hence the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+CLK_TCK = 100
+"""Clock ticks per second, as on Linux (sysconf(_SC_CLK_TCK)); start_ticks are in these."""
+GPU_NAME = "Simulated H100 80GB"
+GPU_TOTAL_MIB = 81559
+JOB_MEMORY_MIB = 20480
+ORPHAN_MEMORY_MIB = 8192
+OUTPUT_BYTES_PER_S = 256 * 1024
+"""How fast a producing job's output grows (games, checkpoints)."""
+BOOTED_AGO_S = 3 * 86_400
+
+
+class Fault:
+    """The names of the faults the simulation can script; they appear in `injected`."""
+
+    ZOMBIE = "zombie_job"
+    ORPHAN = "orphan_gpu_holder"
+    GPU_LOST = "gpu_lost"
+    NVML_MISSING = "nvml_missing"
+    STATUS_BLOCKED = "status_blocked"
+
+
+class InjectedFault(NamedTuple):
+    """Ground truth: what was broken, where and when (UTC), to score detectors against."""
+
+    at: datetime
+    node_id: str
+    gpu: int | None
+    fault: str
+
+
+@dataclass
+class SimGpu:
+    index: int
+    uuid: str
+    name: str = GPU_NAME
+    total_mib: int = GPU_TOTAL_MIB
+    lost: bool = False
+    """Fell off the bus: every NVML query about it raises NVMLError_GpuIsLost."""
+    failing: dict[str, type[Exception]] = field(default_factory=dict)
+    """NVML function name -> the NVMLError subclass that call raises (one broken query)."""
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    start_ticks: int
+    argv: tuple[str, ...]
+    gpu: int | None
+    used_mib: int
+    is_job: bool
+    """Counted by the node's job manager (its status endpoint) as a running job."""
+    producing: bool
+    """Computing and writing output; False for a hung job or a leftover process."""
+    ignores_term: bool = False
+    alive: bool = True
+    started_at: float = field(default_factory=time.monotonic)
+    stopped_producing_at: float | None = None
+    killed_by: str | None = None
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.argv)
+
+    @property
+    def comm(self) -> str:
+        # the kernel keeps the first 15 bytes of the executable's name (TASK_COMM_LEN)
+        return os.path.basename(self.argv[0])[:15] if self.argv else "?"
+
+    def output_bytes(self, now: float) -> int:
+        end = self.stopped_producing_at if self.stopped_producing_at is not None else now
+        return int(max(0.0, end - self.started_at) * OUTPUT_BYTES_PER_S)
+
+
+class NodeState:
+    """One simulated node's GPUs and processes, and the helpers that script faults into them."""
+
+    def __init__(self, node_id: str, gpus: int, *, seed: int | None = None) -> None:
+        if not 0 <= gpus <= 64:
+            raise ValueError("a node has 0 to 64 GPUs")
+        self.node_id = node_id
+        self._lock = threading.RLock()
+        self._random = random.Random(zlib.crc32(node_id.encode()) if seed is None else seed)
+        self._boot = time.monotonic() - BOOTED_AGO_S - self._random.uniform(0, 86_400)
+        self._next_pid = self._random.randint(20_000, 60_000)
+        self.gpus = [
+            SimGpu(index=i, uuid=f"GPU-{uuid.UUID(int=self._random.getrandbits(128), version=4)}") for i in range(gpus)
+        ]
+        self.processes: dict[int, SimProcess] = {}
+        self.nvml_missing = False
+        self.status_blocked = False
+        self.leader: str | None = None
+        self.peers: list[str] = []
+        self.injected: list[InjectedFault] = []
+        self.fault_listeners: list[Callable[[InjectedFault], None]] = []
+        self.ssh_commands: list[str] = []
+
+    # --- what the node looks like -------------------------------------------------------
+
+    def random_age_s(self, low: float, high: float) -> float:
+        """A reproducible (per node) random duration, for backdating what the node runs."""
+        with self._lock:
+            return self._random.uniform(low, high)
+
+    def now_ticks(self) -> int:
+        return int((time.monotonic() - self._boot) * CLK_TCK)
+
+    def process(self, pid: int) -> SimProcess | None:
+        """The live process with this pid, or None."""
+        with self._lock:
+            p = self.processes.get(pid)
+            return p if p is not None and p.alive else None
+
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]:
+        with self._lock:
+            return [p for p in self.processes.values() if p.alive and (gpu is None or p.gpu == gpu)]
+
+    @property
+    def running_jobs(self) -> int:
+        return sum(1 for p in self.live_processes() if p.is_job)
+
+    @property
+    def output_growing(self) -> bool:
+        return any(p.is_job and p.producing for p in self.live_processes())
+
+    def output_bytes(self) -> int:
+        """Total output the node's jobs have written; grows only while a job produces."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(p.output_bytes(now) for p in self.processes.values() if p.is_job)
+
+    def utilization(self, gpu: int) -> tuple[int, int]:
+        """(kernel busy %, memory controller busy %) of one GPU now."""
+        with self._lock:
+            if any(p.producing for p in self.live_processes(gpu)):
+                return self._random.randint(85, 95), self._random.randint(30, 45)
+            return 0, 0
+
+    def memory_used_mib(self, gpu: int) -> int:
+        return sum(p.used_mib for p in self.live_processes(gpu))
+
+    # --- what happens to it ---------------------------------------------------------------
+
+    def start_job(
+        self,
+        gpu: int,
+        *,
+        argv: tuple[str, ...] | None = None,
+        used_mib: int = JOB_MEMORY_MIB,
+        started_ago_s: float = 0.0,
+    ) -> SimProcess:
+        """A busy job on `gpu`: util ~90 %, output growing. `started_ago_s` backdates it (a fleet
+        that has been running a while), which its start ticks and output show."""
+        self._check_gpu(gpu)
+        return self._spawn(argv or _job_argv(gpu), gpu, used_mib, is_job=True, producing=True, ago_s=started_ago_s)
+
+    def inject_zombie(self, gpu: int, *, ignore_term: bool = False) -> SimProcess:
+        """The job on `gpu` hangs: it keeps its GPU memory and counts as running, but its GPU
+        sits at 0 % and its output stops growing. Without a job there, a hung one starts."""
+        self._check_gpu(gpu)
+        with self._lock:
+            job = next((p for p in self.live_processes(gpu) if p.is_job), None)
+            if job is None:
+                job = self._spawn(_job_argv(gpu), gpu, JOB_MEMORY_MIB, is_job=True, producing=False)
+            job.producing = False
+            job.stopped_producing_at = time.monotonic()
+            job.ignores_term = ignore_term
+        self._record(gpu, Fault.ZOMBIE)
+        return job
+
+    def inject_orphan(self, gpu: int, *, used_mib: int = ORPHAN_MEMORY_MIB) -> SimProcess:
+        """A leftover process from before a container restart: it holds `gpu` (so the next job
+        fails with "device busy") but no job manager counts it and it computes nothing."""
+        self._check_gpu(gpu)
+        argv = ("python", "-m", "selfplay.worker", "--gpu", str(gpu), "--resume")
+        orphan = self._spawn(argv, gpu, used_mib, is_job=False, producing=False)
+        self._record(gpu, Fault.ORPHAN)
+        return orphan
+
+    def inject_gpu_lost(self, gpu: int) -> None:
+        """`gpu` falls off the bus: every NVML query about it raises NVMLError_GpuIsLost."""
+        self._check_gpu(gpu)
+        self.gpus[gpu].lost = True
+        self._record(gpu, Fault.GPU_LOST)
+
+    def inject_nvml_missing(self) -> None:
+        """The driver is gone (a bad upgrade): nvmlInit raises NVMLError_LibraryNotFound."""
+        self.nvml_missing = True
+        self._record(None, Fault.NVML_MISSING)
+
+    def inject_status_blocked(self) -> None:
+        """The node's event loop blocks: its status port accepts TCP but never answers."""
+        self.status_blocked = True
+        self._record(None, Fault.STATUS_BLOCKED)
+
+    def kill(self, pid: int, signal: str = "KILL") -> bool:
+        """Deliver a signal; False if no such live process. KILL always ends the process, TERM
+        unless it ignores TERM. A dead process frees its GPU memory and stops counting as a job."""
+        with self._lock:
+            p = self.process(pid)
+            if p is None:
+                return False
+            if signal == "TERM" and p.ignores_term:
+                return True
+            p.alive = False
+            p.killed_by = signal
+            if p.stopped_producing_at is None:
+                p.stopped_producing_at = time.monotonic()
+            return True
+
+    def _spawn(
+        self, argv: tuple[str, ...], gpu: int | None, used_mib: int, *, is_job: bool, producing: bool, ago_s: float = 0.0
+    ) -> SimProcess:
+        ago_s = max(0.0, min(ago_s, BOOTED_AGO_S))
+        with self._lock:
+            pid = self._new_pid()
+            p = SimProcess(
+                pid=pid,
+                start_ticks=self.now_ticks() - int(ago_s * CLK_TCK),
+                started_at=time.monotonic() - ago_s,
+                argv=argv,
+                gpu=gpu,
+                used_mib=used_mib,
+                is_job=is_job,
+                producing=producing,
+            )
+            self.processes[pid] = p
+            return p
+
+    def _new_pid(self) -> int:
+        while True:
+            self._next_pid += self._random.randint(1, 40)
+            if self._next_pid > 4_000_000:
+                self._next_pid = 300
+            existing = self.processes.get(self._next_pid)
+            if existing is None:
+                return self._next_pid
+            if not existing.alive:
+                # pids are recycled, as on Linux: the dead one is forgotten
+                del self.processes[self._next_pid]
+                return self._next_pid
+
+    def _check_gpu(self, gpu: int) -> None:
+        if not 0 <= gpu < len(self.gpus):
+            raise ValueError(f"{self.node_id} has no GPU {gpu}")
+
+    def _record(self, gpu: int | None, fault: str) -> None:
+        entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault)
+        self.injected.append(entry)
+        for listener in self.fault_listeners:
+            listener(entry)
+
+
+def _job_argv(gpu: int) -> tuple[str, ...]:
+    return ("python", "-m", "selfplay", "--gpu", str(gpu), "--games", "100000")

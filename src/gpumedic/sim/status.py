@@ -1,0 +1,94 @@
+"""The simulated node's peer status endpoint: `GET /status` -> JSON, like a P2P job cluster's.
+
+A tiny asyncio HTTP server, no framework: it answers one request per connection. The node's
+job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; `leader` and
+`peers` are what leader-health probes. With the "blocked event loop" fault the port still
+accepts TCP but never answers, which is the failure that fault stands for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from gpumedic.sim.state import NodeState
+
+log = logging.getLogger(__name__)
+
+_READ_TIMEOUT_S = 5.0
+
+
+class StatusEndpoint:
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    def document(self) -> dict:
+        node = self.node
+        return {
+            "node_id": node.node_id,
+            "leader": node.leader,
+            "peers": list(node.peers),
+            "selfplay_jobs": node.running_jobs,
+        }
+
+    async def start(self, host: str = "127.0.0.1") -> int:
+        self._server = await asyncio.start_server(self._handle, host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        # a blocked endpoint holds connections open; close them, or wait_closed waits forever
+        for writer in list(self._connections):
+            writer.close()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
+        try:
+            if self.node.status_blocked:
+                await reader.read()  # until the client gives up
+                return
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                return
+            request = head.decode("latin-1").split("\r\n", 1)[0].split()
+            if len(request) != 3:
+                writer.write(_response(400, {"error": "bad request"}))
+            elif request[0] != "GET":
+                writer.write(_response(405, {"error": "only GET"}))
+            elif request[1].split("?", 1)[0] != "/status":
+                writer.write(_response(404, {"error": "not found"}))
+            else:
+                writer.write(_response(200, self.document()))
+            await writer.drain()
+        except (ConnectionError, OSError):
+            log.debug("%s: status client went away", self.node.node_id)
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+def _response(status: int, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + payload

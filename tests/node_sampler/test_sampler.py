@@ -1,0 +1,168 @@
+"""The sampling loop: a fixed grid on the monotonic clock, no bursts, and it outlives failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from node_sampler.logic import JobsReading
+from node_sampler.sampler import Sampler
+from tests.node_sampler.fakes import FakeProcessTable, table_for_two_gpus, two_gpus
+
+
+class FakeClock:
+    """Time stands still unless the test (or a slow step) moves it; `sleep` moves it exactly."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+        self.wakeups: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        self.wakeups.append(self.now)
+        await asyncio.sleep(0)
+
+
+async def _run_until(sampler: Sampler, publish, count: int, published: list) -> None:
+    task = asyncio.create_task(sampler.run(publish))
+    while len(published) < count:
+        await asyncio.sleep(0)
+        if task.done():
+            task.result()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_ticks_stay_on_the_grid_despite_slow_samples():
+    clock = FakeClock()
+    published = []
+
+    async def publish(event):
+        clock.now += 0.7  # each interval's own work takes time; it must not push the grid later
+        published.append(event)
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, clock=clock, sleep=clock.sleep)
+    await _run_until(sampler, publish, 5, published)
+
+    start = 1000.0
+    assert clock.wakeups[:4] == [start + 5.0 * k for k in range(1, 5)]
+    assert clock.sleeps[:4] == [pytest.approx(4.3)] * 4
+    assert sampler.skipped_ticks == 0
+
+
+async def test_missed_ticks_are_skipped_not_burst():
+    clock = FakeClock()
+    published = []
+
+    async def publish(event):
+        published.append(event)
+        if len(published) == 2:
+            clock.now += 12.5  # a stall during tick 1 (due at 1005): ticks 2 and 3 are already past
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, clock=clock, sleep=clock.sleep)
+    await _run_until(sampler, publish, 4, published)
+
+    assert clock.wakeups[:3] == [1005.0, 1020.0, 1025.0]
+    assert sampler.skipped_ticks == 2
+
+
+async def test_failed_publish_is_logged_and_the_loop_goes_on(caplog):
+    clock = FakeClock()
+    attempts = []
+
+    async def publish(event):
+        attempts.append(event)
+        if len(attempts) <= 2:
+            raise ConnectionError("nats down")
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, clock=clock, sleep=clock.sleep)
+    with caplog.at_level("WARNING", logger="node_sampler.sampler"):
+        await _run_until(sampler, publish, 4, attempts)
+
+    assert len([r for r in caplog.records if "not published" in r.getMessage()]) == 2
+    assert clock.wakeups[:3] == [1005.0, 1010.0, 1015.0]
+
+
+async def test_real_clock_runs_a_few_ticks():
+    published = []
+
+    async def publish(event):
+        published.append(event)
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 0.05)
+    task = asyncio.create_task(sampler.run(publish))
+    await asyncio.sleep(0.22)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert 2 <= len(published) <= 6
+    assert len({e.event_id for e in published}) == len(published)
+
+
+async def test_vanished_gpu_process_keeps_its_pid_and_notes_why():
+    table = table_for_two_gpus()
+    del table.processes[41999]
+    sample = await Sampler("n1", two_gpus(), table, [], 5.0).sample()
+    gone = next(p for p in sample.gpus[1].processes if p.pid == 41999)
+    assert (gone.start_ticks, gone.command) == (None, "")
+    assert sample.errors == ("pid 41999: gone",)
+
+
+class _Probe:
+    def __init__(self, result) -> None:
+        self.result = result
+
+    async def observe(self):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+async def test_probes_are_merged_in_order_and_a_raising_probe_is_a_note():
+    probes = [
+        _Probe(JobsReading(errors=("status probe http://x/status: HTTP 503",))),
+        _Probe(RuntimeError("bug")),
+        _Probe(JobsReading(running=2)),
+        _Probe(JobsReading(output_growing=False)),
+        _Probe(JobsReading(running=9, output_growing=True)),
+    ]
+    sample = await Sampler("n1", two_gpus(), table_for_two_gpus(), probes, 5.0).sample()
+    assert (sample.jobs.running, sample.jobs.output_growing) == (2, False)
+    assert sample.errors == ("status probe http://x/status: HTTP 503", "_Probe: RuntimeError")
+
+
+async def test_the_event_loop_is_not_blocked_by_nvml():
+    import threading
+    import time
+
+    class SlowNvml(type(two_gpus())):
+        def nvmlDeviceGetCount(self):
+            assert threading.current_thread() is not threading.main_thread()
+            time.sleep(0.2)
+            return super().nvmlDeviceGetCount()
+
+    nvml = SlowNvml(two_gpus().gpus)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    t = asyncio.create_task(ticker())
+    await Sampler("n1", nvml, FakeProcessTable(), [], 5.0).sample()
+    t.cancel()
+    assert ticks >= 3
+
+
+def test_interval_must_be_positive():
+    with pytest.raises(ValueError):
+        Sampler("n1", two_gpus(), FakeProcessTable(), [], 0)

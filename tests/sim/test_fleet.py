@@ -1,0 +1,68 @@
+"""The fleet's files (inventory, known_hosts, client key) and its samplers."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import yaml
+
+from gpumedic.sim import SimFleet
+
+
+async def test_inventory_known_hosts_and_key(fleet):
+    text = fleet.inventory_path.read_text()
+    nodes = yaml.safe_load(text)["nodes"]
+    assert list(nodes) == ["sim-node-01", "sim-node-02"]
+    for node_id, entry in nodes.items():
+        node = fleet.node(node_id)
+        assert entry == {"host": "127.0.0.1", "port": node.ssh_port, "user": "gpumedic"}
+        assert f"  {node_id}: {{host: 127.0.0.1, port: {node.ssh_port}, user: gpumedic}}\n" in text
+    lines = fleet.known_hosts_path.read_text().splitlines()
+    assert lines == [fleet.node(n).known_hosts_line() for n in nodes]
+    assert lines[0].startswith(f"[127.0.0.1]:{fleet.node('sim-node-01').ssh_port} ssh-ed25519 AAAA")
+    assert stat.S_IMODE(fleet.client_key_path.stat().st_mode) == 0o600
+    assert fleet.client_key_path.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+
+
+async def test_every_node_starts_with_one_busy_job_per_gpu(fleet):
+    for node in fleet.nodes.values():
+        assert node.running_jobs == 2 and node.output_growing
+        assert {p.gpu for p in node.live_processes()} == {0, 1}
+
+
+async def test_samplers_share_one_publish_callable(fleet):
+    fleet.node("sim-node-02").inject_zombie(1)
+    events = []
+
+    async def publish(event):
+        events.append(event)
+
+    task = asyncio.create_task(fleet.run_samplers(publish, interval_s=0.1))
+    async with asyncio.timeout(10):
+        while {e.node_id for e in events if e.jobs.output_growing is not None} != {"sim-node-01", "sim-node-02"}:
+            await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    last = {e.node_id: e for e in events}
+    assert last["sim-node-01"].jobs.running == 2
+    assert last["sim-node-02"].gpus[1].utilization_gpu_pct == 0
+    assert all(e.errors == () for e in events)
+    assert [(f.node_id, f.gpu, f.fault) for f in fleet.injected] == [("sim-node-02", 1, "zombie_job")]
+
+
+async def test_stop_ends_running_samplers(tmp_path):
+    fleet = SimFleet(3, 1, tmp_path, jobs_per_gpu=0)
+    await fleet.start()
+    assert all(n.running_jobs == 0 for n in fleet.nodes.values())
+    task = asyncio.create_task(fleet.run_samplers(lambda e: asyncio.sleep(0), interval_s=0.05))
+    await asyncio.sleep(0.1)
+    await fleet.stop()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
+    assert task.done()
+
+
+def test_node_ids_widen_for_big_fleets(tmp_path):
+    fleet = SimFleet(120, 0, tmp_path)
+    assert list(fleet.nodes)[:2] == ["sim-node-001", "sim-node-002"] and "sim-node-120" in fleet.nodes

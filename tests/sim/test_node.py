@@ -1,0 +1,113 @@
+"""The simulated node's state, its fake NVML, its shell interpreter and its status endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pynvml
+import pytest
+
+from gpumedic.sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
+from node_sampler.jobs import http_get
+
+
+def test_a_new_node_is_idle_and_start_job_loads_it():
+    node = SimNode("sim-node-09", 2)
+    assert node.running_jobs == 0 and node.utilization(0) == (0, 0)
+    job = node.start_job(1)
+    assert node.running_jobs == 1 and node.output_growing
+    assert 85 <= node.utilization(1)[0] <= 95 and node.memory_used_mib(1) == job.used_mib
+    assert node.gpus[0].name == GPU_NAME and node.gpus[0].total_mib == GPU_TOTAL_MIB
+    assert node.gpus[0].uuid != node.gpus[1].uuid
+
+
+async def test_zombie_orphan_and_ground_truth():
+    node = SimNode("sim-node-09", 1)
+    busy = node.start_job(0)
+    zombie = node.inject_zombie(0)
+    assert zombie is busy  # the job itself hangs
+    assert node.running_jobs == 1 and not node.output_growing and node.utilization(0) == (0, 0)
+    size = node.output_bytes()
+    assert node.output_bytes() == size
+
+    orphan = node.inject_orphan(0)
+    assert node.running_jobs == 1  # the job manager does not count a leftover
+    assert node.memory_used_mib(0) == busy.used_mib + orphan.used_mib
+    assert [(f.node_id, f.gpu, f.fault) for f in node.injected] == [
+        ("sim-node-09", 0, Fault.ZOMBIE),
+        ("sim-node-09", 0, Fault.ORPHAN),
+    ]
+
+    sample = await node.sampler(1.0, probes=[]).sample()
+    assert sorted(p.pid for p in sample.gpus[0].processes) == sorted([zombie.pid, orphan.pid])
+
+
+async def test_gpu_lost_and_nvml_missing_reach_the_sample_as_errors():
+    node = SimNode("sim-node-09", 2)
+    node.start_job(0)
+    node.inject_gpu_lost(1)
+    node.gpus[0].failing["nvmlDeviceGetName"] = pynvml.NVMLError_NotSupported
+    sampler = node.sampler(1.0, probes=[])
+
+    sample = await sampler.sample()
+    assert sample.gpus[1].memory_used_mib is None and sample.gpus[1].uuid == ""
+    assert "gpu 1 utilization: NVMLError_GpuIsLost" in sample.errors
+    assert "gpu 0 name: NVMLError_NotSupported" in sample.errors
+    assert sample.gpus[0].utilization_gpu_pct >= 85
+
+    node.inject_nvml_missing()
+    fresh = node.sampler(1.0, probes=[])
+    assert (await fresh.sample()).errors == ("NVML unavailable: NVMLError_LibraryNotFound",)
+
+
+def test_nvml_before_init_raises_like_the_binding():
+    nvml = SimNode("sim-node-09", 1).nvml()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+    nvml.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetHandleByIndex(5)
+
+
+def test_interpreter_without_a_network():
+    node = SimNode("sim-node-09", 1)
+    job = node.start_job(0)
+    assert interpret(node, "cat /proc/abc/stat").exit_status == 1
+    assert interpret(node, "kill -s KILL 1 " + str(job.pid)).exit_status == 1
+    assert node.process(job.pid) is None  # the live one died even though pid 1 was missing
+    assert interpret(node, "kill -s KILL 'unterminated").exit_status == 2
+    assert interpret(node, "").exit_status == 0
+
+
+async def test_status_endpoint_answers_json(fleet):
+    node = fleet.node("sim-node-02")
+    status, body = await http_get(node.status_url)
+    assert status == 200
+    assert json.loads(body) == {
+        "node_id": "sim-node-02",
+        "leader": "sim-node-01",
+        "peers": ["sim-node-01"],
+        "selfplay_jobs": 2,
+    }
+    node.inject_zombie(0)
+    node.kill(node.live_processes(1)[0].pid)
+    fleet.set_leader(None)
+    status, body = await http_get(node.status_url)
+    assert json.loads(body)["selfplay_jobs"] == 1 and json.loads(body)["leader"] is None
+    status, _ = await http_get(node.status_url.replace("/status", "/nope"))
+    assert status == 404
+
+
+async def test_blocked_status_endpoint_accepts_but_never_answers(fleet):
+    node = fleet.node("sim-node-01")
+    node.inject_status_blocked()
+    reading = await node.probes(status_timeout_s=0.2)[0].observe()
+    assert reading.running is None and "no answer within 0.2s" in reading.errors[0]
+
+
+def test_backdated_jobs_started_earlier():
+    node = SimNode("sim-node-09", 1)
+    old = node.start_job(0, started_ago_s=3600)
+    new = node.start_job(0)
+    assert new.start_ticks - old.start_ticks >= 3600 * 100 - 1
+    assert node.output_bytes() >= 3600 * 256 * 1024 - 1024 * 1024
