@@ -1,0 +1,231 @@
+"""The remediator's NATS adapter: ActionRequested in, one ActionCompleted out, side effects at most once.
+
+The order of steps is the safety argument. The ledger is read first: a request already there
+is answered from the ledger (finished) or declared interrupted (a remediator died mid-action),
+never run again. Otherwise the request is claimed and committed before the gate decides and
+before any command runs; if the store is down the claim fails, the handler raises, nothing has
+run, and JetStream redelivers later. Once commands may have run, every error becomes a failed
+outcome instead of an exception, because an exception would redeliver a side effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from opentelemetry.trace import Status, StatusCode, Tracer
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event, subscribe_events
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested
+from gpumedic_store.models import ActionRecord
+from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
+from remediator import catalogue, repository
+from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
+from remediator.inventory import InventoryError
+from remediator.logic import Decision, Verdict, decide
+from remediator.settings import Settings
+from remediator.ssh import NodeError, SshExecutor
+
+log = logging.getLogger(__name__)
+
+SERVICE = "remediator"
+DURABLE = "remediator-actions"
+INTERRUPTED_DETAIL = "remediator restarted mid-action; not run again; the detector re-verifies"
+MAX_EVENT_STEPS = 64
+MAX_DETAIL = 2000
+
+_COMPLETED_NAMESPACE = uuid.UUID("0d6f3c1e-52a4-4b8e-9c71-3e5a2f8b9d40")
+"""Completion event ids derive from the action id, so a re-published result is the same event."""
+
+
+class ActionHandler:
+    """Handles one ActionRequested at a time; everything it needs is injected."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        runtime: ServiceRuntime,
+        sessions: async_sessionmaker[AsyncSession],
+        executor: SshExecutor,
+        tracer: Tracer,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._settings = settings
+        self._policy = settings.policy()
+        self._runtime = runtime
+        self._sessions = sessions
+        self._executor = executor
+        self._tracer = tracer
+        self._now = clock
+
+    async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
+        attributes = {
+            INCIDENT_ID: str(request.incident_id),
+            NODE_ID: request.node_id,
+            ACTION_ID: str(request.action_id),
+        }
+        with self._tracer.start_as_current_span("act", context=delivery.trace_context, attributes=attributes) as span:
+            record = await self._act(request, delivery)
+            span.set_attribute("gpumedic.action.outcome", record.status)
+            if record.status == ActionOutcome.FAILED:
+                span.set_status(Status(StatusCode.ERROR, record.detail[:200]))
+            # Published inside the span, so the result is its child in the incident's trace.
+            await publish_event(
+                self._runtime.broker, completed_event(record), msg_id=f"{request.action_id}:completed"
+            )
+
+    async def _act(self, request: ActionRequested, delivery: Delivery) -> ActionRecord:
+        """The finished ledger record for this request, acting on the node at most once."""
+        async with self._sessions() as session:
+            record, claimed = await repository.claim(session=session, request=request, now=self._now())
+            if not claimed:
+                return await self._replay(session, record, delivery)
+            await session.commit()
+
+            decision = await self._decide(session, request)
+            if decision.verdict is not Verdict.ALLOW:
+                status = "observed" if decision.verdict is Verdict.OBSERVE else "blocked"
+                detail = decision.reason
+                if decision.verdict is Verdict.OBSERVE:
+                    detail = f"{detail}; {_would_run(request)}"
+                log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, decision.reason)
+                await repository.finish(
+                    session=session, record=record, status=status, detail=_clip(detail), steps=(), now=self._now()
+                )
+                await session.commit()
+                return record
+
+            result = await self._execute(request, delivery)
+            log.info(
+                "action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail
+            )
+            # If this commit fails the row stays executing; the redelivery marks it interrupted.
+            await repository.finish(
+                session=session,
+                record=record,
+                status=result.outcome.value,
+                detail=_clip(result.detail),
+                steps=result.steps,
+                now=self._now(),
+            )
+            await session.commit()
+            return record
+
+    async def _replay(self, session: AsyncSession, record: ActionRecord, delivery: Delivery) -> ActionRecord:
+        """A request seen before: answer from the ledger, never run it again."""
+        if record.status == repository.EXECUTING:
+            # The process that claimed it died before finishing (or before committing the
+            # finish): the node may or may not have been touched, so a person-free retry would
+            # be blind. The detector sees whether the fault is still there and asks again.
+            log.warning(
+                "action %s on %s was left executing (delivery %d); marking it interrupted",
+                record.action_id, record.node_id, delivery.deliveries,
+            )
+            await repository.finish(
+                session=session,
+                record=record,
+                status=ActionOutcome.INTERRUPTED.value,
+                detail=INTERRUPTED_DETAIL,
+                steps=record.steps,
+                now=self._now(),
+            )
+            await session.commit()
+        else:
+            log.info("action %s already %s; re-publishing its result", record.action_id, record.status)
+        return record
+
+    async def _decide(self, session: AsyncSession, request: ActionRequested) -> Decision:
+        now = self._now()
+        view = await repository.ledger_view(
+            session=session, request=request, now=now, window_s=self._policy.breaker_window_s
+        )
+        decision = decide(request, policy=self._policy, ledger_view=view, now=now)
+        if decision.trip_breaker:
+            log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
+            await repository.trip(session=session, reason=decision.trip_reason, now=now)
+        return decision
+
+    async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
+        """Run the operation on the node; every failure is an outcome, never an exception."""
+        steps: list[str] = []
+
+        async def run_on(run: Callable[[str], Awaitable[CommandResult]], command: str) -> CommandResult:
+            # Each command may take a while; keep JetStream from redelivering meanwhile.
+            await delivery.still_working()
+            steps.append(command)
+            return await run(command)
+
+        try:
+            catalogue.render(request.operation)  # refuse bad parameters before connecting
+            await delivery.still_working()
+            async with self._executor.session(request.node_id) as node:
+                return await catalogue.execute(
+                    request.operation,
+                    lambda command: run_on(node.run, command),
+                    verify_timeout_s=self._settings.verify_timeout_s,
+                )
+        except (InvalidParameter, InventoryError, NodeError) as exc:
+            # A node lost mid-action may have run some commands: say how far it got.
+            where = f" (after {len(steps)} command(s), the last `{steps[-1]}`)" if steps else ""
+            return ExecutionResult(ActionOutcome.FAILED, f"{exc}{where}", steps)
+        except Exception as exc:
+            log.exception("action %s on %s failed unexpectedly", request.action_id, request.node_id)
+            return ExecutionResult(ActionOutcome.FAILED, f"internal error after {len(steps)} command(s): {exc!r}", steps)
+
+
+def completed_event(record: ActionRecord) -> ActionCompleted:
+    """The result event for a finished ledger record: the same event whenever it is re-published."""
+    steps = list(record.steps or [])
+    if len(steps) > MAX_EVENT_STEPS:
+        # The ledger keeps every command; the event carries the first ones and says so.
+        steps = [*steps[: MAX_EVENT_STEPS - 1], f"... and {len(steps) - MAX_EVENT_STEPS + 1} more (see the ledger)"]
+    return ActionCompleted(
+        event_id=uuid.uuid5(_COMPLETED_NAMESPACE, record.action_id),
+        occurred_at=record.finished_at or datetime.now(UTC),
+        source=SERVICE,
+        action_id=uuid.UUID(record.action_id),
+        incident_id=uuid.UUID(record.incident_id),
+        node_id=record.node_id,
+        attempt=record.attempt,
+        outcome=ActionOutcome(record.status),
+        detail=_clip(record.detail),
+        steps=tuple(steps),
+    )
+
+
+def register(
+    runtime: ServiceRuntime,
+    settings: Settings,
+    *,
+    sessions: async_sessionmaker[AsyncSession],
+    executor: SshExecutor,
+) -> tuple[ActionHandler, EventConsumer[ActionRequested]]:
+    """Attach the action handler to the remediator's durable consumer."""
+    handler = ActionHandler(
+        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer
+    )
+    consumer = subscribe_events(
+        runtime.broker,
+        ActionRequested,
+        handler.handle,
+        service=SERVICE,
+        durable=DURABLE,
+        settings=settings.nats,
+        stats=runtime.rejections,
+    )
+    return handler, consumer
+
+
+def _would_run(request: ActionRequested) -> str:
+    try:
+        return f"would run: {'; '.join(catalogue.render(request.operation))}"
+    except InvalidParameter as exc:
+        return f"would refuse: {exc}"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL else f"{text[: MAX_DETAIL - 3]}..."

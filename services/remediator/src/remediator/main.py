@@ -1,0 +1,77 @@
+"""The remediator's composition root: settings, store, SSH executor, handler, broker, app.
+
+Nothing is built at import time; tests call `create_app` with their own settings and get the
+same service a deployment runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from faststream import FastStream
+
+from gpumedic_bus import ServiceRuntime
+from gpumedic_store.engine import create_engine, ping, session_factory
+from remediator.handlers import SERVICE, register
+from remediator.settings import Settings, SettingsError
+from remediator.ssh import SshExecutor
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastStream:
+    """The remediator as a FastStream app; `app.context.get("runtime")` is its ServiceRuntime."""
+    settings = settings or Settings()
+    runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
+    engine = create_engine(settings.store.url)
+    executor = SshExecutor(
+        inventory=settings.inventory,
+        known_hosts=settings.known_hosts,
+        client_key=settings.client_key,
+        connect_timeout_s=settings.connect_timeout_s,
+        command_timeout_s=settings.command_timeout_s,
+    )
+    register(runtime, settings, sessions=session_factory(engine), executor=executor)
+
+    async def _check() -> None:
+        settings.check_files()
+        await ping(engine)
+        policy = settings.policy()
+        log.info(
+            "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, protected %s",
+            policy.mode,
+            f" (overrides {dict(policy.modes)})" if policy.modes else "",
+            settings.store.safe_url,
+            settings.inventory,
+            policy.breaker_max_nodes,
+            policy.breaker_window_s,
+            ", ".join(sorted(policy.protected_nodes)) or "none",
+        )
+
+    runtime.on_startup(_check)
+    app = runtime.app()
+    app.after_shutdown(engine.dispose)
+    app.context.set_global("runtime", runtime)
+    return app
+
+
+def run() -> None:
+    """Console script `gpumedic-remediator`: run until SIGINT or SIGTERM."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings()
+        settings.check_files()
+    except (SettingsError, ValueError) as exc:
+        sys.exit(f"gpumedic-remediator: {exc}")
+    app = create_app(settings)
+    try:
+        # FastStream's run() turns SIGINT/SIGTERM into a graceful exit.
+        asyncio.run(app.run())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    run()

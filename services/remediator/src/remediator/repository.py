@@ -1,0 +1,161 @@
+"""The remediator's ledger and breaker trips in the incident store.
+
+The ledger is what makes actions idempotent: a request is claimed (recorded as executing and
+committed) before any command runs, and a request whose action id is already recorded is never
+run again. It is also what the gate reads: what is executing, how often an incident was
+tried, which nodes needed action lately, whether the breaker is open. Functions take the
+session keyword-only and never commit: the handler decides the transaction boundaries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpumedic_events import ActionRequested
+from gpumedic_store.models import ActionRecord, BreakerTrip
+from remediator.logic import LedgerView
+
+EXECUTING = "executing"
+FINISHED = ("succeeded", "failed", "blocked", "observed", "interrupted")
+RAN = ("executing", "succeeded", "failed", "interrupted")
+"""Statuses of actions that touched (or may have touched) a node: these count as attempts."""
+NOT_COUNTED_FOR_BREAKER = ("blocked",)
+"""A blocked request did nothing; observed ones count, so observe mode previews the breaker."""
+
+
+async def get_action(*, session: AsyncSession, action_id: uuid.UUID) -> ActionRecord | None:
+    return await session.get(ActionRecord, str(action_id))
+
+
+async def claim(*, session: AsyncSession, request: ActionRequested, now: datetime) -> tuple[ActionRecord, bool]:
+    """Record the request as executing; (record, True), or (the existing record, False) if already there.
+
+    Must be the first write of its transaction: a concurrent claim of the same id rolls it back.
+    """
+    existing = await get_action(session=session, action_id=request.action_id)
+    if existing is not None:
+        return existing, False
+    record = ActionRecord(
+        action_id=str(request.action_id),
+        incident_id=str(request.incident_id),
+        node_id=request.node_id,
+        attempt=request.attempt,
+        operation=request.operation.model_dump(mode="json"),
+        status=EXECUTING,
+        detail="",
+        steps=[],
+        requested_at=request.occurred_at,
+        started_at=now,
+        finished_at=None,
+    )
+    session.add(record)
+    try:
+        await session.flush()
+    except IntegrityError:
+        # Another instance claimed it between our read and our insert: theirs wins.
+        await session.rollback()
+        existing = await get_action(session=session, action_id=request.action_id)
+        if existing is None:
+            raise
+        return existing, False
+    return record, True
+
+
+async def finish(
+    *,
+    session: AsyncSession,
+    record: ActionRecord,
+    status: str,
+    detail: str,
+    steps: Sequence[str],
+    now: datetime,
+) -> ActionRecord:
+    if status not in FINISHED:
+        raise ValueError(f"{status!r} is not a finished action status ({', '.join(FINISHED)})")
+    record.status = status
+    record.detail = detail
+    record.steps = list(steps)
+    record.finished_at = now
+    await session.flush()
+    return record
+
+
+async def ledger_view(
+    *, session: AsyncSession, request: ActionRequested, now: datetime, window_s: float
+) -> LedgerView:
+    """What the gate needs to know about everything except `request` itself."""
+    this = str(request.action_id)
+    trip = await open_trip(session=session)
+    executing = (
+        await session.scalars(
+            select(ActionRecord.action_id)
+            .where(ActionRecord.node_id == request.node_id, ActionRecord.status == EXECUTING, ActionRecord.action_id != this)
+            .order_by(ActionRecord.started_at)
+        )
+    ).all()
+    attempts = await session.scalar(
+        select(func.count())
+        .select_from(ActionRecord)
+        .where(
+            ActionRecord.incident_id == str(request.incident_id),
+            ActionRecord.status.in_(RAN),
+            ActionRecord.action_id != this,
+        )
+    )
+    since = now - timedelta(seconds=window_s)
+    last_reset = await session.scalar(select(func.max(BreakerTrip.reset_at)))
+    if last_reset is not None and last_reset > since:
+        # A person reset the breaker after checking the fleet: what came before is judged.
+        since = last_reset
+    nodes = (
+        await session.scalars(
+            select(ActionRecord.node_id).distinct().where(
+                ActionRecord.started_at >= since,
+                ActionRecord.status.not_in(NOT_COUNTED_FOR_BREAKER),
+                ActionRecord.action_id != this,
+            )
+        )
+    ).all()
+    return LedgerView(
+        breaker_open_since=trip.tripped_at if trip else None,
+        breaker_reason=trip.reason if trip else "",
+        executing_on_node=tuple(executing),
+        attempts_for_incident=int(attempts or 0),
+        nodes_in_window=frozenset(nodes),
+    )
+
+
+async def open_trip(*, session: AsyncSession) -> BreakerTrip | None:
+    """The earliest breaker trip not yet reset, if any."""
+    return await session.scalar(
+        select(BreakerTrip).where(BreakerTrip.reset_at.is_(None)).order_by(BreakerTrip.tripped_at).limit(1)
+    )
+
+
+async def trip(*, session: AsyncSession, reason: str, now: datetime) -> BreakerTrip:
+    """Open the breaker; an already open trip is kept (and returned) rather than doubled."""
+    current = await open_trip(session=session)
+    if current is not None:
+        return current
+    record = BreakerTrip(tripped_at=now, reason=reason, reset_at=None, reset_by=None)
+    session.add(record)
+    await session.flush()
+    return record
+
+
+async def reset(*, session: AsyncSession, by: str, now: datetime) -> list[BreakerTrip]:
+    """Close every open trip (a person checked the fleet); the trips reset, none if it was closed."""
+    trips = list(
+        (await session.scalars(select(BreakerTrip).where(BreakerTrip.reset_at.is_(None)).order_by(BreakerTrip.tripped_at))).all()
+    )
+    for item in trips:
+        item.reset_at = now
+        item.reset_by = by
+    await session.flush()
+    return trips

@@ -1,0 +1,118 @@
+"""The remediator's settings, read once from GPUMEDIC_REMEDIATOR_* variables.
+
+The defaults are the safe ones: observe mode (decide and record, never act), a small fleet
+circuit breaker and a per-incident attempt cap. The three files (inventory, known_hosts,
+client key) are checked when the service starts, not when the settings are built, so tests and
+tools can construct settings freely; the client key's path is the only thing about it the
+service ever names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncssh
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from gpumedic_bus import NatsSettings
+from gpumedic_store.settings import StoreSettings
+from remediator.inventory import InventoryError, load_inventory
+from remediator.logic import Mode, Policy
+
+OPERATIONS = ("kill_gpu_processes",)
+"""The catalogue's operation names, the keys `modes` may use."""
+
+_CONFIG_DIR = Path("/etc/gpumedic")
+
+
+class SettingsError(ValueError):
+    """A setting the service cannot start with; the message says which and why."""
+
+
+class Settings(BaseSettings):
+    """How the remediator reaches nodes and when it may act. Read from GPUMEDIC_REMEDIATOR_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_REMEDIATOR_", extra="ignore")
+
+    nats: NatsSettings = Field(default_factory=NatsSettings, description="GPUMEDIC_NATS_* variables.")
+    store: StoreSettings = Field(default_factory=StoreSettings, description="GPUMEDIC_STORE_* variables.")
+
+    inventory: Path = Field(
+        default=_CONFIG_DIR / "inventory.yaml",
+        description="YAML file naming every node: `nodes: {NODE: {host, port, user}}`. Re-read per action.",
+    )
+    known_hosts: Path = Field(
+        default=_CONFIG_DIR / "known_hosts", description="OpenSSH known_hosts; every node's host key is checked."
+    )
+    client_key: Path = Field(
+        default=_CONFIG_DIR / "id_ed25519", description="Private key file for node logins; its content is never logged."
+    )
+    mode: Mode = Field(default="observe", description="observe: decide and record, never act; enforce: act.")
+    modes: dict[str, Mode] = Field(
+        default_factory=dict,
+        description='Per-operation override of `mode`, as JSON: {"kill_gpu_processes": "enforce"}.',
+    )
+    protected_nodes: Annotated[set[str], NoDecode] = Field(
+        default_factory=set, description="Nodes never acted on; comma-separated or a JSON list."
+    )
+    max_attempts_per_node: int = Field(default=3, ge=1, le=100, description="Attempts per incident before a person.")
+    breaker_max_nodes: int = Field(
+        default=5, ge=1, description="More distinct nodes needing action within the window trips the breaker."
+    )
+    breaker_window_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="SSH connect, handshake and login.")
+    command_timeout_s: float = Field(default=30.0, gt=0, description="One command on a node.")
+    verify_timeout_s: float = Field(default=20.0, ge=0, description="How long killed processes have to vanish.")
+    trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
+
+    @field_validator("protected_nodes", mode="before")
+    @classmethod
+    def _split_nodes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return {part.strip() for part in text.split(",") if part.strip()}
+        return value
+
+    @field_validator("modes")
+    @classmethod
+    def _known_operations(cls, value: dict[str, Mode]) -> dict[str, Mode]:
+        unknown = sorted(set(value) - set(OPERATIONS))
+        if unknown:
+            raise ValueError(f"unknown operation(s) {', '.join(unknown)} in modes; known: {', '.join(OPERATIONS)}")
+        return value
+
+    def policy(self) -> Policy:
+        return Policy(
+            mode=self.mode,
+            modes=dict(self.modes),
+            protected_nodes=frozenset(self.protected_nodes),
+            max_attempts_per_node=self.max_attempts_per_node,
+            breaker_max_nodes=self.breaker_max_nodes,
+            breaker_window_s=self.breaker_window_s,
+        )
+
+    def check_files(self) -> None:
+        """Raise SettingsError unless the inventory, known_hosts and client key are usable."""
+        for name, path in (("inventory", self.inventory), ("known_hosts", self.known_hosts), ("client_key", self.client_key)):
+            if not path.is_file():
+                raise SettingsError(
+                    f"{name} file {path} does not exist (set GPUMEDIC_REMEDIATOR_{name.upper()})"
+                )
+        try:
+            load_inventory(self.inventory)
+        except InventoryError as exc:
+            raise SettingsError(str(exc)) from None
+        try:
+            asyncssh.read_known_hosts(str(self.known_hosts))
+        except (OSError, ValueError, asyncssh.Error) as exc:
+            raise SettingsError(f"known_hosts file {self.known_hosts} cannot be used: {type(exc).__name__}") from None
+        try:
+            asyncssh.read_private_key(str(self.client_key))
+        except (OSError, ValueError, asyncssh.Error) as exc:
+            # Only the exception type: a parser's message could quote the file.
+            raise SettingsError(f"client_key file {self.client_key} is not a usable private key: {type(exc).__name__}") from None

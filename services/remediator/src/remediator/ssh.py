@@ -1,0 +1,149 @@
+"""Running catalogue commands on a node over SSH, with the node's host key always verified.
+
+One connection per action, reused for all of its commands. Host keys are checked against the
+configured known_hosts file on every connection (a node whose key is not in it is refused:
+an impostor must never receive commands, and `known_hosts=None` never appears here). Only the
+configured client key is offered: no agent, no ~/.ssh/config, no password. Every failure
+becomes a `NodeError` naming node, host, port and cause, which the handler turns into a failed
+outcome; no key material ever reaches an error, a log line or an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import asyncssh
+
+from remediator.catalogue import CommandResult
+from remediator.inventory import NodeAddress, address_of
+
+log = logging.getLogger(__name__)
+
+
+class NodeError(Exception):
+    """A node could not be reached or could not run a command."""
+
+    def __init__(self, node_id: str, address: NodeAddress, cause: str) -> None:
+        super().__init__(f"node {node_id!r} ({address.user}@{address.host}:{address.port}): {cause}")
+        self.node_id = node_id
+        self.address = address
+        self.cause = cause
+
+
+class NodeUnreachable(NodeError):
+    """No SSH session: refused, timed out, reset, or login refused."""
+
+
+class HostKeyMismatch(NodeError):
+    """The node's host key is not the one known_hosts trusts for it."""
+
+
+class CommandTimedOut(NodeError):
+    """A command ran longer than the command timeout."""
+
+
+class NodeSession:
+    """An open SSH connection to one node, for one action's commands."""
+
+    def __init__(self, node_id: str, address: NodeAddress, conn: asyncssh.SSHClientConnection, timeout_s: float) -> None:
+        self.node_id = node_id
+        self.address = address
+        self._conn = conn
+        self._timeout_s = timeout_s
+
+    async def run(self, command: str) -> CommandResult:
+        """(exit_status, stdout, stderr) of one command; a non-zero status is a result, not an error."""
+        try:
+            result = await self._conn.run(
+                command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace"
+            )
+        except asyncssh.TimeoutError:
+            raise CommandTimedOut(self.node_id, self.address, f"command timed out after {self._timeout_s:g}s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise NodeUnreachable(self.node_id, self.address, f"connection lost: {_cause(exc)}") from None
+        # None when the remote process died of a signal; any non-zero status means "did not work".
+        status = result.exit_status if result.exit_status is not None else 255
+        return CommandResult(status, str(result.stdout or ""), str(result.stderr or ""))
+
+
+class SshExecutor:
+    """Opens verified SSH sessions to inventory nodes."""
+
+    def __init__(
+        self,
+        *,
+        inventory: Path,
+        known_hosts: Path,
+        client_key: Path,
+        connect_timeout_s: float,
+        command_timeout_s: float,
+    ) -> None:
+        self._inventory = inventory
+        self._known_hosts = known_hosts
+        self._client_key = client_key
+        self._connect_timeout_s = connect_timeout_s
+        self._command_timeout_s = command_timeout_s
+        # asyncssh logs every remote command line at INFO; the audit trail is the ledger, not the log.
+        logging.getLogger("asyncssh").setLevel(logging.WARNING)
+
+    @asynccontextmanager
+    async def session(self, node_id: str) -> AsyncIterator[NodeSession]:
+        """A session to `node_id`; raises InventoryError for an unknown node, NodeError otherwise."""
+        address = address_of(self._inventory, node_id)
+        conn = await self._connect(node_id, address)
+        try:
+            yield NodeSession(node_id, address, conn, self._command_timeout_s)
+        finally:
+            conn.close()
+            try:
+                await asyncio.wait_for(conn.wait_closed(), 5)
+            except (TimeoutError, asyncssh.Error, OSError):
+                log.debug("closing the connection to %s did not finish cleanly", node_id)
+
+    async def run(self, node_id: str, command: str) -> CommandResult:
+        """One command on its own connection (an action's commands share one through `session`)."""
+        async with self.session(node_id) as session:
+            return await session.run(command)
+
+    async def _connect(self, node_id: str, address: NodeAddress) -> asyncssh.SSHClientConnection:
+        try:
+            # connect_timeout covers TCP, handshake and login; the outer guard is for a peer
+            # that stalls where asyncssh's own timer does not reach.
+            async with asyncio.timeout(self._connect_timeout_s + 1):
+                return await asyncssh.connect(
+                    address.host,
+                    address.port,
+                    username=address.user,
+                    known_hosts=str(self._known_hosts),
+                    client_keys=[str(self._client_key)],
+                    passphrase=None,
+                    agent_path=None,
+                    config=[],
+                    password=None,
+                    preferred_auth="publickey",
+                    connect_timeout=self._connect_timeout_s,
+                    login_timeout=self._connect_timeout_s,
+                    keepalive_interval=15,
+                )
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise HostKeyMismatch(
+                node_id, address, f"host key not trusted by {self._known_hosts} ({_cause(exc)})"
+            ) from None
+        except asyncssh.PermissionDenied:
+            raise NodeUnreachable(node_id, address, "login refused: the client key is not authorized") from None
+        except ConnectionRefusedError:
+            raise NodeUnreachable(node_id, address, "connection refused") from None
+        except TimeoutError:
+            raise NodeUnreachable(node_id, address, f"connect timed out after {self._connect_timeout_s:g}s") from None
+        except (asyncssh.Error, OSError, ValueError) as exc:
+            # ValueError/KeyImportError: an unreadable known_hosts or key file.
+            raise NodeUnreachable(node_id, address, _cause(exc)) from None
+
+
+def _cause(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return " ".join(str(reason).split())[:300]

@@ -1,0 +1,309 @@
+"""The handler's safety order against a real SQLite ledger and the real sshd; the bus is faked.
+
+Only publishing is replaced (by a recorder): what reaches JetStream, and when, is tested in
+test_service.py against a real nats-server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from gpumedic_bus import Delivery
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
+from gpumedic_store import ActionRecord, BreakerTrip, StoreSettings, StoreUnavailable, create_engine, session_factory
+from opentelemetry.sdk.trace import TracerProvider
+from remediator import repository
+from remediator.handlers import INTERRUPTED_DETAIL, ActionHandler, completed_event
+from remediator.catalogue import CommandResult
+from remediator.inventory import NodeAddress
+from remediator.settings import Settings
+from remediator.ssh import NodeUnreachable, SshExecutor
+from sqlalchemy import select
+
+from tests.remediator.conftest import kill_request
+
+pytestmark = pytest.mark.sshd
+
+
+@dataclass
+class _Published:
+    data: bytes
+    subject: str
+    headers: dict
+
+    @property
+    def event(self) -> ActionCompleted:
+        return ActionCompleted.from_json(self.data, subject=self.subject)
+
+
+@dataclass
+class _RecordingBroker:
+    published: list[_Published] = field(default_factory=list)
+
+    async def publish(self, data, subject, *, headers=None, stream=None, timeout=None):
+        self.published.append(_Published(data, subject, dict(headers or {})))
+
+
+class _Harness:
+    def __init__(self, settings: Settings, executor=None) -> None:
+        self.settings = settings
+        self.engine = create_engine(settings.store.url)
+        self.sessions = session_factory(self.engine)
+        self.broker = _RecordingBroker()
+        self.handler = ActionHandler(
+            settings=settings,
+            runtime=SimpleNamespace(broker=self.broker),
+            sessions=self.sessions,
+            executor=executor
+            or SshExecutor(
+                inventory=settings.inventory,
+                known_hosts=settings.known_hosts,
+                client_key=settings.client_key,
+                connect_timeout_s=settings.connect_timeout_s,
+                command_timeout_s=settings.command_timeout_s,
+            ),
+            tracer=TracerProvider().get_tracer("test"),
+        )
+
+    async def handle(self, request: ActionRequested, deliveries: int = 1) -> ActionCompleted:
+        before = len(self.broker.published)
+        await self.handler.handle(request, Delivery(request.subject, {}, deliveries))
+        assert len(self.broker.published) == before + 1
+        published = self.broker.published[-1]
+        assert published.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
+        return published.event
+
+    async def record(self, action_id) -> ActionRecord:
+        async with self.sessions() as session:
+            return await repository.get_action(session=session, action_id=action_id)
+
+    async def trips(self) -> list[BreakerTrip]:
+        async with self.sessions() as session:
+            return list((await session.scalars(select(BreakerTrip).order_by(BreakerTrip.id))).all())
+
+
+@pytest.fixture
+async def harness(make_settings):
+    made: list[_Harness] = []
+
+    def _make(**changes) -> _Harness:
+        made.append(_Harness(make_settings(**changes)))
+        return made[-1]
+
+    yield _make
+    for item in made:
+        await item.engine.dispose()
+
+
+async def test_kills_records_and_answers_once(harness, sshd, sleeper):
+    h = harness()
+    request = kill_request(sleeper.target())
+    completed = await h.handle(request)
+    assert sleeper.killed()
+    assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
+    assert completed.source == "remediator"
+    assert (completed.action_id, completed.incident_id, completed.node_id, completed.attempt) == (
+        request.action_id, request.incident_id, request.node_id, request.attempt,
+    )
+    pid = sleeper.pid
+    assert completed.steps == (f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+    record = await h.record(request.action_id)
+    assert record.status == "succeeded" and record.steps == list(completed.steps)
+    assert record.finished_at is not None and record.started_at <= record.finished_at
+
+
+async def test_a_repeated_request_is_answered_from_the_ledger_not_run_again(harness, sshd, sleeper):
+    h = harness()
+    request = kill_request(sleeper.target())
+    first = await h.handle(request)
+    assert sleeper.killed()
+    sent_before = len(sshd.commands())
+    again = await h.handle(request, deliveries=2)
+    assert len(sshd.commands()) == sent_before  # nothing reached the node
+    assert again == first
+    assert h.broker.published[-1].data == h.broker.published[-2].data  # byte for byte
+
+
+async def test_an_action_left_executing_is_marked_interrupted_never_rerun(harness, sshd, sleeper):
+    h = harness()
+    request = kill_request(sleeper.target())
+    async with h.sessions() as session:  # a remediator that claimed it and died
+        await repository.claim(session=session, request=request, now=datetime.now(UTC))
+        await session.commit()
+    sent_before = len(sshd.commands())
+    completed = await h.handle(request, deliveries=2)
+    assert completed.outcome is ActionOutcome.INTERRUPTED
+    assert completed.detail == INTERRUPTED_DETAIL
+    assert len(sshd.commands()) == sent_before
+    assert sleeper.alive()
+    assert (await h.record(request.action_id)).status == "interrupted"
+    # And once interrupted it stays answered the same way.
+    assert await h.handle(request, deliveries=3) == completed
+
+
+async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
+    h = harness(mode="observe")
+    completed = await h.handle(kill_request(sleeper.target()))
+    assert completed.outcome is ActionOutcome.OBSERVED
+    pid = sleeper.pid
+    assert completed.detail == (
+        "observe mode for kill_gpu_processes: decided and recorded, not run; would run: "
+        f"cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s KILL {pid}"
+    )
+    assert completed.steps == ()
+    assert sleeper.alive()
+    assert not [c for c in sshd.commands() if str(pid) in c]
+
+
+async def test_per_operation_mode_enforces_one_kind(harness, sleeper):
+    h = harness(mode="observe", modes={"kill_gpu_processes": "enforce"})
+    assert (await h.handle(kill_request(sleeper.target()))).outcome is ActionOutcome.SUCCEEDED
+    assert sleeper.killed()
+
+
+async def test_protected_node_is_blocked(harness, sleeper):
+    h = harness(protected_nodes={"gpu-node-01"})
+    completed = await h.handle(kill_request(sleeper.target()))
+    assert completed.outcome is ActionOutcome.BLOCKED
+    assert completed.detail == "node gpu-node-01 is protected; actions on it need a person"
+    assert sleeper.alive()
+
+
+async def test_one_action_per_node_at_a_time(harness, sleeper):
+    h = harness()
+    running = kill_request(sleeper.target())
+    async with h.sessions() as session:
+        await repository.claim(session=session, request=running, now=datetime.now(UTC))
+        await session.commit()
+    completed = await h.handle(kill_request(sleeper.target()))
+    assert completed.outcome is ActionOutcome.BLOCKED
+    assert completed.detail == f"action {running.action_id} is already executing on node gpu-node-01; one at a time"
+    assert sleeper.alive()
+
+
+async def test_attempt_cap_per_incident(harness, sshd):
+    h = harness(max_attempts_per_node=2)
+    incident = uuid.uuid4()
+    for attempt in (1, 2):
+        # Unknown-node failures still count: each was an attempt the gate let through.
+        done = await h.handle(kill_request(_target(), node="gpu-node-99", attempt=attempt, incident_id=incident))
+        assert done.outcome is ActionOutcome.FAILED
+    third = await h.handle(kill_request(_target(), node="gpu-node-99", attempt=3, incident_id=incident))
+    assert third.outcome is ActionOutcome.BLOCKED
+    assert third.detail == f"2 attempts already made at incident {incident} on node gpu-node-99 (max 2); needs a person"
+    other = await h.handle(kill_request(_target(), node="gpu-node-99"))
+    assert other.outcome is ActionOutcome.FAILED  # another incident is not capped
+
+
+async def test_breaker_trips_stays_open_until_reset(harness):
+    h = harness(mode="observe", breaker_max_nodes=2)
+    for node in ("n1", "n2"):
+        assert (await h.handle(kill_request(_target(), node=node))).outcome is ActionOutcome.OBSERVED
+    tripping = await h.handle(kill_request(_target(), node="n3"))
+    assert tripping.outcome is ActionOutcome.BLOCKED
+    assert "circuit breaker tripped" in tripping.detail and "3 distinct nodes needed action within 600s (max 2)" in tripping.detail
+    [trip] = await h.trips()
+    assert trip.reset_at is None and trip.reason == "3 distinct nodes needed action within 600s (max 2)"
+
+    # Every later request is blocked, even on a node already counted, and no second trip is written.
+    for node in ("n1", "n4"):
+        blocked = await h.handle(kill_request(_target(), node=node))
+        assert blocked.outcome is ActionOutcome.BLOCKED
+        assert blocked.detail.startswith(f"circuit breaker open since {trip.tripped_at.isoformat(timespec='seconds')}")
+        assert blocked.detail.endswith("reset with `gpumedic breaker reset`")
+    assert len(await h.trips()) == 1
+
+    async with h.sessions() as session:
+        reset = await repository.reset(session=session, by="alice", now=datetime.now(UTC))
+        await session.commit()
+    assert [t.id for t in reset] == [trip.id]
+    # After a reset the window starts afresh: earlier nodes no longer count.
+    assert (await h.handle(kill_request(_target(), node="n5"))).outcome is ActionOutcome.OBSERVED
+    [closed] = await h.trips()
+    assert closed.reset_by == "alice" and closed.reset_at is not None
+
+
+async def test_unknown_node_fails_naming_the_inventory(harness, sshd):
+    h = harness()
+    completed = await h.handle(kill_request(_target(), node="gpu-node-99"))
+    assert completed.outcome is ActionOutcome.FAILED
+    assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+
+
+async def test_dead_host_fails_naming_the_node(harness, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"nodes:\n  gpu-node-07: {{host: 127.0.0.1, port: {port}, user: root}}\n")
+    h = harness(inventory=inventory)
+    request = kill_request(_target(), node="gpu-node-07")
+    completed = await h.handle(request)
+    assert completed.outcome is ActionOutcome.FAILED
+    assert completed.detail == f"node 'gpu-node-07' (root@127.0.0.1:{port}): connection refused"
+    assert (await h.record(request.action_id)).status == "failed"
+
+
+async def test_a_store_that_is_down_raises_before_anything_runs(make_settings, sshd, sleeper, tmp_path):
+    unopenable = tmp_path / "a-directory"
+    unopenable.mkdir()
+    h = _Harness(make_settings(store=StoreSettings(url=f"sqlite+aiosqlite:///{unopenable}")))
+    sent_before = len(sshd.commands())
+    with pytest.raises(StoreUnavailable):
+        await h.handler.handle(kill_request(sleeper.target()), Delivery("s", {}, 1))
+    await h.engine.dispose()
+    assert len(sshd.commands()) == sent_before
+    assert h.broker.published == []
+    assert sleeper.alive()
+
+
+class _NodeLostAtKill:
+    """An executor whose node answers the checks, then drops the connection on the kill."""
+
+    @contextlib.asynccontextmanager
+    async def session(self, node_id):
+        address = NodeAddress(host="10.0.0.7", port=22)
+
+        async def run(command):
+            if command.startswith("kill"):
+                raise NodeUnreachable(node_id, address, "connection lost: Connection reset by peer")
+            return CommandResult(0, "4242 (python) " + " ".join(["S"] + ["0"] * 18 + ["1"]) + " 0 0\n", "")
+
+        yield SimpleNamespace(run=run)
+
+
+async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings):
+    h = _Harness(make_settings(), executor=_NodeLostAtKill())
+    completed = await h.handle(kill_request(ProcessTarget(pid=4242, start_ticks=1)))
+    await h.engine.dispose()
+    assert completed.outcome is ActionOutcome.FAILED
+    assert completed.detail == (
+        "node 'gpu-node-01' (root@10.0.0.7:22): connection lost: Connection reset by peer "
+        "(after 2 command(s), the last `kill -s KILL 4242`)"
+    )
+    assert completed.steps == ("cat /proc/4242/stat", "kill -s KILL 4242")
+
+
+def test_completed_event_carries_at_most_64_steps():
+    now = datetime.now(UTC)
+    record = ActionRecord(
+        action_id=str(uuid.uuid4()), incident_id=str(uuid.uuid4()), node_id="n1", attempt=1, operation={},
+        status="failed", detail="x" * 5000, steps=[f"cat /proc/{i}/stat" for i in range(2, 102)],
+        requested_at=now - timedelta(seconds=1), started_at=now, finished_at=now,
+    )
+    event = completed_event(record)
+    assert len(event.steps) == 64
+    assert event.steps[-1] == "... and 37 more (see the ledger)"
+    assert len(event.detail) == 2000
+    assert completed_event(record) == event  # deterministic: a re-publish is the same event
+
+
+def _target() -> ProcessTarget:
+    return ProcessTarget(pid=4242, start_ticks=1, command="python train.py")

@@ -1,0 +1,130 @@
+"""The ledger's queries on both backends: claim once, what the gate reads, trips and resets."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpumedic_events import ProcessTarget
+from gpumedic_store import create_engine, session_factory, upgrade
+from remediator import repository
+
+from tests.remediator.conftest import kill_request
+
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def ledger_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    return request.getfixturevalue("postgres_database")
+
+
+@pytest.fixture
+async def sessions(ledger_url):
+    url = ledger_url
+    upgrade(url)
+    engine = create_engine(url)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+def _request(node="n1", incident=None):
+    return kill_request(ProcessTarget(pid=4242), node=node, incident_id=incident)
+
+
+async def _claim(sessions, request, now=NOW):
+    async with sessions() as session:
+        record, created = await repository.claim(session=session, request=request, now=now)
+        await session.commit()
+        return record, created
+
+
+async def test_claim_records_executing_once(sessions):
+    request = _request()
+    record, created = await _claim(sessions, request)
+    assert created and record.status == "executing" and record.finished_at is None
+    assert record.operation["targets"][0]["pid"] == 4242
+    again, created_again = await _claim(sessions, request, now=NOW + timedelta(minutes=1))
+    assert not created_again
+    assert again.action_id == str(request.action_id) and again.started_at == NOW
+
+
+async def test_finish_keeps_status_detail_and_steps(sessions):
+    request = _request()
+    await _claim(sessions, request)
+    async with sessions() as session:
+        record = await repository.get_action(session=session, action_id=request.action_id)
+        await repository.finish(
+            session=session, record=record, status="succeeded", detail="ok", steps=["a", "b"], now=NOW + timedelta(seconds=3)
+        )
+        await session.commit()
+    async with sessions() as session:
+        stored = await repository.get_action(session=session, action_id=request.action_id)
+    assert (stored.status, stored.detail, stored.steps) == ("succeeded", "ok", ["a", "b"])
+    assert stored.finished_at == NOW + timedelta(seconds=3)
+
+
+async def test_finish_refuses_a_status_that_is_not_final(sessions):
+    request = _request()
+    record, _ = await _claim(sessions, request)
+    async with sessions() as session:
+        with pytest.raises(ValueError, match="not a finished action status"):
+            await repository.finish(session=session, record=record, status="executing", detail="", steps=[], now=NOW)
+
+
+async def test_ledger_view_excludes_the_action_being_decided(sessions):
+    incident = uuid.uuid4()
+    earlier = _request("n1", incident)
+    await _claim(sessions, earlier, now=NOW - timedelta(minutes=20))  # outside the window
+    async with sessions() as session:
+        record = await repository.get_action(session=session, action_id=earlier.action_id)
+        await repository.finish(session=session, record=record, status="failed", detail="", steps=[], now=NOW)
+        await session.commit()
+    await _claim(sessions, _request("n2"), now=NOW - timedelta(minutes=5))  # still executing
+    blocked = _request("n3")
+    await _claim(sessions, blocked, now=NOW - timedelta(minutes=1))
+    async with sessions() as session:
+        record = await repository.get_action(session=session, action_id=blocked.action_id)
+        await repository.finish(session=session, record=record, status="blocked", detail="", steps=[], now=NOW)
+        await session.commit()
+    current = _request("n1", incident)
+    await _claim(sessions, current)
+
+    async with sessions() as session:
+        view = await repository.ledger_view(session=session, request=current, now=NOW, window_s=600)
+    assert view.attempts_for_incident == 1
+    assert view.executing_on_node == ()
+    assert view.nodes_in_window == frozenset({"n2"})  # n1 too old, n3 blocked, the current one excluded
+    assert view.breaker_open_since is None
+
+    async with sessions() as session:
+        on_n2 = await repository.ledger_view(session=session, request=_request("n2"), now=NOW, window_s=600)
+    assert len(on_n2.executing_on_node) == 1
+
+
+async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions):
+    await _claim(sessions, _request("n1"), now=NOW - timedelta(minutes=2))
+    async with sessions() as session:
+        first = await repository.trip(session=session, reason="too many", now=NOW)
+        second = await repository.trip(session=session, reason="again", now=NOW + timedelta(seconds=1))
+        await session.commit()
+    assert second.id == first.id
+    async with sessions() as session:
+        view = await repository.ledger_view(session=session, request=_request("n9"), now=NOW, window_s=600)
+    assert view.breaker_open_since == NOW and view.breaker_reason == "too many"
+
+    async with sessions() as session:
+        reset = await repository.reset(session=session, by="alice", now=NOW + timedelta(minutes=1))
+        await session.commit()
+    assert [t.reset_by for t in reset] == ["alice"]
+    async with sessions() as session:
+        assert await repository.reset(session=session, by="bob", now=NOW + timedelta(minutes=2)) == []
+        view = await repository.ledger_view(
+            session=session, request=_request("n9"), now=NOW + timedelta(minutes=2), window_s=600
+        )
+    assert view.breaker_open_since is None
+    assert view.nodes_in_window == frozenset()  # n1 acted before the reset

@@ -1,0 +1,166 @@
+"""The remediator as deployed: `create_app` against a real nats-server, a SQLite store and sshd.
+
+What only a real JetStream shows: one result per request, a redelivered request answered from
+the ledger (the kill reaches the node once; the re-published result is identical and the
+stream keeps it once, by its Nats-Msg-Id), and the incident's trace continuing into `act`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import nats
+import pytest
+from faststream import FastStream
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gpumedic_bus import ServiceRuntime
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested
+from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
+from remediator.main import create_app
+
+from tests.remediator.conftest import kill_request
+
+pytestmark = pytest.mark.sshd
+
+_TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+_PARENT_ID = 0x00F067AA0BA902B7
+
+
+@dataclass
+class _Service:
+    app: FastStream
+    runtime: ServiceRuntime
+    spans: InMemorySpanExporter
+    task: asyncio.Task
+
+
+@pytest.fixture
+async def start_service(make_settings, nats_settings):
+    started: list[_Service] = []
+
+    async def _start(**changes) -> _Service:
+        app = create_app(make_settings(nats=nats_settings, **changes))
+        runtime: ServiceRuntime = app.context.get("runtime")
+        spans = InMemorySpanExporter()
+        runtime.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+        task = asyncio.create_task(app.run())
+        ready = asyncio.create_task(runtime.ready.wait())
+        await asyncio.wait({task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # raises the start-up error
+        assert runtime.ready.is_set(), "remediator did not become ready"
+        started.append(_Service(app, runtime, spans, task))
+        return started[-1]
+
+    yield _start
+    for service in started:
+        service.app.exit()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(service.task, 20)
+
+
+@pytest.fixture
+async def results(nats_url):
+    """Every ActionCompleted published on the wire (core NATS: also those the stream de-duplicates)."""
+    nc = await nats.connect(nats_url)
+    queue: asyncio.Queue = asyncio.Queue()
+    await nc.subscribe(ActionCompleted.subject_filter(), cb=queue.put)
+    await nc.flush()
+    yield queue
+    await nc.close()
+
+
+async def _request(js, request: ActionRequested, *, msg_id: str | None = None, traceparent: str | None = None) -> None:
+    headers = {"Nats-Msg-Id": msg_id or str(request.action_id)}
+    if traceparent:
+        headers["traceparent"] = traceparent
+    ack = await js.publish(request.subject, request.to_json(), headers=headers)
+    assert not ack.duplicate
+
+
+async def _next(queue: asyncio.Queue, timeout_s: float = 20.0):
+    msg = await asyncio.wait_for(queue.get(), timeout_s)
+    return msg, ActionCompleted.from_json(msg.data, subject=msg.subject)
+
+
+async def _finished(spans: InMemorySpanExporter, name: str, timeout_s: float = 5.0):
+    """Finished spans named `name`; the span ends just after its result is published."""
+    for _ in range(int(timeout_s / 0.05)):
+        found = [s for s in spans.get_finished_spans() if s.name == name]
+        if found:
+            return found
+        await asyncio.sleep(0.05)
+    return []
+
+
+async def _stored_results(js) -> list[ActionCompleted]:
+    sub = await js.pull_subscribe(ActionCompleted.subject_filter(), stream="GPUMEDIC_ACTIONS")
+    try:
+        msgs = await sub.fetch(100, timeout=1)
+    except nats.errors.TimeoutError:
+        msgs = []
+    finally:
+        await sub.unsubscribe()
+    return [ActionCompleted.from_json(m.data, subject=m.subject) for m in msgs]
+
+
+async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service, results, js, sshd, sleeper):
+    service = await start_service()
+    request = kill_request(sleeper.target())
+    await _request(js, request, traceparent=f"00-{_TRACE_ID:032x}-{_PARENT_ID:016x}-01")
+
+    msg, completed = await _next(results)
+    assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
+    assert sleeper.killed()
+    assert msg.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
+    pid = sleeper.pid
+    assert completed.steps == (f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+
+    # The incident's trace continues: `act` is the child of the request's span, the result its child.
+    [act] = await _finished(service.spans, "act")
+    assert act.context.trace_id == _TRACE_ID and act.parent.span_id == _PARENT_ID
+    assert act.attributes[INCIDENT_ID] == str(request.incident_id)
+    assert act.attributes[NODE_ID] == "gpu-node-01"
+    assert act.attributes[ACTION_ID] == str(request.action_id)
+    assert msg.headers["traceparent"].split("-")[1:3] == [f"{_TRACE_ID:032x}", f"{act.context.span_id:016x}"]
+
+    # The same request again, past JetStream's de-duplication (as after a long outage).
+    await _request(js, request, msg_id=f"{request.action_id}-again")
+    again_msg, again = await _next(results)
+    assert again_msg.data == msg.data
+    assert again == completed
+    kills = [c for c in sshd.commands() if c == f"kill -s KILL {pid}"]
+    assert kills == [f"kill -s KILL {pid}"]
+    # Published twice on the wire, kept once by the stream.
+    assert await _stored_results(js) == [completed]
+    assert service.runtime.rejections.total == 0
+
+
+async def test_observe_mode_answers_observed_and_leaves_the_process(start_service, results, js, sshd, sleeper):
+    await start_service(mode="observe")
+    await _request(js, kill_request(sleeper.target()))
+    _, completed = await _next(results)
+    assert completed.outcome is ActionOutcome.OBSERVED
+    assert "would run: " in completed.detail
+    assert completed.steps == ()
+    assert sleeper.alive()
+    assert not [c for c in sshd.commands() if str(sleeper.pid) in c]
+
+
+async def test_unknown_node_fails_with_the_inventory_message(start_service, results, js, sshd, sleeper):
+    await start_service()
+    await _request(js, kill_request(sleeper.target(), node="gpu-node-99"))
+    _, completed = await _next(results)
+    assert completed.outcome is ActionOutcome.FAILED
+    assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+    assert sleeper.alive()
+
+
+async def test_missing_files_stop_the_start_with_a_clear_message(start_service, tmp_path):
+    missing = tmp_path / "nowhere" / "inventory.yaml"
+    with pytest.raises(Exception, match=f"inventory file {missing} does not exist"):
+        await start_service(inventory=missing)

@@ -1,0 +1,124 @@
+"""The SSH executor and the catalogue against Debian's real sshd, killing a real process."""
+
+from __future__ import annotations
+
+import socket
+
+import asyncssh
+import pytest
+
+from gpumedic_events import ActionOutcome, KillGpuProcesses
+from remediator import catalogue
+from remediator.inventory import InventoryError
+from remediator.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
+
+pytestmark = pytest.mark.sshd
+
+
+def _executor(sshd, **changes) -> SshExecutor:
+    values = {
+        "inventory": sshd.inventory,
+        "known_hosts": sshd.known_hosts,
+        "client_key": sshd.client_key,
+        "connect_timeout_s": 5.0,
+        "command_timeout_s": 5.0,
+        **changes,
+    }
+    return SshExecutor(**values)
+
+
+async def _kill(executor: SshExecutor, node: str, *targets, verify_timeout_s: float = 5.0):
+    async with executor.session(node) as session:
+        return await catalogue.execute(
+            KillGpuProcesses(gpu_index=0, targets=targets), session.run, verify_timeout_s=verify_timeout_s
+        )
+
+
+async def test_run_returns_status_and_output(sshd):
+    status, stdout, stderr = await _executor(sshd).run(sshd.node_id, "cat /proc/1/stat")
+    assert status == 0
+    assert catalogue.parse_stat(stdout).pid == 1
+    missing = await _executor(sshd).run(sshd.node_id, "cat /proc/4194304/stat")
+    assert missing.exit_status != 0 and "No such file" in missing.stderr
+
+
+async def test_kills_a_real_process_after_checking_it(sshd, sleeper):
+    result = await _kill(_executor(sshd), sshd.node_id, sleeper.target())
+    assert sleeper.killed()
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert result.detail == f"sent KILL to {sleeper.pid}; verified gone: {sleeper.pid}"
+    pid = sleeper.pid
+    # After SIGKILL the sleeper is a zombie (this test process has not reaped it yet): dead.
+    assert result.steps == [f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
+    assert [c for c in sshd.commands() if str(pid) in c] == result.steps
+
+
+async def test_wrong_start_time_is_refused_and_the_process_lives(sshd, sleeper):
+    result = await _kill(_executor(sshd), sshd.node_id, sleeper.target(start_ticks=sleeper.start_ticks + 1))
+    assert result.outcome is ActionOutcome.FAILED
+    assert f"refused {sleeper.pid}: start time {sleeper.start_ticks} != expected {sleeper.start_ticks + 1}" in result.detail
+    assert result.steps == [f"cat /proc/{sleeper.pid}/stat"]
+    assert sleeper.alive()
+
+
+async def test_wrong_command_line_is_refused_and_the_process_lives(sshd, sleeper):
+    result = await _kill(_executor(sshd), sshd.node_id, sleeper.target(command="python train.py"))
+    assert result.outcome is ActionOutcome.FAILED
+    assert "command line 'sleep 300' != expected 'python train.py'" in result.detail
+    assert sleeper.alive()
+
+
+async def test_a_host_key_not_in_known_hosts_is_refused(sshd, sleeper, tmp_path):
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {impostor[0]} {impostor[1]}\n")
+    with pytest.raises(HostKeyMismatch) as caught:
+        await _kill(_executor(sshd, known_hosts=known_hosts), sshd.node_id, sleeper.target())
+    message = str(caught.value)
+    assert message.startswith(f"node 'gpu-node-01' (root@127.0.0.1:{sshd.port}): host key not trusted by {known_hosts}")
+    assert sleeper.alive()
+
+
+async def test_an_empty_known_hosts_trusts_nobody(sshd, tmp_path):
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    with pytest.raises(HostKeyMismatch, match="host key not trusted"):
+        await _executor(sshd, known_hosts=known_hosts).run(sshd.node_id, "cat /proc/1/stat")
+
+
+async def test_a_closed_port_is_unreachable_naming_the_node(sshd, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"nodes:\n  gpu-node-09: {{host: 127.0.0.1, port: {port}, user: root}}\n")
+    with pytest.raises(NodeUnreachable) as caught:
+        await _executor(sshd, inventory=inventory).run("gpu-node-09", "cat /proc/1/stat")
+    assert str(caught.value) == f"node 'gpu-node-09' (root@127.0.0.1:{port}): connection refused"
+
+
+async def test_a_key_the_node_does_not_authorize_is_refused(sshd, tmp_path):
+    stranger = tmp_path / "id_stranger"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+    with pytest.raises(NodeUnreachable, match="login refused: the client key is not authorized"):
+        await _executor(sshd, client_key=stranger).run(sshd.node_id, "cat /proc/1/stat")
+
+
+async def test_an_unknown_node_names_the_inventory(sshd):
+    with pytest.raises(InventoryError) as caught:
+        await _executor(sshd).run("gpu-node-99", "cat /proc/1/stat")
+    assert str(caught.value) == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+
+
+async def test_a_node_that_never_answers_times_out(sshd, tmp_path):
+    # A socket that accepts TCP (the kernel's backlog) but never speaks SSH.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(f"nodes:\n  gpu-node-08: {{host: 127.0.0.1, port: {port}}}\n")
+        executor = _executor(sshd, inventory=inventory, connect_timeout_s=0.5)
+        with pytest.raises(NodeUnreachable) as caught:
+            await executor.run("gpu-node-08", "cat /proc/1/stat")
+    assert str(caught.value) == f"node 'gpu-node-08' (root@127.0.0.1:{port}): connect timed out after 0.5s"
