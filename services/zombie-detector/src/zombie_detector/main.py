@@ -24,7 +24,8 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
     async def _restore() -> None:
         await runtime.broker.connect()
-        await handlers.restore(await runtime.broker.key_value(DETECTOR_STATE.bucket))
+        # Declared with the streams (gpumedic_bus.streams); only opened here.
+        await handlers.restore(await runtime.broker.key_value(DETECTOR_STATE.bucket, declare=False))
 
     runtime.on_startup(_restore)
     subscribe_event_batches(
