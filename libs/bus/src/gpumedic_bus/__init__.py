@@ -3,9 +3,9 @@
 from gpumedic_bus.consume import (
     Delivery,
     EventConsumer,
+    PushConsumer,
     RejectionStats,
     rejection,
-    subscribe_event_batches,
     subscribe_events,
 )
 from gpumedic_bus.publish import publish_event
@@ -19,6 +19,7 @@ __all__ = [
     "Delivery",
     "EventConsumer",
     "NatsSettings",
+    "PushConsumer",
     "RejectionStats",
     "ServiceRuntime",
     "connect",
@@ -28,7 +29,6 @@ __all__ = [
     "publish_event",
     "rejection",
     "stream_of",
-    "subscribe_event_batches",
     "subscribe_events",
     "trace_context",
 ]

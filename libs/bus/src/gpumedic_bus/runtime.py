@@ -20,7 +20,7 @@ from faststream.nats import NatsBroker
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from gpumedic_bus.consume import RejectionStats
+from gpumedic_bus.consume import EventHandler, PushConsumer, RejectionStats
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import ensure_streams
@@ -81,10 +81,19 @@ class ServiceRuntime:
         self._loops: list[BackgroundLoop] = []
         self._startup: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task] = []
+        self._push_consumers: list[PushConsumer] = []
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `hook` once streams exist and before consumers start (e.g. open a KV bucket)."""
         self._startup.append(hook)
+
+    def consume_fast(self, event_type, handler: EventHandler, *, durable: str) -> PushConsumer:
+        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
+        consumer = PushConsumer(
+            self.broker, event_type, handler, service=self.service, durable=durable, settings=self.nats, stats=self.rejections
+        )
+        self._push_consumers.append(consumer)
+        return consumer
 
     def background(self, loop: BackgroundLoop) -> None:
         """Run `loop` while the service runs (periodic probes, evaluations)."""
@@ -109,6 +118,8 @@ class ServiceRuntime:
             await hook()
 
     async def _started(self) -> None:
+        for consumer in self._push_consumers:
+            await consumer.start()
         self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
@@ -119,6 +130,9 @@ class ServiceRuntime:
 
     async def _stopping(self) -> None:
         self.ready.clear()
+        for consumer in self._push_consumers:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -20,9 +20,8 @@ class CapacityHandlers:
         self._settings = settings
         self.latest: dict[str, NodeSampled] = {}
 
-    async def on_samples(self, samples: list[NodeSampled]) -> None:
-        for sample in samples:
-            self.latest[sample.node_id] = sample
+    async def on_sample(self, sample: NodeSampled) -> None:
+        self.latest[sample.node_id] = sample
 
     async def evaluate_loop(self) -> None:
         s = self._settings

@@ -9,7 +9,7 @@ from faststream import FastStream
 
 from autoscaler.handlers import CapacityHandlers
 from autoscaler.settings import Settings
-from gpumedic_bus import ServiceRuntime, subscribe_event_batches
+from gpumedic_bus import ServiceRuntime
 from gpumedic_events import NodeSampled
 
 SERVICE = "autoscaler"
@@ -19,10 +19,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     handlers = CapacityHandlers(runtime, settings)
-    subscribe_event_batches(
-        runtime.broker, NodeSampled, handlers.on_samples,
-        service=SERVICE, durable="autoscaler-samples", settings=settings.nats, stats=runtime.rejections,
-    )
+    runtime.consume_fast(NodeSampled, handlers.on_sample, durable="autoscaler-samples")
     runtime.background(handlers.evaluate_loop)
     return runtime.app()
 

@@ -42,16 +42,14 @@ class DetectorHandlers:
         """Take back the open incidents of an earlier run before consuming anything."""
         self.kv = kv
         for incident in await repository.load_incidents(kv=kv):
-            self._detector.incidents[incident.fingerprint] = incident
+            self._detector.adopt(incident)
         if self._detector.incidents:
             log.info("resumed %d open incident(s)", len(self._detector.incidents))
 
-    async def on_samples(self, samples: list[NodeSampled]) -> None:
-        now = _now()
-        effects: list[Effect] = []
-        for sample in samples:
-            effects.extend(self._detector.on_sample(sample, now))
-        await self._apply(effects)
+    async def on_sample(self, sample: NodeSampled) -> None:
+        effects = self._detector.on_sample(sample, _now())
+        if effects:
+            await self._apply(effects)
 
     async def on_action_completed(self, event: ActionCompleted, delivery: Delivery) -> None:
         await self._apply(self._detector.on_action_completed(event, _now(), traceparent_of(delivery.headers)))

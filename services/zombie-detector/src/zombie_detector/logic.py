@@ -106,14 +106,18 @@ def fingerprint(node_id: str, gpu_index: int) -> str:
     return f"{node_id}/{KIND.value}/{gpu_index}"
 
 
+def claims_idle_jobs(jobs: JobsObservation) -> bool:
+    """The node says it runs jobs, and no watched output grows."""
+    return (jobs.running or 0) >= 1 and jobs.output_growing is not True
+
+
 def looks_zombie(gpu: GpuSample, jobs: JobsObservation, rules: Rules) -> bool:
     """Jobs claimed, no output growing, and this GPU held but idle."""
     return (
-        any(p.pid >= 2 for p in gpu.processes)  # pid 1 is never a kill target
+        claims_idle_jobs(jobs)
         and gpu.utilization_gpu_pct is not None
         and gpu.utilization_gpu_pct <= rules.idle_util_pct
-        and (jobs.running or 0) >= 1
-        and jobs.output_growing is not True
+        and any(p.pid >= 2 for p in gpu.processes)  # pid 1 is never a kill target
     )
 
 
@@ -122,8 +126,18 @@ class ZombieDetector:
     rules: Rules = field(default_factory=Rules)
     incidents: dict[str, TrackedIncident] = field(default_factory=dict)
     idle_since: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    watched: set[str] = field(default_factory=set)
+    """Nodes with an idle timer or an open incident: the only ones a healthy sample concerns."""
+
+    def adopt(self, incident: TrackedIncident) -> None:
+        """Take over an incident remembered from an earlier run."""
+        self.incidents[incident.fingerprint] = incident
+        self.watched.add(incident.node_id)
 
     def on_sample(self, sample: NodeSampled, now: datetime) -> list[Effect]:
+        # The hot path: most samples come from nodes whose output grows; nothing to do there.
+        if sample.node_id not in self.watched and not claims_idle_jobs(sample.jobs):
+            return []
         effects: list[Effect] = []
         for gpu in sample.gpus:
             zombie = looks_zombie(gpu, sample.jobs, self.rules)
@@ -140,7 +154,14 @@ class ZombieDetector:
             if idle_s >= self.rules.idle_for_s:
                 del self.idle_since[key]
                 effects.append(self._open(sample, gpu, idle_s, now))
+        self._rewatch(sample.node_id)
         return effects
+
+    def _rewatch(self, node_id: str) -> None:
+        if any(n == node_id for n, _ in self.idle_since) or any(i.node_id == node_id for i in self.incidents.values()):
+            self.watched.add(node_id)
+        else:
+            self.watched.discard(node_id)
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Effect]:
         incident = self._by_id(event.incident_id)

@@ -7,7 +7,7 @@ import logging
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime, subscribe_event_batches, subscribe_events
+from gpumedic_bus import ServiceRuntime, subscribe_events
 from gpumedic_bus.streams import DETECTOR_STATE
 from gpumedic_events import ActionCompleted, NodeSampled
 from zombie_detector.handlers import DetectorHandlers
@@ -28,10 +28,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         await handlers.restore(await runtime.broker.key_value(DETECTOR_STATE.bucket, declare=False))
 
     runtime.on_startup(_restore)
-    subscribe_event_batches(
-        runtime.broker, NodeSampled, handlers.on_samples,
-        service=SERVICE, durable="zombie-detector-samples", settings=settings.nats, stats=runtime.rejections,
-    )
+    runtime.consume_fast(NodeSampled, handlers.on_sample, durable="zombie-detector-samples")
     subscribe_events(
         runtime.broker, ActionCompleted, handlers.on_action_completed,
         service=SERVICE, durable="zombie-detector-actions", settings=settings.nats, stats=runtime.rejections,

@@ -1,0 +1,17 @@
+"""`make bench` / `python -m benchmarks`: run every benchmark and print its figures."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from benchmarks import sample_path
+
+
+def main() -> int:
+    asyncio.run(sample_path.main(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

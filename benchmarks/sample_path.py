@@ -1,0 +1,145 @@
+"""The sample path: node samples (one message per node, 8 GPUs each) drained from the samples
+stream by zombie-detector's real consumer (its app from `create_app`: batch fetch, validation
+into NodeSampled, the zombie rules, ack) against raw nats-py reading the same messages from the
+same server without decoding them. Rounds alternate so both see the same machine load; the
+figure is the ratio of the medians. Goal: the detector at least half of raw nats-py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from gpumedic.natsd import NatsServer
+from gpumedic_bus import NatsSettings, ensure_streams
+from gpumedic_bus.streams import SAMPLES
+from gpumedic_events import GpuProcess, GpuSample, JobsObservation, NodeSampled
+from zombie_detector.main import create_app
+from zombie_detector.settings import Settings
+
+NODES = 200
+GPUS = 8
+
+
+def _sample(node: int) -> NodeSampled:
+    gpus = tuple(
+        GpuSample(
+            index=g, uuid=f"GPU-{node:04d}-{g}", name="NVIDIA H100 80GB HBM3", utilization_gpu_pct=87,
+            utilization_memory_pct=41, memory_used_mib=40960, memory_total_mib=81559,
+            processes=(GpuProcess(pid=10_000 + g, start_ticks=123_456, command=f"python train.py --rank {g}", used_memory_mib=40_900),),
+        )
+        for g in range(GPUS)
+    )
+    return NodeSampled(source="node-sampler", node_id=f"node-{node:04d}", interval_s=5, gpus=gpus, jobs=JobsObservation(running=GPUS, output_growing=True))
+
+
+async def _preload(js, count: int) -> int:
+    await js.purge_stream(SAMPLES.name)
+    bodies = [(s.subject, s.to_json()) for s in (_sample(n) for n in range(NODES))]
+    pending = []
+    for i in range(count):
+        subject, body = bodies[i % NODES]
+        pending.append(await js.publish_async(subject, body))
+        if len(pending) >= 1000:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+    return len(bodies[0][1])
+
+
+async def _raw_pull(js, count: int, name: str) -> float:
+    sub = await js.pull_subscribe(NodeSampled.subject_filter(), durable=name, config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+    seen = 0
+    start = time.perf_counter()
+    while seen < count:
+        seen += len(await sub.fetch(256, timeout=5))
+    elapsed = time.perf_counter() - start
+    await sub.unsubscribe()
+    return count / elapsed
+
+
+async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
+    """nats-py's own push subscription; with `validate`, also parse each body into NodeSampled
+    (the floor under any consumer that validates what it receives)."""
+    done = asyncio.Event()
+    seen = 0
+    start = 0.0
+
+    async def _on(msg) -> None:
+        nonlocal seen, start
+        if seen == 0:
+            start = time.perf_counter()
+        if validate:
+            NodeSampled.from_json(msg.data, subject=msg.subject)
+        seen += 1
+        if seen >= count:
+            done.set()
+
+    sub = await js.subscribe(NodeSampled.subject_filter(), cb=_on, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, pending_msgs_limit=-1)
+    await asyncio.wait_for(done.wait(), 120)
+    elapsed = time.perf_counter() - start
+    await sub.unsubscribe()
+    return count / elapsed
+
+
+async def _detector(js, url: str, count: int) -> float:
+    """Start the detector's app on the preloaded stream; time from its first ack to its last."""
+    app = create_app(Settings(nats=NatsSettings(url=url)))
+    runner = asyncio.create_task(app.run())
+    first_at = None
+    first_floor = 0
+    try:
+        while True:
+            try:
+                info = await js.consumer_info(SAMPLES.name, "zombie-detector-samples")
+            except Exception:
+                await asyncio.sleep(0.01)
+                continue
+            floor = info.ack_floor.stream_seq or 0
+            if floor and first_at is None:
+                first_at, first_floor = time.perf_counter(), floor
+            if floor >= count:
+                return (count - first_floor) / (time.perf_counter() - first_at)
+            await asyncio.sleep(0.01)
+    finally:
+        app.exit()
+        await runner
+        await js.delete_consumer(SAMPLES.name, "zombie-detector-samples")
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp)) as server:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await ensure_streams(js)
+        size = await _preload(js, args.messages)
+        raw_sub, raw_pull, validated, ours = [], [], [], []
+        for r in range(args.rounds):
+            raw_sub.append(await _raw_subscribe(js, args.messages))
+            validated.append(await _raw_subscribe(js, args.messages, validate=True))
+            raw_pull.append(await _raw_pull(js, args.messages, f"raw-pull-{r}"))
+            ours.append(await _detector(js, server.url, args.messages))
+        await nc.close()
+    best_raw = max(statistics.median(raw_sub), statistics.median(raw_pull))
+    detector = statistics.median(ours)
+    print(f"sample path: {args.messages} NodeSampled messages ({GPUS} GPUs, {size} B each, {NODES} nodes), "
+          f"median of {args.rounds} interleaved rounds on one nats-server")
+    print(f"  raw nats-py JetStream subscribe (no decode)   {statistics.median(raw_sub):>10,.0f} msg/s")
+    print(f"  raw nats-py pull fetch, batch 256 (no decode)  {statistics.median(raw_pull):>10,.0f} msg/s")
+    print(f"  raw nats-py subscribe + validation only        {statistics.median(validated):>10,.0f} msg/s")
+    print(f"  zombie-detector consumer (validate+detect+ack){detector:>10,.0f} msg/s")
+    print(f"  ratio detector / best raw                      {detector / best_raw:>10.2f}   (goal >= 0.50)")
+    print(f"  ratio detector / raw + validation              {detector / statistics.median(validated):>10.2f}   (the cost of the detector beyond validating)")
