@@ -43,7 +43,7 @@ def demo_env(fleet: SimFleet) -> dict[str, str]:
         "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),
         "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(fleet.client_key_path),
         "GPUMEDIC_LEADER_CLUSTER": "sim",
-        "GPUMEDIC_LEADER_PEERS": env_json(fleet.status_urls),
+        "GPUMEDIC_LEADER_PEERS": env_json([n.status_url for n in fleet.nodes.values()]),
         "GPUMEDIC_LEADER_INTERVAL_S": "5",
         "GPUMEDIC_AUTOSCALER_INTERVAL_S": "5",
         **{f"GPUMEDIC_{svc}_TRACE_TO_BUS": "true" for svc in ("SAMPLER", "DETECTOR", "LEADER", "AUTOSCALER", "REMEDIATOR", "REPORTS")},
@@ -98,7 +98,7 @@ async def run_demo(
         for event_type in (IncidentOpened, ActionRequested, ActionCompleted, IncidentResolved, IncidentEscalated):
             await nc.subscribe(event_type.subject_filter(), cb=_enqueue(event_type, story))
 
-        target = fleet.nodes[min(1, nodes - 1)]
+        target = list(fleet.nodes.values())[min(1, nodes - 1)]
         say(f"[4/5] fleet sampling every {SAMPLE_INTERVAL_S:.0f}s; injecting a zombie job on {target.node_id} GPU 0")
         target.inject_zombie(0)
         say(f"      (a process holds GPU 0 at 0% while the node claims a job; detection after {ZOMBIE_AFTER_S:.0f}s idle)")

@@ -67,6 +67,36 @@ def test_busy_gpu_or_growing_output_or_no_jobs_is_not_a_zombie():
         assert det.on_sample(sample(600, **kwargs), T0) == [], kwargs
 
 
+def two_gpus(at_s: float, *, util0=0, growing=True) -> NodeSampled:
+    busy = GpuSample(index=1, utilization_gpu_pct=95, memory_used_mib=30000, processes=(HOLDER.model_copy(update={"pid": 5151}),))
+    idle = GpuSample(index=0, utilization_gpu_pct=util0, memory_used_mib=20000, processes=(HOLDER,))
+    return NodeSampled(
+        source="node-sampler", node_id="n2", interval_s=5, occurred_at=T0 + timedelta(seconds=at_s),
+        gpus=(idle, busy), jobs=JobsObservation(running=2, output_growing=growing),
+    )
+
+
+def test_one_hung_gpu_among_busy_ones_is_found_although_the_node_output_grows():
+    det = ZombieDetector(RULES)
+    det.on_sample(two_gpus(0), T0)
+    (opened,) = det.on_sample(two_gpus(60), T0)
+    assert isinstance(opened, Opened) and opened.opened.gpu_index == 0
+    assert [t.pid for t in opened.action.operation.targets] == [4242]
+
+
+def test_growth_is_credited_to_the_idle_gpu_when_no_other_gpu_works():
+    det = ZombieDetector(RULES)
+    idle_pair = [two_gpus(s).model_copy(update={"gpus": (two_gpus(s).gpus[0],)}) for s in (0, 60)]
+    assert det.on_sample(idle_pair[0], T0) == [] and det.on_sample(idle_pair[1], T0) == []
+
+
+def test_healthy_nodes_take_the_fast_path_and_leave_no_state():
+    det = ZombieDetector(RULES)
+    for s in range(0, 600, 5):
+        assert det.on_sample(sample(s, util=90, growing=True), T0) == []
+    assert det.watched == set() and det.idle_since == {} and det.incidents == {}
+
+
 def test_activity_in_between_restarts_the_idle_clock():
     det = ZombieDetector(RULES)
     det.on_sample(sample(0), T0)

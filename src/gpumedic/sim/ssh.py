@@ -10,6 +10,7 @@ shlex and matched; nothing is ever evaluated. Every line received is recorded, i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import shlex
@@ -82,6 +83,7 @@ class SshEndpoint:
         self.host_key = host_key
         self.port: int | None = None
         self._server: asyncssh.SSHAcceptor | None = None
+        self._late: set[asyncio.Task] = set()
 
     async def start(self, client_public_key: asyncssh.SSHKey, host: str = "127.0.0.1") -> int:
         authorized = asyncssh.import_authorized_keys(client_public_key.export_public_key().decode())
@@ -114,6 +116,23 @@ class SshEndpoint:
             process.exit(1)
             return
         self.node.ssh_commands.append(command)
+        stall = self.node.ssh_stalls.get(command.split(" ", 1)[0])
+        if stall:
+            task = asyncio.get_running_loop().create_task(self._run_late(process, command, stall))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+            return
+        self._answer(process, command)
+
+    async def _run_late(self, process: asyncssh.SSHServerProcess, command: str, stall_s: float) -> None:
+        """A hung command still runs in the end, as on a real node, whether or not the client waited."""
+        await asyncio.sleep(stall_s)
+        try:
+            self._answer(process, command)
+        except Exception:  # the client went away; the command ran all the same (as sshd's child would)
+            log.debug("%s: client gone before %r answered", self.node.node_id, command)
+
+    def _answer(self, process: asyncssh.SSHServerProcess, command: str) -> None:
         result = interpret(self.node, command)
         log.debug("%s: %r -> exit %d", self.node.node_id, command, result.exit_status)
         if result.stdout:

@@ -114,6 +114,8 @@ class NodeState:
         self.injected: list[InjectedFault] = []
         self.fault_listeners: list[Callable[[InjectedFault], None]] = []
         self.ssh_commands: list[str] = []
+        self.ssh_stalls: dict[str, float] = {}
+        """Command word -> seconds its SSH command hangs before it runs (a node whose SSH hangs)."""
 
     # --- what the node looks like -------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """Deciding, from node samples and action results alone, when a GPU runs a zombie job and
 what happens to the incident next. Pure: no bus, no clock, no I/O; tests drive it directly.
 
-A zombie job: the node says it runs jobs, no watched output grows, and a GPU that holds
-compute processes stays at or under `idle_util_pct` for `idle_for_s`. The incident then walks:
+A zombie job: the node says it runs jobs, a GPU that holds compute processes stays at or
+under `idle_util_pct` for `idle_for_s`, and no output grows that this GPU could be making.
+Output growth is a node-wide signal, so it is credited to the node's busy GPUs when there are
+any: one hung job among busy ones is still found. The incident then walks:
 
     opened + action requested (acting) -> action completed (verifying) -> resolved
                                        -> blocked or observe-only      -> escalated
@@ -29,7 +31,6 @@ from gpumedic_events import (
     IncidentKind,
     IncidentOpened,
     IncidentResolved,
-    JobsObservation,
     KillGpuProcesses,
     NodeSampled,
     ProcessTarget,
@@ -106,19 +107,29 @@ def fingerprint(node_id: str, gpu_index: int) -> str:
     return f"{node_id}/{KIND.value}/{gpu_index}"
 
 
-def claims_idle_jobs(jobs: JobsObservation) -> bool:
-    """The node says it runs jobs, and no watched output grows."""
-    return (jobs.running or 0) >= 1 and jobs.output_growing is not True
-
-
-def looks_zombie(gpu: GpuSample, jobs: JobsObservation, rules: Rules) -> bool:
-    """Jobs claimed, no output growing, and this GPU held but idle."""
+def _idle_and_held(gpu: GpuSample, rules: Rules) -> bool:
     return (
-        claims_idle_jobs(jobs)
-        and gpu.utilization_gpu_pct is not None
+        gpu.utilization_gpu_pct is not None
         and gpu.utilization_gpu_pct <= rules.idle_util_pct
         and any(p.pid >= 2 for p in gpu.processes)  # pid 1 is never a kill target
     )
+
+
+def looks_zombie(gpu: GpuSample, sample: NodeSampled, rules: Rules) -> bool:
+    """Jobs claimed, this GPU held but idle, and no output growth it could be credited with."""
+    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, rules):
+        return False
+    if sample.jobs.output_growing is not True:
+        return True
+    return any(
+        g is not gpu and g.utilization_gpu_pct is not None and g.utilization_gpu_pct > rules.idle_util_pct
+        for g in sample.gpus
+    )
+
+
+def _may_hold_zombie(sample: NodeSampled, rules: Rules) -> bool:
+    """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
+    return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, rules) for g in sample.gpus)
 
 
 @dataclass
@@ -135,12 +146,12 @@ class ZombieDetector:
         self.watched.add(incident.node_id)
 
     def on_sample(self, sample: NodeSampled, now: datetime) -> list[Effect]:
-        # The hot path: most samples come from nodes whose output grows; nothing to do there.
-        if sample.node_id not in self.watched and not claims_idle_jobs(sample.jobs):
+        # The hot path: most samples come from nodes whose GPUs all work; nothing to do there.
+        if sample.node_id not in self.watched and not _may_hold_zombie(sample, self.rules):
             return []
         effects: list[Effect] = []
         for gpu in sample.gpus:
-            zombie = looks_zombie(gpu, sample.jobs, self.rules)
+            zombie = looks_zombie(gpu, sample, self.rules)
             incident = self.incidents.get(fingerprint(sample.node_id, gpu.index))
             if incident is not None:
                 effects.extend(self._follow(incident, gpu, zombie, sample, now))
@@ -227,7 +238,9 @@ class ZombieDetector:
             fingerprint=incident.fingerprint,
             summary=(
                 f"GPU {gpu.index} at {gpu.utilization_gpu_pct}% for {idle_s:.0f}s while the node reports "
-                f"{sample.jobs.running} job(s) and no output grows; held by pid {pids}"
+                f"{sample.jobs.running} job(s) and "
+                + ("its output grows only from its busy GPUs" if sample.jobs.output_growing else "no output grows")
+                + f"; held by pid {pids}"
             ),
             evidence={
                 "idle_seconds": round(idle_s, 1),
