@@ -72,8 +72,6 @@ CONSUMERS: Mapping[str, tuple[type[Event], ...]] = {
         ActionRequested,
         ActionCompleted,
         SpansExported,
-        ClusterChecked,
-        CapacityEvaluated,
     ),
     "autoscaler": (NodeSampled,),
 }
@@ -86,7 +84,7 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     IncidentOpened: ("zombie-detector",),
     IncidentResolved: ("zombie-detector",),
     IncidentEscalated: ("zombie-detector",),
-    ActionRequested: ("zombie-detector", "autoscaler"),
+    ActionRequested: ("zombie-detector",),
     ActionCompleted: ("remediator",),
     ServiceHeartbeat: SERVICES,
     ClusterChecked: ("leader-health",),

@@ -1,0 +1,88 @@
+"""End-to-end fixtures: a simulated fleet, a migrated SQLite store, and services started from
+their real factories (in this process, or as child processes exactly as `gpumedic up` starts them)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+import nats
+import pytest
+
+from gpumedic.sim.fleet import SimFleet
+from gpumedic.stack import service_command
+from gpumedic_events import Event
+from gpumedic_store.migrate import upgrade
+
+
+@pytest.fixture
+async def store_url(tmp_path) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+async def fleet(tmp_path):
+    fleet = SimFleet(2, 1, tmp_path / "fleet")
+    await fleet.start()
+    yield fleet
+    await fleet.stop()
+
+
+@pytest.fixture
+async def sampling(fleet, nats_url):
+    """The fleet's samplers publishing every 0.2 s into JetStream."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+
+    async def publish(event: Event) -> None:
+        await js.publish(event.subject, event.to_json())
+
+    task = asyncio.create_task(fleet.run_samplers(publish, 0.2))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await nc.close()
+
+
+class Apps:
+    """Services started from their `create_app` in this event loop; all stopped at the end."""
+
+    def __init__(self) -> None:
+        self._running: list[tuple[object, asyncio.Task]] = []
+
+    async def start(self, app):
+        task = asyncio.create_task(app.run())
+        ready = asyncio.create_task(app.runtime.ready.wait())
+        done, _ = await asyncio.wait({task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        if ready not in done:
+            ready.cancel()
+            raise RuntimeError(f"{app.runtime.service} did not become ready: {task.exception() if task.done() else 'timeout'}")
+        self._running.append((app, task))
+        return app
+
+    async def stop_all(self) -> None:
+        for app, task in reversed(self._running):
+            app.exit()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def apps():
+    apps = Apps()
+    yield apps
+    await apps.stop_all()
+
+
+def start_service_process(service: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start a service as `gpumedic up` does: its own process, settings from the environment."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            service_command(service), env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )

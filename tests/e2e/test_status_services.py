@@ -1,0 +1,42 @@
+"""leader-health and autoscaler on the real bus, watching a simulated fleet: each publishes its
+status events, and a node whose status endpoint hangs (TCP accepted, HTTP never answers) is
+counted as not answering."""
+
+from __future__ import annotations
+
+import asyncio
+
+from autoscaler.main import create_app as autoscaler_app
+from autoscaler.settings import Settings as AutoscalerSettings
+from gpumedic_events import CapacityEvaluated, ClusterChecked
+from leader_health.main import create_app as leader_app
+from leader_health.settings import Settings as LeaderSettings
+
+
+async def _next(js, event_type, predicate, timeout_s=20.0):
+    sub = await js.subscribe(event_type.subject_filter(), ordered_consumer=True)
+    try:
+        for _ in range(200):
+            msg = await sub.next_msg(timeout=timeout_s)
+            event = event_type.from_json(msg.data, subject=msg.subject)
+            if predicate(event):
+                return event
+    finally:
+        await sub.unsubscribe()
+    raise AssertionError(f"no matching {event_type.__name__}")
+
+
+async def test_status_services_publish_what_they_see(nats_settings, js, fleet, sampling, apps):
+    peers = [n.status_url for n in fleet.nodes.values()]
+    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.3, probe_timeout_s=0.5)))
+    await apps.start(autoscaler_app(AutoscalerSettings(nats=nats_settings, interval_s=0.3)))
+
+    healthy = await _next(js, ClusterChecked, lambda e: e.peers_answering == 2)
+    assert healthy.healthy and healthy.leader == "sim-node-01" and healthy.cluster == "sim"
+
+    fleet.node("sim-node-02").inject_status_blocked()
+    degraded = await _next(js, ClusterChecked, lambda e: e.peers_answering == 1)
+    assert degraded.peers_total == 2 and not degraded.healthy and "quorum lost" in degraded.summary
+
+    capacity = await _next(js, CapacityEvaluated, lambda e: e.nodes_seen == 2)
+    assert capacity.gpus_total == 2 and capacity.gpus_busy == 2 and capacity.decision == "scale_up"

@@ -1,0 +1,111 @@
+"""Bad input on every subject every service consumes, against a real nats-server: malformed
+JSON, wrong types, an unknown schema version, an oversize payload, a payload on the wrong
+subject. None is processed as if valid, none crashes the service: each is logged, counted,
+and kept in the dead-letter stream with the subject and the reason. The list of consumed
+subjects is the contract's (proto.CONSUMERS), checked against what each service subscribes to."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from autoscaler.main import create_app as autoscaler_app
+from autoscaler.settings import Settings as AutoscalerSettings
+from gpumedic.proto import CONSUMERS
+from gpumedic_bus.streams import DEAD_LETTERS
+from gpumedic_events import MAX_EVENT_BYTES, MessageRejected
+from gpumedic_events.base import json_examples
+from remediator.main import create_app as remediator_app
+from remediator.settings import Settings as RemediatorSettings
+from report_builder.main import create_app as reports_app
+from report_builder.settings import Settings as ReportSettings
+from zombie_detector.main import create_app as detector_app
+from zombie_detector.settings import Settings as DetectorSettings
+
+
+def _factory(service, nats, tmp_path):
+    store = {"url": f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"}
+    if service == "zombie-detector":
+        return detector_app(DetectorSettings(nats=nats))
+    if service == "autoscaler":
+        return autoscaler_app(AutoscalerSettings(nats=nats))
+    if service == "report-builder":
+        return reports_app(ReportSettings(nats=nats, store=store))
+    files = {"inventory": tmp_path / "inventory.yaml", "known_hosts": tmp_path / "known_hosts", "client_key": tmp_path / "key"}
+    return remediator_app(RemediatorSettings(nats=nats, store=store, **files))
+
+
+def _bad_payloads(event_type) -> dict[str, tuple[str, bytes, str]]:
+    """kind -> (subject, payload, words the rejection reason must contain)."""
+    example = json_examples(event_type)[0]
+    key = example[event_type.subject_key]
+    subject = event_type.subject_for(key)
+    wrong_type = {**example, "occurred_at": 12, "source": ["not", "a", "token"]}
+    future = {**example, "schema_version": 2}
+    oversize = json.dumps({**example, "padding": "x" * (MAX_EVENT_BYTES + 1)}).encode()
+    return {
+        "malformed json": (subject, b'{"event_id": "abc", ', "Invalid JSON"),
+        "wrong types": (subject, json.dumps(wrong_type).encode(), "source"),
+        "unknown version": (subject, json.dumps(future).encode(), "schema_version"),
+        "oversize": (subject, oversize, "exceeds"),
+        "wrong subject": (event_type.subject_for("someone-else"), json.dumps(example).encode(), "belongs on"),
+    }
+
+
+def _consumed(app) -> set[str]:
+    subjects = {s._resolved_subject_string for s in app.broker.subscribers}
+    subjects |= {c._event_type.subject_filter() for c in app.runtime._push_consumers}
+    return subjects
+
+
+@pytest.mark.parametrize("service", sorted(CONSUMERS))
+async def test_every_kind_of_bad_input_is_dead_lettered_and_the_service_lives_on(service, nats_settings, js, tmp_path):
+    if service == "remediator":
+        for name in ("inventory.yaml", "known_hosts"):
+            (tmp_path / name).write_text("nodes: {}\n" if name == "inventory.yaml" else "")
+        import asyncssh
+
+        (tmp_path / "key").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+    if service in ("remediator", "report-builder"):
+        from gpumedic_store.migrate import upgrade
+
+        upgrade(f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}")
+
+    app = _factory(service, nats_settings, tmp_path)
+    assert _consumed(app) == {e.subject_filter() for e in CONSUMERS[service]}, "proto.CONSUMERS is out of date"
+    task = asyncio.create_task(app.run())
+    await asyncio.wait_for(app.runtime.ready.wait(), 20)
+    try:
+        sent = []
+        for event_type in CONSUMERS[service]:
+            for kind, (subject, payload, reason) in _bad_payloads(event_type).items():
+                await js.publish(subject, payload)
+                sent.append((event_type.__name__, kind, subject, reason))
+
+        dead_subject = MessageRejected.subject_for(service)
+        records = []
+        for _ in range(200):
+            info = await js.stream_info(DEAD_LETTERS.name, subjects_filter=dead_subject)
+            if (info.state.messages or 0) >= len(sent):
+                break
+            await asyncio.sleep(0.05)
+        sub = await js.subscribe(dead_subject, ordered_consumer=True)
+        for _ in range(len(sent)):
+            msg = await sub.next_msg(timeout=5)
+            records.append(MessageRejected.from_json(msg.data, subject=msg.subject))
+        await sub.unsubscribe()
+
+        assert len(records) == len(sent)
+        assert {r.service for r in records} == {service}
+        for event, kind, subject, reason in sent:
+            assert any(r.original_subject == subject and reason in r.reason for r in records), (event, kind, reason)
+        oversize = [r for r in records if r.payload_bytes > MAX_EVENT_BYTES]
+        assert oversize and all(r.payload_truncated for r in oversize)
+        assert app.runtime.rejections.total == len(sent)
+        assert not task.done(), "the service stopped"
+        assert app.runtime.ready.is_set()
+    finally:
+        app.exit()
+        await asyncio.wait_for(task, 15)

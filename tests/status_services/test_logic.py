@@ -1,0 +1,47 @@
+"""leader-health's verdicts and autoscaler's decisions, from plain data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from autoscaler.logic import evaluate
+from gpumedic_events import GpuSample, NodeSampled
+from leader_health.logic import assess
+from leader_health.probe import PeerAnswer
+
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def answer(leader: str | None, ok: bool = True) -> PeerAnswer:
+    return PeerAnswer("http://x/status", {"leader": leader} if ok else None, None if ok else "no answer within 3.0s")
+
+
+def test_a_quorum_naming_one_leader_is_healthy():
+    checked = assess("c", [answer("n1"), answer("n1"), answer(None, ok=False)])
+    assert checked.healthy and checked.leader == "n1" and checked.peers_answering == 2
+
+
+def test_quorum_without_a_leader_is_the_classic_stuck_cluster():
+    checked = assess("c", [answer(None), answer(None), answer(None)])
+    assert not checked.healthy and "no leader with quorum" in checked.summary
+
+
+def test_split_votes_and_lost_quorum_are_unhealthy():
+    assert not assess("c", [answer("n1"), answer("n2"), answer("n3")]).healthy
+    lost = assess("c", [answer("n1"), answer(None, ok=False), answer(None, ok=False)])
+    assert not lost.healthy and "quorum lost" in lost.summary
+    assert not assess("c", []).healthy
+
+
+def _node(node: str, utils: list[int], age_s: float = 0) -> NodeSampled:
+    gpus = tuple(GpuSample(index=i, utilization_gpu_pct=u) for i, u in enumerate(utils))
+    return NodeSampled(source="node-sampler", node_id=node, interval_s=5, gpus=gpus, occurred_at=NOW - timedelta(seconds=age_s))
+
+
+def test_capacity_decisions_follow_the_busy_share_of_fresh_samples():
+    kw = {"busy_util_pct": 20, "up_above": 0.9, "down_below": 0.3, "stale_after_s": 60}
+    assert evaluate({"a": _node("a", [95, 99])}, NOW, **kw).decision == "scale_up"
+    assert evaluate({"a": _node("a", [0, 0, 0, 90])}, NOW, **kw).decision == "scale_down"
+    held = evaluate({"a": _node("a", [95, 0]), "b": _node("b", [99, 99], age_s=300)}, NOW, **kw)
+    assert (held.decision, held.nodes_seen, held.gpus_total, held.gpus_busy) == ("hold", 1, 2, 1)
+    assert evaluate({}, NOW, **kw).reason == "no recent samples"
