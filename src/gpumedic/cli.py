@@ -41,6 +41,9 @@ def _run(coro: Coroutine) -> int:
         return asyncio.run(_main()) or 0
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 130
+    except (RuntimeError, TimeoutError, OSError) as exc:  # a service or server that would not start
+        print(f"gpumedic: {exc}", file=sys.stderr)
+        return 1
 
 
 def _store_url(args) -> str:
@@ -62,7 +65,7 @@ def cmd_up(args) -> int:
         from gpumedic.demo import run_demo
 
         return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=True))
-    from gpumedic.stack import Stack
+    from gpumedic.stack import Stack, remediator_files
 
     async def _up() -> int:
         stack = Stack(args.var)
@@ -70,7 +73,8 @@ def cmd_up(args) -> int:
             print(f"[1/3] starting the bus and the store under {args.var}/")
             stack.start_bus()
             stack.migrate()
-            print("[2/3] starting the six services")
+            stack.env = remediator_files(args.var)
+            print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
             stack.start_services()
             await stack.wait_ready()
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")

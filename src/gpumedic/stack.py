@@ -152,6 +152,34 @@ class Stack:
             self.nats = None
 
 
+def remediator_files(var_dir: Path, say: Callable[[str], None] = print) -> dict[str, str]:
+    """The remediator's SSH files for the embedded stack, unless GPUMEDIC_REMEDIATOR_* name others:
+    an inventory and known_hosts to fill in, and a client key made once (its public half is
+    what the nodes' authorized_keys need)."""
+    import asyncssh
+
+    ssh = var_dir / "ssh"
+    ssh.mkdir(parents=True, exist_ok=True)
+    files = {"INVENTORY": ssh / "inventory.yaml", "KNOWN_HOSTS": ssh / "known_hosts", "CLIENT_KEY": ssh / "id_ed25519"}
+    env = {}
+    for name, path in files.items():
+        if f"GPUMEDIC_REMEDIATOR_{name}" in os.environ:
+            continue
+        if not path.exists():
+            if name == "INVENTORY":
+                path.write_text("# node-id: {host: 10.0.0.7, port: 22, user: gpumedic}\nnodes: {}\n")
+            elif name == "KNOWN_HOSTS":
+                path.write_text("")
+            else:
+                key = asyncssh.generate_private_key("ssh-ed25519", comment="gpumedic-remediator")
+                key.write_private_key(str(path))
+                path.chmod(0o600)
+                key.write_public_key(str(path) + ".pub")
+                say(f"  made the remediator's SSH key; authorize {path}.pub on your nodes")
+        env[f"GPUMEDIC_REMEDIATOR_{name}"] = str(path.resolve())
+    return env
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

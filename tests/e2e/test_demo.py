@@ -1,0 +1,69 @@
+"""`gpumedic demo`, the main job, run as a user runs it: it must tell the story from detection
+to fix with a trace id, exit 0, and leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line or environment names `text` (our var dir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {command[:120]}")
+    return found
+
+
+def test_demo_fixes_the_injected_zombie_and_stops_cleanly(tmp_path):
+    var = tmp_path / "var"
+    gpumedic = Path(sys.executable).parent / "gpumedic"
+    result = subprocess.run(
+        [str(gpumedic), "demo", "--var", str(var), "--nodes", "3", "--duration", "90"],
+        capture_output=True, text=True, timeout=150, env={k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")},
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for step in ("DETECTED", "DECIDED", "ACTED     succeeded", "RESOLVED  (fixed)", "trace id: ", "timeline:"):
+        assert step in out, step
+    trace_lines = out.split("trace ")[-1]
+    for span in ("detect", "decide", "act", "verify", "record"):
+        assert f" {span} " in trace_lines, span
+    assert "stopped; no process left behind" in out
+    assert _processes_mentioning(str(var)) == []
+    assert (var / "gpumedic.db").exists() and (var / "logs" / "remediator.log").exists()
+
+
+def test_up_stops_everything_on_ctrl_c(tmp_path):
+    var = tmp_path / "var"
+    gpumedic = Path(sys.executable).parent / "gpumedic"
+    proc = subprocess.Popen(
+        [str(gpumedic), "up", "--var", str(var)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")},
+    )
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "running; logs in" in line:
+                break
+        assert len(_processes_mentioning(str(var))) >= 7, "".join(lines)  # nats-server and six services
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "stopped; no process left behind" in rest
+    assert _processes_mentioning(str(var)) == []
