@@ -34,8 +34,10 @@ def nats_server_binary() -> str:
 class NatsServer:
     """One nats-server process; `url` is known once `start` returns."""
 
-    def __init__(self, data_dir: Path, *, port: int = -1, log_file: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, *, port: int = -1, log_file: Path | None = None, extra_config: str = "") -> None:
+        """`extra_config` is appended to the generated configuration (e.g. accounts and users)."""
         self.data_dir = Path(data_dir)
+        self.extra_config = extra_config
         self.port = port
         self.log_file = log_file
         self.url = ""
@@ -56,6 +58,7 @@ class NatsServer:
                     f"  store_dir: {json.dumps(str(self.data_dir / 'jetstream'))}",
                     "  sync_interval: always",
                     "}",
+                    self.extra_config,
                     "",
                 ]
             )

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import nats
 from faststream import FastStream
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsUserPassword
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
@@ -52,6 +52,12 @@ def connect_options(settings: NatsSettings, name: str) -> dict:
     return options
 
 
+def _security(settings: NatsSettings) -> NatsUserPassword | None:
+    if not settings.user:
+        return None
+    return NatsUserPassword(settings.user, settings.password.get_secret_value() if settings.password else "")
+
+
 async def connect(settings: NatsSettings, name: str) -> nats.NATS:
     return await nats.connect(**connect_options(settings, name))
 
@@ -71,12 +77,14 @@ class ServiceRuntime:
         )
         self.tracer: Tracer = self.tracer_provider.get_tracer(service)
         options = connect_options(nats_settings, service)
-        options.pop("servers")
+        for key in ("servers", "name", "user", "password"):
+            options.pop(key, None)
         self.broker = NatsBroker(
             nats_settings.servers,
             graceful_timeout=nats_settings.graceful_timeout_s,
             log_level=logging.DEBUG,  # per-message Received/Processed lines stay out of INFO
-            **{k: v for k, v in options.items() if k != "name"},
+            security=_security(nats_settings),
+            **options,
         )
         self._loops: list[BackgroundLoop] = []
         self._startup: list[Callable[[], Awaitable[None]]] = []

@@ -65,3 +65,18 @@ def _outside_loop(work: Callable[[], T]) -> T:
         return work()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpumedic-migrate") as pool:
         return pool.submit(work).result()
+
+
+def main() -> None:
+    """`gpumedic-migrate`: upgrade the store named by GPUMEDIC_STORE_URL (compose's one-shot)."""
+    import sys
+
+    from gpumedic_store.settings import StoreSettings
+
+    settings = StoreSettings()
+    try:
+        upgrade(settings.url)
+    except Exception as exc:
+        print(f"gpumedic-migrate: {settings.safe_url}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(f"migrated {settings.safe_url} to the latest revision")
