@@ -83,7 +83,7 @@ def cmd_up(args) -> int:
                 await asyncio.sleep(1 if args.duration is None else args.duration)
                 if args.duration is not None:
                     return 0
-                stack._check_alive()
+                stack.check_alive()
         finally:
             print("stopping services, then the bus")
             stack.stop()

@@ -117,7 +117,7 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         try:
             while len(ready) < len(self.processes):
-                self._check_alive()
+                self.check_alive()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(set(self.processes) - ready)
@@ -128,7 +128,7 @@ class Stack:
         finally:
             await nc.close()
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for service, proc in self.processes.items():
             if proc.poll() is not None:
                 tail = _tail(self.logs / f"{service}.log")

@@ -9,7 +9,7 @@ from gpumedic_bus.consume import (
     subscribe_events,
 )
 from gpumedic_bus.publish import publish_event
-from gpumedic_bus.runtime import ServiceRuntime, connect, connect_options
+from gpumedic_bus.runtime import ServiceRuntime, connect_options
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import STREAMS, ensure_streams, stream_of
 from gpumedic_bus.tracing import inject_trace, trace_context
@@ -22,7 +22,6 @@ __all__ = [
     "PushConsumer",
     "RejectionStats",
     "ServiceRuntime",
-    "connect",
     "connect_options",
     "ensure_streams",
     "inject_trace",

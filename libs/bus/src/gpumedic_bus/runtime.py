@@ -58,10 +58,6 @@ def _security(settings: NatsSettings) -> NatsUserPassword | None:
     return NatsUserPassword(settings.user, settings.password.get_secret_value() if settings.password else "")
 
 
-async def connect(settings: NatsSettings, name: str) -> nats.NATS:
-    return await nats.connect(**connect_options(settings, name))
-
-
 class ServiceRuntime:
     """The broker, tracer and lifecycle of one service process."""
 
