@@ -1,0 +1,102 @@
+"""JetStream delivery as the services rely on it, against a real nats-server: a failing handler
+gets the message again later, a handler that keeps failing ends in the dead-letter stream after
+max_deliver tries (not silently dropped), and a command republished with the same Nats-Msg-Id
+is stored once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from gpumedic_bus import ServiceRuntime, publish_event, subscribe_events
+from gpumedic_bus.consume import RETRY_BACKOFF_S
+from gpumedic_bus.streams import ACTIONS, DEAD_LETTERS
+from gpumedic_events import ActionRequested, MessageRejected
+from gpumedic_events.base import json_examples
+
+EXAMPLE = ActionRequested.model_validate(json_examples(ActionRequested)[0])
+
+
+def _request() -> ActionRequested:
+    """A request with its own action id: the stream remembers ids for its duplicate window."""
+    return EXAMPLE.model_copy(update={"action_id": uuid.uuid4()})
+
+
+async def _run(runtime: ServiceRuntime):
+    app = runtime.app()
+    task = asyncio.create_task(app.run())
+    await asyncio.wait_for(runtime.ready.wait(), 20)
+    return app, task
+
+
+async def test_a_failing_handler_gets_the_message_again_after_the_backoff(nats_settings, js):
+    request = _request()
+    runtime = ServiceRuntime("remediator", nats_settings)
+    seen: list[tuple[int, float]] = []
+
+    async def flaky(event: ActionRequested, delivery) -> None:
+        seen.append((delivery.deliveries, time.monotonic()))
+        if delivery.deliveries == 1:
+            raise ConnectionError("node briefly unreachable")
+
+    subscribe_events(runtime.broker, ActionRequested, flaky, service="remediator", durable="t-flaky", settings=nats_settings, stats=runtime.rejections)
+    app, task = await _run(runtime)
+    try:
+        await publish_event(runtime.broker, request, msg_id=str(request.action_id))
+        for _ in range(100):
+            if len(seen) >= 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        app.exit()
+        await task
+    assert [d for d, _ in seen] == [1, 2]
+    assert seen[1][1] - seen[0][1] >= RETRY_BACKOFF_S[0] * 0.9
+    assert runtime.rejections.total == 0
+
+
+async def test_a_handler_that_keeps_failing_ends_in_the_dead_letter_stream(nats_settings, js):
+    request = _request()
+    settings = nats_settings.model_copy(update={"max_deliver": 2})
+    runtime = ServiceRuntime("remediator", settings)
+    attempts = []
+
+    async def broken(event: ActionRequested, delivery) -> None:
+        attempts.append(delivery.deliveries)
+        raise ValueError("always fails")
+
+    subscribe_events(runtime.broker, ActionRequested, broken, service="remediator", durable="t-broken", settings=settings, stats=runtime.rejections)
+    app, task = await _run(runtime)
+    try:
+        await publish_event(runtime.broker, request, msg_id=str(request.action_id))
+        for _ in range(200):
+            if runtime.rejections.total:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        app.exit()
+        await task
+    assert attempts == [1, 2]
+    msg = await js.get_last_msg(DEAD_LETTERS.name, MessageRejected.subject_for("remediator"))
+    record = MessageRejected.from_json(msg.data, subject=msg.subject)
+    assert record.original_subject == request.subject and record.deliveries == 2
+    assert "handler failed 2 times" in record.reason and "always fails" in record.reason
+    assert ActionRequested.from_json(record.payload.encode()) == request  # kept whole, can be replayed
+
+
+async def test_a_command_published_twice_with_its_id_is_stored_once(nats_settings, js):
+    request = _request()
+    runtime = ServiceRuntime("zombie-detector", nats_settings)
+    app, task = await _run(runtime)
+    try:
+        before = (await js.stream_info(ACTIONS.name)).state.messages
+        for _ in range(3):
+            await publish_event(runtime.broker, request, msg_id=str(request.action_id))
+        other = request.model_copy(update={"attempt": 2})
+        await publish_event(runtime.broker, other, msg_id=str(request.action_id) + "-2")
+        after = (await js.stream_info(ACTIONS.name)).state.messages
+    finally:
+        app.exit()
+        await task
+    assert after - before == 2
