@@ -1,5 +1,5 @@
 """The sample path: node samples (one message per node, 8 GPUs each) drained from the samples
-stream by zombie-detector's real consumer (its app from `create_app`: batch fetch, validation
+stream by zombie-detector's real consumer (its app from `create_app`: push consumer, validation
 into NodeSampled, the zombie rules, ack) against raw nats-py reading the same messages from the
 same server without decoding them. Rounds alternate so both see the same machine load; the
 figure is the ratio of the medians. Goal: the detector at least half of raw nats-py."""

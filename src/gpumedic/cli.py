@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -119,6 +120,32 @@ def cmd_migrate(args) -> int:
     return 0
 
 
+def cmd_breaker(args) -> int:
+    """The remediator's fleet circuit breaker: it stays open until a person resets it here."""
+    from datetime import UTC, datetime
+
+    from gpumedic_store import create_engine, session_factory
+    from remediator import repository
+
+    async def _breaker() -> str:
+        engine = create_engine(_store_url(args))
+        try:
+            async with session_factory(engine)() as session:
+                if args.action == "reset":
+                    trips = await repository.reset(session=session, by=args.by, now=datetime.now(UTC))
+                    await session.commit()
+                    return f"breaker reset by {args.by}" if trips else "the breaker was closed; nothing to reset"
+                trip = await repository.open_trip(session=session)
+        finally:
+            await engine.dispose()
+        if trip is None:
+            return "breaker closed: the remediator may act"
+        return f"breaker OPEN since {trip.tripped_at:%Y-%m-%d %H:%M:%S}Z: {trip.reason}\nreset it with: gpumedic breaker reset --by NAME"
+
+    print(asyncio.run(_breaker()))
+    return 0
+
+
 def cmd_proto(args) -> int:
     from gpumedic import proto
 
@@ -160,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("breaker", help="show or reset the remediator's fleet circuit breaker")
+    p.add_argument("action", choices=["status", "reset"], nargs="?", default="status")
+    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who resets it (kept in the audit log)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_breaker)
 
     p = sub.add_parser("proto", help="regenerate proto/ from the event models (--check: fail if stale)")
     p.add_argument("--check", action="store_true")

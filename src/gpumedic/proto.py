@@ -335,7 +335,7 @@ def _nats_headers() -> dict[str, Any]:
             "Nats-Msg-Id": {
                 "type": "string",
                 "description": "JetStream de-duplication id: the action id for action requests, "
-                "otherwise the event id.",
+                "'<action id>:completed' for action results, otherwise the event id.",
             },
             "traceparent": {"type": "string", "description": "W3C trace context of the publishing span, if any."},
             "tracestate": {"type": "string", "description": "W3C trace state, if any."},
@@ -383,8 +383,9 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
    values may appear within v1, so accept an unknown value (treat it as "other") instead of
    rejecting the message. Schema validation of such a field with an older copy of the schema
    will flag the new value; do not treat that as fatal.
-5. De-duplicate by the `Nats-Msg-Id` header (the action id for action requests, otherwise the
-   event id); W3C `traceparent` headers carry the trace.
+5. De-duplicate by the `Nats-Msg-Id` header (the action id for action requests,
+   `<action id>:completed` for action results, otherwise the event id); W3C `traceparent`
+   headers carry the trace.
 
 ## Compatibility (v1)
 

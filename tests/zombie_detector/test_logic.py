@@ -19,7 +19,7 @@ RULES = Rules(idle_util_pct=5, idle_for_s=60, verify_within_s=30, action_timeout
 HOLDER = GpuProcess(pid=4242, start_ticks=777, command="python train.py", used_memory_mib=20000)
 
 
-def sample(at_s: float, *, util=0, procs=(HOLDER,), running=1, growing=False, node="n1") -> NodeSampled:
+def sample(at_s: float, *, util: int | None = 0, procs=(HOLDER,), running: int | None = 1, growing=False, node="n1") -> NodeSampled:
     gpu = GpuSample(index=0, utilization_gpu_pct=util, memory_used_mib=20000 if procs else 0, processes=procs)
     return NodeSampled(
         source="node-sampler", node_id=node, interval_s=5, occurred_at=T0 + timedelta(seconds=at_s),
@@ -154,3 +154,13 @@ def test_a_remediator_that_never_answers_is_escalated_by_the_tick():
     assert det.on_tick(T0 + timedelta(seconds=100)) == []
     (escalated,) = det.on_tick(T0 + timedelta(seconds=200))
     assert "no answer from the remediator" in escalated.event.reason
+
+
+def test_a_sample_that_cannot_tell_never_resolves_an_incident():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    det.on_action_completed(completed(opened), T0 + timedelta(seconds=61), None)
+    assert det.on_sample(sample(70, running=None), T0 + timedelta(seconds=70)) == []
+    assert det.on_sample(sample(71, util=None), T0 + timedelta(seconds=71)) == []
+    (resolved,) = det.on_sample(sample(72, procs=(), running=None), T0 + timedelta(seconds=72))
+    assert resolved.event.resolution == "fixed"  # an empty GPU is decisive whatever the probes say

@@ -71,7 +71,7 @@ SAMPLES = Stream(
     storage=StorageType.MEMORY,
     max_age_s=10 * _MINUTE,
     max_bytes=512 * 1024 * 1024,
-    duplicate_window_s=0,
+    duplicate_window_s=5,  # samples need no de-duplication; 0 would mean the server's 2 minutes
     description="Node samples: many, disposable, minutes of retention.",
 )
 INCIDENTS = Stream(

@@ -8,6 +8,7 @@ The trace context rides the NATS headers to the remediator and back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import UTC, datetime
 
@@ -57,7 +58,10 @@ class DetectorHandlers:
     async def tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_EVERY_S)
-            await self._apply(self._detector.on_tick(_now()))
+            try:
+                await self._apply(self._detector.on_tick(_now()))
+            except Exception:  # the bus may be reconnecting; the next tick tries again
+                log.exception("escalating overdue incidents failed; retrying next tick")
 
     async def _apply(self, effects: list[Effect]) -> None:
         for effect in effects:
@@ -72,7 +76,11 @@ class DetectorHandlers:
                     await self._save(incident)
                 case Resolved(incident, event):
                     with self._step("verify", incident, resolution=event.resolution):
-                        await publish_event(self._runtime.broker, event)
+                        try:
+                            await publish_event(self._runtime.broker, event)
+                        except Exception:
+                            self._detector.adopt(incident)  # still open: the next sample resolves it again
+                            raise
                     await repository.delete_incident(kv=self._require_kv(), incident=incident)
                     log.info("incident %s on %s resolved (%s)", incident.incident_id, incident.fingerprint, event.resolution)
                 case Escalated(incident, event):
@@ -89,7 +97,10 @@ class DetectorHandlers:
                 await self._save(incident)
                 await publish_event(self._runtime.broker, opened)
             except Exception:
-                self._detector.forget(incident)  # the next sample opens it again
+                # Undone entirely: the GPU is found again after another `idle_for_s`.
+                self._detector.forget(incident)
+                with contextlib.suppress(Exception):
+                    await repository.delete_incident(kv=self._require_kv(), incident=incident)
                 raise
             log.warning("incident %s opened: %s on %s", incident.incident_id, opened.summary, incident.node_id)
             await self._decide(incident, action)

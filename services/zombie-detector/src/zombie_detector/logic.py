@@ -203,6 +203,8 @@ class ZombieDetector:
     ) -> list[Effect]:
         if incident.phase == "acting":
             return []  # wait for the remediator's answer (on_tick watches its deadline)
+        if gpu.processes and (gpu.utilization_gpu_pct is None or sample.jobs.running is None):
+            return []  # this sample cannot tell; "could not read" must never count as "fixed"
         if not zombie:
             self.forget(incident)
             if incident.phase == "escalated":

@@ -1,0 +1,47 @@
+"""`gpumedic breaker`: the only way to close the remediator's fleet circuit breaker, by a person."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from gpumedic.cli import main
+from gpumedic_store import BreakerTrip, create_engine, session_factory
+from gpumedic_store.migrate import upgrade
+from remediator import repository
+
+
+async def _trip(url: str) -> None:
+    engine = create_engine(url)
+    async with session_factory(engine)() as session:
+        await repository.trip(session=session, reason="6 nodes needed action within 600s", now=datetime.now(UTC))
+        await session.commit()
+    await engine.dispose()
+
+
+async def _trips(url: str) -> list[BreakerTrip]:
+    engine = create_engine(url)
+    async with session_factory(engine)() as session:
+        rows = list((await session.scalars(select(BreakerTrip))).all())
+    await engine.dispose()
+    return rows
+
+
+def test_status_shows_an_open_breaker_and_reset_closes_it_with_who_did_it(tmp_path, capsys):
+    url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
+    upgrade(url)
+    assert main(["breaker", "--store", url]) == 0
+    assert "breaker closed" in capsys.readouterr().out
+
+    asyncio.run(_trip(url))
+    main(["breaker", "status", "--store", url])
+    assert "breaker OPEN since" in (out := capsys.readouterr().out) and "6 nodes needed action" in out
+
+    main(["breaker", "reset", "--by", "alice", "--store", url])
+    assert "breaker reset by alice" in capsys.readouterr().out
+    main(["breaker", "--store", url])
+    assert "breaker closed" in capsys.readouterr().out
+    (trip,) = asyncio.run(_trips(url))
+    assert trip.reset_by == "alice" and trip.reset_at is not None
