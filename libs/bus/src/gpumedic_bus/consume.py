@@ -120,16 +120,17 @@ class EventConsumer(Generic[E]):
 
     async def _dead_letter(self, msg: NatsMessage, reason: str, deliveries: int, *, cause: str) -> None:
         raw = msg.raw_message
-        self.stats.by_cause[cause] += 1
-        log.warning(
-            "%s rejected a message on %s (%s, %d so far): %s",
-            self._service, raw.subject, cause, self.stats.total, reason,
-        )
-        record = rejection(self._service, raw.subject, raw.data, reason, deliveries)
         # If the dead-letter stream cannot take it, this raises: the message is not acked and
         # comes back later, so nothing is lost.
-        await publish_event(self._broker, record)
+        await keep_rejected(self._broker, self._service, self.stats, raw, reason, deliveries, cause=cause)
         await msg.reject()
+
+
+async def keep_rejected(broker: NatsBroker, service: str, stats: RejectionStats, raw, reason: str, deliveries: int, *, cause: str) -> None:
+    """Count, log and dead-letter one refused message (`raw`: the nats-py message)."""
+    stats.by_cause[cause] += 1
+    log.warning("%s rejected a message on %s (%s, %d so far): %s", service, raw.subject, cause, stats.total, reason)
+    await publish_event(broker, rejection(service, raw.subject, raw.data, reason, deliveries))
 
 
 def rejection(service: str, subject: str, data: bytes, reason: str, deliveries: int) -> MessageRejected:
@@ -272,10 +273,8 @@ class PushConsumer(Generic[E]):
         try:
             event = self._event_type.from_json(msg.data, subject=msg.subject)
         except EventDecodeError as exc:
-            self.stats.by_cause["invalid"] += 1
-            log.warning("%s rejected a message on %s (invalid, %d so far): %s", self._service, msg.subject, self.stats.total, exc.reason)
             try:
-                await publish_event(self._broker, rejection(self._service, msg.subject, msg.data, exc.reason, _deliveries(msg)))
+                await keep_rejected(self._broker, self._service, self.stats, msg, exc.reason, _deliveries(msg), cause="invalid")
             except Exception:
                 log.exception("%s: could not dead-letter a message from %s", self._service, msg.subject)
         else:

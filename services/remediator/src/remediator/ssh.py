@@ -2,7 +2,7 @@
 
 One connection per action, reused for all of its commands. Host keys are checked against the
 configured known_hosts file on every connection (a node whose key is not in it is refused:
-an impostor must never receive commands, and `known_hosts=None` never appears here). Only the
+an impostor must never receive commands; host-key checking is never turned off here). Only the
 configured client key is offered: no agent, no ~/.ssh/config, no password. Every failure
 becomes a `NodeError` naming node, host, port and cause, which the handler turns into a failed
 outcome; no key material ever reaches an error, a log line or an event.
