@@ -7,6 +7,8 @@ always`) so a crash cannot drop an acknowledged command.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -19,6 +21,16 @@ from pathlib import Path
 
 class NatsServerError(RuntimeError):
     pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child process: ask the kernel for SIGTERM when the parent dies (Linux), so a parent
+    killed hard (SIGKILL, a timeout) leaves no server or service behind."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def nats_server_binary() -> str:
@@ -69,6 +81,7 @@ class NatsServer:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import nats
 
-from gpumedic.natsd import NatsServer
+from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_events import ServiceHeartbeat
 
 SERVICES: dict[str, str] = {
@@ -32,15 +31,6 @@ SERVICES: dict[str, str] = {
     "report-builder": "report_builder",
 }
 """Service name -> the package whose `main.run` starts it."""
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: ask the kernel for SIGTERM when the parent dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 def service_command(service: str) -> list[str]:
     return [sys.executable, "-c", f"from {SERVICES[service]}.main import run; run()"]
@@ -94,7 +84,7 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             log.close()
 
