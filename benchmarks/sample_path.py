@@ -121,6 +121,8 @@ async def main(argv: list[str]) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    for noisy in ("faststream", "faststream.access.nats", "zombie-detector"):  # start/stop lines bury the figures
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp)) as server:
         nc = await nats.connect(server.url)
         js = nc.jetstream()
