@@ -121,7 +121,7 @@ async def main(argv: list[str]) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    for noisy in ("faststream", "faststream.access.nats", "zombie-detector"):  # start/stop lines bury the figures
+    for noisy in ("faststream", "zombie-detector"):  # start/stop lines would bury the figures
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp)) as server:
         nc = await nats.connect(server.url)

@@ -79,6 +79,7 @@ class ServiceRuntime:
             nats_settings.servers,
             graceful_timeout=nats_settings.graceful_timeout_s,
             log_level=logging.DEBUG,  # per-message Received/Processed lines stay out of INFO
+            logger=logging.getLogger(f"{service}.bus"),  # plain lines in the service's log, no colour codes
             security=_security(nats_settings),
             **options,
         )
