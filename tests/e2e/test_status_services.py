@@ -4,7 +4,6 @@ counted as not answering."""
 
 from __future__ import annotations
 
-import asyncio
 
 from autoscaler.main import create_app as autoscaler_app
 from autoscaler.settings import Settings as AutoscalerSettings

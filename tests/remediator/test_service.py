@@ -44,7 +44,7 @@ async def start_service(make_settings, nats_settings):
 
     async def _start(**changes) -> _Service:
         app = create_app(make_settings(nats=nats_settings, **changes))
-        runtime: ServiceRuntime = app.context.get("runtime")
+        runtime: ServiceRuntime = app.runtime
         spans = InMemorySpanExporter()
         runtime.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
         task = asyncio.create_task(app.run())

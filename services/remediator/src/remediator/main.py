@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastStream:
-    """The remediator as a FastStream app; `app.context.get("runtime")` is its ServiceRuntime."""
+    """The remediator as a FastStream app; `app.runtime` is its ServiceRuntime."""
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     engine = create_engine(settings.store.url)
@@ -53,7 +53,6 @@ def create_app(settings: Settings | None = None) -> FastStream:
     runtime.on_startup(_check)
     app = runtime.app()
     app.after_shutdown(engine.dispose)
-    app.context.set_global("runtime", runtime)
     return app
 
 
