@@ -35,12 +35,16 @@ from gpumedic_events import (
     ActionRequested,
     CapacityEvaluated,
     ClusterChecked,
+    ContainerExited,
     Event,
+    GpuLost,
+    GpuXidReported,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
     MessageRejected,
     NodeSampled,
+    ProcessOomKilled,
     ServiceHeartbeat,
     SpansExported,
 )
@@ -81,6 +85,10 @@ _CONSUMING_SERVICES = tuple(s for s in SERVICES if s in CONSUMERS)
 
 PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     NodeSampled: ("node-sampler",),
+    GpuXidReported: ("node-sampler",),
+    GpuLost: ("node-sampler",),
+    ProcessOomKilled: ("node-sampler",),
+    ContainerExited: ("node-sampler",),
     IncidentOpened: ("zombie-detector",),
     IncidentResolved: ("zombie-detector",),
     IncidentEscalated: ("zombie-detector",),

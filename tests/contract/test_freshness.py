@@ -108,11 +108,11 @@ def test_generation_adds_a_baseline_for_a_new_event(tmp_path: Path) -> None:
 
 def test_an_event_gone_from_the_catalogue_is_breaking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _generate(tmp_path)
-    ghost = out / "baseline" / "v1" / "GpuLost.json"
+    ghost = out / "baseline" / "v1" / "GpuSetOnFire.json"
     ghost.write_text((out / "schemas" / "IncidentOpened.json").read_text())
 
     assert proto.main(["--check", "--out", str(out)]) == 1
-    assert "GpuLost: event removed from the catalogue" in capsys.readouterr().err
+    assert "GpuSetOnFire: event removed from the catalogue" in capsys.readouterr().err
     assert proto.main(["--out", str(out)]) == 1
     assert ghost.exists(), "the baseline of a removed event stays, so the check keeps naming it"
 

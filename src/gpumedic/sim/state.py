@@ -9,6 +9,7 @@ loop, hence the lock.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import threading
 import time
@@ -59,6 +60,15 @@ class SimGpu:
     """Fell off the bus: every NVML query about it raises NVMLError_GpuIsLost."""
     failing: dict[str, type[Exception]] = field(default_factory=dict)
     """NVML function name -> the NVMLError subclass that call raises (one broken query)."""
+    temperature_c: int = 34
+    power_limit_w: float = 700.0
+    idle_power_w: float = 72.0
+    ecc_uncorrected: int = 0
+    ecc_corrected: int = 0
+    remapped_rows_pending: bool = False
+    remapped_rows_failed: bool = False
+    compute_mode: int = 0
+    """NVML_COMPUTEMODE_DEFAULT."""
 
 
 @dataclass
@@ -73,6 +83,11 @@ class SimProcess:
     producing: bool
     """Computing and writing output; False for a hung job or a leftover process."""
     ignores_term: bool = False
+    user: str = "ml"
+    container_id: str = ""
+    """The container it runs in; empty for a process on the host."""
+    devices: tuple[str, ...] = ()
+    """/dev/nvidia* files it holds open; a compute process holds its GPU's too."""
     alive: bool = True
     started_at: float = field(default_factory=time.monotonic)
     stopped_producing_at: float | None = None
@@ -83,6 +98,12 @@ class SimProcess:
         return " ".join(self.argv)
 
     @property
+    def cgroup(self) -> str:
+        if self.container_id:
+            return f"/system.slice/docker-{self.container_id}.scope"
+        return "/user.slice/user-1000.slice/session-1.scope"
+
+    @property
     def comm(self) -> str:
         # the kernel keeps the first 15 bytes of the executable's name (TASK_COMM_LEN)
         return os.path.basename(self.argv[0])[:15] if self.argv else "?"
@@ -90,6 +111,20 @@ class SimProcess:
     def output_bytes(self, now: float) -> int:
         end = self.stopped_producing_at if self.stopped_producing_at is not None else now
         return int(max(0.0, end - self.started_at) * OUTPUT_BYTES_PER_S)
+
+
+@dataclass
+class SimContainer:
+    """A container as the node's Docker engine knows it."""
+
+    id: str
+    name: str
+    image: str = "registry.example/selfplay:2026.11"
+    running: bool = True
+    exit_code: int | None = None
+    oom_killed: bool = False
+    finished_at: datetime | None = None
+    logs: list[str] = field(default_factory=list)
 
 
 class NodeState:
@@ -116,6 +151,14 @@ class NodeState:
         self.ssh_commands: list[str] = []
         self.ssh_stalls: dict[str, float] = {}
         """Command word -> seconds its SSH command hangs before it runs (a node whose SSH hangs)."""
+        self.containers: dict[str, SimContainer] = {}
+        self.container_listeners: list[Callable[[str, SimContainer], None]] = []
+        """Called with ("start" | "die" | "destroy", container) as the engine would report it."""
+        self.xid_queue: queue.Queue[tuple[int, int]] = queue.Queue()
+        """(gpu index, xid) pending for the NVML event set; filled by faults, drained by NVML."""
+        self.kernel_log: list[str] = []
+        """Kernel log records in /dev/kmsg format ("prio,seq,usec,-;message"), oldest first."""
+        self.kernel_listeners: list[Callable[[str], None]] = []
 
     # --- what the node looks like -------------------------------------------------------
 

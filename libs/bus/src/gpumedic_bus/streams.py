@@ -20,12 +20,16 @@ from gpumedic_events import (
     ActionRequested,
     CapacityEvaluated,
     ClusterChecked,
+    ContainerExited,
     Event,
+    GpuLost,
+    GpuXidReported,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
     MessageRejected,
     NodeSampled,
+    ProcessOomKilled,
     ServiceHeartbeat,
     SpansExported,
 )
@@ -74,6 +78,15 @@ SAMPLES = Stream(
     duplicate_window_s=5,  # samples need no de-duplication; 0 would mean the server's 2 minutes
     description="Node samples: many, disposable, minutes of retention.",
 )
+NODE_EVENTS = Stream(
+    name="GPUMEDIC_NODE_EVENTS",
+    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited),
+    storage=StorageType.FILE,
+    max_age_s=30 * _DAY,
+    max_bytes=512 * 1024 * 1024,
+    duplicate_window_s=10 * _MINUTE,
+    description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit); durable.",
+)
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",
     events=(IncidentOpened, IncidentResolved, IncidentEscalated),
@@ -120,7 +133,7 @@ TELEMETRY = Stream(
     description="Finished spans for the embedded trace store.",
 )
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY)
+STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY)
 
 DETECTOR_STATE = KeyValueConfig(
     bucket="GPUMEDIC_DETECTOR_STATE",

@@ -18,13 +18,28 @@ from gpumedic_events.base import (
     SubjectToken,
 )
 from gpumedic_events.deadletter import MessageRejected
+from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
 from gpumedic_events.incident import IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved
-from gpumedic_events.node import GpuProcess, GpuSample, JobsObservation, NodeSampled
+from gpumedic_events.node import (
+    ComputeMode,
+    DeviceHolder,
+    DiskUsage,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    JobsObservation,
+    NodeSampled,
+    ProcessIdentity,
+)
 from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
     NodeSampled,
+    GpuXidReported,
+    GpuLost,
+    ProcessOomKilled,
+    ContainerExited,
     IncidentOpened,
     IncidentResolved,
     IncidentEscalated,
@@ -47,10 +62,17 @@ __all__ = [
     "ActionRequested",
     "CapacityEvaluated",
     "ClusterChecked",
+    "ComputeMode",
+    "ContainerExited",
+    "DeviceHolder",
+    "DiskUsage",
     "Event",
     "EventDecodeError",
+    "GpuLost",
     "GpuProcess",
     "GpuSample",
+    "GpuXidReported",
+    "HostSample",
     "IncidentEscalated",
     "IncidentKind",
     "IncidentOpened",
@@ -60,6 +82,8 @@ __all__ = [
     "MessageRejected",
     "NodeId",
     "NodeSampled",
+    "ProcessIdentity",
+    "ProcessOomKilled",
     "ProcessTarget",
     "ServiceHeartbeat",
     "SpanRecord",

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, NodeId
 
-_EXAMPLE_PROCESS = {"pid": 41230, "start_ticks": 8812345, "command": "python train.py --epochs 90", "used_memory_mib": 20480}
+_EXAMPLE_PROCESS = {
+    "pid": 41230,
+    "start_ticks": 8812345,
+    "command": "python train.py --epochs 90",
+    "user": "ml",
+    "started_at": "2026-11-22T08:02:11Z",
+    "age_s": 7969.0,
+    "cgroup": "/system.slice/docker-3f9c2a7d4b1e8f6a0c5d2e9b7a4f1c8d3e6b9a2f5c8e1d4a7b0c3f6e9d2a5b8c.scope",
+    "container_id": "3f9c2a7d4b1e8f6a0c5d2e9b7a4f1c8d3e6b9a2f5c8e1d4a7b0c3f6e9d2a5b8c",
+    "container_exists": True,
+    "used_memory_mib": 20480,
+}
 
 
-class GpuProcess(BaseModel):
-    """A process with a compute context on a GPU."""
+class ProcessIdentity(BaseModel):
+    """Who a process on the node is: enough to find it, judge it and kill exactly it."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", json_schema_extra={"examples": [_EXAMPLE_PROCESS]})
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     pid: int = Field(ge=1, le=4_194_304, description="Process id on the node.")
     start_ticks: int | None = Field(
@@ -24,7 +36,44 @@ class GpuProcess(BaseModel):
         "identifies the process, so a recycled pid is never mistaken for it.",
     )
     command: str = Field(default="", max_length=4096, description="Command line, arguments joined by spaces.")
+    user: str = Field(default="", max_length=64, description="Owner: the user name, or the numeric uid if unnamed.")
+    started_at: AwareDatetime | None = Field(default=None, description="When the process started (UTC).")
+    age_s: float | None = Field(default=None, ge=0, description="Seconds since it started, at sample time.")
+    cgroup: str = Field(default="", max_length=512, description="Its cgroup path (/proc/PID/cgroup).")
+    container_id: str = Field(
+        default="", max_length=128, description="Id of the container whose cgroup it runs in; empty if none."
+    )
+    container_exists: bool | None = Field(
+        default=None,
+        description="Whether the container engine still knows that container; None if not in a "
+        "container or no engine could be asked. False is a leftover from a container that is gone.",
+    )
+
+
+class GpuProcess(ProcessIdentity):
+    """A process with a compute context on a GPU."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE_PROCESS]})
+
     used_memory_mib: int | None = Field(default=None, ge=0, description="GPU memory this process holds, MiB.")
+
+
+class DeviceHolder(ProcessIdentity):
+    """A process holding a /dev/nvidia* file open without a compute context: `nvidia-smi` does not
+    list it, yet it can keep the next job from getting the device."""
+
+    devices: tuple[str, ...] = Field(
+        default=(), max_length=80, description="The /dev/nvidia* files it holds open, e.g. /dev/nvidia0."
+    )
+
+
+class ComputeMode(StrEnum):
+    """NVML compute mode: who may create a context on the GPU."""
+
+    DEFAULT = "default"
+    EXCLUSIVE_THREAD = "exclusive_thread"
+    PROHIBITED = "prohibited"
+    EXCLUSIVE_PROCESS = "exclusive_process"
 
 
 class GpuSample(BaseModel):
@@ -42,6 +91,26 @@ class GpuSample(BaseModel):
     memory_used_mib: int | None = Field(default=None, ge=0, description="Device memory in use, MiB.")
     memory_total_mib: int | None = Field(default=None, ge=0, description="Device memory in all, MiB.")
     processes: tuple[GpuProcess, ...] = Field(default=(), max_length=256, description="Compute processes.")
+    temperature_c: int | None = Field(default=None, ge=-50, le=200, description="Core temperature, Celsius.")
+    power_w: float | None = Field(default=None, ge=0, description="Power draw, watts.")
+    power_limit_w: float | None = Field(default=None, ge=0, description="Enforced power limit, watts.")
+    ecc_uncorrected_volatile: int | None = Field(
+        default=None, ge=0, description="Uncorrected ECC errors since the driver loaded; None if ECC is off or unsupported."
+    )
+    ecc_corrected_volatile: int | None = Field(
+        default=None, ge=0, description="Corrected ECC errors since the driver loaded."
+    )
+    retired_pages_pending: bool | None = Field(
+        default=None, description="Pages wait to be retired at the next reset (pre-Ampere); None if unsupported."
+    )
+    remapped_rows_pending: bool | None = Field(
+        default=None, description="Row remaps wait for the next reset (Ampere and later); None if unsupported."
+    )
+    remapped_rows_failed: bool | None = Field(
+        default=None, description="A row remap failed: the GPU needs service."
+    )
+    compute_mode: ComputeMode | None = Field(default=None, description="NVML compute mode.")
+    lost: bool = Field(default=False, description="NVML says the GPU fell off the bus (GPU is lost).")
 
 
 class JobsObservation(BaseModel):
@@ -53,6 +122,34 @@ class JobsObservation(BaseModel):
     output_growing: bool | None = Field(
         default=None, description="Whether watched outputs grew since the last sample; None if none are watched."
     )
+
+
+class DiskUsage(BaseModel):
+    """One configured path's file system."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    path: str = Field(max_length=256, description="The configured path, e.g. /var/lib/docker.")
+    total_bytes: int = Field(ge=0, description="Size of its file system.")
+    used_bytes: int = Field(ge=0, description="Bytes in use.")
+    available_bytes: int = Field(ge=0, description="Bytes an unprivileged writer can still use.")
+    used_pct: float = Field(ge=0, le=100, description="Share in use as `df` shows it: used / (used + available).")
+
+
+class HostSample(BaseModel):
+    """The host around the GPUs: memory, swap, load and the disks the jobs write to."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    memory_total_mib: int | None = Field(default=None, ge=0, description="MemTotal, MiB.")
+    memory_available_mib: int | None = Field(default=None, ge=0, description="MemAvailable, MiB.")
+    swap_total_mib: int | None = Field(default=None, ge=0, description="SwapTotal, MiB.")
+    swap_used_mib: int | None = Field(default=None, ge=0, description="SwapTotal - SwapFree, MiB.")
+    load_1m: float | None = Field(default=None, ge=0, description="Load average over 1 minute.")
+    load_5m: float | None = Field(default=None, ge=0, description="Load average over 5 minutes.")
+    load_15m: float | None = Field(default=None, ge=0, description="Load average over 15 minutes.")
+    cpus: int | None = Field(default=None, ge=1, description="Online CPUs, to read the load against.")
+    disks: tuple[DiskUsage, ...] = Field(default=(), max_length=32, description="Usage of each configured path.")
 
 
 class NodeSampled(Event):
@@ -80,8 +177,51 @@ class NodeSampled(Event):
                             "memory_used_mib": 20512,
                             "memory_total_mib": 81559,
                             "processes": [_EXAMPLE_PROCESS],
+                            "temperature_c": 41,
+                            "power_w": 71.5,
+                            "power_limit_w": 700.0,
+                            "ecc_uncorrected_volatile": 0,
+                            "ecc_corrected_volatile": 0,
+                            "retired_pages_pending": None,
+                            "remapped_rows_pending": False,
+                            "remapped_rows_failed": False,
+                            "compute_mode": "default",
+                            "lost": False,
                         }
                     ],
+                    "device_holders": [
+                        {
+                            "pid": 39877,
+                            "start_ticks": 8790012,
+                            "command": "python -m selfplay.worker --gpu 0 --resume",
+                            "user": "ml",
+                            "started_at": "2026-11-22T07:58:30Z",
+                            "age_s": 8190.0,
+                            "cgroup": "/system.slice/docker-9a1b.scope",
+                            "container_id": "9a1b",
+                            "container_exists": False,
+                            "devices": ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"],
+                        }
+                    ],
+                    "host": {
+                        "memory_total_mib": 2063672,
+                        "memory_available_mib": 1802331,
+                        "swap_total_mib": 0,
+                        "swap_used_mib": 0,
+                        "load_1m": 12.4,
+                        "load_5m": 11.9,
+                        "load_15m": 11.7,
+                        "cpus": 224,
+                        "disks": [
+                            {
+                                "path": "/var/lib/docker",
+                                "total_bytes": 3840755982336,
+                                "used_bytes": 1920377991168,
+                                "available_bytes": 1920377991168,
+                                "used_pct": 50.0,
+                            }
+                        ],
+                    },
                     "jobs": {"running": 1, "output_growing": False},
                     "errors": [],
                 }
@@ -92,6 +232,13 @@ class NodeSampled(Event):
     node_id: NodeId
     interval_s: float = Field(gt=0, le=3600, description="The sampling interval the sampler runs at, seconds.")
     gpus: tuple[GpuSample, ...] = Field(default=(), max_length=64, description="Every GPU of the node.")
+    device_holders: tuple[DeviceHolder, ...] = Field(
+        default=(),
+        max_length=256,
+        description="Processes holding /dev/nvidia* open without a compute context on any GPU, as of the "
+        "last scan of /proc (which runs less often than sampling; see the sampler's holder_scan_interval_s).",
+    )
+    host: HostSample = Field(default_factory=HostSample, description="Memory, swap, load and disks.")
     jobs: JobsObservation = Field(default_factory=JobsObservation, description="Job probe results.")
     errors: tuple[str, ...] = Field(
         default=(),

@@ -47,6 +47,18 @@ class RawGpu:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     processes: tuple[RawProcess, ...] | None = None
+    temperature_c: int | None = None
+    power_mw: int | None = None
+    power_limit_mw: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    compute_mode: int | None = None
+    """NVML_COMPUTEMODE_*: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process."""
+    lost: bool = False
+    """A call about this GPU raised NVMLError_GpuIsLost."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,66 @@ class NvmlReading:
 
     gpus: tuple[RawGpu, ...] = ()
     errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class XidReading:
+    """One XID error from the NVML event set."""
+
+    xid: int
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class RawDisk:
+    """statvfs of one configured path, in bytes."""
+
+    path: str
+    total_bytes: int
+    used_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """/proc/meminfo, /proc/loadavg, CPU count and the configured disks; None where unread."""
+
+    memory_total_kib: int | None = None
+    memory_available_kib: int | None = None
+    swap_total_kib: int | None = None
+    swap_free_kib: int | None = None
+    load: tuple[float, float, float] | None = None
+    cpus: int | None = None
+    disks: tuple[RawDisk, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OomKillReading:
+    """One OOM kill as the kernel logged it."""
+
+    pid: int
+    process_name: str = ""
+    uid: int | None = None
+    constraint: str = ""
+    cgroup: str = ""
+    container_id: str = ""
+    anon_rss_kib: int | None = None
+    kernel_lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerExitReading:
+    """One container exit as the engine reported it."""
+
+    container_id: str
+    exit_code: int
+    name: str = ""
+    image: str = ""
+    oom_killed: bool | None = None
+    finished_at: datetime | None = None
+    last_log_lines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

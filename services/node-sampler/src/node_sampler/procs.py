@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +25,13 @@ class ProcessInfo:
     pid: int
     start_ticks: int | None
     command: str
+    user: str = ""
+    """User name, or the numeric uid when it has no name; empty if unread."""
+    cgroup: str = ""
+    container_id: str = ""
+    """From the cgroup path (docker, containerd, cri-o, podman); empty if not in a container."""
+    started_at: datetime | None = None
+    """Boot time + start ticks / CLK_TCK, in UTC."""
 
 
 class ProcessTable(Protocol):
@@ -35,6 +43,10 @@ class ProcessTable(Protocol):
 
     def pids(self, errors: list[str] | None = None) -> list[int]:
         """Every pid the table can see right now."""
+        ...
+
+    def device_holders(self, errors: list[str] | None = None) -> dict[int, tuple[str, ...]]:
+        """pid -> the /dev/nvidia* files it holds open, for every process holding any."""
         ...
 
 
