@@ -6,14 +6,20 @@ the sampler's view and the shell's view of a process are the same by constructio
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
+
 from node_sampler.procs import ProcessInfo
 
-from gpumedic.sim.state import NodeState, SimProcess
+from gpumedic.sim.state import CLK_TCK, NodeState, SimProcess
 
 
 class SimProcessTable:
     def __init__(self, node: NodeState) -> None:
         self._node = node
+        # the node's boot as a wall-clock time, fixed once (as /proc/stat's btime is): start
+        # times are then boot + start_ticks / CLK_TCK, the same arithmetic as on a real node
+        self.boot_time = datetime.now(UTC) - timedelta(seconds=time.monotonic() - node._boot)
 
     def describe(self, pid: int, errors: list[str] | None = None) -> ProcessInfo | None:
         p = self._node.process(pid)
@@ -21,10 +27,21 @@ class SimProcessTable:
             if errors is not None:
                 errors.append(f"pid {pid}: not in /proc (exited, or another pid namespace)")
             return None
-        return ProcessInfo(pid=p.pid, start_ticks=p.start_ticks, command=p.command)
+        return ProcessInfo(
+            pid=p.pid,
+            start_ticks=p.start_ticks,
+            command=p.command,
+            user=p.user,
+            cgroup=p.cgroup,
+            container_id=p.container_id,
+            started_at=self.boot_time + timedelta(seconds=p.start_ticks / CLK_TCK),
+        )
 
     def pids(self, errors: list[str] | None = None) -> list[int]:
         return sorted(p.pid for p in self._node.live_processes())
+
+    def device_holders(self, errors: list[str] | None = None) -> dict[int, tuple[str, ...]]:
+        return {p.pid: tuple(sorted(p.devices)) for p in self._node.live_processes() if p.devices}
 
 
 def stat_line(p: SimProcess) -> str:

@@ -1,16 +1,22 @@
-"""The process table: who a pid is (start time and command line), read from /proc.
+"""The process table: who a pid is (start time, command line, user, container), read from /proc.
 
 The start time (/proc/PID/stat field 22) is what makes a pid an identity: the remediator
 refuses to kill a pid whose start time no longer matches the sample, so a recycled pid is
 never hit. Readers here never raise: a process may vanish between NVML listing it and /proc
 being read, and that must cost one note in the sample, not the sample.
+
+`device_holders` finds every process holding a /dev/nvidia* file open, including those NVML does
+not list (a leftover process that only holds /dev/nvidiactl still blocks a GPU reset). It scans
+every process's open files, so it is written for nodes with hundreds of processes.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -79,17 +85,109 @@ def parse_cmdline(raw: bytes) -> str:
     return " ".join(a.decode("utf-8", errors="replace") for a in args)
 
 
-class ProcFsTable:
-    """The real process table under a proc root (`/proc`, or a copy of it in tests)."""
+def parse_uid(status: str) -> int | None:
+    """The real uid from /proc/PID/status ("Uid:\t<real>\t<effective>\t<saved>\t<fs>"), or None."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line[4:].split()
+            if fields and fields[0].isdigit():
+                return int(fields[0])
+            return None
+    return None
 
-    def __init__(self, root: Path | str = "/proc") -> None:
+
+def parse_cgroup(text: str) -> str:
+    """The process's cgroup path from /proc/PID/cgroup ("hierarchy:controllers:path" lines).
+
+    The cgroup v2 line ("0::path") when there is one, else the v1 memory controller's line,
+    else the first line. On a hybrid host whose v2 line is just "/" while the memory controller
+    places the process deeper (the container runtime only manages v1), the memory line wins:
+    it is the one naming the container. "" if the text holds no such line.
+    """
+    unified = memory = first = None
+    for line in text.splitlines():
+        hierarchy, sep1, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not (sep1 and sep2) or not path:
+            continue
+        if first is None:
+            first = path
+        if hierarchy == "0" and controllers == "":
+            unified = path
+        elif memory is None and "memory" in controllers.split(","):
+            memory = path
+    if unified is not None and not (unified == "/" and memory not in (None, "/")):
+        return unified
+    if memory is not None:
+        return memory
+    return first or ""
+
+
+_CONTAINER_PATTERNS = (
+    # systemd cgroup driver: docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope,
+    # libpod-<id>.scope (their "-conmon-" siblings are the runtime's monitor, not the container)
+    re.compile(r"(?:^|/)(?:docker|cri-containerd|crio|libpod)-([0-9a-f]{12,64})\.scope(?=/|$)"),
+    # cgroupfs driver: /docker/<id>, /kubepods/<qos>/pod<uid>/<id>, /libpod_parent/libpod-<id>
+    re.compile(r"(?:^|/)(?:libpod-)?([0-9a-f]{64})(?=/|$)"),
+)
+
+
+def container_id_from_cgroup(path: str) -> str:
+    """The container id in a cgroup path (docker, containerd/Kubernetes, cri-o, podman), or "".
+
+    The innermost match wins, so a container nested in another (systemd or docker inside a
+    container) is named by its own id.
+    """
+    best_at, best = -1, ""
+    for pattern in _CONTAINER_PATTERNS:
+        for m in pattern.finditer(path):
+            if m.start(1) > best_at:
+                best_at, best = m.start(1), m.group(1)
+    return best
+
+
+def parse_btime(stat: str) -> int | None:
+    """Boot time (seconds since the epoch) from /proc/stat's "btime" line, or None."""
+    for line in stat.splitlines():
+        if line.startswith("btime "):
+            value = line[6:].strip()
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def is_nvidia_device(target: str) -> bool:
+    """Whether an fd's link target is one of the NVIDIA driver's device files."""
+    if not target.startswith("/dev/nvidia"):
+        return False
+    rest = target[11:]
+    return rest.isdigit() or rest in _NVIDIA_NAMES or (rest.startswith("-caps/") and len(rest) > 6)
+
+
+_NVIDIA_NAMES = frozenset({"ctl", "-uvm", "-uvm-tools", "-modeset"})
+
+
+class ProcFsTable:
+    """The real process table under a proc root (`/proc`, or a copy of it in tests).
+
+    `boot_time` (seconds since the epoch) and `clk_tck` default to /proc/stat's btime (read
+    once, on first use) and sysconf(SC_CLK_TCK).
+    """
+
+    def __init__(
+        self, root: Path | str = "/proc", *, boot_time: float | None = None, clk_tck: int | None = None
+    ) -> None:
         self.root = Path(root)
+        self._root = str(root).rstrip("/") or "/"
+        self._boot_time = boot_time
+        self._boot_time_read = boot_time is not None
+        self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
+        self._users: dict[int, str] = {}
 
     def describe(self, pid: int, errors: list[str] | None = None) -> ProcessInfo | None:
-        base = self.root / str(pid)
+        base = f"{self._root}/{pid}"
         try:
-            stat = (base / "stat").read_bytes().decode("utf-8", errors="replace")
-            cmdline = (base / "cmdline").read_bytes()
+            stat = _read(f"{base}/stat").decode("utf-8", errors="replace")
+            cmdline = _read(f"{base}/cmdline")
         except FileNotFoundError:
             _note(errors, f"pid {pid}: not in {self.root} (exited, or another pid namespace)")
             return None
@@ -100,15 +198,126 @@ class ProcFsTable:
         start_ticks = parse_start_ticks(stat)
         if start_ticks is None:
             _note(errors, f"pid {pid}: malformed stat line")
-        return ProcessInfo(pid=pid, start_ticks=start_ticks, command=parse_cmdline(cmdline))
+        user = ""
+        status = self._read_more(pid, base, "status", errors)
+        if status is not None:
+            uid = parse_uid(status)
+            if uid is None:
+                _note(errors, f"pid {pid}: malformed status (no Uid line)")
+            else:
+                user = self._user(uid)
+        cgroup = ""
+        text = self._read_more(pid, base, "cgroup", errors)
+        if text is not None:
+            cgroup = parse_cgroup(text)
+            if not cgroup:
+                _note(errors, f"pid {pid}: malformed cgroup file")
+        return ProcessInfo(
+            pid=pid,
+            start_ticks=start_ticks,
+            command=parse_cmdline(cmdline),
+            user=user,
+            cgroup=cgroup,
+            container_id=container_id_from_cgroup(cgroup),
+            started_at=self._started_at(start_ticks, errors),
+        )
 
     def pids(self, errors: list[str] | None = None) -> list[int]:
         try:
-            names = os.listdir(self.root)
+            names = os.listdir(self._root)
         except OSError as exc:
             _note(errors, f"{self.root}: unreadable ({type(exc).__name__})")
             return []
         return sorted(int(n) for n in names if n.isdigit())
+
+    def device_holders(self, errors: list[str] | None = None) -> dict[int, tuple[str, ...]]:
+        root = self._root
+        try:
+            names = os.listdir(root)
+        except OSError as exc:
+            _note(errors, f"{self.root}: unreadable ({type(exc).__name__})")
+            return {}
+        holders: dict[int, tuple[str, ...]] = {}
+        unreadable = 0
+        # one open of the fd directory, then readlink relative to it: no path walk per fd
+        open_, close, listdir, readlink, is_device = os.open, os.close, os.listdir, os.readlink, is_nvidia_device
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                dir_fd = open_(f"{root}/{name}/fd", flags)
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # exited since the listing
+            except OSError:
+                unreadable += 1
+                continue
+            held: set[str] | None = None
+            try:
+                for fd in listdir(dir_fd):
+                    try:
+                        target = readlink(fd, dir_fd=dir_fd)
+                    except (FileNotFoundError, ProcessLookupError):
+                        continue  # closed, or the process exited, since the listing
+                    except OSError:
+                        # the directory lists but its links are not ours to read (ptrace access)
+                        unreadable += 1
+                        break
+                    if target.startswith("/dev/nvidia") and is_device(target):
+                        if held is None:
+                            held = set()
+                        held.add(target)
+            except OSError:
+                continue  # the process exited while its directory was being listed
+            finally:
+                close(dir_fd)
+            if held:
+                holders[int(name)] = tuple(sorted(held))
+        if unreadable:
+            whose = "process's" if unreadable == 1 else "processes'"
+            _note(errors, f"{unreadable} {whose} open files unreadable: run as root to see every /dev/nvidia* holder")
+        return holders
+
+    def _read_more(self, pid: int, base: str, name: str, errors: list[str] | None) -> str | None:
+        """A further file of a process already read once: gone now means it exited meanwhile."""
+        try:
+            return _read(f"{base}/{name}").decode("utf-8", errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            _note(errors, f"pid {pid}: exited while being read ({name} gone)")
+        except OSError as exc:
+            _note(errors, f"pid {pid}: {name} unreadable ({type(exc).__name__})")
+        return None
+
+    def _user(self, uid: int) -> str:
+        name = self._users.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            self._users[uid] = name
+        return name
+
+    def _started_at(self, start_ticks: int | None, errors: list[str] | None) -> datetime | None:
+        if start_ticks is None:
+            return None
+        if not self._boot_time_read:
+            self._boot_time_read = True
+            try:
+                self._boot_time = parse_btime(_read(f"{self._root}/stat").decode("ascii", errors="replace"))
+            except OSError as exc:
+                _note(errors, f"{self.root}/stat: unreadable ({type(exc).__name__}): start times left out")
+            else:
+                if self._boot_time is None:
+                    _note(errors, f"{self.root}/stat: no btime line: start times left out")
+        if self._boot_time is None:
+            return None
+        return datetime.fromtimestamp(self._boot_time + start_ticks / self._clk_tck, UTC)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
 
 
 def _note(errors: list[str] | None, text: str) -> None:

@@ -1,0 +1,72 @@
+"""The simulated node's host beside its GPUs: memory, swap, load, CPUs and disks.
+
+It stands where /proc/meminfo, /proc/loadavg and statvfs stand for the node-sampler's
+`HostReader`, with the same `read()`. Plain attributes, so a scenario (or a test) sets what it
+needs; `fill_disk` is the one fault it scripts. Hundreds of these live in one process: a read
+is a few attribute lookups.
+"""
+
+from __future__ import annotations
+
+from node_sampler.logic import HostReading, RawDisk
+
+GIB_KIB = 1024 * 1024
+"""KiB in a GiB."""
+TIB = 1024**4
+
+
+def _default_disks() -> dict[str, tuple[int, int]]:
+    """A GPU node's usual mounts: path -> (total bytes, used bytes)."""
+    return {
+        "/": (960 * 1024**3, 212 * 1024**3),
+        "/var/lib/docker": (3 * TIB + TIB // 2, 1 * TIB + 300 * 1024**3),
+        "/data": (28 * TIB, 11 * TIB),
+    }
+
+
+class SimHost:
+    """`SimHost()`: a big 8-GPU node (2 TiB RAM, 224 CPUs, /, /var/lib/docker and /data)."""
+
+    def __init__(
+        self,
+        *,
+        memory_total_kib: int = 2048 * GIB_KIB,
+        memory_available_kib: int = 1536 * GIB_KIB,
+        swap_total_kib: int = 0,
+        swap_free_kib: int = 0,
+        load: tuple[float, float, float] = (38.4, 36.9, 35.2),
+        cpus: int = 224,
+        disks: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
+        self.memory_total_kib = memory_total_kib
+        self.memory_available_kib = memory_available_kib
+        self.swap_total_kib = swap_total_kib
+        self.swap_free_kib = swap_free_kib
+        self.load = load
+        self.cpus = cpus
+        self.disks: dict[str, tuple[int, int]] = _default_disks() if disks is None else dict(disks)
+        """Mount path -> (total bytes, used bytes)."""
+
+    def read(self) -> HostReading:
+        """What `HostReader.read()` would return on such a node now."""
+        return HostReading(
+            memory_total_kib=self.memory_total_kib,
+            memory_available_kib=self.memory_available_kib,
+            swap_total_kib=self.swap_total_kib,
+            swap_free_kib=self.swap_free_kib,
+            load=self.load,
+            cpus=self.cpus,
+            disks=tuple(
+                RawDisk(path=path, total_bytes=total, used_bytes=used, available_bytes=max(0, total - used))
+                for path, (total, used) in self.disks.items()
+            ),
+        )
+
+    def fill_disk(self, path: str, pct: float = 100.0) -> None:
+        """The file system at `path` is `pct` % full from now on."""
+        if path not in self.disks:
+            raise ValueError(f"no disk at {path}: the node has {', '.join(self.disks)}")
+        if not 0.0 <= pct <= 100.0:
+            raise ValueError("pct is 0 to 100")
+        total, _ = self.disks[path]
+        self.disks[path] = (total, int(total * pct / 100.0))

@@ -1,0 +1,140 @@
+"""The host reader on a proc root written by the test, on the real /proc, and on real disks."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from node_sampler.host import HostReader, parse_loadavg, parse_meminfo
+from node_sampler.logic import RawDisk
+
+MEMINFO = """\
+MemTotal:       2113431552 kB
+MemFree:        101234567 kB
+MemAvailable:   1587654321 kB
+Buffers:          123456 kB
+Cached:         987654321 kB
+SwapCached:            0 kB
+SwapTotal:       8388604 kB
+SwapFree:        8000000 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+
+def proc_root(tmp_path: Path, meminfo: str = MEMINFO, loadavg: str = "12.50 10.25 8.00 3/2345 99999\n") -> Path:
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "meminfo").write_text(meminfo)
+    (root / "loadavg").write_text(loadavg)
+    return root
+
+
+def test_memory_swap_load_and_cpus(tmp_path):
+    reading = HostReader(proc_root(tmp_path)).read()
+
+    assert reading.memory_total_kib == 2_113_431_552
+    assert reading.memory_available_kib == 1_587_654_321
+    assert (reading.swap_total_kib, reading.swap_free_kib) == (8_388_604, 8_000_000)
+    assert reading.load == (12.5, 10.25, 8.0)
+    assert reading.cpus == os.cpu_count()
+    assert reading.disks == () and reading.errors == ()
+
+
+def test_a_malformed_meminfo_line_is_skipped_with_a_note(tmp_path):
+    text = MEMINFO.replace("SwapFree:        8000000 kB", "SwapFree:        lots kB") + "garbage line\n"
+    reading = HostReader(proc_root(tmp_path, meminfo=text)).read()
+
+    assert reading.memory_total_kib == 2_113_431_552 and reading.swap_total_kib == 8_388_604
+    assert reading.swap_free_kib is None
+    assert reading.errors == (
+        "meminfo: malformed line 'SwapFree:        lots kB' skipped",
+        "meminfo: malformed line 'garbage line' skipped",
+        "meminfo: no SwapFree",
+    )
+
+
+def test_an_old_kernel_without_memavailable(tmp_path):
+    text = "".join(line + "\n" for line in MEMINFO.splitlines() if not line.startswith("MemAvailable"))
+    reading = HostReader(proc_root(tmp_path, meminfo=text)).read()
+
+    assert reading.memory_available_kib is None and reading.memory_total_kib == 2_113_431_552
+    assert reading.errors == ("meminfo: no MemAvailable",)
+
+
+@pytest.mark.parametrize("loadavg", ["", "0.5 0.4\n", "a b c 1/2 3\n", "-1 0 0 1/2 3\n", "nan 1 1 1/2 3\n"])
+def test_a_malformed_loadavg_costs_the_load_only(tmp_path, loadavg):
+    reading = HostReader(proc_root(tmp_path, loadavg=loadavg)).read()
+
+    assert reading.load is None
+    assert reading.memory_total_kib == 2_113_431_552
+    assert len(reading.errors) == 1 and reading.errors[0].startswith("loadavg: malformed")
+
+
+def test_missing_proc_files_cost_their_fields(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    reading = HostReader(root, [str(tmp_path)]).read()
+
+    assert reading.memory_total_kib is None and reading.load is None
+    assert reading.errors == (
+        f"{root}/meminfo: unreadable (FileNotFoundError)",
+        f"{root}/loadavg: unreadable (FileNotFoundError)",
+    )
+    assert [d.path for d in reading.disks] == [str(tmp_path)]  # the disks are still read
+
+
+def test_disks_by_statvfs_arithmetic(tmp_path):
+    def statvfs(path: str):
+        # 4 KiB fragments; 5 % reserved for root: available < total - used
+        return SimpleNamespace(f_bsize=4096, f_frsize=4096, f_blocks=1000, f_bfree=300, f_bavail=250)
+
+    reading = HostReader(proc_root(tmp_path), ["/data"], statvfs=statvfs).read()
+
+    assert reading.disks == (RawDisk("/data", total_bytes=4_096_000, used_bytes=2_867_200, available_bytes=1_024_000),)
+
+
+def test_a_missing_disk_is_noted_and_the_others_still_read(tmp_path):
+    missing = tmp_path / "not-mounted"
+    reading = HostReader(proc_root(tmp_path), [str(missing), str(tmp_path)]).read()
+
+    st = os.statvfs(tmp_path)
+    assert len(reading.disks) == 1
+    disk = reading.disks[0]
+    assert disk.path == str(tmp_path)
+    assert disk.total_bytes == st.f_blocks * st.f_frsize
+    assert 0 < disk.used_bytes <= disk.total_bytes
+    assert 0 <= disk.available_bytes <= disk.total_bytes
+    assert reading.errors == (f"disk {missing}: FileNotFoundError (No such file or directory)",)
+
+
+def test_the_real_proc():
+    reading = HostReader("/proc", ["/"]).read()
+
+    assert reading.errors == ()
+    assert 0 < reading.memory_available_kib <= reading.memory_total_kib
+    assert 0 <= reading.swap_free_kib <= reading.swap_total_kib
+    assert all(v >= 0 for v in reading.load)
+    assert reading.disks[0].path == "/" and reading.disks[0].total_bytes > 0
+
+
+def test_a_read_is_cheap():
+    reader = HostReader("/proc", ["/"])
+    reader.read()
+    start = time.perf_counter()
+    for _ in range(200):
+        reader.read()
+    per_read = (time.perf_counter() - start) / 200
+    # it runs every second on every node; a millisecond would already be a lot
+    assert per_read < 0.005, f"{per_read * 1e6:.0f} µs per read"
+
+
+def test_parsers_alone():
+    errors: list[str] = []
+    assert parse_meminfo("MemTotal: 10 kB\nOther: 5 kB\n\n", errors) == {"MemTotal": 10}
+    assert errors == []
+    assert parse_loadavg("1.00 2.00 3.00 1/100 4242") == (1.0, 2.0, 3.0)
