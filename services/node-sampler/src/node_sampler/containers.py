@@ -1,0 +1,672 @@
+"""Container exits, from the node's Docker engine: its event stream over the engine's unix socket.
+
+`DockerWatcher.run()` follows `GET /events` (container events only). On `die` it asks the engine
+how the container ended (`GET /containers/{id}/json`) and for its last log lines, and hands a
+`ContainerExitReading` to `on_exit`; `create`/`start`/`destroy` keep a set of the node's
+containers, which `exists()` answers from (so the sampler can tell whether the container an OOM
+kill names is still there). A node without an engine is normal: that is logged once and the
+socket is checked again quietly, since an engine may start later.
+
+The engine is trusted no more than any other input: a line that is not JSON, an exit code that
+is not a number, log lines with control characters or invalid UTF-8, names too long for the
+event are each skipped or cleaned, and `run()` never raises except when cancelled.
+
+The HTTP/1.1 client is a few lines of asyncio streams rather than a dependency (the sampler
+installs on GPU nodes): one request per connection, `Content-Length`, chunked or read-to-close
+bodies, and a deadline on every request but the event stream itself, which may idle for hours.
+Paths are unversioned, which every engine serves as its own current API version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from node_sampler.logic import ContainerExitReading
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+MAX_LINE = 1024
+"""A log line is cut at this many characters (the event's LogLine limit)."""
+MAX_LOG_LINES = 50
+MAX_ID = 128
+MAX_NAME = 256
+MAX_IMAGE = 512
+"""ContainerExited's limits on last_log_lines, container_id, name and image."""
+
+MAX_JSON_BYTES = 32 * 1024 * 1024
+MAX_EVENT_BYTES = 1024 * 1024
+MAX_LOG_BYTES = 16 * 1024 * 1024
+"""More than this from `logs?tail=N` is not a tail; the rest is not read."""
+MAX_LINE_BYTES = 8 * MAX_LINE
+"""Bytes of one raw log line kept before cleaning; enough for MAX_LINE characters of UTF-8."""
+MAX_DIE_TASKS = 64
+"""Exits being looked up at once; beyond this an exit is reported from its event alone."""
+_SEEN_EVENTS = 512
+_PIECE = 64 * 1024
+
+_EVENT_ID = re.compile(r"[0-9a-f]{12,128}")
+_LOOKUP_ID = re.compile(r"[0-9a-f]{12,64}")
+_INT = re.compile(r"-?[0-9]{1,10}")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+_EVENTS_TARGET = "/events?filters=" + quote(json.dumps({"type": ["container"]}, separators=(",", ":")), safe="")
+
+
+class DockerError(Exception):
+    """The engine's answer could not be used; the message says why."""
+
+
+class DockerWatcher:
+    """Follows the Docker engine at `socket_path`; see the module docstring.
+
+    `on_exit` is called on the event loop with each container exit (None: only track which
+    containers exist). `log_lines` (at most 50) is how many last log lines an exit carries.
+    `refresh_s`: how often the container list is reloaded besides following events;
+    `retry_s`: how often a missing engine is looked for, and the longest reconnect back-off;
+    `backoff_s`: the first reconnect delay after a stream broke; `timeout_s`: per request.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str] = DEFAULT_SOCKET,
+        on_exit: Callable[[ContainerExitReading], None] | None = None,
+        *,
+        log_lines: int = 20,
+        refresh_s: float = 30.0,
+        retry_s: float = 30.0,
+        backoff_s: float = 0.5,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.socket_path = os.fspath(socket_path)
+        self.on_exit = on_exit
+        self.log_lines = max(0, min(int(log_lines), MAX_LOG_LINES))
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self.backoff_s = min(backoff_s, retry_s)
+        self.timeout_s = timeout_s
+        self._known: set[str] | None = None
+        self._pending: list[tuple[str, str]] | None = None
+        """Container adds/removes seen while the list reloads, replayed onto the new list."""
+        self._oom: dict[str, None] = {}
+        """Containers with an `oom` event and no `die` yet (oldest first, bounded)."""
+        self._seen: dict[tuple[str, str, int], None] = {}
+        """Recent events, to drop the ones replayed by `since` after a reconnect."""
+        self._last_nano: int | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._up = False
+        """The current connection got as far as a container list."""
+        self._ever_up = False
+        self._quiet = False
+        """An outage has been logged; the next line is the one saying the engine is back."""
+
+    # --- what the sampler asks --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Following the engine's events right now, with a current container list."""
+        return self._known is not None
+
+    def exists(self, container_id: str) -> bool | None:
+        """Whether the engine has this container (full id, or a prefix of 12+ hex characters),
+        in any state; None while the engine is off or its list could not be read. An id that
+        is not 12 to 64 hex characters names no container: False."""
+        known = self._known
+        if known is None:
+            return None
+        cid = container_id.strip().lower()
+        if not _LOOKUP_ID.fullmatch(cid):
+            return False
+        if len(cid) == 64:
+            return cid in known
+        return any(k.startswith(cid) for k in known)
+
+    async def run(self) -> None:
+        """Follow the engine until cancelled; reconnects, and waits for a missing engine."""
+        loop = asyncio.get_running_loop()
+        delay = self.backoff_s
+        try:
+            while True:
+                self._up = False
+                started = loop.time()
+                try:
+                    await self._session()
+                    why = "event stream ended"
+                except Exception as exc:
+                    why = _describe(exc)
+                    if not self._up:
+                        self._off(exc)
+                self._known = None
+                self._pending = None
+                if self._up:
+                    self._quiet = True
+                    log.warning("container events: stream from %s broke (%s); reconnecting", self.socket_path, why)
+                    if loop.time() - started >= self.retry_s:
+                        delay = self.backoff_s
+                if self._ever_up:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.retry_s)
+                else:
+                    await asyncio.sleep(self.retry_s)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    # --- one connection's life --------------------------------------------------------------
+
+    async def _session(self) -> None:
+        """Ping, open the event stream, load the list, follow events until the stream ends.
+        The stream is opened before the list is read, so nothing happens unseen in between."""
+        status, _headers, _body = await self._get("/_ping", max_bytes=1024)
+        if status != 200:
+            raise DockerError(f"/_ping: HTTP {status}")
+        target = _EVENTS_TARGET
+        if self._last_nano is not None:
+            # events since the last one seen, so a cut stream loses nothing the engine still holds
+            target += f"&since={self._last_nano // 10**9}.{self._last_nano % 10**9:09d}"
+        reader, writer = await self._connect()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._send(writer, target)
+                status, headers = await _read_head(reader)
+            if status != 200:
+                raise DockerError(f"/events: HTTP {status}")
+            async with asyncio.timeout(self.timeout_s):
+                known = await self._list()
+            self._known = known
+            self._up = True
+            if not self._ever_up or self._quiet:
+                log.info("container events on: Docker engine at %s", self.socket_path)
+            self._ever_up = True
+            self._quiet = False
+            refresher = asyncio.create_task(self._refresh_forever())
+            try:
+                await self._follow(reader, headers)
+            finally:
+                refresher.cancel()
+                await asyncio.wait([refresher])
+        finally:
+            await _close(writer)
+
+    def _off(self, exc: Exception) -> None:
+        if self._quiet:
+            log.debug("container events: Docker engine at %s still off (%s)", self.socket_path, _describe(exc))
+            return
+        self._quiet = True
+        if self._ever_up:
+            log.warning("container events off: Docker engine at %s does not answer (%s)", self.socket_path, _describe(exc))
+        elif isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+            log.info("container events off: no Docker engine at %s", self.socket_path)
+        elif isinstance(exc, PermissionError):
+            log.info("container events off: no permission to use the Docker engine at %s", self.socket_path)
+        else:
+            log.info("container events off: Docker engine at %s unusable (%s)", self.socket_path, _describe(exc))
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            self._pending = []
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    known = await self._list()
+            except Exception as exc:
+                log.debug("container events: list from %s unread (%s)", self.socket_path, _describe(exc))
+                self._known = None  # cannot tell until the next reload works
+                self._pending = None
+                continue
+            for action, cid in self._pending:
+                _apply(known, action, cid)
+            self._pending = None
+            self._known = known
+
+    async def _list(self) -> set[str]:
+        status, _headers, body = await self._get("/containers/json?all=1", max_bytes=MAX_JSON_BYTES)
+        if status != 200:
+            raise DockerError(f"container list: HTTP {status}")
+        document = _json(body)
+        if not isinstance(document, list):
+            raise DockerError("container list is not a JSON list")
+        ids = set()
+        for item in document:
+            cid = item.get("Id") if isinstance(item, dict) else None
+            if isinstance(cid, str) and _EVENT_ID.fullmatch(cid.lower()):
+                ids.add(cid.lower())
+        return ids
+
+    async def _follow(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+        """Handle each event line until the stream ends; one bad line is skipped."""
+        partial = bytearray()
+        skipping = False
+        async with contextlib.aclosing(_body(reader, headers)) as pieces:
+            async for piece in pieces:
+                start = 0
+                while (end := piece.find(b"\n", start)) >= 0:
+                    segment = piece[start:end]
+                    start = end + 1
+                    if skipping:
+                        skipping = False
+                        continue
+                    line = bytes(partial) + segment
+                    partial.clear()
+                    if line.strip():
+                        self._line(line)
+                if not skipping:
+                    partial += piece[start:]
+                    if len(partial) > MAX_EVENT_BYTES:
+                        log.warning("container events: skipped an event longer than %d bytes", MAX_EVENT_BYTES)
+                        partial.clear()
+                        skipping = True
+        if partial.strip() and not skipping:
+            self._line(bytes(partial))
+
+    # --- events -------------------------------------------------------------------------------
+
+    def _line(self, line: bytes) -> None:
+        try:
+            document = json.loads(line)
+        except (ValueError, RecursionError):
+            log.warning("container events: skipped a line that is not JSON: %s", _clip(line))
+            return
+        if not isinstance(document, dict):
+            log.warning("container events: skipped a line that is not an event object: %s", _clip(line))
+            return
+        try:
+            self._event(document)
+        except Exception:
+            log.exception("container events: could not handle %s", _clip(line))
+
+    def _event(self, doc: dict[str, Any]) -> None:
+        kind = doc.get("Type", "container")
+        if kind != "container":
+            return
+        actor = doc.get("Actor") if isinstance(doc.get("Actor"), dict) else {}
+        attributes = actor.get("Attributes") if isinstance(actor.get("Attributes"), dict) else {}
+        action = doc.get("Action", doc.get("status"))
+        cid = actor.get("ID", doc.get("id"))
+        if not isinstance(action, str) or not isinstance(cid, str) or not _EVENT_ID.fullmatch(cid.lower()):
+            log.warning("container events: skipped an event without a usable Action and container ID")
+            return
+        action = action.split(":", 1)[0].strip()  # "exec_start: sh", "health_status: healthy"
+        cid = cid.lower()
+        nano = _event_nano(doc)
+        if nano is not None:
+            key = (action, cid, nano)
+            if key in self._seen:
+                return  # replayed after a reconnect
+            self._seen[key] = None
+            if len(self._seen) > _SEEN_EVENTS:
+                del self._seen[next(iter(self._seen))]
+            self._last_nano = nano if self._last_nano is None else max(self._last_nano, nano)
+        if action in ("create", "start", "destroy"):
+            if self._known is not None:
+                _apply(self._known, action, cid)
+            if self._pending is not None:
+                self._pending.append((action, cid))
+            if action == "destroy":
+                self._oom.pop(cid, None)
+        elif action == "oom":
+            self._oom[cid] = None
+            if len(self._oom) > _SEEN_EVENTS:
+                del self._oom[next(iter(self._oom))]
+        elif action == "die" and self.on_exit is not None:
+            oom_event = self._oom.pop(cid, False) is None
+            if len(self._tasks) >= MAX_DIE_TASKS:
+                log.warning("container events: %d exits being looked up; %s reported from its event", len(self._tasks), cid[:12])
+                self._deliver(_reading(cid, attributes, nano, oom_event, None, ()))
+                return
+            task = asyncio.create_task(self._exited(cid, attributes, nano, oom_event))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _exited(self, cid: str, attributes: dict[str, Any], nano: int | None, oom_event: bool) -> None:
+        """Look up how the container ended (it may already be gone: `docker run --rm`)."""
+        inspected: dict[str, Any] | None = None
+        lines: tuple[str, ...] = ()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                status, _headers, body = await self._get(f"/containers/{quote(cid, safe='')}/json", max_bytes=MAX_JSON_BYTES)
+            if status == 200:
+                document = _json(body)
+                inspected = document if isinstance(document, dict) else None
+            else:
+                log.debug("container %s: inspect answered HTTP %d (removed already?)", cid[:12], status)
+        except Exception as exc:
+            log.debug("container %s: inspect failed (%s)", cid[:12], _describe(exc))
+        if inspected is not None and self.log_lines:
+            config = inspected.get("Config") if isinstance(inspected.get("Config"), dict) else {}
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    lines = await self._logs(cid, tty=config.get("Tty") is True)
+            except Exception as exc:
+                log.debug("container %s: logs unread (%s)", cid[:12], _describe(exc))
+        self._deliver(_reading(cid, attributes, nano, oom_event, inspected, lines))
+
+    def _deliver(self, reading: ContainerExitReading | None) -> None:
+        if reading is None or self.on_exit is None:
+            return
+        try:
+            self.on_exit(reading)
+        except Exception:
+            log.exception("container events: on_exit failed for %s", reading.container_id[:12])
+
+    async def _logs(self, cid: str, *, tty: bool) -> tuple[str, ...]:
+        # twice the lines wanted: the blank and control-only ones are dropped, the rest cut to the last N
+        target = f"/containers/{quote(cid, safe='')}/logs?stdout=1&stderr=1&tail={2 * self.log_lines}"
+        reader, writer = await self._connect()
+        try:
+            await self._send(writer, target)
+            status, headers = await _read_head(reader)
+            if status != 200:
+                raise DockerError(f"HTTP {status}")
+            content_type = headers.get("content-type", "")
+            if "multiplexed-stream" in content_type:
+                tty = False
+            elif "raw-stream" in content_type:
+                tty = True
+            tail = LogTail(self.log_lines, multiplexed=not tty)
+            read = 0
+            async with contextlib.aclosing(_body(reader, headers)) as pieces:
+                async for piece in pieces:
+                    tail.feed(piece)
+                    read += len(piece)
+                    if read > MAX_LOG_BYTES:
+                        break
+            return tail.lines()
+        finally:
+            await _close(writer)
+
+    # --- HTTP over the unix socket ----------------------------------------------------------
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async with asyncio.timeout(self.timeout_s):
+            return await asyncio.open_unix_connection(self.socket_path)
+
+    async def _send(self, writer: asyncio.StreamWriter, target: str) -> None:
+        writer.write(
+            f"GET {target} HTTP/1.1\r\nHost: docker\r\nUser-Agent: gpumedic-node-sampler\r\n"
+            "Accept: application/json\r\nConnection: close\r\n\r\n".encode("ascii")
+        )
+        await writer.drain()
+
+    async def _get(self, target: str, *, max_bytes: int) -> tuple[int, dict[str, str], bytes]:
+        reader, writer = await self._connect()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._send(writer, target)
+                status, headers = await _read_head(reader)
+                body = bytearray()
+                async with contextlib.aclosing(_body(reader, headers)) as pieces:
+                    async for piece in pieces:
+                        body += piece
+                        if len(body) > max_bytes:
+                            raise DockerError(f"{target.split('?')[0]}: answer larger than {max_bytes} bytes")
+                return status, headers, bytes(body)
+        finally:
+            await _close(writer)
+
+
+class LogTail:
+    """The last `keep` lines of a container's log, cleaned, from raw bytes as they arrive.
+
+    Without a TTY the engine multiplexes stdout and stderr: each frame is an 8-byte header
+    (stream 0/1/2, three zero bytes, big-endian uint32 size) and its payload. Lines are
+    assembled per stream, so a frame that ends mid-line does not merge with the other stream.
+    A header that cannot be one means the stream is raw after all; the rest is read as text.
+    """
+
+    def __init__(self, keep: int, *, multiplexed: bool) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=max(0, keep))
+        self._multiplexed = multiplexed
+        self._header = b""
+        self._frame_left = 0
+        self._stream = 1
+        self._partial: dict[int, bytearray] = {}
+
+    def feed(self, data: bytes) -> None:
+        if not self._multiplexed:
+            self._text(0, data)
+            return
+        i = 0
+        while i < len(data):
+            if self._frame_left == 0:
+                need = 8 - len(self._header)
+                self._header += data[i : i + need]
+                i += need
+                if len(self._header) < 8:
+                    return
+                header, self._header = self._header, b""
+                if header[0] > 2 or header[1:4] != b"\0\0\0":
+                    self._multiplexed = False
+                    self._text(0, header + data[i:])
+                    return
+                self._stream = header[0]
+                self._frame_left = int.from_bytes(header[4:8], "big")
+                continue
+            piece = data[i : i + self._frame_left]
+            i += len(piece)
+            self._frame_left -= len(piece)
+            self._text(self._stream, piece)
+
+    def lines(self) -> tuple[str, ...]:
+        """The kept lines, oldest first, including a last line without a newline."""
+        for stream in sorted(self._partial):
+            if self._partial[stream]:
+                self._emit(bytes(self._partial[stream]))
+        self._partial.clear()
+        return tuple(self._lines)
+
+    def _text(self, stream: int, data: bytes) -> None:
+        buffer = self._partial.setdefault(stream, bytearray())
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            buffer += data[start:end][: max(0, MAX_LINE_BYTES - len(buffer))]
+            self._emit(bytes(buffer))
+            buffer.clear()
+            start = end + 1
+        buffer += data[start:][: max(0, MAX_LINE_BYTES - len(buffer))]
+
+    def _emit(self, raw: bytes) -> None:
+        line = clean_text(raw.decode("utf-8", errors="replace"), MAX_LINE).rstrip()
+        if line:
+            self._lines.append(line)
+
+
+def clean_text(text: str, limit: int) -> str:
+    """`text` without terminal escapes and control characters (tab stays), cut at `limit`."""
+    return _CONTROL.sub("", _ANSI.sub("", text))[:limit]
+
+
+def parse_engine_time(value: Any) -> datetime | None:
+    """An engine timestamp (RFC 3339, nanoseconds) as an aware datetime; None for the zero
+    time ("0001-01-01T00:00:00Z", never finished) or anything unparseable."""
+    if not isinstance(value, str):
+        return None
+    match = _TIMESTAMP.fullmatch(value.strip())
+    if match is None:
+        return None
+    base, fraction, zone = match.groups()
+    text = base + ("." + (fraction + "000000")[:6] if fraction else "") + ("+00:00" if zone == "Z" else zone)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.year <= 1:
+        return None
+    return parsed.astimezone(UTC)
+
+
+def _reading(
+    cid: str,
+    attributes: dict[str, Any],
+    nano: int | None,
+    oom_event: bool,
+    inspected: dict[str, Any] | None,
+    lines: tuple[str, ...],
+) -> ContainerExitReading | None:
+    """The exit, from the `die` event and, when the engine still had it, its inspect answer."""
+    exit_code = _as_int(attributes.get("exitCode"))
+    name = attributes.get("name")
+    image = attributes.get("image")
+    oom: bool | None = True if oom_event else None
+    finished = _from_nano(nano) if nano is not None else None
+    if inspected is not None:
+        state = inspected.get("State") if isinstance(inspected.get("State"), dict) else {}
+        config = inspected.get("Config") if isinstance(inspected.get("Config"), dict) else {}
+        name = inspected.get("Name") or name
+        image = config.get("Image") or image
+        if state.get("Running") is not True:
+            # a container restarted since (restart policy) shows its new run, not this exit
+            if exit_code is None:
+                exit_code = _as_int(state.get("ExitCode"))
+            if isinstance(state.get("OOMKilled"), bool):
+                oom = state["OOMKilled"] or oom_event
+            finished = parse_engine_time(state.get("FinishedAt")) or finished
+    if exit_code is None:
+        log.warning(
+            "container events: exit of %s skipped, its exit code is not an integer (%s)",
+            cid[:12],
+            _clip(str(attributes.get("exitCode"))),
+        )
+        return None
+    return ContainerExitReading(
+        container_id=cid[:MAX_ID],
+        exit_code=exit_code,
+        name=clean_text(name, MAX_NAME + 1).lstrip("/")[:MAX_NAME] if isinstance(name, str) else "",
+        image=clean_text(image, MAX_IMAGE) if isinstance(image, str) else "",
+        oom_killed=oom,
+        finished_at=finished,
+        last_log_lines=lines,
+    )
+
+
+def _apply(known: set[str], action: str, cid: str) -> None:
+    if action == "destroy":
+        known.discard(cid)
+    else:
+        known.add(cid)
+
+
+def _from_nano(nano: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(nano // 10**9, UTC).replace(microsecond=nano % 10**9 // 1000)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _event_nano(doc: dict[str, Any]) -> int | None:
+    nano = doc.get("timeNano")
+    if isinstance(nano, int) and not isinstance(nano, bool) and nano > 0:
+        return nano
+    seconds = doc.get("time")
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds > 0:
+        return seconds * 10**9
+    return None
+
+
+def _as_int(value: Any) -> int | None:
+    """An exit code: an integer, or a string of one (event attributes are strings)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if abs(value) < 2**32 else None
+    if isinstance(value, str) and _INT.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise DockerError("answer is not JSON") from None
+
+
+def _clip(data: bytes | str, limit: int = 160) -> str:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        raise DockerError("connection closed before an HTTP answer") from None
+    except asyncio.LimitOverrunError:
+        raise DockerError("HTTP header too large") from None
+    lines = head.decode("latin-1").split("\r\n")
+    status_line = lines[0].split(" ", 2)
+    if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
+        raise DockerError("not an HTTP answer")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line[1]), headers
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    """The body as it arrives: chunked, `Content-Length` bytes, or until the engine closes."""
+    try:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                try:
+                    size = int(size_line.split(b";")[0].strip(), 16)
+                except ValueError:
+                    raise DockerError("bad chunk size") from None
+                if size < 0:
+                    raise DockerError("bad chunk size")
+                if size == 0:
+                    return
+                while size:
+                    piece = await reader.read(min(size, _PIECE))
+                    if not piece:
+                        raise DockerError("answer cut short")
+                    size -= len(piece)
+                    yield piece
+                if await reader.readexactly(2) != b"\r\n":
+                    raise DockerError("bad chunk end")
+        elif "content-length" in headers:
+            try:
+                length = int(headers["content-length"])
+            except ValueError:
+                raise DockerError("bad Content-Length") from None
+            if length < 0:
+                raise DockerError("bad Content-Length")
+            while length:
+                piece = await reader.read(min(length, _PIECE))
+                if not piece:
+                    raise DockerError("answer cut short")
+                length -= len(piece)
+                yield piece
+        else:
+            while piece := await reader.read(_PIECE):
+                yield piece
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        raise DockerError("answer cut short") from None
