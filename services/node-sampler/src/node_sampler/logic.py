@@ -9,11 +9,26 @@ broker, a GPU or a clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, GpuSample, JobsObservation, NodeSampled
+from gpumedic_events import (
+    ComputeMode,
+    ContainerExited,
+    DeviceHolder,
+    DiskUsage,
+    GpuLost,
+    GpuProcess,
+    GpuSample,
+    GpuXidReported,
+    HostSample,
+    JobsObservation,
+    NodeSampled,
+    ProcessOomKilled,
+)
+from gpumedic_events.faults import MAX_LINE
 
 from node_sampler.procs import ProcessInfo
 
@@ -24,7 +39,52 @@ MAX_ERRORS = 64
 MAX_COMMAND = 4096
 MAX_LABEL = 96
 MAX_PID = 4_194_304
+MAX_HOLDERS = 256
 MIB = 1024 * 1024
+KIB_PER_MIB = 1024
+
+COMPUTE_MODES = {
+    0: ComputeMode.DEFAULT,
+    1: ComputeMode.EXCLUSIVE_THREAD,
+    2: ComputeMode.PROHIBITED,
+    3: ComputeMode.EXCLUSIVE_PROCESS,
+}
+
+XID_MEANINGS = {
+    13: "Graphics engine exception (often an application fault)",
+    31: "GPU memory page fault (often an application fault)",
+    43: "GPU stopped processing (reset channel)",
+    45: "Preemptive cleanup after a previous fault",
+    48: "Double-bit ECC error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+"""The XIDs an operator meets most; from NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors)."""
+
+SIGNALS = {
+    129: "SIGHUP",
+    130: "SIGINT",
+    131: "SIGQUIT",
+    134: "SIGABRT",
+    135: "SIGBUS",
+    136: "SIGFPE",
+    137: "SIGKILL",
+    139: "SIGSEGV",
+    141: "SIGPIPE",
+    143: "SIGTERM",
+}
+"""Exit codes above 128 a container gets when a signal ended its main process."""
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -138,6 +198,14 @@ class JobsReading:
     errors: tuple[str, ...] = field(default=())
 
 
+ContainerExists = Callable[[str], "bool | None"]
+"""Asks the container engine whether a container id still exists; None: cannot tell."""
+
+
+def _unknown_container(container_id: str) -> bool | None:
+    return None
+
+
 def assemble_sample(
     *,
     node_id: str,
@@ -147,15 +215,27 @@ def assemble_sample(
     processes: Mapping[int, ProcessInfo],
     jobs: Sequence[JobsReading],
     errors: Sequence[str] = (),
+    host: HostReading | None = None,
+    holders: Mapping[int, tuple[str, ...]] | None = None,
+    container_exists: ContainerExists = _unknown_container,
 ) -> NodeSampled:
-    """The sample for one interval; never raises for odd readings, it notes them instead."""
+    """The sample for one interval; never raises for odd readings, it notes them instead.
+
+    `holders` maps every pid holding a /dev/nvidia* file to those files; the ones with no
+    compute context on any GPU become `device_holders` (described from `processes`).
+    """
     notes: list[str] = list(nvml.errors)
-    gpus = [_gpu_sample(raw, processes, notes) for raw in nvml.gpus[:MAX_GPUS]]
+    identity = _Identity(processes, occurred_at, container_exists)
+    gpus = [_gpu_sample(raw, identity, notes) for raw in nvml.gpus[:MAX_GPUS]]
     if len(nvml.gpus) > MAX_GPUS:
         notes.append(f"{len(nvml.gpus) - MAX_GPUS} GPUs beyond the first {MAX_GPUS} left out")
+    with_context = {p.pid for raw in nvml.gpus for p in (raw.processes or ())}
+    device_holders = _device_holders(holders or {}, with_context, identity, notes)
     observation = merge_jobs(jobs)
     for reading in jobs:
         notes.extend(reading.errors)
+    if host is not None:
+        notes.extend(host.errors)
     notes.extend(errors)
     return NodeSampled(
         source=SOURCE,
@@ -163,9 +243,120 @@ def assemble_sample(
         node_id=node_id,
         interval_s=interval_s,
         gpus=tuple(gpus),
+        device_holders=device_holders,
+        host=host_sample(host) if host is not None else HostSample(),
         jobs=observation,
         errors=cap_errors(notes),
     )
+
+
+def host_sample(reading: HostReading) -> HostSample:
+    """Bytes and KiB into the event's MiB; impossible values (negative, used > total) dropped."""
+    swap_used = None
+    if reading.swap_total_kib is not None and reading.swap_free_kib is not None:
+        swap_used = max(0, reading.swap_total_kib - reading.swap_free_kib)
+    load = reading.load if reading.load and all(math.isfinite(x) and x >= 0 for x in reading.load) else None
+    disks = []
+    for d in reading.disks[:32]:
+        if min(d.total_bytes, d.used_bytes, d.available_bytes) < 0:
+            continue
+        denominator = d.used_bytes + d.available_bytes
+        used_pct = 100.0 * d.used_bytes / denominator if denominator else 0.0
+        disks.append(
+            DiskUsage(
+                path=_clip(d.path, 256),
+                total_bytes=d.total_bytes,
+                used_bytes=d.used_bytes,
+                available_bytes=d.available_bytes,
+                used_pct=round(min(100.0, used_pct), 2),
+            )
+        )
+    return HostSample(
+        memory_total_mib=_kib_to_mib(reading.memory_total_kib),
+        memory_available_mib=_kib_to_mib(reading.memory_available_kib),
+        swap_total_mib=_kib_to_mib(reading.swap_total_kib),
+        swap_used_mib=_kib_to_mib(swap_used),
+        load_1m=load[0] if load else None,
+        load_5m=load[1] if load else None,
+        load_15m=load[2] if load else None,
+        cpus=reading.cpus if reading.cpus and reading.cpus > 0 else None,
+        disks=tuple(disks),
+    )
+
+
+# --- the immediate events -------------------------------------------------------------------
+
+
+def xid_event(node_id: str, reading: XidReading, occurred_at: datetime) -> GpuXidReported:
+    index = reading.gpu_index if reading.gpu_index is not None and 0 <= reading.gpu_index < MAX_GPUS else None
+    return GpuXidReported(
+        source=SOURCE,
+        occurred_at=occurred_at,
+        node_id=node_id,
+        gpu_index=index,
+        gpu_uuid=_clip(reading.gpu_uuid or "", MAX_LABEL),
+        xid=min(max(reading.xid, 0), 2**32 - 1),
+        description=XID_MEANINGS.get(reading.xid, ""),
+    )
+
+
+def lost_gpus(previous: Mapping[int, str], reading: NvmlReading) -> dict[int, str]:
+    """index -> uuid of every GPU this reading says is lost (`previous` carries UUIDs read before)."""
+    return {g.index: g.uuid or previous.get(g.index, "") for g in reading.gpus if g.lost and 0 <= g.index < MAX_GPUS}
+
+
+def gpu_lost_event(node_id: str, index: int, uuid: str, reason: str, occurred_at: datetime) -> GpuLost:
+    return GpuLost(
+        source=SOURCE,
+        occurred_at=occurred_at,
+        node_id=node_id,
+        gpu_index=index,
+        gpu_uuid=_clip(uuid, MAX_LABEL),
+        reason=_clip(reason, 200),
+    )
+
+
+def oom_event(node_id: str, reading: OomKillReading, occurred_at: datetime) -> ProcessOomKilled | None:
+    """None for a pid no process can have (a garbled kernel line)."""
+    if not 1 <= reading.pid <= MAX_PID:
+        return None
+    return ProcessOomKilled(
+        source=SOURCE,
+        occurred_at=occurred_at,
+        node_id=node_id,
+        pid=reading.pid,
+        process_name=_clip(reading.process_name, 64),
+        uid=reading.uid if reading.uid is not None and reading.uid >= 0 else None,
+        constraint=_clip(reading.constraint, 64),
+        cgroup=_clip(reading.cgroup, 512),
+        container_id=_clip(reading.container_id, 128),
+        anon_rss_kib=reading.anon_rss_kib if reading.anon_rss_kib is not None and reading.anon_rss_kib >= 0 else None,
+        kernel_lines=tuple(clean_line(line) for line in reading.kernel_lines[-16:]),
+    )
+
+
+def container_event(node_id: str, reading: ContainerExitReading, occurred_at: datetime) -> ContainerExited | None:
+    """None for an exit without a container id (nothing to point at)."""
+    if not reading.container_id:
+        return None
+    return ContainerExited(
+        source=SOURCE,
+        occurred_at=occurred_at,
+        node_id=node_id,
+        container_id=_clip(reading.container_id, 128),
+        name=_clip(reading.name, 256),
+        image=_clip(reading.image, 512),
+        exit_code=reading.exit_code,
+        oom_killed=reading.oom_killed,
+        signal=SIGNALS.get(reading.exit_code),
+        finished_at=reading.finished_at if reading.finished_at and reading.finished_at.tzinfo else None,
+        last_log_lines=tuple(clean_line(line) for line in reading.last_log_lines[-50:]),
+    )
+
+
+def clean_line(line: str) -> str:
+    """One log line safe to carry: control characters (terminal escapes, NULs) out, length capped."""
+    return _clip(_CONTROL.sub("", line), MAX_LINE)
 
 
 def merge_jobs(readings: Sequence[JobsReading]) -> JobsObservation:
@@ -199,22 +390,55 @@ def next_tick(start: float, now: float, interval_s: float, last_tick: int) -> in
     return max(last_tick + 1, elapsed_ticks + 1)
 
 
-def _gpu_sample(raw: RawGpu, processes: Mapping[int, ProcessInfo], notes: list[str]) -> GpuSample:
+@dataclass(frozen=True)
+class _Identity:
+    """Turns a pid into the event's identity fields, from what /proc said about it."""
+
+    processes: Mapping[int, ProcessInfo]
+    at: datetime
+    container_exists: ContainerExists
+
+    def fields(self, pid: int) -> dict:
+        info = self.processes.get(pid)
+        if info is None:
+            return {"pid": pid}
+        age = None
+        if info.started_at is not None and info.started_at.tzinfo is not None:
+            age = max(0.0, round((self.at - info.started_at).total_seconds(), 1))
+        container_id = _clip(info.container_id, 128)
+        return {
+            "pid": pid,
+            "start_ticks": info.start_ticks if info.start_ticks is None or info.start_ticks >= 0 else None,
+            "command": _clip(info.command, MAX_COMMAND),
+            "user": _clip(info.user, 64),
+            "started_at": info.started_at if age is not None else None,
+            "age_s": age,
+            "cgroup": _clip(info.cgroup, 512),
+            "container_id": container_id,
+            "container_exists": self.container_exists(container_id) if container_id else None,
+        }
+
+
+def _device_holders(
+    holders: Mapping[int, tuple[str, ...]], with_context: set[int], identity: _Identity, notes: list[str]
+) -> tuple[DeviceHolder, ...]:
+    pids = sorted(pid for pid in holders if pid not in with_context and 1 <= pid <= MAX_PID)
+    if len(pids) > MAX_HOLDERS:
+        notes.append(f"{len(pids) - MAX_HOLDERS} /dev/nvidia* holders beyond the first {MAX_HOLDERS} left out")
+    return tuple(
+        DeviceHolder(**identity.fields(pid), devices=tuple(_clip(d, 64) for d in sorted(holders[pid])[:80]))
+        for pid in pids[:MAX_HOLDERS]
+    )
+
+
+def _gpu_sample(raw: RawGpu, identity: _Identity, notes: list[str]) -> GpuSample:
     where = f"gpu {raw.index}"
     procs: list[GpuProcess] = []
     for p in (raw.processes or ())[:MAX_PROCESSES_PER_GPU]:
         if not 1 <= p.pid <= MAX_PID:
             notes.append(f"{where}: pid {p.pid} out of range, left out")
             continue
-        info = processes.get(p.pid)
-        procs.append(
-            GpuProcess(
-                pid=p.pid,
-                start_ticks=info.start_ticks if info else None,
-                command=_clip(info.command, MAX_COMMAND) if info else "",
-                used_memory_mib=_mib(p.used_memory_bytes),
-            )
-        )
+        procs.append(GpuProcess(**identity.fields(p.pid), used_memory_mib=_mib(p.used_memory_bytes)))
     if raw.processes is not None and len(raw.processes) > MAX_PROCESSES_PER_GPU:
         notes.append(f"{where}: {len(raw.processes) - MAX_PROCESSES_PER_GPU} processes left out")
     return GpuSample(
@@ -226,6 +450,16 @@ def _gpu_sample(raw: RawGpu, processes: Mapping[int, ProcessInfo], notes: list[s
         memory_used_mib=_mib(raw.memory_used_bytes),
         memory_total_mib=_mib(raw.memory_total_bytes),
         processes=tuple(procs),
+        temperature_c=_bounded(raw.temperature_c, -50, 200, f"{where} temperature", notes),
+        power_w=_watts(raw.power_mw),
+        power_limit_w=_watts(raw.power_limit_mw),
+        ecc_uncorrected_volatile=_count(raw.ecc_uncorrected_volatile),
+        ecc_corrected_volatile=_count(raw.ecc_corrected_volatile),
+        retired_pages_pending=raw.retired_pages_pending,
+        remapped_rows_pending=raw.remapped_rows_pending,
+        remapped_rows_failed=raw.remapped_rows_failed,
+        compute_mode=COMPUTE_MODES.get(raw.compute_mode) if raw.compute_mode is not None else None,
+        lost=raw.lost,
     )
 
 
@@ -236,6 +470,34 @@ def _pct(value: int | None, what: str, notes: list[str]) -> int | None:
         notes.append(f"{what}: {value} is not a percentage")
         return None
     return value
+
+
+def _bounded(value: int | None, low: int, high: int, what: str, notes: list[str]) -> int | None:
+    if value is None:
+        return None
+    if not low <= value <= high:
+        notes.append(f"{what}: {value} out of range")
+        return None
+    return value
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    if milliwatts is None or milliwatts < 0 or milliwatts >= 2**32 - 1:
+        return None
+    return round(milliwatts / 1000, 1)
+
+
+def _count(value: int | None) -> int | None:
+    # NVML counters are 64-bit unsigned; "not available" is the largest value
+    if value is None or value < 0 or value >= 2**63:
+        return None
+    return value
+
+
+def _kib_to_mib(value: int | None) -> int | None:
+    if value is None or value < 0:
+        return None
+    return value // KIB_PER_MIB
 
 
 def _mib(value: int | None) -> int | None:

@@ -14,9 +14,10 @@ from typing import Any
 
 from faststream import FastStream
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_events import NodeSampled
+from gpumedic_events import Event
 from pydantic import ValidationError
 
+from node_sampler.host import HostReader
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
 from node_sampler.procs import ProcessTable, ProcFsTable
 from node_sampler.sampler import Sampler
@@ -61,9 +62,14 @@ def create_app(
         processes,
         build_probes(settings, processes) if probes is None else probes,
         settings.interval_s,
+        host=HostReader(settings.proc_root, settings.disk_paths),
+        holder_scan_interval_s=settings.holder_scan_interval_s,
+        xid_events=settings.xid_events,
+        kernel_log=settings.kernel_log,
+        docker_socket=settings.docker_socket,
     )
 
-    async def publish(event: NodeSampled) -> None:
+    async def publish(event: Event) -> None:
         await publish_event(runtime.broker, event)
 
     async def sample_loop() -> None:

@@ -1,10 +1,15 @@
-"""The sampling loop: read everything once per interval, assemble one `NodeSampled`, publish it.
+"""The sampling loop: read everything once per interval, assemble one `NodeSampled`, publish it;
+and, between samples, the node's immediate events (XID, GPU lost, OOM kill, container exit).
 
 The loop keeps to a fixed grid on the monotonic clock (tick k at start + k*interval) so samples
 do not drift later with every interval's own run time, and it skips ticks it missed instead of
-bursting to catch up. NVML and /proc are read in a worker thread; the job probes run meanwhile
-on the event loop. A failed publish is logged and the next tick comes anyway: a sampler that
-stops on a NATS hiccup would look exactly like a dead node.
+bursting to catch up. NVML, /proc and the host are read in a worker thread; the job probes run
+meanwhile on the event loop. A failed sample publish is logged and the next tick comes anyway: a
+sampler that stops on a NATS hiccup would look exactly like a dead node. Immediate events are
+rarer and matter more: they wait in a bounded queue and are retried until the stream takes them.
+
+The watchers feeding those events are optional and each one is off with one log line where its
+source is missing (no NVML events, no /dev/kmsg access, no Docker engine).
 """
 
 from __future__ import annotations
@@ -12,20 +17,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from gpumedic_events import NodeSampled
+from gpumedic_events import Event, NodeSampled
 
+from node_sampler.containers import DockerWatcher
 from node_sampler.jobs import JobProbe
-from node_sampler.logic import JobsReading, NvmlReading, assemble_sample, next_tick
-from node_sampler.nvml import NvmlReader
+from node_sampler.kernel import KernelLogWatcher
+from node_sampler.logic import (
+    ContainerExitReading,
+    HostReading,
+    JobsReading,
+    NvmlReading,
+    OomKillReading,
+    XidReading,
+    assemble_sample,
+    container_event,
+    gpu_lost_event,
+    lost_gpus,
+    next_tick,
+    oom_event,
+    xid_event,
+)
+from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.procs import ProcessInfo, ProcessTable
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[NodeSampled], Awaitable[None]]
+Publish = Callable[[Event], Awaitable[None]]
+
+MAX_PENDING_EVENTS = 1000
+"""Immediate events held while NATS is unreachable; beyond this the oldest are dropped (logged)."""
+EVENT_RETRY_S = 1.0
+
+
+class HostSource(Protocol):
+    def read(self) -> HostReading: ...
 
 
 class Sampler:
@@ -39,9 +70,17 @@ class Sampler:
         probes: Sequence[JobProbe] = (),
         interval_s: float = 5.0,
         *,
+        host: HostSource | None = None,
+        holder_scan_interval_s: float = 30.0,
+        xid_events: bool = False,
+        kernel_log: Path | str | None = None,
+        docker_socket: Path | str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """`host` reads memory, load and disks; `holder_scan_interval_s` is how often /proc is
+        scanned for /dev/nvidia* holders (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
+        `docker_socket` turn on the watchers for the immediate events."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -49,16 +88,30 @@ class Sampler:
         self.processes = processes
         self.probes = list(probes)
         self.interval_s = interval_s
+        self.host = host
+        self.holder_scan_interval_s = holder_scan_interval_s
         self._clock = clock
         self._sleep = sleep
         self.skipped_ticks = 0
+        self.dropped_events = 0
+        self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
+        self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
+        self.containers = DockerWatcher(docker_socket, self._container_exit) if docker_socket else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: asyncio.Queue[Event] = asyncio.Queue()
+        self._holders: dict[int, tuple[str, ...]] = {}
+        self._holders_scanned_at: float | None = None
+        self._lost: set[int] = set()
+        self._uuids: dict[int, str] = {}
+        self._gpu_count: int | None = None
 
     async def sample(self) -> NodeSampled:
-        """One sample of the node now."""
+        """One sample of the node now; GPUs newly lost also go out as `GpuLost` events."""
         occurred_at = datetime.now(UTC)
-        (reading, processes, notes), jobs = await asyncio.gather(
+        (reading, processes, host, holders, notes), jobs = await asyncio.gather(
             asyncio.to_thread(self._read_host), self._observe_jobs()
         )
+        self._note_lost_gpus(reading, occurred_at)
         return assemble_sample(
             node_id=self.node_id,
             interval_s=self.interval_s,
@@ -67,10 +120,32 @@ class Sampler:
             processes=processes,
             jobs=jobs,
             errors=notes,
+            host=host,
+            holders=holders,
+            container_exists=self.containers.exists if self.containers else _cannot_tell,
         )
 
     async def run(self, publish: Publish) -> None:
-        """Sample and publish every `interval_s` until cancelled."""
+        """Sample and publish every `interval_s`, and publish the immediate events, until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        helpers = [asyncio.create_task(self._publish_events(publish), name=f"{self.node_id}-events")]
+        for watcher in (self.kernel_watcher, self.containers):
+            if watcher is not None:
+                helpers.append(asyncio.create_task(watcher.run(), name=f"{self.node_id}-{type(watcher).__name__}"))
+        if self.xid_watcher is not None:
+            self.xid_watcher.start()
+        try:
+            await self._sample_loop(publish)
+        finally:
+            for task in helpers:
+                task.cancel()
+            for task in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self.xid_watcher is not None:
+                await asyncio.to_thread(self.xid_watcher.stop)
+
+    async def _sample_loop(self, publish: Publish) -> None:
         start = self._clock()
         tick = 0
         while True:
@@ -94,19 +169,117 @@ class Sampler:
     def close(self) -> None:
         self.nvml.shutdown()
 
-    def _read_host(self) -> tuple[NvmlReading, dict[int, ProcessInfo], list[str]]:
-        """NVML, then /proc for the pids NVML named. Blocking: runs in a worker thread."""
+    # --- immediate events ---------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """Queue an immediate event for publishing (call on the event loop)."""
+        if self._pending.qsize() >= MAX_PENDING_EVENTS:
+            dropped = self._pending.get_nowait()
+            self.dropped_events += 1
+            log.error("%s: %d events wait for NATS; dropped the oldest (%s)", self.node_id, MAX_PENDING_EVENTS, dropped.subject)
+        self._pending.put_nowait(event)
+
+    def _xid_from_thread(self, reading: XidReading) -> None:
+        # called on the XID watcher's own thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._xid, reading)
+
+    def _xid(self, reading: XidReading) -> None:
+        log.warning("%s: XID %d on gpu %s", self.node_id, reading.xid, reading.gpu_index)
+        self.emit(xid_event(self.node_id, reading, datetime.now(UTC)))
+
+    def _oom(self, reading: OomKillReading) -> None:
+        event = oom_event(self.node_id, reading, datetime.now(UTC))
+        if event is None:
+            log.warning("%s: OOM kill with impossible pid %d in the kernel log, not reported", self.node_id, reading.pid)
+            return
+        log.warning("%s: OOM killer ended pid %d (%s)", self.node_id, event.pid, event.process_name)
+        self.emit(event)
+
+    def _container_exit(self, reading: ContainerExitReading) -> None:
+        event = container_event(self.node_id, reading, datetime.now(UTC))
+        if event is None:
+            log.warning("%s: container exit without a container id, not reported", self.node_id)
+            return
+        self.emit(event)
+
+    def _note_lost_gpus(self, reading: NvmlReading, at: datetime) -> None:
+        for gpu in reading.gpus:
+            if gpu.uuid:
+                self._uuids[gpu.index] = gpu.uuid
+        lost = lost_gpus(self._uuids, reading)
+        # a GPU gone from the device list is lost too (the driver dropped it)
+        if reading.gpus and self._gpu_count is not None and len(reading.gpus) < self._gpu_count:
+            for index in range(len(reading.gpus), self._gpu_count):
+                lost.setdefault(index, self._uuids.get(index, ""))
+        if reading.gpus:
+            self._gpu_count = max(self._gpu_count or 0, len(reading.gpus))
+        for index, uuid in sorted(lost.items()):
+            if index not in self._lost:
+                present = index < len(reading.gpus)
+                reason = "NVMLError_GpuIsLost" if present else "gone from NVML's device list"
+                log.error("%s: gpu %d lost (%s)", self.node_id, index, reason)
+                self.emit(gpu_lost_event(self.node_id, index, uuid, reason, at))
+        if not reading.gpus:
+            return  # NVML itself unreadable: nothing new is known about any GPU
+        for index in sorted(self._lost - lost.keys()):
+            log.warning("%s: gpu %d answers again", self.node_id, index)
+        self._lost = set(lost)
+
+    async def _publish_events(self, publish: Publish) -> None:
+        """Publish queued immediate events in order; retry one that fails until it goes out."""
+        while True:
+            event = await self._pending.get()
+            while True:
+                try:
+                    await publish(event)
+                    break
+                except Exception as exc:
+                    log.warning("%s: %s not published (%r); retrying", self.node_id, event.subject, exc)
+                    await asyncio.sleep(EVENT_RETRY_S)
+
+    # --- the blocking part of a sample ---------------------------------------------------------
+
+    def _read_host(
+        self,
+    ) -> tuple[NvmlReading, dict[int, ProcessInfo], HostReading | None, dict[int, tuple[str, ...]], list[str]]:
+        """NVML, /proc for the pids NVML named and the device holders, and the host. Blocking:
+        runs in a worker thread."""
         reading = self.nvml.read()
         notes: list[str] = []
+        holders = self._device_holders(notes)
         processes: dict[int, ProcessInfo] = {}
-        for gpu in reading.gpus:
-            for p in gpu.processes or ():
-                if p.pid in processes:
-                    continue
-                info = self.processes.describe(p.pid, notes)
-                if info is not None:
-                    processes[p.pid] = info
-        return reading, processes, notes
+        for pid in (p.pid for gpu in reading.gpus for p in gpu.processes or ()):
+            if pid not in processes and (info := self.processes.describe(pid, notes)) is not None:
+                processes[pid] = info
+        # holders come from the last scan: one that has exited since is dropped, not noted
+        for pid in list(holders):
+            if pid not in processes:
+                info = self.processes.describe(pid)
+                if info is None:
+                    holders = {k: v for k, v in holders.items() if k != pid}
+                else:
+                    processes[pid] = info
+        host = None
+        if self.host is not None:
+            try:
+                host = self.host.read()
+            except Exception as exc:  # a reader bug must cost the host part, not the sample
+                log.exception("%s: host read failed", self.node_id)
+                notes.append(f"host: {type(exc).__name__}")
+        return reading, processes, host, holders, notes
+
+    def _device_holders(self, notes: list[str]) -> dict[int, tuple[str, ...]]:
+        """The /dev/nvidia* holders as of the last scan; scanning every fd of every process is
+        the costliest read here, so it runs every `holder_scan_interval_s`, not every sample."""
+        if self.holder_scan_interval_s <= 0:
+            return {}
+        now = self._clock()
+        if self._holders_scanned_at is None or now - self._holders_scanned_at >= self.holder_scan_interval_s:
+            self._holders = self.processes.device_holders(notes)
+            self._holders_scanned_at = now
+        return self._holders
 
     async def _observe_jobs(self) -> list[JobsReading]:
         results = await asyncio.gather(*(p.observe() for p in self.probes), return_exceptions=True)
@@ -119,3 +292,7 @@ class Sampler:
             else:
                 readings.append(result)
         return readings
+
+
+def _cannot_tell(container_id: str) -> bool | None:
+    return None

@@ -48,7 +48,30 @@ class Settings(BaseSettings):
     watch_paths: list[Path] = Field(
         default_factory=list, description="Files or directories whose growth means the jobs produce output."
     )
+    disk_paths: list[Path] = Field(
+        default_factory=lambda: [Path("/")],
+        description="Paths whose file system use goes into every sample, e.g. /var/lib/docker and data directories.",
+    )
+    holder_scan_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Seconds between scans of every process's open files for /dev/nvidia* holders; 0 turns it off.",
+    )
+    xid_events: bool = Field(default=True, description="Watch the NVML event set for XID errors.")
+    kernel_log: Path | None = Field(
+        default=Path("/dev/kmsg"), description="The kernel log to read OOM kills from (needs CAP_SYSLOG); empty: off."
+    )
+    docker_socket: Path | None = Field(
+        default=Path("/var/run/docker.sock"),
+        description="The Docker engine socket to watch container exits on; empty: off.",
+    )
     trace_to_bus: bool = Field(default=False, description="Send finished spans over the bus (embedded mode).")
+
+    @field_validator("kernel_log", "docker_socket", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("job_process_pattern")
     @classmethod
