@@ -30,30 +30,39 @@ async def test_zombie_orphan_and_ground_truth():
     size = node.output_bytes()
     assert node.output_bytes() == size
 
+    old_container = zombie.container_id
     orphan = node.inject_orphan(0)
-    assert node.running_jobs == 1  # the job manager does not count a leftover
-    assert node.memory_used_mib(0) == busy.used_mib + orphan.used_mib
+    assert orphan is zombie  # the job outlived its container's restart
+    assert node.running_jobs == 0  # the job manager does not count a leftover
+    assert node.memory_used_mib(0) == busy.used_mib  # it still holds the GPU
+    assert old_container not in node.containers
+    (replacement,) = node.containers.values()
+    assert replacement.exit_code == 1 and "busy or unavailable" in replacement.logs[-1]
     assert [(f.node_id, f.gpu, f.fault) for f in node.injected] == [
         ("sim-node-09", 0, Fault.ZOMBIE),
         ("sim-node-09", 0, Fault.ORPHAN),
     ]
 
     sample = await node.sampler(1.0, probes=[]).sample()
-    assert sorted(p.pid for p in sample.gpus[0].processes) == sorted([zombie.pid, orphan.pid])
+    (held,) = sample.gpus[0].processes
+    assert held.pid == orphan.pid and held.container_id == old_container
 
 
 async def test_gpu_lost_and_nvml_missing_reach_the_sample_as_errors():
     node = SimNode("sim-node-09", 2)
     node.start_job(0)
     node.inject_gpu_lost(1)
-    node.gpus[0].failing["nvmlDeviceGetName"] = pynvml.NVMLError_NotSupported
+    node.gpus[0].failing["nvmlDeviceGetName"] = pynvml.NVMLError_Unknown
+    node.gpus[0].failing["nvmlDeviceGetEnforcedPowerLimit"] = pynvml.NVMLError_NotSupported
     sampler = node.sampler(1.0, probes=[])
 
     sample = await sampler.sample()
-    assert sample.gpus[1].memory_used_mib is None and sample.gpus[1].uuid == ""
-    assert "gpu 1 utilization: NVMLError_GpuIsLost" in sample.errors
-    assert "gpu 0 name: NVMLError_NotSupported" in sample.errors
-    assert sample.gpus[0].utilization_gpu_pct >= 85
+    assert sample.gpus[1].lost and sample.gpus[1].memory_used_mib is None and sample.gpus[1].uuid == ""
+    assert "gpu 1: NVMLError_GpuIsLost" in sample.errors
+    assert "gpu 0 name: NVMLError_Unknown" in sample.errors
+    # an unsupported query is a property of the GPU, not a fault: no note, the field stays empty
+    assert sample.gpus[0].power_limit_w is None and not any("PowerLimit" in e or "power limit" in e for e in sample.errors)
+    assert sample.gpus[0].utilization_gpu_pct >= 85 and sample.gpus[0].power_w > 72
 
     node.inject_nvml_missing()
     fresh = node.sampler(1.0, probes=[])

@@ -18,16 +18,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncssh
-from gpumedic_events import NodeSampled
+from gpumedic_events import Event
 
 from gpumedic.sim.node import SimNode
-from gpumedic.sim.state import InjectedFault
+from gpumedic.sim.state import Fault, InjectedFault
 
 log = logging.getLogger(__name__)
 
 SSH_USER = "gpumedic"
 
-Publish = Callable[[NodeSampled], Awaitable[None]]
+Publish = Callable[[Event], Awaitable[None]]
+
+
+def node_ids_for(n_nodes: int) -> list[str]:
+    """The ids of a fleet of `n_nodes`: sim-node-01.. (zero-padded to the widest number)."""
+    width = max(2, len(str(n_nodes)))
+    return [f"sim-node-{i:0{width}d}" for i in range(1, n_nodes + 1)]
 
 
 class SimFleet:
@@ -47,10 +53,9 @@ class SimFleet:
         self.workdir = Path(workdir)
         self.user = user
         self.injected: list[InjectedFault] = []
-        width = max(2, len(str(n_nodes)))
         self.nodes: dict[str, SimNode] = {}
-        for i in range(1, n_nodes + 1):
-            node = SimNode(f"sim-node-{i:0{width}d}", gpus_per_node)
+        for node_id in node_ids_for(n_nodes):
+            node = SimNode(node_id, gpus_per_node)
             node.fault_listeners.append(self.injected.append)
             for gpu in range(gpus_per_node):
                 for _ in range(jobs_per_gpu):
@@ -85,6 +90,38 @@ class SimFleet:
         for node in self.nodes.values():
             node.leader = leader
             node.peers = [n for n in ids if n != node.node_id]
+
+    async def inject(self, fault: str, node_id: str, gpu: int | None = None, **params: object) -> None:
+        """Inject one fault by name (the names of `Fault`, as scenario files use them)."""
+        node = self.node(node_id)
+        needs_gpu = {
+            Fault.ZOMBIE: node.inject_zombie,
+            Fault.ORPHAN: node.inject_orphan,
+            Fault.OOM_KILL: node.inject_oom_kill,
+            Fault.SEGFAULT: node.inject_segfault,
+            Fault.SIGTERM: node.inject_sigterm,
+            Fault.GPU_OOM: node.inject_gpu_oom,
+            Fault.XID: node.inject_xid,
+            Fault.GPU_LOST: node.inject_gpu_lost,
+        }
+        node_wide = {
+            Fault.DISK_FULL: node.inject_disk_full,
+            Fault.SAMPLER_SILENT: node.inject_sampler_silent,
+            Fault.NVML_MISSING: node.inject_nvml_missing,
+            Fault.STATUS_BLOCKED: node.inject_status_blocked,
+        }
+        if fault in needs_gpu:
+            if gpu is None:
+                raise ValueError(f"{fault} needs a GPU")
+            needs_gpu[fault](gpu, **params)
+        elif fault in node_wide:
+            node_wide[fault](**params)
+        elif fault == Fault.SSH_REFUSES:
+            await node.inject_ssh_refuses()
+        elif fault == Fault.SSH_HANGS:
+            await node.inject_ssh_hangs()
+        else:
+            raise ValueError(f"no fault named {fault!r}")
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -133,8 +170,12 @@ class SimFleet:
 
     @staticmethod
     async def _sample(node: SimNode, publish: Publish, interval_s: float, offset_s: float) -> None:
+        async def publish_unless_silent(event) -> None:
+            if not node.sampler_silent:  # a hung sampler: nothing leaves the node
+                await publish(event)
+
         await asyncio.sleep(offset_s)
-        await node.sampler(interval_s).run(publish)
+        await node.sampler(interval_s).run(publish_unless_silent)
 
     def _write_files(self) -> None:
         lines = ["nodes:"]

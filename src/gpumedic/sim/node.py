@@ -1,20 +1,28 @@
 """A simulated GPU node: the state, plus everything a real node answers on.
 
-Below the node-sampler it stands where NVML and /proc would be (`nvml()`, `process_table()`);
-on the network it runs an SSH server and a peer status endpoint on loopback. The real sampler,
-the real remediator and the real leader-health probe all run unchanged against it.
+Below the node-sampler it stands where NVML, /proc, the host, the kernel log and the Docker
+engine would be (`nvml()`, `process_table()`, `host`, a FIFO in /dev/kmsg's format, an engine
+speaking the Docker API on a unix socket); on the network it runs an SSH server and a peer
+status endpoint on loopback. The real sampler with all its watchers, the real remediator and
+the real leader-health probe all run unchanged against it.
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 import asyncssh
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
 from node_sampler.sampler import Sampler
 
+from gpumedic.sim.docker import SimDockerEngine
+from gpumedic.sim.kernel import SimKernelLog
 from gpumedic.sim.nvml import SimNvml
 from gpumedic.sim.procs import SimProcessTable
 from gpumedic.sim.ssh import SshEndpoint
-from gpumedic.sim.state import NodeState
+from gpumedic.sim.state import Fault, NodeState
 from gpumedic.sim.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
@@ -29,6 +37,18 @@ class SimNode(NodeState):
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self._ssh = SshEndpoint(self, self.host_key)
         self._status = StatusEndpoint(self)
+        self._docker: SimDockerEngine | None = None
+        self._rundir: Path | None = None
+        """Where the node's kernel-log FIFO and engine socket live: short, under /tmp, since a
+        unix socket path may not exceed 107 bytes."""
+
+    @property
+    def kernel_log_path(self) -> Path | None:
+        return self._rundir / "kmsg" if self._rundir else None
+
+    @property
+    def docker_socket(self) -> Path | None:
+        return self._rundir / "docker.sock" if self._rundir else None
 
     @property
     def ssh_port(self) -> int | None:
@@ -53,10 +73,33 @@ class SimNode(NodeState):
         """Start the SSH server (accepting `client_public_key` for any user) and the status endpoint."""
         await self._ssh.start(client_public_key, self.host)
         await self._status.start(self.host)
+        self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
+        self.kernel = SimKernelLog(self._rundir / "kmsg")
+        self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
+        await self._docker.start()
 
     async def stop(self) -> None:
         await self._ssh.stop()
         await self._status.stop()
+        if self._docker is not None:
+            await self._docker.stop()
+            self._docker = None
+        if self.kernel is not None:
+            self.kernel.close()
+            self.kernel = None
+        if self._rundir is not None:
+            shutil.rmtree(self._rundir, ignore_errors=True)
+            self._rundir = None
+
+    async def inject_ssh_refuses(self) -> None:
+        """sshd goes down: the node's SSH port refuses connections."""
+        await self._ssh.refuse()
+        self._record(None, Fault.SSH_REFUSES)
+
+    async def inject_ssh_hangs(self) -> None:
+        """sshd wedges: the port accepts TCP and never answers."""
+        await self._ssh.hang(self.host)
+        self._record(None, Fault.SSH_HANGS)
 
     # --- the node-sampler's sources --------------------------------------------------------
 
@@ -75,5 +118,17 @@ class SimNode(NodeState):
         ]
 
     def sampler(self, interval_s: float = 5.0, probes: list[JobProbe] | None = None) -> Sampler:
-        """The real node-sampler's Sampler over this node."""
-        return Sampler(self.node_id, self.nvml(), self.process_table(), self.probes() if probes is None else probes, interval_s)
+        """The real node-sampler's Sampler over this node, with every source and watcher a real
+        node's has (the kernel log and the engine only once the node has started)."""
+        return Sampler(
+            self.node_id,
+            self.nvml(),
+            self.process_table(),
+            self.probes() if probes is None else probes,
+            interval_s,
+            host=self.machine,
+            holder_scan_interval_s=interval_s,
+            xid_events=True,
+            kernel_log=self.kernel_log_path,
+            docker_socket=self.docker_socket,
+        )

@@ -194,6 +194,9 @@ class SimNvml:
     def _check_init(self) -> None:
         if self._init_count == 0:
             raise pynvml.NVMLError_Uninitialized()
+        if self._node.nvml_missing:
+            # the driver went away under a running session (a bad upgrade, a crashed module)
+            raise pynvml.NVMLError_DriverNotLoaded()
 
     def _check(self, handle: Any, function: str) -> None:
         self._check_init()

@@ -83,6 +83,8 @@ class SshEndpoint:
         self.host_key = host_key
         self.port: int | None = None
         self._server: asyncssh.SSHAcceptor | None = None
+        self._silent: asyncio.Server | None = None
+        self._held: set[asyncio.StreamWriter] = set()
         self._late: set[asyncio.Task] = set()
 
     async def start(self, client_public_key: asyncssh.SSHKey, host: str = "127.0.0.1") -> int:
@@ -108,6 +110,25 @@ class SshEndpoint:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
+        if self._silent is not None:
+            self._silent.close()
+            for writer in self._held:
+                writer.close()
+            self._held.clear()
+            self._silent = None
+
+    async def refuse(self) -> None:
+        """sshd is down: the port refuses connections."""
+        await self.stop()
+
+    async def hang(self, host: str = "127.0.0.1") -> None:
+        """sshd is wedged: the port accepts TCP but never says a word (no SSH banner)."""
+        await self.stop()
+
+        async def _hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._held.add(writer)
+
+        self._silent = await asyncio.start_server(_hold, host, self.port, reuse_address=True)
 
     def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         command = process.command

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from gpumedic.sim.host import SimHost
+from gpumedic.sim.kernel import SimKernelLog
+
 CLK_TCK = 100
 """Clock ticks per second, as on Linux (sysconf(_SC_CLK_TCK)); start_ticks are in these."""
 GPU_NAME = "Simulated H100 80GB"
@@ -36,9 +39,25 @@ class Fault:
 
     ZOMBIE = "zombie_job"
     ORPHAN = "orphan_gpu_holder"
+    OOM_KILL = "oom_kill"
+    SEGFAULT = "segfault"
+    SIGTERM = "sigterm"
+    DISK_FULL = "disk_full"
+    GPU_OOM = "gpu_oom"
+    XID = "xid"
     GPU_LOST = "gpu_lost"
+    SSH_REFUSES = "ssh_refuses"
+    SSH_HANGS = "ssh_hangs"
+    SAMPLER_SILENT = "sampler_silent"
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
+
+
+DEVICE_BUSY = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+    "of 79.19 GiB of which 1.06 GiB is free."
+)
 
 
 class InjectedFault(NamedTuple):
@@ -144,6 +163,12 @@ class NodeState:
         self.processes: dict[int, SimProcess] = {}
         self.nvml_missing = False
         self.status_blocked = False
+        self.sampler_silent = False
+        """The node's sampler is hung: it publishes nothing."""
+        self.machine = SimHost()
+        """Memory, swap, load and disks, as the sampler's host reader sees them."""
+        self.kernel: SimKernelLog | None = None
+        """The node's /dev/kmsg (a FIFO the real kernel-log watcher reads); set once the node starts."""
         self.leader: str | None = None
         self.peers: list[str] = []
         self.injected: list[InjectedFault] = []
@@ -217,7 +242,11 @@ class NodeState:
         """A busy job on `gpu`: util ~90 %, output growing. `started_ago_s` backdates it (a fleet
         that has been running a while), which its start ticks and output show."""
         self._check_gpu(gpu)
-        return self._spawn(argv or _job_argv(gpu), gpu, used_mib, is_job=True, producing=True, ago_s=started_ago_s)
+        with self._lock:
+            container = self._new_container(f"selfplay-gpu{gpu}")
+            return self._spawn(
+                argv or _job_argv(gpu), gpu, used_mib, is_job=True, producing=True, ago_s=started_ago_s, container=container
+            )
 
     def inject_zombie(self, gpu: int, *, ignore_term: bool = False) -> SimProcess:
         """The job on `gpu` hangs: it keeps its GPU memory and counts as running, but its GPU
@@ -233,14 +262,94 @@ class NodeState:
         self._record(gpu, Fault.ZOMBIE)
         return job
 
-    def inject_orphan(self, gpu: int, *, used_mib: int = ORPHAN_MEMORY_MIB) -> SimProcess:
-        """A leftover process from before a container restart: it holds `gpu` (so the next job
-        fails with "device busy") but no job manager counts it and it computes nothing."""
+    def inject_orphan(self, gpu: int, *, used_mib: int = ORPHAN_MEMORY_MIB, context: bool = True) -> SimProcess:
+        """A container restart leaves its process behind: the job on `gpu` outlives its container
+        (which is gone, replaced by a new one), nobody counts it as a job any more and it computes
+        nothing, yet it still holds the GPU, so the new container's job dies with "device busy".
+        Without a job there, a leftover with `used_mib` appears. With `context=False` the leftover
+        holds only the /dev/nvidia* files, which nvidia-smi does not show."""
         self._check_gpu(gpu)
-        argv = ("python", "-m", "selfplay.worker", "--gpu", str(gpu), "--resume")
-        orphan = self._spawn(argv, gpu, used_mib, is_job=False, producing=False)
+        with self._lock:
+            leftover = self._job_on(gpu)
+            if leftover is None:
+                argv = ("python", "-m", "selfplay.worker", "--gpu", str(gpu), "--resume")
+                leftover = self._spawn(
+                    argv, gpu, used_mib, is_job=False, producing=False, container=self._new_container(f"selfplay-gpu{gpu}")
+                )
+            leftover.is_job = False
+            leftover.producing = False
+            if leftover.stopped_producing_at is None:
+                leftover.stopped_producing_at = time.monotonic()
+            if not context:
+                leftover.gpu = None
+                leftover.used_mib = 0
+            old = self.containers.get(leftover.container_id)
+            if old is not None:
+                if old.running:
+                    self._exit_container(old, 137, logs=["received SIGKILL"])
+                self._destroy_container(old)
+            replacement = self._new_container(f"selfplay-gpu{gpu}")
+            self._exit_container(replacement, 1, logs=["starting selfplay worker", DEVICE_BUSY])
         self._record(gpu, Fault.ORPHAN)
-        return orphan
+        return leftover
+
+    def inject_oom_kill(self, gpu: int) -> SimProcess | None:
+        """The job on `gpu` outgrows its container's memory limit: the kernel's OOM killer ends
+        it (its lines go to the kernel log) and the container exits 137 with OOMKilled."""
+        job = self._job_on(gpu)
+        if job is not None:
+            if self.kernel is not None:
+                self.kernel.oom_kill(job.pid, job.comm, 1000, job.container_id, 31_457_280)
+            self._end(job, exit_code=137, oom_killed=True, logs=["game 18231 done in 41.2s"])
+        self._record(gpu, Fault.OOM_KILL)
+        return job
+
+    def inject_segfault(self, gpu: int) -> SimProcess | None:
+        """The job on `gpu` dies of SIGSEGV: a segfault line in the kernel log, exit 139."""
+        job = self._job_on(gpu)
+        if job is not None:
+            if self.kernel is not None:
+                self.kernel.segfault(job.pid, job.comm)
+            self._end(job, exit_code=139, logs=["Fatal Python error: Segmentation fault"])
+        self._record(gpu, Fault.SEGFAULT)
+        return job
+
+    def inject_sigterm(self, gpu: int) -> SimProcess | None:
+        """The job on `gpu` is stopped with SIGTERM (a preemption, a `docker stop`): exit 143."""
+        job = self._job_on(gpu)
+        if job is not None:
+            self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
+        self._record(gpu, Fault.SIGTERM)
+        return job
+
+    def inject_gpu_oom(self, gpu: int) -> SimProcess | None:
+        """The job on `gpu` runs out of GPU memory: CUDA's out-of-memory error in its logs, exit 1."""
+        job = self._job_on(gpu)
+        if job is not None:
+            self._end(job, exit_code=1, logs=["Traceback (most recent call last):", CUDA_OOM])
+        self._record(gpu, Fault.GPU_OOM)
+        return job
+
+    def inject_disk_full(self, path: str = "/var/lib/docker") -> None:
+        """The file system under `path` fills up."""
+        self.machine.fill_disk(path)
+        self._record(None, Fault.DISK_FULL)
+
+    def inject_xid(self, gpu: int, xid: int = 79) -> None:
+        """The driver reports XID `xid` on `gpu` (NVML event). XID 79 also means the GPU fell off
+        the bus: every NVML query about it fails from now on."""
+        self._check_gpu(gpu)
+        self.xid_queue.put((gpu, xid))
+        if self.kernel is not None:
+            self.kernel.write(f"NVRM: Xid (PCI:0000:{0x18 + gpu:02x}:00): {xid}, pid='<unknown>', name=<unknown>")
+        if xid == 79:
+            self.gpus[gpu].lost = True
+        self._record(gpu, Fault.XID)
+
+    def inject_sampler_silent(self) -> None:
+        """The node's sampler hangs: it publishes nothing from now on."""
+        self.sampler_silent = True
+        self._record(None, Fault.SAMPLER_SILENT)
 
     def inject_gpu_lost(self, gpu: int) -> None:
         """`gpu` falls off the bus: every NVML query about it raises NVMLError_GpuIsLost."""
@@ -271,10 +380,67 @@ class NodeState:
             p.killed_by = signal
             if p.stopped_producing_at is None:
                 p.stopped_producing_at = time.monotonic()
+            container = self.containers.get(p.container_id)
+            if container is not None and container.running and not self._container_has_live(container.id):
+                self._exit_container(container, 137 if signal == "KILL" else 143)
             return True
 
+    # --- containers ---------------------------------------------------------------------------
+
+    def _new_container(self, name: str) -> SimContainer:
+        with self._lock:
+            container = SimContainer(id=f"{self._random.getrandbits(256):064x}", name=name)
+            self.containers[container.id] = container
+        self._container_event("start", container)
+        return container
+
+    def _container_has_live(self, container_id: str) -> bool:
+        return any(p.container_id == container_id for p in self.live_processes())
+
+    def _exit_container(
+        self, container: SimContainer, exit_code: int, *, oom_killed: bool = False, logs: list[str] | None = None
+    ) -> None:
+        with self._lock:
+            container.running = False
+            container.exit_code = exit_code
+            container.oom_killed = oom_killed
+            container.finished_at = datetime.now(UTC)
+            container.logs.extend(logs or ())
+        self._container_event("die", container)
+
+    def _destroy_container(self, container: SimContainer) -> None:
+        with self._lock:
+            self.containers.pop(container.id, None)
+        self._container_event("destroy", container)
+
+    def _container_event(self, action: str, container: SimContainer) -> None:
+        for listener in list(self.container_listeners):
+            listener(action, container)
+
+    def _job_on(self, gpu: int) -> SimProcess | None:
+        self._check_gpu(gpu)
+        return next((p for p in self.live_processes(gpu) if p.is_job), None)
+
+    def _end(self, p: SimProcess, *, exit_code: int, oom_killed: bool = False, logs: list[str] | None = None) -> None:
+        """The process ends by itself (not by a kill from outside); its container exits with it."""
+        with self._lock:
+            p.alive = False
+            if p.stopped_producing_at is None:
+                p.stopped_producing_at = time.monotonic()
+            container = self.containers.get(p.container_id)
+        if container is not None and container.running:
+            self._exit_container(container, exit_code, oom_killed=oom_killed, logs=logs)
+
     def _spawn(
-        self, argv: tuple[str, ...], gpu: int | None, used_mib: int, *, is_job: bool, producing: bool, ago_s: float = 0.0
+        self,
+        argv: tuple[str, ...],
+        gpu: int | None,
+        used_mib: int,
+        *,
+        is_job: bool,
+        producing: bool,
+        ago_s: float = 0.0,
+        container: SimContainer | None = None,
     ) -> SimProcess:
         ago_s = max(0.0, min(ago_s, BOOTED_AGO_S))
         with self._lock:
@@ -288,6 +454,8 @@ class NodeState:
                 used_mib=used_mib,
                 is_job=is_job,
                 producing=producing,
+                container_id=container.id if container else "",
+                devices=_devices(gpu) if gpu is not None else (),
             )
             self.processes[pid] = p
             return p
@@ -314,6 +482,11 @@ class NodeState:
         self.injected.append(entry)
         for listener in self.fault_listeners:
             listener(entry)
+
+
+def _devices(gpu: int) -> tuple[str, ...]:
+    """What a CUDA process on `gpu` holds open."""
+    return (f"/dev/nvidia{gpu}", "/dev/nvidiactl", "/dev/nvidia-uvm")
 
 
 def _job_argv(gpu: int) -> tuple[str, ...]:
