@@ -61,6 +61,47 @@ def cmd_demo(args) -> int:
     return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=args.keep_running))
 
 
+def cmd_sim(args) -> int:
+    import random
+
+    from gpumedic.sim.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
+    from gpumedic.simulate import run_simulation
+
+    def plan(node_ids: list[str], gpus: int) -> Scenario:
+        if args.scenario:
+            scenario = load_scenario(
+                resolve_scenario_path(args.scenario), node_ids=node_ids, gpus_per_node=gpus, seed=args.seed
+            )
+        else:
+            scenario = Scenario(name="command line", description="", duration_s=None, faults=())
+        rng = random.Random(args.seed + 1)
+        extra = [parse_fault_option(text, node_ids=node_ids, gpus_per_node=gpus, rng=rng) for text in args.fault]
+        return scenario.with_faults(extra)
+
+    if args.nodes < 1 or args.gpus < 1 or args.interval <= 0:
+        print("gpumedic sim: --nodes and --gpus must be at least 1, --interval positive", file=sys.stderr)
+        return 2
+    try:
+        # check the scenario before anything starts: a typo should cost a second, not a stack start
+        from gpumedic.sim.fleet import node_ids_for
+
+        plan(node_ids_for(args.nodes), args.gpus)
+    except ScenarioError as exc:
+        print(f"gpumedic sim: {exc}", file=sys.stderr)
+        return 2
+    return _run(
+        run_simulation(
+            args.var,
+            nodes=args.nodes,
+            gpus=args.gpus,
+            scenario=plan,
+            duration_s=args.duration,
+            interval_s=args.interval,
+            json_path=args.json,
+        )
+    )
+
+
 def cmd_up(args) -> int:
     if args.demo:
         from gpumedic.demo import run_demo
@@ -166,6 +207,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=180.0, help="give up after this many seconds (default 180)")
     p.add_argument("--keep-running", action="store_true", help="keep the stack up after the story, until --duration or Ctrl-C")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "sim",
+        help="the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
+        description="Start the embedded stack and a simulated fleet, inject the faults of a scenario "
+        "(a YAML file, or a built-in one by name) and of --fault options on schedule, and print which "
+        "faults the system saw: as an incident from a detector, or as a signal on the bus.",
+    )
+    p.add_argument("--nodes", type=int, default=20, help="simulated nodes (default 20)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per simulated node (default 8)")
+    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="where the bus, store, logs and fleet files live (default ./var)")
+    p.add_argument("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="FIELDS",
+        help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)",
+    )
+    p.add_argument("--duration", type=float, default=None, help="seconds to run (default: the scenario's, else until detection had time)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between samples per node (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed for 'random' nodes and GPUs (default 0)")
+    p.add_argument("--json", type=Path, default=None, help="also write the score as JSON to this file")
+    p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("up", help="start the embedded stack: nats-server, SQLite store, the six services")
     fleet_options(p)

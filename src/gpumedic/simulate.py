@@ -1,0 +1,204 @@
+"""`gpumedic sim`: the embedded stack on a simulated fleet of N nodes, with the faults of a
+scenario injected on schedule, and a score of what the system saw against what was injected.
+
+Every fault reaches the services through the interfaces a real node offers: samples and
+immediate events from the real node-sampler code (over simulated NVML, /proc, kernel log and
+Docker engine), SSH, and the peer status endpoint. The score separates "a detector opened an
+incident" from "the signal was on the bus", since only some fault kinds have a detector yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+
+from gpumedic.demo import demo_env
+from gpumedic.sim.fleet import SimFleet
+from gpumedic.sim.scenario import FaultSpec, Scenario
+from gpumedic.sim.scoring import Finding, findings_from_event, render, score
+from gpumedic.stack import Stack
+from gpumedic_events import (
+    ActionCompleted,
+    ContainerExited,
+    Event,
+    GpuLost,
+    GpuXidReported,
+    IncidentOpened,
+    NodeSampled,
+    ProcessOomKilled,
+)
+
+OBSERVED: tuple[type[Event], ...] = (
+    IncidentOpened,
+    ActionCompleted,
+    GpuXidReported,
+    GpuLost,
+    ProcessOomKilled,
+    ContainerExited,
+    NodeSampled,
+)
+"""What the score is built from: incidents from detectors, the remediator's failed actions, and
+the nodes' own signals."""
+SILENT_AFTER_INTERVALS = 3
+"""A node whose samples stop for this many intervals counts as a silent sampler."""
+
+
+class Observer:
+    """Collects findings from the bus, and notices nodes whose samples stop."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.findings: list[Finding] = []
+        self.last_sample: dict[str, float] = {}
+        self._silent: set[str] = set()
+        self.received = 0
+        self.undecodable = 0
+
+    def take(self, event: Event) -> None:
+        self.received += 1
+        if isinstance(event, NodeSampled):
+            self.last_sample[event.node_id] = time.monotonic()
+            self._silent.discard(event.node_id)
+        self.findings.extend(findings_from_event(event))
+
+    def check_silence(self) -> None:
+        now = time.monotonic()
+        for node_id, seen in self.last_sample.items():
+            if node_id not in self._silent and now - seen > SILENT_AFTER_INTERVALS * self.interval_s:
+                self._silent.add(node_id)
+                self.findings.append(Finding(datetime.now(UTC), node_id, None, "sampler_silent", "gpumedic sim (sample gaps)"))
+
+
+async def run_simulation(
+    var_dir: Path,
+    *,
+    nodes: int,
+    gpus: int,
+    scenario: Callable[[list[str], int], Scenario],
+    duration_s: float | None = None,
+    interval_s: float = 5.0,
+    json_path: Path | None = None,
+    say=print,
+) -> int:
+    """Run the fleet with the scenario's faults; print the score. 0 when the run completed."""
+    started = time.monotonic()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    fleet = SimFleet(nodes, gpus, var_dir / "fleet")
+    plan = scenario(list(fleet.nodes), gpus)
+    duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
+    stack = Stack(var_dir, say=say)
+    nc = None
+    tasks: list[asyncio.Task] = []
+    fleet_log: logging.Handler | None = None
+    try:
+        say(f"[1/5] starting the bus and the store under {var_dir}/")
+        url = stack.start_bus()
+        fleet_log = _log_fleet_to(stack.logs / "fleet.log")
+        stack.migrate()
+        say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
+        await fleet.start()
+        stack.env = {**demo_env(fleet), "GPUMEDIC_SAMPLER_INTERVAL_S": str(interval_s)}
+        say("[3/5] starting the six services")
+        stack.start_services()
+        await stack.wait_ready()
+
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        observer = Observer(interval_s)
+        for event_type in OBSERVED:
+            await nc.subscribe(event_type.subject_filter(), cb=_collect(event_type, observer))
+
+        async def publish(event: Event) -> None:
+            await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
+
+        tasks.append(asyncio.create_task(fleet.run_samplers(publish, interval_s)))
+        say(
+            f"[4/5] scenario {plan.name!r}: {len(plan.faults)} fault(s) over {duration:.0f}s, "
+            f"samples every {interval_s:g}s"
+        )
+        tasks.append(asyncio.create_task(_inject_on_schedule(fleet, plan.faults, time.monotonic(), say)))
+        deadline = time.monotonic() + duration
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            observer.check_silence()
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()
+            stack.check_alive()
+
+        result = score(fleet.injected, observer.findings)
+        say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
+        say("")
+        say(render(result))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+            say(f"\nscore written to {json_path}")
+        return 0
+    finally:
+        say("stopping: fleet, services, bus")
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        with contextlib.suppress(Exception):
+            await fleet.stop()
+        stack.stop()
+        if fleet_log is not None:
+            logging.getLogger().removeHandler(fleet_log)
+            fleet_log.close()
+        say("stopped; no process left behind")
+
+
+def _log_fleet_to(path: Path) -> logging.Handler:
+    """The simulated nodes' samplers log what real ones would (an OOM kill, a lost GPU): to a
+    file beside the services' logs, so the terminal shows the run and its score."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for chatty in ("asyncssh", "nats"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    return handler
+
+
+async def _inject_on_schedule(fleet: SimFleet, faults: tuple[FaultSpec, ...], start: float, say) -> None:
+    for spec in faults:
+        await asyncio.sleep(max(0.0, start + spec.at_s - time.monotonic()))
+        where = spec.node if spec.gpu is None else f"{spec.node} GPU {spec.gpu}"
+        try:
+            await fleet.inject(spec.fault, spec.node, spec.gpu, **dict(spec.params))
+        except (ValueError, KeyError) as exc:
+            say(f"      +{spec.at_s:5.0f}s  NOT injected {spec.fault} on {where}: {exc}")
+            continue
+        say(f"      +{spec.at_s:5.0f}s  injected {spec.fault} on {where}")
+
+
+def _collect(event_type: type[Event], observer: Observer):
+    async def _cb(msg) -> None:
+        try:
+            event = event_type.from_json(msg.data, subject=msg.subject)
+        except ValueError:
+            observer.undecodable += 1
+            return
+        observer.take(event)
+
+    return _cb
+
+
+def _default_duration(plan: Scenario, interval_s: float) -> float:
+    """Long enough after the last fault for detection (idle window + verification)."""
+    last = max((f.at_s for f in plan.faults), default=0.0)
+    return last + max(60.0, 6 * interval_s)
