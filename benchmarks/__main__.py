@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import sample_path
+from benchmarks import sample_path, sampler_cost
 
 
 def main() -> int:
     asyncio.run(sample_path.main(sys.argv[1:]))
+    print()
+    sampler_cost.main(sys.argv[1:])
     return 0
 
 
