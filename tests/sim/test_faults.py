@@ -11,6 +11,7 @@ import pytest
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
 from gpumedic.sim import SimFleet
+from gpumedic.sim.state import Fault
 
 
 class Running:
@@ -187,3 +188,17 @@ async def test_nvml_going_missing_under_a_running_sampler_is_noted_every_sample(
         run.node.inject_nvml_missing()
         sample = await run.wait_for(NodeSampled, lambda e: "NVML unavailable: NVMLError_LibraryNotFound" in e.errors)
     assert sample.gpus == ()
+
+
+async def test_every_fault_a_scenario_can_name_can_be_injected(tmp_path):
+    fleet = SimFleet(len(Fault), 2, tmp_path / "fleet")
+    async with fleet:
+        for node_id, fault in zip(fleet.nodes, Fault, strict=True):
+            await fleet.inject(fault, node_id, 1 if fault in _TAKES_GPU else None)
+    assert [f.fault for f in fleet.injected] == list(Fault)
+
+
+_TAKES_GPU = {
+    Fault.ZOMBIE_JOB, Fault.ORPHAN_GPU_HOLDER, Fault.OOM_KILL, Fault.SEGFAULT, Fault.SIGTERM,
+    Fault.GPU_OOM, Fault.XID, Fault.GPU_LOST,
+}

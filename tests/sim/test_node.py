@@ -39,8 +39,8 @@ async def test_zombie_orphan_and_ground_truth():
     (replacement,) = node.containers.values()
     assert replacement.exit_code == 1 and "busy or unavailable" in replacement.logs[-1]
     assert [(f.node_id, f.gpu, f.fault) for f in node.injected] == [
-        ("sim-node-09", 0, Fault.ZOMBIE),
-        ("sim-node-09", 0, Fault.ORPHAN),
+        ("sim-node-09", 0, Fault.ZOMBIE_JOB),
+        ("sim-node-09", 0, Fault.ORPHAN_GPU_HOLDER),
     ]
 
     sample = await node.sampler(1.0, probes=[]).sample()

@@ -26,7 +26,6 @@ from gpumedic.sim.scenario import (
     parse_time,
     resolve_scenario_path,
 )
-from gpumedic.sim.state import Fault
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 SRC = "test.yaml"
@@ -615,7 +614,3 @@ def test_tables_cover_every_kind():
     assert set(GPU_FAULTS) <= set(FaultKind)
     assert FaultKind.XID in GPU_FAULTS and FaultKind.DISK_FULL not in GPU_FAULTS
 
-
-def test_fault_kinds_are_the_simulations_fault_names():
-    names = {v for k, v in vars(Fault).items() if k.isupper()}
-    assert {k.value for k in FaultKind} <= names

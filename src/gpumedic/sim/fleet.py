@@ -95,8 +95,8 @@ class SimFleet:
         """Inject one fault by name (the names of `Fault`, as scenario files use them)."""
         node = self.node(node_id)
         needs_gpu = {
-            Fault.ZOMBIE: node.inject_zombie,
-            Fault.ORPHAN: node.inject_orphan,
+            Fault.ZOMBIE_JOB: node.inject_zombie,
+            Fault.ORPHAN_GPU_HOLDER: node.inject_orphan,
             Fault.OOM_KILL: node.inject_oom_kill,
             Fault.SEGFAULT: node.inject_segfault,
             Fault.SIGTERM: node.inject_sigterm,

@@ -61,11 +61,12 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
 import yaml
+
+from gpumedic.sim.state import Fault
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -83,23 +84,8 @@ CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH]"
 CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
-class FaultKind(StrEnum):
-    """What a scenario can break. The values are also the `fault` names of `InjectedFault`."""
-
-    ZOMBIE_JOB = "zombie_job"
-    ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
-    OOM_KILL = "oom_kill"
-    SEGFAULT = "segfault"
-    SIGTERM = "sigterm"
-    DISK_FULL = "disk_full"
-    GPU_OOM = "gpu_oom"
-    XID = "xid"
-    GPU_LOST = "gpu_lost"
-    SSH_REFUSES = "ssh_refuses"
-    SSH_HANGS = "ssh_hangs"
-    SAMPLER_SILENT = "sampler_silent"
-    NVML_MISSING = "nvml_missing"
-    STATUS_BLOCKED = "status_blocked"
+FaultKind = Fault
+"""What a scenario can break: the simulation's own fault names (`gpumedic.sim.state.Fault`)."""
 
 
 GPU_FAULTS: frozenset[FaultKind] = frozenset(

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import NamedTuple
 
 from gpumedic.sim.host import SimHost
@@ -34,11 +35,11 @@ OUTPUT_BYTES_PER_S = 256 * 1024
 BOOTED_AGO_S = 3 * 86_400
 
 
-class Fault:
-    """The names of the faults the simulation can script; they appear in `injected`."""
+class Fault(StrEnum):
+    """The faults the simulation can script: the names scenario files use and `injected` records."""
 
-    ZOMBIE = "zombie_job"
-    ORPHAN = "orphan_gpu_holder"
+    ZOMBIE_JOB = "zombie_job"
+    ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
     OOM_KILL = "oom_kill"
     SEGFAULT = "segfault"
     SIGTERM = "sigterm"
@@ -259,7 +260,7 @@ class NodeState:
             job.producing = False
             job.stopped_producing_at = time.monotonic()
             job.ignores_term = ignore_term
-        self._record(gpu, Fault.ZOMBIE)
+        self._record(gpu, Fault.ZOMBIE_JOB)
         return job
 
     def inject_orphan(self, gpu: int, *, used_mib: int = ORPHAN_MEMORY_MIB, context: bool = True) -> SimProcess:
@@ -290,7 +291,7 @@ class NodeState:
                 self._destroy_container(old)
             replacement = self._new_container(f"selfplay-gpu{gpu}")
             self._exit_container(replacement, 1, logs=["starting selfplay worker", DEVICE_BUSY])
-        self._record(gpu, Fault.ORPHAN)
+        self._record(gpu, Fault.ORPHAN_GPU_HOLDER)
         return leftover
 
     def inject_oom_kill(self, gpu: int) -> SimProcess | None:

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from node_sampler.http import read_head
 from node_sampler.logic import ContainerExitReading
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class DockerWatcher:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._send(writer, target)
-                status, headers = await _read_head(reader)
+                status, headers = await read_head(reader, DockerError)
             if status != 200:
                 raise DockerError(f"/events: HTTP {status}")
             async with asyncio.timeout(self.timeout_s):
@@ -366,7 +367,7 @@ class DockerWatcher:
         reader, writer = await self._connect()
         try:
             await self._send(writer, target)
-            status, headers = await _read_head(reader)
+            status, headers = await read_head(reader, DockerError)
             if status != 200:
                 raise DockerError(f"HTTP {status}")
             content_type = headers.get("content-type", "")
@@ -404,7 +405,7 @@ class DockerWatcher:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._send(writer, target)
-                status, headers = await _read_head(reader)
+                status, headers = await read_head(reader, DockerError)
                 body = bytearray()
                 async with contextlib.aclosing(_body(reader, headers)) as pieces:
                     async for piece in pieces:
@@ -609,25 +610,6 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(Exception):
         await writer.wait_closed()
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        raise DockerError("connection closed before an HTTP answer") from None
-    except asyncio.LimitOverrunError:
-        raise DockerError("HTTP header too large") from None
-    lines = head.decode("latin-1").split("\r\n")
-    status_line = lines[0].split(" ", 2)
-    if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
-        raise DockerError("not an HTTP answer")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return int(status_line[1]), headers
 
 
 async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from node_sampler.http import read_head
 from node_sampler.logic import JobsReading
 from node_sampler.procs import ProcessTable
 
@@ -184,7 +185,7 @@ async def http_get(url: str, *, max_bytes: int = MAX_STATUS_BYTES) -> tuple[int,
         request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
         writer.write(request.encode("ascii"))
         await writer.drain()
-        status, headers = await _read_head(reader)
+        status, headers = await read_head(reader, ProbeError)
         body = await _read_body(reader, headers, max_bytes)
         return status, body
     finally:
@@ -193,25 +194,6 @@ async def http_get(url: str, *, max_bytes: int = MAX_STATUS_BYTES) -> tuple[int,
             await writer.wait_closed()
         except OSError:
             pass
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        raise ProbeError("connection closed before an HTTP answer") from None
-    except asyncio.LimitOverrunError:
-        raise ProbeError("HTTP header too large") from None
-    lines = head.decode("latin-1").split("\r\n")
-    status_line = lines[0].split(" ", 2)
-    if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
-        raise ProbeError("not an HTTP answer")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return int(status_line[1]), headers
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int) -> bytes:
