@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from node_sampler.nvml import XidWatcher
 
 from tests.node_sampler.fake_nvml import BuildError, FakeNvmlLib, build
 
@@ -33,3 +34,13 @@ def fake_nvml(fake_nvml_library, monkeypatch) -> Iterator[FakeNvmlLib]:
     monkeypatch.setattr(pynvml, "_nvmlLib_refcount", 0)
     yield lib
     lib.reset()
+
+
+@pytest.fixture
+def watchers() -> Iterator[list[XidWatcher]]:
+    """XID watchers a test starts; each is stopped when the test ends."""
+    started: list[XidWatcher] = []
+    yield started
+    for watcher in started:
+        watcher.stop()
+

@@ -220,3 +220,13 @@ def table_for_two_gpus() -> FakeProcessTable:
             42000: ProcessInfo(42000, 8900000, "python helper.py"),
         }
     )
+
+
+def until(predicate, timeout_s: float = 2.0) -> bool:
+    """Poll `predicate` (a watcher thread works meanwhile) until true or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()

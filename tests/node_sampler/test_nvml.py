@@ -13,7 +13,7 @@ from gpumedic.sim.state import NodeState
 from node_sampler.logic import XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.sampler import Sampler
-from tests.node_sampler.fakes import MIB, FakeNvml, FakeProcessTable, table_for_two_gpus, two_gpus
+from tests.node_sampler.fakes import MIB, FakeNvml, FakeProcessTable, table_for_two_gpus, two_gpus, until
 
 
 async def test_every_field_is_filled():
@@ -230,23 +230,6 @@ def test_nvml_gone_under_the_reader_is_initialised_again():
 # --- the XID watcher, over the pure-Python fake and over a simulated node --------------------
 
 
-@pytest.fixture
-def watchers():
-    started: list[XidWatcher] = []
-    yield started
-    for watcher in started:
-        watcher.stop()
-
-
-def _until(predicate, timeout_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
-
-
 def _registered(nvml: FakeNvml, *gpus: int) -> bool:
     return any(s.gpus == set(gpus) and not s.freed for s in nvml.event_sets)
 
@@ -257,12 +240,12 @@ def test_xids_reach_on_xid_and_stop_gives_nvml_back(watchers):
     watcher = XidWatcher(NvmlReader(nvml), seen.append, wait_ms=50)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: _registered(nvml, 0, 1))
+    assert until(lambda: _registered(nvml, 0, 1))
 
     nvml.xids.put((1, 48))
     nvml.xids.put((0, 79))
 
-    assert _until(lambda: len(seen) == 2)
+    assert until(lambda: len(seen) == 2)
     assert seen == [
         XidReading(xid=48, gpu_index=1, gpu_uuid="GPU-bbbb"),
         XidReading(xid=79, gpu_index=0, gpu_uuid="GPU-aaaa"),
@@ -283,10 +266,10 @@ def test_on_xid_that_raises_does_not_end_watching(watchers):
     watcher = XidWatcher(nvml, on_xid, wait_ms=50)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: _registered(nvml, 0, 1))
+    assert until(lambda: _registered(nvml, 0, 1))
     nvml.xids.put((0, 13))
     nvml.xids.put((0, 31))
-    assert _until(lambda: seen == [13, 31])
+    assert until(lambda: seen == [13, 31])
 
 
 def test_a_gpu_refusing_events_is_skipped_and_said_once(watchers, caplog):
@@ -298,10 +281,10 @@ def test_a_gpu_refusing_events_is_skipped_and_said_once(watchers, caplog):
 
     with caplog.at_level("INFO", logger="node_sampler.nvml"):
         watcher.start()
-        assert _until(lambda: _registered(nvml, 1))
+        assert until(lambda: _registered(nvml, 1))
         nvml.xids.put((0, 48))  # nobody listens on GPU 0: NVML does not deliver it
         nvml.xids.put((1, 94))
-        assert _until(lambda: len(seen) == 1)
+        assert until(lambda: len(seen) == 1)
 
     assert seen == [XidReading(xid=94, gpu_index=1, gpu_uuid="GPU-bbbb")]
     assert [r.getMessage() for r in caplog.records if "no XID events" in r.getMessage()] == [
@@ -322,7 +305,7 @@ def test_a_failing_wait_is_said_once_and_retried_after_a_pause(watchers, caplog)
         waits = nvml.calls[(-1, "nvmlEventSetWait_v2")]
         del nvml.failures[(-1, "nvmlEventSetWait_v2")]
         nvml.xids.put((1, 48))
-        assert _until(lambda: len(seen) == 1)
+        assert until(lambda: len(seen) == 1)
 
     assert 2 <= waits <= 6  # a pause between tries, not a spin
     assert [r.getMessage() for r in caplog.records if "wait failed" in r.getMessage()] == [
@@ -338,11 +321,11 @@ def test_xid_watcher_without_nvml_says_so_once_and_starts_when_it_loads(watchers
 
     with caplog.at_level("INFO", logger="node_sampler.nvml"):
         watcher.start()
-        assert _until(lambda: nvml.init_calls >= 3)
+        assert until(lambda: nvml.init_calls >= 3)
         nvml.missing = False
-        assert _until(lambda: _registered(nvml, 0, 1))
+        assert until(lambda: _registered(nvml, 0, 1))
         nvml.xids.put((0, 79))
-        assert _until(lambda: len(seen) == 1)
+        assert until(lambda: len(seen) == 1)
 
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("XID events off until NVML loads: NVMLError_LibraryNotFound") == 1
@@ -363,7 +346,7 @@ def test_the_same_watcher_and_reader_over_a_simulated_node(watchers):
     busy, idle = reader.read().gpus
     node.inject_xid(1, 48)
 
-    assert _until(lambda: len(seen) == 1)
+    assert until(lambda: len(seen) == 1)
     assert seen == [XidReading(xid=48, gpu_index=1, gpu_uuid=node.gpus[1].uuid)]
     # load heats the GPU and draws power towards the limit; the idle one sits at its idle figures
     assert busy.temperature_c > idle.temperature_c == 34

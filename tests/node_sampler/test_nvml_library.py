@@ -17,26 +17,10 @@ import pytest
 from node_sampler.logic import RawGpu, RawProcess, XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from tests.node_sampler.fake_nvml import GIB, FakeNvmlLib
+from tests.node_sampler.fakes import until
 
 NOT_SUPPORTED, NO_PERMISSION, DRIVER_NOT_LOADED, GPU_IS_LOST, UNKNOWN = 3, 4, 9, 15, 999
 QUERIES_PER_WARM_GPU = 11
-
-
-@pytest.fixture
-def watchers():
-    started: list[XidWatcher] = []
-    yield started
-    for watcher in started:
-        watcher.stop()
-
-
-def _until(predicate, timeout_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def _busy_node(fake: FakeNvmlLib, gpus: int = 2) -> None:
@@ -223,13 +207,13 @@ def test_an_xid_reaches_on_xid_with_gpu_index_and_uuid(fake_nvml, watchers):
     watcher = XidWatcher(pynvml, seen.append, wait_ms=100)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: fake_nvml.registered(0) and fake_nvml.registered(1))
+    assert until(lambda: fake_nvml.registered(0) and fake_nvml.registered(1))
 
     sent_at = time.monotonic()
     assert fake_nvml.push_xid(1, 79) == 1
     assert fake_nvml.push_xid(0, 48) == 1
 
-    assert _until(lambda: len(seen) == 2)
+    assert until(lambda: len(seen) == 2)
     # the event wakes the blocked wait: no need to sit out its timeout
     assert time.monotonic() - sent_at < 0.09
     assert seen == [
@@ -245,7 +229,7 @@ def test_stop_returns_within_the_wait_and_gives_nvml_back(fake_nvml, watchers):
     watcher = XidWatcher(pynvml, lambda r: None, wait_ms=500)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: fake_nvml.registered(1))
+    assert until(lambda: fake_nvml.registered(1))
     assert fake_nvml.init_count() == 1 and fake_nvml.live_sets() == 1
     time.sleep(0.05)  # let it block in nvmlEventSetWait_v2
 
@@ -266,7 +250,7 @@ def test_the_watcher_leaves_the_readers_session_alone(fake_nvml, watchers):
     watcher = XidWatcher(reader, lambda r: None, wait_ms=50)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: fake_nvml.registered(0))
+    assert until(lambda: fake_nvml.registered(0))
 
     watcher.stop()
 
@@ -283,11 +267,11 @@ def test_xid_watcher_without_nvml_says_so_once_then_starts(fake_nvml, watchers, 
 
     with caplog.at_level(logging.INFO, logger="node_sampler.nvml"):
         watcher.start()
-        assert _until(lambda: fake_nvml.calls(-1, "nvmlInitWithFlags") >= 4)
+        assert until(lambda: fake_nvml.calls(-1, "nvmlInitWithFlags") >= 4)
         fake_nvml.set_init_error(0)
-        assert _until(lambda: fake_nvml.registered(0))
+        assert until(lambda: fake_nvml.registered(0))
         fake_nvml.push_xid(0, 31)
-        assert _until(lambda: len(seen) == 1)
+        assert until(lambda: len(seen) == 1)
 
     off = [r for r in caplog.records if r.getMessage().startswith("XID events off")]
     assert [(r.levelname, r.getMessage()) for r in off] == [
@@ -303,11 +287,11 @@ def test_a_gpu_refusing_xid_events_is_skipped(fake_nvml, watchers):
     watcher = XidWatcher(pynvml, seen.append, wait_ms=50)
     watchers.append(watcher)
     watcher.start()
-    assert _until(lambda: fake_nvml.registered(1))
+    assert until(lambda: fake_nvml.registered(1))
 
     assert not fake_nvml.registered(0)
     fake_nvml.push_xid(1, 94)
-    assert _until(lambda: len(seen) == 1)
+    assert until(lambda: len(seen) == 1)
     assert seen == [XidReading(xid=94, gpu_index=1, gpu_uuid="GPU-fake-1")]
 
 
@@ -324,7 +308,7 @@ def test_a_failing_wait_backs_off_and_recovers(fake_nvml, watchers, caplog):
         waits = fake_nvml.calls(-1, "nvmlEventSetWait_v2")
         fake_nvml.fail(-1, "nvmlEventSetWait_v2", 0)
         fake_nvml.push_xid(0, 48)
-        assert _until(lambda: len(seen) == 1)
+        assert until(lambda: len(seen) == 1)
 
     assert 2 <= waits <= 6
     assert [r.getMessage() for r in caplog.records if "wait failed" in r.getMessage()] == [
