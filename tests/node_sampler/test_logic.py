@@ -102,3 +102,16 @@ def test_merge_jobs_first_measurement_wins():
 )
 def test_next_tick(now, last, expected):
     assert next_tick(1000.0, now, 5.0, last) == expected
+
+
+def test_immediate_events_carry_node_text_cleaned_and_capped():
+    from node_sampler.logic import ContainerExitReading, OomKillReading, container_event, oom_event
+
+    hostile = "\x1b[31mred\x1b[0m\x00 tab\there\x07" + "x" * 2000
+    exit_ = container_event("n1", ContainerExitReading("c1", 139, last_log_lines=(hostile,)), AT)
+    oom = oom_event("n1", OomKillReading(pid=7, kernel_lines=(hostile,)), AT)
+    for line in (exit_.last_log_lines[0], oom.kernel_lines[0]):
+        assert line.startswith("red tab\there") and "\x1b" not in line and "\x00" not in line and len(line) == 1024
+    assert exit_.signal == "SIGSEGV"
+    assert oom_event("n1", OomKillReading(pid=0), AT) is None  # no process has pid 0
+    assert container_event("n1", ContainerExitReading("", 1), AT) is None

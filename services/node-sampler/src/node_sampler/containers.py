@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from node_sampler.http import read_head
-from node_sampler.logic import ContainerExitReading
+from node_sampler.logic import ContainerExitReading, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ _PIECE = 64 * 1024
 _EVENT_ID = re.compile(r"[0-9a-f]{12,128}")
 _LOOKUP_ID = re.compile(r"[0-9a-f]{12,64}")
 _INT = re.compile(r"-?[0-9]{1,10}")
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
 _EVENTS_TARGET = "/events?filters=" + quote(json.dumps({"type": ["container"]}, separators=(",", ":")), safe="")
 
@@ -481,11 +479,6 @@ class LogTail:
         line = clean_text(raw.decode("utf-8", errors="replace"), MAX_LINE).rstrip()
         if line:
             self._lines.append(line)
-
-
-def clean_text(text: str, limit: int) -> str:
-    """`text` without terminal escapes and control characters (tab stays), cut at `limit`."""
-    return _CONTROL.sub("", _ANSI.sub("", text))[:limit]
 
 
 def parse_engine_time(value: Any) -> datetime | None:

@@ -84,7 +84,8 @@ SIGNALS = {
 }
 """Exit codes above 128 a container gets when a signal ended its main process."""
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -198,12 +199,8 @@ class JobsReading:
     errors: tuple[str, ...] = field(default=())
 
 
-ContainerExists = Callable[[str], "bool | None"]
+ContainerExists = Callable[[str], bool | None]
 """Asks the container engine whether a container id still exists; None: cannot tell."""
-
-
-def _unknown_container(container_id: str) -> bool | None:
-    return None
 
 
 def assemble_sample(
@@ -217,7 +214,7 @@ def assemble_sample(
     errors: Sequence[str] = (),
     host: HostReading | None = None,
     holders: Mapping[int, tuple[str, ...]] | None = None,
-    container_exists: ContainerExists = _unknown_container,
+    container_exists: ContainerExists | None = None,
 ) -> NodeSampled:
     """The sample for one interval; never raises for odd readings, it notes them instead.
 
@@ -331,7 +328,7 @@ def oom_event(node_id: str, reading: OomKillReading, occurred_at: datetime) -> P
         cgroup=_clip(reading.cgroup, 512),
         container_id=_clip(reading.container_id, 128),
         anon_rss_kib=reading.anon_rss_kib if reading.anon_rss_kib is not None and reading.anon_rss_kib >= 0 else None,
-        kernel_lines=tuple(clean_line(line) for line in reading.kernel_lines[-16:]),
+        kernel_lines=tuple(clean_text(line) for line in reading.kernel_lines[-16:]),
     )
 
 
@@ -350,13 +347,14 @@ def container_event(node_id: str, reading: ContainerExitReading, occurred_at: da
         oom_killed=reading.oom_killed,
         signal=SIGNALS.get(reading.exit_code),
         finished_at=reading.finished_at if reading.finished_at and reading.finished_at.tzinfo else None,
-        last_log_lines=tuple(clean_line(line) for line in reading.last_log_lines[-50:]),
+        last_log_lines=tuple(clean_text(line) for line in reading.last_log_lines[-50:]),
     )
 
 
-def clean_line(line: str) -> str:
-    """One log line safe to carry: control characters (terminal escapes, NULs) out, length capped."""
-    return _clip(_CONTROL.sub("", line), MAX_LINE)
+def clean_text(text: str, limit: int = MAX_LINE) -> str:
+    """Text from a node (a log or kernel line, a name) safe to carry: terminal escapes and control
+    characters out (tab stays), cut at `limit`."""
+    return _CONTROL.sub("", _ANSI.sub("", text))[:limit]
 
 
 def merge_jobs(readings: Sequence[JobsReading]) -> JobsObservation:
@@ -396,7 +394,7 @@ class _Identity:
 
     processes: Mapping[int, ProcessInfo]
     at: datetime
-    container_exists: ContainerExists
+    container_exists: ContainerExists | None
 
     def fields(self, pid: int) -> dict:
         info = self.processes.get(pid)
@@ -415,7 +413,9 @@ class _Identity:
             "age_s": age,
             "cgroup": _clip(info.cgroup, 512),
             "container_id": container_id,
-            "container_exists": self.container_exists(container_id) if container_id else None,
+            "container_exists": self.container_exists(container_id)
+            if container_id and self.container_exists is not None
+            else None,
         }
 
 

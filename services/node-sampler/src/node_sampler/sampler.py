@@ -122,7 +122,7 @@ class Sampler:
             errors=notes,
             host=host,
             holders=holders,
-            container_exists=self.containers.exists if self.containers else _cannot_tell,
+            container_exists=self.containers.exists if self.containers else None,
         )
 
     async def run(self, publish: Publish) -> None:
@@ -292,7 +292,3 @@ class Sampler:
             else:
                 readings.append(result)
         return readings
-
-
-def _cannot_tell(container_id: str) -> bool | None:
-    return None
