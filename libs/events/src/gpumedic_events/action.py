@@ -24,15 +24,25 @@ def action_id_for(incident_id: uuid.UUID, attempt: int) -> uuid.UUID:
 
 
 class ProcessTarget(BaseModel):
-    """A process to act on, identified by pid and start time so a recycled pid is never hit."""
+    """A process to act on, identified by pid, start time and command line, so a recycled pid is never hit.
+
+    The remediator refuses a target that lacks any of the three: a pid alone names whatever
+    process holds that number now.
+    """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     pid: int = Field(ge=2, le=4_194_304, description="Process id; 1 (init) is never a target.")
     start_ticks: int | None = Field(
-        default=None, ge=0, description="Expected /proc/PID/stat start time; the action refuses on mismatch."
+        default=None,
+        ge=0,
+        description="Expected /proc/PID/stat start time (field 22). Required by the remediator, which refuses on mismatch.",
     )
-    command: str = Field(default="", max_length=4096, description="Expected command line, for the audit and check.")
+    command: str = Field(
+        default="",
+        max_length=4096,
+        description="Expected command line (arguments joined by spaces). Required by the remediator, which refuses on mismatch.",
+    )
 
 
 class KillGpuProcesses(BaseModel):
@@ -44,6 +54,16 @@ class KillGpuProcesses(BaseModel):
     gpu_index: int = Field(ge=0, le=63)
     targets: tuple[ProcessTarget, ...] = Field(min_length=1, max_length=64)
     signal: Literal["TERM", "KILL"] = Field(default="KILL", description="Signal to send.")
+    max_gpu_utilization_pct: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="The GPU state the incident describes: the remediator reads the GPU's utilisation on the node "
+        "just before acting and refuses if it is above this (the job came back to life). Required by the remediator.",
+    )
+
+
+FINGERPRINT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}(/[A-Za-z0-9][A-Za-z0-9_-]{0,62}){1,3}$"
 
 
 class ActionEvent(Event):
@@ -78,8 +98,10 @@ class ActionRequested(ActionEvent):
                         "gpu_index": 0,
                         "targets": [{"pid": 41230, "start_ticks": 8812345, "command": "python train.py --epochs 90"}],
                         "signal": "KILL",
+                        "max_gpu_utilization_pct": 5,
                     },
                     "reason": "zombie job on GPU 0",
+                    "fingerprint": "gpu-node-07/zombie_job/0",
                 }
             ]
         }
@@ -87,6 +109,12 @@ class ActionRequested(ActionEvent):
 
     operation: KillGpuProcesses = Field(description="What to do, from the closed catalogue.")
     reason: str = Field(max_length=1000, description="Why, in one sentence.")
+    fingerprint: str | None = Field(
+        default=None,
+        pattern=FINGERPRINT_PATTERN,
+        description="The open incident's fingerprint (node/kind/gpu). The remediator looks the incident up by it "
+        "and refuses a request whose incident is unknown, closed, or waiting for another action. Required by the remediator.",
+    )
 
 
 class ActionOutcome(StrEnum):
