@@ -29,25 +29,8 @@ from typing import Any
 
 import yaml
 from gpumedic_bus.streams import STREAMS, Stream, stream_of
-from gpumedic_events import (
-    EVENT_TYPES,
-    ActionCompleted,
-    ActionRequested,
-    CapacityEvaluated,
-    ClusterChecked,
-    ContainerExited,
-    Event,
-    GpuLost,
-    GpuXidReported,
-    IncidentEscalated,
-    IncidentOpened,
-    IncidentResolved,
-    MessageRejected,
-    NodeSampled,
-    ProcessOomKilled,
-    ServiceHeartbeat,
-    SpansExported,
-)
+from gpumedic_bus.topology import PRODUCERS, SERVICES, consumers
+from gpumedic_events import EVENT_TYPES, Event
 from gpumedic_events.base import json_examples
 
 log = logging.getLogger(__name__)
@@ -57,50 +40,8 @@ SCHEMA_ID_BASE = "https://gpumedic.dev/schemas/v1/"
 BASELINE_DIR = "baseline/v1"
 NATS_URL = "nats://127.0.0.1:4222"
 
-SERVICES: tuple[str, ...] = (
-    "node-sampler",
-    "zombie-detector",
-    "leader-health",
-    "autoscaler",
-    "remediator",
-    "report-builder",
-)
-
-CONSUMERS: Mapping[str, tuple[type[Event], ...]] = {
-    "zombie-detector": (NodeSampled, ActionCompleted),
-    "remediator": (ActionRequested,),
-    "report-builder": (
-        IncidentOpened,
-        IncidentResolved,
-        IncidentEscalated,
-        ActionRequested,
-        ActionCompleted,
-        SpansExported,
-    ),
-    "autoscaler": (NodeSampled,),
-}
+CONSUMERS: Mapping[str, tuple[type[Event], ...]] = consumers()
 """Which service subscribes to which events (over NATS; leader-health probes HTTP instead)."""
-
-_CONSUMING_SERVICES = tuple(s for s in SERVICES if s in CONSUMERS)
-
-PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
-    NodeSampled: ("node-sampler",),
-    GpuXidReported: ("node-sampler",),
-    GpuLost: ("node-sampler",),
-    ProcessOomKilled: ("node-sampler",),
-    ContainerExited: ("node-sampler",),
-    IncidentOpened: ("zombie-detector",),
-    IncidentResolved: ("zombie-detector",),
-    IncidentEscalated: ("zombie-detector",),
-    ActionRequested: ("zombie-detector",),
-    ActionCompleted: ("remediator",),
-    ServiceHeartbeat: SERVICES,
-    ClusterChecked: ("leader-health",),
-    CapacityEvaluated: ("autoscaler",),
-    MessageRejected: _CONSUMING_SERVICES,
-    SpansExported: SERVICES,
-}
-"""Which services publish each event. A new event must be added here, or generation fails."""
 
 OPEN_ENUMS: frozenset[str] = frozenset({"IncidentKind"})
 """Enums documented as open within v1: new values may appear and consumers must accept them.
@@ -259,7 +200,7 @@ def _producers(event: type[Event]) -> tuple[str, ...]:
     try:
         return PRODUCERS[event]
     except KeyError:
-        raise ContractError(f"{event.__name__} has no producer: add it to PRODUCERS in {__name__}") from None
+        raise ContractError(f"{event.__name__} has no producer: add it to PRODUCERS in gpumedic_bus.topology") from None
 
 
 def asyncapi_document() -> dict[str, Any]:

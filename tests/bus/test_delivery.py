@@ -1,7 +1,8 @@
 """JetStream delivery as the services rely on it, against a real nats-server: a failing handler
 gets the message again later, a handler that keeps failing ends in the dead-letter stream after
-max_deliver tries (not silently dropped), and a command republished with the same Nats-Msg-Id
-is stored once."""
+the provisioned consumer's deliveries (not silently dropped), a command republished with the
+same Nats-Msg-Id is stored once, and a service whose consumer was never provisioned stops at
+start saying what to run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import asyncio
 import time
 import uuid
 
-from gpumedic_bus import ServiceRuntime, publish_event, subscribe_events
+import pytest
+
+from gpumedic_bus import BusNotProvisioned, ServiceRuntime, provision, publish_event
 from gpumedic_bus.consume import RETRY_BACKOFF_S
 from gpumedic_bus.streams import ACTIONS, DEAD_LETTERS
 from gpumedic_events import ActionRequested, MessageRejected
@@ -40,7 +43,7 @@ async def test_a_failing_handler_gets_the_message_again_after_the_backoff(nats_s
         if delivery.deliveries == 1:
             raise ConnectionError("node briefly unreachable")
 
-    subscribe_events(runtime.broker, ActionRequested, flaky, service="remediator", durable="t-flaky", settings=nats_settings, stats=runtime.rejections)
+    runtime.consume("remediator-actions", flaky)
     app, task = await _run(runtime)
     try:
         await publish_event(runtime.broker, request, msg_id=str(request.action_id))
@@ -58,15 +61,16 @@ async def test_a_failing_handler_gets_the_message_again_after_the_backoff(nats_s
 
 async def test_a_handler_that_keeps_failing_ends_in_the_dead_letter_stream(nats_settings, js):
     request = _request()
-    settings = nats_settings.model_copy(update={"max_deliver": 2})
-    runtime = ServiceRuntime("remediator", settings)
+    # The provisioned consumer decides how often the service tries: the service takes it at start.
+    await provision(js, nats_settings.model_copy(update={"max_deliver": 2}))
+    runtime = ServiceRuntime("remediator", nats_settings)
     attempts = []
 
     async def broken(event: ActionRequested, delivery) -> None:
         attempts.append(delivery.deliveries)
         raise ValueError("always fails")
 
-    subscribe_events(runtime.broker, ActionRequested, broken, service="remediator", durable="t-broken", settings=settings, stats=runtime.rejections)
+    runtime.consume("remediator-actions", broken)
     app, task = await _run(runtime)
     try:
         await publish_event(runtime.broker, request, msg_id=str(request.action_id))
@@ -100,3 +104,23 @@ async def test_a_command_published_twice_with_its_id_is_stored_once(nats_setting
         app.exit()
         await task
     assert after - before == 2
+
+
+async def test_a_service_whose_consumer_is_not_provisioned_stops_at_start_saying_what_to_run(nats_settings, js):
+    await js.delete_consumer(ACTIONS.name, "remediator-actions")
+    runtime = ServiceRuntime("remediator", nats_settings)
+
+    async def never(event, delivery) -> None:
+        raise AssertionError("nothing may be consumed")
+
+    runtime.consume("remediator-actions", never)
+    with pytest.raises(BusNotProvisioned, match="consumer remediator-actions on stream GPUMEDIC_ACTIONS does not exist; run `gpumedic provision`"):
+        await runtime.app().run()
+
+
+def test_a_service_may_consume_only_its_own_declared_durables(nats_settings):
+    runtime = ServiceRuntime("remediator", nats_settings)
+    with pytest.raises(LookupError, match="no durable consumer 'made-up'"):
+        runtime.consume("made-up", None)
+    with pytest.raises(ValueError, match="is zombie-detector's push consumer, not remediator's pull one"):
+        runtime.consume("zombie-detector-samples", None)

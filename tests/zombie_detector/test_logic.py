@@ -1,4 +1,7 @@
-"""The zombie rules and the incident state machine, driven directly with plain events."""
+"""The zombie rules and the incident state machine, driven directly with plain events.
+
+Time is the detector's own clock (`now`), passed with each sample; samples come every 5 s as a
+node sends them (`feed`), since idleness counts only across samples at the node's interval."""
 
 from __future__ import annotations
 
@@ -12,11 +15,16 @@ from gpumedic_events import (
     JobsObservation,
     NodeSampled,
 )
+from gpumedic_incidents import operation_digest
 from zombie_detector.logic import Escalated, Followed, Opened, Resolved, Retried, Rules, ZombieDetector
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 RULES = Rules(idle_util_pct=5, idle_for_s=60, verify_within_s=30, action_timeout_s=120, max_attempts=2)
 HOLDER = GpuProcess(pid=4242, start_ticks=777, command="python train.py", used_memory_mib=20000)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
 
 
 def sample(at_s: float, *, util: int | None = 0, procs=(HOLDER,), running: int | None = 1, growing=False, node="n1") -> NodeSampled:
@@ -34,37 +42,84 @@ def completed(opened: Opened, outcome=ActionOutcome.SUCCEEDED, attempt=1) -> Act
     )
 
 
+def feed(det: ZombieDetector, start_s: float, end_s: float, make=sample, **kwargs) -> list:
+    """Samples every 5 s from `start_s` to `end_s` inclusive, each at its own moment; all effects."""
+    effects = []
+    for s in range(int(start_s), int(end_s) + 1, 5):
+        effects += det.on_sample(make(s, **kwargs), at(s))
+    return effects
+
+
 def open_incident(det: ZombieDetector) -> Opened:
-    assert det.on_sample(sample(0), T0) == []
-    (effect,) = det.on_sample(sample(60), T0 + timedelta(seconds=60))
+    assert feed(det, 0, 55) == []
+    (effect,) = det.on_sample(sample(60), at(60))
     assert isinstance(effect, Opened)
     return effect
 
 
 def test_idle_gpu_with_jobs_claimed_opens_one_incident_and_requests_a_kill():
     det = ZombieDetector(RULES)
-    assert det.on_sample(sample(0), T0) == []
-    assert det.on_sample(sample(59), T0) == []  # not yet idle for long enough
-    opened = open_incident(ZombieDetector(RULES))
+    assert feed(det, 0, 55) == []  # not yet idle for long enough
+    (opened,) = det.on_sample(sample(60), at(60))
+    assert isinstance(opened, Opened)
     assert opened.opened.gpu_index == 0 and opened.opened.kind == "zombie_job"
     assert [t.pid for t in opened.action.operation.targets] == [4242]
     assert opened.action.operation.targets[0].start_ticks == 777
     assert opened.action.attempt == 1
 
 
+def test_the_request_names_its_incident_and_the_gpu_state_it_assumes():
+    det = ZombieDetector(RULES)
+    opened = open_incident(det)
+    action, incident = opened.action, opened.incident
+    assert action.fingerprint == incident.fingerprint == "n1/zombie_job/0"
+    assert action.operation.max_gpu_utilization_pct == RULES.idle_util_pct
+    # The incident records exactly the request it waits for: the remediator runs that and nothing else.
+    assert incident.phase == "acting" and incident.detector == "zombie-detector"
+    assert (incident.pending_action.action_id, incident.pending_action.attempt) == (action.action_id, 1)
+    assert incident.pending_action.operation_sha256 == operation_digest(action.operation)
+
+
+def test_a_burst_of_samples_proves_no_idleness_whatever_their_timestamps_say():
+    det = ZombieDetector(RULES)
+    # A thousand samples claiming to span an hour, all arriving within one second.
+    for i in range(1000):
+        crafted = sample(0).model_copy(update={"occurred_at": T0 + timedelta(seconds=3.6 * i)})
+        assert det.on_sample(crafted, T0 + timedelta(milliseconds=i)) == []
+    assert det.incidents == {}
+
+
+def test_a_gap_in_the_samples_restarts_the_idle_count():
+    det = ZombieDetector(RULES)
+    assert feed(det, 0, 30) == []
+    # Unseen for 25 s (more than 3 intervals of 5 s): nobody watched it meanwhile, so the count
+    # starts again at 55 (without the gap it would open at 60).
+    assert feed(det, 55, 110) == []
+    assert isinstance(det.on_sample(sample(115), at(115))[0], Opened)
+
+
+def test_a_holder_that_cannot_be_identified_is_escalated_without_a_kill():
+    anonymous = GpuProcess(pid=4242, used_memory_mib=20000)  # the sampler could not read /proc/4242
+    det = ZombieDetector(RULES)
+    feed(det, 0, 55, procs=(anonymous,))
+    opened, escalated = det.on_sample(sample(60, procs=(anonymous,)), at(60))
+    assert isinstance(opened, Opened) and opened.action is None
+    assert isinstance(escalated, Escalated)
+    assert "pid 4242 on GPU 0 cannot be identified" in escalated.event.reason
+    assert escalated.incident.phase == "escalated" and escalated.incident.pending_action is None
+
+
 def test_repeats_update_the_open_incident_instead_of_opening_another():
     det = ZombieDetector(RULES)
     open_incident(det)
-    for s in (70, 200, 400):
-        assert not any(isinstance(e, Opened) for e in det.on_sample(sample(s), T0 + timedelta(seconds=s)))
+    assert not any(isinstance(e, Opened) for e in feed(det, 65, 400))
     assert len(det.incidents) == 1
 
 
 def test_busy_gpu_or_growing_output_or_no_jobs_is_not_a_zombie():
     for kwargs in ({"util": 80}, {"growing": True}, {"running": 0}, {"running": None}, {"procs": ()}):
         det = ZombieDetector(RULES)
-        det.on_sample(sample(0, **kwargs), T0)
-        assert det.on_sample(sample(600, **kwargs), T0) == [], kwargs
+        assert feed(det, 0, 600, **kwargs) == [], kwargs
 
 
 def two_gpus(at_s: float, *, util0=0, growing=True) -> NodeSampled:
@@ -78,37 +133,38 @@ def two_gpus(at_s: float, *, util0=0, growing=True) -> NodeSampled:
 
 def test_one_hung_gpu_among_busy_ones_is_found_although_the_node_output_grows():
     det = ZombieDetector(RULES)
-    det.on_sample(two_gpus(0), T0)
-    (opened,) = det.on_sample(two_gpus(60), T0)
+    (opened,) = feed(det, 0, 60, make=two_gpus)
     assert isinstance(opened, Opened) and opened.opened.gpu_index == 0
     assert [t.pid for t in opened.action.operation.targets] == [4242]
 
 
 def test_growth_is_credited_to_the_idle_gpu_when_no_other_gpu_works():
     det = ZombieDetector(RULES)
-    idle_pair = [two_gpus(s).model_copy(update={"gpus": (two_gpus(s).gpus[0],)}) for s in (0, 60)]
-    assert det.on_sample(idle_pair[0], T0) == [] and det.on_sample(idle_pair[1], T0) == []
+
+    def idle_only(s):
+        return two_gpus(s).model_copy(update={"gpus": (two_gpus(s).gpus[0],)})
+
+    assert feed(det, 0, 120, make=idle_only) == []
 
 
 def test_healthy_nodes_take_the_fast_path_and_leave_no_state():
     det = ZombieDetector(RULES)
-    for s in range(0, 600, 5):
-        assert det.on_sample(sample(s, util=90, growing=True), T0) == []
+    assert feed(det, 0, 600, util=90, growing=True) == []
     assert det.watched == set() and det.idle_since == {} and det.incidents == {}
 
 
 def test_activity_in_between_restarts_the_idle_clock():
     det = ZombieDetector(RULES)
-    det.on_sample(sample(0), T0)
-    det.on_sample(sample(30, util=90), T0)
-    assert det.on_sample(sample(70), T0) == []
-    assert isinstance(det.on_sample(sample(130), T0)[0], Opened)
+    feed(det, 0, 25)
+    det.on_sample(sample(30, util=90), at(30))
+    assert feed(det, 35, 90) == []  # idle since 35: 55 s so far
+    assert isinstance(det.on_sample(sample(95), at(95))[0], Opened)
 
 
 def test_kill_then_free_gpu_resolves_as_fixed():
     det = ZombieDetector(RULES)
     opened = open_incident(det)
-    assert det.on_sample(sample(65, procs=()), T0) == []  # still acting: wait for the remediator
+    assert det.on_sample(sample(65, procs=()), at(65)) == []  # still acting: wait for the remediator
     (followed,) = det.on_action_completed(completed(opened), T0 + timedelta(seconds=66), "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     assert isinstance(followed, Followed) and followed.incident.phase == "verifying"
     (resolved,) = det.on_sample(sample(70, procs=()), T0 + timedelta(seconds=70))
@@ -133,10 +189,10 @@ def test_gpu_still_held_after_verify_window_retries_then_escalates():
 def test_observe_mode_or_blocked_escalates_and_a_later_clearance_resolves():
     det = ZombieDetector(RULES)
     opened = open_incident(det)
-    (escalated,) = det.on_action_completed(completed(opened, ActionOutcome.OBSERVED), T0, None)
+    (escalated,) = det.on_action_completed(completed(opened, ActionOutcome.OBSERVED), at(61), None)
     assert isinstance(escalated, Escalated) and "observe mode" in escalated.event.reason
-    assert det.on_sample(sample(200), T0) == []  # no new incident while escalated
-    (resolved,) = det.on_sample(sample(300, util=90), T0)
+    assert feed(det, 65, 200) == []  # no new incident while escalated
+    (resolved,) = det.on_sample(sample(205, util=90), at(205))
     assert resolved.event.resolution == "cleared"
 
 
@@ -151,8 +207,8 @@ def test_a_repeated_or_stale_action_result_changes_nothing():
 def test_a_remediator_that_never_answers_is_escalated_by_the_tick():
     det = ZombieDetector(RULES)
     open_incident(det)
-    assert det.on_tick(T0 + timedelta(seconds=100)) == []
-    (escalated,) = det.on_tick(T0 + timedelta(seconds=200))
+    assert det.on_tick(at(100)) == []
+    (escalated,) = det.on_tick(at(200))
     assert "no answer from the remediator" in escalated.event.reason
 
 

@@ -1,4 +1,4 @@
-"""gpumedic's NATS JetStream bus: streams, connection settings, publishing and consuming events."""
+"""gpumedic's NATS JetStream bus: streams, topology and permissions, provisioning, publishing and consuming events."""
 
 from gpumedic_bus.consume import (
     Delivery,
@@ -6,28 +6,29 @@ from gpumedic_bus.consume import (
     PushConsumer,
     RejectionStats,
     rejection,
-    subscribe_events,
 )
+from gpumedic_bus.provision import provision
 from gpumedic_bus.publish import publish_event
-from gpumedic_bus.runtime import ServiceRuntime, connect_options
+from gpumedic_bus.runtime import BusNotProvisioned, ServiceRuntime, connect, connect_options
 from gpumedic_bus.settings import NatsSettings
-from gpumedic_bus.streams import STREAMS, ensure_streams, stream_of
+from gpumedic_bus.streams import STREAMS, stream_of
 from gpumedic_bus.tracing import inject_trace, trace_context
 
 __all__ = [
     "STREAMS",
+    "BusNotProvisioned",
     "Delivery",
     "EventConsumer",
     "NatsSettings",
     "PushConsumer",
     "RejectionStats",
     "ServiceRuntime",
+    "connect",
     "connect_options",
-    "ensure_streams",
     "inject_trace",
+    "provision",
     "publish_event",
     "rejection",
     "stream_of",
-    "subscribe_events",
     "trace_context",
 ]

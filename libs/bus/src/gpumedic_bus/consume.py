@@ -1,9 +1,10 @@
-"""Consuming typed events from durable JetStream consumers, safely.
+"""Consuming typed events from provisioned durable JetStream consumers, safely.
 
 The adapter between FastStream and a service's handler: it validates each message into its
 event class, never hands an invalid one to the handler, and keeps what it refuses in the
 dead-letter stream with the reason. A handler that raises gets the message back later with
-back-off; after `max_deliver` tries the message is dead-lettered too. Acks are explicit.
+back-off; after the consumer's last delivery but one the message is dead-lettered too. Acks are
+explicit. Consumers are bound, never created: `gpumedic_bus.provision` makes them.
 """
 
 from __future__ import annotations
@@ -15,18 +16,17 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
-from nats.js.api import AckPolicy as JsAckPolicy
-from nats.js.api import ConsumerConfig
 from opentelemetry.context import Context
 
+from gpumedic_bus.provision import PUSH_ACK_EVERY
 from gpumedic_bus.publish import publish_event
-from gpumedic_bus.settings import NatsSettings
-from gpumedic_bus.streams import stream_of
+from gpumedic_bus.topology import Durable
 from gpumedic_bus.tracing import trace_context
 from gpumedic_events import Event, EventDecodeError, MessageRejected
 from gpumedic_events.deadletter import MAX_KEPT_PAYLOAD
@@ -47,6 +47,8 @@ class Delivery:
     headers: Mapping[str, str]
     deliveries: int
     message: NatsMessage | None = None
+    stored_at: datetime | None = None
+    """When the stream stored the message, by the server's clock (None for a core message)."""
 
     @property
     def trace_context(self) -> Context:
@@ -78,18 +80,19 @@ class EventConsumer(Generic[E]):
     def __init__(
         self,
         broker: NatsBroker,
-        event_type: type[E],
+        durable: Durable,
         handler: Handler[E],
         *,
         service: str,
-        max_deliver: int,
         stats: RejectionStats,
     ) -> None:
         self._broker = broker
-        self._event_type = event_type
+        self.durable = durable
+        self._event_type: type[E] = durable.event
         self._handler = handler
         self._service = service
-        self._max_deliver = max_deliver
+        self.max_deliver = 1
+        """Deliveries this service acts on; set from the provisioned consumer when the service binds."""
         self.stats = stats
 
     async def process(self, msg: NatsMessage) -> None:
@@ -103,16 +106,16 @@ class EventConsumer(Generic[E]):
             await self._dead_letter(msg, exc.reason, deliveries, cause="invalid")
             return
         try:
-            await self._handler(event, Delivery(subject, headers, deliveries, msg))
+            await self._handler(event, Delivery(subject, headers, deliveries, msg, _stored_at(raw)))
         except Exception as exc:
-            if deliveries >= self._max_deliver:
+            if deliveries >= self.max_deliver:
                 log.exception("%s: giving up on %s after %d deliveries", self._service, subject, deliveries)
                 await self._dead_letter(msg, f"handler failed {deliveries} times: {exc!r}"[:2000], deliveries, cause="failed")
                 return
             delay = RETRY_BACKOFF_S[min(deliveries, len(RETRY_BACKOFF_S)) - 1]
             log.warning(
                 "%s: handling %s failed (delivery %d of %d), retrying in %.0fs: %r",
-                self._service, subject, deliveries, self._max_deliver, delay, exc,
+                self._service, subject, deliveries, self.max_deliver, delay, exc,
             )
             await msg.nack(delay=delay)
             return
@@ -156,42 +159,41 @@ def _deliveries(raw) -> int:
         return 1
 
 
-def subscribe_events(
+def _stored_at(raw) -> datetime | None:
+    try:
+        return raw.metadata.timestamp.astimezone(UTC)
+    except Exception:  # core (non-JetStream) message
+        return None
+
+
+def subscribe(
     broker: NatsBroker,
-    event_type: type[E],
+    durable: Durable,
     handler: Handler[E],
     *,
     service: str,
-    durable: str,
-    settings: NatsSettings,
     stats: RejectionStats,
-    subject: str | None = None,
+    inbox_prefix: str,
     batch_size: int = 16,
 ) -> EventConsumer[E]:
-    """Attach `handler` to a durable pull consumer of `event_type`'s stream.
+    """Attach `handler` to a provisioned durable pull consumer.
 
-    `subject` narrows the filter (e.g. to one node); it defaults to every event of the type.
-    Several instances of a service share the durable and so split the work.
+    Each fetched batch is handled concurrently (FastStream runs the batch in one task group) and
+    the next fetch waits until the whole batch is done, so `batch_size` bounds how many messages
+    this instance handles at once. Instances sharing the durable split the work. Fetched
+    messages come back on the user's own `inbox_prefix` (FastStream does not take the connection's).
     """
-    consumer = EventConsumer(broker, event_type, handler, service=service, max_deliver=settings.max_deliver, stats=stats)
-    stream = stream_of(event_type)
-    config = ConsumerConfig(
-        ack_policy=JsAckPolicy.EXPLICIT,
-        # One more than we act on, so the last failure is dead-lettered by us, not dropped by the server.
-        max_deliver=settings.max_deliver + 1,
-        ack_wait=settings.ack_wait_s,
-        max_ack_pending=1000,
-    )
+    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, stats=stats)
 
     @broker.subscriber(
-        subject or event_type.subject_filter(),
-        stream=JStream(stream.name, declare=False),
-        durable=durable,
-        config=config,
+        durable.event.subject_filter(),
+        stream=JStream(durable.stream, declare=False),
+        durable=durable.name,
         pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
+        inbox_prefix=f"{inbox_prefix}.".encode(),
         ack_policy=AckPolicy.MANUAL,
-        title=f"{service}:{event_type.__name__}",
-        description=(event_type.__doc__ or "").strip(),
+        title=f"{service}:{durable.event.__name__}",
+        description=(durable.event.__doc__ or "").strip(),
     )
     async def _on_message(msg: NatsMessage) -> None:
         await consumer.process(msg)
@@ -216,22 +218,19 @@ class PushConsumer(Generic[E]):
     def __init__(
         self,
         broker: NatsBroker,
-        event_type: type[E],
+        durable: Durable,
         handler: EventHandler[E],
         *,
         service: str,
-        durable: str,
-        settings: NatsSettings,
         stats: RejectionStats,
-        ack_every: int = 256,
+        ack_every: int = PUSH_ACK_EVERY,
         ack_interval_s: float = 0.2,
     ) -> None:
         self._broker = broker
-        self._event_type = event_type
+        self.durable = durable
+        self._event_type: type[E] = durable.event
         self._handler = handler
         self._service = service
-        self._durable = durable
-        self._settings = settings
         self.stats = stats
         self._ack_every = ack_every
         self._ack_interval_s = ack_interval_s
@@ -242,24 +241,16 @@ class PushConsumer(Generic[E]):
 
     async def start(self) -> None:
         js = self._broker.connection.jetstream()
-        config = ConsumerConfig(
-            ack_policy=JsAckPolicy.ALL,
-            max_deliver=2,
-            ack_wait=self._settings.ack_wait_s,
-            max_ack_pending=8 * self._ack_every,
-            flow_control=True,
-            idle_heartbeat=5.0,
-        )
+        # Binds to the provisioned consumer and its deliver subject (never creates one).
         self._sub = await js.subscribe(
             self._event_type.subject_filter(),
-            durable=self._durable,
-            stream=stream_of(self._event_type).name,
+            durable=self.durable.name,
+            stream=self.durable.stream,
             cb=self._on_message,
             manual_ack=True,
-            config=config,
             pending_msgs_limit=16 * self._ack_every,
         )
-        self._ticker = asyncio.create_task(self._ack_periodically(), name=f"{self._durable}-acks")
+        self._ticker = asyncio.create_task(self._ack_periodically(), name=f"{self.durable.name}-acks")
 
     async def stop(self) -> None:
         if self._ticker is not None:

@@ -1,9 +1,11 @@
-"""What every service's composition root shares: the broker, tracing, streams, heartbeat.
+"""What every service's composition root shares: the broker, tracing, consumers, heartbeat.
 
 `ServiceRuntime` builds the NATS broker with long-running settings (unlimited reconnects, a
-short ping), a tracer provider (OTEL_* exporters, plus the bus span recorder when asked), and
-a FastStream app whose start declares the streams and starts the heartbeat and the service's
-own background loops, and whose stop hands in-flight work back cleanly.
+short ping, TLS and the user's own inbox where configured), a tracer provider (OTEL_*
+exporters, plus the bus span recorder when asked), and a FastStream app whose start checks that
+the service's provisioned consumers exist, then starts the heartbeat and the service's own
+background loops, and whose stop hands in-flight work back cleanly. A service never creates or
+changes a stream or consumer: its NATS user may not (see `gpumedic_bus.topology`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from collections.abc import Awaitable, Callable
 
 import nats
 from faststream import FastStream
-from faststream.nats import NatsBroker, NatsUserPassword
+from faststream.nats import NatsBroker, NatsSecurity, NatsUserPassword
+from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from gpumedic_bus.consume import EventHandler, PushConsumer, RejectionStats
+from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, RejectionStats, subscribe
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
-from gpumedic_bus.streams import ensure_streams
+from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ServiceHeartbeat
 from gpumedic_telemetry import create_tracer_provider
@@ -35,8 +38,26 @@ HEARTBEAT_EVERY_S = 5.0
 BackgroundLoop = Callable[[], Awaitable[None]]
 
 
+class _TlsEofNoise(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl" for every
+    nats-py TLS connection that closes; it says nothing about gpumedic and alarms whoever reads it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def _quiet_tls_eof() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _TlsEofNoise) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_TlsEofNoise())
+
+
+class BusNotProvisioned(RuntimeError):
+    """A stream or consumer the service binds to does not exist; the message says what to run."""
+
+
 def connect_options(settings: NatsSettings, name: str) -> dict:
-    """nats-py connection options for a service that must outlive any NATS restart."""
+    """nats-py connection options for a client that must outlive any NATS restart."""
     options: dict = {
         "servers": settings.servers,
         "name": name,
@@ -45,17 +66,29 @@ def connect_options(settings: NatsSettings, name: str) -> dict:
         "reconnect_time_wait": settings.reconnect_wait_s,
         "ping_interval": settings.ping_interval_s,
         "max_outstanding_pings": settings.max_outstanding_pings,
+        "inbox_prefix": settings.inbox_prefix,
     }
     if settings.user:
         options["user"] = settings.user
         options["password"] = settings.password.get_secret_value() if settings.password else None
+    tls = settings.ssl_context()
+    if tls is not None:
+        options["tls"] = tls
     return options
 
 
-def _security(settings: NatsSettings) -> NatsUserPassword | None:
-    if not settings.user:
-        return None
-    return NatsUserPassword(settings.user, settings.password.get_secret_value() if settings.password else "")
+async def connect(settings: NatsSettings, name: str, **overrides) -> nats.NATS:
+    """A plain nats-py connection with the service's credentials, TLS and inbox (tools, setup)."""
+    _quiet_tls_eof()
+    return await nats.connect(**{**connect_options(settings, name), **overrides})
+
+
+def _security(settings: NatsSettings) -> NatsSecurity | None:
+    tls = settings.ssl_context()
+    if settings.user:
+        password = settings.password.get_secret_value() if settings.password else ""
+        return NatsUserPassword(settings.user, password, ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
 
 
 class ServiceRuntime:
@@ -64,6 +97,7 @@ class ServiceRuntime:
     def __init__(self, service: str, nats_settings: NatsSettings, *, trace_to_bus: bool = False) -> None:
         self.service = service
         self.nats = nats_settings
+        _quiet_tls_eof()
         self.instance_id = uuid.uuid4()
         self.rejections = RejectionStats()
         self.ready = asyncio.Event()
@@ -73,7 +107,7 @@ class ServiceRuntime:
         )
         self.tracer: Tracer = self.tracer_provider.get_tracer(service)
         options = connect_options(nats_settings, service)
-        for key in ("servers", "name", "user", "password"):
+        for key in ("servers", "name", "user", "password", "tls"):
             options.pop(key, None)
         self.broker = NatsBroker(
             nats_settings.servers,
@@ -86,19 +120,41 @@ class ServiceRuntime:
         self._loops: list[BackgroundLoop] = []
         self._startup: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task] = []
+        self._consumers: list[EventConsumer] = []
         self._push_consumers: list[PushConsumer] = []
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Run `hook` once streams exist and before consumers start (e.g. open a KV bucket)."""
+        """Run `hook` once the service's consumers are known to exist and before they start (e.g. open a KV bucket)."""
         self._startup.append(hook)
 
-    def consume_fast(self, event_type, handler: EventHandler, *, durable: str) -> PushConsumer:
-        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
-        consumer = PushConsumer(
-            self.broker, event_type, handler, service=self.service, durable=durable, settings=self.nats, stats=self.rejections
+    def consume(self, durable: str, handler: Handler, *, batch_size: int = 16) -> EventConsumer:
+        """Handle every event of one of this service's provisioned durable pull consumers.
+
+        At most `batch_size` messages are handled at once (see `gpumedic_bus.consume.subscribe`).
+        """
+        consumer = subscribe(
+            self.broker,
+            self._own(durable, "pull"),
+            handler,
+            service=self.service,
+            stats=self.rejections,
+            inbox_prefix=self.nats.inbox_prefix,
+            batch_size=batch_size,
         )
+        self._consumers.append(consumer)
+        return consumer
+
+    def consume_fast(self, durable: str, handler: EventHandler) -> PushConsumer:
+        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
+        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, stats=self.rejections)
         self._push_consumers.append(consumer)
         return consumer
+
+    def _own(self, name: str, delivery: str):
+        item = declared_durable(name)
+        if item.service != self.service or item.delivery != delivery:
+            raise ValueError(f"durable {name!r} is {item.service}'s {item.delivery} consumer, not {self.service}'s {delivery} one")
+        return item
 
     def background(self, loop: BackgroundLoop) -> None:
         """Run `loop` while the service runs (periodic probes, evaluations)."""
@@ -106,17 +162,35 @@ class ServiceRuntime:
 
     def app(self) -> FastStream:
         app = FastStream(self.broker, logger=logging.getLogger(self.service))
-        app.on_startup(self._declare)
+        app.on_startup(self._bind)
         app.after_startup(self._started)
         app.on_shutdown(self._stopping)
         app.after_shutdown(self._stopped)
         app.runtime = self  # callers (tests, the embedded stack) reach readiness and stats here
         return app
 
-    async def _declare(self) -> None:
-        nc = await nats.connect(**{**connect_options(self.nats, f"{self.service}-setup"), "max_reconnect_attempts": 3})
+    async def _bind(self) -> None:
+        """Check that every consumer this service binds to is provisioned, and take its settings."""
+        nc = await connect(self.nats, f"{self.service}-setup", max_reconnect_attempts=3)
         try:
-            await ensure_streams(nc.jetstream())
+            js = nc.jetstream()
+            for consumer in [*self._consumers, *self._push_consumers]:
+                item = consumer.durable
+                try:
+                    info = await js.consumer_info(item.stream, item.name, timeout=5)
+                except NotFoundError:
+                    raise BusNotProvisioned(
+                        f"{self.service}: consumer {item.name} on stream {item.stream} does not exist; "
+                        "run `gpumedic provision` (as the NATS admin) first"
+                    ) from None
+                except nats.errors.TimeoutError:
+                    raise BusNotProvisioned(
+                        f"{self.service}: no answer about consumer {item.name} on stream {item.stream} within 5s; "
+                        f"is NATS user {self.nats.user or '(none)'} allowed to use it, and JetStream enabled?"
+                    ) from None
+                if isinstance(consumer, EventConsumer):
+                    # The server redelivers up to max_deliver; we act on all but the last and dead-letter it.
+                    consumer.max_deliver = max(1, (info.config.max_deliver or 2) - 1)
         finally:
             await nc.close()
         for hook in self._startup:

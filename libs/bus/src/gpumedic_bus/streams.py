@@ -1,19 +1,18 @@
-"""Every JetStream stream gpumedic uses, declared in one place with explicit settings.
+"""Every JetStream stream and key-value bucket gpumedic uses, declared in one place.
 
-Samples are many and disposable: memory storage, minutes of retention. Incidents, actions and
-dead letters must not be lost: file storage, long retention, de-duplication by Nats-Msg-Id.
-(Durability of acknowledged writes also depends on the server's `sync_interval`; the embedded
-server sets it to `always`.)
+Samples are many and disposable: minutes of retention. Incidents, actions and dead letters must
+not be lost: long retention, de-duplication by Nats-Msg-Id. Every stream is on file storage, so
+a restarted nats-server comes back with its streams and durable consumers and detection resumes
+by itself (a memory stream vanishes with the server, and no service may re-create it).
+Durability of acknowledged writes also depends on the server's `sync_interval`; the embedded
+server sets it to `always`. `gpumedic_bus.provision` creates all of this with an admin identity.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from gpumedic_events import (
     ActionCompleted,
@@ -33,8 +32,6 @@ from gpumedic_events import (
     ServiceHeartbeat,
     SpansExported,
 )
-
-log = logging.getLogger(__name__)
 
 _MINUTE = 60.0
 _DAY = 86_400.0
@@ -72,11 +69,11 @@ class Stream:
 SAMPLES = Stream(
     name="GPUMEDIC_SAMPLES",
     events=(NodeSampled,),
-    storage=StorageType.MEMORY,
+    storage=StorageType.FILE,
     max_age_s=10 * _MINUTE,
     max_bytes=512 * 1024 * 1024,
     duplicate_window_s=5,  # samples need no de-duplication; 0 would mean the server's 2 minutes
-    description="Node samples: many, disposable, minutes of retention.",
+    description="Node samples: many, disposable, minutes of retention; on file so they survive a server restart.",
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
@@ -135,13 +132,14 @@ TELEMETRY = Stream(
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY)
 
-DETECTOR_STATE = KeyValueConfig(
-    bucket="GPUMEDIC_DETECTOR_STATE",
-    description="zombie-detector's open incidents by fingerprint, so a restart neither loses nor repeats them.",
+INCIDENT_STATE = KeyValueConfig(
+    bucket="GPUMEDIC_INCIDENT_STATE",
+    description="Open incidents by fingerprint, written by the detector that owns each; the remediator's gate reads them.",
     history=1,
     storage=StorageType.FILE,
+    direct=True,
 )
-KV_BUCKETS: tuple[KeyValueConfig, ...] = (DETECTOR_STATE,)
+KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE,)
 
 
 def stream_of(event_type: type[Event]) -> Stream:
@@ -149,22 +147,3 @@ def stream_of(event_type: type[Event]) -> Stream:
         if event_type in stream.events:
             return stream
     raise LookupError(f"no stream carries {event_type.__name__}")
-
-
-async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
-    """Create each stream and bucket, or update a stream to the declared settings. Idempotent."""
-    for stream in STREAMS:
-        config = stream.config(replicas)
-        try:
-            await js.stream_info(stream.name)
-        except NotFoundError:
-            await js.add_stream(config)
-            log.info("created stream %s for %s", stream.name, ", ".join(stream.subjects))
-        else:
-            await js.update_stream(config)
-    for bucket in KV_BUCKETS:
-        try:
-            await js.key_value(bucket.bucket)
-        except BucketNotFoundError:
-            await js.create_key_value(bucket)
-            log.info("created key-value bucket %s", bucket.bucket)

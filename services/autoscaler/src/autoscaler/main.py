@@ -10,7 +10,6 @@ from faststream import FastStream
 from autoscaler.handlers import CapacityHandlers
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
-from gpumedic_events import NodeSampled
 
 SERVICE = "autoscaler"
 
@@ -19,7 +18,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     handlers = CapacityHandlers(runtime, settings)
-    runtime.consume_fast(NodeSampled, handlers.on_sample, durable="autoscaler-samples")
+    runtime.consume_fast("autoscaler-samples", handlers.on_sample)
     runtime.background(handlers.evaluate_loop)
     return runtime.app()
 

@@ -7,14 +7,13 @@ import logging
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime, subscribe_events
+from gpumedic_bus import ServiceRuntime
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
-    SpansExported,
 )
 from gpumedic_store import create_engine, session_factory
 from report_builder.handlers import ReportHandlers
@@ -30,15 +29,8 @@ def create_app(settings: Settings | None = None) -> FastStream:
     engine = create_engine(settings.store.url)
     handlers = ReportHandlers(session_factory(engine), runtime.tracer)
     for event_type in RECORDED:
-        subscribe_events(
-            runtime.broker, event_type, handlers.on_incident_or_action,
-            service=SERVICE, durable=f"report-builder-{event_type.__name__}",
-            settings=settings.nats, stats=runtime.rejections,
-        )
-    subscribe_events(
-        runtime.broker, SpansExported, handlers.on_spans,
-        service=SERVICE, durable="report-builder-spans", settings=settings.nats, stats=runtime.rejections,
-    )
+        runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
+    runtime.consume("report-builder-spans", handlers.on_spans)
     app = runtime.app()
     app.after_shutdown(engine.dispose)
     return app

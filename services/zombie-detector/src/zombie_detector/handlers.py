@@ -12,16 +12,15 @@ import contextlib
 import logging
 from datetime import UTC, datetime
 
-from nats.js.kv import KeyValue
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import ActionCompleted, ActionRequested, NodeSampled
+from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
-from zombie_detector import repository
-from zombie_detector.logic import Effect, Escalated, Followed, Opened, Resolved, Retried, TrackedIncident, ZombieDetector
+from zombie_detector.logic import SOURCE, Effect, Escalated, Followed, Opened, Resolved, Retried, ZombieDetector
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +36,12 @@ class DetectorHandlers:
         self._runtime = runtime
         self._detector = detector
         self._tracer: Tracer = runtime.tracer
-        self.kv: KeyValue | None = None
+        self.states: IncidentStates | None = None
 
-    async def restore(self, kv: KeyValue) -> None:
+    async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""
-        self.kv = kv
-        for incident in await repository.load_incidents(kv=kv):
+        self.states = states
+        for incident in await states.load_all(detector=SOURCE):
             self._detector.adopt(incident)
         if self._detector.incidents:
             log.info("resumed %d open incident(s)", len(self._detector.incidents))
@@ -81,7 +80,7 @@ class DetectorHandlers:
                         except Exception:
                             self._detector.adopt(incident)  # still open: the next sample resolves it again
                             raise
-                    await repository.delete_incident(kv=self._require_kv(), incident=incident)
+                    await self._require_states().delete(incident)
                     log.info("incident %s on %s resolved (%s)", incident.incident_id, incident.fingerprint, event.resolution)
                 case Escalated(incident, event):
                     with self._step("verify", incident, escalated=True):
@@ -89,7 +88,7 @@ class DetectorHandlers:
                         await publish_event(self._runtime.broker, event)
                     log.warning("incident %s on %s escalated: %s", incident.incident_id, incident.fingerprint, event.reason)
 
-    async def _opened(self, incident: TrackedIncident, opened, action: ActionRequested) -> None:
+    async def _opened(self, incident: IncidentState, opened, action: ActionRequested | None) -> None:
         # A new trace per incident: `detect` is its root, whatever consumed the sample.
         with self._tracer.start_as_current_span("detect", context=Context(), attributes=_attrs(incident)):
             incident.traceparent = inject_trace({}).get("traceparent")
@@ -100,29 +99,31 @@ class DetectorHandlers:
                 # Undone entirely: the GPU is found again after another `idle_for_s`.
                 self._detector.forget(incident)
                 with contextlib.suppress(Exception):
-                    await repository.delete_incident(kv=self._require_kv(), incident=incident)
+                    await self._require_states().delete(incident)
                 raise
             log.warning("incident %s opened: %s on %s", incident.incident_id, opened.summary, incident.node_id)
-            await self._decide(incident, action)
+            if action is not None:
+                await self._decide(incident, action)
 
-    async def _decide(self, incident: TrackedIncident, action: ActionRequested) -> None:
+    async def _decide(self, incident: IncidentState, action: ActionRequested) -> None:
         attrs = {**_attrs(incident), ACTION_ID: str(action.action_id), "gpumedic.attempt": action.attempt}
         with self._tracer.start_as_current_span("decide", attributes=attrs):
             # The action id is the de-duplication id: a retried publish is stored once.
             await publish_event(self._runtime.broker, action, msg_id=str(action.action_id))
 
-    def _step(self, name: str, incident: TrackedIncident, **attributes):
+    def _step(self, name: str, incident: IncidentState, **attributes):
         parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {})
         return self._tracer.start_as_current_span(name, context=parent, attributes={**_attrs(incident), **attributes})
 
-    async def _save(self, incident: TrackedIncident) -> None:
-        await repository.save_incident(kv=self._require_kv(), incident=incident)
+    async def _save(self, incident: IncidentState) -> None:
+        # Saved before anything about it is published: the remediator's gate checks requests against it.
+        await self._require_states().save(incident)
 
-    def _require_kv(self) -> KeyValue:
-        if self.kv is None:
-            raise RuntimeError("the detector's state bucket is not open yet")
-        return self.kv
+    def _require_states(self) -> IncidentStates:
+        if self.states is None:
+            raise RuntimeError("the incident state bucket is not open yet")
+        return self.states
 
 
-def _attrs(incident: TrackedIncident) -> dict[str, str | int]:
+def _attrs(incident: IncidentState) -> dict[str, str | int]:
     return {INCIDENT_ID: str(incident.incident_id), NODE_ID: incident.node_id, "gpumedic.gpu_index": incident.gpu_index}

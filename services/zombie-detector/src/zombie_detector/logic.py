@@ -4,13 +4,19 @@ what happens to the incident next. Pure: no bus, no clock, no I/O; tests drive i
 A zombie job: the node says it runs jobs, a GPU that holds compute processes stays at or
 under `idle_util_pct` for `idle_for_s`, and no output grows that this GPU could be making.
 Output growth is a node-wide signal, so it is credited to the node's busy GPUs when there are
-any: one hung job among busy ones is still found. The incident then walks:
+any: one hung job among busy ones is still found. Idle time is measured on the detector's own
+clock (`now`), never on the timestamps a sender puts in its samples, and only across samples
+that come at the node's interval: a burst of samples proves nothing, and a gap of more than
+`MAX_GAP_INTERVALS` intervals starts the count again. The incident then walks:
 
     opened + action requested (acting) -> action completed (verifying) -> resolved
                                        -> blocked or observe-only      -> escalated
     verifying past its deadline        -> next attempt, or escalated after `max_attempts`
+    a holder that cannot be identified -> escalated at once (nothing is killed blind)
 
 One open incident per (node, kind, gpu) fingerprint; while it is open, repeats only update it.
+Each request carries the incident's fingerprint and the GPU state it assumes (idle), and the
+incident records the one request it waits for: the remediator refuses anything else.
 """
 
 from __future__ import annotations
@@ -18,9 +24,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
-
-from pydantic import BaseModel
 
 from gpumedic_events import (
     ActionCompleted,
@@ -36,9 +39,13 @@ from gpumedic_events import (
     ProcessTarget,
     action_id_for,
 )
+from gpumedic_incidents import IncidentState, PendingAction, operation_digest
+from gpumedic_incidents.state import fingerprint as incident_fingerprint
 
 SOURCE = "zombie-detector"
 KIND = IncidentKind.ZOMBIE_JOB
+MAX_GAP_INTERVALS = 3
+"""A GPU unseen for more than this many sample intervals was not watched: its idle count restarts."""
 
 
 @dataclass(frozen=True)
@@ -50,34 +57,25 @@ class Rules:
     max_attempts: int = 2
 
 
-class TrackedIncident(BaseModel):
-    """What the detector remembers of one open incident (persisted between restarts)."""
+@dataclass(frozen=True)
+class IdleStreak:
+    """When this GPU was first and last seen looking like a zombie, by the detector's clock."""
 
-    incident_id: uuid.UUID
-    node_id: str
-    gpu_index: int
-    opened_at: datetime
-    attempt: int
-    phase: Literal["acting", "verifying", "escalated"]
-    deadline: datetime | None
-    traceparent: str | None = None
-    """The trace context the incident's next step continues (detect, then the action's)."""
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint(self.node_id, self.gpu_index)
+    since: datetime
+    last_seen: datetime
 
 
 @dataclass(frozen=True)
 class Opened:
-    incident: TrackedIncident
+    incident: IncidentState
     opened: IncidentOpened
-    action: ActionRequested
+    action: ActionRequested | None
+    """None when no safe action exists; an Escalated effect follows."""
 
 
 @dataclass(frozen=True)
 class Retried:
-    incident: TrackedIncident
+    incident: IncidentState
     action: ActionRequested
 
 
@@ -85,18 +83,18 @@ class Retried:
 class Followed:
     """The incident's state changed, with no event to publish (persist it)."""
 
-    incident: TrackedIncident
+    incident: IncidentState
 
 
 @dataclass(frozen=True)
 class Resolved:
-    incident: TrackedIncident
+    incident: IncidentState
     event: IncidentResolved
 
 
 @dataclass(frozen=True)
 class Escalated:
-    incident: TrackedIncident
+    incident: IncidentState
     event: IncidentEscalated
 
 
@@ -104,7 +102,7 @@ Effect = Opened | Retried | Followed | Resolved | Escalated
 
 
 def fingerprint(node_id: str, gpu_index: int) -> str:
-    return f"{node_id}/{KIND.value}/{gpu_index}"
+    return incident_fingerprint(node_id, KIND, gpu_index)
 
 
 def _idle_and_held(gpu: GpuSample, rules: Rules) -> bool:
@@ -135,12 +133,12 @@ def _may_hold_zombie(sample: NodeSampled, rules: Rules) -> bool:
 @dataclass
 class ZombieDetector:
     rules: Rules = field(default_factory=Rules)
-    incidents: dict[str, TrackedIncident] = field(default_factory=dict)
-    idle_since: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    incidents: dict[str, IncidentState] = field(default_factory=dict)
+    idle_since: dict[tuple[str, int], IdleStreak] = field(default_factory=dict)
     watched: set[str] = field(default_factory=set)
     """Nodes with an idle timer or an open incident: the only ones a healthy sample concerns."""
 
-    def adopt(self, incident: TrackedIncident) -> None:
+    def adopt(self, incident: IncidentState) -> None:
         """Take over an incident remembered from an earlier run."""
         self.incidents[incident.fingerprint] = incident
         self.watched.add(incident.node_id)
@@ -160,11 +158,14 @@ class ZombieDetector:
             if not zombie:
                 self.idle_since.pop(key, None)
                 continue
-            since = self.idle_since.setdefault(key, sample.occurred_at)
-            idle_s = (sample.occurred_at - since).total_seconds()
+            streak = self.idle_since.get(key)
+            watched = streak is not None and (now - streak.last_seen).total_seconds() <= MAX_GAP_INTERVALS * sample.interval_s
+            since = streak.since if watched else now
+            self.idle_since[key] = IdleStreak(since=since, last_seen=now)
+            idle_s = (now - since).total_seconds()
             if idle_s >= self.rules.idle_for_s:
                 del self.idle_since[key]
-                effects.append(self._open(sample, gpu, idle_s, now))
+                effects.extend(self._open(sample, gpu, idle_s, now))
         self._rewatch(sample.node_id)
         return effects
 
@@ -185,6 +186,7 @@ class ZombieDetector:
             return [self._escalate(incident, f"the remediator {verb}: {event.detail}")]
         incident.phase = "verifying"
         incident.deadline = now + timedelta(seconds=self.rules.verify_within_s)
+        incident.pending_action = None
         return [Followed(incident)]
 
     def on_tick(self, now: datetime) -> list[Effect]:
@@ -195,11 +197,11 @@ class ZombieDetector:
             if i.phase == "acting" and i.deadline is not None and now > i.deadline
         ]
 
-    def forget(self, incident: TrackedIncident) -> None:
+    def forget(self, incident: IncidentState) -> None:
         self.incidents.pop(incident.fingerprint, None)
 
     def _follow(
-        self, incident: TrackedIncident, gpu: GpuSample, zombie: bool, sample: NodeSampled, now: datetime
+        self, incident: IncidentState, gpu: GpuSample, zombie: bool, sample: NodeSampled, now: datetime
     ) -> list[Effect]:
         if incident.phase == "acting":
             return []  # wait for the remediator's answer (on_tick watches its deadline)
@@ -213,21 +215,36 @@ class ZombieDetector:
         if incident.phase == "verifying" and incident.deadline is not None and now > incident.deadline:
             if incident.attempt >= self.rules.max_attempts:
                 return [self._escalate(incident, f"{incident.attempt} attempts did not free GPU {gpu.index}")]
+            if unsafe := _unidentified(gpu):
+                return [self._escalate(incident, unsafe)]
             incident.attempt += 1
-            incident.phase = "acting"
-            incident.deadline = now + timedelta(seconds=self.rules.action_timeout_s)
-            return [Retried(incident, _kill_request(incident, gpu, f"GPU {gpu.index} still held after attempt {incident.attempt - 1}"))]
+            return [Retried(incident, self._request(incident, gpu, f"GPU {gpu.index} still held after attempt {incident.attempt - 1}", now))]
         return []
 
-    def _open(self, sample: NodeSampled, gpu: GpuSample, idle_s: float, now: datetime) -> Opened:
-        incident = TrackedIncident(
+    def _request(self, incident: IncidentState, gpu: GpuSample, reason: str, now: datetime) -> ActionRequested:
+        """The kill this incident waits for from now on, recorded in it as its pending action."""
+        action = _kill_request(incident, gpu, reason, self.rules.idle_util_pct)
+        incident.phase = "acting"
+        incident.deadline = now + timedelta(seconds=self.rules.action_timeout_s)
+        incident.pending_action = PendingAction(
+            action_id=action.action_id,
+            attempt=action.attempt,
+            operation_sha256=operation_digest(action.operation),
+            requested_at=now,
+        )
+        return action
+
+    def _open(self, sample: NodeSampled, gpu: GpuSample, idle_s: float, now: datetime) -> list[Effect]:
+        incident = IncidentState(
             incident_id=uuid.uuid4(),
+            kind=KIND,
+            detector=SOURCE,
             node_id=sample.node_id,
             gpu_index=gpu.index,
             opened_at=now,
             attempt=1,
             phase="acting",
-            deadline=now + timedelta(seconds=self.rules.action_timeout_s),
+            deadline=None,
         )
         self.incidents[incident.fingerprint] = incident
         pids = " ".join(str(p.pid) for p in gpu.processes)
@@ -253,25 +270,39 @@ class ZombieDetector:
                 "holder_pids": pids,
             },
         )
-        return Opened(incident, opened, _kill_request(incident, gpu, f"zombie job on GPU {gpu.index}"))
+        if unsafe := _unidentified(gpu):
+            return [Opened(incident, opened, None), self._escalate(incident, unsafe)]
+        return [Opened(incident, opened, self._request(incident, gpu, f"zombie job on GPU {gpu.index}", now))]
 
-    def _escalate(self, incident: TrackedIncident, reason: str) -> Escalated:
+    def _escalate(self, incident: IncidentState, reason: str) -> Escalated:
         incident.phase = "escalated"
         incident.deadline = None
+        incident.pending_action = None
         return Escalated(incident, IncidentEscalated(source=SOURCE, reason=reason, **_ids(incident)))
 
-    def _resolved(self, incident: TrackedIncident, resolution: str, summary: str) -> Resolved:
+    def _resolved(self, incident: IncidentState, resolution: str, summary: str) -> Resolved:
         return Resolved(incident, IncidentResolved(source=SOURCE, resolution=resolution, summary=summary, **_ids(incident)))
 
-    def _by_id(self, incident_id: uuid.UUID) -> TrackedIncident | None:
+    def _by_id(self, incident_id: uuid.UUID) -> IncidentState | None:
         return next((i for i in self.incidents.values() if i.incident_id == incident_id), None)
 
 
-def _ids(incident: TrackedIncident) -> dict:
+def _ids(incident: IncidentState) -> dict:
     return {"incident_id": incident.incident_id, "node_id": incident.node_id, "kind": KIND, "gpu_index": incident.gpu_index}
 
 
-def _kill_request(incident: TrackedIncident, gpu: GpuSample, reason: str) -> ActionRequested:
+def _unidentified(gpu: GpuSample) -> str:
+    """Why no kill is safe on this GPU ('' when every holder is fully identified)."""
+    pids = [p.pid for p in gpu.processes if p.pid >= 2 and (p.start_ticks is None or not p.command.strip())]
+    if not pids:
+        return ""
+    return (
+        f"pid {' '.join(map(str, pids))} on GPU {gpu.index} cannot be identified (no start time or command line "
+        "in the sample), so no kill is requested; a person must look"
+    )
+
+
+def _kill_request(incident: IncidentState, gpu: GpuSample, reason: str, idle_util_pct: int) -> ActionRequested:
     targets = tuple(ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in gpu.processes[:64] if p.pid >= 2)
     return ActionRequested(
         source=SOURCE,
@@ -279,8 +310,9 @@ def _kill_request(incident: TrackedIncident, gpu: GpuSample, reason: str) -> Act
         incident_id=incident.incident_id,
         node_id=incident.node_id,
         attempt=incident.attempt,
-        operation=KillGpuProcesses(gpu_index=gpu.index, targets=targets),
+        operation=KillGpuProcesses(gpu_index=gpu.index, targets=targets, max_gpu_utilization_pct=idle_util_pct),
         reason=reason,
+        fingerprint=incident.fingerprint,
     )
 
 

@@ -7,14 +7,13 @@ import logging
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime, subscribe_events
-from gpumedic_bus.streams import DETECTOR_STATE
-from gpumedic_events import ActionCompleted, NodeSampled
+from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_incidents import IncidentStates
 from zombie_detector.handlers import DetectorHandlers
+from zombie_detector.logic import SOURCE as SERVICE
 from zombie_detector.logic import ZombieDetector
 from zombie_detector.settings import Settings
-
-SERVICE = "zombie-detector"
 
 
 def create_app(settings: Settings | None = None) -> FastStream:
@@ -24,15 +23,13 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
     async def _restore() -> None:
         await runtime.broker.connect()
-        # Declared with the streams (gpumedic_bus.streams); only opened here.
-        await handlers.restore(await runtime.broker.key_value(DETECTOR_STATE.bucket, declare=False))
+        # Provisioned with the streams (gpumedic provision); only opened here.
+        kv = await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)
+        await handlers.restore(IncidentStates(kv))
 
     runtime.on_startup(_restore)
-    runtime.consume_fast(NodeSampled, handlers.on_sample, durable="zombie-detector-samples")
-    subscribe_events(
-        runtime.broker, ActionCompleted, handlers.on_action_completed,
-        service=SERVICE, durable="zombie-detector-actions", settings=settings.nats, stats=runtime.rejections,
-    )
+    runtime.consume_fast("zombie-detector-samples", handlers.on_sample)
+    runtime.consume("zombie-detector-actions", handlers.on_action_completed)
     runtime.background(handlers.tick)
     return runtime.app()
 

@@ -1,0 +1,102 @@
+"""Provisioning: every stream, key-value bucket and durable consumer, created once by an admin.
+
+Services never create or change any of these (their NATS users may not): each binds to its own
+provisioned consumers, and one whose consumer is missing stops at start naming the command to
+run. `gpumedic provision` (compose's one-shot service) and the embedded stack call `provision`,
+the bus's counterpart of `gpumedic migrate`. It is idempotent: streams and consumers are created
+or updated to the declared settings, buckets created.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from gpumedic_bus.settings import NatsSettings
+from gpumedic_bus.streams import KV_BUCKETS, STREAMS
+from gpumedic_bus.topology import DURABLES, Durable
+
+log = logging.getLogger(__name__)
+
+PUSH_ACK_EVERY = 256
+"""A push consumer acknowledges once every this many messages (AckPolicy.ALL acks all before)."""
+PULL_MAX_ACK_PENDING = 1000
+
+
+def consumer_config(item: Durable, settings: NatsSettings) -> ConsumerConfig:
+    """The consumer as provisioned. Pull consumers redeliver one more time than their service acts,
+    so the service dead-letters the last failure instead of the server dropping it; push
+    consumers carry disposable samples (see `PushConsumer`)."""
+    common = {"durable_name": item.name, "filter_subject": item.event.subject_filter(), "ack_wait": settings.ack_wait_s}
+    if item.delivery == "push":
+        return ConsumerConfig(
+            **common,
+            deliver_subject=item.deliver_subject,
+            ack_policy=AckPolicy.ALL,
+            max_deliver=2,
+            max_ack_pending=8 * PUSH_ACK_EVERY,
+            flow_control=True,
+            idle_heartbeat=5.0,
+        )
+    return ConsumerConfig(
+        **common,
+        ack_policy=AckPolicy.EXPLICIT,
+        max_deliver=settings.max_deliver + 1,
+        max_ack_pending=PULL_MAX_ACK_PENDING,
+    )
+
+
+async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: int = 1) -> list[str]:
+    """Create or update every stream, bucket and consumer; return one line per thing created."""
+    done: list[str] = []
+    for stream in STREAMS:
+        config = stream.config(replicas)
+        try:
+            await js.stream_info(stream.name)
+        except NotFoundError:
+            await js.add_stream(config)
+            done.append(f"stream {stream.name} ({', '.join(stream.subjects)})")
+        else:
+            await js.update_stream(config)
+    for bucket in KV_BUCKETS:
+        try:
+            await js.key_value(bucket.bucket)
+        except BucketNotFoundError:
+            await js.create_key_value(bucket)
+            done.append(f"key-value bucket {bucket.bucket}")
+    for item in DURABLES:
+        try:
+            await js.consumer_info(item.stream, item.name)
+        except NotFoundError:
+            done.append(f"consumer {item.name} on {item.stream} for {item.service}")
+        # Create, or update in place to the declared settings.
+        await js.add_consumer(item.stream, consumer_config(item, settings))
+    for line in done:
+        log.info("provisioned %s", line)
+    return done
+
+
+def main() -> None:
+    """`gpumedic-provision`: provision the bus named by GPUMEDIC_NATS_* (the admin user; compose's one-shot)."""
+    import asyncio
+    import sys
+
+    from gpumedic_bus.runtime import connect
+
+    async def _run() -> list[str]:
+        settings = NatsSettings()
+        nc = await connect(settings, "gpumedic-provision", max_reconnect_attempts=3, allow_reconnect=False)
+        try:
+            return await provision(nc.jetstream(), settings)
+        finally:
+            await nc.close()
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        done = asyncio.run(_run())
+    except Exception as exc:  # one line that says what failed; the cause names no secret
+        sys.exit(f"gpumedic-provision: {type(exc).__name__}: {exc}")
+    print(f"gpumedic-provision: bus provisioned ({len(done)} created, the rest up to date)")

@@ -1,0 +1,214 @@
+"""Who may do what on the bus, derived from one table of the contract.
+
+`PRODUCERS` says which service publishes each event; `DURABLES` lists every durable consumer
+(its name, the service that owns it, the event it carries, pull or push); `KV_ACCESS` says which
+service reads or writes which key-value bucket. Everything else is derived from these tables:
+
+- what `provision` creates (streams, buckets, consumers), with an admin identity, once;
+- the NATS permissions of each user (`permissions_for`): its own subjects, the JetStream API
+  calls for its own durables and acks, its own inbox, and nothing else. No service can create,
+  update or delete a stream or a consumer; a node-sampler can publish only its own node's facts;
+- the producers and consumers in `proto/`.
+
+A service that needs a new subject or consumer changes these tables; nothing else grants it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    CapacityEvaluated,
+    ClusterChecked,
+    ContainerExited,
+    Event,
+    GpuLost,
+    GpuXidReported,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    MessageRejected,
+    NodeSampled,
+    ProcessOomKilled,
+    ServiceHeartbeat,
+    SpansExported,
+    SubjectToken,
+)
+from gpumedic_bus.streams import INCIDENT_STATE, stream_of
+
+SERVICES: tuple[str, ...] = (
+    "node-sampler",
+    "zombie-detector",
+    "leader-health",
+    "autoscaler",
+    "remediator",
+    "report-builder",
+)
+
+NODE_FACTS: tuple[type[Event], ...] = (NodeSampled, GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited)
+"""What a node reports about itself, routed by its node id."""
+
+
+@dataclass(frozen=True)
+class Durable:
+    """One durable consumer: provisioned by the admin, bound (never created) by its service."""
+
+    name: SubjectToken
+    service: str
+    event: type[Event]
+    delivery: Literal["pull", "push"] = "pull"
+
+    @property
+    def stream(self) -> str:
+        return stream_of(self.event).name
+
+    @property
+    def deliver_subject(self) -> str | None:
+        """Where a push consumer delivers; only its own service may subscribe to it."""
+        return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
+
+
+DURABLES: tuple[Durable, ...] = (
+    Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
+    Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
+    Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
+    Durable("remediator-actions", "remediator", ActionRequested),
+    *(
+        Durable(f"report-builder-{event.__name__}", "report-builder", event)
+        for event in (IncidentOpened, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
+    ),
+    Durable("report-builder-spans", "report-builder", SpansExported),
+)
+
+CONSUMING_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if any(d.service == s for d in DURABLES))
+
+PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
+    NodeSampled: ("node-sampler",),
+    GpuXidReported: ("node-sampler",),
+    GpuLost: ("node-sampler",),
+    ProcessOomKilled: ("node-sampler",),
+    ContainerExited: ("node-sampler",),
+    IncidentOpened: ("zombie-detector",),
+    IncidentResolved: ("zombie-detector",),
+    IncidentEscalated: ("zombie-detector",),
+    ActionRequested: ("zombie-detector",),
+    ActionCompleted: ("remediator",),
+    ServiceHeartbeat: SERVICES,
+    ClusterChecked: ("leader-health",),
+    CapacityEvaluated: ("autoscaler",),
+    MessageRejected: CONSUMING_SERVICES,
+    SpansExported: SERVICES,
+}
+"""Which services publish each event. A new event must be added here, or `proto` fails."""
+
+KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
+    "zombie-detector": {INCIDENT_STATE.bucket: "write"},
+    "remediator": {INCIDENT_STATE.bucket: "read"},
+}
+"""Which service may read or write which key-value bucket. Detectors own the incident state;
+the remediator's gate reads it and can change nothing in it."""
+
+
+def durable(name: str) -> Durable:
+    for item in DURABLES:
+        if item.name == name:
+            return item
+    raise LookupError(f"no durable consumer {name!r} is declared in gpumedic_bus.topology.DURABLES")
+
+
+def consumers() -> dict[str, tuple[type[Event], ...]]:
+    """Which service consumes which events (over durable consumers)."""
+    result: dict[str, tuple[type[Event], ...]] = {}
+    for item in DURABLES:
+        if item.event not in result.get(item.service, ()):
+            result[item.service] = (*result.get(item.service, ()), item.event)
+    return result
+
+
+# --- users and their permissions -----------------------------------------------------------
+
+ADMIN = "admin"
+"""Provisions streams, buckets and consumers (`gpumedic provision`); no service runs as admin."""
+OBSERVER = "observer"
+"""Reads every event and nothing else: the operator's tools (`gpumedic up` waiting for heartbeats,
+the demo's story, `gpumedic sim`'s score)."""
+SIM_FLEET = "sim-fleet"
+"""The simulated fleet's many samplers over one connection: node facts for any node. Only the
+embedded stack creates this user, and only when it runs a simulated fleet."""
+NODE_USER_PREFIX = "node-"
+
+
+def node_user(node_id: str) -> str:
+    """The NATS user of one GPU node's sampler: it may publish that node's facts only."""
+    return f"{NODE_USER_PREFIX}{node_id}"
+
+
+def inbox_prefix(user: str) -> str:
+    """Each user gets replies on its own inbox subtree, which no other user may read."""
+    return f"_INBOX.{user}"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def permissions_for(user: str) -> Permissions | None:
+    """The allow-lists of one user; None means unrestricted (the admin)."""
+    if user == ADMIN:
+        return None
+    if user == OBSERVER:
+        return Permissions(publish=(), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+    if user == SIM_FLEET:
+        return _node_sampler(user, "*")
+    if user.startswith(NODE_USER_PREFIX):
+        return _node_sampler(user, user.removeprefix(NODE_USER_PREFIX))
+    if user in SERVICES and user != "node-sampler":
+        return _service(user)
+    raise LookupError(f"no NATS user {user!r}: services are {', '.join(SERVICES[1:])}; nodes are {NODE_USER_PREFIX}<node-id>")
+
+
+def _node_sampler(user: str, node: str) -> Permissions:
+    publish = [f"{event.subject_prefix}.{node}" for event in NODE_FACTS]
+    publish += [ServiceHeartbeat.subject_for("node-sampler"), SpansExported.subject_for("node-sampler")]
+    return Permissions(publish=tuple(publish), subscribe=(f"{inbox_prefix(user)}.>",))
+
+
+def _service(service: str) -> Permissions:
+    publish: list[str] = []
+    subscribe: list[str] = [f"{inbox_prefix(service)}.>"]
+    for event, producers in PRODUCERS.items():
+        if service not in producers:
+            continue
+        if event.subject_key == "service":
+            publish.append(event.subject_for(service))
+        else:
+            publish.append(event.subject_filter())
+    for item in DURABLES:
+        if item.service != service:
+            continue
+        api = f"$JS.API.CONSUMER.%s.{item.stream}.{item.name}"
+        publish.append(api % "INFO")
+        publish.append(f"$JS.ACK.{item.stream}.{item.name}.>")
+        if item.delivery == "pull":
+            publish.append(api % "MSG.NEXT")
+        else:
+            publish.append(f"$JS.FC.{item.stream}.{item.name}.>")
+            subscribe.append(item.deliver_subject)
+    for bucket, access in KV_ACCESS.get(service, {}).items():
+        stream = f"KV_{bucket}"
+        publish += [
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+        ]
+        if access == "write":
+            # Writing keys, and listing them (an ephemeral ordered consumer on the bucket's own stream).
+            publish += [f"$KV.{bucket}.>", f"$JS.FC.{stream}.>"]
+            publish += [f"$JS.API.CONSUMER.{verb}.{stream}{tail}" for verb in ("CREATE", "INFO", "DELETE") for tail in ("", ".>")]
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
