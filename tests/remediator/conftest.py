@@ -6,11 +6,15 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from gpumedic_events import ActionRequested, KillGpuProcesses, ProcessTarget
+from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_events import ActionRequested, IncidentKind, KillGpuProcesses, ProcessTarget
+from gpumedic_incidents import IncidentState, IncidentStates, PendingAction, operation_digest
+from gpumedic_incidents.state import fingerprint
 from gpumedic_store import StoreSettings, upgrade
 from remediator.catalogue import parse_stat
 from remediator.settings import Settings
@@ -80,13 +84,61 @@ def make_settings(sshd, store_url) -> Callable[..., Settings]:
     return _make
 
 
-def kill_request(*targets: ProcessTarget, node: str = "gpu-node-01", attempt: int = 1, incident_id=None) -> ActionRequested:
+def kill_request(
+    *targets: ProcessTarget, node: str = "gpu-node-01", attempt: int = 1, incident_id=None, gpu: int = 0, **changes
+) -> ActionRequested:
+    """A request as the zombie-detector makes it (see `open_incident` for the incident it needs)."""
     return ActionRequested(
         source="zombie-detector",
         action_id=uuid.uuid4(),
         incident_id=incident_id or uuid.uuid4(),
         node_id=node,
         attempt=attempt,
-        operation=KillGpuProcesses(gpu_index=0, targets=targets, signal="KILL"),
-        reason="zombie job on GPU 0",
+        operation=KillGpuProcesses(gpu_index=gpu, targets=targets, signal="KILL", max_gpu_utilization_pct=5),
+        reason=f"zombie job on GPU {gpu}",
+        fingerprint=fingerprint(node, IncidentKind.ZOMBIE_JOB, gpu),
+        **changes,
     )
+
+
+def incident_waiting_for(request: ActionRequested, **changes) -> IncidentState:
+    """The open incident state under which a detector would have made `request`."""
+    values = {
+        "incident_id": request.incident_id,
+        "kind": IncidentKind.ZOMBIE_JOB,
+        "detector": "zombie-detector",
+        "node_id": request.node_id,
+        "gpu_index": request.operation.gpu_index,
+        "opened_at": datetime.now(UTC),
+        "attempt": request.attempt,
+        "phase": "acting",
+        "deadline": None,
+        "pending_action": PendingAction(
+            action_id=request.action_id,
+            attempt=request.attempt,
+            operation_sha256=operation_digest(request.operation),
+            requested_at=datetime.now(UTC),
+        ),
+        **changes,
+    }
+    return IncidentState(**values)
+
+
+@pytest.fixture
+async def incidents(js) -> IncidentStates:
+    """The real incident-state bucket on the test's nats-server, emptied."""
+    kv = await js.key_value(INCIDENT_STATE.bucket)
+    await js.purge_stream(f"KV_{INCIDENT_STATE.bucket}")
+    return IncidentStates(kv)
+
+
+@pytest.fixture
+def open_incident(incidents) -> Callable:
+    """`await open_incident(request)`: store the incident `request` belongs to, waiting for it."""
+
+    async def _open(request: ActionRequested, **changes) -> IncidentState:
+        state = incident_waiting_for(request, **changes)
+        await incidents.save(state)
+        return state
+
+    return _open

@@ -19,8 +19,16 @@ def _stat(pid: int, start: int, comm: str = "python", state: str = "S") -> str:
     return f"{pid} ({comm}) {_TAIL.format(start=start).replace('S', state, 1)}\n"
 
 
-def _op(*targets: ProcessTarget, signal: str = "KILL") -> KillGpuProcesses:
-    return KillGpuProcesses(gpu_index=0, targets=targets, signal=signal)
+def _op(*targets: ProcessTarget, signal: str = "KILL", busy_above: int = 5) -> KillGpuProcesses:
+    return KillGpuProcesses(gpu_index=0, targets=targets, signal=signal, max_gpu_utilization_pct=busy_above)
+
+
+def _t(pid: int, start: int = 500, command: str = "x") -> ProcessTarget:
+    """A fully identified target."""
+    return ProcessTarget(pid=pid, start_ticks=start, command=command)
+
+
+GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 
 
 # --- command forms and quoting ---------------------------------------------------------------
@@ -31,21 +39,24 @@ def test_command_forms_are_exact():
     assert catalogue.cmdline_command(41230) == "cat /proc/41230/cmdline"
     assert catalogue.kill_command("KILL", 41230) == "kill -s KILL 41230"
     assert catalogue.kill_command("TERM", 2) == "kill -s TERM 2"
+    assert catalogue.gpu_utilization_command(7) == "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=7"
 
 
-def test_render_lists_each_targets_checks_then_kill():
-    op = _op(ProcessTarget(pid=41230, start_ticks=5, command="python train.py"), ProcessTarget(pid=77), signal="TERM")
+def test_render_checks_the_gpu_then_each_targets_identity_then_kills():
+    op = _op(_t(41230, 5, "python train.py"), _t(77, 9, "python eval.py"), signal="TERM")
     assert render(op) == (
+        GPU_QUERY,
         "cat /proc/41230/stat",
         "cat /proc/41230/cmdline",
         "kill -s TERM 41230",
         "cat /proc/77/stat",
+        "cat /proc/77/cmdline",
         "kill -s TERM 77",
     )
 
 
 def test_rendered_commands_are_plain_words():
-    for command in render(_op(ProcessTarget(pid=4_194_304, command="x"))):
+    for command in render(_op(_t(4_194_304))):
         words = shlex.split(command)
         assert " ".join(shlex.quote(w) for w in words) == command
         assert not any(ch in command for ch in ";|&$`<>(){}\\'\"\n")
@@ -53,7 +64,28 @@ def test_rendered_commands_are_plain_words():
 
 def test_render_refuses_a_pid_listed_twice():
     with pytest.raises(InvalidParameter, match="pid 99 is listed twice"):
-        render(_op(ProcessTarget(pid=99), ProcessTarget(pid=99)))
+        render(_op(_t(99), _t(99)))
+
+
+@pytest.mark.parametrize(
+    ("target", "missing"),
+    [(ProcessTarget(pid=99, command="python train.py"), "start time"), (ProcessTarget(pid=99, start_ticks=5), "command line")],
+)
+def test_a_target_without_its_full_identity_is_refused(target, missing):
+    with pytest.raises(InvalidParameter, match=f"pid 99 comes without its {missing}: a process is identified by pid, start time and command line"):
+        render(_op(target))
+
+
+def test_a_kill_that_does_not_say_when_it_is_safe_is_refused():
+    op = KillGpuProcesses(gpu_index=0, targets=(_t(99),))
+    with pytest.raises(InvalidParameter, match=r"in which GPU state the kill is safe \(max_gpu_utilization_pct\)"):
+        render(op)
+
+
+@pytest.mark.parametrize("gpu", ["0; reboot", -1, 64, True, 1.0, "../0"])
+def test_catalogue_refuses_bad_gpu_indexes(gpu):
+    with pytest.raises(InvalidParameter, match="GPU index .* is not an integer in 0..63"):
+        catalogue.gpu_utilization_command(gpu)
 
 
 # --- hostile inputs ------------------------------------------------------------------------
@@ -100,13 +132,19 @@ def test_event_validation_refuses_unknown_signal():
 def test_catalogue_refuses_what_skipped_event_validation():
     # Defence in depth: even an operation built without validation cannot render shell syntax.
     hostile = KillGpuProcesses.model_construct(
-        gpu_index=0, targets=(ProcessTarget.model_construct(pid="1; rm -rf /", start_ticks=None, command=""),), signal="KILL"
+        gpu_index=0,
+        targets=(ProcessTarget.model_construct(pid="1; rm -rf /", start_ticks=1, command="x"),),
+        signal="KILL",
+        max_gpu_utilization_pct=5,
     )
     with pytest.raises(InvalidParameter, match="pid must be an integer"):
         render(hostile)
-    bad_signal = KillGpuProcesses.model_construct(gpu_index=0, targets=(ProcessTarget(pid=5),), signal="KILL $(reboot)")
+    bad_signal = KillGpuProcesses.model_construct(gpu_index=0, targets=(_t(5),), signal="KILL $(reboot)", max_gpu_utilization_pct=5)
     with pytest.raises(InvalidParameter, match="not allowed"):
         render(bad_signal)
+    bad_gpu = KillGpuProcesses.model_construct(gpu_index="0 $(reboot)", targets=(_t(5),), signal="KILL", max_gpu_utilization_pct=5)
+    with pytest.raises(InvalidParameter, match="GPU index"):
+        render(bad_gpu)
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -145,8 +183,11 @@ def test_parse_cmdline_joins_nul_separated_args():
 class _Node:
     """A scripted node: answers the catalogue's commands from a table of processes."""
 
-    def __init__(self, processes: dict[int, dict], *, dies_after_polls: int = 0, kill_fails: str = "") -> None:
+    def __init__(
+        self, processes: dict[int, dict], *, dies_after_polls: int = 0, kill_fails: str = "", gpu: CommandResult | None = None
+    ) -> None:
         self.processes = processes
+        self.gpu = gpu or CommandResult(0, "0\n", "")
         self.commands: list[str] = []
         self._dies_after_polls = dies_after_polls
         self._polls: dict[int, int] = {}
@@ -155,6 +196,8 @@ class _Node:
     async def run(self, command: str) -> CommandResult:
         self.commands.append(command)
         words = command.split()
+        if command == GPU_QUERY:
+            return self.gpu
         if words[0] == "cat":
             pid = int(words[1].split("/")[2])
             proc = self.processes.get(pid)
@@ -195,6 +238,7 @@ async def test_kill_checks_start_time_and_command_then_verifies():
     assert result.outcome is ActionOutcome.SUCCEEDED
     assert result.detail == "sent KILL to 4242; verified gone: 4242"
     assert result.steps == node.commands == [
+        GPU_QUERY,
         "cat /proc/4242/stat",
         "cat /proc/4242/cmdline",
         "kill -s KILL 4242",
@@ -204,7 +248,7 @@ async def test_kill_checks_start_time_and_command_then_verifies():
 
 async def test_a_zombie_counts_as_dead():
     node = _Node({4242: {"start": 500, "cmd": "x", "zombie": True}})
-    result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500)), node)
+    result = await _execute(_op(_t(4242)), node)
     assert result.outcome is ActionOutcome.SUCCEEDED
 
 
@@ -213,7 +257,7 @@ async def test_recycled_pid_is_refused_and_not_killed():
     result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500, command="python train.py")), node)
     assert result.outcome is ActionOutcome.FAILED
     assert result.detail == "refused 4242: start time 999 != expected 500 (the pid was recycled; now 'bash')"
-    assert node.commands == ["cat /proc/4242/stat"]
+    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat"]
     assert not any(c.startswith("kill") for c in node.commands)
 
 
@@ -222,20 +266,20 @@ async def test_different_command_line_is_refused():
     result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500, command="python train.py")), node)
     assert result.outcome is ActionOutcome.FAILED
     assert "refused 4242: command line 'python serve.py' != expected 'python train.py'" in result.detail
-    assert node.commands == ["cat /proc/4242/stat", "cat /proc/4242/cmdline"]
+    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline"]
 
 
 async def test_missing_process_counts_as_already_gone():
     node = _Node({})
-    result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500)), node)
+    result = await _execute(_op(_t(4242)), node)
     assert result.outcome is ActionOutcome.SUCCEEDED
     assert result.detail == "already gone: 4242"
-    assert node.commands == ["cat /proc/4242/stat"]
+    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat"]
 
 
 async def test_one_refused_target_does_not_stop_the_others_but_fails_the_action():
     node = _Node({10: {"start": 1, "cmd": "a"}, 11: {"start": 7, "cmd": "b"}})
-    result = await _execute(_op(ProcessTarget(pid=10, start_ticks=2), ProcessTarget(pid=11, start_ticks=7)), node)
+    result = await _execute(_op(_t(10, 2, "a"), _t(11, 7, "b")), node)
     assert result.outcome is ActionOutcome.FAILED
     assert "sent KILL to 11" in result.detail and "refused 10" in result.detail
     assert "kill -s KILL 10" not in node.commands
@@ -243,22 +287,58 @@ async def test_one_refused_target_does_not_stop_the_others_but_fails_the_action(
 
 async def test_process_that_survives_the_signal_fails_after_the_verify_timeout():
     node = _Node({4242: {"start": 500, "cmd": "x"}}, dies_after_polls=10**6)
-    result = await _execute(_op(ProcessTarget(pid=4242), signal="TERM"), node, verify_timeout_s=2.0)
+    result = await _execute(_op(_t(4242), signal="TERM"), node, verify_timeout_s=2.0)
     assert result.outcome is ActionOutcome.FAILED
     assert result.detail.endswith("pid 4242 still alive after 2s of SIGTERM")
-    polls = [c for c in node.commands[2:] if c == "cat /proc/4242/stat"]
+    polls = [c for c in node.commands[4:] if c == "cat /proc/4242/stat"]
     assert 2 <= len(polls) <= 6
 
 
 async def test_process_that_dies_slowly_is_verified_by_polling():
     node = _Node({4242: {"start": 500, "cmd": "x"}}, dies_after_polls=3)
-    result = await _execute(_op(ProcessTarget(pid=4242)), node)
+    result = await _execute(_op(_t(4242)), node)
     assert result.outcome is ActionOutcome.SUCCEEDED
     assert node.commands.count("cat /proc/4242/stat") == 1 + 4
 
 
 async def test_failed_kill_is_reported_with_the_nodes_words():
     node = _Node({4242: {"start": 500, "cmd": "x"}}, kill_fails="kill: (4242) - Operation not permitted\n")
-    result = await _execute(_op(ProcessTarget(pid=4242)), node)
+    result = await _execute(_op(_t(4242)), node)
     assert result.outcome is ActionOutcome.FAILED
     assert "kill -s KILL 4242 failed: 'kill: (4242) - Operation not permitted'" in result.detail
+
+
+# --- the GPU must still be in the state the incident describes --------------------------------
+
+
+async def test_a_gpu_busy_again_refuses_the_kill_and_touches_nothing():
+    node = _Node({4242: {"start": 500, "cmd": "x"}}, gpu=CommandResult(0, "85\n", ""))
+    result = await _execute(_op(_t(4242), busy_above=5), node)
+    assert result.outcome is ActionOutcome.BLOCKED
+    assert result.detail == (
+        "refused: GPU 0 is busy again (85% > 5%), so the job is not the zombie the incident describes; nothing was killed"
+    )
+    assert node.commands == [GPU_QUERY]
+
+
+async def test_a_gpu_at_the_limit_still_counts_as_idle():
+    node = _Node({4242: {"start": 500, "cmd": "x"}}, gpu=CommandResult(0, "5\n", ""))
+    assert (await _execute(_op(_t(4242), busy_above=5), node)).outcome is ActionOutcome.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (CommandResult(0, "[N/A]\n", ""), "invalid literal"),
+        (CommandResult(0, "250\n", ""), "not a percentage"),
+        (CommandResult(9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", ""), "NVIDIA driver"),
+        (CommandResult(127, "", "sh: 1: nvidia-smi: not found\n"), "not found"),
+    ],
+)
+async def test_a_gpu_whose_state_cannot_be_read_refuses_the_kill(answer, words):
+    node = _Node({4242: {"start": 500, "cmd": "x"}}, gpu=answer)
+    result = await _execute(_op(_t(4242)), node)
+    assert result.outcome is ActionOutcome.BLOCKED
+    assert result.detail.startswith("refused: GPU 0's utilisation cannot be read on the node (")
+    assert words in result.detail and result.detail.endswith("nothing is killed blind")
+    assert node.commands == [GPU_QUERY]

@@ -1,11 +1,10 @@
-"""The handler's safety order against a real SQLite ledger and the real sshd; the bus is faked.
-
-Only publishing is replaced (by a recorder): what reaches JetStream, and when, is tested in
-test_service.py against a real nats-server.
-"""
+"""The handler's safety order against a real SQLite ledger, the real sshd and the real
+incident-state bucket on a nats-server; only publishing is replaced (by a recorder): what
+reaches JetStream, and when, is tested in test_service.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import uuid
@@ -17,6 +16,7 @@ import pytest
 
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
+from gpumedic_incidents import IncidentStates
 from gpumedic_store import ActionRecord, BreakerTrip, StoreSettings, StoreUnavailable, create_engine, session_factory
 from opentelemetry.sdk.trace import TracerProvider
 from remediator import repository
@@ -27,7 +27,9 @@ from remediator.settings import Settings
 from remediator.ssh import NodeUnreachable, SshExecutor
 from sqlalchemy import select
 
-from tests.remediator.conftest import kill_request
+from tests.remediator.conftest import incident_waiting_for, kill_request
+
+GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 
 pytestmark = pytest.mark.sshd
 
@@ -52,8 +54,9 @@ class _RecordingBroker:
 
 
 class _Harness:
-    def __init__(self, settings: Settings, executor=None) -> None:
+    def __init__(self, settings: Settings, incidents: IncidentStates, executor=None) -> None:
         self.settings = settings
+        self.incidents = incidents
         self.engine = create_engine(settings.store.url)
         self.sessions = session_factory(self.engine)
         self.broker = _RecordingBroker()
@@ -70,7 +73,13 @@ class _Harness:
                 command_timeout_s=settings.command_timeout_s,
             ),
             tracer=TracerProvider().get_tracer("test"),
+            incidents=incidents,
         )
+
+    async def open(self, request: ActionRequested, **changes) -> ActionRequested:
+        """Store the open incident a detector would have made `request` for."""
+        await self.incidents.save(incident_waiting_for(request, **changes))
+        return request
 
     async def handle(self, request: ActionRequested, deliveries: int = 1) -> ActionCompleted:
         before = len(self.broker.published)
@@ -90,11 +99,11 @@ class _Harness:
 
 
 @pytest.fixture
-async def harness(make_settings):
+async def harness(make_settings, incidents):
     made: list[_Harness] = []
 
     def _make(**changes) -> _Harness:
-        made.append(_Harness(make_settings(**changes)))
+        made.append(_Harness(make_settings(**changes), incidents))
         return made[-1]
 
     yield _make
@@ -104,7 +113,7 @@ async def harness(make_settings):
 
 async def test_kills_records_and_answers_once(harness, sshd, sleeper):
     h = harness()
-    request = kill_request(sleeper.target())
+    request = await h.open(kill_request(sleeper.target()))
     completed = await h.handle(request)
     assert sleeper.killed()
     assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
@@ -113,7 +122,7 @@ async def test_kills_records_and_answers_once(harness, sshd, sleeper):
         request.action_id, request.incident_id, request.node_id, request.attempt,
     )
     pid = sleeper.pid
-    assert completed.steps == (f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+    assert completed.steps == (GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
     record = await h.record(request.action_id)
     assert record.status == "succeeded" and record.steps == list(completed.steps)
     assert record.finished_at is not None and record.started_at <= record.finished_at
@@ -121,7 +130,7 @@ async def test_kills_records_and_answers_once(harness, sshd, sleeper):
 
 async def test_a_repeated_request_is_answered_from_the_ledger_not_run_again(harness, sshd, sleeper):
     h = harness()
-    request = kill_request(sleeper.target())
+    request = await h.open(kill_request(sleeper.target()))
     first = await h.handle(request)
     assert sleeper.killed()
     sent_before = len(sshd.commands())
@@ -133,9 +142,9 @@ async def test_a_repeated_request_is_answered_from_the_ledger_not_run_again(harn
 
 async def test_an_action_left_executing_is_marked_interrupted_never_rerun(harness, sshd, sleeper):
     h = harness()
-    request = kill_request(sleeper.target())
-    async with h.sessions() as session:  # a remediator that claimed it and died
-        await repository.claim(session=session, request=request, now=datetime.now(UTC))
+    request = await h.open(kill_request(sleeper.target()))
+    async with h.sessions() as session:  # a remediator that let it through and died
+        await repository.record(session=session, request=request, status="executing", detail="", now=datetime.now(UTC))
         await session.commit()
     sent_before = len(sshd.commands())
     completed = await h.handle(request, deliveries=2)
@@ -150,12 +159,12 @@ async def test_an_action_left_executing_is_marked_interrupted_never_rerun(harnes
 
 async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     h = harness(mode="observe")
-    completed = await h.handle(kill_request(sleeper.target()))
+    completed = await h.handle(await h.open(kill_request(sleeper.target())))
     assert completed.outcome is ActionOutcome.OBSERVED
     pid = sleeper.pid
     assert completed.detail == (
         "observe mode for kill_gpu_processes: decided and recorded, not run; would run: "
-        f"cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s KILL {pid}"
+        f"{GPU_QUERY}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s KILL {pid}"
     )
     assert completed.steps == ()
     assert sleeper.alive()
@@ -164,13 +173,13 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
 
 async def test_per_operation_mode_enforces_one_kind(harness, sleeper):
     h = harness(mode="observe", modes={"kill_gpu_processes": "enforce"})
-    assert (await h.handle(kill_request(sleeper.target()))).outcome is ActionOutcome.SUCCEEDED
+    assert (await h.handle(await h.open(kill_request(sleeper.target())))).outcome is ActionOutcome.SUCCEEDED
     assert sleeper.killed()
 
 
 async def test_protected_node_is_blocked(harness, sleeper):
     h = harness(protected_nodes={"gpu-node-01"})
-    completed = await h.handle(kill_request(sleeper.target()))
+    completed = await h.handle(await h.open(kill_request(sleeper.target())))
     assert completed.outcome is ActionOutcome.BLOCKED
     assert completed.detail == "node gpu-node-01 is protected; actions on it need a person"
     assert sleeper.alive()
@@ -180,9 +189,9 @@ async def test_one_action_per_node_at_a_time(harness, sleeper):
     h = harness()
     running = kill_request(sleeper.target())
     async with h.sessions() as session:
-        await repository.claim(session=session, request=running, now=datetime.now(UTC))
+        await repository.record(session=session, request=running, status="executing", detail="", now=datetime.now(UTC))
         await session.commit()
-    completed = await h.handle(kill_request(sleeper.target()))
+    completed = await h.handle(await h.open(kill_request(sleeper.target())))
     assert completed.outcome is ActionOutcome.BLOCKED
     assert completed.detail == f"action {running.action_id} is already executing on node gpu-node-01; one at a time"
     assert sleeper.alive()
@@ -193,20 +202,20 @@ async def test_attempt_cap_per_incident(harness, sshd):
     incident = uuid.uuid4()
     for attempt in (1, 2):
         # Unknown-node failures still count: each was an attempt the gate let through.
-        done = await h.handle(kill_request(_target(), node="gpu-node-99", attempt=attempt, incident_id=incident))
+        done = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", attempt=attempt, incident_id=incident)))
         assert done.outcome is ActionOutcome.FAILED
-    third = await h.handle(kill_request(_target(), node="gpu-node-99", attempt=3, incident_id=incident))
+    third = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", attempt=3, incident_id=incident)))
     assert third.outcome is ActionOutcome.BLOCKED
     assert third.detail == f"2 attempts already made at incident {incident} on node gpu-node-99 (max 2); needs a person"
-    other = await h.handle(kill_request(_target(), node="gpu-node-99"))
+    other = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=1)))
     assert other.outcome is ActionOutcome.FAILED  # another incident is not capped
 
 
 async def test_breaker_trips_stays_open_until_reset(harness):
     h = harness(mode="observe", breaker_max_nodes=2)
     for node in ("n1", "n2"):
-        assert (await h.handle(kill_request(_target(), node=node))).outcome is ActionOutcome.OBSERVED
-    tripping = await h.handle(kill_request(_target(), node="n3"))
+        assert (await h.handle(await h.open(kill_request(_target(), node=node)))).outcome is ActionOutcome.OBSERVED
+    tripping = await h.handle(await h.open(kill_request(_target(), node="n3")))
     assert tripping.outcome is ActionOutcome.BLOCKED
     assert "circuit breaker tripped" in tripping.detail and "3 distinct nodes needed action within 600s (max 2)" in tripping.detail
     [trip] = await h.trips()
@@ -214,7 +223,7 @@ async def test_breaker_trips_stays_open_until_reset(harness):
 
     # Every later request is blocked, even on a node already counted, and no second trip is written.
     for node in ("n1", "n4"):
-        blocked = await h.handle(kill_request(_target(), node=node))
+        blocked = await h.handle(await h.open(kill_request(_target(), node=node, gpu=2)))
         assert blocked.outcome is ActionOutcome.BLOCKED
         assert blocked.detail.startswith(f"circuit breaker open since {trip.tripped_at.isoformat(timespec='seconds')}")
         assert blocked.detail.endswith("reset with `gpumedic breaker reset`")
@@ -225,14 +234,14 @@ async def test_breaker_trips_stays_open_until_reset(harness):
         await session.commit()
     assert [t.id for t in reset] == [trip.id]
     # After a reset the window starts afresh: earlier nodes no longer count.
-    assert (await h.handle(kill_request(_target(), node="n5"))).outcome is ActionOutcome.OBSERVED
+    assert (await h.handle(await h.open(kill_request(_target(), node="n5")))).outcome is ActionOutcome.OBSERVED
     [closed] = await h.trips()
     assert closed.reset_by == "alice" and closed.reset_at is not None
 
 
 async def test_unknown_node_fails_naming_the_inventory(harness, sshd):
     h = harness()
-    completed = await h.handle(kill_request(_target(), node="gpu-node-99"))
+    completed = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99")))
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
 
@@ -244,20 +253,21 @@ async def test_dead_host_fails_naming_the_node(harness, tmp_path):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f"nodes:\n  gpu-node-07: {{host: 127.0.0.1, port: {port}, user: root}}\n")
     h = harness(inventory=inventory)
-    request = kill_request(_target(), node="gpu-node-07")
+    request = await h.open(kill_request(_target(), node="gpu-node-07"))
     completed = await h.handle(request)
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == f"node 'gpu-node-07' (root@127.0.0.1:{port}): connection refused"
     assert (await h.record(request.action_id)).status == "failed"
 
 
-async def test_a_store_that_is_down_raises_before_anything_runs(make_settings, sshd, sleeper, tmp_path):
+async def test_a_store_that_is_down_raises_before_anything_runs(make_settings, incidents, sshd, sleeper, tmp_path):
     unopenable = tmp_path / "a-directory"
     unopenable.mkdir()
-    h = _Harness(make_settings(store=StoreSettings(url=f"sqlite+aiosqlite:///{unopenable}")))
+    h = _Harness(make_settings(store=StoreSettings(url=f"sqlite+aiosqlite:///{unopenable}")), incidents)
+    request = await h.open(kill_request(sleeper.target()))
     sent_before = len(sshd.commands())
     with pytest.raises(StoreUnavailable):
-        await h.handler.handle(kill_request(sleeper.target()), Delivery("s", {}, 1))
+        await h.handler.handle(request, Delivery("s", {}, 1))
     await h.engine.dispose()
     assert len(sshd.commands()) == sent_before
     assert h.broker.published == []
@@ -274,21 +284,25 @@ class _NodeLostAtKill:
         async def run(command):
             if command.startswith("kill"):
                 raise NodeUnreachable(node_id, address, "connection lost: Connection reset by peer")
+            if command.startswith("nvidia-smi"):
+                return CommandResult(0, "0\n", "")
+            if command.endswith("/cmdline"):
+                return CommandResult(0, "python\0", "")
             return CommandResult(0, "4242 (python) " + " ".join(["S"] + ["0"] * 18 + ["1"]) + " 0 0\n", "")
 
         yield SimpleNamespace(run=run)
 
 
-async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings):
-    h = _Harness(make_settings(), executor=_NodeLostAtKill())
-    completed = await h.handle(kill_request(ProcessTarget(pid=4242, start_ticks=1)))
+async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings, incidents):
+    h = _Harness(make_settings(), incidents, executor=_NodeLostAtKill())
+    completed = await h.handle(await h.open(kill_request(ProcessTarget(pid=4242, start_ticks=1, command="python"))))
     await h.engine.dispose()
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == (
         "node 'gpu-node-01' (root@10.0.0.7:22): connection lost: Connection reset by peer "
-        "(after 2 command(s), the last `kill -s KILL 4242`)"
+        "(after 4 command(s), the last `kill -s KILL 4242`)"
     )
-    assert completed.steps == ("cat /proc/4242/stat", "kill -s KILL 4242")
+    assert completed.steps == (GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline", "kill -s KILL 4242")
 
 
 def test_completed_event_carries_at_most_64_steps():
@@ -307,3 +321,98 @@ def test_completed_event_carries_at_most_64_steps():
 
 def _target() -> ProcessTarget:
     return ProcessTarget(pid=4242, start_ticks=1, command="python train.py")
+
+
+# --- what the gate refuses, on the real sshd: nothing reaches the node -------------------------
+
+
+async def _refused(h: _Harness, sshd, request: ActionRequested) -> ActionCompleted:
+    sent_before = len(sshd.commands())
+    completed = await h.handle(request)
+    assert completed.outcome is ActionOutcome.BLOCKED, completed.detail
+    assert completed.steps == ()
+    assert len(sshd.commands()) == sent_before, "a refused request reached the node"
+    record = await h.record(request.action_id)
+    assert (record.status, record.detail) == ("blocked", completed.detail)  # the audit says why
+    return completed
+
+
+async def test_a_request_for_an_unknown_incident_is_refused(harness, sshd, sleeper):
+    h = harness()
+    request = kill_request(sleeper.target())  # no detector opened anything
+    completed = await _refused(h, sshd, request)
+    assert completed.detail == (
+        f"refused: incident {request.incident_id} is not open (no open incident has fingerprint gpu-node-01/zombie_job/0)"
+    )
+    assert sleeper.alive()
+
+
+async def test_a_request_for_a_closed_incident_is_refused(harness, sshd, sleeper):
+    h = harness()
+    request = await h.open(kill_request(sleeper.target()), phase="escalated", pending_action=None)
+    completed = await _refused(h, sshd, request)
+    assert completed.detail == f"refused: incident {request.incident_id} is escalated, not waiting for an action"
+    assert sleeper.alive()
+
+
+async def test_a_request_older_than_the_limit_is_refused(harness, sshd, sleeper):
+    h = harness(max_request_age_s=60)
+    old = datetime.now(UTC) - timedelta(seconds=77)
+    request = await h.open(kill_request(sleeper.target(), occurred_at=old))
+    completed = await _refused(h, sshd, request)
+    assert completed.detail.startswith("refused: the request is 77s old (limit 60s)")
+    assert sleeper.alive()
+
+
+async def test_a_target_without_start_time_is_refused(harness, sshd, sleeper):
+    h = harness()
+    request = await h.open(kill_request(sleeper.target(start_ticks=None)))
+    completed = await _refused(h, sshd, request)
+    assert f"pid {sleeper.pid} comes without its start time" in completed.detail
+    assert sleeper.alive()
+
+
+async def test_a_pid_whose_process_changed_is_not_killed(harness, sshd, sleeper):
+    h = harness()
+    # The detector saw another process under this pid (it started at another time).
+    request = await h.open(kill_request(sleeper.target(start_ticks=sleeper.start_ticks - 1)))
+    completed = await h.handle(request)
+    assert completed.outcome is ActionOutcome.FAILED
+    assert f"refused {sleeper.pid}: start time {sleeper.start_ticks} != expected {sleeper.start_ticks - 1}" in completed.detail
+    assert not any(c.startswith("kill") for c in completed.steps)
+    assert sleeper.alive()
+
+
+async def test_a_gpu_busy_again_is_refused_on_the_node(harness, sshd, sleeper):
+    h = harness()
+    request = await h.open(kill_request(sleeper.target()))
+    sshd.set_gpu_utilization(0, 85)
+    try:
+        completed = await h.handle(request)
+    finally:
+        sshd.set_gpu_utilization(0, None)
+    assert completed.outcome is ActionOutcome.BLOCKED
+    assert completed.detail == (
+        "refused: GPU 0 is busy again (85% > 5%), so the job is not the zombie the incident describes; nothing was killed"
+    )
+    assert completed.steps == (GPU_QUERY,)
+    assert sleeper.alive()
+
+
+async def test_a_burst_cannot_outrun_the_breaker_across_two_instances(harness, sshd):
+    """Forty requests for forty nodes arrive at once at two remediators sharing one store: the
+    gate lets at most the breaker's limit through, and writes exactly one trip."""
+    first, second = harness(breaker_max_nodes=3), harness(breaker_max_nodes=3)
+    requests = [await first.open(kill_request(_target(), node=f"burst-{i:02d}")) for i in range(40)]
+    await asyncio.gather(
+        *((first if i % 2 else second).handler.handle(r, Delivery(r.subject, {}, 1)) for i, r in enumerate(requests))
+    )
+    results = [p.event for p in first.broker.published + second.broker.published]
+    assert sorted(r.action_id for r in results) == sorted(r.action_id for r in requests)  # one answer each
+    let_through = [r for r in results if r.outcome is not ActionOutcome.BLOCKED]
+    assert len(let_through) == 3  # unknown nodes: they fail on the node, but the gate let them run
+    assert all(r.outcome is ActionOutcome.FAILED for r in let_through)
+    assert len(await first.trips()) == 1
+    tripped = [r for r in results if "circuit breaker tripped" in r.detail]
+    assert len(tripped) == 1 and "4 distinct nodes needed action within 600s (max 3)" in tripped[0].detail
+    assert sum("circuit breaker open since" in r.detail for r in results) == 36

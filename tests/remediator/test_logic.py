@@ -1,4 +1,5 @@
-"""The gate's rules, one by one, in their order of precedence."""
+"""The gate's rules, one by one, in their order of precedence: the request itself first
+(`refusal`), then the fleet (`decide`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpumedic_events import ActionRequested, KillGpuProcesses, ProcessTarget
-from remediator.logic import RESET_HINT, LedgerView, Policy, Verdict, decide
+from remediator.logic import RESET_HINT, LedgerView, Policy, Verdict, decide, refusal
+from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)
 ENFORCE = Policy(mode="enforce", max_attempts_per_node=3, breaker_max_nodes=3, breaker_window_s=600)
@@ -133,3 +135,64 @@ def test_tripped_breaker_stays_tripped_for_any_later_request():
 )
 def test_rules_apply_in_order(view, policy, expected):
     assert expected in decide(_request("n9"), policy=policy, ledger_view=view, now=NOW).reason
+
+
+# --- the request itself: refused before the fleet rules, whatever the ledger says -------------
+
+_GOOD = ProcessTarget(pid=4242, start_ticks=1, command="python train.py")
+
+
+def _refusal(request, incident="waiting", *, stored_at=None, now=None, policy=ENFORCE) -> str:
+    state = incident_waiting_for(request) if incident == "waiting" else incident
+    return refusal(request, incident=state, policy=policy, now=now or request.occurred_at, stored_at=stored_at)
+
+
+def test_a_request_its_open_incident_waits_for_passes():
+    assert _refusal(kill_request(_GOOD)) == ""
+
+
+def test_a_stale_request_is_refused_by_the_older_of_its_two_clocks():
+    request = kill_request(_GOOD)
+    later = request.occurred_at + timedelta(seconds=121)
+    assert _refusal(request, now=later).startswith("refused: the request is 121s old (limit 120s)")
+    # A sender can date its request in the future; the server's storage time still counts.
+    forward = request.model_copy(update={"occurred_at": request.occurred_at + timedelta(hours=1)})
+    assert "121s old" in _refusal(forward, stored_at=request.occurred_at, now=later)
+    assert _refusal(request, stored_at=request.occurred_at, now=request.occurred_at + timedelta(seconds=119)) == ""
+
+
+def test_an_unknown_or_closed_incident_is_refused():
+    request = kill_request(_GOOD)
+    assert _refusal(request, None) == (
+        f"refused: incident {request.incident_id} is not open (no open incident has fingerprint gpu-node-01/zombie_job/0)"
+    )
+    other = incident_waiting_for(request, incident_id=uuid.uuid4())
+    assert f"the open incident on gpu-node-01/zombie_job/0 is {other.incident_id}" in _refusal(request, other)
+    for phase in ("verifying", "escalated"):
+        closed = incident_waiting_for(request, phase=phase, pending_action=None)
+        assert _refusal(request, closed) == f"refused: incident {request.incident_id} is {phase}, not waiting for an action"
+
+
+def test_a_request_without_a_fingerprint_is_refused():
+    request = kill_request(_GOOD).model_copy(update={"fingerprint": None})
+    assert "names no incident fingerprint" in _refusal(request, None)
+
+
+def test_a_request_for_another_node_gpu_detector_attempt_or_operation_is_refused():
+    request = kill_request(_GOOD)
+    assert "is on node gpu-node-02 GPU 0" in _refusal(request, incident_waiting_for(request, node_id="gpu-node-02"))
+    assert "is on node gpu-node-01 GPU 3" in _refusal(request, incident_waiting_for(request, gpu_index=3))
+    assert "was opened by leader-health, not by zombie-detector" in _refusal(request, incident_waiting_for(request, detector="leader-health"))
+    retry = kill_request(_GOOD, attempt=2, incident_id=request.incident_id)
+    assert "waits for attempt 2" in _refusal(request, incident_waiting_for(retry))
+    # Same ids, other pids: a forged or altered operation.
+    altered = request.model_copy(update={"operation": request.operation.model_copy(update={"targets": (_GOOD.model_copy(update={"pid": 1111}),)})})
+    assert "the operation differs from the one zombie-detector decided" in _refusal(altered, incident_waiting_for(request))
+
+
+def test_a_target_without_start_time_is_refused_even_for_a_waiting_incident():
+    request = kill_request(ProcessTarget(pid=4242, command="python train.py"))
+    assert _refusal(request) == (
+        "refused: pid 4242 comes without its start time: a process is identified by pid, start time and "
+        "command line, and a pid alone may name an innocent process"
+    )

@@ -1,11 +1,14 @@
-"""The ledger's queries on both backends: claim once, what the gate reads, trips and resets."""
+"""The ledger's queries on both backends: records, what the gate reads, the gate lock, trips and resets."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
+from sqlalchemy.exc import IntegrityError
 
 from gpumedic_events import ProcessTarget
 from gpumedic_store import create_engine, session_factory, upgrade
@@ -33,24 +36,61 @@ async def sessions(ledger_url):
 
 
 def _request(node="n1", incident=None):
-    return kill_request(ProcessTarget(pid=4242), node=node, incident_id=incident)
+    return kill_request(ProcessTarget(pid=4242, start_ticks=1, command="python"), node=node, incident_id=incident)
 
 
-async def _claim(sessions, request, now=NOW):
+async def _claim(sessions, request, now=NOW, status="executing"):
+    """Decide a request as the gate does: under the lock, recorded in the same transaction."""
     async with sessions() as session:
-        record, created = await repository.claim(session=session, request=request, now=now)
+        await repository.lock_gate(session=session)
+        record = await repository.record(session=session, request=request, status=status, detail="", now=now)
         await session.commit()
-        return record, created
+        return record
 
 
-async def test_claim_records_executing_once(sessions):
+async def test_record_keeps_the_request_and_a_second_record_of_it_is_refused(sessions):
     request = _request()
-    record, created = await _claim(sessions, request)
-    assert created and record.status == "executing" and record.finished_at is None
+    record = await _claim(sessions, request)
+    assert record.status == "executing" and record.finished_at is None
     assert record.operation["targets"][0]["pid"] == 4242
-    again, created_again = await _claim(sessions, request, now=NOW + timedelta(minutes=1))
-    assert not created_again
-    assert again.action_id == str(request.action_id) and again.started_at == NOW
+    refused = await _claim(sessions, _request("n2"), status="blocked")
+    assert refused.finished_at == NOW
+    with pytest.raises(IntegrityError):
+        await _claim(sessions, request, now=NOW + timedelta(minutes=1))
+    async with sessions() as session:
+        again = await repository.get_action(session=session, action_id=request.action_id)
+    assert again.started_at == NOW
+
+
+async def test_the_store_refuses_a_second_executing_action_on_a_node(sessions):
+    await _claim(sessions, _request("n1"))
+    with pytest.raises(IntegrityError, match="(?i)unique"):
+        await _claim(sessions, _request("n1"))
+    await _claim(sessions, _request("n1"), status="blocked")  # a refusal next to it is fine
+
+
+async def test_the_gate_lock_makes_a_second_decision_wait_for_the_first(sessions):
+    order: list[str] = []
+    first_holds = asyncio.Event()
+
+    async def first() -> None:
+        async with sessions() as session:
+            await repository.lock_gate(session=session)
+            order.append("first locked")
+            first_holds.set()
+            await asyncio.sleep(0.3)
+            order.append("first commits")
+            await session.commit()
+
+    async def second() -> None:
+        await first_holds.wait()
+        async with sessions() as session:
+            await repository.lock_gate(session=session)
+            order.append("second locked")
+            await session.commit()
+
+    await asyncio.gather(first(), second())
+    assert order == ["first locked", "first commits", "second locked"]
 
 
 async def test_finish_keeps_status_detail_and_steps(sessions):
@@ -70,7 +110,7 @@ async def test_finish_keeps_status_detail_and_steps(sessions):
 
 async def test_finish_refuses_a_status_that_is_not_final(sessions):
     request = _request()
-    record, _ = await _claim(sessions, request)
+    record = await _claim(sessions, request)
     async with sessions() as session:
         with pytest.raises(ValueError, match="not a finished action status"):
             await repository.finish(session=session, record=record, status="executing", detail="", steps=[], now=NOW)

@@ -108,9 +108,10 @@ async def _stored_results(js) -> list[ActionCompleted]:
     return [ActionCompleted.from_json(m.data, subject=m.subject) for m in msgs]
 
 
-async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service, results, js, sshd, sleeper):
+async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service, results, js, sshd, sleeper, open_incident):
     service = await start_service()
     request = kill_request(sleeper.target())
+    await open_incident(request)
     await _request(js, request, traceparent=f"00-{_TRACE_ID:032x}-{_PARENT_ID:016x}-01")
 
     msg, completed = await _next(results)
@@ -118,7 +119,8 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     assert sleeper.killed()
     assert msg.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
     pid = sleeper.pid
-    assert completed.steps == (f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+    gpu_query = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
+    assert completed.steps == (gpu_query, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
 
     # The incident's trace continues: `act` is the child of the request's span, the result its child.
     [act] = await _finished(service.spans, "act")
@@ -140,9 +142,11 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     assert service.runtime.rejections.total == 0
 
 
-async def test_observe_mode_answers_observed_and_leaves_the_process(start_service, results, js, sshd, sleeper):
+async def test_observe_mode_answers_observed_and_leaves_the_process(start_service, results, js, sshd, sleeper, open_incident):
     await start_service(mode="observe")
-    await _request(js, kill_request(sleeper.target()))
+    request = kill_request(sleeper.target())
+    await open_incident(request)
+    await _request(js, request)
     _, completed = await _next(results)
     assert completed.outcome is ActionOutcome.OBSERVED
     assert "would run: " in completed.detail
@@ -151,9 +155,11 @@ async def test_observe_mode_answers_observed_and_leaves_the_process(start_servic
     assert not [c for c in sshd.commands() if str(sleeper.pid) in c]
 
 
-async def test_unknown_node_fails_with_the_inventory_message(start_service, results, js, sshd, sleeper):
+async def test_unknown_node_fails_with_the_inventory_message(start_service, results, js, sshd, sleeper, open_incident):
     await start_service()
-    await _request(js, kill_request(sleeper.target(), node="gpu-node-99"))
+    request = kill_request(sleeper.target(), node="gpu-node-99")
+    await open_incident(request)
+    await _request(js, request)
     _, completed = await _next(results)
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
@@ -164,3 +170,34 @@ async def test_missing_files_stop_the_start_with_a_clear_message(start_service, 
     missing = tmp_path / "nowhere" / "inventory.yaml"
     with pytest.raises(Exception, match=f"inventory file {missing} does not exist"):
         await start_service(inventory=missing)
+
+
+async def test_a_forged_request_is_refused_and_a_real_one_still_runs(start_service, results, js, sshd, sleeper, open_incident):
+    """The issue's reproduction: a hand-made request for a random incident naming a real pid."""
+    await start_service()
+    forged = kill_request(sleeper.target())
+    await _request(js, forged)
+    _, refused = await _next(results)
+    assert refused.outcome is ActionOutcome.BLOCKED
+    assert refused.detail.startswith(f"refused: incident {forged.incident_id} is not open")
+    assert sleeper.alive() and not [c for c in sshd.commands() if str(sleeper.pid) in c]
+
+    real = kill_request(sleeper.target())
+    await open_incident(real)
+    await _request(js, real)
+    _, done = await _next(results)
+    assert done.outcome is ActionOutcome.SUCCEEDED, done.detail
+    assert sleeper.killed()
+
+
+async def test_a_request_that_waited_in_the_stream_too_long_is_refused(start_service, results, js, sshd, sleeper, open_incident):
+    """A request stored while no remediator ran is judged by when the server stored it."""
+    request = kill_request(sleeper.target())
+    await open_incident(request)
+    await _request(js, request)
+    await asyncio.sleep(1.5)
+    await start_service(max_request_age_s=1.0)
+    _, refused = await _next(results)
+    assert refused.outcome is ActionOutcome.BLOCKED
+    assert refused.detail.startswith("refused: the request is ") and "old (limit 1s)" in refused.detail
+    assert sleeper.alive()

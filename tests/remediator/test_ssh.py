@@ -14,6 +14,8 @@ from remediator.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
 
 pytestmark = pytest.mark.sshd
 
+GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
+
 
 def _executor(sshd, **changes) -> SshExecutor:
     values = {
@@ -30,7 +32,7 @@ def _executor(sshd, **changes) -> SshExecutor:
 async def _kill(executor: SshExecutor, node: str, *targets, verify_timeout_s: float = 5.0):
     async with executor.session(node) as session:
         return await catalogue.execute(
-            KillGpuProcesses(gpu_index=0, targets=targets), session.run, verify_timeout_s=verify_timeout_s
+            KillGpuProcesses(gpu_index=0, targets=targets, max_gpu_utilization_pct=5), session.run, verify_timeout_s=verify_timeout_s
         )
 
 
@@ -49,15 +51,15 @@ async def test_kills_a_real_process_after_checking_it(sshd, sleeper):
     assert result.detail == f"sent KILL to {sleeper.pid}; verified gone: {sleeper.pid}"
     pid = sleeper.pid
     # After SIGKILL the sleeper is a zombie (this test process has not reaped it yet): dead.
-    assert result.steps == [f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
-    assert [c for c in sshd.commands() if str(pid) in c] == result.steps
+    assert result.steps == [GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
+    assert [c for c in sshd.commands() if str(pid) in c] == result.steps[1:]
 
 
 async def test_wrong_start_time_is_refused_and_the_process_lives(sshd, sleeper):
     result = await _kill(_executor(sshd), sshd.node_id, sleeper.target(start_ticks=sleeper.start_ticks + 1))
     assert result.outcome is ActionOutcome.FAILED
     assert f"refused {sleeper.pid}: start time {sleeper.start_ticks} != expected {sleeper.start_ticks + 1}" in result.detail
-    assert result.steps == [f"cat /proc/{sleeper.pid}/stat"]
+    assert result.steps == [GPU_QUERY, f"cat /proc/{sleeper.pid}/stat"]
     assert sleeper.alive()
 
 

@@ -2,7 +2,8 @@
 exact commands and changes the simulated state the way a Linux shell would.
 
 Only these forms are interpreted (a real node runs the same lines unchanged):
-`cat /proc/<pid>/stat`, `cat /proc/<pid>/cmdline`, `kill -s KILL|TERM <pid>...`. Anything else
+`cat /proc/<pid>/stat`, `cat /proc/<pid>/cmdline`, `kill -s KILL|TERM <pid>...`, and
+`nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=<gpu>`. Anything else
 answers as a shell that lacks the command (exit 127) and changes nothing. Lines are split with
 shlex and matched; nothing is ever evaluated. Every line received is recorded, in order, in
 `node.ssh_commands`, so tests and the demo can show exactly what the remediator did.
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _PROC_FILE = re.compile(r"^/proc/([^/]+)/(stat|cmdline)$")
 _SIGNALS = ("KILL", "TERM")
+_UTILIZATION_QUERY = ("nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,20 @@ def interpret(node: NodeState, command: str) -> CommandResult:
         pids = words[3:]
         if all(w.isdigit() for w in pids):
             return _kill(node, words[2], [int(w) for w in pids])
+    if tuple(words[:3]) == _UTILIZATION_QUERY and len(words) == 4 and words[3].startswith("--id="):
+        return _utilization(node, words[3].removeprefix("--id="))
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
+
+
+def _utilization(node: NodeState, index: str) -> CommandResult:
+    gpu = int(index) if index.isdigit() else -1
+    if node.nvml_missing:
+        return CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+    if not 0 <= gpu < len(node.gpus):
+        return CommandResult(6, stdout=f"No devices were found matching the id {index}\n")
+    if node.gpus[gpu].lost:
+        return CommandResult(15, stdout="Unable to determine the device handle for GPU: GPU is lost.\n")
+    return CommandResult(0, stdout=f"{node.utilization(gpu)[0]}\n")
 
 
 def _cat_proc(node: NodeState, path: str, pid_word: str, name: str) -> CommandResult:

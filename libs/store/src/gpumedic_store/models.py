@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Integer, MetaData, String, Text
+from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Integer, MetaData, String, Text, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -125,10 +125,23 @@ class TimelineEntry(Base):
 
 
 class ActionRecord(Base):
-    """The remediator's ledger: an action is recorded before it runs, so it never runs twice."""
+    """The remediator's ledger: an action is recorded before it runs, so it never runs twice.
+
+    The database itself refuses a second `executing` action on one node, whatever the gate's
+    code does.
+    """
 
     __tablename__ = "actions"
-    __table_args__ = (_one_of("status", ACTION_STATUSES, "status"),)
+    __table_args__ = (
+        _one_of("status", ACTION_STATUSES, "status"),
+        Index(
+            "uq_actions_one_executing_per_node",
+            "node_id",
+            unique=True,
+            sqlite_where=text("status = 'executing'"),
+            postgresql_where=text("status = 'executing'"),
+        ),
+    )
 
     action_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
     incident_id: Mapped[str] = mapped_column(String(_UUID_LEN), index=True)
@@ -147,7 +160,10 @@ class ActionRecord(Base):
 
 
 class BreakerTrip(Base):
-    """The fleet circuit breaker opened; it stays open until a person resets it."""
+    """The fleet circuit breaker opened; it stays open until a person resets it.
+
+    Trips are written and reset only under the gate lock (`GateLock`), so at most one is open.
+    """
 
     __tablename__ = "breaker_trips"
 
@@ -156,6 +172,16 @@ class BreakerTrip(Base):
     reason: Mapped[str] = mapped_column(Text)
     reset_at: Mapped[datetime | None]
     reset_by: Mapped[str | None] = mapped_column(String(128))
+
+
+class GateLock(Base):
+    """One row the remediator's gate locks (UPDATE) before it decides: decisions are taken one at a
+    time across every remediator instance, on SQLite (the write lock) and PostgreSQL (the row lock)."""
+
+    __tablename__ = "gate_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    decisions: Mapped[int] = mapped_column(Integer, default=0, comment="Gate decisions taken; bumped to take the lock.")
 
 
 class SpanRow(Base):

@@ -6,9 +6,12 @@ become shell syntax on a node. There is no free-form shell anywhere. A simulated
 server interprets exactly these command forms, and a real Linux node runs them unchanged:
 changing a form here means changing the simulated fleet too.
 
-Killing a GPU holder is a check-then-act sequence. Before the signal, `/proc/PID/stat` must
-still show the start time the detector saw (else the pid was recycled and now belongs to an
-innocent process) and `/proc/PID/cmdline` the command line it saw; after the signal the
+Killing a GPU holder is a check-then-act sequence. First the GPU must still be in the state
+the incident describes: `nvidia-smi` on the node must show its utilisation at or under the
+request's `max_gpu_utilization_pct`, else the job came back to life and nothing is touched.
+Before each signal, `/proc/PID/stat` must still show the start time the detector saw (else the
+pid was recycled and now belongs to an innocent process) and `/proc/PID/cmdline` the command
+line it saw; a target that lacks either is refused before anything runs. After the signal the
 process must vanish (or become a zombie, which holds nothing) within the verify timeout.
 """
 
@@ -26,6 +29,7 @@ from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
 MIN_PID = 2
 MAX_PID = 4_194_304
 """Linux's PID_MAX_LIMIT; pid 1 (init) is never a target."""
+MAX_GPU_INDEX = 63
 SIGNALS = frozenset({"KILL", "TERM"})
 VERIFY_POLL_S = 0.5
 
@@ -77,6 +81,12 @@ def validate_pid(value: object) -> int:
     return value
 
 
+def validate_gpu_index(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPU_INDEX:
+        raise InvalidParameter(f"GPU index {_short(value)} is not an integer in 0..{MAX_GPU_INDEX}")
+    return value
+
+
 def validate_signal(value: object) -> str:
     if not isinstance(value, str) or value not in SIGNALS:
         raise InvalidParameter(f"signal {_short(value)} is not allowed (allowed: {', '.join(sorted(SIGNALS))})")
@@ -95,6 +105,12 @@ def kill_command(signal: object, pid: object) -> str:
     return f"kill -s {shlex.quote(validate_signal(signal))} {shlex.quote(str(validate_pid(pid)))}"
 
 
+def gpu_utilization_command(gpu_index: object) -> str:
+    """One line on stdout: the GPU's utilisation in percent (NVML's, as nvidia-smi reports it)."""
+    index = shlex.quote(str(validate_gpu_index(gpu_index)))
+    return f"nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id={index}"
+
+
 def render(operation: KillGpuProcesses) -> tuple[str, ...]:
     """Every distinct command the operation may run, in first-run order; validates all parameters.
 
@@ -104,18 +120,33 @@ def render(operation: KillGpuProcesses) -> tuple[str, ...]:
     if not isinstance(operation, KillGpuProcesses):
         raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
     signal = validate_signal(operation.signal)
-    commands: list[str] = []
+    if operation.max_gpu_utilization_pct is None:
+        raise InvalidParameter(
+            "the request does not say in which GPU state the kill is safe (max_gpu_utilization_pct); refusing"
+        )
+    commands: list[str] = [gpu_utilization_command(operation.gpu_index)]
     seen: set[int] = set()
     for target in operation.targets:
         pid = validate_pid(target.pid)
         if pid in seen:
             raise InvalidParameter(f"pid {pid} is listed twice")
+        if target.start_ticks is None or not target.command.strip():
+            missing = "start time" if target.start_ticks is None else "command line"
+            raise InvalidParameter(
+                f"pid {pid} comes without its {missing}: a process is identified by pid, start time and "
+                "command line, and a pid alone may name an innocent process"
+            )
         seen.add(pid)
-        commands.append(stat_command(pid))
-        if target.command.strip():
-            commands.append(cmdline_command(pid))
-        commands.append(kill_command(signal, pid))
+        commands += [stat_command(pid), cmdline_command(pid), kill_command(signal, pid)]
     return tuple(commands)
+
+
+def parse_utilization(text: str) -> int:
+    """nvidia-smi's one-line answer as a percentage; '[N/A]' and the like raise ValueError."""
+    value = int(text.strip())
+    if not 0 <= value <= 100:
+        raise ValueError(f"utilisation {value} is not a percentage")
+    return value
 
 
 def parse_stat(text: str) -> ProcStat:
@@ -178,6 +209,8 @@ class _KillRun:
         return await self._run_command(command)
 
     async def go(self) -> ExecutionResult:
+        if refusal := await self._gpu_state_refusal():
+            return ExecutionResult(outcome=ActionOutcome.BLOCKED, detail=refusal, steps=self.steps)
         for target in self._op.targets:
             # Check and signal one target at a time: the gap between the check and the kill,
             # in which a pid could be recycled, stays as short as one round trip.
@@ -185,28 +218,45 @@ class _KillRun:
         await self._verify()
         return self._result()
 
+    async def _gpu_state_refusal(self) -> str:
+        """Why the GPU is not in the state the incident describes ('' when it is): nothing is killed then."""
+        gpu, limit = self._op.gpu_index, self._op.max_gpu_utilization_pct
+        result = await self._run(gpu_utilization_command(gpu))
+        try:
+            if result.exit_status != 0:
+                # nvidia-smi reports its own failures on stdout
+                raise ValueError(_short(result.stderr.strip() or result.stdout.strip() or f"exit status {result.exit_status}"))
+            utilization = parse_utilization(result.stdout)
+        except ValueError as exc:
+            return f"refused: GPU {gpu}'s utilisation cannot be read on the node ({exc}); nothing is killed blind"
+        if utilization > limit:
+            return (
+                f"refused: GPU {gpu} is busy again ({utilization}% > {limit}%), so the job is not the zombie the "
+                "incident describes; nothing was killed"
+            )
+        return ""
+
     async def _check_and_kill(self, target: ProcessTarget) -> None:
         pid = target.pid
         stat = await self._stat(pid)
         if stat is None or stat.state == "Z":
             self._gone.append(pid)
             return
-        if target.start_ticks is not None and stat.start_ticks != target.start_ticks:
+        if stat.start_ticks != target.start_ticks:
             self._problems.append(
                 f"refused {pid}: start time {stat.start_ticks} != expected {target.start_ticks} "
                 f"(the pid was recycled; now {stat.comm!r})"
             )
             return
         expected = target.command.strip()
-        if expected:
-            result = await self._run(cmdline_command(pid))
-            if result.exit_status != 0:
-                self._gone.append(pid)  # it exited between the two reads
-                return
-            actual = parse_cmdline(result.stdout)
-            if actual != expected:
-                self._problems.append(f"refused {pid}: command line {_short(actual)} != expected {_short(expected)}")
-                return
+        result = await self._run(cmdline_command(pid))
+        if result.exit_status != 0:
+            self._gone.append(pid)  # it exited between the two reads
+            return
+        actual = parse_cmdline(result.stdout)
+        if actual != expected:
+            self._problems.append(f"refused {pid}: command line {_short(actual)} != expected {_short(expected)}")
+            return
         result = await self._run(kill_command(self._op.signal, pid))
         if result.exit_status != 0:
             after = await self._stat(pid)

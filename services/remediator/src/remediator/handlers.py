@@ -1,11 +1,23 @@
 """The remediator's NATS adapter: ActionRequested in, one ActionCompleted out, side effects at most once.
 
-The order of steps is the safety argument. The ledger is read first: a request already there
-is answered from the ledger (finished) or declared interrupted (a remediator died mid-action),
-never run again. Otherwise the request is claimed and committed before the gate decides and
-before any command runs; if the store is down the claim fails, the handler raises, nothing has
-run, and JetStream redelivers later. Once commands may have run, every error becomes a failed
-outcome instead of an exception, because an exception would redeliver a side effect.
+The order of steps is the safety argument.
+
+1. The ledger is read first: a request already there is answered from the ledger (finished) or
+   declared interrupted (a remediator died mid-action), never run again.
+2. The request is checked against itself and its incident (`logic.refusal`): its age by the
+   server's clock, the open incident its fingerprint names (read from the detectors' state
+   bucket, which only detectors may write), the exact action that incident waits for, and a
+   full identity for every process. Forged, replayed and overtaken requests stop here.
+3. The gate decides under the store's gate lock (`repository.lock_gate`), one request at a time
+   across every instance, and the decision is recorded in the same transaction: executing,
+   refused or observed. A burst of requests cannot slip past the breaker or the one-action-per-
+   node rule together. If the store is down nothing is recorded, nothing has run, the handler
+   raises and JetStream redelivers later.
+4. Only an executing record runs. On the node the operation checks again that the GPU and each
+   process are still what the incident saw. Once commands may have run, every error becomes a
+   failed outcome instead of an exception, because an exception would redeliver a side effect.
+
+At most `max_concurrent_actions` requests are handled at once per instance (the consumer's batch).
 """
 
 from __future__ import annotations
@@ -18,14 +30,15 @@ from datetime import UTC, datetime
 from opentelemetry.trace import Status, StatusCode, Tracer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event, subscribe_events
+from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested
+from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
 from remediator.inventory import InventoryError
-from remediator.logic import Decision, Verdict, decide
+from remediator.logic import Decision, Verdict, decide, refusal
 from remediator.settings import Settings
 from remediator.ssh import NodeError, SshExecutor
 
@@ -41,8 +54,15 @@ _COMPLETED_NAMESPACE = uuid.UUID("0d6f3c1e-52a4-4b8e-9c71-3e5a2f8b9d40")
 """Completion event ids derive from the action id, so a re-published result is the same event."""
 
 
+class ActionInFlight(RuntimeError):
+    """The same action is executing in another instance; the request is redelivered later."""
+
+
 class ActionHandler:
-    """Handles one ActionRequested at a time; everything it needs is injected."""
+    """Handles ActionRequested events; everything it needs is injected.
+
+    `incidents` (the detectors' open incidents) is set once the service has opened its bucket.
+    """
 
     def __init__(
         self,
@@ -52,6 +72,7 @@ class ActionHandler:
         sessions: async_sessionmaker[AsyncSession],
         executor: SshExecutor,
         tracer: Tracer,
+        incidents: IncidentStates | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -60,6 +81,7 @@ class ActionHandler:
         self._sessions = sessions
         self._executor = executor
         self._tracer = tracer
+        self.incidents = incidents
         self._now = clock
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
@@ -81,28 +103,36 @@ class ActionHandler:
     async def _act(self, request: ActionRequested, delivery: Delivery) -> ActionRecord:
         """The finished ledger record for this request, acting on the node at most once."""
         async with self._sessions() as session:
-            record, claimed = await repository.claim(session=session, request=request, now=self._now())
-            if not claimed:
-                return await self._replay(session, record, delivery)
+            known = await repository.get_action(session=session, action_id=request.action_id)
+            if known is not None:
+                return await self._replay(session, known, delivery)
+
+        why_not = refusal(
+            request,
+            incident=await self._incident(request),
+            policy=self._policy,
+            now=self._now(),
+            stored_at=delivery.stored_at,
+        )
+        async with self._sessions() as session:
+            await repository.lock_gate(session=session)
+            known = await repository.get_action(session=session, action_id=request.action_id)
+            if known is not None:  # another instance decided it while we checked
+                if known.status == repository.EXECUTING:
+                    # It runs there now; come back when it has finished and answer from the ledger.
+                    raise ActionInFlight(f"action {request.action_id} is executing in another remediator instance")
+                return known
+            status, detail = await self._decide(session, request, why_not)
+            record = await repository.record(session=session, request=request, status=status, detail=_clip(detail), now=self._now())
             await session.commit()
+        if status != repository.EXECUTING:
+            log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, detail)
+            return record
 
-            decision = await self._decide(session, request)
-            if decision.verdict is not Verdict.ALLOW:
-                status = "observed" if decision.verdict is Verdict.OBSERVE else "blocked"
-                detail = decision.reason
-                if decision.verdict is Verdict.OBSERVE:
-                    detail = f"{detail}; {_would_run(request)}"
-                log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, decision.reason)
-                await repository.finish(
-                    session=session, record=record, status=status, detail=_clip(detail), steps=(), now=self._now()
-                )
-                await session.commit()
-                return record
-
-            result = await self._execute(request, delivery)
-            log.info(
-                "action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail
-            )
+        result = await self._execute(request, delivery)
+        log.info("action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail)
+        async with self._sessions() as session:
+            session.add(record)
             # If this commit fails the row stays executing; the redelivery marks it interrupted.
             await repository.finish(
                 session=session,
@@ -113,7 +143,15 @@ class ActionHandler:
                 now=self._now(),
             )
             await session.commit()
-            return record
+        return record
+
+    async def _incident(self, request: ActionRequested) -> IncidentState | None:
+        """The open incident the request's fingerprint names; a bus error raises (and redelivers)."""
+        if request.fingerprint is None:
+            return None
+        if self.incidents is None:
+            raise RuntimeError("the incident state bucket is not open yet")
+        return await self.incidents.get(request.fingerprint)
 
     async def _replay(self, session: AsyncSession, record: ActionRecord, delivery: Delivery) -> ActionRecord:
         """A request seen before: answer from the ledger, never run it again."""
@@ -138,16 +176,21 @@ class ActionHandler:
             log.info("action %s already %s; re-publishing its result", record.action_id, record.status)
         return record
 
-    async def _decide(self, session: AsyncSession, request: ActionRequested) -> Decision:
+    async def _decide(self, session: AsyncSession, request: ActionRequested, why_not: str) -> tuple[str, str]:
+        """The ledger status and detail for a request, decided under the gate lock."""
+        if why_not:
+            return ActionOutcome.BLOCKED.value, why_not
         now = self._now()
-        view = await repository.ledger_view(
-            session=session, request=request, now=now, window_s=self._policy.breaker_window_s
-        )
-        decision = decide(request, policy=self._policy, ledger_view=view, now=now)
+        view = await repository.ledger_view(session=session, request=request, now=now, window_s=self._policy.breaker_window_s)
+        decision: Decision = decide(request, policy=self._policy, ledger_view=view, now=now)
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
             await repository.trip(session=session, reason=decision.trip_reason, now=now)
-        return decision
+        if decision.verdict is Verdict.ALLOW:
+            return repository.EXECUTING, ""
+        if decision.verdict is Verdict.OBSERVE:
+            return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request)}"
+        return ActionOutcome.BLOCKED.value, decision.reason
 
     async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception."""
@@ -208,15 +251,8 @@ def register(
     handler = ActionHandler(
         settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer
     )
-    consumer = subscribe_events(
-        runtime.broker,
-        ActionRequested,
-        handler.handle,
-        service=SERVICE,
-        durable=DURABLE,
-        settings=settings.nats,
-        stats=runtime.rejections,
-    )
+    # The consumer's batch is how many requests this instance handles at once.
+    consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)
     return handler, consumer
 
 

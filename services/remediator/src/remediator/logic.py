@@ -1,10 +1,15 @@
 """The remediator's gate: may this action run? Pure decisions over plain data, no I/O.
 
-Every side effect in the fleet passes this one function, so its rules are the fleet's safety
-policy, in a fixed order: an open circuit breaker, a protected node, another action already
-running on the node, too many attempts at the incident, a burst across too many nodes (which
-trips the breaker: a sampler bug that reports every GPU idle must never kill the fleet's
-jobs), and finally the mode (observe records without acting).
+Every side effect in the fleet passes this gate, so its rules are the fleet's safety policy,
+in a fixed order. First the request itself (`refusal`): it must be young enough, name an
+incident that is open on that node and GPU and waits for exactly this action, and identify
+every process fully. A request that fails any of these was forged, replayed or overtaken by
+events; it is refused and counts for nothing. Then the fleet (`decide`): an open circuit
+breaker, a protected node, another action already running on the node, too many attempts at
+the incident, a burst across too many nodes (which trips the breaker: a sampler bug that
+reports every GPU idle must never kill the fleet's jobs), and finally the mode (observe
+records without acting). The handler takes `decide` one request at a time under a lock in
+the store, so a burst of requests cannot slip past the breaker together.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from enum import StrEnum
 from typing import Literal
 
 from gpumedic_events import ActionRequested
+from gpumedic_incidents import IncidentState, operation_digest
+from remediator.catalogue import InvalidParameter, render
 
 Mode = Literal["observe", "enforce"]
 
@@ -51,6 +58,7 @@ class Policy:
     max_attempts_per_node: int = 3
     breaker_max_nodes: int = 5
     breaker_window_s: float = 600.0
+    max_request_age_s: float = 120.0
 
     def mode_for(self, operation: str) -> Mode:
         return self.modes.get(operation, self.mode)
@@ -70,8 +78,61 @@ class LedgerView:
     """Distinct nodes with other actions started within the breaker window."""
 
 
+def refusal(
+    request: ActionRequested,
+    *,
+    incident: IncidentState | None,
+    policy: Policy,
+    now: datetime,
+    stored_at: datetime | None,
+) -> str:
+    """Why this request must be refused whatever the fleet looks like ('' when it may go on).
+
+    `incident` is the open incident stored under the request's fingerprint (None if none);
+    `stored_at` is when the stream stored the request, by the server's clock: a sender can
+    choose `occurred_at`, not that, so the older of the two counts.
+    """
+    oldest = min(request.occurred_at, stored_at) if stored_at is not None else request.occurred_at
+    age_s = (now - oldest).total_seconds()
+    if age_s > policy.max_request_age_s:
+        return (
+            f"refused: the request is {age_s:.0f}s old (limit {policy.max_request_age_s:g}s); a stale request never "
+            "runs, and the detector asks again if the fault is still there"
+        )
+    where = f"incident {request.incident_id}"
+    if request.fingerprint is None:
+        return f"refused: the request names no incident fingerprint, so {where} cannot be checked"
+    if incident is None:
+        return f"refused: {where} is not open (no open incident has fingerprint {request.fingerprint})"
+    if incident.incident_id != request.incident_id:
+        return f"refused: {where} is not open (the open incident on {request.fingerprint} is {incident.incident_id})"
+    if incident.detector != request.source:
+        return f"refused: {where} was opened by {incident.detector}, not by {request.source}"
+    gpu = request.operation.gpu_index
+    if (incident.node_id, incident.gpu_index) != (request.node_id, gpu):
+        return (
+            f"refused: the request is for node {request.node_id} GPU {gpu}, but {where} is on node "
+            f"{incident.node_id} GPU {incident.gpu_index}"
+        )
+    pending = incident.pending_action
+    if incident.phase != "acting" or pending is None:
+        return f"refused: {where} is {incident.phase}, not waiting for an action"
+    if (pending.action_id, pending.attempt) != (request.action_id, request.attempt):
+        return (
+            f"refused: {where} waits for attempt {pending.attempt} (action {pending.action_id}), not attempt "
+            f"{request.attempt} (action {request.action_id})"
+        )
+    if operation_digest(request.operation) != pending.operation_sha256:
+        return f"refused: the operation differs from the one {incident.detector} decided for {where}"
+    try:
+        render(request.operation)
+    except InvalidParameter as exc:
+        return f"refused: {exc}"
+    return ""
+
+
 def decide(request: ActionRequested, *, policy: Policy, ledger_view: LedgerView, now: datetime) -> Decision:
-    """The gate's verdict on one request, with the rule that decided it."""
+    """The fleet's verdict on one request that passed `refusal`, with the rule that decided it."""
     node = request.node_id
     if ledger_view.breaker_open_since is not None:
         why = f" ({ledger_view.breaker_reason})" if ledger_view.breaker_reason else ""

@@ -13,6 +13,8 @@ import sys
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_incidents import IncidentStates
 from gpumedic_store.engine import create_engine, ping, session_factory
 from remediator.handlers import SERVICE, register
 from remediator.settings import Settings, SettingsError
@@ -33,20 +35,26 @@ def create_app(settings: Settings | None = None) -> FastStream:
         connect_timeout_s=settings.connect_timeout_s,
         command_timeout_s=settings.command_timeout_s,
     )
-    register(runtime, settings, sessions=session_factory(engine), executor=executor)
+    handler, _ = register(runtime, settings, sessions=session_factory(engine), executor=executor)
 
     async def _check() -> None:
         settings.check_files()
         await ping(engine)
+        await runtime.broker.connect()
+        # The detectors' open incidents, read-only: the gate checks every request against them.
+        handler.incidents = IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False))
         policy = settings.policy()
         log.info(
-            "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, protected %s",
+            "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, requests refused after %gs, "
+            "%d at once, protected %s",
             policy.mode,
             f" (overrides {dict(policy.modes)})" if policy.modes else "",
             settings.store.safe_url,
             settings.inventory,
             policy.breaker_max_nodes,
             policy.breaker_window_s,
+            policy.max_request_age_s,
+            settings.max_concurrent_actions,
             ", ".join(sorted(policy.protected_nodes)) or "none",
         )
 

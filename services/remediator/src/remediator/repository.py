@@ -1,10 +1,12 @@
 """The remediator's ledger and breaker trips in the incident store.
 
-The ledger is what makes actions idempotent: a request is claimed (recorded as executing and
-committed) before any command runs, and a request whose action id is already recorded is never
-run again. It is also what the gate reads: what is executing, how often an incident was
-tried, which nodes needed action lately, whether the breaker is open. Functions take the
-session keyword-only and never commit: the handler decides the transaction boundaries.
+The ledger is what makes actions idempotent: a request is recorded (as executing, or with the
+gate's refusal) and committed before any command runs, and a request whose action id is
+already recorded is never run again. It is also what the gate reads: what is executing, how
+often an incident was tried, which nodes needed action lately, whether the breaker is open.
+Every gate decision and every breaker reset first takes `lock_gate` in its transaction, so
+they happen one at a time across all remediator instances. Functions take the session
+keyword-only and never commit: the handler decides the transaction boundaries.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import ActionRequested
-from gpumedic_store.models import ActionRecord, BreakerTrip
+from gpumedic_store.models import ActionRecord, BreakerTrip, GateLock
 from remediator.logic import LedgerView
 
 EXECUTING = "executing"
@@ -33,38 +34,40 @@ async def get_action(*, session: AsyncSession, action_id: uuid.UUID) -> ActionRe
     return await session.get(ActionRecord, str(action_id))
 
 
-async def claim(*, session: AsyncSession, request: ActionRequested, now: datetime) -> tuple[ActionRecord, bool]:
-    """Record the request as executing; (record, True), or (the existing record, False) if already there.
+async def lock_gate(*, session: AsyncSession) -> None:
+    """Take the gate's lock until this transaction ends; must be its first statement.
 
-    Must be the first write of its transaction: a concurrent claim of the same id rolls it back.
+    An UPDATE of the one `gate_lock` row: PostgreSQL holds the row lock, SQLite the database's
+    write lock (waiting out the busy timeout), so a second decision waits for the first to commit
+    and then sees what it wrote.
     """
-    existing = await get_action(session=session, action_id=request.action_id)
-    if existing is not None:
-        return existing, False
-    record = ActionRecord(
+    result = await session.execute(update(GateLock).where(GateLock.id == 1).values(decisions=GateLock.decisions + 1))
+    if result.rowcount != 1:
+        raise RuntimeError("the store has no gate lock row; run `gpumedic migrate`")
+
+
+async def record(
+    *, session: AsyncSession, request: ActionRequested, status: str, detail: str, now: datetime
+) -> ActionRecord:
+    """The ledger's row for a request just decided: executing (it runs next) or finished (refused, observed)."""
+    if status != EXECUTING and status not in FINISHED:
+        raise ValueError(f"{status!r} is not an action status")
+    row = ActionRecord(
         action_id=str(request.action_id),
         incident_id=str(request.incident_id),
         node_id=request.node_id,
         attempt=request.attempt,
         operation=request.operation.model_dump(mode="json"),
-        status=EXECUTING,
-        detail="",
+        status=status,
+        detail=detail,
         steps=[],
         requested_at=request.occurred_at,
         started_at=now,
-        finished_at=None,
+        finished_at=None if status == EXECUTING else now,
     )
-    session.add(record)
-    try:
-        await session.flush()
-    except IntegrityError:
-        # Another instance claimed it between our read and our insert: theirs wins.
-        await session.rollback()
-        existing = await get_action(session=session, action_id=request.action_id)
-        if existing is None:
-            raise
-        return existing, False
-    return record, True
+    session.add(row)
+    await session.flush()
+    return row
 
 
 async def finish(
@@ -151,6 +154,7 @@ async def trip(*, session: AsyncSession, reason: str, now: datetime) -> BreakerT
 
 async def reset(*, session: AsyncSession, by: str, now: datetime) -> list[BreakerTrip]:
     """Close every open trip (a person checked the fleet); the trips reset, none if it was closed."""
+    await lock_gate(session=session)
     trips = list(
         (await session.scalars(select(BreakerTrip).where(BreakerTrip.reset_at.is_(None)).order_by(BreakerTrip.tripped_at))).all()
     )

@@ -1,7 +1,8 @@
 """The remediator's settings, read once from GPUMEDIC_REMEDIATOR_* variables.
 
 The defaults are the safe ones: observe mode (decide and record, never act), a small fleet
-circuit breaker and a per-incident attempt cap. The three files (inventory, known_hosts,
+circuit breaker, a per-incident attempt cap, requests refused after two minutes, and a few
+actions at once. The three files (inventory, known_hosts,
 client key) are checked when the service starts, not when the settings are built, so tests and
 tools can construct settings freely; the client key's path is the only thing about it the
 service ever names.
@@ -63,6 +64,19 @@ class Settings(BaseSettings):
         default=5, ge=1, description="More distinct nodes needing action within the window trips the breaker."
     )
     breaker_window_s: float = Field(default=600.0, gt=0)
+    max_request_age_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A request older than this (by the server's clock, or its own) is refused as stale. "
+        "Keep it under the detector's action timeout.",
+    )
+    max_concurrent_actions: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Requests one instance handles at once (decisions are still taken one at a time; "
+        "only actions on different nodes run together).",
+    )
     connect_timeout_s: float = Field(default=10.0, gt=0, description="SSH connect, handshake and login.")
     command_timeout_s: float = Field(default=30.0, gt=0, description="One command on a node.")
     verify_timeout_s: float = Field(default=20.0, ge=0, description="How long killed processes have to vanish.")
@@ -94,6 +108,7 @@ class Settings(BaseSettings):
             max_attempts_per_node=self.max_attempts_per_node,
             breaker_max_nodes=self.breaker_max_nodes,
             breaker_window_s=self.breaker_window_s,
+            max_request_age_s=self.max_request_age_s,
         )
 
     def check_files(self) -> None:
