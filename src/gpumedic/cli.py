@@ -58,7 +58,12 @@ def _store_url(args) -> str:
 def cmd_demo(args) -> int:
     from gpumedic.demo import run_demo
 
-    return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=args.keep_running))
+    return _run(
+        run_demo(
+            args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration,
+            keep_running=args.keep_running, stop_after_s=args.duration,
+        )
+    )
 
 
 def cmd_sim(args) -> int:
@@ -106,7 +111,12 @@ def cmd_up(args) -> int:
     if args.demo:
         from gpumedic.demo import run_demo
 
-        return _run(run_demo(args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration, keep_running=True))
+        story_s = 180.0 if args.duration is None else min(180.0, args.duration)
+        return _run(
+            run_demo(
+                args.var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration
+            )
+        )
     from gpumedic.stack import Stack, remediator_files
 
     async def _up() -> int:
@@ -114,6 +124,7 @@ def cmd_up(args) -> int:
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
             stack.start_bus()
+            await stack.provision()
             stack.migrate()
             stack.env = remediator_files(args.var)
             print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
@@ -158,6 +169,32 @@ def cmd_migrate(args) -> int:
     url = _store_url(args)
     upgrade(url)
     print(f"migrated {StoreSettings(url=url).safe_url} to the latest revision")
+    return 0
+
+
+def cmd_init(args) -> int:
+    """Generate the secrets of a compose deployment (see gpumedic.deployment)."""
+    from gpumedic.deployment import init_deployment, inventory_nodes
+
+    nodes = list(args.node)
+    try:
+        if args.inventory:
+            nodes += inventory_nodes(args.inventory)
+        done = init_deployment(args.dir, nodes=nodes, nats_hosts=args.nats_host)
+    except (OSError, ValueError) as exc:
+        print(f"gpumedic init: {exc}", file=sys.stderr)
+        return 2
+    for line in done:
+        print(f"  {line}")
+    print("next: `docker compose up -d` (it provisions the bus and migrates the store first)")
+    return 0
+
+
+def cmd_provision(args) -> int:
+    """Provision the bus as its admin: `gpumedic-provision` under another name."""
+    from gpumedic_bus.provision import main as provision_main
+
+    provision_main()
     return 0
 
 
@@ -252,6 +289,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser(
+        "init",
+        help="generate a compose deployment's secrets: .env, NATS users, TLS, per-node credentials",
+        description="Generate what compose needs instead of placeholders: real passwords in .env, "
+        "a CA and the NATS server's certificate, the NATS users with their permissions, and one "
+        "credentials file per GPU node. Existing secrets are kept; run it again to add nodes.",
+    )
+    p.add_argument("--dir", type=Path, default=Path("."), help="the directory with compose.yaml (default .)")
+    p.add_argument("--node", action="append", default=[], metavar="ID", help="a GPU node that runs a node-sampler (repeatable)")
+    p.add_argument("--inventory", type=Path, help="take the nodes from a remediator inventory file")
+    p.add_argument(
+        "--nats-host", action="append", default=[], metavar="NAME",
+        help="a name or address GPU nodes reach NATS by; goes into the server certificate (repeatable)",
+    )
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("provision", help="create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
+    p.set_defaults(func=cmd_provision)
 
     p = sub.add_parser("breaker", help="show or reset the remediator's fleet circuit breaker")
     p.add_argument("action", choices=["status", "reset"], nargs="?", default="status")

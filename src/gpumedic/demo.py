@@ -13,11 +13,10 @@ import contextlib
 import time
 from pathlib import Path
 
-import nats
-
 from gpumedic.incidents import incident_text
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.stack import Stack, env_json
+from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
@@ -67,28 +66,42 @@ def _line(event: Event) -> str | None:
 
 
 async def run_demo(
-    var_dir: Path, *, nodes: int = 4, gpus: int = 2, duration_s: float = 180.0, keep_running: bool = False, say=print
+    var_dir: Path,
+    *,
+    nodes: int = 4,
+    gpus: int = 2,
+    duration_s: float = 180.0,
+    keep_running: bool = False,
+    stop_after_s: float | None = None,
+    say=print,
 ) -> int:
-    """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise."""
+    """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise.
+
+    `duration_s` bounds the story. With `keep_running` the stack stays up afterwards, until
+    `stop_after_s` from the start, or until Ctrl-C when that is None.
+    """
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
     stack = Stack(var_dir, say=say)
-    nc = None
+    connections = []
     sampling = None
     try:
         say(f"[1/5] starting the bus and the store under {var_dir}/")
-        url = stack.start_bus()
+        stack.start_bus(sim_fleet=True)
+        await stack.provision()
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs (SSH and /status on loopback)")
         await fleet.start()
         stack.env = demo_env(fleet)
-        say("[3/5] starting the six services")
+        say("[3/5] starting the six services, each on its own NATS user")
         stack.start_services()
         await stack.wait_ready()
 
-        nc = await nats.connect(url)
-        js = nc.jetstream()
+        # The simulated nodes publish as the fleet's user; the story is read as the observer.
+        fleet_nc, observer = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
+        connections += [fleet_nc, observer]
+        js = fleet_nc.jetstream()
 
         async def publish(event: Event) -> None:
             await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
@@ -96,7 +109,7 @@ async def run_demo(
         sampling = asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S))
         story: asyncio.Queue[Event] = asyncio.Queue()
         for event_type in (IncidentOpened, ActionRequested, ActionCompleted, IncidentResolved, IncidentEscalated):
-            await nc.subscribe(event_type.subject_filter(), cb=_enqueue(event_type, story))
+            await observer.subscribe(event_type.subject_filter(), cb=_enqueue(event_type, story))
 
         target = list(fleet.nodes.values())[min(1, nodes - 1)]
         say(f"[4/5] fleet sampling every {SAMPLE_INTERVAL_S:.0f}s; injecting a zombie job on {target.node_id} GPU 0")
@@ -114,7 +127,9 @@ async def run_demo(
         say("")
         if keep_running:
             say("the stack keeps running; Ctrl-C stops it")
-            await _sleep_until(started + duration_s)
+            if stop_after_s is None:
+                await asyncio.Event().wait()  # until Ctrl-C or SIGTERM cancels us
+            await _sleep_until(started + stop_after_s)
         return 0 if isinstance(outcome, IncidentResolved) else 1
     finally:
         say("stopping: fleet, services, bus")
@@ -122,7 +137,7 @@ async def run_demo(
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sampling
-        if nc is not None:
+        for nc in connections:
             with contextlib.suppress(Exception):
                 await nc.close()
         with contextlib.suppress(Exception):

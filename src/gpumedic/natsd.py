@@ -2,7 +2,8 @@
 
 The embedded stack and the test fixtures both use it. The server writes its port to a file,
 so any free port works; acknowledged writes are synced to disk at once (`sync_interval:
-always`) so a crash cannot drop an acknowledged command.
+always`) so a crash cannot drop an acknowledged command. With `tls` set, clients must connect
+over TLS (`url` then reads tls://...); accounts and users come in `extra_config`.
 """
 
 from __future__ import annotations
@@ -46,12 +47,22 @@ def nats_server_binary() -> str:
 class NatsServer:
     """One nats-server process; `url` is known once `start` returns."""
 
-    def __init__(self, data_dir: Path, *, port: int = -1, log_file: Path | None = None, extra_config: str = "") -> None:
-        """`extra_config` is appended to the generated configuration (e.g. accounts and users)."""
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = -1,
+        log_file: Path | None = None,
+        extra_config: str = "",
+        tls_config: str = "",
+    ) -> None:
+        """`extra_config` is appended to the generated configuration (e.g. accounts and users);
+        `tls_config` is a `tls {...}` block (see `gpumedic.credentials.TlsFiles.server_config`)."""
         self.data_dir = Path(data_dir)
         self.extra_config = extra_config
+        self.tls_config = tls_config
         self.port = port
-        self.log_file = log_file
+        self.log_file = log_file or self.data_dir / "nats-server.log"
         self.url = ""
         self._proc: subprocess.Popen | None = None
 
@@ -70,12 +81,13 @@ class NatsServer:
                     f"  store_dir: {json.dumps(str(self.data_dir / 'jetstream'))}",
                     "  sync_interval: always",
                     "}",
+                    self.tls_config,
                     self.extra_config,
                     "",
                 ]
             )
         )
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_file, "ab")  # noqa: SIM115 (the child owns it)
         self._proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(config), "--ports_file_dir", str(ports_dir)],
             stdout=out,
@@ -83,10 +95,12 @@ class NatsServer:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        out.close()  # the child has its own descriptor
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise NatsServerError(f"nats-server exited with {self._proc.returncode}; see {self.log_file or 'its output'}")
+                tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-5:])
+                raise NatsServerError(f"nats-server exited with {self._proc.returncode}; {self.log_file} ends:\n{tail}")
             files = list(ports_dir.glob("*.ports"))
             if files:
                 try:
@@ -95,6 +109,10 @@ class NatsServer:
                     time.sleep(0.01)
                     continue
                 self.url = ports["nats"][0]
+                if self.tls_config:
+                    self.url = self.url.replace("nats://", "tls://", 1)
+                # A restart keeps the port: clients reconnect to the same address.
+                self.port = int(self.url.rsplit(":", 1)[1])
                 return self.url
             time.sleep(0.01)
         self.stop()

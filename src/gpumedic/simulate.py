@@ -18,13 +18,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import nats
-
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Finding, findings_from_event, render, score
 from gpumedic.stack import Stack
+from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
     ActionCompleted,
     ContainerExited,
@@ -95,13 +94,14 @@ async def run_simulation(
     plan = scenario(list(fleet.nodes), gpus)
     duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
     stack = Stack(var_dir, say=say)
-    nc = None
+    connections = []
     tasks: list[asyncio.Task] = []
     fleet_log: logging.Handler | None = None
     try:
         say(f"[1/5] starting the bus and the store under {var_dir}/")
-        url = stack.start_bus()
+        stack.start_bus(sim_fleet=True)
         fleet_log = _log_fleet_to(stack.logs / "fleet.log")
+        await stack.provision()
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
         await fleet.start()
@@ -110,11 +110,13 @@ async def run_simulation(
         stack.start_services()
         await stack.wait_ready()
 
-        nc = await nats.connect(url)
-        js = nc.jetstream()
+        # The simulated nodes publish as the fleet's user; the score is read as the observer.
+        fleet_nc, observer_nc = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
+        connections += [fleet_nc, observer_nc]
+        js = fleet_nc.jetstream()
         observer = Observer(interval_s)
         for event_type in OBSERVED:
-            await nc.subscribe(event_type.subject_filter(), cb=_collect(event_type, observer))
+            await observer_nc.subscribe(event_type.subject_filter(), cb=_collect(event_type, observer))
 
         async def publish(event: Event) -> None:
             await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
@@ -149,7 +151,7 @@ async def run_simulation(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if nc is not None:
+        for nc in connections:
             with contextlib.suppress(Exception):
                 await nc.close()
         with contextlib.suppress(Exception):

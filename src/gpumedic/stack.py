@@ -1,6 +1,8 @@
 """The embedded stack: one machine, one command. A real nats-server with JetStream under var/,
-the SQLite store migrated, and the six services as child processes, each told where the bus
-and the store are. Stopping is orderly (services first, the bus last) and leaves no process
+provisioned by its admin user, the SQLite store migrated, and the six services as child
+processes, each told where the bus and the store are and logging in as its own NATS user over
+TLS. The passwords and the TLS material are generated once under var/secrets/ (readable by
+their owner only). Stopping is orderly (services first, the bus last) and leaves no process
 behind, also when this process dies: children get SIGTERM from the kernel if it does."""
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from pathlib import Path
 
 import nats
 
+from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, render_accounts
 from gpumedic.natsd import NatsServer, die_with_parent
+from gpumedic_bus import NatsSettings, connect, provision
+from gpumedic_bus.topology import ADMIN, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import ServiceHeartbeat
 
 SERVICES: dict[str, str] = {
@@ -36,6 +41,13 @@ def service_command(service: str) -> list[str]:
     return [sys.executable, "-c", f"from {SERVICES[service]}.main import run; run()"]
 
 
+def sampler_node_id(env: dict[str, str]) -> str:
+    """The node id the node-sampler service will report (its NATS user is named after it)."""
+    from node_sampler.settings import default_node_id
+
+    return env.get("GPUMEDIC_SAMPLER_NODE_ID") or os.environ.get("GPUMEDIC_SAMPLER_NODE_ID") or default_node_id()
+
+
 @dataclass
 class Stack:
     var_dir: Path
@@ -44,6 +56,8 @@ class Stack:
     say: Callable[[str], None] = print
     nats: NatsServer | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
+    tls: TlsFiles | None = None
 
     @property
     def store_url(self) -> str:
@@ -53,12 +67,55 @@ class Stack:
     def logs(self) -> Path:
         return self.var_dir / "logs"
 
-    def start_bus(self) -> str:
+    @property
+    def secrets(self) -> Path:
+        return self.var_dir / "secrets"
+
+    def start_bus(self, *, sim_fleet: bool = False) -> str:
+        """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet)."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.var_dir / "nats", log_file=self.logs / "nats-server.log")
+        self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
+        users = [ADMIN, OBSERVER, *(s for s in SERVICES if s != "node-sampler"), node_user(sampler_node_id(self.env))]
+        if sim_fleet:
+            users.append(SIM_FLEET)
+        self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
+        self.tls = ensure_tls(self.secrets / "tls", ["localhost", "127.0.0.1"])
+        self.nats = NatsServer(
+            self.var_dir / "nats",
+            log_file=self.logs / "nats-server.log",
+            extra_config=render_accounts({u: self.passwords[u] for u in users}),
+            tls_config=self.tls.server_config(),
+        )
         url = self.nats.start()
-        self.say(f"  nats-server with JetStream on {url} (data in {self.var_dir / 'nats'})")
+        self.say(f"  nats-server with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
         return url
+
+    def nats_settings(self, user: str) -> NatsSettings:
+        assert self.nats is not None and self.tls is not None, "start the bus first"
+        return NatsSettings(url=self.nats.url, user=user, password=self.passwords[user], tls_ca_file=self.tls.ca)
+
+    async def connect(self, user: str, **options) -> nats.NATS:
+        """A connection as one of the stack's NATS users (tools: `observer`, `sim-fleet`, `admin`)."""
+        return await connect(self.nats_settings(user), f"gpumedic-{user}", **options)
+
+    async def provision(self) -> None:
+        """Create the streams, buckets and consumers, as the admin (what `gpumedic provision` does)."""
+        nc = await self.connect(ADMIN, max_reconnect_attempts=3)
+        try:
+            await provision(nc.jetstream(), NatsSettings())
+        finally:
+            await nc.close()
+
+    def service_env(self, service: str) -> dict[str, str]:
+        """How one service reaches the bus: its own user, its password, the CA."""
+        user = node_user(sampler_node_id(self.env)) if service == "node-sampler" else service
+        settings = self.nats_settings(user)
+        return {
+            "GPUMEDIC_NATS_URL": settings.url,
+            "GPUMEDIC_NATS_USER": user,
+            "GPUMEDIC_NATS_PASSWORD": self.passwords[user],
+            "GPUMEDIC_NATS_TLS_CA_FILE": str(settings.tls_ca_file.resolve()),
+        }
 
     def migrate(self) -> None:
         from gpumedic_store.migrate import upgrade
@@ -68,18 +125,12 @@ class Stack:
 
     def start_services(self, services: list[str] | None = None) -> None:
         assert self.nats is not None, "start the bus first"
-        base = {
-            **os.environ,
-            "GPUMEDIC_NATS_URL": self.nats.url,
-            "GPUMEDIC_STORE_URL": self.store_url,
-            "PYTHONUNBUFFERED": "1",
-            **self.env,
-        }
+        base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
         for service in services or list(SERVICES):
             log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
             self.processes[service] = subprocess.Popen(
                 service_command(service),
-                env=base,
+                env={**base, **self.service_env(service)},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -90,8 +141,7 @@ class Stack:
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait for every started service's first `ready` heartbeat, showing which are up."""
-        assert self.nats is not None
-        nc = await nats.connect(self.nats.url)
+        nc = await self.connect(OBSERVER)
         ready: set[str] = set()
         arrived = asyncio.Event()
 

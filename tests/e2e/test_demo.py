@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _processes_mentioning(text: str) -> list[str]:
     """Live processes whose command line or environment names `text` (our var dir)."""
@@ -45,20 +47,28 @@ def test_demo_fixes_the_injected_zombie_and_stops_cleanly(tmp_path):
     assert (var / "gpumedic.db").exists() and (var / "logs" / "remediator.log").exists()
 
 
-def test_up_stops_everything_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize(
+    ("options", "running"),
+    [((), "running; logs in"), (("--demo", "--nodes", "2"), "the stack keeps running")],
+    ids=["up", "up --demo"],
+)
+def test_up_runs_until_ctrl_c_then_stops_everything(tmp_path, options, running):
     var = tmp_path / "var"
     gpumedic = Path(sys.executable).parent / "gpumedic"
     proc = subprocess.Popen(
-        [str(gpumedic), "up", "--var", str(var)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [str(gpumedic), "up", "--var", str(var), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")},
     )
     lines = []
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "running; logs in" in line:
+            if running in line:
                 break
         assert len(_processes_mentioning(str(var))) >= 7, "".join(lines)  # nats-server and six services
+        # Every service logs in as its own NATS user over TLS, with secrets only their owner reads.
+        assert (var / "secrets" / "nats-passwords.json").stat().st_mode & 0o077 == 0
+        assert "Violation" not in (var / "logs" / "nats-server.log").read_text()
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:

@@ -1,23 +1,31 @@
-"""compose's NATS users (deploy/nats.conf) give each service exactly what it needs: the thin
-path runs with every service on its own user, and a service cannot publish or consume what is
-not its own (a node-sampler cannot request an action, the remediator cannot read samples)."""
+"""Least privilege on the bus, on a real nats-server with the users and TLS that `gpumedic init`
+generates (deploy/nats.conf includes them). Each user may do what the contract says its service
+does and nothing else; in particular node-sampler, whose password sits on every GPU node, can
+publish its own node's facts and cannot manage streams or consumers, read actions, ack other
+services' messages, or touch the incident state. The thin path still runs with every service on
+its own user."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import secrets
+import ssl
+import subprocess
 from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import StreamConfig, SubjectTransform
+from pydantic import SecretStr
 
-from gpumedic.natsd import NatsServer
-from gpumedic.proto import CONSUMERS, PRODUCERS
+from gpumedic.deployment import Deployment, init_deployment, password_variable
+from gpumedic.natsd import NatsServer, nats_server_binary
 from gpumedic.sim.fleet import SimFleet
-from gpumedic_bus import NatsSettings
-from gpumedic_events import ActionRequested, Event
+from gpumedic_bus import NatsSettings, connect, provision
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, SAMPLES
+from gpumedic_bus.topology import ADMIN, CONSUMING_SERVICES, OBSERVER, PRODUCERS, SERVICES, consumers, node_user, permissions_for
+from gpumedic_events import ActionRequested, Event, NodeSampled
+from gpumedic_events.base import json_examples
 from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
@@ -25,20 +33,52 @@ from tests.e2e.conftest import Apps
 from tests.e2e.test_thin_path import detector_settings, remediator_settings, wait_for_incident
 from zombie_detector.main import create_app as detector_app
 
-CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
-USERS = ("node-sampler", "zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder")
+ROOT = Path(__file__).resolve().parents[2]
+NODE = "sim-node-01"
 
 
-@pytest.fixture
-def secured(tmp_path, monkeypatch):
-    passwords = {u: secrets.token_urlsafe(12) for u in USERS}
-    for user, password in passwords.items():
-        monkeypatch.setenv(user.upper().replace("-", "_") + "_NATS_PASSWORD", password)
-    accounts = CONF.read_text()[CONF.read_text().index("accounts {"):]
-    server = NatsServer(tmp_path / "nats", extra_config=accounts)
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """nats-server with what `gpumedic init` writes for one GPU node, provisioned by the admin."""
+    root = tmp_path_factory.mktemp("deployment")
+    (root / "deploy").mkdir()
+    (root / "deploy" / "env.example").write_text((ROOT / "deploy" / "env.example").read_text())
+    init_deployment(root, nodes=[NODE])
+    deploy = Deployment(root)
+    env = dict(line.split("=", 1) for line in deploy.env_file.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    node_env = dict(line.split("=", 1) for line in (deploy.nodes_dir / f"{NODE}.env").read_text().splitlines() if "=" in line)
+    passwords = {u: env[password_variable(u)] for u in (ADMIN, OBSERVER, *SERVICES[1:])}
+    passwords[node_user(NODE)] = node_env["GPUMEDIC_NATS_PASSWORD"]
+    # (nats-server resolves `include` relative to the including file, so the accounts go in whole)
+    server = NatsServer(root / "nats", extra_config=deploy.accounts.read_text(), tls_config=deploy.tls.server_config())
     server.start()
-    yield server.url, passwords
+
+    def settings(user: str, **timings) -> NatsSettings:
+        return NatsSettings(url=server.url, user=user, password=passwords[user], tls_ca_file=deploy.tls.ca, **timings)
+
+    async def _provision():
+        nc = await connect(settings(ADMIN), "test-admin")
+        await provision(nc.jetstream(), settings(ADMIN, ack_wait_s=2.0, max_deliver=3))
+        await nc.close()
+
+    asyncio.run(_provision())
+    yield settings
     server.stop()
+
+
+def test_the_shipped_config_is_valid_with_what_init_generates(tmp_path):
+    """deploy/nats.conf as compose mounts it: its include and TLS paths resolve to init's files."""
+    root = tmp_path / "cp"
+    (root / "deploy").mkdir(parents=True)
+    (root / "deploy" / "env.example").write_text((ROOT / "deploy" / "env.example").read_text())
+    init_deployment(root, nodes=[NODE])
+    conf = (ROOT / "deploy" / "nats.conf").read_text()
+    secrets = root / "deploy" / "secrets"
+    # compose mounts deploy/secrets at /etc/nats/secrets, beside the config
+    checked = root / "deploy" / "nats.conf"
+    checked.write_text(conf.replace("/etc/nats/secrets", str(secrets)).replace("store_dir: /data", f"store_dir: {tmp_path / 'js'}"))
+    result = subprocess.run([nats_server_binary(), "-t", "-c", str(checked)], capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _matches(subject: str, pattern: str) -> bool:
@@ -52,37 +92,167 @@ def _matches(subject: str, pattern: str) -> bool:
     return len(s) == len(p)
 
 
-def _allowed(block: str, kind: str) -> list[str]:
-    listed = re.search(kind + r": \{allow: \[(.*?)\]", block).group(1)
-    return [p.strip().strip('"') for p in listed.split(",")]
-
-
-def _sample_subject(event, user: str) -> str:
-    """A concrete subject `user` would publish or read for `event`."""
+def _subject(event: type[Event], user: str) -> str:
     if event.subject_key is None:
         return event.subject_prefix
     return event.subject_for(user if event.subject_key == "service" else "some-node")
 
 
-def test_the_users_allow_what_the_contract_says_each_service_does_and_no_more():
-    text = CONF.read_text()
-    for user in USERS:
-        block = text[text.index(f"user: {user},"):].split("}}", 1)[0]
-        publish, subscribe = _allowed(block, "publish"), _allowed(block, "subscribe")
+def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more():
+    consumed = consumers()
+    for user in SERVICES[1:]:
+        rules = permissions_for(user)
         for event, producers in PRODUCERS.items():
-            allowed = any(_matches(_sample_subject(event, user), p) for p in publish)
+            allowed = any(_matches(_subject(event, user), p) for p in rules.publish)
             assert allowed == (user in producers), (user, event.__name__, "publish")
-        for event in {e for events in CONSUMERS.values() for e in events}:
-            allowed = any(_matches(_sample_subject(event, user), p) for p in subscribe)
-            assert allowed == (event in CONSUMERS.get(user, ())), (user, event.__name__, "subscribe")
+        # Consumers read through their durables' API calls (pull) or deliver subjects (push), never by subscribing.
+        assert not any(p.startswith("gpumedic.") for p in rules.subscribe), user
+        durables = {p.split(".")[-1] for p in rules.publish if p.startswith("$JS.API.CONSUMER.INFO.GPUMEDIC_")}
+        assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user
+        assert not any(".STREAM.CREATE" in p or ".STREAM.UPDATE" in p or ".STREAM.DELETE" in p for p in rules.publish), user
+    node = permissions_for(node_user(NODE))
+    assert all(p.endswith(f".{NODE}") or p.endswith(".node-sampler") for p in node.publish)
+    assert node.subscribe == (f"_INBOX.{node_user(NODE)}.>",)
+
+
+class _Refusals:
+    """A connection's permission violations, as the server reports them (`callback` is its error_cb)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    async def callback(self, exc: Exception) -> None:
+        self.errors.append(str(exc).lower())
+
+    async def refused(self, what: str, timeout_s: float = 2.0) -> bool:
+        for _ in range(int(timeout_s / 0.02)):
+            if any(what.lower() in e for e in self.errors):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+
+async def _as(settings, user: str):
+    refusals = _Refusals()
+    nc = await connect(settings(user), f"test-{user}", error_cb=refusals.callback, allow_reconnect=False)
+    return nc, refusals
+
+
+ACTION = ActionRequested.model_validate(json_examples(ActionRequested)[0])
+
+
+async def test_node_sampler_publishes_its_own_facts_and_can_do_nothing_else(secured):
+    sampler, refusals = await _as(secured, node_user(NODE))
+    admin = await connect(secured(ADMIN), "test-admin")
+    try:
+        js = sampler.jetstream()
+        sample = NodeSampled.model_validate(json_examples(NodeSampled)[0]).model_copy(update={"node_id": NODE})
+        assert (await js.publish(sample.subject, sample.to_json())).stream == SAMPLES.name  # its own node: stored
+
+        forbidden_publishes = {
+            "another node's sample": NodeSampled.subject_for("gpu-node-02"),
+            "an action request": ACTION.subject,
+            "an action result": "gpumedic.v1.action.completed.gpu-node-07",
+            "an incident": "gpumedic.v1.incident.opened.gpu-node-07",
+            "creating a stream": "$JS.API.STREAM.CREATE.STOLEN",
+            "updating the actions stream": f"$JS.API.STREAM.UPDATE.{ACTIONS.name}",
+            "deleting the actions stream": f"$JS.API.STREAM.DELETE.{ACTIONS.name}",
+            "creating a consumer on actions": f"$JS.API.CONSUMER.CREATE.{ACTIONS.name}.spy.{ACTION.subject}",
+            "creating a durable on actions": f"$JS.API.CONSUMER.DURABLE.CREATE.{ACTIONS.name}.spy",
+            "deleting the remediator's durable": f"$JS.API.CONSUMER.DELETE.{ACTIONS.name}.remediator-actions",
+            "reading the remediator's actions": f"$JS.API.CONSUMER.MSG.NEXT.{ACTIONS.name}.remediator-actions",
+            "acking the remediator's messages": f"$JS.ACK.{ACTIONS.name}.remediator-actions.1.1.1.1700000000000000000.0",
+            "writing the incident state": f"$KV.{INCIDENT_STATE.bucket}.gpu-node-07.zombie_job.0",
+            "reading the incident state": f"$JS.API.DIRECT.GET.KV_{INCIDENT_STATE.bucket}.$KV.{INCIDENT_STATE.bucket}.x",
+        }
+        for what, subject in forbidden_publishes.items():
+            await sampler.publish(subject, b"{}", reply=f"_INBOX.{node_user(NODE)}.x")
+            await sampler.flush()
+            assert await refusals.refused(f'publish to "{subject}"'), what
+        for what, subject in {
+            "action requests": ActionRequested.subject_filter(),
+            "every inbox": "_INBOX.>",
+            "the remediator's replies": "_INBOX.remediator.>",
+            "the detector's samples delivery": "_GPUMEDIC.deliver.zombie-detector-samples",
+        }.items():
+            await sampler.subscribe(subject)
+            await sampler.flush()
+            assert await refusals.refused(f'subscription to "{subject}"'), what
+
+        # And nothing changed: the actions stream has no transform, the remediator's durable is there.
+        ajs = admin.jetstream()
+        assert (await ajs.stream_info(ACTIONS.name)).config.subject_transform is None
+        assert (await ajs.consumer_info(ACTIONS.name, "remediator-actions")).name == "remediator-actions"
+        assert "STOLEN" not in [s.config.name for s in await ajs.streams_info()]
+    finally:
+        await sampler.close()
+        await admin.close()
+
+
+@pytest.mark.parametrize("service", SERVICES[1:])
+async def test_no_service_may_manage_streams_or_consumers_or_read_anothers(secured, service):
+    nc, refusals = await _as(secured, service)
+    try:
+        other = "remediator-actions" if service != "remediator" else "zombie-detector-actions"
+        for subject in (
+            f"$JS.API.STREAM.CREATE.{service.upper().replace('-', '_')}",
+            f"$JS.API.STREAM.UPDATE.{ACTIONS.name}",
+            f"$JS.API.STREAM.PURGE.{ACTIONS.name}",
+            f"$JS.API.CONSUMER.CREATE.{ACTIONS.name}",
+            f"$JS.API.CONSUMER.DELETE.{ACTIONS.name}.{other}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{ACTIONS.name}.{other}",
+            f"$JS.ACK.{ACTIONS.name}.{other}.1.1.1.1700000000000000000.0",
+        ):
+            await nc.publish(subject, b"{}")
+            await nc.flush()
+            assert await refusals.refused(f'publish to "{subject}"'), subject
+    finally:
+        await nc.close()
+
+
+async def test_the_remediator_reads_the_incident_state_and_cannot_write_it(secured):
+    nc, refusals = await _as(secured, "remediator")
+    try:
+        kv = await nc.jetstream().key_value(INCIDENT_STATE.bucket)
+        with contextlib.suppress(Exception):
+            await kv.get("gpu-node-07.zombie_job.0")  # allowed (absent is fine)
+        assert not refusals.errors
+        with contextlib.suppress(Exception):
+            await kv.put("gpu-node-07.zombie_job.0", b"{}")
+        assert await refusals.refused(f'publish to "$kv.{INCIDENT_STATE.bucket.lower()}.gpu-node-07.zombie_job.0"')
+    finally:
+        await nc.close()
+
+
+async def test_the_subject_transform_attack_of_the_issue_is_refused(secured):
+    """Logged in as node-sampler, re-route node subjects into action requests on the actions stream."""
+    sampler, refusals = await _as(secured, node_user(NODE))
+    try:
+        config = StreamConfig(
+            name=ACTIONS.name,
+            subjects=[*ACTIONS.subjects, "gpumedic.v1.node.evil.*"],
+            subject_transform=SubjectTransform(src="gpumedic.v1.node.evil.*", dest="gpumedic.v1.action.requested.{{wildcard(1)}}"),
+        )
+        with pytest.raises(nats.errors.TimeoutError):  # the server never answers a refused request
+            await sampler.jetstream(timeout=1).update_stream(config)
+        assert await refusals.refused(f'publish to "$js.api.stream.update.{ACTIONS.name.lower()}"')
+    finally:
+        await sampler.close()
+
+
+async def test_an_outsider_cannot_log_in(secured):
+    good = secured("observer")
+    with pytest.raises(Exception, match="(?i)authorization"):
+        await connect(
+            good.model_copy(update={"password": SecretStr("not-the-password")}), "outsider", allow_reconnect=False, max_reconnect_attempts=0
+        )
+    with pytest.raises(ssl.SSLCertVerificationError):  # TLS is required, and only gpumedic's CA vouches for it
+        await nats.connect(good.url.replace("tls://", "nats://"), user="observer", password=good.password.get_secret_value(),
+                           allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
 
 
 async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_path):
-    url, passwords = secured
-
-    def nats_for(user: str) -> NatsSettings:
-        return NatsSettings(url=url, user=user, password=passwords[user], ack_wait_s=2.0, max_deliver=3, graceful_timeout_s=2.0)
-
+    timings = {"ack_wait_s": 2.0, "max_deliver": 3, "graceful_timeout_s": 2.0}
     store_url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
     from gpumedic_store.migrate import upgrade
 
@@ -90,7 +260,7 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
     fleet = SimFleet(1, 1, tmp_path / "fleet")
     await fleet.start()
     apps = Apps()
-    sampler_nc = await nats.connect(url, user="node-sampler", password=passwords["node-sampler"])
+    sampler_nc = await connect(secured(node_user(NODE)), "test-node")
     sampler_js = sampler_nc.jetstream()
 
     async def publish(event: Event) -> None:
@@ -98,14 +268,14 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
 
     sampling = None
     try:
-        await apps.start(reports_app(ReportSettings(nats=nats_for("report-builder"), store={"url": store_url}, trace_to_bus=True)))
-        await apps.start(remediator_app(remediator_settings(nats_for("remediator"), store_url, fleet)))
-        await apps.start(detector_app(detector_settings(nats_for("zombie-detector"))))
+        await apps.start(reports_app(ReportSettings(nats=secured("report-builder", **timings), store={"url": store_url}, trace_to_bus=True)))
+        await apps.start(remediator_app(remediator_settings(secured("remediator", **timings), store_url, fleet)))
+        await apps.start(detector_app(detector_settings(secured("zombie-detector", **timings))))
         sampling = asyncio.create_task(fleet.run_samplers(publish, 0.2))
-        hung = fleet.node("sim-node-01").inject_zombie(0)
+        hung = fleet.node(NODE).inject_zombie(0)
         incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert incident.resolution == "fixed" and len(timeline) == 4
-        assert fleet.node("sim-node-01").ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+        assert fleet.node(NODE).ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
     finally:
         if sampling is not None:
             sampling.cancel()
@@ -114,29 +284,3 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
         await apps.stop_all()
         await sampler_nc.close()
         await fleet.stop()
-
-
-async def test_a_service_cannot_act_outside_its_permissions(secured):
-    url, passwords = secured
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    sampler = await nats.connect(url, user="node-sampler", password=passwords["node-sampler"], error_cb=on_error)
-    example = ActionRequested.model_validate(ActionRequested.model_config["json_schema_extra"]["examples"][0])
-    await sampler.publish(example.subject, example.to_json())
-    await sampler.flush()
-    remediator = await nats.connect(url, user="remediator", password=passwords["remediator"], error_cb=on_error)
-    await remediator.subscribe("gpumedic.v1.node.sampled.*")
-    await remediator.flush()
-    for _ in range(50):
-        if len(errors) >= 2:
-            break
-        await asyncio.sleep(0.05)
-    await sampler.close()
-    await remediator.close()
-    assert any("publish" in e.lower() and "gpumedic.v1.action.requested" in e for e in errors), errors
-    assert any("subscription" in e.lower() and "gpumedic.v1.node.sampled" in e for e in errors), errors
-    with pytest.raises(Exception, match="(?i)authorization"):
-        await nats.connect(url, user="remediator", password="wrong", max_reconnect_attempts=0, allow_reconnect=False)
