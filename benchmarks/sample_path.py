@@ -17,7 +17,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gpumedic.natsd import NatsServer
-from gpumedic_bus import NatsSettings, ensure_streams
+from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
 from gpumedic_events import GpuProcess, GpuSample, JobsObservation, NodeSampled
 from zombie_detector.main import create_app
@@ -90,6 +90,7 @@ async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
 
 async def _detector(js, url: str, count: int) -> float:
     """Start the detector's app on the preloaded stream; time from its first ack to its last."""
+    await provision(js, NatsSettings(url=url))  # a fresh consumer at the stream's start, as provisioned
     app = create_app(Settings(nats=NatsSettings(url=url)))
     runner = asyncio.create_task(app.run())
     first_at = None
@@ -126,7 +127,7 @@ async def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp)) as server:
         nc = await nats.connect(server.url)
         js = nc.jetstream()
-        await ensure_streams(js)
+        await provision(js, NatsSettings(url=server.url))
         size = await _preload(js, args.messages)
         raw_sub, raw_pull, validated, ours = [], [], [], []
         for r in range(args.rounds):

@@ -72,7 +72,7 @@ async def _child() -> dict:
     from node_sampler.sampler import Sampler
 
     from gpumedic.natsd import NatsServer
-    from gpumedic_bus import ensure_streams
+    from gpumedic_bus import NatsSettings, provision
     from tests.node_sampler.fake_nvml import FakeNvmlLib
 
     imports_rss = _status_mb("VmRSS")
@@ -101,7 +101,7 @@ async def _child() -> dict:
         with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp)) as server:
             nc = await nats.connect(server.url)
             js = nc.jetstream()
-            await ensure_streams(js)
+            await provision(js, NatsSettings(url=server.url))
 
             async def publish(event) -> None:
                 await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
