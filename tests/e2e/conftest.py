@@ -33,6 +33,18 @@ async def fleet(tmp_path):
     await fleet.stop()
 
 
+@contextlib.asynccontextmanager
+async def samplers_running(fleet: SimFleet, publish, interval_s: float = 0.2):
+    """The fleet's samplers publishing through `publish` while the block runs."""
+    task = asyncio.create_task(fleet.run_samplers(publish, interval_s))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.fixture
 async def sampling(fleet, nats_url):
     """The fleet's samplers publishing every 0.2 s into JetStream."""
@@ -42,11 +54,8 @@ async def sampling(fleet, nats_url):
     async def publish(event: Event) -> None:
         await js.publish(event.subject, event.to_json())
 
-    task = asyncio.create_task(fleet.run_samplers(publish, 0.2))
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with samplers_running(fleet, publish):
+        yield
     await nc.close()
 
 

@@ -6,7 +6,6 @@ trips once, and every later request is blocked."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import nats
 from sqlalchemy import select
@@ -15,6 +14,7 @@ from gpumedic.sim.fleet import SimFleet
 from gpumedic_events import Event, IncidentOpened, NodeSampled
 from gpumedic_store import BreakerTrip, create_engine, session_factory
 from remediator.main import create_app as remediator_app
+from tests.e2e.conftest import samplers_running
 from tests.e2e.test_thin_path import detector_settings, remediator_settings
 from zombie_detector.main import create_app as detector_app
 
@@ -36,7 +36,6 @@ async def test_fifty_idle_nodes_at_once_get_at_most_the_breakers_limit_of_kills(
     async def on_opened(msg) -> None:
         counts["opened"] += 1
 
-    sampling = None
     try:
         await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet).model_copy(
             update={"breaker_max_nodes": BREAKER, "max_concurrent_actions": 4}
@@ -45,18 +44,14 @@ async def test_fifty_idle_nodes_at_once_get_at_most_the_breakers_limit_of_kills(
         await nc.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
         for node in fleet.nodes.values():
             node.inject_zombie(0)
-        sampling = asyncio.create_task(fleet.run_samplers(publish, 0.1))
-        for _ in range(600):
-            if counts["opened"] >= NODES and counts["samples"] >= 1000:
-                break
-            await asyncio.sleep(0.1)
-        assert counts["opened"] >= NODES and counts["samples"] >= 1000, counts
-        await asyncio.sleep(3.0)  # every request answered by now (the gate blocks in milliseconds)
+        async with samplers_running(fleet, publish, 0.1):
+            for _ in range(600):
+                if counts["opened"] >= NODES and counts["samples"] >= 1000:
+                    break
+                await asyncio.sleep(0.1)
+            assert counts["opened"] >= NODES and counts["samples"] >= 1000, counts
+            await asyncio.sleep(3.0)  # every request answered by now (the gate blocks in milliseconds)
     finally:
-        if sampling is not None:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
         await apps.stop_all()
         await nc.close()
         await fleet.stop()

@@ -6,7 +6,6 @@ streams and the provisioned consumers come back with the server, and each client
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, connect, provision
@@ -14,6 +13,7 @@ from gpumedic_events import Event, NodeSampled
 from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
+from tests.e2e.conftest import samplers_running
 from tests.e2e.test_thin_path import detector_settings, remediator_settings, wait_for_incident
 from zombie_detector.main import create_app as detector_app
 
@@ -39,36 +39,30 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
         if isinstance(event, NodeSampled):
             published["ok"] += 1
 
-    sampling = None
     try:
         await apps.start(reports_app(ReportSettings(nats=settings, store={"url": store_url}, trace_to_bus=True)))
         await apps.start(remediator_app(remediator_settings(settings, store_url, fleet)))
         await apps.start(detector_app(detector_settings(settings)))
-        sampling = asyncio.create_task(fleet.run_samplers(publish, 0.2))
-        await asyncio.sleep(1.0)
+        async with samplers_running(fleet, publish):
+            await asyncio.sleep(1.0)
+            server.stop()
+            await asyncio.sleep(1.5)  # samples fail meanwhile
+            server.start()
+            assert server.url == settings.url  # same port, same data directory
+            before = published["ok"]
+            for _ in range(100):  # samples flow again once the clients have reconnected
+                if published["ok"] > before + 10:
+                    break
+                await asyncio.sleep(0.1)
+            assert published["failed"] > 0 and published["ok"] > before + 10, published
 
-        server.stop()
-        await asyncio.sleep(1.5)  # samples fail meanwhile
-        server.start()
-        assert server.url == settings.url  # same port, same data directory
-        before = published["ok"]
-        for _ in range(100):  # samples flow again once the clients have reconnected
-            if published["ok"] > before + 10:
-                break
-            await asyncio.sleep(0.1)
-        assert published["failed"] > 0 and published["ok"] > before + 10, published
-
-        node = fleet.node("sim-node-02")
-        hung = node.inject_zombie(0)
-        incident, timeline, _ = await wait_for_incident(store_url, "resolved")
+            node = fleet.node("sim-node-02")
+            hung = node.inject_zombie(0)
+            incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert (incident.node_id, incident.resolution) == ("sim-node-02", "fixed")
         assert node.ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
         assert [e.event_type for e in timeline] == ["IncidentOpened", "ActionRequested", "ActionCompleted", "IncidentResolved"]
     finally:
-        if sampling is not None:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
         await apps.stop_all()
         await sampler_nc.close()
         server.stop()

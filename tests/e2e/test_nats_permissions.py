@@ -29,7 +29,7 @@ from gpumedic_events.base import json_examples
 from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
-from tests.e2e.conftest import Apps
+from tests.e2e.conftest import Apps, samplers_running
 from tests.e2e.test_thin_path import detector_settings, remediator_settings, wait_for_incident
 from zombie_detector.main import create_app as detector_app
 
@@ -266,21 +266,16 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
     async def publish(event: Event) -> None:
         await sampler_js.publish(event.subject, event.to_json())
 
-    sampling = None
     try:
         await apps.start(reports_app(ReportSettings(nats=secured("report-builder", **timings), store={"url": store_url}, trace_to_bus=True)))
         await apps.start(remediator_app(remediator_settings(secured("remediator", **timings), store_url, fleet)))
         await apps.start(detector_app(detector_settings(secured("zombie-detector", **timings))))
-        sampling = asyncio.create_task(fleet.run_samplers(publish, 0.2))
-        hung = fleet.node(NODE).inject_zombie(0)
-        incident, timeline, _ = await wait_for_incident(store_url, "resolved")
+        async with samplers_running(fleet, publish):
+            hung = fleet.node(NODE).inject_zombie(0)
+            incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert incident.resolution == "fixed" and len(timeline) == 4
         assert fleet.node(NODE).ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
     finally:
-        if sampling is not None:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
         await apps.stop_all()
         await sampler_nc.close()
         await fleet.stop()

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncssh
 from gpumedic_events import Event
 
+from gpumedic.credentials import write_private
 from gpumedic.sim.node import SimNode
 from gpumedic.sim.state import Fault, InjectedFault
 
@@ -183,10 +183,5 @@ class SimFleet:
             lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}}}")
         self.inventory_path.write_text("\n".join(lines) + "\n")
         self.known_hosts_path.write_text("".join(f"{n.known_hosts_line()}\n" for n in self.nodes.values()))
-        # created 0600 from the start: the private key is never readable by others, not even briefly
-        with contextlib.suppress(FileNotFoundError):
-            self.client_key_path.unlink()
-        fd = os.open(self.client_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.client_key.export_private_key())
+        write_private(self.client_key_path, self.client_key.export_private_key())
         (self.workdir / "client_key.pub").write_bytes(self.client_key.export_public_key())
