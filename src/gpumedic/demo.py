@@ -17,6 +17,8 @@ from gpumedic.incidents import incident_text
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.stack import Stack, env_json
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
@@ -30,13 +32,28 @@ SAMPLE_INTERVAL_S = 1.0
 ZOMBIE_AFTER_S = 5.0
 
 
+DEMO_POLICY = Policy(
+    fleet=FleetPolicy(hold_s=2),
+    kinds=Kinds(
+        zombie_job=ZombiePolicy(
+            idle_for_s=ZOMBIE_AFTER_S,
+            action_timeout_s=60,
+            ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=10),),
+        )
+    ),
+)
+"""The shipped policy with the demo's seconds instead of the runbooks' minutes."""
+
+
 def demo_env(fleet: SimFleet) -> dict[str, str]:
-    """Settings that make the demo's story take seconds instead of the production minutes."""
+    """Settings that make the demo's story take seconds instead of the production minutes; the
+    policy file goes beside the fleet's files."""
+    policy_file = fleet.workdir / "policy.yaml"
+    fleet.workdir.mkdir(parents=True, exist_ok=True)
+    dump_policy(DEMO_POLICY, policy_file)
     return {
         "GPUMEDIC_SAMPLER_INTERVAL_S": "5",
-        "GPUMEDIC_DETECTOR_IDLE_FOR_S": str(ZOMBIE_AFTER_S),
-        "GPUMEDIC_DETECTOR_VERIFY_WITHIN_S": "10",
-        "GPUMEDIC_DETECTOR_ACTION_TIMEOUT_S": "60",
+        "GPUMEDIC_POLICY_FILE": str(policy_file),
         "GPUMEDIC_REMEDIATOR_MODE": "enforce",
         "GPUMEDIC_REMEDIATOR_INVENTORY": str(fleet.inventory_path),
         "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),

@@ -1,7 +1,7 @@
-"""A burst cannot outrun the breaker: fifty nodes look idle at once (what a sampler or driver bug
-looks like) and send over a thousand samples, the remediator runs in enforce mode with four
-actions at a time, and kills reach at most the breaker's limit of nodes, never more; the breaker
-trips once, and every later request is blocked."""
+"""Much of the fleet looking faulty at once (what a sampler or driver bug looks like), end to end
+in enforce mode. With fleet correlation on (the default), it is one fleet incident and no request
+to kill anything. With correlation off, the remediator's breaker is the last line: a burst of
+requests gets at most the breaker's limit of nodes killed, never more, and one trip."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ import nats
 from sqlalchemy import select
 
 from gpumedic.sim.fleet import SimFleet
-from gpumedic_events import Event, IncidentOpened, NodeSampled
+from gpumedic_events import ActionRequested, Event, IncidentKind, IncidentOpened, NodeSampled
+from gpumedic_incidents.policy import FleetPolicy
 from gpumedic_store import BreakerTrip, create_engine, session_factory
 from remediator.main import create_app as remediator_app
 from tests.e2e.conftest import samplers_running
-from tests.e2e.test_thin_path import detector_settings, remediator_settings
-from zombie_detector.main import create_app as detector_app
+from tests.e2e.test_thin_path import TEST_POLICY, detector, remediator_settings
 
 NODES = 50
 BREAKER = 5
 
 
-async def test_fifty_idle_nodes_at_once_get_at_most_the_breakers_limit_of_kills(nats_settings, store_url, apps, tmp_path):
+async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_limit_of_kills(nats_settings, store_url, apps, tmp_path):
     fleet = SimFleet(NODES, 1, tmp_path / "fleet")
     await fleet.start()
     nc = await nats.connect(nats_settings.url)
@@ -40,7 +40,8 @@ async def test_fifty_idle_nodes_at_once_get_at_most_the_breakers_limit_of_kills(
         await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet).model_copy(
             update={"breaker_max_nodes": BREAKER, "max_concurrent_actions": 4}
         )))
-        await apps.start(detector_app(detector_settings(nats_settings)))
+        uncorrelated = TEST_POLICY.model_copy(update={"fleet": FleetPolicy(share=1.0, hold_s=0)})
+        await apps.start(detector(nats_settings, uncorrelated))
         await nc.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
         for node in fleet.nodes.values():
             node.inject_zombie(0)
@@ -67,3 +68,47 @@ async def test_fifty_idle_nodes_at_once_get_at_most_the_breakers_limit_of_kills(
     finally:
         await engine.dispose()
     assert len(trips) == 1 and trips[0].reset_at is None
+
+
+async def test_half_the_fleet_idle_at_once_is_one_fleet_incident_and_no_kill(nats_settings, store_url, apps, tmp_path):
+    fleet = SimFleet(20, 1, tmp_path / "fleet")
+    await fleet.start()
+    nc = await nats.connect(nats_settings.url)
+    js = nc.jetstream()
+    opened: list[IncidentOpened] = []
+    requested: list[str] = []
+
+    async def publish(event: Event) -> None:
+        await js.publish(event.subject, event.to_json())
+
+    async def on_opened(msg) -> None:
+        opened.append(IncidentOpened.from_json(msg.data, subject=msg.subject))
+
+    async def on_requested(msg) -> None:
+        requested.append(msg.subject)
+
+    try:
+        await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet)))  # enforce mode
+        await apps.start(detector(nats_settings, TEST_POLICY.model_copy(update={"fleet": FleetPolicy(hold_s=5)})))
+        await nc.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
+        await nc.subscribe(ActionRequested.subject_filter(), cb=on_requested)
+        async with samplers_running(fleet, publish, 0.2):
+            await asyncio.sleep(1.0)  # the detector learns the fleet's size from its samples
+            for node in list(fleet.nodes.values())[:10]:
+                node.inject_zombie(0)
+            for _ in range(200):
+                if sum(o.kind is IncidentKind.ZOMBIE_JOB for o in opened) >= 10:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(7.0)  # past the hold: any request would have gone out by now
+    finally:
+        await apps.stop_all()
+        await nc.close()
+        await fleet.stop()
+
+    fleet_incidents = [o for o in opened if o.kind is IncidentKind.FLEET_ANOMALY]
+    node_incidents = [o for o in opened if o.kind is IncidentKind.ZOMBIE_JOB]
+    assert len(fleet_incidents) == 1 and len(node_incidents) == 10, [(o.kind, o.node_id) for o in opened]
+    assert "zombie_job on" in fleet_incidents[0].summary and "no node action" in fleet_incidents[0].summary
+    assert requested == []
+    assert not any(c.startswith("kill ") for n in fleet.nodes.values() for c in n.ssh_commands)

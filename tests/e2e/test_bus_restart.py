@@ -14,8 +14,7 @@ from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import samplers_running
-from tests.e2e.test_thin_path import detector_settings, remediator_settings, wait_for_incident
-from zombie_detector.main import create_app as detector_app
+from tests.e2e.test_thin_path import detector, remediator_settings, wait_for_incident
 
 
 async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_path, store_url, fleet, apps):
@@ -42,7 +41,7 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
     try:
         await apps.start(reports_app(ReportSettings(nats=settings, store={"url": store_url}, trace_to_bus=True)))
         await apps.start(remediator_app(remediator_settings(settings, store_url, fleet)))
-        await apps.start(detector_app(detector_settings(settings)))
+        await apps.start(detector(settings))
         async with samplers_running(fleet, publish):
             await asyncio.sleep(1.0)
             server.stop()

@@ -30,8 +30,7 @@ from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import Apps, samplers_running
-from tests.e2e.test_thin_path import detector_settings, remediator_settings, wait_for_incident
-from zombie_detector.main import create_app as detector_app
+from tests.e2e.test_thin_path import detector, remediator_settings, wait_for_incident
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "sim-node-01"
@@ -269,7 +268,7 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
     try:
         await apps.start(reports_app(ReportSettings(nats=secured("report-builder", **timings), store={"url": store_url}, trace_to_bus=True)))
         await apps.start(remediator_app(remediator_settings(secured("remediator", **timings), store_url, fleet)))
-        await apps.start(detector_app(detector_settings(secured("zombie-detector", **timings))))
+        await apps.start(detector(secured("zombie-detector", **timings)))
         async with samplers_running(fleet, publish):
             hung = fleet.node(NODE).inject_zombie(0)
             incident, timeline, _ = await wait_for_incident(store_url, "resolved")

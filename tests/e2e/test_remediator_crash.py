@@ -11,8 +11,7 @@ from gpumedic_store import ActionRecord, create_engine, session_factory
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import start_service_process
-from tests.e2e.test_thin_path import detector_settings, wait_for_incident
-from zombie_detector.main import create_app as detector_app
+from tests.e2e.test_thin_path import detector, wait_for_incident
 
 
 async def _wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -38,7 +37,7 @@ async def test_sigkill_mid_action_then_restart_runs_nothing_twice_and_keeps_the_
     }
     log = tmp_path / "remediator.log"
     await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url}, trace_to_bus=True)))
-    await apps.start(detector_app(detector_settings(nats_settings)))
+    await apps.start(detector(nats_settings))
     first = start_service_process("remediator", env, log)
     second = None
     try:

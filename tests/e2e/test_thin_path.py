@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
+from faststream import FastStream
+
 from gpumedic_bus import NatsSettings
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
 from gpumedic_store import create_engine, session_factory
 from remediator.main import create_app as remediator_app
 from remediator.settings import Settings as RemediatorSettings
@@ -18,8 +22,20 @@ from zombie_detector.main import create_app as detector_app
 from zombie_detector.settings import Settings as DetectorSettings
 
 
-def detector_settings(nats: NatsSettings) -> DetectorSettings:
-    return DetectorSettings(nats=nats, idle_for_s=1.0, verify_within_s=5.0, action_timeout_s=30.0, trace_to_bus=True)
+TEST_POLICY = Policy(
+    fleet=FleetPolicy(hold_s=0),
+    kinds=Kinds(
+        zombie_job=ZombiePolicy(
+            idle_for_s=1.0, action_timeout_s=30.0, ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=5.0),)
+        )
+    ),
+)
+"""Seconds instead of the runbooks' minutes: a zombie after 1 s idle, no fleet hold."""
+
+
+def detector(nats: NatsSettings, policy: Policy = TEST_POLICY) -> FastStream:
+    """zombie-detector as deployed, with the test's policy."""
+    return detector_app(DetectorSettings(nats=nats, trace_to_bus=True), policy=policy)
 
 
 def remediator_settings(nats: NatsSettings, store_url: str, fleet) -> RemediatorSettings:
@@ -53,7 +69,7 @@ async def wait_for_incident(store_url: str, status: str, timeout_s: float = 45.0
 async def test_zombie_is_found_killed_over_ssh_verified_and_recorded_in_one_trace(nats_settings, store_url, fleet, sampling, apps):
     await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url}, trace_to_bus=True)))
     await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet)))
-    await apps.start(detector_app(detector_settings(nats_settings)))
+    await apps.start(detector(nats_settings))
 
     node = fleet.node("sim-node-02")
     hung = node.inject_zombie(0)

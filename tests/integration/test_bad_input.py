@@ -40,18 +40,20 @@ def _factory(service, nats, tmp_path):
 def _bad_payloads(event_type) -> dict[str, tuple[str, bytes, str]]:
     """kind -> (subject, payload, words the rejection reason must contain)."""
     example = json_examples(event_type)[0]
-    key = example[event_type.subject_key]
-    subject = event_type.subject_for(key)
+    fixed = event_type.subject_key is None
+    subject = event_type.subject_prefix if fixed else event_type.subject_for(example[event_type.subject_key])
     wrong_type = {**example, "occurred_at": 12, "source": ["not", "a", "token"]}
     future = {**example, "schema_version": 2}
     oversize = json.dumps({**example, "padding": "x" * (MAX_EVENT_BYTES + 1)}).encode()
-    return {
+    bad = {
         "malformed json": (subject, b'{"event_id": "abc", ', "Invalid JSON"),
         "wrong types": (subject, json.dumps(wrong_type).encode(), "source"),
         "unknown version": (subject, json.dumps(future).encode(), "schema_version"),
         "oversize": (subject, oversize, "exceeds"),
-        "wrong subject": (event_type.subject_for("someone-else"), json.dumps(example).encode(), "belongs on"),
     }
+    if not fixed:  # a fixed subject has no other subject the payload could belong on
+        bad["wrong subject"] = (event_type.subject_for("someone-else"), json.dumps(example).encode(), "belongs on")
+    return bad
 
 
 def _consumed(app) -> set[str]:

@@ -110,6 +110,7 @@ def incident_waiting_for(request: ActionRequested, **changes) -> IncidentState:
         "node_id": request.node_id,
         "gpu_index": request.operation.gpu_index,
         "opened_at": datetime.now(UTC),
+        "last_seen_at": datetime.now(UTC),
         "attempt": request.attempt,
         "phase": "acting",
         "deadline": None,

@@ -197,18 +197,22 @@ async def test_one_action_per_node_at_a_time(harness, sleeper):
     assert sleeper.alive()
 
 
-async def test_attempt_cap_per_incident(harness, sshd):
-    h = harness(max_attempts_per_node=2)
-    incident = uuid.uuid4()
-    for attempt in (1, 2):
-        # Unknown-node failures still count: each was an attempt the gate let through.
-        done = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", attempt=attempt, incident_id=incident)))
+async def test_the_per_node_limit_over_a_window_comes_from_the_policy_file(harness, sshd, tmp_path, monkeypatch):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\ngate: {max_actions_per_node: 2, node_window_s: 600}\n")
+    monkeypatch.setenv("GPUMEDIC_POLICY_FILE", str(policy))
+    h = harness()
+    for gpu in (0, 1):
+        # Unknown-node failures still count: each was an action the gate let through.
+        done = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=gpu)))
         assert done.outcome is ActionOutcome.FAILED
-    third = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", attempt=3, incident_id=incident)))
+    third = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=2)))  # another incident
     assert third.outcome is ActionOutcome.BLOCKED
-    assert third.detail == f"2 attempts already made at incident {incident} on node gpu-node-99 (max 2); needs a person"
-    other = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=1)))
-    assert other.outcome is ActionOutcome.FAILED  # another incident is not capped
+    assert third.detail == (
+        "2 actions already ran on node gpu-node-99 within 600s (max 2); a node that keeps needing fixes needs a person"
+    )
+    other = await h.handle(await h.open(kill_request(_target(), node="gpu-node-98")))
+    assert other.outcome is ActionOutcome.FAILED  # another node is not capped
 
 
 async def test_breaker_trips_stays_open_until_reset(harness):

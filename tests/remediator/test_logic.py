@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpumedic_events import ActionRequested, KillGpuProcesses, ProcessTarget
-from remediator.logic import RESET_HINT, LedgerView, Policy, Verdict, decide, refusal
+from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)
-ENFORCE = Policy(mode="enforce", max_attempts_per_node=3, breaker_max_nodes=3, breaker_window_s=600)
+ENFORCE = Gate(mode="enforce", max_actions_per_node=3, node_window_s=3600, breaker_max_nodes=3, breaker_window_s=600)
 
 
 def _request(node: str = "gpu-node-01", attempt: int = 1) -> ActionRequested:
@@ -29,30 +29,30 @@ def _request(node: str = "gpu-node-01", attempt: int = 1) -> ActionRequested:
 
 
 def test_enforce_with_a_clean_ledger_allows():
-    decision = decide(_request(), policy=ENFORCE, ledger_view=LedgerView(), now=NOW)
+    decision = decide(_request(), gate=ENFORCE, ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.ALLOW
     assert not decision.trip_breaker
 
 
 def test_default_policy_is_observe():
-    decision = decide(_request(), policy=Policy(), ledger_view=LedgerView(), now=NOW)
+    decision = decide(_request(), gate=Gate(), ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.OBSERVE
     assert "observe mode for kill_gpu_processes" in decision.reason
 
 
 def test_per_operation_mode_overrides_the_default():
     assert decide(
-        _request(), policy=Policy(mode="observe", modes={"kill_gpu_processes": "enforce"}), ledger_view=LedgerView(), now=NOW
+        _request(), gate=Gate(mode="observe", modes={"kill_gpu_processes": "enforce"}), ledger_view=LedgerView(), now=NOW
     ).verdict is Verdict.ALLOW
     assert decide(
-        _request(), policy=Policy(mode="enforce", modes={"kill_gpu_processes": "observe"}), ledger_view=LedgerView(), now=NOW
+        _request(), gate=Gate(mode="enforce", modes={"kill_gpu_processes": "observe"}), ledger_view=LedgerView(), now=NOW
     ).verdict is Verdict.OBSERVE
 
 
 def test_open_breaker_blocks_everything_and_says_how_to_reset():
     since = NOW - timedelta(hours=2)
     view = LedgerView(breaker_open_since=since, breaker_reason="6 distinct nodes needed action")
-    decision = decide(_request(), policy=ENFORCE, ledger_view=view, now=NOW)
+    decision = decide(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert "circuit breaker open since 2026-11-22T08:15:00+00:00" in decision.reason
     assert "6 distinct nodes" in decision.reason
@@ -61,37 +61,39 @@ def test_open_breaker_blocks_everything_and_says_how_to_reset():
 
 
 def test_open_breaker_comes_before_every_other_rule():
-    policy = Policy(mode="observe", protected_nodes=frozenset({"gpu-node-01"}))
-    view = LedgerView(breaker_open_since=NOW, executing_on_node=("other",), attempts_for_incident=9)
-    assert "circuit breaker open" in decide(_request(), policy=policy, ledger_view=view, now=NOW).reason
+    gate = Gate(mode="observe", protected_nodes=frozenset({"gpu-node-01"}))
+    view = LedgerView(breaker_open_since=NOW, executing_on_node=("other",), actions_on_node=9)
+    assert "circuit breaker open" in decide(_request(), gate=gate, ledger_view=view, now=NOW).reason
 
 
 def test_protected_node_is_blocked():
-    policy = Policy(mode="enforce", protected_nodes=frozenset({"gpu-node-01"}))
-    decision = decide(_request(), policy=policy, ledger_view=LedgerView(), now=NOW)
+    gate = Gate(mode="enforce", protected_nodes=frozenset({"gpu-node-01"}))
+    decision = decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason.startswith("node gpu-node-01 is protected")
-    assert decide(_request("gpu-node-02"), policy=policy, ledger_view=LedgerView(), now=NOW).verdict is Verdict.ALLOW
+    assert decide(_request("gpu-node-02"), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is Verdict.ALLOW
 
 
 def test_another_action_executing_on_the_node_blocks():
     view = LedgerView(executing_on_node=("a-1",))
-    decision = decide(_request(), policy=ENFORCE, ledger_view=view, now=NOW)
+    decision = decide(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason == "action a-1 is already executing on node gpu-node-01; one at a time"
 
 
-def test_attempt_cap_blocks_at_the_maximum_not_before():
-    assert decide(_request(), policy=ENFORCE, ledger_view=LedgerView(attempts_for_incident=2), now=NOW).verdict is Verdict.ALLOW
-    decision = decide(_request(), policy=ENFORCE, ledger_view=LedgerView(attempts_for_incident=3), now=NOW)
+def test_the_per_node_limit_blocks_at_the_maximum_not_before():
+    assert decide(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=2), now=NOW).verdict is Verdict.ALLOW
+    decision = decide(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=3), now=NOW)
     assert decision.verdict is Verdict.BLOCK
-    assert "3 attempts already made" in decision.reason and "(max 3)" in decision.reason
+    assert decision.reason == (
+        "3 actions already ran on node gpu-node-01 within 3600s (max 3); a node that keeps needing fixes needs a person"
+    )
 
 
 def test_breaker_counts_this_node_and_trips_above_the_maximum():
     # Three other nodes plus this one is four, above the maximum of three.
     view = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    decision = decide(_request("n4"), policy=ENFORCE, ledger_view=view, now=NOW)
+    decision = decide(_request("n4"), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.trip_breaker
     assert decision.trip_reason == "4 distinct nodes needed action within 600s (max 3)"
@@ -100,41 +102,41 @@ def test_breaker_counts_this_node_and_trips_above_the_maximum():
 
 def test_breaker_does_not_trip_at_the_maximum_or_for_a_node_already_counted():
     at_max = LedgerView(nodes_in_window=frozenset({"n1", "n2"}))
-    assert decide(_request("n3"), policy=ENFORCE, ledger_view=at_max, now=NOW).verdict is Verdict.ALLOW
+    assert decide(_request("n3"), gate=ENFORCE, ledger_view=at_max, now=NOW).verdict is Verdict.ALLOW
     full = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    assert decide(_request("n3"), policy=ENFORCE, ledger_view=full, now=NOW).verdict is Verdict.ALLOW
+    assert decide(_request("n3"), gate=ENFORCE, ledger_view=full, now=NOW).verdict is Verdict.ALLOW
 
 
 def test_breaker_trips_in_observe_mode_too():
     # Observe mode is a faithful preview of enforce: it shows when the breaker would open.
     view = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    decision = decide(_request("n4"), policy=Policy(mode="observe", breaker_max_nodes=3), ledger_view=view, now=NOW)
+    decision = decide(_request("n4"), gate=Gate(mode="observe", breaker_max_nodes=3), ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK and decision.trip_breaker
 
 
 def test_tripped_breaker_stays_tripped_for_any_later_request():
     tripped = decide(
-        _request("n4"), policy=ENFORCE, ledger_view=LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"})), now=NOW
+        _request("n4"), gate=ENFORCE, ledger_view=LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"})), now=NOW
     )
     assert tripped.trip_breaker
     # The next request sees the open trip, even for a node that would otherwise be fine.
     later = LedgerView(breaker_open_since=NOW, breaker_reason=tripped.trip_reason)
     for hours in (0, 1, 48):
-        decision = decide(_request("n1"), policy=ENFORCE, ledger_view=later, now=NOW + timedelta(hours=hours))
+        decision = decide(_request("n1"), gate=ENFORCE, ledger_view=later, now=NOW + timedelta(hours=hours))
         assert decision.verdict is Verdict.BLOCK
         assert "circuit breaker open" in decision.reason
 
 
 @pytest.mark.parametrize(
-    ("view", "policy", "expected"),
+    ("view", "gate", "expected"),
     [
-        (LedgerView(executing_on_node=("a",), attempts_for_incident=5), ENFORCE, "already executing"),
-        (LedgerView(attempts_for_incident=5, nodes_in_window=frozenset({"n1", "n2", "n3"})), ENFORCE, "attempts already"),
-        (LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"})), Policy(mode="observe", breaker_max_nodes=3), "tripped"),
+        (LedgerView(executing_on_node=("a",), actions_on_node=5), ENFORCE, "already executing"),
+        (LedgerView(actions_on_node=5, nodes_in_window=frozenset({"n1", "n2", "n3"})), ENFORCE, "actions already ran"),
+        (LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"})), Gate(mode="observe", breaker_max_nodes=3), "tripped"),
     ],
 )
-def test_rules_apply_in_order(view, policy, expected):
-    assert expected in decide(_request("n9"), policy=policy, ledger_view=view, now=NOW).reason
+def test_rules_apply_in_order(view, gate, expected):
+    assert expected in decide(_request("n9"), gate=gate, ledger_view=view, now=NOW).reason
 
 
 # --- the request itself: refused before the fleet rules, whatever the ledger says -------------
@@ -142,9 +144,9 @@ def test_rules_apply_in_order(view, policy, expected):
 _GOOD = ProcessTarget(pid=4242, start_ticks=1, command="python train.py")
 
 
-def _refusal(request, incident="waiting", *, stored_at=None, now=None, policy=ENFORCE) -> str:
+def _refusal(request, incident="waiting", *, stored_at=None, now=None, gate=ENFORCE) -> str:
     state = incident_waiting_for(request) if incident == "waiting" else incident
-    return refusal(request, incident=state, policy=policy, now=now or request.occurred_at, stored_at=stored_at)
+    return refusal(request, incident=state, gate=gate, now=now or request.occurred_at, stored_at=stored_at)
 
 
 def test_a_request_its_open_incident_waits_for_passes():

@@ -135,14 +135,14 @@ async def test_ledger_view_excludes_the_action_being_decided(sessions):
     await _claim(sessions, current)
 
     async with sessions() as session:
-        view = await repository.ledger_view(session=session, request=current, now=NOW, window_s=600)
-    assert view.attempts_for_incident == 1
+        view = await repository.ledger_view(session=session, request=current, now=NOW, window_s=600, node_window_s=1800)
+    assert view.actions_on_node == 1  # n1's failed action 20 minutes ago; the current one excluded
     assert view.executing_on_node == ()
     assert view.nodes_in_window == frozenset({"n2"})  # n1 too old, n3 blocked, the current one excluded
     assert view.breaker_open_since is None
 
     async with sessions() as session:
-        on_n2 = await repository.ledger_view(session=session, request=_request("n2"), now=NOW, window_s=600)
+        on_n2 = await repository.ledger_view(session=session, request=_request("n2"), now=NOW, window_s=600, node_window_s=1800)
     assert len(on_n2.executing_on_node) == 1
 
 
@@ -154,7 +154,7 @@ async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions
         await session.commit()
     assert second.id == first.id
     async with sessions() as session:
-        view = await repository.ledger_view(session=session, request=_request("n9"), now=NOW, window_s=600)
+        view = await repository.ledger_view(session=session, request=_request("n9"), now=NOW, window_s=600, node_window_s=1800)
     assert view.breaker_open_since == NOW and view.breaker_reason == "too many"
 
     async with sessions() as session:
@@ -164,7 +164,7 @@ async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions
     async with sessions() as session:
         assert await repository.reset(session=session, by="bob", now=NOW + timedelta(minutes=2)) == []
         view = await repository.ledger_view(
-            session=session, request=_request("n9"), now=NOW + timedelta(minutes=2), window_s=600
+            session=session, request=_request("n9"), now=NOW + timedelta(minutes=2), window_s=600, node_window_s=1800
         )
     assert view.breaker_open_since is None
     assert view.nodes_in_window == frozenset()  # n1 acted before the reset

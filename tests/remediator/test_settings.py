@@ -17,7 +17,9 @@ def test_defaults_are_the_safe_ones(monkeypatch):
     settings = Settings()
     assert settings.mode == "observe"
     assert settings.modes == {}
-    assert (settings.max_attempts_per_node, settings.breaker_max_nodes, settings.breaker_window_s) == (3, 5, 600)
+    assert (settings.breaker_max_nodes, settings.breaker_window_s, settings.max_request_age_s) == (5, 600, 120)
+    gate = settings.gate()  # the per-node limit comes from the (shipped) policy file
+    assert (gate.max_actions_per_node, gate.node_window_s) == (3, 3600)
     assert (settings.connect_timeout_s, settings.command_timeout_s, settings.verify_timeout_s) == (10, 30, 20)
     assert settings.trace_to_bus is False
 
@@ -36,8 +38,8 @@ def test_reads_the_environment(monkeypatch, tmp_path):
     assert settings.inventory == tmp_path / "inv.yaml"
     assert settings.nats.url == "nats://10.0.0.1:4222"
     assert settings.store.url == "sqlite+aiosqlite:////tmp/x.db"
-    policy = settings.policy()
-    assert policy.mode_for("kill_gpu_processes") == "observe" and policy.breaker_max_nodes == 9
+    gate = settings.gate()
+    assert gate.mode_for("kill_gpu_processes") == "observe" and gate.breaker_max_nodes == 9
 
 
 def test_protected_nodes_also_take_a_json_list(monkeypatch):
@@ -93,3 +95,14 @@ def test_check_files_refuses_a_key_without_quoting_it(tmp_path):
         Settings(**files).check_files()
     assert "is not a usable private key" in str(caught.value)
     assert "c2VjcmV0" not in str(caught.value)
+
+
+def test_the_per_node_limit_comes_from_the_policy_file_and_a_bad_one_names_its_line(monkeypatch, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\ngate:\n  max_actions_per_node: 7\n  node_window_s: 60\n")
+    monkeypatch.setenv("GPUMEDIC_POLICY_FILE", str(policy))
+    gate = Settings().gate()
+    assert (gate.max_actions_per_node, gate.node_window_s) == (7, 60)
+    policy.write_text("version: 1\ngate:\n  max_actions_per_node: 0\n")
+    with pytest.raises(ValueError, match=r"policy.yaml:3: gate.max_actions_per_node: Input should be greater than or equal to 1"):
+        Settings().gate()

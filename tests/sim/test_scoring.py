@@ -83,7 +83,7 @@ def test_incident_and_signal_kinds_are_apart():
     assert incident_evidence("zombie_job") == {"zombie_job"} and signal_evidence("zombie_job") == set()
     assert incident_evidence("xid") == set() and signal_evidence("xid") == {"xid"}
     assert signal_evidence("oom_kill") >= {"oom_kill", "container_exit_137"}
-    assert signal_evidence("gpu_lost") == {"gpu_lost", "xid"}
+    assert signal_evidence("gpu_lost") == {"gpu_lost_reported", "xid"}
     assert signal_evidence("no_such_fault") == set() == incident_evidence("no_such_fault")
 
 
@@ -396,7 +396,7 @@ def test_xid_and_gpu_lost():
     (lost,) = findings_from_event(
         GpuLost(occurred_at=t(2), source="node-sampler", node_id=NODE, gpu_index=5, reason="NVMLError_GpuIsLost")
     )
-    assert (lost.kind, lost.gpu, lost.detail) == ("gpu_lost", 5, "NVMLError_GpuIsLost")
+    assert (lost.kind, lost.gpu, lost.detail) == ("gpu_lost_reported", 5, "NVMLError_GpuIsLost")
 
 
 def test_oom_kill():
@@ -495,7 +495,7 @@ def test_sample_lost_gpu_nvml_missing_and_status_probe():
         ),
     )
     kinds = sorted((f.kind, f.gpu if f.gpu is not None else -1) for f in findings_from_event(event))
-    assert kinds == [("gpu_lost", 2), ("gpu_lost", 5), ("nvml_missing", -1), ("status_probe_failed", -1)]
+    assert kinds == [("gpu_lost_reported", 2), ("gpu_lost_reported", 5), ("nvml_missing", -1), ("status_probe_failed", -1)]
 
 
 def test_a_healthy_sample_and_other_events_give_nothing():

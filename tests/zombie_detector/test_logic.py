@@ -1,7 +1,8 @@
-"""The zombie rules and the incident state machine, driven directly with plain events.
+"""The zombie rule through the node-incident logic and the shared lifecycle, driven directly.
 
 Time is the detector's own clock (`now`), passed with each sample; samples come every 5 s as a
-node sends them (`feed`), since idleness counts only across samples at the node's interval."""
+node sends them (`feed`), since idleness counts only across samples at the node's interval. The
+fleet hold is 0 here (tests/incidents covers it), so a new incident acts at once."""
 
 from __future__ import annotations
 
@@ -10,16 +11,31 @@ from datetime import UTC, datetime, timedelta
 from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
+    ActionRequested,
     GpuProcess,
     GpuSample,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
     JobsObservation,
     NodeSampled,
 )
-from gpumedic_incidents import operation_digest
-from zombie_detector.logic import Escalated, Followed, Opened, Resolved, Retried, Rules, ZombieDetector
+from gpumedic_incidents import Policy, operation_digest
+from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
+from zombie_detector.logic import NodeIncidents
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
-RULES = Rules(idle_util_pct=5, idle_for_s=60, verify_within_s=30, action_timeout_s=120, max_attempts=2)
+POLICY = Policy(
+    fleet=FleetPolicy(hold_s=0),
+    kinds=Kinds(
+        zombie_job=ZombiePolicy(
+            idle_util_pct=5,
+            idle_for_s=60,
+            action_timeout_s=120,
+            ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=30),),
+        )
+    ),
+)
 HOLDER = GpuProcess(pid=4242, start_ticks=777, command="python train.py", used_memory_mib=20000)
 
 
@@ -35,91 +51,96 @@ def sample(at_s: float, *, util: int | None = 0, procs=(HOLDER,), running: int |
     )
 
 
-def completed(opened: Opened, outcome=ActionOutcome.SUCCEEDED, attempt=1) -> ActionCompleted:
+def detector() -> NodeIncidents:
+    return NodeIncidents(POLICY)
+
+
+def apply(det: NodeIncidents, transitions) -> list:
+    """Commit every transition (as the handlers do once published) and return their events."""
+    events = []
+    for t in transitions:
+        det.book.commit(t)
+        events += t.events
+    return events
+
+
+def feed(det: NodeIncidents, start_s: float, end_s: float, make=sample, **kwargs) -> list:
+    """Samples every 5 s from `start_s` to `end_s` inclusive, each at its own moment; all events."""
+    return [e for s in range(int(start_s), int(end_s) + 1, 5) for e in apply(det, det.on_event(make(s, **kwargs), at(s)))]
+
+
+def open_incident(det: NodeIncidents) -> tuple[IncidentOpened, ActionRequested]:
+    assert feed(det, 0, 55) == []
+    opened, request = apply(det, det.on_event(sample(60), at(60)))
+    assert isinstance(opened, IncidentOpened) and isinstance(request, ActionRequested)
+    return opened, request
+
+
+def completed(request: ActionRequested, outcome=ActionOutcome.SUCCEEDED) -> ActionCompleted:
     return ActionCompleted(
-        source="remediator", action_id=opened.action.action_id, incident_id=opened.incident.incident_id,
-        node_id=opened.incident.node_id, attempt=attempt, outcome=outcome, detail="done",
+        source="remediator", action_id=request.action_id, incident_id=request.incident_id,
+        node_id=request.node_id, attempt=request.attempt, outcome=outcome, detail="done",
     )
 
 
-def feed(det: ZombieDetector, start_s: float, end_s: float, make=sample, **kwargs) -> list:
-    """Samples every 5 s from `start_s` to `end_s` inclusive, each at its own moment; all effects."""
-    effects = []
-    for s in range(int(start_s), int(end_s) + 1, 5):
-        effects += det.on_sample(make(s, **kwargs), at(s))
-    return effects
-
-
-def open_incident(det: ZombieDetector) -> Opened:
-    assert feed(det, 0, 55) == []
-    (effect,) = det.on_sample(sample(60), at(60))
-    assert isinstance(effect, Opened)
-    return effect
-
-
 def test_idle_gpu_with_jobs_claimed_opens_one_incident_and_requests_a_kill():
-    det = ZombieDetector(RULES)
-    assert feed(det, 0, 55) == []  # not yet idle for long enough
-    (opened,) = det.on_sample(sample(60), at(60))
-    assert isinstance(opened, Opened)
-    assert opened.opened.gpu_index == 0 and opened.opened.kind == "zombie_job"
-    assert [t.pid for t in opened.action.operation.targets] == [4242]
-    assert opened.action.operation.targets[0].start_ticks == 777
-    assert opened.action.attempt == 1
+    det = detector()
+    opened, request = open_incident(det)
+    assert opened.gpu_index == 0 and opened.kind == "zombie_job" and "held by pid 4242" in opened.summary
+    assert [t.pid for t in request.operation.targets] == [4242]
+    assert request.operation.targets[0].start_ticks == 777
+    assert request.attempt == 1
 
 
 def test_the_request_names_its_incident_and_the_gpu_state_it_assumes():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    action, incident = opened.action, opened.incident
-    assert action.fingerprint == incident.fingerprint == "n1/zombie_job/0"
-    assert action.operation.max_gpu_utilization_pct == RULES.idle_util_pct
+    det = detector()
+    _, request = open_incident(det)
+    incident = det.book.get("n1/zombie_job/0")
+    assert request.fingerprint == incident.fingerprint == "n1/zombie_job/0"
+    assert request.operation.max_gpu_utilization_pct == 5
     # The incident records exactly the request it waits for: the remediator runs that and nothing else.
     assert incident.phase == "acting" and incident.detector == "zombie-detector"
-    assert (incident.pending_action.action_id, incident.pending_action.attempt) == (action.action_id, 1)
-    assert incident.pending_action.operation_sha256 == operation_digest(action.operation)
+    assert (incident.pending_action.action_id, incident.pending_action.attempt) == (request.action_id, 1)
+    assert incident.pending_action.operation_sha256 == operation_digest(request.operation)
 
 
 def test_a_burst_of_samples_proves_no_idleness_whatever_their_timestamps_say():
-    det = ZombieDetector(RULES)
-    # A thousand samples claiming to span an hour, all arriving within one second.
-    for i in range(1000):
+    det = detector()
+    for i in range(1000):  # a thousand samples claiming to span an hour, all within one second
         crafted = sample(0).model_copy(update={"occurred_at": T0 + timedelta(seconds=3.6 * i)})
-        assert det.on_sample(crafted, T0 + timedelta(milliseconds=i)) == []
-    assert det.incidents == {}
+        assert det.on_event(crafted, T0 + timedelta(milliseconds=i)) == []
+    assert det.book.incidents == {}
 
 
 def test_a_gap_in_the_samples_restarts_the_idle_count():
-    det = ZombieDetector(RULES)
+    det = detector()
     assert feed(det, 0, 30) == []
     # Unseen for 25 s (more than 3 intervals of 5 s): nobody watched it meanwhile, so the count
     # starts again at 55 (without the gap it would open at 60).
     assert feed(det, 55, 110) == []
-    assert isinstance(det.on_sample(sample(115), at(115))[0], Opened)
+    assert isinstance(apply(det, det.on_event(sample(115), at(115)))[0], IncidentOpened)
 
 
 def test_a_holder_that_cannot_be_identified_is_escalated_without_a_kill():
     anonymous = GpuProcess(pid=4242, used_memory_mib=20000)  # the sampler could not read /proc/4242
-    det = ZombieDetector(RULES)
+    det = detector()
     feed(det, 0, 55, procs=(anonymous,))
-    opened, escalated = det.on_sample(sample(60, procs=(anonymous,)), at(60))
-    assert isinstance(opened, Opened) and opened.action is None
-    assert isinstance(escalated, Escalated)
-    assert "pid 4242 on GPU 0 cannot be identified" in escalated.event.reason
-    assert escalated.incident.phase == "escalated" and escalated.incident.pending_action is None
+    opened, escalated = apply(det, det.on_event(sample(60, procs=(anonymous,)), at(60)))
+    assert isinstance(opened, IncidentOpened) and isinstance(escalated, IncidentEscalated)
+    assert "pid 4242 on GPU 0 cannot be identified" in escalated.reason
+    assert det.book.get("n1/zombie_job/0").phase == "escalated"
 
 
 def test_repeats_update_the_open_incident_instead_of_opening_another():
-    det = ZombieDetector(RULES)
+    det = detector()
     open_incident(det)
-    assert not any(isinstance(e, Opened) for e in feed(det, 65, 400))
-    assert len(det.incidents) == 1
+    assert not any(isinstance(e, IncidentOpened) for e in feed(det, 65, 400))
+    assert len(det.book.incidents) == 1
 
 
 def test_busy_gpu_or_growing_output_or_no_jobs_is_not_a_zombie():
     for kwargs in ({"util": 80}, {"growing": True}, {"running": 0}, {"running": None}, {"procs": ()}):
-        det = ZombieDetector(RULES)
-        assert feed(det, 0, 600, **kwargs) == [], kwargs
+        assert feed(detector(), 0, 600, **kwargs) == [], kwargs
 
 
 def two_gpus(at_s: float, *, util0=0, growing=True) -> NodeSampled:
@@ -132,91 +153,79 @@ def two_gpus(at_s: float, *, util0=0, growing=True) -> NodeSampled:
 
 
 def test_one_hung_gpu_among_busy_ones_is_found_although_the_node_output_grows():
-    det = ZombieDetector(RULES)
-    (opened,) = feed(det, 0, 60, make=two_gpus)
-    assert isinstance(opened, Opened) and opened.opened.gpu_index == 0
-    assert [t.pid for t in opened.action.operation.targets] == [4242]
+    opened, request = feed(detector(), 0, 60, make=two_gpus)
+    assert opened.gpu_index == 0 and [t.pid for t in request.operation.targets] == [4242]
 
 
 def test_growth_is_credited_to_the_idle_gpu_when_no_other_gpu_works():
-    det = ZombieDetector(RULES)
-
     def idle_only(s):
         return two_gpus(s).model_copy(update={"gpus": (two_gpus(s).gpus[0],)})
 
-    assert feed(det, 0, 120, make=idle_only) == []
+    assert feed(detector(), 0, 120, make=idle_only) == []
 
 
 def test_healthy_nodes_take_the_fast_path_and_leave_no_state():
-    det = ZombieDetector(RULES)
+    det = detector()
     assert feed(det, 0, 600, util=90, growing=True) == []
-    assert det.watched == set() and det.idle_since == {} and det.incidents == {}
+    (rule,) = det.rules
+    assert rule.idle_since == {} and det.book.incidents == {}
 
 
 def test_activity_in_between_restarts_the_idle_clock():
-    det = ZombieDetector(RULES)
+    det = detector()
     feed(det, 0, 25)
-    det.on_sample(sample(30, util=90), at(30))
+    det.on_event(sample(30, util=90), at(30))
     assert feed(det, 35, 90) == []  # idle since 35: 55 s so far
-    assert isinstance(det.on_sample(sample(95), at(95))[0], Opened)
+    assert isinstance(apply(det, det.on_event(sample(95), at(95)))[0], IncidentOpened)
 
 
 def test_kill_then_free_gpu_resolves_as_fixed():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    assert det.on_sample(sample(65, procs=()), at(65)) == []  # still acting: wait for the remediator
-    (followed,) = det.on_action_completed(completed(opened), T0 + timedelta(seconds=66), "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
-    assert isinstance(followed, Followed) and followed.incident.phase == "verifying"
-    (resolved,) = det.on_sample(sample(70, procs=()), T0 + timedelta(seconds=70))
-    assert isinstance(resolved, Resolved) and resolved.event.resolution == "fixed"
-    assert det.incidents == {}
+    det = detector()
+    _, request = open_incident(det)
+    assert apply(det, det.on_event(sample(65, procs=()), at(65))) == []  # acting: wait for the remediator
+    apply(det, det.on_action_completed(completed(request), at(66), "00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    assert det.book.get("n1/zombie_job/0").phase == "verifying"
+    (resolved,) = apply(det, det.on_event(sample(70, procs=()), at(70)))
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+    assert "holds no process after the action" in resolved.summary
+    assert det.book.incidents == {}
 
 
 def test_gpu_still_held_after_verify_window_retries_then_escalates():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    det.on_action_completed(completed(opened, ActionOutcome.FAILED), T0 + timedelta(seconds=61), None)
-    assert det.on_sample(sample(80), T0 + timedelta(seconds=80)) == []  # inside the verify window
-    (retried,) = det.on_sample(sample(95), T0 + timedelta(seconds=95))
-    assert isinstance(retried, Retried) and retried.action.attempt == 2
-    assert retried.action.action_id != opened.action.action_id
-    later = T0 + timedelta(seconds=100)
-    det.on_action_completed(completed(opened, attempt=2).model_copy(update={"action_id": retried.action.action_id}), later, None)
-    (escalated,) = det.on_sample(sample(140), T0 + timedelta(seconds=140))
-    assert isinstance(escalated, Escalated) and "2 attempts" in escalated.event.reason
+    det = detector()
+    _, first = open_incident(det)
+    apply(det, det.on_action_completed(completed(first, ActionOutcome.FAILED), at(61), None))
+    assert apply(det, det.on_event(sample(80), at(80))) == []  # inside the verify window
+    (second,) = apply(det, det.on_event(sample(95), at(95)))
+    assert isinstance(second, ActionRequested) and second.attempt == 2 and second.action_id != first.action_id
+    apply(det, det.on_action_completed(completed(second), at(100), None))
+    (escalated,) = apply(det, det.on_event(sample(140), at(140)))
+    assert isinstance(escalated, IncidentEscalated) and "2 attempt(s) did not fix n1 GPU 0" in escalated.reason
 
 
 def test_observe_mode_or_blocked_escalates_and_a_later_clearance_resolves():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    (escalated,) = det.on_action_completed(completed(opened, ActionOutcome.OBSERVED), at(61), None)
-    assert isinstance(escalated, Escalated) and "observe mode" in escalated.event.reason
+    det = detector()
+    _, request = open_incident(det)
+    (escalated,) = apply(det, det.on_action_completed(completed(request, ActionOutcome.OBSERVED), at(61), None))
+    assert isinstance(escalated, IncidentEscalated) and "observe mode" in escalated.reason
     assert feed(det, 65, 200) == []  # no new incident while escalated
-    (resolved,) = det.on_sample(sample(205, util=90), at(205))
-    assert resolved.event.resolution == "cleared"
-
-
-def test_a_repeated_or_stale_action_result_changes_nothing():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    assert det.on_action_completed(completed(opened, attempt=2), T0, None) == []
-    assert len(det.on_action_completed(completed(opened), T0, None)) == 1
-    assert det.on_action_completed(completed(opened), T0, None) == []
+    (resolved,) = apply(det, det.on_event(sample(205, util=90), at(205)))
+    assert resolved.resolution == "cleared" and "no longer looks like a zombie" in resolved.summary
 
 
 def test_a_remediator_that_never_answers_is_escalated_by_the_tick():
-    det = ZombieDetector(RULES)
+    det = detector()
     open_incident(det)
-    assert det.on_tick(at(100)) == []
-    (escalated,) = det.on_tick(at(200))
-    assert "no answer from the remediator" in escalated.event.reason
+    assert apply(det, det.on_tick(at(170))) == []
+    (escalated,) = apply(det, det.on_tick(at(200)))
+    assert "no answer from the remediator" in escalated.reason
 
 
 def test_a_sample_that_cannot_tell_never_resolves_an_incident():
-    det = ZombieDetector(RULES)
-    opened = open_incident(det)
-    det.on_action_completed(completed(opened), T0 + timedelta(seconds=61), None)
-    assert det.on_sample(sample(70, running=None), T0 + timedelta(seconds=70)) == []
-    assert det.on_sample(sample(71, util=None), T0 + timedelta(seconds=71)) == []
-    (resolved,) = det.on_sample(sample(72, procs=(), running=None), T0 + timedelta(seconds=72))
-    assert resolved.event.resolution == "fixed"  # an empty GPU is decisive whatever the probes say
+    det = detector()
+    _, request = open_incident(det)
+    apply(det, det.on_action_completed(completed(request), at(61), None))
+    assert apply(det, det.on_event(sample(70, running=None), at(70))) == []
+    assert apply(det, det.on_event(sample(71, util=None), at(71))) == []
+    (resolved,) = apply(det, det.on_event(sample(72, procs=(), running=None), at(72)))
+    assert resolved.resolution == "fixed"  # an empty GPU is decisive whatever the probes say

@@ -48,7 +48,7 @@ class Signal:
     """The kinds of finding that are raw node events (not a detector's judgement)."""
 
     XID = "xid"
-    GPU_LOST = "gpu_lost"
+    GPU_LOST = "gpu_lost_reported"
     OOM_KILL = "oom_kill"
     """The kernel's OOM killer ended a process (kernel log)."""
     CONTAINER_OOM_KILLED = "container_oom_killed"

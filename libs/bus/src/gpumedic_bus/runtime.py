@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsSecurity, NatsUserPassword
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
@@ -26,14 +27,17 @@ from opentelemetry.trace import Tracer
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, RejectionStats, subscribe
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
+from gpumedic_bus.streams import stream_of
+from gpumedic_bus.topology import REPLAYS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
-from gpumedic_events import ServiceHeartbeat
+from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
 from gpumedic_telemetry import create_tracer_provider
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+REPLAY_CATCH_UP_S = 10.0
 
 BackgroundLoop = Callable[[], Awaitable[None]]
 
@@ -122,6 +126,8 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task] = []
         self._consumers: list[EventConsumer] = []
         self._push_consumers: list[PushConsumer] = []
+        self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
+        self._replay_subs: list = []
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `hook` once the service's consumers are known to exist and before they start (e.g. open a KV bucket)."""
@@ -149,6 +155,15 @@ class ServiceRuntime:
         consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, stats=self.rejections)
         self._push_consumers.append(consumer)
         return consumer
+
+    def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
+        """Read every event of these types from the start of their stream when the service starts,
+        before any consumer runs, then follow new ones (the few facts that make a service's state,
+        such as silences). Declared in `gpumedic_bus.topology.REPLAYS`."""
+        allowed = REPLAYS.get(self.service, ())
+        if not set(events) <= set(allowed) or len({stream_of(e).name for e in events}) != 1:
+            raise ValueError(f"{self.service} may replay {[e.__name__ for e in allowed]} (one stream), not {[e.__name__ for e in events]}")
+        self._replays.append((events, handler))
 
     def _own(self, name: str, delivery: str):
         item = declared_durable(name)
@@ -195,6 +210,41 @@ class ServiceRuntime:
             await nc.close()
         for hook in self._startup:
             await hook()
+        for events, handler in self._replays:
+            await self._replay(events, handler)
+
+    async def _replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
+        await self.broker.connect()
+        js = self.broker.connection.jetstream()
+        received = 0
+
+        async def on_message(msg) -> None:
+            nonlocal received
+            received += 1
+            event_type = next((e for e in events if msg.subject == e.subject_prefix or msg.subject.startswith(e.subject_prefix + ".")), None)
+            try:
+                event = event_type.from_json(msg.data, subject=msg.subject) if event_type else None
+            except EventDecodeError as exc:
+                log.warning("%s: skipped a replayed message on %s: %s", self.service, msg.subject, exc.reason)
+                return
+            if event is not None:
+                await handler(event)
+
+        sub = await js.subscribe(
+            events[0].subject_filter(),
+            stream=stream_of(events[0]).name,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            config=ConsumerConfig(filter_subjects=[e.subject_filter() for e in events]),
+            cb=on_message,
+        )
+        self._replay_subs.append(sub)
+        backlog = (await sub.consumer_info()).num_pending or 0
+        for _ in range(int(REPLAY_CATCH_UP_S / 0.02)):
+            if received >= backlog:
+                break
+            await asyncio.sleep(0.02)
+        log.info("%s: replayed %d of %d %s", self.service, received, backlog, "/".join(e.__name__ for e in events))
 
     async def _started(self) -> None:
         for consumer in self._push_consumers:
@@ -209,6 +259,10 @@ class ServiceRuntime:
 
     async def _stopping(self) -> None:
         self.ready.clear()
+        for sub in self._replay_subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._replay_subs.clear()
         for consumer in self._push_consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()

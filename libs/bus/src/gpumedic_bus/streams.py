@@ -26,10 +26,14 @@ from gpumedic_events import (
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
+    IncidentUpdated,
     MessageRejected,
     NodeSampled,
+    NodeSshChecked,
     ProcessOomKilled,
     ServiceHeartbeat,
+    SilenceAdded,
+    SilenceRemoved,
     SpansExported,
 )
 
@@ -77,16 +81,17 @@ SAMPLES = Stream(
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
-    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited),
+    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked),
     storage=StorageType.FILE,
     max_age_s=30 * _DAY,
     max_bytes=512 * 1024 * 1024,
     duplicate_window_s=10 * _MINUTE,
-    description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit); durable.",
+    description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit), and the "
+    "remediator's SSH checks of them; durable.",
 )
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",
-    events=(IncidentOpened, IncidentResolved, IncidentEscalated),
+    events=(IncidentOpened, IncidentUpdated, IncidentResolved, IncidentEscalated),
     storage=StorageType.FILE,
     max_age_s=90 * _DAY,
     max_bytes=1024 * 1024 * 1024,
@@ -130,7 +135,17 @@ TELEMETRY = Stream(
     description="Finished spans for the embedded trace store.",
 )
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY)
+CONTROL = Stream(
+    name="GPUMEDIC_CONTROL",
+    events=(SilenceAdded, SilenceRemoved),
+    storage=StorageType.FILE,
+    max_age_s=365 * _DAY,
+    max_bytes=64 * 1024 * 1024,
+    duplicate_window_s=10 * _MINUTE,
+    description="What operators tell the system (silences); detectors replay it from the start when they start.",
+)
+
+STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY, CONTROL)
 
 INCIDENT_STATE = KeyValueConfig(
     bucket="GPUMEDIC_INCIDENT_STATE",

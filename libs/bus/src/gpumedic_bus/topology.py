@@ -31,10 +31,14 @@ from gpumedic_events import (
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
+    IncidentUpdated,
     MessageRejected,
     NodeSampled,
+    NodeSshChecked,
     ProcessOomKilled,
     ServiceHeartbeat,
+    SilenceAdded,
+    SilenceRemoved,
     SpansExported,
     SubjectToken,
 )
@@ -72,17 +76,34 @@ class Durable:
         return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
 
 
+NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked)
+"""The node events the node-incident detector reads besides samples and action results."""
+
 DURABLES: tuple[Durable, ...] = (
     Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
     Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
+    *(Durable(f"zombie-detector-{event.__name__}", "zombie-detector", event) for event in NODE_INCIDENT_INPUTS),
     Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
     Durable("remediator-actions", "remediator", ActionRequested),
     *(
         Durable(f"report-builder-{event.__name__}", "report-builder", event)
-        for event in (IncidentOpened, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
+        for event in (
+            IncidentOpened,
+            IncidentUpdated,
+            IncidentResolved,
+            IncidentEscalated,
+            ActionRequested,
+            ActionCompleted,
+            SilenceAdded,
+            SilenceRemoved,
+        )
     ),
     Durable("report-builder-spans", "report-builder", SpansExported),
 )
+
+REPLAYS: Mapping[str, tuple[type[Event], ...]] = {"zombie-detector": (SilenceAdded, SilenceRemoved)}
+"""Streams a service reads from the start whenever it starts (an ephemeral ordered consumer):
+the few facts that make its state, such as the silences in force."""
 
 CONSUMING_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if any(d.service == s for d in DURABLES))
 
@@ -92,7 +113,9 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     GpuLost: ("node-sampler",),
     ProcessOomKilled: ("node-sampler",),
     ContainerExited: ("node-sampler",),
+    NodeSshChecked: ("remediator",),
     IncidentOpened: ("zombie-detector",),
+    IncidentUpdated: ("zombie-detector",),
     IncidentResolved: ("zombie-detector",),
     IncidentEscalated: ("zombie-detector",),
     ActionRequested: ("zombie-detector",),
@@ -102,8 +125,11 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     CapacityEvaluated: ("autoscaler",),
     MessageRejected: CONSUMING_SERVICES,
     SpansExported: SERVICES,
+    SilenceAdded: ("operator",),
+    SilenceRemoved: ("operator",),
 }
-"""Which services publish each event. A new event must be added here, or `proto` fails."""
+"""Which services (or the operator's tools) publish each event. A new event must be added here,
+or `proto` fails."""
 
 KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
     "zombie-detector": {INCIDENT_STATE.bucket: "write"},
@@ -136,6 +162,9 @@ ADMIN = "admin"
 OBSERVER = "observer"
 """Reads every event and nothing else: the operator's tools (`gpumedic up` waiting for heartbeats,
 the demo's story, `gpumedic sim`'s score)."""
+OPERATOR = "operator"
+"""A person's tools that tell the system something (`gpumedic silence`): publishes what
+`PRODUCERS` names it for, and reads every event."""
 SIM_FLEET = "sim-fleet"
 """The simulated fleet's many samplers over one connection: node facts for any node. Only the
 embedded stack creates this user, and only when it runs a simulated fleet."""
@@ -164,6 +193,9 @@ def permissions_for(user: str) -> Permissions | None:
         return None
     if user == OBSERVER:
         return Permissions(publish=(), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+    if user == OPERATOR:
+        published = tuple(e.subject_filter() for e, producers in PRODUCERS.items() if OPERATOR in producers)
+        return Permissions(publish=published, subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
     if user == SIM_FLEET:
         return _node_sampler(user, "*")
     if user.startswith(NODE_USER_PREFIX):
@@ -200,6 +232,8 @@ def _service(service: str) -> Permissions:
         else:
             publish.append(f"$JS.FC.{item.stream}.{item.name}.>")
             subscribe.append(item.deliver_subject)
+    for stream in sorted({stream_of(event).name for event in REPLAYS.get(service, ())}):
+        publish += _ordered_reader(stream)
     for bucket, access in KV_ACCESS.get(service, {}).items():
         stream = f"KV_{bucket}"
         publish += [
@@ -208,7 +242,13 @@ def _service(service: str) -> Permissions:
             f"$JS.API.STREAM.MSG.GET.{stream}",
         ]
         if access == "write":
-            # Writing keys, and listing them (an ephemeral ordered consumer on the bucket's own stream).
-            publish += [f"$KV.{bucket}.>", f"$JS.FC.{stream}.>"]
-            publish += [f"$JS.API.CONSUMER.{verb}.{stream}{tail}" for verb in ("CREATE", "INFO", "DELETE") for tail in ("", ".>")]
+            # Writing keys, and listing them (an ordered consumer on the bucket's own stream).
+            publish += [f"$KV.{bucket}.>", *_ordered_reader(stream)]
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
+
+
+def _ordered_reader(stream: str) -> list[str]:
+    """What an ephemeral ordered consumer on one stream needs (create, look up, delete it, flow
+    control); it delivers to the user's own inbox and can read nothing else."""
+    api = [f"$JS.API.CONSUMER.{verb}.{stream}{tail}" for verb in ("CREATE", "INFO", "DELETE") for tail in ("", ".>")]
+    return [*api, f"$JS.FC.{stream}.>"]

@@ -17,9 +17,20 @@ from gpumedic_events.base import (
     NodeId,
     SubjectToken,
 )
+from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
-from gpumedic_events.incident import IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved
+from gpumedic_events.incident import (
+    Diagnosis,
+    Evidence,
+    IncidentEscalated,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    IncidentUpdated,
+    Severity,
+)
+from gpumedic_events.silence import SilenceAdded, SilenceRemoved
 from gpumedic_events.node import (
     ComputeMode,
     DeviceHolder,
@@ -40,7 +51,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GpuLost,
     ProcessOomKilled,
     ContainerExited,
+    NodeSshChecked,
     IncidentOpened,
+    IncidentUpdated,
     IncidentResolved,
     IncidentEscalated,
     ActionRequested,
@@ -50,9 +63,19 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CapacityEvaluated,
     MessageRejected,
     SpansExported,
+    SilenceAdded,
+    SilenceRemoved,
 )
 
 __all__ = [
+    "SshCause",
+    "SilenceRemoved",
+    "SilenceAdded",
+    "Severity",
+    "NodeSshChecked",
+    "IncidentUpdated",
+    "Evidence",
+    "Diagnosis",
     "EVENT_TYPES",
     "MAX_EVENT_BYTES",
     "SCHEMA_VERSION",

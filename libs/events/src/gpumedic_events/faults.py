@@ -164,3 +164,9 @@ class ContainerExited(Event):
     last_log_lines: tuple[LogLine, ...] = Field(
         default=(), max_length=50, description=f"Its last log lines (each cut at {MAX_LINE} characters)."
     )
+    engine_signal: str | None = Field(
+        default=None,
+        max_length=16,
+        description="The signal the engine itself sent just before the exit (docker stop, kill or restart), e.g. "
+        "SIGTERM: an exit somebody asked for. None when the engine sent none or it is unknown.",
+    )

@@ -6,7 +6,7 @@ import uuid
 from enum import StrEnum
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, NodeId
 
@@ -17,6 +17,25 @@ class IncidentKind(StrEnum):
     """What went wrong. New kinds may be added within v1; consumers must accept unknown ones."""
 
     ZOMBIE_JOB = "zombie_job"
+    """A GPU is held but idle while the node claims jobs, and no output grows."""
+    ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
+    """A process holds a GPU (compute context or /dev/nvidia*) whose container is gone."""
+    GPU_XID = "gpu_xid"
+    """The driver reported XID errors that point at the GPU rather than at a job."""
+    GPU_LOST = "gpu_lost"
+    """The GPU fell off the bus (NVML: GPU is lost; XID 79)."""
+    CONTAINER_DIED = "container_died"
+    """A container exited abnormally; the incident names the cause with its evidence."""
+    DISK_PRESSURE = "disk_pressure"
+    HOST_MEMORY_PRESSURE = "host_memory_pressure"
+    NODE_SILENT = "node_silent"
+    """No sample from the node for several of its intervals."""
+    NVML_UNAVAILABLE = "nvml_unavailable"
+    """The node's sampler cannot reach NVML at all (driver missing or broken)."""
+    SSH_UNREACHABLE = "ssh_unreachable"
+    """The remediator cannot log in to the node (refused, timeout, auth, host key changed)."""
+    FLEET_ANOMALY = "fleet_anomaly"
+    """One kind fired on much of the fleet at once: one incident, no node actions."""
 
 
 class IncidentEvent(Event):
@@ -28,6 +47,22 @@ class IncidentEvent(Event):
     node_id: NodeId
     kind: IncidentKind = Field(description="What kind of failure the incident is.")
     gpu_index: int | None = Field(default=None, ge=0, le=63, description="The GPU concerned, if one.")
+
+
+Evidence = dict[str, str | int | float | bool | None]
+
+Severity = Literal["info", "warning", "critical"]
+
+
+class Diagnosis(BaseModel):
+    """Why it happened, as far as the evidence goes: one cause, how sure, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    cause: str = Field(max_length=64, description="The cause, e.g. host_oom, cgroup_oom, gpu_oom, segfault, sigterm.")
+    confidence: float = Field(ge=0, le=1, description="How sure the evidence makes it, 0 to 1.")
+    explanation: str = Field(max_length=1000, description="The evidence that names this cause, in one or two sentences.")
+    remedies: tuple[str, ...] = Field(default=(), max_length=8, description="What the job's owner or the operator can do.")
 
 
 class IncidentOpened(IncidentEvent):
@@ -49,6 +84,8 @@ class IncidentOpened(IncidentEvent):
                     "fingerprint": "gpu-node-07/zombie_job/0",
                     "summary": "GPU 0 below 5% for 600s while the node reports 1 job and no output grows",
                     "evidence": {"idle_seconds": 600.0, "jobs_running": 1, "holder_pids": "41230"},
+                    "severity": "warning",
+                    "recommended_action": "kill the hung job's processes (kill_gpu_processes)",
                 }
             ]
         }
@@ -56,9 +93,46 @@ class IncidentOpened(IncidentEvent):
 
     fingerprint: str = Field(max_length=200, description="(node, kind, gpu): one open incident per fingerprint.")
     summary: str = Field(max_length=1000, description="One sentence a person understands.")
-    evidence: dict[str, str | int | float | bool | None] = Field(
-        default_factory=dict, description="The measurements that led to the incident."
+    evidence: Evidence = Field(default_factory=dict, description="The measurements that led to the incident.")
+    severity: Severity = Field(default="warning", description="How bad: info, warning or critical.")
+    diagnosis: Diagnosis | None = Field(default=None, description="The cause with its confidence, where one is named.")
+    recommended_action: str = Field(default="", max_length=500, description="What fixes it: gpumedic's next action, or a person's.")
+    related_incident_id: uuid.UUID | None = Field(
+        default=None, description="The incident this one belongs to, e.g. the fleet incident it is part of."
     )
+    silence_id: uuid.UUID | None = Field(
+        default=None, description="Set when a silence covered it: recorded, and no action is requested."
+    )
+
+
+class IncidentUpdated(IncidentEvent):
+    """An open incident learned more: it repeated, or a related fact or incident joined it."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.incident.updated"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "7d1e2f3a-4b5c-4d6e-8f70-81a2b3c4d5e6",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:20:00Z",
+                    "source": "zombie-detector",
+                    "incident_id": _INCIDENT_ID,
+                    "node_id": "gpu-node-07",
+                    "kind": "gpu_xid",
+                    "gpu_index": 0,
+                    "occurrences": 42,
+                    "summary": "XID 48 (double-bit ECC error) on GPU 0, 42 times in 3 minutes",
+                    "evidence": {"xid": 48, "count": 42},
+                }
+            ]
+        }
+    )
+
+    occurrences: int = Field(ge=1, description="How often the fault was seen since the incident opened.")
+    summary: str = Field(max_length=1000)
+    evidence: Evidence = Field(default_factory=dict, description="What is new.")
+    related_incident_id: uuid.UUID | None = Field(default=None, description="An incident this one is now linked to.")
 
 
 class IncidentResolved(IncidentEvent):

@@ -245,3 +245,9 @@ class NodeSampled(Event):
         max_length=64,
         description="What could not be read this time (the sample still carries what was known).",
     )
+    nvml_error: str | None = Field(
+        default=None,
+        max_length=300,
+        description="Why NVML could not be used at all this time (driver missing or broken): the sample has no "
+        "GPUs then. None when NVML answered, whatever single queries failed.",
+    )

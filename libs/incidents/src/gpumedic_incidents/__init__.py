@@ -1,12 +1,44 @@
-"""Open incidents: what a detector remembers of each one, kept in a JetStream KV bucket.
+"""Incidents as every detector keeps them: one lifecycle, one policy file, one store.
 
-The detector that opened an incident writes its state before it publishes anything about it,
-and only detectors may write the bucket (NATS permissions). The remediator's gate reads it to
-check that a request belongs to an incident that is open, on that node and GPU, and waiting
-for exactly that action: a forged or stale request finds no such state and is refused.
+- `state`: the frozen `IncidentState` a detector persists, and the `Finding` a rule reports.
+- `lifecycle`: the pure state machine (open, act, verify, retry, resolve or escalate).
+- `book`: one detector's open incidents, with fleet correlation and silences above every kind.
+- `policy`: thresholds, ladders and limits from one validated YAML file.
+- `store`: the JetStream KV bucket the detector writes and the remediator's gate reads.
 """
 
-from gpumedic_incidents.state import IncidentState, PendingAction, Phase, operation_digest
+from gpumedic_incidents.book import FLEET_NODE, IncidentBook
+from gpumedic_incidents.lifecycle import Span, Transition
+from gpumedic_incidents.policy import Policy, PolicyError, PolicySettings, load_policy
+from gpumedic_incidents.state import (
+    Finding,
+    IncidentState,
+    Operation,
+    PendingAction,
+    Phase,
+    cleared,
+    fingerprint,
+    operation_digest,
+)
 from gpumedic_incidents.store import IncidentStates, state_key
 
-__all__ = ["IncidentState", "IncidentStates", "PendingAction", "Phase", "operation_digest", "state_key"]
+__all__ = [
+    "FLEET_NODE",
+    "Finding",
+    "IncidentBook",
+    "IncidentState",
+    "IncidentStates",
+    "Operation",
+    "PendingAction",
+    "Phase",
+    "Policy",
+    "PolicyError",
+    "PolicySettings",
+    "Span",
+    "Transition",
+    "cleared",
+    "fingerprint",
+    "load_policy",
+    "operation_digest",
+    "state_key",
+]

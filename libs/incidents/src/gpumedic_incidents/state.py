@@ -1,24 +1,38 @@
-"""The state of one open incident, as its detector persists it and the remediator's gate reads it."""
+"""The state of one open incident, as its detector persists it and the remediator's gate reads it,
+and the `Finding` a rule reports about one fingerprint."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpumedic_events import IncidentKind, KillGpuProcesses
+from gpumedic_events import Diagnosis, Evidence, IncidentKind, KillGpuProcesses, Severity
 
-Phase = Literal["acting", "verifying", "escalated"]
-"""acting: an action was requested and no answer came yet; verifying: the action ran and the
-next samples will show whether it worked; escalated: a person must look."""
+Phase = Literal["held", "acting", "verifying", "escalated", "silenced"]
+"""held: waiting out the fleet hold before its first action; acting: an action was requested and
+no answer came yet; verifying: the action ran and the next findings will show whether it worked;
+escalated: a person must look; silenced: a silence covers it, nothing is done."""
+
+Operation = KillGpuProcesses
+"""The catalogue's operations (the ladder's actions)."""
 
 
-def operation_digest(operation: KillGpuProcesses) -> str:
+def operation_digest(operation: Operation) -> str:
     """SHA-256 of the operation as the model serialises it: the same operation, the same digest."""
     return hashlib.sha256(operation.model_dump_json().encode()).hexdigest()
+
+
+def fingerprint(node_id: str, kind: IncidentKind | str, gpu_index: int | None, key: str | None = None) -> str:
+    """One open incident per (node, kind, gpu[, key]): `gpu-node-07/zombie_job/0`,
+    `gpu-node-07/disk_pressure/node`, `gpu-node-07/container_died/node/3f9c2a7d4b1e`."""
+    base = f"{node_id}/{IncidentKind(kind).value}/{'node' if gpu_index is None else gpu_index}"
+    return f"{base}/{key}" if key else base
 
 
 class PendingAction(BaseModel):
@@ -33,27 +47,74 @@ class PendingAction(BaseModel):
 
 
 class IncidentState(BaseModel):
-    """What the detector remembers of one open incident (persisted between restarts)."""
+    """What a detector remembers of one open incident (persisted between restarts). Frozen: every
+    change is a new state, saved before anything about it is published."""
+
+    model_config = ConfigDict(frozen=True)
 
     incident_id: uuid.UUID
     kind: IncidentKind
     detector: str = Field(description="The service that opened the incident and owns this state.")
     node_id: str
     gpu_index: int | None
+    key: str | None = None
+    """What tells apart several incidents of one kind on one node and GPU (a container)."""
     opened_at: datetime
-    attempt: int
+    last_seen_at: datetime
+    occurrences: int = 1
     phase: Phase
-    deadline: datetime | None
+    deadline: datetime | None = None
+    step: int = 0
+    """The ladder step being tried."""
+    step_attempts: int = 0
+    """Actions requested at this step."""
+    attempt: int = 0
+    """Actions requested in all; the n-th action's id is action_id_for(incident, n)."""
     pending_action: PendingAction | None = None
     """Set while acting: the request the remediator may run for this incident, and no other."""
+    proposed: Operation | None = None
+    """The latest operation the rule proposed (taken when the hold ends, or for the next attempt)."""
+    unsafe: str = ""
+    """Why no operation is safe now, if the rule said so."""
+    summary: str = ""
+    related_incident_id: uuid.UUID | None = None
+    silence_id: uuid.UUID | None = None
     traceparent: str | None = None
     """The trace context the incident's next step continues (detect, then the action's)."""
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.node_id, self.kind, self.gpu_index)
+        return fingerprint(self.node_id, self.kind, self.gpu_index, self.key)
 
 
-def fingerprint(node_id: str, kind: IncidentKind | str, gpu_index: int | None) -> str:
-    """One open incident per (node, kind, gpu): `gpu-node-07/zombie_job/0`, or `.../node` for node-wide kinds."""
-    return f"{node_id}/{IncidentKind(kind).value}/{'node' if gpu_index is None else gpu_index}"
+@dataclass(frozen=True)
+class Finding:
+    """What a rule says about one fingerprint now: the fault is there (with its evidence and what
+    would fix it), or it is gone (`present=False`)."""
+
+    kind: IncidentKind
+    node_id: str
+    gpu_index: int | None = None
+    key: str | None = None
+    present: bool = True
+    summary: str = ""
+    evidence: Evidence = field(default_factory=dict)
+    severity: Severity = "warning"
+    diagnosis: Diagnosis | None = None
+    recommended_action: str = ""
+    operations: Mapping[str, Operation] = field(default_factory=dict)
+    """What would fix it now, by the ladder's action name (e.g. the processes to kill)."""
+    unsafe: str = ""
+    """Why no operation is safe now (a holder that cannot be identified): a person instead."""
+    occurrence: bool = False
+    """A new occurrence of an event-reported fault (an XID repeat), counted; level findings are not."""
+    related_incident_id: uuid.UUID | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.node_id, self.kind, self.gpu_index, self.key)
+
+
+def cleared(kind: IncidentKind, node_id: str, gpu_index: int | None = None, key: str | None = None) -> Finding:
+    """The finding that says a fault is gone."""
+    return Finding(kind=kind, node_id=node_id, gpu_index=gpu_index, key=key, present=False)

@@ -6,7 +6,7 @@ most one open incident per (node, kind, gpu). Detectors write; the remediator on
 
 from __future__ import annotations
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from gpumedic_incidents.state import IncidentState
@@ -55,5 +55,3 @@ class IncidentStates:
     async def delete(self, state: IncidentState) -> None:
         await self._kv.delete(state_key(state.fingerprint))
 
-
-__all__ = ["BucketNotFoundError", "IncidentStates", "state_key"]

@@ -18,6 +18,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 INCIDENT_STATUSES = ("open", "resolved", "escalated")
+SEVERITIES = ("info", "warning", "critical")
+VERDICTS = ("false_positive",)
 ACTION_STATUSES = ("executing", "succeeded", "failed", "blocked", "observed", "interrupted")
 
 _UUID_LEN = 36
@@ -78,7 +80,7 @@ class Incident(Base):
     """One failure on one node (and GPU), from opened to resolved or escalated."""
 
     __tablename__ = "incidents"
-    __table_args__ = (_one_of("status", INCIDENT_STATUSES, "status"),)
+    __table_args__ = (_one_of("status", INCIDENT_STATUSES, "status"), _one_of("severity", SEVERITIES, "severity"))
 
     id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True, comment="The incident id (UUID text).")
     node_id: Mapped[str] = mapped_column(String(63), index=True)
@@ -95,6 +97,15 @@ class Incident(Base):
     )
     trace_id: Mapped[str | None] = mapped_column(String(_TRACE_ID_LEN), comment="The incident's trace (32 hex).")
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    detector: Mapped[str] = mapped_column(String(63), default="", comment="The service that opened it.")
+    severity: Mapped[str] = mapped_column(String(16), default="warning")
+    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, comment="The named cause, its confidence and remedies.")
+    recommended_action: Mapped[str] = mapped_column(Text, default="")
+    occurrences: Mapped[int] = mapped_column(Integer, default=1)
+    related_incident_id: Mapped[str | None] = mapped_column(
+        String(_UUID_LEN), index=True, comment="The incident it belongs to (a fleet incident)."
+    )
+    silence_id: Mapped[str | None] = mapped_column(String(_UUID_LEN), comment="The silence that covered it.")
 
     def __repr__(self) -> str:
         return f"Incident(id={self.id!r}, node_id={self.node_id!r}, kind={self.kind!r}, status={self.status!r})"
@@ -172,6 +183,36 @@ class BreakerTrip(Base):
     reason: Mapped[str] = mapped_column(Text)
     reset_at: Mapped[datetime | None]
     reset_by: Mapped[str | None] = mapped_column(String(128))
+
+
+class Silence(Base):
+    """A silence or maintenance window as an operator set it (SilenceAdded), and when it was lifted."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True, comment="The silence id.")
+    node_id: Mapped[str | None] = mapped_column(String(63), comment="Only this node; NULL: every node.")
+    kind: Mapped[str | None] = mapped_column(String(64), comment="Only this kind; NULL: every kind.")
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    starts_at: Mapped[datetime]
+    ends_at: Mapped[datetime] = mapped_column(index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+    removed_at: Mapped[datetime | None]
+    removed_by: Mapped[str | None] = mapped_column(String(128))
+
+
+class IncidentMark(Base):
+    """An operator's verdict on an incident: the false-positive ledger."""
+
+    __tablename__ = "incident_marks"
+    __table_args__ = (_one_of("verdict", VERDICTS, "verdict"),)
+
+    incident_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
+    verdict: Mapped[str] = mapped_column(String(32), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    marked_by: Mapped[str] = mapped_column(String(128))
+    marked_at: Mapped[datetime]
 
 
 class GateLock(Base):

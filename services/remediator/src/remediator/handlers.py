@@ -76,7 +76,7 @@ class ActionHandler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
-        self._policy = settings.policy()
+        self._gate = settings.gate()
         self._runtime = runtime
         self._sessions = sessions
         self._executor = executor
@@ -110,7 +110,7 @@ class ActionHandler:
         why_not = refusal(
             request,
             incident=await self._incident(request),
-            policy=self._policy,
+            gate=self._gate,
             now=self._now(),
             stored_at=delivery.stored_at,
         )
@@ -181,8 +181,14 @@ class ActionHandler:
         if why_not:
             return ActionOutcome.BLOCKED.value, why_not
         now = self._now()
-        view = await repository.ledger_view(session=session, request=request, now=now, window_s=self._policy.breaker_window_s)
-        decision: Decision = decide(request, policy=self._policy, ledger_view=view, now=now)
+        view = await repository.ledger_view(
+            session=session,
+            request=request,
+            now=now,
+            window_s=self._gate.breaker_window_s,
+            node_window_s=self._gate.node_window_s,
+        )
+        decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now)
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
             await repository.trip(session=session, reason=decision.trip_reason, now=now)

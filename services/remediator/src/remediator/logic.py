@@ -5,8 +5,8 @@ in a fixed order. First the request itself (`refusal`): it must be young enough,
 incident that is open on that node and GPU and waits for exactly this action, and identify
 every process fully. A request that fails any of these was forged, replayed or overtaken by
 events; it is refused and counts for nothing. Then the fleet (`decide`): an open circuit
-breaker, a protected node, another action already running on the node, too many attempts at
-the incident, a burst across too many nodes (which trips the breaker: a sampler bug that
+breaker, a protected node, another action already running on the node, too many actions on the
+node lately, a burst across too many nodes (which trips the breaker: a sampler bug that
 reports every GPU idle must never kill the fleet's jobs), and finally the mode (observe
 records without acting). The handler takes `decide` one request at a time under a lock in
 the store, so a burst of requests cannot slip past the breaker together.
@@ -49,13 +49,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Policy:
+class Gate:
     """The gate's settings, as plain data."""
 
     mode: Mode = "observe"
     modes: Mapping[str, Mode] = field(default_factory=dict)
     protected_nodes: frozenset[str] = frozenset()
-    max_attempts_per_node: int = 3
+    max_actions_per_node: int = 3
+    """Actions on one node within `node_window_s` (from the policy file's `gate`)."""
+    node_window_s: float = 3600.0
     breaker_max_nodes: int = 5
     breaker_window_s: float = 600.0
     max_request_age_s: float = 120.0
@@ -72,8 +74,8 @@ class LedgerView:
     breaker_reason: str = ""
     executing_on_node: tuple[str, ...] = ()
     """Ids of other actions on the same node that are executing now."""
-    attempts_for_incident: int = 0
-    """Earlier attempts at this incident that ran (or started to)."""
+    actions_on_node: int = 0
+    """Other actions on the same node within the node window that ran (or started to)."""
     nodes_in_window: frozenset[str] = frozenset()
     """Distinct nodes with other actions started within the breaker window."""
 
@@ -82,7 +84,7 @@ def refusal(
     request: ActionRequested,
     *,
     incident: IncidentState | None,
-    policy: Policy,
+    gate: Gate,
     now: datetime,
     stored_at: datetime | None,
 ) -> str:
@@ -94,9 +96,9 @@ def refusal(
     """
     oldest = min(request.occurred_at, stored_at) if stored_at is not None else request.occurred_at
     age_s = (now - oldest).total_seconds()
-    if age_s > policy.max_request_age_s:
+    if age_s > gate.max_request_age_s:
         return (
-            f"refused: the request is {age_s:.0f}s old (limit {policy.max_request_age_s:g}s); a stale request never "
+            f"refused: the request is {age_s:.0f}s old (limit {gate.max_request_age_s:g}s); a stale request never "
             "runs, and the detector asks again if the fault is still there"
         )
     where = f"incident {request.incident_id}"
@@ -131,7 +133,7 @@ def refusal(
     return ""
 
 
-def decide(request: ActionRequested, *, policy: Policy, ledger_view: LedgerView, now: datetime) -> Decision:
+def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now: datetime) -> Decision:
     """The fleet's verdict on one request that passed `refusal`, with the rule that decided it."""
     node = request.node_id
     if ledger_view.breaker_open_since is not None:
@@ -140,24 +142,24 @@ def decide(request: ActionRequested, *, policy: Policy, ledger_view: LedgerView,
             Verdict.BLOCK,
             f"circuit breaker open since {_iso(ledger_view.breaker_open_since)}{why}, {RESET_HINT}",
         )
-    if node in policy.protected_nodes:
+    if node in gate.protected_nodes:
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
     if ledger_view.executing_on_node:
         return Decision(
             Verdict.BLOCK,
             f"action {ledger_view.executing_on_node[0]} is already executing on node {node}; one at a time",
         )
-    if ledger_view.attempts_for_incident >= policy.max_attempts_per_node:
+    if ledger_view.actions_on_node >= gate.max_actions_per_node:
         return Decision(
             Verdict.BLOCK,
-            f"{ledger_view.attempts_for_incident} attempts already made at incident {request.incident_id} "
-            f"on node {node} (max {policy.max_attempts_per_node}); needs a person",
+            f"{ledger_view.actions_on_node} actions already ran on node {node} within {gate.node_window_s:g}s "
+            f"(max {gate.max_actions_per_node}); a node that keeps needing fixes needs a person",
         )
     nodes = ledger_view.nodes_in_window | {node}
-    if len(nodes) > policy.breaker_max_nodes:
+    if len(nodes) > gate.breaker_max_nodes:
         cause = (
-            f"{len(nodes)} distinct nodes needed action within {policy.breaker_window_s:g}s "
-            f"(max {policy.breaker_max_nodes})"
+            f"{len(nodes)} distinct nodes needed action within {gate.breaker_window_s:g}s "
+            f"(max {gate.breaker_max_nodes})"
         )
         return Decision(
             Verdict.BLOCK,
@@ -166,7 +168,7 @@ def decide(request: ActionRequested, *, policy: Policy, ledger_view: LedgerView,
             trip_reason=cause,
         )
     operation = request.operation.operation
-    if policy.mode_for(operation) == "observe":
+    if gate.mode_for(operation) == "observe":
         return Decision(Verdict.OBSERVE, f"observe mode for {operation}: decided and recorded, not run")
     return Decision(Verdict.ALLOW)
 

@@ -43,19 +43,21 @@ def create_app(settings: Settings | None = None) -> FastStream:
         await runtime.broker.connect()
         # The detectors' open incidents, read-only: the gate checks every request against them.
         handler.incidents = IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False))
-        policy = settings.policy()
+        gate = settings.gate()
         log.info(
-            "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, requests refused after %gs, "
-            "%d at once, protected %s",
-            policy.mode,
-            f" (overrides {dict(policy.modes)})" if policy.modes else "",
+            "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, %d actions per node / %gs, "
+            "requests refused after %gs, %d at once, protected %s",
+            gate.mode,
+            f" (overrides {dict(gate.modes)})" if gate.modes else "",
             settings.store.safe_url,
             settings.inventory,
-            policy.breaker_max_nodes,
-            policy.breaker_window_s,
-            policy.max_request_age_s,
+            gate.breaker_max_nodes,
+            gate.breaker_window_s,
+            gate.max_actions_per_node,
+            gate.node_window_s,
+            gate.max_request_age_s,
             settings.max_concurrent_actions,
-            ", ".join(sorted(policy.protected_nodes)) or "none",
+            ", ".join(sorted(gate.protected_nodes)) or "none",
         )
 
     runtime.on_startup(_check)
@@ -70,6 +72,7 @@ def run() -> None:
     try:
         settings = Settings()
         settings.check_files()
+        settings.gate()  # reads the policy file: a mistake in it stops the start here, with file and line
     except (SettingsError, ValueError) as exc:
         sys.exit(f"gpumedic-remediator: {exc}")
     app = create_app(settings)

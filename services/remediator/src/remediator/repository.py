@@ -25,7 +25,7 @@ from remediator.logic import LedgerView
 EXECUTING = "executing"
 FINISHED = ("succeeded", "failed", "blocked", "observed", "interrupted")
 RAN = ("executing", "succeeded", "failed", "interrupted")
-"""Statuses of actions that touched (or may have touched) a node: these count as attempts."""
+"""Statuses of actions that touched (or may have touched) a node: these count against its limit."""
 NOT_COUNTED_FOR_BREAKER = ("blocked",)
 """A blocked request did nothing; observed ones count, so observe mode previews the breaker."""
 
@@ -90,9 +90,10 @@ async def finish(
 
 
 async def ledger_view(
-    *, session: AsyncSession, request: ActionRequested, now: datetime, window_s: float
+    *, session: AsyncSession, request: ActionRequested, now: datetime, window_s: float, node_window_s: float
 ) -> LedgerView:
-    """What the gate needs to know about everything except `request` itself."""
+    """What the gate needs to know about everything except `request` itself: `window_s` is the
+    breaker's window, `node_window_s` the one-node limit's."""
     this = str(request.action_id)
     trip = await open_trip(session=session)
     executing = (
@@ -102,12 +103,13 @@ async def ledger_view(
             .order_by(ActionRecord.started_at)
         )
     ).all()
-    attempts = await session.scalar(
+    on_node = await session.scalar(
         select(func.count())
         .select_from(ActionRecord)
         .where(
-            ActionRecord.incident_id == str(request.incident_id),
+            ActionRecord.node_id == request.node_id,
             ActionRecord.status.in_(RAN),
+            ActionRecord.started_at >= now - timedelta(seconds=node_window_s),
             ActionRecord.action_id != this,
         )
     )
@@ -129,7 +131,7 @@ async def ledger_view(
         breaker_open_since=trip.tripped_at if trip else None,
         breaker_reason=trip.reason if trip else "",
         executing_on_node=tuple(executing),
-        attempts_for_incident=int(attempts or 0),
+        actions_on_node=int(on_node or 0),
         nodes_in_window=frozenset(nodes),
     )
 

@@ -1,8 +1,9 @@
 """The remediator's settings, read once from GPUMEDIC_REMEDIATOR_* variables.
 
 The defaults are the safe ones: observe mode (decide and record, never act), a small fleet
-circuit breaker, a per-incident attempt cap, requests refused after two minutes, and a few
-actions at once. The three files (inventory, known_hosts,
+circuit breaker, requests refused after two minutes, and a few actions at once. How many actions
+one node may take in a window comes from the policy file (GPUMEDIC_POLICY_FILE), the one place
+every attempt cap is set. The three files (inventory, known_hosts,
 client key) are checked when the service starts, not when the settings are built, so tests and
 tools can construct settings freely; the client key's path is the only thing about it the
 service ever names.
@@ -19,9 +20,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
+from gpumedic_incidents import PolicySettings
 from gpumedic_store.settings import StoreSettings
 from remediator.inventory import InventoryError, load_inventory
-from remediator.logic import Mode, Policy
+from remediator.logic import Mode, Gate
 
 OPERATIONS = ("kill_gpu_processes",)
 """The catalogue's operation names, the keys `modes` may use."""
@@ -40,6 +42,7 @@ class Settings(BaseSettings):
 
     nats: NatsSettings = Field(default_factory=NatsSettings, description="GPUMEDIC_NATS_* variables.")
     store: StoreSettings = Field(default_factory=StoreSettings, description="GPUMEDIC_STORE_* variables.")
+    policy: PolicySettings = Field(default_factory=PolicySettings, description="GPUMEDIC_POLICY_FILE.")
 
     inventory: Path = Field(
         default=_CONFIG_DIR / "inventory.yaml",
@@ -59,7 +62,6 @@ class Settings(BaseSettings):
     protected_nodes: Annotated[set[str], NoDecode] = Field(
         default_factory=set, description="Nodes never acted on; comma-separated or a JSON list."
     )
-    max_attempts_per_node: int = Field(default=3, ge=1, le=100, description="Attempts per incident before a person.")
     breaker_max_nodes: int = Field(
         default=5, ge=1, description="More distinct nodes needing action within the window trips the breaker."
     )
@@ -100,12 +102,15 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown operation(s) {', '.join(unknown)} in modes; known: {', '.join(OPERATIONS)}")
         return value
 
-    def policy(self) -> Policy:
-        return Policy(
+    def gate(self) -> Gate:
+        """The gate's rules: these settings, and the per-node limit from the policy file."""
+        gate = self.policy.load().gate
+        return Gate(
             mode=self.mode,
             modes=dict(self.modes),
             protected_nodes=frozenset(self.protected_nodes),
-            max_attempts_per_node=self.max_attempts_per_node,
+            max_actions_per_node=gate.max_actions_per_node,
+            node_window_s=gate.node_window_s,
             breaker_max_nodes=self.breaker_max_nodes,
             breaker_window_s=self.breaker_window_s,
             max_request_age_s=self.max_request_age_s,

@@ -10,7 +10,7 @@ from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery
-from gpumedic_events import SpansExported
+from gpumedic_events import SilenceAdded, SilenceRemoved, SpansExported
 from gpumedic_telemetry import INCIDENT_ID, NODE_ID
 from report_builder import repository
 
@@ -31,6 +31,11 @@ class ReportHandlers:
                 await session.commit()
             if not recorded:
                 log.debug("%s %s was already recorded", type(event).__name__, event.event_id)
+
+    async def on_silence(self, event: SilenceAdded | SilenceRemoved, delivery: Delivery) -> None:
+        async with self._sessions() as session:
+            await repository.record_silence(session, event=event)
+            await session.commit()
 
     async def on_spans(self, event: SpansExported, delivery: Delivery) -> None:
         async with self._sessions() as session:

@@ -14,13 +14,16 @@ from gpumedic_events import (
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
+    IncidentUpdated,
+    SilenceAdded,
+    SilenceRemoved,
 )
 from gpumedic_store import create_engine, session_factory
 from report_builder.handlers import ReportHandlers
 from report_builder.settings import Settings
 
 SERVICE = "report-builder"
-RECORDED = (IncidentOpened, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
+RECORDED = (IncidentOpened, IncidentUpdated, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
 
 
 def create_app(settings: Settings | None = None) -> FastStream:
@@ -31,6 +34,8 @@ def create_app(settings: Settings | None = None) -> FastStream:
     for event_type in RECORDED:
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
     runtime.consume("report-builder-spans", handlers.on_spans)
+    for event_type in (SilenceAdded, SilenceRemoved):
+        runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_silence)
     app = runtime.app()
     app.after_shutdown(engine.dispose)
     return app

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpumedic_events import (
@@ -19,16 +22,19 @@ from gpumedic_events import (
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
+    IncidentUpdated,
+    SilenceAdded,
+    SilenceRemoved,
     SpanRecord,
 )
-from gpumedic_store import INCIDENT_STATUSES, Incident, SpanRow, TimelineEntry
-from sqlalchemy import Insert, select
+from gpumedic_store import INCIDENT_STATUSES, Incident, IncidentMark, Silence, SpanRow, TimelineEntry
+from sqlalchemy import Insert, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger(__name__)
 
-IncidentEvent = IncidentOpened | IncidentResolved | IncidentEscalated
+IncidentEvent = IncidentOpened | IncidentUpdated | IncidentResolved | IncidentEscalated
 RecordedEvent = IncidentEvent | ActionRequested | ActionCompleted
 
 _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -65,6 +71,11 @@ async def record_event(session: AsyncSession, *, event: RecordedEvent, subject: 
     if isinstance(event, IncidentOpened):
         incident = _opened(incident, event, trace_id)
         session.add(incident)
+    elif isinstance(event, IncidentUpdated):
+        if incident is not None:
+            incident.occurrences = max(incident.occurrences, event.occurrences)
+            incident.evidence = {**incident.evidence, **event.evidence}
+            incident.related_incident_id = str(event.related_incident_id) if event.related_incident_id else incident.related_incident_id
     elif isinstance(event, IncidentResolved | IncidentEscalated):
         incident = _closed(incident, event, trace_id)
         session.add(incident)
@@ -155,8 +166,13 @@ def _valid_trace_id(trace_id: str | None) -> str | None:
 
 def _summary(event: RecordedEvent) -> str:
     match event:
+        case IncidentOpened() if event.silence_id is not None:
+            text = f"opened, silenced (no action; silence {event.silence_id}): {event.summary}"
         case IncidentOpened():
             text = f"opened: {event.summary}"
+        case IncidentUpdated():
+            related = f"; part of {event.related_incident_id}" if event.related_incident_id else ""
+            text = f"updated ({event.occurrences} occurrences{related}): {event.summary}"
         case ActionRequested():
             op = event.operation
             text = f"action requested: {op.operation} on GPU {op.gpu_index} (attempt {event.attempt})"
@@ -195,20 +211,19 @@ def _new_incident(event: IncidentEvent, trace_id: str | None, **fields: Any) -> 
 
 def _opened(incident: Incident | None, event: IncidentOpened, trace_id: str | None) -> Incident:
     if incident is None:
-        return _new_incident(
-            event,
-            trace_id,
-            fingerprint=event.fingerprint,
-            status="open",
-            summary=event.summary,
-            evidence=dict(event.evidence),
-        )
-    # The incident's end arrived first: fill in what only the opening knows, and leave it closed.
+        incident = _new_incident(event, trace_id, fingerprint=event.fingerprint, status="open", summary="", evidence={})
+    # When the incident's end arrived first, this fills in what only the opening knows and leaves it closed.
     incident.fingerprint = event.fingerprint
     incident.summary = event.summary
     incident.evidence = dict(event.evidence)
     incident.opened_at = min(incident.opened_at, event.occurred_at)
     incident.trace_id = incident.trace_id or trace_id
+    incident.detector = event.source
+    incident.severity = event.severity
+    incident.diagnosis = event.diagnosis.model_dump(mode="json") if event.diagnosis else None
+    incident.recommended_action = event.recommended_action
+    incident.related_incident_id = str(event.related_incident_id) if event.related_incident_id else None
+    incident.silence_id = str(event.silence_id) if event.silence_id else None
     return incident
 
 
@@ -229,3 +244,82 @@ def _closed(incident: Incident | None, event: IncidentResolved | IncidentEscalat
     incident.closed_at = event.occurred_at
     incident.trace_id = incident.trace_id or trace_id
     return incident
+
+
+# --- silences ---------------------------------------------------------------------------------
+
+
+async def record_silence(session: AsyncSession, *, event: SilenceAdded | SilenceRemoved) -> None:
+    """Keep a silence as it was set, and when it was lifted (either may arrive twice, or lifted first)."""
+    silence = await session.get(Silence, str(event.silence_id))
+    if isinstance(event, SilenceAdded):
+        if silence is None:
+            silence = Silence(id=str(event.silence_id), removed_at=None, removed_by=None)
+            session.add(silence)
+        silence.node_id = event.node_id
+        silence.kind = event.kind.value if event.kind else None
+        silence.gpu_index = event.gpu_index
+        silence.starts_at = event.starts_at
+        silence.ends_at = event.ends_at
+        silence.reason = event.reason
+        silence.created_by = event.created_by
+    elif silence is not None:
+        silence.removed_at = silence.removed_at or event.occurred_at
+        silence.removed_by = silence.removed_by or event.removed_by
+    else:
+        log.warning("silence %s was lifted before it was recorded; nothing to lift", event.silence_id)
+    await session.flush()
+
+
+async def list_silences(session: AsyncSession, *, now: datetime, include_past: bool = False) -> list[Silence]:
+    """Silences in force (or every one), soonest to end first."""
+    stmt = select(Silence).order_by(Silence.ends_at, Silence.id)
+    if not include_past:
+        stmt = stmt.where(Silence.ends_at > now, Silence.removed_at.is_(None))
+    return list((await session.scalars(stmt)).all())
+
+
+# --- the false-positive ledger ------------------------------------------------------------------
+
+
+async def mark_false_positive(session: AsyncSession, *, incident_id: str, reason: str, by: str, now: datetime) -> IncidentMark:
+    """An operator's verdict that an incident was a false positive (marking again updates the reason)."""
+    uuid.UUID(incident_id)
+    mark = await session.get(IncidentMark, (incident_id, "false_positive"))
+    if mark is None:
+        mark = IncidentMark(incident_id=incident_id, verdict="false_positive")
+        session.add(mark)
+    mark.reason, mark.marked_by, mark.marked_at = reason, by, now
+    await session.flush()
+    return mark
+
+
+@dataclass(frozen=True)
+class RuleRecord:
+    """How often one detector's rule (an incident kind) was right, by the operators' verdicts."""
+
+    detector: str
+    kind: str
+    incidents: int
+    false_positives: int
+
+    @property
+    def share(self) -> float:
+        return self.false_positives / self.incidents if self.incidents else 0.0
+
+
+async def false_positive_counts(session: AsyncSession) -> list[RuleRecord]:
+    """Per detector and kind: incidents opened and those marked false positive."""
+    marked = func.count(IncidentMark.incident_id)
+    stmt = (
+        select(Incident.detector, Incident.kind, func.count(Incident.id), marked)
+        .outerjoin(IncidentMark, (IncidentMark.incident_id == Incident.id) & (IncidentMark.verdict == "false_positive"))
+        .group_by(Incident.detector, Incident.kind)
+        .order_by(marked.desc(), Incident.detector, Incident.kind)
+    )
+    return [RuleRecord(d or "?", k, int(n), int(fp)) for d, k, n, fp in (await session.execute(stmt)).all()]
+
+
+async def marks_of(session: AsyncSession, *, incident_id: str) -> list[IncidentMark]:
+    return list((await session.scalars(select(IncidentMark).where(IncidentMark.incident_id == incident_id))).all())
+

@@ -1,14 +1,18 @@
-"""Adapters between the bus and the detector's pure logic: validate, decide, publish.
+"""Adapters between the bus and the node-incident logic: validate, decide, persist, publish, commit.
 
-Spans are named for the incident's business steps: `detect` starts the incident's trace,
-`decide` requests an action, `verify` follows the next samples to resolution or escalation.
-The trace context rides the NATS headers to the remediator and back.
+Spans are named for the incident's business steps (`gpumedic_incidents.Span`): `detect` starts
+the incident's trace, `decide` requests an action, `verify` follows the findings to resolution or
+escalation, `update` records repeats and links. The trace context rides the NATS headers to the
+remediator and back. Every transition is persisted first (the remediator's gate checks requests
+against it), then its events are published, then it is swapped into the book: a publish that
+fails leaves the book as it was, and the next finding decides again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from datetime import UTC, datetime
 
@@ -17,10 +21,19 @@ from opentelemetry.trace import Tracer
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
 from gpumedic_bus.tracing import traceparent_of
-from gpumedic_events import ActionCompleted, ActionRequested, NodeSampled
-from gpumedic_incidents import IncidentState, IncidentStates
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    SilenceAdded,
+    SilenceRemoved,
+)
+from gpumedic_incidents import IncidentState, IncidentStates, Transition
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
-from zombie_detector.logic import SOURCE, Effect, Escalated, Followed, Opened, Resolved, Retried, ZombieDetector
+from zombie_detector.logic import SOURCE, NodeIncidents
 
 log = logging.getLogger(__name__)
 
@@ -32,92 +45,94 @@ def _now() -> datetime:
 
 
 class DetectorHandlers:
-    def __init__(self, runtime: ServiceRuntime, detector: ZombieDetector) -> None:
+    def __init__(self, runtime: ServiceRuntime, logic: NodeIncidents) -> None:
         self._runtime = runtime
-        self._detector = detector
+        self.logic = logic
         self._tracer: Tracer = runtime.tracer
         self.states: IncidentStates | None = None
 
     async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""
         self.states = states
-        for incident in await states.load_all(detector=SOURCE):
-            self._detector.adopt(incident)
-        if self._detector.incidents:
-            log.info("resumed %d open incident(s)", len(self._detector.incidents))
+        self.logic.adopt(await states.load_all(detector=SOURCE))
+        if self.logic.book.incidents:
+            log.info("resumed %d open incident(s)", len(self.logic.book.incidents))
 
-    async def on_sample(self, sample: NodeSampled) -> None:
-        effects = self._detector.on_sample(sample, _now())
-        if effects:
-            await self._apply(effects)
+    async def on_sample(self, sample: Event) -> None:
+        transitions = self.logic.on_event(sample, _now())
+        if transitions:
+            await self._apply(transitions)
+
+    async def on_event(self, event: Event, delivery: Delivery) -> None:
+        await self._apply(self.logic.on_event(event, _now()))
 
     async def on_action_completed(self, event: ActionCompleted, delivery: Delivery) -> None:
-        await self._apply(self._detector.on_action_completed(event, _now(), traceparent_of(delivery.headers)))
+        await self._apply(self.logic.on_action_completed(event, _now(), traceparent_of(delivery.headers)))
+
+    async def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
+        self.logic.on_silence(event)
+        if isinstance(event, SilenceAdded):
+            log.info("silence %s until %s: %s", event.silence_id, event.ends_at.isoformat(timespec="seconds"), event.reason)
 
     async def tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_EVERY_S)
             try:
-                await self._apply(self._detector.on_tick(_now()))
+                await self._apply(self.logic.on_tick(_now()))
             except Exception:  # the bus may be reconnecting; the next tick tries again
-                log.exception("escalating overdue incidents failed; retrying next tick")
+                log.exception("applying due deadlines failed; retrying next tick")
 
-    async def _apply(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            match effect:
-                case Opened(incident, opened, action):
-                    await self._opened(incident, opened, action)
-                case Retried(incident, action):
-                    with self._step("verify", incident):
-                        await self._save(incident)
-                        await self._decide(incident, action)
-                case Followed(incident):
-                    await self._save(incident)
-                case Resolved(incident, event):
-                    with self._step("verify", incident, resolution=event.resolution):
-                        try:
-                            await publish_event(self._runtime.broker, event)
-                        except Exception:
-                            self._detector.adopt(incident)  # still open: the next sample resolves it again
-                            raise
-                    await self._require_states().delete(incident)
-                    log.info("incident %s on %s resolved (%s)", incident.incident_id, incident.fingerprint, event.resolution)
-                case Escalated(incident, event):
-                    with self._step("verify", incident, escalated=True):
-                        await self._save(incident)
-                        await publish_event(self._runtime.broker, event)
-                    log.warning("incident %s on %s escalated: %s", incident.incident_id, incident.fingerprint, event.reason)
+    async def _apply(self, transitions: list[Transition]) -> None:
+        for transition in transitions:
+            await self._apply_one(transition)
 
-    async def _opened(self, incident: IncidentState, opened, action: ActionRequested | None) -> None:
-        # A new trace per incident: `detect` is its root, whatever consumed the sample.
-        with self._tracer.start_as_current_span("detect", context=Context(), attributes=_attrs(incident)):
-            incident.traceparent = inject_trace({}).get("traceparent")
-            try:
-                await self._save(incident)
-                await publish_event(self._runtime.broker, opened)
-            except Exception:
-                # Undone entirely: the GPU is found again after another `idle_for_s`.
-                self._detector.forget(incident)
-                with contextlib.suppress(Exception):
-                    await self._require_states().delete(incident)
-                raise
-            log.warning("incident %s opened: %s on %s", incident.incident_id, opened.summary, incident.node_id)
-            if action is not None:
-                await self._decide(incident, action)
+    async def _apply_one(self, t: Transition) -> None:
+        state = t.after
+        persisted = False
+        with contextlib.ExitStack() as spans:
+            for i, span in enumerate(t.spans):
+                incident = state or t.state
+                if span.name == "detect":
+                    parent: Context | None = Context()  # a new trace per incident, whatever consumed the event
+                elif i == 0:
+                    parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {})
+                else:
+                    parent = None  # nested in the step before
+                attributes = _attrs(incident)
+                if span.name == "decide" and incident.pending_action is not None:
+                    attributes |= {ACTION_ID: str(incident.pending_action.action_id), "gpumedic.attempt": incident.attempt}
+                spans.enter_context(self._tracer.start_as_current_span(span.name, context=parent, attributes=attributes))
+                if span.name == "detect" and state is not None:
+                    state = state.model_copy(update={"traceparent": inject_trace({}).get("traceparent")})
+                if not persisted:
+                    await self._persist(t.before, state)
+                    persisted = True
+                for event in span.events:
+                    await self._publish(event, incident)
+            if not persisted:
+                await self._persist(t.before, state)
+        self.logic.book.commit(dataclasses.replace(t, after=state))
 
-    async def _decide(self, incident: IncidentState, action: ActionRequested) -> None:
-        attrs = {**_attrs(incident), ACTION_ID: str(action.action_id), "gpumedic.attempt": action.attempt}
-        with self._tracer.start_as_current_span("decide", attributes=attrs):
-            # The action id is the de-duplication id: a retried publish is stored once.
-            await publish_event(self._runtime.broker, action, msg_id=str(action.action_id))
+    async def _persist(self, before: IncidentState | None, after: IncidentState | None) -> None:
+        states = self._require_states()
+        if after is not None:
+            await states.save(after)
+        elif before is not None:
+            await states.delete(before)
 
-    def _step(self, name: str, incident: IncidentState, **attributes):
-        parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {})
-        return self._tracer.start_as_current_span(name, context=parent, attributes={**_attrs(incident), **attributes})
-
-    async def _save(self, incident: IncidentState) -> None:
-        # Saved before anything about it is published: the remediator's gate checks requests against it.
-        await self._require_states().save(incident)
+    async def _publish(self, event: Event, incident: IncidentState) -> None:
+        if isinstance(event, ActionRequested):
+            # Inside `decide`: the remediator's `act` becomes its child. The action id is the
+            # de-duplication id, so a retried publish is stored once.
+            await publish_event(self._runtime.broker, event, msg_id=str(event.action_id))
+            return
+        await publish_event(self._runtime.broker, event)
+        if isinstance(event, IncidentOpened):
+            log.warning("incident %s opened: %s on %s: %s", event.incident_id, event.kind.value, _where(incident), event.summary)
+        elif isinstance(event, IncidentResolved):
+            log.info("incident %s on %s resolved (%s)", event.incident_id, incident.fingerprint, event.resolution)
+        elif isinstance(event, IncidentEscalated):
+            log.warning("incident %s on %s escalated: %s", event.incident_id, incident.fingerprint, event.reason)
 
     def _require_states(self) -> IncidentStates:
         if self.states is None:
@@ -126,4 +141,11 @@ class DetectorHandlers:
 
 
 def _attrs(incident: IncidentState) -> dict[str, str | int]:
-    return {INCIDENT_ID: str(incident.incident_id), NODE_ID: incident.node_id, "gpumedic.gpu_index": incident.gpu_index}
+    attrs: dict[str, str | int] = {INCIDENT_ID: str(incident.incident_id), NODE_ID: incident.node_id, "gpumedic.kind": incident.kind.value}
+    if incident.gpu_index is not None:
+        attrs["gpumedic.gpu_index"] = incident.gpu_index
+    return attrs
+
+
+def _where(incident: IncidentState) -> str:
+    return incident.node_id if incident.gpu_index is None else f"{incident.node_id} GPU {incident.gpu_index}"

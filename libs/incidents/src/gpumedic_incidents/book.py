@@ -1,0 +1,182 @@
+"""One detector's open incidents, and the two rules that sit above every kind: fleet correlation
+and silences.
+
+A detector's rules only find (`Finding`); the book decides what a finding does. It looks the
+fingerprint up (one open incident per fingerprint: repeats update it), and before it opens one it
+asks two questions. Is a silence in force for it? Then it is recorded as silenced and requests no
+action. Does the same kind already fire on much of the fleet (more than `fleet.share` of the nodes
+that sampled lately, and at least `fleet.min_nodes`)? Then it is one fleet incident: the node
+incidents are linked to it and request no action, and so are those of that kind still held. New
+incidents wait `fleet.hold_s` before their first action for exactly this, so a sampler bug that
+reports half the fleet idle at the same second ends in one fleet incident and no kill.
+
+The book never changes itself while deciding: every method returns `Transition`s, and `commit`
+swaps one in after the handler persisted and published it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from gpumedic_events import ActionCompleted, IncidentKind, SilenceAdded, SilenceRemoved
+from gpumedic_incidents import lifecycle
+from gpumedic_incidents.lifecycle import Transition
+from gpumedic_incidents.policy import Policy
+from gpumedic_incidents.state import Finding, IncidentState
+
+FLEET_NODE = "fleet"
+"""The node id of fleet incidents (they concern no single node)."""
+
+
+class IncidentBook:
+    def __init__(self, detector: str, policy: Policy) -> None:
+        self.detector = detector
+        self.policy = policy
+        self.incidents: dict[str, IncidentState] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self.silences: dict[uuid.UUID, SilenceAdded] = {}
+        self.nodes_seen: dict[str, datetime] = {}
+        """When each node last sampled, by the detector's clock: the fleet's size for correlation."""
+
+    # --- what the rules may look at --------------------------------------------------------
+
+    def open_on(self, node_id: str) -> list[IncidentState]:
+        return [self.incidents[fp] for fp in self._by_node.get(node_id, ())]
+
+    def get(self, fingerprint: str) -> IncidentState | None:
+        return self.incidents.get(fingerprint)
+
+    def by_id(self, incident_id: uuid.UUID) -> IncidentState | None:
+        return next((i for i in self.incidents.values() if i.incident_id == incident_id), None)
+
+    def fleet_size(self, now: datetime) -> int:
+        since = now - timedelta(seconds=self.policy.fleet.window_s)
+        return sum(1 for seen in self.nodes_seen.values() if seen >= since)
+
+    def saw_node(self, node_id: str, now: datetime) -> None:
+        self.nodes_seen[node_id] = now
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def on_finding(self, finding: Finding, now: datetime) -> list[Transition]:
+        state = self.incidents.get(finding.fingerprint)
+        if not finding.present:
+            t = lifecycle.clear(state, finding, now) if state is not None else None
+            return [t] if t else []
+        if state is not None:
+            t = lifecycle.observe(state, finding, now, policy=self.policy)
+            return [t] if t else []
+        silence = self.silence_for(finding.kind, finding.node_id, finding.gpu_index, now)
+        if silence is not None:
+            return [self._open(finding, now, silence_id=silence.silence_id)]
+        return self._open_or_correlate(finding, now)
+
+    def on_action_completed(self, result: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
+        state = self.by_id(result.incident_id)
+        t = lifecycle.action_completed(state, result, now, policy=self.policy, traceparent=traceparent) if state else None
+        return [t] if t else []
+
+    def on_tick(self, now: datetime) -> list[Transition]:
+        transitions = []
+        for state in list(self.incidents.values()):
+            if state.kind is IncidentKind.FLEET_ANOMALY:
+                if not any(i.related_incident_id == state.incident_id for i in self.incidents.values()):
+                    transitions.append(lifecycle.close(state, now, "no node of the fleet incident shows the fault any more"))
+                continue
+            silenced = self.silence_for(state.kind, state.node_id, state.gpu_index, now) is not None
+            t = lifecycle.tick(state, now, policy=self.policy, silenced=silenced)
+            if t is not None:
+                transitions.append(t)
+        return transitions
+
+    def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
+        """Silences are facts replayed from the bus at start, not incident state: kept as they come."""
+        if isinstance(event, SilenceAdded):
+            self.silences[event.silence_id] = event
+        else:
+            self.silences.pop(event.silence_id, None)
+
+    def silence_for(self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime) -> SilenceAdded | None:
+        for silence in self.silences.values():
+            if not silence.starts_at <= now < silence.ends_at:
+                continue
+            if silence.node_id not in (None, node_id) or silence.kind not in (None, kind):
+                continue
+            if silence.gpu_index is not None and silence.gpu_index != gpu_index:
+                continue
+            return silence
+        return None
+
+    # --- state ------------------------------------------------------------------------------
+
+    def adopt(self, states: Iterable[IncidentState]) -> None:
+        """Take over the incidents of an earlier run."""
+        for state in states:
+            self._put(state)
+
+    def commit(self, transition: Transition) -> None:
+        """Swap a transition's state in, once it is persisted and its events published."""
+        if transition.before is not None:
+            self._drop(transition.before.fingerprint)
+        if transition.after is not None:
+            self._put(transition.after)
+
+    def _put(self, state: IncidentState) -> None:
+        self.incidents[state.fingerprint] = state
+        self._by_node.setdefault(state.node_id, set()).add(state.fingerprint)
+
+    def _drop(self, fingerprint: str) -> None:
+        state = self.incidents.pop(fingerprint, None)
+        if state is not None:
+            fps = self._by_node.get(state.node_id)
+            if fps is not None:
+                fps.discard(fingerprint)
+                if not fps:
+                    del self._by_node[state.node_id]
+
+    # --- opening ----------------------------------------------------------------------------
+
+    def _open(self, finding: Finding, now: datetime, **options) -> Transition:
+        return lifecycle.open_incident(finding, now, detector=self.detector, policy=self.policy, **options)
+
+    def _open_or_correlate(self, finding: Finding, now: datetime) -> list[Transition]:
+        if finding.node_id == FLEET_NODE:
+            return [self._open(finding, now)]
+        fleet = self.get(_fleet_fingerprint(finding.kind))
+        if fleet is not None:
+            return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
+        since = now - timedelta(seconds=self.policy.fleet.window_s)
+        nodes = {i.node_id for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since}
+        nodes.add(finding.node_id)
+        size = max(self.fleet_size(now), len(nodes))
+        if len(nodes) < self.policy.fleet.min_nodes or len(nodes) / size <= self.policy.fleet.share:
+            return [self._open(finding, now)]
+        # Much of the fleet at once: one fleet incident; this node and every held one join it.
+        fleet_finding = Finding(
+            kind=IncidentKind.FLEET_ANOMALY,
+            node_id=FLEET_NODE,
+            key=finding.kind.value,
+            summary=(
+                f"{finding.kind.value} on {len(nodes)} of {size} nodes within {self.policy.fleet.window_s:g}s: "
+                f"more likely one fleet-wide cause (a sampler, driver or network fault) than {len(nodes)} separate "
+                "faults; no node action is taken"
+            ),
+            evidence={"kind": finding.kind.value, "nodes": len(nodes), "fleet_size": size, "share": round(len(nodes) / size, 3)},
+            severity="critical",
+            recommended_action="check what these nodes share (sampler version, driver, network, storage) before acting on any",
+        )
+        opened = self._open(fleet_finding, now, reason="a fleet-wide signal needs a person before any node action")
+        fleet_id = opened.state.incident_id
+        transitions = [opened, self._open(finding, now, fleet_incident_id=fleet_id)]
+        for state in list(self.incidents.values()):
+            if state.kind is finding.kind:
+                t = lifecycle.link_to_fleet(state, fleet_id, now)
+                if t is not None:
+                    transitions.append(t)
+        return transitions
+
+
+def _fleet_fingerprint(kind: IncidentKind) -> str:
+    return f"{FLEET_NODE}/{IncidentKind.FLEET_ANOMALY.value}/node/{kind.value}"

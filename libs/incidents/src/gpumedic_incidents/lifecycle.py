@@ -1,0 +1,317 @@
+"""The incident lifecycle: one pure state machine that every detector shares.
+
+    finding ──► opened ──► held ──hold_s──► acting ──result──► verifying ──cleared──► resolved "fixed"
+                  │          │                │                    └──still there after verify_within_s──►
+                  │          │                │                       next attempt, next step, or escalated
+                  │          │                └──blocked or observe only, or no answer──► escalated
+                  │          └──part of a fleet incident──► escalated (never acts)
+                  ├──no ladder, or no safe operation──► escalated
+                  └──a silence covers it──► silenced ──silence over, still there──► held
+    held, escalated, silenced ──cleared──► resolved "cleared"
+    escalated, silenced (kinds reported as events) ──quiet for clear_after_s──► resolved "cleared"
+
+Every function takes plain values and returns a `Transition` (or None: nothing changed): the new
+state (None when the incident closed) and the events to publish, grouped in the steps of the
+incident's trace they belong to. Nothing is mutated: the handler persists the new state,
+publishes, then swaps it in, so a failed publish needs no rollback. The ladder, attempts and
+deadlines come from the policy file (`gpumedic_incidents.policy`), the only place they are set.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    Event,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    IncidentUpdated,
+    action_id_for,
+)
+from gpumedic_incidents.policy import Policy
+from gpumedic_incidents.state import Finding, IncidentState, PendingAction, operation_digest
+
+SpanName = Literal["detect", "decide", "verify", "update"]
+UPDATE_AT = (2, 10, 100, 1000, 10_000)
+"""Occurrence counts at which a repeating incident publishes an IncidentUpdated (not every repeat)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One step of the incident's trace and the events published inside it."""
+
+    name: SpanName
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What one input does to one incident. `spans` nest: each is a child of the one before, and
+    the first continues the incident's trace (a `detect` starts a new trace)."""
+
+    before: IncidentState | None
+    after: IncidentState | None
+    spans: tuple[Span, ...] = ()
+
+    @property
+    def state(self) -> IncidentState:
+        """The incident concerned (after the change, or as it was when it closed)."""
+        state = self.after or self.before
+        assert state is not None
+        return state
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(e for span in self.spans for e in span.events)
+
+
+def open_incident(
+    finding: Finding,
+    now: datetime,
+    *,
+    detector: str,
+    policy: Policy,
+    hold: bool = True,
+    silence_id: uuid.UUID | None = None,
+    fleet_incident_id: uuid.UUID | None = None,
+    reason: str = "",
+) -> Transition:
+    """A new incident for a present finding: held for the fleet hold, silenced, part of a fleet
+    incident, escalated (no ladder or nothing safe), or acting at once."""
+    related = fleet_incident_id or finding.related_incident_id
+    state = IncidentState(
+        incident_id=uuid.uuid4(),
+        kind=finding.kind,
+        detector=detector,
+        node_id=finding.node_id,
+        gpu_index=finding.gpu_index,
+        key=finding.key,
+        opened_at=now,
+        last_seen_at=now,
+        phase="held",
+        proposed=_proposal(finding, policy, step=0),
+        unsafe=finding.unsafe,
+        summary=finding.summary,
+        related_incident_id=related,
+        silence_id=silence_id,
+    )
+    opened = IncidentOpened(
+        source=detector,
+        incident_id=state.incident_id,
+        node_id=state.node_id,
+        kind=state.kind,
+        gpu_index=state.gpu_index,
+        fingerprint=state.fingerprint,
+        summary=finding.summary[:1000] or f"{state.kind.value} on {state.node_id}",
+        evidence=dict(finding.evidence),
+        severity=finding.severity,
+        diagnosis=finding.diagnosis,
+        recommended_action=finding.recommended_action[:500],
+        related_incident_id=related,
+        silence_id=silence_id,
+    )
+    detect = Span("detect", (opened,))
+    if silence_id is not None:
+        return Transition(None, state.model_copy(update={"phase": "silenced"}), (detect,))
+    if fleet_incident_id is not None:
+        return _escalated(None, state, now, reason or f"part of fleet incident {fleet_incident_id}: no node action", (detect,))
+    ladder = policy.of(state.kind).ladder
+    if not ladder:
+        why = reason or f"no automatic fix for {state.kind.value}" + (f": {finding.recommended_action}" if finding.recommended_action else "")
+        return _escalated(None, state, now, why, (detect,))
+    if hold and policy.fleet.hold_s > 0:
+        return Transition(None, state.model_copy(update={"deadline": now + timedelta(seconds=policy.fleet.hold_s)}), (detect,))
+    return _act(None, state, now, policy, f"{state.kind.value} on {_where(state)}", (detect,))
+
+
+def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Policy) -> Transition | None:
+    """The fault is still there: count it, keep the latest proposal, and after a verify window
+    that passed without the fault going, take the next attempt."""
+    occurrences = state.occurrences + (1 if finding.occurrence else 0)
+    proposed = _proposal(finding, policy, step=state.step) or state.proposed
+    changes = {
+        "occurrences": occurrences,
+        "proposed": proposed,
+        "unsafe": finding.unsafe,
+        "last_seen_at": now if finding.occurrence else state.last_seen_at,
+        "summary": finding.summary or state.summary,
+    }
+    linked = finding.related_incident_id is not None and finding.related_incident_id != state.related_incident_id
+    if linked:
+        changes["related_incident_id"] = finding.related_incident_id
+    updated = state.model_copy(update=changes)
+    if state.phase == "verifying" and state.deadline is not None and now > state.deadline:
+        return _next_attempt(state, updated, now, policy)
+    spans: tuple[Span, ...] = ()
+    if linked or (occurrences != state.occurrences and occurrences in UPDATE_AT):
+        event = IncidentUpdated(
+            source=state.detector,
+            occurrences=occurrences,
+            summary=(finding.summary or state.summary)[:1000],
+            evidence=dict(finding.evidence),
+            related_incident_id=finding.related_incident_id if linked else None,
+            **_ids(state),
+        )
+        spans = (Span("update", (event,)),)
+    if updated == state:
+        return None
+    return Transition(state, updated, spans)
+
+
+def clear(state: IncidentState, finding: Finding, now: datetime) -> Transition | None:
+    """The fault is gone: resolved, `fixed` when an action ran and this verifies it, else `cleared`.
+    While acting, the remediator's answer comes first."""
+    if state.phase == "acting":
+        return None
+    fixed = state.phase == "verifying"
+    summary = finding.summary or ("the fault is gone after the action" if fixed else "the fault went away by itself")
+    event = IncidentResolved(source=state.detector, resolution="fixed" if fixed else "cleared", summary=summary[:1000], **_ids(state))
+    return Transition(state, None, (Span("verify", (event,)),))
+
+
+def action_completed(
+    state: IncidentState, result: ActionCompleted, now: datetime, *, policy: Policy, traceparent: str | None
+) -> Transition | None:
+    """The remediator answered: verify what ran; a refusal or observe mode needs a person."""
+    pending = state.pending_action
+    if state.phase != "acting" or pending is None or (result.action_id, result.attempt) != (pending.action_id, pending.attempt):
+        return None  # a late or repeated result for a step already taken
+    state = state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
+    if result.outcome in (ActionOutcome.BLOCKED, ActionOutcome.OBSERVED):
+        verb = "refused the action" if result.outcome is ActionOutcome.BLOCKED else "only observed it (observe mode)"
+        return _escalated(state, state, now, f"the remediator {verb}: {result.detail}")
+    step = policy.of(state.kind).ladder[min(state.step, len(policy.of(state.kind).ladder) - 1)]
+    after = state.model_copy(update={"phase": "verifying", "deadline": now + timedelta(seconds=step.verify_within_s)})
+    return Transition(state, after)
+
+
+def tick(state: IncidentState, now: datetime, *, policy: Policy, silenced: bool) -> Transition | None:
+    """What time alone changes: a hold or a silence that ended, a remediator that never answered,
+    an event-reported incident that stayed quiet."""
+    kind = policy.of(state.kind)
+    if state.phase == "held" and not silenced and state.deadline is not None and now >= state.deadline:
+        return _act(state, state, now, policy, f"{state.kind.value} on {_where(state)}")
+    if state.phase == "held" and silenced:
+        return Transition(state, state.model_copy(update={"phase": "silenced", "deadline": None}))
+    if state.phase == "silenced" and not silenced:
+        if kind.ladder:
+            return _act(state, state.model_copy(update={"silence_id": None}), now, policy, "the silence ended and the fault is still there")
+        return _escalated(state, state, now, "the silence ended and the fault is still there")
+    if state.phase == "acting" and state.deadline is not None and now > state.deadline:
+        return _escalated(state, state, now, f"no answer from the remediator within {kind.action_timeout_s:g}s")
+    if (
+        state.phase in ("escalated", "silenced")
+        and kind.clear_after_s is not None
+        and now - state.last_seen_at >= timedelta(seconds=kind.clear_after_s)
+    ):
+        event = IncidentResolved(
+            source=state.detector,
+            resolution="cleared",
+            summary=f"not seen again for {kind.clear_after_s:g}s",
+            **_ids(state),
+        )
+        return Transition(state, None, (Span("verify", (event,)),))
+    return None
+
+
+def link_to_fleet(state: IncidentState, fleet_incident_id: uuid.UUID, now: datetime) -> Transition | None:
+    """A held incident turns out to be part of a fleet incident: it never acts."""
+    if state.phase != "held":
+        return None
+    linked = state.model_copy(update={"related_incident_id": fleet_incident_id})
+    update = IncidentUpdated(
+        source=state.detector,
+        occurrences=state.occurrences,
+        summary=state.summary[:1000] or state.kind.value,
+        related_incident_id=fleet_incident_id,
+        **_ids(state),
+    )
+    return _escalated(state, linked, now, f"part of fleet incident {fleet_incident_id}: no node action", (Span("update", (update,)),))
+
+
+def close(state: IncidentState, now: datetime, summary: str) -> Transition:
+    """Resolve an incident whose fault went away for a reason outside its own findings (a fleet
+    incident whose members all closed)."""
+    event = IncidentResolved(source=state.detector, resolution="cleared", summary=summary[:1000], **_ids(state))
+    return Transition(state, None, (Span("verify", (event,)),))
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _proposal(finding: Finding, policy: Policy, *, step: int):
+    ladder = policy.of(finding.kind).ladder
+    if not ladder:
+        return None
+    return finding.operations.get(ladder[min(step, len(ladder) - 1)].action)
+
+
+def _act(
+    before: IncidentState | None, state: IncidentState, now: datetime, policy: Policy, reason: str, spans: tuple[Span, ...] = ()
+) -> Transition:
+    """Request the ladder's current step, or escalate when nothing safe can be requested."""
+    ladder = policy.of(state.kind).ladder
+    step = ladder[state.step]
+    if state.proposed is None or state.unsafe:
+        why = state.unsafe or f"no safe {step.action} for {_where(state)}"
+        return _escalated(before, state, now, why, spans)
+    attempt = state.attempt + 1
+    action_id = action_id_for(state.incident_id, attempt)
+    request = ActionRequested(
+        source=state.detector,
+        action_id=action_id,
+        incident_id=state.incident_id,
+        node_id=state.node_id,
+        attempt=attempt,
+        operation=state.proposed,
+        reason=reason[:1000],
+        fingerprint=state.fingerprint,
+    )
+    after = state.model_copy(
+        update={
+            "phase": "acting",
+            "attempt": attempt,
+            "step_attempts": state.step_attempts + 1,
+            "deadline": now + timedelta(seconds=policy.of(state.kind).action_timeout_s),
+            "pending_action": PendingAction(
+                action_id=action_id, attempt=attempt, operation_sha256=operation_digest(state.proposed), requested_at=now
+            ),
+        }
+    )
+    return Transition(before, after, (*spans, Span("decide", (request,))))
+
+
+def _next_attempt(before: IncidentState, state: IncidentState, now: datetime, policy: Policy) -> Transition:
+    ladder = policy.of(state.kind).ladder
+    if state.step_attempts < ladder[state.step].attempts:
+        nxt = state
+    elif state.step + 1 < len(ladder):
+        nxt = state.model_copy(update={"step": state.step + 1, "step_attempts": 0})
+    else:
+        return _escalated(before, state, now, f"{state.attempt} attempt(s) did not fix {_where(state)}", (Span("verify"),))
+    return _act(before, nxt, now, policy, f"still there after attempt {state.attempt}", (Span("verify"),))
+
+
+def _escalated(
+    before: IncidentState | None, state: IncidentState, now: datetime, reason: str, spans: tuple[Span, ...] = ()
+) -> Transition:
+    after = state.model_copy(update={"phase": "escalated", "deadline": None, "pending_action": None})
+    event = IncidentEscalated(source=state.detector, reason=reason[:1000], **_ids(state))
+    if spans and spans[-1].name == "verify":
+        return Transition(before, after, (*spans[:-1], Span("verify", (*spans[-1].events, event))))
+    return Transition(before, after, (*spans, Span("verify", (event,))))
+
+
+def _ids(state: IncidentState) -> dict:
+    return {"incident_id": state.incident_id, "node_id": state.node_id, "kind": state.kind, "gpu_index": state.gpu_index}
+
+
+def _where(state: IncidentState) -> str:
+    return state.node_id if state.gpu_index is None else f"{state.node_id} GPU {state.gpu_index}"

@@ -1,0 +1,210 @@
+"""The policy file: thresholds, remediation ladders and limits, in one validated YAML file.
+
+Policy is data. Every service that decides reads the same file (GPUMEDIC_POLICY_FILE, or the
+default shipped beside this module, whose values follow the runbooks): the detectors take their
+thresholds and ladders from it, the remediator its per-node limit. It is the only place attempt
+caps and retry limits are set. A mistake stops the service at start with the file and the line:
+
+    policy.yaml:24: kinds.zombie_job.ladder.0.attempts: Input should be greater than or equal to 1
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpumedic_events import IncidentKind
+
+DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
+MAX_POLICY_BYTES = 1024 * 1024
+
+Action = Literal["kill_gpu_processes"]
+"""The catalogue's operations a ladder may name."""
+
+
+class PolicyError(ValueError):
+    """The policy file cannot be used; the message names the file and, where known, the line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Step(_Strict):
+    """One rung of a remediation ladder."""
+
+    action: Action
+    attempts: int = Field(default=1, ge=1, le=10, description="Tries at this step before the next.")
+    verify_within_s: float = Field(default=60.0, gt=0, description="How long the samples may take to show it worked.")
+
+
+class KindPolicy(_Strict):
+    """What every kind has: a ladder (empty: a person from the start) and when a quiet incident closes."""
+
+    ladder: tuple[Step, ...] = ()
+    action_timeout_s: float = Field(default=300.0, gt=0, description="How long to wait for the remediator's answer.")
+    clear_after_s: float | None = Field(
+        default=None, gt=0, description="Kinds reported as events: resolved 'cleared' after this long without a repeat."
+    )
+
+    @property
+    def attempts(self) -> int:
+        return sum(step.attempts for step in self.ladder)
+
+
+class ZombiePolicy(KindPolicy):
+    idle_util_pct: int = Field(default=5, ge=0, le=100, description="A GPU at or under this utilisation is idle.")
+    idle_for_s: float = Field(default=600.0, gt=0, description="How long a held GPU stays idle to be a zombie.")
+
+
+class OrphanPolicy(KindPolicy):
+    held_for_s: float = Field(default=30.0, ge=0, description="How long a holder is seen before it is an orphan.")
+
+
+class XidPolicy(KindPolicy):
+    history_s: float = Field(default=86_400.0, gt=0, description="How long a GPU's XIDs are remembered.")
+    repeat_jobs: int = Field(default=2, ge=2, description="Application XIDs under this many different jobs: hardware.")
+
+
+class ContainerPolicy(KindPolicy):
+    settle_s: float = Field(default=10.0, ge=0, description="How long related facts may follow an exit.")
+
+
+class DiskPolicy(KindPolicy):
+    open_at_pct: float = Field(default=95.0, gt=0, le=100)
+    clear_below_pct: float = Field(default=90.0, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> DiskPolicy:
+        if self.clear_below_pct >= self.open_at_pct:
+            raise ValueError(f"clear_below_pct ({self.clear_below_pct:g}) must be below open_at_pct ({self.open_at_pct:g})")
+        return self
+
+
+class MemoryPolicy(KindPolicy):
+    open_below_available_pct: float = Field(default=5.0, gt=0, lt=100)
+    clear_above_available_pct: float = Field(default=10.0, gt=0, lt=100)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> MemoryPolicy:
+        if self.clear_above_available_pct <= self.open_below_available_pct:
+            raise ValueError(
+                f"clear_above_available_pct ({self.clear_above_available_pct:g}) must be above "
+                f"open_below_available_pct ({self.open_below_available_pct:g})"
+            )
+        return self
+
+
+class SilentPolicy(KindPolicy):
+    after_intervals: float = Field(default=3.0, ge=1, description="Missed sample intervals before a node is silent.")
+
+
+class SshPolicy(KindPolicy):
+    after_checks: int = Field(default=2, ge=1, description="Failed read-only logins in a row before an incident.")
+
+
+class Kinds(_Strict):
+    zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
+    orphan_gpu_holder: OrphanPolicy = OrphanPolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
+    gpu_xid: XidPolicy = XidPolicy(clear_after_s=3600)
+    gpu_lost: KindPolicy = KindPolicy(clear_after_s=600)
+    container_died: ContainerPolicy = ContainerPolicy(clear_after_s=3600)
+    disk_pressure: DiskPolicy = DiskPolicy()
+    host_memory_pressure: MemoryPolicy = MemoryPolicy()
+    node_silent: SilentPolicy = SilentPolicy()
+    nvml_unavailable: KindPolicy = KindPolicy()
+    ssh_unreachable: SshPolicy = SshPolicy()
+    fleet_anomaly: KindPolicy = KindPolicy()
+
+
+class FleetPolicy(_Strict):
+    share: float = Field(default=0.3, gt=0, le=1, description="Share of the nodes seen lately with one kind open.")
+    min_nodes: int = Field(default=3, ge=2, description="And at least this many nodes.")
+    window_s: float = Field(default=600.0, gt=0)
+    hold_s: float = Field(default=15.0, ge=0, description="A new node incident waits this long before its first action.")
+
+
+class GatePolicy(_Strict):
+    max_actions_per_node: int = Field(default=3, ge=1, le=100, description="Actions on one node within node_window_s.")
+    node_window_s: float = Field(default=3600.0, gt=0)
+
+
+class Policy(_Strict):
+    version: Literal[1] = 1
+    fleet: FleetPolicy = FleetPolicy()
+    gate: GatePolicy = GatePolicy()
+    kinds: Kinds = Kinds()
+
+    def of(self, kind: IncidentKind | str) -> KindPolicy:
+        return getattr(self.kinds, IncidentKind(kind).value)
+
+
+def dump_policy(policy: Policy, path: Path) -> None:
+    """Write `policy` as a policy file (`load_policy` reads it back equal)."""
+    path.write_text(
+        "# Written by gpumedic; see the shipped policy.yaml for what each setting means.\n"
+        + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
+    )
+
+
+def load_policy(path: Path | str | None = None) -> Policy:
+    """The policy in `path` (the shipped default when None); PolicyError names file and line."""
+    path = Path(path) if path is not None else DEFAULT_POLICY
+    try:
+        if path.stat().st_size > MAX_POLICY_BYTES:
+            raise PolicyError(f"{path}: larger than {MAX_POLICY_BYTES} bytes")
+        text = path.read_text()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        tree = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PolicyError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise PolicyError(f"{path}: a policy is a mapping (version, fleet, gate, kinds)")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False, include_input=False)[:5]:
+            loc = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{path}:{_line(tree, err['loc'])}: {loc or '<file>'}: {err['msg']}")
+        raise PolicyError("\n".join(problems)) from None
+
+
+def _line(node: Any, loc: tuple) -> int:
+    """The 1-based line of the deepest YAML node on `loc` that exists."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((value for key, value in node.value if key.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+        if child is None:
+            break
+        node, line = child, child.start_mark.line + 1
+    return line
+
+
+class PolicySettings(BaseSettings):
+    """Where the policy file is: GPUMEDIC_POLICY_FILE, the same for every service that decides."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_POLICY_", extra="ignore")
+
+    file: Path | None = Field(default=None, description="The policy file; empty: the shipped default.")
+
+    @field_validator("file", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def load(self) -> Policy:
+        return load_policy(self.file)

@@ -1,0 +1,163 @@
+"""zombie_job: a GPU held but idle while the node claims jobs, and no output grows it could make.
+
+The rule holds for a GPU when the node reports `jobs.running >= 1`, the GPU's utilisation is known
+and at most `idle_util_pct`, it holds a process (pid >= 2), and no output growth can be credited
+to it: growth is a node-wide signal, so it is credited to the node's busy GPUs when there are
+any, and one hung job among busy ones is still found. Idleness is timed on the detector's own
+clock, never on the sample's timestamps (a sender chooses those), and only across samples at
+the node's interval: a burst of samples proves nothing, and a gap of more than
+`MAX_GAP_INTERVALS` intervals starts the count again. A sample that cannot tell (an unknown job
+count, an unreadable utilisation on a held GPU) neither opens nor clears anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpumedic_events import GpuSample, IncidentKind, KillGpuProcesses, NodeSampled, ProcessTarget
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import ZombiePolicy
+from zombie_detector.rules.base import Incidents
+
+KIND = IncidentKind.ZOMBIE_JOB
+MAX_GAP_INTERVALS = 3
+"""A GPU unseen for more than this many sample intervals was not watched: its idle count restarts."""
+
+
+@dataclass(frozen=True)
+class IdleStreak:
+    """When this GPU was first and last seen looking like a zombie, by the detector's clock."""
+
+    since: datetime
+    last_seen: datetime
+
+
+def _idle_and_held(gpu: GpuSample, idle_util_pct: int) -> bool:
+    return (
+        gpu.utilization_gpu_pct is not None
+        and gpu.utilization_gpu_pct <= idle_util_pct
+        and any(p.pid >= 2 for p in gpu.processes)  # pid 1 is never a kill target
+    )
+
+
+def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_util_pct: int) -> bool:
+    """Jobs claimed, this GPU held but idle, and no output growth it could be credited with."""
+    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_util_pct):
+        return False
+    if sample.jobs.output_growing is not True:
+        return True
+    return any(
+        g is not gpu and g.utilization_gpu_pct is not None and g.utilization_gpu_pct > idle_util_pct for g in sample.gpus
+    )
+
+
+def unidentified(gpu: GpuSample) -> str:
+    """Why no kill is safe on this GPU ('' when every holder is fully identified)."""
+    pids = [p.pid for p in gpu.processes if p.pid >= 2 and (p.start_ticks is None or not p.command.strip())]
+    if not pids:
+        return ""
+    return (
+        f"pid {' '.join(map(str, pids))} on GPU {gpu.index} cannot be identified (no start time or command line "
+        "in the sample), so no kill is requested; a person must look"
+    )
+
+
+def kill_operation(gpu: GpuSample, max_utilization_pct: int) -> KillGpuProcesses | None:
+    """Kill the GPU's processes, each named by pid, start time and command line; None if none is."""
+    targets = tuple(
+        ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in gpu.processes[:64] if p.pid >= 2
+    )
+    if not targets:
+        return None
+    return KillGpuProcesses(gpu_index=gpu.index, targets=targets, max_gpu_utilization_pct=max_utilization_pct)
+
+
+class ZombieRule:
+    inputs = (NodeSampled,)
+
+    def __init__(self, policy: ZombiePolicy) -> None:
+        self.policy = policy
+        self.idle_since: dict[tuple[str, int], IdleStreak] = {}
+        self._watched: set[str] = set()
+        """Nodes with an idle streak: the only ones a healthy-looking sample concerns."""
+
+    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        open_here = {i.gpu_index: i for i in incidents.open_on(event.node_id) if i.kind is KIND}
+        # The hot path: most samples come from nodes whose GPUs all work; nothing to do there.
+        if not open_here and event.node_id not in self._watched and not self._may_hold_zombie(event):
+            return ()
+        findings: list[Finding] = []
+        for gpu in event.gpus:
+            zombie = looks_zombie(gpu, event, self.policy.idle_util_pct)
+            key = (event.node_id, gpu.index)
+            if gpu.index in open_here:
+                if gpu.processes and (gpu.utilization_gpu_pct is None or event.jobs.running is None):
+                    continue  # this sample cannot tell; "could not read" must never count as "fixed"
+                if zombie:
+                    findings.append(self._finding(event, gpu, 0.0))
+                else:
+                    findings.append(_gone(event.node_id, gpu, verifying=open_here[gpu.index].phase == "verifying"))
+                continue
+            if not zombie:
+                self.idle_since.pop(key, None)
+                continue
+            streak = self.idle_since.get(key)
+            watched = streak is not None and (now - streak.last_seen).total_seconds() <= MAX_GAP_INTERVALS * event.interval_s
+            since = streak.since if watched else now
+            self.idle_since[key] = IdleStreak(since=since, last_seen=now)
+            idle_s = (now - since).total_seconds()
+            if idle_s >= self.policy.idle_for_s:
+                del self.idle_since[key]
+                findings.append(self._finding(event, gpu, idle_s))
+        if any(n == event.node_id for n, _ in self.idle_since):
+            self._watched.add(event.node_id)
+        else:
+            self._watched.discard(event.node_id)
+        return findings
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return ()
+
+    def _may_hold_zombie(self, sample: NodeSampled) -> bool:
+        """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
+        return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_util_pct) for g in sample.gpus)
+
+    def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
+        pids = " ".join(str(p.pid) for p in gpu.processes)
+        unsafe = unidentified(gpu)
+        operation = None if unsafe else kill_operation(gpu, self.policy.idle_util_pct)
+        return Finding(
+            kind=KIND,
+            node_id=sample.node_id,
+            gpu_index=gpu.index,
+            summary=(
+                f"GPU {gpu.index} at {gpu.utilization_gpu_pct}% for {idle_s:.0f}s while the node reports "
+                f"{sample.jobs.running} job(s) and "
+                + ("its output grows only from its busy GPUs" if sample.jobs.output_growing else "no output grows")
+                + f"; held by pid {pids}"
+            ),
+            evidence={
+                "idle_seconds": round(idle_s, 1),
+                "utilization_gpu_pct": gpu.utilization_gpu_pct,
+                "memory_used_mib": gpu.memory_used_mib,
+                "jobs_running": sample.jobs.running,
+                "output_growing": sample.jobs.output_growing,
+                "holder_pids": pids,
+            },
+            recommended_action=f"kill the hung job's processes on GPU {gpu.index} (pid {pids}) so the GPU can be used again",
+            operations={"kill_gpu_processes": operation} if operation else {},
+            unsafe=unsafe,
+        )
+
+
+def _gone(node_id: str, gpu: GpuSample, *, verifying: bool) -> Finding:
+    if not verifying:
+        summary = f"GPU {gpu.index} no longer looks like a zombie job"
+    elif not gpu.processes:
+        summary = f"GPU {gpu.index} holds no process after the action ({gpu.memory_used_mib} MiB used); verified by the next sample"
+    else:
+        summary = f"GPU {gpu.index} is busy again ({gpu.utilization_gpu_pct}%) after the action"
+    return Finding(KIND, node_id, gpu.index, present=False, summary=summary)
+

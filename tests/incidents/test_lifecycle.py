@@ -1,0 +1,223 @@
+"""The shared incident lifecycle and the book above it, driven directly with plain values."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    IncidentEscalated,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    IncidentUpdated,
+    KillGpuProcesses,
+    ProcessTarget,
+    SilenceAdded,
+    SilenceRemoved,
+)
+from gpumedic_incidents import FLEET_NODE, Finding, IncidentBook, Policy, Transition, cleared
+from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
+
+T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+ZOMBIE = IncidentKind.ZOMBIE_JOB
+KILL = KillGpuProcesses(gpu_index=0, targets=(ProcessTarget(pid=4242, start_ticks=7, command="python x"),), max_gpu_utilization_pct=5)
+POLICY = Policy(
+    fleet=FleetPolicy(share=0.3, min_nodes=3, window_s=600, hold_s=15),
+    kinds=Kinds(zombie_job=ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=30),))),
+)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def zombie(node="n1", gpu=0, **changes) -> Finding:
+    values = {"kind": ZOMBIE, "node_id": node, "gpu_index": gpu, "summary": "idle", "operations": {"kill_gpu_processes": KILL}}
+    return Finding(**{**values, **changes})
+
+
+def run(book: IncidentBook, transitions: list[Transition]) -> list:
+    """Commit every transition (as a handler would after publishing) and return their events."""
+    events = []
+    for t in transitions:
+        book.commit(t)
+        events += t.events
+    return events
+
+
+def book(policy: Policy = POLICY, nodes: int = 20) -> IncidentBook:
+    b = IncidentBook("zombie-detector", policy)
+    for i in range(nodes):
+        b.saw_node(f"n{i + 1}", T0)
+    return b
+
+
+def test_a_new_incident_is_held_then_requests_the_first_step_with_its_pending_action():
+    b = book()
+    (opened,) = run(b, b.on_finding(zombie(), at(0)))
+    assert isinstance(opened, IncidentOpened) and opened.fingerprint == "n1/zombie_job/0"
+    assert b.get("n1/zombie_job/0").phase == "held"
+    assert run(b, b.on_tick(at(14))) == []
+    (request,) = run(b, b.on_tick(at(15)))
+    assert isinstance(request, ActionRequested) and request.attempt == 1 and request.fingerprint == "n1/zombie_job/0"
+    state = b.get("n1/zombie_job/0")
+    assert state.phase == "acting" and state.pending_action.action_id == request.action_id
+
+
+def _acting(b: IncidentBook) -> ActionRequested:
+    run(b, b.on_finding(zombie(), at(0)))
+    (request,) = run(b, b.on_tick(at(15)))
+    return request
+
+
+def _result(request: ActionRequested, outcome=ActionOutcome.SUCCEEDED) -> ActionCompleted:
+    return ActionCompleted(
+        source="remediator", action_id=request.action_id, incident_id=request.incident_id, node_id=request.node_id,
+        attempt=request.attempt, outcome=outcome, detail="done",
+    )
+
+
+def test_fixed_when_the_fault_is_gone_after_the_action():
+    b = book()
+    request = _acting(b)
+    assert run(b, b.on_finding(cleared(ZOMBIE, "n1", 0), at(16))) == []  # acting: the answer comes first
+    run(b, b.on_action_completed(_result(request), at(17), None))
+    assert b.get("n1/zombie_job/0").phase == "verifying"
+    (resolved,) = run(b, b.on_finding(cleared(ZOMBIE, "n1", 0), at(20)))
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+    assert b.incidents == {}
+
+
+def test_still_there_after_the_verify_window_retries_then_escalates_after_the_ladder():
+    b = book()
+    first = _acting(b)
+    run(b, b.on_action_completed(_result(first, ActionOutcome.FAILED), at(16), None))
+    assert run(b, b.on_finding(zombie(), at(40))) == []  # inside the verify window
+    (second,) = run(b, b.on_finding(zombie(), at(47)))
+    assert isinstance(second, ActionRequested) and second.attempt == 2 and second.action_id != first.action_id
+    run(b, b.on_action_completed(_result(second), at(48), None))
+    (escalated,) = run(b, b.on_finding(zombie(), at(79)))
+    assert isinstance(escalated, IncidentEscalated) and "2 attempt(s) did not fix n1 GPU 0" in escalated.reason
+    (resolved,) = run(b, b.on_finding(cleared(ZOMBIE, "n1", 0), at(90)))
+    assert resolved.resolution == "cleared"
+
+
+def test_refused_or_observed_or_unanswered_actions_escalate():
+    for outcome, words in ((ActionOutcome.BLOCKED, "refused the action"), (ActionOutcome.OBSERVED, "observe mode")):
+        b = book()
+        (escalated,) = run(b, b.on_action_completed(_result(_acting(b), outcome), at(16), None))
+        assert isinstance(escalated, IncidentEscalated) and words in escalated.reason
+    b = book()
+    _acting(b)
+    assert run(b, b.on_tick(at(15 + 299))) == []
+    (late,) = run(b, b.on_tick(at(15 + 301)))
+    assert "no answer from the remediator within 300s" in late.reason
+
+
+def test_a_stale_or_repeated_result_changes_nothing():
+    b = book()
+    request = _acting(b)
+    assert run(b, b.on_action_completed(_result(request).model_copy(update={"attempt": 2}), at(16), None)) == []
+    assert len(run(b, b.on_action_completed(_result(request), at(16), None))) == 0  # a state change, no event
+    assert b.on_action_completed(_result(request), at(17), None) == []
+
+
+def test_nothing_safe_to_do_escalates_at_once():
+    b = book(Policy(fleet=FleetPolicy(hold_s=0)))
+    _, escalated = run(b, b.on_finding(zombie(operations={}, unsafe="pid 4242 cannot be identified"), at(0)))
+    assert isinstance(escalated, IncidentEscalated) and escalated.reason == "pid 4242 cannot be identified"
+
+
+def test_a_kind_without_a_ladder_goes_to_a_person_with_the_recommended_action():
+    b = book()
+    finding = Finding(IncidentKind.GPU_LOST, "n3", 2, summary="GPU 2 lost", recommended_action="drain the node")
+    opened, escalated = run(b, b.on_finding(finding, at(0)))
+    assert isinstance(opened, IncidentOpened) and opened.recommended_action == "drain the node"
+    assert escalated.reason == "no automatic fix for gpu_lost: drain the node"
+
+
+def test_repeats_count_and_publish_an_update_only_now_and_then():
+    b = book()
+    xid = Finding(IncidentKind.GPU_XID, "n2", 0, summary="XID 48", occurrence=True)
+    run(b, b.on_finding(xid, at(0)))
+    updates = [e for s in range(1, 12) for e in run(b, b.on_finding(xid, at(s)))]
+    assert [u.occurrences for u in updates if isinstance(u, IncidentUpdated)] == [2, 10]
+    assert b.get("n2/gpu_xid/0").occurrences == 12
+
+
+def test_an_event_reported_incident_clears_after_a_quiet_while():
+    b = book()
+    run(b, b.on_finding(Finding(IncidentKind.GPU_XID, "n2", 0, occurrence=True), at(0)))
+    assert run(b, b.on_tick(at(3599))) == []
+    (resolved,) = run(b, b.on_tick(at(3600)))
+    assert resolved.resolution == "cleared" and "not seen again for 3600s" in resolved.summary
+
+
+def test_half_the_fleet_at_once_is_one_fleet_incident_and_no_request():
+    b = book(nodes=20)
+    events = []
+    for i in range(10):  # half the fleet within a few seconds
+        events += run(b, b.on_finding(zombie(node=f"n{i + 1}"), at(i * 0.5)))
+    for s in range(5, 60, 5):
+        events += run(b, b.on_tick(at(s)))
+    assert not any(isinstance(e, ActionRequested) for e in events)
+    fleet = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert len(fleet) == 1 and fleet[0].node_id == FLEET_NODE and "zombie_job on 7 of 20 nodes" in fleet[0].summary
+    node_incidents = [i for i in b.incidents.values() if i.kind is ZOMBIE]
+    assert len(node_incidents) == 10 and all(i.phase == "escalated" for i in node_incidents)
+    assert {i.related_incident_id for i in node_incidents} == {fleet[0].incident_id}
+    # The fleet incident closes once no node shows the fault any more.
+    for i in range(10):
+        run(b, b.on_finding(cleared(ZOMBIE, f"n{i + 1}", 0), at(100)))
+    (closed,) = run(b, b.on_tick(at(101)))
+    assert isinstance(closed, IncidentResolved) and closed.kind is IncidentKind.FLEET_ANOMALY and b.incidents == {}
+
+
+def test_a_few_nodes_are_separate_incidents_that_each_act():
+    b = book(nodes=20)
+    for i in range(2):
+        run(b, b.on_finding(zombie(node=f"n{i + 1}"), at(0)))
+    requests = [e for e in run(b, b.on_tick(at(15))) if isinstance(e, ActionRequested)]
+    assert sorted(r.node_id for r in requests) == ["n1", "n2"]
+
+
+def _silence(**match) -> SilenceAdded:
+    return SilenceAdded(
+        source="gpumedic-cli", silence_id=uuid.uuid4(), starts_at=at(-10), ends_at=at(100), reason="maintenance",
+        created_by="alice", **match,
+    )
+
+
+def test_a_silenced_finding_is_recorded_as_silenced_and_acts_only_after_the_silence():
+    b = book()
+    silence = _silence(node_id="n1")
+    b.on_silence(silence)
+    (opened,) = run(b, b.on_finding(zombie(), at(0)))
+    assert opened.silence_id == silence.silence_id and b.get("n1/zombie_job/0").phase == "silenced"
+    assert [e for s in range(1, 100, 10) for e in run(b, b.on_tick(at(s)))] == []
+    (request,) = run(b, b.on_tick(at(100)))  # the window ended and the fault is still there
+    assert isinstance(request, ActionRequested)
+
+
+def test_silences_match_by_node_kind_gpu_and_end_when_removed():
+    b = book()
+    b.on_silence(_silence(kind=IncidentKind.DISK_PRESSURE))
+    b.on_silence(gpu := _silence(node_id="n1", gpu_index=3))
+    assert b.silence_for(ZOMBIE, "n1", 0, at(0)) is None
+    assert b.silence_for(IncidentKind.DISK_PRESSURE, "n9", None, at(0)) is not None
+    assert b.silence_for(ZOMBIE, "n1", 3, at(0)) == gpu
+    b.on_silence(SilenceRemoved(source="gpumedic-cli", silence_id=gpu.silence_id, removed_by="alice"))
+    assert b.silence_for(ZOMBIE, "n1", 3, at(0)) is None
+    assert b.silence_for(IncidentKind.DISK_PRESSURE, "n9", None, at(200)) is None  # expired
+
+
+def test_nothing_changes_until_commit():
+    b = book()
+    transitions = b.on_finding(zombie(), at(0))
+    assert b.incidents == {}
+    b.commit(transitions[0])
+    assert list(b.incidents) == ["n1/zombie_job/0"]
