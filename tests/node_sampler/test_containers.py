@@ -16,7 +16,7 @@ import pytest
 
 from gpumedic.sim.docker import SimDockerEngine, new_container_id
 from gpumedic.sim.state import NodeState, SimContainer
-from node_sampler.containers import DockerWatcher, LogTail, parse_engine_time
+from node_sampler.containers import DockerWatcher, LogTail, parse_engine_time, signal_name
 from node_sampler.logic import ContainerExitReading
 
 FAST = {"retry_s": 0.05, "backoff_s": 0.01, "timeout_s": 1.0}
@@ -134,6 +134,25 @@ async def test_signal_exits_carry_their_code_and_no_oom(engine, node, sock, rng,
     assert (reading.container_id, reading.exit_code, reading.oom_killed) == (c.id, code, False)
     assert reading.last_log_lines == ("starting", "Segmentation fault (core dumped)")
     assert reading.finished_at is not None and reading.finished_at.tzinfo is not None
+
+
+async def test_an_exit_the_engine_was_asked_for_carries_its_signal(engine, node, sock, rng) -> None:
+    async with watching(sock) as (watcher, exits):
+        await connected(watcher)
+        stopped = start(node, rng, "selfplay-stopped")
+        stopped.engine_signal = 15  # docker stop: `kill` (signal 15), then `die`
+        die(node, stopped, 143)
+        asked = await next_exit(exits)
+        other = start(node, rng, "selfplay-killed")
+        die(node, other, 143)  # a SIGTERM from outside the engine: no `kill` event
+        unasked = await next_exit(exits)
+    assert (asked.container_id, asked.exit_code, asked.engine_signal) == (stopped.id, 143, "SIGTERM")
+    assert (unasked.container_id, unasked.engine_signal) == (other.id, None)
+
+
+@pytest.mark.parametrize(("value", "name"), [("15", "SIGTERM"), ("9", "SIGKILL"), ("SIGTERM", "SIGTERM"), ("term", "SIGTERM"), ("", "unknown"), ("99", "signal 99")])
+def test_engine_signals_are_named(value, name) -> None:
+    assert signal_name(value) == name
 
 
 async def test_container_removed_before_inspect_still_exits_with_the_event_code(engine, node, sock, rng) -> None:

@@ -202,3 +202,46 @@ _TAKES_GPU = {
     Fault.ZOMBIE_JOB, Fault.ORPHAN_GPU_HOLDER, Fault.OOM_KILL, Fault.SEGFAULT, Fault.SIGTERM,
     Fault.GPU_OOM, Fault.XID, Fault.GPU_LOST,
 }
+
+
+# --- benign behaviour, seen the same way ---------------------------------------------------
+
+
+async def test_a_container_stopped_on_purpose_carries_the_engines_signal_and_a_sigterm_fault_none(fleet):
+    async with Running(fleet, "sim-node-02") as run:
+        stopped = run.node.stop_job(0)
+        planned = await run.wait_for(ContainerExited, lambda e: e.container_id == stopped.container_id)
+        killed = run.node.inject_sigterm(1)
+        unplanned = await run.wait_for(ContainerExited, lambda e: e.container_id == killed.container_id)
+    assert (planned.exit_code, planned.engine_signal) == (143, "SIGTERM")
+    assert (unplanned.exit_code, unplanned.engine_signal) == (143, None)  # a SIGTERM nobody on the node asked for
+
+
+async def test_a_finished_job_exits_0_and_frees_its_gpu(fleet):
+    async with Running(fleet, "sim-node-01") as run:
+        done = run.node.finish_job(0)
+        exit_ = await run.wait_for(ContainerExited, lambda e: e.container_id == done.container_id)
+        after = (await run.wait_for(NodeSampled, lambda e: e.occurred_at > exit_.occurred_at)).gpus[0]
+    assert exit_.exit_code == 0 and after.processes == () and after.memory_used_mib == 0
+
+
+def test_a_checkpoint_pause_idles_the_gpu_while_output_grows_and_a_dip_stops_both(fleet):
+    node = fleet.node("sim-node-01")
+    job = node.pause_job(0, checkpointing=True)
+    before = node.output_bytes()
+    job.writing_since -= 10  # ten seconds of checkpoint writing
+    assert node.utilization(0)[0] == 0 and node.output_bytes() > before and node.output_growing
+    node.resume_job(0)
+    assert node.utilization(0)[0] > 80
+    node.pause_job(1, checkpointing=False)
+    other = node.live_processes(1)[0]
+    assert node.utilization(1)[0] == 0 and other.writing_since is None
+    frozen = other.output_bytes(0.0)
+    assert other.output_bytes(10**9) == frozen  # a dip writes nothing meanwhile
+
+
+async def test_nvml_that_cannot_be_used_at_all_is_a_field_of_the_sample(fleet):
+    async with Running(fleet, "sim-node-02") as run:
+        run.node.inject_nvml_missing()
+        sample = await run.wait_for(NodeSampled, lambda e: e.nvml_error is not None)
+    assert "NVMLError_" in sample.nvml_error and sample.gpus == ()  # the driver went away, then cannot load

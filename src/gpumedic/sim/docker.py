@@ -91,6 +91,8 @@ class SimDockerEngine:
         """Called by the simulation, from any thread: the event is built now, sent on the loop."""
         now = time.time_ns()
         events = []
+        if action == "die" and container.engine_signal is not None:
+            events.append(_event("kill", container, now))  # docker stop / kill: the engine sent a signal
         if action == "die" and container.oom_killed:
             events.append(_event("oom", container, now))
         events.append(_event(action, container, now))
@@ -266,6 +268,8 @@ def _event(action: str, c: SimContainer, now_ns: int) -> dict[str, Any]:
     attributes = {"image": c.image, "name": c.name}
     if action == "die":
         attributes["exitCode"] = str(c.exit_code or 0)
+    if action == "kill":
+        attributes["signal"] = str(c.engine_signal)
     return {
         "Type": "container",
         "Action": action,

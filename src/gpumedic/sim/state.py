@@ -15,10 +15,11 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from types import MappingProxyType
 from typing import NamedTuple
 
 from gpumedic.sim.host import SimHost
@@ -61,13 +62,57 @@ CUDA_OOM = (
 )
 
 
+class Benign(StrEnum):
+    """What a healthy fleet does, scripted like a fault: it must open no incident."""
+
+    JOB_FINISHED = "job_finished"
+    """The job is done: it exits 0, its container with it."""
+    CONTAINER_STOPPED = "container_stopped"
+    """The node stops a container on purpose (docker stop): SIGTERM from the engine, exit 143."""
+    SHORT_DIP = "short_dip"
+    """The job stops computing for a while, shorter than the zombie threshold, then goes on."""
+    CHECKPOINT_PAUSE = "checkpoint_pause"
+    """The GPU idles while the job writes a checkpoint: output grows, then it goes on."""
+
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+"""XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
+not the GPU's: one of these on a healthy GPU is no node fault."""
+
+EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        Fault.ZOMBIE_JOB: frozenset({"zombie_job"}),
+        Fault.ORPHAN_GPU_HOLDER: frozenset({"orphan_gpu_holder"}),
+        Fault.OOM_KILL: frozenset({"container_died"}),
+        Fault.SEGFAULT: frozenset({"container_died"}),
+        Fault.SIGTERM: frozenset({"container_died"}),
+        Fault.GPU_OOM: frozenset({"container_died"}),
+        Fault.XID: frozenset({"gpu_xid"}),
+        Fault.GPU_LOST: frozenset({"gpu_lost"}),
+        Fault.DISK_FULL: frozenset({"disk_pressure"}),
+        Fault.SSH_REFUSES: frozenset({"ssh_unreachable"}),
+        Fault.SSH_HANGS: frozenset({"ssh_unreachable"}),
+        Fault.SAMPLER_SILENT: frozenset({"node_silent"}),
+        Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
+        Fault.STATUS_BLOCKED: frozenset(),
+        **{b: frozenset() for b in Benign},
+    }
+)
+"""Ground truth: the incident kinds that rightly describe each scripted fault; empty for what
+must open no node incident (benign behaviour; a blocked status endpoint, which is the peer
+cluster's business, not a node fault). Written from what the simulation does, never from a
+detector's rules."""
+
+
 class InjectedFault(NamedTuple):
-    """Ground truth: what was broken, where and when (UTC), to score detectors against."""
+    """Ground truth: what was broken (or done, for benign behaviour), where and when (UTC), and the
+    incident kinds that rightly describe it, to score detectors against."""
 
     at: datetime
     node_id: str
     gpu: int | None
     fault: str
+    expect: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -101,7 +146,7 @@ class SimProcess:
     is_job: bool
     """Counted by the node's job manager (its status endpoint) as a running job."""
     producing: bool
-    """Computing and writing output; False for a hung job or a leftover process."""
+    """Computing (the GPU busy) and writing output; False for a hung job or a leftover process."""
     ignores_term: bool = False
     user: str = "ml"
     container_id: str = ""
@@ -110,8 +155,15 @@ class SimProcess:
     """/dev/nvidia* files it holds open; a compute process holds its GPU's too."""
     alive: bool = True
     started_at: float = field(default_factory=time.monotonic)
-    stopped_producing_at: float | None = None
     killed_by: str | None = None
+    checkpointing: bool = False
+    """Writing a checkpoint: output grows while the GPU idles."""
+    paused: bool = False
+    """Stopped computing for a while (a dip or a checkpoint) and will resume."""
+    written_bytes: float = 0.0
+    """Output written before `writing_since`."""
+    writing_since: float | None = None
+    """Since when it writes output (monotonic); None while it writes nothing."""
 
     @property
     def command(self) -> str:
@@ -129,8 +181,15 @@ class SimProcess:
         return os.path.basename(self.argv[0])[:15] if self.argv else "?"
 
     def output_bytes(self, now: float) -> int:
-        end = self.stopped_producing_at if self.stopped_producing_at is not None else now
-        return int(max(0.0, end - self.started_at) * OUTPUT_BYTES_PER_S)
+        since = self.writing_since
+        return int(self.written_bytes + (max(0.0, now - since) * OUTPUT_BYTES_PER_S if since is not None else 0.0))
+
+    def set_activity(self, now: float, *, producing: bool, checkpointing: bool = False) -> None:
+        """Start or stop computing and writing, keeping the output written so far."""
+        if self.writing_since is not None:
+            self.written_bytes += max(0.0, now - self.writing_since) * OUTPUT_BYTES_PER_S
+        self.producing, self.checkpointing = producing, checkpointing
+        self.writing_since = now if self.alive and (producing or checkpointing) else None
 
 
 @dataclass
@@ -145,6 +204,8 @@ class SimContainer:
     oom_killed: bool = False
     finished_at: datetime | None = None
     logs: list[str] = field(default_factory=list)
+    engine_signal: int | None = None
+    """The signal the engine itself sent before the exit (docker stop: 15); it reports a `kill` event."""
 
 
 class NodeState:
@@ -212,7 +273,7 @@ class NodeState:
 
     @property
     def output_growing(self) -> bool:
-        return any(p.is_job and p.producing for p in self.live_processes())
+        return any(p.is_job and p.writing_since is not None for p in self.live_processes())
 
     def output_bytes(self) -> int:
         """Total output the node's jobs have written; grows only while a job produces."""
@@ -257,8 +318,7 @@ class NodeState:
             job = next((p for p in self.live_processes(gpu) if p.is_job), None)
             if job is None:
                 job = self._spawn(_job_argv(gpu), gpu, JOB_MEMORY_MIB, is_job=True, producing=False)
-            job.producing = False
-            job.stopped_producing_at = time.monotonic()
+            job.set_activity(time.monotonic(), producing=False)
             job.ignores_term = ignore_term
         self._record(gpu, Fault.ZOMBIE_JOB)
         return job
@@ -278,9 +338,7 @@ class NodeState:
                     argv, gpu, used_mib, is_job=False, producing=False, container=self._new_container(f"selfplay-gpu{gpu}")
                 )
             leftover.is_job = False
-            leftover.producing = False
-            if leftover.stopped_producing_at is None:
-                leftover.stopped_producing_at = time.monotonic()
+            leftover.set_activity(time.monotonic(), producing=False)
             if not context:
                 leftover.gpu = None
                 leftover.used_mib = 0
@@ -331,6 +389,46 @@ class NodeState:
         self._record(gpu, Fault.GPU_OOM)
         return job
 
+    # --- benign behaviour: what a healthy fleet does, which must open no incident --------------
+
+    def finish_job(self, gpu: int) -> SimProcess | None:
+        """The job on `gpu` is done: it exits 0 and its container with it; the GPU is free."""
+        job = self._job_on(gpu)
+        if job is not None:
+            self._end(job, exit_code=0, logs=["all games played", "exiting"])
+        self._record_benign(gpu, Benign.JOB_FINISHED)
+        return job
+
+    def stop_job(self, gpu: int) -> SimProcess | None:
+        """The node stops the job's container on purpose (docker stop): SIGTERM from the engine, exit 143."""
+        job = self._job_on(gpu)
+        if job is not None:
+            with self._lock:
+                container = self.containers.get(job.container_id)
+                if container is not None:
+                    container.engine_signal = 15
+            self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
+        self._record_benign(gpu, Benign.CONTAINER_STOPPED)
+        return job
+
+    def pause_job(self, gpu: int, *, checkpointing: bool) -> SimProcess | None:
+        """The job on `gpu` stops computing for a while (a short dip, or a checkpoint that still
+        writes output); `resume_job` ends it. Neither is a zombie."""
+        job = self._job_on(gpu)
+        if job is not None:
+            with self._lock:
+                job.set_activity(time.monotonic(), producing=False, checkpointing=checkpointing)
+                job.paused = True
+        self._record_benign(gpu, Benign.CHECKPOINT_PAUSE if checkpointing else Benign.SHORT_DIP)
+        return job
+
+    def resume_job(self, gpu: int) -> None:
+        with self._lock:
+            for p in self.live_processes(gpu):
+                if p.paused:
+                    p.set_activity(time.monotonic(), producing=True)
+                    p.paused = False
+
     def inject_disk_full(self, path: str = "/var/lib/docker") -> None:
         """The file system under `path` fills up."""
         self.machine.fill_disk(path)
@@ -345,7 +443,9 @@ class NodeState:
             self.kernel.write(f"NVRM: Xid (PCI:0000:{0x18 + gpu:02x}:00): {xid}, pid='<unknown>', name=<unknown>")
         if xid == 79:
             self.gpus[gpu].lost = True
-        self._record(gpu, Fault.XID)
+        # The answer key: XID 79 is a GPU off the bus; an application XID alone is no node fault.
+        expect = frozenset({"gpu_lost"}) if xid == 79 else frozenset() if xid in APPLICATION_XIDS else None
+        self._record(gpu, Fault.XID, expect)
 
     def inject_sampler_silent(self) -> None:
         """The node's sampler hangs: it publishes nothing from now on."""
@@ -379,8 +479,7 @@ class NodeState:
                 return True
             p.alive = False
             p.killed_by = signal
-            if p.stopped_producing_at is None:
-                p.stopped_producing_at = time.monotonic()
+            p.set_activity(time.monotonic(), producing=False)
             container = self.containers.get(p.container_id)
             if container is not None and container.running and not self._container_has_live(container.id):
                 self._exit_container(container, 137 if signal == "KILL" else 143)
@@ -426,8 +525,7 @@ class NodeState:
         """The process ends by itself (not by a kill from outside); its container exits with it."""
         with self._lock:
             p.alive = False
-            if p.stopped_producing_at is None:
-                p.stopped_producing_at = time.monotonic()
+            p.set_activity(time.monotonic(), producing=False)
             container = self.containers.get(p.container_id)
         if container is not None and container.running:
             self._exit_container(container, exit_code, oom_killed=oom_killed, logs=logs)
@@ -458,6 +556,7 @@ class NodeState:
                 container_id=container.id if container else "",
                 devices=_devices(gpu) if gpu is not None else (),
             )
+            p.writing_since = p.started_at if producing else None
             self.processes[pid] = p
             return p
 
@@ -478,8 +577,11 @@ class NodeState:
         if not 0 <= gpu < len(self.gpus):
             raise ValueError(f"{self.node_id} has no GPU {gpu}")
 
-    def _record(self, gpu: int | None, fault: str) -> None:
-        entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault)
+    def _record_benign(self, gpu: int | None, behaviour: Benign) -> None:
+        self._record(gpu, behaviour)
+
+    def _record(self, gpu: int | None, fault: str, expect: frozenset[str] | None = None) -> None:
+        entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault, EXPECTED[fault] if expect is None else expect)
         self.injected.append(entry)
         for listener in self.fault_listeners:
             listener(entry)

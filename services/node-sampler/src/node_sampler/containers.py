@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import signal
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -99,6 +100,8 @@ class DockerWatcher:
         self._pending: list[tuple[str, str]] | None = None
         """Container adds/removes seen while the list reloads, replayed onto the new list."""
         self._oom: dict[str, None] = {}
+        self._signalled: dict[str, str] = {}
+        """Containers the engine sent a signal (docker stop, kill, restart) with no `die` yet: cid -> signal."""
         """Containers with an `oom` event and no `die` yet (oldest first, bounded)."""
         self._seen: dict[tuple[str, str, int], None] = {}
         """Recent events, to drop the ones replayed by `since` after a reconnect."""
@@ -314,12 +317,18 @@ class DockerWatcher:
                 self._pending.append((action, cid))
             if action == "destroy":
                 self._oom.pop(cid, None)
+                self._signalled.pop(cid, None)
         elif action == "oom":
             self._oom[cid] = None
             if len(self._oom) > _SEEN_EVENTS:
                 del self._oom[next(iter(self._oom))]
+        elif action == "kill":
+            self._signalled[cid] = signal_name(attributes.get("signal"))
+            if len(self._signalled) > _SEEN_EVENTS:
+                del self._signalled[next(iter(self._signalled))]
         elif action == "die" and self.on_exit is not None:
             oom_event = self._oom.pop(cid, False) is None
+            attributes = {**attributes, "_engine_signal": self._signalled.pop(cid, None)}
             if len(self._tasks) >= MAX_DIE_TASKS:
                 log.warning("container events: %d exits being looked up; %s reported from its event", len(self._tasks), cid[:12])
                 self._deliver(_reading(cid, attributes, nano, oom_event, None, ()))
@@ -541,7 +550,21 @@ def _reading(
         oom_killed=oom,
         finished_at=finished,
         last_log_lines=lines,
+        engine_signal=attributes.get("_engine_signal"),
     )
+
+
+def signal_name(value: Any) -> str:
+    """The engine's `signal` attribute ("15", "SIGTERM", "TERM") as a signal name: SIGTERM."""
+    text = str(value or "").strip().upper()
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text)).name
+        except ValueError:
+            return f"signal {text}"
+    if not text:
+        return "unknown"
+    return text if text.startswith("SIG") else f"SIG{text}"[:16]
 
 
 def _apply(known: set[str], action: str, cid: str) -> None:

@@ -128,6 +128,8 @@ class NvmlReading:
 
     gpus: tuple[RawGpu, ...] = ()
     errors: tuple[str, ...] = ()
+    unavailable: str | None = None
+    """Why NVML could not be used at all (it then reads no GPU); None when it answered."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,8 @@ class ContainerExitReading:
     oom_killed: bool | None = None
     finished_at: datetime | None = None
     last_log_lines: tuple[str, ...] = ()
+    engine_signal: str | None = None
+    """The signal the engine itself sent before the exit (docker stop, kill, restart), if it did."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ def assemble_sample(
         host=host_sample(host) if host is not None else HostSample(),
         jobs=observation,
         errors=cap_errors(notes),
+        nvml_error=_clip(nvml.unavailable, 300) if nvml.unavailable else None,
     )
 
 
@@ -348,6 +353,7 @@ def container_event(node_id: str, reading: ContainerExitReading, occurred_at: da
         signal=SIGNALS.get(reading.exit_code),
         finished_at=reading.finished_at if reading.finished_at and reading.finished_at.tzinfo else None,
         last_log_lines=tuple(clean_text(line) for line in reading.last_log_lines[-50:]),
+        engine_signal=_clip(reading.engine_signal, 16) if reading.engine_signal else None,
     )
 
 

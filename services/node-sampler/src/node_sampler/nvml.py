@@ -82,7 +82,7 @@ class NvmlReader:
         """All GPUs now. Blocking."""
         with self._lock:
             if not self._ensure_init():
-                return NvmlReading(errors=(f"NVML unavailable: {self._unavailable}",))
+                return NvmlReading(errors=(f"NVML unavailable: {self._unavailable}",), unavailable=self._unavailable)
             errors: list[str] = []
             try:
                 count = self._nvml.nvmlDeviceGetCount()
@@ -91,6 +91,7 @@ class NvmlReader:
                 if _name(exc) in SESSION_GONE:
                     # the driver went away under us: start over at the next read
                     self._end_session()
+                    return NvmlReading(errors=tuple(errors), unavailable=f"the driver went away ({_name(exc)})")
                 return NvmlReading(errors=tuple(errors))
             gpus = tuple(self._read_gpu(i, errors) for i in range(count or 0))
             return NvmlReading(gpus=gpus, errors=tuple(errors))
