@@ -55,6 +55,7 @@ def demo_env(fleet: SimFleet) -> dict[str, str]:
         "GPUMEDIC_SAMPLER_INTERVAL_S": "5",
         "GPUMEDIC_POLICY_FILE": str(policy_file),
         "GPUMEDIC_REMEDIATOR_MODE": "enforce",
+        "GPUMEDIC_REMEDIATOR_SSH_CHECK_INTERVAL_S": "10",
         "GPUMEDIC_REMEDIATOR_INVENTORY": str(fleet.inventory_path),
         "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),
         "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(fleet.client_key_path),

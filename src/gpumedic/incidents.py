@@ -22,10 +22,10 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
         await engine.dispose()
     if not rows:
         return "no incidents recorded" + (f" with status {status}" if status else "")
-    lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<12} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
+    lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<20} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
     for i in rows:
         where = f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id
-        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<12} {where:<18} {_t(i.opened_at):<24} {i.summary[:80]}")
+        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<20} {where:<18} {_t(i.opened_at):<24} {i.summary[:80]}")
     return "\n".join(lines)
 
 
@@ -38,16 +38,29 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
                 return f"no incident whose id starts with {id_prefix!r}"
             timeline = await repository.incident_timeline(session, incident_id=incident.id)
             spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+            marks = await repository.marks_of(session, incident_id=incident.id)
     finally:
         await engine.dispose()
     lines = [
         f"incident {incident.id}  [{incident.status}{' ' + incident.resolution if incident.resolution else ''}]",
-        f"  {incident.kind} on {incident.node_id}" + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else ""),
+        f"  {incident.kind} on {incident.node_id}" + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else "")
+        + f"  ({incident.severity}, by {incident.detector or '?'}"
+        + (f", seen {incident.occurrences} times" if incident.occurrences > 1 else "")
+        + ")",
         f"  {incident.summary}",
-        f"  trace id: {incident.trace_id or '(none)'}",
-        "",
-        "timeline:",
     ]
+    lines += _diagnosis(incident)
+    if incident.recommended_action:
+        lines.append(f"  recommended: {incident.recommended_action}")
+    if incident.related_incident_id:
+        lines.append(f"  part of incident {incident.related_incident_id}")
+    if incident.silence_id:
+        lines.append(f"  silenced by {incident.silence_id}: recorded, no action requested")
+    for mark in marks:
+        lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {_t(mark.marked_at)}: {mark.reason}")
+    if incident.evidence:
+        lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in incident.evidence.items() if v not in (None, "")))
+    lines += [f"  trace id: {incident.trace_id or '(none)'}", "", "timeline:"]
     start = timeline[0].occurred_at if timeline else None
     for entry in timeline:
         offset = (entry.occurred_at - start).total_seconds() if start else 0.0
@@ -73,4 +86,13 @@ def _trace_tree(spans) -> list[str]:
             walk(span.span_id, depth + 1)
 
     walk(None, 0)
+    return lines
+
+
+def _diagnosis(incident) -> list[str]:
+    d = incident.diagnosis
+    if not d:
+        return []
+    lines = [f"  cause: {d.get('cause')} (confidence {float(d.get('confidence', 0)):.0%}): {d.get('explanation', '')}"]
+    lines += [f"    remedy: {r}" for r in d.get("remedies", [])]
     return lines

@@ -1,4 +1,4 @@
-"""The zombie rule through the node-incident logic and the shared lifecycle, driven directly.
+"""The zombie rule alone through the node-incident logic and the shared lifecycle, driven directly.
 
 Time is the detector's own clock (`now`), passed with each sample; samples come every 5 s as a
 node sends them (`feed`), since idleness counts only across samples at the node's interval. The
@@ -23,6 +23,7 @@ from gpumedic_events import (
 from gpumedic_incidents import Policy, operation_digest
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
 from zombie_detector.logic import NodeIncidents
+from zombie_detector.rules.zombie import ZombieRule
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 POLICY = Policy(
@@ -52,7 +53,7 @@ def sample(at_s: float, *, util: int | None = 0, procs=(HOLDER,), running: int |
 
 
 def detector() -> NodeIncidents:
-    return NodeIncidents(POLICY)
+    return NodeIncidents(POLICY, rules=[ZombieRule(POLICY.kinds.zombie_job)])
 
 
 def apply(det: NodeIncidents, transitions) -> list:

@@ -141,7 +141,8 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
         "proposed": proposed,
         "unsafe": finding.unsafe,
         "last_seen_at": now if finding.occurrence else state.last_seen_at,
-        "summary": finding.summary or state.summary,
+        # A level finding repeats every sample with fresh numbers; only a new occurrence is news.
+        "summary": (finding.summary or state.summary) if finding.occurrence else state.summary,
     }
     linked = finding.related_incident_id is not None and finding.related_incident_id != state.related_incident_id
     if linked:

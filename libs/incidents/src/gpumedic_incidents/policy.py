@@ -63,6 +63,7 @@ class ZombiePolicy(KindPolicy):
 
 class OrphanPolicy(KindPolicy):
     held_for_s: float = Field(default=30.0, ge=0, description="How long a holder is seen before it is an orphan.")
+    idle_util_pct: int = Field(default=5, ge=0, le=100, description="The GPU state a kill assumes: at most this busy.")
 
 
 class XidPolicy(KindPolicy):

@@ -29,6 +29,7 @@ from gpumedic_events import (
     ProcessOomKilled,
 )
 from gpumedic_events.faults import MAX_LINE
+from gpumedic_events.xid import XID_CATALOGUE
 
 from node_sampler.procs import ProcessInfo
 
@@ -49,26 +50,6 @@ COMPUTE_MODES = {
     2: ComputeMode.PROHIBITED,
     3: ComputeMode.EXCLUSIVE_PROCESS,
 }
-
-XID_MEANINGS = {
-    13: "Graphics engine exception (often an application fault)",
-    31: "GPU memory page fault (often an application fault)",
-    43: "GPU stopped processing (reset channel)",
-    45: "Preemptive cleanup after a previous fault",
-    48: "Double-bit ECC error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remap recorded",
-    64: "ECC page retirement or row remap failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-"""The XIDs an operator meets most; from NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors)."""
 
 SIGNALS = {
     129: "SIGHUP",
@@ -298,7 +279,7 @@ def xid_event(node_id: str, reading: XidReading, occurred_at: datetime) -> GpuXi
         gpu_index=index,
         gpu_uuid=_clip(reading.gpu_uuid or "", MAX_LABEL),
         xid=min(max(reading.xid, 0), 2**32 - 1),
-        description=XID_MEANINGS.get(reading.xid, ""),
+        description=info.meaning if (info := XID_CATALOGUE.get(reading.xid)) else "",
     )
 
 

@@ -12,11 +12,12 @@ import sys
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime
+from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_incidents import IncidentStates
 from gpumedic_store.engine import create_engine, ping, session_factory
 from remediator.handlers import SERVICE, register
+from remediator.health import SshHealth
 from remediator.settings import Settings, SettingsError
 from remediator.ssh import SshExecutor
 
@@ -61,6 +62,15 @@ def create_app(settings: Settings | None = None) -> FastStream:
         )
 
     runtime.on_startup(_check)
+    if settings.ssh_check_interval_s > 0:
+        health = SshHealth(
+            executor, settings.inventory, interval_s=settings.ssh_check_interval_s, concurrency=settings.ssh_check_concurrency
+        )
+
+        async def _publish(event) -> None:
+            await publish_event(runtime.broker, event)
+
+        runtime.background(health.loop(_publish))
     app = runtime.app()
     app.after_shutdown(engine.dispose)
     return app

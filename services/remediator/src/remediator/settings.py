@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=10.0, gt=0, description="SSH connect, handshake and login.")
     command_timeout_s: float = Field(default=30.0, gt=0, description="One command on a node.")
     verify_timeout_s: float = Field(default=20.0, ge=0, description="How long killed processes have to vanish.")
+    ssh_check_interval_s: float = Field(
+        default=60.0, ge=0, description="How often every inventory node's SSH login is checked (no command runs); 0: never."
+    )
+    ssh_check_concurrency: int = Field(default=16, ge=1, le=256, description="Logins checked at once.")
     trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
 
     @field_validator("protected_nodes", mode="before")

@@ -25,13 +25,18 @@ log = logging.getLogger(__name__)
 
 
 class NodeError(Exception):
-    """A node could not be reached or could not run a command."""
+    """A node could not be reached or could not run a command. `code` says why in one word
+    (NodeSshChecked's causes): refused, timeout, auth_refused, host_key_changed, unreachable."""
 
-    def __init__(self, node_id: str, address: NodeAddress, cause: str) -> None:
+    code = "unreachable"
+
+    def __init__(self, node_id: str, address: NodeAddress, cause: str, *, code: str | None = None) -> None:
         super().__init__(f"node {node_id!r} ({address.user}@{address.host}:{address.port}): {cause}")
         self.node_id = node_id
         self.address = address
         self.cause = cause
+        if code is not None:
+            self.code = code
 
 
 class NodeUnreachable(NodeError):
@@ -41,9 +46,13 @@ class NodeUnreachable(NodeError):
 class HostKeyMismatch(NodeError):
     """The node's host key is not the one known_hosts trusts for it."""
 
+    code = "host_key_changed"
+
 
 class CommandTimedOut(NodeError):
     """A command ran longer than the command timeout."""
+
+    code = "timeout"
 
 
 class NodeSession:
@@ -109,6 +118,11 @@ class SshExecutor:
         async with self.session(node_id) as session:
             return await session.run(command)
 
+    async def check(self, node_id: str) -> None:
+        """Log in and out again, running nothing; raises what `session` raises."""
+        async with self.session(node_id):
+            pass
+
     async def _connect(self, node_id: str, address: NodeAddress) -> asyncssh.SSHClientConnection:
         try:
             # connect_timeout covers TCP, handshake and login; the outer guard is for a peer
@@ -134,11 +148,11 @@ class SshExecutor:
                 node_id, address, f"host key not trusted by {self._known_hosts} ({_cause(exc)})"
             ) from None
         except asyncssh.PermissionDenied:
-            raise NodeUnreachable(node_id, address, "login refused: the client key is not authorized") from None
+            raise NodeUnreachable(node_id, address, "login refused: the client key is not authorized", code="auth_refused") from None
         except ConnectionRefusedError:
-            raise NodeUnreachable(node_id, address, "connection refused") from None
+            raise NodeUnreachable(node_id, address, "connection refused", code="refused") from None
         except TimeoutError:
-            raise NodeUnreachable(node_id, address, f"connect timed out after {self._connect_timeout_s:g}s") from None
+            raise NodeUnreachable(node_id, address, f"connect timed out after {self._connect_timeout_s:g}s", code="timeout") from None
         except (asyncssh.Error, OSError, ValueError) as exc:
             # ValueError/KeyImportError: an unreadable known_hosts or key file.
             raise NodeUnreachable(node_id, address, _cause(exc)) from None

@@ -5,13 +5,26 @@ from __future__ import annotations
 
 from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
+from zombie_detector.rules.container import ContainerRule
+from zombie_detector.rules.gpu_lost import GpuLostRule
+from zombie_detector.rules.host import HostRule
+from zombie_detector.rules.node import NodeRule
+from zombie_detector.rules.orphan import OrphanRule
+from zombie_detector.rules.xid import XidRule
 from zombie_detector.rules.zombie import ZombieRule
 
 
 def build_rules(policy: Policy) -> list[Rule]:
     """The node rules, each with its part of the policy."""
+    kinds = policy.kinds
     return [
-        ZombieRule(policy.kinds.zombie_job),
+        ZombieRule(kinds.zombie_job),
+        OrphanRule(kinds.orphan_gpu_holder),
+        XidRule(kinds.gpu_xid),
+        GpuLostRule(),
+        ContainerRule(kinds.container_died),
+        HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
+        NodeRule(kinds.node_silent, kinds.ssh_unreachable),
     ]
 
 

@@ -7,7 +7,8 @@ any, and one hung job among busy ones is still found. Idleness is timed on the d
 clock, never on the sample's timestamps (a sender chooses those), and only across samples at
 the node's interval: a burst of samples proves nothing, and a gap of more than
 `MAX_GAP_INTERVALS` intervals starts the count again. A sample that cannot tell (an unknown job
-count, an unreadable utilisation on a held GPU) neither opens nor clears anything.
+count, an unreadable utilisation on a held GPU) neither opens nor clears anything. A GPU held only
+by processes whose container is gone is the orphan rule's (a leftover, not a hung job).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ class IdleStreak:
 
 
 def _idle_and_held(gpu: GpuSample, idle_util_pct: int) -> bool:
+    """Idle, and held by a process that belongs to a job: pid 1 is never a kill target, and a
+    holder whose container is gone is a leftover (orphan_gpu_holder), not a hung job."""
     return (
         gpu.utilization_gpu_pct is not None
         and gpu.utilization_gpu_pct <= idle_util_pct
-        and any(p.pid >= 2 for p in gpu.processes)  # pid 1 is never a kill target
+        and any(p.pid >= 2 and p.container_exists is not False for p in gpu.processes)
     )
 
 

@@ -1,0 +1,89 @@
+"""SSH health: the remediator alone holds the SSH key, so it alone can tell whether every node of
+the inventory still lets it in. On a schedule it logs in to each (no command runs) and publishes a
+NodeSshChecked whenever the answer changes, and on every failure, so the node-incident detector
+opens ssh_unreachable with the cause the runbooks meet (refused, timeout, auth refused, host key
+changed) before an action needs the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpumedic_events import NodeSshChecked
+from remediator.inventory import InventoryError, load_inventory
+from remediator.ssh import NodeError, SshExecutor
+
+log = logging.getLogger(__name__)
+
+SERVICE = "remediator"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The last answer of one node."""
+
+    cause: str
+    failures: int
+
+
+def next_check(previous: Checked | None, node_id: str, cause: str, detail: str) -> tuple[Checked, NodeSshChecked | None]:
+    """The node's new state, and the event to publish (on a change, and on every failure). Pure."""
+    reachable = cause == "ok"
+    failures = 0 if reachable else (previous.failures if previous else 0) + 1
+    state = Checked(cause, failures)
+    if reachable and previous is not None and previous.cause == "ok":
+        return state, None
+    event = NodeSshChecked(source=SERVICE, node_id=node_id, reachable=reachable, cause=cause, detail=detail[:500], failures=failures)
+    return state, event
+
+
+class SshHealth:
+    def __init__(self, executor: SshExecutor, inventory: Path, *, interval_s: float, concurrency: int) -> None:
+        self._executor = executor
+        self._inventory = inventory
+        self.interval_s = interval_s
+        self._limit = asyncio.Semaphore(concurrency)
+        self.states: dict[str, Checked] = {}
+
+    def loop(self, publish: Callable[[NodeSshChecked], Awaitable[None]]):
+        async def check_ssh() -> None:
+            while True:
+                await self.check_all(publish)
+                await asyncio.sleep(self.interval_s)
+
+        return check_ssh
+
+    async def check_all(self, publish: Callable[[NodeSshChecked], Awaitable[None]]) -> None:
+        try:
+            nodes = sorted(load_inventory(self._inventory))
+        except InventoryError as exc:
+            log.warning("SSH checks skipped: %s", exc)
+            return
+        results = await asyncio.gather(*(self._check(node) for node in nodes))
+        for node, (cause, detail) in zip(nodes, results, strict=True):
+            state, event = next_check(self.states.get(node), node, cause, detail)
+            if event is not None:
+                try:
+                    await publish(event)
+                except Exception as exc:  # the next round tries again: keep the old state
+                    log.warning("SSH check of %s not published (%r)", node, exc)
+                    continue
+                if not event.reachable:
+                    log.warning("SSH to %s fails (%s, %d in a row): %s", node, cause, state.failures, detail)
+            self.states[node] = state
+
+    async def _check(self, node: str) -> tuple[str, str]:
+        async with self._limit:
+            try:
+                await self._executor.check(node)
+            except NodeError as exc:
+                return exc.code, exc.cause
+            except InventoryError as exc:
+                return "not_in_inventory", str(exc)
+            except Exception as exc:  # never let one node stop the round
+                return "unreachable", f"{type(exc).__name__}: {exc}"[:300]
+            return "ok", ""

@@ -1,0 +1,254 @@
+"""container_died: a container exited abnormally, and the post-mortem names one cause.
+
+An exit waits `settle_s` (the facts of one death arrive apart: the engine's exit, the kernel's
+OOM lines, the next sample showing a leftover process), then is judged once:
+
+    exit 0, or 143 after the engine itself sent SIGTERM (a stop the node asked for)   -> nothing
+    part of another story: gpumedic's own kill of that GPU's processes, or a container
+        restart whose process lives on (orphan_gpu_holder opens for it)                -> nothing
+    "busy or unavailable" in its last lines                  -> device_busy (another process holds the GPU)
+    "CUDA out of memory" in its last lines                   -> gpu_oom
+    137 with OOMKilled or a kernel OOM line for its PID or cgroup  -> cgroup_oom / host_oom
+    a disk of the node 98 % full or more at the time, or "No space left" -> disk_full
+    137 with neither                                          -> killed (eviction, preemption, a person)
+    139                                                       -> segfault
+    143                                                       -> sigterm (a preemption, a scheduler, a person)
+    anything else non-zero                                    -> exited_with_error
+
+Each cause carries its confidence, its evidence and the remedies the runbook gives the job's
+owner. The incident needs a person (the job's owner); it closes after `clear_after_s` quietly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpumedic_events import ContainerExited, Diagnosis, IncidentKind, NodeSampled, ProcessOomKilled
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import ContainerPolicy
+from zombie_detector.rules.base import Incidents
+
+log = logging.getLogger(__name__)
+
+KIND = IncidentKind.CONTAINER_DIED
+OOM_MEMORY = timedelta(minutes=5)
+"""How long a kernel OOM kill waits for the exit of its container."""
+OWN_ACTION = timedelta(seconds=60)
+"""An exit this soon after gpumedic acted on the node's GPU processes is that action's doing."""
+DISK_FULL_PCT = 98.0
+
+_DEVICE_BUSY = re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable|all CUDA-capable devices are busy", re.IGNORECASE)
+_GPU_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|cudaErrorMemoryAllocation"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
+    re.IGNORECASE,
+)
+_NO_SPACE = re.compile(r"No space left on device|ENOSPC", re.IGNORECASE)
+
+REMEDIES: dict[str, tuple[str, ...]] = {
+    "device_busy": (
+        "another process still holds the GPU (a leftover of an earlier container): kill it, or let gpumedic's "
+        "orphan_gpu_holder fix do it, then start the job again",
+        "run `gpumedic preflight` before launching instead of `pkill`/`fuser -k` in the launch script",
+    ),
+    "gpu_oom": (
+        "use a smaller batch or micro-batch, or gradient accumulation",
+        "use mixed precision (bf16/fp16) and activation checkpointing",
+        "check that no leftover process holds GPU memory (nvidia-smi)",
+    ),
+    "cgroup_oom": (
+        "the container reached its memory limit: raise the limit, or lower the job's memory (fewer data-loader "
+        "workers, smaller host-side buffers)",
+    ),
+    "host_oom": (
+        "the host ran out of memory: give every container a memory limit so one job fails alone instead of the node",
+        "find what grew (the kernel's OOM lines list the biggest processes)",
+    ),
+    "disk_full": (
+        "free space: docker system prune (stopped containers, dangling images, build cache), old checkpoints, logs",
+        "write checkpoints and outputs to a volume with room, not the container's layer",
+    ),
+    "killed": (
+        "it was killed with SIGKILL from outside: check the provider's eviction or preemption notices, and who "
+        "has access to the node",
+    ),
+    "segfault": (
+        "a crash in native code: read its last lines, update the framework and the driver, run it with core dumps on",
+    ),
+    "sigterm": (
+        "it was stopped with SIGTERM (a preemption, a scheduler, a person): make the job checkpoint on SIGTERM",
+    ),
+    "stopped_by_engine": ("the engine killed it on request (docker kill, or a docker stop that timed out)",),
+    "exited_with_error": ("read the job's last log lines; the exit code is the job's own",),
+}
+
+
+@dataclass(frozen=True)
+class _Pending:
+    exit: ContainerExited
+    arrived_at: datetime
+    settles_at: datetime
+
+
+@dataclass
+class _Node:
+    """What the rule remembers of one node while one of its exits settles."""
+
+    pending: list[_Pending] = field(default_factory=list)
+    ooms: list[tuple[datetime, ProcessOomKilled]] = field(default_factory=list)
+    last_sample: NodeSampled | None = None
+    last_sample_at: datetime | None = None
+    disk_full_at: datetime | None = None
+
+
+class ContainerRule:
+    inputs = (ContainerExited, ProcessOomKilled, NodeSampled)
+
+    def __init__(self, policy: ContainerPolicy) -> None:
+        self.policy = policy
+        self.nodes: dict[str, _Node] = {}
+
+    def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, NodeSampled):
+            node = self.nodes.get(event.node_id)
+            if node is not None:  # only nodes with an exit settling or an OOM kill waiting are remembered
+                node.last_sample, node.last_sample_at = event, now
+                if any(d.used_pct >= DISK_FULL_PCT for d in event.host.disks):
+                    node.disk_full_at = now
+            elif any(d.used_pct >= DISK_FULL_PCT for d in event.host.disks):
+                self.nodes[event.node_id] = _Node(last_sample=event, last_sample_at=now, disk_full_at=now)
+            return ()
+        node = self.nodes.setdefault(event.node_id, _Node())
+        if isinstance(event, ProcessOomKilled):
+            node.ooms.append((now, event))
+            if not event.container_id:
+                log.info(
+                    "OOM kill of pid %d (%s) on %s outside any container (%s): recorded in the node's events",
+                    event.pid, event.process_name or "?", event.node_id, event.constraint or "no constraint",
+                )
+            return ()
+        if event.exit_code == 0 or (event.exit_code == 143 and event.engine_signal == "SIGTERM"):
+            return ()  # a normal end, or a stop the node asked for
+        node.pending.append(_Pending(event, now, now + timedelta(seconds=self.policy.settle_s)))
+        return ()
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        findings: list[Finding] = []
+        for node_id in list(self.nodes):
+            node = self.nodes[node_id]
+            due = [p for p in node.pending if p.settles_at <= now]
+            node.pending = [p for p in node.pending if p.settles_at > now]
+            for pending in due:
+                finding = self._judge(pending, node, now, incidents)
+                if finding is not None:
+                    findings.append(finding)
+            for at, oom in node.ooms:
+                if now - at > OOM_MEMORY and oom.container_id:
+                    log.info("OOM kill of pid %d in container %s on %s was followed by no exit", oom.pid, oom.container_id[:12], node_id)
+            node.ooms = [(at, oom) for at, oom in node.ooms if now - at <= OOM_MEMORY]
+            full_lately = node.disk_full_at is not None and now - node.disk_full_at <= OOM_MEMORY
+            if not node.pending and not node.ooms and not full_lately:
+                del self.nodes[node_id]
+        return findings
+
+    def _judge(self, pending: _Pending, node: _Node, now: datetime, incidents: Incidents) -> Finding | None:
+        exit_ = pending.exit
+        lines = exit_.last_log_lines
+        after = node.last_sample if node.last_sample_at is not None and node.last_sample_at > pending.arrived_at else None
+        if self._part_of_an_action(exit_, incidents, now) or _left_a_process_behind(exit_, after):
+            return None
+        oom = next((o for _, o in node.ooms if _same_container(o, exit_)), None)
+        disk_full = (node.disk_full_at is not None and now - node.disk_full_at <= OOM_MEMORY) or any(_NO_SPACE.search(x) for x in lines)
+        if any(_DEVICE_BUSY.search(x) for x in lines):
+            if _orphan_in(after):
+                return None  # the leftover holding the GPU is an orphan_gpu_holder incident: one story
+            cause, confidence, why = "device_busy", 0.9, "its last lines say the GPU is busy or unavailable: another process holds it"
+        elif any(_GPU_OOM.search(x) for x in lines):
+            cause, confidence, why = "gpu_oom", 0.95, "its last lines show CUDA running out of GPU memory"
+        elif exit_.exit_code == 137 and (exit_.oom_killed or oom is not None):
+            host = oom is not None and oom.constraint == "CONSTRAINT_NONE"
+            cause = "host_oom" if host else "cgroup_oom"
+            confidence = 0.95 if exit_.oom_killed and oom is not None else 0.85
+            where = "the host ran out of memory" if host else "it reached its memory limit"
+            evidence = "the engine says OOMKilled" if exit_.oom_killed else ""
+            if oom is not None:
+                evidence += (" and " if evidence else "") + f"the kernel's OOM killer ended pid {oom.pid} ({oom.process_name})"
+            why = f"{where}: {evidence}"
+        elif disk_full:
+            cause, confidence, why = "disk_full", 0.7, "a disk of the node was full when it exited"
+        elif exit_.exit_code == 137 and exit_.engine_signal == "SIGKILL":
+            cause, confidence, why = "stopped_by_engine", 0.8, "the engine sent SIGKILL just before it exited"
+        elif exit_.exit_code == 137:
+            cause, confidence, why = "killed", 0.6, "exit 137 (SIGKILL) with no OOM kill recorded: killed from outside"
+        elif exit_.exit_code == 139:
+            cause, confidence, why = "segfault", 0.95, "exit 139 (SIGSEGV)"
+        elif exit_.exit_code == 143:
+            cause, confidence, why = "sigterm", 0.8, "exit 143 (SIGTERM) that the node's engine did not send"
+        else:
+            cause, confidence, why = "exited_with_error", 0.5, f"exit code {exit_.exit_code}"
+        return self._finding(exit_, cause, confidence, why, oom)
+
+    def _part_of_an_action(self, exit_: ContainerExited, incidents: Incidents, now: datetime) -> bool:
+        """gpumedic just killed GPU processes on this node, and this is a SIGKILL/SIGTERM exit without OOM."""
+        if exit_.exit_code not in (137, 143) or exit_.oom_killed:
+            return False
+        return any(
+            i.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER)
+            and i.attempt > 0
+            and i.phase in ("acting", "verifying")
+            and (i.pending_action is None or now - i.pending_action.requested_at <= OWN_ACTION)
+            for i in incidents.open_on(exit_.node_id)
+        )
+
+    def _finding(self, exit_: ContainerExited, cause: str, confidence: float, why: str, oom: ProcessOomKilled | None) -> Finding:
+        name = exit_.name or exit_.container_id[:12]
+        last = " | ".join(exit_.last_log_lines[-3:])[:500]
+        evidence = {
+            "container": name,
+            "container_id": exit_.container_id[:64],
+            "image": exit_.image or None,
+            "exit_code": exit_.exit_code,
+            "signal": exit_.signal,
+            "oom_killed": exit_.oom_killed,
+            "engine_signal": exit_.engine_signal,
+            "last_lines": last or None,
+        }
+        if oom is not None:
+            evidence |= {"oom_pid": oom.pid, "oom_constraint": oom.constraint or None, "oom_kernel_line": (oom.kernel_lines[-1] if oom.kernel_lines else "")[:300] or None}
+        return Finding(
+            kind=KIND,
+            node_id=exit_.node_id,
+            key=exit_.container_id[:12],
+            summary=f"container {name} exited {exit_.exit_code}: {cause.replace('_', ' ')} ({why})",
+            evidence=evidence,
+            severity="info" if cause in ("stopped_by_engine", "sigterm") else "warning",
+            diagnosis=Diagnosis(cause=cause, confidence=confidence, explanation=why[:1000], remedies=REMEDIES[cause]),
+            recommended_action=REMEDIES[cause][0][:500],
+            occurrence=True,
+        )
+
+
+def _holders(sample: NodeSampled | None) -> list:
+    if sample is None:
+        return []
+    return [p for g in sample.gpus for p in g.processes] + list(sample.device_holders)
+
+
+def _left_a_process_behind(exit_: ContainerExited, after: NodeSampled | None) -> bool:
+    """A sample taken after the exit shows the container's process still holding a GPU: a restart's
+    leftover (orphan_gpu_holder's story), not a death."""
+    return any(p.container_id and exit_.container_id.startswith(p.container_id[:12]) for p in _holders(after))
+
+
+def _orphan_in(after: NodeSampled | None) -> bool:
+    return any(p.container_exists is False for p in _holders(after))
+
+
+def _same_container(oom: ProcessOomKilled, exit_: ContainerExited) -> bool:
+    if oom.container_id and exit_.container_id.startswith(oom.container_id[:12]):
+        return True
+    return bool(oom.cgroup) and exit_.container_id[:12] in oom.cgroup

@@ -1,0 +1,106 @@
+"""What the node as a whole shows: its sampler gone quiet, NVML gone, SSH out of reach.
+
+- node_silent: no sample for `after_intervals` of the node's own interval, by the detector's
+  clock; it clears with the next sample. Many nodes at once is one fleet incident (the bus, the
+  network), as for any kind.
+- nvml_unavailable: the sampler cannot use NVML at all (the driver is missing or broken): the
+  node's GPUs are invisible, so nothing on them can be judged.
+- ssh_unreachable: the remediator's read-only login failed `after_checks` times in a row; the
+  cause (refused, timeout, auth refused, host key changed) is the runbook's next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from gpumedic_events import Diagnosis, IncidentKind, NodeSampled, NodeSshChecked
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import SilentPolicy, SshPolicy
+from zombie_detector.rules.base import Incidents
+
+SILENT = IncidentKind.NODE_SILENT
+NVML = IncidentKind.NVML_UNAVAILABLE
+SSH = IncidentKind.SSH_UNREACHABLE
+
+SSH_STEPS = {
+    "refused": "nothing listens on the SSH port: is sshd running, is the port right in the inventory?",
+    "timeout": "the port does not answer: a firewall, a dead host, or a wedged sshd",
+    "auth_refused": "the node refused the remediator's key or user: check authorized_keys and the inventory's user",
+    "host_key_changed": "the node's host key is not the one trusted: a reinstalled node, or someone else answering; check before trusting it",
+    "unreachable": "the network path to the node fails",
+    "not_in_inventory": "the node samples but is not in the remediator's inventory: add it",
+}
+
+
+class NodeRule:
+    inputs = (NodeSampled, NodeSshChecked)
+
+    def __init__(self, silent: SilentPolicy, ssh: SshPolicy) -> None:
+        self.silent = silent
+        self.ssh = ssh
+        self.last_sample: dict[str, tuple[datetime, float]] = {}
+        """When each node last sampled (detector's clock) and its interval."""
+
+    def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, NodeSshChecked):
+            return self._ssh(event, incidents)
+        previous = self.last_sample.get(event.node_id)
+        self.last_sample[event.node_id] = (now, event.interval_s)
+        findings: list[Finding] = []
+        if previous is not None and _overdue(previous, now, self.silent.after_intervals):
+            findings.append(Finding(SILENT, event.node_id, present=False, summary="the node samples again"))
+        if event.nvml_error:
+            findings.append(
+                Finding(
+                    kind=NVML,
+                    node_id=event.node_id,
+                    summary=f"the node's sampler cannot use NVML: {event.nvml_error}",
+                    evidence={"nvml_error": event.nvml_error},
+                    severity="critical",
+                    recommended_action="check the driver on the node (nvidia-smi, dmesg); reinstall or reload it, then reboot if needed",
+                )
+            )
+        elif any(i.kind is NVML for i in incidents.open_on(event.node_id)):
+            findings.append(Finding(NVML, event.node_id, present=False, summary="NVML answers again"))
+        return findings
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        findings = []
+        for node_id, (seen, interval) in self.last_sample.items():
+            if _overdue((seen, interval), now, self.silent.after_intervals):
+                quiet = (now - seen).total_seconds()
+                findings.append(
+                    Finding(
+                        kind=SILENT,
+                        node_id=node_id,
+                        summary=f"no sample from the node for {quiet:.0f}s ({quiet / interval:.0f} of its {interval:g}s intervals)",
+                        evidence={"silent_s": round(quiet, 1), "interval_s": interval},
+                        recommended_action="check the node-sampler on the node (its service, its log) and the node itself (ping, SSH)",
+                    )
+                )
+        return findings
+
+    def _ssh(self, event: NodeSshChecked, incidents: Incidents) -> list[Finding]:
+        if event.reachable:
+            if any(i.kind is SSH for i in incidents.open_on(event.node_id)):
+                return [Finding(SSH, event.node_id, present=False, summary="the remediator logs in again")]
+            return []
+        if event.failures < self.ssh.after_checks:
+            return []
+        step = SSH_STEPS.get(event.cause, "")
+        return [
+            Finding(
+                kind=SSH,
+                node_id=event.node_id,
+                summary=f"the remediator cannot log in: {event.cause} ({event.detail}), {event.failures} checks in a row",
+                evidence={"cause": event.cause, "detail": event.detail, "failures": event.failures},
+                diagnosis=Diagnosis(cause=event.cause, confidence=0.9, explanation=event.detail or event.cause, remedies=(step,) if step else ()),
+                recommended_action=step,
+            )
+        ]
+
+
+def _overdue(last: tuple[datetime, float], now: datetime, intervals: float) -> bool:
+    seen, interval = last
+    return now - seen > timedelta(seconds=intervals * interval)

@@ -1,0 +1,78 @@
+"""SSH health checks against the real sshd: a read-only login to every inventory node, whose
+answer becomes a NodeSshChecked with the cause the runbooks meet, published on a change and on
+every failure."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import asyncssh
+import pytest
+
+from remediator.health import Checked, SshHealth, next_check
+from remediator.ssh import SshExecutor
+
+pytestmark = pytest.mark.sshd
+
+
+def test_an_answer_is_published_when_it_changes_and_on_every_failure():
+    state, event = next_check(None, "n1", "ok", "")
+    assert event.reachable and event.failures == 0
+    assert next_check(state, "n1", "ok", "") == (Checked("ok", 0), None)
+    state, event = next_check(state, "n1", "refused", "connection refused")
+    assert (event.reachable, event.cause, event.failures) == (False, "refused", 1)
+    state, event = next_check(state, "n1", "refused", "connection refused")
+    assert event.failures == 2
+    state, event = next_check(state, "n1", "ok", "")
+    assert event.reachable and state == Checked("ok", 0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_each_way_a_login_fails_has_its_cause(sshd, tmp_path):
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
+    silent_port = silent.sockets[0].getsockname()[1]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        f"  ok-node: {{host: 127.0.0.1, port: {sshd.port}, user: root}}\n"
+        f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
+        f"  wedged: {{host: 127.0.0.1, port: {silent_port}, user: root}}\n"
+    )
+    stranger = tmp_path / "stranger_key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+
+    impostor = tmp_path / "known_hosts"  # trusts another key for the same address: a reinstalled node, or someone else
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    impostor.write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
+
+    def health(key, known_hosts=sshd.known_hosts) -> SshHealth:
+        executor = SshExecutor(inventory=inventory, known_hosts=known_hosts, client_key=key, connect_timeout_s=1.0, command_timeout_s=2.0)
+        return SshHealth(executor, inventory, interval_s=60, concurrency=4)
+
+    published = []
+
+    async def publish(event) -> None:
+        published.append(event)
+
+    try:
+        await health(sshd.client_key).check_all(publish)
+        by_node = {e.node_id: e for e in published}
+        assert by_node["ok-node"].reachable and by_node["ok-node"].cause == "ok"
+        assert (by_node["refusing"].cause, by_node["refusing"].detail) == ("refused", "connection refused")
+        assert by_node["wedged"].cause == "timeout"
+        published.clear()
+        await health(stranger).check_all(publish)
+        assert {e.node_id: e.cause for e in published}["ok-node"] == "auth_refused"
+        published.clear()
+        await health(sshd.client_key, impostor).check_all(publish)
+        changed = {e.node_id: e for e in published}["ok-node"]
+        assert changed.cause == "host_key_changed" and "not trusted" in changed.detail
+        assert not any(c for e in published for c in ("BEGIN", "PRIVATE") if c in e.detail)  # no key material
+    finally:
+        silent.close()

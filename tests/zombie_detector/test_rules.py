@@ -1,0 +1,361 @@
+"""Each node rule beyond the zombie one, driven directly through the node-incident logic with plain
+events: the kinds, their fingerprints, evidence and recommended actions, and what must open nothing."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    ContainerExited,
+    DeviceHolder,
+    DiskUsage,
+    GpuLost,
+    GpuProcess,
+    GpuSample,
+    GpuXidReported,
+    HostSample,
+    IncidentEscalated,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    IncidentUpdated,
+    JobsObservation,
+    NodeSampled,
+    NodeSshChecked,
+    ProcessOomKilled,
+)
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy
+from zombie_detector.logic import NodeIncidents
+from zombie_detector.rules.container import ContainerRule
+
+T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+POLICY = Policy(fleet=FleetPolicy(hold_s=0))
+CID = "3f9c2a7d4b1e8f6a0c5d2e9b7a4f1c8d3e6b9a2f5c8e1d4a7b0c3f6e9d2a5b8c"
+JOB = GpuProcess(pid=4242, start_ticks=777, command="python -m selfplay", container_id=CID[:12], container_exists=True)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def sample(node="n1", *, gpus=None, jobs=1, disks=(), memory=(100_000, 50_000), holders=(), nvml_error=None, interval=5.0) -> NodeSampled:
+    gpus = gpus if gpus is not None else (GpuSample(index=0, utilization_gpu_pct=90, processes=(JOB,)),)
+    return NodeSampled(
+        source="node-sampler", node_id=node, interval_s=interval, gpus=gpus, device_holders=holders,
+        host=HostSample(memory_total_mib=memory[0], memory_available_mib=memory[1], disks=disks),
+        jobs=JobsObservation(running=jobs, output_growing=True), nvml_error=nvml_error,
+    )
+
+
+class Detector:
+    """The node-incident logic with every rule, committing what it decides; events by kind."""
+
+    def __init__(self, policy: Policy = POLICY) -> None:
+        self.logic = NodeIncidents(policy)
+        self.events: list = []
+
+    def feed(self, event, s: float) -> list:
+        return self._commit(self.logic.on_event(event, at(s)))
+
+    def tick(self, s: float) -> list:
+        return self._commit(self.logic.on_tick(at(s)))
+
+    def _commit(self, transitions) -> list:
+        out = []
+        for t in transitions:
+            self.logic.book.commit(t)
+            out += t.events
+        self.events += out
+        return out
+
+    def opened(self, kind: IncidentKind | None = None) -> list[IncidentOpened]:
+        return [e for e in self.events if isinstance(e, IncidentOpened) and (kind is None or e.kind is kind)]
+
+
+# --- orphan_gpu_holder ----------------------------------------------------------------------
+
+
+def orphaned_gpu(util=0) -> GpuSample:
+    leftover = JOB.model_copy(update={"container_exists": False})
+    return GpuSample(index=0, utilization_gpu_pct=util, memory_used_mib=8192, processes=(leftover,))
+
+
+def test_a_holder_whose_container_is_gone_is_an_orphan_after_it_stays_and_is_killed():
+    d = Detector()
+    for s in range(0, 30, 5):
+        assert d.feed(sample(gpus=(orphaned_gpu(),)), s) == []  # a restart in place shows this briefly
+    opened, request = d.feed(sample(gpus=(orphaned_gpu(),)), 30)
+    assert opened.kind is IncidentKind.ORPHAN_GPU_HOLDER and opened.fingerprint == "n1/orphan_gpu_holder/0"
+    assert "its container 3f9c2a7d4b1e is gone" in opened.summary
+    assert [t.pid for t in request.operation.targets] == [4242] and request.operation.max_gpu_utilization_pct == 5
+    assert d.opened(IncidentKind.ZOMBIE_JOB) == []  # a leftover is not a hung job
+
+
+def test_a_device_file_holder_without_compute_context_is_an_orphan_of_its_gpu():
+    holder = DeviceHolder(pid=5151, start_ticks=9, command="python leftover.py", container_id="dead", container_exists=False,
+                          devices=("/dev/nvidia3", "/dev/nvidiactl"))
+    d = Detector()
+    idle = GpuSample(index=3, utilization_gpu_pct=0)
+    for s in range(0, 35, 5):
+        d.feed(sample(gpus=(idle,), holders=(holder,)), s)
+    (opened,) = d.opened(IncidentKind.ORPHAN_GPU_HOLDER)
+    assert opened.gpu_index == 3 and "without a compute context" in opened.summary
+
+
+def test_an_orphan_that_goes_away_resolves_and_a_live_container_is_no_orphan():
+    d = Detector()
+    for s in range(0, 35, 5):
+        d.feed(sample(gpus=(orphaned_gpu(),)), s)
+    request = next(e for e in d.events if isinstance(e, ActionRequested))
+    d._commit(d.logic.on_action_completed(
+        ActionCompleted(source="remediator", action_id=request.action_id, incident_id=request.incident_id,
+                        node_id="n1", attempt=1, outcome=ActionOutcome.SUCCEEDED, detail="killed"),
+        at(36), None,
+    ))
+    (resolved,) = d.feed(sample(), 40)
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+    d = Detector()
+    for s in range(0, 100, 5):
+        d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0, processes=(JOB,)),)), s)
+    assert d.opened(IncidentKind.ORPHAN_GPU_HOLDER) == []
+
+
+# --- XIDs ---------------------------------------------------------------------------------------
+
+
+def xid(code: int, gpu: int | None = 2, node="n1") -> GpuXidReported:
+    return GpuXidReported(source="node-sampler", node_id=node, gpu_index=gpu, xid=code)
+
+
+def test_a_hardware_xid_is_one_incident_per_gpu_and_a_storm_counts_on_it():
+    d = Detector()
+    opened, escalated = d.feed(xid(48), 0)
+    assert opened.kind is IncidentKind.GPU_XID and opened.severity == "critical"
+    assert opened.evidence["bucket"] == "reset_gpu" and "reset" in opened.recommended_action
+    assert isinstance(escalated, IncidentEscalated)  # no automatic reset yet: a person
+    for s in range(1, 12):
+        d.feed(xid(48), s)
+    assert len(d.opened()) == 1
+    assert [e.occurrences for e in d.events if isinstance(e, IncidentUpdated)] == [2, 10]
+
+
+def test_xid_79_is_a_gpu_off_the_bus():
+    d = Detector()
+    d.feed(xid(79), 0)
+    (opened,) = d.opened()
+    assert opened.kind is IncidentKind.GPU_LOST and opened.fingerprint == "n1/gpu_lost/2"
+
+
+def test_application_xids_are_the_jobs_fault_until_they_follow_the_gpu_across_jobs():
+    d = Detector()
+    on = lambda pid: sample(gpus=(GpuSample(index=2, utilization_gpu_pct=90, processes=(JOB.model_copy(update={"pid": pid}),)),))  # noqa: E731
+    d.feed(xid(13), 0)  # the node's first XID: its job is not known yet
+    d.feed(on(1001), 1)
+    d.feed(xid(13), 2)
+    assert d.opened() == []  # one job so far: the job's fault
+    d.feed(on(1001), 3)
+    d.feed(xid(31), 4)
+    assert d.opened() == []  # the same job again
+    d.feed(on(2002), 5)
+    d.feed(xid(13), 6)  # a second job on the same GPU: the GPU is the common factor
+    (opened,) = d.opened()
+    assert opened.kind is IncidentKind.GPU_XID and "under 2 different jobs" in opened.summary
+
+
+def test_xid_45_is_noise_and_an_unknown_code_is_recorded_for_a_person(caplog):
+    d = Detector()
+    d.feed(xid(45), 0)
+    assert d.opened() == []
+    d.feed(xid(777), 1)
+    (opened,) = d.opened()
+    assert opened.kind is IncidentKind.GPU_XID and "a code gpumedic does not know" in opened.summary
+    d.feed(xid(4_000_000_000, gpu=None), 2)
+    assert "far beyond known codes" in caplog.text
+    assert d.opened()[-1].fingerprint == "n1/gpu_xid/node"
+
+
+# --- gpu_lost -----------------------------------------------------------------------------------
+
+
+def test_a_lost_gpu_opens_once_from_any_source_and_clears_when_it_answers_again():
+    d = Detector()
+    d.feed(GpuLost(source="node-sampler", node_id="n1", gpu_index=1, reason="NVMLError_GpuIsLost"), 0)
+    lost = GpuSample(index=1, lost=True)
+    d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=90, processes=(JOB,)), lost)), 1)
+    (opened,) = d.opened()
+    assert opened.kind is IncidentKind.GPU_LOST and opened.severity == "critical" and "reboot" in opened.recommended_action
+    (resolved,) = d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=90, processes=(JOB,)), GpuSample(index=1, utilization_gpu_pct=0))), 2)
+    assert isinstance(resolved, IncidentResolved)
+
+
+# --- host ---------------------------------------------------------------------------------------
+
+
+def disk(pct: float, path="/var/lib/docker") -> DiskUsage:
+    total = 1000 * 2**30
+    used = int(total * pct / 100)
+    return DiskUsage(path=path, total_bytes=total, used_bytes=used, available_bytes=total - used, used_pct=pct)
+
+
+def test_disk_pressure_opens_high_clears_low_and_does_nothing_in_between():
+    d = Detector()
+    opened, _ = d.feed(sample(disks=(disk(96),)), 0)
+    assert opened.kind is IncidentKind.DISK_PRESSURE and opened.fingerprint == "n1/disk_pressure/node/var-lib-docker"
+    assert "docker system prune" in opened.recommended_action
+    assert d.feed(sample(disks=(disk(92),)), 5) == []  # between the lines: still open, nothing new
+    (resolved,) = d.feed(sample(disks=(disk(89),)), 10)
+    assert isinstance(resolved, IncidentResolved)
+    assert d.feed(sample(disks=(disk(94),)), 15) == []  # below the opening line
+
+
+def test_host_memory_pressure_with_hysteresis():
+    d = Detector()
+    opened, _ = d.feed(sample(memory=(100_000, 3_000)), 0)
+    assert opened.kind is IncidentKind.HOST_MEMORY_PRESSURE
+    assert d.feed(sample(memory=(100_000, 8_000)), 5) == []
+    assert isinstance(d.feed(sample(memory=(100_000, 20_000)), 10)[0], IncidentResolved)
+
+
+# --- the node as a whole -------------------------------------------------------------------
+
+
+def test_a_node_gone_quiet_is_silent_and_clears_with_its_next_sample():
+    d = Detector()
+    d.feed(sample(), 0)
+    assert d.tick(15) == []  # three intervals of 5 s
+    opened, _ = d.tick(16)
+    assert opened.kind is IncidentKind.NODE_SILENT and "no sample from the node for 16s" in opened.summary
+    assert d.tick(30) == []  # still silent: nothing new
+    (resolved,) = d.feed(sample(), 31)
+    assert isinstance(resolved, IncidentResolved)
+
+
+def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():
+    d = Detector()
+    opened, _ = d.feed(sample(gpus=(), nvml_error="NVMLError_LibraryNotFound"), 0)
+    assert opened.kind is IncidentKind.NVML_UNAVAILABLE and opened.severity == "critical"
+    assert isinstance(d.feed(sample(), 5)[0], IncidentResolved)
+
+
+@pytest.mark.parametrize("cause", ["refused", "timeout", "auth_refused", "host_key_changed"])
+def test_ssh_unreachable_after_checks_in_a_row_with_the_runbooks_next_step(cause):
+    d = Detector()
+    check = lambda ok, n: NodeSshChecked(source="remediator", node_id="n1", reachable=ok, cause="ok" if ok else cause, detail="x", failures=n)  # noqa: E731
+    assert d.feed(check(False, 1), 0) == []
+    opened, _ = d.feed(check(False, 2), 30)
+    assert opened.kind is IncidentKind.SSH_UNREACHABLE and opened.diagnosis.cause == cause and opened.recommended_action
+    assert isinstance(d.feed(check(True, 0), 60)[0], IncidentResolved)
+
+
+# --- container_died: the post-mortem -----------------------------------------------------------
+
+
+def exited(code: int, *, oom=False, lines=(), engine_signal=None, cid=CID, node="n1") -> ContainerExited:
+    return ContainerExited(
+        source="node-sampler", node_id=node, container_id=cid, name="selfplay-0", exit_code=code, oom_killed=oom,
+        last_log_lines=lines, engine_signal=engine_signal,
+    )
+
+
+def oom_kill(constraint="CONSTRAINT_MEMCG", cid=CID) -> ProcessOomKilled:
+    return ProcessOomKilled(
+        source="node-sampler", node_id="n1", pid=4242, process_name="python", constraint=constraint,
+        container_id=cid[:12], cgroup=f"/system.slice/docker-{cid}.scope",
+        kernel_lines=("Memory cgroup out of memory: Killed process 4242 (python)",),
+    )
+
+
+def postmortem(*events, disks=()) -> IncidentOpened | None:
+    d = Detector()
+    d.feed(sample(disks=disks), 0)
+    for event in events:
+        d.feed(event, 1)
+    assert d.tick(5) == []  # still settling
+    d.tick(12)
+    died = d.opened(IncidentKind.CONTAINER_DIED)
+    assert len(died) <= 1
+    return died[0] if died else None
+
+
+@pytest.mark.parametrize(
+    ("events", "cause"),
+    [
+        ((exited(137, oom=True), oom_kill()), "cgroup_oom"),
+        ((oom_kill("CONSTRAINT_NONE"), exited(137)), "host_oom"),
+        ((exited(137, oom=True),), "cgroup_oom"),
+        ((exited(137),), "killed"),
+        ((exited(139, lines=("Fatal Python error: Segmentation fault",)),), "segfault"),
+        ((exited(143),), "sigterm"),
+        ((exited(1, lines=("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",)),), "gpu_oom"),
+        ((exited(1, lines=("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",)),), "device_busy"),
+        ((exited(1, lines=("OSError: [Errno 28] No space left on device",)),), "disk_full"),
+        ((exited(2, lines=()),), "exited_with_error"),
+        ((exited(137, engine_signal="SIGKILL"),), "stopped_by_engine"),
+    ],
+)
+def test_each_death_names_one_cause_with_its_evidence_and_remedies(events, cause):
+    opened = postmortem(*events)
+    assert opened is not None and opened.diagnosis.cause == cause
+    assert opened.diagnosis.remedies and 0 < opened.diagnosis.confidence <= 1
+    assert opened.fingerprint == f"n1/container_died/node/{CID[:12]}"
+    assert opened.evidence["exit_code"] == events[-1].exit_code if isinstance(events[-1], ContainerExited) else True
+
+
+def test_a_full_disk_at_the_time_is_the_cause_of_an_otherwise_plain_error():
+    opened = postmortem(exited(1), disks=(disk(99),))
+    assert opened.diagnosis.cause == "disk_full"
+
+
+@pytest.mark.parametrize("event", [exited(0), exited(143, engine_signal="SIGTERM")])
+def test_a_normal_end_or_a_stop_the_node_asked_for_opens_nothing(event):
+    assert postmortem(event) is None
+
+
+def test_an_exit_caused_by_gpumedics_own_kill_is_part_of_that_incident():
+    d = Detector(Policy(fleet=FleetPolicy(hold_s=0), kinds=POLICY.kinds.model_copy(update={"zombie_job": POLICY.kinds.zombie_job.model_copy(update={"idle_for_s": 10})})))
+    idle = sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0, processes=(JOB,)),))
+    idle = idle.model_copy(update={"jobs": JobsObservation(running=1, output_growing=False)})
+    for s in range(0, 15, 5):
+        d.feed(idle, s)
+    assert d.opened(IncidentKind.ZOMBIE_JOB)  # acting: the kill is on its way
+    d.feed(exited(137), 16)
+    d.tick(30)
+    assert d.opened(IncidentKind.CONTAINER_DIED) == []
+
+
+def test_a_restart_that_leaves_its_process_behind_is_the_orphans_story_not_two_deaths():
+    d = Detector()
+    d.feed(exited(137, lines=("received SIGKILL",)), 0)
+    d.feed(exited(1, cid="a" * 64, lines=("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",)), 0)
+    d.feed(sample(gpus=(orphaned_gpu(),)), 3)  # the old container's process lives on, its container gone
+    d.tick(12)
+    assert d.opened(IncidentKind.CONTAINER_DIED) == []
+    for s in range(15, 50, 5):
+        d.feed(sample(gpus=(orphaned_gpu(),)), s)
+    assert len(d.opened(IncidentKind.ORPHAN_GPU_HOLDER)) == 1
+
+
+def test_a_kernel_oom_line_for_a_process_never_seen_is_logged_and_kept_nowhere_else(caplog):
+    caplog.set_level(logging.INFO)
+    d = Detector()
+    d.feed(ProcessOomKilled(source="node-sampler", node_id="n1", pid=31337, process_name="stray", constraint="CONSTRAINT_NONE"), 0)
+    assert "OOM kill of pid 31337 (stray) on n1 outside any container" in caplog.text
+    d.tick(400)
+    assert d.opened() == []
+    (rule,) = [r for r in d.logic.rules if isinstance(r, ContainerRule)]
+    assert rule.nodes == {}  # nothing kept once the OOM kill has waited its while
+
+
+def test_an_event_for_a_node_never_seen_is_judged_like_any_other():
+    d = Detector()
+    d.feed(exited(139, node="never-seen"), 0)
+    d.tick(11)
+    (opened,) = d.opened()
+    assert opened.node_id == "never-seen" and opened.diagnosis.cause == "segfault"
