@@ -12,6 +12,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 
 from gpumedic.stack import SERVICES
+from gpumedic_events import IncidentKind
 
 DEFAULT_VAR = Path("var")
 
@@ -152,13 +153,63 @@ def cmd_run(args) -> int:
 
 
 def cmd_incidents(args) -> int:
-    from gpumedic.incidents import incident_text, list_text
+    from gpumedic.incidents import false_positives_text, incident_text, list_text, mark_false_positive_text
 
     url = _store_url(args)
-    if args.id:
-        print(asyncio.run(incident_text(url, args.id)))
+    words = args.words
+    if words and words[0] == "mark":
+        if len(words) != 2 or not args.false_positive or not args.reason:
+            print("gpumedic incidents: usage: gpumedic incidents mark ID --false-positive --reason TEXT [--by NAME]", file=sys.stderr)
+            return 2
+        done, text = asyncio.run(mark_false_positive_text(url, words[1], reason=args.reason, by=args.by))
+        print(text, file=sys.stdout if done else sys.stderr)
+        return 0 if done else 1
+    if len(words) > 1:
+        print(f"gpumedic incidents: one incident id at a time, not {' '.join(words)!r}", file=sys.stderr)
+        return 2
+    if args.false_positives:
+        print(asyncio.run(false_positives_text(url)))
+    elif words:
+        print(asyncio.run(incident_text(url, words[0])))
     else:
         print(asyncio.run(list_text(url, status=args.status, limit=args.limit)))
+    return 0
+
+
+def cmd_silence(args) -> int:
+    """Silences go over the bus (as the `operator` user); the list is read from the store."""
+    from gpumedic import silences
+    from gpumedic.sim.scenario import parse_time
+
+    if args.action == "list":
+        print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all)))
+        return 0
+    try:
+        settings = silences.operator_settings(args.var)
+        if args.action == "add":
+            if not args.reason:
+                raise silences.OperatorError("say why with --reason (it is kept on every silenced incident)")
+            duration_s = parse_time(args.duration)
+            if duration_s <= 0:
+                raise silences.OperatorError("--for must be longer than 0s")
+            event = asyncio.run(
+                silences.add(
+                    settings, reason=args.reason, by=args.by, duration_s=duration_s,
+                    node_id=args.node, kind=args.kind, gpu_index=args.gpu,
+                )
+            )
+            print(f"added {silences.describe(event)}")
+        else:
+            if not args.silence_id:
+                raise silences.OperatorError("name the silence to lift: gpumedic silence remove ID")
+            event = asyncio.run(silences.remove(settings, silence_id=args.silence_id, by=args.by))
+            print(f"silence {event.silence_id} lifted by {event.removed_by}")
+    except (silences.OperatorError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"gpumedic silence: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError, RuntimeError) as exc:
+        print(f"gpumedic silence: cannot reach the bus: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -279,12 +330,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("service", choices=sorted(SERVICES), help="which service")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("incidents", help="list incidents, or show one's timeline and trace")
-    p.add_argument("id", nargs="?", help="an incident id or its first characters")
+    p = sub.add_parser(
+        "incidents",
+        help="list incidents, show one's timeline and trace, or mark one a false positive",
+        description="gpumedic incidents                          the latest incidents\n"
+        "gpumedic incidents ID                       one incident: cause, evidence, timeline, trace\n"
+        "gpumedic incidents mark ID --false-positive --reason TEXT\n"
+        "                                            record that it was wrong (the ledger counts it)\n"
+        "gpumedic incidents --false-positives        per detector and kind: how often it was wrong",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("words", nargs="*", metavar="ID | mark ID", help="an incident id (or its first characters), or `mark ID`")
     p.add_argument("--status", choices=["open", "resolved", "escalated"], help="only incidents in this state")
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--false-positive", action="store_true", help="with `mark`: the verdict")
+    p.add_argument("--reason", help="with `mark`: why it was wrong")
+    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="with `mark`: who says so (default $USER)")
+    p.add_argument("--false-positives", action="store_true", help="the false-positive ledger per detector and kind")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_incidents)
+
+    p = sub.add_parser(
+        "silence",
+        help="add, list or lift silences: maintenance windows and known issues",
+        description="A silenced incident is still recorded, with its silence, but no action is requested for it. "
+        "A silence matches every incident on its node (any node if none is given), of its kind and on its GPU.",
+    )
+    p.add_argument("action", choices=["add", "list", "remove"])
+    p.add_argument("silence_id", nargs="?", help="with `remove`: the silence's id")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--kind", choices=[k.value for k in IncidentKind], metavar="KIND", help="only this incident kind")
+    p.add_argument("--gpu", type=int, help="only this GPU index")
+    p.add_argument("--for", dest="duration", default="1h", help="how long, e.g. 30m, 4h (default 1h)")
+    p.add_argument("--reason", help="why (required for add)")
+    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who (default $USER)")
+    p.add_argument("--all", action="store_true", help="with `list`: also silences that ended or were lifted")
+    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_silence)
 
     p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")

@@ -3,7 +3,7 @@ read from the store report-builder keeps."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
@@ -96,3 +96,35 @@ def _diagnosis(incident) -> list[str]:
     lines = [f"  cause: {d.get('cause')} (confidence {float(d.get('confidence', 0)):.0%}): {d.get('explanation', '')}"]
     lines += [f"    remedy: {r}" for r in d.get("remedies", [])]
     return lines
+
+
+async def mark_false_positive_text(store_url: str, id_prefix: str, *, reason: str, by: str) -> tuple[bool, str]:
+    """Record an operator's verdict that an incident was a false positive; (done, what to print)."""
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            incident = await repository.find_incident(session, id_prefix=id_prefix)
+            if incident is None:
+                return False, f"no incident whose id starts with {id_prefix!r}"
+            await repository.mark_false_positive(session, incident_id=incident.id, reason=reason, by=by, now=datetime.now(UTC))
+            await session.commit()
+    finally:
+        await engine.dispose()
+    return True, f"incident {incident.id} ({incident.kind} on {incident.node_id}) marked false positive by {by}: {reason}"
+
+
+async def false_positives_text(store_url: str) -> str:
+    """The false-positive ledger: per detector and kind, how many incidents operators marked wrong."""
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            records = await repository.false_positive_counts(session)
+    finally:
+        await engine.dispose()
+    if not records:
+        return "no incidents recorded"
+    lines = [f"{'DETECTOR':<18} {'KIND':<20} {'INCIDENTS':>9} {'FALSE POS.':>10} {'SHARE':>6}"]
+    lines += [
+        f"{r.detector:<18} {r.kind:<20} {r.incidents:>9} {r.false_positives:>10} {r.share:>6.0%}" for r in records
+    ]
+    return "\n".join(lines)

@@ -24,7 +24,7 @@ import nats
 from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, render_accounts
 from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
-from gpumedic_bus.topology import ADMIN, OBSERVER, SIM_FLEET, node_user
+from gpumedic_bus.topology import ADMIN, OBSERVER, OPERATOR, SIM_FLEET, node_user
 from gpumedic_events import ServiceHeartbeat
 
 SERVICES: dict[str, str] = {
@@ -75,7 +75,7 @@ class Stack:
         """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
-        users = [ADMIN, OBSERVER, *(s for s in SERVICES if s != "node-sampler"), node_user(sampler_node_id(self.env))]
+        users = [ADMIN, OBSERVER, OPERATOR, *(s for s in SERVICES if s != "node-sampler"), node_user(sampler_node_id(self.env))]
         if sim_fleet:
             users.append(SIM_FLEET)
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
@@ -89,6 +89,22 @@ class Stack:
         url = self.nats.start()
         self.say(f"  nats-server with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
         return url
+
+    @staticmethod
+    def running(var_dir: Path, user: str) -> NatsSettings | None:
+        """How to reach the bus of an embedded stack that runs under `var_dir` as `user`, or None
+        when none runs there (its server writes its address to a ports file while it is up)."""
+        ports = sorted((var_dir / "nats" / "ports").glob("*.ports"))
+        secrets = var_dir / "secrets"
+        if not ports or not (secrets / "nats-passwords.json").exists():
+            return None
+        try:
+            url = json.loads(ports[-1].read_text())["nats"][0]
+            password = json.loads((secrets / "nats-passwords.json").read_text())[user]
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+        tls = TlsFiles(secrets / "tls")
+        return NatsSettings(url=url.replace("nats://", "tls://", 1), user=user, password=password, tls_ca_file=tls.ca)
 
     def nats_settings(self, user: str) -> NatsSettings:
         assert self.nats is not None and self.tls is not None, "start the bus first"

@@ -1,0 +1,122 @@
+"""What an operator does by hand, through the `gpumedic` CLI against the real services: silence a
+node for maintenance (its zombie is recorded, nothing is killed), lift the silence (the zombie is
+then fixed), and mark an incident a false positive (the ledger counts it per rule)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpumedic import silences
+from gpumedic.cli import main
+from gpumedic_store import create_engine, session_factory
+from remediator.main import create_app as remediator_app
+from report_builder import repository
+from report_builder.main import create_app as reports_app
+from report_builder.settings import Settings as ReportSettings
+from tests.e2e.test_thin_path import detector, remediator_settings, wait_for_incident
+
+
+async def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`gpumedic ARGV` as a person runs it (its own event loop, in a thread beside the services)."""
+    code = await asyncio.to_thread(main, list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+async def _open_incident(store_url: str, timeout_s: float = 30.0):
+    engine = create_engine(store_url)
+    try:
+        for _ in range(int(timeout_s / 0.2)):
+            async with session_factory(engine)() as session:
+                rows = await repository.list_incidents(session, status="open")
+            if rows:
+                return rows[0]
+            await asyncio.sleep(0.2)
+    finally:
+        await engine.dispose()
+    raise AssertionError(f"no open incident within {timeout_s}s")
+
+
+async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lifted(
+    nats_settings, store_url, fleet, sampling, apps, monkeypatch, capsys
+):
+    monkeypatch.setenv("GPUMEDIC_NATS_URL", nats_settings.url)
+    await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url}, trace_to_bus=True)))
+    await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet)))
+    await apps.start(detector(nats_settings))
+
+    code, out, _ = await _cli(
+        capsys, "silence", "add", "--node", "sim-node-02", "--for", "30m", "--reason", "driver upgrade", "--by", "alice"
+    )
+    assert code == 0 and "node sim-node-02" in out and "driver upgrade" in out
+    silence_id = out.split()[2]
+
+    node = fleet.node("sim-node-02")
+    hung = node.inject_zombie(0)
+    incident = await _open_incident(store_url)
+    assert (incident.kind, incident.node_id, incident.silence_id) == ("zombie_job", "sim-node-02", silence_id)
+    await asyncio.sleep(3.0)  # several detector ticks: still nothing may be done to the node
+    assert node.ssh_commands == [] and node.process(hung.pid).alive
+
+    code, out, _ = await _cli(capsys, "silence", "list", "--store", store_url)
+    assert code == 0 and silence_id in out and "alice" in out and "driver upgrade" in out
+    code, out, _ = await _cli(capsys, "incidents", incident.id[:8], "--store", store_url)
+    assert f"silenced by {silence_id}" in out
+
+    code, out, _ = await _cli(capsys, "silence", "remove", silence_id, "--by", "alice")
+    assert code == 0 and "lifted by alice" in out
+    resolved, timeline, _ = await wait_for_incident(store_url, "resolved")
+    assert resolved.id == incident.id and resolved.resolution == "fixed"
+    assert node.ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+    code, out, _ = await _cli(capsys, "silence", "list", "--store", store_url)
+    assert "no silence in force" in out
+    code, out, _ = await _cli(capsys, "silence", "list", "--all", "--store", store_url)
+    assert silence_id in out and "lifted by alice" in out
+
+    # The operator decides afterwards it was not a zombie after all: the ledger counts it.
+    code, out, _ = await _cli(
+        capsys, "incidents", "mark", incident.id[:8], "--false-positive", "--reason", "a checkpoint pause", "--by", "bob",
+        "--store", store_url,
+    )
+    assert code == 0 and "marked false positive by bob" in out
+    code, out, _ = await _cli(capsys, "incidents", "--false-positives", "--store", store_url)
+    (row,) = [line for line in out.splitlines() if "zombie_job" in line]
+    assert row.split()[:4] == ["zombie-detector", "zombie_job", "1", "1"]
+    code, out, _ = await _cli(capsys, "incidents", incident.id[:8], "--store", store_url)
+    assert "marked false positive by bob" in out and "a checkpoint pause" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["silence", "add", "--for", "1h"], "say why with --reason"),
+        (["silence", "add", "--reason", "x", "--for", "soon"], "'soon' is not a time"),
+        (["silence", "add", "--reason", "x", "--for", "0s"], "longer than 0s"),
+        (["silence", "add", "--reason", "x", "--node", "bad node; rm -rf /"], "node_id"),
+        (["silence", "remove"], "name the silence to lift"),
+        (["silence", "remove", "not-a-uuid"], "badly formed"),
+    ],
+)
+def test_silence_commands_say_what_was_wrong(argv, message, monkeypatch, capsys, nats_url):
+    monkeypatch.setenv("GPUMEDIC_NATS_URL", nats_url)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_silence_without_a_bus_says_how_to_reach_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GPUMEDIC_NATS_URL", raising=False)
+    assert main(["silence", "add", "--reason", "x", "--var", str(tmp_path)]) == 2
+    assert "no embedded stack runs under" in (err := capsys.readouterr().err) and "GPUMEDIC_NATS_URL" in err
+
+
+def test_marking_an_unknown_incident_fails_and_marking_needs_a_reason(tmp_path, capsys):
+    from gpumedic_store.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
+    upgrade(url)
+    assert main(["incidents", "mark", "deadbeef", "--false-positive", "--reason", "x", "--store", url]) == 1
+    assert "no incident whose id starts with 'deadbeef'" in capsys.readouterr().err
+    assert main(["incidents", "mark", "deadbeef", "--store", url]) == 2
+    assert "usage: gpumedic incidents mark ID --false-positive --reason" in capsys.readouterr().err
