@@ -275,6 +275,31 @@ def cmd_breaker(args) -> int:
     return 0
 
 
+def cmd_policy(args) -> int:
+    """Check a policy file before a service refuses to start on it, or show the one in force."""
+    from gpumedic_incidents import PolicyError, PolicySettings, load_policy
+
+    try:
+        if args.action == "check":
+            if args.file is None:
+                print("gpumedic policy: usage: gpumedic policy check FILE", file=sys.stderr)
+                return 2
+            policy = load_policy(args.file)
+            ladders = sum(1 for name in type(policy.kinds).model_fields if getattr(policy.kinds, name).ladder)
+            print(f"{args.file}: valid; {ladders} kinds act on their own, the rest escalate to a person")
+            return 0
+        settings = PolicySettings()
+        policy = settings.load()
+    except PolicyError as exc:
+        print(f"gpumedic policy: {exc}", file=sys.stderr)
+        return 2
+    import yaml
+
+    print(f"# in force: {settings.file or 'the shipped default'} (GPUMEDIC_POLICY_FILE)")
+    print(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
 def cmd_proto(args) -> int:
     from gpumedic import proto
 
@@ -397,6 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who resets it (kept in the audit log)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_breaker)
+
+    p = sub.add_parser(
+        "policy",
+        help="check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",
+        description="The policy says how each incident kind is detected, what is done about it and when a "
+        "person takes over; every service that decides reads the same file.",
+    )
+    p.add_argument("action", choices=["check", "show"])
+    p.add_argument("file", nargs="?", type=Path, help="with `check`: the policy file")
+    p.set_defaults(func=cmd_policy)
 
     p = sub.add_parser("proto", help="regenerate proto/ from the event models (--check: fail if stale)")
     p.add_argument("--check", action="store_true")

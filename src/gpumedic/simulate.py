@@ -3,8 +3,9 @@ scenario injected on schedule, and a score of what the system saw against what w
 
 Every fault reaches the services through the interfaces a real node offers: samples and
 immediate events from the real node-sampler code (over simulated NVML, /proc, kernel log and
-Docker engine), SSH, and the peer status endpoint. The score separates "a detector opened an
-incident" from "the signal was on the bus", since only some fault kinds have a detector yet.
+Docker engine), SSH, and the peer status endpoint. The score compares the incidents detectors
+opened with each injection's answer key (`gpumedic.sim.scoring`): benign behaviour scripted beside
+the faults must open none.
 """
 
 from __future__ import annotations
@@ -15,65 +16,67 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.sim.scenario import FaultSpec, Scenario
-from gpumedic.sim.scoring import Finding, findings_from_event, render, score
+from gpumedic.sim.scoring import Observed, render, score
 from gpumedic.stack import Stack
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
-from gpumedic_events import (
-    ActionCompleted,
-    ContainerExited,
-    Event,
-    GpuLost,
-    GpuXidReported,
-    IncidentOpened,
-    NodeSampled,
-    ProcessOomKilled,
-)
+from gpumedic_events import ActionCompleted, ActionRequested, Event, IncidentOpened, IncidentUpdated
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
 
-OBSERVED: tuple[type[Event], ...] = (
-    IncidentOpened,
-    ActionCompleted,
-    GpuXidReported,
-    GpuLost,
-    ProcessOomKilled,
-    ContainerExited,
-    NodeSampled,
-)
-"""What the score is built from: incidents from detectors, the remediator's failed actions, and
-the nodes' own signals."""
-SILENT_AFTER_INTERVALS = 3
-"""A node whose samples stop for this many intervals counts as a silent sampler."""
+
+OBSERVED: tuple[type[Event], ...] = (IncidentOpened, IncidentUpdated, ActionRequested, ActionCompleted)
+"""What the score is built from: the incidents detectors opened (and the fleet incidents they
+joined later), and the actions taken, reported beside the score."""
+
+
+def sim_policy(interval_s: float) -> Policy:
+    """The shipped policy with a run's seconds instead of the runbooks' minutes: a zombie after
+    six sample intervals idle, so a short dip of a few intervals is not one."""
+    return Policy(
+        fleet=FleetPolicy(hold_s=2 * interval_s),
+        kinds=Kinds(
+            zombie_job=ZombiePolicy(
+                idle_for_s=6 * interval_s,
+                action_timeout_s=60,
+                ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
+            )
+        ),
+    )
 
 
 class Observer:
-    """Collects findings from the bus, and notices nodes whose samples stop."""
+    """Collects the incidents opened and the actions taken, from the bus."""
 
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.findings: list[Finding] = []
-        self.last_sample: dict[str, float] = {}
-        self._silent: set[str] = set()
+    def __init__(self) -> None:
+        self.incidents: dict[str, Observed] = {}
+        self.actions: dict[str, int] = {}
+        """"requested", then each ActionCompleted outcome -> how many."""
         self.received = 0
         self.undecodable = 0
 
     def take(self, event: Event) -> None:
         self.received += 1
-        if isinstance(event, NodeSampled):
-            self.last_sample[event.node_id] = time.monotonic()
-            self._silent.discard(event.node_id)
-        self.findings.extend(findings_from_event(event))
+        match event:
+            case IncidentOpened():
+                self.incidents.setdefault(str(event.incident_id), Observed.from_event(event))
+            case IncidentUpdated(related_incident_id=related) if related is not None:
+                seen = self.incidents.get(str(event.incident_id))
+                if seen is not None and seen.related_to is None:
+                    self.incidents[seen.incident_id] = replace(seen, related_to=str(related))
+            case ActionRequested():
+                self.actions["requested"] = self.actions.get("requested", 0) + 1
+            case ActionCompleted():
+                self.actions[event.outcome.value] = self.actions.get(event.outcome.value, 0) + 1
 
-    def check_silence(self) -> None:
-        now = time.monotonic()
-        for node_id, seen in self.last_sample.items():
-            if node_id not in self._silent and now - seen > SILENT_AFTER_INTERVALS * self.interval_s:
-                self._silent.add(node_id)
-                self.findings.append(Finding(datetime.now(UTC), node_id, None, "sampler_silent", "gpumedic sim (sample gaps)"))
+    def actions_line(self) -> str:
+        done = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.actions.items()) if outcome != "requested")
+        return f"actions: {self.actions.get('requested', 0)} requested" + (f" ({done})" if done else "")
 
 
 async def run_simulation(
@@ -106,6 +109,7 @@ async def run_simulation(
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
         await fleet.start()
         stack.env = {**demo_env(fleet), "GPUMEDIC_SAMPLER_INTERVAL_S": str(interval_s)}
+        dump_policy(sim_policy(interval_s), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         say("[3/5] starting the six services")
         stack.start_services()
         await stack.wait_ready()
@@ -114,7 +118,7 @@ async def run_simulation(
         fleet_nc, observer_nc = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
         connections += [fleet_nc, observer_nc]
         js = fleet_nc.jetstream()
-        observer = Observer(interval_s)
+        observer = Observer()
         for event_type in OBSERVED:
             await observer_nc.subscribe(event_type.subject_filter(), cb=_collect(event_type, observer))
 
@@ -123,23 +127,23 @@ async def run_simulation(
 
         tasks.append(asyncio.create_task(fleet.run_samplers(publish, interval_s)))
         say(
-            f"[4/5] scenario {plan.name!r}: {len(plan.faults)} fault(s) over {duration:.0f}s, "
+            f"[4/5] scenario {plan.name!r}: {len(plan.faults)} injection(s) over {duration:.0f}s, "
             f"samples every {interval_s:g}s"
         )
         tasks.append(asyncio.create_task(_inject_on_schedule(fleet, plan.faults, time.monotonic(), say)))
         deadline = time.monotonic() + duration
         while time.monotonic() < deadline:
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            observer.check_silence()
             for task in tasks:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()
             stack.check_alive()
 
-        result = score(fleet.injected, observer.findings)
+        result = score(fleet.injected, list(observer.incidents.values()))
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
         say("")
         say(render(result))
+        say(observer.actions_line())
         if json_path is not None:
             json_path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
             say(f"\nscore written to {json_path}")

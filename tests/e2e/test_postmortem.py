@@ -76,3 +76,35 @@ async def test_each_death_is_named_by_its_cause_and_shown_with_its_evidence(nats
     assert "cause: cgroup_oom (confidence 95%): it reached its memory limit: the engine says OOMKilled and the kernel's OOM killer ended pid" in text
     assert "remedy: the container reached its memory limit" in text
     assert "exit_code=137" in text and "oom_kernel_line=" in text
+
+
+async def test_a_lost_gpu_reported_by_its_event_and_its_sample_at_once_is_one_incident(nats_settings, store_url, apps, tmp_path):
+    """The sampler publishes GpuLost the moment NVML says so, and its next sample shows the GPU
+    lost too; the detector consumes the two concurrently and must open one incident, not two."""
+    fleet = SimFleet(1, 4, tmp_path / "fleet")
+    await fleet.start()
+    nc = await nats.connect(nats_settings.url)
+    js = nc.jetstream()
+
+    async def publish(event: Event) -> None:
+        await js.publish(event.subject, event.to_json())
+
+    try:
+        await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url})))
+        await apps.start(detector(nats_settings))
+        node = fleet.node("sim-node-01")
+        async with samplers_running(fleet, publish, 0.2):
+            await asyncio.sleep(0.5)
+            for gpu in range(4):
+                node.inject_gpu_lost(gpu)  # the next sample shows it lost, and GpuLost goes out with it
+            await asyncio.sleep(3.0)
+    finally:
+        await apps.stop_all()
+        await nc.close()
+        await fleet.stop()
+
+    engine = create_engine(store_url)
+    async with session_factory(engine)() as session:
+        rows = [i for i in await repository.list_incidents(session, limit=100) if i.kind == "gpu_lost"]
+    await engine.dispose()
+    assert sorted(r.gpu_index for r in rows) == [0, 1, 2, 3]

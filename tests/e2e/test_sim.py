@@ -1,5 +1,6 @@
 """`gpumedic sim` run as a user runs it: faults from a scenario file and from --fault reach the
-services through the real interfaces, and the score says what was seen and what was missed."""
+services through the real interfaces, and the score says which opened the incident they should,
+and that benign behaviour opened none."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
         [
             str(GPUMEDIC), "sim", "--nodes", "4", "--gpus", "2", "--interval", "1", "--duration", "30",
             "--scenario", str(scenario), "--fault", "fault=xid,at=4s,node=4,gpu=1,xid=79",
+            "--fault", "fault=job_finished,at=2s,node=1,gpu=0", "--fault", "fault=short_dip,at=3s,node=1,gpu=1,for=2s",
             "--var", str(var), "--json", str(score_file),
         ],
         capture_output=True, text=True, timeout=150, env=CLEAN_ENV,
@@ -40,9 +42,13 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
         assert line in out, line
     score = json.loads(score_file.read_text())
     kinds = {row["kind"]: row for row in score["kinds"]}
-    assert kinds["zombie_job"]["detected"] == 1  # the zombie-detector opened an incident
-    assert kinds["oom_kill"]["signalled"] == 1  # the OOM kill reached the bus from the kernel log
-    assert kinds["xid"]["signalled"] == 1
+    # Each fault opened an incident of the kind that describes it; the benign behaviour none.
+    assert kinds["zombie_job"]["detected"] == 1
+    assert kinds["oom_kill"]["detected"] == 1 and kinds["oom_kill"]["expect"] == ["container_died"]
+    assert kinds["xid"]["detected"] == 1 and kinds["xid"]["expect"] == ["gpu_lost"]
+    assert kinds["job_finished"]["false_positives"] == kinds["short_dip"]["false_positives"] == 0
+    assert score["totals"]["precision"] == 1.0 and score["totals"]["recall"] == 1.0, score["false_positives"]
+    assert "recall 100%" in out and "actions: 1 requested (1 succeeded)" in out  # the zombie, killed
     assert "stopped; no process left behind" in out
     assert _processes_mentioning(str(var)) == []
     # the samplers' own log lines went to a file, not over the run's output

@@ -49,6 +49,7 @@ def fake_proc(
     uid: int | None = 0,
     cgroup: str | None = "0::/\n",
     fds: dict[int, str] | None = None,
+    io: str | None = None,
 ) -> Path:
     """One process's directory in a proc root of the test's own; None leaves that file out."""
     entry = root / str(pid)
@@ -59,6 +60,8 @@ def fake_proc(
         (entry / "status").write_text(status_text(comm, uid))
     if cgroup is not None:
         (entry / "cgroup").write_text(cgroup)
+    if io is not None:
+        (entry / "io").write_text(io)
     if fds is not None:
         (entry / "fd").mkdir()
         for fd, target in fds.items():
@@ -425,3 +428,26 @@ def test_an_unprivileged_scan_of_the_real_proc_says_once_what_it_could_not_see()
     count, _, rest = result["errors"][0].partition(" ")
     assert int(count) >= 1
     assert rest.endswith("open files unreadable: run as root to see every /dev/nvidia* holder")
+
+
+IO = "rchar: 9120\nwchar: 4410\nsyscr: 12\nsyscw: 7\nread_bytes: 4096\nwrite_bytes: 1048576\ncancelled_write_bytes: 0\n"
+
+
+def test_write_bytes_from_the_io_file_and_none_when_it_cannot_be_read(tmp_path):
+    root = fake_root(tmp_path)
+    fake_proc(root, 4242, io=IO)
+    fake_proc(root, 4243)  # another user's io file is unreadable without root: here, absent
+    fake_proc(root, 4244, io="rchar: 1\nwrite_bytes: lots\n")
+    table = ProcFsTable(root)
+    errors: list[str] = []
+    assert [table.describe(pid, errors).write_bytes for pid in (4242, 4243, 4244)] == [1_048_576, None, None]
+    assert errors == []  # "cannot tell" is the value, not a note per process and sample
+
+
+def test_write_bytes_of_ones_own_process_from_the_real_proc(tmp_path):
+    table = ProcFsTable()
+    before = table.describe(os.getpid()).write_bytes
+    with open(tmp_path / "out", "wb") as f:
+        f.write(b"x" * 65536)
+    after = table.describe(os.getpid()).write_bytes
+    assert before is not None and after >= before

@@ -10,12 +10,14 @@ import yaml
 
 from gpumedic.sim.scenario import (
     CLI_EXAMPLE,
+    CLI_SYNTAX,
     DEFAULT_DISK_PATH,
     DEFAULT_XID,
     FAULT_DESCRIPTIONS,
     FAULT_PARAMS,
     GPU_FAULTS,
     MAX_FAULTS,
+    SCRIPTED,
     FaultKind,
     FaultSpec,
     ScenarioError,
@@ -26,6 +28,7 @@ from gpumedic.sim.scenario import (
     parse_time,
     resolve_scenario_path,
 )
+from gpumedic.sim.state import APPLICATION_XIDS, Benign
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 SRC = "test.yaml"
@@ -404,11 +407,11 @@ def test_load_scenario_uses_the_seed(tmp_path):
 def test_unknown_fault_kind_lists_the_known_ones():
     message = error_of({"faults": [{"at": 1, "fault": "zombie", "node": 1, "gpu": 0}]})
     assert message.startswith(
-        f"{SRC}: faults[0].fault: 'zombie' is not a fault kind (did you mean 'zombie_job'?); known: "
+        f"{SRC}: faults[0].fault: 'zombie' is not a fault kind nor a benign behaviour (did you mean 'zombie_job'?); known: "
     )
-    assert all(k.value in message for k in FaultKind)
+    assert all(k.value in message for k in SCRIPTED)
     assert error_of({"faults": [{"at": 1, "fault": 3, "node": 1}]}).startswith(
-        f"{SRC}: faults[0].fault: 3 is not a fault kind; known: zombie_job"
+        f"{SRC}: faults[0].fault: 3 is not a fault kind nor a benign behaviour; known: zombie_job"
     )
 
 
@@ -580,7 +583,7 @@ def test_fault_option_syntax():
 def test_fault_option_bad_syntax_shows_the_expected_syntax(text):
     message = opt_error(text)
     assert message.startswith(f"--fault {text!r}: ")
-    assert "expected fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH], e.g. " + CLI_EXAMPLE in message
+    assert f"expected {CLI_SYNTAX}, e.g. {CLI_EXAMPLE}" in message
 
 
 def test_fault_option_errors_name_the_field():
@@ -609,8 +612,39 @@ def test_fault_option_random_is_reproducible_and_a_shared_rng_differs():
 
 
 def test_tables_cover_every_kind():
-    assert set(FAULT_DESCRIPTIONS) == set(FaultKind)
-    assert set(FAULT_PARAMS) <= set(FaultKind)
-    assert set(GPU_FAULTS) <= set(FaultKind)
+    assert set(FAULT_DESCRIPTIONS) == set(SCRIPTED)
+    assert set(FAULT_PARAMS) <= set(SCRIPTED)
+    assert set(GPU_FAULTS) <= set(SCRIPTED)
     assert FaultKind.XID in GPU_FAULTS and FaultKind.DISK_FULL not in GPU_FAULTS
+
+
+# --- benign behaviour ---------------------------------------------------------------------------
+
+
+def test_benign_behaviours_are_scripted_like_faults_with_their_own_fields():
+    scenario = parse({
+        "faults": [
+            {"at": "5s", "fault": "job_finished", "node": 2, "gpu": 0},
+            {"at": "10s", "fault": "short_dip", "node": 3, "gpu": 1, "for": "15s"},
+            {"at": "12s", "fault": "checkpoint_pause", "node": 4, "gpu": 2},
+        ]
+    })
+    assert [(f.fault, f.gpu, dict(f.params)) for f in scenario.faults] == [
+        (Benign.JOB_FINISHED, 0, {}),
+        (Benign.SHORT_DIP, 1, {"for": 15.0}),
+        (Benign.CHECKPOINT_PAUSE, 2, {"for": 60.0}),
+    ]
+    assert opt("fault=short_dip,at=1,node=1,gpu=0,for=20s").params["for"] == 20.0
+    assert "for: must be longer than 0s" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=0")
+    assert "for: 'soon' is not a time" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=soon")
+    assert "field 'for' applies to short_dip, checkpoint_pause, not to zombie_job" in opt_error(
+        "fault=zombie_job,at=1,node=1,gpu=0,for=5s"
+    )
+    assert "missing field 'gpu'" in opt_error("fault=job_finished,at=1,node=1")
+
+
+def test_the_builtin_benign_scenario_is_benign_only():
+    scenario = load_scenario(builtin_scenarios()["benign"], node_ids=NODES_20, gpus_per_node=8)
+    assert scenario.faults and all(f.fault in set(Benign) or f.fault is FaultKind.XID for f in scenario.faults)
+    assert {f.params["xid"] for f in scenario.faults if f.fault is FaultKind.XID} <= APPLICATION_XIDS
 

@@ -165,6 +165,35 @@ def test_growth_is_credited_to_the_idle_gpu_when_no_other_gpu_works():
     assert feed(detector(), 0, 120, make=idle_only) == []
 
 
+def writing(at_s: float, *, gpu0_writes: bool | None) -> NodeSampled:
+    """GPU 0 idle among a busy one, with its process's own write counter: growing, flat or unknown."""
+    sample = two_gpus(at_s)
+    written = None if gpu0_writes is None else (1_000_000 + int(at_s) * 4096 if gpu0_writes else 1_000_000)
+    idle = sample.gpus[0].model_copy(update={"processes": (HOLDER.model_copy(update={"write_bytes": written}),)})
+    return sample.model_copy(update={"gpus": (idle, sample.gpus[1])})
+
+
+def test_an_idle_gpu_whose_own_process_writes_is_producing_not_hung():
+    # A checkpoint on GPU 0 while GPU 1 computes: its process writes, so no zombie however long.
+    assert feed(detector(), 0, 600, make=writing, gpu0_writes=True) == []
+    # Its counter flat: hung, although the node's output grows (from GPU 1).
+    opened, _ = feed(detector(), 0, 60, make=writing, gpu0_writes=False)
+    assert opened.gpu_index == 0
+    # No counters (a sampler without root): the node-wide rule as before.
+    opened, _ = feed(detector(), 0, 60, make=writing, gpu0_writes=None)
+    assert opened.gpu_index == 0
+
+
+def test_a_new_process_on_the_gpu_cannot_tell_from_its_counter():
+    from zombie_detector.rules.zombie import holder_writes, wrote_since
+
+    gpu = writing(10, gpu0_writes=False).gpus[0]
+    assert wrote_since(None, gpu) is None
+    assert wrote_since(holder_writes(gpu), gpu) is False
+    assert wrote_since({(4242, 777): 999}, gpu) is True
+    assert wrote_since({(9999, 1): 5}, gpu) is None  # another process before: nothing to compare
+
+
 def test_healthy_nodes_take_the_fast_path_and_leave_no_state():
     det = detector()
     assert feed(det, 0, 600, util=90, growing=True) == []

@@ -325,9 +325,23 @@ def test_an_exit_caused_by_gpumedics_own_kill_is_part_of_that_incident():
     for s in range(0, 15, 5):
         d.feed(idle, s)
     assert d.opened(IncidentKind.ZOMBIE_JOB)  # acting: the kill is on its way
+    (request,) = [e for e in d.events if isinstance(e, ActionRequested)]
     d.feed(exited(137), 16)
+    # The kill worked and the next sample shows the GPU free: the zombie resolves before the
+    # exit has settled; the exit is still the kill's doing, not a death of its own.
+    done = ActionCompleted(
+        source="remediator", incident_id=request.incident_id, action_id=request.action_id, node_id="n1",
+        attempt=1, outcome=ActionOutcome.SUCCEEDED, detail="killed",
+    )
+    d._commit(d.logic.on_action_completed(done, at(17), None))
+    d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0),), jobs=0), 20)
+    assert [e.resolution for e in d.events if isinstance(e, IncidentResolved)] == ["fixed"]
     d.tick(30)
     assert d.opened(IncidentKind.CONTAINER_DIED) == []
+    # Later, with nothing being done to the node, the same exit is a death of its own.
+    d.feed(exited(137, cid="b" * 64), 200)
+    d.tick(215)
+    assert [e.diagnosis.cause for e in d.opened(IncidentKind.CONTAINER_DIED)] == ["killed"]
 
 
 def test_a_restart_that_leaves_its_process_behind_is_the_orphans_story_not_two_deaths():

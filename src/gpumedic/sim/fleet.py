@@ -21,7 +21,7 @@ from gpumedic_events import Event
 
 from gpumedic.credentials import write_private
 from gpumedic.sim.node import SimNode
-from gpumedic.sim.state import Fault, InjectedFault
+from gpumedic.sim.state import Benign, Fault, InjectedFault
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,8 @@ class SimFleet:
             node.peers = [n for n in ids if n != node.node_id]
 
     async def inject(self, fault: str, node_id: str, gpu: int | None = None, **params: object) -> None:
-        """Inject one fault by name (the names of `Fault`, as scenario files use them)."""
+        """Inject one fault, or script one benign behaviour, by name (the names of `Fault` and
+        `Benign`, as scenario files use them)."""
         node = self.node(node_id)
         needs_gpu = {
             Fault.ZOMBIE_JOB: node.inject_zombie,
@@ -111,17 +112,29 @@ class SimFleet:
             Fault.STATUS_BLOCKED: node.inject_status_blocked,
         }
         if fault in needs_gpu:
-            if gpu is None:
-                raise ValueError(f"{fault} needs a GPU")
-            needs_gpu[fault](gpu, **params)
+            needs_gpu[fault](self._gpu(fault, gpu), **params)
         elif fault in node_wide:
             node_wide[fault](**params)
+        elif fault == Benign.JOB_FINISHED:
+            node.finish_job(self._gpu(fault, gpu))
+        elif fault == Benign.CONTAINER_STOPPED:
+            node.stop_job(self._gpu(fault, gpu))
+        elif fault in (Benign.SHORT_DIP, Benign.CHECKPOINT_PAUSE):
+            index = self._gpu(fault, gpu)
+            node.pause_job(index, checkpointing=fault == Benign.CHECKPOINT_PAUSE)
+            asyncio.get_running_loop().call_later(float(params.get("for", 10.0)), node.resume_job, index)
         elif fault == Fault.SSH_REFUSES:
             await node.inject_ssh_refuses()
         elif fault == Fault.SSH_HANGS:
             await node.inject_ssh_hangs()
         else:
             raise ValueError(f"no fault named {fault!r}")
+
+    @staticmethod
+    def _gpu(fault: str, gpu: int | None) -> int:
+        if gpu is None:
+            raise ValueError(f"{fault} needs a GPU")
+        return gpu
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,18 @@ nvml_missing        -                the driver is gone: NVML cannot initialise
 status_blocked      -                the node's status endpoint accepts but never answers
 ==================  ===============  ======================================================
 
+Benign behaviours (`Benign`) are scripted the same way (``fault: job_finished``); a healthy fleet
+does them all day and they must open no incident:
+
+==================  ===============  ======================================================
+kind                fields           what the node shows
+==================  ===============  ======================================================
+job_finished        gpu              the job is done: exit 0, its container with it, GPU free
+container_stopped   gpu              the node stops the job's container (docker stop): 143
+short_dip           gpu, for (=10s)  the job stops computing for `for`, then goes on
+checkpoint_pause    gpu, for (=60s)  the GPU idles for `for` while output still grows
+==================  ===============  ======================================================
+
 `gpu` is required for the kinds that take one and refused for the others. "random" (for `node`
 and `gpu`) is drawn from `random.Random(seed)` in file order, so a seed reproduces a run. The
 loaded `Scenario` holds resolved faults (node ids and GPU indexes), sorted by time.
@@ -66,7 +78,7 @@ from types import MappingProxyType
 
 import yaml
 
-from gpumedic.sim.state import Fault
+from gpumedic.sim.state import Benign, Fault
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -80,15 +92,18 @@ DEFAULT_XID = 79
 DEFAULT_DISK_PATH = "/var/lib/docker"
 RANDOM = "random"
 
-CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH]"
+CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME]"
 CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
 FaultKind = Fault
 """What a scenario can break: the simulation's own fault names (`gpumedic.sim.state.Fault`)."""
+Scripted = Fault | Benign
+"""What a scenario can script: a fault, or a benign behaviour that must open no incident."""
+SCRIPTED: tuple[Scripted, ...] = (*Fault, *Benign)
 
 
-GPU_FAULTS: frozenset[FaultKind] = frozenset(
+GPU_FAULTS: frozenset[Scripted] = frozenset(
     {
         FaultKind.ZOMBIE_JOB,
         FaultKind.ORPHAN_GPU_HOLDER,
@@ -98,19 +113,22 @@ GPU_FAULTS: frozenset[FaultKind] = frozenset(
         FaultKind.GPU_OOM,
         FaultKind.XID,
         FaultKind.GPU_LOST,
+        *Benign,
     }
 )
 """The kinds that happen to one GPU and so require `gpu`; the others are the node's and refuse it."""
 
-FAULT_PARAMS: Mapping[FaultKind, Mapping[str, object]] = MappingProxyType(
+FAULT_PARAMS: Mapping[Scripted, Mapping[str, object]] = MappingProxyType(
     {
         FaultKind.XID: MappingProxyType({"xid": DEFAULT_XID}),
         FaultKind.DISK_FULL: MappingProxyType({"path": DEFAULT_DISK_PATH}),
+        Benign.SHORT_DIP: MappingProxyType({"for": 10.0}),
+        Benign.CHECKPOINT_PAUSE: MappingProxyType({"for": 60.0}),
     }
 )
 """Extra fields a kind takes, with their defaults; kinds not listed take none."""
 
-FAULT_DESCRIPTIONS: Mapping[FaultKind, str] = MappingProxyType(
+FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
     {
         FaultKind.ZOMBIE_JOB: "the job on the GPU hangs: memory held, 0 % busy, no output",
         FaultKind.ORPHAN_GPU_HOLDER: "a process left over from a container restart holds the GPU",
@@ -126,6 +144,10 @@ FAULT_DESCRIPTIONS: Mapping[FaultKind, str] = MappingProxyType(
         FaultKind.SAMPLER_SILENT: "the node's sampler stops publishing",
         FaultKind.NVML_MISSING: "the driver is gone: NVML cannot initialise",
         FaultKind.STATUS_BLOCKED: "the node's status endpoint accepts but never answers",
+        Benign.JOB_FINISHED: "benign: the job is done, exit 0, the GPU free",
+        Benign.CONTAINER_STOPPED: "benign: the node stops the job's container (docker stop, exit 143)",
+        Benign.SHORT_DIP: "benign: the job stops computing for `for` (default 10s), then goes on",
+        Benign.CHECKPOINT_PAUSE: "benign: the GPU idles for `for` (default 60s) while output still grows",
     }
 )
 
@@ -149,7 +171,7 @@ class FaultSpec:
     """One fault to inject, resolved against the fleet: a node id and a GPU index (or None)."""
 
     at_s: float
-    fault: FaultKind
+    fault: Scripted
     node: str
     gpu: int | None
     params: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
@@ -409,13 +431,12 @@ def _parse_fault(
     if "fault" not in entry:
         raise ScenarioError(source, where, f"missing field 'fault'{syntax_hint}")
     kind_value = entry["fault"]
-    try:
-        kind = FaultKind(kind_value)
-    except ValueError:
-        known = ", ".join(k.value for k in FaultKind)
-        hint = _suggest(kind_value, [k.value for k in FaultKind]) if isinstance(kind_value, str) else ""
+    kind = next((k for k in SCRIPTED if isinstance(kind_value, str) and k.value == kind_value), None)
+    if kind is None:
+        known = ", ".join(k.value for k in SCRIPTED)
+        hint = _suggest(kind_value, [k.value for k in SCRIPTED]) if isinstance(kind_value, str) else ""
         raise ScenarioError(
-            source, at("fault"), f"{_show(kind_value)} is not a fault kind{hint}; known: {known}"
+            source, at("fault"), f"{_show(kind_value)} is not a fault kind nor a benign behaviour{hint}; known: {known}"
         ) from None
 
     params = FAULT_PARAMS.get(kind, {})
@@ -499,7 +520,7 @@ def _resolve_gpu(value: object, fleet: _Fleet, rng: random.Random, source: str, 
     return value
 
 
-def _check_param(kind: FaultKind, name: str, value: object, source: str, where: str) -> object:
+def _check_param(kind: Scripted, name: str, value: object, source: str, where: str) -> object:
     if name == "xid":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScenarioError(source, where, f"expected an XID number, got {_show(value)}")
@@ -514,6 +535,14 @@ def _check_param(kind: FaultKind, name: str, value: object, source: str, where: 
         if len(value) > 256 or "\x00" in value or "\n" in value:
             raise ScenarioError(source, where, "a path of at most 256 characters, without NUL or newline")
         return value
+    if name == "for":
+        try:
+            seconds = parse_time(value)
+        except ValueError as exc:
+            raise ScenarioError(source, where, str(exc)) from None
+        if seconds <= 0:
+            raise ScenarioError(source, where, "must be longer than 0s")
+        return seconds
     raise AssertionError(f"no check for {kind.value}.{name}")  # pragma: no cover - FAULT_PARAMS and this agree
 
 

@@ -396,7 +396,7 @@ class NodeState:
         job = self._job_on(gpu)
         if job is not None:
             self._end(job, exit_code=0, logs=["all games played", "exiting"])
-        self._record_benign(gpu, Benign.JOB_FINISHED)
+        self._record(gpu, Benign.JOB_FINISHED)
         return job
 
     def stop_job(self, gpu: int) -> SimProcess | None:
@@ -408,7 +408,7 @@ class NodeState:
                 if container is not None:
                     container.engine_signal = 15
             self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
-        self._record_benign(gpu, Benign.CONTAINER_STOPPED)
+        self._record(gpu, Benign.CONTAINER_STOPPED)
         return job
 
     def pause_job(self, gpu: int, *, checkpointing: bool) -> SimProcess | None:
@@ -419,7 +419,7 @@ class NodeState:
             with self._lock:
                 job.set_activity(time.monotonic(), producing=False, checkpointing=checkpointing)
                 job.paused = True
-        self._record_benign(gpu, Benign.CHECKPOINT_PAUSE if checkpointing else Benign.SHORT_DIP)
+        self._record(gpu, Benign.CHECKPOINT_PAUSE if checkpointing else Benign.SHORT_DIP)
         return job
 
     def resume_job(self, gpu: int) -> None:
@@ -576,9 +576,6 @@ class NodeState:
     def _check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < len(self.gpus):
             raise ValueError(f"{self.node_id} has no GPU {gpu}")
-
-    def _record_benign(self, gpu: int | None, behaviour: Benign) -> None:
-        self._record(gpu, behaviour)
 
     def _record(self, gpu: int | None, fault: str, expect: frozenset[str] | None = None) -> None:
         entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault, EXPECTED[fault] if expect is None else expect)

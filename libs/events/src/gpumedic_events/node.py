@@ -56,6 +56,13 @@ class GpuProcess(ProcessIdentity):
     model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE_PROCESS]})
 
     used_memory_mib: int | None = Field(default=None, ge=0, description="GPU memory this process holds, MiB.")
+    write_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes it has caused to be written to storage since it started (/proc/PID/io "
+        "write_bytes); growth between samples is this process's own output. None if unreadable "
+        "(the sampler needs root, or the same user, to read it).",
+    )
 
 
 class DeviceHolder(ProcessIdentity):

@@ -383,6 +383,10 @@ class _Identity:
     at: datetime
     container_exists: ContainerExists | None
 
+    def write_bytes(self, pid: int) -> int | None:
+        info = self.processes.get(pid)
+        return info.write_bytes if info is not None and info.write_bytes is not None and info.write_bytes >= 0 else None
+
     def fields(self, pid: int) -> dict:
         info = self.processes.get(pid)
         if info is None:
@@ -425,7 +429,9 @@ def _gpu_sample(raw: RawGpu, identity: _Identity, notes: list[str]) -> GpuSample
         if not 1 <= p.pid <= MAX_PID:
             notes.append(f"{where}: pid {p.pid} out of range, left out")
             continue
-        procs.append(GpuProcess(**identity.fields(p.pid), used_memory_mib=_mib(p.used_memory_bytes)))
+        procs.append(
+            GpuProcess(**identity.fields(p.pid), used_memory_mib=_mib(p.used_memory_bytes), write_bytes=identity.write_bytes(p.pid))
+        )
     if raw.processes is not None and len(raw.processes) > MAX_PROCESSES_PER_GPU:
         notes.append(f"{where}: {len(raw.processes) - MAX_PROCESSES_PER_GPU} processes left out")
     return GpuSample(

@@ -5,7 +5,9 @@ the incident's trace, `decide` requests an action, `verify` follows the findings
 escalation, `update` records repeats and links. The trace context rides the NATS headers to the
 remediator and back. Every transition is persisted first (the remediator's gate checks requests
 against it), then its events are published, then it is swapped into the book: a publish that
-fails leaves the book as it was, and the next finding decides again.
+fails leaves the book as it was, and the next finding decides again. Deciding and applying run
+under one lock: two events about one fault (a lost GPU's event and the sample that shows it)
+arriving together must not both find no incident and open two.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class DetectorHandlers:
         self.logic = logic
         self._tracer: Tracer = runtime.tracer
         self.states: IncidentStates | None = None
+        self._deciding = asyncio.Lock()
 
     async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""
@@ -59,15 +62,16 @@ class DetectorHandlers:
             log.info("resumed %d open incident(s)", len(self.logic.book.incidents))
 
     async def on_sample(self, sample: Event) -> None:
-        transitions = self.logic.on_event(sample, _now())
-        if transitions:
-            await self._apply(transitions)
+        async with self._deciding:
+            await self._apply(self.logic.on_event(sample, _now()))
 
     async def on_event(self, event: Event, delivery: Delivery) -> None:
-        await self._apply(self.logic.on_event(event, _now()))
+        async with self._deciding:
+            await self._apply(self.logic.on_event(event, _now()))
 
     async def on_action_completed(self, event: ActionCompleted, delivery: Delivery) -> None:
-        await self._apply(self.logic.on_action_completed(event, _now(), traceparent_of(delivery.headers)))
+        async with self._deciding:
+            await self._apply(self.logic.on_action_completed(event, _now(), traceparent_of(delivery.headers)))
 
     async def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
         self.logic.on_silence(event)
@@ -78,7 +82,8 @@ class DetectorHandlers:
         while True:
             await asyncio.sleep(TICK_EVERY_S)
             try:
-                await self._apply(self.logic.on_tick(_now()))
+                async with self._deciding:
+                    await self._apply(self.logic.on_tick(_now()))
             except Exception:  # the bus may be reconnecting; the next tick tries again
                 log.exception("applying due deadlines failed; retrying next tick")
 

@@ -92,6 +92,9 @@ class _Pending:
     exit: ContainerExited
     arrived_at: datetime
     settles_at: datetime
+    own_action: bool
+    """gpumedic was acting on the node's GPU processes when the exit arrived (by the time it
+    settles, the fixed incident may be closed)."""
 
 
 @dataclass
@@ -133,7 +136,8 @@ class ContainerRule:
             return ()
         if event.exit_code == 0 or (event.exit_code == 143 and event.engine_signal == "SIGTERM"):
             return ()  # a normal end, or a stop the node asked for
-        node.pending.append(_Pending(event, now, now + timedelta(seconds=self.policy.settle_s)))
+        settles_at = now + timedelta(seconds=self.policy.settle_s)
+        node.pending.append(_Pending(event, now, settles_at, self._part_of_an_action(event, incidents, now)))
         return ()
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -159,7 +163,7 @@ class ContainerRule:
         exit_ = pending.exit
         lines = exit_.last_log_lines
         after = node.last_sample if node.last_sample_at is not None and node.last_sample_at > pending.arrived_at else None
-        if self._part_of_an_action(exit_, incidents, now) or _left_a_process_behind(exit_, after):
+        if pending.own_action or _left_a_process_behind(exit_, after):
             return None
         oom = next((o for _, o in node.ooms if _same_container(o, exit_)), None)
         disk_full = (node.disk_full_at is not None and now - node.disk_full_at <= OOM_MEMORY) or any(_NO_SPACE.search(x) for x in lines)

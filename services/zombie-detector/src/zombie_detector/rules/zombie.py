@@ -2,8 +2,11 @@
 
 The rule holds for a GPU when the node reports `jobs.running >= 1`, the GPU's utilisation is known
 and at most `idle_util_pct`, it holds a process (pid >= 2), and no output growth can be credited
-to it: growth is a node-wide signal, so it is credited to the node's busy GPUs when there are
-any, and one hung job among busy ones is still found. Idleness is timed on the detector's own
+to it. A GPU whose own processes wrote to storage since the last sample (/proc/PID/io, when the
+sampler can read it) is producing, e.g. writing a checkpoint: no zombie. Without those counters
+growth is a node-wide signal, credited to the node's busy GPUs when there are any, so one hung job
+among busy ones is still found, and a node whose GPUs all idle while output grows is in an I/O
+phase (a checkpoint, an evaluation), not hung. Idleness is timed on the detector's own
 clock, never on the sample's timestamps (a sender chooses those), and only across samples at
 the node's interval: a burst of samples proves nothing, and a gap of more than
 `MAX_GAP_INTERVALS` intervals starts the count again. A sample that cannot tell (an unknown job
@@ -27,6 +30,25 @@ MAX_GAP_INTERVALS = 3
 """A GPU unseen for more than this many sample intervals was not watched: its idle count restarts."""
 
 
+Writes = dict[tuple[int, int | None], int]
+"""(pid, start ticks) -> /proc/PID/io write_bytes of one GPU's processes."""
+
+
+def holder_writes(gpu: GpuSample) -> Writes:
+    return {(p.pid, p.start_ticks): p.write_bytes for p in gpu.processes if p.write_bytes is not None}
+
+
+def wrote_since(before: Writes | None, gpu: GpuSample) -> bool | None:
+    """Whether a process of this GPU wrote since `before` (True), none did and every one could be
+    compared (False), or it cannot be told (None: no counters, or a new process)."""
+    if before is None or not gpu.processes:
+        return None
+    now = holder_writes(gpu)
+    if any(before.get(key, value) < value for key, value in now.items()):
+        return True
+    return False if len(now) == len(gpu.processes) and now.keys() <= before.keys() else None
+
+
 @dataclass(frozen=True)
 class IdleStreak:
     """When this GPU was first and last seen looking like a zombie, by the detector's clock."""
@@ -45,9 +67,10 @@ def _idle_and_held(gpu: GpuSample, idle_util_pct: int) -> bool:
     )
 
 
-def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_util_pct: int) -> bool:
-    """Jobs claimed, this GPU held but idle, and no output growth it could be credited with."""
-    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_util_pct):
+def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_util_pct: int, wrote: bool | None = None) -> bool:
+    """Jobs claimed, this GPU held but idle, and no output growth it could be credited with.
+    `wrote`: whether the GPU's own processes wrote since the last sample (None: cannot tell)."""
+    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_util_pct) or wrote:
         return False
     if sample.jobs.output_growing is not True:
         return True
@@ -83,6 +106,8 @@ class ZombieRule:
     def __init__(self, policy: ZombiePolicy) -> None:
         self.policy = policy
         self.idle_since: dict[tuple[str, int], IdleStreak] = {}
+        self.writes: dict[tuple[str, int], Writes] = {}
+        """The write counters of the GPUs that looked idle in their node's last sample."""
         self._watched: set[str] = set()
         """Nodes with an idle streak: the only ones a healthy-looking sample concerns."""
 
@@ -93,8 +118,13 @@ class ZombieRule:
             return ()
         findings: list[Finding] = []
         for gpu in event.gpus:
-            zombie = looks_zombie(gpu, event, self.policy.idle_util_pct)
             key = (event.node_id, gpu.index)
+            wrote = wrote_since(self.writes.get(key), gpu)
+            if _idle_and_held(gpu, self.policy.idle_util_pct):
+                self.writes[key] = holder_writes(gpu)
+            else:
+                self.writes.pop(key, None)
+            zombie = looks_zombie(gpu, event, self.policy.idle_util_pct, wrote)
             if gpu.index in open_here:
                 if gpu.processes and (gpu.utilization_gpu_pct is None or event.jobs.running is None):
                     continue  # this sample cannot tell; "could not read" must never count as "fixed"
