@@ -124,3 +124,22 @@ def test_a_service_may_consume_only_its_own_declared_durables(nats_settings):
         runtime.consume("made-up", None)
     with pytest.raises(ValueError, match="is zombie-detector's push consumer, not remediator's pull one"):
         runtime.consume("zombie-detector-samples", None)
+
+
+async def test_an_empty_fetch_times_out_with_the_documented_error_the_consumers_suppress(js):
+    """FastStream's pull loop suppresses nats.errors.TimeoutError only; a bare asyncio one
+    (nats-py >= 2.15 on some exits) killed the consuming task (gpumedic_bus.compat)."""
+    import nats.errors
+
+    from gpumedic_bus.compat import documented_timeout
+
+    async def bare():
+        raise TimeoutError
+
+    with pytest.raises(nats.errors.TimeoutError):
+        await documented_timeout(bare)()
+    sub = await js.pull_subscribe("gpumedic.v1.silence.added.>", durable="compat-probe", stream="GPUMEDIC_CONTROL")
+    for _ in range(3):
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(16, timeout=0.2)
+    await js.delete_consumer("GPUMEDIC_CONTROL", "compat-probe")

@@ -1,6 +1,10 @@
 """gpumedic's NATS JetStream bus: streams, topology and permissions, provisioning, publishing and consuming events."""
 
-from gpumedic_bus.consume import (
+from gpumedic_bus import compat
+
+compat.install()  # before any consumer fetches: see compat's docstring
+
+from gpumedic_bus.consume import (  # noqa: E402 - after the fix above
     Delivery,
     EventConsumer,
     PushConsumer,
