@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import sample_path, sampler_cost
+from benchmarks import detection_latency, sample_path, sampler_cost
 
 
 def main() -> int:
     asyncio.run(sample_path.main(sys.argv[1:]))
     print()
     sampler_cost.main(sys.argv[1:])
+    print()
+    asyncio.run(detection_latency.main(sys.argv[1:]))
     return 0
 
 
