@@ -325,8 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
         "sim",
         help="the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
         description="Start the embedded stack and a simulated fleet, inject the faults of a scenario "
-        "(a YAML file, or a built-in one by name) and of --fault options on schedule, and print which "
-        "faults the system saw: as an incident from a detector, or as a signal on the bus.",
+        "(a YAML file, or a built-in one by name) and of --fault options on schedule, and score the "
+        "incidents against each injection's answer key (precision, recall, time to incident), then show "
+        "how each incident ended (fixed, cleared, escalated) and which escalations paged the simulated "
+        "on-call webhook.",
     )
     p.add_argument("--nodes", type=int, default=20, help="simulated nodes (default 20)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per simulated node (default 8)")

@@ -39,6 +39,7 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
             timeline = await repository.incident_timeline(session, incident_id=incident.id)
             spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
             marks = await repository.marks_of(session, incident_id=incident.id)
+            notifications = await repository.notifications_of(session, incident_id=incident.id)
     finally:
         await engine.dispose()
     lines = [
@@ -58,6 +59,9 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
         lines.append(f"  silenced by {incident.silence_id}: recorded, no action requested")
     for mark in marks:
         lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {_t(mark.marked_at)}: {mark.reason}")
+    for n in notifications:
+        when = _t(n.finished_at) if n.finished_at else f"next try {_t(n.due_at)}"
+        lines.append(f"  notified {n.channel}: {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
     if incident.evidence:
         lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in incident.evidence.items() if v not in (None, "")))
     lines += [f"  trace id: {incident.trace_id or '(none)'}", "", "timeline:"]

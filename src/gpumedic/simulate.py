@@ -21,18 +21,36 @@ from pathlib import Path
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
+from gpumedic.sim.pager import Pager
 from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Observed, render, score
 from gpumedic.stack import Stack
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
-from gpumedic_events import ActionCompleted, ActionRequested, Event, IncidentOpened, IncidentUpdated
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    IncidentUpdated,
+)
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
 
 
-OBSERVED: tuple[type[Event], ...] = (IncidentOpened, IncidentUpdated, ActionRequested, ActionCompleted)
+OBSERVED: tuple[type[Event], ...] = (
+    IncidentOpened,
+    IncidentUpdated,
+    IncidentResolved,
+    IncidentEscalated,
+    ActionRequested,
+    ActionCompleted,
+)
 """What the score is built from: the incidents detectors opened (and the fleet incidents they
-joined later), and the actions taken, reported beside the score."""
+joined later); reported beside it, the actions taken and how each incident ended."""
+NOTIFY_WAIT_S = 2.0
+"""The sim's report-builder waits this long after an escalation before paging (its group wait)."""
 
 
 def sim_policy(interval_s: float) -> Policy:
@@ -57,6 +75,8 @@ class Observer:
         self.incidents: dict[str, Observed] = {}
         self.actions: dict[str, int] = {}
         """"requested", then each ActionCompleted outcome -> how many."""
+        self.endings: dict[str, str] = {}
+        """incident id -> "fixed", "cleared" or "escalated" (the first ending seen)."""
         self.received = 0
         self.undecodable = 0
 
@@ -69,6 +89,10 @@ class Observer:
                 seen = self.incidents.get(str(event.incident_id))
                 if seen is not None and seen.related_to is None:
                     self.incidents[seen.incident_id] = replace(seen, related_to=str(related))
+            case IncidentResolved():
+                self.endings.setdefault(str(event.incident_id), event.resolution)
+            case IncidentEscalated():
+                self.endings.setdefault(str(event.incident_id), "escalated")
             case ActionRequested():
                 self.actions["requested"] = self.actions.get("requested", 0) + 1
             case ActionCompleted():
@@ -77,6 +101,36 @@ class Observer:
     def actions_line(self) -> str:
         done = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.actions.items()) if outcome != "requested")
         return f"actions: {self.actions.get('requested', 0)} requested" + (f" ({done})" if done else "")
+
+    def to_page(self) -> set[str]:
+        """Escalated incidents a person should be paged for: all but those part of a fleet incident
+        (paged once, as the fleet incident) and those of `info` severity (below report-builder's
+        default threshold). A silenced incident never escalates while silenced."""
+        return {
+            i for i, how in self.endings.items()
+            if how == "escalated"
+            and (seen := self.incidents.get(i)) is not None
+            and seen.related_to is None
+            and seen.severity != "info"
+        }
+
+    def outcomes(self, paged: set[str]) -> dict[str, dict[str, int]]:
+        """Per incident kind: how many were fixed and verified, cleared, escalated, paged, still open."""
+        table: dict[str, dict[str, int]] = {}
+        for incident_id, seen in self.incidents.items():
+            row = table.setdefault(seen.kind, {"fixed": 0, "cleared": 0, "escalated": 0, "paged": 0, "open": 0})
+            row[self.endings.get(incident_id, "open")] += 1
+            row["paged"] += incident_id in paged
+        return dict(sorted(table.items()))
+
+
+def render_outcomes(outcomes: dict[str, dict[str, int]]) -> str:
+    if not outcomes:
+        return "outcomes: no incident"
+    lines = [f"{'incident kind':<20} {'fixed':>5} {'cleared':>7} {'escalated':>9} {'paged':>5} {'open':>4}"]
+    for kind, row in outcomes.items():
+        lines.append(f"{kind:<20} {row['fixed']:>5} {row['cleared']:>7} {row['escalated']:>9} {row['paged']:>5} {row['open']:>4}")
+    return "\n".join(lines)
 
 
 async def run_simulation(
@@ -97,6 +151,7 @@ async def run_simulation(
     plan = scenario(list(fleet.nodes), gpus)
     duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
     stack = Stack(var_dir, say=say)
+    pager = Pager()
     connections = []
     tasks: list[asyncio.Task] = []
     fleet_log: logging.Handler | None = None
@@ -108,7 +163,14 @@ async def run_simulation(
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
         await fleet.start()
-        stack.env = {**demo_env(fleet), "GPUMEDIC_SAMPLER_INTERVAL_S": str(interval_s)}
+        pager.start()
+        stack.env = {
+            **demo_env(fleet),
+            "GPUMEDIC_SAMPLER_INTERVAL_S": str(interval_s),
+            # The on-call person is a webhook receiver on loopback: every escalation should reach it.
+            "GPUMEDIC_REPORTS_WEBHOOK_URL": pager.url,
+            "GPUMEDIC_REPORTS_NOTIFY_WAIT_S": str(NOTIFY_WAIT_S),
+        }
         dump_policy(sim_policy(interval_s), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         say("[3/5] starting the six services")
         stack.start_services()
@@ -139,13 +201,21 @@ async def run_simulation(
                     raise task.exception()
             stack.check_alive()
 
+        await _wait_for_pages(observer, pager)
         result = score(fleet.injected, list(observer.incidents.values()))
+        paged = pager.incidents()
+        outcomes = observer.outcomes(paged)
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
         say("")
         say(render(result))
         say(observer.actions_line())
+        say("")
+        say(render_outcomes(outcomes))
+        unpaged = observer.to_page() - paged
+        say(f"paged: {len(paged)} escalation(s) reached the on-call webhook" + (f"; {len(unpaged)} did not" if unpaged else ""))
         if json_path is not None:
-            json_path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+            document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged)}
+            json_path.write_text(json.dumps(document, indent=2, default=str) + "\n")
             say(f"\nscore written to {json_path}")
         return 0
     finally:
@@ -161,10 +231,18 @@ async def run_simulation(
         with contextlib.suppress(Exception):
             await fleet.stop()
         stack.stop()
+        pager.stop()
         if fleet_log is not None:
             logging.getLogger().removeHandler(fleet_log)
             fleet_log.close()
         say("stopped; no process left behind")
+
+
+async def _wait_for_pages(observer: Observer, pager: Pager, timeout_s: float = NOTIFY_WAIT_S + 10) -> None:
+    """Escalations near the end of the run are paged after the notify wait: give them that long."""
+    deadline = time.monotonic() + timeout_s
+    while observer.to_page() - pager.incidents() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
 
 
 def _log_fleet_to(path: Path) -> logging.Handler:

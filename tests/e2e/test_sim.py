@@ -49,6 +49,13 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
     assert kinds["job_finished"]["false_positives"] == kinds["short_dip"]["false_positives"] == 0
     assert score["totals"]["precision"] == 1.0 and score["totals"]["recall"] == 1.0, score["false_positives"]
     assert "recall 100%" in out and "actions: 1 requested (1 succeeded)" in out  # the zombie, killed
+    # How each incident ended: the zombie fixed and verified; the rest, which no action fixes, escalated
+    # and paged to the simulated on-call webhook.
+    outcomes = score["outcomes"]
+    assert outcomes["zombie_job"]["fixed"] == 1
+    assert outcomes["container_died"]["escalated"] == outcomes["container_died"]["paged"] == 1
+    assert outcomes["gpu_lost"]["escalated"] == outcomes["gpu_lost"]["paged"] == 1
+    assert score["unpaged"] == 0 and "escalation(s) reached the on-call webhook" in out
     assert "stopped; no process left behind" in out
     assert _processes_mentioning(str(var)) == []
     # the samplers' own log lines went to a file, not over the run's output

@@ -46,6 +46,7 @@ class Observed:
     summary: str = ""
     related_to: str | None = None
     """The fleet incident it is part of, if any."""
+    severity: str = "warning"
 
     @classmethod
     def from_event(cls, event: IncidentOpened) -> Observed:
@@ -58,6 +59,7 @@ class Observed:
             detector=event.source,
             summary=event.summary,
             related_to=str(event.related_incident_id) if event.related_incident_id else None,
+            severity=event.severity,
         )
 
     def to_dict(self) -> dict[str, object]:

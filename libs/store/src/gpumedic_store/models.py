@@ -21,6 +21,7 @@ INCIDENT_STATUSES = ("open", "resolved", "escalated")
 SEVERITIES = ("info", "warning", "critical")
 VERDICTS = ("false_positive",)
 ACTION_STATUSES = ("executing", "succeeded", "failed", "blocked", "observed", "interrupted")
+NOTIFICATION_STATUSES = ("pending", "delivered", "skipped", "failed")
 
 _UUID_LEN = 36
 _TRACE_ID_LEN = 32
@@ -213,6 +214,27 @@ class IncidentMark(Base):
     reason: Mapped[str] = mapped_column(Text)
     marked_by: Mapped[str] = mapped_column(String(128))
     marked_at: Mapped[datetime]
+
+
+class Notification(Base):
+    """One escalation to tell one channel (a webhook) about: report-builder's outbox.
+
+    Written in the transaction that records the escalation, so none is lost or sent twice
+    (one row per incident and channel); the notifier delivers due rows and records how it went.
+    """
+
+    __tablename__ = "notifications"
+    __table_args__ = (_one_of("status", NOTIFICATION_STATUSES, "status"),)
+
+    incident_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(32), primary_key=True, comment="The channel's name, e.g. webhook, slack.")
+    reason: Mapped[str] = mapped_column(Text, comment="Why a person is needed (the escalation's reason).")
+    status: Mapped[str] = mapped_column(String(16), index=True, default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0, comment="Delivery rounds tried (each with its own retries).")
+    due_at: Mapped[datetime] = mapped_column(index=True, comment="When the next delivery round may start.")
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    detail: Mapped[str] = mapped_column(Text, default="", comment="The last error, or why it was skipped.")
 
 
 class GateLock(Base):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from faststream import FastStream
 
@@ -20,7 +21,10 @@ from gpumedic_events import (
 )
 from gpumedic_store import create_engine, session_factory
 from report_builder.handlers import ReportHandlers
+from report_builder.notify import Notifier
 from report_builder.settings import Settings
+
+log = logging.getLogger(__name__)
 
 SERVICE = "report-builder"
 RECORDED = (IncidentOpened, IncidentUpdated, IncidentResolved, IncidentEscalated, ActionRequested, ActionCompleted)
@@ -30,12 +34,21 @@ def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     engine = create_engine(settings.store.url)
-    handlers = ReportHandlers(session_factory(engine), runtime.tracer)
+    sessions = session_factory(engine)
+    channels = settings.channels()
+    handlers = ReportHandlers(sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s)
     for event_type in RECORDED:
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
     runtime.consume("report-builder-spans", handlers.on_spans)
     for event_type in (SilenceAdded, SilenceRemoved):
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_silence)
+    if channels:
+        notifier = Notifier(
+            sessions, channels, console_url=settings.console_url, give_up_s=settings.notify_give_up_s,
+            min_severity=settings.notify_min_severity,
+        )
+        runtime.background(notifier.loop)
+        log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
     app = runtime.app()
     app.after_shutdown(engine.dispose)
     return app
@@ -43,4 +56,9 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
 def run() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(create_app().run())
+    try:
+        settings = Settings()
+        settings.channels()  # a missing token file stops the start here, with its name
+    except ValueError as exc:
+        sys.exit(f"gpumedic-report-builder: {exc}")
+    asyncio.run(create_app(settings).run())

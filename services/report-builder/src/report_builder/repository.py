@@ -27,8 +27,8 @@ from gpumedic_events import (
     SilenceRemoved,
     SpanRecord,
 )
-from gpumedic_store import INCIDENT_STATUSES, Incident, IncidentMark, Silence, SpanRow, TimelineEntry
-from sqlalchemy import Insert, func, select
+from gpumedic_store import INCIDENT_STATUSES, Incident, IncidentMark, Notification, Silence, SpanRow, TimelineEntry
+from sqlalchemy import Insert, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -323,3 +323,69 @@ async def false_positive_counts(session: AsyncSession) -> list[RuleRecord]:
 async def marks_of(session: AsyncSession, *, incident_id: str) -> list[IncidentMark]:
     return list((await session.scalars(select(IncidentMark).where(IncidentMark.incident_id == incident_id))).all())
 
+
+
+# --- notifications (the outbox the notifier delivers) --------------------------------------------
+
+
+async def queue_notifications(
+    session: AsyncSession, *, incident_id: str, reason: str, channels: Sequence[str], now: datetime, due_at: datetime
+) -> int:
+    """One pending notification per channel for an escalated incident; one already queued stays as
+    it is (a redelivered escalation is told once). Returns how many were new."""
+    if not channels:
+        return 0
+    rows = [
+        {"incident_id": incident_id, "channel": c, "reason": reason, "status": "pending", "attempts": 0,
+         "due_at": due_at, "created_at": now, "finished_at": None, "detail": ""}
+        for c in channels
+    ]
+    stmt = _insert(session, Notification).values(rows).on_conflict_do_nothing(index_elements=["incident_id", "channel"])
+    return len((await session.scalars(stmt.returning(Notification.channel))).all())
+
+
+async def due_notifications(session: AsyncSession, *, now: datetime, limit: int = 50) -> list[Notification]:
+    stmt = (
+        select(Notification)
+        .where(Notification.status == "pending", Notification.due_at <= now)
+        .order_by(Notification.due_at, Notification.incident_id)
+        .limit(limit)
+    )
+    return list((await session.scalars(stmt)).all())
+
+
+async def claim_notification(session: AsyncSession, *, row: Notification, until: datetime) -> bool:
+    """Take a due row for one delivery round by moving its due time (compare-and-set on the one
+    we read): of several report-builders that read it, exactly one wins."""
+    stmt = (
+        update(Notification)
+        .where(
+            Notification.incident_id == row.incident_id,
+            Notification.channel == row.channel,
+            Notification.status == "pending",
+            Notification.due_at == row.due_at,
+        )
+        .values(due_at=until)
+    )
+    return (await session.execute(stmt)).rowcount == 1
+
+
+async def reschedule_notification(session: AsyncSession, *, row: Notification, due_at: datetime, attempts: int, detail: str) -> None:
+    await session.execute(
+        update(Notification)
+        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.status == "pending")
+        .values(due_at=due_at, attempts=attempts, detail=detail)
+    )
+
+
+async def settle_notification(session: AsyncSession, *, row: Notification, status: str, detail: str, now: datetime, attempts: int) -> None:
+    await session.execute(
+        update(Notification)
+        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.status == "pending")
+        .values(status=status, detail=detail, finished_at=now, attempts=attempts)
+    )
+
+
+async def notifications_of(session: AsyncSession, *, incident_id: str) -> list[Notification]:
+    stmt = select(Notification).where(Notification.incident_id == incident_id).order_by(Notification.channel)
+    return list((await session.scalars(stmt)).all())

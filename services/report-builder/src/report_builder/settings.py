@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
+from gpumedic_bus.settings import PLACEHOLDER_PASSWORDS
 from gpumedic_store import StoreSettings
+from report_builder.notify import Channel
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_webhook_url(url: str, name: str) -> None:
+    """Where an escalation may be sent: https, or http on loopback only (a Slack URL is its own secret)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme not in ("https", "http") or not host:
+        raise ValueError(f"{name} must be an https:// URL with a host")
+    if parts.scheme == "http" and not _loopback(host):
+        raise ValueError(f"{name} must use https:// (plain http is allowed on loopback only): it carries incident details")
+    if any(p in url.lower() for p in PLACEHOLDER_PASSWORDS):
+        raise ValueError(f"{name} still holds a placeholder from an example; put the real webhook URL there")
 
 
 class Settings(BaseSettings):
@@ -15,3 +43,47 @@ class Settings(BaseSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     trace_to_bus: bool = Field(default=False, description="Also carry spans over the bus to the store (embedded mode).")
+
+    webhook_url: SecretStr | None = Field(default=None, description="Escalations as JSON to this URL; never logged.")
+    webhook_token_file: Path | None = Field(default=None, description="A file holding a bearer token for webhook_url.")
+    slack_webhook_url: SecretStr | None = Field(default=None, description="Escalations to a Slack-compatible incoming webhook.")
+    console_url: str | None = Field(default=None, description="Base URL of the console, for links in notifications.")
+    notify_wait_s: float = Field(default=10.0, ge=0, le=600, description="Wait after an escalation before telling anyone.")
+    notify_give_up_s: float = Field(default=86_400.0, gt=0, description="Stop retrying a notification this long after the escalation.")
+    notify_min_severity: Literal["info", "warning", "critical"] = "warning"
+
+    @field_validator("webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        # compose passes `${VAR:-}` as an empty string when the operator set nothing
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("console_url")
+    @classmethod
+    def _console(cls, value: str | None) -> str | None:
+        if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
+            raise ValueError("GPUMEDIC_REPORTS_CONSOLE_URL must be an http(s):// URL")
+        return value
+
+    def channels(self) -> list[Channel]:
+        """The configured notification channels; a bad URL or a missing token file stops the start.
+
+        The URLs are checked here rather than by a pydantic validator, whose error would quote the
+        URL, which for Slack is the secret itself."""
+        for name in ("webhook_url", "slack_webhook_url"):
+            if (url := getattr(self, name)) is not None:
+                _check_webhook_url(url.get_secret_value(), f"GPUMEDIC_REPORTS_{name.upper()}")
+        channels = []
+        if self.webhook_url is not None:
+            token = None
+            if self.webhook_token_file is not None:
+                try:
+                    token = self.webhook_token_file.read_text().strip()
+                except OSError as exc:
+                    raise ValueError(f"GPUMEDIC_REPORTS_WEBHOOK_TOKEN_FILE {self.webhook_token_file}: {exc.strerror}") from None
+                if not token:
+                    raise ValueError(f"GPUMEDIC_REPORTS_WEBHOOK_TOKEN_FILE {self.webhook_token_file} is empty")
+            channels.append(Channel("webhook", "json", self.webhook_url.get_secret_value(), token))
+        if self.slack_webhook_url is not None:
+            channels.append(Channel("slack", "slack", self.slack_webhook_url.get_secret_value()))
+        return channels

@@ -1,0 +1,316 @@
+"""Escalations reach a person: a generic JSON webhook and a Slack-compatible incoming webhook.
+
+The escalation is recorded and its notifications queued in one transaction (the `notifications`
+outbox, one row per incident and channel), so a redelivered escalation is told once and a crash
+loses none. This loop delivers what is due. It waits `wait_s` after the escalation first, as
+Alertmanager's group_wait does: a node incident that turns out to be part of a fleet incident is
+told once, through the fleet incident, and one that cleared meanwhile is not told at all.
+
+A delivery round retries transient failures (connection errors, timeouts, 408, 429, 5xx) with
+exponential back-off and jitter (tenacity); a round that still fails is tried again later, less
+often, until `give_up_s` after the escalation. A 4xx answer means the channel is misconfigured:
+it fails at once, with the status in the row and the log. The URL (for Slack, the secret itself)
+and the bearer token never reach a payload, a log line or the store: errors name the host only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from gpumedic_store import Incident, Notification
+from report_builder import repository
+
+log = logging.getLogger(__name__)
+
+Format = Literal["json", "slack"]
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+MAX_EVIDENCE_CHARS = 4000
+"""Evidence beyond this is cut: a notification points at the incident, it does not replace it."""
+ROUND_BACKOFF_S = (30, 60, 120, 300, 900)
+"""Between delivery rounds that failed, by round; the last repeats until give-up."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Where escalations go. `url` and `token` are secrets: never printed, logged or stored."""
+
+    name: str
+    format: Format
+    url: str
+    token: str | None = None
+
+    @property
+    def host(self) -> str:
+        """The only part of the URL that may be shown."""
+        return urlsplit(self.url).hostname or "?"
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r}, {self.format}, host={self.host!r})"
+
+
+class DeliveryError(Exception):
+    """A delivery that did not reach the receiver; `transient` ones are retried."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+# --- what is sent -----------------------------------------------------------------------------
+
+_SECRET_PARTS = frozenset(
+    {"password", "passwd", "pwd", "pass", "secret", "token", "key", "apikey", "auth", "authorization",
+     "credential", "credentials", "accesskey", "secretkey", "privatekey", "apitoken", "authtoken", "pat"}
+)
+"""Words of a name (split on - _ .) that make its value a secret: `--api-key`, `DB_PASSWORD`, but
+not `--tokenizer-path`."""
+_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]*)(=|\s+)(\S+)")
+_ASSIGN = re.compile(r"\b([A-Za-z][\w.-]*)(\s*[=:]\s*)([^\s,;]+)")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=-]+")
+REDACTED = "***"
+
+
+def _secret_name(name: str) -> bool:
+    return any(part in _SECRET_PARTS for part in re.split(r"[-_.]", name.lower().lstrip("-")))
+
+
+def _hide_value(match: re.Match[str]) -> str:
+    name, sep, value = match.groups()
+    return f"{name}{sep}{REDACTED}" if _secret_name(name) and value != REDACTED else match.group(0)
+
+
+def redact(text: str) -> str:
+    """`text` with what looks like a credential replaced: command lines and logs in evidence
+    carry tokens (`--api-key=...`, `PASSWORD=...`, `https://user:pw@host`) more often than not."""
+    text = _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
+    text = _BEARER.sub(rf"\g<1>{REDACTED}", text)
+    text = _OPTION.sub(_hide_value, text)
+    return _ASSIGN.sub(_hide_value, text)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {str(k): REDACTED if _secret_name(str(k)) else _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _evidence(incident: Incident) -> dict[str, Any]:
+    evidence = _redacted(incident.evidence or {})
+    text = json.dumps(evidence, default=str)
+    if len(text) <= MAX_EVIDENCE_CHARS:
+        return evidence
+    return {"truncated": text[:MAX_EVIDENCE_CHARS] + "..."}
+
+
+def incident_link(console_url: str | None, incident_id: str) -> str | None:
+    return f"{console_url.rstrip('/')}/incidents/{incident_id}" if console_url else None
+
+
+def json_payload(incident: Incident, reason: str, *, console_url: str | None) -> dict[str, Any]:
+    """The generic webhook's body (documented in the README; `version` changes only with a break)."""
+    diagnosis = _redacted(incident.diagnosis) if incident.diagnosis else None
+    return {
+        "version": 1,
+        "event": "incident.escalated",
+        "incident": {
+            "id": incident.id,
+            "kind": incident.kind,
+            "node_id": incident.node_id,
+            "gpu_index": incident.gpu_index,
+            "severity": incident.severity,
+            "status": incident.status,
+            "summary": redact(incident.summary),
+            "why_a_person": redact(reason),
+            "cause": diagnosis,
+            "recommended_action": redact(incident.recommended_action),
+            "evidence": _evidence(incident),
+            "occurrences": incident.occurrences,
+            "detector": incident.detector,
+            "opened_at": incident.opened_at.isoformat(),
+            "escalated_at": incident.closed_at.isoformat() if incident.closed_at else None,
+            "trace_id": incident.trace_id,
+        },
+        "link": incident_link(console_url, incident.id),
+        "cli": f"gpumedic incidents {incident.id}",
+    }
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's mrkdwn gives &, < and > meaning; a hostile job name must not become a link or a mention.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_payload(incident: Incident, reason: str, *, console_url: str | None) -> dict[str, Any]:
+    """A Slack-compatible incoming-webhook body (`text`, mrkdwn); Mattermost and others accept it too."""
+    where = incident.node_id + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else "")
+    lines = [
+        f"*[{incident.severity}] {incident.kind} on {_slack_escape(where)}*: {_slack_escape(redact(incident.summary))}",
+        f"*Why a person:* {_slack_escape(redact(reason))}",
+    ]
+    if incident.diagnosis:
+        cause = _redacted(incident.diagnosis)
+        lines.append(f"*Cause:* {_slack_escape(str(cause.get('cause', '?')))} ({_slack_escape(str(cause.get('explanation', '')))})")
+    if incident.recommended_action:
+        lines.append(f"*Do:* {_slack_escape(redact(incident.recommended_action))}")
+    evidence = ", ".join(f"{k}={v}" for k, v in _evidence(incident).items() if v not in (None, ""))
+    if evidence:
+        lines.append(f"*Evidence:* {_slack_escape(evidence[:1500])}")
+    link = incident_link(console_url, incident.id)
+    lines.append(f"<{link}|incident {incident.id[:8]}>" if link else f"`gpumedic incidents {incident.id}`")
+    return {"text": "\n".join(lines)}
+
+
+PAYLOADS: dict[Format, Callable[..., dict[str, Any]]] = {"json": json_payload, "slack": slack_payload}
+
+
+# --- how it is sent ---------------------------------------------------------------------------
+
+
+async def post(client: httpx.AsyncClient, channel: Channel, body: dict[str, Any]) -> None:
+    """One POST; raises DeliveryError (naming the host, never the URL) unless the receiver took it."""
+    headers = {"Authorization": f"Bearer {channel.token}"} if channel.token else {}
+    try:
+        response = await client.post(channel.url, json=body, headers=headers)
+    except httpx.TimeoutException:
+        raise DeliveryError(f"{channel.host} did not answer in time", transient=True) from None
+    except httpx.HTTPError as exc:
+        # httpx's message may carry the URL; the exception's type and errno-like text do not.
+        raise DeliveryError(f"{channel.host} unreachable ({type(exc).__name__})", transient=True) from None
+    if response.is_success:
+        return
+    status = response.status_code
+    transient = status in (408, 425, 429) or status >= 500
+    raise DeliveryError(f"{channel.host} answered HTTP {status}", transient=transient)
+
+
+class Notifier:
+    """Delivers the outbox's due notifications; one instance per report-builder process."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        channels: Sequence[Channel],
+        *,
+        console_url: str | None = None,
+        give_up_s: float = 86_400,
+        min_severity: str = "warning",
+        tries_per_round: int = 3,
+        retry_initial_s: float = 0.5,
+        timeout_s: float = 10.0,
+        poll_s: float = 1.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._sessions = sessions
+        self._channels = {c.name: c for c in channels}
+        self._console_url = console_url
+        self._give_up = timedelta(seconds=give_up_s)
+        self._min_rank = SEVERITY_RANK[min_severity]
+        self._tries = tries_per_round
+        self._retry_initial_s = retry_initial_s
+        self._timeout_s = timeout_s
+        self._poll_s = poll_s
+        self._clock = clock
+
+    async def loop(self) -> None:
+        async with httpx.AsyncClient(timeout=self._timeout_s, follow_redirects=False) as client:
+            while True:
+                try:
+                    await self.deliver_due(client)
+                except Exception:  # noqa: BLE001 - a store outage must not end the loop; rows stay due
+                    log.exception("delivering notifications failed; trying again in %gs", self._poll_s)
+                await asyncio.sleep(self._poll_s)
+
+    async def deliver_due(self, client: httpx.AsyncClient) -> int:
+        """Deliver every notification due now; returns how many rows were settled or rescheduled."""
+        now = self._clock()
+        async with self._sessions() as session:
+            due = await repository.due_notifications(session, now=now)
+        handled = 0
+        for row in due:
+            # Another instance may have taken the row since we read it: claim it first.
+            async with self._sessions() as session:
+                claimed = await repository.claim_notification(session, row=row, until=now + timedelta(seconds=self._timeout_s * self._tries * 2))
+                await session.commit()
+            if claimed:
+                await self._deliver(client, row, now)
+                handled += 1
+        return handled
+
+    async def _deliver(self, client: httpx.AsyncClient, row: Notification, now: datetime) -> None:
+        async with self._sessions() as session:
+            incident = await session.get(Incident, row.incident_id)
+        channel = self._channels.get(row.channel)
+        if skip := self._skip_reason(incident, channel):
+            await self._settle(row, "skipped", skip)
+            log.info("notification of incident %s to %s skipped: %s", row.incident_id, row.channel, skip)
+            return
+        assert incident is not None and channel is not None  # _skip_reason said so
+        body = PAYLOADS[channel.format](incident, row.reason, console_url=self._console_url)
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self._tries),
+                wait=wait_exponential_jitter(multiplier=self._retry_initial_s, max=5, jitter=self._retry_initial_s),
+                retry=retry_if_exception(_is_transient),
+                reraise=True,
+            ):
+                with attempt:
+                    await post(client, channel, body)
+        except DeliveryError as exc:
+            await self._failed_round(row, channel, str(exc), transient=exc.transient, now=now)
+            return
+        await self._settle(row, "delivered", f"delivered to {channel.host}")
+        log.info("incident %s escalated: told %s (%s)", row.incident_id, channel.name, channel.host)
+
+    def _skip_reason(self, incident: Incident | None, channel: Channel | None) -> str:
+        if channel is None:
+            return "the channel is no longer configured"
+        if incident is None:
+            return "the incident is not in the store"
+        if incident.related_incident_id:
+            return f"part of fleet incident {incident.related_incident_id}, which is told instead"
+        if incident.status != "escalated":
+            return f"the incident was {incident.status} before anyone was told"
+        if SEVERITY_RANK.get(incident.severity, 1) < self._min_rank:
+            return f"severity {incident.severity} is below the notification threshold"
+        return ""
+
+    async def _failed_round(self, row: Notification, channel: Channel, error: str, *, transient: bool, now: datetime) -> None:
+        rounds = row.attempts + 1
+        if not transient or now - row.created_at >= self._give_up:
+            why = error if not transient else f"{error}; gave up after {rounds} round(s)"
+            log.error("notification of incident %s to %s failed: %s", row.incident_id, channel.name, why)
+            await self._settle(row, "failed", why, attempts=rounds)
+            return
+        wait = ROUND_BACKOFF_S[min(rounds, len(ROUND_BACKOFF_S)) - 1]
+        log.warning("notification of incident %s to %s: %s; next round in %ds", row.incident_id, channel.name, error, wait)
+        async with self._sessions() as session:
+            await repository.reschedule_notification(session, row=row, due_at=now + timedelta(seconds=wait), attempts=rounds, detail=error)
+            await session.commit()
+
+    async def _settle(self, row: Notification, status: str, detail: str, *, attempts: int | None = None) -> None:
+        async with self._sessions() as session:
+            await repository.settle_notification(
+                session, row=row, status=status, detail=detail, now=self._clock(), attempts=row.attempts + 1 if attempts is None else attempts
+            )
+            await session.commit()
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, DeliveryError) and exc.transient
