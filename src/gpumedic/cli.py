@@ -176,6 +176,19 @@ def cmd_incidents(args) -> int:
     return 0
 
 
+def cmd_actions(args) -> int:
+    """The remediator's audit log: every decision, and what each action ran on its node."""
+    from gpumedic.actions import action_text, list_text
+
+    url = _store_url(args)
+    if args.action_id:
+        found, text = asyncio.run(action_text(url, args.action_id))
+        print(text, file=sys.stdout if found else sys.stderr)
+        return 0 if found else 1
+    print(asyncio.run(list_text(url, node_id=args.node, incident=args.incident, limit=args.limit)))
+    return 0
+
+
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import silences
@@ -376,6 +389,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--false-positives", action="store_true", help="the false-positive ledger per detector and kind")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_incidents)
+
+    p = sub.add_parser(
+        "actions",
+        help="the remediator's audit log: every decision with its reason, and each command an action ran",
+        description="Every request the remediator decided on (run, refused with the rule that refused it, or "
+        "observed), newest first. With an action id (a prefix will do): each command it ran on the node, "
+        "with exit status, a digest of its output and its timing.",
+    )
+    p.add_argument("action_id", nargs="?", help="one action's id, or the start of it")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--incident", help="only this incident (id or its start)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_actions)
 
     p = sub.add_parser(
         "silence",

@@ -9,7 +9,7 @@ from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 
 
-def _t(value: datetime | None) -> str:
+def fmt_time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "-"
 
 
@@ -25,7 +25,7 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
     lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<20} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
     for i in rows:
         where = f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id
-        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<20} {where:<18} {_t(i.opened_at):<24} {i.summary[:80]}")
+        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<20} {where:<18} {fmt_time(i.opened_at):<24} {i.summary[:80]}")
     return "\n".join(lines)
 
 
@@ -58,9 +58,9 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
     if incident.silence_id:
         lines.append(f"  silenced by {incident.silence_id}: recorded, no action requested")
     for mark in marks:
-        lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {_t(mark.marked_at)}: {mark.reason}")
+        lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
     for n in notifications:
-        when = _t(n.finished_at) if n.finished_at else f"next try {_t(n.due_at)}"
+        when = fmt_time(n.finished_at) if n.finished_at else f"next try {fmt_time(n.due_at)}"
         lines.append(f"  notified {n.channel}: {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
     if incident.evidence:
         lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in incident.evidence.items() if v not in (None, "")))
@@ -68,7 +68,7 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
     start = timeline[0].occurred_at if timeline else None
     for entry in timeline:
         offset = (entry.occurred_at - start).total_seconds() if start else 0.0
-        lines.append(f"  {_t(entry.occurred_at)}  +{offset:6.2f}s  {entry.source:<16} {entry.summary}")
+        lines.append(f"  {fmt_time(entry.occurred_at)}  +{offset:6.2f}s  {entry.source:<16} {entry.summary}")
     if spans:
         lines += ["", f"trace {incident.trace_id}:"]
         lines += _trace_tree(spans)

@@ -201,3 +201,36 @@ async def test_a_request_that_waited_in_the_stream_too_long_is_refused(start_ser
     assert refused.outcome is ActionOutcome.BLOCKED
     assert refused.detail.startswith("refused: the request is ") and "old (limit 1s)" in refused.detail
     assert sleeper.alive()
+
+
+async def test_the_audit_log_shows_every_decision_and_each_command_run(start_service, results, js, sshd, sleeper, open_incident, store_url, capsys):
+    """`gpumedic actions`: the refusal with its rule, and for the kill each command with its exit
+    status, a digest of its output (not the output: a command line may carry secrets) and timing."""
+    import hashlib
+
+    from gpumedic.cli import main
+
+    await start_service()
+    forged = kill_request(sleeper.target())
+    await _request(js, forged)
+    await _next(results)
+    real = kill_request(sleeper.target())
+    await open_incident(real)
+    await _request(js, real)
+    _, done = await _next(results)
+    assert done.outcome is ActionOutcome.SUCCEEDED, done.detail
+
+    assert await asyncio.to_thread(main, ["actions", "--store", store_url, "--node", "gpu-node-01"]) == 0
+    listing = capsys.readouterr().out
+    assert f"{str(forged.action_id)[:8]}" in listing and "blocked" in listing and "is not open" in listing
+    assert f"kill_gpu_processes GPU 0 pid {sleeper.pid} SIGKILL" in listing and "succeeded" in listing
+
+    assert await asyncio.to_thread(main, ["actions", str(real.action_id)[:8], "--store", store_url]) == 0
+    shown = capsys.readouterr().out
+    pid = sleeper.pid
+    rows = {line.split(None, 5)[-1]: line for line in shown.splitlines() if line.strip().endswith((f"/{pid}/stat", f"/{pid}/cmdline", f"KILL {pid}"))}
+    assert rows[f"kill -s KILL {pid}"].split()[2] == rows[f"cat /proc/{pid}/cmdline"].split()[2] == "0"  # exit status
+    assert sleeper.command not in shown  # the command line the node answered is kept as a digest only
+    digest = rows[f"kill -s KILL {pid}"].split()[3]
+    assert digest == hashlib.sha256(b"\0").hexdigest()[:16]  # kill prints nothing: the digest of empty output
+    assert await asyncio.to_thread(main, ["actions", "ffffffff", "--store", store_url]) == 1

@@ -163,6 +163,9 @@ class ActionRecord(Base):
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
     steps: Mapped[list[str]] = mapped_column(default=list, comment="Commands run on the node, in order.")
+    audit: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, comment="Per command run: exit status, output digest and size, start offset and duration."
+    )
     requested_at: Mapped[datetime]
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]

@@ -69,6 +69,8 @@ class ExecutionResult:
     outcome: ActionOutcome
     detail: str
     steps: list[str] = field(default_factory=list)
+    audit: list[dict] = field(default_factory=list)
+    """Per command run: exit status, output digest, timing (filled in by whoever ran the commands)."""
 
 
 def validate_pid(value: object) -> int:

@@ -22,7 +22,9 @@ At most `max_concurrent_actions` requests are handled at once per instance (the 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -140,6 +142,7 @@ class ActionHandler:
                 status=result.outcome.value,
                 detail=_clip(result.detail),
                 steps=result.steps,
+                audit=result.audit,
                 now=self._now(),
             )
             await session.commit()
@@ -199,31 +202,62 @@ class ActionHandler:
         return ActionOutcome.BLOCKED.value, decision.reason
 
     async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
-        """Run the operation on the node; every failure is an outcome, never an exception."""
+        """Run the operation on the node; every failure is an outcome, never an exception.
+
+        Every command that runs is audited: its exit status, a digest of its output (never the
+        output: a command line read from /proc may carry a job's secrets) and its timing."""
         steps: list[str] = []
+        audit: list[dict] = []
+        t0 = time.monotonic()
 
         async def run_on(run: Callable[[str], Awaitable[CommandResult]], command: str) -> CommandResult:
             # Each command may take a while; keep JetStream from redelivering meanwhile.
             await delivery.still_working()
             steps.append(command)
-            return await run(command)
+            started = time.monotonic()
+            try:
+                result = await run(command)
+            except Exception as exc:
+                audit.append(audit_entry(command, None, started - t0, time.monotonic() - started, error=f"{type(exc).__name__}: {exc}"))
+                raise
+            audit.append(audit_entry(command, result, started - t0, time.monotonic() - started))
+            return result
 
         try:
             catalogue.render(request.operation)  # refuse bad parameters before connecting
             await delivery.still_working()
             async with self._executor.session(request.node_id) as node:
-                return await catalogue.execute(
+                result = await catalogue.execute(
                     request.operation,
                     lambda command: run_on(node.run, command),
                     verify_timeout_s=self._settings.verify_timeout_s,
                 )
+                result.audit = audit
+                return result
         except (InvalidParameter, InventoryError, NodeError) as exc:
             # A node lost mid-action may have run some commands: say how far it got.
             where = f" (after {len(steps)} command(s), the last `{steps[-1]}`)" if steps else ""
-            return ExecutionResult(ActionOutcome.FAILED, f"{exc}{where}", steps)
+            return ExecutionResult(ActionOutcome.FAILED, f"{exc}{where}", steps, audit)
         except Exception as exc:
             log.exception("action %s on %s failed unexpectedly", request.action_id, request.node_id)
-            return ExecutionResult(ActionOutcome.FAILED, f"internal error after {len(steps)} command(s): {exc!r}", steps)
+            return ExecutionResult(ActionOutcome.FAILED, f"internal error after {len(steps)} command(s): {exc!r}", steps, audit)
+
+
+def audit_entry(command: str, result: CommandResult | None, at_s: float, took_s: float, *, error: str = "") -> dict:
+    """One command's line in the audit log. The output is kept as a SHA-256 digest and a size, which
+    prove what a node answered without keeping what it said."""
+    entry: dict = {"command": command, "at_ms": round(at_s * 1000, 1), "took_ms": round(took_s * 1000, 1)}
+    if result is None:
+        entry.update(exit_status=None, error=error[:300])
+        return entry
+    output = result.stdout.encode() + b"\0" + result.stderr.encode()
+    entry.update(
+        exit_status=result.exit_status,
+        output_sha256=hashlib.sha256(output).hexdigest(),
+        stdout_bytes=len(result.stdout.encode()),
+        stderr_bytes=len(result.stderr.encode()),
+    )
+    return entry
 
 
 def completed_event(record: ActionRecord) -> ActionCompleted:

@@ -61,6 +61,7 @@ async def record(
         status=status,
         detail=detail,
         steps=[],
+        audit=[],
         requested_at=request.occurred_at,
         started_at=now,
         finished_at=None if status == EXECUTING else now,
@@ -78,12 +79,15 @@ async def finish(
     detail: str,
     steps: Sequence[str],
     now: datetime,
+    audit: Sequence[dict] | None = None,
 ) -> ActionRecord:
     if status not in FINISHED:
         raise ValueError(f"{status!r} is not a finished action status ({', '.join(FINISHED)})")
     record.status = status
     record.detail = detail
     record.steps = list(steps)
+    if audit is not None:
+        record.audit = list(audit)
     record.finished_at = now
     await session.flush()
     return record
@@ -165,3 +169,27 @@ async def reset(*, session: AsyncSession, by: str, now: datetime) -> list[Breake
         item.reset_by = by
     await session.flush()
     return trips
+
+
+async def list_actions(*, session: AsyncSession, node_id: str | None = None, incident_id: str | None = None, limit: int = 50) -> list[ActionRecord]:
+    """The ledger, newest first: every decision (refusals and observed ones included)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    stmt = select(ActionRecord).order_by(ActionRecord.started_at.desc(), ActionRecord.action_id).limit(limit)
+    if node_id is not None:
+        stmt = stmt.where(ActionRecord.node_id == node_id)
+    if incident_id is not None:
+        stmt = stmt.where(ActionRecord.incident_id.startswith(incident_id.lower(), autoescape=True))
+    return list((await session.scalars(stmt)).all())
+
+
+async def find_action(*, session: AsyncSession, id_prefix: str) -> ActionRecord | None:
+    """The one action whose id starts with `id_prefix`; ValueError when empty or ambiguous."""
+    prefix = id_prefix.strip().lower()
+    if not prefix:
+        raise ValueError("an action id prefix must not be empty")
+    stmt = select(ActionRecord).where(ActionRecord.action_id.startswith(prefix, autoescape=True)).limit(2)
+    found = list((await session.scalars(stmt)).all())
+    if len(found) > 1:
+        raise ValueError(f"action id prefix {prefix!r} is ambiguous; type more of the id")
+    return found[0] if found else None

@@ -1,0 +1,71 @@
+"""What `gpumedic actions` prints: the remediator's ledger as an audit log, every decision with its
+reason, and for one action each command it ran with exit status, output digest and timing."""
+
+from __future__ import annotations
+
+from gpumedic.incidents import fmt_time
+from gpumedic_store import ActionRecord, create_engine, session_factory
+from remediator import repository
+
+
+def _what(record: ActionRecord) -> str:
+    op = record.operation or {}
+    name = op.get("operation", "?")
+    if name == "kill_gpu_processes":
+        pids = ",".join(str(t.get("pid")) for t in op.get("targets", []))
+        return f"{name} GPU {op.get('gpu_index')} pid {pids} SIG{op.get('signal', '?')}"
+    return name
+
+
+async def list_text(store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50) -> str:
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            rows = await repository.list_actions(session=session, node_id=node_id, incident_id=incident, limit=limit)
+    finally:
+        await engine.dispose()
+    if not rows:
+        return "no actions recorded" + (f" on {node_id}" if node_id else "")
+    lines = [f"{'ACTION':<10} {'INCIDENT':<10} {'NODE':<16} {'DECIDED':<24} {'STATUS':<12} {'WHAT':<44} WHY / RESULT"]
+    for r in rows:
+        lines.append(
+            f"{r.action_id[:8]:<10} {r.incident_id[:8]:<10} {r.node_id:<16} {fmt_time(r.started_at):<24} {r.status:<12} "
+            f"{_what(r)[:44]:<44} {' '.join(r.detail.split())[:100]}"
+        )
+    return "\n".join(lines)
+
+
+async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            try:
+                record = await repository.find_action(session=session, id_prefix=id_prefix)
+            except ValueError as exc:
+                return False, str(exc)
+    finally:
+        await engine.dispose()
+    if record is None:
+        return False, f"no action whose id starts with {id_prefix!r}"
+    took = f"{(record.finished_at - record.started_at).total_seconds():.2f}s" if record.finished_at else "still running"
+    lines = [
+        f"action {record.action_id}  [{record.status}]",
+        f"  {_what(record)} on {record.node_id}, attempt {record.attempt} of incident {record.incident_id}",
+        f"  requested {fmt_time(record.requested_at)}, decided {fmt_time(record.started_at)}, finished {fmt_time(record.finished_at)} ({took})",
+        f"  {record.detail}",
+    ]
+    audit = record.audit or []
+    if audit:
+        lines += ["", f"  {'AT':>9} {'TOOK':>8} {'EXIT':>4}  {'OUTPUT (sha256, bytes out/err)':<34} COMMAND"]
+        for entry in audit:
+            status = "-" if entry.get("exit_status") is None else str(entry["exit_status"])
+            if entry.get("output_sha256"):
+                output = f"{entry['output_sha256'][:16]} {entry.get('stdout_bytes', 0)}/{entry.get('stderr_bytes', 0)}"
+            else:
+                output = entry.get("error", "")[:34]
+            lines.append(f"  {entry.get('at_ms', 0):>7.1f}ms {entry.get('took_ms', 0):>6.1f}ms {status:>4}  {output:<34} {entry.get('command', '')}")
+    elif record.steps:
+        lines += ["", *(f"  ran: {step}" for step in record.steps)]
+    elif record.status in ("blocked", "observed"):
+        lines += ["", "  nothing ran on the node"]
+    return True, "\n".join(lines)
