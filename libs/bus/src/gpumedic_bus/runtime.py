@@ -37,6 +37,8 @@ from gpumedic_telemetry import create_tracer_provider
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 5.0
+STOP_TASKS_WITHIN_S = 10.0
+"""How long stopping waits for each background task to end once cancelled."""
 REPLAY_CATCH_UP_S = 10.0
 
 BackgroundLoop = Callable[[], Awaitable[None]]
@@ -268,9 +270,15 @@ class ServiceRuntime:
                 await consumer.stop()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # Bounded: a loop that swallows its cancellation must not keep the service from stopping.
+            done, stuck = await asyncio.wait(self._tasks, timeout=STOP_TASKS_WITHIN_S)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: it was logged where it happened
+            for task in stuck:
+                log.warning("%s: %s did not stop within %gs of being cancelled; stopping without it",
+                            self.service, task.get_name(), STOP_TASKS_WITHIN_S)
         self._tasks.clear()
         with contextlib.suppress(Exception):
             await publish_event(self.broker, self._heartbeat_event("stopping"))
