@@ -34,6 +34,24 @@ async def fleet(tmp_path):
 
 
 @contextlib.asynccontextmanager
+async def fleet_publishing(tmp_path: Path, nodes: int, gpus: int, nats_url: str):
+    """A started simulated fleet and a `publish` into JetStream for its samplers; both closed at the end."""
+    fleet = SimFleet(nodes, gpus, tmp_path / "fleet")
+    await fleet.start()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+
+    async def publish(event: Event) -> None:
+        await js.publish(event.subject, event.to_json())
+
+    try:
+        yield fleet, publish
+    finally:
+        await nc.close()
+        await fleet.stop()
+
+
+@contextlib.asynccontextmanager
 async def samplers_running(fleet: SimFleet, publish, interval_s: float = 0.2):
     """The fleet's samplers publishing through `publish` while the block runs."""
     task = asyncio.create_task(fleet.run_samplers(publish, interval_s))

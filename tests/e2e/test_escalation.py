@@ -7,26 +7,14 @@ from __future__ import annotations
 
 import asyncio
 
-import nats
-
 from gpumedic.incidents import incident_text
-from gpumedic.sim.fleet import SimFleet
-from gpumedic_events import Event
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
-from tests.e2e.conftest import samplers_running
+from tests.e2e.conftest import fleet_publishing, samplers_running
 from tests.e2e.test_thin_path import detector
 
 
 async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats_settings, store_url, apps, tmp_path, webhook):
-    fleet = SimFleet(1, 2, tmp_path / "fleet")
-    await fleet.start()
-    nc = await nats.connect(nats_settings.url)
-    js = nc.jetstream()
-
-    async def publish(event: Event) -> None:
-        await js.publish(event.subject, event.to_json())
-
     settings = ReportSettings(
         nats=nats_settings,
         store={"url": store_url},
@@ -34,7 +22,7 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
         console_url="https://gpumedic.example.org",
         notify_wait_s=0.5,
     )
-    try:
+    async with fleet_publishing(tmp_path, 1, 2, nats_settings.url) as (fleet, publish):
         await apps.start(reports_app(settings))
         await apps.start(detector(nats_settings))
         node = fleet.node("sim-node-01")
@@ -44,10 +32,7 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
             node.inject_xid(1, 48)  # a storm on one GPU is one incident, paged once
             pages = await asyncio.to_thread(webhook.wait_for, 1, 15.0)
             await asyncio.sleep(1.5)  # time for a second page, which must not come
-    finally:
         await apps.stop_all()
-        await nc.close()
-        await fleet.stop()
 
     assert len(pages) == 1, [p.body["incident"]["kind"] for p in pages]
     incident = pages[0].body["incident"]

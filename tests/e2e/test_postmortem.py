@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-import nats
-
 from gpumedic.incidents import incident_text
-from gpumedic.sim.fleet import SimFleet
-from gpumedic_events import Event
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
-from tests.e2e.conftest import samplers_running
+from tests.e2e.conftest import fleet_publishing, samplers_running
 from tests.e2e.test_thin_path import detector
 
 
@@ -35,15 +31,7 @@ async def _died(store_url: str, expected: int, timeout_s: float = 40.0) -> list:
 
 
 async def test_each_death_is_named_by_its_cause_and_shown_with_its_evidence(nats_settings, store_url, apps, tmp_path):
-    fleet = SimFleet(1, 6, tmp_path / "fleet")
-    await fleet.start()
-    nc = await nats.connect(nats_settings.url)
-    js = nc.jetstream()
-
-    async def publish(event: Event) -> None:
-        await js.publish(event.subject, event.to_json())
-
-    try:
+    async with fleet_publishing(tmp_path, 1, 6, nats_settings.url) as (fleet, publish):
         await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url})))
         await apps.start(detector(nats_settings))
         node = fleet.node("sim-node-01")
@@ -59,10 +47,7 @@ async def test_each_death_is_named_by_its_cause_and_shown_with_its_evidence(nats
             rows = await _died(store_url, 5)
             await asyncio.sleep(2)  # the planned stop had its chance to show up too
             rows = await _died(store_url, 5)
-    finally:
         await apps.stop_all()
-        await nc.close()
-        await fleet.stop()
 
     by_container = {r.evidence["container_id"][:12]: r for r in rows}
     causes = {gpu: by_container[jobs[gpu].container_id[:12]].diagnosis["cause"] for gpu in range(5)}
@@ -81,15 +66,7 @@ async def test_each_death_is_named_by_its_cause_and_shown_with_its_evidence(nats
 async def test_a_lost_gpu_reported_by_its_event_and_its_sample_at_once_is_one_incident(nats_settings, store_url, apps, tmp_path):
     """The sampler publishes GpuLost the moment NVML says so, and its next sample shows the GPU
     lost too; the detector consumes the two concurrently and must open one incident, not two."""
-    fleet = SimFleet(1, 4, tmp_path / "fleet")
-    await fleet.start()
-    nc = await nats.connect(nats_settings.url)
-    js = nc.jetstream()
-
-    async def publish(event: Event) -> None:
-        await js.publish(event.subject, event.to_json())
-
-    try:
+    async with fleet_publishing(tmp_path, 1, 4, nats_settings.url) as (fleet, publish):
         await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url})))
         await apps.start(detector(nats_settings))
         node = fleet.node("sim-node-01")
@@ -98,10 +75,7 @@ async def test_a_lost_gpu_reported_by_its_event_and_its_sample_at_once_is_one_in
             for gpu in range(4):
                 node.inject_gpu_lost(gpu)  # the next sample shows it lost, and GpuLost goes out with it
             await asyncio.sleep(3.0)
-    finally:
         await apps.stop_all()
-        await nc.close()
-        await fleet.stop()
 
     engine = create_engine(store_url)
     async with session_factory(engine)() as session:

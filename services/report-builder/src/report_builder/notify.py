@@ -258,7 +258,7 @@ class Notifier:
             incident = await session.get(Incident, row.incident_id)
         channel = self._channels.get(row.channel)
         if skip := self._skip_reason(incident, channel):
-            await self._settle(row, "skipped", skip)
+            await self._settle(row, "skipped", skip, attempts=row.attempts)  # nothing was sent
             log.info("notification of incident %s to %s skipped: %s", row.incident_id, row.channel, skip)
             return
         assert incident is not None and channel is not None  # _skip_reason said so

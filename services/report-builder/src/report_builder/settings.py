@@ -11,9 +11,12 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
-from gpumedic_bus.settings import PLACEHOLDER_PASSWORDS
 from gpumedic_store import StoreSettings
 from report_builder.notify import Channel
+
+
+PLACEHOLDER_URL_PARTS = ("change-me", "changeme")
+"""What an example's URL holds; "secret" or "password" in a real URL's path is no placeholder."""
 
 
 def _loopback(host: str) -> bool:
@@ -33,7 +36,7 @@ def _check_webhook_url(url: str, name: str) -> None:
         raise ValueError(f"{name} must be an https:// URL with a host")
     if parts.scheme == "http" and not _loopback(host):
         raise ValueError(f"{name} must use https:// (plain http is allowed on loopback only): it carries incident details")
-    if any(p in url.lower() for p in PLACEHOLDER_PASSWORDS):
+    if any(p in url.lower() for p in PLACEHOLDER_URL_PARTS):
         raise ValueError(f"{name} still holds a placeholder from an example; put the real webhook URL there")
 
 

@@ -61,11 +61,8 @@ class DetectorHandlers:
         if self.logic.book.incidents:
             log.info("resumed %d open incident(s)", len(self.logic.book.incidents))
 
-    async def on_sample(self, sample: Event) -> None:
-        async with self._deciding:
-            await self._apply(self.logic.on_event(sample, _now()))
-
-    async def on_event(self, event: Event, delivery: Delivery) -> None:
+    async def on_event(self, event: Event, delivery: Delivery | None = None) -> None:
+        """A sample (push consumer, no delivery) or a node event (pull consumer)."""
         async with self._deciding:
             await self._apply(self.logic.on_event(event, _now()))
 

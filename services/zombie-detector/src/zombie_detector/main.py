@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
 
     runtime.on_startup(_restore)
     runtime.replay(REPLAYS[SERVICE], handlers.on_silence)
-    runtime.consume_fast("zombie-detector-samples", handlers.on_sample)
+    runtime.consume_fast("zombie-detector-samples", handlers.on_event)
     runtime.consume("zombie-detector-actions", handlers.on_action_completed)
     for event_type in NODE_INCIDENT_INPUTS:
         runtime.consume(f"zombie-detector-{event_type.__name__}", handlers.on_event)
