@@ -203,7 +203,8 @@ async def run_simulation(
 
         await _wait_for_pages(observer, pager)
         result = score(fleet.injected, list(observer.incidents.values()))
-        paged = pager.incidents()
+        # The fleet's incidents only: the stack also samples this machine (no GPU: nvml_unavailable).
+        paged = pager.incidents() & observer.incidents.keys()
         outcomes = observer.outcomes(paged)
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
         say("")
