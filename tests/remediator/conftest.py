@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from gpumedic_bus.streams import INCIDENT_STATE
-from gpumedic_events import ActionRequested, IncidentKind, KillGpuProcesses, ProcessTarget
+from gpumedic_events import ActionRequested, IncidentKind, KillGpuProcesses, ProcessTarget, operation_gpu
 from gpumedic_incidents import IncidentState, IncidentStates, PendingAction, operation_digest
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import StoreSettings, upgrade
-from remediator.catalogue import parse_stat
+from remediator.catalogue.kill import parse_stat
 from remediator.settings import Settings
 
 
@@ -108,7 +108,7 @@ def incident_waiting_for(request: ActionRequested, **changes) -> IncidentState:
         "kind": IncidentKind.ZOMBIE_JOB,
         "detector": "zombie-detector",
         "node_id": request.node_id,
-        "gpu_index": request.operation.gpu_index,
+        "gpu_index": operation_gpu(request.operation),
         "opened_at": datetime.now(UTC),
         "last_seen_at": datetime.now(UTC),
         "attempt": request.attempt,

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
 from remediator import catalogue
-from remediator.catalogue import CommandResult, InvalidParameter, parse_cmdline, parse_stat, render
+from remediator.catalogue import CommandResult, InvalidParameter, kill, render
+from remediator.catalogue.kill import parse_cmdline, parse_stat
 
 # A real stat line (Linux 6.x) with a comm that contains spaces and parentheses.
 _TAIL = "S 1 4242 4242 0 -1 4194560 1219 0 0 0 12 3 0 0 20 0 1 0 {start} 9396224 217 18446744073709551615"
@@ -35,11 +36,11 @@ GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounit
 
 
 def test_command_forms_are_exact():
-    assert catalogue.stat_command(41230) == "cat /proc/41230/stat"
-    assert catalogue.cmdline_command(41230) == "cat /proc/41230/cmdline"
-    assert catalogue.kill_command("KILL", 41230) == "kill -s KILL 41230"
-    assert catalogue.kill_command("TERM", 2) == "kill -s TERM 2"
-    assert catalogue.gpu_utilization_command(7) == "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=7"
+    assert kill.stat_command(41230) == "cat /proc/41230/stat"
+    assert kill.cmdline_command(41230) == "cat /proc/41230/cmdline"
+    assert kill.kill_command("KILL", 41230) == "kill -s KILL 41230"
+    assert kill.kill_command("TERM", 2) == "kill -s TERM 2"
+    assert kill.gpu_utilization_command(7) == "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=7"
 
 
 def test_render_checks_the_gpu_then_each_targets_identity_then_kills():
@@ -85,7 +86,7 @@ def test_a_kill_that_does_not_say_when_it_is_safe_is_refused():
 @pytest.mark.parametrize("gpu", ["0; reboot", -1, 64, True, 1.0, "../0"])
 def test_catalogue_refuses_bad_gpu_indexes(gpu):
     with pytest.raises(InvalidParameter, match="GPU index .* is not an integer in 0..63"):
-        catalogue.gpu_utilization_command(gpu)
+        kill.gpu_utilization_command(gpu)
 
 
 # --- hostile inputs ------------------------------------------------------------------------
@@ -107,15 +108,15 @@ def test_catalogue_refuses_bad_gpu_indexes(gpu):
 )
 def test_catalogue_refuses_bad_pids(pid, message):
     with pytest.raises(InvalidParameter, match=message):
-        catalogue.validate_pid(pid)
+        kill.validate_pid(pid)
     with pytest.raises(InvalidParameter):
-        catalogue.kill_command("KILL", pid)
+        kill.kill_command("KILL", pid)
 
 
 @pytest.mark.parametrize("signal", ["HUP", "kill", "9", "KILL; reboot", "", None, 9])
 def test_catalogue_refuses_unknown_signals(signal):
     with pytest.raises(InvalidParameter, match="is not allowed \\(allowed: KILL, TERM\\)"):
-        catalogue.validate_signal(signal)
+        kill.validate_signal(signal)
 
 
 @pytest.mark.parametrize("pid", ["1; rm -rf /", -1, 1, 0, 4_194_305])

@@ -16,7 +16,8 @@ import pytest
 
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
-from gpumedic_incidents import IncidentStates
+from gpumedic_incidents import IncidentStates, PolicySettings, load_policy
+from gpumedic_incidents.policy import KillPolicy, dump_policy
 from gpumedic_store import ActionRecord, BreakerTrip, StoreSettings, StoreUnavailable, create_engine, session_factory
 from opentelemetry.sdk.trace import TracerProvider
 from remediator import repository
@@ -163,7 +164,7 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     assert completed.outcome is ActionOutcome.OBSERVED
     pid = sleeper.pid
     assert completed.detail == (
-        "observe mode for kill_gpu_processes: decided and recorded, not run; would run: "
+        "observe mode for kill_gpu_processes (the remediator runs in observe mode): decided and recorded, not run; would run: "
         f"{GPU_QUERY}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s KILL {pid}"
     )
     assert completed.steps == ()
@@ -171,10 +172,15 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     assert not [c for c in sshd.commands() if str(pid) in c]
 
 
-async def test_per_operation_mode_enforces_one_kind(harness, sleeper):
-    h = harness(mode="observe", modes={"kill_gpu_processes": "enforce"})
-    assert (await h.handle(await h.open(kill_request(sleeper.target())))).outcome is ActionOutcome.SUCCEEDED
-    assert sleeper.killed()
+async def test_the_policy_file_holds_one_operation_in_observe_mode(harness, sleeper, tmp_path):
+    policy = load_policy()
+    actions = policy.actions.model_copy(update={"kill_gpu_processes": KillPolicy(mode="observe")})
+    dump_policy(policy.model_copy(update={"actions": actions}), tmp_path / "policy.yaml")
+    h = harness(mode="enforce", policy=PolicySettings(file=tmp_path / "policy.yaml"))
+    completed = await h.handle(await h.open(kill_request(sleeper.target())))
+    assert completed.outcome is ActionOutcome.OBSERVED
+    assert "the policy's actions.kill_gpu_processes.mode is observe" in completed.detail
+    assert sleeper.alive()
 
 
 async def test_protected_node_is_blocked(harness, sleeper):

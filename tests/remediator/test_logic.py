@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, KillGpuProcesses, ProcessTarget
+from gpumedic_events import ActionRequested, DockerPrune, GpuReset, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
+from gpumedic_incidents.state import fingerprint
+from gpumedic_incidents.policy import Actions, KillPolicy
 from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
@@ -40,13 +42,12 @@ def test_default_policy_is_observe():
     assert "observe mode for kill_gpu_processes" in decision.reason
 
 
-def test_per_operation_mode_overrides_the_default():
-    assert decide(
-        _request(), gate=Gate(mode="observe", modes={"kill_gpu_processes": "enforce"}), ledger_view=LedgerView(), now=NOW
-    ).verdict is Verdict.ALLOW
-    assert decide(
-        _request(), gate=Gate(mode="enforce", modes={"kill_gpu_processes": "observe"}), ledger_view=LedgerView(), now=NOW
-    ).verdict is Verdict.OBSERVE
+def test_an_operation_acts_only_when_the_switch_and_its_policy_mode_both_enforce():
+    observe_kills = Actions(kill_gpu_processes=KillPolicy(mode="observe"))
+    cases = [("enforce", Actions(), Verdict.ALLOW), ("enforce", observe_kills, Verdict.OBSERVE), ("observe", Actions(), Verdict.OBSERVE)]
+    for mode, actions, verdict in cases:
+        gate = Gate(mode=mode, actions=actions)
+        assert decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is verdict, (mode, actions)
 
 
 def test_open_breaker_blocks_everything_and_says_how_to_reset():
@@ -198,3 +199,29 @@ def test_a_target_without_start_time_is_refused_even_for_a_waiting_incident():
         "refused: pid 4242 comes without its start time: a process is identified by pid, start time and "
         "command line, and a pid alone may name an innocent process"
     )
+
+
+def _node_request(operation, kind: IncidentKind, key: str | None = None) -> tuple[ActionRequested, object]:
+    """A node-level request and the node-level incident (no GPU) that waits for it."""
+    request = kill_request(_GOOD).model_copy(
+        update={"operation": operation, "fingerprint": fingerprint("gpu-node-01", kind, None, key)}
+    )
+    return request, incident_waiting_for(request, kind=kind, gpu_index=None, key=key)
+
+
+def test_a_node_level_operation_passes_for_its_node_level_incident():
+    request, incident = _node_request(RestartUnit(unit="gpumedic-node-sampler.service"), IncidentKind.NODE_SILENT)
+    assert _refusal(request, incident) == ""
+    prune, disk = _node_request(DockerPrune(), IncidentKind.DISK_PRESSURE, "var-lib-docker")
+    assert _refusal(prune, disk) == ""
+
+
+def test_a_gpu_operation_for_another_gpu_or_a_unit_off_the_allow_list_is_refused():
+    request, incident = _node_request(GpuReset(gpu_index=2), IncidentKind.GPU_XID)
+    assert _refusal(request, incident.model_copy(update={"gpu_index": 1})) == (
+        f"refused: the request is for node gpu-node-01 GPU 2, but incident {request.incident_id} is on node gpu-node-01 GPU 1"
+    )
+    request, incident = _node_request(RestartUnit(unit="sshd.service"), IncidentKind.NODE_SILENT)
+    assert _refusal(request, incident).startswith("refused: unit sshd.service is not in the policy's restart_unit allow-list")
+    request, incident = _node_request(DockerPrune(volumes=True), IncidentKind.DISK_PRESSURE, "var-lib-docker")
+    assert "prune volumes, which the policy does not allow" in _refusal(request, incident)

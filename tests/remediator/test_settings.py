@@ -16,7 +16,6 @@ def test_defaults_are_the_safe_ones(monkeypatch):
         monkeypatch.delenv(f"GPUMEDIC_REMEDIATOR_{name}", raising=False)
     settings = Settings()
     assert settings.mode == "observe"
-    assert settings.modes == {}
     assert (settings.breaker_max_nodes, settings.breaker_window_s, settings.max_request_age_s) == (5, 600, 120)
     gate = settings.gate()  # the per-node limit comes from the (shipped) policy file
     assert (gate.max_actions_per_node, gate.node_window_s) == (3, 3600)
@@ -26,30 +25,26 @@ def test_defaults_are_the_safe_ones(monkeypatch):
 
 def test_reads_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_MODE", "enforce")
-    monkeypatch.setenv("GPUMEDIC_REMEDIATOR_MODES", '{"kill_gpu_processes": "observe"}')
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_PROTECTED_NODES", "gpu-node-01, gpu-node-02")
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_INVENTORY", str(tmp_path / "inv.yaml"))
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES", "9")
     monkeypatch.setenv("GPUMEDIC_NATS_URL", "nats://10.0.0.1:4222")
     monkeypatch.setenv("GPUMEDIC_STORE_URL", "sqlite+aiosqlite:////tmp/x.db")
     settings = Settings()
-    assert settings.mode == "enforce" and settings.modes == {"kill_gpu_processes": "observe"}
+    assert settings.mode == "enforce"
     assert settings.protected_nodes == {"gpu-node-01", "gpu-node-02"}
     assert settings.inventory == tmp_path / "inv.yaml"
     assert settings.nats.url == "nats://10.0.0.1:4222"
     assert settings.store.url == "sqlite+aiosqlite:////tmp/x.db"
     gate = settings.gate()
-    assert gate.mode_for("kill_gpu_processes") == "observe" and gate.breaker_max_nodes == 9
+    # the master switch enforces; each operation's own mode comes from the (shipped) policy file
+    assert gate.mode_for("kill_gpu_processes") == "enforce" and gate.mode_for("reboot_node") == "observe"
+    assert gate.breaker_max_nodes == 9
 
 
 def test_protected_nodes_also_take_a_json_list(monkeypatch):
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_PROTECTED_NODES", '["a", "b"]')
     assert Settings().protected_nodes == {"a", "b"}
-
-
-def test_modes_refuse_an_operation_not_in_the_catalogue():
-    with pytest.raises(ValidationError, match="unknown operation\\(s\\) reboot_node in modes; known: kill_gpu_processes"):
-        Settings(modes={"reboot_node": "enforce"})
 
 
 def test_modes_refuse_an_unknown_mode():

@@ -9,6 +9,7 @@ import pytest
 
 from gpumedic_events import ActionOutcome, KillGpuProcesses
 from remediator import catalogue
+from remediator.catalogue import kill
 from remediator.inventory import InventoryError
 from remediator.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
 
@@ -39,7 +40,7 @@ async def _kill(executor: SshExecutor, node: str, *targets, verify_timeout_s: fl
 async def test_run_returns_status_and_output(sshd):
     status, stdout, stderr = await _executor(sshd).run(sshd.node_id, "cat /proc/1/stat")
     assert status == 0
-    assert catalogue.parse_stat(stdout).pid == 1
+    assert kill.parse_stat(stdout).pid == 1
     missing = await _executor(sshd).run(sshd.node_id, "cat /proc/4194304/stat")
     assert missing.exit_status != 0 and "No such file" in missing.stderr
 

@@ -53,7 +53,7 @@ def sample(at_s: float, *, util: int | None = 0, procs=(HOLDER,), running: int |
 
 
 def detector() -> NodeIncidents:
-    return NodeIncidents(POLICY, rules=[ZombieRule(POLICY.kinds.zombie_job)])
+    return NodeIncidents(POLICY, rules=[ZombieRule(POLICY.kinds.zombie_job, POLICY.actions.kill_gpu_processes)])
 
 
 def apply(det: NodeIncidents, transitions) -> list:

@@ -10,6 +10,7 @@ import pytest
 
 from gpumedic_events import (
     ActionCompleted,
+    DockerPrune,
     ActionOutcome,
     ActionRequested,
     ContainerExited,
@@ -29,6 +30,7 @@ from gpumedic_events import (
     NodeSampled,
     NodeSshChecked,
     ProcessOomKilled,
+    RestartUnit,
 )
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy
@@ -204,15 +206,36 @@ def disk(pct: float, path="/var/lib/docker") -> DiskUsage:
     return DiskUsage(path=path, total_bytes=total, used_bytes=used, available_bytes=total - used, used_pct=pct)
 
 
-def test_disk_pressure_opens_high_clears_low_and_does_nothing_in_between():
+def succeeded(d: Detector, request: ActionRequested, s: float) -> None:
+    """The remediator answers that `request` ran."""
+    d._commit(d.logic.on_action_completed(
+        ActionCompleted(source="remediator", action_id=request.action_id, incident_id=request.incident_id,
+                        node_id=request.node_id, attempt=request.attempt, outcome=ActionOutcome.SUCCEEDED, detail="done"),
+        at(s), None,
+    ))
+
+
+def test_a_full_docker_disk_is_pruned_and_resolves_fixed_once_under_the_clearing_line():
     d = Detector()
-    opened, _ = d.feed(sample(disks=(disk(96),)), 0)
+    opened, request = d.feed(sample(disks=(disk(96),)), 0)
     assert opened.kind is IncidentKind.DISK_PRESSURE and opened.fingerprint == "n1/disk_pressure/node/var-lib-docker"
     assert "docker system prune" in opened.recommended_action
+    assert request.operation == DockerPrune()  # never volumes: the request does not even ask
+    succeeded(d, request, 1)
     assert d.feed(sample(disks=(disk(92),)), 5) == []  # between the lines: still open, nothing new
     (resolved,) = d.feed(sample(disks=(disk(89),)), 10)
-    assert isinstance(resolved, IncidentResolved)
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
     assert d.feed(sample(disks=(disk(94),)), 15) == []  # below the opening line
+
+
+def test_a_full_data_disk_is_a_person_s_call_never_a_prune():
+    d = Detector()
+    opened, escalated = d.feed(sample(disks=(disk(97, "/data"),)), 0)
+    assert opened.fingerprint == "n1/disk_pressure/node/data"
+    assert isinstance(escalated, IncidentEscalated) and "docker_prune frees /var/lib/docker only" in escalated.reason
+    assert not [e for e in d.events if isinstance(e, ActionRequested)]
+    (resolved,) = d.feed(sample(disks=(disk(80, "/data"),)), 5)
+    assert resolved.resolution == "cleared"
 
 
 def test_host_memory_pressure_with_hysteresis():
@@ -226,15 +249,17 @@ def test_host_memory_pressure_with_hysteresis():
 # --- the node as a whole -------------------------------------------------------------------
 
 
-def test_a_node_gone_quiet_is_silent_and_clears_with_its_next_sample():
+def test_a_node_gone_quiet_gets_its_sampler_restarted_and_its_next_sample_verifies_it():
     d = Detector()
     d.feed(sample(), 0)
     assert d.tick(15) == []  # three intervals of 5 s
-    opened, _ = d.tick(16)
+    opened, request = d.tick(16)
     assert opened.kind is IncidentKind.NODE_SILENT and "no sample from the node for 16s" in opened.summary
+    assert request.operation == RestartUnit(unit="gpumedic-node-sampler.service")
+    succeeded(d, request, 17)
     assert d.tick(30) == []  # still silent: nothing new
     (resolved,) = d.feed(sample(), 31)
-    assert isinstance(resolved, IncidentResolved)
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
 
 
 def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():

@@ -13,6 +13,11 @@ from node_sampler.logic import HostReading, RawDisk
 GIB_KIB = 1024 * 1024
 """KiB in a GiB."""
 TIB = 1024**4
+DOCKER_ROOT = "/var/lib/docker"
+DOCKER_KINDS = ("Images", "Containers", "Local Volumes", "Build Cache")
+"""What `docker system df` lists, in its order."""
+DOCKER_JUNK_SHARE = 0.3
+"""How much of a /var/lib/docker that filled up is what a prune frees (old images, build cache)."""
 
 
 def _default_disks() -> dict[str, tuple[int, int]]:
@@ -46,6 +51,8 @@ class SimHost:
         self.cpus = cpus
         self.disks: dict[str, tuple[int, int]] = _default_disks() if disks is None else dict(disks)
         """Mount path -> (total bytes, used bytes)."""
+        self.docker_reclaimable: dict[str, int] = dict.fromkeys(DOCKER_KINDS, 0)
+        """What a prune of each kind would free under /var/lib/docker, in bytes."""
 
     def read(self) -> HostReading:
         """What `HostReader.read()` would return on such a node now."""
@@ -68,5 +75,20 @@ class SimHost:
             raise ValueError(f"no disk at {path}: the node has {', '.join(self.disks)}")
         if not 0.0 <= pct <= 100.0:
             raise ValueError("pct is 0 to 100")
-        total, _ = self.disks[path]
-        self.disks[path] = (total, int(total * pct / 100.0))
+        total, used = self.disks[path]
+        filled = int(total * pct / 100.0)
+        self.disks[path] = (total, filled)
+        if path == DOCKER_ROOT and filled > used:
+            # What fills Docker's disk is mostly what it keeps around: images and build cache.
+            junk = min(filled - used, int(total * DOCKER_JUNK_SHARE))
+            self.docker_reclaimable["Images"] += junk * 2 // 3
+            self.docker_reclaimable["Build Cache"] += junk - junk * 2 // 3
+
+    def docker_prune(self, kind: str) -> int:
+        """Free what a prune of `kind` (one of DOCKER_KINDS) frees; the bytes freed."""
+        freed = self.docker_reclaimable[kind]
+        self.docker_reclaimable[kind] = 0
+        if DOCKER_ROOT in self.disks:
+            total, used = self.disks[DOCKER_ROOT]
+            self.disks[DOCKER_ROOT] = (total, max(0, used - freed))
+        return freed

@@ -1,11 +1,12 @@
 """The simulated node's SSH endpoint: a real asyncssh server that understands the remediator's
 exact commands and changes the simulated state the way a Linux shell would.
 
-Only these forms are interpreted (a real node runs the same lines unchanged):
-`cat /proc/<pid>/stat`, `cat /proc/<pid>/cmdline`, `kill -s KILL|TERM <pid>...`, and
-`nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=<gpu>`. Anything else
-answers as a shell that lacks the command (exit 127) and changes nothing. Lines are split with
-shlex and matched; nothing is ever evaluated. Every line received is recorded, in order, in
+Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
+`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, the `nvidia-smi` queries and
+`--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
+reboot`, `docker system df` and the prunes, and `df` on /var/lib/docker. Anything else answers
+as a shell that lacks the command (exit 127) and changes nothing. Lines are split with shlex and
+matched; nothing is ever evaluated. Every line received is recorded, in order, in
 `node.ssh_commands`, so tests and the demo can show exactly what the remediator did.
 """
 
@@ -19,14 +20,18 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from gpumedic.sim.host import DOCKER_KINDS, DOCKER_ROOT
 from gpumedic.sim.procs import cmdline_text, stat_line
-from gpumedic.sim.state import NodeState
+from gpumedic.sim.state import UNITS, NodeState
 
 log = logging.getLogger(__name__)
 
 _PROC_FILE = re.compile(r"^/proc/([^/]+)/(stat|cmdline)$")
 _SIGNALS = ("KILL", "TERM")
-_UTILIZATION_QUERY = ("nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits")
+_GPU_QUERIES = {"--query-gpu=utilization.gpu": "utilization", "--query-gpu=memory.used": "memory"}
+_DEVICE = re.compile(r"^/dev/nvidia([0-9]+)$")
+_PRUNES = {"container": "Containers", "image": "Images", "builder": "Build Cache", "volume": "Local Volumes"}
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 @dataclass(frozen=True)
@@ -50,20 +55,80 @@ def interpret(node: NodeState, command: str) -> CommandResult:
         pids = words[3:]
         if all(w.isdigit() for w in pids):
             return _kill(node, words[2], [int(w) for w in pids])
-    if tuple(words[:3]) == _UTILIZATION_QUERY and len(words) == 4 and words[3].startswith("--id="):
-        return _utilization(node, words[3].removeprefix("--id="))
+    if words == ["cat", BOOT_ID]:
+        return CommandResult(0, stdout=f"{node.boot_id}\n")
+    match words:
+        case ["nvidia-smi", *args]:
+            return _nvidia_smi(node, args)
+        case ["fuser", path] if (device := _DEVICE.match(path)):
+            return _fuser(node, path, int(device.group(1)))
+        case ["systemctl", "reboot"]:
+            node.reboot()
+            return CommandResult(0)
+        case ["systemctl", "restart", unit]:
+            if node.restart_unit(unit):
+                return CommandResult(0)
+            return CommandResult(5, stderr=f"Failed to restart {unit}: Unit {unit} not found.\n")
+        case ["systemctl", "is-active", unit]:
+            # Every unit the node has runs (a hung sampler's unit is active too: it hangs, it did not exit).
+            return CommandResult(0, stdout="active\n") if unit in UNITS else CommandResult(3, stdout="inactive\n")
+        case ["docker", "system", "df", "--format", "{{.Type}}={{.Reclaimable}}"]:
+            lines = (f"{kind}={_size(node.machine.docker_reclaimable[kind])} (0%)" for kind in DOCKER_KINDS)
+            return CommandResult(0, stdout="".join(f"{line}\n" for line in lines))
+        case ["docker", kind, "prune", "--force"] if kind in _PRUNES:
+            freed = node.machine.docker_prune(_PRUNES[kind])
+            return CommandResult(0, stdout=f"Total reclaimed space: {_size(freed)}\n")
+        case ["df", "--block-size=1", "--output=used", path] if path in node.machine.disks:
+            return CommandResult(0, stdout=f"Used\n{node.machine.disks[path][1]}\n")
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
 
 
-def _utilization(node: NodeState, index: str) -> CommandResult:
+def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
+    match args:
+        case [query, "--format=csv,noheader,nounits", index] if query in _GPU_QUERIES and index.startswith("--id="):
+            what = _GPU_QUERIES[query]
+        case ["--query-compute-apps=pid", "--format=csv,noheader", index] if index.startswith("--id="):
+            what = "apps"
+        case ["--gpu-reset", "-i", index]:
+            what = "reset"
+        case _:
+            return CommandResult(2, stdout=f"Invalid combination of input arguments: {' '.join(args)}\n")
+    index = index.removeprefix("--id=")
     gpu = int(index) if index.isdigit() else -1
     if node.nvml_missing:
         return CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
     if not 0 <= gpu < len(node.gpus):
         return CommandResult(6, stdout=f"No devices were found matching the id {index}\n")
+    if what == "reset":
+        complaint = node.reset_gpu(gpu)
+        if complaint:
+            return CommandResult(3, stdout=f"{complaint}\n")
+        return CommandResult(0, stdout=f"GPU 00000000:{0x18 + gpu:02X}:00.0 was successfully reset.\n")
     if node.gpus[gpu].lost:
         return CommandResult(15, stdout="Unable to determine the device handle for GPU: GPU is lost.\n")
-    return CommandResult(0, stdout=f"{node.utilization(gpu)[0]}\n")
+    if what == "utilization":
+        return CommandResult(0, stdout=f"{node.utilization(gpu)[0]}\n")
+    if what == "memory":
+        return CommandResult(0, stdout=f"{node.memory_used_mib(gpu)}\n")
+    return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
+
+
+def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:
+    """Like psmisc's fuser: pids on stdout, the file name on stderr, exit 1 when nobody holds it."""
+    if gpu >= len(node.gpus):
+        return CommandResult(1, stderr=f"Cannot stat file {path}: No such file or directory\n")
+    pids = node.device_holders(path)
+    if not pids:
+        return CommandResult(1)
+    return CommandResult(0, stdout="".join(f" {pid}" for pid in pids), stderr=f"{path}:")
+
+
+def _size(size: int) -> str:
+    """Bytes the way docker prints them (decimal units)."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.4g}{unit}"
+    return f"{size}B"
 
 
 def _cat_proc(node: NodeState, path: str, pid_word: str, name: str) -> CommandResult:

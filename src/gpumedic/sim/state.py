@@ -34,6 +34,9 @@ ORPHAN_MEMORY_MIB = 8192
 OUTPUT_BYTES_PER_S = 256 * 1024
 """How fast a producing job's output grows (games, checkpoints)."""
 BOOTED_AGO_S = 3 * 86_400
+SAMPLER_UNIT = "gpumedic-node-sampler.service"
+UNITS = frozenset({SAMPLER_UNIT, "docker.service", "ssh.service"})
+"""The systemd services a simulated node has."""
 
 
 class Fault(StrEnum):
@@ -227,6 +230,8 @@ class NodeState:
         self.status_blocked = False
         self.sampler_silent = False
         """The node's sampler is hung: it publishes nothing."""
+        self.unit_restarts: dict[str, int] = {}
+        self.boot_id = str(uuid.UUID(int=self._random.getrandbits(128), version=4))
         self.machine = SimHost()
         """Memory, swap, load and disks, as the sampler's host reader sees them."""
         self.kernel: SimKernelLog | None = None
@@ -484,6 +489,51 @@ class NodeState:
             if container is not None and container.running and not self._container_has_live(container.id):
                 self._exit_container(container, 137 if signal == "KILL" else 143)
             return True
+
+    # --- what systemd and nvidia-smi do on the node ----------------------------------------
+
+    def restart_unit(self, unit: str) -> bool:
+        """`systemctl restart`; False for a unit the node does not have. Restarting the sampler's
+        unit ends a hung sampler."""
+        if unit not in UNITS:
+            return False
+        with self._lock:
+            self.unit_restarts[unit] = self.unit_restarts.get(unit, 0) + 1
+            if unit == SAMPLER_UNIT:
+                self.sampler_silent = False
+        return True
+
+    def reboot(self) -> None:
+        """Every process ends, the hung sampler with them; GPUs off the bus come back; a new boot."""
+        with self._lock:
+            for p in self.live_processes():
+                self.kill(p.pid, "KILL")
+            self.sampler_silent = False
+            for gpu in self.gpus:
+                gpu.lost = False
+            self._boot = time.monotonic()
+            self.boot_id = str(uuid.UUID(int=self._random.getrandbits(128), version=4))
+
+    def compute_pids(self, gpu: int) -> list[int]:
+        """The GPU's compute processes, as NVML lists them."""
+        return [p.pid for p in self.live_processes(gpu) if p.used_mib > 0]
+
+    def device_holders(self, path: str) -> list[int]:
+        """Live processes holding the device file open (what fuser finds)."""
+        with self._lock:
+            return [p.pid for p in self.processes.values() if p.alive and path in p.devices]
+
+    def reset_gpu(self, gpu: int) -> str:
+        """`nvidia-smi --gpu-reset`: '' when it worked, else nvidia-smi's complaint."""
+        with self._lock:
+            target = self.gpus[gpu]
+            if target.lost:
+                return "Unable to reset GPU: GPU is lost. Reboot the system to recover this GPU"
+            if self.compute_pids(gpu) or self.device_holders(f"/dev/nvidia{gpu}"):
+                return "Unable to reset GPU because it's being used by some other process"
+            target.remapped_rows_pending = False
+            target.ecc_uncorrected = 0
+            return ""
 
     # --- containers ---------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,14 +46,22 @@ class ProcessTarget(BaseModel):
 
 
 class KillGpuProcesses(BaseModel):
-    """Kill the processes holding one GPU, after checking each is still the process that was seen."""
+    """Kill the processes holding one GPU, after checking each is still the process that was seen.
+
+    With `signal: TERM` a target that outlives `grace_s` gets SIGKILL (its identity checked again)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["kill_gpu_processes"] = "kill_gpu_processes"
-    gpu_index: int = Field(ge=0, le=63)
+    gpu_index: int = Field(ge=0, le=63, strict=True, description="A JSON integer; `true` is not GPU 1.")
     targets: tuple[ProcessTarget, ...] = Field(min_length=1, max_length=64)
-    signal: Literal["TERM", "KILL"] = Field(default="KILL", description="Signal to send.")
+    signal: Literal["TERM", "KILL"] = Field(default="KILL", description="Signal to send first.")
+    grace_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="After SIGTERM: how long a target may take to exit before it gets SIGKILL (0: never SIGKILL).",
+    )
     max_gpu_utilization_pct: int | None = Field(
         default=None,
         ge=0,
@@ -61,6 +69,60 @@ class KillGpuProcesses(BaseModel):
         description="The GPU state the incident describes: the remediator reads the GPU's utilisation on the node "
         "just before acting and refuses if it is above this (the job came back to life). Required by the remediator.",
     )
+
+
+UNIT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,246}[.]service$"
+"""A systemd service name: letters, digits and `:_.@-`, ending in `.service`; never a path, an
+option, a glob or an escape."""
+
+
+class RestartUnit(BaseModel):
+    """Restart one systemd service on the node (from the policy's allow-list for the node's groups)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["restart_unit"] = "restart_unit"
+    unit: str = Field(pattern=UNIT_PATTERN, max_length=255, description="e.g. gpumedic-node-sampler.service")
+
+
+class GpuReset(BaseModel):
+    """Reset one GPU (`nvidia-smi --gpu-reset`), only when nothing holds it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["gpu_reset"] = "gpu_reset"
+    gpu_index: int = Field(ge=0, le=63, strict=True, description="A JSON integer; `true` is not GPU 1.")
+
+
+class DockerPrune(BaseModel):
+    """Free space under /var/lib/docker: stopped containers, dangling images, build cache (volumes
+    only when the request asks and the policy allows it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["docker_prune"] = "docker_prune"
+    volumes: bool = Field(default=False, description="Also unused volumes; refused unless the policy allows it.")
+
+
+class RebootNode(BaseModel):
+    """Reboot the node; refused unless the policy enables it explicitly."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["reboot_node"] = "reboot_node"
+
+
+Operation = Annotated[
+    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode, Field(discriminator="operation")
+]
+"""The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
+
+OPERATION_NAMES: tuple[str, ...] = ("kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node")
+
+
+def operation_gpu(operation: BaseModel) -> int | None:
+    """The GPU an operation acts on, None for the node as a whole."""
+    return getattr(operation, "gpu_index", None)
 
 
 FINGERPRINT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}(/[A-Za-z0-9][A-Za-z0-9_-]{0,62}){1,3}$"
@@ -97,7 +159,8 @@ class ActionRequested(ActionEvent):
                         "operation": "kill_gpu_processes",
                         "gpu_index": 0,
                         "targets": [{"pid": 41230, "start_ticks": 8812345, "command": "python train.py --epochs 90"}],
-                        "signal": "KILL",
+                        "signal": "TERM",
+                        "grace_s": 10.0,
                         "max_gpu_utilization_pct": 5,
                     },
                     "reason": "zombie job on GPU 0",
@@ -107,7 +170,7 @@ class ActionRequested(ActionEvent):
         }
     )
 
-    operation: KillGpuProcesses = Field(description="What to do, from the closed catalogue.")
+    operation: Operation = Field(description="What to do, from the closed catalogue.")
     reason: str = Field(max_length=1000, description="Why, in one sentence.")
     fingerprint: str | None = Field(
         default=None,

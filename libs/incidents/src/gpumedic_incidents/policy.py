@@ -13,17 +13,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import re
+
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpumedic_events import IncidentKind
+from gpumedic_events import UNIT_PATTERN, IncidentKind
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_BYTES = 1024 * 1024
 
-Action = Literal["kill_gpu_processes"]
+Action = Literal["kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node"]
 """The catalogue's operations a ladder may name."""
+Mode = Literal["observe", "enforce"]
+SAMPLER_UNIT = "gpumedic-node-sampler.service"
+
+HEALTH_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+"""A unit's health endpoint, fetched by `curl` on the node itself: loopback, plain characters only."""
 
 
 class PolicyError(ValueError):
@@ -102,6 +109,9 @@ class MemoryPolicy(KindPolicy):
 
 class SilentPolicy(KindPolicy):
     after_intervals: float = Field(default=3.0, ge=1, description="Missed sample intervals before a node is silent.")
+    sampler_unit: str = Field(
+        default=SAMPLER_UNIT, pattern=UNIT_PATTERN, description="The node-sampler's systemd unit, which restart_unit restarts."
+    )
 
 
 class SshPolicy(KindPolicy):
@@ -114,9 +124,9 @@ class Kinds(_Strict):
     gpu_xid: XidPolicy = XidPolicy(clear_after_s=3600)
     gpu_lost: KindPolicy = KindPolicy(clear_after_s=600)
     container_died: ContainerPolicy = ContainerPolicy(clear_after_s=3600)
-    disk_pressure: DiskPolicy = DiskPolicy()
+    disk_pressure: DiskPolicy = DiskPolicy(ladder=(Step(action="docker_prune", verify_within_s=120),))
     host_memory_pressure: MemoryPolicy = MemoryPolicy()
-    node_silent: SilentPolicy = SilentPolicy()
+    node_silent: SilentPolicy = SilentPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
     nvml_unavailable: KindPolicy = KindPolicy()
     ssh_unreachable: SshPolicy = SshPolicy()
     fleet_anomaly: KindPolicy = KindPolicy()
@@ -134,14 +144,82 @@ class GatePolicy(_Strict):
     node_window_s: float = Field(default=3600.0, gt=0)
 
 
+class ActionPolicy(_Strict):
+    mode: Mode = Field(
+        default="enforce",
+        description="observe: the remediator decides and records, never runs it. The remediator's own "
+        "GPUMEDIC_REMEDIATOR_MODE=observe overrides every action.",
+    )
+
+
+class KillPolicy(ActionPolicy):
+    grace_s: float = Field(default=10.0, ge=0, le=300, description="SIGTERM, this long to exit, then SIGKILL.")
+
+
+class UnitRule(_Strict):
+    health_url: str | None = Field(
+        default=None, description="Checked with curl on the node after the restart, e.g. http://127.0.0.1:9400/healthz."
+    )
+
+    @field_validator("health_url")
+    @classmethod
+    def _loopback(cls, value: str | None) -> str | None:
+        if value is not None and not HEALTH_URL.match(value):
+            raise ValueError(f"health_url {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
+        return value
+
+
+class RestartPolicy(ActionPolicy):
+    units: dict[str, UnitRule] = Field(
+        default_factory=lambda: {SAMPLER_UNIT: UnitRule()},
+        description="The allow-list: only these units are ever restarted.",
+    )
+
+    @field_validator("units")
+    @classmethod
+    def _unit_names(cls, value: dict[str, UnitRule]) -> dict[str, UnitRule]:
+        for unit in value:
+            if not re.match(UNIT_PATTERN, unit):
+                raise ValueError(f"{unit[:100]!r} is not a systemd service name (letters, digits, :_.@-, ending .service)")
+        return value
+
+
+class PrunePolicy(ActionPolicy):
+    volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
+
+
+class Actions(_Strict):
+    """Per catalogue operation: observe or enforce, and its own limits."""
+
+    kill_gpu_processes: KillPolicy = KillPolicy()
+    restart_unit: RestartPolicy = RestartPolicy()
+    gpu_reset: ActionPolicy = ActionPolicy()
+    docker_prune: PrunePolicy = PrunePolicy()
+    reboot_node: ActionPolicy = ActionPolicy(mode="observe")
+
+    def of(self, operation: str) -> ActionPolicy:
+        return getattr(self, operation)
+
+
 class Policy(_Strict):
     version: Literal[1] = 1
     fleet: FleetPolicy = FleetPolicy()
     gate: GatePolicy = GatePolicy()
+    actions: Actions = Actions()
     kinds: Kinds = Kinds()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self.kinds, IncidentKind(kind).value)
+
+    @model_validator(mode="after")
+    def _ladders_fit_the_actions(self) -> Policy:
+        unit = self.kinds.node_silent.sampler_unit
+        silent_restarts = any(step.action == "restart_unit" for step in self.kinds.node_silent.ladder)
+        if silent_restarts and unit not in self.actions.restart_unit.units:
+            raise ValueError(
+                f"kinds.node_silent restarts {unit}, which actions.restart_unit.units does not allow; add it there"
+            )
+        return self
 
 
 def dump_policy(policy: Policy, path: Path) -> None:

@@ -12,16 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpumedic_events import Diagnosis, Evidence, IncidentKind, KillGpuProcesses, Severity
+from gpumedic_events import Diagnosis, Evidence, IncidentKind, Operation, Severity
 
 Phase = Literal["held", "acting", "verifying", "escalated", "silenced"]
 """held: waiting out the fleet hold before its first action; acting: an action was requested and
 no answer came yet; verifying: the action ran and the next findings will show whether it worked;
 escalated: a person must look; silenced: a silence covers it, nothing is done."""
-
-Operation = KillGpuProcesses
-"""The catalogue's operations (the ladder's actions)."""
-
 
 def operation_digest(operation: Operation) -> str:
     """SHA-256 of the operation as the model serialises it: the same operation, the same digest."""

@@ -40,7 +40,7 @@ from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
 from remediator.inventory import InventoryError
-from remediator.logic import Decision, Verdict, decide, refusal
+from remediator.logic import Decision, Gate, Verdict, decide, refusal
 from remediator.settings import Settings
 from remediator.ssh import NodeError, SshExecutor
 
@@ -198,7 +198,7 @@ class ActionHandler:
         if decision.verdict is Verdict.ALLOW:
             return repository.EXECUTING, ""
         if decision.verdict is Verdict.OBSERVE:
-            return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request)}"
+            return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request, self._gate)}"
         return ActionOutcome.BLOCKED.value, decision.reason
 
     async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
@@ -224,12 +224,14 @@ class ActionHandler:
             return result
 
         try:
-            catalogue.render(request.operation)  # refuse bad parameters before connecting
+            actions = self._gate.actions
+            catalogue.render(request.operation, actions)  # refuse bad parameters before connecting
             await delivery.still_working()
             async with self._executor.session(request.node_id) as node:
                 result = await catalogue.execute(
                     request.operation,
                     lambda command: run_on(node.run, command),
+                    actions=actions,
                     verify_timeout_s=self._settings.verify_timeout_s,
                 )
                 result.audit = audit
@@ -296,9 +298,9 @@ def register(
     return handler, consumer
 
 
-def _would_run(request: ActionRequested) -> str:
+def _would_run(request: ActionRequested, gate: Gate) -> str:
     try:
-        return f"would run: {'; '.join(catalogue.render(request.operation))}"
+        return f"would run: {'; '.join(catalogue.render(request.operation, gate.actions))}"
     except InvalidParameter as exc:
         return f"would refuse: {exc}"
 

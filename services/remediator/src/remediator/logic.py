@@ -14,14 +14,14 @@ the store, so a burst of requests cannot slip past the breaker together.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from gpumedic_events import ActionRequested
+from gpumedic_events import ActionRequested, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
+from gpumedic_incidents.policy import Actions
 from remediator.catalogue import InvalidParameter, render
 
 Mode = Literal["observe", "enforce"]
@@ -53,7 +53,9 @@ class Gate:
     """The gate's settings, as plain data."""
 
     mode: Mode = "observe"
-    modes: Mapping[str, Mode] = field(default_factory=dict)
+    """The remediator's master switch: observe overrides every action's own mode."""
+    actions: Actions = field(default_factory=Actions)
+    """The policy file's per-operation modes and allow-lists."""
     protected_nodes: frozenset[str] = frozenset()
     max_actions_per_node: int = 3
     """Actions on one node within `node_window_s` (from the policy file's `gate`)."""
@@ -63,7 +65,7 @@ class Gate:
     max_request_age_s: float = 120.0
 
     def mode_for(self, operation: str) -> Mode:
-        return self.modes.get(operation, self.mode)
+        return "observe" if self.mode == "observe" else self.actions.of(operation).mode
 
 
 @dataclass(frozen=True)
@@ -110,12 +112,10 @@ def refusal(
         return f"refused: {where} is not open (the open incident on {request.fingerprint} is {incident.incident_id})"
     if incident.detector != request.source:
         return f"refused: {where} was opened by {incident.detector}, not by {request.source}"
-    gpu = request.operation.gpu_index
-    if (incident.node_id, incident.gpu_index) != (request.node_id, gpu):
-        return (
-            f"refused: the request is for node {request.node_id} GPU {gpu}, but {where} is on node "
-            f"{incident.node_id} GPU {incident.gpu_index}"
-        )
+    gpu = operation_gpu(request.operation)
+    if incident.node_id != request.node_id or (gpu is not None and gpu != incident.gpu_index):
+        asked = request.node_id if gpu is None else f"{request.node_id} GPU {gpu}"
+        return f"refused: the request is for node {asked}, but {where} is on {_where(incident)}"
     pending = incident.pending_action
     if incident.phase != "acting" or pending is None:
         return f"refused: {where} is {incident.phase}, not waiting for an action"
@@ -127,7 +127,7 @@ def refusal(
     if operation_digest(request.operation) != pending.operation_sha256:
         return f"refused: the operation differs from the one {incident.detector} decided for {where}"
     try:
-        render(request.operation)
+        render(request.operation, gate.actions)
     except InvalidParameter as exc:
         return f"refused: {exc}"
     return ""
@@ -169,8 +169,13 @@ def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now
         )
     operation = request.operation.operation
     if gate.mode_for(operation) == "observe":
-        return Decision(Verdict.OBSERVE, f"observe mode for {operation}: decided and recorded, not run")
+        switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{operation}.mode is observe"
+        return Decision(Verdict.OBSERVE, f"observe mode for {operation} ({switch}): decided and recorded, not run")
     return Decision(Verdict.ALLOW)
+
+
+def _where(incident: IncidentState) -> str:
+    return f"node {incident.node_id}" + ("" if incident.gpu_index is None else f" GPU {incident.gpu_index}")
 
 
 def _iso(moment: datetime) -> str:

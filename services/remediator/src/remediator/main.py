@@ -14,10 +14,12 @@ from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_events import OPERATION_NAMES
 from gpumedic_incidents import IncidentStates
 from gpumedic_store.engine import create_engine, ping, session_factory
 from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
+from remediator.logic import Gate
 from remediator.settings import Settings, SettingsError
 from remediator.ssh import SshExecutor
 
@@ -49,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
             "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, %d actions per node / %gs, "
             "requests refused after %gs, %d at once, protected %s",
             gate.mode,
-            f" (overrides {dict(gate.modes)})" if gate.modes else "",
+            _enforced(gate),
             settings.store.safe_url,
             settings.inventory,
             gate.breaker_max_nodes,
@@ -95,3 +97,9 @@ def run() -> None:
 
 if __name__ == "__main__":
     run()
+
+
+def _enforced(gate: Gate) -> str:
+    """Which operations this remediator may run, for the start-up line."""
+    acting = [op for op in OPERATION_NAMES if gate.mode_for(op) == "enforce"]
+    return f" (runs {', '.join(acting) or 'nothing'})" if gate.mode == "enforce" else ""

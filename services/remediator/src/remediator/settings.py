@@ -25,9 +25,6 @@ from gpumedic_store.settings import StoreSettings
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
 
-OPERATIONS = ("kill_gpu_processes",)
-"""The catalogue's operation names, the keys `modes` may use."""
-
 _CONFIG_DIR = Path("/etc/gpumedic")
 
 
@@ -54,10 +51,10 @@ class Settings(BaseSettings):
     client_key: Path = Field(
         default=_CONFIG_DIR / "id_ed25519", description="Private key file for node logins; its content is never logged."
     )
-    mode: Mode = Field(default="observe", description="observe: decide and record, never act; enforce: act.")
-    modes: dict[str, Mode] = Field(
-        default_factory=dict,
-        description='Per-operation override of `mode`, as JSON: {"kill_gpu_processes": "enforce"}.',
+    mode: Mode = Field(
+        default="observe",
+        description="The master switch. observe: decide and record, never act; enforce: act, for each operation "
+        "whose mode in the policy file (`actions`) is enforce.",
     )
     protected_nodes: Annotated[set[str], NoDecode] = Field(
         default_factory=set, description="Nodes never acted on; comma-separated or a JSON list."
@@ -98,20 +95,13 @@ class Settings(BaseSettings):
             return {part.strip() for part in text.split(",") if part.strip()}
         return value
 
-    @field_validator("modes")
-    @classmethod
-    def _known_operations(cls, value: dict[str, Mode]) -> dict[str, Mode]:
-        unknown = sorted(set(value) - set(OPERATIONS))
-        if unknown:
-            raise ValueError(f"unknown operation(s) {', '.join(unknown)} in modes; known: {', '.join(OPERATIONS)}")
-        return value
-
     def gate(self) -> Gate:
-        """The gate's rules: these settings, and the per-node limit from the policy file."""
-        gate = self.policy.load().gate
+        """The gate's rules: these settings, and the per-node limit and per-operation rules from the policy file."""
+        policy = self.policy.load()
+        gate = policy.gate
         return Gate(
             mode=self.mode,
-            modes=dict(self.modes),
+            actions=policy.actions,
             protected_nodes=frozenset(self.protected_nodes),
             max_actions_per_node=gate.max_actions_per_node,
             node_window_s=gate.node_window_s,

@@ -18,8 +18,8 @@ def build_rules(policy: Policy) -> list[Rule]:
     """The node rules, each with its part of the policy."""
     kinds = policy.kinds
     return [
-        ZombieRule(kinds.zombie_job),
-        OrphanRule(kinds.orphan_gpu_holder),
+        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes),
+        OrphanRule(kinds.orphan_gpu_holder, policy.actions.kill_gpu_processes),
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
         ContainerRule(kinds.container_died),

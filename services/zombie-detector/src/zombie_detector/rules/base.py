@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from gpumedic_events import Event
+from gpumedic_events import Event, KillGpuProcesses, ProcessTarget
 from gpumedic_incidents import Finding, IncidentState
+from gpumedic_incidents.policy import KillPolicy
 
 
 class Incidents(Protocol):
@@ -37,3 +38,16 @@ class Rule(Protocol):
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         """Findings that time alone brings (a node gone quiet); most rules have none."""
         ...
+
+
+def kill_operation(
+    gpu_index: int, targets: Sequence[ProcessTarget], max_utilization_pct: int, kill: KillPolicy
+) -> KillGpuProcesses | None:
+    """SIGTERM the GPU's processes (each named by pid, start time and command line), SIGKILL after the
+    policy's grace; None if there is none to name."""
+    targets = tuple(t for t in targets if t.pid >= 2)[:64]
+    if not targets:
+        return None
+    return KillGpuProcesses(
+        gpu_index=gpu_index, targets=targets, signal="TERM", grace_s=kill.grace_s, max_gpu_utilization_pct=max_utilization_pct
+    )

@@ -11,12 +11,13 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import IncidentKind, NodeSampled
+from gpumedic_events import DockerPrune, IncidentKind, NodeSampled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import DiskPolicy, MemoryPolicy
 from zombie_detector.rules.base import Incidents
 
 DISK = IncidentKind.DISK_PRESSURE
+DOCKER_ROOT = "/var/lib/docker"
 MEMORY = IncidentKind.HOST_MEMORY_PRESSURE
 
 
@@ -60,7 +61,7 @@ class HostRule:
         return ()
 
     def _disk(self, sample: NodeSampled, path: str, key: str, used_pct: float, available: int) -> Finding:
-        docker = "docker" in path
+        docker = path == DOCKER_ROOT
         return Finding(
             kind=DISK,
             node_id=sample.node_id,
@@ -73,6 +74,9 @@ class HostRule:
                 if docker
                 else f"free space on {path}: old checkpoints, logs, datasets"
             ),
+            # Pruning frees Docker's own files; what fills any other disk is someone's data.
+            operations={"docker_prune": DockerPrune()} if docker else {},
+            unsafe="" if docker else f"only a person can say what on {path} may go; docker_prune frees {DOCKER_ROOT} only",
         )
 
     def _memory(self, sample: NodeSampled, pct: float, available: int, total: int) -> Finding:

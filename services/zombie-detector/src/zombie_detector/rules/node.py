@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import Diagnosis, IncidentKind, NodeSampled, NodeSshChecked
+from gpumedic_events import Diagnosis, IncidentKind, NodeSampled, NodeSshChecked, RestartUnit
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import SilentPolicy, SshPolicy
 from zombie_detector.rules.base import Incidents
@@ -77,6 +77,8 @@ class NodeRule:
                         summary=f"no sample from the node for {quiet:.0f}s ({quiet / interval:.0f} of its {interval:g}s intervals)",
                         evidence={"silent_s": round(quiet, 1), "interval_s": interval},
                         recommended_action="check the node-sampler on the node (its service, its log) and the node itself (ping, SSH)",
+                        # If the node answers SSH, the sampler's unit is restarted; if not, the action fails and a person is paged.
+                        operations={"restart_unit": RestartUnit(unit=self.silent.sampler_unit)},
                     )
                 )
         return findings

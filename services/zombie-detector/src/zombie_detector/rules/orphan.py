@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import IncidentKind, KillGpuProcesses, NodeSampled, ProcessIdentity, ProcessTarget
+from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity, ProcessTarget
 from gpumedic_incidents import Finding
-from gpumedic_incidents.policy import OrphanPolicy
-from zombie_detector.rules.base import Incidents
+from gpumedic_incidents.policy import KillPolicy, OrphanPolicy
+from zombie_detector.rules.base import Incidents, kill_operation
 
 KIND = IncidentKind.ORPHAN_GPU_HOLDER
 _NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
@@ -64,8 +64,9 @@ def orphans(sample: NodeSampled, idle_util_pct: int) -> list[Orphan]:
 class OrphanRule:
     inputs = (NodeSampled,)
 
-    def __init__(self, policy: OrphanPolicy) -> None:
+    def __init__(self, policy: OrphanPolicy, kill: KillPolicy) -> None:
         self.policy = policy
+        self.kill = kill
         self.seen_since: dict[tuple[str, int | None, int], datetime] = {}
         """(node, gpu, pid) -> since when the detector has seen this holder as an orphan."""
 
@@ -103,7 +104,7 @@ class OrphanRule:
         operation = None
         if gpu is not None and not unidentified:
             targets = tuple(ProcessTarget(pid=o.holder.pid, start_ticks=o.holder.start_ticks, command=o.holder.command) for o in held[:64])
-            operation = KillGpuProcesses(gpu_index=gpu, targets=targets, max_gpu_utilization_pct=self.policy.idle_util_pct)
+            operation = kill_operation(gpu, targets, self.policy.idle_util_pct, self.kill)
         unsafe = ""
         if unidentified:
             unsafe = f"pid {' '.join(map(str, unidentified))} on {where} cannot be identified (no start time or command line); a person must look"

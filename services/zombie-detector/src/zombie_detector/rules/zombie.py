@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import GpuSample, IncidentKind, KillGpuProcesses, NodeSampled, ProcessTarget
+from gpumedic_events import GpuSample, IncidentKind, NodeSampled, ProcessTarget
 from gpumedic_incidents import Finding
-from gpumedic_incidents.policy import ZombiePolicy
-from zombie_detector.rules.base import Incidents
+from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
+from zombie_detector.rules.base import Incidents, kill_operation
 
 KIND = IncidentKind.ZOMBIE_JOB
 MAX_GAP_INTERVALS = 3
@@ -90,21 +90,12 @@ def unidentified(gpu: GpuSample) -> str:
     )
 
 
-def kill_operation(gpu: GpuSample, max_utilization_pct: int) -> KillGpuProcesses | None:
-    """Kill the GPU's processes, each named by pid, start time and command line; None if none is."""
-    targets = tuple(
-        ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in gpu.processes[:64] if p.pid >= 2
-    )
-    if not targets:
-        return None
-    return KillGpuProcesses(gpu_index=gpu.index, targets=targets, max_gpu_utilization_pct=max_utilization_pct)
-
-
 class ZombieRule:
     inputs = (NodeSampled,)
 
-    def __init__(self, policy: ZombiePolicy) -> None:
+    def __init__(self, policy: ZombiePolicy, kill: KillPolicy) -> None:
         self.policy = policy
+        self.kill = kill
         self.idle_since: dict[tuple[str, int], IdleStreak] = {}
         self.writes: dict[tuple[str, int], Writes] = {}
         """The write counters of the GPUs that looked idle in their node's last sample."""
@@ -160,7 +151,8 @@ class ZombieRule:
     def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
-        operation = None if unsafe else kill_operation(gpu, self.policy.idle_util_pct)
+        targets = [ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in gpu.processes]
+        operation = None if unsafe else kill_operation(gpu.index, targets, self.policy.idle_util_pct, self.kill)
         return Finding(
             kind=KIND,
             node_id=sample.node_id,

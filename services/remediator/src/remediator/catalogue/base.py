@@ -1,0 +1,87 @@
+"""What every operation of the catalogue shares: its errors, results, and the poll that verifies it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpumedic_events import ActionOutcome
+
+VERIFY_POLL_S = 0.5
+MAX_GPU_INDEX = 63
+
+
+class InvalidParameter(ValueError):
+    """A parameter an operation cannot take; nothing is rendered, nothing runs."""
+
+
+class CommandResult(NamedTuple):
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[str], Awaitable[CommandResult]]
+"""Runs one rendered command on the node the action is for."""
+
+
+@dataclass
+class ExecutionResult:
+    """What running an operation did: the outcome, a sentence for a person, every command run."""
+
+    outcome: ActionOutcome
+    detail: str
+    steps: list[str] = field(default_factory=list)
+    audit: list[dict] = field(default_factory=list)
+    """Per command run: exit status, output digest, timing (filled in by whoever ran the commands)."""
+
+
+@dataclass
+class Node:
+    """One node as an operation sees it: a command runner that records each step, and a clock."""
+
+    run_command: Runner
+    verify_timeout_s: float
+    sleep: Callable[[float], Awaitable[None]]
+    clock: Callable[[], float]
+    steps: list[str] = field(default_factory=list)
+
+    async def run(self, command: str) -> CommandResult:
+        self.steps.append(command)
+        return await self.run_command(command)
+
+    async def poll(self, check: Callable[[], Awaitable[bool]], timeout_s: float | None = None) -> bool:
+        """Call `check` every VERIFY_POLL_S until it is true or the time is up (at least once)."""
+        deadline = self.clock() + (self.verify_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            if await check():
+                return True
+            if self.clock() >= deadline:
+                return False
+            await self.sleep(VERIFY_POLL_S)
+
+    def result(self, outcome: ActionOutcome, detail: str) -> ExecutionResult:
+        return ExecutionResult(outcome=outcome, detail=detail, steps=self.steps)
+
+
+def validate_gpu_index(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPU_INDEX:
+        raise InvalidParameter(f"GPU index {short(value)} is not an integer in 0..{MAX_GPU_INDEX}")
+    return value
+
+
+def quoted(value: object) -> str:
+    """A validated value as one shell word: quoted even so, so that no value can become syntax."""
+    return shlex.quote(str(value))
+
+
+def said(result: CommandResult) -> str:
+    """What a failed command said, in the node's words (nvidia-smi reports its failures on stdout)."""
+    return short(result.stderr.strip() or result.stdout.strip() or f"exit status {result.exit_status}")
+
+
+def short(value: object, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."

@@ -1,0 +1,59 @@
+"""gpu_reset: `nvidia-smi --gpu-reset` on one GPU, only when nothing holds it.
+
+A reset under a live process kills that process's work without a word, so two checks come
+first, both on the node: NVML's compute processes on the GPU (`--query-compute-apps`) must be
+none, and `fuser` must find no process holding the GPU's device file (a leftover that opened
+/dev/nvidiaN without a CUDA context is invisible to NVML). A node without `fuser` cannot prove
+the second, so the reset is refused there. Afterwards the GPU must answer a query again; its
+memory, retired pages and row remaps are for the next samples to verify.
+"""
+
+from __future__ import annotations
+
+from gpumedic_events import ActionOutcome, GpuReset
+from remediator.catalogue.base import ExecutionResult, Node, quoted, said, validate_gpu_index
+
+NO_PROCESS = 1
+"""fuser's exit status when no process uses the file."""
+
+
+def render(operation: GpuReset) -> tuple[str, ...]:
+    gpu = quoted(validate_gpu_index(operation.gpu_index))
+    return (
+        f"nvidia-smi --query-compute-apps=pid --format=csv,noheader --id={gpu}",
+        f"fuser /dev/nvidia{gpu}",
+        f"nvidia-smi --gpu-reset -i {gpu}",
+        f"nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits --id={gpu}",
+    )
+
+
+async def execute(operation: GpuReset, node: Node) -> ExecutionResult:
+    apps, holders, reset, query = render(operation)
+    gpu = operation.gpu_index
+    result = await node.run(apps)
+    if result.exit_status != 0:
+        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu}'s compute processes cannot be read ({said(result)})")
+    pids = [w for w in result.stdout.split() if w.isdigit()]
+    if pids:
+        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(pids)}; not reset")
+    result = await node.run(holders)
+    held = [w for w in result.stdout.split() if w.rstrip("cefFrm").isdigit()]
+    if held or result.exit_status not in (0, NO_PROCESS):
+        why = f"held by pid(s) {', '.join(held)}" if held else f"its holders cannot be listed ({said(result)})"
+        return node.result(ActionOutcome.BLOCKED, f"refused: /dev/nvidia{gpu} is {why}; not reset")
+    if result.exit_status == 0:
+        return node.result(ActionOutcome.BLOCKED, f"refused: fuser says /dev/nvidia{gpu} is in use; not reset")
+    result = await node.run(reset)
+    if result.exit_status != 0:
+        return node.result(ActionOutcome.FAILED, f"nvidia-smi --gpu-reset on GPU {gpu} failed: {said(result)}")
+    answer = ""
+
+    async def answers() -> bool:
+        nonlocal answer
+        back = await node.run(query)
+        answer = back.stdout.strip() if back.exit_status == 0 else said(back)
+        return back.exit_status == 0 and answer.isdigit()
+
+    if not await node.poll(answers):
+        return node.result(ActionOutcome.FAILED, f"GPU {gpu} was reset but does not answer after {node.verify_timeout_s:g}s ({answer})")
+    return node.result(ActionOutcome.SUCCEEDED, f"GPU {gpu} reset; it answers again with {answer} MiB in use")

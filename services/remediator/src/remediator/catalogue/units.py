@@ -1,0 +1,101 @@
+"""restart_unit and reboot_node: systemd on the node.
+
+A unit is restarted only if the policy's allow-list names it (the job daemon, the P2P node, the
+sampler: never sshd, never an arbitrary name from a message), and the restart counts only when
+`systemctl is-active` says `active` again within the verify timeout and, where the policy gives
+one, the unit's health endpoint on the node's loopback answers.
+
+A reboot is the last rung, and the policy must enable it explicitly (its mode is `observe`
+unless changed). Its verification is the node's next samples: the SSH session ends with it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpumedic_events import UNIT_PATTERN, ActionOutcome, RebootNode, RestartUnit
+from gpumedic_incidents.policy import HEALTH_URL, Actions
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+REBOOT = "systemctl reboot"
+HEALTH_TIMEOUT_S = 5
+
+
+def validate_unit(value: object, actions: Actions) -> str:
+    if not isinstance(value, str) or not re.match(UNIT_PATTERN, value):
+        raise InvalidParameter(
+            f"unit {short(value)} is not a systemd service name (letters, digits, ':_.@-', ending in .service)"
+        )
+    allowed = actions.restart_unit.units
+    if value not in allowed:
+        names = ", ".join(sorted(allowed)) or "none"
+        raise InvalidParameter(f"unit {value} is not in the policy's restart_unit allow-list (allowed: {names})")
+    return value
+
+
+def health_command(url: str) -> str:
+    if not HEALTH_URL.match(url):
+        raise InvalidParameter(f"health URL {short(url)} is not a plain loopback URL")
+    return f"curl -fsS -m {HEALTH_TIMEOUT_S} -o /dev/null {quoted(url)}"
+
+
+def render_restart(operation: RestartUnit, actions: Actions) -> tuple[str, ...]:
+    unit = validate_unit(operation.unit, actions)
+    commands = [f"systemctl restart {quoted(unit)}", f"systemctl is-active {quoted(unit)}"]
+    if url := actions.restart_unit.units[unit].health_url:
+        commands.append(health_command(url))
+    return tuple(commands)
+
+
+async def restart(operation: RestartUnit, node: Node, actions: Actions) -> ExecutionResult:
+    restart_cmd, is_active, *health = render_restart(operation, actions)
+    unit = operation.unit
+    result = await node.run(restart_cmd)
+    if result.exit_status != 0:
+        return node.result(ActionOutcome.FAILED, f"systemctl restart {unit} failed: {said(result)}")
+    state = ""
+
+    async def active() -> bool:
+        nonlocal state
+        answer = await node.run(is_active)
+        state = answer.stdout.strip() or said(answer)
+        return answer.exit_status == 0 and state == "active"
+
+    if not await node.poll(active):
+        return node.result(
+            ActionOutcome.FAILED, f"restarted {unit}, but it is {short(state)} after {node.verify_timeout_s:g}s, not active"
+        )
+    if health:
+        last = ""
+
+        async def answers() -> bool:
+            nonlocal last
+            answer = await node.run(health[0])
+            last = said(answer)
+            return answer.exit_status == 0
+
+        if not await node.poll(answers):
+            return node.result(
+                ActionOutcome.FAILED,
+                f"restarted {unit}; it is active but its health endpoint does not answer after "
+                f"{node.verify_timeout_s:g}s ({last})",
+            )
+        return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active, and its health endpoint answers")
+    return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
+
+
+def render_reboot(operation: RebootNode) -> tuple[str, ...]:
+    return (BOOT_ID, REBOOT)
+
+
+async def reboot(operation: RebootNode, node: Node) -> ExecutionResult:
+    boot = await node.run(BOOT_ID)
+    before = boot.stdout.strip() if boot.exit_status == 0 else "unknown"
+    result = await node.run(REBOOT)
+    if result.exit_status != 0:
+        return node.result(ActionOutcome.FAILED, f"systemctl reboot failed: {said(result)}")
+    return node.result(
+        ActionOutcome.SUCCEEDED,
+        f"reboot started (boot id was {short(before, 40)}); the node's next samples show whether it came back",
+    )

@@ -1,0 +1,201 @@
+"""Every catalogue operation over Debian's OpenSSH, with stand-in `systemctl`, `nvidia-smi`,
+`fuser` and `docker` on the server's PATH (see tests/fixtures/sshd.py) and the real `cat`, `kill`,
+`df` and `curl`: each test checks the node's state (the stand-ins' files, a real process, a real
+HTTP server) after the action, and that hostile parameters never reach the server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from threading import Thread
+
+import pytest
+from pydantic import ValidationError
+
+from gpumedic_events import (
+    ActionOutcome,
+    ActionRequested,
+    DockerPrune,
+    GpuReset,
+    KillGpuProcesses,
+    ProcessTarget,
+    RebootNode,
+    RestartUnit,
+)
+from gpumedic_incidents.policy import Actions, ActionPolicy, RestartPolicy, UnitRule
+from remediator import catalogue
+from remediator.catalogue.kill import parse_stat
+from remediator.ssh import SshExecutor
+
+pytestmark = pytest.mark.sshd
+
+
+def _executor(sshd) -> SshExecutor:
+    return SshExecutor(
+        inventory=sshd.inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=5.0, command_timeout_s=5.0
+    )
+
+
+async def _run(sshd, operation, actions: Actions = Actions(), verify_timeout_s: float = 2.0):
+    async with _executor(sshd).session(sshd.node_id) as session:
+        return await catalogue.execute(operation, session.run, actions=actions, verify_timeout_s=verify_timeout_s)
+
+
+def _unit(sshd, state: str, *, after_restart: str | None = None) -> str:
+    """A unit known to the stand-in systemctl, in `state`; a fresh name per test."""
+    name = f"job-daemon-{uuid.uuid4().hex[:8]}.service"
+    (sshd.directory / "units" / name).write_text(f"{state}\n")
+    if after_restart is not None:
+        (sshd.directory / "units" / f"{name}.after-restart").write_text(f"{after_restart}\n")
+    return name
+
+
+def _restarts(sshd, unit: str) -> int:
+    path = sshd.directory / "units" / f"{unit}.restarts"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _allowing(unit: str, health_url: str | None = None) -> Actions:
+    return Actions(restart_unit=RestartPolicy(units={unit: UnitRule(health_url=health_url)}))
+
+
+async def test_kill_terms_a_real_process_then_kills_it_after_the_grace(sshd):
+    # `sleep` dies of SIGTERM; this shell ignores it, so the grace runs out and SIGKILL follows.
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    try:
+        start = parse_stat(Path(f"/proc/{stubborn.pid}/stat").read_text()).start_ticks
+        command = "sh -c trap '' TERM; while :; do sleep 0.1; done"
+        target = ProcessTarget(pid=stubborn.pid, start_ticks=start, command=command)
+        op = KillGpuProcesses(gpu_index=0, targets=(target,), signal="TERM", grace_s=1.0, max_gpu_utilization_pct=5)
+        result = await _run(sshd, op)
+        assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+        assert stubborn.wait(timeout=5) == -9
+        assert result.detail == f"sent TERM to {stubborn.pid}; sent KILL after 1s to {stubborn.pid}; verified gone: {stubborn.pid}"
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+            stubborn.wait()
+
+
+async def test_restart_unit_restarts_the_allowed_unit_and_checks_it_is_active(sshd):
+    unit = _unit(sshd, "failed")
+    result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit))
+    assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
+    assert _restarts(sshd, unit) == 1
+    assert sshd.commands()[-2:] == [f"systemctl restart {unit}", f"systemctl is-active {unit}"]
+
+
+async def test_a_unit_that_does_not_come_back_fails_the_action(sshd):
+    unit = _unit(sshd, "failed", after_restart="activating")
+    result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit), verify_timeout_s=1.0)
+    assert result.outcome is ActionOutcome.FAILED
+    assert result.detail == f"restarted {unit}, but it is 'activating' after 1s, not active"
+
+
+class _Health(BaseHTTPRequestHandler):
+    answers = True
+    hits = 0
+
+    def do_GET(self):  # noqa: N802 (the http.server interface)
+        type(self).hits += 1
+        self.send_response(200 if self.answers else 503)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    Thread(target=server.serve_forever, daemon=True).start()
+    _Health.answers, _Health.hits = True, 0
+    yield f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_restart_unit_waits_for_the_health_endpoint_the_policy_names(sshd, health):
+    unit = _unit(sshd, "active")
+    result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit, health))
+    assert result.outcome is ActionOutcome.SUCCEEDED and result.detail.endswith("and its health endpoint answers")
+    assert _Health.hits == 1 and sshd.commands()[-1] == f"curl -fsS -m 5 -o /dev/null {health}"
+    _Health.answers = False
+    result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit, health), verify_timeout_s=1.0)
+    assert result.outcome is ActionOutcome.FAILED and "health endpoint does not answer" in result.detail
+    assert "503" in result.detail  # curl's own words
+
+
+async def test_gpu_reset_refuses_a_held_gpu_and_resets_a_free_one(sshd):
+    resets = sshd.directory / "gpu5.resets"
+    (sshd.directory / "holders5").write_text("31337\n")
+    held = await _run(sshd, GpuReset(gpu_index=5))
+    assert (held.outcome, held.detail) == (ActionOutcome.BLOCKED, "refused: /dev/nvidia5 is held by pid(s) 31337; not reset")
+    (sshd.directory / "holders5").unlink()
+    (sshd.directory / "gpu5.apps").write_text("4242\n")
+    busy = await _run(sshd, GpuReset(gpu_index=5))
+    assert busy.detail == "refused: GPU 5 runs compute process(es) 4242; not reset"
+    assert not resets.exists()
+    (sshd.directory / "gpu5.apps").unlink()
+    done = await _run(sshd, GpuReset(gpu_index=5))
+    assert (done.outcome, done.detail) == (ActionOutcome.SUCCEEDED, "GPU 5 reset; it answers again with 0 MiB in use")
+    assert resets.read_text() == "reset\n"
+
+
+async def test_docker_prune_removes_stopped_containers_images_and_cache_never_volumes(sshd):
+    junk = sshd.directory / "junk"
+    for kind, size in (("container", 3000), ("image", 5000), ("builder", 2000), ("volume", 7000)):
+        (junk / kind).mkdir(parents=True, exist_ok=True)
+        (junk / kind / "layer").write_bytes(b"x" * size)
+    (sshd.directory / "docker-df").write_text(
+        "Images=2.5GB (40%)\nContainers=120MB (100%)\nLocal Volumes=7GB (90%)\nBuild Cache=1.2GB\n"
+    )
+    result = await _run(sshd, DockerPrune())
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert result.detail.startswith("expected to free 3.8 GB (docker system df); freed ")  # volumes not counted
+    assert sorted(p.name for p in junk.iterdir()) == ["volume"]
+    assert (sshd.directory / "prunes").read_text().splitlines() == ["container prune", "image prune", "builder prune"]
+
+
+async def test_reboot_runs_only_as_systemctl_reboot(sshd):
+    reboots = sshd.directory / "reboots"
+    result = await _run(sshd, RebootNode(), Actions(reboot_node=ActionPolicy(mode="enforce")))
+    assert result.outcome is ActionOutcome.SUCCEEDED and "the node's next samples show whether it came back" in result.detail
+    assert reboots.read_text() == "reboot\n"
+    assert sshd.commands()[-2:] == ["cat /proc/sys/kernel/random/boot_id", "systemctl reboot"]
+
+
+HOSTILE_UNITS = ["a.service; reboot", "$(reboot).service", "a.service\nreboot", "../../etc/passwd.service", "-H evil.service", "a b.service", "sshd"]
+
+
+@pytest.mark.parametrize("unit", HOSTILE_UNITS)
+async def test_hostile_unit_names_are_refused_by_the_event_and_by_the_catalogue(sshd, unit):
+    before = len(sshd.commands())
+    with pytest.raises(ValidationError, match="unit"):
+        RestartUnit(unit=unit)
+    forged = RestartUnit.model_construct(unit=unit)  # as if event validation had been skipped
+    with pytest.raises(catalogue.InvalidParameter, match="is not a systemd service name"):
+        await _run(sshd, forged, _allowing("job-daemon.service"))
+    assert len(sshd.commands()) == before
+
+
+@pytest.mark.parametrize("gpu", [-1, 64, "0; reboot", "$(id)", True, 1.5, "0\n1"])
+async def test_hostile_gpu_indexes_are_refused_and_nothing_runs(sshd, gpu):
+    before = len(sshd.commands())
+    with pytest.raises(ValidationError):
+        GpuReset(gpu_index=gpu)
+    with pytest.raises(catalogue.InvalidParameter, match="GPU index .* is not an integer in 0..63"):
+        await _run(sshd, GpuReset.model_construct(gpu_index=gpu))
+    assert len(sshd.commands()) == before
+
+
+def test_an_operation_outside_the_catalogue_is_refused_at_parse():
+    request = {
+        "source": "x", "action_id": str(uuid.uuid4()), "incident_id": str(uuid.uuid4()), "node_id": "n1", "attempt": 1,
+        "operation": {"operation": "run_shell", "command": "reboot"}, "reason": "r",
+    }
+    with pytest.raises(ValidationError, match="does not match any of the expected tags: 'kill_gpu_processes', 'restart_unit'"):
+        ActionRequested.model_validate(request)

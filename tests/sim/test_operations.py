@@ -1,0 +1,128 @@
+"""Every catalogue operation, run by the remediator's own code over real SSH against a simulated
+node, which interprets the commands and changes its state as a real node would: each test checks
+what the node's sampler sees afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumedic.sim import SimFleet, SimNode
+from gpumedic.sim.host import DOCKER_ROOT
+from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
+from gpumedic_incidents.policy import Actions, ActionPolicy
+from remediator import catalogue
+from remediator.ssh import SshExecutor
+
+
+def _executor(fleet: SimFleet) -> SshExecutor:
+    return SshExecutor(
+        inventory=fleet.inventory_path,
+        known_hosts=fleet.known_hosts_path,
+        client_key=fleet.client_key_path,
+        connect_timeout_s=5.0,
+        command_timeout_s=5.0,
+    )
+
+
+async def _run(fleet: SimFleet, node: SimNode, operation, actions: Actions = Actions(), verify_timeout_s: float = 3.0):
+    async with _executor(fleet).session(node.node_id) as session:
+        return await catalogue.execute(operation, session.run, actions=actions, verify_timeout_s=verify_timeout_s)
+
+
+def _target(process) -> ProcessTarget:
+    return ProcessTarget(pid=process.pid, start_ticks=process.start_ticks, command=process.command)
+
+
+async def test_kill_sends_term_then_kill_after_the_grace_to_a_zombie_that_ignores_term(fleet):
+    node = fleet.node("sim-node-01")
+    zombie = node.inject_zombie(1, ignore_term=True)
+    operation = KillGpuProcesses(gpu_index=1, targets=(_target(zombie),), signal="TERM", grace_s=1.0, max_gpu_utilization_pct=5)
+    result = await _run(fleet, node, operation)
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert f"sent TERM to {zombie.pid}; sent KILL after 1s to {zombie.pid}; verified gone: {zombie.pid}" == result.detail
+    assert zombie.killed_by == "KILL"
+    after = await node.sampler(1.0).sample()
+    assert after.gpus[1].processes == () and after.gpus[1].memory_used_mib == 0
+
+
+async def test_kill_stops_at_term_when_the_process_exits_in_its_grace(fleet):
+    node = fleet.node("sim-node-01")
+    zombie = node.inject_zombie(0)
+    operation = KillGpuProcesses(gpu_index=0, targets=(_target(zombie),), signal="TERM", grace_s=5.0, max_gpu_utilization_pct=5)
+    result = await _run(fleet, node, operation)
+    assert result.outcome is ActionOutcome.SUCCEEDED and zombie.killed_by == "TERM"
+    assert f"kill -s KILL {zombie.pid}" not in node.ssh_commands
+
+
+async def test_restart_unit_brings_a_hung_sampler_back(fleet):
+    node = fleet.node("sim-node-02")
+    node.inject_sampler_silent()
+    result = await _run(fleet, node, RestartUnit(unit="gpumedic-node-sampler.service"))
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert result.detail == "restarted gpumedic-node-sampler.service; active"
+    assert not node.sampler_silent and node.unit_restarts == {"gpumedic-node-sampler.service": 1}
+    assert node.ssh_commands == [
+        "systemctl restart gpumedic-node-sampler.service",
+        "systemctl is-active gpumedic-node-sampler.service",
+    ]
+
+
+async def test_restart_of_a_unit_outside_the_allow_list_is_refused_before_connecting(fleet):
+    node = fleet.node("sim-node-02")
+    with pytest.raises(catalogue.InvalidParameter, match="ssh.service is not in the policy's restart_unit allow-list"):
+        await _run(fleet, node, RestartUnit(unit="ssh.service"))
+    assert node.ssh_commands == [] and node.unit_restarts == {}
+
+
+async def test_gpu_reset_is_refused_while_a_leftover_holds_the_device_and_runs_once_it_is_gone(fleet):
+    node = fleet.node("sim-node-01")
+    leftover = node.inject_orphan(1, context=False)  # holds /dev/nvidia1, invisible to NVML
+    node.gpus[1].remapped_rows_pending = True
+    held = await _run(fleet, node, GpuReset(gpu_index=1))
+    assert held.outcome is ActionOutcome.BLOCKED
+    assert held.detail == f"refused: /dev/nvidia1 is held by pid(s) {leftover.pid}; not reset"
+    assert "nvidia-smi --gpu-reset -i 1" not in node.ssh_commands
+    node.kill(leftover.pid)
+    done = await _run(fleet, node, GpuReset(gpu_index=1))
+    assert done.outcome is ActionOutcome.SUCCEEDED and done.detail == "GPU 1 reset; it answers again with 0 MiB in use"
+    after = await node.sampler(1.0).sample()
+    assert after.gpus[1].remapped_rows_pending is False
+
+
+async def test_gpu_reset_is_refused_while_a_job_computes_on_the_gpu(fleet):
+    node = fleet.node("sim-node-01")
+    (job,) = node.live_processes(0)
+    result = await _run(fleet, node, GpuReset(gpu_index=0))
+    assert result.outcome is ActionOutcome.BLOCKED and result.detail == f"refused: GPU 0 runs compute process(es) {job.pid}; not reset"
+    assert job.alive
+
+
+async def test_docker_prune_frees_what_filled_docker_s_disk_and_says_how_much(fleet):
+    node = fleet.node("sim-node-02")
+    node.inject_disk_full(DOCKER_ROOT)
+    before = await node.sampler(1.0).sample()
+    assert next(d for d in before.host.disks if d.path == DOCKER_ROOT).used_pct == 100
+    result = await _run(fleet, node, DockerPrune())
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert result.detail.startswith("expected to free 1154.5 GB (docker system df); freed 1154.5 GB on /var/lib/docker")
+    after = await node.sampler(1.0).sample()
+    assert next(d for d in after.host.disks if d.path == DOCKER_ROOT).used_pct == pytest.approx(70, abs=0.5)
+    assert "docker volume prune --force" not in node.ssh_commands
+
+
+async def test_a_volume_prune_needs_the_policy_s_consent(fleet):
+    node = fleet.node("sim-node-02")
+    with pytest.raises(catalogue.InvalidParameter, match="which the policy does not allow"):
+        await _run(fleet, node, DockerPrune(volumes=True))
+    assert node.ssh_commands == []
+    allowing = Actions(docker_prune={"volumes": True})
+    result = await _run(fleet, node, DockerPrune(volumes=True), actions=allowing)
+    assert result.outcome is ActionOutcome.SUCCEEDED and "docker volume prune --force" in node.ssh_commands
+
+
+async def test_reboot_ends_every_process_and_starts_a_new_boot(fleet):
+    node = fleet.node("sim-node-01")
+    boot, jobs = node.boot_id, node.live_processes()
+    result = await _run(fleet, node, RebootNode(), actions=Actions(reboot_node=ActionPolicy(mode="enforce")))
+    assert result.outcome is ActionOutcome.SUCCEEDED and f"boot id was {boot!r}" in result.detail
+    assert node.boot_id != boot and jobs and not node.live_processes()
