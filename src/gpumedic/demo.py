@@ -72,8 +72,7 @@ def _line(event: Event) -> str | None:
         case IncidentOpened():
             return f"DETECTED  incident {str(event.incident_id)[:8]} on {event.node_id} GPU {event.gpu_index}: {event.summary}"
         case ActionRequested():
-            pids = ", ".join(str(t.pid) for t in event.operation.targets)
-            return f"DECIDED   kill pid {pids} on {event.node_id} GPU {event.operation.gpu_index} (attempt {event.attempt})"
+            return f"DECIDED   {event.operation.describe()} on {event.node_id} (attempt {event.attempt})"
         case ActionCompleted():
             return f"ACTED     {event.outcome.value}: {event.detail}"
         case IncidentResolved():

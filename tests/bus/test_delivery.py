@@ -140,6 +140,12 @@ async def test_an_empty_fetch_times_out_with_the_documented_error_the_consumers_
         await documented_timeout(bare)()
     sub = await js.pull_subscribe("gpumedic.v1.silence.added.>", durable="compat-probe", stream="GPUMEDIC_CONTROL")
     for _ in range(3):
-        with pytest.raises(nats.errors.TimeoutError):
-            await sub.fetch(16, timeout=0.2)
+        # nats-py answers an empty fetch with its documented TimeoutError or, under load, with an
+        # empty batch; both are harmless. A bare asyncio TimeoutError, which kills the consuming
+        # task, would escape this block and fail the test.
+        try:
+            got = await sub.fetch(16, timeout=0.2)
+        except nats.errors.TimeoutError:
+            continue
+        assert got == []
     await js.delete_consumer("GPUMEDIC_CONTROL", "compat-probe")

@@ -59,7 +59,7 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
             hung = node.inject_zombie(0)
             incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert (incident.node_id, incident.resolution) == ("sim-node-02", "fixed")
-        assert node.ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+        assert node.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
         assert [e.event_type for e in timeline] == ["IncidentOpened", "ActionRequested", "ActionCompleted", "IncidentResolved"]
     finally:
         await apps.stop_all()

@@ -273,7 +273,7 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
             hung = fleet.node(NODE).inject_zombie(0)
             incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert incident.resolution == "fixed" and len(timeline) == 4
-        assert fleet.node(NODE).ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+        assert fleet.node(NODE).ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
     finally:
         await apps.stop_all()
         await sampler_nc.close()

@@ -69,7 +69,7 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
     assert code == 0 and "lifted by alice" in out
     resolved, timeline, _ = await wait_for_incident(store_url, "resolved")
     assert resolved.id == incident.id and resolved.resolution == "fixed"
-    assert node.ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+    assert node.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
     code, out, _ = await _cli(capsys, "silence", "list", "--store", store_url)
     assert "no silence in force" in out
     code, out, _ = await _cli(capsys, "silence", "list", "--all", "--store", store_url)

@@ -44,7 +44,7 @@ async def test_sigkill_mid_action_then_restart_runs_nothing_twice_and_keeps_the_
         node = fleet.node("sim-node-02")
         node.ssh_stalls["kill"] = 3.0  # the kill hangs on the node: the remediator is mid-action
         hung = node.inject_zombie(0)
-        kill = f"kill -s KILL {hung.pid}"
+        kill = f"kill -s TERM {hung.pid}"
 
         await _wait_until(lambda: kill in node.ssh_commands, 45, "the remediator to send the kill")
         first.send_signal(signal.SIGKILL)

@@ -78,7 +78,7 @@ async def test_zombie_is_found_killed_over_ssh_verified_and_recorded_in_one_trac
     incident, timeline, spans = await wait_for_incident(store_url, "resolved")
 
     # The right process died, over SSH, once; the healthy node was never touched.
-    assert node.ssh_commands.count(f"kill -s KILL {hung.pid}") == 1
+    assert node.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
     assert node.process(hung.pid) is None or not node.process(hung.pid).alive
     assert healthy.ssh_commands == []
     assert (incident.node_id, incident.gpu_index, incident.resolution) == ("sim-node-02", 0, "fixed")

@@ -225,3 +225,17 @@ def test_a_gpu_operation_for_another_gpu_or_a_unit_off_the_allow_list_is_refused
     assert _refusal(request, incident).startswith("refused: unit sshd.service is not in the policy's restart_unit allow-list")
     request, incident = _node_request(DockerPrune(volumes=True), IncidentKind.DISK_PRESSURE, "var-lib-docker")
     assert "prune volumes, which the policy does not allow" in _refusal(request, incident)
+
+
+def test_the_breaker_also_trips_on_a_share_of_the_fleet():
+    gate = Gate(mode="enforce", breaker_max_nodes=5, breaker_max_share=0.25)
+    two_acting = LedgerView(nodes_in_window=frozenset({"n1", "n2"}), fleet_size=8)
+    decision = decide(_request("n3"), gate=gate, ledger_view=two_acting, now=NOW)
+    assert decision.trip_breaker and decision.trip_reason == (
+        "3 distinct nodes needed action within 600s (max 25% of the 8 nodes in the inventory: 2)"
+    )
+    # A big fleet: the count is the smaller limit; an unknown fleet size: only the count.
+    assert decide(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window, fleet_size=200), now=NOW).verdict is Verdict.ALLOW
+    assert decide(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window), now=NOW).verdict is Verdict.ALLOW
+    # A fleet of two: one node may still act.
+    assert decide(_request("n1"), gate=gate, ledger_view=LedgerView(fleet_size=2), now=NOW).verdict is Verdict.ALLOW

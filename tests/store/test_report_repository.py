@@ -69,7 +69,7 @@ async def test_lifecycle_builds_the_incident_and_its_timeline(sessions):
     assert [e.event_type for e in timeline] == ["IncidentOpened", "ActionRequested", "ActionCompleted", "IncidentResolved"]
     assert [e.summary for e in timeline] == [
         "opened: GPU 0 below 5% for 600s while the node reports 1 job and no output grows",
-        "action requested: kill_gpu_processes on GPU 0 (attempt 1)",
+        "action requested: kill_gpu_processes: kill pid 41230 on GPU 0 (SIGTERM, SIGKILL after 10s) (attempt 1)",
         "action succeeded: sent KILL to 41230",
         "resolved (fixed): GPU 0 holds no process after the kill; verified by the next sample",
     ]
@@ -148,7 +148,7 @@ async def test_actions_before_the_incident_are_kept_without_an_incident(sessions
     async with sessions() as session:
         assert await list_incidents(session) == []
         assert [e.summary for e in await incident_timeline(session, incident_id=INCIDENT)] == [
-            "action requested: kill_gpu_processes on GPU 0 (attempt 1)"
+            "action requested: kill_gpu_processes: kill pid 41230 on GPU 0 (SIGTERM, SIGKILL after 10s) (attempt 1)"
         ]
 
 

@@ -70,6 +70,10 @@ class KillGpuProcesses(BaseModel):
         "just before acting and refuses if it is above this (the job came back to life). Required by the remediator.",
     )
 
+    def describe(self) -> str:
+        how = f"SIGTERM, SIGKILL after {self.grace_s:g}s" if self.signal == "TERM" and self.grace_s else f"SIG{self.signal}"
+        return f"kill pid {', '.join(str(t.pid) for t in self.targets)} on GPU {self.gpu_index} ({how})"
+
 
 UNIT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,246}[.]service$"
 """A systemd service name: letters, digits and `:_.@-`, ending in `.service`; never a path, an
@@ -84,6 +88,9 @@ class RestartUnit(BaseModel):
     operation: Literal["restart_unit"] = "restart_unit"
     unit: str = Field(pattern=UNIT_PATTERN, max_length=255, description="e.g. gpumedic-node-sampler.service")
 
+    def describe(self) -> str:
+        return f"restart {self.unit}"
+
 
 class GpuReset(BaseModel):
     """Reset one GPU (`nvidia-smi --gpu-reset`), only when nothing holds it."""
@@ -92,6 +99,9 @@ class GpuReset(BaseModel):
 
     operation: Literal["gpu_reset"] = "gpu_reset"
     gpu_index: int = Field(ge=0, le=63, strict=True, description="A JSON integer; `true` is not GPU 1.")
+
+    def describe(self) -> str:
+        return f"reset GPU {self.gpu_index}"
 
 
 class DockerPrune(BaseModel):
@@ -103,6 +113,9 @@ class DockerPrune(BaseModel):
     operation: Literal["docker_prune"] = "docker_prune"
     volumes: bool = Field(default=False, description="Also unused volumes; refused unless the policy allows it.")
 
+    def describe(self) -> str:
+        return "prune /var/lib/docker" + (" (volumes too)" if self.volumes else "")
+
 
 class RebootNode(BaseModel):
     """Reboot the node; refused unless the policy enables it explicitly."""
@@ -110,6 +123,9 @@ class RebootNode(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["reboot_node"] = "reboot_node"
+
+    def describe(self) -> str:
+        return "reboot the node"
 
 
 Operation = Annotated[

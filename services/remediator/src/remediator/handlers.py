@@ -22,6 +22,7 @@ At most `max_concurrent_actions` requests are handled at once per instance (the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -39,7 +40,7 @@ from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
-from remediator.inventory import InventoryError
+from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Decision, Gate, Verdict, decide, refusal
 from remediator.settings import Settings
 from remediator.ssh import NodeError, SshExecutor
@@ -191,6 +192,7 @@ class ActionHandler:
             window_s=self._gate.breaker_window_s,
             node_window_s=self._gate.node_window_s,
         )
+        view = dataclasses.replace(view, fleet_size=self._fleet_size())
         decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now)
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
@@ -200,6 +202,13 @@ class ActionHandler:
         if decision.verdict is Verdict.OBSERVE:
             return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request, self._gate)}"
         return ActionOutcome.BLOCKED.value, decision.reason
+
+    def _fleet_size(self) -> int:
+        """Nodes in the inventory, for the breaker's share; 0 (count limit only) if it cannot be read."""
+        try:
+            return len(load_inventory(self._settings.inventory))
+        except InventoryError:
+            return 0
 
     async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.

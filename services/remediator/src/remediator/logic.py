@@ -14,6 +14,7 @@ the store, so a burst of requests cannot slip past the breaker together.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -61,6 +62,8 @@ class Gate:
     """Actions on one node within `node_window_s` (from the policy file's `gate`)."""
     node_window_s: float = 3600.0
     breaker_max_nodes: int = 5
+    breaker_max_share: float = 0.25
+    """Nor more than this share of the inventory's nodes (at least one node may always act)."""
     breaker_window_s: float = 600.0
     max_request_age_s: float = 120.0
 
@@ -80,6 +83,8 @@ class LedgerView:
     """Other actions on the same node within the node window that ran (or started to)."""
     nodes_in_window: frozenset[str] = frozenset()
     """Distinct nodes with other actions started within the breaker window."""
+    fleet_size: int = 0
+    """Nodes in the inventory; 0 when unknown (then only the count limit applies)."""
 
 
 def refusal(
@@ -156,11 +161,11 @@ def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now
             f"(max {gate.max_actions_per_node}); a node that keeps needing fixes needs a person",
         )
     nodes = ledger_view.nodes_in_window | {node}
-    if len(nodes) > gate.breaker_max_nodes:
-        cause = (
-            f"{len(nodes)} distinct nodes needed action within {gate.breaker_window_s:g}s "
-            f"(max {gate.breaker_max_nodes})"
-        )
+    # Every node that acts is part of the fleet, whatever an out-of-date inventory says.
+    fleet = max(ledger_view.fleet_size, len(nodes)) if ledger_view.fleet_size else 0
+    limit, limit_why = breaker_limit(gate, fleet)
+    if len(nodes) > limit:
+        cause = f"{len(nodes)} distinct nodes needed action within {gate.breaker_window_s:g}s ({limit_why})"
         return Decision(
             Verdict.BLOCK,
             f"circuit breaker tripped at {_iso(now)}: {cause}; every action is blocked until a person "
@@ -172,6 +177,18 @@ def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now
         switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{operation}.mode is observe"
         return Decision(Verdict.OBSERVE, f"observe mode for {operation} ({switch}): decided and recorded, not run")
     return Decision(Verdict.ALLOW)
+
+
+def breaker_limit(gate: Gate, fleet_size: int) -> tuple[int, str]:
+    """How many distinct nodes may act within the breaker window, and why that many: the smaller of
+    the count and the share of the fleet (a share of a small fleet still lets one node act)."""
+    count = (gate.breaker_max_nodes, f"max {gate.breaker_max_nodes}")
+    if fleet_size <= 0:
+        return count
+    by_share = max(1, math.floor(gate.breaker_max_share * fleet_size))
+    if by_share >= gate.breaker_max_nodes:
+        return count
+    return by_share, f"max {gate.breaker_max_share:.0%} of the {fleet_size} nodes in the inventory: {by_share}"
 
 
 def _where(incident: IncidentState) -> str:

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     breaker_max_nodes: int = Field(
         default=5, ge=1, description="More distinct nodes needing action within the window trips the breaker."
     )
+    breaker_max_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Nor more than this share of the inventory's nodes within the window (one node always may).",
+    )
     breaker_window_s: float = Field(default=600.0, gt=0)
     max_request_age_s: float = Field(
         default=120.0,
@@ -106,6 +112,7 @@ class Settings(BaseSettings):
             max_actions_per_node=gate.max_actions_per_node,
             node_window_s=gate.node_window_s,
             breaker_max_nodes=self.breaker_max_nodes,
+            breaker_max_share=self.breaker_max_share,
             breaker_window_s=self.breaker_window_s,
             max_request_age_s=self.max_request_age_s,
         )

@@ -174,8 +174,7 @@ def _summary(event: RecordedEvent) -> str:
             related = f"; part of {event.related_incident_id}" if event.related_incident_id else ""
             text = f"updated ({event.occurrences} occurrences{related}): {event.summary}"
         case ActionRequested():
-            op = event.operation
-            text = f"action requested: {op.operation} on GPU {op.gpu_index} (attempt {event.attempt})"
+            text = f"action requested: {event.operation.operation}: {event.operation.describe()} (attempt {event.attempt})"
         case ActionCompleted():
             text = f"action {event.outcome.value}: {event.detail}"
         case IncidentResolved():
