@@ -3,18 +3,22 @@ reason, and for one action each command it ran with exit status, output digest a
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter, ValidationError
+
 from gpumedic.incidents import fmt_time
+from gpumedic_events import Operation
 from gpumedic_store import ActionRecord, create_engine, session_factory
 from remediator import repository
 
 
+_OPERATION = TypeAdapter(Operation)
+
+
 def _what(record: ActionRecord) -> str:
-    op = record.operation or {}
-    name = op.get("operation", "?")
-    if name == "kill_gpu_processes":
-        pids = ",".join(str(t.get("pid")) for t in op.get("targets", []))
-        return f"{name} GPU {op.get('gpu_index')} pid {pids} SIG{op.get('signal', '?')}"
-    return name
+    try:
+        return _OPERATION.validate_python(record.operation or {}).describe()
+    except ValidationError:  # a row written by a version that knew other operations
+        return str((record.operation or {}).get("operation", "?"))
 
 
 async def list_text(store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50) -> str:

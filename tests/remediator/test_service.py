@@ -223,7 +223,7 @@ async def test_the_audit_log_shows_every_decision_and_each_command_run(start_ser
     assert await asyncio.to_thread(main, ["actions", "--store", store_url, "--node", "gpu-node-01"]) == 0
     listing = capsys.readouterr().out
     assert f"{str(forged.action_id)[:8]}" in listing and "blocked" in listing and "is not open" in listing
-    assert f"kill_gpu_processes GPU 0 pid {sleeper.pid} SIGKILL" in listing and "succeeded" in listing
+    assert f"kill pid {sleeper.pid} on GPU 0 (SIGKILL)" in listing and "succeeded" in listing
 
     assert await asyncio.to_thread(main, ["actions", str(real.action_id)[:8], "--store", store_url]) == 0
     shown = capsys.readouterr().out
