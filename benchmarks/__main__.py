@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import detection_latency, sample_path, sampler_cost
+from benchmarks import detection_latency, incident_to_fix, sample_path, sampler_cost
 
 
 def main() -> int:
@@ -14,6 +14,8 @@ def main() -> int:
     sampler_cost.main(sys.argv[1:])
     print()
     asyncio.run(detection_latency.main(sys.argv[1:]))
+    print()
+    asyncio.run(incident_to_fix.main(sys.argv[1:]))
     return 0
 
 

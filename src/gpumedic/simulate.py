@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -77,6 +78,8 @@ class Observer:
         """"requested", then each ActionCompleted outcome -> how many."""
         self.endings: dict[str, str] = {}
         """incident id -> "fixed", "cleared" or "escalated" (the first ending seen)."""
+        self.fixed_after_s: dict[str, float] = {}
+        """incident id -> seconds from its opening to its verified fix."""
         self.received = 0
         self.undecodable = 0
 
@@ -90,7 +93,10 @@ class Observer:
                 if seen is not None and seen.related_to is None:
                     self.incidents[seen.incident_id] = replace(seen, related_to=str(related))
             case IncidentResolved():
-                self.endings.setdefault(str(event.incident_id), event.resolution)
+                incident_id = str(event.incident_id)
+                self.endings.setdefault(incident_id, event.resolution)
+                if event.resolution == "fixed" and (seen := self.incidents.get(incident_id)) is not None:
+                    self.fixed_after_s.setdefault(incident_id, (event.occurred_at - seen.at).total_seconds())
             case IncidentEscalated():
                 self.endings.setdefault(str(event.incident_id), "escalated")
             case ActionRequested():
@@ -114,22 +120,38 @@ class Observer:
             and seen.severity != "info"
         }
 
-    def outcomes(self, paged: set[str]) -> dict[str, dict[str, int]]:
-        """Per incident kind: how many were fixed and verified, cleared, escalated, paged, still open."""
-        table: dict[str, dict[str, int]] = {}
+    def outcomes(self, paged: set[str]) -> dict[str, dict[str, float | None]]:
+        """Per incident kind: how many were fixed and verified, cleared, escalated, paged, still open,
+        and the median and 99th percentile of the time from opening to verified fix."""
+        table: dict[str, dict] = {}
+        fix_times: dict[str, list[float]] = {}
         for incident_id, seen in self.incidents.items():
             row = table.setdefault(seen.kind, {"fixed": 0, "cleared": 0, "escalated": 0, "paged": 0, "open": 0})
             row[self.endings.get(incident_id, "open")] += 1
             row["paged"] += incident_id in paged
+            if incident_id in self.fixed_after_s:
+                fix_times.setdefault(seen.kind, []).append(self.fixed_after_s[incident_id])
+        for kind, row in table.items():
+            times = sorted(fix_times.get(kind, ()))
+            row["fix_p50_s"] = round(percentile(times, 0.50), 2) if times else None
+            row["fix_p99_s"] = round(percentile(times, 0.99), 2) if times else None
         return dict(sorted(table.items()))
 
 
-def render_outcomes(outcomes: dict[str, dict[str, int]]) -> str:
+def percentile(ordered: list[float], q: float) -> float:
+    """The nearest-rank percentile of sorted values."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def render_outcomes(outcomes: dict[str, dict]) -> str:
     if not outcomes:
         return "outcomes: no incident"
-    lines = [f"{'incident kind':<20} {'fixed':>5} {'cleared':>7} {'escalated':>9} {'paged':>5} {'open':>4}"]
+    lines = [f"{'incident kind':<20} {'fixed':>5} {'cleared':>7} {'escalated':>9} {'paged':>5} {'open':>4}  open -> fixed p50 / p99"]
     for kind, row in outcomes.items():
-        lines.append(f"{kind:<20} {row['fixed']:>5} {row['cleared']:>7} {row['escalated']:>9} {row['paged']:>5} {row['open']:>4}")
+        fix = f"{row['fix_p50_s']:.1f}s / {row['fix_p99_s']:.1f}s" if row["fix_p50_s"] is not None else "-"
+        lines.append(
+            f"{kind:<20} {row['fixed']:>5} {row['cleared']:>7} {row['escalated']:>9} {row['paged']:>5} {row['open']:>4}  {fix}"
+        )
     return "\n".join(lines)
 
 
@@ -142,6 +164,7 @@ async def run_simulation(
     duration_s: float | None = None,
     interval_s: float = 5.0,
     json_path: Path | None = None,
+    env: dict[str, str] | None = None,
     say=print,
 ) -> int:
     """Run the fleet with the scenario's faults; print the score. 0 when the run completed."""
@@ -170,6 +193,7 @@ async def run_simulation(
             # The on-call person is a webhook receiver on loopback: every escalation should reach it.
             "GPUMEDIC_REPORTS_WEBHOOK_URL": pager.url,
             "GPUMEDIC_REPORTS_NOTIFY_WAIT_S": str(NOTIFY_WAIT_S),
+            **(env or {}),
         }
         dump_policy(sim_policy(interval_s), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         say("[3/5] starting the six services")
