@@ -252,14 +252,31 @@ def test_host_memory_pressure_with_hysteresis():
 def test_a_node_gone_quiet_gets_its_sampler_restarted_and_its_next_sample_verifies_it():
     d = Detector()
     d.feed(sample(), 0)
+    d.feed(sample("n2"), 15)  # the bus delivers: n2 samples on
     assert d.tick(15) == []  # three intervals of 5 s
+    d.feed(sample("n2"), 16)
     opened, request = d.tick(16)
     assert opened.kind is IncidentKind.NODE_SILENT and "no sample from the node for 16s" in opened.summary
     assert request.operation == RestartUnit(unit="gpumedic-node-sampler.service")
     succeeded(d, request, 17)
+    d.feed(sample("n2"), 30)
     assert d.tick(30) == []  # still silent: nothing new
     (resolved,) = d.feed(sample(), 31)
     assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+
+
+def test_when_every_node_stops_at_once_the_detector_lost_the_bus_and_no_node_is_silent():
+    d = Detector()
+    d.feed(sample("n1"), 0)
+    d.feed(sample("n2"), 0)
+    assert d.tick(60) == []  # nothing arrived from anyone: the detector's own bus, not the nodes
+    d.feed(sample("n1"), 61)  # the bus is back; n1 samples, n2 does not
+    assert d.tick(61) == []
+    d.feed(sample("n1"), 76)
+    assert d.tick(76) == []  # counted from when the bus came back: 15 s, not yet three intervals
+    d.feed(sample("n1"), 77)
+    (opened, _) = d.tick(77)
+    assert opened.kind is IncidentKind.NODE_SILENT and opened.node_id == "n2"
 
 
 def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():

@@ -62,6 +62,18 @@ class Node:
                 return False
             await self.sleep(VERIFY_POLL_S)
 
+    async def poll_command(self, command: str, passes: Callable[[CommandResult], bool]) -> tuple[bool, CommandResult]:
+        """Run `command` every VERIFY_POLL_S until its result `passes` or the verify timeout ends;
+        whether it passed, and its last result."""
+        last = CommandResult(-1, "", "")
+
+        async def check() -> bool:
+            nonlocal last
+            last = await self.run(command)
+            return passes(last)
+
+        return await self.poll(check), last
+
     def result(self, outcome: ActionOutcome, detail: str) -> ExecutionResult:
         return ExecutionResult(outcome=outcome, detail=detail, steps=self.steps)
 

@@ -46,14 +46,9 @@ async def execute(operation: GpuReset, node: Node) -> ExecutionResult:
     result = await node.run(reset)
     if result.exit_status != 0:
         return node.result(ActionOutcome.FAILED, f"nvidia-smi --gpu-reset on GPU {gpu} failed: {said(result)}")
-    answer = ""
-
-    async def answers() -> bool:
-        nonlocal answer
-        back = await node.run(query)
-        answer = back.stdout.strip() if back.exit_status == 0 else said(back)
-        return back.exit_status == 0 and answer.isdigit()
-
-    if not await node.poll(answers):
-        return node.result(ActionOutcome.FAILED, f"GPU {gpu} was reset but does not answer after {node.verify_timeout_s:g}s ({answer})")
-    return node.result(ActionOutcome.SUCCEEDED, f"GPU {gpu} reset; it answers again with {answer} MiB in use")
+    back, answer = await node.poll_command(query, lambda r: r.exit_status == 0 and r.stdout.strip().isdigit())
+    if not back:
+        return node.result(
+            ActionOutcome.FAILED, f"GPU {gpu} was reset but does not answer after {node.verify_timeout_s:g}s ({said(answer)})"
+        )
+    return node.result(ActionOutcome.SUCCEEDED, f"GPU {gpu} reset; it answers again with {answer.stdout.strip()} MiB in use")

@@ -54,32 +54,19 @@ async def restart(operation: RestartUnit, node: Node, actions: Actions) -> Execu
     result = await node.run(restart_cmd)
     if result.exit_status != 0:
         return node.result(ActionOutcome.FAILED, f"systemctl restart {unit} failed: {said(result)}")
-    state = ""
-
-    async def active() -> bool:
-        nonlocal state
-        answer = await node.run(is_active)
+    active, answer = await node.poll_command(is_active, lambda r: r.exit_status == 0 and r.stdout.strip() == "active")
+    if not active:
         state = answer.stdout.strip() or said(answer)
-        return answer.exit_status == 0 and state == "active"
-
-    if not await node.poll(active):
         return node.result(
             ActionOutcome.FAILED, f"restarted {unit}, but it is {short(state)} after {node.verify_timeout_s:g}s, not active"
         )
     if health:
-        last = ""
-
-        async def answers() -> bool:
-            nonlocal last
-            answer = await node.run(health[0])
-            last = said(answer)
-            return answer.exit_status == 0
-
-        if not await node.poll(answers):
+        answers, answer = await node.poll_command(health[0], lambda r: r.exit_status == 0)
+        if not answers:
             return node.result(
                 ActionOutcome.FAILED,
                 f"restarted {unit}; it is active but its health endpoint does not answer after "
-                f"{node.verify_timeout_s:g}s ({last})",
+                f"{node.verify_timeout_s:g}s ({said(answer)})",
             )
         return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active, and its health endpoint answers")
     return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active")

@@ -1,8 +1,12 @@
 """What the node as a whole shows: its sampler gone quiet, NVML gone, SSH out of reach.
 
-- node_silent: no sample for `after_intervals` of the node's own interval, by the detector's
-  clock; it clears with the next sample. Many nodes at once is one fleet incident (the bus, the
-  network), as for any kind.
+- node_silent: no sample for `after_intervals` of the node's own interval, measured against the
+  freshest sample the detector has from any node, not its wall clock: when the detector's own bus
+  connection drops, every node's samples stop at once and none of them is silent for that; when
+  samples resume after such a gap, every node's count starts again from then. It clears with the
+  next sample. Several nodes at once is one fleet incident, as for any kind; a
+  whole fleet gone quiet together cannot be told apart from the detector losing the bus, and is
+  left to the services' heartbeats.
 - nvml_unavailable: the sampler cannot use NVML at all (the driver is missing or broken): the
   node's GPUs are invisible, so nothing on them can be judged.
 - ssh_unreachable: the remediator's read-only login failed `after_checks` times in a row; the
@@ -41,11 +45,19 @@ class NodeRule:
         self.ssh = ssh
         self.last_sample: dict[str, tuple[datetime, float]] = {}
         """When each node last sampled (detector's clock) and its interval."""
+        self.freshest: datetime | None = None
+        """The newest sample from any node: the detector's view of the bus."""
+        self.resumed_at: datetime | None = None
+        """When samples came again after nothing arrived from anyone (the bus was away)."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeSshChecked):
             return self._ssh(event, incidents)
         previous = self.last_sample.get(event.node_id)
+        gap = self.freshest is not None and now - self.freshest > timedelta(seconds=self.silent.after_intervals * event.interval_s)
+        if gap:  # nothing from anyone for a while: the bus was away; every node's count restarts now
+            self.resumed_at = now
+        self.freshest = now if self.freshest is None else max(self.freshest, now)
         self.last_sample[event.node_id] = (now, event.interval_s)
         findings: list[Finding] = []
         if previous is not None and _overdue(previous, now, self.silent.after_intervals):
@@ -66,9 +78,12 @@ class NodeRule:
         return findings
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if self.freshest is None:
+            return []
         findings = []
         for node_id, (seen, interval) in self.last_sample.items():
-            if _overdue((seen, interval), now, self.silent.after_intervals):
+            counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
+            if _overdue((counted_from, interval), self.freshest, self.silent.after_intervals):
                 quiet = (now - seen).total_seconds()
                 findings.append(
                     Finding(
