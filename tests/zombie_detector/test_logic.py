@@ -132,6 +132,17 @@ def test_a_holder_that_cannot_be_identified_is_escalated_without_a_kill():
     assert det.book.get("n1/zombie_job/0").phase == "escalated"
 
 
+def test_a_holder_seen_as_pid_1_is_never_a_kill_target():
+    # In a pid namespace the sampler can see a container's init as pid 1 beside the job: the kill
+    # names the job alone.
+    init = GpuProcess(pid=1, start_ticks=5, command="/sbin/docker-init -- python train.py", used_memory_mib=10)
+    det = detector()
+    feed(det, 0, 55, procs=(init, HOLDER))
+    opened, request = apply(det, det.on_event(sample(60, procs=(init, HOLDER)), at(60)))
+    assert isinstance(opened, IncidentOpened) and isinstance(request, ActionRequested)
+    assert [t.pid for t in request.operation.targets] == [HOLDER.pid]
+
+
 def test_repeats_update_the_open_incident_instead_of_opening_another():
     det = detector()
     open_incident(det)

@@ -55,9 +55,9 @@ def interpret(node: NodeState, command: str) -> CommandResult:
         pids = words[3:]
         if all(w.isdigit() for w in pids):
             return _kill(node, words[2], [int(w) for w in pids])
-    if words == ["cat", BOOT_ID]:
-        return CommandResult(0, stdout=f"{node.boot_id}\n")
     match words:
+        case ["cat", path] if path == BOOT_ID:
+            return CommandResult(0, stdout=f"{node.boot_id}\n")
         case ["nvidia-smi", *args]:
             return _nvidia_smi(node, args)
         case ["fuser", path] if (device := _DEVICE.match(path)):

@@ -117,6 +117,7 @@ class ActionHandler:
             now=self._now(),
             stored_at=delivery.stored_at,
         )
+        fleet_size = self._fleet_size()  # read before the lock, which serialises every instance's decisions
         async with self._sessions() as session:
             await repository.lock_gate(session=session)
             known = await repository.get_action(session=session, action_id=request.action_id)
@@ -125,7 +126,7 @@ class ActionHandler:
                     # It runs there now; come back when it has finished and answer from the ledger.
                     raise ActionInFlight(f"action {request.action_id} is executing in another remediator instance")
                 return known
-            status, detail = await self._decide(session, request, why_not)
+            status, detail = await self._decide(session, request, why_not, fleet_size)
             record = await repository.record(session=session, request=request, status=status, detail=_clip(detail), now=self._now())
             await session.commit()
         if status != repository.EXECUTING:
@@ -180,7 +181,7 @@ class ActionHandler:
             log.info("action %s already %s; re-publishing its result", record.action_id, record.status)
         return record
 
-    async def _decide(self, session: AsyncSession, request: ActionRequested, why_not: str) -> tuple[str, str]:
+    async def _decide(self, session: AsyncSession, request: ActionRequested, why_not: str, fleet_size: int) -> tuple[str, str]:
         """The ledger status and detail for a request, decided under the gate lock."""
         if why_not:
             return ActionOutcome.BLOCKED.value, why_not
@@ -192,7 +193,7 @@ class ActionHandler:
             window_s=self._gate.breaker_window_s,
             node_window_s=self._gate.node_window_s,
         )
-        view = dataclasses.replace(view, fleet_size=self._fleet_size())
+        view = dataclasses.replace(view, fleet_size=fleet_size)
         decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now)
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)

@@ -37,12 +37,13 @@ async def execute(operation: GpuReset, node: Node) -> ExecutionResult:
     if pids:
         return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(pids)}; not reset")
     result = await node.run(holders)
-    held = [w for w in result.stdout.split() if w.rstrip("cefFrm").isdigit()]
-    if held or result.exit_status not in (0, NO_PROCESS):
-        why = f"held by pid(s) {', '.join(held)}" if held else f"its holders cannot be listed ({said(result)})"
+    if result.exit_status != NO_PROCESS:  # only "nobody" lets the reset go on
+        held = [w.rstrip("cefFrm") for w in result.stdout.split() if w.rstrip("cefFrm").isdigit()]
+        if held:
+            why = f"held by pid(s) {', '.join(held)}"
+        else:
+            why = "in use, says fuser" if result.exit_status == 0 else f"not provably free: fuser failed ({said(result)})"
         return node.result(ActionOutcome.BLOCKED, f"refused: /dev/nvidia{gpu} is {why}; not reset")
-    if result.exit_status == 0:
-        return node.result(ActionOutcome.BLOCKED, f"refused: fuser says /dev/nvidia{gpu} is in use; not reset")
     result = await node.run(reset)
     if result.exit_status != 0:
         return node.result(ActionOutcome.FAILED, f"nvidia-smi --gpu-reset on GPU {gpu} failed: {said(result)}")

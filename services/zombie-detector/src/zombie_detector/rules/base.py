@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from gpumedic_events import Event, KillGpuProcesses, ProcessTarget
+from gpumedic_events import Event, GpuProcess, KillGpuProcesses, ProcessIdentity, ProcessTarget
 from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import KillPolicy
 
@@ -41,11 +41,13 @@ class Rule(Protocol):
 
 
 def kill_operation(
-    gpu_index: int, targets: Sequence[ProcessTarget], max_utilization_pct: int, kill: KillPolicy
+    gpu_index: int, processes: Sequence[GpuProcess | ProcessIdentity], max_utilization_pct: int, kill: KillPolicy
 ) -> KillGpuProcesses | None:
     """SIGTERM the GPU's processes (each named by pid, start time and command line), SIGKILL after the
-    policy's grace; None if there is none to name."""
-    targets = tuple(t for t in targets if t.pid >= 2)[:64]
+    policy's grace; None if there is none to name (pid 0 and 1 are never targets)."""
+    targets = tuple(
+        ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in processes if p.pid >= 2
+    )[:64]
     if not targets:
         return None
     return KillGpuProcesses(

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity, ProcessTarget
+from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, OrphanPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -103,8 +103,7 @@ class OrphanRule:
         unidentified = [o.holder.pid for o in held if o.holder.start_ticks is None or not o.holder.command.strip()]
         operation = None
         if gpu is not None and not unidentified:
-            targets = tuple(ProcessTarget(pid=o.holder.pid, start_ticks=o.holder.start_ticks, command=o.holder.command) for o in held[:64])
-            operation = kill_operation(gpu, targets, self.policy.idle_util_pct, self.kill)
+            operation = kill_operation(gpu, [o.holder for o in held], self.policy.idle_util_pct, self.kill)
         unsafe = ""
         if unidentified:
             unsafe = f"pid {' '.join(map(str, unidentified))} on {where} cannot be identified (no start time or command line); a person must look"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import GpuSample, IncidentKind, NodeSampled, ProcessTarget
+from gpumedic_events import GpuSample, IncidentKind, NodeSampled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -151,8 +151,7 @@ class ZombieRule:
     def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
-        targets = [ProcessTarget(pid=p.pid, start_ticks=p.start_ticks, command=p.command) for p in gpu.processes]
-        operation = None if unsafe else kill_operation(gpu.index, targets, self.policy.idle_util_pct, self.kill)
+        operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_util_pct, self.kill)
         return Finding(
             kind=KIND,
             node_id=sample.node_id,
