@@ -238,20 +238,46 @@ def cmd_migrate(args) -> int:
 
 def cmd_init(args) -> int:
     """Generate the secrets of a compose deployment (see gpumedic.deployment)."""
-    from gpumedic.deployment import init_deployment, inventory_nodes
+    from gpumedic.deployment import init_deployment
+    from remediator.inventory import InventoryError, load_inventory
 
     nodes = list(args.node)
     try:
         if args.inventory:
-            nodes += inventory_nodes(args.inventory)
+            nodes += list(load_inventory(args.inventory))
         done = init_deployment(args.dir, nodes=nodes, nats_hosts=args.nats_host)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, InventoryError) as exc:
         print(f"gpumedic init: {exc}", file=sys.stderr)
         return 2
     for line in done:
         print(f"  {line}")
     print("next: `docker compose up -d` (it provisions the bus and migrates the store first)")
     return 0
+
+
+def cmd_inventory(args) -> int:
+    """Try every inventory node read-only: a login, and which catalogue tools it has."""
+    from remediator.health import check_inventory, check_report
+    from remediator.inventory import InventoryError
+    from remediator.settings import Settings
+    from remediator.ssh import SshExecutor
+
+    overrides = {k: v for k, v in (("inventory", args.inventory), ("known_hosts", args.known_hosts), ("client_key", args.key)) if v}
+    settings = Settings(**overrides)
+    executor = SshExecutor(
+        inventory=settings.inventory,
+        known_hosts=settings.known_hosts,
+        client_key=settings.client_key,
+        connect_timeout_s=args.timeout,
+        command_timeout_s=args.timeout,
+    )
+    try:
+        checks = asyncio.run(check_inventory(executor, settings.inventory))
+    except InventoryError as exc:
+        print(f"gpumedic inventory: {exc}", file=sys.stderr)
+        return 2
+    print(check_report(checks))
+    return 0 if all(c.ok for c in checks) else 1
 
 
 def cmd_provision(args) -> int:
@@ -442,6 +468,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a name or address GPU nodes reach NATS by; goes into the server certificate (repeatable)",
     )
     p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser(
+        "inventory",
+        help="check the remediator's inventory: log in to every node read-only and say what fails",
+        description="For every node: an SSH login as the remediator makes it (the node's user, port, key and "
+        "jump host, host keys checked), and which of the tools the catalogue calls it has. Nothing else runs. "
+        "Exits 1 if any node fails, 2 if the inventory itself is wrong.",
+    )
+    p.add_argument("action", choices=["check"])
+    p.add_argument("--inventory", type=Path, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml")
+    p.add_argument("--known-hosts", type=Path, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS")
+    p.add_argument("--key", type=Path, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds for each login and command (default 10)")
+    p.set_defaults(func=cmd_inventory)
 
     p = sub.add_parser("provision", help="create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
     p.set_defaults(func=cmd_provision)

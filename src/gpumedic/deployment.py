@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.credentials import TlsFiles, ensure_tls, new_password, render_accounts, write_private
@@ -144,12 +143,3 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
     write_private(deploy.accounts, render_accounts(passwords))
     done.append(f"{deploy.accounts}: {len(passwords)} NATS users ({len(nodes)} node(s))")
     return done
-
-
-def inventory_nodes(path: Path) -> list[str]:
-    """The node ids of a remediator inventory file (`nodes: {id: {...}}`)."""
-    data = yaml.safe_load(path.read_text()) or {}
-    nodes = data.get("nodes") if isinstance(data, dict) else None
-    if not isinstance(nodes, dict):
-        raise ValueError(f"{path}: no `nodes:` mapping")
-    return [str(n) for n in nodes]

@@ -10,7 +10,8 @@ import pytest
 
 from gpumedic_events import ActionRequested, DockerPrune, GpuReset, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
 from gpumedic_incidents.state import fingerprint
-from gpumedic_incidents.policy import Actions, KillPolicy
+from gpumedic_incidents.policy import Actions, KillPolicy, NodeSelector, RestartPolicy, UnitRule
+from remediator.inventory import NodeAddress
 from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
@@ -62,17 +63,48 @@ def test_open_breaker_blocks_everything_and_says_how_to_reset():
 
 
 def test_open_breaker_comes_before_every_other_rule():
-    gate = Gate(mode="observe", protected_nodes=frozenset({"gpu-node-01"}))
+    gate = Gate(mode="observe", protected_nodes=frozenset({NodeSelector("gpu-node-01")}))
     view = LedgerView(breaker_open_since=NOW, executing_on_node=("other",), actions_on_node=9)
     assert "circuit breaker open" in decide(_request(), gate=gate, ledger_view=view, now=NOW).reason
 
 
 def test_protected_node_is_blocked():
-    gate = Gate(mode="enforce", protected_nodes=frozenset({"gpu-node-01"}))
+    gate = Gate(mode="enforce", protected_nodes=frozenset({NodeSelector("gpu-node-01")}))
     decision = decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason.startswith("node gpu-node-01 is protected")
     assert decide(_request("gpu-node-02"), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is Verdict.ALLOW
+
+
+def test_nodes_are_protected_by_their_inventory_group_or_label():
+    gate = Gate(mode="enforce", protected_nodes=frozenset({NodeSelector("group:prod"), NodeSelector("label:tier=critical")}))
+    cases = [
+        (NodeAddress(host="10.0.0.1", group="prod"), Verdict.BLOCK),
+        (NodeAddress(host="10.0.0.1", group="spot", labels={"tier": "critical"}), Verdict.BLOCK),
+        (NodeAddress(host="10.0.0.1", group="spot", labels={"tier": "batch"}), Verdict.ALLOW),
+        (None, Verdict.ALLOW),  # not in the inventory: the action fails when it connects
+    ]
+    for address, verdict in cases:
+        assert decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW, address=address).verdict is verdict, address
+
+
+def test_a_unit_is_restarted_only_on_the_nodes_its_allow_list_names():
+    actions = Actions(restart_unit=RestartPolicy(units={"p2p-node.service": UnitRule(nodes=("group:p2p", "gpu-node-09"))}))
+    gate = Gate(mode="enforce", actions=actions)
+    request = _request().model_copy(update={"operation": RestartUnit(unit="p2p-node.service")})
+    p2p, batch = NodeAddress(host="10.0.0.1", group="p2p"), NodeAddress(host="10.0.0.2", group="batch")
+    assert decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
+    blocked = decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=batch)
+    assert blocked.verdict is Verdict.BLOCK
+    assert blocked.reason == (
+        "p2p-node.service may be restarted only on group:p2p, gpu-node-09 (actions.restart_unit.units), not on node gpu-node-01"
+    )
+
+
+@pytest.mark.parametrize("text", ["group:", "label:role", "a b", "-oProxyCommand=x", "group:$(id)", "label:k=v;rm"])
+def test_a_malformed_selector_is_refused(text):
+    with pytest.raises(ValueError, match="is not a node selector"):
+        NodeSelector(text)
 
 
 def test_another_action_executing_on_the_node_blocks():

@@ -125,3 +125,60 @@ async def test_a_node_that_never_answers_times_out(sshd, tmp_path):
         with pytest.raises(NodeUnreachable) as caught:
             await executor.run("gpu-node-08", "cat /proc/1/stat")
     assert str(caught.value) == f"node 'gpu-node-08' (root@127.0.0.1:{port}): connect timed out after 0.5s"
+
+
+def _accepted_logins(sshd) -> int:
+    return (sshd.directory / "sshd.log").read_text().count("Accepted publickey")
+
+
+async def test_a_node_behind_a_jump_host_is_reached_through_it(sshd, tmp_path):
+    # The jump host is this sshd too: the node's session is tunnelled through a first login to it.
+    key = tmp_path / "group_key"
+    key.write_bytes(sshd.client_key.read_bytes())
+    key.chmod(0o600)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "groups:\n"
+        f"  behind-bastion: {{user: root, key: {key}, jump: {{host: 127.0.0.1, port: {sshd.port}}}}}\n"
+        "nodes:\n"
+        f"  gpu-node-21: {{host: 127.0.0.1, port: {sshd.port}, group: behind-bastion}}\n"
+    )
+    before = _accepted_logins(sshd)
+    # The executor's own key is a stranger: only the group's key can log in, to the jump host and the node.
+    stranger = tmp_path / "id_stranger"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+    result = await _executor(sshd, inventory=inventory, client_key=stranger).run("gpu-node-21", "cat /proc/1/stat")
+    assert result.exit_status == 0 and kill.parse_stat(result.stdout).pid == 1
+    assert _accepted_logins(sshd) - before == 2  # the jump host's login and the node's
+
+
+async def test_a_jump_host_that_will_not_forward_names_the_node_and_the_hop(sshd, tmp_path):
+    # The sshd forwards to 127.0.0.1 only (PermitOpen), so a node named `localhost` is refused there.
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        f"nodes:\n  gpu-node-22: {{host: localhost, port: {sshd.port}, user: root, jump: {{host: 127.0.0.1, port: {sshd.port}}}}}\n"
+    )
+    with pytest.raises(NodeUnreachable) as caught:
+        await _executor(sshd, inventory=inventory).run("gpu-node-22", "cat /proc/1/stat")
+    assert str(caught.value) == (
+        f"node 'gpu-node-22' (root@localhost:{sshd.port} via root@127.0.0.1:{sshd.port}): "
+        f"the jump host would not open a connection to localhost:{sshd.port} (open failed)"
+    )
+
+
+async def test_an_untrusted_jump_host_is_refused_before_the_node(sshd, tmp_path):
+    # An SSH server whose host key known_hosts does not hold stands in front of the trusted node.
+    impostor = await asyncssh.listen("127.0.0.1", 0, server_host_keys=[asyncssh.generate_private_key("ssh-ed25519")])
+    port = impostor.sockets[0].getsockname()[1]
+    try:
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(
+            f"nodes:\n  gpu-node-23: {{host: 127.0.0.1, port: {sshd.port}, user: root, jump: {{host: 127.0.0.1, port: {port}}}}}\n"
+        )
+        before = len(sshd.commands())
+        with pytest.raises(HostKeyMismatch, match=f"jump host: host key not trusted by {sshd.known_hosts}"):
+            await _executor(sshd, inventory=inventory).run("gpu-node-23", "cat /proc/1/stat")
+        assert len(sshd.commands()) == before
+    finally:
+        impostor.close()
+        await impostor.wait_closed()

@@ -126,3 +126,11 @@ async def test_reboot_ends_every_process_and_starts_a_new_boot(fleet):
     result = await _run(fleet, node, RebootNode(), actions=Actions(reboot_node=ActionPolicy(mode="enforce")))
     assert result.outcome is ActionOutcome.SUCCEEDED and f"boot id was {boot!r}" in result.detail
     assert node.boot_id != boot and jobs and not node.live_processes()
+
+
+async def test_inventory_check_reaches_every_simulated_node_with_every_tool(fleet):
+    from remediator.health import check_inventory
+
+    checks = await check_inventory(_executor(fleet), fleet.inventory_path)
+    assert [c.node_id for c in checks] == sorted(n.node_id for n in fleet.nodes.values())
+    assert all(c.ok and not c.missing for c in checks), [c for c in checks if not c.ok or c.missing]

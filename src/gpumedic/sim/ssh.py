@@ -56,6 +56,9 @@ def interpret(node: NodeState, command: str) -> CommandResult:
         if all(w.isdigit() for w in pids):
             return _kill(node, words[2], [int(w) for w in pids])
     match words:
+        case ["which", *tools]:
+            # A simulated node has every tool the catalogue calls.
+            return CommandResult(0, stdout="".join(f"/usr/bin/{tool}\n" for tool in tools))
         case ["cat", path] if path == BOOT_ID:
             return CommandResult(0, stdout=f"{node.boot_id}\n")
         case ["nvidia-smi", *args]:

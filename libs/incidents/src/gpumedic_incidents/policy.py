@@ -10,10 +10,11 @@ caps and retry limits are set. A mistake stops the service at start with the fil
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import re
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,6 +32,35 @@ SAMPLER_UNIT = "gpumedic-node-sampler.service"
 
 HEALTH_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 """A unit's health endpoint, fetched by `curl` on the node itself: loopback, plain characters only."""
+
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+SELECTOR = re.compile(rf"^(?:group:(?P<group>{_NAME})|label:(?P<key>{_NAME})=(?P<value>[A-Za-z0-9_.:/-]{{0,63}})|(?P<node>{_NAME}))$")
+
+
+@dataclass(frozen=True)
+class NodeSelector:
+    """Which nodes a rule covers: `gpu-node-07` (one node), `group:lambda` (an inventory group) or
+    `label:role=p2p` (nodes with that label). The inventory says which group and labels a node has."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not SELECTOR.match(self.text):
+            raise ValueError(f"{self.text[:100]!r} is not a node selector (NODE, group:NAME or label:KEY=VALUE)")
+
+    def matches(self, node_id: str, group: str | None = None, labels: Mapping[str, str] | None = None) -> bool:
+        found = SELECTOR.match(self.text)
+        assert found is not None
+        if found["group"] is not None:
+            return group == found["group"]
+        if found["key"] is not None:
+            return (labels or {}).get(found["key"]) == found["value"]
+        return node_id == found["node"]
+
+
+def selects(selectors: tuple[NodeSelector, ...] | frozenset[NodeSelector], node_id: str, group: str | None, labels: Mapping[str, str] | None) -> bool:
+    return any(s.matches(node_id, group, labels) for s in selectors)
 
 
 class PolicyError(ValueError):
@@ -160,6 +190,20 @@ class UnitRule(_Strict):
     health_url: str | None = Field(
         default=None, description="Checked with curl on the node after the restart, e.g. http://127.0.0.1:9400/healthz."
     )
+    nodes: tuple[str, ...] = Field(
+        default=(),
+        description="Where the unit may be restarted: node selectors (NODE, group:NAME, label:KEY=VALUE); empty: every node.",
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _selectors(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            NodeSelector(text)
+        return value
+
+    def allowed_on(self, node_id: str, group: str | None, labels: Mapping[str, str] | None) -> bool:
+        return not self.nodes or selects(tuple(map(NodeSelector, self.nodes)), node_id, group, labels)
 
     @field_validator("health_url")
     @classmethod

@@ -40,7 +40,7 @@ from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
-from remediator.inventory import InventoryError, load_inventory
+from remediator.inventory import InventoryError, NodeAddress, load_inventory
 from remediator.logic import Decision, Gate, Verdict, decide, refusal
 from remediator.settings import Settings
 from remediator.ssh import NodeError, SshExecutor
@@ -117,7 +117,8 @@ class ActionHandler:
             now=self._now(),
             stored_at=delivery.stored_at,
         )
-        fleet_size = self._fleet_size()  # read before the lock, which serialises every instance's decisions
+        # Read before the lock, which serialises every instance's decisions.
+        fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
             await repository.lock_gate(session=session)
             known = await repository.get_action(session=session, action_id=request.action_id)
@@ -126,7 +127,7 @@ class ActionHandler:
                     # It runs there now; come back when it has finished and answer from the ledger.
                     raise ActionInFlight(f"action {request.action_id} is executing in another remediator instance")
                 return known
-            status, detail = await self._decide(session, request, why_not, fleet_size)
+            status, detail = await self._decide(session, request, why_not, fleet_size, address)
             record = await repository.record(session=session, request=request, status=status, detail=_clip(detail), now=self._now())
             await session.commit()
         if status != repository.EXECUTING:
@@ -181,7 +182,9 @@ class ActionHandler:
             log.info("action %s already %s; re-publishing its result", record.action_id, record.status)
         return record
 
-    async def _decide(self, session: AsyncSession, request: ActionRequested, why_not: str, fleet_size: int) -> tuple[str, str]:
+    async def _decide(
+        self, session: AsyncSession, request: ActionRequested, why_not: str, fleet_size: int, address: NodeAddress | None
+    ) -> tuple[str, str]:
         """The ledger status and detail for a request, decided under the gate lock."""
         if why_not:
             return ActionOutcome.BLOCKED.value, why_not
@@ -194,7 +197,7 @@ class ActionHandler:
             node_window_s=self._gate.node_window_s,
         )
         view = dataclasses.replace(view, fleet_size=fleet_size)
-        decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now)
+        decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now, address=address)
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
             await repository.trip(session=session, reason=decision.trip_reason, now=now)
@@ -204,12 +207,15 @@ class ActionHandler:
             return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request, self._gate)}"
         return ActionOutcome.BLOCKED.value, decision.reason
 
-    def _fleet_size(self) -> int:
-        """Nodes in the inventory, for the breaker's share; 0 (count limit only) if it cannot be read."""
+    def _inventory_facts(self, node_id: str) -> tuple[int, NodeAddress | None]:
+        """Nodes in the inventory (for the breaker's share) and this node's entry (for its group and
+        labels); (0, None) if it cannot be read: then the count limit applies, and the action fails
+        on the same error when it connects."""
         try:
-            return len(load_inventory(self._settings.inventory))
+            nodes = load_inventory(self._settings.inventory)
         except InventoryError:
-            return 0
+            return 0, None
+        return len(nodes), nodes.get(node_id)
 
     async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.

@@ -1,39 +1,135 @@
-"""The fleet inventory: how to reach each node over SSH, from a YAML file.
+"""The fleet inventory: how to reach each node over SSH, and which groups and labels it has.
 
-The simulated fleet writes this same format, so the remediator reaches simulated and real
-nodes alike:
+Rented fleets mix providers, and each provider's pods differ in SSH user, port, key and the
+bastion in front of them, so every setting can be given for all nodes (`defaults`), for a group,
+or for one node; the most specific wins. Groups and labels are what the policy's allow-lists and
+the protected nodes refer to (`group:lambda`, `label:role=p2p`).
 
+    defaults: {user: gpumedic}
+    groups:
+      lambda:
+        user: ubuntu
+        key: /etc/gpumedic/keys/lambda_ed25519
+        jump: {host: bastion.lambda.example, user: jump}
+        labels: {provider: lambda}
     nodes:
-      gpu-node-01: {host: 127.0.0.1, port: 40123, user: root}
+      gpu-node-01: {host: 10.0.0.7, group: lambda, labels: {role: p2p}}
+      gpu-node-02: {host: 203.0.113.9, port: 40123}
 
-The file is read again for every action, so nodes added or moved are picked up without a
-restart; a node missing from it fails that action, never the service.
+The simulated fleet writes this same format, so the remediator reaches simulated and real nodes
+alike. The file is read again for every action, so nodes added or moved are picked up without a
+restart; a node missing from it fails that action, never the service. `gpumedic inventory check`
+tries every node read-only.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpumedic_events.base import SubjectToken
+
+HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,251}[A-Za-z0-9])?$"
+"""A DNS name, an IPv4 or an IPv6 address: never an option (`-oProxyCommand=...`), never a space."""
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.:/-]{0,63}$"
+USER_PATTERN = r"^[a-z_][a-z0-9_.-]{0,31}$"
 
 
 class InventoryError(Exception):
     """The inventory cannot be read, or does not name the node."""
 
 
-class NodeAddress(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = Field(min_length=1, max_length=253)
+
+class Hop(_Strict):
+    """A jump host (bastion) in front of a node; its host key is checked like the node's."""
+
+    host: str = Field(pattern=HOST_PATTERN)
     port: int = Field(default=22, ge=1, le=65535)
-    user: str = Field(default="root", min_length=1, max_length=64)
+    user: str | None = Field(default=None, pattern=USER_PATTERN, description="Default: the node's user.")
 
 
-class _InventoryFile(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Settings(_Strict):
+    """What `defaults`, a group and a node may each set."""
 
-    nodes: dict[str, NodeAddress] = Field(default_factory=dict)
+    user: str | None = Field(default=None, pattern=USER_PATTERN)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    key: Path | None = Field(default=None, description="Private key for this login; default: the remediator's client key.")
+    jump: Hop | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _label_names(self) -> _Settings:
+        for key, value in self.labels.items():
+            if not re.match(NAME_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value):
+                raise ValueError(f"label {key[:64]!r}={value[:64]!r}: letters, digits and _.-:/ only")
+        return self
+
+
+class _NodeEntry(_Settings):
+    host: str = Field(pattern=HOST_PATTERN)
+    group: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+class _InventoryFile(_Strict):
+    defaults: _Settings = _Settings()
+    groups: dict[str, _Settings] = Field(default_factory=dict)
+    nodes: dict[SubjectToken, _NodeEntry] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _groups_exist(self) -> _InventoryFile:
+        for node_id, entry in self.nodes.items():
+            if entry.group is not None and entry.group not in self.groups:
+                raise ValueError(f"node {node_id} names group {entry.group!r}, which `groups` does not define")
+        return self
+
+
+class NodeAddress(BaseModel):
+    """One node as the remediator reaches it: the inventory's settings resolved, most specific first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    port: int = 22
+    user: str = "root"
+    key: Path | None = None
+    """None: the remediator's client key."""
+    jump: Hop | None = None
+    group: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        via = f" via {self.jump.user or self.user}@{self.jump.host}:{self.jump.port}" if self.jump else ""
+        return f"{self.user}@{self.host}:{self.port}{via}"
+
+
+def _resolve(file: _InventoryFile) -> dict[str, NodeAddress]:
+    nodes = {}
+    for node_id, entry in file.nodes.items():
+        layers = [file.defaults, file.groups[entry.group] if entry.group else _Settings(), entry]
+
+        def first(name: str, layers=layers):
+            return next((getattr(layer, name) for layer in reversed(layers) if getattr(layer, name) is not None), None)
+
+        labels: dict[str, str] = {}
+        for layer in layers:
+            labels.update(layer.labels)
+        nodes[node_id] = NodeAddress(
+            host=entry.host,
+            port=first("port") or 22,
+            user=first("user") or "root",
+            key=first("key"),
+            jump=first("jump"),
+            group=entry.group,
+            labels=labels,
+        )
+    return nodes
 
 
 def load_inventory(path: Path) -> dict[str, NodeAddress]:
@@ -45,10 +141,11 @@ def load_inventory(path: Path) -> dict[str, NodeAddress]:
     except yaml.YAMLError as exc:
         raise InventoryError(f"inventory {path} is not valid YAML: {exc}") from None
     try:
-        return _InventoryFile.model_validate(raw or {}).nodes
+        return _resolve(_InventoryFile.model_validate(raw or {}))
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False, include_input=False)[:5]
+            f"{'.'.join(map(str, e['loc'])) or 'inventory'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)[:5]
         )
         raise InventoryError(f"inventory {path} is not valid: {problems}") from None
 

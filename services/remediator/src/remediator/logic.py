@@ -20,10 +20,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from gpumedic_events import ActionRequested, operation_gpu
+from gpumedic_events import ActionRequested, RestartUnit, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
-from gpumedic_incidents.policy import Actions
+from gpumedic_incidents.policy import Actions, NodeSelector, selects
 from remediator.catalogue import InvalidParameter, render
+from remediator.inventory import NodeAddress
 
 Mode = Literal["observe", "enforce"]
 
@@ -57,7 +58,8 @@ class Gate:
     """The remediator's master switch: observe overrides every action's own mode."""
     actions: Actions = field(default_factory=Actions)
     """The policy file's per-operation modes and allow-lists."""
-    protected_nodes: frozenset[str] = frozenset()
+    protected_nodes: frozenset[NodeSelector] = frozenset()
+    """Selectors (a node, group:NAME, label:KEY=VALUE) of the nodes never acted on."""
     max_actions_per_node: int = 3
     """Actions on one node within `node_window_s` (from the policy file's `gate`)."""
     node_window_s: float = 3600.0
@@ -69,6 +71,9 @@ class Gate:
 
     def mode_for(self, operation: str) -> Mode:
         return "observe" if self.mode == "observe" else self.actions.of(operation).mode
+
+    def protects(self, node_id: str, node: NodeAddress | None) -> bool:
+        return selects(self.protected_nodes, node_id, node and node.group, node and node.labels)
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,12 @@ def refusal(
     return ""
 
 
-def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now: datetime) -> Decision:
-    """The fleet's verdict on one request that passed `refusal`, with the rule that decided it."""
+def decide(
+    request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now: datetime, address: NodeAddress | None = None
+) -> Decision:
+    """The fleet's verdict on one request that passed `refusal`, with the rule that decided it.
+
+    `address` is the node's inventory entry (its group and labels), None when the inventory lacks it."""
     node = request.node_id
     if ledger_view.breaker_open_since is not None:
         why = f" ({ledger_view.breaker_reason})" if ledger_view.breaker_reason else ""
@@ -147,8 +156,17 @@ def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now
             Verdict.BLOCK,
             f"circuit breaker open since {_iso(ledger_view.breaker_open_since)}{why}, {RESET_HINT}",
         )
-    if node in gate.protected_nodes:
+    if gate.protects(node, address):
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
+    operation = request.operation
+    if isinstance(operation, RestartUnit):
+        rule = gate.actions.restart_unit.units.get(operation.unit)
+        if rule is not None and not rule.allowed_on(node, address and address.group, address and address.labels):
+            return Decision(
+                Verdict.BLOCK,
+                f"{operation.unit} may be restarted only on {', '.join(rule.nodes)} (actions.restart_unit.units), "
+                f"not on node {node}",
+            )
     if ledger_view.executing_on_node:
         return Decision(
             Verdict.BLOCK,
@@ -172,10 +190,10 @@ def decide(request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now
             f"checks the fleet, {RESET_HINT}",
             trip_reason=cause,
         )
-    operation = request.operation.operation
-    if gate.mode_for(operation) == "observe":
-        switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{operation}.mode is observe"
-        return Decision(Verdict.OBSERVE, f"observe mode for {operation} ({switch}): decided and recorded, not run")
+    name = operation.operation
+    if gate.mode_for(name) == "observe":
+        switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{name}.mode is observe"
+        return Decision(Verdict.OBSERVE, f"observe mode for {name} ({switch}): decided and recorded, not run")
     return Decision(Verdict.ALLOW)
 
 

@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
             gate.node_window_s,
             gate.max_request_age_s,
             settings.max_concurrent_actions,
-            ", ".join(sorted(gate.protected_nodes)) or "none",
+            ", ".join(sorted(s.text for s in gate.protected_nodes)) or "none",
         )
 
     runtime.on_startup(_check)

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
 from gpumedic_incidents import PolicySettings
+from gpumedic_incidents.policy import NodeSelector
 from gpumedic_store.settings import StoreSettings
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
@@ -43,7 +44,8 @@ class Settings(BaseSettings):
 
     inventory: Path = Field(
         default=_CONFIG_DIR / "inventory.yaml",
-        description="YAML file naming every node: `nodes: {NODE: {host, port, user}}`. Re-read per action.",
+        description="YAML file naming every node (`nodes: {NODE: {host, port, user, key, jump, group, labels}}`, "
+        "with `defaults` and `groups`; see deploy/inventory.example.yaml). Re-read per action.",
     )
     known_hosts: Path = Field(
         default=_CONFIG_DIR / "known_hosts", description="OpenSSH known_hosts; every node's host key is checked."
@@ -57,7 +59,8 @@ class Settings(BaseSettings):
         "whose mode in the policy file (`actions`) is enforce.",
     )
     protected_nodes: Annotated[set[str], NoDecode] = Field(
-        default_factory=set, description="Nodes never acted on; comma-separated or a JSON list."
+        default_factory=set,
+        description="Nodes never acted on: node selectors (NODE, group:NAME, label:KEY=VALUE), comma-separated or a JSON list.",
     )
     breaker_max_nodes: int = Field(
         default=5, ge=1, description="More distinct nodes needing action within the window trips the breaker."
@@ -101,6 +104,13 @@ class Settings(BaseSettings):
             return {part.strip() for part in text.split(",") if part.strip()}
         return value
 
+    @field_validator("protected_nodes")
+    @classmethod
+    def _selectors(cls, value: set[str]) -> set[str]:
+        for text in value:
+            NodeSelector(text)
+        return value
+
     def gate(self) -> Gate:
         """The gate's rules: these settings, and the per-node limit and per-operation rules from the policy file."""
         policy = self.policy.load()
@@ -108,7 +118,7 @@ class Settings(BaseSettings):
         return Gate(
             mode=self.mode,
             actions=policy.actions,
-            protected_nodes=frozenset(self.protected_nodes),
+            protected_nodes=frozenset(map(NodeSelector, self.protected_nodes)),
             max_actions_per_node=gate.max_actions_per_node,
             node_window_s=gate.node_window_s,
             breaker_max_nodes=self.breaker_max_nodes,
@@ -125,9 +135,15 @@ class Settings(BaseSettings):
                     f"{name} file {path} does not exist (set GPUMEDIC_REMEDIATOR_{name.upper()})"
                 )
         try:
-            load_inventory(self.inventory)
+            nodes = load_inventory(self.inventory)
         except InventoryError as exc:
             raise SettingsError(str(exc)) from None
+        node_keys = {address.key for address in nodes.values() if address.key is not None}
+        for key in sorted(node_keys):
+            try:
+                asyncssh.read_private_key(str(key))
+            except (OSError, ValueError, asyncssh.Error) as exc:
+                raise SettingsError(f"key file {key} named in inventory {self.inventory} is not usable: {type(exc).__name__}") from None
         try:
             asyncssh.read_known_hosts(str(self.known_hosts))
         except (OSError, ValueError, asyncssh.Error) as exc:

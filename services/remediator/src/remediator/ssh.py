@@ -1,7 +1,8 @@
 """Running catalogue commands on a node over SSH, with the node's host key always verified.
 
-One connection per action, reused for all of its commands. Host keys are checked against the
-configured known_hosts file on every connection (a node whose key is not in it is refused:
+One connection per action, reused for all of its commands; a node behind a jump host is reached
+through an SSH tunnel from that host (OpenSSH's ProxyJump), both logins with the node's key. Host
+keys, the jump host's too, are checked against the configured known_hosts file on every connection (a node whose key is not in it is refused:
 an impostor must never receive commands; host-key checking is never turned off here). Only the
 configured client key is offered: no agent, no ~/.ssh/config, no password. Every failure
 becomes a `NodeError` naming node, host, port and cause, which the handler turns into a failed
@@ -11,6 +12,7 @@ outcome; no key material ever reaches an error, a log line or an event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +33,7 @@ class NodeError(Exception):
     code = "unreachable"
 
     def __init__(self, node_id: str, address: NodeAddress, cause: str, *, code: str | None = None) -> None:
-        super().__init__(f"node {node_id!r} ({address.user}@{address.host}:{address.port}): {cause}")
+        super().__init__(f"node {node_id!r} ({address.describe()}): {cause}")
         self.node_id = node_id
         self.address = address
         self.cause = cause
@@ -103,15 +105,15 @@ class SshExecutor:
     async def session(self, node_id: str) -> AsyncIterator[NodeSession]:
         """A session to `node_id`; raises InventoryError for an unknown node, NodeError otherwise."""
         address = address_of(self._inventory, node_id)
-        conn = await self._connect(node_id, address)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            tunnel = None
+            if address.jump is not None:
+                hop = address.jump
+                tunnel = await self._connect(node_id, address, hop.host, hop.port, hop.user or address.user, where="jump host: ")
+                stack.push_async_callback(_close, tunnel, node_id)
+            conn = await self._connect(node_id, address, address.host, address.port, address.user, tunnel=tunnel)
+            stack.push_async_callback(_close, conn, node_id)
             yield NodeSession(node_id, address, conn, self._command_timeout_s)
-        finally:
-            conn.close()
-            try:
-                await asyncio.wait_for(conn.wait_closed(), 5)
-            except (TimeoutError, asyncssh.Error, OSError):
-                log.debug("closing the connection to %s did not finish cleanly", node_id)
 
     async def run(self, node_id: str, command: str) -> CommandResult:
         """One command on its own connection (an action's commands share one through `session`)."""
@@ -123,17 +125,29 @@ class SshExecutor:
         async with self.session(node_id):
             pass
 
-    async def _connect(self, node_id: str, address: NodeAddress) -> asyncssh.SSHClientConnection:
+    async def _connect(
+        self,
+        node_id: str,
+        address: NodeAddress,
+        host: str,
+        port: int,
+        user: str,
+        *,
+        tunnel: asyncssh.SSHClientConnection | None = None,
+        where: str = "",
+    ) -> asyncssh.SSHClientConnection:
+        """One verified login to `host` (the node, or its jump host: `where` says which in errors)."""
         try:
             # connect_timeout covers TCP, handshake and login; the outer guard is for a peer
             # that stalls where asyncssh's own timer does not reach.
             async with asyncio.timeout(self._connect_timeout_s + 1):
                 return await asyncssh.connect(
-                    address.host,
-                    address.port,
-                    username=address.user,
+                    host,
+                    port,
+                    tunnel=tunnel,
+                    username=user,
                     known_hosts=str(self._known_hosts),
-                    client_keys=[str(self._client_key)],
+                    client_keys=[str(address.key or self._client_key)],
                     passphrase=None,
                     agent_path=None,
                     config=[],
@@ -145,17 +159,33 @@ class SshExecutor:
                 )
         except asyncssh.HostKeyNotVerifiable as exc:
             raise HostKeyMismatch(
-                node_id, address, f"host key not trusted by {self._known_hosts} ({_cause(exc)})"
+                node_id, address, f"{where}host key not trusted by {self._known_hosts} ({_cause(exc)})"
             ) from None
         except asyncssh.PermissionDenied:
-            raise NodeUnreachable(node_id, address, "login refused: the client key is not authorized", code="auth_refused") from None
+            raise NodeUnreachable(
+                node_id, address, f"{where}login refused: the client key is not authorized", code="auth_refused"
+            ) from None
+        except asyncssh.ChannelOpenError as exc:  # only a tunnel opens a channel while connecting
+            raise NodeUnreachable(
+                node_id, address, f"the jump host would not open a connection to {host}:{port} ({_cause(exc)})"
+            ) from None
         except ConnectionRefusedError:
-            raise NodeUnreachable(node_id, address, "connection refused", code="refused") from None
+            raise NodeUnreachable(node_id, address, f"{where}connection refused", code="refused") from None
         except TimeoutError:
-            raise NodeUnreachable(node_id, address, f"connect timed out after {self._connect_timeout_s:g}s", code="timeout") from None
+            raise NodeUnreachable(
+                node_id, address, f"{where}connect timed out after {self._connect_timeout_s:g}s", code="timeout"
+            ) from None
         except (asyncssh.Error, OSError, ValueError) as exc:
             # ValueError/KeyImportError: an unreadable known_hosts or key file.
-            raise NodeUnreachable(node_id, address, _cause(exc)) from None
+            raise NodeUnreachable(node_id, address, f"{where}{_cause(exc)}") from None
+
+
+async def _close(conn: asyncssh.SSHClientConnection, node_id: str) -> None:
+    conn.close()
+    try:
+        await asyncio.wait_for(conn.wait_closed(), 5)
+    except (TimeoutError, asyncssh.Error, OSError):
+        log.debug("closing the connection to %s did not finish cleanly", node_id)
 
 
 def _cause(exc: BaseException) -> str:
