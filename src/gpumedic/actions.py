@@ -55,6 +55,7 @@ async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
     lines = [
         f"action {record.action_id}  [{record.status}]",
         f"  {_what(record)} on {record.node_id}, attempt {record.attempt} of incident {record.incident_id}",
+        f"  asked by {record.requested_by or '?'}: {record.reason or '(no reason recorded)'}",
         f"  requested {fmt_time(record.requested_at)}, decided {fmt_time(record.started_at)}, finished {fmt_time(record.finished_at)} ({took})",
         f"  {record.detail}",
     ]

@@ -280,6 +280,28 @@ def cmd_inventory(args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
+def cmd_preflight(args) -> int:
+    """Are a node's GPUs ready for the next job? Exit 0 ready, 1 not ready, 2 the check could not be made."""
+    from gpumedic import preflight, silences
+    from gpumedic_bus.topology import LAUNCHER
+    from gpumedic_events import PreflightRequest
+
+    try:
+        request = PreflightRequest(node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, requested_by=args.by)
+        settings = silences.operator_settings(args.var, LAUNCHER)
+        report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
+    except (silences.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
+        print(f"gpumedic preflight: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as exc:
+        print(f"gpumedic preflight: cannot reach the bus: {exc}", file=sys.stderr)
+        return 2
+    print(report.model_dump_json(indent=2) if args.json else report.summary())
+    if report.error and not report.gpus:
+        return 2
+    return 0 if report.ready else 1
+
+
 def cmd_provision(args) -> int:
     """Provision the bus as its admin: `gpumedic-provision` under another name."""
     from gpumedic_bus.provision import main as provision_main
@@ -482,6 +504,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", type=Path, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds for each login and command (default 10)")
     p.set_defaults(func=cmd_inventory)
+
+    p = sub.add_parser(
+        "preflight",
+        help="before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",
+        description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute "
+        "process, is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU "
+        "are killed through the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are "
+        "checked again. Exit 0: ready; 1: not ready (the reasons are printed); 2: the check could not be made.",
+    )
+    p.add_argument("--node", required=True, help="the node, as the inventory names it")
+    p.add_argument("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)")
+    p.add_argument("--clean", action="store_true", help="kill leftovers on idle GPUs, through the gate, then check again")
+    p.add_argument("--by", default=os.environ.get("USER", "launcher"), help="who asks (kept with a clean in the audit log)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answer (default 60)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
+    p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser("provision", help="create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
     p.set_defaults(func=cmd_provision)

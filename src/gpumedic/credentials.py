@@ -73,7 +73,9 @@ def _user_block(user: str, password: str) -> str:
         return head + "}  # unrestricted: provisioning only"
     publish = f"publish: {{allow: [{_quoted(rules.publish)}]}}" if rules.publish else "publish: {deny: [\">\"]}"
     subscribe = f"subscribe: {{allow: [{_quoted(rules.subscribe)}]}}"
-    return f"{head}, permissions: {{\n        {publish}\n        {subscribe}\n      }}}}"
+    # A responder may answer each request it receives once, within a minute, and publish nothing else.
+    responds = "\n        allow_responses: {max: 1, expires: \"1m\"}" if rules.responds else ""
+    return f"{head}, permissions: {{\n        {publish}\n        {subscribe}{responds}\n      }}}}"
 
 
 def render_accounts(passwords: Mapping[str, str]) -> str:

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.credentials import TlsFiles, ensure_tls, new_password, render_accounts, write_private
 from gpumedic_bus.settings import PLACEHOLDER_PASSWORDS
-from gpumedic_bus.topology import ADMIN, OBSERVER, OPERATOR, SERVICES, node_user
+from gpumedic_bus.topology import CONTROL_USERS, node_user
 from gpumedic_events import NodeId
 
 NATS_PORT = 4222
@@ -94,7 +94,7 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
 
     # .env: start from the example, keep what is set, fill every placeholder with a real secret.
     rows = _read_env(deploy.env_file) or _read_env(root / "deploy" / "env.example")
-    users = [ADMIN, OBSERVER, OPERATOR, *(s for s in SERVICES if s != "node-sampler")]
+    users = [*CONTROL_USERS]
     wanted = {"POSTGRES_PASSWORD", *(password_variable(u) for u in users)}
     values = {k: v for k, v, _ in rows if k}
     lines = []

@@ -27,15 +27,15 @@ class OperatorError(RuntimeError):
     """The operator's command cannot be carried out; the message says why and what to do."""
 
 
-def operator_settings(var_dir: Path) -> NatsSettings:
-    """The embedded stack's bus under `var_dir` if one runs there, else GPUMEDIC_NATS_*."""
+def operator_settings(var_dir: Path, user: str = OPERATOR) -> NatsSettings:
+    """The embedded stack's bus under `var_dir` as `user` if one runs there, else GPUMEDIC_NATS_*."""
     if os.environ.get("GPUMEDIC_NATS_URL"):
         return NatsSettings()
-    settings = Stack.running(var_dir, OPERATOR)
+    settings = Stack.running(var_dir, user)
     if settings is None:
         raise OperatorError(
             f"no embedded stack runs under {var_dir}/ (start one with `gpumedic up`), and GPUMEDIC_NATS_URL is not set "
-            "(for compose: GPUMEDIC_NATS_URL=tls://HOST:4222 GPUMEDIC_NATS_USER=operator GPUMEDIC_NATS_PASSWORD=... "
+            f"(for compose: GPUMEDIC_NATS_URL=tls://HOST:4222 GPUMEDIC_NATS_USER={user} GPUMEDIC_NATS_PASSWORD=... "
             "GPUMEDIC_NATS_TLS_CA_FILE=deploy/secrets/tls/ca.pem)"
         )
     return settings

@@ -24,7 +24,7 @@ import nats
 from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, render_accounts
 from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
-from gpumedic_bus.topology import ADMIN, OBSERVER, OPERATOR, SIM_FLEET, node_user
+from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import ServiceHeartbeat
 
 SERVICES: dict[str, str] = {
@@ -75,7 +75,7 @@ class Stack:
         """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
-        users = [ADMIN, OBSERVER, OPERATOR, *(s for s in SERVICES if s != "node-sampler"), node_user(sampler_node_id(self.env))]
+        users = [*CONTROL_USERS, node_user(sampler_node_id(self.env))]
         if sim_fleet:
             users.append(SIM_FLEET)
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)

@@ -23,7 +23,20 @@ from gpumedic.natsd import NatsServer, nats_server_binary
 from gpumedic.sim.fleet import SimFleet
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, SAMPLES
-from gpumedic_bus.topology import ADMIN, CONSUMING_SERVICES, OBSERVER, PRODUCERS, SERVICES, consumers, node_user, permissions_for
+from gpumedic_bus.topology import (
+    ADMIN,
+    CONSUMING_SERVICES,
+    LAUNCHER,
+    OBSERVER,
+    PRODUCERS,
+    REQUESTS,
+    SERVICES,
+    consumers,
+    node_user,
+    permissions_for,
+)
+from gpumedic.preflight import ask
+from gpumedic_events import PREFLIGHT_SUBJECT, PreflightRequest, SilenceAdded
 from gpumedic_events import ActionRequested, Event, NodeSampled
 from gpumedic_events.base import json_examples
 from remediator.main import create_app as remediator_app
@@ -46,7 +59,7 @@ def secured(tmp_path_factory):
     deploy = Deployment(root)
     env = dict(line.split("=", 1) for line in deploy.env_file.read_text().splitlines() if "=" in line and not line.startswith("#"))
     node_env = dict(line.split("=", 1) for line in (deploy.nodes_dir / f"{NODE}.env").read_text().splitlines() if "=" in line)
-    passwords = {u: env[password_variable(u)] for u in (ADMIN, OBSERVER, *SERVICES[1:])}
+    passwords = {u: env[password_variable(u)] for u in (ADMIN, OBSERVER, LAUNCHER, *SERVICES[1:])}
     passwords[node_user(NODE)] = node_env["GPUMEDIC_NATS_PASSWORD"]
     # (nats-server resolves `include` relative to the including file, so the accounts go in whole)
     server = NatsServer(root / "nats", extra_config=deploy.accounts.read_text(), tls_config=deploy.tls.server_config())
@@ -104,8 +117,11 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
         for event, producers in PRODUCERS.items():
             allowed = any(_matches(_subject(event, user), p) for p in rules.publish)
             assert allowed == (user in producers), (user, event.__name__, "publish")
-        # Consumers read through their durables' API calls (pull) or deliver subjects (push), never by subscribing.
-        assert not any(p.startswith("gpumedic.") for p in rules.subscribe), user
+        # Consumers read through their durables' API calls (pull) or deliver subjects (push), never by
+        # subscribing; the only event-space subscriptions are the requests a service answers.
+        answers = {r.subject for r in REQUESTS if r.service == user}
+        assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers, user
+        assert rules.responds == bool(answers), user
         durables = {p.split(".")[-1] for p in rules.publish if p.startswith("$JS.API.CONSUMER.INFO.GPUMEDIC_")}
         assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user
         assert not any(".STREAM.CREATE" in p or ".STREAM.UPDATE" in p or ".STREAM.DELETE" in p for p in rules.publish), user
@@ -239,6 +255,27 @@ async def test_the_subject_transform_attack_of_the_issue_is_refused(secured):
         await sampler.close()
 
 
+async def test_a_launcher_may_ask_for_preflight_and_nothing_else(secured):
+    launcher, refusals = await _as(secured, LAUNCHER)
+    try:
+        silence = SilenceAdded.model_validate(json_examples(SilenceAdded)[0])
+        for subject in (ACTION.subject, silence.subject, f"$JS.API.STREAM.INFO.{ACTIONS.name}", "_INBOX.remediator.x"):
+            await launcher.publish(subject, b"{}")
+            await launcher.flush()
+            assert await refusals.refused(f'publish to "{subject}"'), subject
+        for subject in ("gpumedic.v1.>", PREFLIGHT_SUBJECT, "_INBOX.operator.>"):
+            await launcher.subscribe(subject)
+            await launcher.flush()
+            assert await refusals.refused(f'subscription to "{subject}"'), subject
+        refusals.errors.clear()
+        # Asking is allowed: with no remediator up, the server says nobody answers (not "refused").
+        with pytest.raises(nats.errors.NoRespondersError):
+            await launcher.request(PREFLIGHT_SUBJECT, b"{}", timeout=2)
+        assert not refusals.errors
+    finally:
+        await launcher.close()
+
+
 async def test_an_outsider_cannot_log_in(secured):
     good = secured("observer")
     with pytest.raises(Exception, match="(?i)authorization"):
@@ -274,6 +311,10 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
             incident, timeline, _ = await wait_for_incident(store_url, "resolved")
         assert incident.resolution == "fixed" and len(timeline) == 4
         assert fleet.node(NODE).ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
+
+        # A job launcher, on its own user, asks for a pre-flight and the remediator answers it.
+        report = await ask(secured(LAUNCHER), PreflightRequest(node_id=NODE), timeout_s=20)
+        assert report.ready and [g.index for g in report.gpus] == [0], report.summary()
     finally:
         await apps.stop_all()
         await sampler_nc.close()

@@ -30,6 +30,9 @@ _PROC_FILE = re.compile(r"^/proc/([^/]+)/(stat|cmdline)$")
 _SIGNALS = ("KILL", "TERM")
 _GPU_QUERIES = {"--query-gpu=utilization.gpu": "utilization", "--query-gpu=memory.used": "memory"}
 _DEVICE = re.compile(r"^/dev/nvidia([0-9]+)$")
+_GPU_STATE = "--query-gpu=index,utilization.gpu,memory.used,compute_mode"
+_COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+"""NVML's compute modes as nvidia-smi names them."""
 _PRUNES = {"container": "Containers", "image": "Images", "builder": "Build Cache", "volume": "Local Volumes"}
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -87,6 +90,8 @@ def interpret(node: NodeState, command: str) -> CommandResult:
 
 
 def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
+    if args == [_GPU_STATE, "--format=csv,noheader,nounits"]:
+        return _gpu_state(node)
     match args:
         case [query, "--format=csv,noheader,nounits", index] if query in _GPU_QUERIES and index.startswith("--id="):
             what = _GPU_QUERIES[query]
@@ -114,6 +119,20 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     if what == "memory":
         return CommandResult(0, stdout=f"{node.memory_used_mib(gpu)}\n")
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
+
+
+def _gpu_state(node: NodeState) -> CommandResult:
+    """Every GPU's index, utilisation, memory used and compute mode, one line each (pre-flight's query)."""
+    if node.nvml_missing:
+        return CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+    lines = []
+    for gpu in node.gpus:
+        if gpu.lost:
+            lines.append(f"{gpu.index}, [GPU requires reset], [GPU requires reset], [GPU requires reset]")
+        else:
+            mode = _COMPUTE_MODES.get(gpu.compute_mode, "[Unknown Error]")
+            lines.append(f"{gpu.index}, {node.utilization(gpu.index)[0]}, {node.memory_used_mib(gpu.index)}, {mode}")
+    return CommandResult(0, stdout="".join(f"{line}\n" for line in lines))
 
 
 def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:

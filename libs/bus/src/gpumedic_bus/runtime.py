@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsSecurity, NatsUserPassword
+from faststream.nats.annotations import NatsMessage
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
@@ -28,7 +29,7 @@ from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsu
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
-from gpumedic_bus.topology import REPLAYS
+from gpumedic_bus.topology import REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
@@ -172,6 +173,20 @@ class ServiceRuntime:
         if item.service != self.service or item.delivery != delivery:
             raise ValueError(f"durable {name!r} is {item.service}'s {item.delivery} consumer, not {self.service}'s {delivery} one")
         return item
+
+    def respond(self, subject: str, handler: Callable[[bytes], Awaitable[bytes]]) -> None:
+        """Answer core-NATS requests on one of this service's request subjects (`topology.REQUESTS`):
+        each request's body goes to `handler`, whose bytes go back to the asker. The service's
+        instances share the requests (a queue group); nothing is stored, so a request that finds
+        no instance times out at the asker."""
+        if not any(r.subject == subject and r.service == self.service for r in REQUESTS):
+            raise ValueError(f"{self.service} answers no requests on {subject!r} (see gpumedic_bus.topology.REQUESTS)")
+
+        @self.broker.subscriber(subject, queue=self.service, title=f"{self.service}:{subject}")
+        async def _on_request(msg: NatsMessage) -> None:
+            reply = await handler(msg.body)
+            if msg.reply_to:
+                await msg.raw_message.respond(reply)
 
     def background(self, loop: BackgroundLoop) -> None:
         """Run `loop` while the service runs (periodic probes, evaluations)."""

@@ -42,6 +42,7 @@ from gpumedic_events import (
     SpansExported,
     SubjectToken,
 )
+from gpumedic_events.preflight import PREFLIGHT_SUBJECT
 from gpumedic_bus.streams import INCIDENT_STATE, stream_of
 
 SERVICES: tuple[str, ...] = (
@@ -139,6 +140,16 @@ KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
 the remediator's gate reads it and can change nothing in it."""
 
 
+@dataclass(frozen=True)
+class Request:
+    """A core-NATS request-reply subject: one service answers (its instances in a queue group), and
+    only the users named may ask. Nothing is stored: the asker waits for the answer."""
+
+    subject: str
+    service: str
+    askers: tuple[str, ...]
+
+
 def durable(name: str) -> Durable:
     for item in DURABLES:
         if item.name == name:
@@ -168,7 +179,16 @@ OPERATOR = "operator"
 SIM_FLEET = "sim-fleet"
 """The simulated fleet's many samplers over one connection: node facts for any node. Only the
 embedded stack creates this user, and only when it runs a simulated fleet."""
+LAUNCHER = "launcher"
+"""Job launchers: may ask for a pre-flight check of a node's GPUs and read the answer, nothing else."""
 NODE_USER_PREFIX = "node-"
+
+REQUESTS: tuple[Request, ...] = (Request(PREFLIGHT_SUBJECT, "remediator", (LAUNCHER, OPERATOR)),)
+"""Request-reply subjects. The answering service subscribes; NATS lets it reply to the asker's
+inbox (`allow_responses`) without any other publish right."""
+
+CONTROL_USERS: tuple[str, ...] = (ADMIN, OBSERVER, OPERATOR, LAUNCHER, *(s for s in SERVICES if s != "node-sampler"))
+"""Every NATS user of the control plane (GPU nodes add one user each)."""
 
 
 def node_user(node_id: str) -> str:
@@ -185,6 +205,12 @@ def inbox_prefix(user: str) -> str:
 class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    responds: bool = False
+    """May reply to the requests it receives (NATS `allow_responses`), and to nothing else."""
+
+
+def _asks(user: str) -> tuple[str, ...]:
+    return tuple(r.subject for r in REQUESTS if user in r.askers)
 
 
 def permissions_for(user: str) -> Permissions | None:
@@ -195,14 +221,19 @@ def permissions_for(user: str) -> Permissions | None:
         return Permissions(publish=(), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
     if user == OPERATOR:
         published = tuple(e.subject_filter() for e, producers in PRODUCERS.items() if OPERATOR in producers)
-        return Permissions(publish=published, subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+        return Permissions(publish=(*published, *_asks(user)), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+    if user == LAUNCHER:
+        return Permissions(publish=_asks(user), subscribe=(f"{inbox_prefix(user)}.>",))
     if user == SIM_FLEET:
         return _node_sampler(user, "*")
     if user.startswith(NODE_USER_PREFIX):
         return _node_sampler(user, user.removeprefix(NODE_USER_PREFIX))
     if user in SERVICES and user != "node-sampler":
         return _service(user)
-    raise LookupError(f"no NATS user {user!r}: services are {', '.join(SERVICES[1:])}; nodes are {NODE_USER_PREFIX}<node-id>")
+    raise LookupError(
+        f"no NATS user {user!r}: services are {', '.join(SERVICES[1:])}; tools are {OBSERVER}, {OPERATOR}, {LAUNCHER}; "
+        f"nodes are {NODE_USER_PREFIX}<node-id>"
+    )
 
 
 def _node_sampler(user: str, node: str) -> Permissions:
@@ -234,6 +265,8 @@ def _service(service: str) -> Permissions:
             subscribe.append(item.deliver_subject)
     for stream in sorted({stream_of(event).name for event in REPLAYS.get(service, ())}):
         publish += _ordered_reader(stream)
+    answers = [r.subject for r in REQUESTS if r.service == service]
+    subscribe += answers
     for bucket, access in KV_ACCESS.get(service, {}).items():
         stream = f"KV_{bucket}"
         publish += [
@@ -244,7 +277,7 @@ def _service(service: str) -> Permissions:
         if access == "write":
             # Writing keys, and listing them (an ordered consumer on the bucket's own stream).
             publish += [f"$KV.{bucket}.>", *_ordered_reader(stream)]
-    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), responds=bool(answers))
 
 
 def _ordered_reader(stream: str) -> list[str]:

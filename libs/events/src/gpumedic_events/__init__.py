@@ -27,6 +27,7 @@ from gpumedic_events.base import (
 )
 from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
+from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
 from gpumedic_events.incident import (
     Diagnosis,
@@ -76,6 +77,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 
 __all__ = [
+    "PREFLIGHT_SUBJECT",
+    "GpuReadiness",
+    "PreflightReport",
+    "PreflightRequest",
     "SshCause",
     "SilenceRemoved",
     "SilenceAdded",

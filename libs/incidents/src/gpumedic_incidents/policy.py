@@ -245,11 +245,26 @@ class Actions(_Strict):
         return getattr(self, operation)
 
 
+class PreflightPolicy(_Strict):
+    """When `gpumedic preflight` calls a GPU ready for the next job, and what `--clean` may remove."""
+
+    max_memory_mib: int = Field(default=1024, ge=0, description="More memory in use than this: not ready.")
+    idle_util_pct: float = Field(
+        default=5, ge=0, le=100, description="--clean kills leftovers only on a GPU at most this busy (never a live job)."
+    )
+    ignore_holders: tuple[str, ...] = Field(
+        default=("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-smi", "gpumedic-node-s"),
+        description="Daemons that keep /dev/nvidiaN open without blocking a job (by their 15-character comm); "
+        "never counted, never killed.",
+    )
+
+
 class Policy(_Strict):
     version: Literal[1] = 1
     fleet: FleetPolicy = FleetPolicy()
     gate: GatePolicy = GatePolicy()
     actions: Actions = Actions()
+    preflight: PreflightPolicy = PreflightPolicy()
     kinds: Kinds = Kinds()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:

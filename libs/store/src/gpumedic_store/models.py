@@ -160,6 +160,8 @@ class ActionRecord(Base):
     node_id: Mapped[str] = mapped_column(String(63), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     operation: Mapped[dict[str, Any]] = mapped_column(comment="The requested operation, as in ActionRequested.")
+    requested_by: Mapped[str] = mapped_column(String(63), default="", server_default="", comment="The service that asked.")
+    reason: Mapped[str] = mapped_column(Text, default="", server_default="", comment="Why it was asked for.")
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
     steps: Mapped[list[str]] = mapped_column(default=list, comment="Commands run on the node, in order.")

@@ -117,6 +117,16 @@ class ActionHandler:
             now=self._now(),
             stored_at=delivery.stored_at,
         )
+        return await self.run_gated(request, why_not, delivery.still_working)
+
+    async def run_gated(
+        self, request: ActionRequested, why_not: str, still_working: Callable[[], Awaitable[None]]
+    ) -> ActionRecord:
+        """Decide under the gate lock and record, then run only what was decided `executing`.
+
+        `why_not` is the request's own refusal ('' when it passed); `still_working` is called
+        before each command (a JetStream delivery's keep-alive). Pre-flight's clean comes in
+        here too, so its kills obey the same breaker, locks, caps and modes as every action."""
         # Read before the lock, which serialises every instance's decisions.
         fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
@@ -134,7 +144,7 @@ class ActionHandler:
             log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, detail)
             return record
 
-        result = await self._execute(request, delivery)
+        result = await self._execute(request, still_working)
         log.info("action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail)
         async with self._sessions() as session:
             session.add(record)
@@ -217,7 +227,7 @@ class ActionHandler:
             return 0, None
         return len(nodes), nodes.get(node_id)
 
-    async def _execute(self, request: ActionRequested, delivery: Delivery) -> ExecutionResult:
+    async def _execute(self, request: ActionRequested, still_working: Callable[[], Awaitable[None]]) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.
 
         Every command that runs is audited: its exit status, a digest of its output (never the
@@ -228,7 +238,7 @@ class ActionHandler:
 
         async def run_on(run: Callable[[str], Awaitable[CommandResult]], command: str) -> CommandResult:
             # Each command may take a while; keep JetStream from redelivering meanwhile.
-            await delivery.still_working()
+            await still_working()
             steps.append(command)
             started = time.monotonic()
             try:
@@ -242,7 +252,7 @@ class ActionHandler:
         try:
             actions = self._gate.actions
             catalogue.render(request.operation, actions)  # refuse bad parameters before connecting
-            await delivery.still_working()
+            await still_working()
             async with self._executor.session(request.node_id) as node:
                 result = await catalogue.execute(
                     request.operation,

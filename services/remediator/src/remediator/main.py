@@ -14,12 +14,13 @@ from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.streams import INCIDENT_STATE
-from gpumedic_events import OPERATION_NAMES
+from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT
 from gpumedic_incidents import IncidentStates
 from gpumedic_store.engine import create_engine, ping, session_factory
 from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
 from remediator.logic import Gate
+from remediator.preflight import Preflight
 from remediator.settings import Settings, SettingsError
 from remediator.ssh import SshExecutor
 
@@ -39,6 +40,14 @@ def create_app(settings: Settings | None = None) -> FastStream:
         command_timeout_s=settings.command_timeout_s,
     )
     handler, _ = register(runtime, settings, sessions=session_factory(engine), executor=executor)
+    preflight = Preflight(
+        policy=settings.policy.load(),
+        executor=executor,
+        actions=handler,
+        tracer=runtime.tracer,
+        verify_timeout_s=settings.verify_timeout_s,
+    )
+    runtime.respond(PREFLIGHT_SUBJECT, preflight.handle)
 
     async def _check() -> None:
         settings.check_files()

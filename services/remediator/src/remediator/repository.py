@@ -58,6 +58,8 @@ async def record(
         node_id=request.node_id,
         attempt=request.attempt,
         operation=request.operation.model_dump(mode="json"),
+        requested_by=request.source,
+        reason=request.reason,
         status=status,
         detail=detail,
         steps=[],

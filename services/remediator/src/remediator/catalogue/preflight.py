@@ -1,0 +1,153 @@
+"""Pre-flight's read-only look at a node's GPUs: is each free and healthy for the next job?
+
+It replaces the launch script that runs `pkill -9`, `fuser -k /dev/nvidia*` and a GPU reset
+blindly before every job. Nothing here changes the node: one `nvidia-smi` query for every GPU's
+utilisation, memory and compute mode, then per GPU its compute processes (NVML) and the processes
+holding its device file (`fuser`, which sees a leftover without a CUDA context that NVML does
+not), each named by its /proc/PID/stat. A GPU is ready when it answers, lets jobs in (compute mode
+not Prohibited), runs no compute process, is held by nothing but known daemons, and uses at most
+the policy's memory. `leftovers` says, for a GPU that is not ready, the processes a clean would
+kill and why it must not when it must not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpumedic_events import GpuReadiness, ProcessTarget
+from gpumedic_incidents.policy import PreflightPolicy
+from remediator.catalogue.base import Node, quoted, said, validate_gpu_index
+from remediator.catalogue.gpu import NO_PROCESS
+from remediator.catalogue.kill import cmdline_command, parse_cmdline, parse_stat, stat_command
+
+GPU_STATE = "nvidia-smi --query-gpu=index,utilization.gpu,memory.used,compute_mode --format=csv,noheader,nounits"
+PROHIBITED = "Prohibited"
+
+
+def apps_command(gpu: int) -> str:
+    return f"nvidia-smi --query-compute-apps=pid --format=csv,noheader --id={quoted(validate_gpu_index(gpu))}"
+
+
+def holders_command(gpu: int) -> str:
+    return f"fuser /dev/nvidia{quoted(validate_gpu_index(gpu))}"
+
+
+@dataclass(frozen=True)
+class GpuLook:
+    """One GPU's readiness, and what a clean would need to know about it."""
+
+    readiness: GpuReadiness
+    processes: dict[int, str]
+    """Every pid in the way (compute or holder), with its comm."""
+    answers: bool
+    """NVML answered for it; a GPU that does not is a person's problem, never a clean's."""
+
+
+async def inspect(node: Node, gpus: tuple[int, ...] | None, policy: PreflightPolicy) -> list[GpuLook]:
+    """Each requested GPU (every GPU when None) as the node shows it now. Raises nothing but what
+    the node's runner raises; a command that fails becomes a problem of the GPUs it concerns."""
+    state = await node.run(GPU_STATE)
+    rows: dict[int, list[str]] = {}
+    failure = ""
+    if state.exit_status != 0:
+        failure = f"nvidia-smi fails on the node ({said(state)})"
+    else:
+        for line in state.stdout.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 4 and fields[0].isdigit():
+                rows[int(fields[0])] = fields[1:]
+    wanted = gpus if gpus is not None else tuple(sorted(rows))
+    if gpus is None and not rows:
+        return [] if not failure else [GpuLook(GpuReadiness(index=0, ready=False, problems=(failure,)), {}, False)]
+    return [await _look(node, gpu, rows.get(gpu), failure, sorted(rows), policy) for gpu in wanted]
+
+
+async def _look(
+    node: Node, gpu: int, row: list[str] | None, failure: str, present: list[int], policy: PreflightPolicy
+) -> GpuLook:
+    if row is None:
+        why = failure or f"GPU {gpu} is not on this node (it has {_indexes(present)})"
+        return GpuLook(GpuReadiness(index=gpu, ready=False, problems=(why,)), {}, False)
+    util_text, memory_text, mode = row
+    problems: list[str] = []
+    utilization = int(util_text) if util_text.isdigit() else None
+    memory = int(memory_text) if memory_text.isdigit() else None
+    answers = utilization is not None and memory is not None
+    if not answers:
+        problems.append(f"does not answer NVML (utilisation {util_text!r}, memory {memory_text!r})")
+    if mode == PROHIBITED:
+        problems.append("compute mode Prohibited: no job may create a context on it")
+
+    apps = await node.run(apps_command(gpu))
+    compute = [int(w) for w in apps.stdout.replace(",", " ").split() if w.isdigit()] if apps.exit_status == 0 else []
+    if apps.exit_status != 0:
+        problems.append(f"its compute processes cannot be read ({said(apps)})")
+    held = await node.run(holders_command(gpu))
+    holders: list[int] = []
+    if held.exit_status == 0:
+        holders = [int(w.rstrip("cefFrm")) for w in held.stdout.split() if w.rstrip("cefFrm").isdigit()]
+    elif held.exit_status != NO_PROCESS:
+        problems.append(f"/dev/nvidia{gpu}'s holders cannot be read ({said(held)})")
+
+    comms: dict[int, str] = {}
+    for pid in dict.fromkeys([*compute, *holders]):
+        stat = await node.run(stat_command(pid)) if pid >= 2 else None
+        if stat is not None and stat.exit_status == 0 and (parsed := parse_stat(stat.stdout)).state != "Z":
+            comms[pid] = parsed.comm  # a zombie holds nothing any more
+    # Daemons that keep the device open (persistence, DCGM, our own sampler) do not block a job.
+    holders = [pid for pid in holders if pid in comms and comms[pid] not in policy.ignore_holders and pid not in compute]
+    compute = [pid for pid in compute if pid in comms]  # one that exited since the query is gone
+    if compute:
+        problems.append(f"compute process(es) on it: {_named(compute, comms)}")
+    if holders:
+        problems.append(f"/dev/nvidia{gpu} held open by {_named(holders, comms)} (a leftover NVML cannot see)")
+    if memory is not None and memory > policy.max_memory_mib:
+        problems.append(f"{memory} MiB in use (max {policy.max_memory_mib})")
+    readiness = GpuReadiness(
+        index=gpu,
+        ready=not problems,
+        problems=tuple(problems),
+        utilization_pct=utilization,
+        memory_used_mib=memory,
+        compute_mode=mode or None,
+        compute_pids=tuple(compute),
+        holder_pids=tuple(holders),
+    )
+    return GpuLook(readiness, {pid: comms[pid] for pid in [*compute, *holders]}, answers)
+
+
+def refusal_to_clean(look: GpuLook, policy: PreflightPolicy) -> str:
+    """Why a clean must leave this GPU alone ('' when it may kill its leftovers)."""
+    gpu = look.readiness
+    if not look.processes:
+        return f"GPU {gpu.index}: nothing to clean ({'; '.join(gpu.problems)})"
+    if not look.answers or gpu.compute_mode == PROHIBITED:
+        return f"GPU {gpu.index}: not cleaned: a GPU that does not answer or admits no job needs a person"
+    if gpu.utilization_pct is not None and gpu.utilization_pct > policy.idle_util_pct:
+        return (
+            f"GPU {gpu.index}: not cleaned: it is {gpu.utilization_pct}% busy (> {policy.idle_util_pct:g}%), "
+            "so what holds it may be a live job"
+        )
+    return ""
+
+
+async def identify(node: Node, pids: list[int]) -> list[ProcessTarget]:
+    """Each pid as a full identity (pid, start time, command line), read now; one that exited is left out."""
+    targets = []
+    for pid in pids:
+        stat, cmdline = await node.run(stat_command(pid)), await node.run(cmdline_command(pid))
+        if stat.exit_status != 0 or cmdline.exit_status != 0:
+            continue
+        parsed, command = parse_stat(stat.stdout), parse_cmdline(cmdline.stdout)
+        if parsed.state == "Z" or not command:  # a zombie holds nothing; no command line: a kernel thread
+            continue
+        targets.append(ProcessTarget(pid=pid, start_ticks=parsed.start_ticks, command=command))
+    return targets
+
+
+def _named(pids: list[int], comms: dict[int, str]) -> str:
+    return ", ".join(f"{pid} ({comms[pid]})" for pid in pids)
+
+
+def _indexes(present: list[int]) -> str:
+    return f"GPUs {', '.join(map(str, present))}" if present else "no GPU NVML can see"

@@ -1,0 +1,140 @@
+"""Pre-flight for job launchers: are a node's GPUs ready for the next job, and if only leftovers are
+in the way, clean them through the gate.
+
+The remediator answers because it alone may log in to nodes. The check is read-only
+(`catalogue.preflight`). A clean is one `kill_gpu_processes` per GPU, built from what the node
+shows now (never from what the asker says: an asker names a node and GPUs, not pids), only on a
+GPU that is idle, and run through `ActionHandler.run_gated`: the breaker, protected nodes, one
+action per node, the per-node cap and observe mode all apply, and the ledger records it under the
+check's id (`gpumedic actions`). Then the GPUs are looked at again, and that look is the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from opentelemetry.trace import Tracer
+
+from gpumedic_events import ActionOutcome, ActionRequested, EventDecodeError, KillGpuProcesses, PreflightReport, PreflightRequest
+from gpumedic_incidents.policy import Policy
+from gpumedic_telemetry import NODE_ID
+from remediator.catalogue import preflight
+from remediator.catalogue.base import Node
+from remediator.handlers import SERVICE, ActionHandler
+from remediator.inventory import InventoryError
+from remediator.ssh import NodeError, SshExecutor
+
+log = logging.getLogger(__name__)
+
+
+class Preflight:
+    def __init__(
+        self, *, policy: Policy, executor: SshExecutor, actions: ActionHandler, tracer: Tracer, verify_timeout_s: float
+    ) -> None:
+        self._policy = policy
+        self._executor = executor
+        self._actions = actions
+        self._tracer = tracer
+        self._verify_timeout_s = verify_timeout_s
+
+    async def handle(self, body: bytes) -> bytes:
+        """One request's bytes in, the report's bytes out; a malformed request gets a report that says why."""
+        try:
+            request = PreflightRequest.from_json(body)
+        except EventDecodeError as exc:
+            return PreflightReport(
+                check_id=uuid.uuid4(), node_id="invalid", ready=False, error=f"invalid pre-flight request: {exc.reason}"
+            ).to_json()
+        return (await self.check(request)).to_json()
+
+    async def check(self, request: PreflightRequest) -> PreflightReport:
+        check_id = uuid.uuid4()
+        started = time.monotonic()
+        with self._tracer.start_as_current_span("preflight", attributes={NODE_ID: request.node_id}) as span:
+            try:
+                looks = await self._look(request)
+                cleaned: list[str] = []
+                if request.clean and any(not look.readiness.ready for look in looks):
+                    cleaned = await self._clean(request, check_id, looks)
+                    looks = await self._look(request)
+            except (InventoryError, NodeError) as exc:
+                return self._report(request, check_id, started, error=str(exc))
+            except Exception as exc:
+                log.exception("pre-flight of %s failed unexpectedly", request.node_id)
+                return self._report(request, check_id, started, error=f"internal error: {exc!r}")
+            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned)
+            span.set_attribute("gpumedic.preflight.ready", report.ready)
+            log.info("pre-flight %s of %s for %s: %s", check_id, request.node_id, request.requested_by, "ready" if report.ready else "not ready")
+            return report
+
+    async def _look(self, request: PreflightRequest) -> list[preflight.GpuLook]:
+        async with self._executor.session(request.node_id) as session:
+            node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
+            return await preflight.inspect(node, request.gpus, self._policy.preflight)
+
+    async def _clean(self, request: PreflightRequest, check_id: uuid.UUID, looks: list[preflight.GpuLook]) -> list[str]:
+        """One gated kill per GPU whose only trouble is leftovers on an idle GPU; a line per GPU."""
+        lines = []
+        rules = self._policy.preflight
+        for look in looks:
+            gpu = look.readiness
+            if gpu.ready:
+                continue
+            if why_not := preflight.refusal_to_clean(look, rules):
+                lines.append(why_not)
+                continue
+            async with self._executor.session(request.node_id) as session:
+                node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
+                targets = await preflight.identify(node, list(look.processes))
+            if not targets:
+                lines.append(f"GPU {gpu.index}: its leftovers exited by themselves")
+                continue
+            action = ActionRequested(
+                source=SERVICE,
+                action_id=uuid.uuid4(),
+                incident_id=check_id,
+                node_id=request.node_id,
+                attempt=1,
+                operation=KillGpuProcesses(
+                    gpu_index=gpu.index,
+                    targets=tuple(targets),
+                    signal="TERM",
+                    grace_s=self._policy.actions.kill_gpu_processes.grace_s,
+                    max_gpu_utilization_pct=rules.idle_util_pct,
+                ),
+                reason=f"pre-flight --clean by {request.requested_by}: leftovers on idle GPU {gpu.index}",
+            )
+            record = await self._actions.run_gated(action, "", _keep_going)
+            outcome = "cleaned" if record.status == ActionOutcome.SUCCEEDED else f"not cleaned ({record.status})"
+            lines.append(f"GPU {gpu.index}: {outcome}: {record.detail} [action {record.action_id}]")
+        return lines
+
+    def _report(
+        self,
+        request: PreflightRequest,
+        check_id: uuid.UUID,
+        started: float,
+        *,
+        looks: list[preflight.GpuLook] | None = None,
+        cleaned: list[str] | None = None,
+        error: str = "",
+    ) -> PreflightReport:
+        gpus = tuple(look.readiness for look in looks or ())
+        if not error and not gpus:
+            error = "the node shows no GPU"
+        return PreflightReport(
+            check_id=check_id,
+            node_id=request.node_id,
+            ready=not error and all(g.ready for g in gpus),
+            gpus=gpus,
+            cleaned=tuple(cleaned or ()),
+            error=error[:2000],
+            took_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+
+
+async def _keep_going() -> None:
+    """No JetStream delivery to keep alive: the asker waits for the answer."""

@@ -1,0 +1,140 @@
+"""Pre-flight against Debian's sshd with stand-in nvidia-smi and fuser, and a real leftover process:
+read-only until asked to clean, a clean only through the gate, and only on an idle GPU."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from gpumedic_events import PreflightReport, PreflightRequest
+from gpumedic_incidents.policy import Policy
+from gpumedic_store import create_engine, session_factory
+from remediator import repository
+from remediator.handlers import ActionHandler
+from remediator.preflight import Preflight
+from remediator.ssh import SshExecutor
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def gpu_files(sshd):
+    """The stand-ins' per-GPU files, removed again after the test (the sshd serves the session)."""
+    written = []
+
+    def write(name: str, text: str) -> None:
+        path = sshd.directory / name
+        path.write_text(text)
+        written.append(path)
+
+    yield write
+    for path in written:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+async def preflight(make_settings):
+    engines = []
+
+    def _make(**changes) -> tuple[Preflight, object]:
+        settings = make_settings(**changes)
+        engine = create_engine(settings.store.url)
+        engines.append(engine)
+        executor = SshExecutor(
+            inventory=settings.inventory,
+            known_hosts=settings.known_hosts,
+            client_key=settings.client_key,
+            connect_timeout_s=5.0,
+            command_timeout_s=5.0,
+        )
+        tracer = TracerProvider().get_tracer("test")
+        actions = ActionHandler(
+            settings=settings, runtime=SimpleNamespace(broker=None), sessions=session_factory(engine), executor=executor, tracer=tracer
+        )
+        policy = Policy.model_validate({"actions": {"kill_gpu_processes": {"grace_s": 1}}})
+        return Preflight(policy=policy, executor=executor, actions=actions, tracer=tracer, verify_timeout_s=5.0), engine
+
+    yield _make
+    for engine in engines:
+        await engine.dispose()
+
+
+async def _ledger(engine, action_id: str):
+    async with session_factory(engine)() as session:
+        return await repository.get_action(session=session, action_id=action_id)
+
+
+async def test_a_leftover_holding_a_gpu_is_reported_and_nothing_runs_but_reads(preflight, sshd, sleeper, gpu_files):
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    check, _ = preflight()
+    before = len(sshd.commands())
+    report = await check.check(PreflightRequest(node_id=sshd.node_id))
+    assert not report.ready and [g.index for g in report.gpus] == [0, 1]
+    gpu0, gpu1 = report.gpus
+    assert gpu0.problems == (f"/dev/nvidia0 held open by {sleeper.pid} (sleep) (a leftover NVML cannot see)",)
+    assert gpu0.holder_pids == (sleeper.pid,) and gpu1.ready
+    assert sleeper.alive()
+    ran = sshd.commands()[before:]
+    assert all(c.startswith(("nvidia-smi --query", "fuser ", "cat /proc/")) for c in ran), ran
+
+
+async def test_clean_kills_the_leftover_through_the_gate_and_then_the_gpu_is_ready(preflight, sshd, sleeper, gpu_files):
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    check, engine = preflight()
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,), clean=True, requested_by="ci-launcher"))
+    assert report.ready, report.summary()
+    assert not sleeper.alive()
+    assert len(report.cleaned) == 1 and report.cleaned[0].startswith(f"GPU 0: cleaned: sent TERM to {sleeper.pid}")
+    action_id = report.cleaned[0].rsplit("[action ", 1)[1].rstrip("]")
+    record = await _ledger(engine, action_id)
+    assert (record.status, record.incident_id, record.node_id) == ("succeeded", str(report.check_id), sshd.node_id)
+    assert (record.requested_by, record.reason) == ("remediator", "pre-flight --clean by ci-launcher: leftovers on idle GPU 0")
+    assert f"kill -s TERM {sleeper.pid}" in record.steps
+
+
+async def test_clean_never_touches_a_busy_gpu(preflight, sshd, sleeper, gpu_files):
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    gpu_files("gpu0.utilization", "87\n")
+    check, _ = preflight()
+    before = len(sshd.commands())
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,), clean=True))
+    assert not report.ready and sleeper.alive()
+    assert report.cleaned == ("GPU 0: not cleaned: it is 87% busy (> 5%), so what holds it may be a live job",)
+    assert not any(c.startswith("kill ") for c in sshd.commands()[before:])
+
+
+async def test_clean_in_observe_mode_or_on_a_protected_node_kills_nothing(preflight, sshd, sleeper, gpu_files):
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    for changes, status in (({"mode": "observe"}, "observed"), ({"protected_nodes": {sshd.node_id}}, "blocked")):
+        check, engine = preflight(**changes)
+        report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,), clean=True))
+        assert not report.ready and sleeper.alive(), changes
+        assert report.cleaned[0].startswith(f"GPU 0: not cleaned ({status}): "), report.cleaned
+
+
+async def test_a_gpu_that_admits_no_job_or_is_missing_is_not_ready(preflight, sshd, gpu_files):
+    gpu_files("gpu1.mode", "Prohibited\n")
+    check, _ = preflight()
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(1, 5)))
+    assert [(g.index, g.problems) for g in report.gpus] == [
+        (1, ("compute mode Prohibited: no job may create a context on it",)),
+        (5, ("GPU 5 is not on this node (it has GPUs 0, 1)",)),
+    ]
+
+
+async def test_an_unknown_node_or_a_malformed_request_gets_a_report_that_says_why(preflight, sshd):
+    check, _ = preflight()
+    report = await check.check(PreflightRequest(node_id="gpu-node-99"))
+    assert not report.ready and report.error == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+    for body, why in (
+        (b'{"node_id": "a;reboot"}', "node_id: String should match pattern"),
+        (b'{"node_id": "n", "gpus": [true]}', "gpus"),
+        (b'{"node_id": "n", "gpus": []}', "name at least one GPU"),
+        (b"not json", "Invalid JSON"),
+    ):
+        answer = PreflightReport.from_json(await check.handle(body))
+        assert not answer.ready and answer.error.startswith("invalid pre-flight request: ") and why in answer.error, answer.error
+        assert isinstance(answer.check_id, uuid.UUID)
