@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import detection_latency, incident_to_fix, sample_path, sampler_cost
+from benchmarks import detection_latency, incident_to_fix, preflight, sample_path, sampler_cost
 
 
 def main() -> int:
@@ -16,6 +16,8 @@ def main() -> int:
     asyncio.run(detection_latency.main(sys.argv[1:]))
     print()
     asyncio.run(incident_to_fix.main(sys.argv[1:]))
+    print()
+    asyncio.run(preflight.main(sys.argv[1:]))
     return 0
 
 
