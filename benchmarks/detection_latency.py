@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nats
 
+from benchmarks import percentile
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_events import GpuProcess, GpuSample, GpuXidReported, IncidentOpened, JobsObservation, NodeSampled
@@ -55,11 +56,6 @@ async def _fleet_load(js, nodes: list[str], interval_s: float) -> None:
         delay = start + i * gap - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main(argv: list[str]) -> None:
@@ -127,8 +123,8 @@ async def main(argv: list[str]) -> None:
         f"x {GPUS} GPUs sample every {args.interval:g}s ({args.nodes / args.interval:,.0f} samples/s), one nats-server"
     )
     print(f"  {'':44} {'p50':>8} {'p99':>8}")
-    print(f"  {'the bus hop (publish -> plain subscriber)':44} {_pct(raw, 0.5):7.2f}ms {_pct(raw, 0.99):7.2f}ms")
-    print(f"  {'fault event -> IncidentOpened':44} {_pct(detect, 0.5):7.2f}ms {_pct(detect, 0.99):7.2f}ms")
+    print(f"  {'the bus hop (publish -> plain subscriber)':44} {percentile(raw, 0.5):7.2f}ms {percentile(raw, 0.99):7.2f}ms")
+    print(f"  {'fault event -> IncidentOpened':44} {percentile(detect, 0.5):7.2f}ms {percentile(detect, 0.99):7.2f}ms")
     print(f"  {'ratio detector / bus hop':44} {statistics.median(detect) / statistics.median(raw):8.1f}x")
     if len(keys) < args.faults:
         print(f"  {args.faults - len(keys)} XIDs got no incident within 10 s")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nats
 
+from benchmarks import percentile
 from gpumedic.natsd import NatsServer
 from gpumedic.preflight import ask
 from gpumedic.sim import SimFleet
@@ -28,12 +29,6 @@ from gpumedic_events import PreflightRequest
 from gpumedic_store import upgrade
 from remediator.main import create_app
 from remediator.settings import Settings
-from remediator.ssh import SshExecutor
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main(argv: list[str]) -> None:
@@ -62,10 +57,7 @@ async def main(argv: list[str]) -> None:
         )
         app = create_app(settings)
         runner = asyncio.create_task(app.run())
-        executor = SshExecutor(
-            inventory=fleet.inventory_path, known_hosts=fleet.known_hosts_path, client_key=fleet.client_key_path,
-            connect_timeout_s=10, command_timeout_s=10,
-        )
+        executor = settings.executor()
         floor, whole = [], []
         request = PreflightRequest(node_id=node.node_id)
         try:
@@ -88,8 +80,8 @@ async def main(argv: list[str]) -> None:
 
     print(f"pre-flight: `gpumedic preflight` on an idle {args.preflight_gpus}-GPU simulated node, {args.preflight_runs} runs (real bus, real SSH)")
     print(f"  {'':44} {'p50':>8} {'p99':>8}")
-    print(f"  {'one SSH login + one command (the floor)':44} {_pct(floor, 0.5):7.1f}ms {_pct(floor, 0.99):7.1f}ms")
-    print(f"  {'pre-flight request -> report':44} {_pct(whole, 0.5):7.1f}ms {_pct(whole, 0.99):7.1f}ms")
+    print(f"  {'one SSH login + one command (the floor)':44} {percentile(floor, 0.5):7.1f}ms {percentile(floor, 0.99):7.1f}ms")
+    print(f"  {'pre-flight request -> report':44} {percentile(whole, 0.5):7.1f}ms {percentile(whole, 0.99):7.1f}ms")
     print(f"  {'ratio pre-flight / floor':44} {statistics.median(whole) / statistics.median(floor):8.1f}x")
 
 

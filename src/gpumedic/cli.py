@@ -260,19 +260,11 @@ def cmd_inventory(args) -> int:
     from remediator.health import check_inventory, check_report
     from remediator.inventory import InventoryError
     from remediator.settings import Settings
-    from remediator.ssh import SshExecutor
 
     overrides = {k: v for k, v in (("inventory", args.inventory), ("known_hosts", args.known_hosts), ("client_key", args.key)) if v}
     settings = Settings(**overrides)
-    executor = SshExecutor(
-        inventory=settings.inventory,
-        known_hosts=settings.known_hosts,
-        client_key=settings.client_key,
-        connect_timeout_s=args.timeout,
-        command_timeout_s=args.timeout,
-    )
     try:
-        checks = asyncio.run(check_inventory(executor, settings.inventory))
+        checks = asyncio.run(check_inventory(settings.executor(args.timeout), settings.inventory))
     except InventoryError as exc:
         print(f"gpumedic inventory: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,6 @@ from remediator.health import SshHealth
 from remediator.logic import Gate
 from remediator.preflight import Preflight
 from remediator.settings import Settings, SettingsError
-from remediator.ssh import SshExecutor
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +31,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     engine = create_engine(settings.store.url)
-    executor = SshExecutor(
-        inventory=settings.inventory,
-        known_hosts=settings.known_hosts,
-        client_key=settings.client_key,
-        connect_timeout_s=settings.connect_timeout_s,
-        command_timeout_s=settings.command_timeout_s,
-    )
+    executor = settings.executor()
     handler, _ = register(runtime, settings, sessions=session_factory(engine), executor=executor)
     preflight = Preflight(
         policy=settings.policy.load(),

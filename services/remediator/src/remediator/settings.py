@@ -25,6 +25,7 @@ from gpumedic_incidents.policy import NodeSelector
 from gpumedic_store.settings import StoreSettings
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
+from remediator.ssh import SshExecutor
 
 _CONFIG_DIR = Path("/etc/gpumedic")
 
@@ -125,6 +126,16 @@ class Settings(BaseSettings):
             breaker_max_share=self.breaker_max_share,
             breaker_window_s=self.breaker_window_s,
             max_request_age_s=self.max_request_age_s,
+        )
+
+    def executor(self, timeout_s: float | None = None) -> SshExecutor:
+        """The SSH executor for these files; `timeout_s` overrides both the connect and command timeouts."""
+        return SshExecutor(
+            inventory=self.inventory,
+            known_hosts=self.known_hosts,
+            client_key=self.client_key,
+            connect_timeout_s=timeout_s or self.connect_timeout_s,
+            command_timeout_s=timeout_s or self.command_timeout_s,
         )
 
     def check_files(self) -> None:
