@@ -134,3 +134,22 @@ async def test_inventory_check_reaches_every_simulated_node_with_every_tool(flee
     checks = await check_inventory(_executor(fleet), fleet.inventory_path)
     assert [c.node_id for c in checks] == sorted(n.node_id for n in fleet.nodes.values())
     assert all(c.ok and not c.missing for c in checks), [c for c in checks if not c.ok or c.missing]
+
+
+async def test_preflight_look_names_a_lost_gpu_and_a_missing_driver(fleet):
+    from gpumedic_incidents.policy import PreflightPolicy
+    from remediator.catalogue import preflight
+    from remediator.catalogue.base import Node
+
+    node = fleet.node("sim-node-01")
+    node.finish_job(0)
+    node.inject_gpu_lost(0)
+    async with _executor(fleet).session(node.node_id) as session:
+        looks = await preflight.inspect(Node(session.run, 1.0, None, None), None, PreflightPolicy())
+        # GPU 1 still runs its job: not ready either, but it answers.
+        assert [(look.readiness.index, look.readiness.ready, look.answers) for look in looks] == [(0, False, False), (1, False, True)]
+        assert looks[0].readiness.problems[0].startswith("does not answer NVML")
+        assert preflight.refusal_to_clean(looks[0], PreflightPolicy()).startswith("GPU 0: nothing to clean")
+        node.inject_nvml_missing()
+        with pytest.raises(preflight.NoGpuState, match="nvidia-smi fails on the node"):
+            await preflight.inspect(Node(session.run, 1.0, None, None), None, PreflightPolicy())

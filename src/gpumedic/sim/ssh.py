@@ -44,6 +44,9 @@ class CommandResult:
     stderr: str = ""
 
 
+_NO_DRIVER = CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+
+
 def interpret(node: NodeState, command: str) -> CommandResult:
     """Run one command line against the node's state, as its shell would."""
     try:
@@ -104,7 +107,7 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     index = index.removeprefix("--id=")
     gpu = int(index) if index.isdigit() else -1
     if node.nvml_missing:
-        return CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+        return _NO_DRIVER
     if not 0 <= gpu < len(node.gpus):
         return CommandResult(6, stdout=f"No devices were found matching the id {index}\n")
     if what == "reset":
@@ -124,7 +127,7 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
 def _gpu_state(node: NodeState) -> CommandResult:
     """Every GPU's index, utilisation, memory used and compute mode, one line each (pre-flight's query)."""
     if node.nvml_missing:
-        return CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+        return _NO_DRIVER
     lines = []
     for gpu in node.gpus:
         if gpu.lost:

@@ -80,13 +80,18 @@ class SshHealth:
         async with self._limit:
             try:
                 await self._executor.check(node)
-            except NodeError as exc:
-                return exc.code, exc.cause
-            except InventoryError as exc:
-                return "not_in_inventory", str(exc)
             except Exception as exc:  # never let one node stop the round
-                return "unreachable", f"{type(exc).__name__}: {exc}"[:300]
+                return failure_of(exc)
             return "ok", ""
+
+
+def failure_of(exc: Exception) -> tuple[str, str]:
+    """(cause, detail) of a failed login, in NodeSshChecked's words."""
+    if isinstance(exc, NodeError):
+        return exc.code, exc.cause
+    if isinstance(exc, InventoryError):
+        return "not_in_inventory", str(exc)
+    return "unreachable", f"{type(exc).__name__}: {exc}"[:300]
 
 
 TOOLS = {
@@ -127,10 +132,8 @@ async def check_inventory(executor: SshExecutor, inventory: Path, *, concurrency
         async with limit:
             try:
                 result = await executor.run(node_id, TOOLS_PROBE)
-            except NodeError as exc:
-                return NodeCheck(node_id, where, exc.code, exc.cause)
             except Exception as exc:  # never let one node stop the check
-                return NodeCheck(node_id, where, "unreachable", f"{type(exc).__name__}: {exc}"[:300])
+                return NodeCheck(node_id, where, *failure_of(exc))
         found = {line.strip().rsplit("/", 1)[-1] for line in result.stdout.splitlines()}
         return NodeCheck(node_id, where, "ok", missing=tuple(tool for tool in TOOLS if tool not in found))
 

@@ -60,7 +60,7 @@ class Preflight:
                 if request.clean and any(not look.readiness.ready for look in looks):
                     cleaned = await self._clean(request, check_id, looks)
                     looks = await self._look(request)
-            except (InventoryError, NodeError) as exc:
+            except (InventoryError, NodeError, preflight.NoGpuState) as exc:
                 return self._report(request, check_id, started, error=str(exc))
             except Exception as exc:
                 log.exception("pre-flight of %s failed unexpectedly", request.node_id)

@@ -17,11 +17,26 @@ NO_PROCESS = 1
 """fuser's exit status when no process uses the file."""
 
 
+def apps_command(gpu_index: object) -> str:
+    """NVML's compute processes on one GPU: a pid per line."""
+    return f"nvidia-smi --query-compute-apps=pid --format=csv,noheader --id={quoted(validate_gpu_index(gpu_index))}"
+
+
+def holders_command(gpu_index: object) -> str:
+    """Processes holding the GPU's device file: pids on stdout, exit NO_PROCESS when none."""
+    return f"fuser /dev/nvidia{quoted(validate_gpu_index(gpu_index))}"
+
+
+def parse_pids(stdout: str) -> list[int]:
+    """The pids in nvidia-smi's or fuser's answer (fuser suffixes each with its access letters)."""
+    return [int(w.rstrip("cefFrm")) for w in stdout.replace(",", " ").split() if w.rstrip("cefFrm").isdigit()]
+
+
 def render(operation: GpuReset) -> tuple[str, ...]:
     gpu = quoted(validate_gpu_index(operation.gpu_index))
     return (
-        f"nvidia-smi --query-compute-apps=pid --format=csv,noheader --id={gpu}",
-        f"fuser /dev/nvidia{gpu}",
+        apps_command(operation.gpu_index),
+        holders_command(operation.gpu_index),
         f"nvidia-smi --gpu-reset -i {gpu}",
         f"nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits --id={gpu}",
     )
@@ -33,14 +48,14 @@ async def execute(operation: GpuReset, node: Node) -> ExecutionResult:
     result = await node.run(apps)
     if result.exit_status != 0:
         return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu}'s compute processes cannot be read ({said(result)})")
-    pids = [w for w in result.stdout.split() if w.isdigit()]
+    pids = parse_pids(result.stdout)
     if pids:
-        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(pids)}; not reset")
+        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(map(str, pids))}; not reset")
     result = await node.run(holders)
     if result.exit_status != NO_PROCESS:  # only "nobody" lets the reset go on
-        held = [w.rstrip("cefFrm") for w in result.stdout.split() if w.rstrip("cefFrm").isdigit()]
+        held = parse_pids(result.stdout)
         if held:
-            why = f"held by pid(s) {', '.join(held)}"
+            why = f"held by pid(s) {', '.join(map(str, held))}"
         else:
             why = "in use, says fuser" if result.exit_status == 0 else f"not provably free: fuser failed ({said(result)})"
         return node.result(ActionOutcome.BLOCKED, f"refused: /dev/nvidia{gpu} is {why}; not reset")

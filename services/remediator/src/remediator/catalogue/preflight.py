@@ -16,20 +16,16 @@ from dataclasses import dataclass
 
 from gpumedic_events import GpuReadiness, ProcessTarget
 from gpumedic_incidents.policy import PreflightPolicy
-from remediator.catalogue.base import Node, quoted, said, validate_gpu_index
-from remediator.catalogue.gpu import NO_PROCESS
+from remediator.catalogue.base import Node, said
+from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, parse_pids
 from remediator.catalogue.kill import cmdline_command, parse_cmdline, parse_stat, stat_command
 
 GPU_STATE = "nvidia-smi --query-gpu=index,utilization.gpu,memory.used,compute_mode --format=csv,noheader,nounits"
 PROHIBITED = "Prohibited"
 
 
-def apps_command(gpu: int) -> str:
-    return f"nvidia-smi --query-compute-apps=pid --format=csv,noheader --id={quoted(validate_gpu_index(gpu))}"
-
-
-def holders_command(gpu: int) -> str:
-    return f"fuser /dev/nvidia{quoted(validate_gpu_index(gpu))}"
+class NoGpuState(Exception):
+    """nvidia-smi cannot list the node's GPUs at all; the message says what it answered."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +52,9 @@ async def inspect(node: Node, gpus: tuple[int, ...] | None, policy: PreflightPol
             fields = [f.strip() for f in line.split(",")]
             if len(fields) == 4 and fields[0].isdigit():
                 rows[int(fields[0])] = fields[1:]
+    if gpus is None and failure:
+        raise NoGpuState(failure)  # no GPU to pin the failure on
     wanted = gpus if gpus is not None else tuple(sorted(rows))
-    if gpus is None and not rows:
-        return [] if not failure else [GpuLook(GpuReadiness(index=0, ready=False, problems=(failure,)), {}, False)]
     return [await _look(node, gpu, rows.get(gpu), failure, sorted(rows), policy) for gpu in wanted]
 
 
@@ -79,14 +75,12 @@ async def _look(
         problems.append("compute mode Prohibited: no job may create a context on it")
 
     apps = await node.run(apps_command(gpu))
-    compute = [int(w) for w in apps.stdout.replace(",", " ").split() if w.isdigit()] if apps.exit_status == 0 else []
+    compute = parse_pids(apps.stdout) if apps.exit_status == 0 else []
     if apps.exit_status != 0:
         problems.append(f"its compute processes cannot be read ({said(apps)})")
     held = await node.run(holders_command(gpu))
-    holders: list[int] = []
-    if held.exit_status == 0:
-        holders = [int(w.rstrip("cefFrm")) for w in held.stdout.split() if w.rstrip("cefFrm").isdigit()]
-    elif held.exit_status != NO_PROCESS:
+    holders = parse_pids(held.stdout) if held.exit_status == 0 else []
+    if held.exit_status not in (0, NO_PROCESS):
         problems.append(f"/dev/nvidia{gpu}'s holders cannot be read ({said(held)})")
 
     comms: dict[int, str] = {}
