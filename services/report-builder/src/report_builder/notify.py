@@ -7,10 +7,11 @@ Alertmanager's group_wait does: a node incident that turns out to be part of a f
 told once, through the fleet incident, and one that cleared meanwhile is not told at all.
 
 A delivery round retries transient failures (connection errors, timeouts, 408, 429, 5xx) with
-exponential back-off and jitter (tenacity); a round that still fails is tried again later, less
-often, until `give_up_s` after the escalation. A 4xx answer means the channel is misconfigured:
-it fails at once, with the status in the row and the log. The URL (for Slack, the secret itself)
-and the bearer token never reach a payload, a log line or the store: errors name the host only.
+exponential back-off and jitter (`gpumedic_webhook`); a round that still fails is tried again
+later, less often, until `give_up_s` after the escalation. A 4xx answer means the channel is
+misconfigured: it fails at once, with the status in the row and the log. The URL (for Slack, the
+secret itself) and the bearer token never reach a payload, a log line or the store: errors name
+the host only.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from gpumedic_store import Incident, Notification
+from gpumedic_webhook import DeliveryError, host_of, post_with_retries
 from report_builder import repository
 
 log = logging.getLogger(__name__)
@@ -54,18 +54,10 @@ class Channel:
     @property
     def host(self) -> str:
         """The only part of the URL that may be shown."""
-        return urlsplit(self.url).hostname or "?"
+        return host_of(self.url)
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, {self.format}, host={self.host!r})"
-
-
-class DeliveryError(Exception):
-    """A delivery that did not reach the receiver; `transient` ones are retried."""
-
-    def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 # --- what is sent -----------------------------------------------------------------------------
@@ -183,23 +175,6 @@ PAYLOADS: dict[Format, Callable[..., dict[str, Any]]] = {"json": json_payload, "
 # --- how it is sent ---------------------------------------------------------------------------
 
 
-async def post(client: httpx.AsyncClient, channel: Channel, body: dict[str, Any]) -> None:
-    """One POST; raises DeliveryError (naming the host, never the URL) unless the receiver took it."""
-    headers = {"Authorization": f"Bearer {channel.token}"} if channel.token else {}
-    try:
-        response = await client.post(channel.url, json=body, headers=headers)
-    except httpx.TimeoutException:
-        raise DeliveryError(f"{channel.host} did not answer in time", transient=True) from None
-    except httpx.HTTPError as exc:
-        # httpx's message may carry the URL; the exception's type and errno-like text do not.
-        raise DeliveryError(f"{channel.host} unreachable ({type(exc).__name__})", transient=True) from None
-    if response.is_success:
-        return
-    status = response.status_code
-    transient = status in (408, 425, 429) or status >= 500
-    raise DeliveryError(f"{channel.host} answered HTTP {status}", transient=transient)
-
-
 class Notifier:
     """Delivers the outbox's due notifications; one instance per report-builder process."""
 
@@ -264,14 +239,9 @@ class Notifier:
         assert incident is not None and channel is not None  # _skip_reason said so
         body = PAYLOADS[channel.format](incident, row.reason, console_url=self._console_url)
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self._tries),
-                wait=wait_exponential_jitter(multiplier=self._retry_initial_s, max=5, jitter=self._retry_initial_s),
-                retry=retry_if_exception(_is_transient),
-                reraise=True,
-            ):
-                with attempt:
-                    await post(client, channel, body)
+            await post_with_retries(
+                client, channel.url, body, token=channel.token, tries=self._tries, initial_s=self._retry_initial_s
+            )
         except DeliveryError as exc:
             await self._failed_round(row, channel, str(exc), transient=exc.transient, now=now)
             return
@@ -310,7 +280,3 @@ class Notifier:
                 session, row=row, status=status, detail=detail, now=self._clock(), attempts=row.attempts + 1 if attempts is None else attempts
             )
             await session.commit()
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, DeliveryError) and exc.transient
