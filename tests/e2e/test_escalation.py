@@ -1,5 +1,5 @@
-"""An escalation reaches a person end to end: a simulated node reports a double-bit ECC error, the
-real zombie-detector opens a `gpu_xid` incident that no action may fix and escalates it, the real
+"""An escalation reaches a person end to end: a simulated node reports an XID gpumedic does not
+know, the real zombie-detector opens a `gpu_xid` incident that no action may touch and escalates it, the real
 report-builder records it and pages a real webhook receiver on loopback once, and
 `gpumedic incidents ID` says who was told."""
 
@@ -28,8 +28,8 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
         node = fleet.node("sim-node-01")
         async with samplers_running(fleet, publish, 0.2):
             await asyncio.sleep(0.5)
-            node.inject_xid(1, 48)
-            node.inject_xid(1, 48)  # a storm on one GPU is one incident, paged once
+            node.inject_xid(1, 555)
+            node.inject_xid(1, 555)  # a storm on one GPU is one incident, paged once
             pages = await asyncio.to_thread(webhook.wait_for, 1, 15.0)
             await asyncio.sleep(1.5)  # time for a second page, which must not come
         await apps.stop_all()
@@ -37,7 +37,7 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
     assert len(pages) == 1, [p.body["incident"]["kind"] for p in pages]
     incident = pages[0].body["incident"]
     assert (incident["kind"], incident["node_id"], incident["gpu_index"], incident["status"]) == ("gpu_xid", "sim-node-01", 1, "escalated")
-    assert "48" in incident["summary"] and incident["recommended_action"] and incident["why_a_person"]
+    assert "XID 555" in incident["summary"] and incident["recommended_action"] and incident["why_a_person"]
     assert pages[0].body["link"] == f"https://gpumedic.example.org/incidents/{incident['id']}"
 
     text = await incident_text(store_url, incident["id"][:8])

@@ -20,14 +20,19 @@ from gpumedic_events import (
     SilenceRemoved,
 )
 from gpumedic_incidents import FLEET_NODE, Finding, IncidentBook, Policy, Transition, cleared
-from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
+from gpumedic_incidents.policy import FleetPolicy, KindPolicy, Kinds, Step, XidPolicy, ZombiePolicy
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 ZOMBIE = IncidentKind.ZOMBIE_JOB
 KILL = KillGpuProcesses(gpu_index=0, targets=(ProcessTarget(pid=4242, start_ticks=7, command="python x"),), max_gpu_utilization_pct=5)
 POLICY = Policy(
     fleet=FleetPolicy(share=0.3, min_nodes=3, window_s=600, hold_s=15),
-    kinds=Kinds(zombie_job=ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=30),))),
+    kinds=Kinds(
+        zombie_job=ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=30),)),
+        # Without their shipped drain ladders: these tests are about kinds a person handles.
+        gpu_xid=XidPolicy(clear_after_s=3600),
+        gpu_lost=KindPolicy(clear_after_s=600),
+    ),
 )
 
 

@@ -11,6 +11,9 @@ import pytest
 from gpumedic_events import (
     ActionCompleted,
     DockerPrune,
+    DrainNode,
+    GpuReset,
+    UndrainNode,
     ActionOutcome,
     ActionRequested,
     ContainerExited,
@@ -33,7 +36,7 @@ from gpumedic_events import (
     RestartUnit,
 )
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy
+from gpumedic_incidents.policy import FleetPolicy, ValidationPolicy
 from zombie_detector.logic import NodeIncidents
 from zombie_detector.rules.container import ContainerRule
 
@@ -136,16 +139,65 @@ def xid(code: int, gpu: int | None = 2, node="n1") -> GpuXidReported:
     return GpuXidReported(source="node-sampler", node_id=node, gpu_index=gpu, xid=code)
 
 
-def test_a_hardware_xid_is_one_incident_per_gpu_and_a_storm_counts_on_it():
+def test_a_hardware_xid_drains_the_node_then_resets_the_gpu_and_a_storm_counts_on_it():
     d = Detector()
-    opened, escalated = d.feed(xid(48), 0)
+    opened, drain = d.feed(xid(48), 0)
     assert opened.kind is IncidentKind.GPU_XID and opened.severity == "critical"
     assert opened.evidence["bucket"] == "reset_gpu" and "reset" in opened.recommended_action
-    assert isinstance(escalated, IncidentEscalated)  # no automatic reset yet: a person
-    for s in range(1, 12):
+    assert drain.operation == DrainNode() and drain.fingerprint == "n1/gpu_xid/2"
+    succeeded(d, drain, 1)
+    reset = d.events[-1]
+    assert reset.operation == GpuReset(gpu_index=2) and reset.attempt == 2 and "n1 GPU 2 is drained" in reset.reason
+    for s in range(2, 13):
         d.feed(xid(48), s)
     assert len(d.opened()) == 1
     assert [e.occurrences for e in d.events if isinstance(e, IncidentUpdated)] == [2, 10]
+
+
+def test_a_reset_is_verified_by_the_next_samples_and_the_node_returns_fixed():
+    d = Detector()
+    _, drain = d.feed(xid(48), 0)
+    succeeded(d, drain, 1)
+    reset = d.events[-1]
+    succeeded(d, reset, 2)
+    pending = sample(gpus=(healthy(2, remapped_rows_pending=True),))
+    assert d.feed(pending, 5) == []  # not verified yet: the reset did not clear the remap
+    (validating,) = d.feed(sample(gpus=(healthy(2),)), 10)  # verified: counts as the first ready sample
+    assert isinstance(validating, IncidentUpdated) and d.logic.book.get("n1/gpu_xid/2").ready_samples == 1
+    d.feed(sample(gpus=(healthy(2),)), 15)
+    (undrain,) = d.feed(sample(gpus=(healthy(2),)), 20)
+    assert undrain.operation == UndrainNode() and undrain.attempt == 3
+    succeeded(d, undrain, 21)
+    (resolved,) = [e for e in d.events if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "fixed"
+
+
+def test_a_reset_the_samples_never_verify_goes_to_a_person_with_the_node_drained():
+    d = Detector()
+    _, drain = d.feed(xid(48), 0)
+    succeeded(d, drain, 1)
+    succeeded(d, d.events[-1], 2)
+    for s in range(5, 130, 5):
+        d.feed(sample(gpus=(healthy(2, remapped_rows_pending=True),)), s)
+    (escalated,) = d.tick(130)  # not verified within verify_within_s (120 s), and the ladder is done
+    assert isinstance(escalated, IncidentEscalated)
+    assert "did not fix n1 GPU 2" in escalated.reason and d.logic.book.get("n1/gpu_xid/2").drained
+
+
+def test_an_xid_that_needs_more_than_a_reset_drains_and_goes_to_a_person():
+    d = Detector()
+    _, drain = d.feed(xid(64), 0)  # a failed row remap: an RMA candidate, no reset
+    succeeded(d, drain, 1)
+    (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
+    assert escalated.reason == "no safe gpu_reset for n1 GPU 2 (the node is drained)"
+    assert d.logic.book.get("n1/gpu_xid/2").drained
+
+
+def test_an_unknown_xid_is_never_drained_on_a_guess():
+    d = Detector()
+    opened, escalated = d.feed(xid(777), 0)
+    assert isinstance(escalated, IncidentEscalated) and "not in gpumedic's catalogue" in escalated.reason
+    assert not any(isinstance(e, ActionRequested) for e in d.events)
 
 
 def test_xid_79_is_a_gpu_off_the_bus():
@@ -186,15 +238,58 @@ def test_xid_45_is_noise_and_an_unknown_code_is_recorded_for_a_person(caplog):
 # --- gpu_lost -----------------------------------------------------------------------------------
 
 
-def test_a_lost_gpu_opens_once_from_any_source_and_clears_when_it_answers_again():
+def healthy(index: int, **changes) -> GpuSample:
+    return GpuSample(**{"index": index, "utilization_gpu_pct": 0, "memory_used_mib": 0, "remapped_rows_pending": False, **changes})
+
+
+def test_a_lost_gpu_drains_its_node_which_returns_only_after_healthy_samples():
     d = Detector()
     d.feed(GpuLost(source="node-sampler", node_id="n1", gpu_index=1, reason="NVMLError_GpuIsLost"), 0)
     lost = GpuSample(index=1, lost=True)
     d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=90, processes=(JOB,)), lost)), 1)
     (opened,) = d.opened()
     assert opened.kind is IncidentKind.GPU_LOST and opened.severity == "critical" and "reboot" in opened.recommended_action
-    (resolved,) = d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=90, processes=(JOB,)), GpuSample(index=1, utilization_gpu_pct=0))), 2)
-    assert isinstance(resolved, IncidentResolved)
+    drain = next(e for e in d.events if isinstance(e, ActionRequested))
+    succeeded(d, drain, 2)
+    assert "n1 GPU 1 is drained" in d.events[-1].reason  # and the rest is a person's (a reboot)
+    # After the reboot the GPU answers: the fault is gone, but the node is not given back yet.
+    (validating,) = d.feed(sample(gpus=(healthy(0), healthy(1, remapped_rows_pending=True))), 10)
+    assert isinstance(validating, IncidentUpdated) and "stays drained until 3 samples in a row" in validating.summary
+    for s in (15, 20, 25):  # a row remap waits for a reset: not ready, however often
+        assert d.feed(sample(gpus=(healthy(0), healthy(1, remapped_rows_pending=True))), s) == []
+    d.feed(sample(gpus=(healthy(0), healthy(1))), 30)
+    d.feed(sample(gpus=(healthy(0), healthy(1, memory_used_mib=30_000))), 35)  # someone started a job on it: start over
+    d.feed(sample(gpus=(healthy(0), healthy(1))), 40)
+    assert d.feed(sample(gpus=(healthy(0), healthy(1))), 45) == []
+    (undrain,) = d.feed(sample(gpus=(healthy(0), healthy(1))), 50)
+    assert undrain.operation == UndrainNode() and "validated: 3 samples in a row with GPU 1 free and healthy" in undrain.reason
+    succeeded(d, undrain, 51)
+    (resolved,) = [e for e in d.events if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared" and "validated" in resolved.summary
+    assert d.logic.book.incidents == {}
+
+
+def test_a_drained_node_that_never_validates_stays_drained_with_a_person():
+    d = Detector(Policy(fleet=FleetPolicy(hold_s=0), validation=ValidationPolicy(ready_samples=2, within_s=60)))
+    d.feed(GpuLost(source="node-sampler", node_id="n1", gpu_index=0, reason="lost"), 0)
+    succeeded(d, next(e for e in d.events if isinstance(e, ActionRequested)), 1)
+    d.feed(sample(gpus=(healthy(0, processes=(JOB,)),)), 10)  # the GPU answers, with a process on it
+    for s in range(15, 70, 5):
+        d.feed(sample(gpus=(healthy(0, processes=(JOB,)),)), s)
+    (escalated,) = d.tick(75)
+    assert isinstance(escalated, IncidentEscalated) and "the node stays drained" in escalated.reason
+    assert d.logic.book.get("n1/gpu_lost/0").drained and not any(
+        isinstance(e, ActionRequested) and e.operation == UndrainNode() for e in d.events
+    )
+
+
+def test_a_fault_that_comes_back_while_validating_goes_to_a_person():
+    d = Detector()
+    d.feed(GpuLost(source="node-sampler", node_id="n1", gpu_index=0, reason="lost"), 0)
+    succeeded(d, next(e for e in d.events if isinstance(e, ActionRequested)), 1)
+    d.feed(sample(gpus=(healthy(0),)), 10)
+    (escalated,) = d.feed(sample(gpus=(GpuSample(index=0, lost=True),)), 15)
+    assert "the fault came back while validating n1 GPU 0" in escalated.reason
 
 
 # --- host ---------------------------------------------------------------------------------------

@@ -81,6 +81,8 @@ class Benign(StrEnum):
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 """XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
 not the GPU's: one of these on a healthy GPU is no node fault."""
+REMAP_XIDS = frozenset({48, 63, 94, 95})
+"""Uncorrectable memory errors after which, on Ampere and later, a row remap waits for a GPU reset."""
 
 EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -448,6 +450,11 @@ class NodeState:
             self.kernel.write(f"NVRM: Xid (PCI:0000:{0x18 + gpu:02x}:00): {xid}, pid='<unknown>', name=<unknown>")
         if xid == 79:
             self.gpus[gpu].lost = True
+        elif xid in REMAP_XIDS:  # an uncorrectable error: a row remap waits for the next reset
+            self.gpus[gpu].remapped_rows_pending = True
+            self.gpus[gpu].ecc_uncorrected += 1
+        elif xid == 64:
+            self.gpus[gpu].remapped_rows_failed = True
         # The answer key: XID 79 is a GPU off the bus; an application XID alone is no node fault.
         expect = frozenset({"gpu_lost"}) if xid == 79 else frozenset() if xid in APPLICATION_XIDS else None
         self._record(gpu, Fault.XID, expect)

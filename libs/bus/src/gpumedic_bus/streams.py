@@ -29,7 +29,9 @@ from gpumedic_events import (
     IncidentUpdated,
     MessageRejected,
     NodeSampled,
+    NodeDrained,
     NodeSshChecked,
+    NodeUndrained,
     ProcessOomKilled,
     ServiceHeartbeat,
     SilenceAdded,
@@ -81,13 +83,13 @@ SAMPLES = Stream(
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
-    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked),
+    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeDrained, NodeUndrained),
     storage=StorageType.FILE,
     max_age_s=30 * _DAY,
     max_bytes=512 * 1024 * 1024,
     duplicate_window_s=10 * _MINUTE,
     description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit), and the "
-    "remediator's SSH checks of them; durable.",
+    "remediator's SSH checks of them and the drains it made; durable.",
 )
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",

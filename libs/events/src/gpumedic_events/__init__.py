@@ -5,6 +5,7 @@ from gpumedic_events.action import (
     ActionOutcome,
     ActionRequested,
     DockerPrune,
+    DrainNode,
     GpuReset,
     KillGpuProcesses,
     OPERATION_NAMES,
@@ -12,6 +13,7 @@ from gpumedic_events.action import (
     ProcessTarget,
     RebootNode,
     RestartUnit,
+    UndrainNode,
     UNIT_PATTERN,
     action_id_for,
     operation_gpu,
@@ -27,6 +29,7 @@ from gpumedic_events.base import (
 )
 from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
+from gpumedic_events.drain import NodeDrained, NodeUndrained
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
 from gpumedic_events.incident import (
@@ -61,6 +64,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ProcessOomKilled,
     ContainerExited,
     NodeSshChecked,
+    NodeDrained,
+    NodeUndrained,
     IncidentOpened,
     IncidentUpdated,
     IncidentResolved,
@@ -115,6 +120,10 @@ __all__ = [
     "IncidentResolved",
     "JobsObservation",
     "DockerPrune",
+    "DrainNode",
+    "NodeDrained",
+    "NodeUndrained",
+    "UndrainNode",
     "GpuReset",
     "KillGpuProcesses",
     "OPERATION_NAMES",

@@ -128,12 +128,39 @@ class RebootNode(BaseModel):
         return "reboot the node"
 
 
+class DrainNode(BaseModel):
+    """Take the node out of service: no new jobs. Nothing runs on the node; the remediator records
+    the drain, calls the scheduler's hook where the policy names one, and publishes NodeDrained."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["drain_node"] = "drain_node"
+
+    def describe(self) -> str:
+        return "drain the node"
+
+
+class UndrainNode(BaseModel):
+    """Give the node back to the scheduler once its incident is fixed and validated. The node stays
+    drained while another incident still holds it, or the policy's check command fails on it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["undrain_node"] = "undrain_node"
+
+    def describe(self) -> str:
+        return "undrain the node"
+
+
 Operation = Annotated[
-    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode, Field(discriminator="operation")
+    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | DrainNode | UndrainNode,
+    Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
-OPERATION_NAMES: tuple[str, ...] = ("kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node")
+OPERATION_NAMES: tuple[str, ...] = (
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "drain_node", "undrain_node"
+)
 
 
 def operation_gpu(operation: BaseModel) -> int | None:

@@ -63,7 +63,7 @@ class IncidentBook:
     def on_finding(self, finding: Finding, now: datetime) -> list[Transition]:
         state = self.incidents.get(finding.fingerprint)
         if not finding.present:
-            t = lifecycle.clear(state, finding, now) if state is not None else None
+            t = lifecycle.clear(state, finding, now, policy=self.policy) if state is not None else None
             return [t] if t else []
         if state is not None:
             t = lifecycle.observe(state, finding, now, policy=self.policy)

@@ -10,6 +10,13 @@
     held, escalated, silenced ──cleared──► resolved "cleared"
     escalated, silenced (kinds reported as events) ──quiet for clear_after_s──► resolved "cleared"
 
+A `drain_node` step that succeeds marks the incident `drained` and goes straight on to the next
+step (or to a person, when it was the last). A drained incident never resolves on the fault going
+away alone: it is `validating` until `validation.ready_samples` samples in a row show its GPUs
+free and healthy, then asks for `undrain_node`, and resolves once that succeeded. A fault that
+comes back, validation that does not come within `validation.within_s`, or an undrain that does
+not succeed, escalate with the node still drained.
+
 Every function takes plain values and returns a `Transition` (or None: nothing changed): the new
 state (None when the incident closed) and the events to publish, grouped in the steps of the
 incident's trace they belong to. Nothing is mutated: the handler persists the new state,
@@ -28,11 +35,14 @@ from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
     ActionRequested,
+    DrainNode,
     Event,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
     IncidentUpdated,
+    Operation,
+    UndrainNode,
     action_id_for,
 )
 from gpumedic_incidents.policy import Policy
@@ -148,6 +158,8 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
     if linked:
         changes["related_incident_id"] = finding.related_incident_id
     updated = state.model_copy(update=changes)
+    if state.phase == "validating":
+        return _escalated(state, updated, now, f"the fault came back while validating {_where(state)}; the node stays drained")
     if state.phase == "verifying" and state.deadline is not None and now > state.deadline:
         return _next_attempt(state, updated, now, policy)
     spans: tuple[Span, ...] = ()
@@ -166,13 +178,20 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
     return Transition(state, updated, spans)
 
 
-def clear(state: IncidentState, finding: Finding, now: datetime) -> Transition | None:
-    """The fault is gone: resolved, `fixed` when an action ran and this verifies it, else `cleared`.
-    While acting, the remediator's answer comes first."""
+def clear(state: IncidentState, finding: Finding, now: datetime, *, policy: Policy) -> Transition | None:
+    """The fault is gone: resolved, `fixed` when an action ran and this verifies it, else `cleared`;
+    on a node the incident drained, validation first. While acting, the remediator's answer comes
+    first. `finding.ready` is a readiness verdict on one sample (validation's input)."""
     if state.phase == "acting":
         return None
+    if state.phase == "validating":
+        return _validate(state, finding, now, policy) if finding.ready is not None else None
+    if finding.ready is False:
+        return None  # not ready is no news about a fault that is not gone yet
     fixed = state.phase == "verifying"
     summary = finding.summary or ("the fault is gone after the action" if fixed else "the fault went away by itself")
+    if state.drained:
+        return _start_validation(state, "fixed" if fixed else "cleared", summary, now, policy, ready=bool(finding.ready))
     event = IncidentResolved(source=state.detector, resolution="fixed" if fixed else "cleared", summary=summary[:1000], **_ids(state))
     return Transition(state, None, (Span("verify", (event,)),))
 
@@ -184,13 +203,35 @@ def action_completed(
     pending = state.pending_action
     if state.phase != "acting" or pending is None or (result.action_id, result.attempt) != (pending.action_id, pending.attempt):
         return None  # a late or repeated result for a step already taken
-    state = state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
+    before, state = state, state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
+    if state.resolution is not None:  # the undrain after validation
+        if result.outcome is ActionOutcome.SUCCEEDED:
+            event = IncidentResolved(
+                source=state.detector,
+                resolution=state.resolution,
+                summary=f"{state.summary}; validated, {result.detail}"[:1000],
+                **_ids(state),
+            )
+            return Transition(before, None, (Span("verify", (event,)),))
+        return _escalated(before, state, now, f"validated, but the undrain was {result.outcome.value}: {result.detail}; the node stays drained")
+    ladder = policy.of(state.kind).ladder
+    step = ladder[min(state.step, len(ladder) - 1)]
+    if step.action == "drain_node" and result.outcome is not ActionOutcome.SUCCEEDED:
+        # A failed or interrupted drain may have half-happened: count the node as drained, so that
+        # only validation gives it back.
+        drained = result.outcome in (ActionOutcome.FAILED, ActionOutcome.INTERRUPTED)
+        return _escalated(before, state.model_copy(update={"drained": drained}), now, f"the drain was {result.outcome.value}: {result.detail}")
     if result.outcome in (ActionOutcome.BLOCKED, ActionOutcome.OBSERVED):
         verb = "refused the action" if result.outcome is ActionOutcome.BLOCKED else "only observed it (observe mode)"
-        return _escalated(state, state, now, f"the remediator {verb}: {result.detail}")
-    step = policy.of(state.kind).ladder[min(state.step, len(policy.of(state.kind).ladder) - 1)]
+        return _escalated(before, state, now, f"the remediator {verb}: {result.detail}")
+    if step.action == "drain_node":
+        drained = state.model_copy(update={"drained": True})
+        if state.step + 1 < len(ladder):
+            nxt = drained.model_copy(update={"step": state.step + 1, "step_attempts": 0})
+            return _act(before, nxt, now, policy, f"{_where(state)} is drained; next: {ladder[state.step + 1].action}")
+        return _escalated(before, drained, now, f"{_where(state)} is drained ({result.detail}); the rest needs a person")
     after = state.model_copy(update={"phase": "verifying", "deadline": now + timedelta(seconds=step.verify_within_s)})
-    return Transition(state, after)
+    return Transition(before, after)
 
 
 def tick(state: IncidentState, now: datetime, *, policy: Policy, silenced: bool) -> Transition | None:
@@ -207,11 +248,25 @@ def tick(state: IncidentState, now: datetime, *, policy: Policy, silenced: bool)
         return _escalated(state, state, now, "the silence ended and the fault is still there")
     if state.phase == "acting" and state.deadline is not None and now > state.deadline:
         return _escalated(state, state, now, f"no answer from the remediator within {kind.action_timeout_s:g}s")
+    if state.phase == "verifying" and state.drained and state.deadline is not None and now > state.deadline:
+        # On a drained node the samples' readiness verifies the fix, and no finding may come to say it
+        # did not (an XID does not repeat): time says so.
+        return _next_attempt(state, state, now, policy)
+    if state.phase == "validating" and state.deadline is not None and now > state.deadline:
+        return _escalated(
+            state,
+            state,
+            now,
+            f"the fault is gone, but {policy.validation.ready_samples} samples in a row with the GPUs free and healthy "
+            f"did not come within {policy.validation.within_s:g}s; the node stays drained",
+        )
     if (
         state.phase in ("escalated", "silenced")
         and kind.clear_after_s is not None
         and now - state.last_seen_at >= timedelta(seconds=kind.clear_after_s)
     ):
+        if state.drained:
+            return _start_validation(state, "cleared", f"not seen again for {kind.clear_after_s:g}s", now, policy, ready=False)
         event = IncidentResolved(
             source=state.detector,
             resolution="cleared",
@@ -248,21 +303,40 @@ def close(state: IncidentState, now: datetime, summary: str) -> Transition:
 
 
 def _proposal(finding: Finding, policy: Policy, *, step: int):
+    """What the rule proposes for the first step from `step` on that needs the rule (a drain does not)."""
     ladder = policy.of(finding.kind).ladder
-    if not ladder:
-        return None
-    return finding.operations.get(ladder[min(step, len(ladder) - 1)].action)
+    for rung in ladder[min(step, len(ladder) - 1) :]:
+        if rung.action != "drain_node":
+            return finding.operations.get(rung.action)
+    return None
 
 
 def _act(
     before: IncidentState | None, state: IncidentState, now: datetime, policy: Policy, reason: str, spans: tuple[Span, ...] = ()
 ) -> Transition:
     """Request the ladder's current step, or escalate when nothing safe can be requested."""
-    ladder = policy.of(state.kind).ladder
-    step = ladder[state.step]
-    if state.proposed is None or state.unsafe:
+    step = policy.of(state.kind).ladder[state.step]
+    if step.action == "drain_node" and not state.unsafe:  # needs nothing from the rule
+        return _request(before, state, DrainNode(), now, policy, reason, spans)
+    proposed = state.proposed if state.proposed is not None and state.proposed.operation == step.action else None
+    if proposed is None or state.unsafe:
         why = state.unsafe or f"no safe {step.action} for {_where(state)}"
+        if state.drained:
+            why += " (the node is drained)"
         return _escalated(before, state, now, why, spans)
+    return _request(before, state, proposed, now, policy, reason, spans)
+
+
+def _request(
+    before: IncidentState | None,
+    state: IncidentState,
+    operation: Operation,
+    now: datetime,
+    policy: Policy,
+    reason: str,
+    spans: tuple[Span, ...] = (),
+) -> Transition:
+    """Ask the remediator for `operation`; the incident waits for exactly this action."""
     attempt = state.attempt + 1
     action_id = action_id_for(state.incident_id, attempt)
     request = ActionRequested(
@@ -271,7 +345,7 @@ def _act(
         incident_id=state.incident_id,
         node_id=state.node_id,
         attempt=attempt,
-        operation=state.proposed,
+        operation=operation,
         reason=reason[:1000],
         fingerprint=state.fingerprint,
     )
@@ -282,7 +356,7 @@ def _act(
             "step_attempts": state.step_attempts + 1,
             "deadline": now + timedelta(seconds=policy.of(state.kind).action_timeout_s),
             "pending_action": PendingAction(
-                action_id=action_id, attempt=attempt, operation_sha256=operation_digest(state.proposed), requested_at=now
+                action_id=action_id, attempt=attempt, operation_sha256=operation_digest(operation), requested_at=now
             ),
         }
     )
@@ -300,10 +374,56 @@ def _next_attempt(before: IncidentState, state: IncidentState, now: datetime, po
     return _act(before, nxt, now, policy, f"still there after attempt {state.attempt}", (Span("verify"),))
 
 
+def _start_validation(
+    state: IncidentState, resolution: str, summary: str, now: datetime, policy: Policy, *, ready: bool
+) -> Transition:
+    """The fault is gone on a node this incident drained: wait for healthy samples before the undrain."""
+    validating = state.model_copy(
+        update={
+            "phase": "validating",
+            "resolution": resolution,
+            "summary": summary[:1000],
+            "ready_samples": 0,
+            "deadline": now + timedelta(seconds=policy.validation.within_s),
+            "pending_action": None,
+        }
+    )
+    update = IncidentUpdated(
+        source=state.detector,
+        occurrences=state.occurrences,
+        summary=(
+            f"{summary}; the node stays drained until {policy.validation.ready_samples} samples in a row show "
+            f"{_gpus(state)} free and healthy"
+        )[:1000],
+        **_ids(state),
+    )
+    started = Transition(state, validating, (Span("verify", (update,)),))
+    if not ready:
+        return started
+    counted = _validate(validating, None, now, policy)
+    return Transition(state, counted.after, (*started.spans, *counted.spans))
+
+
+def _validate(state: IncidentState, finding: Finding | None, now: datetime, policy: Policy) -> Transition | None:
+    """One readiness verdict while validating (None: a ready one): count it, or start over."""
+    if finding is not None and not finding.ready:
+        if state.ready_samples == 0:
+            return None
+        return Transition(state, state.model_copy(update={"ready_samples": 0}))
+    ready = state.ready_samples + 1
+    counted = state.model_copy(update={"ready_samples": ready})
+    if ready < policy.validation.ready_samples:
+        return Transition(state, counted)
+    reason = f"validated: {ready} samples in a row with {_gpus(state)} free and healthy"
+    return _request(state, counted, UndrainNode(), now, policy, reason)
+
+
 def _escalated(
     before: IncidentState | None, state: IncidentState, now: datetime, reason: str, spans: tuple[Span, ...] = ()
 ) -> Transition:
-    after = state.model_copy(update={"phase": "escalated", "deadline": None, "pending_action": None})
+    after = state.model_copy(
+        update={"phase": "escalated", "deadline": None, "pending_action": None, "resolution": None, "ready_samples": 0}
+    )
     event = IncidentEscalated(source=state.detector, reason=reason[:1000], **_ids(state))
     if spans and spans[-1].name == "verify":
         return Transition(before, after, (*spans[:-1], Span("verify", (*spans[-1].events, event))))
@@ -312,6 +432,10 @@ def _escalated(
 
 def _ids(state: IncidentState) -> dict:
     return {"incident_id": state.incident_id, "node_id": state.node_id, "kind": state.kind, "gpu_index": state.gpu_index}
+
+
+def _gpus(state: IncidentState) -> str:
+    return "every GPU" if state.gpu_index is None else f"GPU {state.gpu_index}"
 
 
 def _where(state: IncidentState) -> str:

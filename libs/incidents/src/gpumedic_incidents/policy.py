@@ -25,10 +25,17 @@ from gpumedic_events import UNIT_PATTERN, IncidentKind
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_BYTES = 1024 * 1024
 
-Action = Literal["kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node"]
+Action = Literal[
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "drain_node", "undrain_node"
+]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
 SAMPLER_UNIT = "gpumedic-node-sampler.service"
+
+HOOK_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+"""The scheduler's drain hook, POSTed by the remediator: a plain URL, no user info, no query."""
+CHECK_COMMAND = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+"""The node's own readiness check: an absolute path to an executable, no arguments, no `..`."""
 
 HEALTH_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 """A unit's health endpoint, fetched by `curl` on the node itself: loopback, plain characters only."""
@@ -151,8 +158,10 @@ class SshPolicy(KindPolicy):
 class Kinds(_Strict):
     zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
     orphan_gpu_holder: OrphanPolicy = OrphanPolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
-    gpu_xid: XidPolicy = XidPolicy(clear_after_s=3600)
-    gpu_lost: KindPolicy = KindPolicy(clear_after_s=600)
+    gpu_xid: XidPolicy = XidPolicy(
+        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120)), clear_after_s=3600
+    )
+    gpu_lost: KindPolicy = KindPolicy(ladder=(Step(action="drain_node"),), clear_after_s=600)
     container_died: ContainerPolicy = ContainerPolicy(clear_after_s=3600)
     disk_pressure: DiskPolicy = DiskPolicy(ladder=(Step(action="docker_prune", verify_within_s=120),))
     host_memory_pressure: MemoryPolicy = MemoryPolicy()
@@ -232,6 +241,36 @@ class PrunePolicy(ActionPolicy):
     volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
 
 
+class DrainPolicy(ActionPolicy):
+    hook_url: str | None = Field(
+        default=None,
+        description="Your scheduler's drain hook: the remediator POSTs {node_id, drained, reason, incident_id, "
+        "action_id} here on every drain and undrain, with the bearer token of GPUMEDIC_REMEDIATOR_HOOK_TOKEN_FILE.",
+    )
+
+    @field_validator("hook_url")
+    @classmethod
+    def _plain_url(cls, value: str | None) -> str | None:
+        if value is not None and not HOOK_URL.match(value):
+            raise ValueError(f"hook_url {value[:100]!r} must be a plain http(s)://host[:port][/path] (no user, query or fragment)")
+        return value
+
+
+class UndrainPolicy(ActionPolicy):
+    check_command: str | None = Field(
+        default=None,
+        description="An executable on the node that exits 0 when it may take jobs again (e.g. a short GPU burn), "
+        "run before the undrain; absolute path, no arguments.",
+    )
+
+    @field_validator("check_command")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and (not CHECK_COMMAND.match(value) or "/../" in f"{value}/" or "/./" in f"{value}/"):
+            raise ValueError(f"check_command {value[:100]!r} must be an absolute path of plain names, without arguments")
+        return value
+
+
 class Actions(_Strict):
     """Per catalogue operation: observe or enforce, and its own limits."""
 
@@ -240,9 +279,20 @@ class Actions(_Strict):
     gpu_reset: ActionPolicy = ActionPolicy()
     docker_prune: PrunePolicy = PrunePolicy()
     reboot_node: ActionPolicy = ActionPolicy(mode="observe")
+    drain_node: DrainPolicy = DrainPolicy()
+    undrain_node: UndrainPolicy = UndrainPolicy()
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)
+
+
+class ValidationPolicy(_Strict):
+    """Before a drained node gets jobs again: how many samples in a row must show its GPUs free and
+    healthy (present, no process, memory under preflight.max_memory_mib, nothing pending a reset),
+    and how long to wait for them before a person must look (the node stays drained)."""
+
+    ready_samples: int = Field(default=3, ge=1, le=100, description="Healthy samples in a row.")
+    within_s: float = Field(default=900.0, gt=0, description="Escalate if they have not come by then.")
 
 
 class PreflightPolicy(_Strict):
@@ -265,6 +315,7 @@ class Policy(_Strict):
     gate: GatePolicy = GatePolicy()
     actions: Actions = Actions()
     preflight: PreflightPolicy = PreflightPolicy()
+    validation: ValidationPolicy = ValidationPolicy()
     kinds: Kinds = Kinds()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
@@ -272,6 +323,11 @@ class Policy(_Strict):
 
     @model_validator(mode="after")
     def _ladders_fit_the_actions(self) -> Policy:
+        for name in type(self.kinds).model_fields:
+            if any(step.action == "undrain_node" for step in getattr(self.kinds, name).ladder):
+                raise ValueError(
+                    f"kinds.{name}: undrain_node follows validation (the validation section), never a ladder step"
+                )
         unit = self.kinds.node_silent.sampler_unit
         silent_restarts = any(step.action == "restart_unit" for step in self.kinds.node_silent.ladder)
         if silent_restarts and unit not in self.actions.restart_unit.units:

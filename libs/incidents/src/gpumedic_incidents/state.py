@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events import Diagnosis, Evidence, IncidentKind, Operation, Severity
 
-Phase = Literal["held", "acting", "verifying", "escalated", "silenced"]
+Phase = Literal["held", "acting", "verifying", "validating", "escalated", "silenced"]
 """held: waiting out the fleet hold before its first action; acting: an action was requested and
 no answer came yet; verifying: the action ran and the next findings will show whether it worked;
-escalated: a person must look; silenced: a silence covers it, nothing is done."""
+validating: the fault is gone, and the node it drained waits for healthy samples before it is
+undrained; escalated: a person must look; silenced: a silence covers it, nothing is done."""
 
 def operation_digest(operation: Operation) -> str:
     """SHA-256 of the operation as the model serialises it: the same operation, the same digest."""
@@ -77,6 +78,13 @@ class IncidentState(BaseModel):
     silence_id: uuid.UUID | None = None
     traceparent: str | None = None
     """The trace context the incident's next step continues (detect, then the action's)."""
+    drained: bool = False
+    """A drain_node step of its ladder succeeded: the node stays drained until this incident is
+    validated and undrained (or a person steps in)."""
+    resolution: Literal["fixed", "cleared"] | None = None
+    """Set once the fault is gone on a drained node: how the incident resolves after validation."""
+    ready_samples: int = 0
+    """While validating: samples in a row that showed the GPUs free and healthy."""
 
     @property
     def fingerprint(self) -> str:
@@ -105,6 +113,9 @@ class Finding:
     occurrence: bool = False
     """A new occurrence of an event-reported fault (an XID repeat), counted; level findings are not."""
     related_incident_id: uuid.UUID | None = None
+    ready: bool | None = None
+    """With present=False, a readiness verdict on one sample of a drained node's GPUs (validation):
+    True when they are free and healthy, False (with `summary` saying why) when not."""
 
     @property
     def fingerprint(self) -> str:

@@ -242,6 +242,21 @@ class Notification(Base):
     detail: Mapped[str] = mapped_column(Text, default="", comment="The last error, or why it was skipped.")
 
 
+class NodeDrain(Base):
+    """A node is drained while it has a row here: one per incident that holds it out of service.
+
+    Written only by the remediator's drain_node and undrain_node, so the node goes back to the
+    scheduler only when the last incident that drained it was validated."""
+
+    __tablename__ = "node_drains"
+
+    node_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    incident_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
+    action_id: Mapped[str] = mapped_column(String(_UUID_LEN), comment="The drain_node action.")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    drained_at: Mapped[datetime]
+
+
 class GateLock(Base):
     """One row the remediator's gate locks (UPDATE) before it decides: decisions are taken one at a
     time across every remediator instance, on SQLite (the write lock) and PostgreSQL (the row lock)."""

@@ -8,6 +8,7 @@ a log line or a payload: errors name the host only.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +22,18 @@ class DeliveryError(Exception):
     def __init__(self, message: str, *, transient: bool) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+def read_token(path: Path, setting: str) -> str:
+    """The bearer token in `path` (surrounding whitespace dropped); ValueError names the setting and
+    the file, never what is in it."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{setting} {path}: {exc.strerror or type(exc).__name__}") from None
+    if not token:
+        raise ValueError(f"{setting} {path} is empty")
+    return token
 
 
 def host_of(url: str) -> str:
@@ -65,4 +78,4 @@ async def post_with_retries(
             await post(client, url, body, token=token)
 
 
-__all__ = ["DeliveryError", "host_of", "post", "post_with_retries"]
+__all__ = ["DeliveryError", "host_of", "post", "post_with_retries", "read_token"]

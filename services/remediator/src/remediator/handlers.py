@@ -34,14 +34,16 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
+from remediator.catalogue.drain import Scheduler
 from remediator.inventory import InventoryError, NodeAddress, load_inventory
 from remediator.logic import Decision, Gate, Verdict, decide, refusal
+from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 from remediator.ssh import NodeError, SshExecutor
 
@@ -76,6 +78,7 @@ class ActionHandler:
         executor: SshExecutor,
         tracer: Tracer,
         incidents: IncidentStates | None = None,
+        scheduler: Scheduler | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -85,6 +88,8 @@ class ActionHandler:
         self._executor = executor
         self._tracer = tracer
         self.incidents = incidents
+        self.scheduler = scheduler
+        """Where drains are kept and told (the store, the hook, the bus)."""
         self._now = clock
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
@@ -249,10 +254,35 @@ class ActionHandler:
             audit.append(audit_entry(command, result, started - t0, time.monotonic() - started))
             return result
 
+        async def done(run: Callable[[], Awaitable[object]]) -> CommandResult:
+            await run()
+            return CommandResult(0, "", "")
+
+        async def step(name: str, run: Callable[[], Awaitable[object]]) -> str:
+            """A step of a drain or undrain, audited as a command is; '' or what went wrong."""
+            try:
+                await run_on(lambda _: done(run), name)
+            except Exception as exc:  # the store, the hook or the bus: the outcome says which
+                return str(exc) or type(exc).__name__
+            return ""
+
+        async def on_node(command: str) -> CommandResult:
+            async with self._executor.session(request.node_id) as node:
+                return await run_on(node.run, command)
+
         try:
             actions = self._gate.actions
             catalogue.render(request.operation, actions)  # refuse bad parameters before connecting
             await still_working()
+            if catalogue.on_scheduler(request.operation):
+                if self.scheduler is None:
+                    raise RuntimeError("no scheduler side is configured for drains")
+                if isinstance(request.operation, DrainNode):
+                    result = await catalogue.drain.drain(request, actions, self.scheduler, step)
+                else:
+                    result = await catalogue.drain.undrain(request, actions, self.scheduler, step, on_node)
+                result.steps, result.audit = steps, audit
+                return result
             async with self._executor.session(request.node_id) as node:
                 result = await catalogue.execute(
                     request.operation,
@@ -316,8 +346,18 @@ def register(
     executor: SshExecutor,
 ) -> tuple[ActionHandler, EventConsumer[ActionRequested]]:
     """Attach the action handler to the remediator's durable consumer."""
+
+    async def publish(event: Event, msg_id: str) -> None:
+        await publish_event(runtime.broker, event, msg_id=msg_id)
+
+    scheduler = StoreScheduler(
+        sessions=sessions,
+        publish=publish,
+        hook_url=settings.policy.load().actions.drain_node.hook_url,
+        hook_token=settings.hook_token,
+    )
     handler = ActionHandler(
-        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer
+        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler
     )
     # The consumer's batch is how many requests this instance handles at once.
     consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)

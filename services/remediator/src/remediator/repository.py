@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import ActionRequested
-from gpumedic_store.models import ActionRecord, BreakerTrip, GateLock
+from gpumedic_store.models import ActionRecord, BreakerTrip, GateLock, NodeDrain
 from remediator.logic import LedgerView
 
 EXECUTING = "executing"
@@ -195,3 +195,36 @@ async def find_action(*, session: AsyncSession, id_prefix: str) -> ActionRecord 
     if len(found) > 1:
         raise ValueError(f"action id prefix {prefix!r} is ambiguous; type more of the id")
     return found[0] if found else None
+
+
+# --- drained nodes ------------------------------------------------------------------------------
+
+
+async def drains(*, session: AsyncSession, node_id: str | None = None) -> list[NodeDrain]:
+    """The incidents holding nodes drained (one node's, or every node's), oldest first."""
+    query = select(NodeDrain).order_by(NodeDrain.drained_at, NodeDrain.node_id)
+    if node_id is not None:
+        query = query.where(NodeDrain.node_id == node_id)
+    return list((await session.scalars(query)).all())
+
+
+async def hold_drained(*, session: AsyncSession, request: ActionRequested, now: datetime) -> None:
+    """The request's incident holds its node drained (once, however often it asks)."""
+    key = (request.node_id, str(request.incident_id))
+    if await session.get(NodeDrain, key) is None:
+        session.add(
+            NodeDrain(
+                node_id=request.node_id,
+                incident_id=str(request.incident_id),
+                action_id=str(request.action_id),
+                reason=request.reason,
+                drained_at=now,
+            )
+        )
+
+
+async def release_drained(*, session: AsyncSession, node_id: str, incident_id: uuid.UUID) -> None:
+    row = await session.get(NodeDrain, (node_id, str(incident_id)))
+    if row is not None:
+        await session.delete(row)
+

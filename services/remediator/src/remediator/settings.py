@@ -23,6 +23,7 @@ from gpumedic_bus import NatsSettings
 from gpumedic_incidents import PolicySettings
 from gpumedic_incidents.policy import NodeSelector
 from gpumedic_store.settings import StoreSettings
+from gpumedic_webhook import read_token
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
 from remediator.ssh import SshExecutor
@@ -93,7 +94,23 @@ class Settings(BaseSettings):
         default=60.0, ge=0, description="How often every inventory node's SSH login is checked (no command runs); 0: never."
     )
     ssh_check_concurrency: int = Field(default=16, ge=1, le=256, description="Logins checked at once.")
+    hook_token_file: Path | None = Field(
+        default=None,
+        description="A file holding the bearer token for the policy's drain hook (actions.drain_node.hook_url); "
+        "read at start, never logged.",
+    )
     trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
+
+    @field_validator("hook_token_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def hook_token(self) -> str | None:
+        """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
+        if self.hook_token_file is None:
+            return None
+        return read_token(self.hook_token_file, "GPUMEDIC_REMEDIATOR_HOOK_TOKEN_FILE")
 
     @field_validator("protected_nodes", mode="before")
     @classmethod
@@ -155,6 +172,10 @@ class Settings(BaseSettings):
                 asyncssh.read_private_key(str(key))
             except (OSError, ValueError, asyncssh.Error) as exc:
                 raise SettingsError(f"key file {key} named in inventory {self.inventory} is not usable: {type(exc).__name__}") from None
+        try:
+            self.hook_token()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         try:
             asyncssh.read_known_hosts(str(self.known_hosts))
         except (OSError, ValueError, asyncssh.Error) as exc:

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
 from gpumedic_store import StoreSettings
+from gpumedic_webhook import read_token
 from report_builder.notify import Channel
 
 
@@ -80,12 +81,7 @@ class Settings(BaseSettings):
         if self.webhook_url is not None:
             token = None
             if self.webhook_token_file is not None:
-                try:
-                    token = self.webhook_token_file.read_text().strip()
-                except OSError as exc:
-                    raise ValueError(f"GPUMEDIC_REPORTS_WEBHOOK_TOKEN_FILE {self.webhook_token_file}: {exc.strerror}") from None
-                if not token:
-                    raise ValueError(f"GPUMEDIC_REPORTS_WEBHOOK_TOKEN_FILE {self.webhook_token_file} is empty")
+                token = read_token(self.webhook_token_file, "GPUMEDIC_REPORTS_WEBHOOK_TOKEN_FILE")
             channels.append(Channel("webhook", "json", self.webhook_url.get_secret_value(), token))
         if self.slack_webhook_url is not None:
             channels.append(Channel("slack", "slack", self.slack_webhook_url.get_secret_value()))

@@ -17,9 +17,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gpumedic_events import DockerPrune, GpuReset, KillGpuProcesses, RebootNode, RestartUnit
+from gpumedic_events import DockerPrune, DrainNode, GpuReset, KillGpuProcesses, RebootNode, RestartUnit, UndrainNode
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import docker, gpu, kill, units
+from remediator.catalogue import docker, drain, gpu, kill, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -39,7 +39,17 @@ def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, 
             return docker.render(operation, actions)
         case RebootNode():
             return units.render_reboot(operation)
+        case DrainNode():
+            return drain.render_drain(operation, actions)
+        case UndrainNode():
+            return drain.render_undrain(operation, actions)
     raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
+
+
+def on_scheduler(operation: object) -> bool:
+    """Whether the operation changes the node's place in the scheduler (`drain`) rather than run
+    commands on the node (`execute`)."""
+    return isinstance(operation, DrainNode | UndrainNode)
 
 
 async def execute(
@@ -68,4 +78,4 @@ async def execute(
     raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
 
 
-__all__ = ["CommandResult", "ExecutionResult", "InvalidParameter", "Runner", "execute", "render"]
+__all__ = ["CommandResult", "ExecutionResult", "InvalidParameter", "Runner", "drain", "execute", "on_scheduler", "render"]

@@ -10,6 +10,7 @@ from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
 from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
+from zombie_detector.rules.readiness import ReadinessRule
 from zombie_detector.rules.xid import XidRule
 from zombie_detector.rules.zombie import ZombieRule
 
@@ -25,6 +26,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         ContainerRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable),
+        ReadinessRule(policy.preflight),
     ]
 
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import GpuXidReported, IncidentKind, NodeSampled
+from gpumedic_events import GpuReset, GpuXidReported, IncidentKind, NodeSampled
 from gpumedic_events.xid import MAX_KNOWN_XID, XID_CATALOGUE, XidInfo
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import XidPolicy
@@ -36,6 +36,9 @@ ACTIONS = {
     "reboot": "drain the node and reboot it; the GPU does not come back by itself",
     "application": "the same fault under several jobs points at the GPU: reset it, and have it checked if it repeats",
 }
+
+RESETTABLE = frozenset({"reset_gpu", "application"})
+"""Buckets whose GPU a reset may bring back (an application XID only once it followed the GPU across jobs)."""
 
 Entry = tuple[datetime, int, str]
 """(when, xid, the job that held the GPU then)."""
@@ -106,6 +109,11 @@ class XidRule:
             },
             severity="critical" if jobs else info.severity,
             recommended_action=ACTIONS[info.bucket],
+            # The ladder drains first; a reset follows only where the XID calls for one (the
+            # remediator still refuses it while anything holds the GPU). The rest is a person's.
+            operations={"gpu_reset": GpuReset(gpu_index=event.gpu_index)}
+            if info.bucket in RESETTABLE and event.gpu_index is not None
+            else {},
             occurrence=True,
         )
 
@@ -119,6 +127,7 @@ class XidRule:
             evidence={"xid": event.xid, "meaning": event.description or None, "bucket": "unknown", "gpu_uuid": event.gpu_uuid or None},
             severity="warning",
             recommended_action=f"look XID {event.xid} up in NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors)",
+            unsafe=f"XID {event.xid} is not in gpumedic's catalogue: a person decides whether to drain or reset",
             occurrence=True,
         )
 

@@ -1,0 +1,108 @@
+"""drain_node and undrain_node: the node's place in the scheduler, not a command on the node.
+
+A drain records that the incident holds the node out of service, tells the user's scheduler
+through the policy's hook (where one is set), and publishes NodeDrained for the autoscaler and
+anyone subscribed. An undrain comes only after the detector validated the fix on the samples.
+If another incident still holds the node, it only releases this incident's hold: the node stays
+drained. Otherwise the policy's `check_command` must pass on the node first, then the hook hears
+`drained: false`, the hold goes, and NodeUndrained is published. A failed check or hook leaves
+the node drained, and the outcome says so.
+
+Each step runs through `step`, which records it in the ledger's steps and audit as a command is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from gpumedic_events import ActionOutcome, ActionRequested, DrainNode, UndrainNode
+from gpumedic_incidents.policy import Actions
+from remediator.catalogue.base import CommandResult, ExecutionResult, quoted, said, short
+
+
+class Scheduler(Protocol):
+    """Where drains are kept and told (the store, the hook, the bus): the remediator's side."""
+
+    async def holders(self, node_id: str) -> list[str]:
+        """The incidents holding the node drained."""
+        ...
+
+    async def hold(self, request: ActionRequested) -> None: ...
+
+    async def release(self, request: ActionRequested) -> None: ...
+
+    async def tell(self, request: ActionRequested, *, drained: bool) -> None:
+        """POST to the policy's hook; raises with the host (never the URL) if it did not take it."""
+        ...
+
+    async def publish(self, request: ActionRequested, *, drained: bool) -> None: ...
+
+
+Step = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[str]]
+"""Runs one named step; '' when it worked, else what went wrong."""
+OnNode = Callable[[str], Awaitable[CommandResult]]
+"""Runs one command on the request's node (over SSH)."""
+
+
+def render_drain(operation: DrainNode, actions: Actions) -> tuple[str, ...]:
+    hook = ("POST drained=true to the scheduler's hook",) if actions.drain_node.hook_url else ()
+    return ("hold the node drained (node_drains)", *hook, "publish NodeDrained")
+
+
+def render_undrain(operation: UndrainNode, actions: Actions) -> tuple[str, ...]:
+    check = (check_command(actions),) if actions.undrain_node.check_command else ()
+    hook = ("POST drained=false to the scheduler's hook",) if actions.drain_node.hook_url else ()
+    return (*check, *hook, "release the node (node_drains)", "publish NodeUndrained")
+
+
+def check_command(actions: Actions) -> str:
+    """The policy's check, validated when the policy loaded, quoted even so."""
+    command = actions.undrain_node.check_command
+    assert command is not None
+    return quoted(command)
+
+
+async def drain(request: ActionRequested, actions: Actions, scheduler: Scheduler, step: Step) -> ExecutionResult:
+    node = request.node_id
+    others = [i for i in await scheduler.holders(node) if i != str(request.incident_id)]
+    if error := await step("hold the node drained (node_drains)", lambda: scheduler.hold(request)):
+        return ExecutionResult(ActionOutcome.FAILED, f"the drain of {node} could not be recorded: {error}")
+    if actions.drain_node.hook_url:
+        if error := await step("POST drained=true to the scheduler's hook", lambda: scheduler.tell(request, drained=True)):
+            return ExecutionResult(
+                ActionOutcome.FAILED, f"{node} is drained in gpumedic, but the scheduler's hook did not take it: {error}"
+            )
+    if error := await step("publish NodeDrained", lambda: scheduler.publish(request, drained=True)):
+        return ExecutionResult(ActionOutcome.FAILED, f"{node} is drained, but NodeDrained was not published: {error}")
+    also = f" (it already was, for incident(s) {', '.join(others)})" if others else ""
+    return ExecutionResult(ActionOutcome.SUCCEEDED, f"drained {node}{also}")
+
+
+async def undrain(
+    request: ActionRequested, actions: Actions, scheduler: Scheduler, step: Step, on_node: OnNode
+) -> ExecutionResult:
+    node = request.node_id
+    others = [i for i in await scheduler.holders(node) if i != str(request.incident_id)]
+    if others:
+        if error := await step("release this incident's hold (node_drains)", lambda: scheduler.release(request)):
+            return ExecutionResult(ActionOutcome.FAILED, f"the hold on {node} could not be released: {error}")
+        return ExecutionResult(
+            ActionOutcome.SUCCEEDED, f"released this incident's hold; {node} stays drained for incident(s) {', '.join(others)}"
+        )
+    if actions.undrain_node.check_command:
+        command = check_command(actions)
+        result = await on_node(command)
+        if result.exit_status != 0:
+            return ExecutionResult(
+                ActionOutcome.FAILED, f"{node} stays drained: its check {short(actions.undrain_node.check_command)} failed ({said(result)})"
+            )
+    if actions.drain_node.hook_url:
+        if error := await step("POST drained=false to the scheduler's hook", lambda: scheduler.tell(request, drained=False)):
+            return ExecutionResult(ActionOutcome.FAILED, f"{node} stays drained: the scheduler's hook did not take the undrain: {error}")
+    if error := await step("release the node (node_drains)", lambda: scheduler.release(request)):
+        return ExecutionResult(ActionOutcome.FAILED, f"the hold on {node} could not be released: {error}")
+    if error := await step("publish NodeUndrained", lambda: scheduler.publish(request, drained=False)):
+        return ExecutionResult(ActionOutcome.FAILED, f"{node} is undrained, but NodeUndrained was not published: {error}")
+    checked = " after its check passed" if actions.undrain_node.check_command else ""
+    return ExecutionResult(ActionOutcome.SUCCEEDED, f"undrained {node}{checked}")
