@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, GpuReset, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
+from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.policy import Actions, KillPolicy, NodeSelector, RestartPolicy, UnitRule
 from remediator.inventory import NodeAddress
@@ -121,6 +121,20 @@ def test_the_per_node_limit_blocks_at_the_maximum_not_before():
     assert decision.reason == (
         "3 actions already ran on node gpu-node-01 within 3600s (max 3); a node that keeps needing fixes needs a person"
     )
+
+
+def test_drains_and_undrains_are_outside_the_per_node_limit_and_only_drains_count_for_the_breaker():
+    busy_node = LedgerView(actions_on_node=3)
+    for operation in (DrainNode(), UndrainNode()):
+        request = _request().model_copy(update={"operation": operation})
+        assert decide(request, gate=ENFORCE, ledger_view=busy_node, now=NOW).verdict is Verdict.ALLOW
+    three_others = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
+    drain = _request("n4").model_copy(update={"operation": DrainNode()})
+    assert decide(drain, gate=ENFORCE, ledger_view=three_others, now=NOW).trip_breaker  # a fleet-wide drain is a fault
+    undrain = _request("n4").model_copy(update={"operation": UndrainNode()})
+    assert decide(undrain, gate=ENFORCE, ledger_view=three_others, now=NOW).verdict is Verdict.ALLOW
+    tripped = LedgerView(breaker_open_since=NOW, breaker_reason="4 distinct nodes")
+    assert decide(undrain, gate=ENFORCE, ledger_view=tripped, now=NOW).verdict is Verdict.BLOCK  # an open breaker holds all
 
 
 def test_breaker_counts_this_node_and_trips_above_the_maximum():

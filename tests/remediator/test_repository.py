@@ -168,3 +168,32 @@ async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions
         )
     assert view.breaker_open_since is None
     assert view.nodes_in_window == frozenset()  # n1 acted before the reset
+
+
+async def test_drains_count_for_the_breaker_not_the_node_limit_and_undrains_for_neither(sessions):
+    from gpumedic_events import DrainNode, UndrainNode
+
+    for node, operation in (("n1", DrainNode()), ("n1", UndrainNode()), ("n2", UndrainNode())):
+        await _claim(sessions, _request(node).model_copy(update={"operation": operation}), status="succeeded")
+    async with sessions() as session:
+        view = await repository.ledger_view(session=session, request=_request("n3"), now=NOW, window_s=600, node_window_s=1800)
+        on_n1 = await repository.ledger_view(session=session, request=_request("n1"), now=NOW, window_s=600, node_window_s=1800)
+    assert view.nodes_in_window == frozenset({"n1"}) and on_n1.actions_on_node == 0
+
+
+async def test_a_node_is_drained_while_any_incident_holds_it(sessions):
+    first, second = _request("n1"), _request("n1")
+    async with sessions() as session:
+        await repository.hold_drained(session=session, request=first, now=NOW)
+        await repository.hold_drained(session=session, request=second, now=NOW + timedelta(seconds=1))
+        await repository.hold_drained(session=session, request=first, now=NOW + timedelta(seconds=2))  # asked again
+        await session.commit()
+    async with sessions() as session:
+        assert [r.incident_id for r in await repository.drains(session=session, node_id="n1")] == [
+            str(first.incident_id), str(second.incident_id)
+        ]
+        await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)
+        await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)  # twice: no error
+        await session.commit()
+    async with sessions() as session:
+        assert [r.incident_id for r in await repository.drains(session=session)] == [str(second.incident_id)]

@@ -29,6 +29,8 @@ from remediator.inventory import NodeAddress
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
+NOT_FIXES = ("drain_node", "undrain_node")
+"""Operations that move jobs away from a node or back, not act on it: outside the per-node limit."""
 
 
 class Verdict(StrEnum):
@@ -172,13 +174,15 @@ def decide(
             Verdict.BLOCK,
             f"action {ledger_view.executing_on_node[0]} is already executing on node {node}; one at a time",
         )
-    if ledger_view.actions_on_node >= gate.max_actions_per_node:
+    name = operation.operation
+    if name not in NOT_FIXES and ledger_view.actions_on_node >= gate.max_actions_per_node:
         return Decision(
             Verdict.BLOCK,
             f"{ledger_view.actions_on_node} actions already ran on node {node} within {gate.node_window_s:g}s "
             f"(max {gate.max_actions_per_node}); a node that keeps needing fixes needs a person",
         )
-    nodes = ledger_view.nodes_in_window | {node}
+    # Giving a validated node back counts for no fleet-wide fault (an open breaker still holds it).
+    nodes = ledger_view.nodes_in_window | ({node} if name != "undrain_node" else set())
     # Every node that acts is part of the fleet, whatever an out-of-date inventory says.
     fleet = max(ledger_view.fleet_size, len(nodes)) if ledger_view.fleet_size else 0
     limit, limit_why = breaker_limit(gate, fleet)
@@ -190,7 +194,6 @@ def decide(
             f"checks the fleet, {RESET_HINT}",
             trip_reason=cause,
         )
-    name = operation.operation
     if gate.mode_for(name) == "observe":
         switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{name}.mode is observe"
         return Decision(Verdict.OBSERVE, f"observe mode for {name} ({switch}): decided and recorded, not run")

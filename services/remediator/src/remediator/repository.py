@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import ActionRequested
 from gpumedic_store.models import ActionRecord, BreakerTrip, GateLock, NodeDrain
-from remediator.logic import LedgerView
+from remediator.logic import NOT_FIXES, LedgerView
 
 EXECUTING = "executing"
 FINISHED = ("succeeded", "failed", "blocked", "observed", "interrupted")
@@ -95,6 +95,9 @@ async def finish(
     return record
 
 
+_operation_name = ActionRecord.operation["operation"].as_string()
+
+
 async def ledger_view(
     *, session: AsyncSession, request: ActionRequested, now: datetime, window_s: float, node_window_s: float
 ) -> LedgerView:
@@ -117,6 +120,7 @@ async def ledger_view(
             ActionRecord.status.in_(RAN),
             ActionRecord.started_at >= now - timedelta(seconds=node_window_s),
             ActionRecord.action_id != this,
+            _operation_name.not_in(NOT_FIXES),
         )
     )
     since = now - timedelta(seconds=window_s)
@@ -130,6 +134,7 @@ async def ledger_view(
                 ActionRecord.started_at >= since,
                 ActionRecord.status.not_in(NOT_COUNTED_FOR_BREAKER),
                 ActionRecord.action_id != this,
+                _operation_name != "undrain_node",  # giving capacity back is no sign of a fleet-wide fault
             )
         )
     ).all()

@@ -1,0 +1,238 @@
+"""drain_node and undrain_node through the whole handler: the gate, a real SQLite store, the
+scheduler's hook on a real HTTP receiver on loopback, and the policy's check command over real
+SSH (Debian's sshd on this machine, where /bin/true and /bin/false are what they say)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpumedic.sim.pager import Pager
+from gpumedic_bus import Delivery
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, IncidentKind, NodeDrained, UndrainNode
+from gpumedic_incidents import IncidentStates, PolicyError, load_policy
+from gpumedic_incidents.policy import Actions, DrainPolicy, Policy, UndrainPolicy, dump_policy
+from gpumedic_incidents.state import fingerprint
+from gpumedic_store import NodeDrain, create_engine, session_factory
+from opentelemetry.sdk.trace import TracerProvider
+from remediator import repository
+from remediator.handlers import ActionHandler
+from remediator.scheduler import StoreScheduler
+from remediator.settings import Settings, SettingsError
+from sqlalchemy import select
+
+from tests.remediator.conftest import incident_waiting_for
+
+pytestmark = pytest.mark.sshd
+
+TOKEN = "s3cret-hook-token"
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes, dict]] = []
+
+    async def publish(self, data, subject, *, headers=None, stream=None, timeout=None):
+        self.published.append((subject, data, dict(headers or {})))
+
+    def subjects(self) -> list[str]:
+        return [s for s, _, _ in self.published]
+
+
+class _Remediator:
+    """The action handler with its scheduler side, as `register` wires them."""
+
+    def __init__(self, settings: Settings, incidents: IncidentStates) -> None:
+        from gpumedic_bus import publish_event
+
+        self.incidents = incidents
+        self.broker = _Broker()
+        self.engine = create_engine(settings.store.url)
+        self.sessions = session_factory(self.engine)
+
+        async def publish(event, msg_id):
+            await publish_event(self.broker, event, msg_id=msg_id)
+
+        scheduler = StoreScheduler(
+            sessions=self.sessions,
+            publish=publish,
+            hook_url=settings.policy.load().actions.drain_node.hook_url,
+            hook_token=settings.hook_token,
+        )
+        self.handler = ActionHandler(
+            settings=settings,
+            runtime=SimpleNamespace(broker=self.broker),
+            sessions=self.sessions,
+            executor=settings.executor(),
+            tracer=TracerProvider().get_tracer("test"),
+            incidents=incidents,
+            scheduler=scheduler,
+        )
+
+    async def ask(self, operation, incident_id: uuid.UUID, node: str = "gpu-node-01") -> ActionCompleted:
+        request = ActionRequested(
+            source="zombie-detector",
+            action_id=uuid.uuid4(),
+            incident_id=incident_id,
+            node_id=node,
+            attempt=1,
+            operation=operation,
+            reason=f"gpu_xid on {node} GPU 0",
+            fingerprint=fingerprint(node, IncidentKind.GPU_XID, 0, str(incident_id)[:8]),
+        )
+        await self.incidents.save(
+            incident_waiting_for(request, kind=IncidentKind.GPU_XID, gpu_index=0, key=str(incident_id)[:8])
+        )
+        await self.handler.handle(request, Delivery(request.subject, {}, 1))
+        subject, data, _ = self.broker.published[-1]
+        return ActionCompleted.from_json(data, subject=subject)
+
+    async def held(self) -> list[tuple[str, str]]:
+        async with self.sessions() as session:
+            return [(r.node_id, r.incident_id) for r in (await session.scalars(select(NodeDrain))).all()]
+
+
+@pytest.fixture
+def hook():
+    pager = Pager().start()
+    yield pager
+    pager.stop()
+
+
+@pytest.fixture
+def remediator(make_settings, incidents, tmp_path, hook):
+    made = []
+
+    def _make(check_command: str | None = None) -> _Remediator:
+        policy_file = tmp_path / "policy.yaml"
+        actions = Actions(drain_node=DrainPolicy(hook_url=hook.url), undrain_node=UndrainPolicy(check_command=check_command))
+        dump_policy(Policy(actions=actions), policy_file)
+        (tmp_path / "token").write_text(TOKEN)
+        settings = make_settings(policy={"file": policy_file}, hook_token_file=tmp_path / "token")
+        made.append(_Remediator(settings, incidents))
+        return made[-1]
+
+    return _make
+
+
+async def test_a_drain_holds_the_node_tells_the_hook_and_the_bus_and_an_undrain_gives_it_back(remediator, hook):
+    r = remediator()
+    incident = uuid.uuid4()
+    drained = await r.ask(DrainNode(), incident)
+    assert (drained.outcome, drained.detail) == (ActionOutcome.SUCCEEDED, "drained gpu-node-01")
+    assert drained.steps == ("hold the node drained (node_drains)", "POST drained=true to the scheduler's hook", "publish NodeDrained")
+    assert await r.held() == [("gpu-node-01", str(incident))]
+    assert NodeDrained.subject_for("gpu-node-01") in r.broker.subjects()
+    (page,) = hook.received
+    assert page.body == {
+        "node_id": "gpu-node-01", "drained": True, "reason": "gpu_xid on gpu-node-01 GPU 0",
+        "incident_id": str(incident), "action_id": page.body["action_id"],
+    }
+    assert page.headers["Authorization"] == f"Bearer {TOKEN}"
+
+    undrained = await r.ask(UndrainNode(), incident)
+    assert (undrained.outcome, undrained.detail) == (ActionOutcome.SUCCEEDED, "undrained gpu-node-01")
+    assert await r.held() == [] and hook.received[-1].body["drained"] is False
+    assert r.broker.subjects()[-2:] == ["gpumedic.v1.node.undrained.gpu-node-01", "gpumedic.v1.action.completed.gpu-node-01"]
+    record = await _record(r, undrained)
+    assert [a["command"] for a in record.audit] == [
+        "POST drained=false to the scheduler's hook", "release the node (node_drains)", "publish NodeUndrained"
+    ]
+    assert all(a["exit_status"] == 0 for a in record.audit)
+
+
+async def test_a_node_two_incidents_drained_stays_drained_until_the_last_is_validated(remediator, hook):
+    r = remediator()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    await r.ask(DrainNode(), first)
+    again = await r.ask(DrainNode(), second)
+    assert again.detail == f"drained gpu-node-01 (it already was, for incident(s) {first})"
+    released = await r.ask(UndrainNode(), first)
+    assert released.outcome is ActionOutcome.SUCCEEDED
+    assert released.detail == f"released this incident's hold; gpu-node-01 stays drained for incident(s) {second}"
+    assert await r.held() == [("gpu-node-01", str(second))]
+    assert [p.body["drained"] for p in hook.received] == [True, True]  # the scheduler was not told to undrain
+    assert "gpumedic.v1.node.undrained.gpu-node-01" not in r.broker.subjects()
+    assert (await r.ask(UndrainNode(), second)).detail == "undrained gpu-node-01"
+    assert [p.body["drained"] for p in hook.received] == [True, True, False]
+
+
+async def test_a_failing_check_command_keeps_the_node_drained_and_a_passing_one_gives_it_back(remediator, hook):
+    incident = uuid.uuid4()
+    r = remediator(check_command="/bin/false")
+    await r.ask(DrainNode(), incident)
+    refused = await r.ask(UndrainNode(), incident)
+    assert refused.outcome is ActionOutcome.FAILED
+    assert refused.detail.startswith("gpu-node-01 stays drained: its check '/bin/false' failed")
+    assert refused.steps == ("/bin/false",) and await r.held() == [("gpu-node-01", str(incident))]
+    assert [p.body["drained"] for p in hook.received] == [True]
+    r = remediator(check_command="/bin/true")
+    passed = await r.ask(UndrainNode(), incident)
+    assert (passed.outcome, passed.detail) == (ActionOutcome.SUCCEEDED, "undrained gpu-node-01 after its check passed")
+    assert passed.steps[0] == "/bin/true" and await r.held() == []
+
+
+async def test_a_hook_that_keeps_failing_fails_the_drain_naming_only_its_host_and_the_node_counts_as_drained(remediator, hook):
+    hook.answers = [503, 503, 503]
+    r = remediator()
+    incident = uuid.uuid4()
+    failed = await r.ask(DrainNode(), incident)
+    assert failed.outcome is ActionOutcome.FAILED
+    assert failed.detail == "gpu-node-01 is drained in gpumedic, but the scheduler's hook did not take it: 127.0.0.1 answered HTTP 503"
+    assert hook.tries == 3 and "s3cr3t-path" not in failed.model_dump_json() and TOKEN not in failed.model_dump_json()
+    assert await r.held() == [("gpu-node-01", str(incident))]
+    assert NodeDrained.subject_for("gpu-node-01") not in r.broker.subjects()
+
+
+async def test_undrain_of_a_node_nobody_holds_still_tells_the_scheduler(remediator, hook):
+    """An interrupted drain may have told the scheduler without the store knowing: give it back anyway."""
+    r = remediator()
+    done = await r.ask(UndrainNode(), uuid.uuid4())
+    assert done.outcome is ActionOutcome.SUCCEEDED and [p.body["drained"] for p in hook.received] == [False]
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [
+        ("undrain_node", {"check_command": "/bin/sh -c reboot"}, "must be an absolute path of plain names, without arguments"),
+        ("undrain_node", {"check_command": "/usr/bin/../sbin/reboot"}, "must be an absolute path of plain names"),
+        ("undrain_node", {"check_command": "gpu-check"}, "must be an absolute path"),
+        ("undrain_node", {"check_command": "/opt/check;reboot"}, "must be an absolute path"),
+        ("drain_node", {"hook_url": "https://user:pw@scheduler/drain"}, "must be a plain http(s)://host[:port][/path]"),
+        ("drain_node", {"hook_url": "https://scheduler/drain?x=$(id)"}, "must be a plain http(s)://host[:port][/path]"),
+        ("drain_node", {"hook_url": "file:///etc/passwd"}, "must be a plain http(s)://host[:port][/path]"),
+    ],
+)
+def test_hostile_check_commands_and_hook_urls_are_refused_when_the_policy_loads(tmp_path, section, value, message):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"version: 1\nactions:\n  {section}: {_flow(value)}\n")
+    with pytest.raises(PolicyError, match=f"policy.yaml:3: actions.{section}.*{_escape(message)}"):
+        load_policy(path)
+
+
+def test_a_missing_or_empty_hook_token_file_stops_the_start(make_settings, tmp_path):
+    for content in (None, "  \n"):
+        path = tmp_path / "token"
+        if content is not None:
+            path.write_text(content)
+        with pytest.raises(SettingsError, match="GPUMEDIC_REMEDIATOR_HOOK_TOKEN_FILE"):
+            make_settings(hook_token_file=path).check_files()
+
+
+def _flow(value: dict) -> str:
+    (key, text), = value.items()
+    return "{" + f"{key}: '{text}'" + "}"
+
+
+def _escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+async def _record(r: _Remediator, completed: ActionCompleted):
+    async with r.sessions() as session:
+        return await repository.get_action(session=session, action_id=completed.action_id)
