@@ -74,3 +74,23 @@ async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
     elif record.status in ("blocked", "observed"):
         lines += ["", "  nothing ran on the node"]
     return True, "\n".join(lines)
+
+
+async def drained_text(store_url: str, *, node_id: str | None = None) -> str:
+    """Which nodes take no new jobs, held by which incident since when (`gpumedic drained`)."""
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            rows = await repository.drains(session=session, node_id=node_id)
+    finally:
+        await engine.dispose()
+    if not rows:
+        return "no node is drained" if node_id is None else f"{node_id} is not drained"
+    lines = [f"{'NODE':<16} {'INCIDENT':<10} {'SINCE':<24} {'BY ACTION':<10} WHY"]
+    lines += [
+        f"{r.node_id:<16} {r.incident_id[:8]:<10} {fmt_time(r.drained_at):<24} {r.action_id[:8]:<10} {' '.join(r.reason.split())[:100]}"
+        for r in rows
+    ]
+    nodes = len({r.node_id for r in rows})
+    lines.append(f"{nodes} node(s) drained; each returns once every incident holding it is fixed and validated")
+    return "\n".join(lines)

@@ -189,6 +189,14 @@ def cmd_actions(args) -> int:
     return 0
 
 
+def cmd_drained(args) -> int:
+    """Drained nodes from the store: the remediator's holds, one per incident."""
+    from gpumedic.actions import drained_text
+
+    print(asyncio.run(drained_text(_store_url(args), node_id=args.node)))
+    return 0
+
+
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import silences
@@ -445,6 +453,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_actions)
 
     p = sub.add_parser(
+        "drained",
+        help="the nodes gpumedic drained, which incident holds each, and since when",
+        description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every "
+        "incident holding it is fixed and its GPUs were validated on the next samples.",
+    )
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_drained)
+
+    p = sub.add_parser(
         "silence",
         help="add, list or lift silences: maintenance windows and known issues",
         description="A silenced incident is still recorded, with its silence, but no action is requested for it. "
@@ -541,7 +559,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as exc:
+        # A store that is down, or was never migrated, is the usual cause for the commands that read
+        # it: say which store and what it said, masked, without a traceback.
+        from sqlalchemy.exc import DBAPIError
+
+        from gpumedic_store import StoreUnavailable
+        from gpumedic_store.settings import mask_url
+
+        if isinstance(exc, StoreUnavailable):
+            print(f"gpumedic: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, DBAPIError) and getattr(args, "store", "unset") != "unset":
+            cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+            hint = "; run `gpumedic migrate`" if "no such table" in cause or "does not exist" in cause else ""
+            print(f"gpumedic: the store at {mask_url(_store_url(args))} cannot be read: {cause}{hint}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

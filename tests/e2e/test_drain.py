@@ -16,6 +16,7 @@ import json
 
 import nats
 
+from gpumedic.actions import drained_text
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.sim.pager import Pager
 from gpumedic_events import NodeDrained, NodeUndrained
@@ -111,6 +112,8 @@ async def test_an_ecc_error_drains_the_node_resets_the_gpu_and_gives_it_back_onl
         held = (await session.scalars(select(NodeDrain))).all()
     await engine.dispose()
     assert [(row.node_id, row.reason) for row in held] == [("sim-node-02", "gpu_xid on sim-node-02 GPU 0")]
+    listed = await drained_text(store_url)  # what `gpumedic drained` prints
+    assert "sim-node-02" in listed and "sim-node-01" not in listed and "1 node(s) drained" in listed
 
 
 def _resolved(seen: list, node: str) -> dict | None:

@@ -1,0 +1,30 @@
+"""The commands that read the store say which store and what is wrong with it, never a traceback
+or a password."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumedic.cli import main
+from gpumedic_store import upgrade
+
+
+@pytest.mark.parametrize("command", [["drained"], ["actions"], ["incidents"]])
+def test_a_store_never_migrated_is_named_with_the_fix(tmp_path, capsys, command):
+    url = f"sqlite+aiosqlite:///{tmp_path}/empty.db"
+    assert main([*command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpumedic: the store at {url} cannot be read: no such table") and "gpumedic migrate" in err
+
+
+def test_a_store_that_is_down_is_named_without_its_password(capsys):
+    assert main(["drained", "--store", "postgresql+asyncpg://gpumedic:hunter2@127.0.0.1:1/gpumedic"]) == 2
+    err = capsys.readouterr().err
+    assert "127.0.0.1:1" in err and "unavailable" in err and "hunter2" not in err
+
+
+def test_drained_lists_nothing_on_a_fresh_store(tmp_path, capsys):
+    url = f"sqlite+aiosqlite:///{tmp_path}/fresh.db"
+    upgrade(url)
+    assert main(["drained", "--store", url]) == 0
+    assert capsys.readouterr().out.strip() == "no node is drained"
