@@ -12,9 +12,9 @@ import pytest
 
 from gpumedic.sim.pager import Pager
 from gpumedic_bus import Delivery
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, IncidentKind, NodeDrained, UndrainNode
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
-from gpumedic_incidents.policy import Actions, DrainPolicy, Policy, UndrainPolicy, dump_policy
+from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import NodeDrain, create_engine, session_factory
 from opentelemetry.sdk.trace import TracerProvider
@@ -106,12 +106,19 @@ def hook():
 def remediator(make_settings, incidents, tmp_path, hook):
     made = []
 
-    def _make(check_command: str | None = None) -> _Remediator:
+    def _make(check_command: str | None = None, **admin_endpoints: AdminEndpoint) -> _Remediator:
         policy_file = tmp_path / "policy.yaml"
-        actions = Actions(drain_node=DrainPolicy(hook_url=hook.url), undrain_node=UndrainPolicy(check_command=check_command))
+        actions = Actions(
+            drain_node=DrainPolicy(hook_url=hook.url),
+            undrain_node=UndrainPolicy(check_command=check_command),
+            http_admin=AdminPolicy(endpoints=admin_endpoints),
+        )
         dump_policy(Policy(actions=actions), policy_file)
         (tmp_path / "token").write_text(TOKEN)
-        settings = make_settings(policy={"file": policy_file}, hook_token_file=tmp_path / "token")
+        (tmp_path / "admin-token").write_text("node-admin-token\n")
+        settings = make_settings(
+            policy={"file": policy_file}, hook_token_file=tmp_path / "token", admin_token_file=tmp_path / "admin-token"
+        )
         made.append(_Remediator(settings, incidents))
         return made[-1]
 
@@ -192,6 +199,20 @@ async def test_undrain_of_a_node_nobody_holds_still_tells_the_scheduler(remediat
     r = remediator()
     done = await r.ask(UndrainNode(), uuid.uuid4())
     assert done.outcome is ActionOutcome.SUCCEEDED and [p.body["drained"] for p in hook.received] == [False]
+
+
+async def test_http_admin_through_the_gate_reads_the_token_file_and_keeps_it_out_of_the_ledger(remediator):
+    service = Pager().start()
+    try:
+        url = service.url.replace("/hooks/T000/B000/s3cr3t-path", "/admin/reset-jobs")
+        r = remediator(reset_job_count=AdminEndpoint(url=url))
+        done = await r.ask(HttpAdmin(endpoint="reset_job_count"), uuid.uuid4())
+        assert (done.outcome, done.detail) == (ActionOutcome.SUCCEEDED, "reset_job_count: the node's service answered HTTP 200")
+        assert service.received[0].headers["Authorization"] == "Bearer node-admin-token"
+        record = await _record(r, done)
+        assert "node-admin-token" not in str(record.steps) + str(record.audit) + record.detail
+    finally:
+        service.stop()
 
 
 @pytest.mark.parametrize(

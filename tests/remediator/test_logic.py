@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
+from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
 from gpumedic_incidents.state import fingerprint
-from gpumedic_incidents.policy import Actions, KillPolicy, NodeSelector, RestartPolicy, UnitRule
+from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, KillPolicy, NodeSelector, RestartPolicy, UnitRule
 from remediator.inventory import NodeAddress
 from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
@@ -99,6 +99,16 @@ def test_a_unit_is_restarted_only_on_the_nodes_its_allow_list_names():
     assert blocked.reason == (
         "p2p-node.service may be restarted only on group:p2p, gpu-node-09 (actions.restart_unit.units), not on node gpu-node-01"
     )
+
+
+def test_an_admin_endpoint_is_called_only_on_the_nodes_its_entry_names():
+    endpoint = AdminEndpoint(url="http://127.0.0.1:8080/admin/elect", nodes=("label:role=p2p",))
+    gate = Gate(mode="enforce", actions=Actions(http_admin=AdminPolicy(endpoints={"force_election": endpoint})))
+    request = _request().model_copy(update={"operation": HttpAdmin(endpoint="force_election")})
+    p2p = NodeAddress(host="10.0.0.1", labels={"role": "p2p"})
+    assert decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
+    blocked = decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=NodeAddress(host="10.0.0.2"))
+    assert blocked.verdict is Verdict.BLOCK and blocked.reason.startswith("force_election may be called only on label:role=p2p")
 
 
 @pytest.mark.parametrize("text", ["group:", "label:role", "a b", "-oProxyCommand=x", "group:$(id)", "label:k=v;rm"])

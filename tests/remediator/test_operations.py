@@ -20,12 +20,14 @@ from gpumedic_events import (
     ActionRequested,
     DockerPrune,
     GpuReset,
+    HttpAdmin,
     KillGpuProcesses,
     ProcessTarget,
     RebootNode,
     RestartUnit,
 )
-from gpumedic_incidents.policy import Actions, ActionPolicy, RestartPolicy, UnitRule
+from gpumedic.sim.pager import Pager
+from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy, RestartPolicy, UnitRule
 from remediator import catalogue
 from remediator.catalogue.kill import parse_stat
 from remediator.ssh import SshExecutor
@@ -39,9 +41,11 @@ def _executor(sshd) -> SshExecutor:
     )
 
 
-async def _run(sshd, operation, actions: Actions = Actions(), verify_timeout_s: float = 2.0):
+async def _run(sshd, operation, actions: Actions = Actions(), verify_timeout_s: float = 2.0, admin_token: str | None = None):
     async with _executor(sshd).session(sshd.node_id) as session:
-        return await catalogue.execute(operation, session.run, actions=actions, verify_timeout_s=verify_timeout_s)
+        return await catalogue.execute(
+            operation, session.run, actions=actions, admin_token=admin_token, verify_timeout_s=verify_timeout_s
+        )
 
 
 def _unit(sshd, state: str, *, after_restart: str | None = None) -> str:
@@ -166,6 +170,37 @@ async def test_reboot_runs_only_as_systemctl_reboot(sshd):
     assert result.outcome is ActionOutcome.SUCCEEDED and "the node's next samples show whether it came back" in result.detail
     assert reboots.read_text() == "reboot\n"
     assert sshd.commands()[-2:] == ["cat /proc/sys/kernel/random/boot_id", "systemctl reboot"]
+
+
+async def test_http_admin_posts_to_the_named_loopback_endpoint_with_its_token_on_stdin_only(sshd):
+    service = Pager().start()  # the node's own service, on the node's loopback (real curl calls it)
+    try:
+        url = service.url.replace("/hooks/T000/B000/s3cr3t-path", "/admin/elect")
+        actions = Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url=url)}))
+        result = await _run(sshd, HttpAdmin(endpoint="force_election"), actions, admin_token="adm1n-t0ken")
+        assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, "force_election: the node's service answered HTTP 200")
+        (call,) = service.received
+        assert call.path == "/admin/elect" and call.headers["Authorization"] == "Bearer adm1n-t0ken" and call.body == {}
+        # The token crossed SSH on stdin: it is in no command line the node or the ledger saw.
+        assert not any("adm1n-t0ken" in line for line in [*sshd.commands(), *result.steps])
+        service.answers = [403]
+        refused = await _run(sshd, HttpAdmin(endpoint="force_election"), actions, admin_token="wrong")
+        assert (refused.outcome, refused.detail) == (ActionOutcome.FAILED, "force_election: the node's service did not take it (HTTP 403)")
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["force_election; reboot", "$(reboot)", "http://evil/", "../admin", "Force", "a\nb", ""])
+async def test_hostile_or_unlisted_admin_endpoints_are_refused_and_nothing_runs(sshd, endpoint):
+    before = len(sshd.commands())
+    actions = Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8080/admin/elect")}))
+    with pytest.raises(ValidationError, match="endpoint"):
+        HttpAdmin(endpoint=endpoint)
+    with pytest.raises(catalogue.InvalidParameter, match="is not an endpoint name"):
+        await _run(sshd, HttpAdmin.model_construct(endpoint=endpoint), actions)
+    with pytest.raises(catalogue.InvalidParameter, match="reset_job_count is not in the policy's http_admin list .allowed: force_election."):
+        await _run(sshd, HttpAdmin(endpoint="reset_job_count"), actions)
+    assert len(sshd.commands()) == before
 
 
 HOSTILE_UNITS = ["a.service; reboot", "$(reboot).service", "a.service\nreboot", "../../etc/passwd.service", "-H evil.service", "a b.service", "sshd"]

@@ -8,8 +8,8 @@ import pytest
 
 from gpumedic.sim import SimFleet, SimNode
 from gpumedic.sim.host import DOCKER_ROOT
-from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
-from gpumedic_incidents.policy import Actions, ActionPolicy
+from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, HttpAdmin, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
+from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy
 from remediator import catalogue
 from remediator.ssh import SshExecutor
 
@@ -153,3 +153,21 @@ async def test_preflight_look_names_a_lost_gpu_and_a_missing_driver(fleet):
         node.inject_nvml_missing()
         with pytest.raises(preflight.NoGpuState, match="nvidia-smi fails on the node"):
             await preflight.inspect(Node(session.run, 1.0, None, None), None, PreflightPolicy())
+
+
+async def test_a_forced_election_over_http_admin_gives_a_leaderless_cluster_its_leader(fleet):
+    node = fleet.node("sim-node-02")
+    node.admin_token = "p2p-admin"
+    fleet.set_leader(None)
+    actions = Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8080/admin/elect")}))
+    async with _executor(fleet).session(node.node_id) as session:
+        wrong = await catalogue.execute(HttpAdmin(endpoint="force_election"), session.run, actions=actions, admin_token="guess", verify_timeout_s=1)
+        assert (wrong.outcome, wrong.detail) == (ActionOutcome.FAILED, "force_election: the node's service did not take it (HTTP 401)")
+        assert all(n.leader is None for n in fleet.nodes.values())
+        right = await catalogue.execute(
+            HttpAdmin(endpoint="force_election"), session.run, actions=actions, admin_token="p2p-admin", verify_timeout_s=1
+        )
+    assert right.outcome is ActionOutcome.SUCCEEDED, right.detail
+    assert {n.leader for n in fleet.nodes.values()} == {"sim-node-02"} and node.admin_calls == ["/admin/elect"]
+    assert not any("p2p-admin" in c for c in node.ssh_commands)
+

@@ -57,6 +57,7 @@ class SimFleet:
         for node_id in node_ids_for(n_nodes):
             node = SimNode(node_id, gpus_per_node)
             node.fault_listeners.append(self.injected.append)
+            node.on_election = self.set_leader
             for gpu in range(gpus_per_node):
                 for _ in range(jobs_per_gpu):
                     node.start_job(gpu, started_ago_s=node.random_age_s(600, 6 * 3600))

@@ -4,7 +4,8 @@ exact commands and changes the simulated state the way a Linux shell would.
 Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
 `cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
-reboot`, `docker system df` and the prunes, and `df` on /var/lib/docker. Anything else answers
+reboot`, `docker system df` and the prunes, `df` on /var/lib/docker, and http_admin's curl POST
+to the node's own service (its token read from stdin, as curl's `-H @-` does). Anything else answers
 as a shell that lacks the command (exit 127) and changes nothing. Lines are split with shlex and
 matched; nothing is ever evaluated. Every line received is recorded, in order, in
 `node.ssh_commands`, so tests and the demo can show exactly what the remediator did.
@@ -23,6 +24,7 @@ import asyncssh
 from gpumedic.sim.host import DOCKER_KINDS, DOCKER_ROOT
 from gpumedic.sim.procs import cmdline_text, stat_line
 from gpumedic.sim.state import UNITS, NodeState
+from remediator.catalogue.admin import CURL
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ _DEVICE = re.compile(r"^/dev/nvidia([0-9]+)$")
 _GPU_STATE = "--query-gpu=index,utilization.gpu,memory.used,compute_mode"
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 """NVML's compute modes as nvidia-smi names them."""
+_CURL = shlex.split(CURL)
+_LOOPBACK_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?(?P<path>/[A-Za-z0-9._~/-]*)?$")
 _PRUNES = {"container": "Containers", "image": "Images", "builder": "Build Cache", "volume": "Local Volumes"}
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -47,8 +51,9 @@ class CommandResult:
 _NO_DRIVER = CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
 
 
-def interpret(node: NodeState, command: str) -> CommandResult:
-    """Run one command line against the node's state, as its shell would."""
+def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
+    """Run one command line against the node's state, as its shell would; `stdin` is what the
+    client sent on the command's standard input."""
     try:
         words = shlex.split(command)
     except ValueError:
@@ -89,6 +94,8 @@ def interpret(node: NodeState, command: str) -> CommandResult:
             return CommandResult(0, stdout=f"Total reclaimed space: {_size(freed)}\n")
         case ["df", "--block-size=1", "--output=used", path] if path in node.machine.disks:
             return CommandResult(0, stdout=f"Used\n{node.machine.disks[path][1]}\n")
+        case [*options, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
+            return _admin(node, loopback.group("path") or "/", stdin)
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
 
 
@@ -146,6 +153,15 @@ def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:
     if not pids:
         return CommandResult(1)
     return CommandResult(0, stdout="".join(f" {pid}" for pid in pids), stderr=f"{path}:")
+
+
+def _admin(node: NodeState, path: str, stdin: str) -> CommandResult:
+    """curl -f -w '%{http_code}': the status on stdout, and exit 22 with curl's words for 4xx/5xx."""
+    headers = dict(line.split(": ", 1) for line in stdin.splitlines() if ": " in line)
+    status = node.admin(path, headers.get("Authorization"))
+    if status >= 400:
+        return CommandResult(22, stdout=str(status), stderr=f"curl: (22) The requested URL returned error: {status}\n")
+    return CommandResult(0, stdout=str(status))
 
 
 def _size(size: int) -> str:
@@ -242,6 +258,11 @@ class SshEndpoint:
             process.exit(1)
             return
         self.node.ssh_commands.append(command)
+        if command.startswith("curl "):  # reads its headers from stdin first
+            task = asyncio.get_running_loop().create_task(self._run_with_stdin(process, command))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+            return
         stall = self.node.ssh_stalls.get(command.split(" ", 1)[0])
         if stall:
             task = asyncio.get_running_loop().create_task(self._run_late(process, command, stall))
@@ -258,8 +279,16 @@ class SshEndpoint:
         except Exception:  # the client went away; the command ran all the same (as sshd's child would)
             log.debug("%s: client gone before %r answered", self.node.node_id, command)
 
-    def _answer(self, process: asyncssh.SSHServerProcess, command: str) -> None:
-        result = interpret(self.node, command)
+    async def _run_with_stdin(self, process: asyncssh.SSHServerProcess, command: str) -> None:
+        try:
+            stdin = await asyncio.wait_for(process.stdin.read(), 5.0)
+            self._answer(process, command, stdin)
+        except Exception:  # the client went away or never closed stdin
+            log.debug("%s: no stdin for %r", self.node.node_id, command)
+            process.exit(2)
+
+    def _answer(self, process: asyncssh.SSHServerProcess, command: str, stdin: str = "") -> None:
+        result = interpret(self.node, command, stdin)
         log.debug("%s: %r -> exit %d", self.node.node_id, command, result.exit_status)
         if result.stdout:
             process.stdout.write(result.stdout)

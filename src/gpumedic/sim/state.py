@@ -81,6 +81,8 @@ class Benign(StrEnum):
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 """XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
 not the GPU's: one of these on a healthy GPU is no node fault."""
+ADMIN_PATHS = frozenset({"/admin/elect", "/admin/reset-jobs"})
+"""The admin endpoints a simulated node's service offers on its status port."""
 REMAP_XIDS = frozenset({48, 63, 94, 95})
 """Uncorrectable memory errors after which, on Ampere and later, a row remap waits for a GPU reset."""
 
@@ -240,6 +242,12 @@ class NodeState:
         """The node's /dev/kmsg (a FIFO the real kernel-log watcher reads); set once the node starts."""
         self.leader: str | None = None
         self.peers: list[str] = []
+        self.admin_token: str | None = None
+        """The bearer token its service's admin endpoints want (None: they want none)."""
+        self.admin_calls: list[str] = []
+        """Admin endpoints called and accepted, by path, in order."""
+        self.on_election: Callable[[str], None] | None = None
+        """What a forced election does: the fleet makes this node every peer's leader."""
         self.injected: list[InjectedFault] = []
         self.fault_listeners: list[Callable[[InjectedFault], None]] = []
         self.ssh_commands: list[str] = []
@@ -497,7 +505,20 @@ class NodeState:
                 self._exit_container(container, 137 if signal == "KILL" else 143)
             return True
 
-    # --- what systemd and nvidia-smi do on the node ----------------------------------------
+    # --- what systemd, nvidia-smi and the node's own service do -----------------------------
+
+    def admin(self, path: str, authorization: str | None) -> int:
+        """The node's service's admin API (POST): its HTTP status. /admin/elect forces an election
+        (this node wins), /admin/reset-jobs resets the job count."""
+        if self.admin_token is not None and authorization != f"Bearer {self.admin_token}":
+            return 401
+        if path not in ADMIN_PATHS:
+            return 404
+        with self._lock:
+            self.admin_calls.append(path)
+        if path == "/admin/elect" and self.on_election is not None:
+            self.on_election(self.node_id)
+        return 200
 
     def restart_unit(self, unit: str) -> bool:
         """`systemctl restart`; False for a unit the node does not have. Restarting the sampler's

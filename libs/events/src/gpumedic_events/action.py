@@ -128,6 +128,23 @@ class RebootNode(BaseModel):
         return "reboot the node"
 
 
+ENDPOINT_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+"""The name of an admin endpoint in the policy's closed list: never a URL, a path or a method."""
+
+
+class HttpAdmin(BaseModel):
+    """Call one admin endpoint of the node's own service (reset its job count, force an election),
+    by its name in the policy's closed list, with the bearer token of the remediator's secrets file."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["http_admin"] = "http_admin"
+    endpoint: str = Field(pattern=ENDPOINT_PATTERN, description="e.g. force_election; the policy gives its URL.")
+
+    def describe(self) -> str:
+        return f"call the node's {self.endpoint} endpoint"
+
+
 class DrainNode(BaseModel):
     """Take the node out of service: no new jobs. Nothing runs on the node; the remediator records
     the drain, calls the scheduler's hook where the policy names one, and publishes NodeDrained."""
@@ -153,13 +170,13 @@ class UndrainNode(BaseModel):
 
 
 Operation = Annotated[
-    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | DrainNode | UndrainNode,
+    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | DrainNode | UndrainNode,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
-    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "drain_node", "undrain_node"
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node", "undrain_node"
 )
 
 

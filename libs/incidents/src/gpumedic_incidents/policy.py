@@ -20,13 +20,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpumedic_events import UNIT_PATTERN, IncidentKind
+from gpumedic_events import ENDPOINT_PATTERN, UNIT_PATTERN, IncidentKind
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_BYTES = 1024 * 1024
 
 Action = Literal[
-    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "drain_node", "undrain_node"
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
+    "undrain_node",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -237,6 +238,44 @@ class RestartPolicy(ActionPolicy):
         return value
 
 
+class AdminEndpoint(_Strict):
+    url: str = Field(description="POSTed with curl on the node itself, e.g. http://127.0.0.1:8080/admin/elect.")
+    nodes: tuple[str, ...] = Field(
+        default=(), description="Where it may be called: node selectors (NODE, group:NAME, label:KEY=VALUE); empty: every node."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _loopback(cls, value: str) -> str:
+        if not HEALTH_URL.match(value):
+            raise ValueError(f"url {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _selectors(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            NodeSelector(text)
+        return value
+
+    def allowed_on(self, node_id: str, group: str | None, labels: Mapping[str, str] | None) -> bool:
+        return not self.nodes or selects(tuple(map(NodeSelector, self.nodes)), node_id, group, labels)
+
+
+class AdminPolicy(ActionPolicy):
+    endpoints: dict[str, AdminEndpoint] = Field(
+        default_factory=dict, description="The closed list: only these endpoints are ever called, by name."
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _names(cls, value: dict[str, AdminEndpoint]) -> dict[str, AdminEndpoint]:
+        for name in value:
+            if not re.match(ENDPOINT_PATTERN, name):
+                raise ValueError(f"{name[:100]!r} is not an endpoint name (lower-case letters, digits and _)")
+        return value
+
+
 class PrunePolicy(ActionPolicy):
     volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
 
@@ -279,6 +318,7 @@ class Actions(_Strict):
     gpu_reset: ActionPolicy = ActionPolicy()
     docker_prune: PrunePolicy = PrunePolicy()
     reboot_node: ActionPolicy = ActionPolicy(mode="observe")
+    http_admin: AdminPolicy = AdminPolicy()
     drain_node: DrainPolicy = DrainPolicy()
     undrain_node: UndrainPolicy = UndrainPolicy()
 

@@ -34,7 +34,7 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event, HttpAdmin
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
@@ -232,6 +232,15 @@ class ActionHandler:
             return 0, None
         return len(nodes), nodes.get(node_id)
 
+    def _admin_token(self, operation: object) -> str | None:
+        """The admin endpoints' token, read only for http_admin (a token file may be rotated)."""
+        if not isinstance(operation, HttpAdmin):
+            return None
+        try:
+            return self._settings.admin_token()
+        except ValueError as exc:
+            raise InvalidParameter(f"the admin token cannot be read: {exc}") from None
+
     async def _execute(self, request: ActionRequested, still_working: Callable[[], Awaitable[None]]) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.
 
@@ -241,13 +250,13 @@ class ActionHandler:
         audit: list[dict] = []
         t0 = time.monotonic()
 
-        async def run_on(run: Callable[[str], Awaitable[CommandResult]], command: str) -> CommandResult:
+        async def run_on(run: Callable[..., Awaitable[CommandResult]], command: str, **stdin: str) -> CommandResult:
             # Each command may take a while; keep JetStream from redelivering meanwhile.
             await still_working()
             steps.append(command)
             started = time.monotonic()
             try:
-                result = await run(command)
+                result = await run(command, **stdin)  # stdin (a token) is never recorded
             except Exception as exc:
                 audit.append(audit_entry(command, None, started - t0, time.monotonic() - started, error=f"{type(exc).__name__}: {exc}"))
                 raise
@@ -286,8 +295,9 @@ class ActionHandler:
             async with self._executor.session(request.node_id) as node:
                 result = await catalogue.execute(
                     request.operation,
-                    lambda command: run_on(node.run, command),
+                    lambda command, **stdin: run_on(node.run, command, **stdin),
                     actions=actions,
+                    admin_token=self._admin_token(request.operation),
                     verify_timeout_s=self._settings.verify_timeout_s,
                 )
                 result.audit = audit

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from gpumedic_events import ActionRequested, RestartUnit, operation_gpu
+from gpumedic_events import ActionRequested, HttpAdmin, RestartUnit, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, NodeSelector, selects
 from remediator.catalogue import InvalidParameter, render
@@ -167,6 +167,14 @@ def decide(
             return Decision(
                 Verdict.BLOCK,
                 f"{operation.unit} may be restarted only on {', '.join(rule.nodes)} (actions.restart_unit.units), "
+                f"not on node {node}",
+            )
+    if isinstance(operation, HttpAdmin):
+        endpoint = gate.actions.http_admin.endpoints.get(operation.endpoint)
+        if endpoint is not None and not endpoint.allowed_on(node, address and address.group, address and address.labels):
+            return Decision(
+                Verdict.BLOCK,
+                f"{operation.endpoint} may be called only on {', '.join(endpoint.nodes)} (actions.http_admin.endpoints), "
                 f"not on node {node}",
             )
     if ledger_view.executing_on_node:

@@ -99,12 +99,23 @@ class Settings(BaseSettings):
         description="A file holding the bearer token for the policy's drain hook (actions.drain_node.hook_url); "
         "read at start, never logged.",
     )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="A file holding the bearer token for the node services' admin endpoints (actions.http_admin); "
+        "read for each call, given to curl on stdin, never logged.",
+    )
     trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
 
-    @field_validator("hook_token_file", mode="before")
+    @field_validator("hook_token_file", "admin_token_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
+    def admin_token(self) -> str | None:
+        """The admin endpoints' bearer token, None without a token file; ValueError if the file is unusable."""
+        if self.admin_token_file is None:
+            return None
+        return read_token(self.admin_token_file, "GPUMEDIC_REMEDIATOR_ADMIN_TOKEN_FILE")
 
     def hook_token(self) -> str | None:
         """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
@@ -174,6 +185,7 @@ class Settings(BaseSettings):
                 raise SettingsError(f"key file {key} named in inventory {self.inventory} is not usable: {type(exc).__name__}") from None
         try:
             self.hook_token()
+            self.admin_token()
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         try:

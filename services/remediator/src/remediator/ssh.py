@@ -66,11 +66,12 @@ class NodeSession:
         self._conn = conn
         self._timeout_s = timeout_s
 
-    async def run(self, command: str) -> CommandResult:
-        """(exit_status, stdout, stderr) of one command; a non-zero status is a result, not an error."""
+    async def run(self, command: str, *, input: str | None = None) -> CommandResult:
+        """(exit_status, stdout, stderr) of one command; a non-zero status is a result, not an error.
+        `input` is its stdin (never logged, never recorded)."""
         try:
             result = await self._conn.run(
-                command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace"
+                command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace", input=input
             )
         except asyncssh.TimeoutError:
             raise CommandTimedOut(self.node_id, self.address, f"command timed out after {self._timeout_s:g}s") from None

@@ -17,9 +17,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gpumedic_events import DockerPrune, DrainNode, GpuReset, KillGpuProcesses, RebootNode, RestartUnit, UndrainNode
+from gpumedic_events import DockerPrune, DrainNode, GpuReset, HttpAdmin, KillGpuProcesses, RebootNode, RestartUnit, UndrainNode
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import docker, drain, gpu, kill, units
+from remediator.catalogue import admin, docker, drain, gpu, kill, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -39,6 +39,8 @@ def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, 
             return docker.render(operation, actions)
         case RebootNode():
             return units.render_reboot(operation)
+        case HttpAdmin():
+            return admin.render(operation, actions)
         case DrainNode():
             return drain.render_drain(operation, actions)
         case UndrainNode():
@@ -57,6 +59,7 @@ async def execute(
     run: Runner,
     *,
     actions: Actions = DEFAULT_ACTIONS,
+    admin_token: str | None = None,
     verify_timeout_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -75,6 +78,8 @@ async def execute(
             return await docker.execute(operation, node, actions)
         case RebootNode():
             return await units.reboot(operation, node)
+        case HttpAdmin():
+            return await admin.execute(operation, node, actions, admin_token)
     raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
 
 

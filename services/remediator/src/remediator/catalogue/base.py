@@ -23,8 +23,9 @@ class CommandResult(NamedTuple):
     stderr: str
 
 
-Runner = Callable[[str], Awaitable[CommandResult]]
-"""Runs one rendered command on the node the action is for."""
+Runner = Callable[..., Awaitable[CommandResult]]
+"""Runs one rendered command on the node the action is for: `run(command)`, or
+`run(command, input=text)` to give it text on stdin (a secret that must stay off the command line)."""
 
 
 @dataclass
@@ -48,9 +49,11 @@ class Node:
     clock: Callable[[], float]
     steps: list[str] = field(default_factory=list)
 
-    async def run(self, command: str) -> CommandResult:
+    async def run(self, command: str, *, input: str | None = None) -> CommandResult:
         self.steps.append(command)
-        return await self.run_command(command)
+        if input is None:
+            return await self.run_command(command)
+        return await self.run_command(command, input=input)
 
     async def poll(self, check: Callable[[], Awaitable[bool]], timeout_s: float | None = None) -> bool:
         """Call `check` every VERIFY_POLL_S until it is true or the time is up (at least once)."""
