@@ -133,18 +133,17 @@ def test_the_per_node_limit_blocks_at_the_maximum_not_before():
     )
 
 
-def test_drains_and_undrains_are_outside_the_per_node_limit_and_only_drains_count_for_the_breaker():
+def test_drains_and_undrains_are_outside_the_per_node_limit_and_the_breakers_count_but_not_its_hold():
     busy_node = LedgerView(actions_on_node=3)
-    for operation in (DrainNode(), UndrainNode()):
-        request = _request().model_copy(update={"operation": operation})
-        assert decide(request, gate=ENFORCE, ledger_view=busy_node, now=NOW).verdict is Verdict.ALLOW
     three_others = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    drain = _request("n4").model_copy(update={"operation": DrainNode()})
-    assert decide(drain, gate=ENFORCE, ledger_view=three_others, now=NOW).trip_breaker  # a fleet-wide drain is a fault
-    undrain = _request("n4").model_copy(update={"operation": UndrainNode()})
-    assert decide(undrain, gate=ENFORCE, ledger_view=three_others, now=NOW).verdict is Verdict.ALLOW
     tripped = LedgerView(breaker_open_since=NOW, breaker_reason="4 distinct nodes")
-    assert decide(undrain, gate=ENFORCE, ledger_view=tripped, now=NOW).verdict is Verdict.BLOCK  # an open breaker holds all
+    for operation in (DrainNode(), UndrainNode()):
+        request = _request("n4").model_copy(update={"operation": operation})
+        assert decide(request, gate=ENFORCE, ledger_view=busy_node, now=NOW).verdict is Verdict.ALLOW
+        assert decide(request, gate=ENFORCE, ledger_view=three_others, now=NOW).verdict is Verdict.ALLOW
+        assert decide(request, gate=ENFORCE, ledger_view=tripped, now=NOW).verdict is Verdict.BLOCK
+    kill = _request("n4")
+    assert decide(kill, gate=ENFORCE, ledger_view=three_others, now=NOW).trip_breaker
 
 
 def test_breaker_counts_this_node_and_trips_above_the_maximum():

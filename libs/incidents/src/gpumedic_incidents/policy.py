@@ -196,13 +196,12 @@ class KillPolicy(ActionPolicy):
     grace_s: float = Field(default=10.0, ge=0, le=300, description="SIGTERM, this long to exit, then SIGKILL.")
 
 
-class UnitRule(_Strict):
-    health_url: str | None = Field(
-        default=None, description="Checked with curl on the node after the restart, e.g. http://127.0.0.1:9400/healthz."
-    )
+class NodeScoped(_Strict):
+    """An allow-list entry that may be limited to some nodes."""
+
     nodes: tuple[str, ...] = Field(
         default=(),
-        description="Where the unit may be restarted: node selectors (NODE, group:NAME, label:KEY=VALUE); empty: every node.",
+        description="Where it may be used: node selectors (NODE, group:NAME, label:KEY=VALUE); empty: every node.",
     )
 
     @field_validator("nodes")
@@ -215,12 +214,22 @@ class UnitRule(_Strict):
     def allowed_on(self, node_id: str, group: str | None, labels: Mapping[str, str] | None) -> bool:
         return not self.nodes or selects(tuple(map(NodeSelector, self.nodes)), node_id, group, labels)
 
+
+def loopback_url(value: str, name: str) -> str:
+    if not HEALTH_URL.match(value):
+        raise ValueError(f"{name} {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
+    return value
+
+
+class UnitRule(NodeScoped):
+    health_url: str | None = Field(
+        default=None, description="Checked with curl on the node after the restart, e.g. http://127.0.0.1:9400/healthz."
+    )
+
     @field_validator("health_url")
     @classmethod
     def _loopback(cls, value: str | None) -> str | None:
-        if value is not None and not HEALTH_URL.match(value):
-            raise ValueError(f"health_url {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
-        return value
+        return value if value is None else loopback_url(value, "health_url")
 
 
 class RestartPolicy(ActionPolicy):
@@ -238,28 +247,13 @@ class RestartPolicy(ActionPolicy):
         return value
 
 
-class AdminEndpoint(_Strict):
+class AdminEndpoint(NodeScoped):
     url: str = Field(description="POSTed with curl on the node itself, e.g. http://127.0.0.1:8080/admin/elect.")
-    nodes: tuple[str, ...] = Field(
-        default=(), description="Where it may be called: node selectors (NODE, group:NAME, label:KEY=VALUE); empty: every node."
-    )
 
     @field_validator("url")
     @classmethod
     def _loopback(cls, value: str) -> str:
-        if not HEALTH_URL.match(value):
-            raise ValueError(f"url {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
-        return value
-
-    @field_validator("nodes")
-    @classmethod
-    def _selectors(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for text in value:
-            NodeSelector(text)
-        return value
-
-    def allowed_on(self, node_id: str, group: str | None, labels: Mapping[str, str] | None) -> bool:
-        return not self.nodes or selects(tuple(map(NodeSelector, self.nodes)), node_id, group, labels)
+        return loopback_url(value, "url")
 
 
 class AdminPolicy(ActionPolicy):

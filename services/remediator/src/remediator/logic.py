@@ -22,7 +22,7 @@ from typing import Literal
 
 from gpumedic_events import ActionRequested, HttpAdmin, RestartUnit, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
-from gpumedic_incidents.policy import Actions, NodeSelector, selects
+from gpumedic_incidents.policy import Actions, NodeScoped, NodeSelector, selects
 from remediator.catalogue import InvalidParameter, render
 from remediator.inventory import NodeAddress
 
@@ -30,7 +30,8 @@ Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
 NOT_FIXES = ("drain_node", "undrain_node")
-"""Operations that move jobs away from a node or back, not act on it: outside the per-node limit."""
+"""Operations that move jobs away from a node or back, not act on it: outside the per-node limit
+and the breaker's count."""
 
 
 class Verdict(StrEnum):
@@ -161,22 +162,10 @@ def decide(
     if gate.protects(node, address):
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
     operation = request.operation
-    if isinstance(operation, RestartUnit):
-        rule = gate.actions.restart_unit.units.get(operation.unit)
-        if rule is not None and not rule.allowed_on(node, address and address.group, address and address.labels):
-            return Decision(
-                Verdict.BLOCK,
-                f"{operation.unit} may be restarted only on {', '.join(rule.nodes)} (actions.restart_unit.units), "
-                f"not on node {node}",
-            )
-    if isinstance(operation, HttpAdmin):
-        endpoint = gate.actions.http_admin.endpoints.get(operation.endpoint)
-        if endpoint is not None and not endpoint.allowed_on(node, address and address.group, address and address.labels):
-            return Decision(
-                Verdict.BLOCK,
-                f"{operation.endpoint} may be called only on {', '.join(endpoint.nodes)} (actions.http_admin.endpoints), "
-                f"not on node {node}",
-            )
+    scoped = _scope(operation, gate.actions)
+    if scoped is not None and not scoped[0].allowed_on(node, address and address.group, address and address.labels):
+        rule, what, where = scoped
+        return Decision(Verdict.BLOCK, f"{what} only on {', '.join(rule.nodes)} ({where}), not on node {node}")
     if ledger_view.executing_on_node:
         return Decision(
             Verdict.BLOCK,
@@ -189,8 +178,9 @@ def decide(
             f"{ledger_view.actions_on_node} actions already ran on node {node} within {gate.node_window_s:g}s "
             f"(max {gate.max_actions_per_node}); a node that keeps needing fixes needs a person",
         )
-    # Giving a validated node back counts for no fleet-wide fault (an open breaker still holds it).
-    nodes = ledger_view.nodes_in_window | ({node} if name != "undrain_node" else set())
+    # Moving jobs away from a node or back harms no job: not counted (an open breaker still holds
+    # them, and a signal on much of the fleet never gets this far: it is one fleet incident).
+    nodes = ledger_view.nodes_in_window | ({node} if name not in NOT_FIXES else set())
     # Every node that acts is part of the fleet, whatever an out-of-date inventory says.
     fleet = max(ledger_view.fleet_size, len(nodes)) if ledger_view.fleet_size else 0
     limit, limit_why = breaker_limit(gate, fleet)
@@ -206,6 +196,15 @@ def decide(
         switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{name}.mode is observe"
         return Decision(Verdict.OBSERVE, f"observe mode for {name} ({switch}): decided and recorded, not run")
     return Decision(Verdict.ALLOW)
+
+
+def _scope(operation: object, actions: Actions) -> tuple[NodeScoped, str, str] | None:
+    """The allow-list entry that limits an operation to some nodes, what it allows and where it is."""
+    if isinstance(operation, RestartUnit) and (unit := actions.restart_unit.units.get(operation.unit)):
+        return unit, f"{operation.unit} may be restarted", "actions.restart_unit.units"
+    if isinstance(operation, HttpAdmin) and (endpoint := actions.http_admin.endpoints.get(operation.endpoint)):
+        return endpoint, f"{operation.endpoint} may be called", "actions.http_admin.endpoints"
+    return None
 
 
 def breaker_limit(gate: Gate, fleet_size: int) -> tuple[int, str]:

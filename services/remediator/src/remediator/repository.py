@@ -134,7 +134,7 @@ async def ledger_view(
                 ActionRecord.started_at >= since,
                 ActionRecord.status.not_in(NOT_COUNTED_FOR_BREAKER),
                 ActionRecord.action_id != this,
-                _operation_name != "undrain_node",  # giving capacity back is no sign of a fleet-wide fault
+                _operation_name.not_in(NOT_FIXES),  # moving jobs harms none: not what the breaker counts
             )
         )
     ).all()
