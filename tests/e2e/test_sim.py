@@ -48,9 +48,10 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
     assert kinds["xid"]["detected"] == 1 and kinds["xid"]["expect"] == ["gpu_lost"]
     assert kinds["job_finished"]["false_positives"] == kinds["short_dip"]["false_positives"] == 0
     assert score["totals"]["precision"] == 1.0 and score["totals"]["recall"] == 1.0, score["false_positives"]
-    assert "recall 100%" in out and "actions: 1 requested (1 succeeded)" in out  # the zombie, killed
+    # The zombie killed, and the node whose GPU fell off the bus drained.
+    assert "recall 100%" in out and "actions: 2 requested (2 succeeded)" in out
     # How each incident ended: the zombie fixed and verified; the rest, which no action fixes, escalated
-    # and paged to the simulated on-call webhook.
+    # (the lost GPU's node drained first) and paged to the simulated on-call webhook.
     outcomes = score["outcomes"]
     assert outcomes["zombie_job"]["fixed"] == 1
     assert outcomes["container_died"]["escalated"] == outcomes["container_died"]["paged"] == 1
