@@ -167,6 +167,10 @@ class Sampler:
             await self._sleep(max(0.0, start + tick * self.interval_s - self._clock()))
 
     def close(self) -> None:
+        """Give NVML back: the XID watcher's session too, since a second cancellation can cut short
+        the wait for it at the end of `run` (stopping it twice is harmless)."""
+        if self.xid_watcher is not None:
+            self.xid_watcher.stop()
         self.nvml.shutdown()
 
     # --- immediate events ---------------------------------------------------------------------
