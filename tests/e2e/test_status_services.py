@@ -27,7 +27,7 @@ async def _next(js, event_type, predicate, timeout_s=20.0):
 
 async def test_status_services_publish_what_they_see(nats_settings, js, fleet, sampling, apps):
     peers = [n.status_url for n in fleet.nodes.values()]
-    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.3, probe_timeout_s=0.5)))
+    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.3, connect_timeout_s=0.5, http_timeout_s=0.5)))
     await apps.start(autoscaler_app(AutoscalerSettings(nats=nats_settings, interval_s=0.3)))
 
     healthy = await _next(js, ClusterChecked, lambda e: e.peers_answering == 2)
@@ -36,6 +36,8 @@ async def test_status_services_publish_what_they_see(nats_settings, js, fleet, s
     fleet.node("sim-node-02").inject_status_blocked()
     degraded = await _next(js, ClusterChecked, lambda e: e.peers_answering == 1)
     assert degraded.peers_total == 2 and not degraded.healthy and "quorum lost" in degraded.summary
+    (blocked,) = degraded.problems  # the port accepts TCP, HTTP never answers: told apart from a dead daemon
+    assert blocked.state == "blocked" and blocked.url == fleet.node("sim-node-02").status_url
 
     capacity = await _next(js, CapacityEvaluated, lambda e: e.nodes_seen == 2)
     assert capacity.gpus_total == 2 and capacity.gpus_busy == 2 and capacity.decision == "scale_up"

@@ -7,13 +7,15 @@ from datetime import UTC, datetime, timedelta
 from autoscaler.logic import evaluate
 from gpumedic_events import GpuSample, NodeSampled
 from leader_health.logic import assess
-from leader_health.probe import PeerAnswer
+from leader_health.probe import PeerAnswer, PeerStatus
 
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
 
-def answer(leader: str | None, ok: bool = True) -> PeerAnswer:
-    return PeerAnswer("http://x/status", {"leader": leader} if ok else None, None if ok else "no answer within 3.0s")
+def answer(leader: str | None, ok: bool = True, node: str = "n1") -> PeerAnswer:
+    if not ok:
+        return PeerAnswer("http://x/status", "blocked", None, "no answer within 3s")
+    return PeerAnswer("http://x/status", "ok", PeerStatus(node_id=node, leader=leader, peers=("n1", "n2", "n3")))
 
 
 def test_a_quorum_naming_one_leader_is_healthy():
@@ -31,6 +33,14 @@ def test_split_votes_and_lost_quorum_are_unhealthy():
     lost = assess("c", [answer("n1"), answer(None, ok=False), answer(None, ok=False)])
     assert not lost.healthy and "quorum lost" in lost.summary
     assert not assess("c", []).healthy
+
+
+def test_a_leader_that_is_no_peer_is_unhealthy_and_every_unusable_peer_is_listed_with_why():
+    ghost = assess("c", [answer("n9"), answer("n9"), answer("n9")])
+    assert not ghost.healthy and "their leader n9 is not a peer" in ghost.summary
+    checked = assess("c", [answer("n1"), answer("n1"), answer(None, ok=False)])
+    assert checked.summary.endswith("; 1 blocked")
+    assert [(p.state, p.detail) for p in checked.problems] == [("blocked", "no answer within 3s")]
 
 
 def _node(node: str, utils: list[int], age_s: float = 0) -> NodeSampled:

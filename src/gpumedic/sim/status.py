@@ -1,4 +1,5 @@
-"""The simulated node's peer status endpoint: `GET /status` -> JSON, like a P2P job cluster's.
+"""The simulated node's peer status endpoint: `GET /status` -> JSON, like a P2P job cluster's,
+and `GET /health`.
 
 A tiny asyncio HTTP server, no framework: it answers one request per connection. The node's
 job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; `leader` and
@@ -66,6 +67,8 @@ class StatusEndpoint:
                 writer.write(_response(400, {"error": "bad request"}))
             elif request[0] != "GET":
                 writer.write(_response(405, {"error": "only GET"}))
+            elif request[1].split("?", 1)[0] == "/health":
+                writer.write(_response(200, {"healthy": True}))
             elif request[1].split("?", 1)[0] != "/status":
                 writer.write(_response(404, {"error": "not found"}))
             else:

@@ -56,7 +56,7 @@ from gpumedic_events.node import (
     NodeSampled,
     ProcessIdentity,
 )
-from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ServiceHeartbeat
+from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerProblem, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -127,6 +127,7 @@ __all__ = [
     "HttpAdmin",
     "NodeDrained",
     "NodeUndrained",
+    "PeerProblem",
     "UndrainNode",
     "GpuReset",
     "KillGpuProcesses",

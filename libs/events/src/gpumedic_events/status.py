@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, SubjectToken
 
@@ -36,6 +36,20 @@ class ServiceHeartbeat(Event):
     state: Literal["ready", "stopping"]
 
 
+class PeerProblem(BaseModel):
+    """A peer that did not give a usable status, and why (from leader-health's layered probe)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    url: str = Field(max_length=512, description="The status URL probed.")
+    state: Literal["unreachable", "down", "blocked", "unhealthy", "bad_answer"] = Field(
+        description="unreachable: no TCP answer (the host); down: connection refused (the daemon); blocked: TCP "
+        "accepted, HTTP silent (a blocked event loop); unhealthy: /health answered an error; bad_answer: /status "
+        "unusable (not JSON, fields missing, too large, a redirect)."
+    )
+    detail: str = Field(default="", max_length=300)
+
+
 class ClusterChecked(Event):
     """leader-health's periodic check of a peer cluster: one line of the cluster monitoring log."""
 
@@ -51,10 +65,17 @@ class ClusterChecked(Event):
                     "source": "leader-health",
                     "cluster": "selfplay",
                     "peers_total": 3,
-                    "peers_answering": 3,
+                    "peers_answering": 2,
                     "leader": "gpu-node-01",
                     "healthy": True,
-                    "summary": "3/3 peers answer; leader gpu-node-01",
+                    "summary": "2/3 peers answer; leader gpu-node-01; 1 blocked",
+                    "problems": [
+                        {
+                            "url": "http://10.0.0.9:8770/status",
+                            "state": "blocked",
+                            "detail": "/health: the port accepts TCP but HTTP does not answer within 3s (a blocked event loop)",
+                        }
+                    ],
                 }
             ]
         }
@@ -66,6 +87,9 @@ class ClusterChecked(Event):
     leader: str | None = Field(default=None, max_length=256, description="The leader most peers name, if any.")
     healthy: bool
     summary: str = Field(max_length=1000)
+    problems: tuple[PeerProblem, ...] = Field(
+        default=(), max_length=200, description="Peers without a usable status and why (the first 200)."
+    )
 
 
 class CapacityEvaluated(Event):

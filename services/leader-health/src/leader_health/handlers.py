@@ -7,7 +7,7 @@ import logging
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from leader_health.logic import assess
-from leader_health.probe import probe
+from leader_health.probe import probe_all
 from leader_health.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -16,11 +16,16 @@ log = logging.getLogger(__name__)
 def check_loop(runtime: ServiceRuntime, settings: Settings):
     async def check_cluster() -> None:
         while True:
-            answers = await asyncio.gather(*(probe(url, settings.probe_timeout_s) for url in settings.peers))
+            answers = await probe_all(
+                settings.peers,
+                connect_timeout_s=settings.connect_timeout_s,
+                http_timeout_s=settings.http_timeout_s,
+                concurrency=settings.probe_concurrency,
+            )
             for answer in answers:
-                if answer.error:
-                    log.info("peer %s: %s", answer.url, answer.error)
-            checked = assess(settings.cluster, list(answers))
+                if answer.state != "ok":
+                    log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)
+            checked = assess(settings.cluster, answers)
             try:
                 await publish_event(runtime.broker, checked)
             except Exception as exc:

@@ -4,27 +4,36 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpumedic_events import ClusterChecked
+from gpumedic_events import ClusterChecked, PeerProblem
 from leader_health.probe import PeerAnswer
 
 SOURCE = "leader-health"
+MAX_PROBLEMS = 200
 
 
 def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
-    """Healthy when a quorum of peers answers and a quorum of all peers names the same leader."""
+    """Healthy when a quorum of peers answers and a quorum of all peers names the same leader,
+    which must be one of the peers."""
     total = len(answers)
-    answering = [a for a in answers if a.status is not None]
+    answering = [a.status for a in answers if a.status is not None]
     quorum = total // 2 + 1
-    named = Counter(str(a.status["leader"]) for a in answering if a.status.get("leader"))
+    named = Counter(s.leader for s in answering if s.leader)
     leader, votes = named.most_common(1)[0] if named else (None, 0)
+    known = {s.node_id for s in answering} | {p for s in answering for p in s.peers}
     if total == 0:
         summary, healthy = "no peers configured", False
     elif len(answering) < quorum:
         summary, healthy = f"quorum lost: {len(answering)}/{total} peers answer", False
     elif leader is None or votes < quorum:
         summary, healthy = f"no leader with quorum: {len(answering)}/{total} answer, leaders named {dict(named)}", False
+    elif leader not in known:
+        summary, healthy = f"{len(answering)}/{total} peers answer; their leader {leader} is not a peer", False
     else:
         summary, healthy = f"{len(answering)}/{total} peers answer; leader {leader}", True
+    states = Counter(a.state for a in answers if a.status is None)
+    if states:
+        summary += "; " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    problems = tuple(PeerProblem(url=a.url[:512], state=a.state, detail=a.detail) for a in answers if a.status is None)
     return ClusterChecked(
         source=SOURCE,
         cluster=cluster,
@@ -33,4 +42,5 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         leader=leader[:256] if leader else None,
         healthy=healthy,
         summary=summary[:1000],
+        problems=problems[:MAX_PROBLEMS],
     )

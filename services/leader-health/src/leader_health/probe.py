@@ -1,52 +1,164 @@
-"""A minimal HTTP GET of a peer's JSON status, with a hard timeout.
+"""The layered probe of one peer: TCP, then `/health`, then `/status`, each with its own timeout.
 
-A node whose port accepts TCP but whose HTTP never answers is exactly what this must catch,
-so the whole exchange (connect, request, answer) shares one deadline.
+The layers tell apart what the runbook tells apart by hand: a dead host (no TCP answer at all:
+`unreachable`), a dead daemon on a live host (the connection is refused: `down`), and a daemon
+whose event loop is blocked (the port accepts TCP, HTTP never answers: `blocked`). A `/health`
+that answers with an error is `unhealthy`; a daemon without `/health` (404) is judged by
+`/status` alone. Whatever `/status` says must parse: invalid JSON, a document without the fields
+a peer status has, an answer over `MAX_ANSWER_BYTES` and a redirect (never followed) are each a
+`bad_answer` with the reason. Nothing a peer sends can raise out of `probe`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 MAX_ANSWER_BYTES = 1024 * 1024
+_HEAD_ROOM = 16 * 1024
+"""Room for the status line and headers above the body's limit."""
+PeerState = Literal["ok", "unreachable", "down", "blocked", "unhealthy", "bad_answer"]
+
+
+class PeerStatus(BaseModel):
+    """What a peer says about itself and the cluster (`GET /status`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    node_id: str = Field(min_length=1, max_length=253)
+    leader: str | None = Field(max_length=253, description="Required, null when the peer knows no leader.")
+    peers: tuple[str, ...] = Field(default=(), max_length=4096, description="The peers it sees alive.")
+    role: str | None = Field(default=None, max_length=32)
+    voters: int | None = Field(default=None, ge=0)
+    quorum: bool | None = None
+    uptime_s: float | None = Field(default=None, ge=0)
 
 
 @dataclass(frozen=True)
 class PeerAnswer:
     url: str
-    status: dict | None
-    error: str | None = None
+    state: PeerState
+    status: PeerStatus | None = None
+    detail: str = ""
+    took_ms: float = 0.0
 
 
-async def probe(url: str, timeout_s: float) -> PeerAnswer:
+class _Refused(Exception):
+    """A layer's verdict on the peer: its state and why."""
+
+    def __init__(self, state: PeerState, detail: str) -> None:
+        super().__init__(detail)
+        self.state = state
+        self.detail = detail
+
+
+async def probe(url: str, *, connect_timeout_s: float, http_timeout_s: float) -> PeerAnswer:
+    started = time.monotonic()
     try:
-        return PeerAnswer(url, await asyncio.wait_for(_get_json(url), timeout_s))
-    except TimeoutError:
-        return PeerAnswer(url, None, f"no answer within {timeout_s:.1f}s")
-    except (OSError, ValueError) as exc:
-        return PeerAnswer(url, None, f"{type(exc).__name__}: {exc}")
+        status = await _layers(url, connect_timeout_s, http_timeout_s)
+    except _Refused as verdict:
+        return PeerAnswer(url, verdict.state, None, verdict.detail[:300], _ms(started))
+    return PeerAnswer(url, "ok", status, "", _ms(started))
 
 
-async def _get_json(url: str) -> dict:
+async def probe_all(
+    urls: Sequence[str], *, connect_timeout_s: float, http_timeout_s: float, concurrency: int
+) -> list[PeerAnswer]:
+    """Every peer, at most `concurrency` at once, in the order given."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(url: str) -> PeerAnswer:
+        async with gate:
+            return await probe(url, connect_timeout_s=connect_timeout_s, http_timeout_s=http_timeout_s)
+
+    return list(await asyncio.gather(*(one(url) for url in urls)))
+
+
+async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float) -> PeerStatus:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"only http://host:port/path URLs are probed, not {url!r}")
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        raise _Refused("bad_answer", f"only http://host:port/path status URLs are probed, not {url[:100]!r}")
+    host, port = parts.hostname, parts.port or 80
+    await _connect(host, port, connect_timeout_s)
+    code, _, _ = await _get(host, port, parts.netloc, "/health", connect_timeout_s, http_timeout_s)
+    if code != 404 and not 200 <= code < 300:
+        raise _Refused("unhealthy", f"/health answered HTTP {code}")
+    code, location, body = await _get(host, port, parts.netloc, parts.path or "/", connect_timeout_s, http_timeout_s)
+    if 300 <= code < 400:
+        raise _Refused("bad_answer", f"/status redirects to {location[:100]!r}; redirects are not followed")
+    if code != 200:
+        raise _Refused("bad_answer", f"/status answered HTTP {code}")
     try:
-        path = parts.path or "/"
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\nAccept: application/json\r\n\r\n".encode())
+        document = json.loads(body)
+    except ValueError as exc:
+        raise _Refused("bad_answer", f"/status is not JSON ({exc.msg} at byte {exc.pos})") from None
+    if not isinstance(document, dict):
+        raise _Refused("bad_answer", f"/status is a JSON {type(document).__name__}, not an object")
+    try:
+        return PeerStatus.model_validate(document)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'status'}: {e['msg']}" for e in exc.errors(include_url=False)[:3])
+        raise _Refused("bad_answer", f"/status is not a peer status ({problems})") from None
+
+
+async def _connect(host: str, port: int, timeout_s: float) -> None:
+    _, writer = await _open(host, port, timeout_s)
+    writer.close()
+
+
+async def _open(host: str, port: int, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except ConnectionRefusedError:
+        raise _Refused("down", f"{host}:{port} refuses connections: the daemon is not listening") from None
+    except TimeoutError:
+        raise _Refused("unreachable", f"no TCP answer from {host}:{port} within {timeout_s:g}s: the host or its network is down") from None
+    except OSError as exc:
+        raise _Refused("unreachable", f"{host}:{port} unreachable ({exc.strerror or type(exc).__name__})") from None
+
+
+async def _get(host: str, port: int, netloc: str, path: str, connect_timeout_s: float, timeout_s: float) -> tuple[int, str, bytes]:
+    """(status code, Location, body) of one GET; a silent server is `blocked`."""
+    try:
+        return await asyncio.wait_for(_exchange(host, port, netloc, path, connect_timeout_s), timeout_s)
+    except TimeoutError:
+        raise _Refused(
+            "blocked", f"{path}: the port accepts TCP but HTTP does not answer within {timeout_s:g}s (a blocked event loop)"
+        ) from None
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        raise _Refused("bad_answer", f"{path}: the connection broke mid-answer ({type(exc).__name__})") from None
+
+
+async def _exchange(host: str, port: int, netloc: str, path: str, connect_timeout_s: float) -> tuple[int, str, bytes]:
+    reader, writer = await _open(host, port, connect_timeout_s)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\nAccept: application/json\r\n\r\n".encode())
         await writer.drain()
-        raw = await reader.read(MAX_ANSWER_BYTES + 1)
+        raw = b""
+        while len(raw) <= MAX_ANSWER_BYTES + _HEAD_ROOM:  # the answer ends at EOF (Connection: close)
+            chunk = await reader.read(64 * 1024)
+            if not chunk:
+                break
+            raw += chunk
     finally:
         writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
-    if " 200 " not in f"{status_line} ":
-        raise ValueError(f"HTTP status {status_line!r}")
-    value = json.loads(body)
-    if not isinstance(value, dict):
-        raise ValueError("the status answer is not a JSON object")
-    return value
+    if len(body) > MAX_ANSWER_BYTES:
+        raise _Refused("bad_answer", f"{path}: the answer is larger than {MAX_ANSWER_BYTES // 1024} KiB")
+    lines = head.decode("latin-1").split("\r\n")
+    words = lines[0].split()
+    if len(words) < 2 or not words[0].startswith("HTTP/") or not words[1].isdigit():
+        raise _Refused("bad_answer", f"{path}: not an HTTP answer ({lines[0][:60]!r})")
+    location = next((line.split(":", 1)[1].strip() for line in lines[1:] if line.lower().startswith("location:")), "")
+    return int(words[1]), location, body
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)

@@ -16,5 +16,9 @@ class Settings(BaseSettings):
     cluster: SubjectToken = Field(default="default", description="Name of the peer cluster watched.")
     peers: list[str] = Field(default_factory=list, description="Status URLs of the peers, e.g. http://10.0.0.7:8770/status (JSON list in the env).")
     interval_s: float = Field(default=30.0, gt=0, description="How often to check the cluster.")
-    probe_timeout_s: float = Field(default=3.0, gt=0, description="A peer silent this long counts as not answering.")
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="No TCP answer within this: the peer's host is unreachable.")
+    http_timeout_s: float = Field(
+        default=3.0, gt=0, description="TCP accepted but no HTTP answer within this: the peer's event loop is blocked."
+    )
+    probe_concurrency: int = Field(default=64, ge=1, le=1024, description="Peers probed at once.")
     trace_to_bus: bool = False
