@@ -197,6 +197,27 @@ def cmd_drained(args) -> int:
     return 0
 
 
+def cmd_cluster(args) -> int:
+    """The cluster monitoring log from the store (leader-health's checks, kept by report-builder)."""
+    from datetime import timedelta
+
+    from gpumedic.clusterlog import log_text
+    from gpumedic.sim.scenario import parse_time
+    from report_builder.clusterlog import Goal
+
+    if (args.goal_peers is None) != (args.goal_hours is None):
+        print("gpumedic: --goal-peers and --goal-hours go together", file=sys.stderr)
+        return 2
+    try:
+        since = timedelta(seconds=parse_time(args.since))
+    except ValueError as exc:
+        print(f"gpumedic: --since: {exc}", file=sys.stderr)
+        return 2
+    goal = Goal(args.goal_peers, args.goal_hours) if args.goal_peers is not None else None
+    print(asyncio.run(log_text(_store_url(args), cluster=args.cluster, since=since, goal=goal, rows=args.rows)))
+    return 0
+
+
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import silences
@@ -451,6 +472,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_actions)
+
+    p = sub.add_parser(
+        "cluster",
+        help="the peer cluster's monitoring log: every check over time, and its summary",
+        description="leader-health's checks as kept in the store, with what the runbook computed by hand: peak and "
+        "current peers, time with a leader, leader changes per hour, the longest stretch without a leader, the "
+        "quorum margin, and whether a goal of N peers for H hours holds.",
+    )
+    p.add_argument("what", choices=["log"], help="log: the checks and their summary")
+    p.add_argument("--cluster", help="only this cluster (default: every cluster checked)")
+    p.add_argument("--since", default="6h", help="how far back, e.g. 30m, 6h (default 6h)")
+    p.add_argument("--goal-peers", type=int, help="the goal: at least this many peers answering ...")
+    p.add_argument("--goal-hours", type=float, help="... for this many hours in a row")
+    p.add_argument("--rows", type=int, default=30, help="the last this many checks are listed (default 30)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser(
         "drained",

@@ -102,6 +102,7 @@ DURABLES: tuple[Durable, ...] = (
         )
     ),
     Durable("report-builder-spans", "report-builder", SpansExported),
+    Durable("report-builder-ClusterChecked", "report-builder", ClusterChecked),
 )
 
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {"zombie-detector": (SilenceAdded, SilenceRemoved)}

@@ -267,6 +267,23 @@ class GateLock(Base):
     decisions: Mapped[int] = mapped_column(Integer, default=0, comment="Gate decisions taken; bumped to take the lock.")
 
 
+class ClusterCheck(Base):
+    """One line of a peer cluster's monitoring log: leader-health's check, as published."""
+
+    __tablename__ = "cluster_checks"
+    __table_args__ = (Index("ix_cluster_checks_cluster_time", "cluster", "checked_at"),)
+
+    event_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(128))
+    checked_at: Mapped[datetime]
+    peers_total: Mapped[int] = mapped_column(Integer)
+    peers_answering: Mapped[int] = mapped_column(Integer)
+    leader: Mapped[str | None] = mapped_column(String(256))
+    healthy: Mapped[bool]
+    summary: Mapped[str] = mapped_column(Text)
+    problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, comment="Peers without a usable status, and why.")
+
+
 class SpanRow(Base):
     """One finished span, kept so the UI can draw an incident's trace without a trace backend."""
 

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery
-from gpumedic_events import IncidentEscalated, SilenceAdded, SilenceRemoved, SpansExported
+from gpumedic_events import ClusterChecked, IncidentEscalated, SilenceAdded, SilenceRemoved, SpansExported
 from gpumedic_telemetry import INCIDENT_ID, NODE_ID
 from report_builder import repository
 
@@ -54,6 +54,11 @@ class ReportHandlers:
     async def on_silence(self, event: SilenceAdded | SilenceRemoved, delivery: Delivery) -> None:
         async with self._sessions() as session:
             await repository.record_silence(session, event=event)
+            await session.commit()
+
+    async def on_cluster_checked(self, event: ClusterChecked, delivery: Delivery) -> None:
+        async with self._sessions() as session:
+            await repository.record_cluster_check(session, event=event)
             await session.commit()
 
     async def on_spans(self, event: SpansExported, delivery: Delivery) -> None:

@@ -40,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     for event_type in RECORDED:
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
     runtime.consume("report-builder-spans", handlers.on_spans)
+    runtime.consume("report-builder-ClusterChecked", handlers.on_cluster_checked)
     for event_type in (SilenceAdded, SilenceRemoved):
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_silence)
     if channels:

@@ -19,6 +19,7 @@ from typing import Any
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
+    ClusterChecked,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
@@ -27,7 +28,16 @@ from gpumedic_events import (
     SilenceRemoved,
     SpanRecord,
 )
-from gpumedic_store import INCIDENT_STATUSES, Incident, IncidentMark, Notification, Silence, SpanRow, TimelineEntry
+from gpumedic_store import (
+    INCIDENT_STATUSES,
+    ClusterCheck,
+    Incident,
+    IncidentMark,
+    Notification,
+    Silence,
+    SpanRow,
+    TimelineEntry,
+)
 from sqlalchemy import Insert, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -388,3 +398,35 @@ async def settle_notification(session: AsyncSession, *, row: Notification, statu
 async def notifications_of(session: AsyncSession, *, incident_id: str) -> list[Notification]:
     stmt = select(Notification).where(Notification.incident_id == incident_id).order_by(Notification.channel)
     return list((await session.scalars(stmt)).all())
+
+
+# --- the cluster monitoring log ---------------------------------------------------------------
+
+
+async def record_cluster_check(session: AsyncSession, *, event: ClusterChecked) -> bool:
+    """Keep one check (once, by its event id); False if it was already kept."""
+    stmt = _insert(session, ClusterCheck).values(
+        event_id=str(event.event_id),
+        cluster=event.cluster,
+        checked_at=event.occurred_at,
+        peers_total=event.peers_total,
+        peers_answering=event.peers_answering,
+        leader=event.leader,
+        healthy=event.healthy,
+        summary=event.summary,
+        problems=[p.model_dump(mode="json") for p in event.problems],
+    ).on_conflict_do_nothing(index_elements=["event_id"])
+    return (await session.execute(stmt)).rowcount == 1
+
+
+async def cluster_checks(session: AsyncSession, *, cluster: str | None, since: datetime) -> list[ClusterCheck]:
+    """The checks since `since`, oldest first (one cluster's, or every cluster's)."""
+    stmt = select(ClusterCheck).where(ClusterCheck.checked_at >= since).order_by(ClusterCheck.checked_at)
+    if cluster is not None:
+        stmt = stmt.where(ClusterCheck.cluster == cluster)
+    return list((await session.scalars(stmt)).all())
+
+
+async def clusters(session: AsyncSession) -> list[str]:
+    return list((await session.scalars(select(ClusterCheck.cluster).distinct().order_by(ClusterCheck.cluster))).all())
+

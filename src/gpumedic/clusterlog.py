@@ -1,0 +1,62 @@
+"""What `gpumedic cluster log` prints: a peer cluster's checks over time, and the summary the
+runbook used to compute by hand (report_builder.clusterlog)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gpumedic.incidents import fmt_time
+from gpumedic_store import create_engine, session_factory
+from report_builder import repository
+from report_builder.clusterlog import ClusterSummary, Goal, summarize
+
+
+def _hours(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{seconds / 60:.1f}min" if seconds >= 60 else f"{seconds:.0f}s"
+
+
+def summary_text(cluster: str, s: ClusterSummary) -> list[str]:
+    share = s.with_leader / s.span if s.span else 0.0
+    lines = [
+        f"cluster {cluster}: {s.checks} checks over {_hours(s.span)} ({fmt_time(s.first)} .. {fmt_time(s.last)})",
+        f"  peers now {s.peers_now}/{s.peers_total_now}, peak {s.peers_peak}",
+        f"  with a leader {_hours(s.with_leader)} ({share:.0%}); leader changes {s.leader_changes} "
+        f"({s.changes_per_hour:.1f}/h); longest without a leader {_hours(s.longest_leaderless)}",
+        f"  quorum margin now {s.quorum_margin_now:+d}, lowest {s.quorum_margin_min:+d}",
+    ]
+    if s.goal is not None:
+        goal = f"  goal {s.goal.peers} peers for {s.goal.hours:g}h: "
+        if s.goal_met:
+            goal += f"holds ({_hours(s.goal_held_for)} so far)"
+        elif s.goal_held_for is None:
+            goal += f"not met: {s.peers_now} peers answer now"
+        else:
+            goal += f"not yet: {_hours(s.goal_held_for)} of {s.goal.hours:g}h"
+        lines.append(goal)
+    return lines
+
+
+async def log_text(
+    store_url: str, *, cluster: str | None, since: timedelta, goal: Goal | None = None, rows: int = 30
+) -> str:
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            names = [cluster] if cluster else await repository.clusters(session)
+            checks = {name: await repository.cluster_checks(session, cluster=name, since=datetime.now(UTC) - since) for name in names}
+    finally:
+        await engine.dispose()
+    out = []
+    for name in names:
+        summary = summarize(checks[name], goal)
+        if summary is None:
+            out.append(f"cluster {name}: no checks in the last {_hours(since)}")
+            continue
+        out += summary_text(name, summary)
+        out.append(f"  {'CHECKED':<24} {'PEERS':>7} {'LEADER':<20} SUMMARY")
+        for check in checks[name][-rows:]:
+            peers = f"{check.peers_answering}/{check.peers_total}"
+            out.append(f"  {fmt_time(check.checked_at):<24} {peers:>7} {(check.leader or '-')[:20]:<20} {' '.join(check.summary.split())[:110]}")
+        out.append("")
+    return "\n".join(out).rstrip() if out else "no cluster checks recorded (is leader-health running, with GPUMEDIC_LEADER_PEERS?)"
