@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from autoscaler.main import create_app as autoscaler_app
 from autoscaler.settings import Settings as AutoscalerSettings
-from gpumedic_events import CapacityEvaluated, ClusterChecked
+import uuid
+
+from gpumedic_events import CapacityEvaluated, ClusterChecked, NodeDrained, NodeUndrained
 from leader_health.main import create_app as leader_app
 from leader_health.settings import Settings as LeaderSettings
 
@@ -41,3 +43,21 @@ async def test_status_services_publish_what_they_see(nats_settings, js, fleet, s
 
     capacity = await _next(js, CapacityEvaluated, lambda e: e.nodes_seen == 2)
     assert capacity.gpus_total == 2 and capacity.gpus_busy == 2 and capacity.decision == "scale_up"
+
+
+async def test_the_autoscaler_counts_no_drained_node_as_capacity_and_learns_drains_made_before_it_started(
+    nats_settings, js, fleet, sampling, apps
+):
+    def fact(kind, node):
+        return kind(source="remediator", node_id=node, incident_id=uuid.uuid4(), action_id=uuid.uuid4(), reason="gpu_xid")
+
+    for event in (fact(NodeDrained, "sim-node-01"), fact(NodeDrained, "sim-node-02"), fact(NodeUndrained, "sim-node-02")):
+        await js.publish(event.subject, event.to_json())  # as the remediator did, before the autoscaler ran
+    await apps.start(autoscaler_app(AutoscalerSettings(nats=nats_settings, interval_s=0.3)))
+    before = await _next(js, CapacityEvaluated, lambda e: e.nodes_seen == 2)
+    assert (before.nodes_drained, before.gpus_total) == (1, 1) and "1 drained node(s) not counted" in before.reason
+    undrained = fact(NodeUndrained, "sim-node-01")
+    await js.publish(undrained.subject, undrained.to_json())
+    after = await _next(js, CapacityEvaluated, lambda e: e.nodes_drained == 0 and e.nodes_seen == 2)
+    assert after.gpus_total == 2
+

@@ -55,3 +55,14 @@ def test_capacity_decisions_follow_the_busy_share_of_fresh_samples():
     held = evaluate({"a": _node("a", [95, 0]), "b": _node("b", [99, 99], age_s=300)}, NOW, **kw)
     assert (held.decision, held.nodes_seen, held.gpus_total, held.gpus_busy) == ("hold", 1, 2, 1)
     assert evaluate({}, NOW, **kw).reason == "no recent samples"
+
+
+def test_a_drained_node_is_no_capacity():
+    kw = {"busy_util_pct": 20, "up_above": 0.9, "down_below": 0.3, "stale_after_s": 60}
+    latest = {"a": _node("a", [95, 99]), "b": _node("b", [0, 0])}
+    assert evaluate(latest, NOW, **kw).decision == "hold"  # 2 of 4 busy
+    drained = evaluate(latest, NOW, drained=frozenset({"b"}), **kw)  # its idle GPUs take no jobs
+    assert (drained.decision, drained.nodes_seen, drained.nodes_drained, drained.gpus_total) == ("scale_up", 2, 1, 2)
+    assert drained.reason.endswith("; 1 drained node(s) not counted")
+    every = evaluate(latest, NOW, drained=frozenset({"a", "b"}), **kw)
+    assert (every.decision, every.gpus_total) == ("hold", 0) and "every node that sampled is drained" in every.reason

@@ -105,7 +105,10 @@ DURABLES: tuple[Durable, ...] = (
     Durable("report-builder-ClusterChecked", "report-builder", ClusterChecked),
 )
 
-REPLAYS: Mapping[str, tuple[type[Event], ...]] = {"zombie-detector": (SilenceAdded, SilenceRemoved)}
+REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
+    "zombie-detector": (SilenceAdded, SilenceRemoved),
+    "autoscaler": (NodeDrained, NodeUndrained),
+}
 """Streams a service reads from the start whenever it starts (an ephemeral ordered consumer):
 the few facts that make its state, such as the silences in force."""
 

@@ -115,6 +115,9 @@ class CapacityEvaluated(Event):
     )
 
     nodes_seen: int = Field(ge=0, description="Nodes that sampled within the window.")
+    nodes_drained: int = Field(
+        default=0, ge=0, description="Of those, drained nodes (NodeDrained): their GPUs are no capacity and are not counted."
+    )
     gpus_total: int = Field(ge=0)
     gpus_busy: int = Field(ge=0, description="GPUs above the busy threshold.")
     decision: Literal["hold", "scale_up", "scale_down"]

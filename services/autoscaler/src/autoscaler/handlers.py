@@ -1,4 +1,5 @@
-"""autoscaler's adapters: remember each node's latest sample; evaluate and publish periodically."""
+"""autoscaler's adapters: remember each node's latest sample and which nodes are drained (replayed
+from the node events at start, then followed); evaluate and publish periodically."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 from datetime import UTC, datetime
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_events import NodeSampled
+from gpumedic_events import NodeDrained, NodeSampled, NodeUndrained
 from autoscaler.logic import evaluate
 from autoscaler.settings import Settings
 
@@ -19,9 +20,16 @@ class CapacityHandlers:
         self._runtime = runtime
         self._settings = settings
         self.latest: dict[str, NodeSampled] = {}
+        self.drained: set[str] = set()
 
     async def on_sample(self, sample: NodeSampled) -> None:
         self.latest[sample.node_id] = sample
+
+    async def on_drain(self, event: NodeDrained | NodeUndrained) -> None:
+        if isinstance(event, NodeDrained):
+            self.drained.add(event.node_id)
+        else:
+            self.drained.discard(event.node_id)
 
     async def evaluate_loop(self) -> None:
         s = self._settings
@@ -30,6 +38,7 @@ class CapacityHandlers:
             evaluated = evaluate(
                 self.latest, datetime.now(UTC), busy_util_pct=s.busy_util_pct,
                 up_above=s.scale_up_above, down_below=s.scale_down_below, stale_after_s=s.stale_after_s,
+                drained=frozenset(self.drained),
             )
             try:
                 await publish_event(self._runtime.broker, evaluated)

@@ -10,6 +10,7 @@ from faststream import FastStream
 from autoscaler.handlers import CapacityHandlers
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.topology import REPLAYS
 
 SERVICE = "autoscaler"
 
@@ -18,6 +19,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     handlers = CapacityHandlers(runtime, settings)
+    runtime.replay(REPLAYS[SERVICE], handlers.on_drain)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample)
     runtime.background(handlers.evaluate_loop)
     return runtime.app()
