@@ -9,11 +9,11 @@ The rules are listed in `zombie_detector.rules`; the thresholds and ladders come
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import ActionCompleted, Event, NodeSampled, SilenceAdded, SilenceRemoved
-from gpumedic_incidents import Finding, IncidentBook, IncidentState, Policy, Transition
+from gpumedic_events import ActionCompleted, Event, NodeSampled
+from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
 
 SOURCE = "zombie-detector"
@@ -32,9 +32,6 @@ class NodeIncidents:
     def inputs(self) -> set[type[Event]]:
         return set(self._routes)
 
-    def adopt(self, states: Iterable[IncidentState]) -> None:
-        self.book.adopt(states)
-
     def on_event(self, event: Event, now: datetime) -> list[Transition]:
         if isinstance(event, NodeSampled):
             self.book.saw_node(event.node_id, now)
@@ -46,9 +43,6 @@ class NodeIncidents:
     def on_tick(self, now: datetime) -> list[Transition]:
         findings = [f for rule in self.rules for f in rule.tick(now, self.book)]
         return self._decide(findings, now) + self.book.on_tick(now)
-
-    def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
-        self.book.on_silence(event)
 
     def _decide(self, findings: list[Finding], now: datetime) -> list[Transition]:
         return [t for finding in findings for t in self.book.on_finding(finding, now)]

@@ -1,0 +1,170 @@
+"""A detector between the bus and its incident logic: decide, persist, publish, commit.
+
+Every detector (zombie-detector over node facts, leader-health over its peer cluster) runs its
+findings through the shared lifecycle (`book`, `lifecycle`) and applies the resulting
+transitions here. Spans are named for the incident's business steps (`Span`): `detect` starts
+the incident's trace, `decide` requests an action, `verify` follows the findings to resolution or
+escalation, `update` records repeats and links. The trace context rides the NATS headers to the
+remediator and back. Every transition is persisted first (the remediator's gate checks requests
+against it), then its events are published, then it is swapped into the book: a publish that
+fails leaves the book as it was, and the next finding decides again. Deciding and applying run
+under one lock: two inputs about one fault (a lost GPU's event and the sample that shows it)
+arriving together must not both find no incident and open two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Tracer
+
+from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
+from gpumedic_bus.tracing import traceparent_of
+from gpumedic_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    IncidentEscalated,
+    IncidentOpened,
+    IncidentResolved,
+    SilenceAdded,
+    SilenceRemoved,
+)
+from gpumedic_incidents.book import IncidentBook
+from gpumedic_incidents.lifecycle import Transition
+from gpumedic_incidents.state import IncidentState
+from gpumedic_incidents.store import IncidentStates
+from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
+
+log = logging.getLogger(__name__)
+
+TICK_EVERY_S = 1.0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class IncidentLogic(Protocol):
+    """What a detector's logic offers besides its own inputs."""
+
+    book: IncidentBook
+
+    def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]: ...
+
+    def on_tick(self, now: datetime) -> list[Transition]: ...
+
+
+class Detector:
+    """One detector's incidents on the bus; `decide` is how its own inputs reach its logic."""
+
+    def __init__(self, runtime: ServiceRuntime, logic: IncidentLogic, source: str) -> None:
+        self._runtime = runtime
+        self.logic = logic
+        self.source = source
+        self._tracer: Tracer = runtime.tracer
+        self.states: IncidentStates | None = None
+        self._deciding = asyncio.Lock()
+
+    async def restore(self, states: IncidentStates) -> None:
+        """Take back the open incidents of an earlier run before consuming anything."""
+        self.states = states
+        self.logic.book.adopt(await states.load_all(detector=self.source))
+        if self.logic.book.incidents:
+            log.info("%s resumed %d open incident(s)", self.source, len(self.logic.book.incidents))
+
+    async def decide(self, decision: Callable[[datetime], list[Transition]]) -> None:
+        """Run `decision` (the logic's answer to one input, at the current time) and apply it."""
+        async with self._deciding:
+            await self._apply(decision(_now()))
+
+    async def on_action_completed(self, event: ActionCompleted, delivery: Delivery) -> None:
+        await self.decide(lambda now: self.logic.on_action_completed(event, now, traceparent_of(delivery.headers)))
+
+    async def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
+        self.logic.book.on_silence(event)
+        if isinstance(event, SilenceAdded):
+            log.info("silence %s until %s: %s", event.silence_id, event.ends_at.isoformat(timespec="seconds"), event.reason)
+
+    async def tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_EVERY_S)
+            try:
+                await self.decide(self.logic.on_tick)
+            except Exception:  # the bus may be reconnecting; the next tick tries again
+                log.exception("applying due deadlines failed; retrying next tick")
+
+    async def _apply(self, transitions: list[Transition]) -> None:
+        for transition in transitions:
+            await self._apply_one(transition)
+
+    async def _apply_one(self, t: Transition) -> None:
+        state = t.after
+        persisted = False
+        with contextlib.ExitStack() as spans:
+            for i, span in enumerate(t.spans):
+                incident = state or t.state
+                if span.name == "detect":
+                    parent: Context | None = Context()  # a new trace per incident, whatever consumed the event
+                elif i == 0:
+                    parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {})
+                else:
+                    parent = None  # nested in the step before
+                attributes = _attrs(incident)
+                if span.name == "decide" and incident.pending_action is not None:
+                    attributes |= {ACTION_ID: str(incident.pending_action.action_id), "gpumedic.attempt": incident.attempt}
+                spans.enter_context(self._tracer.start_as_current_span(span.name, context=parent, attributes=attributes))
+                if span.name == "detect" and state is not None:
+                    state = state.model_copy(update={"traceparent": inject_trace({}).get("traceparent")})
+                if not persisted:
+                    await self._persist(t.before, state)
+                    persisted = True
+                for event in span.events:
+                    await self._publish(event, incident)
+            if not persisted:
+                await self._persist(t.before, state)
+        self.logic.book.commit(dataclasses.replace(t, after=state))
+
+    async def _persist(self, before: IncidentState | None, after: IncidentState | None) -> None:
+        states = self._require_states()
+        if after is not None:
+            await states.save(after)
+        elif before is not None:
+            await states.delete(before)
+
+    async def _publish(self, event: Event, incident: IncidentState) -> None:
+        if isinstance(event, ActionRequested):
+            # Inside `decide`: the remediator's `act` becomes its child. The action id is the
+            # de-duplication id, so a retried publish is stored once.
+            await publish_event(self._runtime.broker, event, msg_id=str(event.action_id))
+            return
+        await publish_event(self._runtime.broker, event)
+        if isinstance(event, IncidentOpened):
+            log.warning("incident %s opened: %s on %s: %s", event.incident_id, event.kind.value, _where(incident), event.summary)
+        elif isinstance(event, IncidentResolved):
+            log.info("incident %s on %s resolved (%s)", event.incident_id, incident.fingerprint, event.resolution)
+        elif isinstance(event, IncidentEscalated):
+            log.warning("incident %s on %s escalated: %s", event.incident_id, incident.fingerprint, event.reason)
+
+    def _require_states(self) -> IncidentStates:
+        if self.states is None:
+            raise RuntimeError("the incident state bucket is not open yet")
+        return self.states
+
+
+def _attrs(incident: IncidentState) -> dict[str, str | int]:
+    attrs: dict[str, str | int] = {INCIDENT_ID: str(incident.incident_id), NODE_ID: incident.node_id, "gpumedic.kind": incident.kind.value}
+    if incident.gpu_index is not None:
+        attrs["gpumedic.gpu_index"] = incident.gpu_index
+    return attrs
+
+
+def _where(incident: IncidentState) -> str:
+    return incident.node_id if incident.gpu_index is None else f"{incident.node_id} GPU {incident.gpu_index}"
