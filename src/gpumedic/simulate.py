@@ -25,6 +25,7 @@ from gpumedic.sim.fleet import SimFleet
 from gpumedic.sim.pager import Pager
 from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Observed, render, score
+from gpumedic.sim.state import PEER_UNIT, SAMPLER_UNIT
 from gpumedic.stack import Stack
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
@@ -37,7 +38,20 @@ from gpumedic_events import (
     IncidentUpdated,
 )
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
+from gpumedic_incidents.policy import (
+    Actions,
+    AdminEndpoint,
+    AdminPolicy,
+    FleetPolicy,
+    Kinds,
+    NoLeaderPolicy,
+    PeerPolicy,
+    RestartPolicy,
+    Step,
+    UnitRule,
+    ZombiePolicy,
+    dump_policy,
+)
 
 
 OBSERVED: tuple[type[Event], ...] = (
@@ -55,16 +69,24 @@ NOTIFY_WAIT_S = 2.0
 
 
 def sim_policy(interval_s: float) -> Policy:
-    """The shipped policy with a run's seconds instead of the runbooks' minutes: a zombie after
-    six sample intervals idle, so a short dip of a few intervals is not one."""
+    """The shipped policy with a run's seconds instead of the runbooks' minutes (a zombie after
+    six sample intervals idle, so a short dip of a few intervals is not one), and what an operator
+    of the simulated peer cluster would add: its daemon's unit and its election endpoint."""
     return Policy(
         fleet=FleetPolicy(hold_s=2 * interval_s),
+        actions=Actions(
+            restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
+            http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8770/admin/elect")}),
+        ),
         kinds=Kinds(
             zombie_job=ZombiePolicy(
                 idle_for_s=6 * interval_s,
                 action_timeout_s=60,
                 ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
-            )
+            ),
+            no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
+            peer_blocked=PeerPolicy(after_checks=3, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
+            peer_down=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
         ),
     )
 

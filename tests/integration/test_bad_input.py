@@ -13,6 +13,8 @@ import pytest
 
 from autoscaler.main import create_app as autoscaler_app
 from autoscaler.settings import Settings as AutoscalerSettings
+from leader_health.main import create_app as leader_app
+from leader_health.settings import Settings as LeaderSettings
 from gpumedic.proto import CONSUMERS
 from gpumedic_bus.streams import DEAD_LETTERS
 from gpumedic_bus.topology import REQUESTS
@@ -32,6 +34,8 @@ def _factory(service, nats, tmp_path):
         return detector_app(DetectorSettings(nats=nats))
     if service == "autoscaler":
         return autoscaler_app(AutoscalerSettings(nats=nats))
+    if service == "leader-health":
+        return leader_app(LeaderSettings(nats=nats))
     if service == "report-builder":
         return reports_app(ReportSettings(nats=nats, store=store))
     files = {"inventory": tmp_path / "inventory.yaml", "known_hosts": tmp_path / "known_hosts", "client_key": tmp_path / "key"}

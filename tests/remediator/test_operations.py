@@ -183,6 +183,9 @@ async def test_http_admin_posts_to_the_named_loopback_endpoint_with_its_token_on
         assert call.path == "/admin/elect" and call.headers["Authorization"] == "Bearer adm1n-t0ken" and call.body == {}
         # The token crossed SSH on stdin: it is in no command line the node or the ledger saw.
         assert not any("adm1n-t0ken" in line for line in [*sshd.commands(), *result.steps])
+        # Without a token curl still gets the end of its stdin at once (not a wait for a timeout).
+        untokened = await _run(sshd, HttpAdmin(endpoint="force_election"), actions)
+        assert untokened.outcome is ActionOutcome.SUCCEEDED and "Authorization" not in service.received[-1].headers
         service.answers = [403]
         refused = await _run(sshd, HttpAdmin(endpoint="force_election"), actions, admin_token="wrong")
         assert (refused.outcome, refused.detail) == (ActionOutcome.FAILED, "force_election: the node's service did not take it (HTTP 403)")

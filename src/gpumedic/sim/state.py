@@ -35,7 +35,9 @@ OUTPUT_BYTES_PER_S = 256 * 1024
 """How fast a producing job's output grows (games, checkpoints)."""
 BOOTED_AGO_S = 3 * 86_400
 SAMPLER_UNIT = "gpumedic-node-sampler.service"
-UNITS = frozenset({SAMPLER_UNIT, "docker.service", "ssh.service"})
+PEER_UNIT = "selfplay-p2p.service"
+"""The peer daemon that serves the node's /status: restarting it unblocks a blocked event loop."""
+UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, "docker.service", "ssh.service"})
 """The systemd services a simulated node has."""
 
 
@@ -101,7 +103,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.SSH_HANGS: frozenset({"ssh_unreachable"}),
         Fault.SAMPLER_SILENT: frozenset({"node_silent"}),
         Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
-        Fault.STATUS_BLOCKED: frozenset(),
+        Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
         **{b: frozenset() for b in Benign},
     }
 )
@@ -529,6 +531,8 @@ class NodeState:
             self.unit_restarts[unit] = self.unit_restarts.get(unit, 0) + 1
             if unit == SAMPLER_UNIT:
                 self.sampler_silent = False
+            if unit == PEER_UNIT:
+                self.status_blocked = False
         return True
 
     def reboot(self) -> None:

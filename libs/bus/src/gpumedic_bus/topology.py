@@ -79,6 +79,9 @@ class Durable:
         return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
 
 
+DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health")
+"""The services that open incidents and ask the remediator to act on them."""
+
 NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked)
 """The node events the node-incident detector reads besides samples and action results."""
 
@@ -86,6 +89,7 @@ DURABLES: tuple[Durable, ...] = (
     Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
     Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
     *(Durable(f"zombie-detector-{event.__name__}", "zombie-detector", event) for event in NODE_INCIDENT_INPUTS),
+    Durable("leader-health-actions", "leader-health", ActionCompleted),
     Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
     Durable("remediator-actions", "remediator", ActionRequested),
     *(
@@ -107,6 +111,7 @@ DURABLES: tuple[Durable, ...] = (
 
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
+    "leader-health": (SilenceAdded, SilenceRemoved),
     "autoscaler": (NodeDrained, NodeUndrained),
 }
 """Streams a service reads from the start whenever it starts (an ephemeral ordered consumer):
@@ -123,11 +128,11 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     NodeSshChecked: ("remediator",),
     NodeDrained: ("remediator",),
     NodeUndrained: ("remediator",),
-    IncidentOpened: ("zombie-detector",),
-    IncidentUpdated: ("zombie-detector",),
-    IncidentResolved: ("zombie-detector",),
-    IncidentEscalated: ("zombie-detector",),
-    ActionRequested: ("zombie-detector",),
+    IncidentOpened: DETECTORS,
+    IncidentUpdated: DETECTORS,
+    IncidentResolved: DETECTORS,
+    IncidentEscalated: DETECTORS,
+    ActionRequested: DETECTORS,
     ActionCompleted: ("remediator",),
     ServiceHeartbeat: SERVICES,
     ClusterChecked: ("leader-health",),
@@ -142,6 +147,7 @@ or `proto` fails."""
 
 KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
     "zombie-detector": {INCIDENT_STATE.bucket: "write"},
+    "leader-health": {INCIDENT_STATE.bucket: "write"},
     "remediator": {INCIDENT_STATE.bucket: "read"},
 }
 """Which service may read or write which key-value bucket. Detectors own the incident state;

@@ -36,6 +36,20 @@ class IncidentKind(StrEnum):
     """The remediator cannot log in to the node (refused, timeout, auth, host key changed)."""
     FLEET_ANOMALY = "fleet_anomaly"
     """One kind fired on much of the fleet at once: one incident, no node actions."""
+    NO_LEADER = "no_leader"
+    """A peer cluster keeps its quorum but no leader has one (leader-health)."""
+    QUORUM_LOST = "quorum_lost"
+    """Fewer than a majority of a peer cluster's peers answer."""
+    SPLIT_BRAIN = "split_brain"
+    """Answering peers name different leaders."""
+    LEADER_FLAPPING = "leader_flapping"
+    """The cluster's leader changes too often within a window."""
+    PEER_BLOCKED = "peer_blocked"
+    """A peer's port accepts TCP but its HTTP never answers (a blocked event loop)."""
+    PEER_DOWN = "peer_down"
+    """A peer refuses connections (its daemon is not running) or its host does not answer."""
+    PEERS_BELOW_TARGET = "peers_below_target"
+    """Fewer peers answer than the cluster's target, for a while."""
 
 
 class IncidentEvent(Event):

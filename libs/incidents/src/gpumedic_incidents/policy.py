@@ -156,6 +156,30 @@ class SshPolicy(KindPolicy):
     after_checks: int = Field(default=2, ge=1, description="Failed read-only logins in a row before an incident.")
 
 
+class NoLeaderPolicy(KindPolicy):
+    grace_s: float = Field(default=60.0, ge=0, description="Quorum without a leader this long (an election takes a while).")
+    election_endpoint: str = Field(
+        default="force_election", pattern=ENDPOINT_PATTERN, description="The actions.http_admin endpoint that forces an election."
+    )
+
+
+class FlappingPolicy(KindPolicy):
+    max_changes: int = Field(default=3, ge=1, description="Leader changes within window_s that are too many.")
+    window_s: float = Field(default=600.0, gt=0)
+
+
+class PeerPolicy(KindPolicy):
+    after_checks: int = Field(default=2, ge=1, description="Probe rounds in a row before an incident.")
+    daemon_unit: str | None = Field(
+        default=None, pattern=UNIT_PATTERN, description="The peer daemon's systemd unit, which restart_unit restarts."
+    )
+
+
+class TargetPolicy(KindPolicy):
+    target: int = Field(default=0, ge=0, description="Peers that should answer; 0: no target.")
+    for_s: float = Field(default=600.0, ge=0, description="Below the target this long before an incident.")
+
+
 class Kinds(_Strict):
     zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
     orphan_gpu_holder: OrphanPolicy = OrphanPolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
@@ -170,6 +194,13 @@ class Kinds(_Strict):
     nvml_unavailable: KindPolicy = KindPolicy()
     ssh_unreachable: SshPolicy = SshPolicy()
     fleet_anomaly: KindPolicy = KindPolicy()
+    no_leader: NoLeaderPolicy = NoLeaderPolicy(ladder=(Step(action="http_admin", attempts=2, verify_within_s=60),))
+    quorum_lost: KindPolicy = KindPolicy()
+    split_brain: KindPolicy = KindPolicy()
+    leader_flapping: FlappingPolicy = FlappingPolicy()
+    peer_blocked: PeerPolicy = PeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
+    peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
+    peers_below_target: TargetPolicy = TargetPolicy()
 
 
 class FleetPolicy(_Strict):
@@ -362,12 +393,12 @@ class Policy(_Strict):
                 raise ValueError(
                     f"kinds.{name}: undrain_node follows validation (the validation section), never a ladder step"
                 )
-        unit = self.kinds.node_silent.sampler_unit
-        silent_restarts = any(step.action == "restart_unit" for step in self.kinds.node_silent.ladder)
-        if silent_restarts and unit not in self.actions.restart_unit.units:
-            raise ValueError(
-                f"kinds.node_silent restarts {unit}, which actions.restart_unit.units does not allow; add it there"
-            )
+        units = {"node_silent": self.kinds.node_silent.sampler_unit}
+        units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down")}
+        for name, unit in units.items():
+            restarts = any(step.action == "restart_unit" for step in getattr(self.kinds, name).ladder)
+            if unit is not None and restarts and unit not in self.actions.restart_unit.units:
+                raise ValueError(f"kinds.{name} restarts {unit}, which actions.restart_unit.units does not allow; add it there")
         return self
 
 

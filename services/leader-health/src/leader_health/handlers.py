@@ -1,4 +1,5 @@
-"""leader-health consumes nothing from the bus yet: it probes peers and publishes its checks."""
+"""leader-health's loop: probe every peer, publish the check, and run the round through the
+cluster's incidents (the shared detector: persist, publish, request the remediator's actions)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import asyncio
 import logging
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from leader_health.logic import assess
+from gpumedic_incidents.detector import Detector
+from leader_health.logic import ClusterIncidents, assess
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def check_loop(runtime: ServiceRuntime, settings: Settings):
+def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector):
+    logic: ClusterIncidents = detector.logic  # type: ignore[assignment]
+
     async def check_cluster() -> None:
         while True:
             answers = await probe_all(
@@ -25,9 +29,9 @@ def check_loop(runtime: ServiceRuntime, settings: Settings):
             for answer in answers:
                 if answer.state != "ok":
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)
-            checked = assess(settings.cluster, answers)
             try:
-                await publish_event(runtime.broker, checked)
+                await publish_event(runtime.broker, assess(settings.cluster, answers))
+                await detector.decide(lambda now: logic.on_round(answers, now))
             except Exception as exc:
                 log.warning("cluster check not published (%r); the bus may be reconnecting", exc)
             await asyncio.sleep(settings.interval_s)

@@ -1,11 +1,15 @@
-"""Judging a peer cluster's leadership from its peers' status answers. Pure."""
+"""Judging a peer cluster from its peers' status answers: the check published every round
+(`assess`) and the incidents the rules find (`ClusterIncidents`). Pure."""
 
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 
-from gpumedic_events import ClusterChecked, PeerProblem
+from gpumedic_events import ActionCompleted, ClusterChecked, PeerProblem
+from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer
+from leader_health.rules import ClusterRules
 
 SOURCE = "leader-health"
 MAX_PROBLEMS = 200
@@ -44,3 +48,23 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         summary=summary[:1000],
         problems=problems[:MAX_PROBLEMS],
     )
+
+
+class ClusterIncidents:
+    """The cluster's incidents: each probe round through the rules into the shared incident book."""
+
+    def __init__(self, cluster: str, policy: Policy) -> None:
+        self.book = IncidentBook(SOURCE, policy)
+        self.rules = ClusterRules(cluster, policy)
+
+    def on_round(self, answers: list[PeerAnswer], now: datetime) -> list[Transition]:
+        for answer in answers:
+            self.book.saw_node(self.rules.node(answer.url), now)
+        findings = self.rules.observe(answers, now, self.book)
+        return [t for finding in findings for t in self.book.on_finding(finding, now)]
+
+    def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
+        return self.book.on_action_completed(event, now, traceparent)
+
+    def on_tick(self, now: datetime) -> list[Transition]:
+        return self.book.on_tick(now)

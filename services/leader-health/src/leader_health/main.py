@@ -1,26 +1,53 @@
-"""leader-health's composition root: `create_app` builds everything; `run` is the console script."""
+"""leader-health's composition root: `create_app` builds everything; `run` is the console script.
+
+The service probes one peer cluster and is its incident detector: each round's answers go
+through the cluster rules into the shared incident lifecycle, and the fixes (an election through
+a peer's admin endpoint, a restart of a peer's daemon) through the remediator's gate.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_bus.topology import REPLAYS
+from gpumedic_incidents import IncidentStates, Policy, PolicyError
+from gpumedic_incidents.detector import Detector
 from leader_health.handlers import check_loop
+from leader_health.logic import SOURCE as SERVICE
+from leader_health.logic import ClusterIncidents
 from leader_health.settings import Settings
 
-SERVICE = "leader-health"
 
-
-def create_app(settings: Settings | None = None) -> FastStream:
+def create_app(settings: Settings | None = None, *, policy: Policy | None = None) -> FastStream:
+    """`policy` overrides the policy file (tests)."""
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
-    runtime.background(check_loop(runtime, settings))
+    detector = Detector(runtime, ClusterIncidents(settings.cluster, policy or settings.policy.load()), SERVICE)
+
+    async def _restore() -> None:
+        await runtime.broker.connect()
+        kv = await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)
+        await detector.restore(IncidentStates(kv))
+
+    runtime.on_startup(_restore)
+    runtime.replay(REPLAYS[SERVICE], detector.on_silence)
+    runtime.consume("leader-health-actions", detector.on_action_completed)
+    runtime.background(check_loop(runtime, settings, detector))
+    runtime.background(detector.tick)
     return runtime.app()
 
 
 def run() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(create_app().run())
+    try:
+        settings = Settings()
+        policy = settings.policy.load()
+    except (PolicyError, ValueError) as exc:
+        sys.exit(f"gpumedic-leader-health: {exc}")
+    asyncio.run(create_app(settings, policy=policy).run())

@@ -7,12 +7,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpumedic_bus import NatsSettings
 from gpumedic_events import SubjectToken
+from gpumedic_incidents import PolicySettings
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUMEDIC_LEADER_", extra="ignore")
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings, description="GPUMEDIC_POLICY_FILE: the cluster kinds' thresholds and ladders.")
     cluster: SubjectToken = Field(default="default", description="Name of the peer cluster watched.")
     peers: list[str] = Field(default_factory=list, description="Status URLs of the peers, e.g. http://10.0.0.7:8770/status (JSON list in the env).")
     interval_s: float = Field(default=30.0, gt=0, description="How often to check the cluster.")

@@ -69,10 +69,10 @@ class NodeSession:
     async def run(self, command: str, *, input: str | None = None) -> CommandResult:
         """(exit_status, stdout, stderr) of one command; a non-zero status is a result, not an error.
         `input` is its stdin (never logged, never recorded)."""
+        # asyncssh closes stdin after non-empty input only; empty input must still be an end of file.
+        stdin = {"input": input} if input else {"stdin": asyncssh.DEVNULL} if input is not None else {}
         try:
-            result = await self._conn.run(
-                command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace", input=input
-            )
+            result = await self._conn.run(command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace", **stdin)
         except asyncssh.TimeoutError:
             raise CommandTimedOut(self.node_id, self.address, f"command timed out after {self._timeout_s:g}s") from None
         except (asyncssh.Error, OSError) as exc:

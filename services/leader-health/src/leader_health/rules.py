@@ -1,0 +1,202 @@
+"""The peer-cluster runbook as rules: each probe round's answers in, findings out. Pure: `now`
+comes in, the memory (streaks, leader history) is in-process, and what a finding does is the
+shared lifecycle's business.
+
+- `peer_blocked` (TCP accepted, HTTP silent) and `peer_down` (connection refused, or no TCP answer
+  at all) per peer, after `after_checks` rounds in a row; the fix for a daemon that is blocked or
+  not running is a restart of its unit (where the policy names one), never for a host that does
+  not answer (SSH would not reach it either);
+- `quorum_lost` when fewer than a majority of the peers answer (nothing else is judged then);
+- `split_brain` when answering peers name different leaders;
+- `no_leader` when quorum holds but no leader has one for `grace_s`: the fix is forcing an
+  election through one answering peer's admin endpoint (the incident is on that peer);
+- `leader_flapping` when the leader changes `max_changes` times within `window_s`;
+- `peers_below_target` when fewer than `target` peers answer for `for_s`.
+
+Cluster-wide incidents other than `no_leader` are on a node named after the cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, deque
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
+from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
+from gpumedic_incidents.policy import PeerPolicy
+from leader_health.probe import PeerAnswer
+
+NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+"""Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
+PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
+
+
+class Incidents(Protocol):
+    """What the rules may read of the open incidents (the book)."""
+
+    def open_on(self, node_id: str) -> list[IncidentState]: ...
+
+    def get(self, fingerprint: str) -> IncidentState | None: ...
+
+
+class ClusterRules:
+    def __init__(self, cluster: str, policy: Policy) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.node_of: dict[str, str] = {}
+        """Each peer URL's node id, from its last good status (before that, its host)."""
+        self._streaks: dict[str, tuple[str, int]] = {}
+        self._leaderless_since: datetime | None = None
+        self._below_since: datetime | None = None
+        self._leader: str | None = None
+        self._changes: deque[datetime] = deque()
+
+    def observe(self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents) -> list[Finding]:
+        for a in answers:
+            if a.status is not None:
+                self.node_of[a.url] = a.status.node_id
+        findings = [f for a in answers for f in self._peer(a, incidents)]
+        statuses = [a.status for a in answers if a.status is not None]
+        quorum = len(answers) // 2 + 1
+        if not answers:
+            return findings
+        if len(statuses) < quorum:
+            findings.append(self._cluster_finding(
+                IncidentKind.QUORUM_LOST, f"quorum lost: {len(statuses)} of {len(answers)} peers answer (a majority is {quorum})",
+                {"answering": len(statuses), "peers": len(answers)}, severity="critical",
+            ))
+            return findings + self._below_target(len(statuses), now)
+        findings.append(self._cluster_cleared(IncidentKind.QUORUM_LOST))
+        named = Counter(s.leader for s in statuses if s.leader)
+        if len(named) > 1:
+            findings.append(self._cluster_finding(
+                IncidentKind.SPLIT_BRAIN, f"peers name {len(named)} different leaders: {dict(named)}",
+                {"leaders": " ".join(sorted(named))}, severity="critical",
+            ))
+        else:
+            findings.append(self._cluster_cleared(IncidentKind.SPLIT_BRAIN))
+        leader, votes = named.most_common(1)[0] if named else (None, 0)
+        findings += self._no_leader(leader if votes >= quorum else None, statuses, incidents, now, quorum)
+        findings += self._flapping(leader if votes >= quorum else None, now)
+        return findings + self._below_target(len(statuses), now)
+
+    # --- per peer ---------------------------------------------------------------------------
+
+    def _peer(self, answer: PeerAnswer, incidents: Incidents) -> list[Finding]:
+        node = self.node(answer.url)
+        kind = PEER_KINDS.get(answer.state)
+        if kind is None:  # answering (or answering badly): neither blocked nor down
+            self._streaks.pop(answer.url, None)
+            return [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
+        state, count = self._streaks.get(answer.url, (kind.value, 0))
+        count = count + 1 if state == kind.value else 1
+        self._streaks[answer.url] = (kind.value, count)
+        other = IncidentKind.PEER_DOWN if kind is IncidentKind.PEER_BLOCKED else IncidentKind.PEER_BLOCKED
+        findings = [cleared(other, node)] if incidents.get(fingerprint(node, other, None)) else []
+        rule: PeerPolicy = self.policy.of(kind)
+        if count < rule.after_checks:
+            return findings
+        restart = {}
+        if rule.daemon_unit and answer.state != "unreachable":
+            restart = {"restart_unit": RestartUnit(unit=rule.daemon_unit)}
+        what = {
+            "blocked": "its port accepts TCP but HTTP never answers: the daemon's event loop is blocked",
+            "down": "it refuses connections: the daemon is not running",
+            "unreachable": "its host does not answer at all: the machine or its network is down",
+        }[answer.state]
+        return findings + [Finding(
+            kind=kind,
+            node_id=node,
+            summary=f"peer {node} of cluster {self.cluster}: {what} ({count} checks in a row)",
+            evidence={"url": answer.url, "state": answer.state, "detail": answer.detail, "checks": count, "cluster": self.cluster},
+            severity="warning",
+            recommended_action=f"restart the peer daemon ({rule.daemon_unit})" if restart
+            else "check the machine and its network, then the peer daemon",
+            operations=restart,
+        )]
+
+    # --- the cluster ------------------------------------------------------------------------
+
+    def _no_leader(self, leader: str | None, statuses, incidents: Incidents, now: datetime, quorum: int) -> list[Finding]:
+        open_on = [i for s in statuses for i in incidents.open_on(self._safe(s.node_id))
+                   if i.kind is IncidentKind.NO_LEADER and i.key == self._key]
+        if leader is not None:
+            self._leaderless_since = None
+            return [cleared(IncidentKind.NO_LEADER, i.node_id, key=self._key) for i in open_on]
+        self._leaderless_since = self._leaderless_since or now
+        rule = self.policy.kinds.no_leader
+        leaderless = now - self._leaderless_since
+        if leaderless < timedelta(seconds=rule.grace_s):
+            return []
+        # The incident stays on the peer it opened on; a new one goes to the first answering peer.
+        node = open_on[0].node_id if open_on else min(self._safe(s.node_id) for s in statuses)
+        endpoint = rule.election_endpoint
+        election = {"http_admin": HttpAdmin(endpoint=endpoint)} if endpoint in self.policy.actions.http_admin.endpoints else {}
+        return [Finding(
+            kind=IncidentKind.NO_LEADER,
+            node_id=node,
+            key=self._key,
+            summary=f"cluster {self.cluster}: {len(statuses)} peers answer (quorum {quorum}) but none has led for "
+            f"{leaderless.total_seconds():.0f}s",
+            evidence={"cluster": self.cluster, "answering": len(statuses), "quorum": quorum, "leaderless_s": round(leaderless.total_seconds())},
+            severity="critical",
+            recommended_action=f"force an election through a peer's admin endpoint ({endpoint})" if election
+            else f"force an election (add actions.http_admin.endpoints.{endpoint} to let gpumedic do it)",
+            operations=election,
+        )]
+
+    def _flapping(self, leader: str | None, now: datetime) -> list[Finding]:
+        rule = self.policy.kinds.leader_flapping
+        if leader is not None and self._leader is not None and leader != self._leader:
+            self._changes.append(now)
+        if leader is not None:
+            self._leader = leader
+        while self._changes and now - self._changes[0] > timedelta(seconds=rule.window_s):
+            self._changes.popleft()
+        if len(self._changes) < rule.max_changes:
+            return [self._cluster_cleared(IncidentKind.LEADER_FLAPPING)]
+        return [self._cluster_finding(
+            IncidentKind.LEADER_FLAPPING,
+            f"the leader changed {len(self._changes)} times within {rule.window_s:g}s (now {leader or 'none'})",
+            {"changes": len(self._changes), "window_s": rule.window_s},
+        )]
+
+    def _below_target(self, answering: int, now: datetime) -> list[Finding]:
+        rule = self.policy.kinds.peers_below_target
+        if not rule.target or answering >= rule.target:
+            self._below_since = None
+            return [self._cluster_cleared(IncidentKind.PEERS_BELOW_TARGET)]
+        self._below_since = self._below_since or now
+        if now - self._below_since < timedelta(seconds=rule.for_s):
+            return []
+        return [self._cluster_finding(
+            IncidentKind.PEERS_BELOW_TARGET,
+            f"{answering} peers answer, below the target of {rule.target} for {(now - self._below_since).total_seconds():.0f}s",
+            {"answering": answering, "target": rule.target},
+        )]
+
+    # --- names --------------------------------------------------------------------------------
+
+    @property
+    def _key(self) -> str:
+        return self._safe(self.cluster)
+
+    def _cluster_finding(self, kind: IncidentKind, summary: str, evidence: dict, severity: Severity = "warning") -> Finding:
+        return Finding(kind=kind, node_id=self._key, summary=summary, evidence={"cluster": self.cluster, **evidence},
+                       severity=severity, recommended_action="look at the peers' own logs: gpumedic cannot fix this safely")
+
+    def _cluster_cleared(self, kind: IncidentKind) -> Finding:
+        return cleared(kind, self._key)
+
+    def node(self, url: str) -> str:
+        """The peer's node id (the inventory's name for it, from its own status once it answered)."""
+        return self._safe(self.node_of.get(url) or urlsplit(url).hostname or "unknown-peer")
+
+    @staticmethod
+    def _safe(name: str) -> str:
+        """A name fit for a subject token and a fingerprint: other characters become '-'."""
+        return NOT_A_TOKEN.sub("-", name)[:63].lstrip("-_.") or "unknown-peer"

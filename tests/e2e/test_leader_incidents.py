@@ -1,0 +1,80 @@
+"""The peer-cluster runbook done by gpumedic, end to end on a simulated cluster: leader-health
+probes the peers over real HTTP; a cluster that keeps its quorum but loses its leader gets an
+election forced through a peer's admin endpoint, and a peer whose event loop blocks gets its
+daemon restarted, both by the real remediator over real SSH, and both incidents resolve fixed
+on the next probes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+
+from gpumedic.sim.fleet import SimFleet
+from gpumedic.sim.state import PEER_UNIT
+from gpumedic.simulate import sim_policy
+from gpumedic_incidents.policy import dump_policy
+from leader_health.main import create_app as leader_app
+from leader_health.settings import Settings as LeaderSettings
+from remediator.main import create_app as remediator_app
+from tests.e2e.test_thin_path import remediator_settings
+
+INTERVAL_S = 0.3
+
+
+async def test_a_leaderless_cluster_gets_an_election_and_a_blocked_peer_a_restart(nats_settings, store_url, apps, tmp_path):
+    fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
+    await fleet.start()
+    policy = sim_policy(INTERVAL_S)
+    dump_policy(policy, tmp_path / "policy.yaml")
+    base = remediator_settings(nats_settings, store_url, fleet)
+    remediator = type(base)(**{**base.model_dump(exclude={"policy"}), "policy": {"file": tmp_path / "policy.yaml"}, "breaker_max_share": 1.0})
+    peers = [n.status_url for n in fleet.nodes.values()]
+    seen: list[tuple[str, dict]] = []
+    nc = await nats.connect(nats_settings.url)
+
+    async def keep(msg) -> None:
+        if ".incident." in msg.subject or ".action." in msg.subject:
+            seen.append((msg.subject, json.loads(msg.data)))
+
+    await nc.subscribe("gpumedic.v1.>", cb=keep)
+    try:
+        await apps.start(remediator_app(remediator))
+        await apps.start(leader_app(
+            LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=INTERVAL_S, connect_timeout_s=0.5, http_timeout_s=0.5),
+            policy=policy,
+        ))
+        await asyncio.sleep(3 * INTERVAL_S)
+        fleet.set_leader(None)  # quorum holds, nobody leads
+        await _until(lambda: _resolved(seen, "no_leader"), 20)
+        blocked = fleet.node("sim-node-03")
+        blocked.inject_status_blocked()
+        await _until(lambda: _resolved(seen, "peer_blocked"), 30)
+        await apps.stop_all()
+    finally:
+        await nc.close()
+        await fleet.stop()
+
+    opened = {e["kind"]: e for s, e in seen if ".incident.opened." in s}
+    assert set(opened) == {"no_leader", "peer_blocked"}, [e["summary"] for e in opened.values()]
+    assert opened["no_leader"]["node_id"] == "sim-node-01" and opened["peer_blocked"]["node_id"] == "sim-node-03"
+    assert _resolved(seen, "no_leader")["resolution"] == _resolved(seen, "peer_blocked")["resolution"] == "fixed"
+    assert fleet.node("sim-node-01").admin_calls == ["/admin/elect"]
+    assert {n.leader for n in fleet.nodes.values()} == {"sim-node-01"}
+    assert f"systemctl restart {PEER_UNIT}" in blocked.ssh_commands and not blocked.status_blocked
+    done = [e for s, e in seen if ".action.completed." in s]
+    assert [e["outcome"] for e in done] == ["succeeded", "succeeded"], [e["detail"] for e in done]
+
+
+def _resolved(seen: list, kind: str) -> dict | None:
+    opened = {e["incident_id"] for s, e in seen if ".incident.opened." in s and e["kind"] == kind}
+    return next((e for s, e in seen if ".incident.resolved." in s and e["incident_id"] in opened), None)
+
+
+async def _until(done, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.1)):
+        if done():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not done within {timeout_s}s")

@@ -1,0 +1,145 @@
+"""leader-health's cluster rules through the shared incident book, from plain probe answers:
+each runbook fault opens its incident, and the fix each proposes is the one the runbook applies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, HttpAdmin, IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved, RestartUnit
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import (
+    Actions,
+    AdminEndpoint,
+    AdminPolicy,
+    FleetPolicy,
+    Kinds,
+    NoLeaderPolicy,
+    PeerPolicy,
+    RestartPolicy,
+    Step,
+    TargetPolicy,
+    UnitRule,
+)
+from leader_health.logic import ClusterIncidents
+from leader_health.probe import PeerAnswer, PeerStatus
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+DAEMON = "p2p-node.service"
+POLICY = Policy(
+    fleet=FleetPolicy(hold_s=0),
+    actions=Actions(
+        http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8080/admin/elect")}),
+        restart_unit=RestartPolicy(units={"gpumedic-node-sampler.service": UnitRule(), DAEMON: UnitRule()}),
+    ),
+    kinds=Kinds(
+        no_leader=NoLeaderPolicy(grace_s=30, ladder=(Step(action="http_admin", verify_within_s=30),)),
+        peer_blocked=PeerPolicy(after_checks=3, daemon_unit=DAEMON, ladder=(Step(action="restart_unit"),)),
+        peer_down=PeerPolicy(after_checks=2, daemon_unit=DAEMON, ladder=(Step(action="restart_unit"),)),
+        peers_below_target=TargetPolicy(target=5, for_s=60),
+    ),
+)
+NODES = ["p1", "p2", "p3", "p4", "p5"]
+
+
+def ok(node: str, leader: str | None = "p1") -> PeerAnswer:
+    return PeerAnswer(f"http://{node}:8770/status", "ok", PeerStatus(node_id=node, leader=leader, peers=tuple(NODES)))
+
+
+def bad(node: str, state: str) -> PeerAnswer:
+    return PeerAnswer(f"http://{node}:8770/status", state, None, f"{state} for a test")
+
+
+class Cluster:
+    def __init__(self, policy: Policy = POLICY) -> None:
+        self.logic = ClusterIncidents("selfplay", policy)
+        self.events: list = []
+
+    def round(self, s: float, answers: list[PeerAnswer]) -> list:
+        out = []
+        for t in self.logic.on_round(answers, T0 + timedelta(seconds=s)):
+            self.logic.book.commit(t)
+            out += t.events
+        self.events += out
+        return out
+
+    def opened(self) -> list[IncidentOpened]:
+        return [e for e in self.events if isinstance(e, IncidentOpened)]
+
+
+def test_a_healthy_cluster_opens_nothing():
+    c = Cluster()
+    for s in range(0, 300, 10):
+        c.round(s, [ok(n) for n in NODES])
+    assert c.events == []
+
+
+def test_quorum_without_a_leader_past_the_grace_forces_an_election_through_a_peer_and_resolves_when_one_leads():
+    c = Cluster()
+    leaderless = [ok(n, leader=None) for n in NODES]
+    assert c.round(0, leaderless) == [] and c.round(20, leaderless) == []  # an election takes a while
+    opened, request = c.round(30, leaderless)
+    assert opened.kind is IncidentKind.NO_LEADER and opened.node_id == "p1" and opened.fingerprint == "p1/no_leader/node/selfplay"
+    assert "5 peers answer (quorum 3) but none has led for 30s" in opened.summary
+    assert isinstance(request, ActionRequested) and request.operation == HttpAdmin(endpoint="force_election")
+    done = ActionCompleted(source="remediator", action_id=request.action_id, incident_id=request.incident_id, node_id="p1",
+                           attempt=1, outcome=ActionOutcome.SUCCEEDED, detail="force_election: HTTP 200")
+    for t in c.logic.on_action_completed(done, T0 + timedelta(seconds=31), None):
+        c.logic.book.commit(t)
+    (resolved,) = c.round(40, [ok(n, leader="p3") for n in NODES])
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+
+
+def test_without_an_election_endpoint_a_leaderless_cluster_goes_to_a_person():
+    c = Cluster(Policy(fleet=FleetPolicy(hold_s=0), kinds=Kinds(no_leader=NoLeaderPolicy(grace_s=0, ladder=(Step(action="http_admin"),)))))
+    opened, escalated = c.round(0, [ok(n, leader=None) for n in NODES])
+    assert isinstance(escalated, IncidentEscalated) and "no safe http_admin" in escalated.reason
+    assert "add actions.http_admin.endpoints.force_election" in opened.recommended_action
+
+
+def test_a_blocked_peer_is_an_incident_on_it_after_three_rounds_and_its_daemon_is_restarted():
+    c = Cluster()
+    for s in (0, 10):
+        assert c.round(s, [ok(n) for n in NODES]) == []  # learns each URL's node id
+    rounds = [[ok(n) for n in NODES[:4]] + [bad("p5", "blocked")] for _ in range(3)]
+    assert c.round(20, rounds[0]) == [] and c.round(30, rounds[1]) == []
+    opened, request = c.round(40, rounds[2])
+    assert (opened.kind, opened.node_id) == (IncidentKind.PEER_BLOCKED, "p5") and "event loop is blocked" in opened.summary
+    assert request.operation == RestartUnit(unit=DAEMON) and request.node_id == "p5"
+
+
+def test_a_refusing_daemon_is_restarted_but_a_silent_host_goes_to_a_person():
+    c = Cluster()
+    for s in (0, 10):
+        c.round(s, [ok(n) for n in NODES[:4]] + [bad("p5", "down")])
+    down, restart = c.opened()[0], c.events[-1]
+    assert down.kind is IncidentKind.PEER_DOWN and restart.operation == RestartUnit(unit=DAEMON)
+    c = Cluster()
+    for s in (0, 10):
+        c.round(s, [ok(n) for n in NODES[:4]] + [bad("p5", "unreachable")])
+    (opened,) = c.opened()
+    assert opened.kind is IncidentKind.PEER_DOWN and "its host does not answer" in opened.summary
+    assert any(isinstance(e, IncidentEscalated) for e in c.events)
+
+
+def test_lost_quorum_and_split_brain_are_cluster_incidents_for_a_person():
+    c = Cluster()
+    c.round(0, [ok("p1"), ok("p2")] + [bad(n, "down") for n in NODES[2:]])
+    assert [o.kind for o in c.opened()] == [IncidentKind.QUORUM_LOST]
+    assert c.opened()[0].node_id == "selfplay" and c.opened()[0].severity == "critical"
+    c = Cluster()
+    c.round(0, [ok("p1", "p1"), ok("p2", "p1"), ok("p3", "p3"), ok("p4", "p3"), ok("p5", "p1")])
+    (split,) = c.opened()
+    assert split.kind is IncidentKind.SPLIT_BRAIN and "2 different leaders" in split.summary
+
+
+def test_a_flapping_leader_and_too_few_peers_open_their_incidents():
+    c = Cluster()
+    for i, s in enumerate(range(0, 50, 10)):
+        c.round(s, [ok(n, leader=NODES[i % 2]) for n in NODES])
+    assert IncidentKind.LEADER_FLAPPING in [o.kind for o in c.opened()]
+    c = Cluster()
+    four = [ok(n) for n in NODES[:4]] + [bad("p5", "bad_answer")]
+    for s in range(0, 70, 10):
+        c.round(s, four)
+    (below,) = c.opened()
+    assert below.kind is IncidentKind.PEERS_BELOW_TARGET and "4 peers answer, below the target of 5" in below.summary
