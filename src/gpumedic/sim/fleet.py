@@ -124,6 +124,9 @@ class SimFleet:
             index = self._gpu(fault, gpu)
             node.pause_job(index, checkpointing=fault == Benign.CHECKPOINT_PAUSE)
             asyncio.get_running_loop().call_later(float(params.get("for", 10.0)), node.resume_job, index)
+        elif fault == Fault.NO_LEADER:
+            self.set_leader(None)
+            node.record_no_leader()
         elif fault == Fault.SSH_REFUSES:
             await node.inject_ssh_refuses()
         elif fault == Fault.SSH_HANGS:

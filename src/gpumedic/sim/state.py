@@ -58,6 +58,7 @@ class Fault(StrEnum):
     SAMPLER_SILENT = "sampler_silent"
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
+    NO_LEADER = "no_leader"
 
 
 DEVICE_BUSY = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
@@ -104,6 +105,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.SAMPLER_SILENT: frozenset({"node_silent"}),
         Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
+        Fault.NO_LEADER: frozenset({"no_leader"}),
         **{b: frozenset() for b in Benign},
     }
 )
@@ -484,6 +486,11 @@ class NodeState:
         """The driver is gone (a bad upgrade): nvmlInit raises NVMLError_LibraryNotFound."""
         self.nvml_missing = True
         self._record(None, Fault.NVML_MISSING)
+
+    def record_no_leader(self) -> None:
+        """The cluster lost its leader (the fleet sets every peer's view); recorded on this node,
+        the first answering peer, where the incident and the forced election belong."""
+        self._record(None, Fault.NO_LEADER)
 
     def inject_status_blocked(self) -> None:
         """The node's event loop blocks: its status port accepts TCP but never answers."""
