@@ -68,6 +68,12 @@ NOTIFY_WAIT_S = 2.0
 """The sim's report-builder waits this long after an escalation before paging (its group wait)."""
 
 
+SIM_BREAKER_MAX_NODES = 20
+SIM_BREAKER_MAX_SHARE = 0.5
+"""The built-in faults scenario acts on 8 nodes within two minutes; the shipped breaker allows 5
+nodes and a quarter of the fleet."""
+
+
 def sim_policy(interval_s: float) -> Policy:
     """The shipped policy with a run's seconds instead of the runbooks' minutes (a zombie after
     six sample intervals idle, so a short dip of a few intervals is not one), and what an operator
@@ -215,10 +221,19 @@ async def run_simulation(
             # The on-call person is a webhook receiver on loopback: every escalation should reach it.
             "GPUMEDIC_REPORTS_WEBHOOK_URL": pager.url,
             "GPUMEDIC_REPORTS_NOTIFY_WAIT_S": str(NOTIFY_WAIT_S),
+            # A scenario crams a fault of every kind into two minutes, more nodes than the shipped
+            # breaker's 5 (and a quarter of the fleet) in 10 minutes: raised, so that every ladder
+            # shows (said below).
+            "GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES": str(SIM_BREAKER_MAX_NODES),
+            "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": str(SIM_BREAKER_MAX_SHARE),
             **(env or {}),
         }
         dump_policy(sim_policy(interval_s), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
-        say("[3/5] starting the six services")
+        say(
+            "[3/5] starting the six services (the remediator's breaker raised to "
+            f"{stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES']} nodes and "
+            f"{float(stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE']):.0%} of the fleet in 10 minutes, for a scenario's burst)"
+        )
         stack.start_services()
         await stack.wait_ready()
 
