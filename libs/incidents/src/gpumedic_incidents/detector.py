@@ -26,6 +26,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
+from gpumedic_bus.streams import INCIDENT_STATE
+from gpumedic_bus.topology import REPLAYS
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
     ActionCompleted,
@@ -72,6 +74,21 @@ class Detector:
         self._tracer: Tracer = runtime.tracer
         self.states: IncidentStates | None = None
         self._deciding = asyncio.Lock()
+
+    def attach(self, actions_durable: str) -> None:
+        """Wire the detector into its service: its open incidents taken back from the state bucket
+        at start, the silences replayed and followed, the remediator's results consumed, the tick."""
+        runtime = self._runtime
+
+        async def _restore() -> None:
+            await runtime.broker.connect()
+            # Provisioned with the streams (gpumedic provision); only opened here.
+            await self.restore(IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)))
+
+        runtime.on_startup(_restore)
+        runtime.replay(REPLAYS[self.source], self.on_silence)
+        runtime.consume(actions_durable, self.on_action_completed)
+        runtime.background(self.tick)
 
     async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""

@@ -14,9 +14,7 @@ import sys
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
-from gpumedic_bus.streams import INCIDENT_STATE
-from gpumedic_bus.topology import REPLAYS
-from gpumedic_incidents import IncidentStates, Policy, PolicyError
+from gpumedic_incidents import Policy, PolicyError
 from gpumedic_incidents.detector import Detector
 from leader_health.handlers import check_loop
 from leader_health.logic import SOURCE as SERVICE
@@ -29,17 +27,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     detector = Detector(runtime, ClusterIncidents(settings.cluster, policy or settings.policy.load()), SERVICE)
-
-    async def _restore() -> None:
-        await runtime.broker.connect()
-        kv = await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)
-        await detector.restore(IncidentStates(kv))
-
-    runtime.on_startup(_restore)
-    runtime.replay(REPLAYS[SERVICE], detector.on_silence)
-    runtime.consume("leader-health-actions", detector.on_action_completed)
+    detector.attach("leader-health-actions")
     runtime.background(check_loop(runtime, settings, detector))
-    runtime.background(detector.tick)
     return runtime.app()
 
 
