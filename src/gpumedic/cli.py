@@ -367,8 +367,10 @@ def cmd_policy(args) -> int:
                 print("gpumedic policy: usage: gpumedic policy check FILE", file=sys.stderr)
                 return 2
             policy = load_policy(args.file)
-            ladders = sum(1 for name in type(policy.kinds).model_fields if getattr(policy.kinds, name).ladder)
-            print(f"{args.file}: valid; {ladders} kinds act on their own, the rest escalate to a person")
+            missing = policy.unconfigured()
+            ladders = sum(1 for name in type(policy.kinds).model_fields if getattr(policy.kinds, name).ladder and name not in missing)
+            waiting = f"; {len(missing)} more once you set {', '.join(f'{k}: {v}' for k, v in missing.items())}" if missing else ""
+            print(f"{args.file}: valid; {ladders} kinds act on their own{waiting}; the rest escalate to a person")
             return 0
         settings = PolicySettings()
         policy = settings.load()

@@ -386,6 +386,18 @@ class Policy(_Strict):
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self.kinds, IncidentKind(kind).value)
 
+    def unconfigured(self) -> dict[str, str]:
+        """Kinds whose ladder needs something only the operator knows, and what: until it is set,
+        they escalate to a person."""
+        missing = {}
+        endpoint = self.kinds.no_leader.election_endpoint
+        if self.kinds.no_leader.ladder and endpoint not in self.actions.http_admin.endpoints:
+            missing["no_leader"] = f"actions.http_admin.endpoints.{endpoint}"
+        for name in ("peer_blocked", "peer_down"):
+            if getattr(self.kinds, name).ladder and getattr(self.kinds, name).daemon_unit is None:
+                missing[name] = f"kinds.{name}.daemon_unit"
+        return missing
+
     @model_validator(mode="after")
     def _ladders_fit_the_actions(self) -> Policy:
         for name in type(self.kinds).model_fields:

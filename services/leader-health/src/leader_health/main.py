@@ -21,12 +21,17 @@ from leader_health.logic import SOURCE as SERVICE
 from leader_health.logic import ClusterIncidents
 from leader_health.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings | None = None, *, policy: Policy | None = None) -> FastStream:
     """`policy` overrides the policy file (tests)."""
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
-    detector = Detector(runtime, ClusterIncidents(settings.cluster, policy or settings.policy.load()), SERVICE)
+    policy = policy or settings.policy.load()
+    if missing := policy.unconfigured():
+        log.info("leader-health: these escalate to a person until set: %s", ", ".join(f"{k} ({v})" for k, v in missing.items()))
+    detector = Detector(runtime, ClusterIncidents(settings.cluster, policy), SERVICE)
     detector.attach("leader-health-actions")
     runtime.background(check_loop(runtime, settings, detector))
     return runtime.app()
