@@ -66,3 +66,16 @@ def test_a_drained_node_is_no_capacity():
     assert drained.reason.endswith("; 1 drained node(s) not counted")
     every = evaluate(latest, NOW, drained=frozenset({"a", "b"}), **kw)
     assert (every.decision, every.gpus_total) == ("hold", 0) and "every node that sampled is drained" in every.reason
+
+
+def test_the_view_from_every_peer_finds_one_way_pairs_and_peers_nobody_sees():
+    def sees(node: str, *alive: str) -> PeerAnswer:
+        return PeerAnswer(f"http://{node}/status", "ok", PeerStatus(node_id=node, leader="a", peers=alive))
+
+    # a and b see each other; c sees a and b, but neither sees c (c is behind a NAT); d is silent.
+    checked = assess("c", [sees("a", "a", "b"), sees("b", "a", "b"), sees("c", "a", "b"),
+                           PeerAnswer("http://d/status", "down", None, "refused")])
+    assert checked.one_way == ("c>a", "c>b") and checked.unseen == ("c",)
+    assert "2 one-way pair(s); seen by no peer: c" in checked.summary
+    whole = assess("c", [sees("a", "b", "c"), sees("b", "a", "c"), sees("c", "a", "b")])
+    assert whole.one_way == () and whole.unseen == () and whole.healthy

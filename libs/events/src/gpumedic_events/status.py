@@ -90,6 +90,15 @@ class ClusterChecked(Event):
     problems: tuple[PeerProblem, ...] = Field(
         default=(), max_length=200, description="Peers without a usable status and why (the first 200)."
     )
+    one_way: tuple[str, ...] = Field(
+        default=(),
+        max_length=200,
+        description="From the answering peers' alive lists: 'a>b' where a sees b alive but b, answering, does not "
+        "see a (a NAT or firewall in one direction); the first 200.",
+    )
+    unseen: tuple[str, ...] = Field(
+        default=(), max_length=200, description="Answering peers that no other answering peer lists as alive."
+    )
 
 
 class CapacityEvaluated(Event):

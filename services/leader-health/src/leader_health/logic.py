@@ -8,7 +8,7 @@ from datetime import datetime
 
 from gpumedic_events import ActionCompleted, ClusterChecked, PeerProblem
 from gpumedic_incidents import IncidentBook, Policy, Transition
-from leader_health.probe import PeerAnswer
+from leader_health.probe import PeerAnswer, PeerStatus
 from leader_health.rules import ClusterRules
 
 SOURCE = "leader-health"
@@ -37,6 +37,11 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     states = Counter(a.state for a in answers if a.status is None)
     if states:
         summary += "; " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    one_way, unseen = reachability(answering)
+    if one_way:
+        summary += f"; {len(one_way)} one-way pair(s)"
+    if unseen:
+        summary += f"; seen by no peer: {', '.join(unseen[:5])}"
     problems = tuple(PeerProblem(url=a.url[:512], state=a.state, detail=a.detail) for a in answers if a.status is None)
     return ClusterChecked(
         source=SOURCE,
@@ -47,7 +52,19 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         healthy=healthy,
         summary=summary[:1000],
         problems=problems[:MAX_PROBLEMS],
+        one_way=tuple(one_way[:MAX_PROBLEMS]),
+        unseen=tuple(unseen[:MAX_PROBLEMS]),
     )
+
+
+def reachability(statuses: list[PeerStatus]) -> tuple[list[str], list[str]]:
+    """The view from every answering peer: pairs seen one way only ('a>b': a sees b, b does not see
+    a), and peers no other peer sees. Only answering peers are judged: a peer that does not answer
+    says nothing about whom it sees."""
+    sees = {s.node_id: set(s.peers) - {s.node_id} for s in statuses}
+    one_way = sorted(f"{a}>{b}" for a, seen in sees.items() for b in seen if b in sees and a not in sees[b])
+    unseen = sorted(n for n in sees if len(sees) > 1 and not any(n in seen for other, seen in sees.items() if other != n))
+    return one_way, unseen
 
 
 class ClusterIncidents:
