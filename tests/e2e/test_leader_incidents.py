@@ -78,3 +78,39 @@ async def _until(done, timeout_s: float) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"not done within {timeout_s}s")
+
+
+async def test_a_crashed_peer_daemon_is_restarted_and_its_port_answers_again(nats_settings, store_url, apps, tmp_path):
+    fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
+    await fleet.start()
+    policy = sim_policy(INTERVAL_S)
+    dump_policy(policy, tmp_path / "policy.yaml")
+    base = remediator_settings(nats_settings, store_url, fleet)
+    remediator = type(base)(**{**base.model_dump(exclude={"policy"}), "policy": {"file": tmp_path / "policy.yaml"}, "breaker_max_share": 1.0})
+    seen: list[tuple[str, dict]] = []
+    nc = await nats.connect(nats_settings.url)
+
+    async def keep(msg) -> None:
+        if ".incident." in msg.subject:
+            seen.append((msg.subject, json.loads(msg.data)))
+
+    await nc.subscribe("gpumedic.v1.>", cb=keep)
+    crashed = fleet.node("sim-node-02")
+    try:
+        await apps.start(remediator_app(remediator))
+        await apps.start(leader_app(
+            LeaderSettings(nats=nats_settings, cluster="sim", peers=[n.status_url for n in fleet.nodes.values()],
+                           interval_s=INTERVAL_S, connect_timeout_s=0.5, http_timeout_s=0.5),
+            policy=policy,
+        ))
+        await asyncio.sleep(3 * INTERVAL_S)
+        await fleet.inject("daemon_down", "sim-node-02")
+        await _until(lambda: _resolved(seen, "peer_down"), 30)
+        await apps.stop_all()
+    finally:
+        await nc.close()
+        await fleet.stop()
+    (opened,) = [e for s, e in seen if ".incident.opened." in s]
+    assert (opened["kind"], opened["node_id"]) == ("peer_down", "sim-node-02") and "refuses connections" in opened["summary"]
+    assert _resolved(seen, "peer_down")["resolution"] == "fixed" and not crashed.daemon_down
+    assert f"systemctl restart {PEER_UNIT}" in crashed.ssh_commands

@@ -124,6 +124,8 @@ class SimFleet:
             index = self._gpu(fault, gpu)
             node.pause_job(index, checkpointing=fault == Benign.CHECKPOINT_PAUSE)
             asyncio.get_running_loop().call_later(float(params.get("for", 10.0)), node.resume_job, index)
+        elif fault == Fault.DAEMON_DOWN:
+            await node.inject_daemon_down()
         elif fault == Fault.NO_LEADER:
             self.set_leader(None)
             node.record_no_leader()

@@ -9,6 +9,7 @@ the real leader-health probe all run unchanged against it.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,6 +38,8 @@ class SimNode(NodeState):
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self._ssh = SshEndpoint(self, self.host_key)
         self._status = StatusEndpoint(self)
+        self._restarts: set[asyncio.Task] = set()
+        self.on_daemon_start = self._listen_again
         self._docker: SimDockerEngine | None = None
         self._rundir: Path | None = None
         """Where the node's kernel-log FIFO and engine socket live: short, under /tmp, since a
@@ -77,6 +80,17 @@ class SimNode(NodeState):
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
         await self._docker.start()
+
+    async def inject_daemon_down(self) -> None:
+        """The peer daemon crashes: its status port refuses connections until its unit restarts."""
+        await self._status.stop()
+        self.daemon_down = True
+        self._record(None, Fault.DAEMON_DOWN)
+
+    def _listen_again(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._status.start(self.host, self._status.port or 0))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
 
     async def stop(self) -> None:
         await self._ssh.stop()

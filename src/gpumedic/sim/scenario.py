@@ -35,6 +35,7 @@ ssh_hangs           -                the node's SSH accepts but never answers
 sampler_silent      -                the node's sampler stops publishing
 nvml_missing        -                the driver is gone: NVML cannot initialise
 status_blocked      -                the node's status endpoint accepts but never answers
+daemon_down         -                the peer daemon crashes: its status port refuses connections
 no_leader           -                every peer loses the leader (quorum holds); give the
                                      cluster's first node, where the election is forced
 ==================  ===============  ======================================================
@@ -146,6 +147,7 @@ FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
         FaultKind.SAMPLER_SILENT: "the node's sampler stops publishing",
         FaultKind.NVML_MISSING: "the driver is gone: NVML cannot initialise",
         FaultKind.STATUS_BLOCKED: "the node's status endpoint accepts but never answers",
+        FaultKind.DAEMON_DOWN: "the peer daemon crashes: its status port refuses connections",
         FaultKind.NO_LEADER: "every peer loses the leader while quorum holds (give the cluster's first node)",
         Benign.JOB_FINISHED: "benign: the job is done, exit 0, the GPU free",
         Benign.CONTAINER_STOPPED: "benign: the node stops the job's container (docker stop, exit 143)",

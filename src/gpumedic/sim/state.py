@@ -59,6 +59,7 @@ class Fault(StrEnum):
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
     NO_LEADER = "no_leader"
+    DAEMON_DOWN = "daemon_down"
 
 
 DEVICE_BUSY = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
@@ -106,6 +107,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
+        Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         **{b: frozenset() for b in Benign},
     }
 )
@@ -252,6 +254,10 @@ class NodeState:
         """Admin endpoints called and accepted, by path, in order."""
         self.on_election: Callable[[str], None] | None = None
         """What a forced election does: the fleet makes this node every peer's leader."""
+        self.daemon_down = False
+        """The peer daemon crashed: its status port refuses connections until its unit restarts."""
+        self.on_daemon_start: Callable[[], None] | None = None
+        """What a restart of the peer unit does when the daemon was down: listen again."""
         self.injected: list[InjectedFault] = []
         self.fault_listeners: list[Callable[[InjectedFault], None]] = []
         self.ssh_commands: list[str] = []
@@ -540,6 +546,9 @@ class NodeState:
                 self.sampler_silent = False
             if unit == PEER_UNIT:
                 self.status_blocked = False
+                if self.daemon_down and self.on_daemon_start is not None:
+                    self.daemon_down = False
+                    self.on_daemon_start()
         return True
 
     def reboot(self) -> None:

@@ -37,8 +37,9 @@ class StatusEndpoint:
             "selfplay_jobs": node.running_jobs,
         }
 
-    async def start(self, host: str = "127.0.0.1") -> int:
-        self._server = await asyncio.start_server(self._handle, host, 0)
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""
+        self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
