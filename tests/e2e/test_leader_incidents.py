@@ -7,6 +7,7 @@ on the next probes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import nats
@@ -23,14 +24,16 @@ from tests.e2e.test_thin_path import remediator_settings
 INTERVAL_S = 0.3
 
 
-async def test_a_leaderless_cluster_gets_an_election_and_a_blocked_peer_a_restart(nats_settings, store_url, apps, tmp_path):
+@contextlib.asynccontextmanager
+async def cluster(nats_settings, store_url, apps, tmp_path):
+    """A 3-peer simulated cluster watched by leader-health, the remediator acting on it, and the
+    incident and action events seen on the bus: (fleet, seen)."""
     fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
     await fleet.start()
     policy = sim_policy(INTERVAL_S)
     dump_policy(policy, tmp_path / "policy.yaml")
     base = remediator_settings(nats_settings, store_url, fleet)
     remediator = type(base)(**{**base.model_dump(exclude={"policy"}), "policy": {"file": tmp_path / "policy.yaml"}, "breaker_max_share": 1.0})
-    peers = [n.status_url for n in fleet.nodes.values()]
     seen: list[tuple[str, dict]] = []
     nc = await nats.connect(nats_settings.url)
 
@@ -42,19 +45,25 @@ async def test_a_leaderless_cluster_gets_an_election_and_a_blocked_peer_a_restar
     try:
         await apps.start(remediator_app(remediator))
         await apps.start(leader_app(
-            LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=INTERVAL_S, connect_timeout_s=0.5, http_timeout_s=0.5),
+            LeaderSettings(nats=nats_settings, cluster="sim", peers=[n.status_url for n in fleet.nodes.values()],
+                           interval_s=INTERVAL_S, connect_timeout_s=0.5, http_timeout_s=0.5),
             policy=policy,
         ))
         await asyncio.sleep(3 * INTERVAL_S)
+        yield fleet, seen
+        await apps.stop_all()
+    finally:
+        await nc.close()
+        await fleet.stop()
+
+
+async def test_a_leaderless_cluster_gets_an_election_and_a_blocked_peer_a_restart(nats_settings, store_url, apps, tmp_path):
+    async with cluster(nats_settings, store_url, apps, tmp_path) as (fleet, seen):
         fleet.set_leader(None)  # quorum holds, nobody leads
         await _until(lambda: _resolved(seen, "no_leader"), 20)
         blocked = fleet.node("sim-node-03")
         blocked.inject_status_blocked()
         await _until(lambda: _resolved(seen, "peer_blocked"), 30)
-        await apps.stop_all()
-    finally:
-        await nc.close()
-        await fleet.stop()
 
     opened = {e["kind"]: e for s, e in seen if ".incident.opened." in s}
     assert set(opened) == {"no_leader", "peer_blocked"}, [e["summary"] for e in opened.values()]
@@ -81,35 +90,10 @@ async def _until(done, timeout_s: float) -> None:
 
 
 async def test_a_crashed_peer_daemon_is_restarted_and_its_port_answers_again(nats_settings, store_url, apps, tmp_path):
-    fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
-    await fleet.start()
-    policy = sim_policy(INTERVAL_S)
-    dump_policy(policy, tmp_path / "policy.yaml")
-    base = remediator_settings(nats_settings, store_url, fleet)
-    remediator = type(base)(**{**base.model_dump(exclude={"policy"}), "policy": {"file": tmp_path / "policy.yaml"}, "breaker_max_share": 1.0})
-    seen: list[tuple[str, dict]] = []
-    nc = await nats.connect(nats_settings.url)
-
-    async def keep(msg) -> None:
-        if ".incident." in msg.subject:
-            seen.append((msg.subject, json.loads(msg.data)))
-
-    await nc.subscribe("gpumedic.v1.>", cb=keep)
-    crashed = fleet.node("sim-node-02")
-    try:
-        await apps.start(remediator_app(remediator))
-        await apps.start(leader_app(
-            LeaderSettings(nats=nats_settings, cluster="sim", peers=[n.status_url for n in fleet.nodes.values()],
-                           interval_s=INTERVAL_S, connect_timeout_s=0.5, http_timeout_s=0.5),
-            policy=policy,
-        ))
-        await asyncio.sleep(3 * INTERVAL_S)
+    async with cluster(nats_settings, store_url, apps, tmp_path) as (fleet, seen):
+        crashed = fleet.node("sim-node-02")
         await fleet.inject("daemon_down", "sim-node-02")
         await _until(lambda: _resolved(seen, "peer_down"), 30)
-        await apps.stop_all()
-    finally:
-        await nc.close()
-        await fleet.stop()
     (opened,) = [e for s, e in seen if ".incident.opened." in s]
     assert (opened["kind"], opened["node_id"]) == ("peer_down", "sim-node-02") and "refuses connections" in opened["summary"]
     assert _resolved(seen, "peer_down")["resolution"] == "fixed" and not crashed.daemon_down
