@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpumedic.sim.pager import Pager
-from gpumedic_bus import Delivery
+from gpumedic_bus import Delivery, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
@@ -46,8 +46,6 @@ class _Remediator:
     """The action handler with its scheduler side, as `register` wires them."""
 
     def __init__(self, settings: Settings, incidents: IncidentStates) -> None:
-        from gpumedic_bus import publish_event
-
         self.incidents = incidents
         self.broker = _Broker()
         self.engine = create_engine(settings.store.url)

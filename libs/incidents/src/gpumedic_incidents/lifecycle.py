@@ -185,7 +185,7 @@ def clear(state: IncidentState, finding: Finding, now: datetime, *, policy: Poli
     if state.phase == "acting":
         return None
     if state.phase == "validating":
-        return _validate(state, finding, now, policy) if finding.ready is not None else None
+        return _validate(state, finding.ready, now, policy) if finding.ready is not None else None
     if finding.ready is False:
         return None  # not ready is no news about a fault that is not gone yet
     fixed = state.phase == "verifying"
@@ -400,21 +400,21 @@ def _start_validation(
     started = Transition(state, validating, (Span("verify", (update,)),))
     if not ready:
         return started
-    counted = _validate(validating, None, now, policy)
+    counted = _validate(validating, True, now, policy)
     return Transition(state, counted.after, (*started.spans, *counted.spans))
 
 
-def _validate(state: IncidentState, finding: Finding | None, now: datetime, policy: Policy) -> Transition | None:
-    """One readiness verdict while validating (None: a ready one): count it, or start over."""
-    if finding is not None and not finding.ready:
+def _validate(state: IncidentState, ready: bool, now: datetime, policy: Policy) -> Transition | None:
+    """One readiness verdict while validating: count a ready sample, or start over."""
+    if not ready:
         if state.ready_samples == 0:
             return None
         return Transition(state, state.model_copy(update={"ready_samples": 0}))
-    ready = state.ready_samples + 1
-    counted = state.model_copy(update={"ready_samples": ready})
-    if ready < policy.validation.ready_samples:
+    in_a_row = state.ready_samples + 1
+    counted = state.model_copy(update={"ready_samples": in_a_row})
+    if in_a_row < policy.validation.ready_samples:
         return Transition(state, counted)
-    reason = f"validated: {ready} samples in a row with {_gpus(state)} free and healthy"
+    reason = f"validated: {in_a_row} samples in a row with {_gpus(state)} free and healthy"
     return _request(state, counted, UndrainNode(), now, policy, reason)
 
 

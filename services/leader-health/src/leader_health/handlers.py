@@ -15,9 +15,7 @@ from leader_health.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector):
-    logic: ClusterIncidents = detector.logic  # type: ignore[assignment]
-
+def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, logic: ClusterIncidents):
     async def check_cluster() -> None:
         while True:
             answers = await probe_all(
@@ -31,9 +29,12 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector):
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)
             try:
                 await publish_event(runtime.broker, assess(settings.cluster, answers))
-                await detector.decide(lambda now: logic.on_round(answers, now))
             except Exception as exc:
                 log.warning("cluster check not published (%r); the bus may be reconnecting", exc)
+            try:
+                await detector.decide(lambda now: logic.on_round(answers, now))
+            except Exception:  # the bus or the state bucket; the next round decides again
+                log.exception("the round's incidents were not applied; the next round decides again")
             await asyncio.sleep(settings.interval_s)
 
     return check_cluster

@@ -9,7 +9,7 @@ from datetime import datetime
 from gpumedic_events import ActionCompleted, ClusterChecked, PeerProblem
 from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer, PeerStatus
-from leader_health.rules import ClusterRules
+from leader_health.rules import ClusterRules, leadership
 
 SOURCE = "leader-health"
 MAX_PROBLEMS = 200
@@ -19,17 +19,17 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     """Healthy when a quorum of peers answers and a quorum of all peers names the same leader,
     which must be one of the peers."""
     total = len(answers)
-    answering = [a.status for a in answers if a.status is not None]
-    quorum = total // 2 + 1
-    named = Counter(s.leader for s in answering if s.leader)
-    leader, votes = named.most_common(1)[0] if named else (None, 0)
+    view = leadership(answers)
+    answering, leader = list(view.statuses), view.leader
+    # The event names the leader most peers name, even one without a majority (as before).
+    named_most = view.named.most_common(1)[0][0] if view.named else None
     known = {s.node_id for s in answering} | {p for s in answering for p in s.peers}
     if total == 0:
         summary, healthy = "no peers configured", False
-    elif len(answering) < quorum:
+    elif not view.has_quorum:
         summary, healthy = f"quorum lost: {len(answering)}/{total} peers answer", False
-    elif leader is None or votes < quorum:
-        summary, healthy = f"no leader with quorum: {len(answering)}/{total} answer, leaders named {dict(named)}", False
+    elif leader is None:
+        summary, healthy = f"no leader with quorum: {len(answering)}/{total} answer, leaders named {dict(view.named)}", False
     elif leader not in known:
         summary, healthy = f"{len(answering)}/{total} peers answer; their leader {leader} is not a peer", False
     else:
@@ -48,7 +48,7 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         cluster=cluster,
         peers_total=total,
         peers_answering=len(answering),
-        leader=leader[:256] if leader else None,
+        leader=named_most[:256] if named_most else None,
         healthy=healthy,
         summary=summary[:1000],
         problems=problems[:MAX_PROBLEMS],

@@ -31,9 +31,10 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     policy = policy or settings.policy.load()
     if missing := policy.unconfigured():
         log.info("leader-health: these escalate to a person until set: %s", ", ".join(f"{k} ({v})" for k, v in missing.items()))
-    detector = Detector(runtime, ClusterIncidents(settings.cluster, policy), SERVICE)
+    logic = ClusterIncidents(settings.cluster, policy)
+    detector = Detector(runtime, logic, SERVICE)
     detector.attach("leader-health-actions")
-    runtime.background(check_loop(runtime, settings, detector))
+    runtime.background(check_loop(runtime, settings, detector, logic))
     return runtime.app()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections import Counter, deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -28,11 +29,34 @@ from urllib.parse import urlsplit
 from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
 from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
 from gpumedic_incidents.policy import PeerPolicy
-from leader_health.probe import PeerAnswer
+from leader_health.probe import PeerAnswer, PeerStatus
 
 NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 """Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
 PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """What one round's answering peers say together: the majority of all peers a leader needs,
+    the leaders they name, and the one a majority names (None when no leader has one)."""
+
+    statuses: tuple[PeerStatus, ...]
+    quorum: int
+    named: Counter[str]
+    leader: str | None
+
+    @property
+    def has_quorum(self) -> bool:
+        return len(self.statuses) >= self.quorum
+
+
+def leadership(answers: Sequence[PeerAnswer]) -> Leadership:
+    statuses = tuple(a.status for a in answers if a.status is not None)
+    quorum = len(answers) // 2 + 1
+    named = Counter(s.leader for s in statuses if s.leader)
+    leader, votes = named.most_common(1)[0] if named else (None, 0)
+    return Leadership(statuses, quorum, named, leader if votes >= quorum else None)
 
 
 class Incidents(Protocol):
@@ -60,28 +84,27 @@ class ClusterRules:
             if a.status is not None:
                 self.node_of[a.url] = a.status.node_id
         findings = [f for a in answers for f in self._peer(a, incidents)]
-        statuses = [a.status for a in answers if a.status is not None]
-        quorum = len(answers) // 2 + 1
         if not answers:
             return findings
-        if len(statuses) < quorum:
+        view = leadership(answers)
+        statuses = view.statuses
+        if not view.has_quorum:
             findings.append(self._cluster_finding(
-                IncidentKind.QUORUM_LOST, f"quorum lost: {len(statuses)} of {len(answers)} peers answer (a majority is {quorum})",
+                IncidentKind.QUORUM_LOST,
+                f"quorum lost: {len(statuses)} of {len(answers)} peers answer (a majority is {view.quorum})",
                 {"answering": len(statuses), "peers": len(answers)}, severity="critical",
             ))
             return findings + self._below_target(len(statuses), now)
         findings.append(self._cluster_cleared(IncidentKind.QUORUM_LOST))
-        named = Counter(s.leader for s in statuses if s.leader)
-        if len(named) > 1:
+        if len(view.named) > 1:
             findings.append(self._cluster_finding(
-                IncidentKind.SPLIT_BRAIN, f"peers name {len(named)} different leaders: {dict(named)}",
-                {"leaders": " ".join(sorted(named))}, severity="critical",
+                IncidentKind.SPLIT_BRAIN, f"peers name {len(view.named)} different leaders: {dict(view.named)}",
+                {"leaders": " ".join(sorted(view.named))}, severity="critical",
             ))
         else:
             findings.append(self._cluster_cleared(IncidentKind.SPLIT_BRAIN))
-        leader, votes = named.most_common(1)[0] if named else (None, 0)
-        findings += self._no_leader(leader if votes >= quorum else None, statuses, incidents, now, quorum)
-        findings += self._flapping(leader if votes >= quorum else None, now)
+        findings += self._no_leader(view.leader, statuses, incidents, now, view.quorum)
+        findings += self._flapping(view.leader, now)
         return findings + self._below_target(len(statuses), now)
 
     # --- per peer ---------------------------------------------------------------------------
