@@ -42,12 +42,15 @@ from gpumedic_incidents.policy import (
     Actions,
     AdminEndpoint,
     AdminPolicy,
+    FlappingPolicy,
     FleetPolicy,
     Kinds,
     NoLeaderPolicy,
+    PartitionPolicy,
     PeerPolicy,
     RestartPolicy,
     Step,
+    TargetPolicy,
     UnitRule,
     ZombiePolicy,
     dump_policy,
@@ -74,10 +77,15 @@ SIM_BREAKER_MAX_SHARE = 0.5
 nodes and a quarter of the fleet."""
 
 
-def sim_policy(interval_s: float) -> Policy:
+SPARE_PEERS = 3
+"""The sim's peer target is the fleet less this many."""
+
+
+def sim_policy(interval_s: float, n_nodes: int = 0) -> Policy:
     """The shipped policy with a run's seconds instead of the runbooks' minutes (a zombie after
     six sample intervals idle, so a short dip of a few intervals is not one), and what an operator
-    of the simulated peer cluster would add: its daemon's unit and its election endpoint."""
+    of the simulated peer cluster would add: its daemon's unit, its election endpoint and its
+    target (every node but a spare few: a peer restarting is no shortfall)."""
     return Policy(
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
@@ -93,6 +101,9 @@ def sim_policy(interval_s: float) -> Policy:
             no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
             peer_blocked=PeerPolicy(after_checks=3, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
             peer_down=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
+            leader_flapping=FlappingPolicy(max_changes=4, window_s=12 * interval_s),
+            peer_partitioned=PartitionPolicy(for_s=4 * interval_s),
+            peers_below_target=TargetPolicy(target=max(0, n_nodes - SPARE_PEERS), for_s=3 * interval_s),
         ),
     )
 
@@ -228,7 +239,7 @@ async def run_simulation(
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": str(SIM_BREAKER_MAX_SHARE),
             **(env or {}),
         }
-        dump_policy(sim_policy(interval_s), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
+        dump_policy(sim_policy(interval_s, len(fleet.nodes)), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         say(
             "[3/5] starting the six services (the remediator's breaker raised to "
             f"{stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES']} nodes and "

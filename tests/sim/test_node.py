@@ -94,8 +94,14 @@ async def test_status_endpoint_answers_json(fleet):
     assert status == 200
     assert json.loads(body) == {
         "node_id": "sim-node-02",
+        "role": "follower",
         "leader": "sim-node-01",
         "peers": ["sim-node-01"],
+        "voters": 2,
+        "voters_total": 2,
+        "quorum": True,
+        "uptime_s": 86400.0,
+        "healthy": True,
         "selfplay_jobs": 2,
     }
     node.inject_zombie(0)

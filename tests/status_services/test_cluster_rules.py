@@ -14,6 +14,7 @@ from gpumedic_incidents.policy import (
     FleetPolicy,
     Kinds,
     NoLeaderPolicy,
+    PartitionPolicy,
     PeerPolicy,
     RestartPolicy,
     Step,
@@ -41,8 +42,8 @@ POLICY = Policy(
 NODES = ["p1", "p2", "p3", "p4", "p5"]
 
 
-def ok(node: str, leader: str | None = "p1") -> PeerAnswer:
-    return PeerAnswer(f"http://{node}:8770/status", "ok", PeerStatus(node_id=node, leader=leader, peers=tuple(NODES)))
+def ok(node: str, leader: str | None = "p1", peers: list[str] = NODES, quorum: bool | None = None) -> PeerAnswer:
+    return PeerAnswer(f"http://{node}:8770/status", "ok", PeerStatus(node_id=node, leader=leader, peers=tuple(peers), quorum=quorum))
 
 
 def bad(node: str, state: str) -> PeerAnswer:
@@ -132,14 +133,54 @@ def test_lost_quorum_and_split_brain_are_cluster_incidents_for_a_person():
     assert split.kind is IncidentKind.SPLIT_BRAIN and "2 different leaders" in split.summary
 
 
+def test_answering_peers_that_say_they_lost_quorum_are_lost_quorum_not_a_missing_leader():
+    c = Cluster()
+    for s in range(0, 60, 10):  # past no_leader's grace: every peer answers, none has quorum
+        c.round(s, [ok(n, leader=None, quorum=False) for n in NODES])
+    assert [o.kind for o in c.opened()] == [IncidentKind.QUORUM_LOST]
+    assert "5 of 5 answering peers say they have no quorum" in c.opened()[0].summary
+    c = Cluster()  # one peer catching up without quorum is no lost quorum
+    for s in range(0, 60, 10):
+        c.round(s, [ok(n, quorum=True) for n in NODES[:4]] + [ok("p5", leader=None, quorum=False)])
+    assert c.events == []
+
+
+def test_two_leaders_without_a_majority_are_a_split_brain_and_never_a_missing_leader():
+    c = Cluster()
+    for s in range(0, 60, 10):
+        c.round(s, [ok("p1", "p1"), ok("p2", "p1"), ok("p3", "p3"), ok("p4", "p3"), ok("p5", None)])
+    assert [o.kind for o in c.opened()] == [IncidentKind.SPLIT_BRAIN]
+
+
+def test_a_peer_much_of_the_cluster_cannot_see_is_partitioned_after_membership_had_time_to_converge():
+    policy = POLICY.model_copy(update={"kinds": POLICY.kinds.model_copy(update={"peer_partitioned": PartitionPolicy(for_s=30)})})
+    behind_nat = [ok("p1", peers=NODES)] + [ok(n, peers=[m for m in NODES if m != "p1"]) for n in NODES[1:]]
+    c = Cluster(policy)
+    for s in (0, 10, 20):  # a peer joining is unseen for a while: not yet an incident
+        c.round(s, behind_nat)
+    assert c.events == []
+    c.round(30, behind_nat)
+    (opened,) = c.opened()
+    assert (opened.kind, opened.node_id) == (IncidentKind.PEER_PARTITIONED, "p1")
+    assert "4 of the 4 other answering peers do not see it" in opened.summary
+    assert any(isinstance(e, IncidentEscalated) for e in c.events)  # the network is a person's
+    (resolved,) = c.round(40, [ok(n) for n in NODES])
+    assert isinstance(resolved, IncidentResolved)
+    c = Cluster(policy)  # one that sees nobody never joined: not a partition (it is the target's business)
+    for s in range(0, 100, 10):
+        c.round(s, [ok(n, peers=NODES[:4]) for n in NODES[:4]] + [ok("p5", leader=None, peers=[])])
+    assert IncidentKind.PEER_PARTITIONED not in [o.kind for o in c.opened()]
+
+
 def test_a_flapping_leader_and_too_few_peers_open_their_incidents():
     c = Cluster()
     for i, s in enumerate(range(0, 50, 10)):
         c.round(s, [ok(n, leader=NODES[i % 2]) for n in NODES])
     assert IncidentKind.LEADER_FLAPPING in [o.kind for o in c.opened()]
     c = Cluster()
-    four = [ok(n) for n in NODES[:4]] + [bad("p5", "bad_answer")]
+    # p5 answers but never joined: the leader counts four members, itself included
+    four = [ok(n, peers=NODES[:4]) for n in NODES[:4]] + [ok("p5", leader=None, peers=[])]
     for s in range(0, 70, 10):
         c.round(s, four)
     (below,) = c.opened()
-    assert below.kind is IncidentKind.PEERS_BELOW_TARGET and "4 peers answer, below the target of 5" in below.summary
+    assert below.kind is IncidentKind.PEERS_BELOW_TARGET and "the cluster has 4 peers, below the target of 5" in below.summary

@@ -14,16 +14,25 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncssh
 from gpumedic_events import Event
 
 from gpumedic.credentials import write_private
+from gpumedic.sim.cluster import ELECTION_S, PeerCluster
 from gpumedic.sim.node import SimNode
-from gpumedic.sim.state import Benign, Fault, InjectedFault
+from gpumedic.sim.scenario import FAULT_PARAMS
+from gpumedic.sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, Benign, Fault, InjectedFault
 
 log = logging.getLogger(__name__)
+
+_CLUSTER_SCRIPTS = frozenset({
+    Fault.NO_LEADER, Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEER_PARTITIONED, Fault.PEERS_NEVER_JOIN,
+    Benign.ELECTION, Benign.PEER_JOINING, Benign.PLANNED_RESTART,
+})
+"""What `_script_cluster` scripts."""
 
 SSH_USER = "gpumedic"
 
@@ -57,14 +66,17 @@ class SimFleet:
         for node_id in node_ids_for(n_nodes):
             node = SimNode(node_id, gpus_per_node)
             node.fault_listeners.append(self.injected.append)
-            node.on_election = self.set_leader
             for gpu in range(gpus_per_node):
                 for _ in range(jobs_per_gpu):
                     node.start_job(gpu, started_ago_s=node.random_age_s(600, 6 * 3600))
             self.nodes[node.node_id] = node
+        self.cluster = PeerCluster(list(self.nodes))
+        """The peer cluster every node's daemon belongs to; its first node leads."""
+        for node in self.nodes.values():
+            node.cluster = self.cluster
         self.client_key = asyncssh.generate_private_key("ssh-ed25519")
-        self.set_leader(next(iter(self.nodes)))
         self._sampler_tasks: set[asyncio.Task] = set()
+        self._timers: set[asyncio.Task] = set()
         self._started = False
 
     @property
@@ -86,16 +98,14 @@ class SimFleet:
             raise KeyError(f"no node {node_id!r} in the fleet") from None
 
     def set_leader(self, leader: str | None) -> None:
-        """Which node every peer reports as leader; None scripts "no leader"."""
-        ids = list(self.nodes)
-        for node in self.nodes.values():
-            node.leader = leader
-            node.peers = [n for n in ids if n != node.node_id]
+        """Which node the cluster's peers name as leader; None scripts "no leader"."""
+        self.cluster.leader = leader
 
     async def inject(self, fault: str, node_id: str, gpu: int | None = None, **params: object) -> None:
         """Inject one fault, or script one benign behaviour, by name (the names of `Fault` and
-        `Benign`, as scenario files use them)."""
+        `Benign`, as scenario files use them), with the scenario defaults for parameters not given."""
         node = self.node(node_id)
+        params = {**FAULT_PARAMS.get(fault, {}), **params}
         needs_gpu = {
             Fault.ZOMBIE_JOB: node.inject_zombie,
             Fault.ORPHAN_GPU_HOLDER: node.inject_orphan,
@@ -123,18 +133,76 @@ class SimFleet:
         elif fault in (Benign.SHORT_DIP, Benign.CHECKPOINT_PAUSE):
             index = self._gpu(fault, gpu)
             node.pause_job(index, checkpointing=fault == Benign.CHECKPOINT_PAUSE)
-            asyncio.get_running_loop().call_later(float(params.get("for", 10.0)), node.resume_job, index)
+            asyncio.get_running_loop().call_later(float(params["for"]), node.resume_job, index)
         elif fault == Fault.DAEMON_DOWN:
             await node.inject_daemon_down()
-        elif fault == Fault.NO_LEADER:
-            self.set_leader(None)
-            node.record_no_leader()
+        elif fault in _CLUSTER_SCRIPTS:
+            await self._script_cluster(fault, node, **params)
         elif fault == Fault.SSH_REFUSES:
             await node.inject_ssh_refuses()
         elif fault == Fault.SSH_HANGS:
             await node.inject_ssh_hangs()
         else:
             raise ValueError(f"no fault named {fault!r}")
+
+    async def _script_cluster(self, fault: str, node: SimNode, **params) -> None:
+        """What the peer cluster does: faults of the whole cluster (recorded on it, `CLUSTER`),
+        a peer seen by only some others, and the benign elections, joins and restarts."""
+        cluster, node_id = self.cluster, node.node_id
+        if fault == Fault.NO_LEADER:
+            cluster.leader = None
+            node.record(fault)  # the election is forced on this node, where the incident belongs
+        elif fault == Fault.QUORUM_LOST:
+            cluster.quorum_lost = True
+            self._later(params["for"], lambda: setattr(cluster, "quorum_lost", False))
+        elif fault == Fault.SPLIT_BRAIN:
+            cluster.rival, cluster.rival_followers = node_id, frozenset(self._nodes_from(node_id, params["count"]))
+            self._later(params["for"], lambda: setattr(cluster, "rival_followers", frozenset()))
+        elif fault == Fault.LEADER_FLAPPING:
+            self._timers.add(asyncio.create_task(self._flap(params["for"], params["every"])))
+        elif fault == Fault.PEER_PARTITIONED:
+            others = [n for n in self.nodes if n != node_id]
+            cluster.hidden[node_id] = frozenset(others[::2])  # behind NAT: every other peer cannot reach it
+            node.record(fault)
+            self._later(params["for"], lambda: cluster.hidden.pop(node_id, None))
+        elif fault == Fault.PEERS_NEVER_JOIN:
+            cluster.never_join(self._nodes_from(node_id, params["count"]))
+        elif fault == Benign.ELECTION:
+            cluster.leader = None
+            node.record(fault)
+            self._later(ELECTION_S, lambda: cluster.elect(node_id))
+        elif fault == Benign.PEER_JOINING:
+            cluster.join(node_id)
+            node.record(fault)
+        elif fault == Benign.PLANNED_RESTART:
+            leading = cluster.leader == node_id
+            await node.restart_daemon(params["for"])
+            if leading:
+                self._later(ELECTION_S, cluster.elect)
+        else:
+            raise ValueError(f"no fault named {fault!r}")
+        if fault in CLUSTER_FAULTS:
+            self.injected.append(InjectedFault(datetime.now(UTC), CLUSTER, None, fault, EXPECTED[fault]))
+
+    async def _flap(self, for_s: float, every_s: float) -> None:
+        """The leader changes every `every_s` for `for_s`, round the voters."""
+        voters = self.cluster.voters
+        for turn in range(1, int(for_s // every_s) + 1):
+            await asyncio.sleep(every_s)
+            self.cluster.elect(voters[turn % len(voters)])
+
+    def _later(self, delay_s: float, then: Callable[[], object]) -> None:
+        async def after() -> None:
+            await asyncio.sleep(delay_s)
+            then()
+
+        self._timers.add(asyncio.create_task(after()))
+
+    def _nodes_from(self, node_id: str, count: int) -> list[str]:
+        """`count` nodes from `node_id` on, in fleet order."""
+        ids = list(self.nodes)
+        start = ids.index(node_id)
+        return ids[start : start + count]
 
     @staticmethod
     def _gpu(fault: str, gpu: int | None) -> int:
@@ -151,9 +219,9 @@ class SimFleet:
         log.info("simulated fleet of %d nodes up; inventory in %s", len(self.nodes), self.inventory_path)
 
     async def stop(self) -> None:
-        for task in list(self._sampler_tasks):
+        for task in list(self._sampler_tasks | self._timers):
             task.cancel()
-        for task in list(self._sampler_tasks):
+        for task in list(self._sampler_tasks | self._timers):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)

@@ -23,7 +23,7 @@ from gpumedic.sim.kernel import SimKernelLog
 from gpumedic.sim.nvml import SimNvml
 from gpumedic.sim.procs import SimProcessTable
 from gpumedic.sim.ssh import SshEndpoint
-from gpumedic.sim.state import Fault, NodeState
+from gpumedic.sim.state import Benign, Fault, NodeState
 from gpumedic.sim.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
@@ -85,7 +85,24 @@ class SimNode(NodeState):
         """The peer daemon crashes: its status port refuses connections until its unit restarts."""
         await self._status.stop()
         self.daemon_down = True
+        self.cluster.leave(self.node_id)
         self._record(None, Fault.DAEMON_DOWN)
+
+    async def restart_daemon(self, down_s: float) -> None:
+        """A planned restart of the peer daemon: its port refuses for `down_s`, then it listens
+        again and rejoins the cluster."""
+        await self._status.stop()
+        self.cluster.leave(self.node_id)
+        self.record(Benign.PLANNED_RESTART)
+
+        async def back() -> None:
+            await asyncio.sleep(down_s)
+            await self._status.start(self.host, self._status.port or 0)
+            self.cluster.join(self.node_id)
+
+        task = asyncio.get_running_loop().create_task(back())
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
 
     def _listen_again(self) -> None:
         task = asyncio.get_running_loop().create_task(self._status.start(self.host, self._status.port or 0))
@@ -93,6 +110,8 @@ class SimNode(NodeState):
         task.add_done_callback(self._restarts.discard)
 
     async def stop(self) -> None:
+        for task in list(self._restarts):
+            task.cancel()
         await self._ssh.stop()
         await self._status.stop()
         if self._docker is not None:

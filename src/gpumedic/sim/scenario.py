@@ -38,7 +38,18 @@ status_blocked      -                the node's status endpoint accepts but neve
 daemon_down         -                the peer daemon crashes: its status port refuses connections
 no_leader           -                every peer loses the leader (quorum holds); give the
                                      cluster's first node, where the election is forced
+quorum_lost         for (=60s)       the voters lose each other: no peer has quorum or a leader
+split_brain         count (=5),      the node and the next count-1 follow the node as a second
+                    for (=60s)       leader (give a node that is not the leader)
+leader_flapping     every (=5s),     the leader changes every `every`, round the voters
+                    for (=60s)
+peer_partitioned    for (=90s)       behind NAT: every other peer cannot see the node, which
+                                     sees them all
+peers_never_join    count (=5)       the node and the next count-1 never join the cluster
 ==================  ===============  ======================================================
+
+The peer cluster's faults `quorum_lost`, `split_brain`, `leader_flapping` and `peers_never_join`
+concern the whole cluster and are scored on it (`sim`), whatever node they name.
 
 Benign behaviours (`Benign`) are scripted the same way (``fault: job_finished``); a healthy fleet
 does them all day and they must open no incident:
@@ -50,6 +61,10 @@ job_finished        gpu              the job is done: exit 0, its container with
 container_stopped   gpu              the node stops the job's container (docker stop): 143
 short_dip           gpu, for (=10s)  the job stops computing for `for`, then goes on
 checkpoint_pause    gpu, for (=60s)  the GPU idles for `for` while output still grows
+election            -                the leader steps down; 3s later the node (a voter) leads
+peer_joining        -                the node's peer daemon joins anew; the others meet it
+planned_restart     for (=3s)        the node's peer daemon stops for `for`, then rejoins (a
+                                     leader restarted: the cluster elects another)
 ==================  ===============  ======================================================
 
 `gpu` is required for the kinds that take one and refused for the others. "random" (for `node`
@@ -95,7 +110,8 @@ DEFAULT_XID = 79
 DEFAULT_DISK_PATH = "/var/lib/docker"
 RANDOM = "random"
 
-CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME]"
+CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME][,every=TIME][,count=N]"
+MAX_COUNT = 1000
 CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
@@ -116,7 +132,10 @@ GPU_FAULTS: frozenset[Scripted] = frozenset(
         FaultKind.GPU_OOM,
         FaultKind.XID,
         FaultKind.GPU_LOST,
-        *Benign,
+        Benign.JOB_FINISHED,
+        Benign.CONTAINER_STOPPED,
+        Benign.SHORT_DIP,
+        Benign.CHECKPOINT_PAUSE,
     }
 )
 """The kinds that happen to one GPU and so require `gpu`; the others are the node's and refuse it."""
@@ -127,6 +146,12 @@ FAULT_PARAMS: Mapping[Scripted, Mapping[str, object]] = MappingProxyType(
         FaultKind.DISK_FULL: MappingProxyType({"path": DEFAULT_DISK_PATH}),
         Benign.SHORT_DIP: MappingProxyType({"for": 10.0}),
         Benign.CHECKPOINT_PAUSE: MappingProxyType({"for": 60.0}),
+        FaultKind.QUORUM_LOST: MappingProxyType({"for": 60.0}),
+        FaultKind.SPLIT_BRAIN: MappingProxyType({"count": 5, "for": 60.0}),
+        FaultKind.LEADER_FLAPPING: MappingProxyType({"every": 5.0, "for": 60.0}),
+        FaultKind.PEER_PARTITIONED: MappingProxyType({"for": 90.0}),
+        FaultKind.PEERS_NEVER_JOIN: MappingProxyType({"count": 5}),
+        Benign.PLANNED_RESTART: MappingProxyType({"for": 3.0}),
     }
 )
 """Extra fields a kind takes, with their defaults; kinds not listed take none."""
@@ -149,10 +174,18 @@ FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
         FaultKind.STATUS_BLOCKED: "the node's status endpoint accepts but never answers",
         FaultKind.DAEMON_DOWN: "the peer daemon crashes: its status port refuses connections",
         FaultKind.NO_LEADER: "every peer loses the leader while quorum holds (give the cluster's first node)",
+        FaultKind.QUORUM_LOST: "the voters lose each other: no peer has quorum or a leader, for `for`",
+        FaultKind.SPLIT_BRAIN: "the node and the next `count`-1 follow the node as a second leader, for `for`",
+        FaultKind.LEADER_FLAPPING: "the leader changes every `every`, round the voters, for `for`",
+        FaultKind.PEER_PARTITIONED: "behind NAT: every other peer cannot see the node, for `for`",
+        FaultKind.PEERS_NEVER_JOIN: "the node and the next `count`-1 never join the peer cluster",
         Benign.JOB_FINISHED: "benign: the job is done, exit 0, the GPU free",
         Benign.CONTAINER_STOPPED: "benign: the node stops the job's container (docker stop, exit 143)",
         Benign.SHORT_DIP: "benign: the job stops computing for `for` (default 10s), then goes on",
         Benign.CHECKPOINT_PAUSE: "benign: the GPU idles for `for` (default 60s) while output still grows",
+        Benign.ELECTION: "benign: the leader steps down; 3s later the node leads",
+        Benign.PEER_JOINING: "benign: the node's peer daemon joins the cluster anew",
+        Benign.PLANNED_RESTART: "benign: the node's peer daemon restarts (down for `for`, default 3s)",
     }
 )
 
@@ -346,7 +379,7 @@ def parse_fault_option(
             raise ScenarioError(source, "", f"{part.strip()!r} is not key=value; {syntax}")
         if key in entry:
             raise ScenarioError(source, key, f"given twice; {syntax}")
-        entry[key] = int(value) if key in ("gpu", "xid") and re.fullmatch(r"[+-]?\d+", value) else value
+        entry[key] = int(value) if key in ("gpu", "xid", "count") and re.fullmatch(r"[+-]?\d+", value) else value
     fleet = _Fleet(tuple(node_ids), gpus_per_node)
     return _parse_fault(
         entry,
@@ -540,7 +573,11 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
         if len(value) > 256 or "\x00" in value or "\n" in value:
             raise ScenarioError(source, where, "a path of at most 256 characters, without NUL or newline")
         return value
-    if name == "for":
+    if name == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            raise ScenarioError(source, where, f"expected a number of nodes from 1 to {MAX_COUNT}, got {_show(value)}")
+        return value
+    if name in ("for", "every"):
         try:
             seconds = parse_time(value)
         except ValueError as exc:

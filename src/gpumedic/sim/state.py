@@ -22,6 +22,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import NamedTuple
 
+from gpumedic.sim.cluster import PeerCluster
 from gpumedic.sim.host import SimHost
 from gpumedic.sim.kernel import SimKernelLog
 
@@ -60,6 +61,11 @@ class Fault(StrEnum):
     STATUS_BLOCKED = "status_blocked"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
+    QUORUM_LOST = "quorum_lost"
+    SPLIT_BRAIN = "split_brain"
+    LEADER_FLAPPING = "leader_flapping"
+    PEER_PARTITIONED = "peer_partitioned"
+    PEERS_NEVER_JOIN = "peers_never_join"
 
 
 DEVICE_BUSY = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
@@ -80,6 +86,19 @@ class Benign(StrEnum):
     """The job stops computing for a while, shorter than the zombie threshold, then goes on."""
     CHECKPOINT_PAUSE = "checkpoint_pause"
     """The GPU idles while the job writes a checkpoint: output grows, then it goes on."""
+    ELECTION = "election"
+    """The peer cluster's leader steps down and, a few seconds later, the node is elected."""
+    PEER_JOINING = "peer_joining"
+    """The node's peer daemon joins the cluster anew; the others meet it over a few seconds."""
+    PLANNED_RESTART = "planned_restart"
+    """The node's peer daemon is restarted on purpose: down for a few seconds, then it rejoins."""
+
+
+CLUSTER = "sim"
+"""The simulated peer cluster's name: leader-health's incidents about the whole cluster are on it,
+and so are the cluster-wide faults' records."""
+CLUSTER_FAULTS = frozenset({Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEERS_NEVER_JOIN})
+"""Faults of the whole peer cluster (scored on `CLUSTER`, not on the node the scenario names)."""
 
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
@@ -108,6 +127,11 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
+        Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
+        Fault.SPLIT_BRAIN: frozenset({"split_brain"}),
+        Fault.LEADER_FLAPPING: frozenset({"leader_flapping"}),
+        Fault.PEER_PARTITIONED: frozenset({"peer_partitioned"}),
+        Fault.PEERS_NEVER_JOIN: frozenset({"peers_below_target"}),
         **{b: frozenset() for b in Benign},
     }
 )
@@ -246,14 +270,12 @@ class NodeState:
         """Memory, swap, load and disks, as the sampler's host reader sees them."""
         self.kernel: SimKernelLog | None = None
         """The node's /dev/kmsg (a FIFO the real kernel-log watcher reads); set once the node starts."""
-        self.leader: str | None = None
-        self.peers: list[str] = []
+        self.cluster = PeerCluster([node_id])
+        """The peer cluster its daemon belongs to (alone, until a fleet makes it a member of one)."""
         self.admin_token: str | None = None
         """The bearer token its service's admin endpoints want (None: they want none)."""
         self.admin_calls: list[str] = []
         """Admin endpoints called and accepted, by path, in order."""
-        self.on_election: Callable[[str], None] | None = None
-        """What a forced election does: the fleet makes this node every peer's leader."""
         self.daemon_down = False
         """The peer daemon crashed: its status port refuses connections until its unit restarts."""
         self.on_daemon_start: Callable[[], None] | None = None
@@ -493,14 +515,20 @@ class NodeState:
         self.nvml_missing = True
         self._record(None, Fault.NVML_MISSING)
 
-    def record_no_leader(self) -> None:
-        """The cluster lost its leader (the fleet sets every peer's view); recorded on this node,
-        the first answering peer, where the incident and the forced election belong."""
-        self._record(None, Fault.NO_LEADER)
+    @property
+    def leader(self) -> str | None:
+        """The leader its peer daemon names."""
+        return self.cluster.leader_of(self.node_id)
+
+    def record(self, fault: str) -> None:
+        """Record what the fleet did to the peer cluster with this node in mind (the fleet
+        changes the cluster; the ground truth is kept per node)."""
+        self._record(None, fault)
 
     def inject_status_blocked(self) -> None:
         """The node's event loop blocks: its status port accepts TCP but never answers."""
         self.status_blocked = True
+        self.cluster.leave(self.node_id)
         self._record(None, Fault.STATUS_BLOCKED)
 
     def kill(self, pid: int, signal: str = "KILL") -> bool:
@@ -531,8 +559,8 @@ class NodeState:
             return 404
         with self._lock:
             self.admin_calls.append(path)
-        if path == "/admin/elect" and self.on_election is not None:
-            self.on_election(self.node_id)
+        if path == "/admin/elect":
+            self.cluster.elect(self.node_id)
         return 200
 
     def restart_unit(self, unit: str) -> bool:
@@ -544,11 +572,12 @@ class NodeState:
             self.unit_restarts[unit] = self.unit_restarts.get(unit, 0) + 1
             if unit == SAMPLER_UNIT:
                 self.sampler_silent = False
-            if unit == PEER_UNIT:
+            if unit == PEER_UNIT and (self.status_blocked or self.daemon_down):
                 self.status_blocked = False
                 if self.daemon_down and self.on_daemon_start is not None:
                     self.daemon_down = False
                     self.on_daemon_start()
+                self.cluster.join(self.node_id)
         return True
 
     def reboot(self) -> None:

@@ -2,8 +2,8 @@
 and `GET /health`.
 
 A tiny asyncio HTTP server, no framework: it answers one request per connection. The node's
-job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; `leader` and
-`peers` are what leader-health probes. With the "blocked event loop" fault the port still
+job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; the rest is
+the peer cluster as this node's daemon sees it (`gpumedic.sim.cluster`), which leader-health probes. With the "blocked event loop" fault the port still
 accepts TCP but never answers, which is the failure that fault stands for.
 """
 
@@ -30,12 +30,7 @@ class StatusEndpoint:
 
     def document(self) -> dict:
         node = self.node
-        return {
-            "node_id": node.node_id,
-            "leader": node.leader,
-            "peers": list(node.peers),
-            "selfplay_jobs": node.running_jobs,
-        }
+        return {**node.cluster.status(node.node_id), "selfplay_jobs": node.running_jobs}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""

@@ -39,7 +39,7 @@ class IncidentKind(StrEnum):
     NO_LEADER = "no_leader"
     """A peer cluster keeps its quorum but no leader has one (leader-health)."""
     QUORUM_LOST = "quorum_lost"
-    """Fewer than a majority of a peer cluster's peers answer."""
+    """Fewer than a majority of a peer cluster's peers answer, or most say they have no quorum."""
     SPLIT_BRAIN = "split_brain"
     """Answering peers name different leaders."""
     LEADER_FLAPPING = "leader_flapping"
@@ -48,8 +48,10 @@ class IncidentKind(StrEnum):
     """A peer's port accepts TCP but its HTTP never answers (a blocked event loop)."""
     PEER_DOWN = "peer_down"
     """A peer refuses connections (its daemon is not running) or its host does not answer."""
+    PEER_PARTITIONED = "peer_partitioned"
+    """A peer sees the cluster but much of the cluster does not see it (NAT, a firewall)."""
     PEERS_BELOW_TARGET = "peers_below_target"
-    """Fewer peers answer than the cluster's target, for a while."""
+    """The cluster has fewer members than its target, for a while."""
 
 
 class IncidentEvent(Event):

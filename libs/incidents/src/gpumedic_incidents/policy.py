@@ -175,8 +175,15 @@ class PeerPolicy(KindPolicy):
     )
 
 
+class PartitionPolicy(KindPolicy):
+    max_unseen_share: float = Field(
+        default=0.25, ge=0, lt=1, description="Share of the other answering peers that may not see a peer."
+    )
+    for_s: float = Field(default=300.0, ge=0, description="Unseen by more than that this long (membership converges first).")
+
+
 class TargetPolicy(KindPolicy):
-    target: int = Field(default=0, ge=0, description="Peers that should answer; 0: no target.")
+    target: int = Field(default=0, ge=0, description="Peers the cluster should have (its leader's count); 0: no target.")
     for_s: float = Field(default=600.0, ge=0, description="Below the target this long before an incident.")
 
 
@@ -200,6 +207,7 @@ class Kinds(_Strict):
     leader_flapping: FlappingPolicy = FlappingPolicy()
     peer_blocked: PeerPolicy = PeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
+    peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
 
 

@@ -36,7 +36,8 @@ class PeerStatus(BaseModel):
     leader: str | None = Field(max_length=253, description="Required, null when the peer knows no leader.")
     peers: tuple[str, ...] = Field(default=(), max_length=4096, description="The peers it sees alive.")
     role: str | None = Field(default=None, max_length=32)
-    voters: int | None = Field(default=None, ge=0)
+    voters: int | None = Field(default=None, ge=0, description="The voters it sees alive, itself included.")
+    voters_total: int | None = Field(default=None, ge=0)
     quorum: bool | None = None
     uptime_s: float | None = Field(default=None, ge=0)
 

@@ -6,12 +6,18 @@ shared lifecycle's business.
   at all) per peer, after `after_checks` rounds in a row; the fix for a daemon that is blocked or
   not running is a restart of its unit (where the policy names one), never for a host that does
   not answer (SSH would not reach it either);
-- `quorum_lost` when fewer than a majority of the peers answer (nothing else is judged then);
+- `peer_partitioned` per answering peer that sees others but more than `max_unseen_share` of the
+  other answering peers do not see, for `for_s` (NAT, a firewall: longer than membership takes to
+  converge after a join or a restart); a person, since the network is not gpumedic's to fix;
+- `quorum_lost` when fewer than a majority of the peers answer, or most answering peers say
+  they have no quorum (nothing else about the leader is judged then);
 - `split_brain` when answering peers name different leaders;
-- `no_leader` when quorum holds but no leader has one for `grace_s`: the fix is forcing an
-  election through one answering peer's admin endpoint (the incident is on that peer);
+- `no_leader` when quorum holds, no two leaders are named and none has a majority for `grace_s`:
+  the fix is forcing an election through one answering peer's admin endpoint (the incident is
+  on that peer);
 - `leader_flapping` when the leader changes `max_changes` times within `window_s`;
-- `peers_below_target` when fewer than `target` peers answer for `for_s`.
+- `peers_below_target` when the cluster has fewer than `target` members for `for_s`: the members
+  the leader counts alive, itself included (without an answering leader, the widest view).
 
 Cluster-wide incidents other than `no_leader` are on a node named after the cluster.
 """
@@ -28,7 +34,7 @@ from urllib.parse import urlsplit
 
 from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
 from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
-from gpumedic_incidents.policy import PeerPolicy
+from gpumedic_incidents.policy import PartitionPolicy, PeerPolicy
 from leader_health.probe import PeerAnswer, PeerStatus
 
 NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
@@ -39,16 +45,26 @@ PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DO
 @dataclass(frozen=True)
 class Leadership:
     """What one round's answering peers say together: the majority of all peers a leader needs,
-    the leaders they name, and the one a majority names (None when no leader has one)."""
+    the leaders they name, the one a majority names (None when no leader has one), and whether
+    most of the peers that report their quorum say they have none."""
 
     statuses: tuple[PeerStatus, ...]
     quorum: int
     named: Counter[str]
     leader: str | None
+    peers_say_no_quorum: bool = False
 
     @property
     def has_quorum(self) -> bool:
-        return len(self.statuses) >= self.quorum
+        return len(self.statuses) >= self.quorum and not self.peers_say_no_quorum
+
+    def members(self) -> int:
+        """The cluster's size as its leader counts it (the peers it sees alive and itself); without
+        an answering leader, the widest view of any answering peer."""
+        leader = next((s for s in self.statuses if s.node_id == self.leader), None)
+        if leader is not None:
+            return len(set(leader.peers) | {leader.node_id})
+        return max((len(set(s.peers) | {s.node_id}) for s in self.statuses), default=0)
 
 
 def leadership(answers: Sequence[PeerAnswer]) -> Leadership:
@@ -56,7 +72,9 @@ def leadership(answers: Sequence[PeerAnswer]) -> Leadership:
     quorum = len(answers) // 2 + 1
     named = Counter(s.leader for s in statuses if s.leader)
     leader, votes = named.most_common(1)[0] if named else (None, 0)
-    return Leadership(statuses, quorum, named, leader if votes >= quorum else None)
+    reported = [s.quorum for s in statuses if s.quorum is not None]
+    no_quorum = bool(reported) and 2 * sum(reported) < len(reported)
+    return Leadership(statuses, quorum, named, leader if votes >= quorum else None, no_quorum)
 
 
 class Incidents(Protocol):
@@ -74,6 +92,7 @@ class ClusterRules:
         self.node_of: dict[str, str] = {}
         """Each peer URL's node id, from its last good status (before that, its host)."""
         self._streaks: dict[str, tuple[str, int]] = {}
+        self._unseen_since: dict[str, datetime] = {}
         self._leaderless_since: datetime | None = None
         self._below_since: datetime | None = None
         self._leader: str | None = None
@@ -88,13 +107,17 @@ class ClusterRules:
             return findings
         view = leadership(answers)
         statuses = view.statuses
+        findings += self._partitioned(statuses, incidents, now)
         if not view.has_quorum:
+            if view.peers_say_no_quorum:
+                why = f"{sum(s.quorum is False for s in statuses)} of {len(statuses)} answering peers say they have no quorum"
+            else:
+                why = f"{len(statuses)} of {len(answers)} peers answer (a majority is {view.quorum})"
             findings.append(self._cluster_finding(
-                IncidentKind.QUORUM_LOST,
-                f"quorum lost: {len(statuses)} of {len(answers)} peers answer (a majority is {view.quorum})",
-                {"answering": len(statuses), "peers": len(answers)}, severity="critical",
+                IncidentKind.QUORUM_LOST, f"quorum lost: {why}",
+                {"answering": len(statuses), "peers": len(answers), "voters": _voters(statuses)}, severity="critical",
             ))
-            return findings + self._below_target(len(statuses), now)
+            return findings + self._below_target(view.members(), now)
         findings.append(self._cluster_cleared(IncidentKind.QUORUM_LOST))
         if len(view.named) > 1:
             findings.append(self._cluster_finding(
@@ -103,9 +126,10 @@ class ClusterRules:
             ))
         else:
             findings.append(self._cluster_cleared(IncidentKind.SPLIT_BRAIN))
-        findings += self._no_leader(view.leader, statuses, incidents, now, view.quorum)
+        if len(view.named) <= 1:  # two leaders are a split brain, not a missing leader
+            findings += self._no_leader(view.leader, statuses, incidents, now, view.quorum)
         findings += self._flapping(view.leader, now)
-        return findings + self._below_target(len(statuses), now)
+        return findings + self._below_target(view.members(), now)
 
     # --- per peer ---------------------------------------------------------------------------
 
@@ -141,6 +165,37 @@ class ClusterRules:
             else "check the machine and its network, then the peer daemon",
             operations=restart,
         )]
+
+    def _partitioned(self, statuses: Sequence[PeerStatus], incidents: Incidents, now: datetime) -> list[Finding]:
+        """Peers that see the cluster while much of it does not see them. Only peers that see
+        someone are judged: one that sees nobody has not joined (that is `peers_below_target`)."""
+        rule: PartitionPolicy = self.policy.kinds.peer_partitioned
+        joined = {s.node_id: set(s.peers) for s in statuses if s.peers}
+        findings: list[Finding] = []
+        for peer in joined:
+            others = [n for n in joined if n != peer]
+            missing = sorted(n for n in others if peer not in joined[n])
+            node = self._safe(peer)
+            if len(others) < 2 or len(missing) <= rule.max_unseen_share * len(others):
+                self._unseen_since.pop(peer, None)
+                if incidents.get(fingerprint(node, IncidentKind.PEER_PARTITIONED, None)):
+                    findings.append(cleared(IncidentKind.PEER_PARTITIONED, node))
+                continue
+            since = self._unseen_since.setdefault(peer, now)
+            if now - since < timedelta(seconds=rule.for_s):
+                continue
+            findings.append(Finding(
+                kind=IncidentKind.PEER_PARTITIONED,
+                node_id=node,
+                summary=f"peer {peer} of cluster {self.cluster} sees {len(joined[peer])} peers, but {len(missing)} of the "
+                f"{len(others)} other answering peers do not see it (for {(now - since).total_seconds():.0f}s): NAT or a firewall",
+                evidence={"cluster": self.cluster, "unseen_by": len(missing), "answering": len(others), "examples": " ".join(missing[:5])},
+                severity="warning",
+                recommended_action="check the network between the peers (NAT, firewall, advertised address)",
+            ))
+        for gone in set(self._unseen_since) - set(joined):
+            del self._unseen_since[gone]
+        return findings
 
     # --- the cluster ------------------------------------------------------------------------
 
@@ -188,9 +243,9 @@ class ClusterRules:
             {"changes": len(self._changes), "window_s": rule.window_s},
         )]
 
-    def _below_target(self, answering: int, now: datetime) -> list[Finding]:
+    def _below_target(self, members: int, now: datetime) -> list[Finding]:
         rule = self.policy.kinds.peers_below_target
-        if not rule.target or answering >= rule.target:
+        if not rule.target or members >= rule.target:
             self._below_since = None
             return [self._cluster_cleared(IncidentKind.PEERS_BELOW_TARGET)]
         self._below_since = self._below_since or now
@@ -198,8 +253,8 @@ class ClusterRules:
             return []
         return [self._cluster_finding(
             IncidentKind.PEERS_BELOW_TARGET,
-            f"{answering} peers answer, below the target of {rule.target} for {(now - self._below_since).total_seconds():.0f}s",
-            {"answering": answering, "target": rule.target},
+            f"the cluster has {members} peers, below the target of {rule.target} for {(now - self._below_since).total_seconds():.0f}s",
+            {"members": members, "target": rule.target},
         )]
 
     # --- names --------------------------------------------------------------------------------
@@ -223,3 +278,9 @@ class ClusterRules:
     def _safe(name: str) -> str:
         """A name fit for a subject token and a fingerprint: other characters become '-'."""
         return NOT_A_TOKEN.sub("-", name)[:63].lstrip("-_.") or "unknown-peer"
+
+
+def _voters(statuses: Sequence[PeerStatus]) -> str:
+    """The voters the answering peers report alive, as the runbook writes it ('3/7'), or ''."""
+    counts = Counter(f"{s.voters}/{s.voters_total}" for s in statuses if s.voters is not None and s.voters_total)
+    return counts.most_common(1)[0][0] if counts else ""
