@@ -131,3 +131,11 @@ class CapacityEvaluated(Event):
     gpus_busy: int = Field(ge=0, description="GPUs above the busy threshold.")
     decision: Literal["hold", "scale_up", "scale_down"]
     reason: str = Field(max_length=1000)
+    queued: int | None = Field(default=None, ge=0, description="Tasks waiting, from the demand source (None: none configured or unreadable).")
+    in_progress: int | None = Field(default=None, ge=0, description="Tasks running, from the demand source.")
+    gpus_wanted: int | None = Field(default=None, ge=0, description="What the queue asks for, within the policy's bounds.")
+    change_gpus: int = Field(default=0, ge=0, description="GPUs to add (scale_up) or to free (scale_down).")
+    release: tuple[str, ...] = Field(default=(), max_length=100, description="Idle nodes proposed for removal, idlest first.")
+    demand_error: str | None = Field(
+        default=None, max_length=500, description="Why the demand source could not be read; no decision was made on it."
+    )

@@ -7,6 +7,7 @@ import logging
 
 from faststream import FastStream
 
+from autoscaler.demand import open_source
 from autoscaler.handlers import CapacityHandlers
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
@@ -18,7 +19,8 @@ SERVICE = "autoscaler"
 def create_app(settings: Settings | None = None) -> FastStream:
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
-    handlers = CapacityHandlers(runtime, settings)
+    demand = open_source(settings.demand) if settings.demand else None
+    handlers = CapacityHandlers(runtime, settings, demand)
     runtime.replay(REPLAYS[SERVICE], handlers.on_drain)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample)
     runtime.background(handlers.evaluate_loop)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from autoscaler.demand import DemandConfig
+from autoscaler.scaling import ScalingPolicy
 from gpumedic_bus import NatsSettings
 
 
@@ -17,4 +19,8 @@ class Settings(BaseSettings):
     scale_up_above: float = Field(default=0.9, gt=0, le=1, description="Busy share above which more workers are wanted.")
     scale_down_below: float = Field(default=0.3, ge=0, lt=1, description="Busy share below which fewer are wanted.")
     stale_after_s: float = Field(default=120.0, gt=0, description="Samples older than this do not count.")
+    demand: DemandConfig | None = Field(
+        default=None, description="Where the task queue is read (JSON: a kind, sql or http, and its fields); none: the busy share decides."
+    )
+    scaling: ScalingPolicy = Field(default_factory=ScalingPolicy, description="The runbook's knobs, for a queue-driven decision.")
     trace_to_bus: bool = False
