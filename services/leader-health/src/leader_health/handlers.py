@@ -1,5 +1,9 @@
 """leader-health's loop: probe every peer, publish the check, and run the round through the
-cluster's incidents (the shared detector: persist, publish, request the remediator's actions)."""
+cluster's incidents (the shared detector: persist, publish, request the remediator's actions).
+
+Rounds start every `interval_s` however long one takes (a blocked peer holds a round for the
+HTTP timeout), so "three rounds in a row" is three intervals; a round longer than the interval
+is followed by the next at once."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ log = logging.getLogger(__name__)
 
 def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, logic: ClusterIncidents):
     async def check_cluster() -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             answers = await probe_all(
                 settings.peers,
                 connect_timeout_s=settings.connect_timeout_s,
@@ -35,6 +41,6 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 await detector.decide(lambda now: logic.on_round(answers, now))
             except Exception:  # the bus or the state bucket; the next round decides again
                 log.exception("the round's incidents were not applied; the next round decides again")
-            await asyncio.sleep(settings.interval_s)
+            await asyncio.sleep(max(0.0, started + settings.interval_s - loop.time()))
 
     return check_cluster
