@@ -99,7 +99,7 @@ def sim_policy(interval_s: float, n_nodes: int = 0) -> Policy:
                 ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
             ),
             no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
-            peer_blocked=PeerPolicy(after_checks=3, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
+            peer_blocked=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
             peer_down=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
             leader_flapping=FlappingPolicy(max_changes=4, window_s=12 * interval_s),
             peer_partitioned=PartitionPolicy(for_s=4 * interval_s),

@@ -205,7 +205,7 @@ class Kinds(_Strict):
     quorum_lost: KindPolicy = KindPolicy()
     split_brain: KindPolicy = KindPolicy()
     leader_flapping: FlappingPolicy = FlappingPolicy()
-    peer_blocked: PeerPolicy = PeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
+    peer_blocked: PeerPolicy = PeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()

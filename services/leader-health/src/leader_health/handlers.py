@@ -2,7 +2,7 @@
 cluster's incidents (the shared detector: persist, publish, request the remediator's actions).
 
 Rounds start every `interval_s` however long one takes (a blocked peer holds a round for the
-HTTP timeout), so "three rounds in a row" is three intervals; a round longer than the interval
+HTTP timeout), so "two rounds in a row" is two intervals; a round longer than the interval
 is followed by the next at once."""
 
 from __future__ import annotations
