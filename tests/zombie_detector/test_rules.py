@@ -360,6 +360,18 @@ def test_a_node_gone_quiet_gets_its_sampler_restarted_and_its_next_sample_verifi
     assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
 
 
+def test_a_restarted_sampler_that_samples_before_the_restart_is_confirmed_is_still_verified_by_the_next_sample():
+    d = Detector()
+    d.feed(sample(), 0)
+    d.feed(sample("n2"), 15)
+    d.feed(sample("n2"), 16)
+    _, request = d.tick(16)
+    assert d.feed(sample(), 17) == []  # the sampler is back before the remediator has answered: not taken
+    succeeded(d, request, 18)
+    (resolved,) = d.feed(sample(), 22)  # the next sample verifies the restart
+    assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+
+
 def test_when_every_node_stops_at_once_the_detector_lost_the_bus_and_no_node_is_silent():
     d = Detector()
     d.feed(sample("n1"), 0)

@@ -3,8 +3,8 @@
 - node_silent: no sample for `after_intervals` of the node's own interval, measured against the
   freshest sample the detector has from any node, not its wall clock: when the detector's own bus
   connection drops, every node's samples stop at once and none of them is silent for that; when
-  samples resume after such a gap, every node's count starts again from then. It clears with the
-  next sample. Several nodes at once is one fleet incident, as for any kind; a
+  samples resume after such a gap, every node's count starts again from then. Every sample
+  while it is open clears it (a clear that lands while the restart is in flight is not taken). Several nodes at once is one fleet incident, as for any kind; a
   whole fleet gone quiet together cannot be told apart from the detector losing the bus, and is
   left to the services' heartbeats.
 - nvml_unavailable: the sampler cannot use NVML at all (the driver is missing or broken): the
@@ -60,7 +60,10 @@ class NodeRule:
         self.freshest = now if self.freshest is None else max(self.freshest, now)
         self.last_sample[event.node_id] = (now, event.interval_s)
         findings: list[Finding] = []
-        if previous is not None and _overdue(previous, now, self.silent.after_intervals):
+        # Every sample while the incident is open clears it, not only the first: a clear that lands
+        # while the restart is still in flight is not taken, and the next one must verify the fix.
+        came_back = previous is not None and _overdue(previous, now, self.silent.after_intervals)
+        if came_back or any(i.kind is SILENT for i in incidents.open_on(event.node_id)):
             findings.append(Finding(SILENT, event.node_id, present=False, summary="the node samples again"))
         if event.nvml_error:
             findings.append(
