@@ -4,9 +4,10 @@
   freshest sample the detector has from any node, not its wall clock: when the detector's own bus
   connection drops, every node's samples stop at once and none of them is silent for that; when
   samples resume after such a gap, every node's count starts again from then. Every sample
-  while it is open clears it (a clear that lands while the restart is in flight is not taken). Several nodes at once is one fleet incident, as for any kind; a
-  whole fleet gone quiet together cannot be told apart from the detector losing the bus, and is
-  left to the services' heartbeats.
+  while it is open clears it (a clear that lands while the restart is in flight is not taken).
+  Several nodes at once is one fleet incident, as for any kind; a whole fleet gone quiet
+  together cannot be told apart from the detector losing the bus, and is left to the services'
+  heartbeats.
 - nvml_unavailable: the sampler cannot use NVML at all (the driver is missing or broken): the
   node's GPUs are invisible, so nothing on them can be judged.
 - ssh_unreachable: the remediator's read-only login failed `after_checks` times in a row; the
