@@ -37,8 +37,12 @@ demo: install ## the main job: embedded stack + simulated fleet; one zombie job 
 up: install ## the embedded stack (nats-server, SQLite, six services) until Ctrl-C
 	$(VENV)/bin/gpumedic up
 
+# The suite mostly waits on real servers and subprocesses, so more workers than cores pay off;
+# each worker starts its own nats-server, PostgreSQL and sshd on free ports.
+TEST_WORKERS ?= 6
+
 test: install ## every test: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-fast: install ## the tests that need no server (pure logic and contracts)
 	$(PY) -m pytest tests/zombie_detector tests/contract -q
