@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.providers.base import Worker
+from gpumedic_providers.base import Worker
 
 LifecycleKind = Literal["stuck_spawning", "stale_heartbeat", "orphaned_tasks", "unrecorded_worker", "vanished_worker"]
 Fix = Literal["terminate_and_replace", "check_then_replace", "requeue", "terminate", "mark_terminated"]

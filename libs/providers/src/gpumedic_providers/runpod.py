@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from autoscaler.providers.base import ProviderError, SshDetails, Worker, WorkerStatus
+from gpumedic_providers.base import ProviderError, SshDetails, Worker, WorkerStatus
 
 BASE_URL = "https://rest.runpod.io/v1"
 POD_ID = re.compile(r"^[a-z0-9]{1,64}$")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from autoscaler.providers.base import ProviderError, SshDetails, Worker
+from gpumedic_providers.base import ProviderError, SshDetails, Worker
 
 PRICES_PER_GPU_H = {"H100": 2.49, "A100": 1.19, "RTX4090": 0.34}
 """$/h per GPU by type, the order of magnitude rented GPUs cost."""
