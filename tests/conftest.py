@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.fixtures.nats",
     "tests.fixtures.postgres",
+    "tests.fixtures.runpod",
     "tests.fixtures.sshd",
     "tests.fixtures.webhook",
 ]

@@ -11,7 +11,7 @@ import nats
 from sqlalchemy import select
 
 from gpumedic.sim.fleet import SimFleet
-from gpumedic_events import ActionRequested, Event, IncidentKind, IncidentOpened, NodeSampled
+from gpumedic_events import ActionCompleted, ActionRequested, Event, IncidentKind, IncidentOpened, NodeSampled
 from gpumedic_incidents.policy import FleetPolicy
 from gpumedic_store import BreakerTrip, create_engine, session_factory
 from remediator.main import create_app as remediator_app
@@ -27,7 +27,7 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
     await fleet.start()
     nc = await nats.connect(nats_settings.url)
     js = nc.jetstream()
-    counts = {"samples": 0, "opened": 0}
+    counts = {"samples": 0, "opened": 0, "requested": 0, "completed": 0}
 
     async def publish(event: Event) -> None:
         await js.publish(event.subject, event.to_json())
@@ -36,6 +36,13 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
     async def on_opened(msg) -> None:
         counts["opened"] += 1
 
+    details: list[str] = []
+
+    async def on_action(msg) -> None:
+        counts["requested" if ".requested." in msg.subject else "completed"] += 1
+        if ".completed." in msg.subject:
+            details.append(ActionCompleted.from_json(msg.data, subject=msg.subject).detail[:120])
+
     try:
         await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet).model_copy(
             update={"breaker_max_nodes": BREAKER, "max_concurrent_actions": 4}
@@ -43,6 +50,8 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
         uncorrelated = TEST_POLICY.model_copy(update={"fleet": FleetPolicy(share=1.0, hold_s=0)})
         await apps.start(detector(nats_settings, uncorrelated))
         await nc.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
+        await nc.subscribe(ActionRequested.subject_filter(), cb=on_action)
+        await nc.subscribe(ActionCompleted.subject_filter(), cb=on_action)
         for node in fleet.nodes.values():
             node.inject_zombie(0)
         async with samplers_running(fleet, publish, 0.1):
@@ -51,14 +60,17 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
                     break
                 await asyncio.sleep(0.1)
             assert counts["opened"] >= NODES and counts["samples"] >= 1000, counts
-            await asyncio.sleep(3.0)  # every request answered by now (the gate blocks in milliseconds)
+            for _ in range(600):  # until the remediator has answered every request made so far
+                if counts["requested"] and counts["completed"] >= counts["requested"]:
+                    break
+                await asyncio.sleep(0.1)
     finally:
         await apps.stop_all()
         await nc.close()
         await fleet.stop()
 
     killed = [n.node_id for n in fleet.nodes.values() if any(c.startswith("kill ") for c in n.ssh_commands)]
-    assert 1 <= len(killed) <= BREAKER, killed
+    assert 1 <= len(killed) <= BREAKER, (killed, counts, sorted(set(details)))
     alive = [n for n in fleet.nodes.values() if n.node_id not in killed and any(p.is_job for p in n.live_processes(0))]
     assert len(alive) == NODES - len(killed)
     engine = create_engine(store_url)

@@ -4,8 +4,6 @@ badly."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,8 +12,9 @@ from gpumedic_providers.base import ProviderError, SshDetails
 from gpumedic_providers.runpod import RunPodProvider
 from gpumedic_providers.sim import SimProvider
 
+from tests.fixtures.runpod import KEY
+
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-KEY = "rpa_TESTKEY_not_a_real_one"
 
 
 class Clock:
@@ -46,56 +45,12 @@ async def test_the_simulated_provider_spawns_slowly_bills_by_gpu_type_and_leaves
 # --- RunPod's API, served locally -----------------------------------------------------------------
 
 
-class FakeRunPod:
-    """Speaks RunPod's documented REST v1 pod endpoints; `override` makes GET /pods answer badly."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, dict] = {}
-        self.requests: list[tuple[str, str, dict | None]] = []
-        self.override: tuple[int, bytes] | None = None
-        self.silent = False
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        method, path = head.split()[:2]
-        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:] if line)}
-        body = json.loads(await reader.readexactly(int(headers.get("content-length", 0)))) if headers.get("content-length") else None
-        self.requests.append((method, path, body))
-        if self.silent:
-            await asyncio.sleep(30)
-        status, payload = self.answer(method, path, body, headers.get("authorization"))
-        writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                     % (status, len(payload), payload))
-        await writer.drain()
-        writer.close()
-
-    def answer(self, method: str, path: str, body: dict | None, auth: str | None) -> tuple[int, bytes]:
-        if auth != f"Bearer {KEY}":
-            return 401, b'{"error": "invalid api key"}'
-        if method == "POST" and path == "/v1/pods":
-            pod_id = f"pod{len(self.pods) + 1:03d}xq"
-            self.pods[pod_id] = {
-                "id": pod_id, "name": body["name"], "desiredStatus": "RUNNING", "costPerHr": "2.99",
-                "gpu": {"id": body["gpuTypeIds"][0], "count": body["gpuCount"], "displayName": "H100 80GB"},
-                "lastStartedAt": "2026-11-23T12:00:00.000Z", "publicIp": None, "portMappings": {},
-            }
-            return 201, json.dumps(self.pods[pod_id]).encode()
-        if method == "GET" and path == "/v1/pods":
-            return self.override or (200, json.dumps(list(self.pods.values())).encode())
-        if method == "DELETE" and path.startswith("/v1/pods/"):
-            return (204, b"") if self.pods.pop(path.rsplit("/", 1)[1], None) else (404, b'{"error": "pod not found"}')
-        return 404, b"{}"
-
-
 @pytest.fixture
-async def runpod():
-    fake = FakeRunPod()
-    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
-    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+async def runpod(runpod_api):
+    fake, base = runpod_api
     provider = RunPodProvider(KEY, image="ghcr.io/acme/selfplay:7", base_url=base, timeout_s=0.5)
     yield fake, provider, base
     await provider.close()
-    server.close()
 
 
 async def test_runpod_pods_are_created_listed_and_terminated_through_its_api(runpod):

@@ -169,14 +169,42 @@ class UndrainNode(BaseModel):
         return "undrain the node"
 
 
+class SpawnWorker(BaseModel):
+    """Rent one worker from the provider: `gpus` GPUs of `gpu_type` (from the policy's allow-list).
+    Runs nothing on a node; harms no job, so outside the per-node limit and the breaker's count."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["spawn_worker"] = "spawn_worker"
+    gpu_type: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$", description="The provider's GPU type id.")
+    gpus: int = Field(ge=1, le=8)
+
+    def describe(self) -> str:
+        return f"rent a worker with {self.gpus} x {self.gpu_type}"
+
+
+class TerminateWorker(BaseModel):
+    """End a rented worker at the provider (whatever runs on it ends with it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["terminate_worker"] = "terminate_worker"
+    worker_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", description="The provider's id for the worker.")
+
+    def describe(self) -> str:
+        return f"terminate worker {self.worker_id}"
+
+
 Operation = Annotated[
-    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | DrainNode | UndrainNode,
+    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | DrainNode | UndrainNode
+    | SpawnWorker | TerminateWorker,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
-    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node", "undrain_node"
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node", "undrain_node",
+    "spawn_worker", "terminate_worker",
 )
 
 

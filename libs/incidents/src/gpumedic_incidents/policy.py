@@ -27,7 +27,7 @@ MAX_POLICY_BYTES = 1024 * 1024
 
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
-    "undrain_node",
+    "undrain_node", "spawn_worker", "terminate_worker",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -343,6 +343,13 @@ class UndrainPolicy(ActionPolicy):
         return value
 
 
+class SpawnPolicy(ActionPolicy):
+    gpu_types: tuple[str, ...] = Field(
+        default=(), description="The provider's GPU types a worker may be rented with; empty: no worker is ever rented."
+    )
+    max_gpus: int = Field(default=8, ge=1, le=8, description="GPUs per rented worker, at most.")
+
+
 class Actions(_Strict):
     """Per catalogue operation: observe or enforce, and its own limits."""
 
@@ -354,6 +361,8 @@ class Actions(_Strict):
     http_admin: AdminPolicy = AdminPolicy()
     drain_node: DrainPolicy = DrainPolicy()
     undrain_node: UndrainPolicy = UndrainPolicy()
+    spawn_worker: SpawnPolicy = SpawnPolicy()
+    terminate_worker: ActionPolicy = ActionPolicy()
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)

@@ -72,6 +72,9 @@ class SimProvider:
     async def workers(self) -> list[Worker]:
         return [self._worker(r) for r in self._rented.values() if not r.terminated]
 
+    async def close(self) -> None:
+        """Nothing to let go of: the simulated provider lives in this process."""
+
     def _worker(self, rented: _Rented) -> Worker:
         up = self._clock() - rented.created_at >= timedelta(seconds=self.spawn_s) and not rented.never_ssh
         return Worker(

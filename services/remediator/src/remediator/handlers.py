@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event, HttpAdmin
 from gpumedic_incidents import IncidentState, IncidentStates
+from gpumedic_providers.base import Provider
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
@@ -79,6 +80,7 @@ class ActionHandler:
         tracer: Tracer,
         incidents: IncidentStates | None = None,
         scheduler: Scheduler | None = None,
+        provider: Provider | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -90,6 +92,8 @@ class ActionHandler:
         self.incidents = incidents
         self.scheduler = scheduler
         """Where drains are kept and told (the store, the hook, the bus)."""
+        self.provider = provider
+        """Where workers are rented and ended (None: no provider configured)."""
         self._now = clock
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
@@ -283,6 +287,12 @@ class ActionHandler:
             actions = self._gate.actions
             catalogue.render(request.operation, actions)  # refuse bad parameters before connecting
             await still_working()
+            if catalogue.on_provider(request.operation):
+                if self.provider is None:
+                    raise InvalidParameter("no provider is configured (GPUMEDIC_REMEDIATOR_PROVIDER)")
+                result = await catalogue.provider.carry_out(request, actions, self.provider, step)
+                result.steps, result.audit = steps, audit
+                return result
             if catalogue.on_scheduler(request.operation):
                 if self.scheduler is None:
                     raise RuntimeError("no scheduler side is configured for drains")
@@ -367,7 +377,8 @@ def register(
         hook_token=settings.hook_token,
     )
     handler = ActionHandler(
-        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler
+        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler,
+        provider=settings.provider_client(),
     )
     # The consumer's batch is how many requests this instance handles at once.
     consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)

@@ -29,9 +29,9 @@ from remediator.inventory import NodeAddress
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
-NOT_FIXES = ("drain_node", "undrain_node")
-"""Operations that move jobs away from a node or back, not act on it: outside the per-node limit
-and the breaker's count."""
+NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker")
+"""Operations that move jobs away from a node or back, or add a worker, and harm no job: outside
+the per-node limit and the breaker's count (an open breaker still holds them)."""
 
 
 class Verdict(StrEnum):

@@ -23,6 +23,8 @@ from gpumedic_bus import NatsSettings
 from gpumedic_incidents import PolicySettings
 from gpumedic_incidents.policy import NodeSelector
 from gpumedic_store.settings import StoreSettings
+from gpumedic_providers.base import Provider
+from gpumedic_providers.config import ProviderConfig, open_provider
 from gpumedic_webhook import read_token
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
@@ -104,6 +106,11 @@ class Settings(BaseSettings):
         description="A file holding the bearer token for the node services' admin endpoints (actions.http_admin); "
         "read for each call, given to curl on stdin, never logged.",
     )
+    provider: ProviderConfig | None = Field(
+        default=None,
+        description='Where workers are rented and ended (JSON: {"kind": "runpod", "api_key_file": FILE, "image": ...}); '
+        "none: spawn_worker and terminate_worker fail with that reason.",
+    )
     trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
 
     @field_validator("hook_token_file", "admin_token_file", mode="before")
@@ -116,6 +123,10 @@ class Settings(BaseSettings):
         if self.admin_token_file is None:
             return None
         return read_token(self.admin_token_file, "GPUMEDIC_REMEDIATOR_ADMIN_TOKEN_FILE")
+
+    def provider_client(self) -> Provider | None:
+        """The configured provider's client, None without one; ValueError if its key file is unusable."""
+        return open_provider(self.provider) if self.provider is not None else None
 
     def hook_token(self) -> str | None:
         """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
@@ -186,6 +197,8 @@ class Settings(BaseSettings):
         try:
             self.hook_token()
             self.admin_token()
+            if self.provider is not None and not self.provider.api_key_file.is_file():
+                raise ValueError(f"provider api_key_file {self.provider.api_key_file} does not exist")
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         try:

@@ -17,9 +17,20 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gpumedic_events import DockerPrune, DrainNode, GpuReset, HttpAdmin, KillGpuProcesses, RebootNode, RestartUnit, UndrainNode
+from gpumedic_events import (
+    DockerPrune,
+    DrainNode,
+    GpuReset,
+    HttpAdmin,
+    KillGpuProcesses,
+    RebootNode,
+    RestartUnit,
+    SpawnWorker,
+    TerminateWorker,
+    UndrainNode,
+)
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import admin, docker, drain, gpu, kill, units
+from remediator.catalogue import admin, docker, drain, gpu, kill, provider, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -45,7 +56,14 @@ def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, 
             return drain.render_drain(operation, actions)
         case UndrainNode():
             return drain.render_undrain(operation, actions)
+        case SpawnWorker() | TerminateWorker():
+            return provider.render(operation, actions)
     raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
+
+
+def on_provider(operation: object) -> bool:
+    """Whether the operation is a call to the provider (`provider.carry_out`), not a node command."""
+    return isinstance(operation, SpawnWorker | TerminateWorker)
 
 
 def on_scheduler(operation: object) -> bool:

@@ -1,0 +1,118 @@
+"""spawn_worker and terminate_worker through the whole action handler: the gate (an open incident
+that waits for exactly this action, observe mode, the policy's allow-list), a real SQLite store for
+the ledger and audit, and RunPod's REST API served on loopback."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from gpumedic_bus import Delivery, publish_event
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, SpawnWorker, TerminateWorker
+from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
+from gpumedic_incidents.state import fingerprint
+from gpumedic_store import create_engine, session_factory
+from remediator import repository
+from remediator.handlers import ActionHandler
+from tests.fixtures.runpod import KEY
+from tests.remediator.conftest import incident_waiting_for
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes]] = []
+
+    async def publish(self, data, subject, *, headers=None, stream=None, timeout=None):
+        self.published.append((subject, data))
+
+
+@pytest.fixture
+async def remediator(make_settings, incidents, tmp_path, runpod_api):
+    fake, base = runpod_api
+    (tmp_path / "runpod-key").write_text(KEY + "\n")
+    made = []
+
+    def _make(*, gpu_types=(H100,), mode="enforce", provider=True):
+        policy_file = tmp_path / "policy.yaml"
+        dump_policy(Policy(actions=Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8))), policy_file)
+        settings = make_settings(
+            policy={"file": policy_file}, mode=mode,
+            provider={"kind": "runpod", "api_key_file": tmp_path / "runpod-key", "image": "ghcr.io/acme/selfplay:7",
+                      "base_url": base, "timeout_s": 2} if provider else None,
+        )
+        engine = create_engine(settings.store.url)
+        handler = ActionHandler(
+            settings=settings, runtime=SimpleNamespace(broker=_Broker()), sessions=session_factory(engine),
+            executor=settings.executor(), tracer=TracerProvider().get_tracer("test"), incidents=incidents,
+            provider=settings.provider_client(),
+        )
+        made.append((engine, handler))
+        return handler
+
+    yield fake, _make
+    for engine, handler in made:
+        if handler.provider is not None:
+            await handler.provider.close()
+        await engine.dispose()
+
+
+async def ask(handler: ActionHandler, operation, *, node: str = "workers", incident_id: uuid.UUID | None = None) -> ActionCompleted:
+    """A request as the autoscaler makes it, under the incident that waits for it."""
+    incident_id = incident_id or uuid.uuid4()
+    request = ActionRequested(
+        source="autoscaler", action_id=uuid.uuid4(), incident_id=incident_id, node_id=node, attempt=1,
+        operation=operation, reason="queue backlog", fingerprint=fingerprint(node, IncidentKind.FLEET_ANOMALY, None, "capacity"),
+    )
+    await handler.incidents.save(
+        incident_waiting_for(request, kind=IncidentKind.FLEET_ANOMALY, detector="autoscaler", key="capacity")
+    )
+    await handler.handle(request, Delivery(request.subject, {}, 1))
+    subject, data = handler._runtime.broker.published[-1]
+    return ActionCompleted.from_json(data, subject=subject)
+
+
+async def test_a_worker_is_rented_and_ended_through_the_gate_with_every_call_audited(remediator):
+    fake, make = remediator
+    handler = make()
+    rented = await ask(handler, SpawnWorker(gpu_type=H100, gpus=8))
+    assert rented.outcome is ActionOutcome.SUCCEEDED, rented.detail
+    (pod_id,) = fake.pods
+    assert rented.detail == f"rented {pod_id} (8 x {H100}, $2.99/h), spawning"
+    assert fake.requests[0][2]["gpuTypeIds"] == [H100] and fake.requests[0][2]["name"].startswith("gpumedic-")
+    ended = await ask(handler, TerminateWorker(worker_id=pod_id), node=pod_id)
+    assert (ended.outcome, ended.detail) == (ActionOutcome.SUCCEEDED, f"terminated {pod_id}")
+    assert fake.pods == {} and [m for m, _, _ in fake.requests] == ["POST", "DELETE", "GET"]
+    async with handler._sessions() as session:
+        record = await repository.get_action(session=session, action_id=ended.action_id)
+    assert [a["command"] for a in record.audit] == [f"provider: terminate worker {pod_id}", "provider: list workers (verify)"]
+    assert all(a["exit_status"] == 0 for a in record.audit) and KEY not in str(record.audit)
+
+
+async def test_what_the_policy_does_not_allow_is_refused_before_the_provider_is_called(remediator):
+    fake, make = remediator
+    nothing_allowed = await ask(make(gpu_types=()), SpawnWorker(gpu_type=H100, gpus=1))
+    assert nothing_allowed.outcome is ActionOutcome.BLOCKED
+    assert "refused: spawn_worker: GPU type 'NVIDIA H100 80GB HBM3' is not in actions.spawn_worker.gpu_types (none)" == nothing_allowed.detail
+    other_type = await ask(make(), SpawnWorker(gpu_type="RTX4090", gpus=1))
+    assert "'RTX4090' is not in actions.spawn_worker.gpu_types" in other_type.detail
+    observed = await ask(make(mode="observe"), SpawnWorker(gpu_type=H100, gpus=2))
+    assert observed.outcome is ActionOutcome.OBSERVED and f"would run: provider: rent a worker with 2 x {H100}" in observed.detail
+    assert fake.requests == []  # nothing reached the provider
+    unconfigured = await ask(make(provider=False), SpawnWorker(gpu_type=H100, gpus=1))
+    assert "no provider is configured (GPUMEDIC_REMEDIATOR_PROVIDER)" in unconfigured.detail
+
+
+async def test_a_provider_that_fails_fails_the_action_saying_why_and_never_the_key(remediator):
+    fake, make = remediator
+    handler = make()
+    gone = await ask(handler, TerminateWorker(worker_id="nosuchpod1"), node="nosuchpod1")
+    assert gone.outcome is ActionOutcome.FAILED and "nosuchpod1 not terminated: RunPod: DELETE /pods/nosuchpod1: no such pod" in gone.detail
+    fake.silent = True
+    slow = await ask(handler, SpawnWorker(gpu_type=H100, gpus=1))
+    assert slow.outcome is ActionOutcome.FAILED and "nothing rented: RunPod: POST /pods got no answer in time" in slow.detail
+    assert KEY not in gone.detail + slow.detail
