@@ -1,5 +1,6 @@
-"""Which provider a service talks to, from its settings (JSON with a `kind`). The API key is read
-from a file, never from the environment or the JSON itself, and never shown."""
+"""Which provider a service talks to, from its settings (JSON with a `kind`). The API key lives in
+a file (`api_key_file`), never in the environment or the JSON itself; the service reads it and
+never shows it."""
 
 from __future__ import annotations
 
@@ -27,12 +28,6 @@ ProviderConfig = RunPodConfig
 """One kind today; a union with a `kind` discriminator when a second provider comes."""
 
 
-def open_provider(config: ProviderConfig) -> Provider:
-    """The provider the configuration names; ValueError names the key file when it is unusable."""
-    try:
-        key = config.api_key_file.read_text().strip()
-    except OSError as exc:
-        raise ValueError(f"provider api_key_file {config.api_key_file}: {exc.strerror or type(exc).__name__}") from None
-    if not key:
-        raise ValueError(f"provider api_key_file {config.api_key_file} is empty")
-    return RunPodProvider(key, image=config.image, base_url=config.base_url, cloud_type=config.cloud_type, timeout_s=config.timeout_s)
+def open_provider(config: ProviderConfig, api_key: str) -> Provider:
+    """The provider the configuration names, with the key read from its `api_key_file`."""
+    return RunPodProvider(api_key, image=config.image, base_url=config.base_url, cloud_type=config.cloud_type, timeout_s=config.timeout_s)

@@ -27,6 +27,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from gpumedic_webhook import read_token
+
 DEFAULT_QUERY = "SELECT status, COUNT(*) FROM tasks GROUP BY status"
 ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
 """A plain URL's driver, and the asyncio driver used for it (installed with the store)."""
@@ -84,9 +86,7 @@ class SqlDemand:
     def __init__(self, config: SqlDemandConfig) -> None:
         self.config = config
         try:
-            url = make_url(config.url_file.read_text().strip())
-        except OSError as exc:
-            raise ValueError(f"demand url_file {config.url_file}: {exc.strerror or type(exc).__name__}") from None
+            url = make_url(read_token(config.url_file, "demand url_file"))
         except ArgumentError:
             raise ValueError(f"demand url_file {config.url_file} does not hold a database URL") from None
         url = url.set(drivername=ASYNC_DRIVERS.get(url.drivername, url.drivername))

@@ -41,22 +41,21 @@ def evaluate(
 ) -> CapacityEvaluated:
     """The busy-share decision, for a fleet without a demand source."""
     seen, in_service = supply(latest, now, stale_after_s=stale_after_s, drained=drained)
-    gpus = [g for s in latest.values() if s.node_id in in_service.gpus for g in s.gpus]
-    busy = sum(1 for g in gpus if (g.utilization_gpu_pct or 0) > busy_util_pct)
-    share = busy / len(gpus) if gpus else 0.0
-    if not gpus:
+    total, busy = in_service.total, _busy(latest, in_service, busy_util_pct)
+    share = busy / total if total else 0.0
+    if not total:
         decision, reason = "hold", "no recent samples" if not seen else "no GPU in service (every node that sampled is drained)"
     elif share > up_above:
-        decision, reason = "scale_up", f"{busy}/{len(gpus)} GPUs busy, above {up_above:.0%}"
+        decision, reason = "scale_up", f"{busy}/{total} GPUs busy, above {up_above:.0%}"
     elif share < down_below:
-        decision, reason = "scale_down", f"{busy}/{len(gpus)} GPUs busy, below {down_below:.0%}"
+        decision, reason = "scale_down", f"{busy}/{total} GPUs busy, below {down_below:.0%}"
     else:
-        decision, reason = "hold", f"{busy}/{len(gpus)} GPUs busy; within the target band"
+        decision, reason = "hold", f"{busy}/{total} GPUs busy; within the target band"
     out = seen - len(in_service.gpus)
-    if out and gpus:
+    if out and total:
         reason += f"; {out} drained node(s) not counted"
     return CapacityEvaluated(
-        source=SOURCE, nodes_seen=seen, nodes_drained=out, gpus_total=len(gpus), gpus_busy=busy, decision=decision, reason=reason,
+        source=SOURCE, nodes_seen=seen, nodes_drained=out, gpus_total=total, gpus_busy=busy, decision=decision, reason=reason,
     )
 
 
@@ -73,8 +72,7 @@ def evaluate_demand(
 ) -> CapacityEvaluated:
     """The queue's decision; a reading that failed holds, saying why."""
     seen, in_service = supply(latest, now, stale_after_s=stale_after_s, drained=drained, idle_since=idle_since)
-    busy = sum(1 for s in latest.values() if s.node_id in in_service.gpus
-               for g in s.gpus if (g.utilization_gpu_pct or 0) > busy_util_pct)
+    busy = _busy(latest, in_service, busy_util_pct)
     common = {"source": SOURCE, "nodes_seen": seen, "nodes_drained": seen - len(in_service.gpus),
               "gpus_total": in_service.total, "gpus_busy": busy}
     if isinstance(reading, DemandUnavailable):
@@ -83,4 +81,11 @@ def evaluate_demand(
     return CapacityEvaluated(
         **common, decision=decided.decision, reason=decided.reason[:1000], queued=reading.queued, in_progress=reading.in_progress,
         gpus_wanted=decided.gpus_wanted, change_gpus=decided.change_gpus, release=decided.release[:100],
+    )
+
+
+def _busy(latest: dict[str, NodeSampled], in_service: Supply, busy_util_pct: int) -> int:
+    """GPUs above the busy threshold on the nodes in service."""
+    return sum(
+        1 for s in latest.values() if s.node_id in in_service.gpus for g in s.gpus if (g.utilization_gpu_pct or 0) > busy_util_pct
     )

@@ -126,7 +126,9 @@ class Settings(BaseSettings):
 
     def provider_client(self) -> Provider | None:
         """The configured provider's client, None without one; ValueError if its key file is unusable."""
-        return open_provider(self.provider) if self.provider is not None else None
+        if self.provider is None:
+            return None
+        return open_provider(self.provider, read_token(self.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file"))
 
     def hook_token(self) -> str | None:
         """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
@@ -197,8 +199,8 @@ class Settings(BaseSettings):
         try:
             self.hook_token()
             self.admin_token()
-            if self.provider is not None and not self.provider.api_key_file.is_file():
-                raise ValueError(f"provider api_key_file {self.provider.api_key_file} does not exist")
+            if self.provider is not None:
+                read_token(self.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file")
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         try:

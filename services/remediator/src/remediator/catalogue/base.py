@@ -28,6 +28,11 @@ Runner = Callable[..., Awaitable[CommandResult]]
 `run(command, input=text)` to give it text on stdin (a secret that must stay off the command line)."""
 
 
+Step = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[str]]
+"""Runs one named step that is no node command (a drain's, a provider call), audited as a command
+is; '' when it worked, else what went wrong."""
+
+
 @dataclass
 class ExecutionResult:
     """What running an operation did: the outcome, a sentence for a person, every command run."""

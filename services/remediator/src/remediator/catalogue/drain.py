@@ -18,7 +18,7 @@ from typing import Protocol
 
 from gpumedic_events import ActionOutcome, ActionRequested, DrainNode, UndrainNode
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import CommandResult, ExecutionResult, quoted, said, short
+from remediator.catalogue.base import CommandResult, ExecutionResult, Step, quoted, said, short
 
 
 class Scheduler(Protocol):
@@ -39,8 +39,6 @@ class Scheduler(Protocol):
     async def publish(self, request: ActionRequested, *, drained: bool) -> None: ...
 
 
-Step = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[str]]
-"""Runs one named step; '' when it worked, else what went wrong."""
 OnNode = Callable[[str], Awaitable[CommandResult]]
 """Runs one command on the request's node (over SSH)."""
 

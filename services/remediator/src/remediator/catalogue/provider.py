@@ -9,15 +9,10 @@ provider's list afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from gpumedic_events import ActionOutcome, ActionRequested, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions
 from gpumedic_providers.base import Provider, Worker
-from remediator.catalogue.base import ExecutionResult, InvalidParameter
-
-Step = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[str]]
-"""Run one audited step; '' when it went through, else what went wrong."""
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Step
 
 
 def render(operation: SpawnWorker | TerminateWorker, actions: Actions) -> tuple[str, ...]:
