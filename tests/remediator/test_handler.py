@@ -169,7 +169,7 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     )
     assert completed.steps == ()
     assert sleeper.alive()
-    assert not [c for c in sshd.commands() if str(pid) in c]
+    assert not sshd.commands_about(pid)
 
 
 async def test_the_policy_file_holds_one_operation_in_observe_mode(harness, sleeper, tmp_path):

@@ -152,7 +152,7 @@ async def test_observe_mode_answers_observed_and_leaves_the_process(start_servic
     assert "would run: " in completed.detail
     assert completed.steps == ()
     assert sleeper.alive()
-    assert not [c for c in sshd.commands() if str(sleeper.pid) in c]
+    assert not sshd.commands_about(sleeper.pid)
 
 
 async def test_unknown_node_fails_with_the_inventory_message(start_service, results, js, sshd, sleeper, open_incident):
@@ -180,7 +180,7 @@ async def test_a_forged_request_is_refused_and_a_real_one_still_runs(start_servi
     _, refused = await _next(results)
     assert refused.outcome is ActionOutcome.BLOCKED
     assert refused.detail.startswith(f"refused: incident {forged.incident_id} is not open")
-    assert sleeper.alive() and not [c for c in sshd.commands() if str(sleeper.pid) in c]
+    assert sleeper.alive() and not sshd.commands_about(sleeper.pid)
 
     real = kill_request(sleeper.target())
     await open_incident(real)

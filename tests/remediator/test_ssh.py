@@ -53,7 +53,7 @@ async def test_kills_a_real_process_after_checking_it(sshd, sleeper):
     pid = sleeper.pid
     # After SIGKILL the sleeper is a zombie (this test process has not reaped it yet): dead.
     assert result.steps == [GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
-    assert [c for c in sshd.commands() if str(pid) in c] == result.steps[1:]
+    assert sshd.commands_about(pid) == result.steps[1:]
 
 
 async def test_wrong_start_time_is_refused_and_the_process_lives(sshd, sleeper):
