@@ -79,17 +79,19 @@ async def ask(handler: ActionHandler, operation, *, node: str = "workers", incid
 async def test_a_worker_is_rented_and_ended_through_the_gate_with_every_call_audited(remediator):
     fake, make = remediator
     handler = make()
-    rented = await ask(handler, SpawnWorker(gpu_type=H100, gpus=8))
+    rented = await ask(handler, SpawnWorker(gpu_type=H100, gpus=8, count=2))
     assert rented.outcome is ActionOutcome.SUCCEEDED, rented.detail
-    (pod_id,) = fake.pods
-    assert rented.detail == f"rented {pod_id} (8 x {H100}, $2.99/h), spawning"
+    first, second = fake.pods
+    assert rented.detail == f"rented 2 worker(s) of 8 x {H100} at $2.99/h each: {first}, {second}"
     assert fake.requests[0][2]["gpuTypeIds"] == [H100] and fake.requests[0][2]["name"].startswith("gpumedic-")
-    ended = await ask(handler, TerminateWorker(worker_id=pod_id), node=pod_id)
-    assert (ended.outcome, ended.detail) == (ActionOutcome.SUCCEEDED, f"terminated {pod_id}")
-    assert fake.pods == {} and [m for m, _, _ in fake.requests] == ["POST", "DELETE", "GET"]
+    ended = await ask(handler, TerminateWorker(worker_ids=(first, second)))
+    assert (ended.outcome, ended.detail) == (ActionOutcome.SUCCEEDED, f"terminated {first}, {second}")
+    assert fake.pods == {} and [m for m, _, _ in fake.requests] == ["POST", "POST", "DELETE", "DELETE", "GET"]
     async with handler._sessions() as session:
         record = await repository.get_action(session=session, action_id=ended.action_id)
-    assert [a["command"] for a in record.audit] == [f"provider: terminate worker {pod_id}", "provider: list workers (verify)"]
+    assert [a["command"] for a in record.audit] == [
+        f"provider: terminate worker {first}", f"provider: terminate worker {second}", "provider: list workers (verify)"
+    ]
     assert all(a["exit_status"] == 0 for a in record.audit) and KEY not in str(record.audit)
 
 
@@ -100,6 +102,8 @@ async def test_what_the_policy_does_not_allow_is_refused_before_the_provider_is_
     assert "refused: spawn_worker: GPU type 'NVIDIA H100 80GB HBM3' is not in actions.spawn_worker.gpu_types (none)" == nothing_allowed.detail
     other_type = await ask(make(), SpawnWorker(gpu_type="RTX4090", gpus=1))
     assert "'RTX4090' is not in actions.spawn_worker.gpu_types" in other_type.detail
+    too_many = await ask(make(), SpawnWorker(gpu_type=H100, gpus=1, count=5))
+    assert "5 workers is more than actions.spawn_worker.max_count (4)" in too_many.detail
     observed = await ask(make(mode="observe"), SpawnWorker(gpu_type=H100, gpus=2))
     assert observed.outcome is ActionOutcome.OBSERVED and f"would run: provider: rent a worker with 2 x {H100}" in observed.detail
     assert fake.requests == []  # nothing reached the provider
@@ -110,7 +114,7 @@ async def test_what_the_policy_does_not_allow_is_refused_before_the_provider_is_
 async def test_a_provider_that_fails_fails_the_action_saying_why_and_never_the_key(remediator):
     fake, make = remediator
     handler = make()
-    gone = await ask(handler, TerminateWorker(worker_id="nosuchpod1"), node="nosuchpod1")
+    gone = await ask(handler, TerminateWorker(worker_ids=("nosuchpod1",)), node="nosuchpod1")
     assert gone.outcome is ActionOutcome.FAILED and "nosuchpod1 not terminated: RunPod: DELETE /pods/nosuchpod1: no such pod" in gone.detail
     fake.silent = True
     slow = await ask(handler, SpawnWorker(gpu_type=H100, gpus=1))

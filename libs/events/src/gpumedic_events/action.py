@@ -169,42 +169,75 @@ class UndrainNode(BaseModel):
         return "undrain the node"
 
 
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+WorkerId = Annotated[str, Field(pattern=WORKER_ID_PATTERN, description="The provider's id for a worker.")]
+TaskId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$", description="A task's id in the user's task table.")]
+
+
 class SpawnWorker(BaseModel):
-    """Rent one worker from the provider: `gpus` GPUs of `gpu_type` (from the policy's allow-list).
-    Runs nothing on a node; harms no job, so outside the per-node limit and the breaker's count."""
+    """Rent `count` workers from the provider, each with `gpus` GPUs of `gpu_type` (from the
+    policy's allow-list). Runs nothing on a node; harms no job, so outside the per-node limit and
+    the breaker's count."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["spawn_worker"] = "spawn_worker"
     gpu_type: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$", description="The provider's GPU type id.")
     gpus: int = Field(ge=1, le=8)
+    count: int = Field(default=1, ge=1, le=16, description="Workers to rent, alike.")
 
     def describe(self) -> str:
-        return f"rent a worker with {self.gpus} x {self.gpu_type}"
+        return f"rent {self.count} worker(s) with {self.gpus} x {self.gpu_type}"
 
 
 class TerminateWorker(BaseModel):
-    """End a rented worker at the provider (whatever runs on it ends with it)."""
+    """End rented workers at the provider (whatever runs on them ends with them)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["terminate_worker"] = "terminate_worker"
-    worker_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", description="The provider's id for the worker.")
+    worker_ids: tuple[WorkerId, ...] = Field(min_length=1, max_length=16)
 
     def describe(self) -> str:
-        return f"terminate worker {self.worker_id}"
+        return f"terminate worker(s) {', '.join(self.worker_ids)}"
+
+
+class RequeueTasks(BaseModel):
+    """Put tasks left `In Progress` on a worker that is gone back in the queue, with the policy's
+    statement on the user's task database (which requeues only tasks still in progress, so a task
+    is requeued once however often this is asked)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["requeue_tasks"] = "requeue_tasks"
+    task_ids: tuple[TaskId, ...] = Field(min_length=1, max_length=500)
+
+    def describe(self) -> str:
+        return f"requeue {len(self.task_ids)} task(s)"
+
+
+class MarkWorkerEnded(BaseModel):
+    """Mark a worker's record ended in the user's database (the provider no longer has it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["mark_worker_ended"] = "mark_worker_ended"
+    worker_id: WorkerId
+
+    def describe(self) -> str:
+        return f"mark worker {self.worker_id} ended in the task database"
 
 
 Operation = Annotated[
     KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | DrainNode | UndrainNode
-    | SpawnWorker | TerminateWorker,
+    | SpawnWorker | TerminateWorker | RequeueTasks | MarkWorkerEnded,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node", "undrain_node",
-    "spawn_worker", "terminate_worker",
+    "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended",
 )
 
 

@@ -52,6 +52,22 @@ class IncidentKind(StrEnum):
     """A peer sees the cluster but much of the cluster does not see it (NAT, a firewall)."""
     PEERS_BELOW_TARGET = "peers_below_target"
     """The cluster has fewer members than its target, for a while."""
+    CAPACITY_SHORT = "capacity_short"
+    """The task queue wants more GPUs than the workers in service give (the autoscaler rents more)."""
+    CAPACITY_SURPLUS = "capacity_surplus"
+    """Workers idle past the idle timeout that the queue does not need (the autoscaler ends them)."""
+    QUEUE_STALLED = "queue_stalled"
+    """Tasks wait in the queue while the GPUs in service idle: the workers do not take them."""
+    STUCK_SPAWNING = "stuck_spawning"
+    """A rented worker has been spawning too long (never got SSH details, or never came up)."""
+    STALE_HEARTBEAT = "stale_heartbeat"
+    """A running worker whose heartbeat in the task database is too old."""
+    ORPHANED_TASKS = "orphaned_tasks"
+    """Tasks In Progress on a worker the provider no longer runs."""
+    UNRECORDED_WORKER = "unrecorded_worker"
+    """The provider bills a worker the task database has no record of."""
+    VANISHED_WORKER = "vanished_worker"
+    """The task database has an active worker the provider no longer runs."""
 
 
 class IncidentEvent(Event):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,7 +27,7 @@ MAX_POLICY_BYTES = 1024 * 1024
 
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
-    "undrain_node", "spawn_worker", "terminate_worker",
+    "undrain_node", "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -187,6 +187,14 @@ class TargetPolicy(KindPolicy):
     for_s: float = Field(default=600.0, ge=0, description="Below the target this long before an incident.")
 
 
+class StalledPolicy(KindPolicy):
+    for_s: float = Field(default=600.0, ge=0, description="Tasks wait while the GPUs in service idle this long.")
+
+
+class WorkerPolicy(KindPolicy):
+    after_s: float = Field(default=300.0, gt=0, description="How long the worker is in that state before an incident.")
+
+
 class Kinds(_Strict):
     zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
     orphan_gpu_holder: OrphanPolicy = OrphanPolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
@@ -209,6 +217,14 @@ class Kinds(_Strict):
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
+    capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))
+    capacity_surplus: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
+    queue_stalled: StalledPolicy = StalledPolicy()
+    stuck_spawning: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
+    stale_heartbeat: WorkerPolicy = WorkerPolicy(after_s=600, ladder=(Step(action="terminate_worker", verify_within_s=120),))
+    orphaned_tasks: KindPolicy = KindPolicy(ladder=(Step(action="requeue_tasks", verify_within_s=120),))
+    unrecorded_worker: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
+    vanished_worker: KindPolicy = KindPolicy(ladder=(Step(action="mark_worker_ended", verify_within_s=120),))
 
 
 class FleetPolicy(_Strict):
@@ -348,6 +364,36 @@ class SpawnPolicy(ActionPolicy):
         default=(), description="The provider's GPU types a worker may be rented with; empty: no worker is ever rented."
     )
     max_gpus: int = Field(default=8, ge=1, le=8, description="GPUs per rented worker, at most.")
+    max_count: int = Field(default=4, ge=1, le=16, description="Workers rented by one action, at most.")
+
+
+class TerminatePolicy(ActionPolicy):
+    max_count: int = Field(default=4, ge=1, le=16, description="Workers ended by one action, at most.")
+
+
+SQL_PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class TaskDbPolicy(ActionPolicy):
+    """A write to the user's task database (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE): one statement,
+    written here by the operator, whose only parameter is bound by the driver, never formatted in."""
+
+    statement: str | None = Field(default=None, max_length=2000, description="The SQL statement; null: never run.")
+    parameter: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _one_bound_parameter(self) -> TaskDbPolicy:
+        if self.statement is not None and set(SQL_PARAM.findall(self.statement)) != {self.parameter}:
+            raise ValueError(f"the statement must use exactly one bound parameter, :{self.parameter}")
+        return self
+
+
+class RequeuePolicy(TaskDbPolicy):
+    parameter: ClassVar[str] = "task_ids"
+
+
+class MarkEndedPolicy(TaskDbPolicy):
+    parameter: ClassVar[str] = "worker_id"
 
 
 class Actions(_Strict):
@@ -362,7 +408,9 @@ class Actions(_Strict):
     drain_node: DrainPolicy = DrainPolicy()
     undrain_node: UndrainPolicy = UndrainPolicy()
     spawn_worker: SpawnPolicy = SpawnPolicy()
-    terminate_worker: ActionPolicy = ActionPolicy()
+    terminate_worker: TerminatePolicy = TerminatePolicy()
+    requeue_tasks: RequeuePolicy = RequeuePolicy()
+    mark_worker_ended: MarkEndedPolicy = MarkEndedPolicy()
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)
@@ -413,6 +461,11 @@ class Policy(_Strict):
         for name in ("peer_blocked", "peer_down"):
             if getattr(self.kinds, name).ladder and getattr(self.kinds, name).daemon_unit is None:
                 missing[name] = f"kinds.{name}.daemon_unit"
+        if self.kinds.capacity_short.ladder and not self.actions.spawn_worker.gpu_types:
+            missing["capacity_short"] = "actions.spawn_worker.gpu_types"
+        for kind, action in (("orphaned_tasks", "requeue_tasks"), ("vanished_worker", "mark_worker_ended")):
+            if getattr(self.kinds, kind).ladder and self.actions.of(action).statement is None:
+                missing[kind] = f"actions.{action}.statement"
         return missing
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from gpumedic_store.models import (
     UTCDateTime,
 )
 from gpumedic_store.settings import StoreSettings, mask_url
+from gpumedic_store.userdb import TaskDatabase, TaskDatabaseError
 
 __all__ = [
     "ACTION_STATUSES",
@@ -43,6 +44,8 @@ __all__ = [
     "SpanRow",
     "StoreSettings",
     "StoreUnavailable",
+    "TaskDatabase",
+    "TaskDatabaseError",
     "TimelineEntry",
     "UTCDateTime",
     "check",

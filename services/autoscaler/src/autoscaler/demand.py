@@ -16,22 +16,18 @@ what was wrong: no scale decision is made on it.
 
 from __future__ import annotations
 
-import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from gpumedic_store import TaskDatabase, TaskDatabaseError
 from gpumedic_webhook import read_token
 
 DEFAULT_QUERY = "SELECT status, COUNT(*) FROM tasks GROUP BY status"
-ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
-"""A plain URL's driver, and the asyncio driver used for it (installed with the store)."""
 
 
 class DemandUnavailable(Exception):
@@ -67,6 +63,13 @@ class SqlDemandConfig(_Config):
     query: str = Field(default=DEFAULT_QUERY, min_length=1, max_length=4000, description="Returns (status, count) rows.")
     queued: tuple[str, ...] = ("Queued",)
     in_progress: tuple[str, ...] = ("In Progress",)
+    workers_query: str | None = Field(
+        default=None, min_length=1, max_length=4000,
+        description="Returns (worker_id, status, heartbeat_at) rows: the worker records, for the worker checks.",
+    )
+    in_progress_query: str | None = Field(
+        default=None, min_length=1, max_length=4000, description="Returns (task_id, worker_id) rows of the tasks In Progress."
+    )
 
 
 class HttpDemandConfig(_Config):
@@ -85,23 +88,13 @@ DemandConfig = Annotated[SqlDemandConfig | HttpDemandConfig, Field(discriminator
 class SqlDemand:
     def __init__(self, config: SqlDemandConfig) -> None:
         self.config = config
-        try:
-            url = make_url(read_token(config.url_file, "demand url_file"))
-        except ArgumentError:
-            raise ValueError(f"demand url_file {config.url_file} does not hold a database URL") from None
-        url = url.set(drivername=ASYNC_DRIVERS.get(url.drivername, url.drivername))
-        if url.drivername not in ASYNC_DRIVERS.values():
-            raise ValueError(f"demand url_file {config.url_file}: {url.drivername} is not supported (postgresql or sqlite)")
-        self.name = f"sql task table on {url.host or url.database or url.drivername}"
-        self._engine = create_async_engine(url, pool_pre_ping=True, connect_args={"timeout": config.timeout_s})
+        where = f"demand url_file {config.url_file}"
+        self.db = TaskDatabase(read_token(config.url_file, "demand url_file"), where, timeout_s=config.timeout_s)
+        self.name = f"sql {self.db.name}"
 
     async def read(self) -> Demand:
-        try:
-            rows = await asyncio.wait_for(self._rows(), self.config.timeout_s)
-        except TimeoutError:
-            raise DemandUnavailable(f"{self.name}: no answer within {self.config.timeout_s:g}s") from None
         counts: dict[str, int] = {}
-        for i, row in enumerate(rows, 1):
+        for i, row in enumerate(await self._rows(self.config.query), 1):
             if len(row) != 2 or not isinstance(row[0], str) or not _count(row[1]):
                 raise DemandUnavailable(f"{self.name}: row {i} is not (status, count): {tuple(row)!r:.100}")
             counts[row[0]] = counts.get(row[0], 0) + int(row[1])
@@ -110,17 +103,31 @@ class SqlDemand:
             in_progress=sum(counts.get(s, 0) for s in self.config.in_progress),
         )
 
-    async def _rows(self) -> list[tuple[Any, ...]]:
+    async def records(self) -> tuple[list[WorkerRecord], list[TaskRecord]] | None:
+        """The worker records and the tasks in progress, for the worker checks; None when the
+        configuration names no queries for them. DemandUnavailable when they cannot be trusted."""
+        if self.config.workers_query is None or self.config.in_progress_query is None:
+            return None
+        workers = []
+        for i, row in enumerate(await self._rows(self.config.workers_query), 1):
+            if len(row) != 3 or not _id(row[0]) or not isinstance(row[1], str) or not (row[2] is None or _when(row[2])):
+                raise DemandUnavailable(f"{self.name}: workers row {i} is not (worker_id, status, heartbeat_at): {tuple(row)!r:.100}")
+            workers.append(WorkerRecord(str(row[0]), row[1], _when(row[2]) if row[2] is not None else None))
+        tasks = []
+        for i, row in enumerate(await self._rows(self.config.in_progress_query), 1):
+            if len(row) != 2 or not _id(row[0]) or not (row[1] is None or _id(row[1])):
+                raise DemandUnavailable(f"{self.name}: in-progress row {i} is not (task_id, worker_id): {tuple(row)!r:.100}")
+            tasks.append(TaskRecord(str(row[0]), None if row[1] is None else str(row[1])))
+        return workers, tasks
+
+    async def _rows(self, query: str) -> list[tuple[Any, ...]]:
         try:
-            async with self._engine.connect() as conn:
-                return [tuple(r) for r in (await conn.execute(text(self.config.query))).all()]
-        except (SQLAlchemyError, OSError) as exc:
-            # The driver's message names what failed (no such table, refused), never the password.
-            first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:200]
-            raise DemandUnavailable(f"{self.name}: {type(exc).__name__}: {first}") from None
+            return await self.db.rows(query)
+        except TaskDatabaseError as exc:
+            raise DemandUnavailable(f"sql {exc}") from None
 
     async def close(self) -> None:
-        await self._engine.dispose()
+        await self.db.close()
 
 
 class HttpDemand:
@@ -158,6 +165,22 @@ class HttpDemand:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _id(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool) and 0 < len(str(value)) <= 128
+
+
+def _when(value: object) -> datetime | None:
+    """A heartbeat time: a datetime or an ISO text (SQLite keeps text); naive means UTC."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _count(value: object) -> bool:

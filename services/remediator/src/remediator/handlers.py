@@ -37,6 +37,7 @@ from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event, HttpAdmin
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_providers.base import Provider
+from gpumedic_store import TaskDatabase
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
@@ -81,6 +82,7 @@ class ActionHandler:
         incidents: IncidentStates | None = None,
         scheduler: Scheduler | None = None,
         provider: Provider | None = None,
+        task_db: TaskDatabase | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -94,6 +96,8 @@ class ActionHandler:
         """Where drains are kept and told (the store, the hook, the bus)."""
         self.provider = provider
         """Where workers are rented and ended (None: no provider configured)."""
+        self.task_db = task_db
+        """Where tasks are requeued and worker records marked ended (None: not configured)."""
         self._now = clock
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
@@ -293,6 +297,12 @@ class ActionHandler:
                 result = await catalogue.provider.carry_out(request, actions, self.provider, step)
                 result.steps, result.audit = steps, audit
                 return result
+            if catalogue.on_task_db(request.operation):
+                if self.task_db is None:
+                    raise InvalidParameter("no task database is configured (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE)")
+                result = await catalogue.taskdb.carry_out(request.operation, actions, self.task_db, step)
+                result.steps, result.audit = steps, audit
+                return result
             if catalogue.on_scheduler(request.operation):
                 if self.scheduler is None:
                     raise RuntimeError("no scheduler side is configured for drains")
@@ -378,7 +388,7 @@ def register(
     )
     handler = ActionHandler(
         settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler,
-        provider=settings.provider_client(),
+        provider=settings.provider_client(), task_db=settings.task_db(),
     )
     # The consumer's batch is how many requests this instance handles at once.
     consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)

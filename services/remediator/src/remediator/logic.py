@@ -29,9 +29,10 @@ from remediator.inventory import NodeAddress
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
-NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker")
-"""Operations that move jobs away from a node or back, or add a worker, and harm no job: outside
-the per-node limit and the breaker's count (an open breaker still holds them)."""
+NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended")
+"""Operations that harm no job (move jobs away from a node or back, add a worker, put a gone
+worker's tasks back in the queue, mark its record ended): outside the per-node limit and the
+breaker's count (an open breaker still holds them)."""
 
 
 class Verdict(StrEnum):

@@ -25,6 +25,7 @@ from gpumedic_incidents.policy import NodeSelector
 from gpumedic_store.settings import StoreSettings
 from gpumedic_providers.base import Provider
 from gpumedic_providers.config import ProviderConfig, open_provider
+from gpumedic_store import TaskDatabase
 from gpumedic_webhook import read_token
 from remediator.inventory import InventoryError, load_inventory
 from remediator.logic import Mode, Gate
@@ -111,9 +112,14 @@ class Settings(BaseSettings):
         description='Where workers are rented and ended (JSON: {"kind": "runpod", "api_key_file": FILE, "image": ...}); '
         "none: spawn_worker and terminate_worker fail with that reason.",
     )
+    task_db_url_file: Path | None = Field(
+        default=None,
+        description="A file holding the SQLAlchemy URL of your task database, where requeue_tasks and "
+        "mark_worker_ended run the policy's statements; none: they fail with that reason.",
+    )
     trace_to_bus: bool = Field(default=False, description="Also publish finished spans for the embedded trace store.")
 
-    @field_validator("hook_token_file", "admin_token_file", mode="before")
+    @field_validator("hook_token_file", "admin_token_file", "task_db_url_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
@@ -129,6 +135,13 @@ class Settings(BaseSettings):
         if self.provider is None:
             return None
         return open_provider(self.provider, read_token(self.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file"))
+
+    def task_db(self) -> TaskDatabase | None:
+        """The task database, None without one; ValueError if its URL file is unusable."""
+        if self.task_db_url_file is None:
+            return None
+        where = f"GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE {self.task_db_url_file}"
+        return TaskDatabase(read_token(self.task_db_url_file, "GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE"), where)
 
     def hook_token(self) -> str | None:
         """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
@@ -201,6 +214,8 @@ class Settings(BaseSettings):
             self.admin_token()
             if self.provider is not None:
                 read_token(self.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file")
+            if self.task_db_url_file is not None:
+                read_token(self.task_db_url_file, "GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE")
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         try:

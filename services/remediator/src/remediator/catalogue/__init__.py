@@ -23,14 +23,16 @@ from gpumedic_events import (
     GpuReset,
     HttpAdmin,
     KillGpuProcesses,
+    MarkWorkerEnded,
     RebootNode,
+    RequeueTasks,
     RestartUnit,
     SpawnWorker,
     TerminateWorker,
     UndrainNode,
 )
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import admin, docker, drain, gpu, kill, provider, units
+from remediator.catalogue import admin, docker, drain, gpu, kill, provider, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -58,12 +60,19 @@ def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, 
             return drain.render_undrain(operation, actions)
         case SpawnWorker() | TerminateWorker():
             return provider.render(operation, actions)
+        case RequeueTasks() | MarkWorkerEnded():
+            return taskdb.render(operation, actions)
     raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
 
 
 def on_provider(operation: object) -> bool:
     """Whether the operation is a call to the provider (`provider.carry_out`), not a node command."""
     return isinstance(operation, SpawnWorker | TerminateWorker)
+
+
+def on_task_db(operation: object) -> bool:
+    """Whether the operation writes to the user's task database (`taskdb.carry_out`)."""
+    return isinstance(operation, RequeueTasks | MarkWorkerEnded)
 
 
 def on_scheduler(operation: object) -> bool:
