@@ -12,6 +12,7 @@ import pytest
 from gpumedic_events import GpuSample, NodeSampled
 
 from autoscaler.demand import Demand, DemandUnavailable, HttpDemand, HttpDemandConfig, SqlDemand, SqlDemandConfig
+from autoscaler.lifecycle import TaskRecord, WorkerRecord
 from autoscaler.logic import evaluate_demand
 from autoscaler.scaling import Scaler, ScalingPolicy, Supply
 
@@ -44,7 +45,10 @@ def test_scaling_down_waits_out_the_cool_down_and_frees_only_nodes_idle_long_eno
     assert scaler.decide(quiet, supply, at(299)).decision == "hold"
     down = scaler.decide(quiet, supply, at(300))
     assert (down.decision, down.release, down.change_gpus) == ("scale_down", ("b",), 8)  # c idled 400s only
-    assert scaler.decide(quiet, supply, at(310)).decision == "hold"  # a change was just made
+    # The decision stands until its action is done (an incident waits for it) ...
+    assert scaler.decide(quiet, supply, at(305)).release == ("b",)
+    scaler.changed(at(306))
+    assert scaler.decide(quiet, supply, at(310)).decision == "hold"  # ... then a change was just made
 
 
 def test_a_noisy_queue_around_capacity_never_flaps():
@@ -79,9 +83,9 @@ def _sample(node: str, utils: list[int], when: datetime = T0) -> NodeSampled:
 def test_an_unreadable_queue_holds_and_says_why_while_a_readable_one_decides_on_nodes_in_service():
     latest = {"a": _sample("a", [90, 95]), "b": _sample("b", [0, 0])}
     kw = {"busy_util_pct": 20, "stale_after_s": 120}
-    down = evaluate_demand(DemandUnavailable("sql task table on db1: OperationalError: refused"), Scaler(ScalingPolicy()), latest, T0, **kw)
-    assert (down.decision, down.queued, down.demand_error) == ("hold", None, "sql task table on db1: OperationalError: refused")
-    assert down.reason.startswith("no decision: sql task table on db1")
+    down = evaluate_demand(DemandUnavailable("sql task database on db1: OperationalError: refused"), Scaler(ScalingPolicy()), latest, T0, **kw)
+    assert (down.decision, down.queued, down.demand_error) == ("hold", None, "sql task database on db1: OperationalError: refused")
+    assert down.reason.startswith("no decision: sql task database on db1")
     up = evaluate_demand(Demand(queued=9, in_progress=3), Scaler(ScalingPolicy()), latest, T0, drained=frozenset({"b"}), **kw)
     assert (up.decision, up.gpus_total, up.gpus_wanted, up.change_gpus, up.nodes_drained) == ("scale_up", 2, 4, 2, 1)
 
@@ -102,9 +106,32 @@ def _task_db(tmp_path, rows: list[tuple[str, int]]) -> SqlDemandConfig:
 async def test_the_runbook_task_table_is_read_by_status(tmp_path):
     source = SqlDemand(_task_db(tmp_path, [("Queued", 7), ("In Progress", 3), ("Complete", 50), ("Failed", 2)]))
     try:
-        assert await source.read() == Demand(queued=7, in_progress=3)
+        assert await source.read() == Demand(queued=7, in_progress=3, complete=50)
     finally:
         await source.close()
+
+
+async def test_the_worker_records_and_the_tasks_in_progress_are_read_for_the_worker_checks(tmp_path):
+    config = _task_db(tmp_path, [("In Progress", 2)])
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:
+        conn.execute("ALTER TABLE tasks ADD COLUMN worker_id TEXT")
+        conn.execute("UPDATE tasks SET worker_id = 'pod-7' WHERE id = 1")
+        conn.execute("CREATE TABLE workers (id TEXT, status TEXT, heartbeat_at TEXT)")
+        conn.execute("INSERT INTO workers VALUES ('pod-7', 'active', '2026-11-23 11:50:00'), ('pod-8', 'spawning', NULL)")
+    queries = {"workers_query": "SELECT id, status, heartbeat_at FROM workers ORDER BY id",
+               "in_progress_query": "SELECT id, worker_id FROM tasks WHERE status = 'In Progress' ORDER BY id"}
+    source = SqlDemand(config.model_copy(update=queries))
+    hostile = SqlDemand(config.model_copy(update=queries | {"workers_query": "SELECT 'pod;reboot', 'active', NULL"}))
+    try:
+        workers, tasks = await source.records()
+        assert workers == [WorkerRecord("pod-7", "active", datetime(2026, 11, 23, 11, 50, tzinfo=UTC)), WorkerRecord("pod-8", "spawning", None)]
+        assert tasks == [TaskRecord("1", "pod-7"), TaskRecord("2", None)]
+        with pytest.raises(DemandUnavailable, match=r"workers row 1 is not \(worker_id, status, heartbeat_at\): \('pod;reboot'"):
+            await hostile.records()
+        assert await SqlDemand(config).records() is None  # no queries: the provider's own check only
+    finally:
+        await source.close()
+        await hostile.close()
 
 
 async def test_a_task_table_that_cannot_be_read_says_what_and_where(tmp_path):
@@ -122,7 +149,7 @@ async def test_a_task_table_that_cannot_be_read_says_what_and_where(tmp_path):
     refused = SqlDemand(SqlDemandConfig(kind="sql", url_file=url_file, timeout_s=2))
     with pytest.raises(DemandUnavailable) as caught:
         await refused.read()
-    assert "sql task table on 127.0.0.1" in str(caught.value) and "s3cret" not in str(caught.value)
+    assert "sql task database on 127.0.0.1" in str(caught.value) and "s3cret" not in str(caught.value)
     await refused.close()
     with pytest.raises(ValueError, match="demand url_file .*nope: No such file"):
         SqlDemand(SqlDemandConfig(kind="sql", url_file=tmp_path / "nope"))

@@ -79,7 +79,7 @@ class Durable:
         return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
 
 
-DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health")
+DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health", "autoscaler")
 """The services that open incidents and ask the remediator to act on them."""
 
 NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked)
@@ -91,6 +91,7 @@ DURABLES: tuple[Durable, ...] = (
     *(Durable(f"zombie-detector-{event.__name__}", "zombie-detector", event) for event in NODE_INCIDENT_INPUTS),
     Durable("leader-health-actions", "leader-health", ActionCompleted),
     Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
+    Durable("autoscaler-actions", "autoscaler", ActionCompleted),
     Durable("remediator-actions", "remediator", ActionRequested),
     *(
         Durable(f"report-builder-{event.__name__}", "report-builder", event)
@@ -112,10 +113,10 @@ DURABLES: tuple[Durable, ...] = (
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
     "leader-health": (SilenceAdded, SilenceRemoved),
-    "autoscaler": (NodeDrained, NodeUndrained),
+    "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved),
 }
-"""Streams a service reads from the start whenever it starts (an ephemeral ordered consumer):
-the few facts that make its state, such as the silences in force."""
+"""Events a service reads from the start of their stream whenever it starts (an ephemeral ordered
+consumer per stream): the few facts that make its state, such as the silences in force."""
 
 CONSUMING_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if any(d.service == s for d in DURABLES))
 
@@ -148,6 +149,7 @@ or `proto` fails."""
 KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
     "zombie-detector": {INCIDENT_STATE.bucket: "write"},
     "leader-health": {INCIDENT_STATE.bucket: "write"},
+    "autoscaler": {INCIDENT_STATE.bucket: "write"},
     "remediator": {INCIDENT_STATE.bucket: "read"},
 }
 """Which service may read or write which key-value bucket. Detectors own the incident state;

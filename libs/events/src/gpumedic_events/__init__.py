@@ -20,7 +20,9 @@ from gpumedic_events.action import (
     UndrainNode,
     SpawnWorker,
     TerminateWorker,
+    TASK_ID_PATTERN,
     UNIT_PATTERN,
+    WORKER_ID_PATTERN,
     action_id_for,
     operation_gpu,
 )
@@ -136,6 +138,8 @@ __all__ = [
     "SpawnWorker",
     "TerminateWorker",
     "RequeueTasks",
+    "TASK_ID_PATTERN",
+    "WORKER_ID_PATTERN",
     "MarkWorkerEnded",
     "GpuReset",
     "KillGpuProcesses",

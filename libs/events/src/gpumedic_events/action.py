@@ -169,9 +169,11 @@ class UndrainNode(BaseModel):
         return "undrain the node"
 
 
-WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+"""A worker's id is also the node id of its incidents (one subject token)."""
+TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 WorkerId = Annotated[str, Field(pattern=WORKER_ID_PATTERN, description="The provider's id for a worker.")]
-TaskId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$", description="A task's id in the user's task table.")]
+TaskId = Annotated[str, Field(pattern=TASK_ID_PATTERN, description="A task's id in the user's task table.")]
 
 
 class SpawnWorker(BaseModel):

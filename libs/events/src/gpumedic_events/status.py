@@ -139,3 +139,16 @@ class CapacityEvaluated(Event):
     demand_error: str | None = Field(
         default=None, max_length=500, description="Why the demand source could not be read; no decision was made on it."
     )
+    provider_error: str | None = Field(
+        default=None, max_length=500, description="Why the provider's workers could not be listed; no decision was made."
+    )
+    workers: int | None = Field(default=None, ge=0, description="Workers the provider bills (spawning or running); None: no provider.")
+    workers_in_service: int | None = Field(
+        default=None, ge=0, description="Of those, the capacity: not stuck spawning, not drained, no incident a person must look at."
+    )
+    cost_per_h: float | None = Field(default=None, ge=0, description="What the billed workers cost an hour now ($).")
+    cost_total: float | None = Field(default=None, ge=0, description="$ spent on workers since the autoscaler started.")
+    idle_gpu_hours: float | None = Field(default=None, ge=0, description="GPU-hours in service but idle since the autoscaler started.")
+    cost_per_task: float | None = Field(
+        default=None, ge=0, description="$ per task completed over the cost window (None: no task completed in it)."
+    )

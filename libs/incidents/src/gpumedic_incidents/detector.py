@@ -27,7 +27,6 @@ from opentelemetry.trace import Tracer
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
 from gpumedic_bus.streams import INCIDENT_STATE
-from gpumedic_bus.topology import REPLAYS
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
     ActionCompleted,
@@ -86,7 +85,7 @@ class Detector:
             await self.restore(IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)))
 
         runtime.on_startup(_restore)
-        runtime.replay(REPLAYS[self.source], self.on_silence)
+        runtime.replay((SilenceAdded, SilenceRemoved), self.on_silence)
         runtime.consume(actions_durable, self.on_action_completed)
         runtime.background(self.tick)
 

@@ -16,6 +16,7 @@ what was wrong: no scale decision is made on it.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -24,10 +25,12 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from gpumedic_events import TASK_ID_PATTERN, WORKER_ID_PATTERN
 from gpumedic_store import TaskDatabase, TaskDatabaseError
 from gpumedic_webhook import read_token
 
 DEFAULT_QUERY = "SELECT status, COUNT(*) FROM tasks GROUP BY status"
+WORKER_ID, TASK_ID = re.compile(WORKER_ID_PATTERN), re.compile(TASK_ID_PATTERN)
 
 
 class DemandUnavailable(Exception):
@@ -39,12 +42,15 @@ class Demand(BaseModel):
 
     queued: int = Field(ge=0)
     in_progress: int = Field(ge=0)
+    complete: int | None = Field(default=None, ge=0, description="Tasks done so far (for $/task); None: not known.")
 
 
 class DemandSource(Protocol):
     name: str
 
     async def read(self) -> Demand: ...
+
+    async def records(self) -> tuple[list[WorkerRecord], list[TaskRecord]] | None: ...
 
     async def close(self) -> None: ...
 
@@ -63,6 +69,7 @@ class SqlDemandConfig(_Config):
     query: str = Field(default=DEFAULT_QUERY, min_length=1, max_length=4000, description="Returns (status, count) rows.")
     queued: tuple[str, ...] = ("Queued",)
     in_progress: tuple[str, ...] = ("In Progress",)
+    complete: tuple[str, ...] = ("Complete",)
     workers_query: str | None = Field(
         default=None, min_length=1, max_length=4000,
         description="Returns (worker_id, status, heartbeat_at) rows: the worker records, for the worker checks.",
@@ -77,6 +84,7 @@ class HttpDemandConfig(_Config):
     url: str = Field(pattern=r"^https?://", max_length=2000)
     queued_path: str = Field(min_length=1, max_length=200, description="Dotted path to the queued count, e.g. queue.depth")
     in_progress_path: str | None = Field(default=None, max_length=200)
+    complete_path: str | None = Field(default=None, max_length=200, description="Dotted path to the count of tasks done.")
 
 
 DemandConfig = Annotated[SqlDemandConfig | HttpDemandConfig, Field(discriminator="kind")]
@@ -101,6 +109,7 @@ class SqlDemand:
         return Demand(
             queued=sum(counts.get(s, 0) for s in self.config.queued),
             in_progress=sum(counts.get(s, 0) for s in self.config.in_progress),
+            complete=sum(counts.get(s, 0) for s in self.config.complete),
         )
 
     async def records(self) -> tuple[list[WorkerRecord], list[TaskRecord]] | None:
@@ -110,12 +119,12 @@ class SqlDemand:
             return None
         workers = []
         for i, row in enumerate(await self._rows(self.config.workers_query), 1):
-            if len(row) != 3 or not _id(row[0]) or not isinstance(row[1], str) or not (row[2] is None or _when(row[2])):
+            if len(row) != 3 or not _id(row[0], WORKER_ID) or not isinstance(row[1], str) or not (row[2] is None or _when(row[2])):
                 raise DemandUnavailable(f"{self.name}: workers row {i} is not (worker_id, status, heartbeat_at): {tuple(row)!r:.100}")
             workers.append(WorkerRecord(str(row[0]), row[1], _when(row[2]) if row[2] is not None else None))
         tasks = []
         for i, row in enumerate(await self._rows(self.config.in_progress_query), 1):
-            if len(row) != 2 or not _id(row[0]) or not (row[1] is None or _id(row[1])):
+            if len(row) != 2 or not _id(row[0], TASK_ID) or not (row[1] is None or _id(row[1], WORKER_ID)):
                 raise DemandUnavailable(f"{self.name}: in-progress row {i} is not (task_id, worker_id): {tuple(row)!r:.100}")
             tasks.append(TaskRecord(str(row[0]), None if row[1] is None else str(row[1])))
         return workers, tasks
@@ -151,7 +160,8 @@ class HttpDemand:
             raise DemandUnavailable(f"{self.name}: the answer is not JSON") from None
         queued = self._at(document, self.config.queued_path)
         in_progress = self._at(document, self.config.in_progress_path) if self.config.in_progress_path else 0
-        return Demand(queued=queued, in_progress=in_progress)
+        complete = self._at(document, self.config.complete_path) if self.config.complete_path else None
+        return Demand(queued=queued, in_progress=in_progress, complete=complete)
 
     def _at(self, document: object, path: str) -> int:
         value = document
@@ -163,12 +173,17 @@ class HttpDemand:
             raise DemandUnavailable(f"{self.name}: {path} is {value!r:.60}, not a count")
         return int(value)
 
+    async def records(self) -> None:
+        """An HTTP queue says nothing about worker records: the worker checks run on the provider only."""
+        return None
+
     async def close(self) -> None:
         await self._client.aclose()
 
 
-def _id(value: object) -> bool:
-    return isinstance(value, str | int) and not isinstance(value, bool) and 0 < len(str(value)) <= 128
+def _id(value: object, pattern: re.Pattern[str]) -> bool:
+    """An id that can be named in an action (a worker's is also its incidents' node id)."""
+    return isinstance(value, str | int) and not isinstance(value, bool) and bool(pattern.match(str(value)))
 
 
 def _when(value: object) -> datetime | None:

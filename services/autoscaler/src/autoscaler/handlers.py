@@ -1,6 +1,10 @@
 """autoscaler's adapters: remember each node's latest sample, since when its GPUs all idle, and
-which nodes are drained (replayed from the node events at start, then followed); read the demand
-source and evaluate periodically, and publish."""
+which nodes are drained (replayed from the node events at start, then followed); each round read
+the queue, the provider's workers and the open incidents, decide, and publish.
+
+With a provider and a demand source configured, the round goes through the pool's incidents (the
+shared detector: persist, publish, and the remediator's gate for every spawn, termination and
+requeue). Without them the decision is published and nothing is done about it."""
 
 from __future__ import annotations
 
@@ -10,9 +14,13 @@ from datetime import UTC, datetime
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_events import CapacityEvaluated, NodeDrained, NodeSampled, NodeUndrained
+from gpumedic_incidents import FLEET_NODE
+from gpumedic_incidents.detector import Detector
+from gpumedic_providers.base import Provider, ProviderError
 
 from autoscaler.demand import DemandSource, DemandUnavailable
 from autoscaler.logic import evaluate, evaluate_demand
+from autoscaler.pool import SOURCE, FleetView, PoolIncidents, Reading
 from autoscaler.scaling import Scaler
 from autoscaler.settings import Settings
 
@@ -20,10 +28,20 @@ log = logging.getLogger(__name__)
 
 
 class CapacityHandlers:
-    def __init__(self, runtime: ServiceRuntime, settings: Settings, demand: DemandSource | None = None) -> None:
+    def __init__(
+        self,
+        runtime: ServiceRuntime,
+        settings: Settings,
+        demand: DemandSource | None = None,
+        provider: Provider | None = None,
+        detector: Detector | None = None,
+    ) -> None:
         self._runtime = runtime
         self._settings = settings
         self._demand = demand
+        self._provider = provider
+        self._detector = detector
+        """The pool's incidents (with a provider and a demand source), else None."""
         self._scaler = Scaler(settings.scaling)
         self.latest: dict[str, NodeSampled] = {}
         self.idle_since: dict[str, datetime] = {}
@@ -44,6 +62,8 @@ class CapacityHandlers:
 
     async def evaluate_once(self) -> CapacityEvaluated:
         s, now = self._settings, datetime.now(UTC)
+        if self._detector is not None:
+            return await self._pool_round()
         if self._demand is None:
             return evaluate(
                 self.latest, now, busy_util_pct=s.busy_util_pct, up_above=s.scale_up_above, down_below=s.scale_down_below,
@@ -59,11 +79,65 @@ class CapacityHandlers:
             drained=frozenset(self.drained), idle_since=self.idle_since,
         )
 
+    async def _pool_round(self) -> CapacityEvaluated:
+        assert self._detector is not None and self._demand is not None and self._provider is not None
+        reading = Reading(
+            demand=await _read(self._demand.read()),
+            workers=await _read(self._provider.workers()),
+            records=await _read(self._demand.records()),
+        )
+        for failed in (reading.demand, reading.workers, reading.records):
+            if isinstance(failed, Exception):
+                log.warning("no decision on this: %s", failed)
+        fleet = FleetView(
+            latest=self.latest, idle_since=self.idle_since, drained=frozenset(self.drained), needs_person=await self._needs_person(),
+        )
+        logic: PoolIncidents = self._detector.logic  # type: ignore[assignment]
+        evaluated: list[CapacityEvaluated] = []
+
+        def decide(now: datetime):
+            result, transitions = logic.on_round(reading, fleet, now)
+            evaluated.append(result)
+            return transitions
+
+        await self._detector.decide(decide)
+        return evaluated[0]
+
+    async def _needs_person(self) -> dict[str, str]:
+        """Nodes with another detector's incident that a person must look at (escalated, or a node
+        it drained): no capacity while it lasts. Unreadable: none (the round still decides on the
+        provider's and the queue's word, and the drains it follows from the bus)."""
+        states = self._detector.states if self._detector else None
+        if states is None:
+            return {}
+        try:
+            incidents = await states.load_all()
+        except Exception as exc:  # the bucket may be reconnecting
+            log.warning("open incidents not read this round (%r)", exc)
+            return {}
+        return {
+            i.node_id: f"{i.kind.value} incident {i.incident_id} waits for a person"
+            for i in incidents
+            if i.detector != SOURCE and i.node_id != FLEET_NODE and (i.phase == "escalated" or i.drained)
+        }
+
     async def evaluate_loop(self) -> None:
         while True:
             await asyncio.sleep(self._settings.interval_s)
-            evaluated = await self.evaluate_once()
+            try:
+                evaluated = await self.evaluate_once()
+            except Exception:  # the bus or the state bucket; the next round decides again
+                log.exception("this round's capacity was not decided; the next round decides again")
+                continue
             try:
                 await publish_event(self._runtime.broker, evaluated)
             except Exception as exc:
                 log.warning("capacity evaluation not published (%r); the bus may be reconnecting", exc)
+
+
+async def _read(read):
+    """The reading, or the error that says why there is none (a demand source or provider error)."""
+    try:
+        return await read
+    except (DemandUnavailable, ProviderError) as exc:
+        return exc

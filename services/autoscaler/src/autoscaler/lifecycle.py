@@ -1,40 +1,42 @@
 """The orchestrator runbook's worker checks, as rules over what the provider and the user's
-database say. Pure: plain records in, findings out, each naming the fix the runbook applies.
+database say. Pure: plain records in, the faults found now out, each with the operation that
+fixes it (the incident's ladder asks the remediator for it). Thresholds come from the policy.
 
-- `stuck_spawning`: the provider has had the worker `spawning` for more than `stuck_spawning_s`
-  (5 min): terminate it and spawn a replacement.
-- `stale_heartbeat`: a running worker whose heartbeat in the database is older than
-  `stale_heartbeat_s` (10 min), or that never beat since it came up: check it, then replace it.
-- `orphaned_tasks`: tasks `In Progress` on a worker the provider no longer runs: requeue them,
-  once (a task already requeued is never requeued again by this rule).
-- `unrecorded_worker`: the provider bills a worker the database has no record of, past the
-  spawning grace: terminate it (it runs no task anyone tracks).
+- `stuck_spawning`: the provider has had the worker `spawning` longer than `after_s` (5 min):
+  end it. A stuck worker is no capacity, so the pool rents a replacement meanwhile.
+- `stale_heartbeat`: a running worker whose heartbeat in the database is older than `after_s`
+  (10 min), or that never beat since it came up. Checked first: a worker whose GPUs still work
+  (fresh samples, busy) has a broken heartbeat writer, not a dead worker, and goes to a person.
+  Otherwise it is ended (and replaced, as it is no capacity).
+- `orphaned_tasks`: tasks `In Progress` on a worker the provider no longer runs: requeued. Once
+  they are back in the queue the finding is gone, and the requeue statement only touches tasks
+  still in progress, so a task is requeued once per orphaning.
+- `unrecorded_worker`: the provider bills a running worker the database has no record of, past
+  `after_s`: ended (it runs no task anyone tracks).
 - `vanished_worker`: the database holds an active record of a worker the provider no longer has:
-  mark the record terminated.
+  marked ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from gpumedic_events import IncidentKind, MarkWorkerEnded, RequeueTasks, TerminateWorker
+from gpumedic_incidents import Finding, Policy
 from gpumedic_providers.base import Worker
 
-LifecycleKind = Literal["stuck_spawning", "stale_heartbeat", "orphaned_tasks", "unrecorded_worker", "vanished_worker"]
-Fix = Literal["terminate_and_replace", "check_then_replace", "requeue", "terminate", "mark_terminated"]
 LIVE = ("spawning", "running")
-ENDED_RECORDS = frozenset({"terminated", "dead", "stopped"})
-
-
-class LifecyclePolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    stuck_spawning_s: float = Field(default=300.0, gt=0)
-    stale_heartbeat_s: float = Field(default=600.0, gt=0)
+ENDED_RECORDS = frozenset({"terminated", "dead", "stopped", "ended"})
+KINDS = (
+    IncidentKind.STUCK_SPAWNING, IncidentKind.STALE_HEARTBEAT, IncidentKind.ORPHANED_TASKS,
+    IncidentKind.UNRECORDED_WORKER, IncidentKind.VANISHED_WORKER,
+)
+RECORD_KINDS = frozenset(KINDS[1:])
+"""The checks that need the database's records (stuck_spawning needs the provider only)."""
+MAX_TASKS = 500
+"""Tasks one requeue names (the operation's limit); more are requeued by the next incident."""
 
 
 @dataclass(frozen=True)
@@ -54,63 +56,94 @@ class TaskRecord:
     worker_id: str | None
 
 
-@dataclass(frozen=True)
-class LifecycleFinding:
-    kind: LifecycleKind
-    worker_id: str
-    fix: Fix
-    summary: str
-    tasks: tuple[str, ...] = ()
+def stuck(worker: Worker, now: datetime, policy: Policy) -> bool:
+    return worker.status == "spawning" and _age(worker, now) > timedelta(seconds=policy.kinds.stuck_spawning.after_s)
 
 
 def watch(
     workers: Sequence[Worker],
-    records: Sequence[WorkerRecord],
-    in_progress: Sequence[TaskRecord],
+    records: tuple[Sequence[WorkerRecord], Sequence[TaskRecord]] | None,
     now: datetime,
-    policy: LifecyclePolicy,
+    policy: Policy,
     *,
-    requeued: Iterable[str] = (),
-) -> list[LifecycleFinding]:
+    gpus_working: Callable[[str], str],
+) -> list[Finding]:
+    """The faults present now. `records` None: the database was not read, so only the provider's
+    own check runs. `gpus_working(worker_id)` says why its GPUs look at work ('' if they do not)."""
     live = {w.worker_id: w for w in workers if w.status in LIVE}
-    recorded = {r.worker_id: r for r in records}
-    spawning_grace = timedelta(seconds=policy.stuck_spawning_s)
-    stale = timedelta(seconds=policy.stale_heartbeat_s)
-    findings: list[LifecycleFinding] = []
+    findings = [_stuck(w, now) for w in live.values() if stuck(w, now, policy)]
+    if records is None:
+        return findings
+    worker_records, in_progress = records
+    recorded = {r.worker_id: r for r in worker_records}
+    stale = timedelta(seconds=policy.kinds.stale_heartbeat.after_s)
+    grace = timedelta(seconds=policy.kinds.unrecorded_worker.after_s)
     for w in live.values():
-        age = now - w.created_at if w.created_at else None
-        if w.status == "spawning":
-            if age is not None and age > spawning_grace:
-                findings.append(LifecycleFinding("stuck_spawning", w.worker_id, "terminate_and_replace",
-                                                 f"{w.worker_id} has been spawning for {_span(age)} (more than {_span(spawning_grace)}): "
-                                                 f"{'no SSH details yet' if w.ssh is None else 'not up'}, billed at ${w.price_per_h:.2f}/h"))
+        if w.status != "running":
             continue
         record = recorded.get(w.worker_id)
         if record is None:
-            if age is not None and age > spawning_grace:
-                findings.append(LifecycleFinding("unrecorded_worker", w.worker_id, "terminate",
-                                                 f"{w.worker_id} runs and bills ${w.price_per_h:.2f}/h, but the database has no record of it"))
+            if _age(w, now) > grace:
+                findings.append(Finding(
+                    kind=IncidentKind.UNRECORDED_WORKER, node_id=w.worker_id,
+                    summary=f"{w.worker_id} runs and bills ${w.price_per_h:.2f}/h, but the task database has no record of it",
+                    evidence=_evidence(w), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+                    recommended_action="end it: it runs no task anyone tracks",
+                ))
             continue
-        beat = record.heartbeat_at
-        silent = now - beat if beat else age
-        if silent is not None and silent > stale:
-            said = f"last heartbeat {_span(silent)} ago" if beat else f"no heartbeat in the {_span(silent)} since it came up"
-            findings.append(LifecycleFinding("stale_heartbeat", w.worker_id, "check_then_replace",
-                                             f"{w.worker_id} is running but its {said} (more than {_span(stale)})"))
-    for r in records:
+        silent = now - record.heartbeat_at if record.heartbeat_at else _age(w, now)
+        if silent > stale:
+            said = f"last heartbeat {_span(silent)} ago" if record.heartbeat_at else f"no heartbeat in the {_span(silent)} since it came up"
+            working = gpus_working(w.worker_id)
+            findings.append(Finding(
+                kind=IncidentKind.STALE_HEARTBEAT, node_id=w.worker_id,
+                summary=f"{w.worker_id} is running but its {said} (more than {_span(stale)})",
+                evidence={**_evidence(w), "heartbeat_age_s": int(silent.total_seconds())},
+                operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+                unsafe=f"checked first: {working}; the heartbeat writer may be what failed, not the worker" if working else "",
+                recommended_action="end and replace it" if not working else "look at the worker's heartbeat writer",
+            ))
+    for r in worker_records:
         if r.worker_id not in live and r.status.lower() not in ENDED_RECORDS:
-            findings.append(LifecycleFinding("vanished_worker", r.worker_id, "mark_terminated",
-                                             f"the database has {r.worker_id} as {r.status!r}, but the provider no longer runs it"))
-    done = set(requeued)
+            findings.append(Finding(
+                kind=IncidentKind.VANISHED_WORKER, node_id=r.worker_id,
+                summary=f"the task database has {r.worker_id} as {r.status!r}, but the provider no longer runs it",
+                operations={"mark_worker_ended": MarkWorkerEnded(worker_id=r.worker_id)},
+            ))
     orphans: dict[str, list[str]] = {}
     for t in in_progress:
-        if t.task_id not in done and (t.worker_id is None or t.worker_id not in live):
+        if t.worker_id is None or t.worker_id not in live:
             orphans.setdefault(t.worker_id or "", []).append(t.task_id)
     for worker_id, tasks in sorted(orphans.items()):
-        where = f"on {worker_id}, which the provider no longer runs" if worker_id else "on no worker"
-        findings.append(LifecycleFinding("orphaned_tasks", worker_id, "requeue",
-                                         f"{len(tasks)} task(s) In Progress {where}", tuple(sorted(tasks))))
+        if not worker_id:
+            continue  # a task In Progress on no worker is the queue's own business
+        tasks = sorted(tasks)[:MAX_TASKS]
+        findings.append(Finding(
+            kind=IncidentKind.ORPHANED_TASKS, node_id=worker_id,
+            summary=f"{len(tasks)} task(s) In Progress on {worker_id}, which the provider no longer runs",
+            evidence={"tasks": len(tasks), "first_tasks": ", ".join(tasks[:10])},
+            operations={"requeue_tasks": RequeueTasks(task_ids=tuple(tasks))},
+            recommended_action="requeue them",
+        ))
     return findings
+
+
+def _stuck(w: Worker, now: datetime) -> Finding:
+    return Finding(
+        kind=IncidentKind.STUCK_SPAWNING, node_id=w.worker_id,
+        summary=f"{w.worker_id} has been spawning for {_span(_age(w, now))}: "
+                f"{'no SSH details yet' if w.ssh is None else 'not up'}, billed at ${w.price_per_h:.2f}/h",
+        evidence=_evidence(w), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+        recommended_action="end it; a replacement is rented as it is no capacity",
+    )
+
+
+def _evidence(w: Worker) -> dict:
+    return {"gpu_type": w.gpu_type, "gpus": w.gpus, "price_per_h": w.price_per_h, "status": w.status}
+
+
+def _age(w: Worker, now: datetime) -> timedelta:
+    return now - w.created_at if w.created_at else timedelta(0)
 
 
 def _span(delta: timedelta) -> str:

@@ -1,27 +1,49 @@
-"""autoscaler's composition root: `create_app` builds everything; `run` is the console script."""
+"""autoscaler's composition root: `create_app` builds everything; `run` is the console script.
+
+With a provider (GPUMEDIC_AUTOSCALER_PROVIDER, a read-only key is enough: the remediator rents and
+ends) and a demand source, the service is the worker pool's incident detector; without them it
+publishes its decisions only.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from faststream import FastStream
 
 from autoscaler.demand import open_source
 from autoscaler.handlers import CapacityHandlers
+from autoscaler.pool import SOURCE as SERVICE
+from autoscaler.pool import PoolIncidents
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
-from gpumedic_bus.topology import REPLAYS
+from gpumedic_events import NodeDrained, NodeUndrained
+from gpumedic_incidents import Policy, PolicyError
+from gpumedic_incidents.detector import Detector
 
-SERVICE = "autoscaler"
+log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None) -> FastStream:
+def create_app(settings: Settings | None = None, *, policy: Policy | None = None) -> FastStream:
+    """`policy` overrides the policy file (tests)."""
     settings = settings or Settings()
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     demand = open_source(settings.demand) if settings.demand else None
-    handlers = CapacityHandlers(runtime, settings, demand)
-    runtime.replay(REPLAYS[SERVICE], handlers.on_drain)
+    provider = settings.provider_client()
+    detector = None
+    if demand is not None and provider is not None:
+        policy = policy or settings.policy.load()
+        logic = PoolIncidents(
+            settings.pool, policy, settings.scaling, busy_util_pct=settings.busy_util_pct, stale_after_s=settings.stale_after_s,
+        )
+        detector = Detector(runtime, logic, SERVICE)
+        detector.attach("autoscaler-actions")
+    elif provider is not None:
+        log.warning("autoscaler: a provider without a demand source (GPUMEDIC_AUTOSCALER_DEMAND): decisions are published only")
+    handlers = CapacityHandlers(runtime, settings, demand, provider, detector)
+    runtime.replay((NodeDrained, NodeUndrained), handlers.on_drain)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample)
     runtime.background(handlers.evaluate_loop)
     return runtime.app()
@@ -29,4 +51,9 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
 def run() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(create_app().run())
+    try:
+        settings = Settings()
+        policy = settings.policy.load()
+    except (PolicyError, ValueError) as exc:
+        sys.exit(f"gpumedic-autoscaler: {exc}")
+    asyncio.run(create_app(settings, policy=policy).run())

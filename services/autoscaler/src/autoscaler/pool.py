@@ -1,0 +1,249 @@
+"""The worker pool's incidents: each round's readings (the queue, the provider's workers, the
+user's worker records) through the scaling decision and the worker checks into the shared
+incident book, which asks the remediator's gate for every side effect. Pure.
+
+Capacity is the workers that can take tasks: spawning or running at the provider, and not stuck
+spawning, not drained, not silent on their heartbeat (unless their GPUs work), and with no
+incident on them that waits for a person. A worker that is no capacity is replaced by the
+scaling decision, whatever else is done about it. The decision becomes at most one incident on
+the pool at a time (its node is the pool's name):
+
+- `capacity_short`: the queue wants more GPUs than are in service: `spawn_worker`, verified
+  when the new workers are listed (they count while they spawn).
+- `capacity_surplus`: idle workers the queue has not needed for the cool-down: `terminate_worker`.
+- `queue_stalled`: tasks wait while every GPU in service idles: the workers do not take them.
+
+A reading that failed makes no decision and changes no incident: a provider that errors, times
+out or answers nonsense, or a queue that cannot be read, is said in the published evaluation
+(`provider_error`, `demand_error`), and the open incidents wait for a trustworthy round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, NodeSampled, SpawnWorker, TerminateWorker
+from gpumedic_incidents import Finding, IncidentBook, Policy, Transition, cleared
+from gpumedic_providers.base import ProviderError, Worker
+
+from autoscaler import lifecycle
+from autoscaler.demand import Demand, DemandUnavailable
+from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from autoscaler.scaling import Decision, Scaler, ScalingPolicy, Supply
+
+SOURCE = "autoscaler"
+POOL_KINDS = (IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED)
+COST_WINDOW_S = 3600.0
+"""$/task is taken over this window."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one round read; the error in place of what could not be read."""
+
+    demand: Demand | DemandUnavailable
+    workers: list[Worker] | ProviderError
+    records: tuple[list[WorkerRecord], list[TaskRecord]] | DemandUnavailable | None = None
+    """None: the demand source keeps no worker records."""
+
+
+@dataclass
+class FleetView:
+    """What the bus says about the nodes: latest samples, since when each idles, the drained, and
+    the nodes with an incident that waits for a person (node id -> why)."""
+
+    latest: dict[str, NodeSampled] = field(default_factory=dict)
+    idle_since: dict[str, datetime] = field(default_factory=dict)
+    drained: frozenset[str] = frozenset()
+    needs_person: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Ledger:
+    """Running cost figures since start: $ spent, idle GPU-hours, and (time, $ so far, tasks done)
+    points for $/task over the window."""
+
+    last: datetime | None = None
+    cost_per_h: float = 0.0
+    idle_gpus: int = 0
+    cost_total: float = 0.0
+    idle_gpu_hours: float = 0.0
+    points: deque = field(default_factory=deque)
+
+    def advance(self, now: datetime, cost_per_h: float, idle_gpus: int, complete: int | None) -> float | None:
+        if self.last is not None:
+            hours = max(0.0, (now - self.last).total_seconds()) / 3600
+            self.cost_total += self.cost_per_h * hours
+            self.idle_gpu_hours += self.idle_gpus * hours
+        self.last, self.cost_per_h, self.idle_gpus = now, cost_per_h, idle_gpus
+        if complete is None:
+            return None
+        self.points.append((now, self.cost_total, complete))
+        while self.points and now - self.points[0][0] > timedelta(seconds=COST_WINDOW_S):
+            self.points.popleft()
+        _, cost0, done0 = self.points[0]
+        done = complete - done0
+        return (self.cost_total - cost0) / done if done > 0 else None
+
+
+class PoolIncidents:
+    def __init__(self, pool: str, policy: Policy, scaling: ScalingPolicy, *, busy_util_pct: int, stale_after_s: float) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.scaling = scaling
+        self.book = IncidentBook(SOURCE, policy)
+        self.scaler = Scaler(scaling)
+        self.busy_util_pct = busy_util_pct
+        self.stale_after_s = stale_after_s
+        self._stalled_since: datetime | None = None
+        self._ledger = _Ledger()
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def on_round(self, reading: Reading, fleet: FleetView, now: datetime) -> tuple[CapacityEvaluated, list[Transition]]:
+        if isinstance(reading.workers, ProviderError):
+            return self._no_decision(fleet, now, provider_error=str(reading.workers)), []
+        workers = [w for w in reading.workers if w.status in lifecycle.LIVE]
+        for w in workers:
+            self.book.saw_node(w.worker_id, now)
+        records = reading.records if not isinstance(reading.records, DemandUnavailable) else None
+        found = lifecycle.watch(workers, records, now, self.policy, gpus_working=lambda w: self._working(w, fleet, now))
+        checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
+        transitions = self._apply(found, checked, now)
+        in_service = self._in_service(workers, found, fleet, now)
+        supply = self._supply(workers, in_service, fleet)
+        idle_gpus = sum(g for w, g in supply.gpus.items() if w in supply.idle_since)
+        if isinstance(reading.demand, DemandUnavailable):
+            self._ledger.advance(now, supply.cost_per_h, idle_gpus, None)
+            return self._no_decision(fleet, now, demand_error=str(reading.demand), workers=workers, in_service=in_service), transitions
+        demand = reading.demand
+        decided = self.scaler.decide(demand, supply, now)
+        transitions += self._apply(self._pool_findings(decided, demand, supply, now), set(POOL_KINDS), now)
+        per_task = self._ledger.advance(now, supply.cost_per_h, idle_gpus, demand.complete)
+        evaluated = CapacityEvaluated(
+            source=SOURCE, nodes_seen=len(workers), nodes_drained=sum(1 for w in workers if w.worker_id in fleet.drained),
+            gpus_total=supply.total, gpus_busy=self._busy(fleet, in_service), decision=decided.decision, reason=decided.reason[:1000],
+            queued=demand.queued, in_progress=demand.in_progress, gpus_wanted=decided.gpus_wanted, change_gpus=decided.change_gpus,
+            release=decided.release[:100], **self._costs(workers, in_service), cost_per_task=_cents(per_task),
+        )
+        return evaluated, transitions
+
+    def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
+        state = self.book.by_id(event.incident_id)
+        if state is not None and state.kind in POOL_KINDS[:2] and event.outcome is ActionOutcome.SUCCEEDED:
+            self.scaler.changed(now)
+        return self.book.on_action_completed(event, now, traceparent)
+
+    def on_tick(self, now: datetime) -> list[Transition]:
+        return self.book.on_tick(now)
+
+    # --- the pool ------------------------------------------------------------------------------
+
+    def _pool_findings(self, decided: Decision, demand: Demand, supply: Supply, now: datetime) -> list[Finding]:
+        s, spawn = self.scaling, self.policy.actions.spawn_worker
+        evidence = {"queued": demand.queued, "in_progress": demand.in_progress, "gpus_wanted": decided.gpus_wanted,
+                    "gpus_in_service": supply.total, "cost_per_h": round(supply.cost_per_h, 2)}
+        found = []
+        if decided.decision == "scale_up":
+            workers = min(math.ceil(decided.change_gpus / s.gpus_per_worker), spawn.max_count)
+            operations = {"spawn_worker": SpawnWorker(gpu_type=s.gpu_type, gpus=s.gpus_per_worker, count=workers)} if s.gpu_type else {}
+            found.append(Finding(
+                kind=IncidentKind.CAPACITY_SHORT, node_id=self.pool, summary=f"the queue waits: {decided.reason}", evidence=evidence,
+                operations=operations, recommended_action=f"rent {workers} worker(s) of {s.gpus_per_worker} GPU(s)"
+                + ("" if s.gpu_type else " (set the scaling policy's gpu_type to let gpumedic rent them)"),
+            ))
+        if decided.decision == "scale_down":
+            release = decided.release[: self.policy.actions.terminate_worker.max_count]
+            found.append(Finding(
+                kind=IncidentKind.CAPACITY_SURPLUS, node_id=self.pool, severity="info", summary=f"idle workers: {decided.reason}",
+                evidence={**evidence, "release": ", ".join(release)},
+                operations={"terminate_worker": TerminateWorker(worker_ids=release)}, recommended_action=f"end {', '.join(release)}",
+            ))
+        stalled = self._stalled(demand, supply, now)
+        if stalled:
+            found.append(Finding(kind=IncidentKind.QUEUE_STALLED, node_id=self.pool, summary=stalled, evidence=evidence,
+                                 recommended_action="check that the workers reach the queue (credentials, network, the worker loop)"))
+        return found
+
+    def _stalled(self, demand: Demand, supply: Supply, now: datetime) -> str:
+        """Tasks wait while every GPU in service has idled for `for_s` (and some are in service)."""
+        idle = demand.queued > 0 and supply.gpus and all(w in supply.idle_since for w in supply.gpus)
+        if not idle:
+            self._stalled_since = None
+            return ""
+        since = max(supply.idle_since[w] for w in supply.gpus)
+        if now - since < timedelta(seconds=self.policy.kinds.queue_stalled.for_s):
+            return ""
+        return (f"{demand.queued} task(s) queued while all {supply.total} GPUs in service idle since "
+                f"{since.isoformat(timespec='seconds')}: the workers do not take them")
+
+    # --- capacity ------------------------------------------------------------------------------
+
+    def _in_service(self, workers: list[Worker], found: list[Finding], fleet: FleetView, now: datetime) -> dict[str, Worker]:
+        dead = {f.node_id for f in found if f.kind is IncidentKind.STALE_HEARTBEAT and not f.unsafe}
+        return {
+            w.worker_id: w for w in workers
+            if not lifecycle.stuck(w, now, self.policy) and w.worker_id not in dead and w.worker_id not in fleet.drained
+            and w.worker_id not in fleet.needs_person
+        }
+
+    def _supply(self, workers: list[Worker], in_service: dict[str, Worker], fleet: FleetView) -> Supply:
+        typed = [w for w in workers if w.gpu_type == self.scaling.gpu_type and w.gpus]
+        return Supply(
+            gpus={w.worker_id: w.gpus for w in in_service.values()},
+            # Only a running worker that samples can idle; one still spawning is never released.
+            idle_since={w: t for w, t in fleet.idle_since.items() if w in in_service and in_service[w].status == "running"},
+            cost_per_h=sum(w.price_per_h for w in workers),
+            gpu_price_per_h=typed[0].price_per_h / typed[0].gpus if typed else None,
+        )
+
+    def _working(self, worker_id: str, fleet: FleetView, now: datetime) -> str:
+        sample = fleet.latest.get(worker_id)
+        if sample is None or now - sample.occurred_at > timedelta(seconds=self.stale_after_s):
+            return ""
+        busy = [g for g in sample.gpus if (g.utilization_gpu_pct or 0) > self.busy_util_pct]
+        if not busy:
+            return ""
+        age = int((now - sample.occurred_at).total_seconds())
+        return f"{len(busy)} of its {len(sample.gpus)} GPU(s) busy (up to {max(g.utilization_gpu_pct or 0 for g in busy)}%) in a sample {age}s old"
+
+    def _busy(self, fleet: FleetView, in_service: dict[str, Worker]) -> int:
+        return sum(
+            1 for n in in_service if (s := fleet.latest.get(n)) for g in s.gpus if (g.utilization_gpu_pct or 0) > self.busy_util_pct
+        )
+
+    def _costs(self, workers: list[Worker], in_service: dict[str, Worker]) -> dict:
+        return {
+            "workers": len(workers), "workers_in_service": len(in_service),
+            "cost_per_h": round(sum(w.price_per_h for w in workers), 4),
+            "cost_total": round(self._ledger.cost_total, 4), "idle_gpu_hours": round(self._ledger.idle_gpu_hours, 4),
+        }
+
+    def _no_decision(self, fleet: FleetView, now: datetime, *, workers: list[Worker] | None = None,
+                     in_service: dict[str, Worker] | None = None, **error: str) -> CapacityEvaluated:
+        why = next(iter(error.values()))
+        extra = self._costs(workers, in_service or {}) if workers is not None else {}
+        return CapacityEvaluated(
+            source=SOURCE, nodes_seen=len(workers or ()), gpus_total=sum(w.gpus for w in (in_service or {}).values()),
+            gpus_busy=self._busy(fleet, in_service or {}), decision="hold", reason=f"no decision: {why}"[:1000],
+            **{k: v[:500] for k, v in error.items()}, **extra,
+        )
+
+    # --- the book ------------------------------------------------------------------------------
+
+    def _apply(self, found: list[Finding], checked: set[IncidentKind], now: datetime) -> list[Transition]:
+        """Present findings into the book; open incidents of the kinds checked this round that were
+        not found again are cleared."""
+        transitions = [t for f in found for t in self.book.on_finding(f, now)]
+        present = {f.fingerprint for f in found}
+        for state in list(self.book.incidents.values()):
+            if state.kind in checked and state.fingerprint not in present:
+                transitions += self.book.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
+        return transitions
+
+
+def _cents(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
