@@ -32,6 +32,7 @@ RECORDS = [
     WorkerRecord("busy", "active", T0 - timedelta(minutes=30)),
     WorkerRecord("fine", "active", T0 - timedelta(seconds=30)),
     WorkerRecord("gone", "active", T0 - timedelta(minutes=1)),
+    WorkerRecord("lost", "active", T0 - timedelta(minutes=1)),
     WorkerRecord("ended", "terminated", None),
 ]
 TASKS = [TaskRecord("t1", "gone"), TaskRecord("t2", "gone"), TaskRecord("t3", "fine"), TaskRecord("t4", "ended"), TaskRecord("t5", None)]
@@ -48,7 +49,7 @@ def test_the_runbook_worker_checks_each_propose_their_fix():
         (K.STALE_HEARTBEAT, "silent"): (TerminateWorker(worker_ids=("silent",)),),
         (K.STALE_HEARTBEAT, "busy"): (TerminateWorker(worker_ids=("busy",)),),
         (K.UNRECORDED_WORKER, "unknown"): (TerminateWorker(worker_ids=("unknown",)),),  # "newcomer" is within its grace
-        (K.VANISHED_WORKER, "gone"): (MarkWorkerEnded(worker_id="gone"),),
+        (K.VANISHED_WORKER, "lost"): (MarkWorkerEnded(worker_id="lost"),),  # "gone" is marked once its tasks are requeued
         (K.ORPHANED_TASKS, "gone"): (RequeueTasks(task_ids=("t1", "t2")),),
         (K.ORPHANED_TASKS, "ended"): (RequeueTasks(task_ids=("t4",)),),  # t5 is on no worker: the queue's business
     }

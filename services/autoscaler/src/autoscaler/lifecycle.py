@@ -14,7 +14,7 @@ fixes it (the incident's ladder asks the remediator for it). Thresholds come fro
 - `unrecorded_worker`: the provider bills a running worker the database has no record of, past
   `after_s`: ended (it runs no task anyone tracks).
 - `vanished_worker`: the database holds an active record of a worker the provider no longer has:
-  marked ended.
+  marked ended, once no task is left In Progress on it (requeued first).
 """
 
 from __future__ import annotations
@@ -103,17 +103,18 @@ def watch(
                 unsafe=f"checked first: {working}; the heartbeat writer may be what failed, not the worker" if working else "",
                 recommended_action="end and replace it" if not working else "look at the worker's heartbeat writer",
             ))
+    orphans: dict[str, list[str]] = {}
+    for t in in_progress:
+        if t.worker_id is None or t.worker_id not in live:
+            orphans.setdefault(t.worker_id or "", []).append(t.task_id)
     for r in worker_records:
-        if r.worker_id not in live and r.status.lower() not in ENDED_RECORDS:
+        # Its tasks are requeued first; then the record is marked ended (one action on a worker at a time).
+        if r.worker_id not in live and r.status.lower() not in ENDED_RECORDS and r.worker_id not in orphans:
             findings.append(Finding(
                 kind=IncidentKind.VANISHED_WORKER, node_id=r.worker_id,
                 summary=f"the task database has {r.worker_id} as {r.status!r}, but the provider no longer runs it",
                 operations={"mark_worker_ended": MarkWorkerEnded(worker_id=r.worker_id)},
             ))
-    orphans: dict[str, list[str]] = {}
-    for t in in_progress:
-        if t.worker_id is None or t.worker_id not in live:
-            orphans.setdefault(t.worker_id or "", []).append(t.task_id)
     for worker_id, tasks in sorted(orphans.items()):
         if not worker_id:
             continue  # a task In Progress on no worker is the queue's own business
