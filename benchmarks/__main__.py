@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import detection_latency, incident_to_fix, preflight, probe_round, sample_path, sampler_cost
+from benchmarks import demand_curve, detection_latency, incident_to_fix, preflight, probe_round, sample_path, sampler_cost
 
 
 def main() -> int:
@@ -20,6 +20,8 @@ def main() -> int:
     asyncio.run(preflight.main(sys.argv[1:]))
     print()
     asyncio.run(probe_round.main(sys.argv[1:]))
+    print()
+    demand_curve.main(sys.argv[1:])
     return 0
 
 

@@ -32,8 +32,11 @@ def _factory(service, nats, tmp_path):
     store = {"url": f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"}
     if service == "zombie-detector":
         return detector_app(DetectorSettings(nats=nats))
-    if service == "autoscaler":
-        return autoscaler_app(AutoscalerSettings(nats=nats))
+    if service == "autoscaler":  # as the pool's detector (it consumes the remediator's results then)
+        (tmp_path / "key").write_text("rpa_unused\n")
+        provider = {"kind": "runpod", "api_key_file": str(tmp_path / "key"), "image": "x:1", "base_url": "http://127.0.0.1:9/v1"}
+        demand = {"kind": "http", "url": "http://127.0.0.1:9/queue", "queued_path": "queued"}
+        return autoscaler_app(AutoscalerSettings(nats=nats, provider=provider, demand=demand))
     if service == "leader-health":
         return leader_app(LeaderSettings(nats=nats))
     if service == "report-builder":
