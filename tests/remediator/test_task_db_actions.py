@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gpumedic_bus import Delivery
@@ -19,7 +18,7 @@ from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
 from remediator import repository
 from remediator.handlers import ActionHandler
-from tests.fixtures.postgres import _admin_connection
+from tests.fixtures.postgres import create_database, drop_database
 from tests.remediator.conftest import incident_waiting_for
 
 REQUEUE = "UPDATE tasks SET status = 'Queued', worker_id = NULL WHERE id IN :task_ids AND status = 'In Progress'"
@@ -46,14 +45,8 @@ async def task_db(request, tmp_path):
     if request.param == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}"
     else:  # a database of its own on the session's server (an async fixture cannot be asked for here)
-        server = make_url(request.getfixturevalue("postgres_url"))
-        name = f"tasks_{uuid.uuid4().hex[:12]}"
-        admin = await _admin_connection(server)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await admin.close()
-        url = server.set(database=name).render_as_string(hide_password=False)
+        server = request.getfixturevalue("postgres_url")
+        url = await create_database(server, "tasks")
     engine = create_async_engine(url)
     async with engine.begin() as conn:
         for statement in SCHEMA:
@@ -61,6 +54,8 @@ async def task_db(request, tmp_path):
     (tmp_path / "task-db-url").write_text(url + "\n")
     yield engine, tmp_path / "task-db-url"
     await engine.dispose()
+    if request.param == "postgresql":
+        await drop_database(server, url)
 
 
 @pytest.fixture
