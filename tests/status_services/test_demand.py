@@ -195,3 +195,36 @@ async def test_an_http_demand_endpoint_is_read_by_path_and_every_bad_answer_is_n
             await no_path.read()
     finally:
         server.close()
+
+
+async def test_a_jetstream_work_queue_gives_its_pending_and_unacknowledged_counts(nats_url):
+    import uuid
+
+    import nats as nats_client
+    from nats.js.api import ConsumerConfig, RetentionPolicy
+
+    from autoscaler.demand import JetStreamDemand, JetStreamDemandConfig
+
+    stream = f"TASKS_{uuid.uuid4().hex[:8]}"
+    nc = await nats_client.connect(nats_url)
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[f"{stream}.>"], retention=RetentionPolicy.WORK_QUEUE)
+    await js.add_consumer(stream, ConsumerConfig(durable_name="workers", ack_wait=60))
+    source = JetStreamDemand(JetStreamDemandConfig(kind="jetstream", url=nats_url, stream=stream, consumer="workers"))
+    missing = JetStreamDemand(JetStreamDemandConfig(kind="jetstream", url=nats_url, stream=stream, consumer="nobody"))
+    down = JetStreamDemand(JetStreamDemandConfig(kind="jetstream", url="nats://127.0.0.1:9", stream=stream, consumer="workers", timeout_s=1))
+    try:
+        for i in range(5):
+            await js.publish(f"{stream}.task", f"task {i}".encode())
+        taken = await js.pull_subscribe_bind("workers", stream)
+        assert len(await taken.fetch(2, timeout=2)) == 2  # two workers took a task each and work on it
+        assert await source.read() == Demand(queued=3, in_progress=2)
+        with pytest.raises(DemandUnavailable, match=rf"JetStream consumer {stream}/nobody: no such stream or consumer"):
+            await missing.read()
+        with pytest.raises(DemandUnavailable, match=rf"JetStream consumer {stream}/workers: unreachable"):
+            await down.read()
+    finally:
+        await source.close()
+        await missing.close()
+        await js.delete_stream(stream)
+        await nc.close()

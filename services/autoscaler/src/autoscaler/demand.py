@@ -8,6 +8,8 @@ Two sources, chosen in the settings (`GPUMEDIC_AUTOSCALER_DEMAND`, JSON with a `
   host only).
 - `http`: a GET that answers JSON, and a dotted path to the queued count (and optionally one to
   the in-progress count).
+- `jetstream`: a durable consumer on the user's own NATS JetStream work queue: its messages not
+  yet delivered are queued, those delivered and not yet acknowledged are in progress.
 
 A reading that cannot be trusted (the source down or slow, a row that is not `(status, count)`,
 a count that is negative or not a number) raises `DemandUnavailable` saying which source and
@@ -17,11 +19,15 @@ what was wrong: no scale decision is made on it.
 from __future__ import annotations
 
 import re
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import httpx
+import nats
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
@@ -87,7 +93,16 @@ class HttpDemandConfig(_Config):
     complete_path: str | None = Field(default=None, max_length=200, description="Dotted path to the count of tasks done.")
 
 
-DemandConfig = Annotated[SqlDemandConfig | HttpDemandConfig, Field(discriminator="kind")]
+class JetStreamDemandConfig(_Config):
+    kind: Literal["jetstream"]
+    url: str = Field(pattern=r"^(nats|tls)://", max_length=2000, description="The user's NATS server (not gpumedic's bus).")
+    stream: str = Field(pattern=r"^[A-Za-z0-9_-]{1,255}$")
+    consumer: str = Field(pattern=r"^[A-Za-z0-9_-]{1,255}$", description="The durable consumer the workers pull tasks from.")
+    user: str | None = Field(default=None, max_length=200)
+    password_file: Path | None = Field(default=None, description="A file holding the user's password.")
+
+
+DemandConfig = Annotated[SqlDemandConfig | HttpDemandConfig | JetStreamDemandConfig, Field(discriminator="kind")]
 
 
 # --- sources -------------------------------------------------------------------------------------
@@ -181,6 +196,40 @@ class HttpDemand:
         await self._client.aclose()
 
 
+class JetStreamDemand:
+    def __init__(self, config: JetStreamDemandConfig) -> None:
+        self.config = config
+        self.name = f"JetStream consumer {config.stream}/{config.consumer}"
+        self._password = read_token(config.password_file, "demand password_file") if config.password_file else None
+        self._nc: nats.NATS | None = None
+
+    async def read(self) -> Demand:
+        try:
+            if self._nc is None or not self._nc.is_connected:
+                self._nc = await asyncio.wait_for(nats.connect(
+                    self.config.url, user=self.config.user, password=self._password, connect_timeout=self.config.timeout_s,
+                    allow_reconnect=False, error_cb=_quiet,
+                ), self.config.timeout_s)
+            info = await self._nc.jetstream(timeout=self.config.timeout_s).consumer_info(self.config.stream, self.config.consumer)
+        except NotFoundError:
+            raise DemandUnavailable(f"{self.name}: no such stream or consumer") from None
+        except (NatsError, OSError, TimeoutError) as exc:
+            raise DemandUnavailable(f"{self.name}: unreachable ({type(exc).__name__})") from None
+        return Demand(queued=info.num_pending or 0, in_progress=info.num_ack_pending or 0)
+
+    async def records(self) -> None:
+        """A work queue says nothing about worker records: the worker checks run on the provider only."""
+        return None
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            await self._nc.close()
+
+
+async def _quiet(_exc: Exception) -> None:
+    """nats-py logs every failed connect; the reading's DemandUnavailable says it once."""
+
+
 def _id(value: object, pattern: re.Pattern[str]) -> bool:
     """An id that can be named in an action (a worker's is also its incidents' node id)."""
     return isinstance(value, str | int) and not isinstance(value, bool) and bool(pattern.match(str(value)))
@@ -205,4 +254,6 @@ def _count(value: object) -> bool:
 
 def open_source(config: DemandConfig) -> DemandSource:
     """The source a configuration names; ValueError says what in it is unusable."""
-    return SqlDemand(config) if isinstance(config, SqlDemandConfig) else HttpDemand(config)
+    if isinstance(config, SqlDemandConfig):
+        return SqlDemand(config)
+    return HttpDemand(config) if isinstance(config, HttpDemandConfig) else JetStreamDemand(config)
