@@ -43,6 +43,7 @@ class CapacityHandlers:
         self._detector = detector
         """The pool's incidents (with a provider and a demand source), else None."""
         self._scaler = Scaler(settings.scaling)
+        """The decision without a provider (the pool's incidents keep their own)."""
         self.latest: dict[str, NodeSampled] = {}
         self.idle_since: dict[str, datetime] = {}
         self.drained: set[str] = set()

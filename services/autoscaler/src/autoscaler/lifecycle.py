@@ -33,8 +33,6 @@ KINDS = (
     IncidentKind.STUCK_SPAWNING, IncidentKind.STALE_HEARTBEAT, IncidentKind.ORPHANED_TASKS,
     IncidentKind.UNRECORDED_WORKER, IncidentKind.VANISHED_WORKER,
 )
-RECORD_KINDS = frozenset(KINDS[1:])
-"""The checks that need the database's records (stuck_spawning needs the provider only)."""
 MAX_TASKS = 500
 """Tasks one requeue names (the operation's limit); more are requeued by the next incident."""
 

@@ -35,7 +35,9 @@ from autoscaler.lifecycle import TaskRecord, WorkerRecord
 from autoscaler.scaling import Decision, Scaler, ScalingPolicy, Supply
 
 SOURCE = "autoscaler"
-POOL_KINDS = (IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED)
+SCALING_KINDS = (IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS)
+"""The pool incidents whose fix is a scale change (it restarts the cool-down)."""
+POOL_KINDS = (*SCALING_KINDS, IncidentKind.QUEUE_STALLED)
 COST_WINDOW_S = 3600.0
 """$/task is taken over this window."""
 
@@ -98,14 +100,13 @@ class PoolIncidents:
         self.scaler = Scaler(scaling)
         self.busy_util_pct = busy_util_pct
         self.stale_after_s = stale_after_s
-        self._stalled_since: datetime | None = None
         self._ledger = _Ledger()
 
     # --- inputs --------------------------------------------------------------------------------
 
     def on_round(self, reading: Reading, fleet: FleetView, now: datetime) -> tuple[CapacityEvaluated, list[Transition]]:
         if isinstance(reading.workers, ProviderError):
-            return self._no_decision(fleet, now, provider_error=str(reading.workers)), []
+            return self._no_decision(fleet, provider_error=str(reading.workers)), []
         workers = [w for w in reading.workers if w.status in lifecycle.LIVE]
         for w in workers:
             self.book.saw_node(w.worker_id, now)
@@ -118,7 +119,7 @@ class PoolIncidents:
         idle_gpus = sum(g for w, g in supply.gpus.items() if w in supply.idle_since)
         if isinstance(reading.demand, DemandUnavailable):
             self._ledger.advance(now, supply.cost_per_h, idle_gpus, None)
-            return self._no_decision(fleet, now, demand_error=str(reading.demand), workers=workers, in_service=in_service), transitions
+            return self._no_decision(fleet, demand_error=str(reading.demand), workers=workers, in_service=in_service), transitions
         demand = reading.demand
         decided = self.scaler.decide(demand, supply, now)
         transitions += self._apply(self._pool_findings(decided, demand, supply, now), set(POOL_KINDS), now)
@@ -127,13 +128,13 @@ class PoolIncidents:
             source=SOURCE, nodes_seen=len(workers), nodes_drained=sum(1 for w in workers if w.worker_id in fleet.drained),
             gpus_total=supply.total, gpus_busy=self._busy(fleet, in_service), decision=decided.decision, reason=decided.reason[:1000],
             queued=demand.queued, in_progress=demand.in_progress, gpus_wanted=decided.gpus_wanted, change_gpus=decided.change_gpus,
-            release=decided.release[:100], **self._costs(workers, in_service), cost_per_task=_cents(per_task),
+            release=decided.release[:100], **self._costs(workers, in_service), cost_per_task=None if per_task is None else round(per_task, 4),
         )
         return evaluated, transitions
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         state = self.book.by_id(event.incident_id)
-        if state is not None and state.kind in POOL_KINDS[:2] and event.outcome is ActionOutcome.SUCCEEDED:
+        if state is not None and state.kind in SCALING_KINDS and event.outcome is ActionOutcome.SUCCEEDED:
             self.scaler.changed(now)
         return self.book.on_action_completed(event, now, traceparent)
 
@@ -172,7 +173,6 @@ class PoolIncidents:
         """Tasks wait while every GPU in service has idled for `for_s` (and some are in service)."""
         idle = demand.queued > 0 and supply.gpus and all(w in supply.idle_since for w in supply.gpus)
         if not idle:
-            self._stalled_since = None
             return ""
         since = max(supply.idle_since[w] for w in supply.gpus)
         if now - since < timedelta(seconds=self.policy.kinds.queue_stalled.for_s):
@@ -222,14 +222,15 @@ class PoolIncidents:
             "cost_total": round(self._ledger.cost_total, 4), "idle_gpu_hours": round(self._ledger.idle_gpu_hours, 4),
         }
 
-    def _no_decision(self, fleet: FleetView, now: datetime, *, workers: list[Worker] | None = None,
-                     in_service: dict[str, Worker] | None = None, **error: str) -> CapacityEvaluated:
-        why = next(iter(error.values()))
-        extra = self._costs(workers, in_service or {}) if workers is not None else {}
+    def _no_decision(self, fleet: FleetView, *, provider_error: str | None = None, demand_error: str | None = None,
+                     workers: list[Worker] | None = None, in_service: dict[str, Worker] | None = None) -> CapacityEvaluated:
+        """Hold, saying which reading failed; the workers' figures when the provider answered."""
+        in_service = in_service or {}
         return CapacityEvaluated(
-            source=SOURCE, nodes_seen=len(workers or ()), gpus_total=sum(w.gpus for w in (in_service or {}).values()),
-            gpus_busy=self._busy(fleet, in_service or {}), decision="hold", reason=f"no decision: {why}"[:1000],
-            **{k: v[:500] for k, v in error.items()}, **extra,
+            source=SOURCE, nodes_seen=len(workers or ()), gpus_total=sum(w.gpus for w in in_service.values()),
+            gpus_busy=self._busy(fleet, in_service), decision="hold", reason=f"no decision: {provider_error or demand_error}"[:1000],
+            provider_error=provider_error and provider_error[:500], demand_error=demand_error and demand_error[:500],
+            **(self._costs(workers, in_service) if workers is not None else {}),
         )
 
     # --- the book ------------------------------------------------------------------------------
@@ -244,6 +245,3 @@ class PoolIncidents:
                 transitions += self.book.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
         return transitions
 
-
-def _cents(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
