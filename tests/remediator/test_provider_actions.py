@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from gpumedic_bus import Delivery, publish_event
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, SpawnWorker, TerminateWorker
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, NodeRetired, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
@@ -87,6 +87,11 @@ async def test_a_worker_is_rented_and_ended_through_the_gate_with_every_call_aud
     ended = await ask(handler, TerminateWorker(worker_ids=(first, second)))
     assert (ended.outcome, ended.detail) == (ActionOutcome.SUCCEEDED, f"terminated {first}, {second}")
     assert fake.pods == {} and [m for m, _, _ in fake.requests] == ["POST", "POST", "DELETE", "DELETE", "GET"]
+    # The ended workers are retired, before the result: no detector takes their silence for a fault.
+    retired = [NodeRetired.from_json(d, subject=s) for s, d in handler._runtime.broker.published[-3:-1]]
+    assert [(r.node_id, r.action_id) for r in retired] == [(first, ended.action_id), (second, ended.action_id)]
+    assert retired[0].reason == f"terminate_worker: terminated {first}, {second}"
+    assert not any(".node.retired." in s for s, _ in handler._runtime.broker.published[:-3])  # a rental retires nothing
     async with handler._sessions() as session:
         record = await repository.get_action(session=session, action_id=ended.action_id)
     assert [a["command"] for a in record.audit] == [
@@ -116,6 +121,7 @@ async def test_a_provider_that_fails_fails_the_action_saying_why_and_never_the_k
     handler = make()
     gone = await ask(handler, TerminateWorker(worker_ids=("nosuchpod1",)), node="nosuchpod1")
     assert gone.outcome is ActionOutcome.FAILED and "nosuchpod1 not terminated: RunPod: DELETE /pods/nosuchpod1: no such pod" in gone.detail
+    assert not any(".node.retired." in s for s, _ in handler._runtime.broker.published)  # a failed ending retires nothing
     fake.silent = True
     slow = await ask(handler, SpawnWorker(gpu_type=H100, gpus=1))
     assert slow.outcome is ActionOutcome.FAILED and "nothing rented: RunPod: POST /pods got no answer in time" in slow.detail

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gpumedic_bus import Delivery
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, MarkWorkerEnded, RequeueTasks
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, MarkWorkerEnded, NodeRetired, RequeueTasks
 from gpumedic_incidents.policy import Actions, MarkEndedPolicy, Policy, PolicyError, RequeuePolicy, dump_policy, load_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
@@ -112,6 +112,8 @@ async def test_orphaned_tasks_are_requeued_once_and_a_gone_worker_marked_ended(m
     marked = await ask(handler, MarkWorkerEnded(worker_id="w-dead"), "w-dead", IncidentKind.VANISHED_WORKER)
     assert (marked.outcome, marked.detail) == (ActionOutcome.SUCCEEDED, "marked w-dead ended (1 record(s) changed)")
     assert await _rows(engine, "SELECT id, status FROM workers ORDER BY id") == [("w-dead", "terminated"), ("w-live", "running")]
+    subject, data = handler._runtime.broker.published[-2]  # its record closed, the vanished worker is retired
+    assert ".node.retired." in subject and NodeRetired.from_json(data, subject=subject).node_id == "w-dead"
     async with handler._sessions() as session:
         record = await repository.get_action(session=session, action_id=done.action_id)
     assert [a["command"] for a in record.audit] == ["task database: actions.requeue_tasks.statement with 2 task id(s)"]

@@ -4,6 +4,7 @@ events: the kinds, their fingerprints, evidence and recommended actions, and wha
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -30,6 +31,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     JobsObservation,
+    NodeRetired,
     NodeSampled,
     NodeSshChecked,
     ProcessOomKilled,
@@ -370,6 +372,25 @@ def test_a_restarted_sampler_that_samples_before_the_restart_is_confirmed_is_sti
     succeeded(d, request, 18)
     (resolved,) = d.feed(sample(), 22)  # the next sample verifies the restart
     assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
+
+
+def test_a_retired_worker_is_forgotten_and_what_was_open_on_it_closes_even_with_an_action_in_flight():
+    d = Detector()
+    d.feed(sample(), 0)
+    d.feed(sample("n2"), 15)
+    d.feed(sample("n2"), 16)
+    opened, request = d.tick(16)  # n1 silent, its sampler's restart asked for
+    retired = NodeRetired(source="remediator", node_id="n1", incident_id=uuid.uuid4(), action_id=uuid.uuid4(),
+                          reason="terminate_worker: terminated n1")
+    (resolved,) = d.feed(retired, 17)
+    assert isinstance(resolved, IncidentResolved) and resolved.incident_id == opened.incident_id
+    assert resolved.resolution == "cleared" and "retired: terminate_worker: terminated n1" in resolved.summary
+    assert d.feed(ActionCompleted(source="remediator", action_id=request.action_id, incident_id=request.incident_id, node_id="n1",
+                                  attempt=1, outcome=ActionOutcome.FAILED, detail="not in the inventory"), 18) == []
+    for s in range(20, 120, 5):  # n2 samples on; n1 never again, and is never silent again
+        d.feed(sample("n2"), s)
+        assert d.tick(s) == []
+    assert d.feed(retired, 121) == []  # a re-delivered retirement: nothing left to close
 
 
 def test_when_every_node_stops_at_once_the_detector_lost_the_bus_and_no_node_is_silent():

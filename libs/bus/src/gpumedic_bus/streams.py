@@ -30,6 +30,7 @@ from gpumedic_events import (
     MessageRejected,
     NodeSampled,
     NodeDrained,
+    NodeRetired,
     NodeSshChecked,
     NodeUndrained,
     ProcessOomKilled,
@@ -83,13 +84,13 @@ SAMPLES = Stream(
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
-    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeDrained, NodeUndrained),
+    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeDrained, NodeUndrained, NodeRetired),
     storage=StorageType.FILE,
     max_age_s=30 * _DAY,
     max_bytes=512 * 1024 * 1024,
     duplicate_window_s=10 * _MINUTE,
     description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit), and the "
-    "remediator's SSH checks of them and the drains it made; durable.",
+    "remediator's SSH checks of them, the drains it made and the workers it ended; durable.",
 )
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",

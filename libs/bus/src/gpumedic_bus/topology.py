@@ -35,6 +35,7 @@ from gpumedic_events import (
     MessageRejected,
     NodeSampled,
     NodeDrained,
+    NodeRetired,
     NodeSshChecked,
     NodeUndrained,
     ProcessOomKilled,
@@ -82,7 +83,9 @@ class Durable:
 DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health", "autoscaler")
 """The services that open incidents and ask the remediator to act on them."""
 
-NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked)
+NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (
+    GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeRetired,
+)
 """The node events the node-incident detector reads besides samples and action results."""
 
 DURABLES: tuple[Durable, ...] = (
@@ -129,6 +132,7 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     NodeSshChecked: ("remediator",),
     NodeDrained: ("remediator",),
     NodeUndrained: ("remediator",),
+    NodeRetired: ("remediator",),
     IncidentOpened: DETECTORS,
     IncidentUpdated: DETECTORS,
     IncidentResolved: DETECTORS,

@@ -37,7 +37,7 @@ from gpumedic_events.base import (
 )
 from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
-from gpumedic_events.drain import NodeDrained, NodeUndrained
+from gpumedic_events.drain import NodeDrained, NodeRetired, NodeUndrained
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
 from gpumedic_events.incident import (
@@ -73,6 +73,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ContainerExited,
     NodeSshChecked,
     NodeDrained,
+    NodeRetired,
     NodeUndrained,
     IncidentOpened,
     IncidentUpdated,
@@ -132,6 +133,7 @@ __all__ = [
     "ENDPOINT_PATTERN",
     "HttpAdmin",
     "NodeDrained",
+    "NodeRetired",
     "NodeUndrained",
     "PeerProblem",
     "UndrainNode",

@@ -1,7 +1,8 @@
 """Which nodes may take new jobs: facts for the autoscaler and for users' own schedulers.
 
 The remediator publishes them (and nobody else may) when a `drain_node` or `undrain_node`
-action changes a node's state. A node is drained while at least one incident holds it; it is
+action changes a node's state, and `NodeRetired` when a worker is gone for good (ended by a
+`terminate_worker`, or its record marked ended by `mark_worker_ended`). A node is drained while at least one incident holds it; it is
 undrained only after the last one was fixed and validated (its GPUs free and healthy in the
 next samples, and the policy's check command passing where one is configured).
 """
@@ -20,7 +21,7 @@ _ACTION_ID = "1f7e3b2a-6c5d-5e4f-9a8b-7c6d5e4f3a21"
 
 
 class NodeDrainEvent(Event):
-    """Fields shared by drain facts; routed by node."""
+    """Fields shared by the facts of a node's state; routed by node."""
 
     subject_key: ClassVar[str | None] = "node_id"
 
@@ -68,6 +69,30 @@ class NodeUndrained(NodeDrainEvent):
                     "incident_id": _INCIDENT_ID,
                     "action_id": "2a8f4c3b-7d6e-5f50-8b9c-8d7e6f5a4b32",
                     "reason": "validated: 3 samples in a row with every GPU free and healthy",
+                }
+            ]
+        }
+    )
+
+
+class NodeRetired(NodeDrainEvent):
+    """The node is gone for good: a worker the pool ended. Detectors forget it and close what they
+    had open on it (its silence is its end, not a fault); a node of that id that samples again is
+    a new node."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.node.retired"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e08",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:40:12Z",
+                    "source": "remediator",
+                    "node_id": "pod7xq2a9k",
+                    "incident_id": _INCIDENT_ID,
+                    "action_id": "3b9a5d4c-8e7f-4a61-9cad-9e8f7a6b5c43",
+                    "reason": "terminate_worker succeeded: terminated pod7xq2a9k",
                 }
             ]
         }

@@ -91,6 +91,13 @@ class IncidentBook:
                 transitions.append(t)
         return transitions
 
+    def retire(self, node_id: str, now: datetime, reason: str) -> list[Transition]:
+        """The node is gone for good (a worker the pool ended): every incident open on it closes,
+        whatever its phase (an action still in flight answers an incident that is no more), and it
+        no longer counts in the fleet."""
+        self.nodes_seen.pop(node_id, None)
+        return [lifecycle.close(state, now, f"the node was retired: {reason}") for state in self.open_on(node_id)]
+
     def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
         """Silences are facts replayed from the bus at start, not incident state: kept as they come."""
         if isinstance(event, SilenceAdded):

@@ -34,7 +34,17 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, Event, HttpAdmin
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    DrainNode,
+    Event,
+    HttpAdmin,
+    MarkWorkerEnded,
+    NodeRetired,
+    TerminateWorker,
+)
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_providers.base import Provider
 from gpumedic_store import TaskDatabase
@@ -111,7 +121,10 @@ class ActionHandler:
             span.set_attribute("gpumedic.action.outcome", record.status)
             if record.status == ActionOutcome.FAILED:
                 span.set_status(Status(StatusCode.ERROR, record.detail[:200]))
-            # Published inside the span, so the result is its child in the incident's trace.
+            # Published inside the span, so the result is its child in the incident's trace; the
+            # workers it ended first, so that no detector takes their silence for a fault.
+            for retired in retired_events(request, record):
+                await publish_event(self._runtime.broker, retired, msg_id=f"{request.action_id}:retired:{retired.node_id}")
             await publish_event(
                 self._runtime.broker, completed_event(record), msg_id=f"{request.action_id}:completed"
             )
@@ -346,6 +359,22 @@ def audit_entry(command: str, result: CommandResult | None, at_s: float, took_s:
         stderr_bytes=len(result.stderr.encode()),
     )
     return entry
+
+
+def retired_events(request: ActionRequested, record: ActionRecord) -> list[NodeRetired]:
+    """The workers a succeeded terminate_worker ended, or whose record mark_worker_ended closed: gone
+    for good. The same events whenever re-published (their ids derive from the action's)."""
+    operation = request.operation
+    if record.status != ActionOutcome.SUCCEEDED.value or not isinstance(operation, TerminateWorker | MarkWorkerEnded):
+        return []
+    ended = operation.worker_ids if isinstance(operation, TerminateWorker) else (operation.worker_id,)
+    return [
+        NodeRetired(
+            event_id=uuid.uuid5(_COMPLETED_NAMESPACE, f"{record.action_id}:retired:{worker_id}"), source=SERVICE, node_id=worker_id,
+            incident_id=request.incident_id, action_id=request.action_id, reason=f"{operation.operation}: {_clip(record.detail)}"[:1000],
+        )
+        for worker_id in ended
+    ]
 
 
 def completed_event(record: ActionRecord) -> ActionCompleted:

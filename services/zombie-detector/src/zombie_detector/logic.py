@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import ActionCompleted, Event, NodeSampled
+from gpumedic_events import ActionCompleted, Event, NodeRetired, NodeSampled
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
 
@@ -35,7 +35,8 @@ class NodeIncidents:
     def on_event(self, event: Event, now: datetime) -> list[Transition]:
         if isinstance(event, NodeSampled):
             self.book.saw_node(event.node_id, now)
-        return self._decide([f for rule in self._routes.get(type(event), ()) for f in rule.observe(event, now, self.book)], now)
+        retired = self.book.retire(event.node_id, now, event.reason) if isinstance(event, NodeRetired) else []
+        return retired + self._decide([f for rule in self._routes.get(type(event), ()) for f in rule.observe(event, now, self.book)], now)
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)

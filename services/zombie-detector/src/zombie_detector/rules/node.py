@@ -12,6 +12,8 @@
   node's GPUs are invisible, so nothing on them can be judged.
 - ssh_unreachable: the remediator's read-only login failed `after_checks` times in a row; the
   cause (refused, timeout, auth refused, host key changed) is the runbook's next step.
+
+A retired node (a worker the pool ended: NodeRetired) is forgotten: its silence is its end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import Diagnosis, IncidentKind, NodeSampled, NodeSshChecked, RestartUnit
+from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSampled, NodeSshChecked, RestartUnit
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import SilentPolicy, SshPolicy
 from zombie_detector.rules.base import Incidents
@@ -39,7 +41,7 @@ SSH_STEPS = {
 
 
 class NodeRule:
-    inputs = (NodeSampled, NodeSshChecked)
+    inputs = (NodeSampled, NodeSshChecked, NodeRetired)
 
     def __init__(self, silent: SilentPolicy, ssh: SshPolicy) -> None:
         self.silent = silent
@@ -54,6 +56,9 @@ class NodeRule:
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeSshChecked):
             return self._ssh(event, incidents)
+        if isinstance(event, NodeRetired):
+            self.last_sample.pop(event.node_id, None)
+            return []  # the book closes what was open on it
         previous = self.last_sample.get(event.node_id)
         gap = self.freshest is not None and now - self.freshest > timedelta(seconds=self.silent.after_intervals * event.interval_s)
         if gap:  # nothing from anyone for a while: the bus was away; every node's count restarts now
