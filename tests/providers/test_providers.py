@@ -38,8 +38,8 @@ async def test_the_simulated_provider_spawns_slowly_bills_by_gpu_type_and_leaves
     assert made[2].worker_id not in {w.worker_id for w in await provider.workers()}
     with pytest.raises(ProviderError, match="no GPU type 'B300'"):
         await provider.create("w", "B300", 1)
-    with pytest.raises(ProviderError, match="no worker 'sim-w-9999'"):
-        await provider.terminate("sim-w-9999")
+    with pytest.raises(ProviderError, match="no worker 'simw9999'"):
+        await provider.terminate("simw9999")
 
 
 # --- RunPod's API, served locally -----------------------------------------------------------------

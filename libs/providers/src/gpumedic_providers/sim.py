@@ -46,7 +46,7 @@ class SimProvider:
         self._clock = clock
         self._rented: dict[str, _Rented] = {}
         self.calls: list[str] = []
-        """Every call, in order ('create H100x8', 'terminate sim-w-0001'): what was billed or ended."""
+        """Every call, in order ('create H100x8', 'terminate simw0001'): what was billed or ended."""
 
     async def create(self, name: str, gpu_type: str, gpus: int) -> Worker:
         if gpu_type not in self.prices:
@@ -55,7 +55,7 @@ class SimProvider:
             raise ProviderError(f"{self.name}: {gpus} GPUs per worker is not offered (1-8)")
         number = len(self._rented) + 1
         rented = _Rented(
-            f"sim-w-{number:04d}", name, gpu_type, gpus, self._clock(),
+            f"simw{number:04d}", name, gpu_type, gpus, self._clock(),  # a RunPod-shaped id: served as one by the sim
             never_ssh=bool(self.never_ssh_every) and number % self.never_ssh_every == 0,
         )
         self._rented[rented.worker_id] = rented
