@@ -391,6 +391,13 @@ def test_a_retired_worker_is_forgotten_and_what_was_open_on_it_closes_even_with_
         d.feed(sample("n2"), s)
         assert d.tick(s) == []
     assert d.feed(retired, 121) == []  # a re-delivered retirement: nothing left to close
+    late = sample().model_copy(update={"occurred_at": retired.occurred_at - timedelta(seconds=1)})
+    assert d.feed(late, 122) == [] and d.tick(140) == []  # sent before it was ended, delivered after: no node back
+    d.feed(sample("n1"), 141)  # a node of that id that samples now is a new node, watched as any
+    for s in (145, 150, 155, 157):
+        d.feed(sample("n2"), s)
+    (opened, _) = d.tick(157)
+    assert opened.kind is IncidentKind.NODE_SILENT and opened.node_id == "n1"
 
 
 def test_when_every_node_stops_at_once_the_detector_lost_the_bus_and_no_node_is_silent():

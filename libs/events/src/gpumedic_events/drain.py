@@ -77,8 +77,8 @@ class NodeUndrained(NodeDrainEvent):
 
 class NodeRetired(NodeDrainEvent):
     """The node is gone for good: a worker the pool ended. Detectors forget it and close what they
-    had open on it (its silence is its end, not a fault); a node of that id that samples again is
-    a new node."""
+    had open on it (its silence is its end, not a fault); what it sent before arrives late and is
+    dropped, and a node of that id that sends something newer is a new node."""
 
     subject_prefix: ClassVar[str] = "gpumedic.v1.node.retired"
     model_config = ConfigDict(

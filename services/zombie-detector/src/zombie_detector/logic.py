@@ -10,13 +10,15 @@ The rules are listed in `zombie_detector.rules`; the thresholds and ladders come
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpumedic_events import ActionCompleted, Event, NodeRetired, NodeSampled
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
 
 SOURCE = "zombie-detector"
+RETIRED_KEPT = timedelta(hours=1)
+"""How long a retirement is remembered, against the node's last events arriving late."""
 
 
 class NodeIncidents:
@@ -24,6 +26,8 @@ class NodeIncidents:
         self.book = IncidentBook(SOURCE, policy)
         self.rules = list(rules) if rules is not None else build_rules(policy)
         self._routes: dict[type[Event], list[Rule]] = {}
+        self._retired: dict[str, datetime] = {}
+        """Nodes retired (a worker the pool ended) and when: what they sent before arrives late."""
         for rule in self.rules:
             for event_type in rule.inputs:
                 self._routes.setdefault(event_type, []).append(rule)
@@ -33,10 +37,19 @@ class NodeIncidents:
         return set(self._routes)
 
     def on_event(self, event: Event, now: datetime) -> list[Transition]:
+        node_id = getattr(event, "node_id", None)
+        closed: list[Transition] = []
+        if isinstance(event, NodeRetired):
+            self._retired = {n: at for n, at in self._retired.items() if now - at < RETIRED_KEPT}
+            self._retired[event.node_id] = event.occurred_at
+            closed = self.book.retire(event.node_id, now, event.reason)
+        elif node_id in self._retired:
+            if event.occurred_at <= self._retired[node_id]:
+                return []  # sent before the node was ended, delivered after: not a node coming back
+            del self._retired[node_id]  # a new node of that id
         if isinstance(event, NodeSampled):
             self.book.saw_node(event.node_id, now)
-        retired = self.book.retire(event.node_id, now, event.reason) if isinstance(event, NodeRetired) else []
-        return retired + self._decide([f for rule in self._routes.get(type(event), ()) for f in rule.observe(event, now, self.book)], now)
+        return closed + self._decide([f for rule in self._routes.get(type(event), ()) for f in rule.observe(event, now, self.book)], now)
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)
