@@ -17,7 +17,8 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
+from datetime import datetime
 from pathlib import Path
 
 from gpumedic.demo import demo_env
@@ -26,11 +27,13 @@ from gpumedic.sim.pager import Pager
 from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Observed, render, score
 from gpumedic.sim.state import PEER_UNIT, SAMPLER_UNIT
+from gpumedic.sim.workers import POOL_NODE, SimWorkerPool, judge
 from gpumedic.stack import Stack
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
+    CapacityEvaluated,
     Event,
     IncidentEscalated,
     IncidentOpened,
@@ -64,9 +67,11 @@ OBSERVED: tuple[type[Event], ...] = (
     IncidentEscalated,
     ActionRequested,
     ActionCompleted,
+    CapacityEvaluated,
 )
 """What the score is built from: the incidents detectors opened (and the fleet incidents they
-joined later); reported beside it, the actions taken and how each incident ended."""
+joined later); reported beside it, the actions taken and how each incident ended, and the
+autoscaler's decisions (for a worker pool)."""
 NOTIFY_WAIT_S = 2.0
 """The sim's report-builder waits this long after an escalation before paging (its group wait)."""
 
@@ -81,11 +86,27 @@ SPARE_PEERS = 3
 """The sim's peer target is the fleet less this many."""
 
 
-def sim_policy(interval_s: float, n_nodes: int = 0) -> Policy:
+def sim_policy(interval_s: float, n_nodes: int = 0, pool: SimWorkerPool | None = None) -> Policy:
     """The shipped policy with a run's seconds instead of the runbooks' minutes (a zombie after
     six sample intervals idle, so a short dip of a few intervals is not one), and what an operator
     of the simulated peer cluster would add: its daemon's unit, its election endpoint and its
-    target (every node but a spare few: a peer restarting is no shortfall)."""
+    target (every node but a spare few: a peer restarting is no shortfall); with a worker pool,
+    its actions and its checks' thresholds."""
+    policy = _fleet_policy(interval_s, n_nodes)
+    if pool is None:
+        return policy
+    return Policy.model_validate(_merged(policy.model_dump(mode="json"), pool.policy()))
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, mapping by mapping (a kind's threshold keeps the kind's ladder)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
     return Policy(
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
@@ -121,6 +142,8 @@ class Observer:
         """incident id -> seconds from its opening to its verified fix."""
         self.received = 0
         self.undecodable = 0
+        self.decisions: list[tuple[datetime, str, int]] = []
+        """The autoscaler's capacity decisions: (when, decision, GPUs in service)."""
 
     def take(self, event: Event) -> None:
         self.received += 1
@@ -142,6 +165,8 @@ class Observer:
                 self.actions["requested"] = self.actions.get("requested", 0) + 1
             case ActionCompleted():
                 self.actions[event.outcome.value] = self.actions.get(event.outcome.value, 0) + 1
+            case CapacityEvaluated():
+                self.decisions.append((event.occurred_at, event.decision, event.gpus_total))
 
     def actions_line(self) -> str:
         done = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.actions.items()) if outcome != "requested")
@@ -211,6 +236,7 @@ async def run_simulation(
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
     plan = scenario(list(fleet.nodes), gpus)
+    pool = SimWorkerPool(plan.pool, var_dir / "pool", interval_s=interval_s) if plan.pool else None
     duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
     stack = Stack(var_dir, say=say)
     pager = Pager()
@@ -225,6 +251,10 @@ async def run_simulation(
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
         await fleet.start()
+        if pool is not None:
+            await pool.start()
+            say(f"      and a rented worker pool: tasks on a demand curve in {pool.db_path}, the simulated provider "
+                f"at {pool.api.base_url} (RunPod's API)")
         pager.start()
         stack.env = {
             **demo_env(fleet),
@@ -237,9 +267,10 @@ async def run_simulation(
             # shows (said below).
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES": str(SIM_BREAKER_MAX_NODES),
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": str(SIM_BREAKER_MAX_SHARE),
+            **(pool.env() if pool is not None else {}),
             **(env or {}),
         }
-        dump_policy(sim_policy(interval_s, len(fleet.nodes)), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
+        dump_policy(sim_policy(interval_s, len(fleet.nodes), pool), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         say(
             "[3/5] starting the six services (the remediator's breaker raised to "
             f"{stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES']} nodes and "
@@ -265,8 +296,13 @@ async def run_simulation(
             f"samples every {interval_s:g}s"
         )
         tasks.append(asyncio.create_task(_inject_on_schedule(fleet, plan.faults, time.monotonic(), say)))
+        pool_run = None
+        if pool is not None:
+            say(f"      worker pool: {pool.plan.demand_s:.0f}s of demand, then until the queue is empty (at most {duration:.0f}s in all)")
+            pool_run = asyncio.create_task(pool.run(publish, drain_s=max(0.0, duration - pool.plan.demand_s)))
+            tasks.append(pool_run)
         deadline = time.monotonic() + duration
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (pool_run is not None and pool_run.done()):
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             for task in tasks:
                 if task.done() and not task.cancelled() and task.exception() is not None:
@@ -274,7 +310,8 @@ async def run_simulation(
             stack.check_alive()
 
         await _wait_for_pages(observer, pager)
-        result = score(fleet.injected, list(observer.incidents.values()))
+        on_pool = {POOL_NODE, *pool.provider.rented()} if pool is not None else set()
+        result = score(fleet.injected, [i for i in observer.incidents.values() if i.node_id not in on_pool])
         # The fleet's incidents only: the stack also samples this machine (no GPU: nvml_unavailable).
         paged = pager.incidents() & observer.incidents.keys()
         outcomes = observer.outcomes(paged)
@@ -286,8 +323,18 @@ async def run_simulation(
         say(render_outcomes(outcomes))
         unpaged = observer.to_page() - paged
         say(f"paged: {len(paged)} escalation(s) reached the on-call webhook" + (f"; {len(unpaged)} did not" if unpaged else ""))
+        pool_document = None
+        if pool is not None:
+            figures = pool.figures()
+            checks = judge(figures, pool.plan, [i for i in observer.incidents.values() if i.node_id in on_pool], observer.decisions)
+            say("")
+            say(f"worker pool ({len(figures.rented)} worker(s) rented; the fleet's score above leaves out the pool's incidents):")
+            for ok, line in checks:
+                say(f"  {'ok  ' if ok else 'FAIL'} {line}")
+            pool_document = {**asdict(figures), "checks": [{"ok": ok, "check": line} for ok, line in checks]}
         if json_path is not None:
-            document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged)}
+            document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged),
+                        **({"pool": pool_document} if pool_document is not None else {})}
             json_path.write_text(json.dumps(document, indent=2, default=str) + "\n")
             say(f"\nscore written to {json_path}")
         return 0
@@ -303,6 +350,9 @@ async def run_simulation(
                 await nc.close()
         with contextlib.suppress(Exception):
             await fleet.stop()
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await pool.stop()
         stack.stop()
         pager.stop()
         if fleet_log is not None:
@@ -356,6 +406,8 @@ def _collect(event_type: type[Event], observer: Observer):
 
 
 def _default_duration(plan: Scenario, interval_s: float) -> float:
-    """Long enough after the last fault for detection (idle window + verification)."""
+    """Long enough after the last fault for detection (idle window + verification), and for a
+    worker pool's queue to empty after its demand curve."""
     last = max((f.at_s for f in plan.faults), default=0.0)
-    return last + max(60.0, 6 * interval_s)
+    pool = plan.pool.demand_s + max(120.0, 4 * plan.pool.task) if plan.pool else 0.0
+    return max(last + max(60.0, 6 * interval_s), pool)

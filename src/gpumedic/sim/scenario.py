@@ -77,6 +77,17 @@ On the command line one fault is a comma-separated list of the same fields as `k
     --fault fault=xid,at=1m,node=random,gpu=0,xid=48
     --fault fault=disk_full,at=40,node=sim-node-07,path=/data
 
+A scenario may also run a rented worker pool beside the fleet (`pool:`, see
+`gpumedic.sim.workers.PoolPlan`): tasks arriving on a demand curve into a task database, workers
+rented from a simulated provider over RunPod's API, and the runbook's worker faults::
+
+    pool:
+      demand: [{for: 40s, tasks_per_min: 60}, {for: 80s, tasks_per_min: 3}]
+      task: 20s                       # how long a task runs on a GPU
+      never_ssh_every: 5              # every 5th rented worker never comes up
+      workers_die_at: [30s]           # the busiest worker dies silently, tasks In Progress
+      scaling: {min_active_gpus: 2, max_active_gpus: 16, gpus_per_worker: 2, cooldown_s: 20}
+
 Every problem raises `ScenarioError`, whose message names the file (or the option) and the place
 in it, e.g. ``faults.yaml: faults[3].gpu: 9 is beyond the fleet's 8 GPUs per node (0-7)``.
 `builtin_scenarios()` lists the scenarios shipped in this package's `scenarios/` folder, which
@@ -95,8 +106,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import yaml
+from pydantic import ValidationError
 
 from gpumedic.sim.state import Benign, Fault
+from gpumedic.sim.workers import PoolPlan
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -191,7 +204,7 @@ FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
 
 _COMMON_FIELDS = ("fault", "at", "node", "gpu")
 _ALL_PARAMS = tuple(sorted({name for params in FAULT_PARAMS.values() for name in params}))
-_TOP_FIELDS = ("name", "description", "duration_s", "faults")
+_TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool")
 
 
 class ScenarioError(ValueError):
@@ -227,6 +240,8 @@ class Scenario:
     duration_s: float | None
     faults: tuple[FaultSpec, ...]
     """Sorted by `at_s`; faults at the same time keep their order in the file."""
+    pool: PoolPlan | None = None
+    """A rented worker pool fed by a task queue, beside the fleet."""
 
     @property
     def last_fault_s(self) -> float | None:
@@ -353,7 +368,15 @@ def parse_scenario(
         for i, entry in enumerate(entries)
     ]
     faults.sort(key=lambda f: f.at_s)
-    return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults))
+    pool = None
+    if data.get("pool") is not None:
+        try:
+            pool = PoolPlan.model_validate(data["pool"])
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in ("pool", *first["loc"]))
+            raise ScenarioError(source, where, first["msg"].removeprefix("Value error, ")) from None
+    return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults), pool=pool)
 
 
 def parse_fault_option(

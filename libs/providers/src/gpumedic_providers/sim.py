@@ -72,6 +72,18 @@ class SimProvider:
     async def workers(self) -> list[Worker]:
         return [self._worker(r) for r in self._rented.values() if not r.terminated]
 
+    def is_live(self, worker_id: str) -> bool:
+        """Rented and not ended: a simulated worker stops the moment it is ended."""
+        rented = self._rented.get(worker_id)
+        return rented is not None and not rented.terminated
+
+    def rented(self) -> dict[str, bool]:
+        """Every worker rented so far -> whether it is one that never comes up."""
+        return {w.worker_id: w.never_ssh for w in self._rented.values()}
+
+    def ended(self) -> list[str]:
+        return [w.worker_id for w in self._rented.values() if w.terminated]
+
     async def close(self) -> None:
         """Nothing to let go of: the simulated provider lives in this process."""
 

@@ -1,0 +1,390 @@
+"""A rented worker pool on real time, for `gpumedic sim` with a scenario's `pool:` section: the
+user's side of the orchestrator runbook, which the stack's autoscaler and remediator manage
+through their real code paths.
+
+- **The provider**: a `SimProvider` served over RunPod's REST API (`gpumedic.sim.runpod`) on
+  loopback, with its key in a file; the autoscaler lists from it, the remediator rents and ends.
+  Every `never_ssh_every`-th worker never comes up (stuck spawning, billed).
+- **The task database**: SQLite, the runbook's `tasks` (Queued / In Progress / Complete) and
+  `workers` (id, status, heartbeat) tables. Tasks arrive on the plan's demand curve.
+- **The workers**: each one the provider lists as running is a simulated node that runs the real
+  node-sampler (its GPUs busy while it runs tasks), records itself, beats its heartbeat, takes
+  queued tasks one per GPU and completes each after `task`. At `workers_die_at` the busiest one
+  dies silently: no heartbeat, no samples, its tasks stay In Progress.
+
+`figures()` says what happened: tasks, queue wait p95, GPU-seconds billed against a fixed fleet
+of `max_active_gpus`, idle GPU-seconds, cost, workers rented and ended, and each task requeued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import secrets
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+from autoscaler.scaling import ScalingPolicy
+from gpumedic_events import Event
+from gpumedic_providers.sim import SimProvider
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from gpumedic.credentials import write_private
+from gpumedic.sim.node import SimNode
+from gpumedic.sim.runpod import SimRunPod
+
+Seconds = Annotated[float, BeforeValidator(lambda v: _seconds(v)), Field(ge=0)]
+
+REQUEUE = "UPDATE tasks SET status = 'Queued', worker_id = NULL, requeues = requeues + 1 WHERE id IN :task_ids AND status = 'In Progress'"
+MARK_ENDED = "UPDATE workers SET status = 'ended' WHERE id = :worker_id"
+"""The statements an operator of this task database writes into the policy."""
+WORKERS_QUERY = "SELECT id, status, heartbeat_at FROM workers"
+IN_PROGRESS_QUERY = "SELECT id, worker_id FROM tasks WHERE status = 'In Progress'"
+STEP_S = 0.5
+
+
+class Stretch(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    seconds: Seconds = Field(alias="for", gt=0)
+    tasks_per_min: float = Field(ge=0, le=6000)
+
+
+class PoolPlan(BaseModel):
+    """A scenario's `pool:` section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    demand: tuple[Stretch, ...] = Field(min_length=1, max_length=100, description="Task arrivals, stretch after stretch.")
+    task: Seconds = Field(default=20.0, gt=0, description="How long a task runs on a GPU.")
+    spawn: Seconds = Field(default=6.0, description="How long a rented worker takes to come up.")
+    never_ssh_every: int = Field(default=0, ge=0, description="Every n-th rented worker never comes up (0: none).")
+    workers_die_at: tuple[Seconds, ...] = Field(default=(), max_length=100, description="When the busiest worker dies silently.")
+    gpu_type: str = Field(default="H100", pattern=r"^[A-Za-z0-9 _.-]{1,64}$")
+    price_per_gpu_h: float = Field(default=2.49, gt=0)
+    scaling: ScalingPolicy = ScalingPolicy(
+        min_active_gpus=2, max_active_gpus=16, tasks_per_gpu=3, idle_timeout_s=10, cooldown_s=20, gpus_per_worker=2,
+    )
+
+    @model_validator(mode="after")
+    def _the_type_rented(self) -> PoolPlan:
+        if self.scaling.gpu_type not in (None, self.gpu_type):
+            raise ValueError(f"scaling.gpu_type {self.scaling.gpu_type!r} is not the pool's gpu_type {self.gpu_type!r}")
+        return self.model_copy(update={"scaling": self.scaling.model_copy(update={"gpu_type": self.gpu_type})})
+
+    @property
+    def demand_s(self) -> float:
+        return sum(s.seconds for s in self.demand)
+
+
+@dataclass
+class _Worker:
+    node: SimNode
+    sampler: asyncio.Task | None = None
+    running: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """GPU -> (task id, when it started) of the tasks it runs."""
+    dead: bool = False
+
+
+@dataclass
+class PoolFigures:
+    tasks: int
+    done: int
+    wait_p95_s: float
+    gpu_s: float
+    fixed_gpu_s: float
+    """What a fixed fleet of max_active_gpus would have billed over the same run."""
+    idle_gpu_s: float
+    cost: float
+    peak_gpus_billed: int
+    rented: list[str]
+    never_came_up: list[str]
+    never_came_up_ended: int
+    died: list[str]
+    died_ended: int
+    orphaned: int
+    """Tasks In Progress on a worker when it died."""
+    requeued: dict[str, int]
+    """Task id -> times requeued."""
+
+    @property
+    def requeued_once(self) -> bool:
+        return self.orphaned == len(self.requeued) and all(n == 1 for n in self.requeued.values())
+
+
+class SimWorkerPool:
+    def __init__(self, plan: PoolPlan, workdir: Path, *, interval_s: float, seed: int = 0) -> None:
+        self.plan = plan
+        self.workdir = Path(workdir)
+        self.interval_s = interval_s
+        self.provider = SimProvider(prices={plan.gpu_type: plan.price_per_gpu_h}, spawn_s=plan.spawn, never_ssh_every=plan.never_ssh_every)
+        self.api = SimRunPod(self.provider, key=f"rpa_sim_{secrets.token_urlsafe(18)}")
+        self._rng = random.Random(seed)
+        self._workers: dict[str, _Worker] = {}
+        self._ended: set[str] = set()
+        self._died: list[str] = []
+        self._orphaned: set[str] = set()
+        self._db: sqlite3.Connection | None = None
+        self._t0 = 0.0
+        self._gpu_s = self._idle_gpu_s = self._cost = 0.0
+        self._peak = 0
+
+    # --- what the stack is given -------------------------------------------------------------
+
+    @property
+    def db_path(self) -> Path:
+        return self.workdir / "tasks.db"
+
+    @property
+    def key_path(self) -> Path:
+        return self.workdir / "provider-key"
+
+    @property
+    def url_path(self) -> Path:
+        return self.workdir / "task-db-url"
+
+    def provider_config(self) -> dict:
+        return {"kind": "runpod", "api_key_file": str(self.key_path), "image": "gpumedic/sim-worker:1", "base_url": self.api.base_url,
+                "timeout_s": 5}
+
+    def demand_config(self) -> dict:
+        return {"kind": "sql", "url_file": str(self.url_path), "workers_query": WORKERS_QUERY, "in_progress_query": IN_PROGRESS_QUERY}
+
+    def env(self) -> dict[str, str]:
+        """The autoscaler and the remediator, pointed at this pool (the stack's other settings stay)."""
+        return {
+            "GPUMEDIC_AUTOSCALER_INTERVAL_S": str(self.interval_s),
+            "GPUMEDIC_AUTOSCALER_STALE_AFTER_S": str(3 * self.interval_s),
+            "GPUMEDIC_AUTOSCALER_DEMAND": json.dumps(self.demand_config()),
+            "GPUMEDIC_AUTOSCALER_PROVIDER": json.dumps(self.provider_config()),
+            "GPUMEDIC_AUTOSCALER_SCALING": self.plan.scaling.model_dump_json(),
+            "GPUMEDIC_REMEDIATOR_PROVIDER": json.dumps(self.provider_config()),
+            "GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE": str(self.url_path),
+        }
+
+    def policy(self) -> dict:
+        """The policy's pool part, in the run's seconds: the actions this task database needs, and
+        the worker checks' thresholds a few sample intervals long instead of the runbook's minutes."""
+        i = self.interval_s
+        return {
+            "actions": {
+                "spawn_worker": {"gpu_types": [self.plan.gpu_type], "max_gpus": self.plan.scaling.gpus_per_worker},
+                "requeue_tasks": {"statement": REQUEUE},
+                "mark_worker_ended": {"statement": MARK_ENDED},
+            },
+            "kinds": {
+                "stuck_spawning": {"after_s": max(self.plan.spawn + 4 * i, 10 * i)},
+                "stale_heartbeat": {"after_s": 6 * i},
+                "unrecorded_worker": {"after_s": 10 * i},
+                "queue_stalled": {"for_s": 30 * i},
+            },
+        }
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.db_path.unlink(missing_ok=True)
+        self._db = sqlite3.connect(self.db_path, timeout=5, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode = WAL")  # the autoscaler reads while the workers write
+        self._db.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT, arrived_at REAL NOT NULL, "
+                         "first_started_at REAL, started_at REAL, done_at REAL, requeues INTEGER NOT NULL DEFAULT 0)")
+        self._db.execute("CREATE TABLE workers (id TEXT PRIMARY KEY, status TEXT NOT NULL, heartbeat_at TEXT)")
+        write_private(self.key_path, self.api.key.encode())
+        write_private(self.url_path, f"sqlite:///{self.db_path}\n".encode())
+        await self.api.start()
+
+    async def stop(self) -> None:
+        for worker in self._workers.values():
+            await _cancel(worker.sampler)
+        await self.api.stop()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # --- the run ------------------------------------------------------------------------------
+
+    async def run(self, publish: Callable[[Event], Awaitable[None]], *, drain_s: float) -> None:
+        """Arrivals on the demand curve, then up to `drain_s` for the queue to empty."""
+        self._t0 = time.monotonic()
+        arrivals = self._arrivals()
+        deaths = sorted(self.plan.workers_die_at)
+        last = self._t0
+        end = self._t0 + self.plan.demand_s
+        while True:
+            now = time.monotonic()
+            since = now - self._t0
+            while arrivals and arrivals[0] <= since:
+                arrivals.pop(0)
+                self._db_run("INSERT INTO tasks (id, status, arrived_at) VALUES (?, 'Queued', ?)", (f"task{self._count() + 1:04d}", now))
+            if deaths and since >= deaths[0]:
+                deaths.pop(0)
+                self._kill_busiest()
+            await self._step(publish, now, now - last)
+            last = now
+            if now >= end and (not self._open_tasks() or now >= end + drain_s):
+                break
+            await asyncio.sleep(STEP_S)
+
+    async def _step(self, publish, now: float, dt: float) -> None:
+        listed = {w.worker_id: w for w in await self.provider.workers()}
+        for worker_id, w in listed.items():
+            if w.status == "running" and worker_id not in self._workers and worker_id not in self._ended:
+                self._workers[worker_id] = self._come_up(worker_id, w.gpus, publish)
+        for worker_id in [w for w in self._workers if w not in listed]:
+            await _cancel(self._workers.pop(worker_id).sampler)  # ended by the provider; its tasks, if any, stay In Progress
+            self._ended.add(worker_id)
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        for worker_id, worker in self._workers.items():
+            if worker.dead:
+                continue
+            self._db_run("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
+            for gpu, (task_id, started) in list(worker.running.items()):
+                if now - started >= self.plan.task:
+                    self._db_run("UPDATE tasks SET status = 'Complete', done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
+                                 (now, task_id, worker_id))
+                    worker.node.finish_job(gpu)
+                    del worker.running[gpu]
+            for gpu in range(len(worker.node.gpus)):
+                if gpu in worker.running:
+                    continue
+                row = self._db.execute("SELECT id FROM tasks WHERE status = 'Queued' ORDER BY arrived_at LIMIT 1").fetchone()
+                if row is None:
+                    break
+                self._db_run("UPDATE tasks SET status = 'In Progress', worker_id = ?, started_at = ?, "
+                             "first_started_at = COALESCE(first_started_at, ?) WHERE id = ? AND status = 'Queued'",
+                             (worker_id, now, now, row[0]))
+                worker.node.start_job(gpu)
+                worker.running[gpu] = (row[0], now)
+        billed = [w for w in listed.values() if w.status in ("spawning", "running")]
+        gpus = sum(w.gpus for w in billed)
+        self._peak = max(self._peak, gpus)
+        self._gpu_s += gpus * dt
+        self._cost += sum(w.price_per_h for w in billed) * dt / 3600
+        self._idle_gpu_s += sum(len(w.node.gpus) - len(w.running) for w in self._workers.values() if not w.dead) * dt
+
+    def _come_up(self, worker_id: str, gpus: int, publish) -> _Worker:
+        """A worker the provider runs now: its node samples, and it records itself as the runbook's workers do."""
+        worker = _Worker(SimNode(worker_id, gpus, seed=self._rng.randrange(1 << 30)))
+
+        async def publish_while_alive(event: Event) -> None:
+            # A worker ended (or dead) sends nothing more, from the moment it is ended.
+            if not worker.dead and self.provider.is_live(worker_id):
+                await publish(event)
+
+        worker.sampler = asyncio.create_task(worker.node.sampler(self.interval_s, probes=[]).run(publish_while_alive))
+        self._db_run("INSERT OR REPLACE INTO workers (id, status, heartbeat_at) VALUES (?, 'active', ?)",
+                     (worker_id, datetime.now(UTC).isoformat(timespec="seconds")))
+        return worker
+
+    def _kill_busiest(self) -> None:
+        alive = [w for w in self._workers.values() if not w.dead]
+        if not alive:
+            return
+        victim = max(alive, key=lambda w: len(w.running))
+        victim.dead = True
+        self._died.append(victim.node.node_id)
+        self._orphaned.update(task_id for task_id, _ in victim.running.values())
+
+    # --- the figures -------------------------------------------------------------------------
+
+    def figures(self) -> PoolFigures:
+        rows = self._db.execute("SELECT id, status, arrived_at, first_started_at, requeues FROM tasks").fetchall()
+        waits = sorted((started if started is not None else time.monotonic()) - arrived for _, _, arrived, started, _ in rows)
+        rented = self.provider.rented()
+        never = [w for w, never_ssh in rented.items() if never_ssh]
+        ended = set(self.provider.ended())
+        return PoolFigures(
+            tasks=len(rows), done=sum(1 for r in rows if r[1] == "Complete"),
+            wait_p95_s=round(waits[max(0, math.ceil(0.95 * len(waits)) - 1)], 1) if waits else 0.0,
+            gpu_s=round(self._gpu_s), fixed_gpu_s=round(self.plan.scaling.max_active_gpus * (time.monotonic() - self._t0)),
+            idle_gpu_s=round(self._idle_gpu_s), cost=round(self._cost, 4), peak_gpus_billed=self._peak, rented=list(rented),
+            never_came_up=never, never_came_up_ended=sum(1 for w in never if w in ended),
+            died=list(self._died), died_ended=sum(1 for w in self._died if w in ended),
+            orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
+        )
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _arrivals(self) -> list[float]:
+        """Poisson arrivals at each stretch's rate: seconds from the start."""
+        out, start = [], 0.0
+        for stretch in self.plan.demand:
+            t, end = start, start + stretch.seconds
+            while stretch.tasks_per_min > 0:
+                t += self._rng.expovariate(stretch.tasks_per_min / 60)
+                if t >= end:
+                    break
+                out.append(t)
+            start = end
+        return out
+
+    def _open_tasks(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM tasks WHERE status IN ('Queued', 'In Progress')").fetchone()[0]
+
+    def _count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+
+    def _db_run(self, statement: str, params: tuple) -> None:
+        self._db.execute(statement, params)
+
+
+POOL_NODE = "workers"
+"""The pool's name in the stack (the autoscaler's default): the node of its capacity incidents."""
+WORKER_KINDS_EXPECTED = {
+    "stuck_spawning": "never_came_up", "stale_heartbeat": "died", "orphaned_tasks": "died", "node_silent": "died",
+    "vanished_worker": "ended",
+}
+"""Which workers each kind may be about: the ones that never came up, died, or were ended."""
+
+
+def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list[tuple[datetime, str, int]]) -> list[tuple[bool, str]]:
+    """The done-when of the worker pool, line by line: (passed, what). `incidents` are the
+    incidents observed on the pool and its workers (`.kind`, `.node_id`); `decisions` the
+    autoscaler's (time, decision, GPUs in service) from its CapacityEvaluated events."""
+    who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented)}
+    unexpected = [f"{i.kind} on {i.node_id}" for i in incidents
+                  if not (i.node_id == POOL_NODE and i.kind in ("capacity_short", "capacity_surplus"))
+                  and not (i.kind in WORKER_KINDS_EXPECTED and i.node_id in who[WORKER_KINDS_EXPECTED[i.kind]])]
+    turns: list[tuple[datetime, str]] = []
+    for at, decision, _ in decisions:
+        if decision != "hold" and (not turns or turns[-1][1] != decision):
+            turns.append((at, decision))
+    gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(turns, turns[1:], strict=False)]
+    flaps = sum(1 for g in gaps if g < plan.scaling.cooldown_s)
+    peak = max((gpus for _, _, gpus in decisions), default=0)
+    s = plan.scaling
+    return [
+        (figures.done == figures.tasks, f"{figures.done}/{figures.tasks} tasks done, queue wait p95 {figures.wait_p95_s:g}s"),
+        (peak <= s.max_active_gpus and any(d == "scale_up" for _, d, _ in decisions),
+         f"scaled within the knobs: up to {peak} GPUs in service (MAX {s.max_active_gpus}), {figures.peak_gpus_billed} billed at the peak"),
+        (any(d == "scale_down" for _, d, _ in decisions), f"scaled down when the queue was quiet ({len(gaps)} reversal(s))"),
+        (flaps == 0, f"{flaps} flap(s): reversals within the {s.cooldown_s:g}s cool-down"),
+        (figures.never_came_up_ended == len(figures.never_came_up),
+         f"{figures.never_came_up_ended}/{len(figures.never_came_up)} worker(s) stuck spawning ended and replaced"),
+        (figures.died_ended == len(figures.died), f"{figures.died_ended}/{len(figures.died)} worker(s) that died silently ended and replaced"),
+        (figures.requeued_once, f"{figures.orphaned} task(s) orphaned, {len(figures.requeued)} requeued, "
+         f"{sum(1 for n in figures.requeued.values() if n > 1)} more than once"),
+        (not unexpected, f"{len(unexpected)} incident(s) on the pool that no fault explains" + (f": {', '.join(unexpected[:5])}" if unexpected else "")),
+        (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
+         f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
+    ]
+
+
+async def _cancel(task: asyncio.Task | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def _seconds(value: object) -> object:
+    from gpumedic.sim.scenario import parse_time  # the scenario's own time format ("20s", "2m")
+
+    return parse_time(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else value

@@ -1,0 +1,35 @@
+"""`gpumedic sim` with a worker pool, the whole stack on the bus: the autoscaler reads a real
+SQLite task database and the simulated provider over RunPod's API, the remediator rents, ends and
+requeues through its gate, and the workers are simulated nodes whose real node-sampler feeds the
+detectors. A short demand curve (a burst, quiet, a second burst) with a worker that never comes up
+and one that dies with tasks In Progress: every check of the pool's done-when must pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpumedic.sim.scenario import Scenario
+from gpumedic.sim.workers import PoolPlan
+from gpumedic.simulate import run_simulation
+
+PLAN = PoolPlan.model_validate({
+    "demand": [{"for": "15s", "tasks_per_min": 80}, {"for": "25s", "tasks_per_min": 0}, {"for": "10s", "tasks_per_min": 40},
+               {"for": "10s", "tasks_per_min": 0}],
+    "task": "6s", "spawn": "2s", "never_ssh_every": 3, "workers_die_at": ["12s"],
+    "scaling": {"min_active_gpus": 2, "max_active_gpus": 8, "tasks_per_gpu": 2, "idle_timeout_s": 3, "cooldown_s": 8, "gpus_per_worker": 2},
+})
+
+
+@pytest.mark.timeout(300)
+async def test_the_pool_scales_with_the_curve_replaces_bad_workers_and_requeues_orphans_once(tmp_path):
+    lines: list[str] = []
+    plan = Scenario(name="demand-short", description="", duration_s=110, faults=(), pool=PLAN)
+    code = await run_simulation(tmp_path / "var", nodes=12, gpus=1, scenario=lambda ids, gpus: plan, interval_s=1.0,
+                                json_path=tmp_path / "score.json", say=lines.append)
+    assert code == 0, "\n".join(lines)
+    pool = json.loads((tmp_path / "score.json").read_text())["pool"]
+    failed = [c["check"] for c in pool["checks"] if not c["ok"]]
+    assert not failed, "\n".join(lines)
+    assert pool["never_came_up"] and pool["died"] and pool["orphaned"] >= 1, "\n".join(lines)
