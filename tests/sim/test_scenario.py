@@ -64,6 +64,33 @@ def test_builtin_scenarios_lists_faults_by_name_and_resolves_it():
     assert resolve_scenario_path("faults") == builtins["faults"]
 
 
+def test_builtin_demand_runs_a_worker_pool_on_a_curve_within_its_duration():
+    s = load_scenario(resolve_scenario_path("demand"), node_ids=NODES_20, gpus_per_node=8)
+    assert s.faults == () and s.pool is not None
+    assert [(d.seconds, d.tasks_per_min) for d in s.pool.demand][:2] == [(30.0, 6.0), (60.0, 60.0)]
+    assert s.pool.workers_die_at == (75.0, 280.0) and s.pool.never_ssh_every == 4
+    assert s.pool.scaling.gpu_type == "H100" and s.pool.scaling.max_active_gpus == 16  # the pool's type is the one rented
+    assert s.duration_s > s.pool.demand_s
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        ({"demand": []}, "x.yaml: pool.demand: Tuple should have at least 1 item"),
+        ({"demand": [{"for": "soon", "tasks_per_min": 6}]}, "x.yaml: pool.demand.0.for: 'soon' is not a time"),
+        ({"demand": [{"for": "10s", "tasks_per_min": 6}], "scaling": {"min_active_gpus": 9, "max_active_gpus": 8}},
+         "x.yaml: pool.scaling: min_active_gpus (9) is above max_active_gpus (8)"),
+        ({"demand": [{"for": "10s", "tasks_per_min": 6}], "gpu_type": "H100", "scaling": {"gpu_type": "A100"}},
+         "x.yaml: pool: scaling.gpu_type 'A100' is not the pool's gpu_type 'H100'"),
+        ({"demand": [{"for": "10s", "tasks_per_min": 6}], "workers": 3}, "x.yaml: pool.workers: Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_pool_section_says_where_and_what(pool, message):
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario({"faults": [], "pool": pool}, source="x.yaml", node_ids=NODES_20, gpus_per_node=8)
+    assert str(caught.value).startswith(message)
+
+
 def test_builtin_faults_loads_for_20_nodes_with_8_gpus():
     s = load_scenario(resolve_scenario_path("faults"), node_ids=NODES_20, gpus_per_node=8)
     assert s.name == "faults"
@@ -435,7 +462,7 @@ def test_a_param_of_another_kind_is_refused():
 def test_unknown_top_level_field():
     message = error_of({"faults": [], "fualts": []})
     assert message.startswith(f"{SRC}: unknown field 'fualts' (did you mean 'faults'?); ")
-    assert message.endswith("; a scenario has: name, description, duration_s, faults")
+    assert message.endswith("; a scenario has: name, description, duration_s, faults, pool")
 
 
 def test_missing_fields():
