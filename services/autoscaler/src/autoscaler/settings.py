@@ -16,7 +16,8 @@ from gpumedic_webhook import read_token
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_AUTOSCALER_", extra="ignore")
+    # compose passes an unset variable as "": that is the default, not a value
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_AUTOSCALER_", extra="ignore", env_ignore_empty=True)
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
     interval_s: float = Field(default=60.0, gt=0, description="How often to evaluate capacity.")

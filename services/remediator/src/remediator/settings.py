@@ -41,7 +41,8 @@ class SettingsError(ValueError):
 class Settings(BaseSettings):
     """How the remediator reaches nodes and when it may act. Read from GPUMEDIC_REMEDIATOR_* variables."""
 
-    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_REMEDIATOR_", extra="ignore")
+    # compose passes an unset variable as "": that is the default, not a value
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_REMEDIATOR_", extra="ignore", env_ignore_empty=True)
 
     nats: NatsSettings = Field(default_factory=NatsSettings, description="GPUMEDIC_NATS_* variables.")
     store: StoreSettings = Field(default_factory=StoreSettings, description="GPUMEDIC_STORE_* variables.")
