@@ -222,7 +222,7 @@ class SimWorkerPool:
             since = now - self._t0
             while arrivals and arrivals[0] <= since:
                 arrivals.pop(0)
-                self._db_run("INSERT INTO tasks (id, status, arrived_at) VALUES (?, 'Queued', ?)", (f"task{self._count() + 1:04d}", now))
+                self._db.execute("INSERT INTO tasks (id, status, arrived_at) VALUES (?, 'Queued', ?)", (f"task{self._count() + 1:04d}", now))
             if deaths and since >= deaths[0]:
                 deaths.pop(0)
                 self._kill_busiest()
@@ -244,10 +244,10 @@ class SimWorkerPool:
         for worker_id, worker in self._workers.items():
             if worker.dead:
                 continue
-            self._db_run("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
+            self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
-                    self._db_run("UPDATE tasks SET status = 'Complete', done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
+                    self._db.execute("UPDATE tasks SET status = 'Complete', done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
                                  (now, task_id, worker_id))
                     worker.node.finish_job(gpu)
                     del worker.running[gpu]
@@ -257,7 +257,7 @@ class SimWorkerPool:
                 row = self._db.execute("SELECT id FROM tasks WHERE status = 'Queued' ORDER BY arrived_at LIMIT 1").fetchone()
                 if row is None:
                     break
-                self._db_run("UPDATE tasks SET status = 'In Progress', worker_id = ?, started_at = ?, "
+                self._db.execute("UPDATE tasks SET status = 'In Progress', worker_id = ?, started_at = ?, "
                              "first_started_at = COALESCE(first_started_at, ?) WHERE id = ? AND status = 'Queued'",
                              (worker_id, now, now, row[0]))
                 worker.node.start_job(gpu)
@@ -279,7 +279,7 @@ class SimWorkerPool:
                 await publish(event)
 
         worker.sampler = asyncio.create_task(worker.node.sampler(self.interval_s, probes=[]).run(publish_while_alive))
-        self._db_run("INSERT OR REPLACE INTO workers (id, status, heartbeat_at) VALUES (?, 'active', ?)",
+        self._db.execute("INSERT OR REPLACE INTO workers (id, status, heartbeat_at) VALUES (?, 'active', ?)",
                      (worker_id, datetime.now(UTC).isoformat(timespec="seconds")))
         return worker
 
@@ -330,9 +330,6 @@ class SimWorkerPool:
 
     def _count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
-
-    def _db_run(self, statement: str, params: tuple) -> None:
-        self._db.execute(statement, params)
 
 
 POOL_NODE = "workers"
