@@ -7,11 +7,12 @@ and one that dies with tasks In Progress: every check of the pool's done-when mu
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from gpumedic.sim.scenario import Scenario
-from gpumedic.sim.workers import PoolPlan
+from gpumedic.sim.workers import PoolFigures, PoolPlan, judge
 from gpumedic.simulate import run_simulation
 
 PLAN = PoolPlan.model_validate({
@@ -33,3 +34,21 @@ async def test_the_pool_scales_with_the_curve_replaces_bad_workers_and_requeues_
     failed = [c["check"] for c in pool["checks"] if not c["ok"]]
     assert not failed, "\n".join(lines)
     assert pool["never_came_up"] and pool["died"] and pool["orphaned"] >= 1, "\n".join(lines)
+
+
+def _figures(**update) -> PoolFigures:
+    base = dict(tasks=4, done=4, wait_p95_s=1.0, gpu_s=10, fixed_gpu_s=20, idle_gpu_s=1, cost=0.1, peak_gpus_billed=2,
+                rented=["simw0001", "simw0002"], never_came_up=[], never_came_up_ended=0, died=[], died_ended=0,
+                ended_busy=[], orphaned=0, requeued={})
+    return PoolFigures(**base | update)
+
+
+def test_an_orphaned_task_is_explained_by_a_death_or_a_scale_down_that_raced_a_task_and_nothing_else():
+    incident = SimpleNamespace(kind="orphaned_tasks", node_id="simw0002")
+    unexplained = "1 incident(s) on the pool that no fault explains: orphaned_tasks on simw0002"
+    checks = dict((what, ok) for ok, what in judge(_figures(), PLAN, [incident], []))
+    assert checks[unexplained] is False
+    raced = _figures(ended_busy=["simw0002"], orphaned=1, requeued={"task0003": 1})
+    lines = [what for _, what in judge(raced, PLAN, [incident], [])]
+    assert unexplained not in lines and "0 incident(s) on the pool that no fault explains" in lines
+    assert "1 task(s) orphaned, 1 requeued, 0 more than once (simw0002 took a task just before a scale-down ended it)" in lines

@@ -110,8 +110,11 @@ class PoolFigures:
     never_came_up_ended: int
     died: list[str]
     died_ended: int
+    ended_busy: list[str]
+    """Workers ended while running tasks: a task taken between the autoscaler's idle decision and the
+    termination (a race the stack answers with orphaned_tasks and a requeue)."""
     orphaned: int
-    """Tasks In Progress on a worker when it died."""
+    """Tasks In Progress on a worker when it died or was ended."""
     requeued: dict[str, int]
     """Task id -> times requeued."""
 
@@ -131,6 +134,7 @@ class SimWorkerPool:
         self._workers: dict[str, _Worker] = {}
         self._ended: set[str] = set()
         self._died: list[str] = []
+        self._ended_busy: list[str] = []
         self._orphaned: set[str] = set()
         self._db: sqlite3.Connection | None = None
         self._t0 = 0.0
@@ -238,8 +242,12 @@ class SimWorkerPool:
             if w.status == "running" and worker_id not in self._workers and worker_id not in self._ended:
                 self._workers[worker_id] = self._come_up(worker_id, w.gpus, publish)
         for worker_id in [w for w in self._workers if w not in listed]:
-            await _cancel(self._workers.pop(worker_id).sampler)  # ended by the provider; its tasks, if any, stay In Progress
+            gone = self._workers.pop(worker_id)  # ended by the provider; its tasks, if any, stay In Progress
+            await _cancel(gone.sampler)
             self._ended.add(worker_id)
+            if gone.running and not gone.dead:
+                self._ended_busy.append(worker_id)
+                self._orphaned.update(task_id for task_id, _ in gone.running.values())
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         for worker_id, worker in self._workers.items():
             if worker.dead:
@@ -306,7 +314,7 @@ class SimWorkerPool:
             gpu_s=round(self._gpu_s), fixed_gpu_s=round(self.plan.scaling.max_active_gpus * (time.monotonic() - self._t0)),
             idle_gpu_s=round(self._idle_gpu_s), cost=round(self._cost, 4), peak_gpus_billed=self._peak, rented=list(rented),
             never_came_up=never, never_came_up_ended=sum(1 for w in never if w in ended),
-            died=list(self._died), died_ended=sum(1 for w in self._died if w in ended),
+            died=list(self._died), died_ended=sum(1 for w in self._died if w in ended), ended_busy=list(self._ended_busy),
             orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
         )
 
@@ -335,8 +343,8 @@ class SimWorkerPool:
 POOL_NODE = "workers"
 """The pool's name in the stack (the autoscaler's default): the node of its capacity incidents."""
 WORKER_KINDS_EXPECTED = {
-    "stuck_spawning": "never_came_up", "stale_heartbeat": "died", "orphaned_tasks": "died", "node_silent": "died",
-    "vanished_worker": "ended",
+    "stuck_spawning": ("never_came_up",), "stale_heartbeat": ("died",), "orphaned_tasks": ("died", "ended_busy"),
+    "node_silent": ("died",), "vanished_worker": ("ended",),
 }
 """Which workers each kind may be about: the ones that never came up, died, or were ended."""
 
@@ -345,10 +353,11 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
     """The done-when of the worker pool, line by line: (passed, what). `incidents` are the
     incidents observed on the pool and its workers (`.kind`, `.node_id`); `decisions` the
     autoscaler's (time, decision, GPUs in service) from its CapacityEvaluated events."""
-    who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented)}
+    who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented),
+           "ended_busy": set(figures.ended_busy)}
     unexpected = [f"{i.kind} on {i.node_id}" for i in incidents
                   if not (i.node_id == POOL_NODE and i.kind in ("capacity_short", "capacity_surplus"))
-                  and not (i.kind in WORKER_KINDS_EXPECTED and i.node_id in who[WORKER_KINDS_EXPECTED[i.kind]])]
+                  and not any(i.node_id in who[w] for w in WORKER_KINDS_EXPECTED.get(i.kind, ()))]
     turns: list[tuple[datetime, str]] = []
     for at, decision, _ in decisions:
         if decision != "hold" and (not turns or turns[-1][1] != decision):
@@ -367,7 +376,8 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
          f"{figures.never_came_up_ended}/{len(figures.never_came_up)} worker(s) stuck spawning ended and replaced"),
         (figures.died_ended == len(figures.died), f"{figures.died_ended}/{len(figures.died)} worker(s) that died silently ended and replaced"),
         (figures.requeued_once, f"{figures.orphaned} task(s) orphaned, {len(figures.requeued)} requeued, "
-         f"{sum(1 for n in figures.requeued.values() if n > 1)} more than once"),
+         f"{sum(1 for n in figures.requeued.values() if n > 1)} more than once"
+         + (f" ({', '.join(figures.ended_busy)} took a task just before a scale-down ended it)" if figures.ended_busy else "")),
         (not unexpected, f"{len(unexpected)} incident(s) on the pool that no fault explains" + (f": {', '.join(unexpected[:5])}" if unexpected else "")),
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
