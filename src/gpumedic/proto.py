@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 from gpumedic_bus.streams import STREAMS, Stream, stream_of
-from gpumedic_bus.topology import PRODUCERS, SERVICES, consumers
+from gpumedic_bus.topology import PRODUCERS, consumers
 from gpumedic_events import EVENT_TYPES, Event
 from gpumedic_events.base import json_examples
 

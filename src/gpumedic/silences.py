@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpumedic.stack import Stack
-from gpumedic_bus import NatsSettings, connect, publish_event
+from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import OPERATOR
 from gpumedic_events import Event, IncidentKind, SilenceAdded, SilenceRemoved
 from gpumedic_store import create_engine, session_factory

@@ -28,3 +28,16 @@ def test_drained_lists_nothing_on_a_fresh_store(tmp_path, capsys):
     upgrade(url)
     assert main(["drained", "--store", url]) == 0
     assert capsys.readouterr().out.strip() == "no node is drained"
+
+
+def test_a_plain_sqlite_url_is_read_with_the_async_driver(tmp_path, capsys):
+    """`--store sqlite:///x.db`, as SQLAlchemy's docs write it, works as sqlite+aiosqlite does."""
+    assert main(["migrate", "--store", f"sqlite:///{tmp_path}/plain.db"]) == 0
+    assert main(["incidents", "--store", f"sqlite:///{tmp_path}/plain.db"]) == 0
+    assert capsys.readouterr().out.strip().endswith("no incidents recorded")
+
+
+def test_a_database_gpumedic_cannot_use_is_refused_by_name(capsys):
+    assert main(["incidents", "--store", "mysql://gpumedic:hunter2@db/gpumedic"]) == 2
+    err = capsys.readouterr().err
+    assert "mysql is not supported; use sqlite:///FILE or postgresql://" in err and "hunter2" not in err

@@ -319,3 +319,17 @@ async def test_thin_path_runs_with_every_service_on_its_own_user(secured, tmp_pa
         await apps.stop_all()
         await sampler_nc.close()
         await fleet.stop()
+
+
+async def test_a_service_with_a_wrong_password_stops_at_once_with_one_line_saying_so(secured):
+    from gpumedic_bus.service import CannotStart, wait_for_nats
+
+    wrong = secured("zombie-detector").model_copy(update={"password": SecretStr("not-the-password-1234"), "start_wait_s": 30.0})
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(CannotStart) as refused:
+        await wait_for_nats(wrong, "zombie-detector")
+    assert asyncio.get_running_loop().time() - started < 10, "a refused login is not retried for start_wait_s"
+    text = str(refused.value)
+    assert "refused the login of user 'zombie-detector'" in text and "authorization violation" in text.lower()
+    assert "not-the-password-1234" not in text
+    await wait_for_nats(secured("zombie-detector"), "zombie-detector")  # the right one connects and returns

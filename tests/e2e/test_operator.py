@@ -8,7 +8,6 @@ import asyncio
 
 import pytest
 
-from gpumedic import silences
 from gpumedic.cli import main
 from gpumedic_store import create_engine, session_factory
 from remediator.main import create_app as remediator_app

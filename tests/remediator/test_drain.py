@@ -5,7 +5,6 @@ SSH (Debian's sshd on this machine, where /bin/true and /bin/false are what they
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from gpumedic_bus import Delivery, publish_event
+from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, NodeRetired, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from gpumedic.sim.host import DOCKER_KINDS, DOCKER_ROOT
+from gpumedic.sim.host import DOCKER_KINDS
 from gpumedic.sim.procs import cmdline_text, stat_line
 from gpumedic.sim.state import UNITS, NodeState
 from remediator.catalogue.admin import CURL

@@ -32,6 +32,7 @@ class NatsSettings(BaseSettings):
     reconnect_wait_s: float = Field(default=1.0, gt=0)
     ack_wait_s: float = Field(default=30.0, gt=0, description="JetStream AckWait for durable consumers (at provisioning).")
     max_deliver: int = Field(default=5, ge=1, le=100, description="Deliveries before a message is dead-lettered (at provisioning).")
+    start_wait_s: float = Field(default=15.0, ge=0, description="How long a starting service waits for the server before it gives up.")
     graceful_timeout_s: float = Field(default=10.0, ge=0, description="How long shutdown waits for handlers.")
 
     @field_validator("tls_ca_file", mode="before")

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from gpumedic_store.settings import mask_url, url_secrets
+from gpumedic_store.settings import async_url, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,15 @@ def create_engine(url: str, **engine_options: Any) -> AsyncEngine:
     Nothing connects yet. The first connection that fails raises `StoreUnavailable`.
     `engine_options` go to SQLAlchemy's `create_async_engine` (e.g. `poolclass`).
     """
+    url = async_url(url)
     safe = mask_url(url)
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise StoreUnavailable(safe, f"not a database URL ({exc})") from None
     backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreUnavailable(safe, f"{backend} is not supported; use sqlite:///FILE or postgresql://USER:PASSWORD@HOST/DB")
     if backend == "sqlite":
         _ensure_sqlite_directory(parsed, safe)
     elif backend == "postgresql":

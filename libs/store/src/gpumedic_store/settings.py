@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 DEFAULT_URL = "sqlite+aiosqlite:///var/gpumedic.db"
+
+ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
+"""A plain URL's driver, and the asyncio driver used for it (installed with the store)."""
 
 _MASK = "***"
 _SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "secret", "token", "sslpassword")
@@ -31,10 +34,21 @@ class StoreSettings(BaseSettings):
         "postgresql+asyncpg://user:password@host:port/db for real deployments.",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _async_driver(cls, url: str) -> str:
+        return async_url(url)
+
     @property
     def safe_url(self) -> str:
         """The URL with any password masked: the only form that may be logged."""
         return mask_url(self.url)
+
+
+def async_url(url: str) -> str:
+    """`url` with a plain driver (sqlite://, postgresql://) swapped for its asyncio one; the rest as given."""
+    scheme, sep, rest = url.partition("://")
+    return f"{ASYNC_DRIVERS[scheme]}{sep}{rest}" if sep and scheme in ASYNC_DRIVERS else url
 
 
 def mask_url(url: str) -> str:

@@ -15,8 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
-"""A plain URL's driver, and the asyncio driver used for it (installed with the store)."""
+from gpumedic_store.settings import ASYNC_DRIVERS
 
 
 class TaskDatabaseError(Exception):
@@ -31,7 +30,7 @@ class TaskDatabase:
         except ArgumentError:
             raise ValueError(f"{where} does not hold a database URL") from None
         parsed = parsed.set(drivername=ASYNC_DRIVERS.get(parsed.drivername, parsed.drivername))
-        if parsed.drivername not in ASYNC_DRIVERS.values():
+        if parsed.drivername not in set(ASYNC_DRIVERS.values()):
             raise ValueError(f"{where}: {parsed.drivername} is not supported (postgresql or sqlite)")
         self.name = f"task database on {parsed.host or parsed.database or parsed.drivername}"
         self.timeout_s = timeout_s

@@ -7,9 +7,7 @@ publishes its decisions only.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
 from faststream import FastStream
 
@@ -19,8 +17,9 @@ from autoscaler.pool import SOURCE as SERVICE
 from autoscaler.pool import PoolIncidents
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.service import run_service
 from gpumedic_events import NodeDrained, NodeUndrained
-from gpumedic_incidents import Policy, PolicyError
+from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
 
 log = logging.getLogger(__name__)
@@ -50,10 +49,5 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
 
 
 def run() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-        policy = settings.policy.load()
-    except (PolicyError, ValueError) as exc:
-        sys.exit(f"gpumedic-autoscaler: {exc}")
-    asyncio.run(create_app(settings, policy=policy).run())
+    """Console script `gpumedic-autoscaler`."""
+    run_service(SERVICE, Settings, create_app)

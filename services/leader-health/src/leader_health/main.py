@@ -7,14 +7,13 @@ a peer's admin endpoint, a restart of a peer's daemon) through the remediator's 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
-from gpumedic_incidents import Policy, PolicyError
+from gpumedic_bus.service import run_service
+from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
 from leader_health.handlers import check_loop
 from leader_health.logic import SOURCE as SERVICE
@@ -39,10 +38,5 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
 
 
 def run() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-        policy = settings.policy.load()
-    except (PolicyError, ValueError) as exc:
-        sys.exit(f"gpumedic-leader-health: {exc}")
-    asyncio.run(create_app(settings, policy=policy).run())
+    """Console script `gpumedic-leader-health`."""
+    run_service(SERVICE, Settings, create_app)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import sys
 from typing import Any
 
 from faststream import FastStream
 from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_bus.service import run_service
 from gpumedic_events import Event
-from pydantic import ValidationError
 
 from node_sampler.host import HostReader
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
@@ -87,10 +86,4 @@ def create_app(
 
 def run() -> None:
     """Console script `gpumedic-node-sampler`."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        print(f"gpumedic-node-sampler: bad settings:\n{exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    asyncio.run(create_app(settings).run())
+    run_service(SERVICE, Settings, create_app)

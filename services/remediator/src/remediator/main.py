@@ -6,13 +6,12 @@ same service a deployment runs.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_bus.service import run_service
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT
 from gpumedic_incidents import IncidentStates
@@ -21,7 +20,7 @@ from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
 from remediator.logic import Gate
 from remediator.preflight import Preflight
-from remediator.settings import Settings, SettingsError
+from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +81,14 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
 def run() -> None:
     """Console script `gpumedic-remediator`: run until SIGINT or SIGTERM."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-        settings.check_files()
-        settings.gate()  # reads the policy file: a mistake in it stops the start here, with file and line
-    except (SettingsError, ValueError) as exc:
-        sys.exit(f"gpumedic-remediator: {exc}")
-    app = create_app(settings)
-    try:
-        # FastStream's run() turns SIGINT/SIGTERM into a graceful exit.
-        asyncio.run(app.run())
-    except KeyboardInterrupt:
-        pass
+    run_service(SERVICE, Settings, _checked_app)
+
+
+def _checked_app(settings: Settings) -> FastStream:
+    """The files and the policy are read before anything starts: a mistake stops it, with file and line."""
+    settings.check_files()
+    settings.gate()
+    return create_app(settings)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.service import run_service
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
@@ -56,10 +55,5 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
 
 def run() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-        settings.channels()  # a missing token file stops the start here, with its name
-    except ValueError as exc:
-        sys.exit(f"gpumedic-report-builder: {exc}")
-    asyncio.run(create_app(settings).run())
+    """Console script `gpumedic-report-builder`; a missing token file stops the start, with its name."""
+    run_service(SERVICE, Settings, create_app)

@@ -6,15 +6,13 @@ zombie job was its first), fed through one incident book.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import sys
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime
+from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import NODE_INCIDENT_INPUTS
-from gpumedic_incidents import Policy, PolicyError
+from gpumedic_incidents import Policy
 from zombie_detector.handlers import DetectorHandlers
 from zombie_detector.logic import SOURCE as SERVICE
 from zombie_detector.logic import NodeIncidents
@@ -34,10 +32,5 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
 
 
 def run() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-        policy = settings.policy.load()
-    except (PolicyError, ValueError) as exc:
-        sys.exit(f"gpumedic-zombie-detector: {exc}")
-    asyncio.run(create_app(settings, policy=policy).run())
+    """Console script `gpumedic-zombie-detector`."""
+    run_service(SERVICE, Settings, create_app)
