@@ -21,6 +21,7 @@ import difflib
 import inspect
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,8 @@ def subject_pattern(event: type[Event]) -> str:
 
 
 def event_schema(event: type[Event]) -> dict[str, Any]:
-    """The event's JSON Schema (draft 2020-12, validation mode) with its subject and stream."""
+    """The event's contract schema (draft 2020-12, validation mode) with its subject and stream:
+    what the v1 baseline holds and the compatibility check compares."""
     schema = event.model_json_schema(mode="validation")
     schema["$schema"] = SCHEMA_DIALECT
     schema["$id"] = f"{SCHEMA_ID_BASE}{event.__name__}.json"
@@ -90,6 +92,26 @@ def event_schema(event: type[Event]) -> dict[str, Any]:
     return schema
 
 
+def published_schema(event: type[Event]) -> dict[str, Any]:
+    """The schema consumers validate with: standard JSON Schema 2020-12 only, so a strict validator
+    (Ajv with its default options) compiles it. The subject and stream are in subjects.json; an open
+    enum (`OPEN_ENUMS`) is a string whose known values are its `examples`, so a value added within
+    v1 validates; OpenAPI's `discriminator` (the `const` of each variant already decides) goes."""
+    return _standard(event_schema(event))
+
+
+def _standard(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_standard(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _standard(v) for k, v in node.items() if not k.startswith("x-") and k != "discriminator"}
+    if node.get("x-extensible-enum") and "enum" in out:
+        out["examples"] = out.pop("enum")
+        out.setdefault("type", "string")
+    return out
+
+
 def golden_example(event: type[Event]) -> dict[str, Any]:
     """The model's first declared example, round-tripped so it is exactly what the model emits."""
     examples = json_examples(event)
@@ -99,8 +121,10 @@ def golden_example(event: type[Event]) -> dict[str, Any]:
 
 
 def _summary(event: type[Event]) -> str:
-    doc = inspect.getdoc(event) or ""
-    return doc.splitlines()[0] if doc else ""
+    """The docstring's first sentence (which may wrap over lines)."""
+    paragraph = " ".join((inspect.getdoc(event) or "").split("\n\n")[0].split())
+    first = re.match(r"(.+?[.!?])(?:\s|$)", paragraph)
+    return first.group(1) if first else paragraph
 
 
 def _stream_entry(stream: Stream) -> dict[str, Any]:
@@ -309,8 +333,9 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
 
 ## What is here
 
-- `schemas/<Event>.json`: a JSON Schema (draft 2020-12) per event. `x-subject` is the subject it is
-  published on, `x-stream` the JetStream stream that stores it.
+- `schemas/<Event>.json`: a JSON Schema (draft 2020-12) per event, standard keywords only, so a
+  strict validator compiles it as it is (see "Validating" below). The subject it is published on
+  and the stream that stores it are in `subjects.json`.
 - `subjects.json`, `subjects.md`: the subjects catalogue: subject, the filter to subscribe with,
   routing key field, stream, storage, retention, de-duplication window, one-line description.
 - `asyncapi.yaml`: an AsyncAPI 3.0.0 document: the NATS server, one channel per event, which
@@ -328,13 +353,25 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
    producer: log it (and dead-letter it), do not crash.
 3. Ignore fields you do not know: v1 may add optional fields at any time, and the schemas do not
    forbid unknown properties.
-4. Enums are closed for v1, except those marked `x-extensible-enum: true` ({open_enums}): there new
-   values may appear within v1, so accept an unknown value (treat it as "other") instead of
-   rejecting the message. Schema validation of such a field with an older copy of the schema
-   will flag the new value; do not treat that as fatal.
+4. Enums are closed for v1, except the open ones ({open_enums}): there new values may appear
+   within v1, so their schema is a string with the known values as `examples`; treat a value you
+   do not know as "other".
 5. De-duplicate by the `Nats-Msg-Id` header (the action id for action requests,
    `<action id>:completed` for action results, otherwise the event id); W3C `traceparent`
    headers carry the trace.
+
+## Validating
+
+- Python: `jsonschema.Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)`.
+- Node: `new Ajv2020()` from `ajv/dist/2020.js` with its default (strict) options, plus
+  `addFormats(ajv)` from `ajv-formats` for `date-time` and `uuid`.
+
+`examples/` beside the repository's root holds a consumer in each, with its own durable consumer.
+They log in as the `observer` NATS user (its password is `OBSERVER_NATS_PASSWORD` in the `.env`
+that `gpumedic init` writes, or `var/secrets/nats-passwords.json` under `gpumedic up`), which has
+an account of its own: every event flows into it, and it has a JetStream of its own where it may
+create its own streams and durable consumers, but nothing it publishes or creates reaches the
+control plane. Its replies come on its own inbox prefix, `_INBOX.observer`.
 
 ## Compatibility (v1)
 
@@ -391,11 +428,11 @@ def render(proto_dir: Path | None = None, *, accept_breaking: bool = False) -> d
     }
     for event in EVENT_TYPES:
         name = event.__name__
-        files[f"schemas/{name}.json"] = _json(schemas[name])
+        files[f"schemas/{name}.json"] = _json(published_schema(event))
         files[f"examples/{name}.json"] = _json(golden_example(event), sort_keys=False)
     baselines = {} if accept_breaking or proto_dir is None else read_baselines(proto_dir)
-    for name in schemas:
-        baselines.setdefault(f"{BASELINE_DIR}/{name}.json", files[f"schemas/{name}.json"])
+    for name, schema in schemas.items():
+        baselines.setdefault(f"{BASELINE_DIR}/{name}.json", _json(schema))
     files.update(baselines)
     return dict(sorted(files.items()))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpumedic import proto
-from gpumedic_events import EVENT_TYPES
+from gpumedic_events import EVENT_TYPES, SpansExported
 
 
 def _generate(tmp_path: Path) -> Path:
@@ -103,7 +103,11 @@ def test_generation_adds_a_baseline_for_a_new_event(tmp_path: Path) -> None:
 
     assert "missing: proto/baseline/v1/SpansExported.json" in proto.drift(out, proto.render(out))
     assert proto.main(["--out", str(out)]) == 0
-    assert path.read_text() == (out / "schemas" / "SpansExported.json").read_text()
+    baseline = json.loads(path.read_text())  # the contract form: the published schema, plus subject and stream
+    assert baseline == proto.event_schema(SpansExported)
+    assert baseline["x-subject"] == "gpumedic.v1.telemetry.spans.{service}"
+    published = json.loads((out / "schemas" / "SpansExported.json").read_text())
+    assert {k: v for k, v in baseline.items() if not k.startswith("x-")} == published
 
 
 def test_an_event_gone_from_the_catalogue_is_breaking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

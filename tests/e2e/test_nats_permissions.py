@@ -333,3 +333,39 @@ async def test_a_service_with_a_wrong_password_stops_at_once_with_one_line_sayin
     assert "refused the login of user 'zombie-detector'" in text and "authorization violation" in text.lower()
     assert "not-the-password-1234" not in text
     await wait_for_nats(secured("zombie-detector"), "zombie-detector")  # the right one connects and returns
+
+
+async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_reaches_nothing_of_the_control_plane(secured):
+    """Your own consumer's account: incidents published by the detector flow into a stream it made
+    in its own JetStream, a durable of its own reads them; the control plane's streams do not exist
+    for it, and it may not publish an event."""
+    from nats.js.errors import NotFoundError
+
+    from gpumedic_bus.streams import INCIDENTS
+    from gpumedic_events import IncidentOpened
+
+    observer, refusals = await _as(secured, OBSERVER)
+    detector_nc = await connect(secured("zombie-detector"), "test-detector")
+    admin = await connect(secured(ADMIN), "test-admin")
+    try:
+        js = observer.jetstream()
+        await js.add_stream(name="MY_INCIDENTS", subjects=["gpumedic.v1.incident.>"], max_age=3600)
+        sub = await js.pull_subscribe("gpumedic.v1.incident.opened.*", durable="my-pager", stream="MY_INCIDENTS")
+        opened = IncidentOpened.model_validate(json_examples(IncidentOpened)[0])
+        await detector_nc.jetstream().publish(opened.subject, opened.to_json())
+        [msg] = await sub.fetch(1, timeout=5)
+        assert IncidentOpened.from_json(msg.data, subject=msg.subject).incident_id == opened.incident_id
+        await msg.ack()
+        with pytest.raises(NotFoundError):  # its account has no such stream: nothing of the control plane to touch
+            await js.stream_info(INCIDENTS.name)
+        control = admin.jetstream()
+        actions_before = (await control.stream_info(ACTIONS.name)).state.messages
+        await observer.publish(ACTION.subject, ACTION.to_json())
+        assert await refusals.refused("permissions violation for publish")
+        # The control plane is unchanged: no observer consumer on its stream, the forged request never stored.
+        assert "my-pager" not in {c.name for c in await control.consumers_info(INCIDENTS.name)}
+        assert (await control.stream_info(ACTIONS.name)).state.messages == actions_before
+    finally:
+        await observer.close()
+        await detector_nc.close()
+        await admin.close()

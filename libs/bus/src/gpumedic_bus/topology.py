@@ -190,9 +190,15 @@ def consumers() -> dict[str, tuple[type[Event], ...]]:
 
 ADMIN = "admin"
 """Provisions streams, buckets and consumers (`gpumedic provision`); no service runs as admin."""
+CONTROL_ACCOUNT = "GPUMEDIC"
+"""The NATS account of the control plane: the services, the nodes, the operator's tools."""
+OBSERVERS_ACCOUNT = "OBSERVERS"
+"""The observer's own account: every event flows into it (it imports the control plane's
+`gpumedic.v1.>`) and it has a JetStream of its own, so an outside consumer can keep its own stream
+and durable consumers, while nothing it publishes or creates reaches the control plane."""
 OBSERVER = "observer"
-"""Reads every event and nothing else: the operator's tools (`gpumedic up` waiting for heartbeats,
-the demo's story, `gpumedic sim`'s score)."""
+"""Reads every event and nothing else, from its own account: your own consumers (examples/), and
+the operator's tools (`gpumedic up` waiting for heartbeats, the demo's story, `gpumedic sim`'s score)."""
 OPERATOR = "operator"
 """A person's tools that tell the system something (`gpumedic silence`): publishes what
 `PRODUCERS` names it for, and reads every event."""
@@ -209,6 +215,10 @@ inbox (`allow_responses`) without any other publish right."""
 
 CONTROL_USERS: tuple[str, ...] = (ADMIN, OBSERVER, OPERATOR, LAUNCHER, *(s for s in SERVICES if s != "node-sampler"))
 """Every NATS user of the control plane (GPU nodes add one user each)."""
+
+
+def account_of(user: str) -> str:
+    return OBSERVERS_ACCOUNT if user == OBSERVER else CONTROL_ACCOUNT
 
 
 def node_user(node_id: str) -> str:
@@ -238,7 +248,8 @@ def permissions_for(user: str) -> Permissions | None:
     if user == ADMIN:
         return None
     if user == OBSERVER:
-        return Permissions(publish=(), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+        # JetStream's API, acks and flow control reach the observers' own JetStream only.
+        return Permissions(publish=("$JS.API.>", "$JS.ACK.>", "$JS.FC.>"), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
     if user == OPERATOR:
         published = tuple(e.subject_filter() for e, producers in PRODUCERS.items() if OPERATOR in producers)
         return Permissions(publish=(*published, *_asks(user)), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
