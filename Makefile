@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install demo up test test-fast bench proto proto-check lock clean
+.PHONY: help install examples demo up test test-fast bench proto proto-check lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,14 @@ $(VENV)/.installed: $(UV) $(MANIFESTS)
 
 install: $(VENV)/.installed ## create .venv and install every service, lib and test tool
 
+NODE_EXAMPLE := examples/node
+$(NODE_EXAMPLE)/node_modules/.installed: $(NODE_EXAMPLE)/package-lock.json
+	@command -v npm >/dev/null || { echo "examples/node needs Node.js and npm (Debian: apt-get install nodejs npm)"; exit 1; }
+	npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund
+	@touch $@
+
+examples: $(NODE_EXAMPLE)/node_modules/.installed ## install the Node example consumer's packages (npm ci)
+
 demo: install ## the main job: embedded stack + simulated fleet; one zombie job found, killed over SSH, verified
 	$(VENV)/bin/gpumedic demo
 
@@ -41,7 +49,7 @@ up: install ## the embedded stack (nats-server, SQLite, six services) until Ctrl
 # each worker starts its own nats-server, PostgreSQL and sshd on free ports.
 TEST_WORKERS ?= 6
 
-test: install ## every test: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
+test: install examples ## every test: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-fast: install ## the tests that need no server (pure logic and contracts)

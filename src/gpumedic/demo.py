@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpumedic.incidents import incident_text
@@ -91,11 +92,13 @@ async def run_demo(
     keep_running: bool = False,
     stop_after_s: float | None = None,
     say=print,
+    on_ready: Callable[[Stack], Awaitable[None]] | None = None,
 ) -> int:
     """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise.
 
     `duration_s` bounds the story. With `keep_running` the stack stays up afterwards, until
-    `stop_after_s` from the start, or until Ctrl-C when that is None.
+    `stop_after_s` from the start, or until Ctrl-C when that is None. `on_ready` is awaited once
+    the stack is up, before the zombie is injected (where a test starts its own consumers).
     """
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +118,8 @@ async def run_demo(
         stack.start_services()
         await stack.wait_ready()
 
+        if on_ready is not None:
+            await on_ready(stack)
         # The simulated nodes publish as the fleet's user; the story is read as the observer.
         fleet_nc, observer = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
         connections += [fleet_nc, observer]

@@ -349,15 +349,18 @@ async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_
     admin = await connect(secured(ADMIN), "test-admin")
     try:
         js = observer.jetstream()
-        await js.add_stream(name="MY_INCIDENTS", subjects=["gpumedic.v1.incident.>"], max_age=3600)
-        sub = await js.pull_subscribe("gpumedic.v1.incident.opened.*", durable="my-pager", stream="MY_INCIDENTS")
+        # Named as the control plane's stream: gpumedic publishes with Nats-Expected-Stream.
+        await js.add_stream(name=INCIDENTS.name, subjects=["gpumedic.v1.incident.>"], max_age=3600)
+        sub = await js.pull_subscribe("gpumedic.v1.incident.opened.*", durable="my-pager", stream=INCIDENTS.name)
         opened = IncidentOpened.model_validate(json_examples(IncidentOpened)[0])
-        await detector_nc.jetstream().publish(opened.subject, opened.to_json())
+        # As gpumedic publishes: the expected stream named, so only a stream of that name stores it.
+        ack = await detector_nc.jetstream().publish(opened.subject, opened.to_json(), stream=INCIDENTS.name)
+        assert ack.stream == INCIDENTS.name
         [msg] = await sub.fetch(1, timeout=5)
         assert IncidentOpened.from_json(msg.data, subject=msg.subject).incident_id == opened.incident_id
         await msg.ack()
         with pytest.raises(NotFoundError):  # its account has no such stream: nothing of the control plane to touch
-            await js.stream_info(INCIDENTS.name)
+            await js.stream_info(ACTIONS.name)
         control = admin.jetstream()
         actions_before = (await control.stream_info(ACTIONS.name)).state.messages
         await observer.publish(ACTION.subject, ACTION.to_json())

@@ -1,0 +1,82 @@
+"""The example consumers in examples/, as a user runs them against the embedded stack with the
+demo: each logs in as the observer, keeps its own stream and durable in the observer's account,
+validates every message against proto/schemas (Python: jsonschema; Node: Ajv with its default,
+strict options) and prints the demo incident from opened to resolved."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpumedic.demo import run_demo
+from gpumedic.stack import Stack
+from gpumedic_bus.topology import OBSERVER
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_EXAMPLE = ROOT / "examples" / "node"
+
+
+def _consumers() -> dict[str, list[str]]:
+    node = shutil.which("node")
+    assert node, "Node.js is needed for examples/node (Debian's nodejs)"
+    assert (NODE_EXAMPLE / "node_modules" / "ajv").is_dir(), "run `make examples` (npm ci in examples/node) first"
+    return {"python": [sys.executable, str(ROOT / "examples" / "python" / "consumer.py")],
+            "node": [node, str(NODE_EXAMPLE / "consumer.mjs")]}
+
+
+async def _ready(proc: asyncio.subprocess.Process, lines: list[dict]) -> None:
+    while True:
+        raw = await proc.stdout.readline()
+        assert raw, f"the consumer exited before it was ready: {(await proc.stderr.read()).decode()[-2000:]}"
+        line = json.loads(raw)
+        lines.append(line)
+        if line.get("ready"):
+            return
+
+
+@pytest.mark.timeout(300)
+async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp_path):
+    commands = _consumers()
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    output: dict[str, list[dict]] = {name: [] for name in commands}
+
+    async def start_consumers(stack: Stack) -> None:
+        settings = stack.nats_settings(OBSERVER)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMEDIC_", "NATS_"))} | {
+            "NATS_URL": settings.url, "NATS_USER": OBSERVER, "NATS_PASSWORD": settings.password.get_secret_value(),
+            "NATS_CA": str(settings.tls_ca_file),
+        }
+        for name, command in commands.items():
+            procs[name] = await asyncio.create_subprocess_exec(*command, env=env, stdout=asyncio.subprocess.PIPE,
+                                                               stderr=asyncio.subprocess.PIPE)
+        for name, proc in procs.items():
+            await asyncio.wait_for(_ready(proc, output[name]), 30)
+
+    lines: list[str] = []
+    try:
+        code = await run_demo(tmp_path / "var", nodes=2, gpus=1, duration_s=120, say=lines.append, on_ready=start_consumers)
+        assert code == 0, "\n".join(lines)
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    errors = {}
+    for name, proc in procs.items():
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        output[name] += [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+        errors[name] = err.decode()
+    for name, got in output.items():
+        events = [line for line in got if "event" in line]
+        opened = [e for e in events if e["event"] == "IncidentOpened" and e["kind"] == "zombie_job"]
+        assert opened, (name, got, errors[name], output)
+        resolved = [e for e in events if e["event"] == "IncidentResolved" and e["incident_id"] == opened[0]["incident_id"]]
+        assert resolved, (name, got, errors[name])
+        assert "invalid" not in errors[name], (name, errors[name])
+    assert output["python"][1:] == output["node"][1:], "both saw the same incident events, in the same order"
