@@ -68,7 +68,7 @@ async def main() -> int:
     while not stop.is_set() and not nc.is_closed:
         try:
             messages = await sub.fetch(16, timeout=1)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nothing new within the second (nats-py raises its own or asyncio's)
             continue
         except nats.errors.Error as exc:  # the server restarting: the client reconnects by itself
             print(json.dumps({"waiting": str(exc)}), file=sys.stderr, flush=True)

@@ -133,6 +133,8 @@ def cmd_up(args) -> int:
             await stack.wait_ready()
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")
             print(f"      bus: {stack.nats.url}   store: {stack.store_url}")
+            print(f"      metrics: http://127.0.0.1:PORT/metrics, ports in {args.var}/prometheus-targets.json "
+                  f"({', '.join(f'{s} {p}' for s, p in stack.metrics_ports.items())})")
             while True:
                 await asyncio.sleep(1 if args.duration is None else args.duration)
                 if args.duration is not None:

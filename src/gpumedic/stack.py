@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,6 +59,8 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)
     tls: TlsFiles | None = None
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    """Each service's Prometheus endpoint on loopback; also in var/prometheus-targets.json."""
 
     @property
     def store_url(self) -> str:
@@ -143,10 +146,16 @@ class Stack:
         assert self.nats is not None, "start the bus first"
         base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
         for service in services or list(SERVICES):
+            self.metrics_ports[service] = _free_port()
+        # Prometheus' file_sd format: point a scrape job's file_sd_configs at it.
+        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": s}} for s, port in self.metrics_ports.items()]
+        (self.var_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
+        for service in services or list(SERVICES):
             log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
+            metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
             self.processes[service] = subprocess.Popen(
                 service_command(service),
-                env={**base, **self.service_env(service)},
+                env={**base, **self.service_env(service), **metrics},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -246,3 +255,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 def env_json(value) -> str:
     """List and dict settings travel as JSON in the environment (pydantic-settings reads it)."""
     return json.dumps(value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

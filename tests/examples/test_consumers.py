@@ -1,7 +1,8 @@
 """The example consumers in examples/, as a user runs them against the embedded stack with the
 demo: each logs in as the observer, keeps its own stream and durable in the observer's account,
 validates every message against proto/schemas (Python: jsonschema; Node: Ajv with its default,
-strict options) and prints the demo incident from opened to resolved."""
+strict options) and prints the demo incident from opened to resolved. The same stack's six services
+each serve their metrics on the port `gpumedic up` gives them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import pytest
 
 from gpumedic.demo import run_demo
 from gpumedic.stack import Stack
+from gpumedic.stack import SERVICES
 from gpumedic_bus.topology import OBSERVER
+from tests.e2e.test_metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_EXAMPLE = ROOT / "examples" / "node"
@@ -47,7 +50,13 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
     procs: dict[str, asyncio.subprocess.Process] = {}
     output: dict[str, list[dict]] = {name: [] for name in commands}
 
+    served: dict[str, set[str]] = {}
+
     async def start_consumers(stack: Stack) -> None:
+        # The stack is up: each of its six services answers on its metrics port (as `gpumedic up` prints).
+        targets = json.loads((stack.var_dir / "prometheus-targets.json").read_text())
+        for target in targets:
+            served[target["labels"]["service"]] = {n for n, _ in scrape(int(target["targets"][0].rsplit(":", 1)[1]))}
         settings = stack.nats_settings(OBSERVER)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMEDIC_", "NATS_"))} | {
             "NATS_URL": settings.url, "NATS_USER": OBSERVER, "NATS_PASSWORD": settings.password.get_secret_value(),
@@ -80,3 +89,5 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
         assert resolved, (name, got, errors[name])
         assert "invalid" not in errors[name], (name, errors[name])
     assert output["python"][1:] == output["node"][1:], "both saw the same incident events, in the same order"
+    assert set(served) == set(SERVICES), served
+    assert all("gpumedic_service_info" in names and "process_resident_memory_bytes" in names for names in served.values()), served

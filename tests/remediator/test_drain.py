@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpumedic.sim.pager import Pager
+from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
@@ -61,7 +62,7 @@ class _Remediator:
         )
         self.handler = ActionHandler(
             settings=settings,
-            runtime=SimpleNamespace(broker=self.broker),
+            runtime=SimpleNamespace(broker=self.broker, metrics=ServiceMetrics("remediator")),
             sessions=self.sessions,
             executor=settings.executor(),
             tracer=TracerProvider().get_tracer("test"),

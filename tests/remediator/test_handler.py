@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
 from gpumedic_incidents import IncidentStates, PolicySettings, load_policy
@@ -63,7 +64,7 @@ class _Harness:
         self.broker = _RecordingBroker()
         self.handler = ActionHandler(
             settings=settings,
-            runtime=SimpleNamespace(broker=self.broker),
+            runtime=SimpleNamespace(broker=self.broker, metrics=ServiceMetrics("remediator")),
             sessions=self.sessions,
             executor=executor
             or SshExecutor(

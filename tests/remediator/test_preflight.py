@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_events import PreflightReport, PreflightRequest
 from gpumedic_incidents.policy import Policy
 from gpumedic_store import create_engine, session_factory
@@ -52,7 +53,7 @@ async def preflight(make_settings):
         )
         tracer = TracerProvider().get_tracer("test")
         actions = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=None), sessions=session_factory(engine), executor=executor, tracer=tracer
+            settings=settings, runtime=SimpleNamespace(broker=None, metrics=ServiceMetrics("remediator")), sessions=session_factory(engine), executor=executor, tracer=tracer
         )
         policy = Policy.model_validate({"actions": {"kill_gpu_processes": {"grace_s": 1}}})
         return Preflight(policy=policy, executor=executor, actions=actions, tracer=tracer, verify_timeout_s=5.0), engine

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, NodeRetired, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
@@ -47,7 +48,7 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
         )
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=_Broker()), sessions=session_factory(engine),
+            settings=settings, runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
             executor=settings.executor(), tracer=TracerProvider().get_tracer("test"), incidents=incidents,
             provider=settings.provider_client(),
         )

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, MarkWorkerEnded, NodeRetired, RequeueTasks
 from gpumedic_incidents.policy import Actions, MarkEndedPolicy, Policy, PolicyError, RequeuePolicy, dump_policy, load_policy
@@ -68,7 +69,7 @@ async def make_handler(make_settings, incidents, tmp_path, task_db):
         settings = make_settings(policy={"file": policy_file}, task_db_url_file=task_db[1] if configured else None)
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=_Broker()), sessions=session_factory(engine),
+            settings=settings, runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
             executor=settings.executor(), tracer=TracerProvider().get_tracer("test"), incidents=incidents, task_db=settings.task_db(),
         )
         made.append((engine, handler))

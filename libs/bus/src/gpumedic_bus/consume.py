@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from gpumedic_bus.topology import Durable
 from gpumedic_bus.tracing import trace_context
 from gpumedic_events import Event, EventDecodeError, MessageRejected
 from gpumedic_events.deadletter import MAX_KEPT_PAYLOAD
+from gpumedic_telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,24 @@ class RejectionStats:
 Handler = Callable[[E, Delivery], Awaitable[None]]
 
 
+def _nothing(*_) -> None:
+    return None
+
+
+class _Counts:
+    """One consumer's outcome counters and latency, bound to its event type once (the sample path
+    is hot: a labels() lookup per message would cost more than the count)."""
+
+    def __init__(self, metrics: ServiceMetrics | None, event: str) -> None:
+        if metrics is None:  # tools and benchmarks: counting is a no-op
+            self.ok = self.invalid = self.retried = self.failed = self.took = _nothing
+            return
+        self.ok, self.invalid, self.retried, self.failed = (
+            metrics.handled.labels(event, outcome).inc for outcome in ("ok", "invalid", "retried", "failed")
+        )
+        self.took = metrics.handling.labels(event).observe
+
+
 class EventConsumer(Generic[E]):
     """Validates, dispatches and acknowledges one durable consumer's messages."""
 
@@ -85,12 +105,14 @@ class EventConsumer(Generic[E]):
         *,
         service: str,
         stats: RejectionStats,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self._broker = broker
         self.durable = durable
         self._event_type: type[E] = durable.event
         self._handler = handler
         self._service = service
+        self._counts = _Counts(metrics, durable.event.__name__)
         self.max_deliver = 1
         """Deliveries this service acts on; set from the provisioned consumer when the service binds."""
         self.stats = stats
@@ -104,14 +126,19 @@ class EventConsumer(Generic[E]):
             event = self._event_type.from_json(raw.data, subject=subject)
         except EventDecodeError as exc:
             await self._dead_letter(msg, exc.reason, deliveries, cause="invalid")
+            self._counts.invalid()
             return
+        started = time.perf_counter()
         try:
             await self._handler(event, Delivery(subject, headers, deliveries, msg, _stored_at(raw)))
         except Exception as exc:
+            self._counts.took(time.perf_counter() - started)
             if deliveries >= self.max_deliver:
                 log.exception("%s: giving up on %s after %d deliveries", self._service, subject, deliveries)
                 await self._dead_letter(msg, f"handler failed {deliveries} times: {exc!r}"[:2000], deliveries, cause="failed")
+                self._counts.failed()
                 return
+            self._counts.retried()
             delay = RETRY_BACKOFF_S[min(deliveries, len(RETRY_BACKOFF_S)) - 1]
             log.warning(
                 "%s: handling %s failed (delivery %d of %d), retrying in %.0fs: %r",
@@ -119,7 +146,9 @@ class EventConsumer(Generic[E]):
             )
             await msg.nack(delay=delay)
             return
+        self._counts.took(time.perf_counter() - started)
         await msg.ack()
+        self._counts.ok()
 
     async def _dead_letter(self, msg: NatsMessage, reason: str, deliveries: int, *, cause: str) -> None:
         raw = msg.raw_message
@@ -175,6 +204,7 @@ def subscribe(
     stats: RejectionStats,
     inbox_prefix: str,
     batch_size: int = 16,
+    metrics: ServiceMetrics | None = None,
 ) -> EventConsumer[E]:
     """Attach `handler` to a provisioned durable pull consumer.
 
@@ -183,7 +213,7 @@ def subscribe(
     this instance handles at once. Instances sharing the durable split the work. Fetched
     messages come back on the user's own `inbox_prefix` (FastStream does not take the connection's).
     """
-    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, stats=stats)
+    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, stats=stats, metrics=metrics)
 
     @broker.subscriber(
         durable.event.subject_filter(),
@@ -223,6 +253,7 @@ class PushConsumer(Generic[E]):
         *,
         service: str,
         stats: RejectionStats,
+        metrics: ServiceMetrics | None = None,
         ack_every: int = PUSH_ACK_EVERY,
         ack_interval_s: float = 0.2,
     ) -> None:
@@ -232,6 +263,7 @@ class PushConsumer(Generic[E]):
         self._handler = handler
         self._service = service
         self.stats = stats
+        self._counts = _Counts(metrics, durable.event.__name__)
         self._ack_every = ack_every
         self._ack_interval_s = ack_interval_s
         self._last = None
@@ -264,15 +296,21 @@ class PushConsumer(Generic[E]):
         try:
             event = self._event_type.from_json(msg.data, subject=msg.subject)
         except EventDecodeError as exc:
+            self._counts.invalid()
             try:
                 await keep_rejected(self._broker, self._service, self.stats, msg, exc.reason, _deliveries(msg), cause="invalid")
             except Exception:
                 log.exception("%s: could not dead-letter a message from %s", self._service, msg.subject)
         else:
+            started = time.perf_counter()
             try:
                 await self._handler(event)
             except Exception:
+                self._counts.failed()
                 log.exception("%s: handling %s failed; moving on to newer samples", self._service, msg.subject)
+            else:
+                self._counts.ok()
+            self._counts.took(time.perf_counter() - started)
         self._last = msg
         self._since_ack += 1
         if self._since_ack >= self._ack_every:

@@ -34,6 +34,7 @@ from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
 from gpumedic_telemetry import create_tracer_provider
+from gpumedic_telemetry.metrics import ServiceMetrics, metrics_port
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class ServiceRuntime:
         _quiet_tls_eof()
         self.instance_id = uuid.uuid4()
         self.rejections = RejectionStats()
+        self.metrics = ServiceMetrics(service)
+        self._metrics_port = metrics_port()  # GPUMEDIC_METRICS_PORT; a bad one stops the start here
         self.ready = asyncio.Event()
         self._span_recorder = BusSpanRecorder(service) if trace_to_bus else None
         self.tracer_provider: TracerProvider = create_tracer_provider(
@@ -147,6 +150,7 @@ class ServiceRuntime:
             handler,
             service=self.service,
             stats=self.rejections,
+            metrics=self.metrics,
             inbox_prefix=self.nats.inbox_prefix,
             batch_size=batch_size,
         )
@@ -155,7 +159,8 @@ class ServiceRuntime:
 
     def consume_fast(self, durable: str, handler: EventHandler) -> PushConsumer:
         """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
-        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, stats=self.rejections)
+        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, stats=self.rejections,
+                                metrics=self.metrics)
         self._push_consumers.append(consumer)
         return consumer
 
@@ -271,6 +276,8 @@ class ServiceRuntime:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
+        if self._metrics_port is not None:
+            self.metrics.serve(self._metrics_port)
         self.ready.set()
         log.info("%s ready (instance %s)", self.service, self.instance_id)
 
@@ -299,6 +306,7 @@ class ServiceRuntime:
             await publish_event(self.broker, self._heartbeat_event("stopping"))
 
     async def _stopped(self) -> None:
+        self.metrics.stop()
         if self._span_recorder is not None:
             self.tracer_provider.force_flush()
             with contextlib.suppress(Exception):

@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
+from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
 from gpumedic_bus.streams import INCIDENT_STATE
@@ -73,6 +75,17 @@ class Detector:
         self._tracer: Tracer = runtime.tracer
         self.states: IncidentStates | None = None
         self._deciding = asyncio.Lock()
+        metrics = runtime.metrics
+        self._transitions = PromCounter(
+            "gpumedic_incidents", "Incident transitions this detector published, by kind and what happened: "
+            "opened, resolved (by resolution), escalated.", ["kind", "transition", "resolution"], registry=metrics.registry,
+        )
+        metrics.gauge("gpumedic_incidents_open", "Incidents open now, by kind and phase.", ["kind", "phase"], self._open_counts)
+
+    def _open_counts(self) -> list[tuple[tuple[str, str], float]]:
+        # Read from the metrics server's thread: list() copies the dict's values at once.
+        counts = Counter((s.kind.value, s.phase) for s in list(self.logic.book.incidents.values()))
+        return [(key, n) for key, n in sorted(counts.items())]
 
     def attach(self, actions_durable: str) -> None:
         """Wire the detector into its service: its open incidents taken back from the state bucket
@@ -162,6 +175,9 @@ class Detector:
             await publish_event(self._runtime.broker, event, msg_id=str(event.action_id))
             return
         await publish_event(self._runtime.broker, event)
+        if isinstance(event, IncidentOpened | IncidentResolved | IncidentEscalated):
+            transition = {IncidentOpened: "opened", IncidentResolved: "resolved", IncidentEscalated: "escalated"}[type(event)]
+            self._transitions.labels(event.kind.value, transition, getattr(event, "resolution", "") or "").inc()
         if isinstance(event, IncidentOpened):
             log.warning("incident %s opened: %s on %s: %s", event.incident_id, event.kind.value, _where(incident), event.summary)
         elif isinstance(event, IncidentResolved):

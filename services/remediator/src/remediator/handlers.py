@@ -22,6 +22,7 @@ At most `max_concurrent_actions` requests are handled at once per instance (the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -31,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from opentelemetry.trace import Status, StatusCode, Tracer
+from prometheus_client import Counter, Gauge
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
@@ -109,6 +111,13 @@ class ActionHandler:
         self.task_db = task_db
         """Where tasks are requeued and worker records marked ended (None: not configured)."""
         self._now = clock
+        registry = runtime.metrics.registry
+        self._outcomes = Counter("gpumedic_actions", "Action requests answered, by operation and outcome (succeeded, "
+                                 "failed, blocked, observed).", ["operation", "outcome"], registry=registry)
+        self.breaker_open = Gauge("gpumedic_breaker_open", "1 while the fleet circuit breaker is open (no action runs "
+                                  "until a person resets it), else 0.", registry=registry)
+        self._breaker_nodes = Gauge("gpumedic_breaker_nodes_in_window", "Nodes acted on within the breaker's window, "
+                                    "as of the last request.", registry=registry)
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
         attributes = {
@@ -118,6 +127,7 @@ class ActionHandler:
         }
         with self._tracer.start_as_current_span("act", context=delivery.trace_context, attributes=attributes) as span:
             record = await self._act(request, delivery)
+            self._outcomes.labels(request.operation.operation, record.status).inc()
             span.set_attribute("gpumedic.action.outcome", record.status)
             if record.status == ActionOutcome.FAILED:
                 span.set_status(Status(StatusCode.ERROR, record.detail[:200]))
@@ -234,6 +244,8 @@ class ActionHandler:
         )
         view = dataclasses.replace(view, fleet_size=fleet_size)
         decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now, address=address)
+        self.breaker_open.set(1 if view.breaker_open_since is not None or decision.trip_breaker else 0)
+        self._breaker_nodes.set(len(view.nodes_in_window))
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
             await repository.trip(session=session, reason=decision.trip_reason, now=now)
@@ -421,7 +433,22 @@ def register(
     )
     # The consumer's batch is how many requests this instance handles at once.
     consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)
+
+    async def watch_breaker() -> None:
+        """A reset (`gpumedic breaker reset`) or a trip by another instance shows without a request."""
+        while True:
+            try:
+                async with sessions() as session:
+                    handler.breaker_open.set(0 if await repository.open_trip(session=session) is None else 1)
+            except Exception as exc:  # the store may be down a moment; the gauge keeps its last value
+                log.debug("breaker gauge not refreshed: %r", exc)
+            await asyncio.sleep(BREAKER_GAUGE_EVERY_S)
+
+    runtime.background(watch_breaker)
     return handler, consumer
+
+
+BREAKER_GAUGE_EVERY_S = 15.0
 
 
 def _would_run(request: ActionRequested, gate: Gate) -> str:
