@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import nats
+import pytest
 from sqlalchemy import select
 
 from gpumedic.sim.fleet import SimFleet
@@ -23,6 +24,7 @@ NODES = 50
 BREAKER = 5
 
 
+@pytest.mark.timeout(300)  # two waits of up to a minute each on a loaded machine
 async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_limit_of_kills(nats_settings, store_url, apps, tmp_path):
     fleet = SimFleet(NODES, 1, tmp_path / "fleet")
     await fleet.start()

@@ -18,6 +18,7 @@ from gpumedic_store import (
     session_factory,
     upgrade,
 )
+from gpumedic_store.engine import SQLITE_BUSY_TIMEOUT_MS
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError, StatementError
 
@@ -49,7 +50,7 @@ async def test_sqlite_connections_use_wal_a_busy_timeout_and_foreign_keys(tmp_pa
     try:
         async with engine.connect() as conn:
             assert (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
-            assert (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar() == 5000
+            assert (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar() == SQLITE_BUSY_TIMEOUT_MS == 30_000
             assert (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
     finally:
         await engine.dispose()

@@ -26,7 +26,10 @@ from gpumedic_store.settings import async_url, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
 
-SQLITE_BUSY_TIMEOUT_MS = 5000
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a write waits for another writer: SQLite has one writer at a time, and on a loaded
+machine a burst of decisions under the gate lock queues for seconds; failing it would only
+redeliver the request later."""
 POSTGRES_CONNECT_TIMEOUT_S = 10.0
 """asyncpg waits 60 s by default; a blackholed host should fail a service's start sooner."""
 
