@@ -191,6 +191,20 @@ def cmd_actions(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """The diagnostics report; exit 1 when something needs a person now (a P1)."""
+    from gpumedic.report import build_report, render, sources_from
+
+    report = asyncio.run(build_report(sources_from(_store_url(args), args.var), node=args.node, show_secrets=args.show_secrets))
+    text = render(report, args.format)
+    if args.output:
+        args.output.write_text(text)
+        print(f"report written to {args.output} ({len(report.recommendations)} recommendation(s))")
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
+    return 1 if any(r.priority == 1 for r in report.recommendations) else 0
+
+
 def cmd_drained(args) -> int:
     """Drained nodes from the store: the remediator's holds, one per incident."""
     from gpumedic.actions import drained_text
@@ -502,6 +516,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="only this node")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
     p.set_defaults(func=cmd_drained)
+
+    p = sub.add_parser(
+        "report",
+        help="the diagnostics report: configuration checks, the fleet's open problems, prioritised recommendations",
+        description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, "
+        "then lists every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). "
+        "Secrets are masked unless --show-secrets.",
+    )
+    p.add_argument("--node", help="only this node's problems")
+    p.add_argument("--format", choices=["md", "json", "html"], default="md", help="markdown (default), JSON or a standalone HTML page")
+    p.add_argument("--output", "-o", type=Path, help="write it to this file instead of printing it")
+    p.add_argument("--show-secrets", action="store_true", help="do not mask passwords and tokens")
+    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
+    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
         "silence",

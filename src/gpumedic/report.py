@@ -1,0 +1,326 @@
+"""`gpumedic report`: the orchestrator runbook's comprehensive check as one command.
+
+It checks the configuration (the remediator's SSH key present, private and of a usable type; its
+known_hosts covering every node of the inventory; the bus and the store reachable), reads the
+fleet's state from the store (open and escalated incidents, drained nodes, the breaker), and ends
+with recommendations, most urgent first:
+
+- P1, now: the breaker is open; the store or the bus is down; a critical incident went to a person;
+  a fleet-wide incident (it holds every node action until a person looks).
+- P2, today: any other incident that went to a person; a critical incident gpumedic is still
+  fixing; a configuration that stops gpumedic from acting (key, known_hosts, inventory).
+- P3, watch: a warning incident gpumedic is fixing; an escalated info one.
+- P4, note: info incidents being handled, silenced incidents.
+
+A node without an open problem appears nowhere but in the counts. Secrets (a password in the
+store's URL, what looks like a token or password in a command line of the evidence) are masked
+unless `--show-secrets` is given.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpumedic_store import create_engine, session_factory
+from gpumedic_store.models import Incident
+from gpumedic_store.settings import mask_url
+
+PRIORITIES = {1: "P1 now", 2: "P2 today", 3: "P3 watch", 4: "P4 note"}
+CATEGORY_OF_DETECTOR = {"zombie-detector": "node", "leader-health": "cluster", "autoscaler": "capacity"}
+_SECRET_ARG = re.compile(r"(?i)((?:--?|\b)[\w.-]*(?:password|passwd|token|secret|api[_-]?key|credential)[\w.-]*[= :]\s*)(\S+)")
+_USABLE_KEYS = {b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ecdsa-sha2-nistp521", b"ssh-rsa"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok, warn, fail
+    detail: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    priority: int
+    category: str
+    issue: str
+    action: str
+    node: str | None = None
+    incident_id: str | None = None
+
+
+@dataclass
+class Report:
+    generated_at: datetime
+    store: str
+    checks: list[Check] = field(default_factory=list)
+    fleet: dict = field(default_factory=dict)
+    problems: list[dict] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "generated_at": self.generated_at.isoformat(timespec="seconds"), "store": self.store,
+            "checks": [asdict(c) for c in self.checks], "fleet": self.fleet, "problems": self.problems,
+            "recommendations": [asdict(r) | {"priority_name": PRIORITIES[r.priority]} for r in self.recommendations],
+        }
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the report looks: the store, the remediator's files, the bus (None: not configured)."""
+
+    store_url: str
+    inventory: Path | None = None
+    known_hosts: Path | None = None
+    client_key: Path | None = None
+    nats: object | None = None  # NatsSettings
+
+
+async def build_report(sources: Sources, *, node: str | None = None, show_secrets: bool = False) -> Report:
+    now = datetime.now(UTC)
+    report = Report(generated_at=now, store=sources.store_url if show_secrets else mask_url(sources.store_url))
+    nodes = _check_ssh(sources, report.checks)
+    await _check_bus(sources, report.checks)
+    engine = create_engine(sources.store_url)
+    try:
+        async with session_factory(engine)() as session:
+            from remediator import repository as ledger
+            from report_builder import repository as incidents
+
+            rows = [*await incidents.list_incidents(session, status="escalated", limit=10_000),
+                    *await incidents.list_incidents(session, status="open", limit=10_000)]
+            trip = await ledger.open_trip(session=session)
+            drained = sorted({d.node_id for d in await ledger.drains(session=session)})
+        report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
+    except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has
+        report.checks.append(Check("store", "fail", _scrub(_store_error(exc), sources.store_url, show_secrets)))
+        rows, trip, drained = [], None, []
+    finally:
+        await engine.dispose()
+    if node is not None:
+        rows = [r for r in rows if r.node_id == node]
+    report.problems = [_problem(r, show_secrets) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]
+    report.fleet = {
+        "nodes_in_inventory": len(nodes) if nodes is not None else None,
+        "nodes_with_problems": sorted({r.node_id for r in rows}),
+        "drained": drained,
+        "breaker": {"open": trip is not None, "since": trip.tripped_at.isoformat(timespec="seconds") if trip else None,
+                    "reason": trip.reason if trip else ""},
+    }
+    report.recommendations = sorted(_recommend(report, rows, trip), key=lambda r: (r.priority, r.category, r.node or "", r.issue))
+    return report
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+def _check_ssh(sources: Sources, checks: list[Check]) -> dict | None:
+    """The key, the inventory and known_hosts; the inventory's nodes (None when there is none)."""
+    import asyncssh
+
+    from remediator.inventory import InventoryError, load_inventory
+
+    key = sources.client_key
+    if key is None:
+        checks.append(Check("ssh key", "warn", "no client key configured (GPUMEDIC_REMEDIATOR_CLIENT_KEY): nothing can act over SSH"))
+    elif not key.is_file():
+        checks.append(Check("ssh key", "fail", f"{key} does not exist"))
+    else:
+        try:
+            private = asyncssh.read_private_key(str(key))
+        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            checks.append(Check("ssh key", "fail", f"{key} is not a usable private key ({type(exc).__name__}; is it passphrase-protected?)"))
+        else:
+            bits = getattr(getattr(private, "pyca_key", None), "key_size", None)
+            weak = private.algorithm == b"ssh-rsa" and (bits or 0) < 3072
+            if private.algorithm not in _USABLE_KEYS or weak:
+                checks.append(Check("ssh key", "fail", f"{key} is {private.algorithm.decode()}{f' of {bits} bits' if bits else ''}; "
+                                    "use ed25519 (ssh-keygen -t ed25519) or RSA of 3072 bits or more"))
+            elif key.stat().st_mode & 0o077:
+                checks.append(Check("ssh key", "warn", f"{key} is readable by others (mode {oct(key.stat().st_mode & 0o777)}); chmod 600 it"))
+            else:
+                checks.append(Check("ssh key", "ok", f"{key}: {private.algorithm.decode()}, readable by its owner only"))
+    if sources.inventory is None:
+        checks.append(Check("inventory", "warn", "no inventory configured (GPUMEDIC_REMEDIATOR_INVENTORY)"))
+        return None
+    try:
+        nodes = load_inventory(sources.inventory)
+    except InventoryError as exc:
+        checks.append(Check("inventory", "fail", str(exc)))
+        return None
+    checks.append(Check("inventory", "ok", f"{sources.inventory}: {len(nodes)} node(s)"))
+    if sources.known_hosts is None or not sources.known_hosts.is_file():
+        checks.append(Check("known_hosts", "fail", f"{sources.known_hosts or 'no known_hosts file'}: host keys cannot be verified, so no node is reached"))
+        return nodes
+    known = asyncssh.read_known_hosts(str(sources.known_hosts))
+    missing = sorted(n for n, a in nodes.items() if not known.match(a.host, "", a.port)[0])
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        checks.append(Check("known_hosts", "fail", f"no host key for {len(missing)} of {len(nodes)} node(s): {shown}; "
+                            "add them (ssh-keyscan, checked against the provider's console)"))
+    else:
+        checks.append(Check("known_hosts", "ok", f"{sources.known_hosts} covers all {len(nodes)} node(s)"))
+    return nodes
+
+
+async def _check_bus(sources: Sources, checks: list[Check]) -> None:
+    if sources.nats is None:
+        checks.append(Check("bus", "warn", "no NATS configured (GPUMEDIC_NATS_URL) and no embedded stack running under --var"))
+        return
+    from gpumedic_bus.service import CannotStart, wait_for_nats
+
+    settings = sources.nats.model_copy(update={"start_wait_s": 0})
+    try:
+        await wait_for_nats(settings, "report")
+    except CannotStart as exc:
+        checks.append(Check("bus", "fail", str(exc)))
+        return
+    checks.append(Check("bus", "ok", f"NATS at {', '.join(settings.servers)} answers"))
+
+
+def _store_error(exc: Exception) -> str:
+    from sqlalchemy.exc import DBAPIError
+
+    cause = str(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc).splitlines()[0]
+    hint = "; run `gpumedic migrate`" if "no such table" in cause or "does not exist" in cause else ""
+    return f"cannot be read: {cause}{hint}"
+
+
+# --- the fleet's problems ---------------------------------------------------------------------
+
+
+def _problem(row: Incident, show_secrets: bool) -> dict:
+    return {
+        "incident_id": row.id, "node_id": row.node_id, "gpu_index": row.gpu_index, "kind": row.kind, "status": row.status,
+        "severity": row.severity, "detector": row.detector, "opened_at": row.opened_at.isoformat(timespec="seconds"),
+        "summary": _scrub(row.summary, "", show_secrets), "recommended_action": _scrub(row.recommended_action, "", show_secrets),
+        "silenced": row.silence_id is not None, "evidence": _scrub_tree(row.evidence or {}, show_secrets),
+    }
+
+
+def _recommend(report: Report, rows: list[Incident], trip) -> list[Recommendation]:
+    out: list[Recommendation] = []
+    if trip is not None:
+        out.append(Recommendation(1, "safety", f"the fleet circuit breaker is open: {trip.reason}",
+                                  "check the fleet, then `gpumedic breaker reset --by NAME`; no action runs until then"))
+    for check in report.checks:
+        if check.status == "fail":
+            urgent = check.name in ("store", "bus")
+            out.append(Recommendation(1 if urgent else 2, "config", f"{check.name}: {check.detail}",
+                                      "fix it: gpumedic " + ("cannot record or decide" if urgent else "cannot act on the nodes") + " until then"))
+    for row in rows:
+        category = "fleet" if row.kind == "fleet_anomaly" else CATEGORY_OF_DETECTOR.get(row.detector, "node")
+        where = row.node_id + (f" GPU {row.gpu_index}" if row.gpu_index is not None else "")
+        issue = f"{row.kind} on {where}: {row.summary}"
+        see = f"`gpumedic incidents {row.id[:8]}`"
+        if row.silence_id is not None:
+            priority, action = 4, f"silenced: recorded, no action; {see}"
+        elif row.status == "escalated":
+            priority = 1 if row.severity == "critical" or category == "fleet" else 2 if row.severity == "warning" else 3
+            action = f"a person must look: {row.recommended_action or row.resolution or 'see the incident'} ({see})"
+        else:
+            priority = 1 if category == "fleet" else {"critical": 2, "warning": 3}.get(row.severity, 4)
+            action = f"gpumedic is handling it{': ' + row.recommended_action if row.recommended_action else ''}; watch it resolve ({see})"
+        out.append(Recommendation(priority, category, _scrub(issue, "", False), _scrub(action, "", False), row.node_id, row.id))
+    return out
+
+
+def _scrub(text: str, url: str, show_secrets: bool) -> str:
+    if show_secrets:
+        return text
+    if url:
+        text = text.replace(url, mask_url(url))
+    return _SECRET_ARG.sub(lambda m: m.group(1) + "***", text)
+
+
+def _scrub_tree(value, show_secrets: bool):
+    if isinstance(value, dict):
+        return {k: _scrub_tree(v, show_secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_tree(v, show_secrets) for v in value]
+    return _scrub(value, "", show_secrets) if isinstance(value, str) else value
+
+
+# --- formats ----------------------------------------------------------------------------------
+
+
+def render(report: Report, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2)
+    return _markdown(report) if fmt == "md" else _html(report)
+
+
+def _markdown(report: Report) -> str:
+    f = report.fleet
+    lines = [f"# gpumedic report, {report.generated_at:%Y-%m-%d %H:%M}Z", "", f"store: {report.store}", "",
+             "## Recommendations", ""]
+    if report.recommendations:
+        lines += ["| priority | category | issue | action |", "|---|---|---|---|"]
+        lines += [f"| {PRIORITIES[r.priority]} | {r.category} | {_cell(r.issue)} | {_cell(r.action)} |" for r in report.recommendations]
+    else:
+        lines.append("nothing to do: no open problem, every check passed")
+    lines += ["", "## Checks", "", "| check | status | detail |", "|---|---|---|"]
+    lines += [f"| {c.name} | {c.status} | {_cell(c.detail)} |" for c in report.checks]
+    breaker = f"OPEN since {f['breaker']['since']}: {f['breaker']['reason']}" if f["breaker"]["open"] else "closed"
+    lines += ["", "## Fleet", "", f"- nodes in the inventory: {f['nodes_in_inventory'] if f['nodes_in_inventory'] is not None else 'unknown'}",
+              f"- nodes with open problems: {len(f['nodes_with_problems'])} {', '.join(f['nodes_with_problems'])}".rstrip(),
+              f"- drained: {', '.join(f['drained']) or 'none'}", f"- breaker: {breaker}", "", "## Open problems by node", ""]
+    node = None
+    for p in report.problems:
+        if p["node_id"] != node:
+            node = p["node_id"]
+            lines += ["", f"### {node}", ""]
+        gpu = f" GPU {p['gpu_index']}" if p["gpu_index"] is not None else ""
+        lines.append(f"- `{p['incident_id'][:8]}` {p['kind']}{gpu}, {p['severity']}, {p['status']} since {p['opened_at']}: {p['summary']}")
+    if not report.problems:
+        lines.append("none")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _html(report: Report) -> str:
+    e = html.escape
+    rows = "".join(f"<tr class='p{r.priority}'><td>{e(PRIORITIES[r.priority])}</td><td>{e(r.category)}</td><td>{e(r.issue)}</td>"
+                   f"<td>{e(r.action)}</td></tr>" for r in report.recommendations) or "<tr><td colspan=4>nothing to do</td></tr>"
+    checks = "".join(f"<tr class='{e(c.status)}'><td>{e(c.name)}</td><td>{e(c.status)}</td><td>{e(c.detail)}</td></tr>" for c in report.checks)
+    problems = "".join(f"<tr><td>{e(p['node_id'])}</td><td>{e(p['kind'])}</td><td>{e(p['severity'])}</td><td>{e(p['status'])}</td>"
+                       f"<td>{e(p['opened_at'])}</td><td>{e(p['summary'])}</td></tr>" for p in report.problems) or "<tr><td colspan=6>none</td></tr>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpumedic report {report.generated_at:%Y-%m-%d %H:%M}Z</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:2em}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}.p1 td:first-child,.fail td:nth-child(2){{color:#b00;font-weight:bold}}
+.p2 td:first-child,.warn td:nth-child(2){{color:#b60}}</style></head><body>
+<h1>gpumedic report, {report.generated_at:%Y-%m-%d %H:%M}Z</h1><p>store: {e(report.store)}</p>
+<h2>Recommendations</h2><table><tr><th>priority</th><th>category</th><th>issue</th><th>action</th></tr>{rows}</table>
+<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>detail</th></tr>{checks}</table>
+<h2>Open problems</h2><table><tr><th>node</th><th>kind</th><th>severity</th><th>status</th><th>since</th><th>summary</th></tr>{problems}</table>
+</body></html>
+"""
+
+
+def sources_from(store_url: str, var_dir: Path) -> Sources:
+    """The remediator's files from GPUMEDIC_REMEDIATOR_*, else the embedded stack's (var/ssh for
+    `gpumedic up`, var/fleet for a simulated fleet's); the bus from GPUMEDIC_NATS_URL, else the
+    embedded stack running under `var_dir`."""
+    from gpumedic.stack import Stack
+    from gpumedic_bus import NatsSettings
+    from gpumedic_bus.topology import OBSERVER
+
+    def path(name: str, *embedded: str) -> Path | None:
+        value = os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip()
+        if value:
+            return Path(value)
+        return next((var_dir / p for p in embedded if (var_dir / p).exists()), None)
+
+    nats = NatsSettings() if os.environ.get("GPUMEDIC_NATS_URL") else Stack.running(var_dir, OBSERVER)
+    return Sources(store_url, path("INVENTORY", "ssh/inventory.yaml", "fleet/inventory.yaml"),
+                   path("KNOWN_HOSTS", "ssh/known_hosts", "fleet/known_hosts"), path("CLIENT_KEY", "ssh/id_ed25519", "fleet/client_key"), nats)

@@ -1,0 +1,101 @@
+"""`gpumedic report` as an operator runs it: on a simulated fleet after faults it lists every open
+problem, most urgent first, and nothing for a healthy node; its checks catch a weak key and nodes
+missing from known_hosts; secrets stay masked."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from gpumedic.cli import main
+from gpumedic.report import Sources, build_report, render
+from gpumedic.sim.scenario import parse_scenario
+from gpumedic.simulate import run_simulation
+from gpumedic_store import create_engine, session_factory, upgrade
+from gpumedic_store.models import Incident
+
+FAULTS = {"name": "report-check", "duration_s": 30, "faults": [
+    {"at": "2s", "fault": "zombie_job", "node": 2, "gpu": 1},   # fixed by gpumedic: not a problem any more
+    {"at": "2s", "fault": "gpu_lost", "node": 3, "gpu": 0},     # critical, for a person
+    {"at": "2s", "fault": "disk_full", "node": 4, "path": "/"},  # for a person
+]}
+
+
+@pytest.mark.timeout(300)
+async def test_after_the_faults_every_open_problem_is_listed_by_priority_and_no_healthy_node(tmp_path, capsys):
+    var = tmp_path / "var"
+    plan = lambda ids, gpus: parse_scenario(FAULTS, source="report-check", node_ids=ids, gpus_per_node=gpus)  # noqa: E731
+    lines: list[str] = []
+    assert await run_simulation(var, nodes=6, gpus=2, scenario=plan, interval_s=1.0, say=lines.append) == 0, "\n".join(lines)
+
+    code = await _cli(["report", "--var", str(var), "--store", f"sqlite:///{var}/gpumedic.db", "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1, "a critical problem for a person is a P1: the exit status says something needs doing now"
+    by_node = {}
+    for r in report["recommendations"]:
+        by_node.setdefault(r["node"], []).append(r)
+    fleet_nodes = {n for n in by_node if n and n.startswith("sim-node-")}
+    assert fleet_nodes == {"sim-node-03", "sim-node-04"}, by_node  # the zombie was fixed; 1, 5 and 6 are healthy
+    assert [r["priority"] for r in by_node["sim-node-03"]] == [1] and "gpu_lost" in by_node["sim-node-03"][0]["issue"]
+    assert [r["priority"] for r in by_node["sim-node-04"]] == [1] and "disk_pressure" in by_node["sim-node-04"][0]["issue"]
+    assert all("a person must look" in r["action"] for n in fleet_nodes for r in by_node[n])
+    assert [r["priority"] for r in report["recommendations"]] == sorted(r["priority"] for r in report["recommendations"])
+    checks = {c["name"]: c["status"] for c in report["checks"]}
+    assert {n: checks[n] for n in ("ssh key", "inventory", "known_hosts", "store")} == dict.fromkeys(("ssh key", "inventory", "known_hosts", "store"), "ok")
+    assert set(report["fleet"]["nodes_with_problems"]) >= {"sim-node-03", "sim-node-04"}
+    assert report["fleet"]["nodes_in_inventory"] == 6
+
+
+async def _cli(argv: list[str]) -> int:
+    import asyncio
+
+    return await asyncio.to_thread(main, argv)  # the command runs its own event loop
+
+
+def _incident(**fields) -> Incident:
+    now = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    base = dict(id=str(uuid.uuid4()), node_id="gpu-node-07", kind="zombie_job", gpu_index=0, fingerprint="x", status="open",
+                summary="", opened_at=now, updated_at=now, closed_at=None, evidence={}, detector="zombie-detector",
+                severity="warning", recommended_action="", occurrences=1)
+    return Incident(**base | fields)
+
+
+async def test_checks_name_a_weak_key_and_the_nodes_known_hosts_lacks_and_secrets_stay_masked(tmp_path):
+    store = f"sqlite+aiosqlite:///{tmp_path}/store.db"
+    upgrade(store)
+    engine = create_engine(store)
+    async with session_factory(engine)() as session:
+        session.add(_incident(summary="hung: python train.py --api-key=sk-live-123 --epochs 9",
+                              evidence={"command": "python train.py --password hunter2"}))
+        session.add(_incident(node_id="gpu-node-08", kind="fleet_anomaly", status="open", severity="warning", detector="zombie-detector"))
+        await session.commit()
+    await engine.dispose()
+    key = tmp_path / "id_rsa"
+    asyncssh.generate_private_key("ssh-rsa", key_size=2048).write_private_key(str(key))
+    key.chmod(0o600)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("nodes:\n  gpu-node-07: {host: 10.0.0.7}\n  gpu-node-08: {host: 10.0.0.8, port: 2222}\n")
+    known = tmp_path / "known_hosts"
+    host_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    known.write_text(f"10.0.0.7 {host_key}")
+    report = await build_report(Sources(store, inventory, known, key))
+
+    checks = {c.name: c for c in report.checks}
+    assert checks["ssh key"].status == "fail" and "ssh-rsa of 2048 bits" in checks["ssh key"].detail
+    assert checks["known_hosts"].status == "fail" and "no host key for 1 of 2 node(s): gpu-node-08" in checks["known_hosts"].detail
+    first, *rest = report.recommendations
+    assert (first.priority, first.category, first.node) == (1, "fleet", "gpu-node-08")  # a fleet-wide incident holds every action
+    assert [r.priority for r in rest] == [2, 2, 3]  # key and known_hosts stop actions; the zombie is being handled
+    for fmt in ("json", "md", "html"):
+        text = render(report, fmt)
+        assert "sk-live-123" not in text and "hunter2" not in text and "--api-key=***" in text
+    assert "<td>P1 now</td>" in render(report, "html")
+    shown = await build_report(Sources(store, inventory, known, key), show_secrets=True)
+    assert "sk-live-123" in render(shown, "json")
+    only = await build_report(Sources(store, inventory, known, key), node="gpu-node-07")
+    assert {p["node_id"] for p in only.problems} == {"gpu-node-07"}
