@@ -243,6 +243,7 @@ async def run_simulation(
     connections = []
     tasks: list[asyncio.Task] = []
     fleet_log: logging.Handler | None = None
+    root_level = logging.getLogger().level  # the fleet's log lowers it to INFO; given back at the end
     try:
         say(f"[1/5] starting the bus and the store under {var_dir}/")
         stack.start_bus(sim_fleet=True)
@@ -357,6 +358,7 @@ async def run_simulation(
         pager.stop()
         if fleet_log is not None:
             logging.getLogger().removeHandler(fleet_log)
+            logging.getLogger().setLevel(root_level)
             fleet_log.close()
         say("stopped; no process left behind")
 

@@ -83,10 +83,12 @@ def test_a_misspelt_variable_of_the_service_is_warned_about_and_composed_ones_ar
 @pytest.fixture
 def root_logger():
     root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
+    saved = (list(root.handlers), root.level, {n: logging.getLogger(n).level for n in ("httpx", "httpcore")})
     yield root
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
 
 
 def test_json_lines_carry_the_service_the_level_and_the_current_trace(root_logger, capsys):
@@ -112,6 +114,18 @@ def test_text_lines_are_the_default_and_the_level_filters(root_logger, capsys):
     logging.getLogger("a").warning("loud")
     err = capsys.readouterr().err
     assert "quiet" not in err and err.rstrip().endswith("WARNING a: loud")
+
+
+async def test_a_webhook_url_never_reaches_the_log_even_at_debug(root_logger, capsys):
+    """httpx logs each request's whole URL at INFO; a Slack webhook's URL is its credential."""
+    import httpx
+
+    configure_logging("report-builder", {"GPUMEDIC_LOG_LEVEL": "DEBUG"})
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(404))) as client:
+        await client.post("https://hooks.slack.example/services/T000/B000/s3cr3t-path", json={})
+    logging.getLogger("report_builder.notify").error("notification failed: hooks.slack.example answered HTTP 404")
+    err = capsys.readouterr().err
+    assert "answered HTTP 404" in err and "s3cr3t" not in err
 
 
 async def test_a_reachable_server_is_waited_for_and_a_dead_one_gives_up_after_the_wait(nats_url):

@@ -17,6 +17,9 @@ from opentelemetry import trace
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+URL_LOGGERS = ("httpx", "httpcore")
+"""Their INFO lines carry whole request URLs, and a webhook's URL is a secret (Slack's is the
+credential): they log warnings and worse only, whatever the level."""
 
 
 class JsonLines(logging.Formatter):
@@ -59,3 +62,5 @@ def configure_logging(service: str, environ: dict[str, str] | None = None) -> No
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in URL_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
