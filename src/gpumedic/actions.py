@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.incidents import fmt_time
+from gpumedic.output import to_json
 from gpumedic_events import Operation
 from gpumedic_store import ActionRecord, create_engine, session_factory
 from remediator import repository
@@ -21,13 +22,17 @@ def _what(record: ActionRecord) -> str:
         return str((record.operation or {}).get("operation", "?"))
 
 
-async def list_text(store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50) -> str:
+async def list_text(
+    store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50, as_json: bool = False
+) -> str:
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
             rows = await repository.list_actions(session=session, node_id=node_id, incident_id=incident, limit=limit)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json(rows)
     if not rows:
         return "no actions recorded" + (f" on {node_id}" if node_id else "")
     lines = [f"{'ACTION':<10} {'INCIDENT':<10} {'NODE':<16} {'DECIDED':<24} {'STATUS':<12} {'WHAT':<44} WHY / RESULT"]
@@ -39,7 +44,7 @@ async def list_text(store_url: str, *, node_id: str | None = None, incident: str
     return "\n".join(lines)
 
 
-async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
+async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> tuple[bool, str]:
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
@@ -51,6 +56,8 @@ async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
         await engine.dispose()
     if record is None:
         return False, f"no action whose id starts with {id_prefix!r}"
+    if as_json:
+        return True, to_json(record)
     took = f"{(record.finished_at - record.started_at).total_seconds():.2f}s" if record.finished_at else "still running"
     lines = [
         f"action {record.action_id}  [{record.status}]",
@@ -76,7 +83,7 @@ async def action_text(store_url: str, id_prefix: str) -> tuple[bool, str]:
     return True, "\n".join(lines)
 
 
-async def drained_text(store_url: str, *, node_id: str | None = None) -> str:
+async def drained_text(store_url: str, *, node_id: str | None = None, as_json: bool = False) -> str:
     """Which nodes take no new jobs, held by which incident since when (`gpumedic drained`)."""
     engine = create_engine(store_url)
     try:
@@ -84,6 +91,8 @@ async def drained_text(store_url: str, *, node_id: str | None = None) -> str:
             rows = await repository.drains(session=session, node_id=node_id)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json(rows)
     if not rows:
         return "no node is drained" if node_id is None else f"{node_id} is not drained"
     lines = [f"{'NODE':<16} {'INCIDENT':<10} {'SINCE':<24} {'BY ACTION':<10} WHY"]

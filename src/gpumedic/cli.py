@@ -170,11 +170,11 @@ def cmd_incidents(args) -> int:
         print(f"gpumedic incidents: one incident id at a time, not {' '.join(words)!r}", file=sys.stderr)
         return 2
     if args.false_positives:
-        print(asyncio.run(false_positives_text(url)))
+        print(asyncio.run(false_positives_text(url, as_json=args.json)))
     elif words:
-        print(asyncio.run(incident_text(url, words[0])))
+        print(asyncio.run(incident_text(url, words[0], as_json=args.json)))
     else:
-        print(asyncio.run(list_text(url, status=args.status, limit=args.limit)))
+        print(asyncio.run(list_text(url, status=args.status, limit=args.limit, as_json=args.json)))
     return 0
 
 
@@ -184,10 +184,10 @@ def cmd_actions(args) -> int:
 
     url = _store_url(args)
     if args.action_id:
-        found, text = asyncio.run(action_text(url, args.action_id))
+        found, text = asyncio.run(action_text(url, args.action_id, as_json=args.json))
         print(text, file=sys.stdout if found else sys.stderr)
         return 0 if found else 1
-    print(asyncio.run(list_text(url, node_id=args.node, incident=args.incident, limit=args.limit)))
+    print(asyncio.run(list_text(url, node_id=args.node, incident=args.incident, limit=args.limit, as_json=args.json)))
     return 0
 
 
@@ -209,7 +209,7 @@ def cmd_drained(args) -> int:
     """Drained nodes from the store: the remediator's holds, one per incident."""
     from gpumedic.actions import drained_text
 
-    print(asyncio.run(drained_text(_store_url(args), node_id=args.node)))
+    print(asyncio.run(drained_text(_store_url(args), node_id=args.node, as_json=args.json)))
     return 0
 
 
@@ -230,7 +230,7 @@ def cmd_cluster(args) -> int:
         print(f"gpumedic: --since: {exc}", file=sys.stderr)
         return 2
     goal = Goal(args.goal_peers, args.goal_hours) if args.goal_peers is not None else None
-    print(asyncio.run(log_text(_store_url(args), cluster=args.cluster, since=since, goal=goal, rows=args.rows)))
+    print(asyncio.run(log_text(_store_url(args), cluster=args.cluster, since=since, goal=goal, rows=args.rows, as_json=args.json)))
     return 0
 
 
@@ -240,7 +240,7 @@ def cmd_silence(args) -> int:
     from gpumedic.sim.scenario import parse_time
 
     if args.action == "list":
-        print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all)))
+        print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))
         return 0
     try:
         settings = silences.operator_settings(args.var)
@@ -365,6 +365,10 @@ def cmd_breaker(args) -> int:
                 trip = await repository.open_trip(session=session)
         finally:
             await engine.dispose()
+        if args.json:
+            from gpumedic.output import to_json
+
+            return to_json({"open": trip is not None, "since": trip.tripped_at if trip else None, "reason": trip.reason if trip else ""})
         if trip is None:
             return "breaker closed: the remediator may act"
         return f"breaker OPEN since {trip.tripped_at:%Y-%m-%d %H:%M:%S}Z: {trip.reason}\nreset it with: gpumedic breaker reset --by NAME"
@@ -409,6 +413,9 @@ def cmd_proto(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpumedic", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def json_option(p):
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table (for scripts and jq)")
 
     def fleet_options(p):
         p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
@@ -475,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", default=os.environ.get("USER", "operator"), help="with `mark`: who says so (default $USER)")
     p.add_argument("--false-positives", action="store_true", help="the false-positive ledger per detector and kind")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_incidents)
 
     p = sub.add_parser(
@@ -489,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incident", help="only this incident (id or its start)")
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_actions)
 
     p = sub.add_parser(
@@ -505,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--goal-hours", type=float, help="... for this many hours in a row")
     p.add_argument("--rows", type=int, default=30, help="the last this many checks are listed (default 30)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser(
@@ -515,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--node", help="only this node")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_drained)
 
     p = sub.add_parser(
@@ -549,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="with `list`: also silences that ended or were lifted")
     p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_silence)
 
     p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
@@ -609,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["status", "reset"], nargs="?", default="status")
     p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who resets it (kept in the audit log)")
     p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
+    json_option(p)
     p.set_defaults(func=cmd_breaker)
 
     p = sub.add_parser(

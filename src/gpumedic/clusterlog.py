@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpumedic.incidents import fmt_time
+from gpumedic.output import to_json
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 from report_builder.clusterlog import ClusterSummary, Goal, summarize
@@ -38,7 +39,7 @@ def summary_text(cluster: str, s: ClusterSummary) -> list[str]:
 
 
 async def log_text(
-    store_url: str, *, cluster: str | None, since: timedelta, goal: Goal | None = None, rows: int = 30
+    store_url: str, *, cluster: str | None, since: timedelta, goal: Goal | None = None, rows: int = 30, as_json: bool = False
 ) -> str:
     engine = create_engine(store_url)
     try:
@@ -47,6 +48,8 @@ async def log_text(
             checks = {name: await repository.cluster_checks(session, cluster=name, since=datetime.now(UTC) - since) for name in names}
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json([{"cluster": n, "summary": summarize(checks[n], goal), "checks": checks[n][-rows:]} for n in names])
     out = []
     for name in names:
         summary = summarize(checks[name], goal)

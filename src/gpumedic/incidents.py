@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from gpumedic.output import to_json
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 
@@ -13,13 +14,15 @@ def fmt_time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "-"
 
 
-async def list_text(store_url: str, *, status: str | None = None, limit: int = 50) -> str:
+async def list_text(store_url: str, *, status: str | None = None, limit: int = 50, as_json: bool = False) -> str:
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
             rows = await repository.list_incidents(session, status=status, limit=limit)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json(rows)
     if not rows:
         return "no incidents recorded" + (f" with status {status}" if status else "")
     lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<20} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
@@ -29,7 +32,7 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
     return "\n".join(lines)
 
 
-async def incident_text(store_url: str, id_prefix: str) -> str:
+async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> str:
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
@@ -42,6 +45,8 @@ async def incident_text(store_url: str, id_prefix: str) -> str:
             notifications = await repository.notifications_of(session, incident_id=incident.id)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json({"incident": incident, "timeline": timeline, "trace": spans, "marks": marks, "notifications": notifications})
     lines = [
         f"incident {incident.id}  [{incident.status}{' ' + incident.resolution if incident.resolution else ''}]",
         f"  {incident.kind} on {incident.node_id}" + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else "")
@@ -117,7 +122,7 @@ async def mark_false_positive_text(store_url: str, id_prefix: str, *, reason: st
     return True, f"incident {incident.id} ({incident.kind} on {incident.node_id}) marked false positive by {by}: {reason}"
 
 
-async def false_positives_text(store_url: str) -> str:
+async def false_positives_text(store_url: str, *, as_json: bool = False) -> str:
     """The false-positive ledger: per detector and kind, how many incidents operators marked wrong."""
     engine = create_engine(store_url)
     try:
@@ -125,6 +130,8 @@ async def false_positives_text(store_url: str) -> str:
             records = await repository.false_positive_counts(session)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json(records)
     if not records:
         return "no incidents recorded"
     lines = [f"{'DETECTOR':<18} {'KIND':<20} {'INCIDENTS':>9} {'FALSE POS.':>10} {'SHARE':>6}"]

@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gpumedic.output import to_json
 from gpumedic.stack import Stack
 from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import OPERATOR
@@ -81,13 +82,15 @@ async def remove(settings: NatsSettings, *, silence_id: str, by: str) -> Silence
     return event
 
 
-async def list_text(store_url: str, *, include_past: bool = False) -> str:
+async def list_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
             rows = await repository.list_silences(session, now=datetime.now(UTC), include_past=include_past)
     finally:
         await engine.dispose()
+    if as_json:
+        return to_json(rows)
     if not rows:
         return "no silence in force" if not include_past else "no silence recorded"
     lines = [f"{'SILENCE':<38} {'NODE':<16} {'KIND':<20} {'GPU':<4} {'UNTIL':<21} {'BY':<12} REASON"]
