@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
 import asyncssh
 import pytest
