@@ -19,7 +19,7 @@ PLAN = PoolPlan.model_validate({
     "demand": [{"for": "15s", "tasks_per_min": 80}, {"for": "25s", "tasks_per_min": 0}, {"for": "10s", "tasks_per_min": 40},
                # a long quiet end: on a loaded machine the queue may empty late, and scaling down
                # needs the idle timeout and the cool-down after that
-               {"for": "60s", "tasks_per_min": 0}],
+               {"for": "90s", "tasks_per_min": 0}],
     "task": "6s", "spawn": "2s", "never_ssh_every": 3, "workers_die_at": ["12s"],
     "scaling": {"min_active_gpus": 2, "max_active_gpus": 8, "tasks_per_gpu": 2, "idle_timeout_s": 3, "cooldown_s": 8, "gpus_per_worker": 2},
 })
@@ -28,13 +28,14 @@ PLAN = PoolPlan.model_validate({
 @pytest.mark.timeout(300)
 async def test_the_pool_scales_with_the_curve_replaces_bad_workers_and_requeues_orphans_once(tmp_path):
     lines: list[str] = []
-    plan = Scenario(name="demand-short", description="", duration_s=160, faults=(), pool=PLAN)
+    plan = Scenario(name="demand-short", description="", duration_s=190, faults=(), pool=PLAN)
     code = await run_simulation(tmp_path / "var", nodes=12, gpus=1, scenario=lambda ids, gpus: plan, interval_s=1.0,
                                 json_path=tmp_path / "score.json", say=lines.append)
     assert code == 0, "\n".join(lines)
     pool = json.loads((tmp_path / "score.json").read_text())["pool"]
     failed = [c["check"] for c in pool["checks"] if not c["ok"]]
-    assert not failed, "\n".join(lines)
+    decisions = (tmp_path / "var" / "logs" / "autoscaler.log").read_text().splitlines()[-40:]
+    assert not failed, "\n".join([*lines, "", "the autoscaler's last log lines:", *decisions])
     assert pool["never_came_up"] and pool["died"] and pool["orphaned"] >= 1, "\n".join(lines)
 
 
