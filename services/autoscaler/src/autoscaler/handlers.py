@@ -123,6 +123,7 @@ class CapacityHandlers:
         }
 
     async def evaluate_loop(self) -> None:
+        last = None
         while True:
             await asyncio.sleep(self._settings.interval_s)
             try:
@@ -130,6 +131,10 @@ class CapacityHandlers:
             except Exception:  # the bus or the state bucket; the next round decides again
                 log.exception("this round's capacity was not decided; the next round decides again")
                 continue
+            if evaluated.decision != last:  # the log shows each turn and why, not every round
+                log.info("capacity: %s (%d GPUs in service, %d workers in service): %s", evaluated.decision,
+                         evaluated.gpus_total, evaluated.workers_in_service or 0, evaluated.reason)
+                last = evaluated.decision
             try:
                 await publish_event(self._runtime.broker, evaluated)
             except Exception as exc:
