@@ -56,7 +56,7 @@ async def test_a_failing_handler_gets_the_message_again_after_the_backoff(nats_s
         await task
     assert [d for d, _ in seen] == [1, 2]
     assert seen[1][1] - seen[0][1] >= RETRY_BACKOFF_S[0] * 0.9
-    assert runtime.rejections.total == 0
+    assert runtime.metrics.rejected() == 0
 
 
 async def test_a_handler_that_keeps_failing_ends_in_the_dead_letter_stream(nats_settings, js):
@@ -75,7 +75,7 @@ async def test_a_handler_that_keeps_failing_ends_in_the_dead_letter_stream(nats_
     try:
         await publish_event(runtime.broker, request, msg_id=str(request.action_id))
         for _ in range(200):
-            if runtime.rejections.total:
+            if runtime.metrics.rejected():
                 break
             await asyncio.sleep(0.05)
     finally:

@@ -114,7 +114,7 @@ async def test_every_kind_of_bad_input_is_dead_lettered_and_the_service_lives_on
             assert any(r.original_subject == subject and reason in r.reason for r in records), (event, kind, reason)
         oversize = [r for r in records if r.payload_bytes > MAX_EVENT_BYTES]
         assert oversize and all(r.payload_truncated for r in oversize)
-        assert app.runtime.rejections.total == len(sent)
+        assert app.runtime.metrics.rejected() == len(sent)
         assert not task.done(), "the service stopped"
         assert app.runtime.ready.is_set()
     finally:

@@ -139,7 +139,7 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     assert kills == [f"kill -s KILL {pid}"]
     # Published twice on the wire, kept once by the stream.
     assert await _stored_results(js) == [completed]
-    assert service.runtime.rejections.total == 0
+    assert service.runtime.metrics.rejected() == 0
 
 
 async def test_observe_mode_answers_observed_and_leaves_the_process(start_service, results, js, sshd, sleeper, open_incident):

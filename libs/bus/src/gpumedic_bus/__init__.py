@@ -8,7 +8,6 @@ from gpumedic_bus.consume import (  # noqa: E402 - after the fix above
     Delivery,
     EventConsumer,
     PushConsumer,
-    RejectionStats,
     rejection,
 )
 from gpumedic_bus.provision import provision
@@ -25,7 +24,6 @@ __all__ = [
     "EventConsumer",
     "NatsSettings",
     "PushConsumer",
-    "RejectionStats",
     "ServiceRuntime",
     "connect",
     "connect_options",

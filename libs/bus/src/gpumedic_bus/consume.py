@@ -14,9 +14,8 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
@@ -62,32 +61,14 @@ class Delivery:
             await self.message.in_progress()
 
 
-@dataclass
-class RejectionStats:
-    """Counts of refused messages by subject filter and by cause, for logs and tests."""
-
-    by_cause: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_cause.values())
-
-
 Handler = Callable[[E, Delivery], Awaitable[None]]
-
-
-def _nothing(*_) -> None:
-    return None
 
 
 class _Counts:
     """One consumer's outcome counters and latency, bound to its event type once (the sample path
     is hot: a labels() lookup per message would cost more than the count)."""
 
-    def __init__(self, metrics: ServiceMetrics | None, event: str) -> None:
-        if metrics is None:  # tools and benchmarks: counting is a no-op
-            self.ok = self.invalid = self.retried = self.failed = self.took = _nothing
-            return
+    def __init__(self, metrics: ServiceMetrics, event: str) -> None:
         self.ok, self.invalid, self.retried, self.failed = (
             metrics.handled.labels(event, outcome).inc for outcome in ("ok", "invalid", "retried", "failed")
         )
@@ -104,8 +85,7 @@ class EventConsumer(Generic[E]):
         handler: Handler[E],
         *,
         service: str,
-        stats: RejectionStats,
-        metrics: ServiceMetrics | None = None,
+        metrics: ServiceMetrics,
     ) -> None:
         self._broker = broker
         self.durable = durable
@@ -115,7 +95,6 @@ class EventConsumer(Generic[E]):
         self._counts = _Counts(metrics, durable.event.__name__)
         self.max_deliver = 1
         """Deliveries this service acts on; set from the provisioned consumer when the service binds."""
-        self.stats = stats
 
     async def process(self, msg: NatsMessage) -> None:
         raw = msg.raw_message
@@ -154,14 +133,13 @@ class EventConsumer(Generic[E]):
         raw = msg.raw_message
         # If the dead-letter stream cannot take it, this raises: the message is not acked and
         # comes back later, so nothing is lost.
-        await keep_rejected(self._broker, self._service, self.stats, raw, reason, deliveries, cause=cause)
+        await keep_rejected(self._broker, self._service, raw, reason, deliveries, cause=cause)
         await msg.reject()
 
 
-async def keep_rejected(broker: NatsBroker, service: str, stats: RejectionStats, raw, reason: str, deliveries: int, *, cause: str) -> None:
-    """Count, log and dead-letter one refused message (`raw`: the nats-py message)."""
-    stats.by_cause[cause] += 1
-    log.warning("%s rejected a message on %s (%s, %d so far): %s", service, raw.subject, cause, stats.total, reason)
+async def keep_rejected(broker: NatsBroker, service: str, raw, reason: str, deliveries: int, *, cause: str) -> None:
+    """Log and dead-letter one refused message (`raw`: the nats-py message); the consumer counts it."""
+    log.warning("%s rejected a message on %s (%s): %s", service, raw.subject, cause, reason)
     await publish_event(broker, rejection(service, raw.subject, raw.data, reason, deliveries))
 
 
@@ -201,10 +179,9 @@ def subscribe(
     handler: Handler[E],
     *,
     service: str,
-    stats: RejectionStats,
+    metrics: ServiceMetrics,
     inbox_prefix: str,
     batch_size: int = 16,
-    metrics: ServiceMetrics | None = None,
 ) -> EventConsumer[E]:
     """Attach `handler` to a provisioned durable pull consumer.
 
@@ -213,7 +190,7 @@ def subscribe(
     this instance handles at once. Instances sharing the durable split the work. Fetched
     messages come back on the user's own `inbox_prefix` (FastStream does not take the connection's).
     """
-    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, stats=stats, metrics=metrics)
+    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, metrics=metrics)
 
     @broker.subscriber(
         durable.event.subject_filter(),
@@ -252,8 +229,7 @@ class PushConsumer(Generic[E]):
         handler: EventHandler[E],
         *,
         service: str,
-        stats: RejectionStats,
-        metrics: ServiceMetrics | None = None,
+        metrics: ServiceMetrics,
         ack_every: int = PUSH_ACK_EVERY,
         ack_interval_s: float = 0.2,
     ) -> None:
@@ -262,7 +238,6 @@ class PushConsumer(Generic[E]):
         self._event_type: type[E] = durable.event
         self._handler = handler
         self._service = service
-        self.stats = stats
         self._counts = _Counts(metrics, durable.event.__name__)
         self._ack_every = ack_every
         self._ack_interval_s = ack_interval_s
@@ -298,7 +273,7 @@ class PushConsumer(Generic[E]):
         except EventDecodeError as exc:
             self._counts.invalid()
             try:
-                await keep_rejected(self._broker, self._service, self.stats, msg, exc.reason, _deliveries(msg), cause="invalid")
+                await keep_rejected(self._broker, self._service, msg, exc.reason, _deliveries(msg), cause="invalid")
             except Exception:
                 log.exception("%s: could not dead-letter a message from %s", self._service, msg.subject)
         else:

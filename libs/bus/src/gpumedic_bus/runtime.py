@@ -25,7 +25,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, RejectionStats, subscribe
+from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
@@ -107,7 +107,6 @@ class ServiceRuntime:
         self.nats = nats_settings
         _quiet_tls_eof()
         self.instance_id = uuid.uuid4()
-        self.rejections = RejectionStats()
         self.metrics = ServiceMetrics(service)
         self._metrics_port = metrics_port()  # GPUMEDIC_METRICS_PORT; a bad one stops the start here
         self.ready = asyncio.Event()
@@ -149,7 +148,6 @@ class ServiceRuntime:
             self._own(durable, "pull"),
             handler,
             service=self.service,
-            stats=self.rejections,
             metrics=self.metrics,
             inbox_prefix=self.nats.inbox_prefix,
             batch_size=batch_size,
@@ -159,8 +157,7 @@ class ServiceRuntime:
 
     def consume_fast(self, durable: str, handler: EventHandler) -> PushConsumer:
         """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
-        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, stats=self.rejections,
-                                metrics=self.metrics)
+        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics)
         self._push_consumers.append(consumer)
         return consumer
 

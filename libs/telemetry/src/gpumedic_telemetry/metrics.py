@@ -58,6 +58,11 @@ class ServiceMetrics:
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
+    def rejected(self) -> int:
+        """Messages refused so far (invalid, or failed past the last delivery): all dead-lettered."""
+        return int(sum(s.value for metric in self.handled.collect() for s in metric.samples
+                       if s.name.endswith("_total") and s.labels["outcome"] in ("invalid", "failed")))
+
     def gauge(self, name: str, documentation: str, labels: list[str], read: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
         """A gauge computed at scrape time from the service's own state: `read` gives (label values, value)."""
         self.registry.register(_Computed(name, documentation, labels, read))
