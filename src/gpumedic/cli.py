@@ -650,15 +650,14 @@ def main(argv: list[str] | None = None) -> int:
         from sqlalchemy.exc import DBAPIError
 
         from gpumedic_store import StoreUnavailable
+        from gpumedic_store.engine import unreadable
         from gpumedic_store.settings import mask_url
 
         if isinstance(exc, StoreUnavailable):
             print(f"gpumedic: {exc}", file=sys.stderr)
             return 2
         if isinstance(exc, DBAPIError) and getattr(args, "store", "unset") != "unset":
-            cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
-            hint = "; run `gpumedic migrate`" if "no such table" in cause or "does not exist" in cause else ""
-            print(f"gpumedic: the store at {mask_url(_store_url(args))} cannot be read: {cause}{hint}", file=sys.stderr)
+            print(f"gpumedic: the store at {mask_url(_store_url(args))} cannot be read: {unreadable(exc)}", file=sys.stderr)
             return 2
         raise
 

@@ -22,18 +22,21 @@ from __future__ import annotations
 import html
 import json
 import os
-import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sqlalchemy.exc import DBAPIError
+
 from gpumedic_store import create_engine, session_factory
+from gpumedic_store.engine import unreadable
 from gpumedic_store.models import Incident
 from gpumedic_store.settings import mask_url
+from report_builder.notify import redact_tree
 
 PRIORITIES = {1: "P1 now", 2: "P2 today", 3: "P3 watch", 4: "P4 note"}
 CATEGORY_OF_DETECTOR = {"zombie-detector": "node", "leader-health": "cluster", "autoscaler": "capacity"}
-_SECRET_ARG = re.compile(r"(?i)((?:--?|\b)[\w.-]*(?:password|passwd|token|secret|api[_-]?key|credential)[\w.-]*[= :]\s*)(\S+)")
 _USABLE_KEYS = {b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ecdsa-sha2-nistp521", b"ssh-rsa"}
 
 
@@ -84,6 +87,7 @@ class Sources:
 
 async def build_report(sources: Sources, *, node: str | None = None, show_secrets: bool = False) -> Report:
     now = datetime.now(UTC)
+    hide = _as_is if show_secrets else redact_tree  # texts and evidence alike
     report = Report(generated_at=now, store=sources.store_url if show_secrets else mask_url(sources.store_url))
     nodes = _check_ssh(sources, report.checks)
     await _check_bus(sources, report.checks)
@@ -99,13 +103,14 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
             drained = sorted({d.node_id for d in await ledger.drains(session=session)})
         report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
     except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has
-        report.checks.append(Check("store", "fail", _scrub(_store_error(exc), sources.store_url, show_secrets)))
+        cause = unreadable(exc) if isinstance(exc, DBAPIError) else str(exc).splitlines()[0]
+        report.checks.append(Check("store", "fail", f"cannot be read: {hide(cause)}"))
         rows, trip, drained = [], None, []
     finally:
         await engine.dispose()
     if node is not None:
         rows = [r for r in rows if r.node_id == node]
-    report.problems = [_problem(r, show_secrets) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]
+    report.problems = [_problem(r, hide) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]
     report.fleet = {
         "nodes_in_inventory": len(nodes) if nodes is not None else None,
         "nodes_with_problems": sorted({r.node_id for r in rows}),
@@ -113,7 +118,7 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
         "breaker": {"open": trip is not None, "since": trip.tripped_at.isoformat(timespec="seconds") if trip else None,
                     "reason": trip.reason if trip else ""},
     }
-    report.recommendations = sorted(_recommend(report, rows, trip), key=lambda r: (r.priority, r.category, r.node or "", r.issue))
+    report.recommendations = sorted(_recommend(report, rows, trip, hide), key=lambda r: (r.priority, r.category, r.node or "", r.issue))
     return report
 
 
@@ -184,27 +189,23 @@ async def _check_bus(sources: Sources, checks: list[Check]) -> None:
     checks.append(Check("bus", "ok", f"NATS at {', '.join(settings.servers)} answers"))
 
 
-def _store_error(exc: Exception) -> str:
-    from sqlalchemy.exc import DBAPIError
-
-    cause = str(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc).splitlines()[0]
-    hint = "; run `gpumedic migrate`" if "no such table" in cause or "does not exist" in cause else ""
-    return f"cannot be read: {cause}{hint}"
-
-
 # --- the fleet's problems ---------------------------------------------------------------------
 
 
-def _problem(row: Incident, show_secrets: bool) -> dict:
+def _as_is(value):
+    return value
+
+
+def _problem(row: Incident, hide: Callable) -> dict:
     return {
         "incident_id": row.id, "node_id": row.node_id, "gpu_index": row.gpu_index, "kind": row.kind, "status": row.status,
         "severity": row.severity, "detector": row.detector, "opened_at": row.opened_at.isoformat(timespec="seconds"),
-        "summary": _scrub(row.summary, "", show_secrets), "recommended_action": _scrub(row.recommended_action, "", show_secrets),
-        "silenced": row.silence_id is not None, "evidence": _scrub_tree(row.evidence or {}, show_secrets),
+        "summary": hide(row.summary), "recommended_action": hide(row.recommended_action),
+        "silenced": row.silence_id is not None, "evidence": hide(row.evidence or {}),
     }
 
 
-def _recommend(report: Report, rows: list[Incident], trip) -> list[Recommendation]:
+def _recommend(report: Report, rows: list[Incident], trip, hide: Callable) -> list[Recommendation]:
     out: list[Recommendation] = []
     if trip is not None:
         out.append(Recommendation(1, "safety", f"the fleet circuit breaker is open: {trip.reason}",
@@ -227,24 +228,8 @@ def _recommend(report: Report, rows: list[Incident], trip) -> list[Recommendatio
         else:
             priority = 1 if category == "fleet" else {"critical": 2, "warning": 3}.get(row.severity, 4)
             action = f"gpumedic is handling it{': ' + row.recommended_action if row.recommended_action else ''}; watch it resolve ({see})"
-        out.append(Recommendation(priority, category, _scrub(issue, "", False), _scrub(action, "", False), row.node_id, row.id))
+        out.append(Recommendation(priority, category, hide(issue), hide(action), row.node_id, row.id))
     return out
-
-
-def _scrub(text: str, url: str, show_secrets: bool) -> str:
-    if show_secrets:
-        return text
-    if url:
-        text = text.replace(url, mask_url(url))
-    return _SECRET_ARG.sub(lambda m: m.group(1) + "***", text)
-
-
-def _scrub_tree(value, show_secrets: bool):
-    if isinstance(value, dict):
-        return {k: _scrub_tree(v, show_secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub_tree(v, show_secrets) for v in value]
-    return _scrub(value, "", show_secrets) if isinstance(value, str) else value
 
 
 # --- formats ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, ExceptionContext, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -41,6 +41,14 @@ class StoreUnavailable(RuntimeError):
         super().__init__(f"incident store at {safe_url} is unavailable: {cause}")
         self.safe_url = safe_url
         self.cause = cause
+
+
+def unreadable(exc: DBAPIError) -> str:
+    """What the driver said of a store it reached but could not read, with the fix when the
+    schema is missing (a store never migrated). Its first line only: no SQL, no parameters."""
+    cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+    hint = "; run `gpumedic migrate`" if "no such table" in cause or "does not exist" in cause else ""
+    return f"{cause}{hint}"
 
 
 def create_engine(url: str, **engine_options: Any) -> AsyncEngine:

@@ -93,18 +93,18 @@ def redact(text: str) -> str:
     return _ASSIGN.sub(_hide_value, text)
 
 
-def _redacted(value: Any) -> Any:
+def redact_tree(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {str(k): REDACTED if _secret_name(str(k)) else _redacted(v) for k, v in value.items()}
+        return {str(k): REDACTED if _secret_name(str(k)) else redact_tree(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_redacted(v) for v in value]
+        return [redact_tree(v) for v in value]
     return value
 
 
 def _evidence(incident: Incident) -> dict[str, Any]:
-    evidence = _redacted(incident.evidence or {})
+    evidence = redact_tree(incident.evidence or {})
     text = json.dumps(evidence, default=str)
     if len(text) <= MAX_EVIDENCE_CHARS:
         return evidence
@@ -117,7 +117,7 @@ def incident_link(console_url: str | None, incident_id: str) -> str | None:
 
 def json_payload(incident: Incident, reason: str, *, console_url: str | None) -> dict[str, Any]:
     """The generic webhook's body (documented in the README; `version` changes only with a break)."""
-    diagnosis = _redacted(incident.diagnosis) if incident.diagnosis else None
+    diagnosis = redact_tree(incident.diagnosis) if incident.diagnosis else None
     return {
         "version": 1,
         "event": "incident.escalated",
@@ -157,7 +157,7 @@ def slack_payload(incident: Incident, reason: str, *, console_url: str | None) -
         f"*Why a person:* {_slack_escape(redact(reason))}",
     ]
     if incident.diagnosis:
-        cause = _redacted(incident.diagnosis)
+        cause = redact_tree(incident.diagnosis)
         lines.append(f"*Cause:* {_slack_escape(str(cause.get('cause', '?')))} ({_slack_escape(str(cause.get('explanation', '')))})")
     if incident.recommended_action:
         lines.append(f"*Do:* {_slack_escape(redact(incident.recommended_action))}")
