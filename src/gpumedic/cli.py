@@ -132,6 +132,7 @@ def cmd_up(args) -> int:
             stack.start_services()
             await stack.wait_ready()
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")
+            print(f"      console: {stack.console_url} (to act from it, log in with the token in {stack.console_token_file})")
             print(f"      bus: {stack.nats.url}   store: {stack.store_url}")
             print(f"      metrics: http://127.0.0.1:PORT/metrics, ports in {args.var}/prometheus-targets.json "
                   f"({', '.join(f'{s} {p}' for s, p in stack.metrics_ports.items())})")
@@ -352,17 +353,17 @@ def cmd_breaker(args) -> int:
     from datetime import UTC, datetime
 
     from gpumedic_store import create_engine, session_factory
-    from remediator import repository
+    from gpumedic_store import breaker
 
     async def _breaker() -> str:
         engine = create_engine(_store_url(args))
         try:
             async with session_factory(engine)() as session:
                 if args.action == "reset":
-                    trips = await repository.reset(session=session, by=args.by, now=datetime.now(UTC))
+                    trips = await breaker.reset(session=session, by=args.by, now=datetime.now(UTC))
                     await session.commit()
                     return f"breaker reset by {args.by}" if trips else "the breaker was closed; nothing to reset"
-                trip = await repository.open_trip(session=session)
+                trip = await breaker.open_trip(session=session)
         finally:
             await engine.dispose()
         if args.json:

@@ -117,6 +117,7 @@ async def run_demo(
         say("[3/5] starting the six services, each on its own NATS user")
         stack.start_services()
         await stack.wait_ready()
+        say(f"      console: {stack.console_url} (token in {stack.console_token_file})")
 
         if on_ready is not None:
             await on_ready(stack)

@@ -18,7 +18,7 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
     engine = create_engine(store_url)
     try:
         async with session_factory(engine)() as session:
-            rows = await repository.list_incidents(session, status=status, limit=limit)
+            rows = await repository.list_incidents(session, where=repository.IncidentFilter(status=status), limit=limit)
     finally:
         await engine.dispose()
     if as_json:

@@ -94,12 +94,13 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
     engine = create_engine(sources.store_url)
     try:
         async with session_factory(engine)() as session:
+            from gpumedic_store import breaker
             from remediator import repository as ledger
             from report_builder import repository as incidents
 
-            rows = [*await incidents.list_incidents(session, status="escalated", limit=10_000),
-                    *await incidents.list_incidents(session, status="open", limit=10_000)]
-            trip = await ledger.open_trip(session=session)
+            rows = [*await incidents.list_incidents(session, where=incidents.IncidentFilter(status="escalated"), limit=10_000),
+                    *await incidents.list_incidents(session, where=incidents.IncidentFilter(status="open"), limit=10_000)]
+            trip = await breaker.open_trip(session=session)
             drained = sorted({d.node_id for d in await ledger.drains(session=session)})
         report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
     except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nats
 
-from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, render_accounts
+from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, render_accounts, write_private
 from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
@@ -61,6 +61,8 @@ class Stack:
     tls: TlsFiles | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)
     """Each service's Prometheus endpoint on loopback; also in var/prometheus-targets.json."""
+    console_url: str | None = None
+    """report-builder's web console, on loopback; its token is in `console_token_file`."""
 
     @property
     def store_url(self) -> str:
@@ -73,6 +75,23 @@ class Stack:
     @property
     def secrets(self) -> Path:
         return self.var_dir / "secrets"
+
+    @property
+    def console_token_file(self) -> Path:
+        return self.secrets / "console-token"
+
+    def _console_env(self) -> dict[str, str]:
+        """report-builder's console on a free loopback port (unless the environment names one),
+        with a token made once under var/secrets/."""
+        if not self.console_token_file.exists():
+            write_private(self.console_token_file, new_password() + "\n")
+        port = os.environ.get("GPUMEDIC_REPORTS_CONSOLE_PORT") or str(_free_port())
+        self.console_url = f"http://127.0.0.1:{port}/"
+        return {
+            "GPUMEDIC_REPORTS_CONSOLE_PORT": port, "GPUMEDIC_REPORTS_CONSOLE_ADDR": "127.0.0.1",
+            "GPUMEDIC_REPORTS_CONSOLE_TOKEN_FILE": str(self.console_token_file.resolve()),
+            "GPUMEDIC_REPORTS_CONSOLE_URL": os.environ.get("GPUMEDIC_REPORTS_CONSOLE_URL") or self.console_url,
+        }
 
     def start_bus(self, *, sim_fleet: bool = False) -> str:
         """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet)."""
@@ -153,9 +172,10 @@ class Stack:
         for service in services or list(SERVICES):
             log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
             metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
+            console = self._console_env() if service == "report-builder" else {}
             self.processes[service] = subprocess.Popen(
                 service_command(service),
-                env={**base, **self.service_env(service), **metrics},
+                env={**base, **self.service_env(service), **metrics, **console},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -10,13 +10,13 @@ from sqlalchemy import select
 from gpumedic.cli import main
 from gpumedic_store import BreakerTrip, create_engine, session_factory
 from gpumedic_store.migrate import upgrade
-from remediator import repository
+from gpumedic_store import breaker
 
 
 async def _trip(url: str) -> None:
     engine = create_engine(url)
     async with session_factory(engine)() as session:
-        await repository.trip(session=session, reason="6 nodes needed action within 600s", now=datetime.now(UTC))
+        await breaker.trip(session=session, reason="6 nodes needed action within 600s", now=datetime.now(UTC))
         await session.commit()
     await engine.dispose()
 

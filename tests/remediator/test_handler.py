@@ -19,7 +19,7 @@ from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
 from gpumedic_incidents import IncidentStates, PolicySettings, load_policy
 from gpumedic_incidents.policy import KillPolicy, dump_policy
-from gpumedic_store import ActionRecord, BreakerTrip, StoreSettings, StoreUnavailable, create_engine, session_factory
+from gpumedic_store import ActionRecord, BreakerTrip, breaker, StoreSettings, StoreUnavailable, create_engine, session_factory
 from opentelemetry.sdk.trace import TracerProvider
 from remediator import repository
 from remediator.handlers import INTERRUPTED_DETAIL, ActionHandler, completed_event
@@ -241,7 +241,7 @@ async def test_breaker_trips_stays_open_until_reset(harness):
     assert len(await h.trips()) == 1
 
     async with h.sessions() as session:
-        reset = await repository.reset(session=session, by="alice", now=datetime.now(UTC))
+        reset = await breaker.reset(session=session, by="alice", now=datetime.now(UTC))
         await session.commit()
     assert [t.id for t in reset] == [trip.id]
     # After a reset the window starts afresh: earlier nodes no longer count.

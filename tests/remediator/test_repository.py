@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from gpumedic_events import ProcessTarget
-from gpumedic_store import create_engine, session_factory, upgrade
+from gpumedic_store import breaker, create_engine, session_factory, upgrade
 from remediator import repository
 
 from tests.remediator.conftest import kill_request
@@ -42,7 +42,7 @@ def _request(node="n1", incident=None):
 async def _claim(sessions, request, now=NOW, status="executing"):
     """Decide a request as the gate does: under the lock, recorded in the same transaction."""
     async with sessions() as session:
-        await repository.lock_gate(session=session)
+        await breaker.lock_gate(session=session)
         record = await repository.record(session=session, request=request, status=status, detail="", now=now)
         await session.commit()
         return record
@@ -75,7 +75,7 @@ async def test_the_gate_lock_makes_a_second_decision_wait_for_the_first(sessions
 
     async def first() -> None:
         async with sessions() as session:
-            await repository.lock_gate(session=session)
+            await breaker.lock_gate(session=session)
             order.append("first locked")
             first_holds.set()
             await asyncio.sleep(0.3)
@@ -85,7 +85,7 @@ async def test_the_gate_lock_makes_a_second_decision_wait_for_the_first(sessions
     async def second() -> None:
         await first_holds.wait()
         async with sessions() as session:
-            await repository.lock_gate(session=session)
+            await breaker.lock_gate(session=session)
             order.append("second locked")
             await session.commit()
 
@@ -149,8 +149,8 @@ async def test_ledger_view_excludes_the_action_being_decided(sessions):
 async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions):
     await _claim(sessions, _request("n1"), now=NOW - timedelta(minutes=2))
     async with sessions() as session:
-        first = await repository.trip(session=session, reason="too many", now=NOW)
-        second = await repository.trip(session=session, reason="again", now=NOW + timedelta(seconds=1))
+        first = await breaker.trip(session=session, reason="too many", now=NOW)
+        second = await breaker.trip(session=session, reason="again", now=NOW + timedelta(seconds=1))
         await session.commit()
     assert second.id == first.id
     async with sessions() as session:
@@ -158,11 +158,11 @@ async def test_trip_is_single_until_reset_and_reset_restarts_the_window(sessions
     assert view.breaker_open_since == NOW and view.breaker_reason == "too many"
 
     async with sessions() as session:
-        reset = await repository.reset(session=session, by="alice", now=NOW + timedelta(minutes=1))
+        reset = await breaker.reset(session=session, by="alice", now=NOW + timedelta(minutes=1))
         await session.commit()
     assert [t.reset_by for t in reset] == ["alice"]
     async with sessions() as session:
-        assert await repository.reset(session=session, by="bob", now=NOW + timedelta(minutes=2)) == []
+        assert await breaker.reset(session=session, by="bob", now=NOW + timedelta(minutes=2)) == []
         view = await repository.ledger_view(
             session=session, request=_request("n9"), now=NOW + timedelta(minutes=2), window_s=600, node_window_s=1800
         )

@@ -18,6 +18,7 @@ from gpumedic_events import (
 )
 from gpumedic_events.base import json_examples
 from report_builder.repository import (
+    IncidentFilter,
     find_incident,
     incident_timeline,
     list_incidents,
@@ -127,7 +128,7 @@ async def test_resolved_before_opened_creates_the_incident_and_opened_does_not_r
 async def test_escalation_keeps_the_reason(sessions):
     await _record(sessions, _event(IncidentOpened), _event(IncidentEscalated))
     async with sessions() as session:
-        [incident] = await list_incidents(session, status="escalated")
+        [incident] = await list_incidents(session, where=IncidentFilter(status="escalated"))
         timeline = await incident_timeline(session, incident_id=incident.id)
     assert incident.resolution == "2 kill attempts did not free GPU 0"
     assert incident.closed_at == datetime(2026, 11, 22, 10, 16, tzinfo=UTC)
@@ -170,11 +171,14 @@ async def test_list_incidents_newest_first_with_status_filter_and_limit(sessions
     await _record(sessions, *events)
     async with sessions() as session:
         assert [i.id for i in await list_incidents(session)] == ids[::-1]
-        assert [i.id for i in await list_incidents(session, status="open")] == [ids[2], ids[0]]
-        assert [i.id for i in await list_incidents(session, status="resolved")] == [ids[1]]
+        assert [i.id for i in await list_incidents(session, where=IncidentFilter(status="open"))] == [ids[2], ids[0]]
+        assert [i.id for i in await list_incidents(session, where=IncidentFilter(status="resolved"))] == [ids[1]]
         assert [i.id for i in await list_incidents(session, limit=1)] == [ids[2]]
         with pytest.raises(ValueError, match="unknown incident status"):
-            await list_incidents(session, status="closed")
+            await list_incidents(session, where=IncidentFilter(status="closed"))
+        assert [i.id for i in await list_incidents(session, limit=1, offset=1)] == [ids[1]]
+        with pytest.raises(ValueError, match="offset must not be negative"):
+            await list_incidents(session, offset=-1)
 
 
 async def test_find_incident_by_unique_prefix(sessions):
@@ -224,3 +228,19 @@ async def test_record_spans_is_idempotent_and_trace_spans_are_ordered(sessions):
     assert spans[1].attributes == {"gpumedic.incident_id": INCIDENT, "gpumedic.attempt": 1}
     assert spans[1].started_at == datetime(2026, 11, 22, 10, 15, 6, tzinfo=UTC)
     assert spans[1].ended_at.tzinfo is UTC
+
+
+async def test_list_incidents_by_kind_node_and_time(sessions):
+    base = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    rows = [("zombie_job", "node-001"), ("zombie_job", "node-002"), ("gpu_lost", "node-001")]
+    ids = [str(uuid.uuid4()) for _ in rows]
+    await _record(sessions, *[
+        _event(IncidentOpened, incident_id=i, kind=kind, node_id=node, occurred_at=(base + timedelta(minutes=n)).isoformat())
+        for n, (i, (kind, node)) in enumerate(zip(ids, rows, strict=True))
+    ])
+    async with sessions() as session:
+        assert [i.id for i in await list_incidents(session, where=IncidentFilter(kind="zombie_job"))] == [ids[1], ids[0]]
+        assert [i.id for i in await list_incidents(session, where=IncidentFilter(node_id="node-001"))] == [ids[2], ids[0]]
+        assert [i.id for i in await list_incidents(session, where=IncidentFilter(kind="zombie_job", node_id="node-001"))] == [ids[0]]
+        window = IncidentFilter(since=base + timedelta(minutes=1), until=base + timedelta(minutes=2))
+        assert [i.id for i in await list_incidents(session, where=window)] == [ids[1]]

@@ -111,6 +111,9 @@ DURABLES: tuple[Durable, ...] = (
     ),
     Durable("report-builder-spans", "report-builder", SpansExported),
     Durable("report-builder-ClusterChecked", "report-builder", ClusterChecked),
+    Durable("report-builder-CapacityEvaluated", "report-builder", CapacityEvaluated),
+    # The console's fleet page: each node's latest sample, kept in memory only.
+    Durable("report-builder-samples", "report-builder", NodeSampled, "push"),
 )
 
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
@@ -144,8 +147,9 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     CapacityEvaluated: ("autoscaler",),
     MessageRejected: CONSUMING_SERVICES,
     SpansExported: SERVICES,
-    SilenceAdded: ("operator",),
-    SilenceRemoved: ("operator",),
+    # A person silences from the CLI (the operator's login) or the console (report-builder's).
+    SilenceAdded: ("operator", "report-builder"),
+    SilenceRemoved: ("operator", "report-builder"),
 }
 """Which services (or the operator's tools) publish each event. A new event must be added here,
 or `proto` fails."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Integer, MetaData, String, Text, text
+from sqlalchemy import JSON, CheckConstraint, DateTime, Float, Index, Integer, MetaData, String, Text, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -282,6 +282,27 @@ class ClusterCheck(Base):
     healthy: Mapped[bool]
     summary: Mapped[str] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, comment="Peers without a usable status, and why.")
+
+
+class CapacityCheck(Base):
+    """One round of the autoscaler, as published: the queue, the workers and what they cost."""
+
+    __tablename__ = "capacity_checks"
+
+    event_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
+    checked_at: Mapped[datetime] = mapped_column(index=True)
+    decision: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    gpus_total: Mapped[int] = mapped_column(Integer)
+    gpus_busy: Mapped[int] = mapped_column(Integer)
+    gpus_wanted: Mapped[int | None] = mapped_column(Integer)
+    queued: Mapped[int | None] = mapped_column(Integer)
+    in_progress: Mapped[int | None] = mapped_column(Integer)
+    workers: Mapped[int | None] = mapped_column(Integer)
+    workers_in_service: Mapped[int | None] = mapped_column(Integer)
+    cost_per_h: Mapped[float | None] = mapped_column(Float)
+    cost_total: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text, comment="Why no decision was made (demand source or provider).")
 
 
 class SpanRow(Base):

@@ -8,7 +8,7 @@ The order of steps is the safety argument.
    server's clock, the open incident its fingerprint names (read from the detectors' state
    bucket, which only detectors may write), the exact action that incident waits for, and a
    full identity for every process. Forged, replayed and overtaken requests stop here.
-3. The gate decides under the store's gate lock (`repository.lock_gate`), one request at a time
+3. The gate decides under the store's gate lock (`gpumedic_store.breaker.lock_gate`), one request at a time
    across every instance, and the decision is recorded in the same transaction: executing,
    refused or observed. A burst of requests cannot slip past the breaker or the one-action-per-
    node rule together. If the store is down nothing is recorded, nothing has run, the handler
@@ -49,7 +49,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_providers.base import Provider
-from gpumedic_store import TaskDatabase
+from gpumedic_store import TaskDatabase, breaker
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
@@ -166,7 +166,7 @@ class ActionHandler:
         # Read before the lock, which serialises every instance's decisions.
         fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
-            await repository.lock_gate(session=session)
+            await breaker.lock_gate(session=session)
             known = await repository.get_action(session=session, action_id=request.action_id)
             if known is not None:  # another instance decided it while we checked
                 if known.status == repository.EXECUTING:
@@ -248,7 +248,7 @@ class ActionHandler:
         self._breaker_nodes.set(len(view.nodes_in_window))
         if decision.trip_breaker:
             log.error("circuit breaker tripped by action %s: %s", request.action_id, decision.trip_reason)
-            await repository.trip(session=session, reason=decision.trip_reason, now=now)
+            await breaker.trip(session=session, reason=decision.trip_reason, now=now)
         if decision.verdict is Verdict.ALLOW:
             return repository.EXECUTING, ""
         if decision.verdict is Verdict.OBSERVE:
@@ -439,7 +439,7 @@ def register(
         while True:
             try:
                 async with sessions() as session:
-                    handler.breaker_open.set(0 if await repository.open_trip(session=session) is None else 1)
+                    handler.breaker_open.set(0 if await breaker.open_trip(session=session) is None else 1)
             except Exception as exc:  # the store may be down a moment; the gauge keeps its last value
                 log.debug("breaker gauge not refreshed: %r", exc)
             await asyncio.sleep(BREAKER_GAUGE_EVERY_S)

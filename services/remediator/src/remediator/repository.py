@@ -4,8 +4,8 @@ The ledger is what makes actions idempotent: a request is recorded (as executing
 gate's refusal) and committed before any command runs, and a request whose action id is
 already recorded is never run again. It is also what the gate reads: what is executing, how
 often an incident was tried, which nodes needed action lately, whether the breaker is open.
-Every gate decision and every breaker reset first takes `lock_gate` in its transaction, so
-they happen one at a time across all remediator instances. Functions take the session
+Every gate decision and every breaker reset first takes `gpumedic_store.breaker.lock_gate` in
+its transaction, so they happen one at a time across all remediator instances. Functions take the session
 keyword-only and never commit: the handler decides the transaction boundaries.
 """
 
@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import ActionRequested
-from gpumedic_store.models import ActionRecord, BreakerTrip, GateLock, NodeDrain
+from gpumedic_store.breaker import open_trip
+from gpumedic_store.models import ActionRecord, BreakerTrip, NodeDrain
 from remediator.logic import NOT_FIXES, LedgerView
 
 EXECUTING = "executing"
@@ -32,18 +33,6 @@ NOT_COUNTED_FOR_BREAKER = ("blocked",)
 
 async def get_action(*, session: AsyncSession, action_id: uuid.UUID) -> ActionRecord | None:
     return await session.get(ActionRecord, str(action_id))
-
-
-async def lock_gate(*, session: AsyncSession) -> None:
-    """Take the gate's lock until this transaction ends; must be its first statement.
-
-    An UPDATE of the one `gate_lock` row: PostgreSQL holds the row lock, SQLite the database's
-    write lock (waiting out the busy timeout), so a second decision waits for the first to commit
-    and then sees what it wrote.
-    """
-    result = await session.execute(update(GateLock).where(GateLock.id == 1).values(decisions=GateLock.decisions + 1))
-    if result.rowcount != 1:
-        raise RuntimeError("the store has no gate lock row; run `gpumedic migrate`")
 
 
 async def record(
@@ -145,37 +134,6 @@ async def ledger_view(
         actions_on_node=int(on_node or 0),
         nodes_in_window=frozenset(nodes),
     )
-
-
-async def open_trip(*, session: AsyncSession) -> BreakerTrip | None:
-    """The earliest breaker trip not yet reset, if any."""
-    return await session.scalar(
-        select(BreakerTrip).where(BreakerTrip.reset_at.is_(None)).order_by(BreakerTrip.tripped_at).limit(1)
-    )
-
-
-async def trip(*, session: AsyncSession, reason: str, now: datetime) -> BreakerTrip:
-    """Open the breaker; an already open trip is kept (and returned) rather than doubled."""
-    current = await open_trip(session=session)
-    if current is not None:
-        return current
-    record = BreakerTrip(tripped_at=now, reason=reason, reset_at=None, reset_by=None)
-    session.add(record)
-    await session.flush()
-    return record
-
-
-async def reset(*, session: AsyncSession, by: str, now: datetime) -> list[BreakerTrip]:
-    """Close every open trip (a person checked the fleet); the trips reset, none if it was closed."""
-    await lock_gate(session=session)
-    trips = list(
-        (await session.scalars(select(BreakerTrip).where(BreakerTrip.reset_at.is_(None)).order_by(BreakerTrip.tripped_at))).all()
-    )
-    for item in trips:
-        item.reset_at = now
-        item.reset_by = by
-    await session.flush()
-    return trips
 
 
 async def list_actions(*, session: AsyncSession, node_id: str | None = None, incident_id: str | None = None, limit: int = 50) -> list[ActionRecord]:

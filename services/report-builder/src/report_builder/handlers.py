@@ -6,14 +6,14 @@ CLI can draw a trace from."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery
-from gpumedic_events import ClusterChecked, IncidentEscalated, SilenceAdded, SilenceRemoved, SpansExported
+from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentEscalated, SilenceAdded, SilenceRemoved, SpansExported
 from gpumedic_telemetry import INCIDENT_ID, NODE_ID
 from report_builder import repository
 
@@ -28,11 +28,14 @@ class ReportHandlers:
         *,
         notify: Sequence[str] = (),
         notify_wait_s: float = 0.0,
+        changed: Callable[[], None] | None = None,
     ) -> None:
         self._sessions = sessions
         self._tracer = tracer
         self._notify = tuple(notify)
         self._notify_wait = timedelta(seconds=notify_wait_s)
+        self._changed = changed or (lambda: None)
+        """Told after each commit (the console's live pages)."""
 
     async def on_incident_or_action(self, event, delivery: Delivery) -> None:
         attrs = {INCIDENT_ID: str(event.incident_id), NODE_ID: event.node_id, "gpumedic.event": type(event).__name__}
@@ -48,6 +51,7 @@ class ReportHandlers:
                         now=now, due_at=now + self._notify_wait,
                     )
                 await session.commit()
+            self._changed()
             if not recorded:
                 log.debug("%s %s was already recorded", type(event).__name__, event.event_id)
 
@@ -55,13 +59,22 @@ class ReportHandlers:
         async with self._sessions() as session:
             await repository.record_silence(session, event=event)
             await session.commit()
+        self._changed()
 
     async def on_cluster_checked(self, event: ClusterChecked, delivery: Delivery) -> None:
         async with self._sessions() as session:
             await repository.record_cluster_check(session, event=event)
             await session.commit()
+        self._changed()
+
+    async def on_capacity_evaluated(self, event: CapacityEvaluated, delivery: Delivery) -> None:
+        async with self._sessions() as session:
+            await repository.record_capacity_check(session, event=event)
+            await session.commit()
+        self._changed()
 
     async def on_spans(self, event: SpansExported, delivery: Delivery) -> None:
         async with self._sessions() as session:
             await repository.record_spans(session, spans=event.spans)
             await session.commit()
+        self._changed()

@@ -6,7 +6,7 @@ import logging
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime
+from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
 from gpumedic_events import (
     ActionCompleted,
@@ -19,6 +19,7 @@ from gpumedic_events import (
     SilenceRemoved,
 )
 from gpumedic_store import create_engine, session_factory
+from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
 from report_builder.notify import Notifier
 from report_builder.settings import Settings
@@ -35,11 +36,21 @@ def create_app(settings: Settings | None = None) -> FastStream:
     engine = create_engine(settings.store.url)
     sessions = session_factory(engine)
     channels = settings.channels()
-    handlers = ReportHandlers(sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s)
+    console = None
+    if settings.console_port is not None:
+        config = ConsoleConfig(
+            host=settings.console_addr, port=settings.console_port, token=settings.console_token(), jaeger_url=settings.jaeger_url,
+        )
+        console = Console(sessions, config, publish=lambda event: publish_event(runtime.broker, event))
+    handlers = ReportHandlers(
+        sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
+        changed=console.changes.bump if console else None,
+    )
     for event_type in RECORDED:
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
     runtime.consume("report-builder-spans", handlers.on_spans)
     runtime.consume("report-builder-ClusterChecked", handlers.on_cluster_checked)
+    runtime.consume("report-builder-CapacityEvaluated", handlers.on_capacity_evaluated)
     for event_type in (SilenceAdded, SilenceRemoved):
         runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_silence)
     if channels:
@@ -49,7 +60,13 @@ def create_app(settings: Settings | None = None) -> FastStream:
         )
         runtime.background(notifier.loop)
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
+    if console is not None:
+        runtime.consume_fast("report-builder-samples", console.on_sample)
+        runtime.on_startup(console.start)
     app = runtime.app()
+    app.console = console  # the embedded stack and tests read its URL here
+    if console is not None:
+        app.after_shutdown(console.stop)
     app.after_shutdown(engine.dispose)
     return app
 

@@ -19,6 +19,7 @@ from typing import Any
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
+    CapacityEvaluated,
     ClusterChecked,
     IncidentEscalated,
     IncidentOpened,
@@ -30,9 +31,12 @@ from gpumedic_events import (
 )
 from gpumedic_store import (
     INCIDENT_STATUSES,
+    ActionRecord,
+    CapacityCheck,
     ClusterCheck,
     Incident,
     IncidentMark,
+    NodeDrain,
     Notification,
     Silence,
     SpanRow,
@@ -111,15 +115,59 @@ async def record_spans(session: AsyncSession, *, spans: Sequence[SpanRecord]) ->
     return new
 
 
-async def list_incidents(session: AsyncSession, *, status: str | None = None, limit: int = 50) -> list[Incident]:
-    """Incidents, newest first, optionally only those in one status."""
-    if status is not None and status not in INCIDENT_STATUSES:
-        raise ValueError(f"unknown incident status {status!r}; expected one of {', '.join(INCIDENT_STATUSES)}")
+@dataclass(frozen=True)
+class IncidentFilter:
+    """What the incident list shows: each field narrows it (None: any)."""
+
+    status: str | None = None
+    kind: str | None = None
+    node_id: str | None = None
+    since: datetime | None = None
+    """Opened at or after."""
+    until: datetime | None = None
+    """Opened before."""
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in INCIDENT_STATUSES:
+            raise ValueError(f"unknown incident status {self.status!r}; expected one of {', '.join(INCIDENT_STATUSES)}")
+
+
+async def list_incidents(
+    session: AsyncSession, *, where: IncidentFilter = IncidentFilter(), limit: int = 50, offset: int = 0
+) -> list[Incident]:
+    """Incidents, newest first, narrowed by `where`."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
-    stmt = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
-    if status is not None:
-        stmt = stmt.where(Incident.status == status)
+    if offset < 0:
+        raise ValueError(f"offset must not be negative, not {offset}")
+    stmt = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit).offset(offset)
+    for column, value in ((Incident.status, where.status), (Incident.kind, where.kind), (Incident.node_id, where.node_id)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if where.since is not None:
+        stmt = stmt.where(Incident.opened_at >= where.since)
+    if where.until is not None:
+        stmt = stmt.where(Incident.opened_at < where.until)
+    return list((await session.scalars(stmt)).all())
+
+
+async def incident_kinds(session: AsyncSession) -> list[str]:
+    """The kinds of incident recorded, for the list's filter."""
+    return list((await session.scalars(select(Incident.kind).distinct().order_by(Incident.kind))).all())
+
+
+async def unresolved_by_node(session: AsyncSession) -> dict[str, list[Incident]]:
+    """Open and escalated incidents, by node (the fleet page's colours)."""
+    stmt = select(Incident).where(Incident.status.in_(("open", "escalated"))).order_by(Incident.opened_at)
+    by_node: dict[str, list[Incident]] = {}
+    for incident in (await session.scalars(stmt)).all():
+        by_node.setdefault(incident.node_id, []).append(incident)
+    return by_node
+
+
+async def actions_of(session: AsyncSession, *, incident_id: str) -> list[ActionRecord]:
+    """The remediator's ledger rows of one incident, oldest first: its audit."""
+    stmt = select(ActionRecord).where(ActionRecord.incident_id == incident_id).order_by(ActionRecord.started_at)
     return list((await session.scalars(stmt)).all())
 
 
@@ -430,3 +478,37 @@ async def cluster_checks(session: AsyncSession, *, cluster: str | None, since: d
 async def clusters(session: AsyncSession) -> list[str]:
     return list((await session.scalars(select(ClusterCheck.cluster).distinct().order_by(ClusterCheck.cluster))).all())
 
+
+# --- the worker pool's capacity over time --------------------------------------------------------
+
+
+async def record_capacity_check(session: AsyncSession, *, event: CapacityEvaluated) -> bool:
+    """Keep one autoscaler round (once, by its event id); False if it was already kept."""
+    stmt = _insert(session, CapacityCheck).values(
+        event_id=str(event.event_id),
+        checked_at=event.occurred_at,
+        decision=event.decision,
+        reason=event.reason,
+        gpus_total=event.gpus_total,
+        gpus_busy=event.gpus_busy,
+        gpus_wanted=event.gpus_wanted,
+        queued=event.queued,
+        in_progress=event.in_progress,
+        workers=event.workers,
+        workers_in_service=event.workers_in_service,
+        cost_per_h=event.cost_per_h,
+        cost_total=event.cost_total,
+        error=event.demand_error or event.provider_error,
+    ).on_conflict_do_nothing(index_elements=["event_id"])
+    return (await session.execute(stmt)).rowcount == 1
+
+
+async def capacity_checks(session: AsyncSession, *, since: datetime) -> list[CapacityCheck]:
+    """The autoscaler's rounds since `since`, oldest first."""
+    stmt = select(CapacityCheck).where(CapacityCheck.checked_at >= since).order_by(CapacityCheck.checked_at)
+    return list((await session.scalars(stmt)).all())
+
+
+async def drained_nodes(session: AsyncSession) -> set[str]:
+    """Nodes the remediator holds out of service (a drain_node not yet undone)."""
+    return set((await session.scalars(select(NodeDrain.node_id).distinct())).all())

@@ -52,22 +52,43 @@ class Settings(BaseSettings):
     webhook_token_file: Path | None = Field(default=None, description="A file holding a bearer token for webhook_url.")
     slack_webhook_url: SecretStr | None = Field(default=None, description="Escalations to a Slack-compatible incoming webhook.")
     console_url: str | None = Field(default=None, description="Base URL of the console, for links in notifications.")
+    console_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The web console's port (0: any free one); unset: no console. `gpumedic up` and compose set it."
+    )
+    console_addr: str = Field(default="127.0.0.1", description="Where the console listens; loopback unless a proxy or compose publishes it.")
+    console_token_file: Path | None = Field(
+        default=None, description="A file holding the console's token: who types it may silence, mark and reset. None: read-only."
+    )
+    jaeger_url: str | None = Field(default=None, description="Base URL of a Jaeger UI: incident pages link their trace there.")
     notify_wait_s: float = Field(default=10.0, ge=0, le=600, description="Wait after an escalation before telling anyone.")
     notify_give_up_s: float = Field(default=86_400.0, gt=0, description="Stop retrying a notification this long after the escalation.")
     notify_min_severity: Literal["info", "warning", "critical"] = "warning"
 
-    @field_validator("webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", mode="before")
+    @field_validator(
+        "webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", "console_port", "console_token_file", "jaeger_url",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value):
         # compose passes `${VAR:-}` as an empty string when the operator set nothing
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("console_url")
+    @field_validator("console_url", "jaeger_url")
     @classmethod
-    def _console(cls, value: str | None) -> str | None:
+    def _http_url(cls, value: str | None, info) -> str | None:
         if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
-            raise ValueError("GPUMEDIC_REPORTS_CONSOLE_URL must be an http(s):// URL")
+            raise ValueError(f"GPUMEDIC_REPORTS_{info.field_name.upper()} must be an http(s):// URL")
         return value
+
+    def console_token(self) -> str | None:
+        """The console's token, read from its file (a missing or empty file stops the start)."""
+        if self.console_token_file is None:
+            return None
+        token = read_token(self.console_token_file, "GPUMEDIC_REPORTS_CONSOLE_TOKEN_FILE")
+        if len(token) < 16:
+            raise ValueError(f"GPUMEDIC_REPORTS_CONSOLE_TOKEN_FILE {self.console_token_file} holds a token of {len(token)} characters; "
+                             "use 16 or more (for example: openssl rand -hex 24)")
+        return token
 
     def channels(self) -> list[Channel]:
         """The configured notification channels; a bad URL or a missing token file stops the start.

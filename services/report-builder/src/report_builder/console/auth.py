@@ -1,0 +1,86 @@
+"""Who may change something from the console: a person who typed the console's token.
+
+Without a token configured the console is read-only and offers no operation. With one, a person
+logs in with the token and a name (the `by` of what they do); the console keeps the session in
+memory (a random id in an HttpOnly, SameSite=Strict cookie) with its own CSRF token, which every
+form carries back. A write needs both, and a same-origin request: a page elsewhere can neither
+read the CSRF token nor send the cookie. Sessions end after `ttl_s` or at logout, and with the
+process (a restart asks everyone to log in again).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+SESSION_COOKIE = "gpumedic_console"
+LOGIN_COOKIE = "gpumedic_console_login"
+"""The login form's own double-submit value: a page elsewhere cannot log a browser in as someone."""
+NAME = re.compile(r"^[\w.@+-][\w .@+-]{0,62}$")
+"""A person's name as the audit keeps it: letters, digits, space, `.@+-_`."""
+
+
+class AuthError(Exception):
+    """A write was refused; the message says why (never echoing a secret)."""
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    csrf: str
+    expires: float
+
+
+class Sessions:
+    def __init__(self, token: str | None, *, ttl_s: float = 12 * 3600.0, clock=time.monotonic) -> None:
+        self._token = token
+        self._ttl = ttl_s
+        self._clock = clock
+        self._by_id: dict[str, Session] = {}
+
+    @property
+    def writable(self) -> bool:
+        """Whether operations can be offered at all (a token is configured)."""
+        return self._token is not None
+
+    def login(self, token: str, name: str) -> tuple[str, Session]:
+        """A new session for the right token; AuthError otherwise."""
+        if self._token is None:
+            raise AuthError("the console is read-only: no token is configured (GPUMEDIC_REPORTS_CONSOLE_TOKEN_FILE)")
+        if not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise AuthError("wrong token")
+        name = name.strip()
+        if not NAME.match(name):
+            raise AuthError("give your name (1 to 63 letters, digits, spaces or .@+-_): it is kept with what you do")
+        self._forget_expired()
+        session_id = secrets.token_urlsafe(32)
+        session = Session(name=name, csrf=secrets.token_urlsafe(32), expires=self._clock() + self._ttl)
+        self._by_id[session_id] = session
+        return session_id, session
+
+    def get(self, session_id: str | None) -> Session | None:
+        """The live session of this cookie value, if any."""
+        session = self._by_id.get(session_id or "")
+        if session is None or session.expires <= self._clock():
+            return None
+        return session
+
+    def authorize(self, session_id: str | None, csrf: str | None) -> Session:
+        """The session a write comes from; AuthError unless the cookie and the form's token match."""
+        session = self.get(session_id)
+        if session is None:
+            raise AuthError("log in with the console's token first (or again: sessions end after 12 hours and at a restart)")
+        if not csrf or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
+            raise AuthError("the form's CSRF token does not match this session; reload the page and try again")
+        return session
+
+    def logout(self, session_id: str | None) -> None:
+        self._by_id.pop(session_id or "", None)
+
+    def _forget_expired(self) -> None:
+        now = self._clock()
+        for key in [k for k, s in self._by_id.items() if s.expires <= now]:
+            del self._by_id[key]

@@ -1,0 +1,499 @@
+"""The web console: server-rendered pages over the incident store and the latest samples, served by
+report-builder on its own port (aiohttp in the service's event loop).
+
+Pages: the fleet (`/`), incidents (`/incidents`, filtered) and one incident with its timeline,
+evidence, actions and trace waterfall (`/incidents/{id}`, and `.../report.html` to save and hand
+on), the peer cluster (`/cluster`), the worker pool's capacity (`/capacity`), and the ledger of
+false positives, silences and the breaker (`/ledger`). Every page marks its live parts; `/live`
+is a server-sent event stream that says when something changed, and the page's script fetches
+the page again and swaps those parts, so nothing reloads.
+
+Operations (silence, lift a silence, mark a false positive, reset the breaker) need a session
+(`auth.Sessions`) and its CSRF token, and a same-origin request. A silence goes out on the bus as
+report-builder's SilenceAdded (detectors follow it, as they do the CLI's); a mark and a reset
+are written to the store as the CLI writes them. Nothing is loaded from elsewhere: the script and
+the style sheet are served from `static/`, and the Content-Security-Policy allows nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit
+
+import jinja2
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpumedic_events import Event, IncidentKind, NodeSampled, SilenceAdded, SilenceRemoved
+from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
+from report_builder import clusterlog, repository
+from report_builder.console import views
+from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, Session, Sessions
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+SOURCE = "report-builder-console"
+PAGE_SIZE = 50
+LIVE_EVERY_S = 2.0
+"""At most one change notice per client this often (samples change something every second)."""
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+NAV = (("/", "Fleet"), ("/incidents", "Incidents"), ("/cluster", "Cluster"), ("/capacity", "Capacity"), ("/ledger", "Ledger"))
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    host: str = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+    jaeger_url: str | None = None
+    """Base URL of a Jaeger UI; an incident page links its trace there."""
+    silent_after_s: float = 60.0
+    """A node whose last sample is older than this shows as silent."""
+
+
+class Changes:
+    """A counter that report-builder's handlers bump when they store something; `/live` waits on it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def after(self, version: int, timeout_s: float) -> int:
+        if self.version == version:
+            event = self._event
+            try:
+                await asyncio.wait_for(event.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        return self.version
+
+
+class Console:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        config: ConsoleConfig,
+        *,
+        publish: Callable[[Event], Awaitable[None]],
+    ) -> None:
+        self._db = sessions
+        self.config = config
+        self._publish = publish
+        self.auth = Sessions(config.token)
+        self.samples: dict[str, NodeSampled] = {}
+        self.changes = Changes()
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
+        )
+        self._templates.filters["when"] = _when
+        self._templates.filters["ago"] = _ago
+
+    # --- inputs from report-builder's handlers -----------------------------------------------
+
+    async def on_sample(self, sample: NodeSampled) -> None:
+        self.samples[sample.node_id] = sample
+        self.changes.bump()
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_headers, self._errors], client_max_size=64 * 1024)
+        app.add_routes([
+            web.get("/", self.fleet_page),
+            web.get("/incidents", self.incidents_page),
+            web.get("/incidents/{id}", self.incident_page),
+            web.get("/incidents/{id}/report.html", self.incident_report),
+            web.get("/cluster", self.cluster_page),
+            web.get("/capacity", self.capacity_page),
+            web.get("/ledger", self.ledger_page),
+            web.get("/live", self.live),
+            web.get("/healthz", self.healthz),
+            web.post("/login", self.login),
+            web.post("/logout", self.logout),
+            web.post("/silences", self.add_silence),
+            web.post("/silences/{id}/remove", self.remove_silence),
+            web.post("/incidents/{id}/false-positive", self.mark_false_positive),
+            web.post("/breaker/reset", self.reset_breaker),
+            web.static("/static", HERE / "static"),
+        ])
+        return app
+
+    async def start(self) -> None:
+        """Listen (a startup hook of the service: a port in use stops the start, saying so)."""
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise RuntimeError(
+                f"the console cannot listen on {self.config.host}:{self.config.port} ({exc.strerror or exc}); "
+                "set GPUMEDIC_REPORTS_CONSOLE_PORT to a free port, or to nothing for no console"
+            ) from None
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}/"
+        log.info("console at %s (%s)", self.url, "operations need the token" if self.auth.writable else "read-only: no token")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- pages --------------------------------------------------------------------------------
+
+    async def fleet_page(self, request: web.Request) -> web.Response:
+        now = datetime.now(UTC)
+        async with self._db() as session:
+            unresolved = await repository.unresolved_by_node(session)
+            drained = await repository.drained_nodes(session)
+        tiles = views.fleet(self.samples, unresolved, drained, now, silent_after_s=self.config.silent_after_s)
+        counts = {h: sum(1 for t in tiles if t.health == h) for h in views.HEALTH_ORDER}
+        return self._page(request, "fleet.html", "Fleet", tiles=tiles, counts=counts)
+
+    async def incidents_page(self, request: web.Request) -> web.Response:
+        try:
+            where = views.incident_filter(request.query, INCIDENT_STATUSES)
+            page = max(1, int(request.query.get("page") or 1))
+        except (views.FilterError, ValueError) as exc:
+            raise _BadRequest(str(exc) if isinstance(exc, views.FilterError) else "page must be a whole number") from None
+        async with self._db() as session:
+            rows = await repository.list_incidents(session, where=where, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE)
+            kinds = await repository.incident_kinds(session)
+        query = {k: v for k, v in request.query.items() if k != "page" and v}
+        return self._page(
+            request, "incidents.html", "Incidents", rows=rows[:PAGE_SIZE], kinds=kinds, statuses=INCIDENT_STATUSES, query=query,
+            page=page, more=len(rows) > PAGE_SIZE, page_link=lambda n: "/incidents?" + urlencode({**query, "page": n}),
+        )
+
+    async def incident_page(self, request: web.Request) -> web.Response:
+        context = await self._incident(request)
+        return self._page(request, "incident.html", f"Incident {context['incident'].id[:8]}", **context)
+
+    async def incident_report(self, request: web.Request) -> web.Response:
+        """The incident as one standalone HTML file (its style inline) to save and hand to a colleague."""
+        context = await self._incident(request)
+        incident = context["incident"]
+        html = self._templates.get_template("report.html").render(
+            css=(HERE / "static" / "console.css").read_text(), generated_at=datetime.now(UTC), **context,
+        )
+        name = f"gpumedic-incident-{incident.id[:8]}-{incident.kind}.html"
+        return web.Response(text=html, content_type="text/html", headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            # The saved file carries its style sheet inline; nothing else may run or load.
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+        })
+
+    async def _incident(self, request: web.Request) -> dict:
+        incident_id = request.match_info["id"]
+        try:
+            uuid.UUID(incident_id)
+        except ValueError:
+            raise _BadRequest(f"{incident_id!r} is not an incident id") from None
+        async with self._db() as session:
+            incident = await repository.find_incident(session, id_prefix=incident_id)
+            if incident is None:
+                raise web.HTTPNotFound(text=f"no incident {incident_id}")
+            timeline = await repository.incident_timeline(session, incident_id=incident.id)
+            actions = await repository.actions_of(session, incident_id=incident.id)
+            spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+            marks = await repository.marks_of(session, incident_id=incident.id)
+            notifications = await repository.notifications_of(session, incident_id=incident.id)
+        jaeger = f"{self.config.jaeger_url.rstrip('/')}/trace/{incident.trace_id}" if self.config.jaeger_url and incident.trace_id else None
+        return {
+            "incident": incident, "timeline": timeline, "actions": actions, "trace": views.waterfall(spans), "marks": marks,
+            "notifications": notifications, "jaeger": jaeger, "postmortem": _postmortem(incident),
+        }
+
+    async def cluster_page(self, request: web.Request) -> web.Response:
+        hours = _hours(request, default=6)
+        since = datetime.now(UTC) - timedelta(hours=hours)
+        async with self._db() as session:
+            names = await repository.clusters(session)
+            chosen = request.query.get("cluster") or (names[0] if names else None)
+            checks = await repository.cluster_checks(session, cluster=chosen, since=since) if chosen else []
+        summary = clusterlog.summarize(checks)
+        top = max((c.peers_total for c in checks), default=0)
+        return self._page(
+            request, "cluster.html", "Cluster", names=names, chosen=chosen, checks=checks[-200:], summary=summary, hours=hours,
+            answering=views.chart([c.peers_answering for c in checks], 600, 120, top=top),
+            total=views.chart([c.peers_total for c in checks], 600, 120, top=top),
+            leaders=_leader_stretches(checks),
+        )
+
+    async def capacity_page(self, request: web.Request) -> web.Response:
+        hours = _hours(request, default=6)
+        async with self._db() as session:
+            rows = await repository.capacity_checks(session, since=datetime.now(UTC) - timedelta(hours=hours))
+        def series(name: str) -> list[float | None]:
+            return [getattr(r, name) for r in rows]
+        queue = [(r.queued or 0) + (r.in_progress or 0) for r in rows]
+        gpus_top = max([*series("gpus_total"), *(v or 0 for v in series("gpus_wanted")), 0], key=lambda v: v or 0) or 0
+        return self._page(
+            request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None,
+            queue=views.chart(queue, 600, 120), queue_top=max(queue, default=0),
+            gpus=views.chart(series("gpus_total"), 600, 120, top=gpus_top), wanted=views.chart(series("gpus_wanted"), 600, 120, top=gpus_top),
+            gpus_top=gpus_top, cost=views.chart(series("cost_per_h"), 600, 120),
+            cost_top=max((v or 0 for v in series("cost_per_h")), default=0),
+        )
+
+    async def ledger_page(self, request: web.Request) -> web.Response:
+        now = datetime.now(UTC)
+        async with self._db() as session:
+            rules = await repository.false_positive_counts(session)
+            silences = await repository.list_silences(session, now=now)
+            trip = await breaker.open_trip(session=session)
+        return self._page(request, "ledger.html", "Ledger", rules=rules, silences=silences, trip=trip, kinds=[k.value for k in IncidentKind])
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: `change` when something was stored or sampled (at most every
+        LIVE_EVERY_S), a comment every 15 s to keep proxies from closing the stream."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        seen = self.changes.version
+        while True:
+            version = await self.changes.after(seen, 15.0)
+            await response.write(f"event: change\ndata: {version}\n\n".encode() if version != seen else b": still here\n\n")
+            seen = version
+            await asyncio.sleep(LIVE_EVERY_S)
+
+    # --- operations ----------------------------------------------------------------------------
+
+    async def login(self, request: web.Request) -> web.Response:
+        form = await _same_origin_form(request)
+        if not form.get("login_check") or form.get("login_check") != request.cookies.get(LOGIN_COOKIE):
+            raise _BadRequest("the login form is stale; reload the page and log in again")
+        try:
+            session_id, session = self.auth.login(str(form.get("token", "")), str(form.get("name", "")))
+        except AuthError as exc:
+            await asyncio.sleep(0.5)  # a guessed token costs time
+            log.warning("console: a login was refused from %s: %s", request.remote, exc)
+            raise web.HTTPForbidden(text=f"login refused: {exc}") from None
+        log.info("console: %s logged in from %s", session.name, request.remote)
+        response = _back(form, "/", f"logged in as {session.name}")
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="Strict", secure=request.secure, path="/")
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        form = await _same_origin_form(request)
+        self.auth.authorize(request.cookies.get(SESSION_COOKIE), form.get("csrf"))
+        self.auth.logout(request.cookies.get(SESSION_COOKIE))
+        response = _back(form, "/", "logged out")
+        response.del_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    async def add_silence(self, request: web.Request) -> web.Response:
+        form, who = await self._authorized(request)
+        try:
+            minutes = float(form.get("minutes") or 0)
+            gpu = form.get("gpu") or None
+            now = datetime.now(UTC)
+            event = SilenceAdded(
+                source=SOURCE, silence_id=uuid.uuid4(), node_id=form.get("node") or None, kind=form.get("kind") or None,
+                gpu_index=int(gpu) if gpu is not None else None, starts_at=now, ends_at=now + timedelta(minutes=minutes),
+                reason=str(form.get("reason") or "").strip(), created_by=who.name,
+            )
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise _BadRequest(f"the silence was not set: {_first_error(exc)}") from None
+        if not 0 < minutes <= 30 * 24 * 60:
+            raise _BadRequest("the silence was not set: minutes must be above 0 and at most 30 days")
+        await self._publish(event)
+        log.info("console: %s silenced %s for %.0f min: %s", who.name, event.node_id or "every node", minutes, event.reason)
+        return _back(form, "/ledger", f"silence {str(event.silence_id)[:8]} set")
+
+    async def remove_silence(self, request: web.Request) -> web.Response:
+        form, who = await self._authorized(request)
+        try:
+            silence_id = uuid.UUID(request.match_info["id"])
+        except ValueError:
+            raise _BadRequest(f"{request.match_info['id']!r} is not a silence id") from None
+        await self._publish(SilenceRemoved(source=SOURCE, silence_id=silence_id, removed_by=who.name))
+        log.info("console: %s lifted silence %s", who.name, silence_id)
+        return _back(form, "/ledger", f"silence {str(silence_id)[:8]} lifted")
+
+    async def mark_false_positive(self, request: web.Request) -> web.Response:
+        form, who = await self._authorized(request)
+        reason = str(form.get("reason") or "").strip()
+        if not reason or len(reason) > 1000:
+            raise _BadRequest("say why it was a false positive (1 to 1000 characters)")
+        incident_id = request.match_info["id"]
+        async with self._db() as session:
+            try:
+                incident = await repository.find_incident(session, id_prefix=str(uuid.UUID(incident_id)))
+            except ValueError:
+                raise _BadRequest(f"{incident_id!r} is not an incident id") from None
+            if incident is None:
+                raise web.HTTPNotFound(text=f"no incident {incident_id}")
+            await repository.mark_false_positive(session, incident_id=incident.id, reason=reason, by=who.name, now=datetime.now(UTC))
+            await session.commit()
+        log.info("console: %s marked incident %s a false positive: %s", who.name, incident.id, reason)
+        self.changes.bump()
+        return _back(form, f"/incidents/{incident.id}", "marked false positive")
+
+    async def reset_breaker(self, request: web.Request) -> web.Response:
+        form, who = await self._authorized(request)
+        async with self._db() as session:
+            trips = await breaker.reset(session=session, by=who.name, now=datetime.now(UTC))
+            await session.commit()
+        log.info("console: %s reset the breaker (%d trip(s))", who.name, len(trips))
+        self.changes.bump()
+        return _back(form, "/ledger", "breaker reset" if trips else "the breaker was closed; nothing to reset")
+
+    async def _authorized(self, request: web.Request) -> tuple:
+        form = await _same_origin_form(request)
+        try:
+            return form, self.auth.authorize(request.cookies.get(SESSION_COOKIE), form.get("csrf"))
+        except AuthError as exc:
+            raise web.HTTPForbidden(text=str(exc)) from None
+
+    # --- rendering ----------------------------------------------------------------------------
+
+    def _page(self, request: web.Request, template: str, title: str, **context) -> web.Response:
+        session: Session | None = self.auth.get(request.cookies.get(SESSION_COOKIE))
+        login_check = request.cookies.get(LOGIN_COOKIE) or uuid.uuid4().hex
+        html = self._templates.get_template(template).render(
+            title=title, nav=NAV, path=request.path, session=session, writable=self.auth.writable, login_check=login_check,
+            done=request.query.get("done", "")[:200], here=request.path_qs, now=datetime.now(UTC), **context,
+        )
+        response = web.Response(text=html, content_type="text/html")
+        if not request.cookies.get(LOGIN_COOKIE):
+            response.set_cookie(LOGIN_COOKIE, login_check, httponly=True, samesite="Strict", secure=request.secure, path="/")
+        return response
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except _BadRequest as exc:
+            return self._error(request, 400, str(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return self._error(request, exc.status, exc.text or exc.reason)
+        except (StoreUnavailable, OSError) as exc:
+            log.warning("console: %s %s failed: %r", request.method, request.path, exc)
+            return self._error(request, 503, f"the store cannot be read now ({type(exc).__name__}); the page will try again")
+
+    def _error(self, request: web.Request, status: int, message: str) -> web.Response:
+        if request.path == "/live" or request.method != "GET":
+            return web.Response(status=status, text=message + "\n")
+        response = self._page(request, "error.html", "Error", status=status, message=message)
+        response.set_status(status)
+        return response
+
+
+class _BadRequest(Exception):
+    """Bad input from the browser: a 400 page that says what was wrong."""
+
+
+@web.middleware
+async def _headers(request: web.Request, handler):
+    response = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+async def _same_origin_form(request: web.Request):
+    """The form of a write, refused when the browser says it comes from another origin."""
+    origin = request.headers.get("Origin") or request.headers.get("Referer")
+    if origin and origin != "null":
+        parts = urlsplit(origin)
+        if f"{parts.scheme}://{parts.netloc}" != f"{request.scheme}://{request.host}":
+            raise web.HTTPForbidden(text=f"a write from another origin ({parts.scheme}://{parts.netloc}) is refused")
+    return await request.post()
+
+
+def _back(form, default: str, done: str) -> web.Response:
+    """See other: back to the page the form was on (a path of this site only), saying what was done."""
+    target = str(form.get("back") or default)
+    if not target.startswith("/") or target.startswith("//"):
+        target = default
+    target = target.split("?")[0] if "done=" in target else target
+    joiner = "&" if "?" in target else "?"
+    return web.HTTPSeeOther(f"{target}{joiner}{urlencode({'done': done})}")
+
+
+def _first_error(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "input"
+        return f"{where}: {first.get('msg')}"
+    return str(exc)
+
+
+def _hours(request: web.Request, *, default: float) -> float:
+    raw = request.query.get("hours") or str(default)
+    try:
+        hours = float(raw)
+    except ValueError:
+        raise _BadRequest(f"hours must be a number, not {raw[:40]!r}") from None
+    if not 0 < hours <= 24 * 90:
+        raise _BadRequest("hours must be above 0 and at most 90 days")
+    return hours
+
+
+def _leader_stretches(checks) -> list[tuple[datetime, datetime, str | None]]:
+    """(from, to, leader) for each stretch of checks that saw the same leader (None: no leader)."""
+    stretches: list[tuple[datetime, datetime, str | None]] = []
+    for check in checks:
+        if stretches and stretches[-1][2] == check.leader:
+            stretches[-1] = (stretches[-1][0], check.checked_at, check.leader)
+        else:
+            stretches.append((check.checked_at, check.checked_at, check.leader))
+    return stretches
+
+
+POSTMORTEM_ORDER = ("container", "image", "exit_code", "signal", "engine_signal", "oom_killed", "oom_pid", "oom_constraint",
+                    "oom_kernel_line", "last_lines", "container_id")
+"""The facts of a container's death in the order an operator asks for them."""
+
+
+def _postmortem(incident) -> list[tuple[str, str]] | None:
+    """Why a container died, as facts (the named cause first); None for other kinds."""
+    if incident.kind != IncidentKind.CONTAINER_DIED.value:
+        return None
+    evidence = incident.evidence or {}
+    facts = [(k.replace("_", " "), str(evidence[k])) for k in POSTMORTEM_ORDER if evidence.get(k) not in (None, "")]
+    facts += [(k.replace("_", " "), str(v)) for k, v in evidence.items() if k not in POSTMORTEM_ORDER and v not in (None, "")]
+    diagnosis = incident.diagnosis or {}
+    if diagnosis:
+        facts.insert(0, ("cause", f"{str(diagnosis.get('cause', '?')).replace('_', ' ')} "
+                                  f"({float(diagnosis.get('confidence', 0)):.0%} sure): {diagnosis.get('explanation', '')}"))
+    return facts
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
+
+
+def _ago(value: datetime | None) -> str:
+    if value is None:
+        return "never"
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{max(seconds, 0):.0f}s ago"

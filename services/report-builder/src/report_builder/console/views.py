@@ -1,0 +1,176 @@
+"""What the console's pages show, worked out from store rows and samples. Pure: no I/O, no HTML.
+
+- `fleet`: one tile per node with its health (the worst of its unresolved incidents, drained, or
+  silent when its samples stopped) and each GPU's utilisation, memory and temperature;
+- `waterfall`: an incident's trace laid out as bars on one time axis, children under parents;
+- `chart`: a series of numbers as the points of an SVG polyline;
+- `incident_filter`: the list's query string, checked, as the repository's filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from gpumedic_events import NodeSampled
+from report_builder.repository import IncidentFilter
+
+HEALTH_ORDER = ("critical", "warning", "drained", "silent", "info", "ok")
+"""Worst first: a tile shows the first that applies."""
+
+
+@dataclass(frozen=True)
+class GpuTile:
+    index: int
+    utilization_pct: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature_c: int | None
+    lost: bool = False
+
+    @property
+    def memory_pct(self) -> int | None:
+        if self.memory_used_mib is None or not self.memory_total_mib:
+            return None
+        return round(100 * self.memory_used_mib / self.memory_total_mib)
+
+
+@dataclass(frozen=True)
+class NodeTile:
+    node_id: str
+    health: str
+    why: str
+    gpus: tuple[GpuTile, ...] = ()
+    sampled_at: datetime | None = None
+    incidents: tuple[tuple[str, str, str], ...] = ()
+    """(incident id, kind, status) of its unresolved incidents."""
+
+
+def fleet(
+    samples: Mapping[str, NodeSampled],
+    unresolved: Mapping[str, Sequence],
+    drained: Iterable[str],
+    now: datetime,
+    *,
+    silent_after_s: float,
+) -> list[NodeTile]:
+    """Every node that sampled or has an unresolved incident, worst health first, then by name."""
+    drained = set(drained)
+    tiles = []
+    for node in sorted(set(samples) | set(unresolved) | drained):
+        sample = samples.get(node)
+        incidents = list(unresolved.get(node, ()))
+        health, why = _health(sample, incidents, node in drained, now, silent_after_s)
+        gpus = tuple(
+            GpuTile(g.index, g.utilization_gpu_pct, g.memory_used_mib, g.memory_total_mib, g.temperature_c, g.lost)
+            for g in (sample.gpus if sample else ())
+        )
+        tiles.append(NodeTile(
+            node, health, why, gpus, sample.occurred_at if sample else None,
+            tuple((i.id, i.kind, i.status) for i in incidents),
+        ))
+    return sorted(tiles, key=lambda t: (HEALTH_ORDER.index(t.health), t.node_id))
+
+
+def _health(sample: NodeSampled | None, incidents: list, drained: bool, now: datetime, silent_after_s: float) -> tuple[str, str]:
+    if any(i.status == "escalated" or i.severity == "critical" for i in incidents):
+        worst = next(i for i in incidents if i.status == "escalated" or i.severity == "critical")
+        return "critical", f"{worst.kind} ({worst.status})"
+    if any(i.severity == "warning" for i in incidents):
+        return "warning", ", ".join(sorted({i.kind for i in incidents if i.severity == "warning"}))
+    if drained:
+        return "drained", "held out of service by the remediator"
+    if sample is None:
+        return "silent", "no sample since report-builder started"
+    age = (now - sample.occurred_at).total_seconds()
+    if age > silent_after_s:
+        return "silent", f"last sample {age:.0f}s ago"
+    if incidents:
+        return "info", ", ".join(sorted({i.kind for i in incidents}))
+    return "ok", "no open incident"
+
+
+@dataclass(frozen=True)
+class Bar:
+    span_id: str
+    name: str
+    service: str
+    depth: int
+    offset_ms: float
+    duration_ms: float
+    status: str
+    attributes: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Waterfall:
+    bars: tuple[Bar, ...]
+    total_ms: float
+    started_at: datetime | None
+
+    def x(self, ms: float, width: float) -> float:
+        """Where `ms` after the start lies on an axis `width` wide."""
+        return width * ms / self.total_ms if self.total_ms else 0.0
+
+
+def waterfall(spans: Sequence) -> Waterfall:
+    """Spans (started_at, ended_at, span_id, parent_span_id, ...) depth-first, children by start
+    time under their parent; a span whose parent was not kept starts a root."""
+    if not spans:
+        return Waterfall((), 0.0, None)
+    start = min(s.started_at for s in spans)
+    end = max(s.ended_at for s in spans)
+    ids = {s.span_id for s in spans}
+    children: dict[str | None, list] = {}
+    for span in spans:
+        children.setdefault(span.parent_span_id if span.parent_span_id in ids else None, []).append(span)
+    bars: list[Bar] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for span in sorted(children.get(parent, ()), key=lambda s: (s.started_at, s.span_id)):
+            bars.append(Bar(
+                span.span_id, span.name, span.service, depth, _ms(span.started_at - start), _ms(span.ended_at - span.started_at),
+                span.status, span.attributes or {},
+            ))
+            walk(span.span_id, depth + 1)
+
+    walk(None, 0)
+    return Waterfall(tuple(bars), _ms(end - start), start)
+
+
+def _ms(delta: timedelta) -> float:
+    return max(0.0, delta.total_seconds() * 1000)
+
+
+def chart(values: Sequence[float | None], width: float, height: float, *, top: float | None = None) -> str:
+    """SVG polyline points for `values` spread evenly over `width`, 0 at the bottom and `top` (or
+    the largest value) at the top; a missing value (None) is drawn at 0."""
+    if not values:
+        return ""
+    top = top if top is not None else max((v for v in values if v is not None), default=0.0)
+    step = width / (len(values) - 1) if len(values) > 1 else 0.0
+    scale = height / top if top else 0.0
+    return " ".join(f"{i * step:.1f},{height - (v or 0) * scale:.1f}" for i, v in enumerate(values))
+
+
+class FilterError(ValueError):
+    """A filter in the query string that makes no sense; the message names it."""
+
+
+def incident_filter(query: Mapping[str, str], statuses: Sequence[str]) -> IncidentFilter:
+    """The incident list's filters from its query string (empty values mean any)."""
+    values = {k: (query.get(k) or "").strip() or None for k in ("status", "kind", "node", "since", "until")}
+    if values["status"] is not None and values["status"] not in statuses:
+        raise FilterError(f"status must be one of {', '.join(statuses)}, not {values['status']!r}")
+    times = {}
+    for key in ("since", "until"):
+        if values[key] is None:
+            continue
+        try:
+            when = datetime.fromisoformat(values[key])
+        except ValueError:
+            raise FilterError(f"{key} must be a date and time such as 2026-11-23T10:00 (UTC), not {values[key]!r}") from None
+        times[key] = when if when.tzinfo else when.replace(tzinfo=UTC)
+    return IncidentFilter(status=values["status"], kind=values["kind"], node_id=values["node"], **times)
+
