@@ -93,12 +93,14 @@ async def run_demo(
     stop_after_s: float | None = None,
     say=print,
     on_ready: Callable[[Stack], Awaitable[None]] | None = None,
+    on_done: Callable[[Stack], Awaitable[None]] | None = None,
 ) -> int:
     """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise.
 
     `duration_s` bounds the story. With `keep_running` the stack stays up afterwards, until
     `stop_after_s` from the start, or until Ctrl-C when that is None. `on_ready` is awaited once
-    the stack is up, before the zombie is injected (where a test starts its own consumers).
+    the stack is up, before the zombie is injected (where a test starts its own consumers);
+    `on_done` once the story is told, while the stack is still up.
     """
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +150,8 @@ async def run_demo(
         say("")
         say(await incident_text(stack.store_url, str(outcome.incident_id)))
         say("")
+        if on_done is not None:
+            await on_done(stack)
         if keep_running:
             say("the stack keeps running; Ctrl-C stops it")
             if stop_after_s is None:

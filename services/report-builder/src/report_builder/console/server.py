@@ -99,6 +99,8 @@ class Console:
         self.changes = Changes()
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
+        self._streams: set[asyncio.Task] = set()
+        """The open /live streams: ended first at stop, or the server would wait for them."""
         self._templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
         )
@@ -137,7 +139,7 @@ class Console:
 
     async def start(self) -> None:
         """Listen (a startup hook of the service: a port in use stops the start, saying so)."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.config.host, self.config.port).start()
@@ -152,6 +154,8 @@ class Console:
         log.info("console at %s (%s)", self.url, "operations need the token" if self.auth.writable else "read-only: no token")
 
     async def stop(self) -> None:
+        for task in self._streams:
+            task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -269,12 +273,17 @@ class Console:
         LIVE_EVERY_S), a comment every 15 s to keep proxies from closing the stream."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        seen = self.changes.version
-        while True:
-            version = await self.changes.after(seen, 15.0)
-            await response.write(f"event: change\ndata: {version}\n\n".encode() if version != seen else b": still here\n\n")
-            seen = version
-            await asyncio.sleep(LIVE_EVERY_S)
+        task = asyncio.current_task()
+        self._streams.add(task)
+        try:
+            seen = self.changes.version
+            while True:
+                version = await self.changes.after(seen, 15.0)
+                await response.write(f"event: change\ndata: {version}\n\n".encode() if version != seen else b": still here\n\n")
+                seen = version
+                await asyncio.sleep(LIVE_EVERY_S)
+        finally:
+            self._streams.discard(task)
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -305,6 +314,11 @@ class Console:
         form, who = await self._authorized(request)
         try:
             minutes = float(form.get("minutes") or 0)
+        except ValueError:
+            raise _BadRequest(f"the silence was not set: minutes must be a number, not {str(form.get('minutes'))[:40]!r}") from None
+        if not 0 < minutes <= 30 * 24 * 60:
+            raise _BadRequest("the silence was not set: minutes must be above 0 and at most 30 days")
+        try:
             gpu = form.get("gpu") or None
             now = datetime.now(UTC)
             event = SilenceAdded(
@@ -314,8 +328,6 @@ class Console:
             )
         except ValueError as exc:  # pydantic's ValidationError included
             raise _BadRequest(f"the silence was not set: {_first_error(exc)}") from None
-        if not 0 < minutes <= 30 * 24 * 60:
-            raise _BadRequest("the silence was not set: minutes must be above 0 and at most 30 days")
         await self._publish(event)
         log.info("console: %s silenced %s for %.0f min: %s", who.name, event.node_id or "every node", minutes, event.reason)
         return _back(form, "/ledger", f"silence {str(event.silence_id)[:8]} set")
@@ -432,7 +444,7 @@ def _back(form, default: str, done: str) -> web.Response:
         target = default
     target = target.split("?")[0] if "done=" in target else target
     joiner = "&" if "?" in target else "?"
-    return web.HTTPSeeOther(f"{target}{joiner}{urlencode({'done': done})}")
+    return web.Response(status=303, headers={"Location": f"{target}{joiner}{urlencode({'done': done})}"})
 
 
 def _first_error(exc: Exception) -> str:

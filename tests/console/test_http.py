@@ -1,0 +1,284 @@
+"""The console over HTTP, on a real SQLite store migrated to head: every page, what a hostile
+string in the store becomes on a page, bad input, and the operations with their token, session,
+CSRF token and origin checks. The bus is the edge here: a silence is handed to `publish` (the
+browser test in test_browser.py sends one over the real bus)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened, SilenceAdded, SilenceRemoved, SpanRecord
+from gpumedic_events.base import json_examples
+from gpumedic_store import ActionRecord, IncidentMark, breaker, create_engine, session_factory, upgrade
+from report_builder import repository
+from report_builder.console import Console, ConsoleConfig
+
+TOKEN = "console-token-for-the-tests-0123"
+HOSTILE = "<script>alert('x')</script>"
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _event(cls, **overrides):
+    return cls.model_validate({**json_examples(cls)[0], "event_id": str(uuid.uuid4()), **overrides})
+
+
+@pytest.fixture
+async def store(tmp_path):
+    url = f"sqlite+aiosqlite:///{tmp_path}/gpumedic.db"
+    upgrade(url)
+    engine = create_engine(url)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+@pytest.fixture
+async def seeded(store):
+    """A zombie incident whose evidence holds markup, a container death, a trace, an action, a
+    cluster's and the pool's history, and an open breaker."""
+    now = datetime.now(UTC)
+    zombie = _event(IncidentOpened, occurred_at=now.isoformat(), evidence={"note": HOSTILE, "gpu_util_pct": 0})
+    died = _event(
+        IncidentOpened, incident_id=str(uuid.uuid4()), kind="container_died", node_id="gpu-node-09", severity="warning",
+        occurred_at=(now - timedelta(minutes=5)).isoformat(), summary="container trainer exited 137: cgroup oom",
+        evidence={"container": "trainer", "exit_code": 137, "oom_killed": True, "last_lines": "CUDA out of memory"},
+        diagnosis={"cause": "cgroup_oom", "confidence": 0.9, "explanation": "the engine says OOMKilled",
+                   "remedies": ["raise the container's memory limit"]},
+    )
+    t0 = now - timedelta(seconds=30)
+    spans = [
+        SpanRecord(trace_id=TRACE, span_id="a" * 16, parent_span_id=None, name="detect", service="zombie-detector",
+                   started_at=t0, ended_at=t0 + timedelta(seconds=3), status="OK"),
+        SpanRecord(trace_id=TRACE, span_id="b" * 16, parent_span_id="a" * 16, name="kill_gpu_processes", service="remediator",
+                   started_at=t0 + timedelta(seconds=1), ended_at=t0 + timedelta(seconds=2), status="ERROR"),
+    ]
+    async with store() as session:
+        for event in (zombie, died):
+            await repository.record_event(session, event=event, subject=event.subject, trace_id=TRACE)
+        await repository.record_spans(session, spans=spans)
+        session.add(ActionRecord(
+            action_id=str(uuid.uuid4()), incident_id=str(zombie.incident_id), node_id=zombie.node_id, attempt=1,
+            operation={"operation": "kill_gpu_processes"}, requested_by="zombie-detector", reason="GPU idle with a job",
+            status="succeeded", detail="killed pid 4242", steps=[], requested_at=now, started_at=now, finished_at=now,
+            audit=[{"command": "kill -TERM 4242", "exit_status": 0, "output_sha256": "ab" * 32, "at_ms": 1.0, "took_ms": 2.0}],
+        ))
+        for minutes, leader in ((50, "peer-1"), (30, None), (10, "peer-2")):
+            check = _event(ClusterChecked, occurred_at=(now - timedelta(minutes=minutes)).isoformat(), leader=leader)
+            await repository.record_cluster_check(session, event=check)
+        for minutes, queued in ((20, 12), (10, 3)):
+            await repository.record_capacity_check(session, event=_event(
+                CapacityEvaluated, occurred_at=(now - timedelta(minutes=minutes)).isoformat(), queued=queued, in_progress=2,
+                cost_per_h=1.5, workers=2,
+            ))
+        await breaker.trip(session=session, reason="6 nodes needed action within 600s", now=now)
+        await session.commit()
+    return {"zombie": zombie, "died": died}
+
+
+class Browser:
+    """An HTTP client that keeps cookies and reads the forms' hidden fields, as a browser would."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def hidden(self, path: str, name: str) -> str:
+        page = await self.client.get(path)
+        found = re.search(rf'name="{name}" value="([^"]+)"', page.text)
+        assert found, f"no {name} field on {path}"
+        return found.group(1)
+
+    async def login(self, token: str = TOKEN, name: str = "alice") -> httpx.Response:
+        check = await self.hidden("/", "login_check")
+        return await self.client.post("/login", data={"login_check": check, "token": token, "name": name, "back": "/ledger"})
+
+
+@pytest.fixture
+async def console(store):
+    published = []
+
+    async def publish(event):
+        published.append(event)
+
+    console = Console(store, ConsoleConfig(port=0, token=TOKEN), publish=publish)
+    console.published = published
+    await console.start()
+    yield console
+    await console.stop()
+
+
+@pytest.fixture
+async def browser(console):
+    async with httpx.AsyncClient(base_url=console.url, follow_redirects=False, timeout=10) as client:
+        yield Browser(client)
+
+
+async def test_every_page_answers_with_what_the_store_holds(seeded, console, browser):
+    zombie, died = seeded["zombie"], seeded["died"]
+    get = browser.client.get
+    fleet = await get("/")
+    assert fleet.status_code == 200 and "gpu-node-07" in fleet.text and 'class="tile warning"' in fleet.text
+    incidents = await get("/incidents")
+    assert str(zombie.incident_id)[:8] in incidents.text and str(died.incident_id)[:8] in incidents.text
+    page = await get(f"/incidents/{zombie.incident_id}")
+    assert page.status_code == 200
+    for text in ("kill -TERM 4242", "killed pid 4242", "GPU idle with a job", "kill_gpu_processes · remediator", TRACE):
+        assert text in page.text
+    assert page.text.count("<rect") == 2  # the waterfall: one bar per span
+    postmortem = await get(f"/incidents/{died.incident_id}")
+    assert "Container post-mortem" in postmortem.text and "cgroup oom (90% sure)" in postmortem.text
+    assert "raise the container&#39;s memory limit" in postmortem.text
+    cluster = await get("/cluster")
+    assert "no leader" in cluster.text and "peer-2" in cluster.text and "<polyline" in cluster.text
+    capacity = await get("/capacity")
+    assert "$1.50/h now" in capacity.text and capacity.text.count("<polyline") == 4
+    ledger = await get("/ledger")
+    assert "OPEN" in ledger.text and "6 nodes needed action within 600s" in ledger.text
+    assert "reset the breaker" not in ledger.text  # no session: no operation offered
+
+
+async def test_markup_in_the_store_is_shown_as_text_and_nothing_runs_but_the_console_script(seeded, console, browser):
+    page = await browser.client.get(f"/incidents/{seeded['zombie'].incident_id}")
+    assert HOSTILE not in page.text and "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
+    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/static/console.js" defer>']
+    policy = page.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    assert page.headers["X-Content-Type-Options"] == "nosniff"
+
+
+async def test_the_incident_report_is_one_file_to_hand_on(seeded, console, browser):
+    zombie = seeded["zombie"]
+    report = await browser.client.get(f"/incidents/{zombie.incident_id}/report.html")
+    assert report.status_code == 200
+    assert report.headers["Content-Disposition"] == f'attachment; filename="gpumedic-incident-{str(zombie.incident_id)[:8]}-zombie_job.html"'
+    assert "<script" not in report.text.replace("&lt;script", "") and "<style>" in report.text and "/static/" not in report.text
+    assert "kill -TERM 4242" in report.text and str(zombie.incident_id) in report.text
+
+
+async def test_the_list_filters_pages_and_says_what_is_wrong_with_a_filter(store, console, browser):
+    base = datetime(2026, 11, 20, tzinfo=UTC)
+    async with store() as session:
+        for n in range(60):
+            event = _event(IncidentOpened, incident_id=str(uuid.uuid4()), node_id=f"node-{n % 3}", kind="zombie_job" if n % 2 else "gpu_xid",
+                           occurred_at=(base + timedelta(minutes=n)).isoformat())
+            await repository.record_event(session, event=event, subject=event.subject, trace_id=None)
+        await session.commit()
+    first = await browser.client.get("/incidents")
+    assert first.text.count("<tr class=") == 50 and 'rel="next"' in first.text
+    second = await browser.client.get("/incidents?page=2")
+    assert second.text.count("<tr class=") == 10 and 'rel="next"' not in second.text
+    narrowed = await browser.client.get("/incidents?kind=gpu_xid&node=node-0")
+    assert narrowed.text.count("<tr class=") == 10  # n even and n % 3 == 0
+    window = await browser.client.get("/incidents?since=2026-11-20T00:10&until=2026-11-20T00:15")
+    assert window.text.count("<tr class=") == 5
+    for query, message in (("status=closed", "status must be one of open, resolved, escalated"),
+                           ("since=last+week", "since must be a date and time"), ("page=two", "page must be a whole number")):
+        bad = await browser.client.get(f"/incidents?{query}")
+        assert bad.status_code == 400 and message in bad.text, query
+    missing = await browser.client.get(f"/incidents/{uuid.uuid4()}")
+    assert missing.status_code == 404 and "no incident" in missing.text
+    assert (await browser.client.get("/incidents/..%2F..%2Fetc")).status_code in (400, 404)
+
+
+async def test_without_a_session_nothing_can_be_changed(seeded, console, browser):
+    for path in ("/breaker/reset", "/silences", f"/incidents/{seeded['zombie'].incident_id}/false-positive"):
+        refused = await browser.client.post(path, data={"csrf": "guess", "reason": "r", "minutes": "5"})
+        assert refused.status_code == 403 and "log in" in refused.text, path
+    wrong = await browser.login(token="not-the-token-at-all")
+    assert wrong.status_code == 403 and "wrong token" in wrong.text and TOKEN not in wrong.text
+    async with store_open(console) as session:
+        assert await breaker.open_trip(session=session) is not None
+    assert console.published == []
+
+
+def store_open(console):
+    return console._db()
+
+
+async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded, console, browser):
+    assert (await browser.login()).status_code == 303
+    csrf = await browser.hidden("/ledger", "csrf")
+    no_csrf = await browser.client.post("/breaker/reset", data={})
+    assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
+    elsewhere = await browser.client.post("/breaker/reset", data={"csrf": csrf}, headers={"Origin": "https://evil.example"})
+    assert elsewhere.status_code == 403 and "another origin" in elsewhere.text
+    reset = await browser.client.post("/breaker/reset", data={"csrf": csrf, "back": "/ledger"})
+    assert reset.status_code == 303 and reset.headers["Location"].startswith("/ledger?done=breaker+reset")
+    async with store_open(console) as session:
+        assert await breaker.open_trip(session=session) is None
+
+    zombie = seeded["zombie"]
+    marked = await browser.client.post(f"/incidents/{zombie.incident_id}/false-positive", data={"csrf": csrf, "reason": "a benchmark's warm-up"})
+    assert marked.status_code == 303
+    async with store_open(console) as session:
+        mark = await session.get(IncidentMark, (str(zombie.incident_id), "false_positive"))
+    assert (mark.marked_by, mark.reason) == ("alice", "a benchmark's warm-up")
+
+    for form, message in (({"minutes": "0", "reason": "x"}, "minutes must be above 0"),
+                          ({"minutes": "soon", "reason": "x"}, "the silence was not set"),
+                          ({"minutes": "30", "reason": "x", "kind": "not_a_kind"}, "kind"),
+                          ({"minutes": "30", "reason": "x", "node": "bad node; rm -rf /"}, "node_id")):
+        bad = await browser.client.post("/silences", data={"csrf": csrf, **form})
+        assert bad.status_code == 400 and message in bad.text, form
+    assert console.published == []
+    silenced = await browser.client.post("/silences", data={"csrf": csrf, "node": "gpu-node-07", "kind": "zombie_job", "minutes": "90",
+                                                            "reason": "driver upgrade"})
+    assert silenced.status_code == 303
+    [added] = console.published
+    assert isinstance(added, SilenceAdded) and (added.node_id, added.kind.value, added.created_by) == ("gpu-node-07", "zombie_job", "alice")
+    assert timedelta(minutes=89) < added.ends_at - added.starts_at <= timedelta(minutes=90)
+    lifted = await browser.client.post(f"/silences/{added.silence_id}/remove", data={"csrf": csrf})
+    assert lifted.status_code == 303 and isinstance(console.published[-1], SilenceRemoved)
+
+    out = await browser.client.post("/logout", data={"csrf": csrf})
+    assert out.status_code == 303
+    again = await browser.client.post("/breaker/reset", data={"csrf": csrf})
+    assert again.status_code == 403
+
+
+async def test_a_form_cannot_send_the_browser_elsewhere_after_it(seeded, console, browser):
+    await browser.login()
+    csrf = await browser.hidden("/ledger", "csrf")
+    for back in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
+        done = await browser.client.post("/breaker/reset", data={"csrf": csrf, "back": back})
+        assert done.headers["Location"].startswith("/ledger?done="), back
+
+
+async def test_the_live_stream_says_when_something_changed(console, browser):
+    async with browser.client.stream("GET", "/live", timeout=10) as stream:
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        lines = stream.aiter_lines()
+        console.changes.bump()
+        got = await asyncio.wait_for(_next_event(lines), 5)
+    assert got == "change"
+
+
+async def _next_event(lines) -> str:
+    async for line in lines:
+        if line.startswith("event: "):
+            return line.removeprefix("event: ")
+    return ""
+
+
+async def test_a_read_only_console_offers_no_login(store):
+    console = Console(store, ConsoleConfig(port=0), publish=lambda e: None)
+    await console.start()
+    try:
+        async with httpx.AsyncClient(base_url=console.url) as client:
+            page = await client.get("/ledger")
+            assert "read-only" in page.text and 'action="/login"' not in page.text
+            refused = await client.post("/login", data={"token": "x", "name": "alice"})
+            assert refused.status_code in (400, 403)
+    finally:
+        await console.stop()
+
+
+async def test_a_port_in_use_stops_the_start_with_what_to_do(store, console):
+    port = int(console.url.rsplit(":", 1)[1].strip("/"))
+    second = Console(store, ConsoleConfig(port=port), publish=lambda e: None)
+    with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}.*GPUMEDIC_REPORTS_CONSOLE_PORT"):
+        await second.start()
