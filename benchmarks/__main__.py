@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import demand_curve, detection_latency, incident_to_fix, preflight, probe_round, sample_path, sampler_cost
+from benchmarks import console_pages, demand_curve, detection_latency, incident_to_fix, preflight, probe_round, sample_path, sampler_cost
 
 
 def main() -> int:
@@ -22,6 +22,8 @@ def main() -> int:
     asyncio.run(probe_round.main(sys.argv[1:]))
     print()
     demand_curve.main(sys.argv[1:])
+    print()
+    asyncio.run(console_pages.main(sys.argv[1:]))
     return 0
 
 
