@@ -58,6 +58,10 @@ class Deployment:
         return self.secrets / "nats-accounts.conf"
 
     @property
+    def console_token(self) -> Path:
+        return self.secrets / "console-token"
+
+    @property
     def nodes_dir(self) -> Path:
         return self.secrets / "nodes"
 
@@ -142,4 +146,9 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
 
     write_private(deploy.accounts, render_accounts(passwords))
     done.append(f"{deploy.accounts}: {len(passwords)} NATS users ({len(nodes)} node(s))")
+
+    # The console's token: who has it may silence, mark false positives and reset the breaker.
+    if not deploy.console_token.exists() or not deploy.console_token.read_text().strip():
+        write_private(deploy.console_token, new_password() + "\n")
+        done.append(f"{deploy.console_token}: the web console's token (give it to the operators who may act from the console)")
     return done

@@ -91,6 +91,12 @@ def test_the_shipped_config_is_valid_with_what_init_generates(tmp_path):
     checked.write_text(conf.replace("/etc/nats/secrets", str(secrets)).replace("store_dir: /data", f"store_dir: {tmp_path / 'js'}"))
     result = subprocess.run([nats_server_binary(), "-t", "-c", str(checked)], capture_output=True, text=True, timeout=20)
     assert result.returncode == 0, result.stdout + result.stderr
+    # compose hands report-builder the console's token as a secret; a second init keeps it
+    token = secrets / "console-token"
+    assert len(token.read_text().strip()) >= 16 and token.stat().st_mode & 0o077 == 0
+    before = token.read_text()
+    init_deployment(root, nodes=[NODE])
+    assert token.read_text() == before
 
 
 def _matches(subject: str, pattern: str) -> bool:
