@@ -29,7 +29,7 @@ async def _open_incident(store_url: str, timeout_s: float = 30.0):
     try:
         for _ in range(int(timeout_s / 0.2)):
             async with session_factory(engine)() as session:
-                rows = await repository.list_incidents(session, status="open")
+                rows = await repository.list_incidents(session, where=repository.IncidentFilter(status="open"))
             if rows:
                 return rows[0]
             await asyncio.sleep(0.2)

@@ -51,7 +51,7 @@ async def wait_for_incident(store_url: str, status: str, timeout_s: float = 45.0
     try:
         for _ in range(int(timeout_s / 0.25)):
             async with sessions() as session:
-                rows = await repository.list_incidents(session, status=status)
+                rows = await repository.list_incidents(session, where=repository.IncidentFilter(status=status))
                 if rows:
                     incident = rows[0]
                     timeline = await repository.incident_timeline(session, incident_id=incident.id)

@@ -40,7 +40,7 @@ def _factory(service, nats, tmp_path):
     if service == "leader-health":
         return leader_app(LeaderSettings(nats=nats))
     if service == "report-builder":
-        return reports_app(ReportSettings(nats=nats, store=store))
+        return reports_app(ReportSettings(nats=nats, store=store, console_port=0))  # the console binds the samples
     files = {"inventory": tmp_path / "inventory.yaml", "known_hosts": tmp_path / "known_hosts", "client_key": tmp_path / "key"}
     return remediator_app(RemediatorSettings(nats=nats, store=store, **files))
 
