@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.incidents import fmt_time
-from gpumedic.output import to_json
+from gpumedic.output import table, to_json
 from gpumedic_events import Operation
 from gpumedic_store import ActionRecord, create_engine, session_factory
 from remediator import repository
@@ -35,13 +35,11 @@ async def list_text(
         return to_json(rows)
     if not rows:
         return "no actions recorded" + (f" on {node_id}" if node_id else "")
-    lines = [f"{'ACTION':<10} {'INCIDENT':<10} {'NODE':<16} {'DECIDED':<24} {'STATUS':<12} {'WHAT':<44} WHY / RESULT"]
-    for r in rows:
-        lines.append(
-            f"{r.action_id[:8]:<10} {r.incident_id[:8]:<10} {r.node_id:<16} {fmt_time(r.started_at):<24} {r.status:<12} "
-            f"{_what(r)[:44]:<44} {' '.join(r.detail.split())[:100]}"
-        )
-    return "\n".join(lines)
+    return table(
+        ["ACTION", "INCIDENT", "NODE", "DECIDED", "STATUS", "WHAT", "WHY / RESULT"],
+        [[r.action_id[:8], r.incident_id[:8], r.node_id, fmt_time(r.started_at), r.status, _what(r)[:60], " ".join(r.detail.split())[:100]]
+         for r in rows],
+    )
 
 
 async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> tuple[bool, str]:
@@ -95,11 +93,10 @@ async def drained_text(store_url: str, *, node_id: str | None = None, as_json: b
         return to_json(rows)
     if not rows:
         return "no node is drained" if node_id is None else f"{node_id} is not drained"
-    lines = [f"{'NODE':<16} {'INCIDENT':<10} {'SINCE':<24} {'BY ACTION':<10} WHY"]
-    lines += [
-        f"{r.node_id:<16} {r.incident_id[:8]:<10} {fmt_time(r.drained_at):<24} {r.action_id[:8]:<10} {' '.join(r.reason.split())[:100]}"
-        for r in rows
-    ]
+    lines = [table(
+        ["NODE", "INCIDENT", "SINCE", "BY ACTION", "WHY"],
+        [[r.node_id, r.incident_id[:8], fmt_time(r.drained_at), r.action_id[:8], " ".join(r.reason.split())[:100]] for r in rows],
+    )]
     nodes = len({r.node_id for r in rows})
     lines.append(f"{nodes} node(s) drained; each returns once every incident holding it is fixed and validated")
     return "\n".join(lines)

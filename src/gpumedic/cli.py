@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import SimpleNamespace
+
+import click
 
 from gpumedic.stack import SERVICES
 from gpumedic_events import IncidentKind
@@ -22,6 +24,7 @@ leftover processes, leaderless clusters, stuck workers. It samples every node, d
 decides, acts over SSH through one safety gate, verifies, and records each incident with
 its trace.
 
+\b
 Start here:
   gpumedic demo              the whole stack on one machine with a simulated fleet and
                              one injected zombie job, shown from detection to fix
@@ -411,256 +414,256 @@ def cmd_proto(args) -> int:
     return proto.main(["--check"] if args.check else [])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpumedic", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+# --- the commands' arguments (click) ------------------------------------------------------------
 
-    def json_option(p):
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table (for scripts and jq)")
+STORE_HELP = "store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)"
+VAR_HELP = "the embedded stack's directory (default ./var)"
+_PATH = click.Path(path_type=Path)
 
-    def fleet_options(p):
-        p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
-        p.add_argument("--gpus", type=int, default=2, help="GPUs per simulated node (default 2)")
-        p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="where the bus, store, logs and fleet files live (default ./var)")
 
-    p = sub.add_parser("demo", help="the embedded stack on a simulated fleet, with one zombie job fixed end to end")
-    fleet_options(p)
-    p.add_argument("--duration", type=float, default=180.0, help="give up after this many seconds (default 180)")
-    p.add_argument("--keep-running", action="store_true", help="keep the stack up after the story, until --duration or Ctrl-C")
-    p.set_defaults(func=cmd_demo)
+@click.group(help=_DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def cli() -> None:
+    """The front door: one sub-command per job."""
 
-    p = sub.add_parser(
-        "sim",
-        help="the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
-        description="Start the embedded stack and a simulated fleet, inject the faults of a scenario "
-        "(a YAML file, or a built-in one by name) and of --fault options on schedule, and score the "
-        "incidents against each injection's answer key (precision, recall, time to incident), then show "
-        "how each incident ended (fixed, cleared, escalated) and which escalations paged the simulated "
-        "on-call webhook.",
+
+def _command(name: str, handler: Callable[[SimpleNamespace], int], help: str, *options, description: str | None = None):
+    """Register `handler(args)` as `gpumedic NAME` with `options` (click decorators, top first);
+    its return value is the exit status."""
+
+    def callback(**values) -> int:
+        args = SimpleNamespace(**values)
+        try:
+            return handler(args)
+        except Exception as exc:
+            code = _store_failure(exc, args)
+            if code is None:
+                raise
+            return code
+
+    for option in reversed(options):
+        callback = option(callback)
+    cli.command(name, help=description or help, short_help=help)(callback)
+
+
+def _json():
+    return click.option("--json", is_flag=True, help="print JSON instead of a table (for scripts and jq)")
+
+
+def _store():
+    return click.option("--store", help=STORE_HELP)
+
+
+def _var():
+    return click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help=VAR_HELP)
+
+
+def _fleet(nodes: int = 4, gpus: int = 2):
+    return (
+        click.option("--nodes", type=click.IntRange(min=1), default=nodes, show_default=True, help="simulated nodes"),
+        click.option("--gpus", type=click.IntRange(min=1), default=gpus, show_default=True, help="GPUs per simulated node"),
+        click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
     )
-    p.add_argument("--nodes", type=int, default=20, help="simulated nodes (default 20)")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs per simulated node (default 8)")
-    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="where the bus, store, logs and fleet files live (default ./var)")
-    p.add_argument("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)")
-    p.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="FIELDS",
-        help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)",
-    )
-    p.add_argument("--duration", type=float, default=None, help="seconds to run (default: the scenario's, else until detection had time)")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between samples per node (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed for 'random' nodes and GPUs (default 0)")
-    p.add_argument("--json", type=Path, default=None, help="also write the score as JSON to this file")
-    p.set_defaults(func=cmd_sim)
 
-    p = sub.add_parser("up", help="start the embedded stack: nats-server, SQLite store, the six services")
-    fleet_options(p)
-    p.add_argument("--demo", action="store_true", help="also start a simulated fleet and inject a zombie job")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
-    p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("run", help="run one service in the foreground (settings from GPUMEDIC_* variables)")
-    p.add_argument("service", choices=sorted(SERVICES), help="which service")
-    p.set_defaults(func=cmd_run)
+def _by(default: str = "operator", what: str = "who (kept in the audit)"):
+    return click.option("--by", default=os.environ.get("USER", default), show_default="$USER", help=what)
 
-    p = sub.add_parser(
-        "incidents",
-        help="list incidents, show one's timeline and trace, or mark one a false positive",
-        description="gpumedic incidents                          the latest incidents\n"
-        "gpumedic incidents ID                       one incident: cause, evidence, timeline, trace\n"
-        "gpumedic incidents mark ID --false-positive --reason TEXT\n"
-        "                                            record that it was wrong (the ledger counts it)\n"
-        "gpumedic incidents --false-positives        per detector and kind: how often it was wrong",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("words", nargs="*", metavar="ID | mark ID", help="an incident id (or its first characters), or `mark ID`")
-    p.add_argument("--status", choices=["open", "resolved", "escalated"], help="only incidents in this state")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--false-positive", action="store_true", help="with `mark`: the verdict")
-    p.add_argument("--reason", help="with `mark`: why it was wrong")
-    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="with `mark`: who says so (default $USER)")
-    p.add_argument("--false-positives", action="store_true", help="the false-positive ledger per detector and kind")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_incidents)
 
-    p = sub.add_parser(
-        "actions",
-        help="the remediator's audit log: every decision with its reason, and each command an action ran",
-        description="Every request the remediator decided on (run, refused with the rule that refused it, or "
-        "observed), newest first. With an action id (a prefix will do): each command it ran on the node, "
-        "with exit status, a digest of its output and its timing.",
-    )
-    p.add_argument("action_id", nargs="?", help="one action's id, or the start of it")
-    p.add_argument("--node", help="only this node")
-    p.add_argument("--incident", help="only this incident (id or its start)")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_actions)
+_command(
+    "demo", cmd_demo, "the embedded stack on a simulated fleet, with one zombie job fixed end to end",
+    *_fleet(),
+    click.option("--duration", type=float, default=180.0, show_default=True, help="give up after this many seconds"),
+    click.option("--keep-running", is_flag=True, help="keep the stack up after the story, until --duration or Ctrl-C"),
+)
+_command(
+    "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
+    click.option("--nodes", type=int, default=20, show_default=True, help="simulated nodes"),
+    click.option("--gpus", type=int, default=8, show_default=True, help="GPUs per simulated node"),
+    click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
+    click.option("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)"),
+    click.option("--fault", multiple=True, metavar="FIELDS", help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)"),
+    click.option("--duration", type=float, help="seconds to run (default: the scenario's, else until detection had time)"),
+    click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between samples per node"),
+    click.option("--seed", type=int, default=0, show_default=True, help="seed for 'random' nodes and GPUs"),
+    click.option("--json", type=_PATH, help="also write the score as JSON to this file"),
+    description="Start the embedded stack and a simulated fleet, inject the faults of a scenario (a YAML file, or a "
+    "built-in one by name) and of --fault options on schedule, and score the incidents against each injection's answer "
+    "key (precision, recall, time to incident), then show how each incident ended (fixed, cleared, escalated) and which "
+    "escalations paged the simulated on-call webhook.",
+)
+_command(
+    "up", cmd_up, "start the embedded stack: nats-server, SQLite store, the six services, the console",
+    *_fleet(),
+    click.option("--demo", is_flag=True, help="also start a simulated fleet and inject a zombie job"),
+    click.option("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"),
+)
+_command(
+    "run", cmd_run, "run one service in the foreground (settings from GPUMEDIC_* variables)",
+    click.argument("service", type=click.Choice(sorted(SERVICES))),
+)
+_command(
+    "incidents", cmd_incidents, "list incidents, show one's timeline and trace, or mark one a false positive",
+    click.argument("words", nargs=-1, metavar="[ID | mark ID]"),
+    click.option("--status", type=click.Choice(["open", "resolved", "escalated"]), help="only incidents in this state"),
+    click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True),
+    click.option("--false-positive", is_flag=True, help="with `mark`: the verdict"),
+    click.option("--reason", help="with `mark`: why it was wrong"),
+    _by(what="with `mark`: who says so"),
+    click.option("--false-positives", is_flag=True, help="the false-positive ledger per detector and kind"),
+    _store(), _json(),
+    description="\b\n"
+    "gpumedic incidents                          the latest incidents\n"
+    "gpumedic incidents ID                       one incident: cause, evidence, timeline, trace\n"
+    "gpumedic incidents mark ID --false-positive --reason TEXT\n"
+    "                                            record that it was wrong (the ledger counts it)\n"
+    "gpumedic incidents --false-positives        per detector and kind: how often it was wrong",
+)
+_command(
+    "actions", cmd_actions, "the remediator's audit log: every decision with its reason, and each command an action ran",
+    click.argument("action_id", required=False),
+    click.option("--node", help="only this node"),
+    click.option("--incident", help="only this incident (id or its start)"),
+    click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="at most this many"),
+    _store(), _json(),
+    description="Every request the remediator decided on (run, refused with the rule that refused it, or observed), newest "
+    "first. With an action id (a prefix will do): each command it ran on the node, with exit status, a digest of its "
+    "output and its timing.",
+)
+_command(
+    "cluster", cmd_cluster, "the peer cluster's monitoring log: every check over time, and its summary",
+    click.argument("what", type=click.Choice(["log"])),
+    click.option("--cluster", help="only this cluster (default: every cluster checked)"),
+    click.option("--since", default="6h", show_default=True, help="how far back, e.g. 30m, 6h"),
+    click.option("--goal-peers", type=int, help="the goal: at least this many peers answering ..."),
+    click.option("--goal-hours", type=float, help="... for this many hours in a row"),
+    click.option("--rows", type=click.IntRange(min=1), default=30, show_default=True, help="the last this many checks are listed"),
+    _store(), _json(),
+    description="leader-health's checks as kept in the store, with what the runbook computed by hand: peak and current "
+    "peers, time with a leader, leader changes per hour, the longest stretch without a leader, the quorum margin, and "
+    "whether a goal of N peers for H hours holds.",
+)
+_command(
+    "drained", cmd_drained, "the nodes gpumedic drained, which incident holds each, and since when",
+    click.option("--node", help="only this node"), _store(), _json(),
+    description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every incident "
+    "holding it is fixed and its GPUs were validated on the next samples.",
+)
+_command(
+    "report", cmd_report, "the diagnostics report: configuration checks, the fleet's open problems, prioritised recommendations",
+    click.option("--node", help="only this node's problems"),
+    click.option("--format", type=click.Choice(["md", "json", "html"]), default="md", show_default=True,
+                 help="markdown, JSON or a standalone HTML page"),
+    click.option("--output", "-o", type=_PATH, help="write it to this file instead of printing it"),
+    click.option("--show-secrets", is_flag=True, help="do not mask passwords and tokens"),
+    _var(), _store(),
+    description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, then lists "
+    "every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). Secrets are masked "
+    "unless --show-secrets.",
+)
+_command(
+    "silence", cmd_silence, "add, list or lift silences: maintenance windows and known issues",
+    click.argument("action", type=click.Choice(["add", "list", "remove"])),
+    click.argument("silence_id", required=False),
+    click.option("--node", help="only this node"),
+    click.option("--kind", type=click.Choice([k.value for k in IncidentKind]), metavar="KIND", help="only this incident kind"),
+    click.option("--gpu", type=int, help="only this GPU index"),
+    click.option("--for", "duration", default="1h", show_default=True, help="how long, e.g. 30m, 4h"),
+    click.option("--reason", help="why (required for add)"),
+    _by(what="who"),
+    click.option("--all", is_flag=True, help="with `list`: also silences that ended or were lifted"),
+    _var(), _store(), _json(),
+    description="A silenced incident is still recorded, with its silence, but no action is requested for it. A silence "
+    "matches every incident on its node (any node if none is given), of its kind and on its GPU.",
+)
+_command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _store())
+_command(
+    "init", cmd_init, "generate a compose deployment's secrets: .env, NATS users, TLS, per-node credentials, the console's token",
+    click.option("--dir", type=_PATH, default=Path("."), show_default=True, help="the directory with compose.yaml"),
+    click.option("--node", multiple=True, metavar="ID", help="a GPU node that runs a node-sampler (repeatable)"),
+    click.option("--inventory", type=_PATH, help="take the nodes from a remediator inventory file"),
+    click.option("--nats-host", multiple=True, metavar="NAME",
+                 help="a name or address GPU nodes reach NATS by; goes into the server certificate (repeatable)"),
+    description="Generate what compose needs instead of placeholders: real passwords in .env, a CA and the NATS server's "
+    "certificate, the NATS users with their permissions, one credentials file per GPU node, and the web console's token. "
+    "Existing secrets are kept; run it again to add nodes.",
+)
+_command(
+    "inventory", cmd_inventory, "check the remediator's inventory: log in to every node read-only and say what fails",
+    click.argument("action", type=click.Choice(["check"])),
+    click.option("--inventory", type=_PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml"),
+    click.option("--known-hosts", type=_PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS"),
+    click.option("--key", type=_PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY"),
+    click.option("--timeout", type=float, default=10.0, show_default=True, help="seconds for each login and command"),
+    description="For every node: an SSH login as the remediator makes it (the node's user, port, key and jump host, host "
+    "keys checked), and which of the tools the catalogue calls it has. Nothing else runs. Exits 1 if any node fails, 2 if "
+    "the inventory itself is wrong.",
+)
+_command(
+    "preflight", cmd_preflight, "before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",
+    click.option("--node", required=True, help="the node, as the inventory names it"),
+    click.option("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)"),
+    click.option("--clean", is_flag=True, help="kill leftovers on idle GPUs, through the gate, then check again"),
+    _by(default="launcher", what="who asks (kept with a clean in the audit log)"),
+    click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer"),
+    click.option("--json", is_flag=True, help="print the report as JSON"),
+    _var(),
+    description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute process, "
+    "is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU are killed through "
+    "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. Exit 0: ready; "
+    "1: not ready (the reasons are printed); 2: the check could not be made.",
+)
+_command("provision", cmd_provision, "create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
+_command(
+    "breaker", cmd_breaker, "show or reset the remediator's fleet circuit breaker",
+    click.argument("action", type=click.Choice(["status", "reset"]), default="status", required=False),
+    _by(what="who resets it (kept in the audit log)"), _store(), _json(),
+)
+_command(
+    "policy", cmd_policy, "check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",
+    click.argument("action", type=click.Choice(["check", "show"])),
+    click.argument("file", type=_PATH, required=False),
+    description="The policy says how each incident kind is detected, what is done about it and when a person takes over; "
+    "every service that decides reads the same file.",
+)
+_command(
+    "proto", cmd_proto, "regenerate proto/ from the event models (--check: fail if stale)",
+    click.option("--check", is_flag=True, help="fail if proto/ is stale or breaks v1 compatibility"),
+)
 
-    p = sub.add_parser(
-        "cluster",
-        help="the peer cluster's monitoring log: every check over time, and its summary",
-        description="leader-health's checks as kept in the store, with what the runbook computed by hand: peak and "
-        "current peers, time with a leader, leader changes per hour, the longest stretch without a leader, the "
-        "quorum margin, and whether a goal of N peers for H hours holds.",
-    )
-    p.add_argument("what", choices=["log"], help="log: the checks and their summary")
-    p.add_argument("--cluster", help="only this cluster (default: every cluster checked)")
-    p.add_argument("--since", default="6h", help="how far back, e.g. 30m, 6h (default 6h)")
-    p.add_argument("--goal-peers", type=int, help="the goal: at least this many peers answering ...")
-    p.add_argument("--goal-hours", type=float, help="... for this many hours in a row")
-    p.add_argument("--rows", type=int, default=30, help="the last this many checks are listed (default 30)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser(
-        "drained",
-        help="the nodes gpumedic drained, which incident holds each, and since when",
-        description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every "
-        "incident holding it is fixed and its GPUs were validated on the next samples.",
-    )
-    p.add_argument("--node", help="only this node")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_drained)
+def _store_failure(exc: Exception, args) -> int | None:
+    """A store that is down, or was never migrated, is the usual cause of a read command's failure:
+    say which store (masked) and what it said, in one line, without a traceback. None: another failure."""
+    from sqlalchemy.exc import DBAPIError
 
-    p = sub.add_parser(
-        "report",
-        help="the diagnostics report: configuration checks, the fleet's open problems, prioritised recommendations",
-        description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, "
-        "then lists every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). "
-        "Secrets are masked unless --show-secrets.",
-    )
-    p.add_argument("--node", help="only this node's problems")
-    p.add_argument("--format", choices=["md", "json", "html"], default="md", help="markdown (default), JSON or a standalone HTML page")
-    p.add_argument("--output", "-o", type=Path, help="write it to this file instead of printing it")
-    p.add_argument("--show-secrets", action="store_true", help="do not mask passwords and tokens")
-    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    p.set_defaults(func=cmd_report)
+    from gpumedic_store import StoreUnavailable
+    from gpumedic_store.engine import unreadable
+    from gpumedic_store.settings import mask_url
 
-    p = sub.add_parser(
-        "silence",
-        help="add, list or lift silences: maintenance windows and known issues",
-        description="A silenced incident is still recorded, with its silence, but no action is requested for it. "
-        "A silence matches every incident on its node (any node if none is given), of its kind and on its GPU.",
-    )
-    p.add_argument("action", choices=["add", "list", "remove"])
-    p.add_argument("silence_id", nargs="?", help="with `remove`: the silence's id")
-    p.add_argument("--node", help="only this node")
-    p.add_argument("--kind", choices=[k.value for k in IncidentKind], metavar="KIND", help="only this incident kind")
-    p.add_argument("--gpu", type=int, help="only this GPU index")
-    p.add_argument("--for", dest="duration", default="1h", help="how long, e.g. 30m, 4h (default 1h)")
-    p.add_argument("--reason", help="why (required for add)")
-    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who (default $USER)")
-    p.add_argument("--all", action="store_true", help="with `list`: also silences that ended or were lifted")
-    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_silence)
-
-    p = sub.add_parser("migrate", help="create or upgrade the store's tables (SQLite or PostgreSQL)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    p.set_defaults(func=cmd_migrate)
-
-    p = sub.add_parser(
-        "init",
-        help="generate a compose deployment's secrets: .env, NATS users, TLS, per-node credentials",
-        description="Generate what compose needs instead of placeholders: real passwords in .env, "
-        "a CA and the NATS server's certificate, the NATS users with their permissions, and one "
-        "credentials file per GPU node. Existing secrets are kept; run it again to add nodes.",
-    )
-    p.add_argument("--dir", type=Path, default=Path("."), help="the directory with compose.yaml (default .)")
-    p.add_argument("--node", action="append", default=[], metavar="ID", help="a GPU node that runs a node-sampler (repeatable)")
-    p.add_argument("--inventory", type=Path, help="take the nodes from a remediator inventory file")
-    p.add_argument(
-        "--nats-host", action="append", default=[], metavar="NAME",
-        help="a name or address GPU nodes reach NATS by; goes into the server certificate (repeatable)",
-    )
-    p.set_defaults(func=cmd_init)
-
-    p = sub.add_parser(
-        "inventory",
-        help="check the remediator's inventory: log in to every node read-only and say what fails",
-        description="For every node: an SSH login as the remediator makes it (the node's user, port, key and "
-        "jump host, host keys checked), and which of the tools the catalogue calls it has. Nothing else runs. "
-        "Exits 1 if any node fails, 2 if the inventory itself is wrong.",
-    )
-    p.add_argument("action", choices=["check"])
-    p.add_argument("--inventory", type=Path, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml")
-    p.add_argument("--known-hosts", type=Path, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS")
-    p.add_argument("--key", type=Path, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds for each login and command (default 10)")
-    p.set_defaults(func=cmd_inventory)
-
-    p = sub.add_parser(
-        "preflight",
-        help="before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",
-        description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute "
-        "process, is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU "
-        "are killed through the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are "
-        "checked again. Exit 0: ready; 1: not ready (the reasons are printed); 2: the check could not be made.",
-    )
-    p.add_argument("--node", required=True, help="the node, as the inventory names it")
-    p.add_argument("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)")
-    p.add_argument("--clean", action="store_true", help="kill leftovers on idle GPUs, through the gate, then check again")
-    p.add_argument("--by", default=os.environ.get("USER", "launcher"), help="who asks (kept with a clean in the audit log)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answer (default 60)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--var", type=Path, default=DEFAULT_VAR, help="the embedded stack's directory (default ./var)")
-    p.set_defaults(func=cmd_preflight)
-
-    p = sub.add_parser("provision", help="create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
-    p.set_defaults(func=cmd_provision)
-
-    p = sub.add_parser("breaker", help="show or reset the remediator's fleet circuit breaker")
-    p.add_argument("action", choices=["status", "reset"], nargs="?", default="status")
-    p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who resets it (kept in the audit log)")
-    p.add_argument("--store", help="store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)")
-    json_option(p)
-    p.set_defaults(func=cmd_breaker)
-
-    p = sub.add_parser(
-        "policy",
-        help="check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",
-        description="The policy says how each incident kind is detected, what is done about it and when a "
-        "person takes over; every service that decides reads the same file.",
-    )
-    p.add_argument("action", choices=["check", "show"])
-    p.add_argument("file", nargs="?", type=Path, help="with `check`: the policy file")
-    p.set_defaults(func=cmd_policy)
-
-    p = sub.add_parser("proto", help="regenerate proto/ from the event models (--check: fail if stale)")
-    p.add_argument("--check", action="store_true")
-    p.set_defaults(func=cmd_proto)
-    return parser
+    if isinstance(exc, StoreUnavailable):
+        print(f"gpumedic: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, DBAPIError) and hasattr(args, "store"):
+        print(f"gpumedic: the store at {mask_url(_store_url(args))} cannot be read: {unreadable(exc)}", file=sys.stderr)
+        return 2
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; its exit status. Bad arguments exit 2 with one line that says what was wrong."""
     try:
-        return args.func(args)
-    except Exception as exc:
-        # A store that is down, or was never migrated, is the usual cause for the commands that read
-        # it: say which store and what it said, masked, without a traceback.
-        from sqlalchemy.exc import DBAPIError
-
-        from gpumedic_store import StoreUnavailable
-        from gpumedic_store.engine import unreadable
-        from gpumedic_store.settings import mask_url
-
-        if isinstance(exc, StoreUnavailable):
-            print(f"gpumedic: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, DBAPIError) and getattr(args, "store", "unset") != "unset":
-            print(f"gpumedic: the store at {mask_url(_store_url(args))} cannot be read: {unreadable(exc)}", file=sys.stderr)
-            return 2
-        raise
+        return cli.main(args=argv, prog_name="gpumedic", standalone_mode=False) or 0
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "gpumedic"
+        print(f"{command}: {exc.format_message()} (see {command} --help)", file=sys.stderr)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
 
 
 if __name__ == "__main__":

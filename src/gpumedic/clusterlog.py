@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpumedic.incidents import fmt_time
-from gpumedic.output import to_json
+from gpumedic.output import table, to_json
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 from report_builder.clusterlog import ClusterSummary, Goal, summarize
@@ -57,9 +57,11 @@ async def log_text(
             out.append(f"cluster {name}: no checks in the last {_hours(since)}")
             continue
         out += summary_text(name, summary)
-        out.append(f"  {'CHECKED':<24} {'PEERS':>7} {'LEADER':<20} SUMMARY")
-        for check in checks[name][-rows:]:
-            peers = f"{check.peers_answering}/{check.peers_total}"
-            out.append(f"  {fmt_time(check.checked_at):<24} {peers:>7} {(check.leader or '-')[:20]:<20} {' '.join(check.summary.split())[:110]}")
+        out.append(table(
+            ["CHECKED", "PEERS", "LEADER", "SUMMARY"],
+            [[fmt_time(c.checked_at), f"{c.peers_answering}/{c.peers_total}", c.leader or "-", " ".join(c.summary.split())[:110]]
+             for c in checks[name][-rows:]],
+            indent=2, right=["PEERS"],
+        ))
         out.append("")
     return "\n".join(out).rstrip() if out else "no cluster checks recorded (is leader-health running, with GPUMEDIC_LEADER_PEERS?)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from gpumedic.output import to_json
+from gpumedic.output import table, to_json
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 
@@ -25,11 +25,11 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
         return to_json(rows)
     if not rows:
         return "no incidents recorded" + (f" with status {status}" if status else "")
-    lines = [f"{'INCIDENT':<10} {'STATUS':<10} {'KIND':<20} {'NODE/GPU':<18} {'OPENED':<24} SUMMARY"]
-    for i in rows:
-        where = f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id
-        lines.append(f"{i.id[:8]:<10} {i.status:<10} {i.kind:<20} {where:<18} {fmt_time(i.opened_at):<24} {i.summary[:80]}")
-    return "\n".join(lines)
+    return table(
+        ["INCIDENT", "STATUS", "KIND", "NODE/GPU", "OPENED", "SUMMARY"],
+        [[i.id[:8], i.status, i.kind, f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id, fmt_time(i.opened_at),
+          i.summary[:80]] for i in rows],
+    )
 
 
 async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> str:
@@ -134,8 +134,9 @@ async def false_positives_text(store_url: str, *, as_json: bool = False) -> str:
         return to_json(records)
     if not records:
         return "no incidents recorded"
-    lines = [f"{'DETECTOR':<18} {'KIND':<20} {'INCIDENTS':>9} {'FALSE POS.':>10} {'SHARE':>6}"]
-    lines += [
-        f"{r.detector:<18} {r.kind:<20} {r.incidents:>9} {r.false_positives:>10} {r.share:>6.0%}" for r in records
-    ]
+    lines = [table(
+        ["DETECTOR", "KIND", "INCIDENTS", "FALSE POS.", "SHARE"],
+        [[r.detector, r.kind, r.incidents, r.false_positives, f"{r.share:.0%}"] for r in records],
+        right=["INCIDENTS", "FALSE POS.", "SHARE"],
+    )]
     return "\n".join(lines)

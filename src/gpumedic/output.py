@@ -1,20 +1,39 @@
-"""`--json` for the read commands: what they print as a table, as JSON for a script or `jq`.
+"""What the read commands print: a table for a person (rich), or with `--json` the same rows for a
+script or `jq`.
 
-One shape everywhere: a store row is an object of its columns, a time is ISO 8601 in UTC, a
-duration is seconds, a list is a JSON array (empty when there is nothing).
+One JSON shape everywhere: a store row is an object of its columns, a time is ISO 8601 in UTC, a
+duration is seconds, a list is a JSON array (empty when there is nothing). Tables are plain text
+(no colour, no box), one row a line whatever the terminal's width, so they read well and grep well.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import uuid
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
 from sqlalchemy import inspect
 from sqlalchemy.orm import DeclarativeBase
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int = 0, right: Sequence[str] = ()) -> str:
+    """`rows` under `headers`, columns as wide as their widest cell; the `right` columns aligned right."""
+    grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for header in headers:
+        grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
+    for row in rows:
+        grid.add_row(*("-" if cell is None else str(cell) for cell in row))
+    out = io.StringIO()
+    Console(file=out, width=100_000, no_color=True, highlight=False, emoji=False, markup=False).print(grid)
+    return "\n".join(" " * indent + line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 
 def to_json(data: Any) -> str:

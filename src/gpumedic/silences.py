@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpumedic.output import to_json
+from gpumedic.output import table, to_json
 from gpumedic.stack import Stack
 from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import OPERATOR
@@ -93,15 +93,11 @@ async def list_text(store_url: str, *, include_past: bool = False, as_json: bool
         return to_json(rows)
     if not rows:
         return "no silence in force" if not include_past else "no silence recorded"
-    lines = [f"{'SILENCE':<38} {'NODE':<16} {'KIND':<20} {'GPU':<4} {'UNTIL':<21} {'BY':<12} REASON"]
-    for s in rows:
-        until = s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ")
-        lifted = f" (lifted by {s.removed_by})" if s.removed_at else ""
-        lines.append(
-            f"{s.id:<38} {s.node_id or 'any':<16} {s.kind or 'any':<20} {'any' if s.gpu_index is None else s.gpu_index!s:<4} "
-            f"{until:<21} {s.created_by[:12]:<12} {s.reason}{lifted}"
-        )
-    return "\n".join(lines)
+    return table(
+        ["SILENCE", "NODE", "KIND", "GPU", "UNTIL", "BY", "REASON"],
+        [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index, s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ"),
+          s.created_by, s.reason + (f" (lifted by {s.removed_by})" if s.removed_at else "")] for s in rows],
+    )
 
 
 def describe(event: SilenceAdded) -> str:
