@@ -179,7 +179,7 @@ class Console:
             raise _BadRequest(str(exc) if isinstance(exc, views.FilterError) else "page must be a whole number") from None
         async with self._db() as session:
             rows = await repository.list_incidents(session, where=where, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE)
-            kinds = await repository.incident_kinds(session)
+            kinds = sorted({*await repository.incident_kinds(session), *([where.kind] if where.kind else [])})
         query = {k: v for k, v in request.query.items() if k != "page" and v}
         return self._page(
             request, "incidents.html", "Incidents", rows=rows[:PAGE_SIZE], kinds=kinds, statuses=INCIDENT_STATUSES, query=query,
