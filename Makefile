@@ -62,10 +62,10 @@ bench: install ## benchmarks; each prints ratios measured side by side in one ru
 	$(PY) -m benchmarks
 
 proto: install ## regenerate proto/ (schemas, subjects, AsyncAPI, examples) from the event models
-	$(PY) -m gpumedic.proto
+	$(VENV)/bin/gpumedic proto
 
 proto-check: install ## fail if proto/ is stale or a change breaks v1 compatibility
-	$(PY) -m gpumedic.proto --check
+	$(VENV)/bin/gpumedic proto --check
 
 lock: $(UV) ## refresh uv.lock after changing a pyproject.toml
 	$(UV) lock

@@ -411,7 +411,7 @@ def cmd_policy(args) -> int:
 def cmd_proto(args) -> int:
     from gpumedic import proto
 
-    return proto.main(["--check"] if args.check else [])
+    return proto.main(out=args.out, check=args.check, accept_breaking=args.accept_breaking)
 
 
 # --- the commands' arguments (click) ------------------------------------------------------------
@@ -627,7 +627,9 @@ _command(
 )
 _command(
     "proto", cmd_proto, "regenerate proto/ from the event models (--check: fail if stale)",
-    click.option("--check", is_flag=True, help="fail if proto/ is stale or breaks v1 compatibility"),
+    click.option("--check", is_flag=True, help="write nothing; exit 1 if proto/ is stale or a change breaks v1 compatibility"),
+    click.option("--accept-breaking", is_flag=True, help="also overwrite the v1 compatibility baseline (in practice: cut a v2)"),
+    click.option("--out", type=_PATH, help="the proto/ folder (default: the repository root's)"),
 )
 
 

@@ -39,7 +39,7 @@ def test_rendering_is_deterministic(tmp_path: Path) -> None:
 
 def test_check_passes_on_a_fresh_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _generate(tmp_path)
-    assert proto.main(["--check", "--out", str(out)]) == 0
+    assert proto.main(out=out, check=True) == 0
     assert "proto/ is up to date" in capsys.readouterr().out
 
 
@@ -50,7 +50,7 @@ def test_check_reports_an_altered_schema_as_stale(tmp_path: Path, capsys: pytest
     schema["properties"]["interval_s"]["description"] = "edited by hand"
     path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
 
-    assert proto.main(["--check", "--out", str(out)]) == 1
+    assert proto.main(out=out, check=True) == 1
     err = capsys.readouterr().err
     assert "stale: proto/schemas/NodeSampled.json" in err
     assert "edited by hand" in err, "the report shows a diff excerpt"
@@ -72,7 +72,7 @@ def test_generation_repairs_drift_and_removes_extra_files(tmp_path: Path) -> Non
     (out / "subjects.md").write_text("stale\n")
     (out / "schemas" / "Leftover.json").write_text("{}\n")
 
-    assert proto.main(["--out", str(out)]) == 0
+    assert proto.main(out=out) == 0
 
     assert proto.drift(out, proto.render(out)) == []
     assert not (out / "schemas" / "Leftover.json").exists()
@@ -86,14 +86,14 @@ def test_generation_keeps_an_existing_baseline(tmp_path: Path, capsys: pytest.Ca
     edited = json.dumps(baseline, indent=2, sort_keys=True) + "\n"
     path.write_text(edited)
 
-    assert proto.main(["--out", str(out)]) == 1, "make proto says the models break the baseline"
+    assert proto.main(out=out) == 1, "make proto says the models break the baseline"
     assert path.read_text() == edited, "make proto never overwrites a baseline"
-    assert proto.main(["--check", "--out", str(out)]) == 1
+    assert proto.main(out=out, check=True) == 1
     assert "ClusterChecked: $.region: property removed" in capsys.readouterr().err
 
-    assert proto.main(["--accept-breaking", "--out", str(out)]) == 0
+    assert proto.main(out=out, accept_breaking=True) == 0
     assert "region" not in json.loads(path.read_text())["properties"]
-    assert proto.main(["--check", "--out", str(out)]) == 0
+    assert proto.main(out=out, check=True) == 0
 
 
 def test_generation_adds_a_baseline_for_a_new_event(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_generation_adds_a_baseline_for_a_new_event(tmp_path: Path) -> None:
     path.unlink()
 
     assert "missing: proto/baseline/v1/SpansExported.json" in proto.drift(out, proto.render(out))
-    assert proto.main(["--out", str(out)]) == 0
+    assert proto.main(out=out) == 0
     baseline = json.loads(path.read_text())  # the contract form: the published schema, plus subject and stream
     assert baseline == proto.event_schema(SpansExported)
     assert baseline["x-subject"] == "gpumedic.v1.telemetry.spans.{service}"
@@ -115,9 +115,9 @@ def test_an_event_gone_from_the_catalogue_is_breaking(tmp_path: Path, capsys: py
     ghost = out / "baseline" / "v1" / "GpuSetOnFire.json"
     ghost.write_text((out / "schemas" / "IncidentOpened.json").read_text())
 
-    assert proto.main(["--check", "--out", str(out)]) == 1
+    assert proto.main(out=out, check=True) == 1
     assert "GpuSetOnFire: event removed from the catalogue" in capsys.readouterr().err
-    assert proto.main(["--out", str(out)]) == 1
+    assert proto.main(out=out) == 1
     assert ghost.exists(), "the baseline of a removed event stays, so the check keeps naming it"
 
 
@@ -132,9 +132,9 @@ def test_default_proto_dir_is_found_from_a_subfolder(proto_dir: Path) -> None:
     assert proto.default_proto_dir(proto_dir.parent / "libs" / "events" / "src") == proto_dir
 
 
-def test_module_check_runs_from_the_command_line(proto_dir: Path) -> None:
+def test_the_check_runs_from_the_command_line(proto_dir: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gpumedic.proto", "--check"],
+        [str(Path(sys.executable).with_name("gpumedic")), "proto", "--check"],
         cwd=proto_dir.parent,
         capture_output=True,
         text=True,
