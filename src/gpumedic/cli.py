@@ -134,16 +134,16 @@ def cmd_up(args) -> int:
             print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
             stack.start_services()
             await stack.wait_ready()
+            stack.start_supervising()  # a nats-server or service that dies is restarted, with a line saying so
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")
             print(f"      console: {stack.console_url} (to act from it, log in with the token in {stack.console_token_file})")
             print(f"      bus: {stack.nats.url}   store: {stack.store_url}")
             print(f"      metrics: http://127.0.0.1:PORT/metrics, ports in {args.var}/prometheus-targets.json "
                   f"({', '.join(f'{s} {p}' for s, p in stack.metrics_ports.items())})")
-            while True:
-                await asyncio.sleep(1 if args.duration is None else args.duration)
-                if args.duration is not None:
-                    return 0
-                stack.check_alive()
+            if args.duration is None:
+                await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
+            await asyncio.sleep(args.duration)
+            return 0
         finally:
             print("stopping services, then the bus")
             stack.stop()

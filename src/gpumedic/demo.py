@@ -119,6 +119,7 @@ async def run_demo(
         say("[3/5] starting the six services, each on its own NATS user")
         stack.start_services()
         await stack.wait_ready()
+        stack.start_supervising()  # a nats-server or service that dies is restarted, with a line saying so
         say(f"      console: {stack.console_url} (token in {stack.console_token_file})")
 
         if on_ready is not None:

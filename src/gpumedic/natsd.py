@@ -118,6 +118,11 @@ class NatsServer:
         self.stop()
         raise NatsServerError(f"nats-server did not report its port within {timeout_s:.0f}s")
 
+    @property
+    def exited(self) -> int | None:
+        """The exit status of a server that died on its own; None while it runs (or once stopped)."""
+        return self._proc.poll() if self._proc is not None else None
+
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:

@@ -49,6 +49,20 @@ def sampler_node_id(env: dict[str, str]) -> str:
     return env.get("GPUMEDIC_SAMPLER_NODE_ID") or os.environ.get("GPUMEDIC_SAMPLER_NODE_ID") or default_node_id()
 
 
+HEALTHY_AFTER_S = 60.0
+"""A restarted process that ran this long is healthy again: its next death restarts it at once."""
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class _Restart:
+    attempts: int = 0
+    since: float = 0.0
+    """When it was last (re)started (monotonic)."""
+    due: float | None = None
+    """When the next restart may happen; None while it runs."""
+
+
 @dataclass
 class Stack:
     var_dir: Path
@@ -63,6 +77,11 @@ class Stack:
     """Each service's Prometheus endpoint on loopback; also in var/prometheus-targets.json."""
     console_url: str | None = None
     """report-builder's web console, on loopback; its token is in `console_token_file`."""
+    restarts: dict[str, _Restart] = field(default_factory=dict)
+    """What the supervisor restarted (nats-server and services), and when it may try again."""
+    _envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    _supervisor: asyncio.Task | None = None
+    _stopping: bool = False
 
     @property
     def store_url(self) -> str:
@@ -170,19 +189,68 @@ class Stack:
         targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": s}} for s, port in self.metrics_ports.items()]
         (self.var_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
         for service in services or list(SERVICES):
-            log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
             metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
             console = self._console_env() if service == "report-builder" else {}
-            self.processes[service] = subprocess.Popen(
-                service_command(service),
-                env={**base, **self.service_env(service), **metrics, **console},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
-                preexec_fn=die_with_parent,
-            )
-            log.close()
+            self._envs[service] = {**base, **self.service_env(service), **metrics, **console}  # kept for restarts
+            self._spawn(service)
+
+    def _spawn(self, service: str) -> None:
+        log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
+        self.processes[service] = subprocess.Popen(
+            service_command(service),
+            env=self._envs[service],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
+            preexec_fn=die_with_parent,
+        )
+        log.close()
+
+    # --- supervision ---------------------------------------------------------------------------
+
+    def start_supervising(self, every_s: float = 1.0) -> None:
+        """From now until `stop`, restart what dies (see `tend`)."""
+
+        async def supervise() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                self.tend()
+
+        self._supervisor = asyncio.create_task(supervise(), name="gpumedic-supervisor")
+
+    def tend(self) -> None:
+        """Restart what died: the nats-server on its own port and data (the services reconnect), a
+        service with the same environment. The first restart is at once; one that dies again
+        within HEALTHY_AFTER_S waits 2, 4, ... up to MAX_BACKOFF_S. One line each."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        if self.nats is not None and (code := self.nats.exited) is not None:
+            self._revive("nats-server", code, now, self.nats.start, where=f" on port {self.nats.port}, same data")
+        for service, proc in list(self.processes.items()):
+            if (code := proc.poll()) is not None:
+                self._revive(service, code, now, lambda s=service: self._spawn(s))
+
+    def _revive(self, name: str, code: int, now: float, start: Callable[[], object], *, where: str = "") -> None:
+        restart = self.restarts.setdefault(name, _Restart())
+        if restart.due is None:
+            if now - restart.since > HEALTHY_AFTER_S:
+                restart.attempts = 0
+            wait = 0.0 if restart.attempts == 0 else min(MAX_BACKOFF_S, 2.0 ** restart.attempts)
+            restart.due = now + wait
+            if wait:
+                self.say(f"  {name} exited with {code} again; restarting it in {wait:.0f}s")
+        if now < restart.due:
+            return
+        restart.attempts += 1
+        restart.due, restart.since = None, now
+        try:
+            start()
+        except Exception as exc:  # the next round sees it dead and backs off
+            self.say(f"  {name} exited with {code} and did not restart: {exc}")
+            return
+        self.say(f"  {name} exited with {code}; restarted it{where} (restart {restart.attempts})")
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait for every started service's first `ready` heartbeat, showing which are up."""
@@ -220,6 +288,9 @@ class Stack:
                 raise RuntimeError(f"{service} exited with {proc.returncode}; last lines of its log:\n{tail}")
 
     def stop(self, timeout_s: float = 15.0) -> None:
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -64,9 +65,41 @@ class BusNotProvisioned(RuntimeError):
     """A stream or consumer the service binds to does not exist; the message says what to run."""
 
 
+def nats_reason(exc: BaseException) -> str:
+    """What went wrong with the bus, in words ("connection refused", not a traceback)."""
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()  # not asyncio's "Connect call failed (...)"
+    return (str(exc).strip() or type(exc).__name__).removeprefix("nats: ")
+
+
+class BusState:
+    """nats-py's connection callbacks as one log line per change of state: nats-py's default logs
+    a whole traceback on every reconnect try while the server is away. (Disconnection is not
+    logged by itself: a deliberate close disconnects too; the error that caused one is logged.)"""
+
+    def __init__(self, name: str) -> None:
+        self._log = logging.getLogger(f"{name}.bus")
+        self._last = ""
+
+    async def error(self, exc: Exception) -> None:
+        reason = nats_reason(exc)
+        if reason != self._last:
+            self._log.warning("bus: %s (reconnecting)", reason)
+            self._last = reason
+        else:
+            self._log.debug("bus: %s again", reason)
+
+    async def reconnected(self) -> None:
+        self._log.info("bus: reconnected to NATS")
+        self._last = ""
+
+
 def connect_options(settings: NatsSettings, name: str) -> dict:
     """nats-py connection options for a client that must outlive any NATS restart."""
+    state = BusState(name)
     options: dict = {
+        "error_cb": state.error,
+        "reconnected_cb": state.reconnected,
         "servers": settings.servers,
         "name": name,
         "allow_reconnect": True,

@@ -22,7 +22,7 @@ from faststream import FastStream
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
-from gpumedic_bus.runtime import connect
+from gpumedic_bus.runtime import connect, nats_reason
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_telemetry.logs import configure_logging
 
@@ -79,7 +79,7 @@ async def wait_for_nats(settings: NatsSettings, service: str) -> None:
             nc = await connect(settings, f"{service}-start", allow_reconnect=False, connect_timeout=2,
                                max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=remember)
         except Exception as exc:  # nats-py raises OSError, TimeoutError or its own errors
-            reason = _nats_reason(seen[-1] if seen else exc)
+            reason = nats_reason(seen[-1] if seen else exc)
             if "authorization" in reason.lower():
                 raise CannotStart(f"NATS at {where} refused the login of user {settings.user!r}: {reason}; "
                                   "check GPUMEDIC_NATS_USER and GPUMEDIC_NATS_PASSWORD (`gpumedic init` writes them)") from None
@@ -93,12 +93,6 @@ async def wait_for_nats(settings: NatsSettings, service: str) -> None:
             continue
         await nc.close()
         return
-
-
-def _nats_reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno).lower()  # "connection refused", not asyncio's "Connect call failed (...)"
-    return (str(exc).strip() or type(exc).__name__).removeprefix("nats: ")
 
 
 def _prefixes(settings_class: type[BaseModel]) -> dict[str, str]:
