@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install examples demo up test test-slow test-fast bench proto proto-check lock clean
+.PHONY: help install examples debian-packages demo up test test-slow test-fast bench proto proto-check lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,10 @@ up: install ## the embedded stack (nats-server, SQLite, six services) until Ctrl
 # each worker starts its own nats-server, PostgreSQL and sshd on free ports.
 TEST_WORKERS ?= 6
 
-test: install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
+debian-packages: ## install what the tests need from Debian (as root), or say the one command to run
+	@tests/debian-packages.sh
+
+test: debian-packages install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve), alone so their timing holds
