@@ -65,7 +65,7 @@ def cmd_demo(args) -> int:
     return _run(
         run_demo(
             args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration,
-            keep_running=args.keep_running, stop_after_s=args.duration,
+            keep_running=args.keep_running, stop_after_s=args.duration, cluster=args.cluster,
         )
     )
 
@@ -118,7 +118,8 @@ def cmd_up(args) -> int:
         story_s = 180.0 if args.duration is None else min(180.0, args.duration)
         return _run(
             run_demo(
-                args.var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration
+                args.var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration,
+                cluster=args.cluster,
             )
         )
     from gpumedic.stack import Stack, remediator_files
@@ -127,7 +128,7 @@ def cmd_up(args) -> int:
         stack = Stack(args.var)
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
-            stack.start_bus()
+            stack.start_bus(cluster=args.cluster)
             await stack.provision()
             stack.migrate()
             stack.env = remediator_files(args.var)
@@ -465,6 +466,11 @@ def _fleet(nodes: int = 4, gpus: int = 2):
     )
 
 
+def _cluster():
+    return click.option("--cluster", type=click.IntRange(1, 5), default=1, show_default=True,
+                        help="nats-servers in one JetStream cluster on loopback, streams replicated on up to 3 (3 survives one loss)")
+
+
 def _by(default: str = "operator", what: str = "who (kept in the audit)"):
     return click.option("--by", default=os.environ.get("USER", default), show_default="$USER", help=what)
 
@@ -474,6 +480,7 @@ _command(
     *_fleet(),
     click.option("--duration", type=float, default=180.0, show_default=True, help="give up after this many seconds"),
     click.option("--keep-running", is_flag=True, help="keep the stack up after the story, until --duration or Ctrl-C"),
+    _cluster(),
 )
 _command(
     "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
@@ -496,6 +503,7 @@ _command(
     *_fleet(),
     click.option("--demo", is_flag=True, help="also start a simulated fleet and inject a zombie job"),
     click.option("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"),
+    _cluster(),
 )
 _command(
     "run", cmd_run, "run one service in the foreground (settings from GPUMEDIC_* variables)",

@@ -94,13 +94,15 @@ async def run_demo(
     say=print,
     on_ready: Callable[[Stack], Awaitable[None]] | None = None,
     on_done: Callable[[Stack], Awaitable[None]] | None = None,
+    cluster: int = 1,
 ) -> int:
     """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise.
 
     `duration_s` bounds the story. With `keep_running` the stack stays up afterwards, until
     `stop_after_s` from the start, or until Ctrl-C when that is None. `on_ready` is awaited once
     the stack is up, before the zombie is injected (where a test starts its own consumers);
-    `on_done` once the story is told, while the stack is still up.
+    `on_done` once the story is told, while the stack is still up. `cluster`: that many
+    nats-servers in one JetStream cluster.
     """
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,7 @@ async def run_demo(
     sampling = None
     try:
         say(f"[1/5] starting the bus and the store under {var_dir}/")
-        stack.start_bus(sim_fleet=True)
+        stack.start_bus(sim_fleet=True, cluster=cluster)
         await stack.provision()
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs (SSH and /status on loopback)")

@@ -69,7 +69,8 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every service (thresholds, modes, file paths)."""
     say: Callable[[str], None] = print
-    nats: NatsServer | None = None
+    servers: list[NatsServer] = field(default_factory=list)
+    """The nats-server, or the cluster's servers."""
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)
     tls: TlsFiles | None = None
@@ -112,8 +113,12 @@ class Stack:
             "GPUMEDIC_REPORTS_CONSOLE_URL": os.environ.get("GPUMEDIC_REPORTS_CONSOLE_URL") or self.console_url,
         }
 
-    def start_bus(self, *, sim_fleet: bool = False) -> str:
-        """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet)."""
+    def start_bus(self, *, sim_fleet: bool = False, cluster: int = 1) -> str:
+        """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet);
+        with `cluster` > 1, that many servers in one JetStream cluster on loopback, every stream
+        and bucket replicated on up to three of them (`provision`)."""
+        if not 1 <= cluster <= 5:
+            raise ValueError(f"a NATS cluster of {cluster} servers: use 1 to 5 (3 is the usual, surviving one loss)")
         self.logs.mkdir(parents=True, exist_ok=True)
         self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
         users = [*CONTROL_USERS, node_user(sampler_node_id(self.env))]
@@ -121,15 +126,35 @@ class Stack:
             users.append(SIM_FLEET)
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
         self.tls = ensure_tls(self.secrets / "tls", ["localhost", "127.0.0.1"])
-        self.nats = NatsServer(
-            self.var_dir / "nats",
-            log_file=self.logs / "nats-server.log",
-            extra_config=render_accounts({u: self.passwords[u] for u in users}),
-            tls_config=self.tls.server_config(),
-        )
-        url = self.nats.start()
-        self.say(f"  nats-server with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
+        accounts = render_accounts({u: self.passwords[u] for u in users})
+        routes = [_free_port() for _ in range(cluster)] if cluster > 1 else []
+        for n in range(cluster):
+            member = ""
+            if routes:  # the servers find each other over routes on loopback
+                others = ", ".join(f"nats-route://127.0.0.1:{port}" for port in routes)
+                member = f"server_name: gpumedic-{n + 1}\ncluster {{\n  name: gpumedic\n  listen: 127.0.0.1:{routes[n]}\n  routes: [{others}]\n}}\n"
+            self.servers.append(NatsServer(
+                self.var_dir / ("nats" if n == 0 else f"nats-{n + 1}"),
+                port=_free_port() if routes else -1,
+                log_file=self.logs / ("nats-server.log" if n == 0 else f"nats-server-{n + 1}.log"),
+                extra_config=member + accounts,
+                tls_config=self.tls.server_config(),
+            ))
+        for server in self.servers:
+            server.start()
+        url = ",".join(server.url for server in self.servers)
+        shape = f"a cluster of {cluster} nats-servers, streams on {self.replicas}" if cluster > 1 else "nats-server"
+        self.say(f"  {shape} with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
         return url
+
+    @property
+    def nats(self) -> NatsServer | None:
+        """The first server (the one `Stack.running` finds under var/nats/)."""
+        return self.servers[0] if self.servers else None
+
+    @property
+    def replicas(self) -> int:
+        return min(len(self.servers), 3)
 
     @staticmethod
     def running(var_dir: Path, user: str) -> NatsSettings | None:
@@ -149,17 +174,29 @@ class Stack:
 
     def nats_settings(self, user: str) -> NatsSettings:
         assert self.nats is not None and self.tls is not None, "start the bus first"
-        return NatsSettings(url=self.nats.url, user=user, password=self.passwords[user], tls_ca_file=self.tls.ca)
+        url = ",".join(server.url for server in self.servers)
+        return NatsSettings(url=url, user=user, password=self.passwords[user], tls_ca_file=self.tls.ca)
 
     async def connect(self, user: str, **options) -> nats.NATS:
         """A connection as one of the stack's NATS users (tools: `observer`, `sim-fleet`, `admin`)."""
         return await connect(self.nats_settings(user), f"gpumedic-{user}", **options)
 
-    async def provision(self) -> None:
-        """Create the streams, buckets and consumers, as the admin (what `gpumedic provision` does)."""
+    async def provision(self, timeout_s: float = 30.0) -> None:
+        """Create the streams, buckets and consumers, as the admin (what `gpumedic provision` does);
+        a cluster first elects its JetStream leader."""
         nc = await self.connect(ADMIN, max_reconnect_attempts=3)
         try:
-            await provision(nc.jetstream(), NatsSettings())
+            js = nc.jetstream()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    await js.account_info()
+                    break
+                except Exception as exc:  # no JetStream leader yet
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the NATS cluster has no JetStream leader after {timeout_s:.0f}s ({exc!r})") from None
+                    await asyncio.sleep(0.25)
+            await provision(js, NatsSettings(), replicas=self.replicas)
         finally:
             await nc.close()
 
@@ -181,7 +218,7 @@ class Stack:
         self.say(f"  store migrated: {self.var_dir / 'gpumedic.db'}")
 
     def start_services(self, services: list[str] | None = None) -> None:
-        assert self.nats is not None, "start the bus first"
+        assert self.servers, "start the bus first"
         base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
         for service in services or list(SERVICES):
             self.metrics_ports[service] = _free_port()
@@ -226,8 +263,10 @@ class Stack:
         if self._stopping:
             return
         now = time.monotonic()
-        if self.nats is not None and (code := self.nats.exited) is not None:
-            self._revive("nats-server", code, now, self.nats.start, where=f" on port {self.nats.port}, same data")
+        for n, server in enumerate(self.servers):
+            if (code := server.exited) is not None:
+                name = "nats-server" if n == 0 else f"nats-server-{n + 1}"
+                self._revive(name, code, now, server.start, where=f" on port {server.port}, same data")
         for service, proc in list(self.processes.items()):
             if (code := proc.poll()) is not None:
                 self._revive(service, code, now, lambda s=service: self._spawn(s))
@@ -303,9 +342,9 @@ class Stack:
                 proc.kill()
                 proc.wait()
         self.processes.clear()
-        if self.nats is not None:
-            self.nats.stop()
-            self.nats = None
+        for server in self.servers:
+            server.stop()
+        self.servers.clear()
 
 
 def remediator_files(var_dir: Path, say: Callable[[str], None] = print) -> dict[str, str]:

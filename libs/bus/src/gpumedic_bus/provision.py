@@ -9,6 +9,8 @@ or updated to the declared settings, buckets created.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 from nats.js import JetStreamContext
@@ -65,7 +67,7 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
         try:
             await js.key_value(bucket.bucket)
         except BucketNotFoundError:
-            await js.create_key_value(bucket)
+            await js.create_key_value(dataclasses.replace(bucket, replicas=replicas))
             done.append(f"key-value bucket {bucket.bucket}")
     for item in DURABLES:
         try:
