@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install examples debian-packages demo up test test-slow test-fast bench proto proto-check lock clean
+.PHONY: help install examples debian-packages demo up test test-slow fuzz test-fast bench proto proto-check lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ test: debian-packages install examples ## every test but the slow ones: unit, co
 
 test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve), alone so their timing holds
 	$(PY) -m pytest -m slow
+
+fuzz: install ## property-based fuzzing of every consumer on a real nats-server, 100 batches per service (make test runs 3)
+	GPUMEDIC_FUZZ_EXAMPLES=100 $(PY) -m pytest -n $(TEST_WORKERS) tests/integration/test_fuzz_consumers.py -p no:cacheprovider
 
 test-fast: install ## the tests that need no server (pure logic and contracts)
 	$(PY) -m pytest tests/zombie_detector tests/contract -q

@@ -1,0 +1,164 @@
+"""Property-based fuzzing of every consuming service against a real nats-server: Hypothesis writes
+batches of messages for every subject the service consumes (documented examples with fields
+replaced by hostile or nonsensical values, arbitrary JSON, raw bytes, the wrong subject), and
+each batch is published to the real streams while the real service runs.
+
+Whatever the batch, the service stays up and ready, and every message ends exactly once: handled,
+or dead-lettered with its digest and a reason. What the events library refuses to decode is
+dead-lettered, never handled; what it decodes is handled by the service's own code, which must not
+fail on it. `make test` tries a few batches per service; `make fuzz` a hundred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import nats
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpumedic.natsd import NatsServer
+from gpumedic.proto import CONSUMERS
+from gpumedic_bus import NatsSettings, provision
+from gpumedic_bus.streams import DEAD_LETTERS
+from gpumedic_events import EventDecodeError, MessageRejected
+from gpumedic_events.base import json_examples
+from tests.fixtures.nats import TEST_TIMINGS
+from tests.integration.test_bad_input import _factory
+
+HOSTILE = st.sampled_from([
+    "", " ", "x" * 3000, "; rm -rf / #", "$(reboot)", "`id`", "../../etc/passwd", "<script>alert(1)</script>",
+    "\u202egnp.exe", "\x00", "a\nb\r\nc", "%s%n%x", "{{7*7}}", "' OR 1=1 --", "gpu-node-07", "0", "-1", "1e309",
+])
+TEXT = HOSTILE | st.text(max_size=80)
+LEAF = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False) | TEXT
+JSON = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                    max_leaves=12)
+EXAMPLES = int(os.environ.get("GPUMEDIC_FUZZ_EXAMPLES", "3"))
+"""Batches per service: a few in `make test`, many in `make fuzz`."""
+TOKEN = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
+
+
+def _messages(event_type) -> st.SearchStrategy[tuple[str, bytes]]:
+    """(subject, body) for one event type: mostly its example with a few fields changed."""
+    example = json_examples(event_type)[0]
+    fixed = event_type.subject_key is None
+
+    def subject(token: str | None) -> str:
+        if fixed:
+            return event_type.subject_prefix
+        return event_type.subject_for(token if token is not None else example[event_type.subject_key])
+
+    changed = st.dictionaries(st.sampled_from(sorted(example)), JSON, min_size=1, max_size=3).map(lambda c: {**example, **c})
+    # Hostile text where the example has free text, under a fresh event id: most of it decodes and
+    # so reaches the service's own handlers.
+    texts = sorted(k for k, v in example.items() if isinstance(v, str) and k not in ("event_id", "occurred_at", event_type.subject_key))
+    worded = st.tuples(st.uuids().map(str), st.dictionaries(st.sampled_from(texts or ["source"]), TEXT, max_size=2)).map(
+        lambda t: {**example, "event_id": t[0], **t[1]})
+    body = st.one_of(
+        worded.map(lambda d: json.dumps(d).encode()),
+        worded.map(lambda d: json.dumps(d).encode()),
+        changed.map(lambda d: json.dumps(d).encode()),
+        changed.map(lambda d: json.dumps({k: v for k, v in d.items() if k != "event_id"}).encode()),
+        JSON.map(lambda d: json.dumps(d).encode()),
+        st.binary(max_size=200),
+    )
+    token = st.one_of(st.none(), st.none(), st.none(), TOKEN)  # now and then a subject the body does not belong on
+    return st.tuples(token, body).map(lambda t: (subject(t[0]), t[1]))
+
+
+def _decodes(event_type, subject: str, body: bytes) -> bool:
+    try:
+        event_type.from_json(body, subject=subject)
+    except (EventDecodeError, UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("service", sorted(CONSUMERS))
+def test_no_batch_of_messages_stops_a_service_or_goes_unaccounted(service):
+    strategies = {event_type: st.lists(_messages(event_type), min_size=4, max_size=12) for event_type in CONSUMERS[service]}
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.fixed_dictionaries(strategies))
+    def run(batch) -> None:
+        asyncio.run(_exercise(service, batch))
+
+    run()
+
+
+async def _exercise(service: str, batch: dict) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpumedic-fuzz-") as tmp:
+        tmp_path = Path(tmp)
+        with NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log") as server:
+            settings = NatsSettings(url=server.url, **TEST_TIMINGS)
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await provision(js, settings)
+            if service in ("remediator", "report-builder"):
+                from gpumedic_store.migrate import upgrade
+
+                upgrade(f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}")
+            if service == "remediator":
+                import asyncssh
+
+                (tmp_path / "inventory.yaml").write_text("nodes: {}\n")
+                (tmp_path / "known_hosts").write_text("")
+                (tmp_path / "key").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+            app = _factory(service, settings, tmp_path)
+            task = asyncio.create_task(app.run())
+            try:
+                await asyncio.wait_for(app.runtime.ready.wait(), 20)
+                refused, sent = set(), 0
+                for event_type, messages in batch.items():
+                    for subject, body in messages:
+                        await js.publish(subject, body)
+                        sent += 1
+                        if not _decodes(event_type, subject, body):
+                            refused.add(hashlib.sha256(body).hexdigest())
+                ended = 0
+                for _ in range(300):  # every message ends once: ok, invalid or failed ("retried" is not an end)
+                    ended = _ended(app.runtime.metrics)
+                    if ended >= sent or task.done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert not task.done(), f"{service} stopped"
+                assert app.runtime.ready.is_set()
+                assert ended == sent, f"{service}: {ended} of {sent} messages ended"
+                dead = await _dead_letters(js, service, app.runtime.metrics.rejected())
+                failed = [d for d in dead if d.payload_sha256 not in refused]
+                assert not failed, f"{service} failed on messages that decode: {[d.reason for d in failed][:3]}"
+                assert {d.payload_sha256 for d in dead} == refused
+                assert all(d.reason for d in dead)
+            finally:
+                app.exit()
+                await asyncio.wait_for(task, 15)
+                await nc.close()
+
+
+def _ended(metrics) -> int:
+    return int(sum(s.value for metric in metrics.handled.collect() for s in metric.samples
+                   if s.name.endswith("_total") and s.labels["outcome"] != "retried"))
+
+
+async def _dead_letters(js, service: str, expected: int) -> list[MessageRejected]:
+    subject = MessageRejected.subject_for(service)
+    for _ in range(100):
+        info = await js.stream_info(DEAD_LETTERS.name, subjects_filter=subject)
+        if (info.state.messages or 0) >= expected:
+            break
+        await asyncio.sleep(0.05)
+    if not expected:
+        return []
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    try:
+        return [MessageRejected.from_json((await sub.next_msg(timeout=5)).data) for _ in range(expected)]
+    finally:
+        await sub.unsubscribe()
