@@ -5,11 +5,15 @@ still goes from detection to verified fix."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpumedic.demo import run_demo
 from gpumedic_bus.streams import INCIDENT_STATE, STREAMS
 from gpumedic_bus.topology import ADMIN
 
 
+# Slow: a whole-stack run of half a minute; `make test-slow` runs it with the machine to itself.
+@pytest.mark.slow
 async def test_the_demo_runs_on_a_three_server_cluster_with_one_server_down(tmp_path):
     lines: list[str] = []
     seen: dict[str, object] = {}

@@ -10,9 +10,13 @@ import asyncio
 import os
 import signal
 
+import pytest
+
 from gpumedic.demo import run_demo
 
 
+# Slow: a whole-stack run of half a minute; `make test-slow` runs it with the machine to itself.
+@pytest.mark.slow
 async def test_a_killed_nats_server_and_service_come_back_and_the_next_incident_is_fixed(tmp_path):
     lines: list[str] = []
     seen: dict[str, object] = {}
