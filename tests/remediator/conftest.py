@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -145,3 +145,12 @@ def open_incident(incidents) -> Callable:
         return state
 
     return _open
+
+
+def inventory_naming(sshd, directory: Path, nodes: Iterable[str]) -> Path:
+    """The test sshd's inventory plus `nodes` on a closed port of loopback: named, so the gate lets
+    actions on them through, and each fails when it connects (connection refused)."""
+    path = directory / "inventory-wide.yaml"
+    extra = "".join(f"  {node}: {{host: 127.0.0.1, port: 9, user: root}}\n" for node in nodes)
+    path.write_text(sshd.inventory.read_text() + extra)
+    return path

@@ -29,7 +29,7 @@ from remediator.settings import Settings
 from remediator.ssh import NodeUnreachable, SshExecutor
 from sqlalchemy import select
 
-from tests.remediator.conftest import incident_waiting_for, kill_request
+from tests.remediator.conftest import incident_waiting_for, inventory_naming, kill_request
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 
@@ -208,9 +208,9 @@ async def test_the_per_node_limit_over_a_window_comes_from_the_policy_file(harne
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\ngate: {max_actions_per_node: 2, node_window_s: 600}\n")
     monkeypatch.setenv("GPUMEDIC_POLICY_FILE", str(policy))
-    h = harness()
+    h = harness(inventory=inventory_naming(sshd, tmp_path, ["gpu-node-99", "gpu-node-98"]))
     for gpu in (0, 1):
-        # Unknown-node failures still count: each was an action the gate let through.
+        # Failures on a node that does not answer still count: each was an action the gate let through.
         done = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=gpu)))
         assert done.outcome is ActionOutcome.FAILED
     third = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99", gpu=2)))  # another incident
@@ -222,8 +222,8 @@ async def test_the_per_node_limit_over_a_window_comes_from_the_policy_file(harne
     assert other.outcome is ActionOutcome.FAILED  # another node is not capped
 
 
-async def test_breaker_trips_stays_open_until_reset(harness):
-    h = harness(mode="observe", breaker_max_nodes=2)
+async def test_breaker_trips_stays_open_until_reset(harness, sshd, tmp_path):
+    h = harness(mode="observe", breaker_max_nodes=2, inventory=inventory_naming(sshd, tmp_path, ["n1", "n2", "n3", "n4", "n5"]))
     for node in ("n1", "n2"):
         assert (await h.handle(await h.open(kill_request(_target(), node=node)))).outcome is ActionOutcome.OBSERVED
     tripping = await h.handle(await h.open(kill_request(_target(), node="n3")))
@@ -250,11 +250,11 @@ async def test_breaker_trips_stays_open_until_reset(harness):
     assert closed.reset_by == "alice" and closed.reset_at is not None
 
 
-async def test_unknown_node_fails_naming_the_inventory(harness, sshd):
+async def test_a_node_the_inventory_does_not_name_is_blocked_not_tried(harness, sshd):
     h = harness()
     completed = await h.handle(await h.open(kill_request(_target(), node="gpu-node-99")))
-    assert completed.outcome is ActionOutcome.FAILED
-    assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+    assert completed.outcome is ActionOutcome.BLOCKED
+    assert completed.detail.startswith("node gpu-node-99 is not in the remediator's inventory") and completed.steps == ()
 
 
 async def test_dead_host_fails_naming_the_node(harness, tmp_path):
@@ -410,10 +410,11 @@ async def test_a_gpu_busy_again_is_refused_on_the_node(harness, sshd, sleeper):
     assert sleeper.alive()
 
 
-async def test_a_burst_cannot_outrun_the_breaker_across_two_instances(harness, sshd):
+async def test_a_burst_cannot_outrun_the_breaker_across_two_instances(harness, sshd, tmp_path):
     """Forty requests for forty nodes arrive at once at two remediators sharing one store: the
     gate lets at most the breaker's limit through, and writes exactly one trip."""
-    first, second = harness(breaker_max_nodes=3), harness(breaker_max_nodes=3)
+    inventory = inventory_naming(sshd, tmp_path, [f"burst-{i:02d}" for i in range(40)])
+    first, second = harness(breaker_max_nodes=3, inventory=inventory), harness(breaker_max_nodes=3, inventory=inventory)
     requests = [await first.open(kill_request(_target(), node=f"burst-{i:02d}")) for i in range(40)]
     await asyncio.gather(
         *((first if i % 2 else second).handler.handle(r, Delivery(r.subject, {}, 1)) for i, r in enumerate(requests))
@@ -421,7 +422,7 @@ async def test_a_burst_cannot_outrun_the_breaker_across_two_instances(harness, s
     results = [p.event for p in first.broker.published + second.broker.published]
     assert sorted(r.action_id for r in results) == sorted(r.action_id for r in requests)  # one answer each
     let_through = [r for r in results if r.outcome is not ActionOutcome.BLOCKED]
-    assert len(let_through) == 3  # unknown nodes: they fail on the node, but the gate let them run
+    assert len(let_through) == 3  # nodes that do not answer: they fail on connecting, but the gate let them run
     assert all(r.outcome is ActionOutcome.FAILED for r in let_through)
     assert len(await first.trips()) == 1
     tripped = [r for r in results if "circuit breaker tripped" in r.detail]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit
+from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit, TerminateWorker
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, KillPolicy, NodeSelector, RestartPolicy, UnitRule
 from remediator.inventory import NodeAddress
@@ -294,3 +294,13 @@ def test_the_breaker_also_trips_on_a_share_of_the_fleet():
     assert decide(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window), now=NOW).verdict is Verdict.ALLOW
     # A fleet of two: one node may still act.
     assert decide(_request("n1"), gate=gate, ledger_view=LedgerView(fleet_size=2), now=NOW).verdict is Verdict.ALLOW
+
+
+def test_nothing_is_run_over_ssh_on_a_node_the_inventory_does_not_name():
+    gate = ENFORCE
+    decision = decide(_request("not-ours"), gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False)
+    assert decision.verdict is Verdict.BLOCK and "not-ours is not in the remediator's inventory" in decision.reason
+    # what does not log in to the node is not held back: ending a rented worker, a drain through the scheduler
+    for operation in (TerminateWorker(worker_ids=["not-ours"]), DrainNode()):
+        request = _request("not-ours").model_copy(update={"operation": operation})
+        assert decide(request, gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False).verdict is Verdict.ALLOW

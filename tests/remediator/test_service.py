@@ -155,14 +155,15 @@ async def test_observe_mode_answers_observed_and_leaves_the_process(start_servic
     assert not sshd.commands_about(sleeper.pid)
 
 
-async def test_unknown_node_fails_with_the_inventory_message(start_service, results, js, sshd, sleeper, open_incident):
+async def test_a_node_the_inventory_does_not_name_is_blocked_saying_so(start_service, results, js, sshd, sleeper, open_incident):
     await start_service()
     request = kill_request(sleeper.target(), node="gpu-node-99")
     await open_incident(request)
     await _request(js, request)
     _, completed = await _next(results)
-    assert completed.outcome is ActionOutcome.FAILED
-    assert completed.detail == f"unknown node 'gpu-node-99': not in inventory {sshd.inventory}"
+    assert completed.outcome is ActionOutcome.BLOCKED
+    assert completed.detail.startswith("node gpu-node-99 is not in the remediator's inventory")
+    assert completed.steps == ()
     assert sleeper.alive()
 
 

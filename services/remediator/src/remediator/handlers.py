@@ -243,7 +243,11 @@ class ActionHandler:
             node_window_s=self._gate.node_window_s,
         )
         view = dataclasses.replace(view, fleet_size=fleet_size)
-        decision: Decision = decide(request, gate=self._gate, ledger_view=view, now=now, address=address)
+        # An inventory that cannot be read (fleet_size 0) is no verdict on the node: the action then
+        # fails on the same error when it connects.
+        decision: Decision = decide(
+            request, gate=self._gate, ledger_view=view, now=now, address=address, in_inventory=address is not None or not fleet_size,
+        )
         self.breaker_open.set(1 if view.breaker_open_since is not None or decision.trip_breaker else 0)
         self._breaker_nodes.set(len(view.nodes_in_window))
         if decision.trip_breaker:

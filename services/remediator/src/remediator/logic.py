@@ -23,7 +23,7 @@ from typing import Literal
 from gpumedic_events import ActionRequested, HttpAdmin, RestartUnit, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, NodeScoped, NodeSelector, selects
-from remediator.catalogue import InvalidParameter, render
+from remediator.catalogue import InvalidParameter, over_ssh, render
 from remediator.inventory import NodeAddress
 
 Mode = Literal["observe", "enforce"]
@@ -148,11 +148,18 @@ def refusal(
 
 
 def decide(
-    request: ActionRequested, *, gate: Gate, ledger_view: LedgerView, now: datetime, address: NodeAddress | None = None
+    request: ActionRequested,
+    *,
+    gate: Gate,
+    ledger_view: LedgerView,
+    now: datetime,
+    address: NodeAddress | None = None,
+    in_inventory: bool = True,
 ) -> Decision:
     """The fleet's verdict on one request that passed `refusal`, with the rule that decided it.
 
-    `address` is the node's inventory entry (its group and labels), None when the inventory lacks it."""
+    `address` is the node's inventory entry (its group and labels), None when the inventory lacks
+    it; `in_inventory` is False only when the inventory was read and does not name the node."""
     node = request.node_id
     if ledger_view.breaker_open_since is not None:
         why = f" ({ledger_view.breaker_reason})" if ledger_view.breaker_reason else ""
@@ -163,6 +170,9 @@ def decide(
     if gate.protects(node, address):
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
     operation = request.operation
+    if not in_inventory and over_ssh(operation):
+        return Decision(Verdict.BLOCK, f"node {node} is not in the remediator's inventory: nothing is run on a node it "
+                                       "cannot name (add it to the inventory if it is one of yours)")
     scoped = _scope(operation, gate.actions)
     if scoped is not None and not scoped[0].allowed_on(node, address and address.group, address and address.labels):
         rule, what, where = scoped

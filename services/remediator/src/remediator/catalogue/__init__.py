@@ -81,6 +81,11 @@ def on_scheduler(operation: object) -> bool:
     return isinstance(operation, DrainNode | UndrainNode)
 
 
+def over_ssh(operation: object) -> bool:
+    """Whether the operation logs in to the node (its commands, or an undrain's validation)."""
+    return not (on_provider(operation) or on_task_db(operation) or isinstance(operation, DrainNode))
+
+
 async def execute(
     operation: object,
     run: Runner,
