@@ -133,6 +133,8 @@ class SimWorkerPool:
         self._rng = random.Random(seed)
         self._workers: dict[str, _Worker] = {}
         self._ended: set[str] = set()
+        self._beating: asyncio.Task | None = None
+        """After the curve, the heartbeats of the workers still rented (until `stop`)."""
         self._died: list[str] = []
         self._ended_busy: list[str] = []
         self._orphaned: set[str] = set()
@@ -205,6 +207,7 @@ class SimWorkerPool:
         await self.api.start()
 
     async def stop(self) -> None:
+        await _cancel(self._beating)
         for worker in self._workers.values():
             await _cancel(worker.sampler)
         await self.api.stop()
@@ -234,6 +237,17 @@ class SimWorkerPool:
             last = now
             if now >= end and (not self._open_tasks() or now >= end + drain_s):
                 break
+            await asyncio.sleep(STEP_S)
+        # The curve is over, not the workers: those still rented go on beating until the pool stops
+        # (the run is scored meanwhile, and a silent worker would be a stale heartbeat).
+        self._beating = asyncio.create_task(self._keep_beating())
+
+    async def _keep_beating(self) -> None:
+        while self._db is not None:
+            stamp = datetime.now(UTC).isoformat(timespec="seconds")
+            for worker_id, worker in self._workers.items():
+                if not worker.dead and self.provider.is_live(worker_id):
+                    self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             await asyncio.sleep(STEP_S)
 
     async def _step(self, publish, now: float, dt: float) -> None:
