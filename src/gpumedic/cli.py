@@ -87,9 +87,6 @@ def cmd_sim(args) -> int:
         extra = [parse_fault_option(text, node_ids=node_ids, gpus_per_node=gpus, rng=rng) for text in args.fault]
         return scenario.with_faults(extra)
 
-    if args.nodes < 1 or args.gpus < 1 or args.interval <= 0:
-        print("gpumedic sim: --nodes and --gpus must be at least 1, --interval positive", file=sys.stderr)
-        return 2
     try:
         # check the scenario before anything starts: a typo should cost a second, not a stack start
         from gpumedic.sim.fleet import node_ids_for
@@ -484,13 +481,12 @@ _command(
 )
 _command(
     "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
-    click.option("--nodes", type=int, default=20, show_default=True, help="simulated nodes"),
-    click.option("--gpus", type=int, default=8, show_default=True, help="GPUs per simulated node"),
-    click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
+    *_fleet(nodes=20, gpus=8),
     click.option("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)"),
     click.option("--fault", multiple=True, metavar="FIELDS", help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)"),
     click.option("--duration", type=float, help="seconds to run (default: the scenario's, else until detection had time)"),
-    click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between samples per node"),
+    click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+                 help="seconds between samples per node"),
     click.option("--seed", type=int, default=0, show_default=True, help="seed for 'random' nodes and GPUs"),
     click.option("--json", type=_PATH, help="also write the score as JSON to this file"),
     description="Start the embedded stack and a simulated fleet, inject the faults of a scenario (a YAML file, or a "

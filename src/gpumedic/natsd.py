@@ -119,6 +119,10 @@ class NatsServer:
         raise NatsServerError(f"nats-server did not report its port within {timeout_s:.0f}s")
 
     @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def exited(self) -> int | None:
         """The exit status of a server that died on its own; None while it runs (or once stopped)."""
         return self._proc.poll() if self._proc is not None else None

@@ -23,7 +23,7 @@ async def test_a_killed_nats_server_and_service_come_back_and_the_next_incident_
 
     async def kill_both(stack) -> None:
         port, victim = stack.nats.port, stack.processes["zombie-detector"]
-        os.killpg(stack.nats._proc.pid, signal.SIGKILL)
+        os.killpg(stack.nats.pid, signal.SIGKILL)
         victim.send_signal(signal.SIGKILL)
         for _ in range(300):  # the supervisor looks every second
             await asyncio.sleep(0.1)

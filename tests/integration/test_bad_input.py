@@ -11,38 +11,12 @@ import json
 
 import pytest
 
-from autoscaler.main import create_app as autoscaler_app
-from autoscaler.settings import Settings as AutoscalerSettings
-from leader_health.main import create_app as leader_app
-from leader_health.settings import Settings as LeaderSettings
 from gpumedic.proto import CONSUMERS
 from gpumedic_bus.streams import DEAD_LETTERS
 from gpumedic_bus.topology import REQUESTS
 from gpumedic_events import MAX_EVENT_BYTES, MessageRejected
 from gpumedic_events.base import json_examples
-from remediator.main import create_app as remediator_app
-from remediator.settings import Settings as RemediatorSettings
-from report_builder.main import create_app as reports_app
-from report_builder.settings import Settings as ReportSettings
-from zombie_detector.main import create_app as detector_app
-from zombie_detector.settings import Settings as DetectorSettings
-
-
-def _factory(service, nats, tmp_path):
-    store = {"url": f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"}
-    if service == "zombie-detector":
-        return detector_app(DetectorSettings(nats=nats))
-    if service == "autoscaler":  # as the pool's detector (it consumes the remediator's results then)
-        (tmp_path / "key").write_text("rpa_unused\n")
-        provider = {"kind": "runpod", "api_key_file": str(tmp_path / "key"), "image": "x:1", "base_url": "http://127.0.0.1:9/v1"}
-        demand = {"kind": "http", "url": "http://127.0.0.1:9/queue", "queued_path": "queued"}
-        return autoscaler_app(AutoscalerSettings(nats=nats, provider=provider, demand=demand))
-    if service == "leader-health":
-        return leader_app(LeaderSettings(nats=nats))
-    if service == "report-builder":
-        return reports_app(ReportSettings(nats=nats, store=store, console_port=0))  # the console binds the samples
-    files = {"inventory": tmp_path / "inventory.yaml", "known_hosts": tmp_path / "known_hosts", "client_key": tmp_path / "key"}
-    return remediator_app(RemediatorSettings(nats=nats, store=store, **files))
+from tests.integration.services import service_app
 
 
 def _bad_payloads(event_type) -> dict[str, tuple[str, bytes, str]]:
@@ -72,18 +46,7 @@ def _consumed(app) -> set[str]:
 
 @pytest.mark.parametrize("service", sorted(CONSUMERS))
 async def test_every_kind_of_bad_input_is_dead_lettered_and_the_service_lives_on(service, nats_settings, js, tmp_path):
-    if service == "remediator":
-        for name in ("inventory.yaml", "known_hosts"):
-            (tmp_path / name).write_text("nodes: {}\n" if name == "inventory.yaml" else "")
-        import asyncssh
-
-        (tmp_path / "key").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
-    if service in ("remediator", "report-builder"):
-        from gpumedic_store.migrate import upgrade
-
-        upgrade(f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}")
-
-    app = _factory(service, nats_settings, tmp_path)
+    app = service_app(service, nats_settings, tmp_path)
     answered = {r.subject for r in REQUESTS if r.service == service}  # request-reply, answered not consumed
     assert _consumed(app) == {e.subject_filter() for e in CONSUMERS[service]} | answered, "proto.CONSUMERS is out of date"
     task = asyncio.create_task(app.run())

@@ -30,7 +30,7 @@ from gpumedic_bus.streams import DEAD_LETTERS
 from gpumedic_events import EventDecodeError, MessageRejected
 from gpumedic_events.base import json_examples
 from tests.fixtures.nats import TEST_TIMINGS
-from tests.integration.test_bad_input import _factory
+from tests.integration.services import service_app
 
 HOSTILE = st.sampled_from([
     "", " ", "x" * 3000, "; rm -rf / #", "$(reboot)", "`id`", "../../etc/passwd", "<script>alert(1)</script>",
@@ -102,17 +102,7 @@ async def _exercise(service: str, batch: dict) -> None:
             nc = await nats.connect(server.url)
             js = nc.jetstream()
             await provision(js, settings)
-            if service in ("remediator", "report-builder"):
-                from gpumedic_store.migrate import upgrade
-
-                upgrade(f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}")
-            if service == "remediator":
-                import asyncssh
-
-                (tmp_path / "inventory.yaml").write_text("nodes: {}\n")
-                (tmp_path / "known_hosts").write_text("")
-                (tmp_path / "key").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
-            app = _factory(service, settings, tmp_path)
+            app = service_app(service, settings, tmp_path)
             task = asyncio.create_task(app.run())
             try:
                 await asyncio.wait_for(app.runtime.ready.wait(), 20)

@@ -18,6 +18,7 @@ the style sheet are served from `static/`, and the Content-Security-Policy allow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -62,7 +63,8 @@ class ConsoleConfig:
 
 
 class Changes:
-    """A counter that report-builder's handlers bump when they store something; `/live` waits on it."""
+    """A counter that report-builder's handlers bump when they store something (and the samples on
+    every arrival: so bumping is one increment and a flag); `/live` waits on it."""
 
     def __init__(self) -> None:
         self.version = 0
@@ -71,15 +73,13 @@ class Changes:
     def bump(self) -> None:
         self.version += 1
         self._event.set()
-        self._event = asyncio.Event()
 
     async def after(self, version: int, timeout_s: float) -> int:
+        """The version once it differs from `version`, or after `timeout_s`."""
         if self.version == version:
-            event = self._event
-            try:
-                await asyncio.wait_for(event.wait(), timeout_s)
-            except TimeoutError:
-                pass
+            self._event.clear()  # set by bumps every waiter has seen: they compared versions first
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout_s)
         return self.version
 
 
@@ -245,16 +245,14 @@ class Console:
         hours = _hours(request, default=6)
         async with self._db() as session:
             rows = await repository.capacity_checks(session, since=datetime.now(UTC) - timedelta(hours=hours))
-        def series(name: str) -> list[float | None]:
-            return [getattr(r, name) for r in rows]
         queue = [(r.queued or 0) + (r.in_progress or 0) for r in rows]
-        gpus_top = max([*series("gpus_total"), *(v or 0 for v in series("gpus_wanted")), 0], key=lambda v: v or 0) or 0
+        gpus, wanted, cost = [r.gpus_total for r in rows], [r.gpus_wanted or 0 for r in rows], [r.cost_per_h or 0.0 for r in rows]
+        gpus_top = max(gpus + wanted, default=0)
         return self._page(
             request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None,
             queue=views.chart(queue, 600, 120), queue_top=max(queue, default=0),
-            gpus=views.chart(series("gpus_total"), 600, 120, top=gpus_top), wanted=views.chart(series("gpus_wanted"), 600, 120, top=gpus_top),
-            gpus_top=gpus_top, cost=views.chart(series("cost_per_h"), 600, 120),
-            cost_top=max((v or 0 for v in series("cost_per_h")), default=0),
+            gpus=views.chart(gpus, 600, 120, top=gpus_top), wanted=views.chart(wanted, 600, 120, top=gpus_top), gpus_top=gpus_top,
+            cost=views.chart(cost, 600, 120), cost_top=max(cost, default=0),
         )
 
     async def ledger_page(self, request: web.Request) -> web.Response:
@@ -430,10 +428,10 @@ async def _headers(request: web.Request, handler):
 async def _same_origin_form(request: web.Request):
     """The form of a write, refused when the browser says it comes from another origin."""
     origin = request.headers.get("Origin") or request.headers.get("Referer")
-    if origin and origin != "null":
+    if origin:  # "null" too: a sandboxed or opaque origin is not this site
         parts = urlsplit(origin)
         if f"{parts.scheme}://{parts.netloc}" != f"{request.scheme}://{request.host}":
-            raise web.HTTPForbidden(text=f"a write from another origin ({parts.scheme}://{parts.netloc}) is refused")
+            raise web.HTTPForbidden(text=f"a write from another origin ({origin[:100]}) is refused")
     return await request.post()
 
 
