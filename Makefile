@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install examples debian-packages demo up test test-slow fuzz test-fast bench proto proto-check lock clean
+.PHONY: help install examples debian-packages demo up test test-slow fuzz test-fast bench proto proto-check lock clean images compose-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,13 +53,22 @@ debian-packages: ## install what the tests need from Debian (as root), or say th
 	@tests/debian-packages.sh
 
 test: debian-packages install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not compose"
 
 test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve, the NATS cluster, supervision), alone so their timing holds
 	$(PY) -m pytest -m slow
 
 fuzz: install ## property-based fuzzing of every consumer on a real nats-server, 100 batches per service (make test runs 3)
 	GPUMEDIC_FUZZ_EXAMPLES=100 $(PY) -m pytest -n $(TEST_WORKERS) tests/integration/test_fuzz_consumers.py -p no:cacheprovider
+
+ENGINE := deploy/images/engine.sh
+
+images: install ## build every compose image here, with no image registry (a Debian base from Debian's packages, wheels from uv.lock)
+	$(ENGINE) ensure
+	UV=$(UV) PIP=$(TOOLS)/bin/pip deploy/images/build.sh
+
+compose-test: images ## compose up on a Docker engine with the demo fleet: health checks, one zombie from detection to verified fix, down with nothing left
+	$(PY) -m pytest -m compose tests/compose -p no:cacheprovider; status=$$?; $(ENGINE) release; exit $$status
 
 test-fast: install ## the tests that need no server (pure logic and contracts)
 	$(PY) -m pytest tests/zombie_detector tests/contract -q

@@ -70,6 +70,23 @@ def cmd_demo(args) -> int:
     )
 
 
+def cmd_fleet(args) -> int:
+    from gpumedic.sim.serve import FleetSetupError, serve_fleet
+    from gpumedic_bus.service import CannotStart
+
+    try:
+        return _run(
+            serve_fleet(
+                args.dir, nodes=args.nodes, gpus=args.gpus, listen=args.listen, host=args.host or args.listen,
+                client_key_file=args.client_key, credentials=args.credentials, interval_s=args.interval,
+                zombie_after_s=args.zombie_after,
+            )
+        )
+    except (FleetSetupError, CannotStart) as exc:
+        print(f"gpumedic fleet: {exc}", file=sys.stderr)
+        return 2
+
+
 def cmd_sim(args) -> int:
     import random
 
@@ -493,6 +510,20 @@ _command(
     "built-in one by name) and of --fault options on schedule, and score the incidents against each injection's answer "
     "key (precision, recall, time to incident), then show how each incident ended (fixed, cleared, escalated) and which "
     "escalations paged the simulated on-call webhook.",
+)
+_command(
+    "fleet", cmd_fleet, "a simulated fleet on the network for a control plane that runs elsewhere (compose's demo)",
+    click.option("--nodes", type=click.IntRange(min=1), default=4, show_default=True, help="simulated nodes"),
+    click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True, help="GPUs per simulated node"),
+    click.option("--dir", type=_PATH, required=True, help="where inventory.yaml and known_hosts for the remediator go"),
+    click.option("--listen", default="127.0.0.1", show_default=True, help="the address the nodes' SSH and status servers bind to"),
+    click.option("--host", help="the name the control plane reaches the nodes by (default: --listen)"),
+    click.option("--client-key", type=_PATH, required=True, help="the remediator's private SSH key: the nodes accept its public half"),
+    click.option("--credentials", type=_PATH, required=True, help="the directory of per-node NATS logins that `gpumedic init` wrote (NODE.env)"),
+    click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="seconds between a node's samples"),
+    click.option("--zombie-after", type=click.FloatRange(min=0), help="inject one zombie job this many seconds after sampling starts"),
+    description="Simulated nodes that run the real node-sampler code over simulated NVML and /proc, answer SSH "
+    "(accepting the remediator's key) and log in to NATS each as its own user, as real nodes would.",
 )
 _command(
     "up", cmd_up, "start the embedded stack: nats-server, SQLite store, the six services, the console",

@@ -10,10 +10,16 @@ It writes, beside compose.yaml (none of it is committed; .gitignore lists it):
 
 Running it again keeps every existing secret, adds what is missing (a new node, a placeholder
 left in .env), and rewrites the accounts and the server certificate to match.
+
+The containers run as the user who owns these files (GPUMEDIC_UID and GPUMEDIC_GID in .env), never
+as root: run by a user, that user; run as root, the images' own user (10001), to whom it gives
+deploy/secrets/ and what you put in deploy/remediator/ and deploy/autoscaler/ (run it again
+after adding a file there).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +35,10 @@ from gpumedic_events import NodeId
 NATS_PORT = 4222
 _LOCAL_NAMES = ("nats", "localhost", "127.0.0.1")
 """How compose's services and the host itself reach NATS; always in the server certificate."""
+IMAGE_UID = 10001
+"""The user the images create (deploy/images/service.Dockerfile), for a deployment set up as root."""
+_CONTAINER_DIRS = ("secrets", "remediator", "autoscaler", "policy")
+"""What containers read under deploy/, given to the containers' user when `init` runs as root."""
 CA_IN_NODE = "/etc/gpumedic/nats-ca.pem"
 """Where a node's sampler is told to find the CA (copy deploy/secrets/tls/ca.pem there)."""
 _ENV_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
@@ -70,7 +80,7 @@ class Deployment:
         return TlsFiles(self.secrets / "tls")
 
 
-def _read_env(path: Path) -> list[tuple[str, str | None, str]]:
+def read_env(path: Path) -> list[tuple[str, str | None, str]]:
     """(key or '', value, original line) for every line of an env file, comments kept."""
     if not path.exists():
         return []
@@ -97,7 +107,7 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
             raise ValueError(f"node id {node!r} is not valid: letters, digits, '-' and '_', at most 63 characters") from None
 
     # .env: start from the example, keep what is set, fill every placeholder with a real secret.
-    rows = _read_env(deploy.env_file) or _read_env(root / "deploy" / "env.example")
+    rows = read_env(deploy.env_file) or read_env(root / "deploy" / "env.example")
     users = [*CONTROL_USERS]
     wanted = {"POSTGRES_PASSWORD", *(password_variable(u) for u in users)}
     values = {k: v for k, v, _ in rows if k}
@@ -113,6 +123,12 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
         values[key] = new_password()
         lines.append(f"{key}={values[key]}")
         generated += 1
+    as_root = os.geteuid() == 0
+    if not values.get("GPUMEDIC_UID"):
+        values["GPUMEDIC_UID"] = str(IMAGE_UID if as_root else os.getuid())
+        values["GPUMEDIC_GID"] = str(IMAGE_UID if as_root else os.getgid())
+        lines += ["# the containers' user: the owner of deploy/secrets/ (never root)",
+                  f"GPUMEDIC_UID={values['GPUMEDIC_UID']}", f"GPUMEDIC_GID={values['GPUMEDIC_GID']}"]
     write_private(deploy.env_file, "\n".join(lines) + "\n")
     done.append(f"{deploy.env_file}: {generated} secret(s) generated, {len(wanted) - generated} kept")
 
@@ -128,7 +144,7 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
     url_host = outside[0] if outside else "nats"
     for node in nodes:
         path = deploy.nodes_dir / f"{node}.env"
-        existing = {k: v for k, v, _ in _read_env(path) if k}
+        existing = {k: v for k, v, _ in read_env(path) if k}
         password = existing.get("GPUMEDIC_NATS_PASSWORD")
         if _is_placeholder(password):
             password = new_password()
@@ -151,4 +167,22 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
     if not deploy.console_token.exists() or not deploy.console_token.read_text().strip():
         write_private(deploy.console_token, new_password() + "\n")
         done.append(f"{deploy.console_token}: the web console's token (give it to the operators who may act from the console)")
+    if as_root:
+        owner = (int(values["GPUMEDIC_UID"]), int(values.get("GPUMEDIC_GID") or values["GPUMEDIC_UID"]))
+        given = _give(root / "deploy", owner)
+        done.append(f"{given} file(s) under deploy/ given to uid {owner[0]}, the containers' user (not root)")
     return done
+
+
+def _give(deploy_dir: Path, owner: tuple[int, int]) -> int:
+    """chown what containers read under deploy/ to `owner`; the count of files given."""
+    count = 0
+    for name in _CONTAINER_DIRS:
+        top = deploy_dir / name
+        if not top.is_dir():
+            continue
+        for path in [top, *top.rglob("*")]:
+            if not path.is_symlink():
+                os.chown(path, *owner)
+                count += path.is_file()
+    return count

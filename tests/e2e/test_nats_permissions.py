@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from nats.js.api import StreamConfig, SubjectTransform
 from pydantic import SecretStr
 
-from gpumedic.deployment import Deployment, init_deployment, password_variable
+from gpumedic.deployment import IMAGE_UID, Deployment, init_deployment, password_variable
 from gpumedic.natsd import NatsServer, nats_server_binary
 from gpumedic.sim.fleet import SimFleet
 from gpumedic_bus import NatsSettings, connect, provision
@@ -97,6 +98,27 @@ def test_the_shipped_config_is_valid_with_what_init_generates(tmp_path):
     before = token.read_text()
     init_deployment(root, nodes=[NODE])
     assert token.read_text() == before
+
+
+def test_init_hands_the_files_containers_read_to_their_user_never_root(tmp_path):
+    """compose runs every container as GPUMEDIC_UID: the owner of the secrets, and not root."""
+    root = tmp_path / "cp"
+    (root / "deploy" / "remediator").mkdir(parents=True)
+    (root / "deploy" / "env.example").write_text((ROOT / "deploy" / "env.example").read_text())
+    key = root / "deploy" / "remediator" / "id_ed25519"
+    key.write_text("a key the operator put there\n")
+    key.chmod(0o600)
+    init_deployment(root, nodes=[NODE])
+    env = dict(line.split("=", 1) for line in (root / ".env").read_text().splitlines() if "=" in line and not line.startswith("#"))
+    uid, gid = int(env["GPUMEDIC_UID"]), int(env["GPUMEDIC_GID"])
+    assert uid != 0 and gid != 0
+    expected = IMAGE_UID if os.geteuid() == 0 else os.getuid()
+    assert uid == expected
+    for path in (root / "deploy" / "secrets" / "console-token", root / "deploy" / "secrets" / "nats-accounts.conf", key):
+        assert (path.stat().st_uid, path.stat().st_mode & 0o077) == (uid, 0), path
+    # a second run keeps the user it chose
+    init_deployment(root, nodes=[NODE])
+    assert (root / ".env").read_text().count("GPUMEDIC_UID=") == 1
 
 
 def _matches(subject: str, pattern: str) -> bool:

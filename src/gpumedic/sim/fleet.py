@@ -22,7 +22,7 @@ from gpumedic_events import Event
 
 from gpumedic.credentials import write_private
 from gpumedic.sim.cluster import ELECTION_S, PeerCluster
-from gpumedic.sim.node import SimNode
+from gpumedic.sim.node import LOOPBACK, SimNode
 from gpumedic.sim.scenario import FAULT_PARAMS
 from gpumedic.sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, Benign, Fault, InjectedFault
 
@@ -54,9 +54,14 @@ class SimFleet:
         *,
         jobs_per_gpu: int = 1,
         user: str = SSH_USER,
+        listen: str = LOOPBACK,
+        host: str | None = None,
+        client_key: asyncssh.SSHKey | None = None,
     ) -> None:
         """`jobs_per_gpu` busy jobs start on every GPU (0 for an idle fleet), backdated by
-        minutes to hours so start ticks differ as on a fleet that has been running."""
+        minutes to hours so start ticks differ as on a fleet that has been running. The nodes
+        bind to `listen` and are reached as `host` (default: `listen`); they accept `client_key`
+        (default: one generated here, written to `client_key_path`)."""
         if n_nodes < 1:
             raise ValueError("a fleet has at least one node")
         self.workdir = Path(workdir)
@@ -65,6 +70,7 @@ class SimFleet:
         self.nodes: dict[str, SimNode] = {}
         for node_id in node_ids_for(n_nodes):
             node = SimNode(node_id, gpus_per_node)
+            node.listen, node.host = listen, host or listen
             node.fault_listeners.append(self.injected.append)
             for gpu in range(gpus_per_node):
                 for _ in range(jobs_per_gpu):
@@ -74,7 +80,8 @@ class SimFleet:
         """The peer cluster every node's daemon belongs to; its first node leads."""
         for node in self.nodes.values():
             node.cluster = self.cluster
-        self.client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self._own_key = client_key is None
+        self.client_key = client_key or asyncssh.generate_private_key("ssh-ed25519")
         self._sampler_tasks: set[asyncio.Task] = set()
         self._timers: set[asyncio.Task] = set()
         self._started = False
@@ -270,5 +277,6 @@ class SimFleet:
             lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}}}")
         self.inventory_path.write_text("\n".join(lines) + "\n")
         self.known_hosts_path.write_text("".join(f"{n.known_hosts_line()}\n" for n in self.nodes.values()))
-        write_private(self.client_key_path, self.client_key.export_private_key())
+        if self._own_key:  # a key handed in stays where its owner keeps it
+            write_private(self.client_key_path, self.client_key.export_private_key())
         (self.workdir / "client_key.pub").write_bytes(self.client_key.export_public_key())

@@ -35,6 +35,9 @@ class SimNode(NodeState):
     def __init__(self, node_id: str, gpus: int, *, seed: int | None = None) -> None:
         super().__init__(node_id, gpus, seed=seed)
         self.host = LOOPBACK
+        """The name the control plane reaches this node by (its inventory's host, its status URL)."""
+        self.listen = LOOPBACK
+        """The address its SSH and status servers bind to (0.0.0.0 where the fleet runs in a container)."""
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self._ssh = SshEndpoint(self, self.host_key)
         self._status = StatusEndpoint(self)
@@ -74,8 +77,8 @@ class SimNode(NodeState):
 
     async def start(self, client_public_key: asyncssh.SSHKey) -> None:
         """Start the SSH server (accepting `client_public_key` for any user) and the status endpoint."""
-        await self._ssh.start(client_public_key, self.host)
-        await self._status.start(self.host)
+        await self._ssh.start(client_public_key, self.listen)
+        await self._status.start(self.listen)
         self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
@@ -97,7 +100,7 @@ class SimNode(NodeState):
 
         async def back() -> None:
             await asyncio.sleep(down_s)
-            await self._status.start(self.host, self._status.port or 0)
+            await self._status.start(self.listen, self._status.port or 0)
             self.cluster.join(self.node_id)
 
         task = asyncio.get_running_loop().create_task(back())
@@ -105,7 +108,7 @@ class SimNode(NodeState):
         task.add_done_callback(self._restarts.discard)
 
     def _listen_again(self) -> None:
-        task = asyncio.get_running_loop().create_task(self._status.start(self.host, self._status.port or 0))
+        task = asyncio.get_running_loop().create_task(self._status.start(self.listen, self._status.port or 0))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
@@ -131,7 +134,7 @@ class SimNode(NodeState):
 
     async def inject_ssh_hangs(self) -> None:
         """sshd wedges: the port accepts TCP and never answers."""
-        await self._ssh.hang(self.host)
+        await self._ssh.hang(self.listen)
         self._record(None, Fault.SSH_HANGS)
 
     # --- the node-sampler's sources --------------------------------------------------------

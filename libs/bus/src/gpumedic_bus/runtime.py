@@ -35,7 +35,7 @@ from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
 from gpumedic_telemetry import create_tracer_provider
-from gpumedic_telemetry.metrics import ServiceMetrics, metrics_port
+from gpumedic_telemetry.metrics import CONNECTED, ServiceMetrics, metrics_port
 
 log = logging.getLogger(__name__)
 
@@ -307,9 +307,14 @@ class ServiceRuntime:
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
         if self._metrics_port is not None:
+            self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
             self.metrics.serve(self._metrics_port)
         self.ready.set()
         log.info("%s ready (instance %s)", self.service, self.instance_id)
+
+    def _connected(self):
+        connection = self.broker._connection
+        yield (), 1.0 if connection is not None and connection.is_connected else 0.0
 
     async def _stopping(self) -> None:
         self.ready.clear()

@@ -91,3 +91,26 @@ class _Computed(Collector):
         for values, value in self._read():
             family.add_metric(list(values), value)
         yield family
+
+
+CONNECTED = "gpumedic_bus_connected"
+"""1 while the service's NATS connection is up; the metrics endpoint itself answers once the service is ready."""
+
+
+def healthcheck() -> None:
+    """`gpumedic-healthcheck`, a container's health check: exits 0 when this service's `/metrics`
+    answers (it starts once the service is ready) and says its NATS connection is up; otherwise
+    1 with the reason in one line."""
+    import sys
+    import urllib.request
+
+    try:
+        port = metrics_port()
+        if port is None:
+            sys.exit(f"unhealthy: {PORT_VARIABLE} is not set, so there is no endpoint to ask")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
+            text = reply.read().decode()
+    except (OSError, ValueError) as exc:
+        sys.exit(f"unhealthy: no answer on the metrics port ({exc}): starting, or not ready")
+    if f"{CONNECTED} 1.0" not in text.splitlines():
+        sys.exit("unhealthy: the service is not connected to NATS")
