@@ -25,6 +25,7 @@ import nats
 from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, render_accounts, write_private
 from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
+from gpumedic_bus.provision import wait_for_jetstream
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import ServiceHeartbeat
 
@@ -187,15 +188,7 @@ class Stack:
         nc = await self.connect(ADMIN, max_reconnect_attempts=3)
         try:
             js = nc.jetstream()
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    await js.account_info()
-                    break
-                except Exception as exc:  # no JetStream leader yet
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the NATS cluster has no JetStream leader after {timeout_s:.0f}s ({exc!r})") from None
-                    await asyncio.sleep(0.25)
+            await wait_for_jetstream(js, timeout_s)
             await provision(js, NatsSettings(), replicas=self.replicas)
         finally:
             await nc.close()

@@ -1,7 +1,8 @@
 """compose brought up for real (`make compose-test`, which builds the images first): the control
 plane from compose.yaml with the demo fleet of deploy/compose.demo.yaml on a Docker engine, every
 health check waited for, one zombie job followed from detection to its verified fix, and the
-stack brought down leaving no container, network or volume behind.
+stack brought down leaving no container, network or volume behind. Once on one nats-server, once
+on the three-server cluster of deploy/compose.cluster.yaml with one of its servers killed first.
 
 Jaeger is left out (its image can only be pulled, and no registry is reachable here): it is the
 profile `traces`, which this run does not enable, so the services export no spans.
@@ -52,11 +53,12 @@ def _free_port() -> int:
 class Compose:
     """One compose project in its own directory: the repository's compose files, this run's secrets."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, overlays: list[str]) -> None:
         self.dir = directory
         self.project = f"gpumedic-test-{os.getpid()}"
+        files = [ROOT / "compose.yaml", *(ROOT / "deploy" / f"compose.{name}.yaml" for name in overlays)]
         self.base = [*_compose_command(), "-p", self.project, "--project-directory", str(directory),
-                     "-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "deploy" / "compose.demo.yaml")]
+                     *(a for f in files for a in ("-f", str(f)))]
 
     def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         done = subprocess.run([*self.base, *args], cwd=self.dir, capture_output=True, text=True, timeout=timeout)
@@ -98,14 +100,14 @@ class Compose:
         return found
 
 
-@pytest.fixture
-def deployment(tmp_path: Path):
+@pytest.fixture(params=["single", "cluster"])
+def deployment(request, tmp_path: Path):
     """A directory set up as a user would: `gpumedic init` for the demo's nodes, the remediator's key."""
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("no Docker engine answers: start dockerd (make compose-test builds the images on it)")
     (tmp_path / "deploy" / "remediator").mkdir(parents=True)
     (tmp_path / "deploy" / "policy").mkdir()
-    for name in ("env.example", "nats.conf"):
+    for name in ("env.example", "nats.conf", "nats-cluster.conf"):
         shutil.copy(ROOT / "deploy" / name, tmp_path / "deploy" / name)
     key = tmp_path / "deploy" / "remediator" / "id_ed25519"
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
@@ -118,7 +120,8 @@ def deployment(tmp_path: Path):
     env_file = tmp_path / ".env"
     lines = [line for line in env_file.read_text().splitlines() if line.split("=", 1)[0] not in ours]
     env_file.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in ours.items())]) + "\n")
-    compose = Compose(tmp_path)
+    compose = Compose(tmp_path, ["demo", "cluster"] if request.param == "cluster" else ["demo"])
+    compose.cluster = request.param == "cluster"
     yield compose
     compose.run("down", "--volumes", "--remove-orphans", "--timeout", "20", check=False)
     left = compose.leftovers()
@@ -142,11 +145,13 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
             seen.put_nowait(event_type.from_json(msg.data, subject=msg.subject))
         await nc.subscribe(event_type.subject_filter(), cb=on_event)
     try:
-        deployment.wait_healthy(CONTROL_PLANE, within_s=240)
+        deployment.wait_healthy(CONTROL_PLANE + (["nats-2", "nats-3"] if deployment.cluster else []), within_s=240)
         for one_shot in ("provision", "migrate"):
             state = json.loads(subprocess.run(["docker", "inspect", deployment.container(one_shot)],
                                               capture_output=True, text=True, check=True).stdout)[0]["State"]
             assert (state["Status"], state["ExitCode"]) == ("exited", 0), f"{one_shot}: {state}"
+        if deployment.cluster:
+            await _check_replicated_then_kill_one(deployment, env)
 
         opened = completed = resolved = None
         deadline = time.monotonic() + ZOMBIE_AFTER_S + 120
@@ -178,3 +183,19 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
         assert "sim-node-02" in text and "resolved" in text.lower(), text[:2000]
     finally:
         await nc.close()
+
+
+async def _check_replicated_then_kill_one(deployment: Compose, env: dict[str, str]) -> None:
+    """Every stream is on three servers; then one server is killed (SIGKILL, and compose does not
+    bring back a container the engine was told to kill), before the zombie is injected."""
+    admin = await nats.connect(
+        f"tls://127.0.0.1:{env['GPUMEDIC_NATS_PORT']}", user="admin", password=env["ADMIN_NATS_PASSWORD"],
+        tls=ssl.create_default_context(cafile=str(deployment.dir / "deploy/secrets/tls/ca.pem")), tls_hostname="localhost",
+    )
+    try:
+        js = admin.jetstream()
+        streams = await js.streams_info()
+        assert streams and {s.config.num_replicas for s in streams} == {3}, [(s.config.name, s.config.num_replicas) for s in streams]
+    finally:
+        await admin.close()
+    subprocess.run(["docker", "kill", deployment.container("nats-2")], check=True, capture_output=True)

@@ -9,9 +9,11 @@ or updated to the declared settings, buckets created.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-
 import logging
+import os
+import time
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -51,6 +53,19 @@ def consumer_config(item: Durable, settings: NatsSettings) -> ConsumerConfig:
     )
 
 
+async def wait_for_jetstream(js: JetStreamContext, timeout_s: float = 30.0) -> None:
+    """Return once JetStream answers: a cluster that has just started elects its leader first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await js.account_info()
+            return
+        except Exception as exc:  # no JetStream leader yet (nats-py raises its own errors or a timeout)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JetStream does not answer after {timeout_s:.0f}s (a cluster without a leader?): {exc!r}") from None
+            await asyncio.sleep(0.25)
+
+
 async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: int = 1) -> list[str]:
     """Create or update every stream, bucket and consumer; return one line per thing created."""
     done: list[str] = []
@@ -81,18 +96,27 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
     return done
 
 
+REPLICAS_VARIABLE = "GPUMEDIC_PROVISION_REPLICAS"
+
+
 def main() -> None:
-    """`gpumedic-provision`: provision the bus named by GPUMEDIC_NATS_* (the admin user; compose's one-shot)."""
-    import asyncio
+    """`gpumedic-provision`: provision the bus named by GPUMEDIC_NATS_* (the admin user; compose's
+    one-shot), with GPUMEDIC_PROVISION_REPLICAS copies of each stream and bucket (1; 3 on a cluster)."""
     import sys
 
     from gpumedic_bus.runtime import connect
+
+    text = os.environ.get(REPLICAS_VARIABLE, "").strip() or "1"
+    if not text.isdigit() or not 1 <= int(text) <= 5:
+        sys.exit(f"gpumedic-provision: {REPLICAS_VARIABLE}={text!r} is not a replica count (1 to 5)")
 
     async def _run() -> list[str]:
         settings = NatsSettings()
         nc = await connect(settings, "gpumedic-provision", max_reconnect_attempts=3, allow_reconnect=False)
         try:
-            return await provision(nc.jetstream(), settings)
+            js = nc.jetstream()
+            await wait_for_jetstream(js)
+            return await provision(js, settings, replicas=int(text))
         finally:
             await nc.close()
 
@@ -101,4 +125,4 @@ def main() -> None:
         done = asyncio.run(_run())
     except Exception as exc:  # one line that says what failed; the cause names no secret
         sys.exit(f"gpumedic-provision: {type(exc).__name__}: {exc}")
-    print(f"gpumedic-provision: bus provisioned ({len(done)} created, the rest up to date)")
+    print(f"gpumedic-provision: bus provisioned on {text} replica(s) ({len(done)} created, the rest up to date)")
