@@ -5,7 +5,17 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from benchmarks import console_pages, demand_curve, detection_latency, incident_to_fix, preflight, probe_round, sample_path, sampler_cost
+from benchmarks import (
+    console_pages,
+    demand_curve,
+    detection_latency,
+    fleet_scale,
+    incident_to_fix,
+    preflight,
+    probe_round,
+    sample_path,
+    sampler_cost,
+)
 
 
 def main() -> int:
@@ -14,6 +24,8 @@ def main() -> int:
     sampler_cost.main(sys.argv[1:])
     print()
     asyncio.run(detection_latency.main(sys.argv[1:]))
+    print()
+    asyncio.run(fleet_scale.main(sys.argv[1:]))
     print()
     asyncio.run(incident_to_fix.main(sys.argv[1:]))
     print()

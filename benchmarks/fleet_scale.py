@@ -1,0 +1,225 @@
+"""The sample path at fleet scale, through the whole embedded stack: `--scale-nodes` (10,000) nodes
+of 8 GPUs each sample every `--scale-interval` (5) seconds for `--scale-duration` (60) s, replayed into the
+samples stream as the simulated fleet's user, while the five control-plane services run as their
+own processes (nats-server with TLS, SQLite, the remediator observing). Meanwhile `--scale-zombies`
+(20) nodes, one every few seconds, turn into zombie jobs (GPU 0 held at 0 % while the node claims
+its jobs).
+
+Printed: the detection latency past the threshold (from the publish of the first sample that is
+`idle_for_s` past the zombie's first idle sample, to the observer's receipt of its
+`IncidentOpened`), p50/p99; each service's CPU (share of one core over the replay) and resident
+memory (now and peak); and the samples dropped: published minus what each sample consumer
+handled, once the stream is drained. Goals: none dropped, p99 under 1 s, detector under 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import tempfile
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncssh
+
+from benchmarks import percentile
+from gpumedic.stack import Stack
+from gpumedic_bus.topology import OBSERVER, SIM_FLEET
+from gpumedic_events import GpuProcess, GpuSample, IncidentOpened, JobsObservation, NodeSampled
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, Kinds, ZombiePolicy, dump_policy
+
+GPUS = 8
+IDLE_FOR_S_PER_INTERVAL = 2.5
+"""The zombie threshold in sample intervals: not a whole number, so the sample that crosses it is
+plainly one sample (the third), not whichever of two lands a millisecond either side of it."""
+CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
+SAMPLE_CONSUMERS = ["zombie-detector", "autoscaler", "report-builder"]
+_ID = "00000000-0000-4000-8000-00000000cafe"
+_AT = "2000-01-01T00:00:00Z"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _sample(node: str, *, zombie: bool) -> NodeSampled:
+    gpus = tuple(
+        GpuSample(
+            index=g, uuid=f"GPU-{node}-{g}", name="NVIDIA H100 80GB HBM3",
+            utilization_gpu_pct=0 if zombie and g == 0 else 87, utilization_memory_pct=41,
+            memory_used_mib=40960, memory_total_mib=81559,
+            processes=(GpuProcess(pid=10_000 + g, start_ticks=123_456, command=f"python train.py --rank {g}", used_memory_mib=40_900),),
+        )
+        for g in range(GPUS)
+    )
+    jobs = JobsObservation(running=GPUS, output_growing=not zombie)
+    return NodeSampled(event_id=uuid.UUID(_ID), occurred_at=datetime.fromisoformat(_AT), source="node-sampler",
+                       node_id=node, interval_s=5, gpus=gpus, jobs=jobs)
+
+
+class Replay:
+    """Every node's sample once per interval, spread evenly over it, each with a fresh id and time
+    (the bodies are encoded once: only those two fields are written per message)."""
+
+    def __init__(self, nodes: list[str], interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.bodies = {n: (s.subject, s.to_json()) for n, s in ((n, _sample(n, zombie=False)) for n in nodes)}
+        self.order = list(nodes)
+        self.published = 0
+        self.zombie_publishes: dict[str, list[float]] = {}
+        """For each zombie node, when each of its zombie samples was published (monotonic)."""
+
+    def make_zombie(self, node: str) -> None:
+        sample = _sample(node, zombie=True)
+        self.bodies[node] = (sample.subject, sample.to_json())
+        self.zombie_publishes[node] = []
+
+    async def run(self, nc, duration_s: float) -> None:
+        gap = self.interval_s / len(self.order)
+        start = time.perf_counter()
+        i = 0
+        while time.perf_counter() - start < duration_s:
+            node = self.order[i % len(self.order)]
+            subject, body = self.bodies[node]
+            now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+            await nc.publish(subject, body.replace(_ID.encode(), str(uuid.uuid4()).encode(), 1).replace(_AT.encode(), now.encode(), 1))
+            if node in self.zombie_publishes:
+                self.zombie_publishes[node].append(time.monotonic())
+            i += 1
+            self.published += 1
+            if i % 200 == 0:
+                await nc.flush()
+            delay = start + i * gap - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await nc.flush()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _memory_mib(pid: int) -> tuple[float, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss, peak = (int(re.search(rf"^{k}:\s+(\d+) kB", status, re.M).group(1)) / 1024 for k in ("VmRSS", "VmHWM"))
+    return rss, peak
+
+
+def _handled(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return int(sum(float(m.group(1)) for m in re.finditer(r'^gpumedic_events_handled_total\{event="NodeSampled",outcome="(?:ok|invalid|failed)"\} (\S+)', text, re.M)))
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="benchmarks.fleet_scale")
+    parser.add_argument("--scale-nodes", dest="nodes", type=int, default=10_000)
+    parser.add_argument("--scale-interval", dest="interval", type=float, default=5.0)
+    parser.add_argument("--scale-duration", dest="duration", type=float, default=60.0)
+    parser.add_argument("--scale-zombies", dest="zombies", type=int, default=20)
+    args, _ = parser.parse_known_args(argv)
+    nodes = [f"node-{i:05d}" for i in range(args.nodes)]
+    replay = Replay(nodes, args.interval)
+    idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
+
+    with tempfile.TemporaryDirectory(prefix="gpumedic-scale-") as tmp:
+        var = Path(tmp)
+        stack = Stack(var, say=lambda *_: None)
+        policy_file = var / "policy.yaml"
+        dump_policy(Policy(fleet=FleetPolicy(hold_s=2), kinds=Kinds(zombie_job=ZombiePolicy(idle_for_s=idle_for_s))), policy_file)
+        (var / "inventory.yaml").write_text("nodes: {}\n")
+        (var / "known_hosts").write_text("")
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        (var / "client_key").write_bytes(key.export_private_key())
+        (var / "client_key").chmod(0o600)
+        stack.env = {
+            "GPUMEDIC_POLICY_FILE": str(policy_file),
+            "GPUMEDIC_REMEDIATOR_MODE": "observe",
+            "GPUMEDIC_REMEDIATOR_INVENTORY": str(var / "inventory.yaml"),
+            "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(var / "known_hosts"),
+            "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(var / "client_key"),
+            "GPUMEDIC_LOG_LEVEL": "WARNING",
+        }
+        connections = []
+        try:
+            stack.start_bus(sim_fleet=True)
+            await stack.provision()
+            stack.migrate()
+            stack.start_services(CONTROL_PLANE)
+            await stack.wait_ready()
+            fleet, observer = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
+            connections += [fleet, observer]
+            opened: dict[str, float] = {}
+
+            async def on_opened(msg) -> None:
+                event = IncidentOpened.from_json(msg.data, subject=msg.subject)
+                if event.kind == "zombie_job":
+                    opened.setdefault(event.node_id, time.monotonic())
+
+            await observer.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
+            pids = {s: stack.processes[s].pid for s in CONTROL_PLANE}
+            before = {s: _cpu_s(p) for s, p in pids.items()}
+
+            async def turn_zombies() -> None:
+                # spread over the first half, so each has time to be detected while the load runs
+                spacing = (args.duration / 2) / max(1, args.zombies)
+                for i in range(args.zombies):
+                    await asyncio.sleep(spacing)
+                    replay.make_zombie(nodes[(i * 7919) % len(nodes)])
+
+            started = time.monotonic()
+            zombies = asyncio.create_task(turn_zombies())
+            await replay.run(fleet, args.duration)
+            elapsed = time.monotonic() - started
+            await zombies
+            cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}
+            memory = {s: _memory_mib(p) for s, p in pids.items()}
+
+            # drained: every consumer's count stops moving (or reaches what was published)
+            handled: dict[str, int] = {}
+            for _ in range(60):
+                now = {s: _handled(stack.metrics_ports[s]) for s in SAMPLE_CONSUMERS}
+                if now == handled or all(v >= replay.published for v in now.values()):
+                    handled = now
+                    break
+                handled = now
+                await asyncio.sleep(1)
+            await asyncio.sleep(idle_for_s)  # the last zombies' incidents
+        finally:
+            for nc in connections:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+            stack.stop()
+
+    latencies = []
+    missed = []
+    for node, times in replay.zombie_publishes.items():
+        if not times:
+            continue
+        due = next((t for t in times if t >= times[0] + idle_for_s), None)
+        if due is None:
+            continue  # turned too late to cross the threshold within the run
+        if node not in opened:
+            missed.append(node)
+            continue
+        latencies.append(max(0.0, opened[node] - due))
+    rate = args.nodes / args.interval
+    print(f"fleet scale: {args.nodes:,} nodes x {GPUS} GPUs every {args.interval:g}s ({rate:,.0f} samples/s, "
+          f"{len(next(iter(replay.bodies.values()))[1]):,} B each) for {args.duration:g}s through the embedded stack")
+    print(f"  samples published                          {replay.published:>10,}")
+    for service in SAMPLE_CONSUMERS:
+        dropped = replay.published - handled.get(service, 0)
+        print(f"  {service + ' handled':<42} {handled.get(service, 0):>10,}   dropped {dropped:,}")
+    if latencies:
+        print(f"  detection past the threshold ({len(latencies)} zombies)   p50 {percentile(latencies, 0.5) * 1000:6.0f} ms"
+              f"   p99 {percentile(latencies, 0.99) * 1000:6.0f} ms   (goal p99 < 1000 ms)")
+    print(f"  zombies not detected                       {len(missed):>10}")
+    for service in CONTROL_PLANE:
+        rss, peak = memory[service]
+        print(f"  {service:<24} CPU {cpu[service] * 100:5.1f}% of a core   RSS {rss:6.0f} MiB (peak {peak:.0f})"
+              + ("   (goal < 200 MiB)" if service == "zombie-detector" else ""))
