@@ -93,6 +93,10 @@ class Apps:
         self._running.append((app, task))
         return app
 
+    def adopt(self, app, task: asyncio.Task) -> None:
+        """Stop an app started elsewhere (one that waits, such as a standby) with the others."""
+        self._running.append((app, task))
+
     async def stop_all(self) -> None:
         for app, task in reversed(self._running):
             app.exit()

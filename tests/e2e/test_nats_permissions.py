@@ -28,6 +28,7 @@ from gpumedic_bus.topology import (
     ADMIN,
     CONSUMING_SERVICES,
     LAUNCHER,
+    LIVE,
     OBSERVER,
     PRODUCERS,
     REQUESTS,
@@ -145,10 +146,11 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
         for event, producers in PRODUCERS.items():
             allowed = any(_matches(_subject(event, user), p) for p in rules.publish)
             assert allowed == (user in producers), (user, event.__name__, "publish")
-        # Consumers read through their durables' API calls (pull) or deliver subjects (push), never by
-        # subscribing; the only event-space subscriptions are the requests a service answers.
+        # Consumers read through their durables' API calls (pull) or deliver subjects (push); the only
+        # event-space subscriptions are the requests a service answers and what it reads live.
         answers = {r.subject for r in REQUESTS if r.service == user}
-        assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers, user
+        live = {e.subject_filter() for e in LIVE.get(user, ())}
+        assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers | live, user
         assert rules.responds == bool(answers), user
         durables = {p.split(".")[-1] for p in rules.publish if p.startswith("$JS.API.CONSUMER.INFO.GPUMEDIC_")}
         assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user

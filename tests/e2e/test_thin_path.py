@@ -99,3 +99,54 @@ async def test_zombie_is_found_killed_over_ssh_verified_and_recorded_in_one_trac
     records = by_name["record"]
     assert len(records) == 4 and {r.service for r in records} == {"report-builder"}
     assert {r.parent_span_id for r in records} == {detect.span_id, decide.span_id, act.span_id, verify.span_id}
+
+
+async def _count(store_url: str, table) -> int:
+    from sqlalchemy import func, select
+
+    engine = create_engine(store_url)
+    try:
+        async with session_factory(engine)() as session:
+            return (await session.execute(select(func.count()).select_from(table))).scalar_one()
+    finally:
+        await engine.dispose()
+
+
+async def test_two_instances_of_each_service_fix_each_zombie_once_and_a_standby_takes_over(
+    nats_settings, store_url, fleet, sampling, apps
+):
+    """report-builder and the remediator: two active instances sharing the work. zombie-detector:
+    one active, one standing by on the lease, which takes over when the active one stops."""
+    from gpumedic_store.models import ActionRecord, Incident, TimelineEntry
+
+    for _ in range(2):
+        await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url}, trace_to_bus=True)))
+        await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet)))
+    active = await apps.start(detector(nats_settings))
+    standby = detector(nats_settings)
+    apps.adopt(standby, asyncio.create_task(standby.run()))
+    await asyncio.sleep(1.5)
+    assert active.runtime.lease.held and not standby.runtime.ready.is_set()  # it waits on the lease
+
+    first = fleet.node("sim-node-02")
+    hung = first.inject_zombie(0)
+    incident, timeline, _ = await wait_for_incident(store_url, "resolved")
+    assert first.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
+    assert [e.event_type for e in timeline] == ["IncidentOpened", "ActionRequested", "ActionCompleted", "IncidentResolved"]
+
+    # The active detector stops; the standby takes over at once and fixes the next zombie.
+    active.exit()
+    await asyncio.wait_for(standby.runtime.ready.wait(), 10)
+    second = first  # the same node again: a second node would trip the breaker of this 2-node fleet
+    hung_too = second.inject_zombie(0)
+    for _ in range(160):
+        if await _count(store_url, Incident) == 2 and await _count(store_url, TimelineEntry) >= 8:
+            break
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(2)  # anything doubled would arrive by now
+    assert second.ssh_commands.count(f"kill -s TERM {hung_too.pid}") == 1
+    # no double incident, action or row, with every service running twice
+    assert await _count(store_url, Incident) == 2
+    assert await _count(store_url, ActionRecord) == 2
+    assert await _count(store_url, TimelineEntry) == 8
+    assert sum(cmd.startswith("kill ") for n in fleet.nodes.values() for cmd in n.ssh_commands) == 2

@@ -140,7 +140,18 @@ class EventConsumer(Generic[E]):
 async def keep_rejected(broker: NatsBroker, service: str, raw, reason: str, deliveries: int, *, cause: str) -> None:
     """Log and dead-letter one refused message (`raw`: the nats-py message); the consumer counts it."""
     log.warning("%s rejected a message on %s (%s): %s", service, raw.subject, cause, reason)
-    await publish_event(broker, rejection(service, raw.subject, raw.data, reason, deliveries))
+    await publish_event(broker, rejection(service, raw.subject, raw.data, reason, deliveries), msg_id=_rejection_id(service, raw))
+
+
+def _rejection_id(service: str, raw) -> str | None:
+    """One dead letter per stored message and service, however many of its instances refuse it
+    (two report-builder consoles both read every sample): the stream keeps the first within its
+    duplicate window. None for a message no stream holds (a request)."""
+    try:
+        meta = raw.metadata
+    except Exception:  # noqa: BLE001 (nats-py raises its own error for a non-JetStream message)
+        return None
+    return f"rejected:{service}:{meta.stream}:{meta.sequence.stream}"
 
 
 def rejection(service: str, subject: str, data: bytes, reason: str, deliveries: int) -> MessageRejected:

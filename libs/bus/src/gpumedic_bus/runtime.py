@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -27,10 +28,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
+from gpumedic_bus.lease import Lease
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
-from gpumedic_bus.streams import stream_of
-from gpumedic_bus.topology import REPLAYS, REQUESTS
+from gpumedic_bus.streams import LEASE_TTL_S, LEASES, stream_of
+from gpumedic_bus.topology import LIVE, ONE_ACTIVE, ONE_INSTANCE_LOOPS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
@@ -166,6 +168,14 @@ class ServiceRuntime:
         self._push_consumers: list[PushConsumer] = []
         self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
         self._replay_subs: list = []
+        self._live: list[tuple[type[Event], EventHandler]] = []
+        self._live_subs: list = []
+        self.lease: Lease | None = None
+        """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
+        self.lease_ttl_s = LEASE_TTL_S
+        self.on_lease_lost: Callable[[str], Awaitable[None] | None] = _stop_this_process
+        """What losing the lease does: by default the process stops and its supervisor (compose,
+        `gpumedic up`) starts it again, as a standby; tests put their own here."""
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `hook` once the service's consumers are known to exist and before they start (e.g. open a KV bucket)."""
@@ -193,6 +203,35 @@ class ServiceRuntime:
         consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics)
         self._push_consumers.append(consumer)
         return consumer
+
+    def follow(self, event_type: type[Event], handler: EventHandler) -> None:
+        """Read `event_type` live, as a plain subscriber (`topology.LIVE`): every instance gets
+        every message; none is acknowledged, and one that does not validate is skipped."""
+        if event_type not in LIVE.get(self.service, ()):
+            raise ValueError(f"{self.service} reads {[e.__name__ for e in LIVE.get(self.service, ())]} live, not {event_type.__name__}")
+        self._live.append((event_type, handler))
+
+    async def _follow(self, event_type: type[Event], handler: EventHandler) -> None:
+        skipped = 0
+        ok, skip = (self.metrics.handled.labels(event_type.__name__, outcome).inc for outcome in ("ok", "skipped"))
+
+        async def on_message(msg) -> None:
+            nonlocal skipped
+            try:
+                event = event_type.from_json(msg.data, subject=msg.subject)
+            except EventDecodeError as exc:
+                skip()
+                skipped += 1
+                if skipped == 1 or skipped % 1000 == 0:  # its durable consumers dead-letter it
+                    log.warning("%s: skipped %d live %s message(s) that do not validate; last: %s", self.service, skipped, event_type.__name__, exc.reason)
+                return
+            try:
+                await handler(event)
+            except Exception:  # the next message supersedes this one
+                log.exception("%s: live %s handler failed", self.service, event_type.__name__)
+            ok()
+
+        self._live_subs.append(await self.broker.connection.subscribe(event_type.subject_filter(), cb=on_message, pending_msgs_limit=65536))
 
     def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
         """Read every event of these types from the start of their stream when the service starts,
@@ -223,9 +262,40 @@ class ServiceRuntime:
             if msg.reply_to:
                 await msg.raw_message.respond(reply)
 
-    def background(self, loop: BackgroundLoop) -> None:
-        """Run `loop` while the service runs (periodic probes, evaluations)."""
+    def background(self, loop: BackgroundLoop, *, one_instance: str | None = None) -> None:
+        """Run `loop` while the service runs (periodic probes, evaluations). With `one_instance`
+        (a name in `topology.ONE_INSTANCE_LOOPS`), it runs in one of the service's instances at a
+        time, on a lease of its own: the others' copies wait and take over when it stops."""
+        if one_instance is not None:
+            if one_instance not in ONE_INSTANCE_LOOPS.get(self.service, ()):
+                raise ValueError(f"{self.service} has no one-instance loop {one_instance!r} (topology.ONE_INSTANCE_LOOPS)")
+            inner, key = loop, f"{self.service}.{one_instance}"
+
+            async def loop() -> None:
+                await self._on_lease(key, inner)
+
+            loop.__name__ = getattr(inner, "__name__", one_instance)
         self._loops.append(loop)
+
+    async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
+        kv = await self.broker.connection.jetstream().key_value(LEASES.bucket)
+        lease = Lease(kv, key, str(self.instance_id), self.lease_ttl_s)
+        try:
+            while True:
+                await lease.acquire()
+                lost = asyncio.Event()
+                running = asyncio.create_task(loop())
+                keeping = asyncio.create_task(lease.keep(lambda why: lost.set()))
+                losing = asyncio.create_task(lost.wait())
+                try:
+                    await asyncio.wait({running, losing}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (running, keeping, losing):
+                        task.cancel()
+                if running.done() and not running.cancelled() and running.exception() is not None:
+                    raise running.exception()
+        finally:
+            await lease.release()
 
     def app(self) -> FastStream:
         app = FastStream(self.broker, logger=logging.getLogger(self.service))
@@ -260,10 +330,30 @@ class ServiceRuntime:
                     consumer.max_deliver = max(1, (info.config.max_deliver or 2) - 1)
         finally:
             await nc.close()
+        if self.service in ONE_ACTIVE:
+            await self._become_active()
         for hook in self._startup:
             await hook()
         for events, handler in self._replays:
             await self._replay(events, handler)
+
+    async def _become_active(self) -> None:
+        """Wait as a standby until this instance holds its service's lease. Its metrics answer
+        meanwhile (`gpumedic_active` 0), so a standby is a healthy container too."""
+        self._serve_metrics()
+        await self.broker.connect()
+        kv = await self.broker.connection.jetstream().key_value(LEASES.bucket)
+        self.lease = Lease(kv, self.service, str(self.instance_id), self.lease_ttl_s)
+        await self.lease.acquire()
+
+    def _serve_metrics(self) -> None:
+        if self._metrics_port is None or self.metrics.port is not None:
+            return
+        self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
+        if self.service in ONE_ACTIVE:
+            self.metrics.gauge("gpumedic_active", "1 while this instance is its service's active one, 0 on standby.", [],
+                               lambda: [((), 1.0 if self.lease is not None and self.lease.held else 0.0)])
+        self.metrics.serve(self._metrics_port)
 
     async def _replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
         await self.broker.connect()
@@ -301,14 +391,16 @@ class ServiceRuntime:
     async def _started(self) -> None:
         for consumer in self._push_consumers:
             await consumer.start()
+        for event_type, handler in self._live:
+            await self._follow(event_type, handler)
         self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
-        if self._metrics_port is not None:
-            self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
-            self.metrics.serve(self._metrics_port)
+        if self.lease is not None:
+            self._tasks.append(asyncio.create_task(self.lease.keep(self.on_lease_lost), name="lease"))
+        self._serve_metrics()
         self.ready.set()
         log.info("%s ready (instance %s)", self.service, self.instance_id)
 
@@ -318,10 +410,11 @@ class ServiceRuntime:
 
     async def _stopping(self) -> None:
         self.ready.clear()
-        for sub in self._replay_subs:
+        for sub in [*self._replay_subs, *self._live_subs]:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._replay_subs.clear()
+        self._live_subs.clear()
         for consumer in self._push_consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -337,6 +430,8 @@ class ServiceRuntime:
                 log.warning("%s: %s did not stop within %gs of being cancelled; stopping without it",
                             self.service, task.get_name(), STOP_TASKS_WITHIN_S)
         self._tasks.clear()
+        if self.lease is not None:
+            await self.lease.release()  # a standby takes over now, not a TTL later
         with contextlib.suppress(Exception):
             await publish_event(self.broker, self._heartbeat_event("stopping"))
 
@@ -372,3 +467,9 @@ async def _logged(loop: BackgroundLoop, service: str) -> None:
     except Exception:
         log.exception("%s: background loop %s stopped", service, getattr(loop, "__name__", loop))
         raise
+
+
+def _stop_this_process(why: str) -> None:
+    """A lost lease stops the process as SIGTERM would (FastStream stops gracefully); whoever
+    supervises it starts it again, and it waits as a standby."""
+    signal.raise_signal(signal.SIGTERM)

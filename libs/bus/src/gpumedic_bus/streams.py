@@ -157,7 +157,18 @@ INCIDENT_STATE = KeyValueConfig(
     storage=StorageType.FILE,
     direct=True,
 )
-KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE,)
+LEASE_TTL_S = 6.0
+"""How long a one-active service's lease outlives its holder's last renewal (gpumedic_bus.lease):
+about how long a standby waits to take over from an instance that died."""
+LEASES = KeyValueConfig(
+    bucket="GPUMEDIC_LEASES",
+    description="Which instance of each one-active service acts: one key per service, renewed by its holder, forgotten a TTL after.",
+    history=1,
+    ttl=LEASE_TTL_S,
+    storage=StorageType.FILE,
+    direct=True,
+)
+KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE, LEASES)
 
 
 def stream_of(event_type: type[Event]) -> Stream:

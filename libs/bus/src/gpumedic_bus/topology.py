@@ -46,7 +46,7 @@ from gpumedic_events import (
     SubjectToken,
 )
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
-from gpumedic_bus.streams import INCIDENT_STATE, stream_of
+from gpumedic_bus.streams import INCIDENT_STATE, LEASES, stream_of
 
 SERVICES: tuple[str, ...] = (
     "node-sampler",
@@ -112,9 +112,16 @@ DURABLES: tuple[Durable, ...] = (
     Durable("report-builder-spans", "report-builder", SpansExported),
     Durable("report-builder-ClusterChecked", "report-builder", ClusterChecked),
     Durable("report-builder-CapacityEvaluated", "report-builder", CapacityEvaluated),
-    # The console's fleet page: each node's latest sample, kept in memory only.
-    Durable("report-builder-samples", "report-builder", NodeSampled, "push"),
 )
+
+LIVE: Mapping[str, tuple[type[Event], ...]] = {
+    # The console's fleet page: each node's latest sample, in memory. Every report-builder
+    # instance serves a console, so each reads every sample.
+    "report-builder": (NodeSampled,),
+}
+"""Events a service reads live, as plain NATS subscribers: every instance gets every message as it
+is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
+durable consumers of the same subject dead-letter it)."""
 
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
@@ -163,6 +170,18 @@ KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
 """Which service may read or write which key-value bucket. Detectors own the incident state;
 the remediator's gate reads it and can change nothing in it."""
 
+ONE_ACTIVE = frozenset({"zombie-detector", "leader-health", "autoscaler"})
+"""Services of which one instance acts at a time, the others standing by (gpumedic_bus.lease):
+they decide from what they hold in memory. The remediator and report-builder share the work of
+all their instances instead (shared durable consumers, the gate's lock, rows keyed by event)."""
+
+ONE_INSTANCE_LOOPS: Mapping[str, tuple[str, ...]] = {
+    # every node's SSH login checked once a round, not once per instance
+    "remediator": ("ssh-health",),
+}
+"""Background loops of a shared service that run in one of its instances at a time, each on a
+lease of its own (key `<service>.<loop>`)."""
+
 
 @dataclass(frozen=True)
 class Request:
@@ -182,11 +201,12 @@ def durable(name: str) -> Durable:
 
 
 def consumers() -> dict[str, tuple[type[Event], ...]]:
-    """Which service consumes which events (over durable consumers)."""
+    """Which service consumes which events (over durable consumers, or live)."""
     result: dict[str, tuple[type[Event], ...]] = {}
-    for item in DURABLES:
-        if item.event not in result.get(item.service, ()):
-            result[item.service] = (*result.get(item.service, ()), item.event)
+    pairs = [(item.service, item.event) for item in DURABLES] + [(s, e) for s, events in LIVE.items() for e in events]
+    for service, event in pairs:
+        if event not in result.get(service, ()):
+            result[service] = (*result.get(service, ()), event)
     return result
 
 
@@ -298,10 +318,20 @@ def _service(service: str) -> Permissions:
         else:
             publish.append(f"$JS.FC.{item.stream}.{item.name}.>")
             subscribe.append(item.deliver_subject)
+    subscribe += [event.subject_filter() for event in LIVE.get(service, ())]
     for stream in sorted({stream_of(event).name for event in REPLAYS.get(service, ())}):
         publish += _ordered_reader(stream)
     answers = [r.subject for r in REQUESTS if r.service == service]
     subscribe += answers
+    leases = [service] if service in ONE_ACTIVE else [f"{service}.{loop}" for loop in ONE_INSTANCE_LOOPS.get(service, ())]
+    if leases:  # its own lease keys, and reading who holds them
+        stream = f"KV_{LEASES.bucket}"
+        publish += [
+            *(f"$KV.{LEASES.bucket}.{key}" for key in leases),
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+        ]
     for bucket, access in KV_ACCESS.get(service, {}).items():
         stream = f"KV_{bucket}"
         publish += [

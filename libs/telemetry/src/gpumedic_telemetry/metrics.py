@@ -47,7 +47,8 @@ class ServiceMetrics:
         ProcessCollector(registry=self.registry)
         self.handled = Counter(
             "gpumedic_events_handled", "Events consumed, by event type and outcome: ok, invalid (dead-lettered), "
-            "retried (the handler failed, redelivery follows), failed (dead-lettered after the last delivery).",
+            "retried (the handler failed, redelivery follows), failed (dead-lettered after the last delivery), "
+            "skipped (read live, did not validate: its durable consumers dead-letter it).",
             ["event", "outcome"], registry=self.registry,
         )
         self.handling = Histogram(

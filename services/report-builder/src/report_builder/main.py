@@ -15,6 +15,7 @@ from gpumedic_events import (
     IncidentOpened,
     IncidentResolved,
     IncidentUpdated,
+    NodeSampled,
     SilenceAdded,
     SilenceRemoved,
 )
@@ -61,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         runtime.background(notifier.loop)
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
     if console is not None:
-        runtime.consume_fast("report-builder-samples", console.on_sample)
+        runtime.follow(NodeSampled, console.on_sample)
         runtime.on_startup(console.start)
     app = runtime.app()
     app.console = console  # the embedded stack and tests read its URL here

@@ -1,0 +1,108 @@
+"""One active instance of a service at a time, however many run: a lease in the KV bucket
+`GPUMEDIC_LEASES`, one key per service.
+
+The detectors (zombie-detector, leader-health, the autoscaler) keep what they decide from in
+memory: idle streaks, probe histories, the pool's view. Two active instances would each open the
+same incident and ask for the same action. So each of their instances first takes its service's
+key with a create (compare-and-set: only one create of a key succeeds), and renews it every
+`ttl_s / 4`; the others wait, connected, as standbys. The bucket forgets a key `ttl_s` after its
+last write, so when the active instance dies (kill -9, a lost node) a standby takes over within
+about `ttl_s`; one that stops cleanly deletes its key and a standby takes over at once.
+
+The holder gives up (and its process stops, to come back as a standby) when it has not renewed
+for `LOST_AFTER` of the TTL, before the bucket can hand the key to another instance: two
+instances never act at once, at the price of a stop when the bus is away for that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger(__name__)
+
+LOST_AFTER = 0.6
+"""The share of the TTL without a renewal after which the holder stops acting."""
+
+
+class Lease:
+    def __init__(self, kv: KeyValue, service: str, instance: str, ttl_s: float) -> None:
+        self._kv = kv
+        self.service = service
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self.revision: int | None = None
+        self._renewed = 0.0
+        self._value = json.dumps({"instance": instance, "host": socket.gethostname()}).encode()
+
+    @property
+    def held(self) -> bool:
+        return self.revision is not None
+
+    async def acquire(self) -> None:
+        """Return once this instance holds the lease; wait as a standby until then."""
+        said = ""
+        while True:
+            try:
+                self.revision = await self._kv.create(self.service, self._value)
+                self._renewed = time.monotonic()
+                log.info("%s: active (lease taken by instance %s)", self.service, self.instance)
+                return
+            except KeyWrongLastSequenceError:
+                holder = await self._holder()
+                if holder != said:
+                    log.info("%s: standby; instance %s is active (takes over within %gs of it stopping)", self.service, holder, self.ttl_s)
+                    said = holder
+            except Exception as exc:  # the bus is away: keep waiting, say so once
+                reason = f"cannot reach the lease bucket ({type(exc).__name__})"
+                if reason != said:
+                    log.warning("%s: standby; %s", self.service, reason)
+                    said = reason
+            await asyncio.sleep(self.ttl_s / 8)
+
+    async def keep(self, on_lost: Callable[[str], Awaitable[None] | None]) -> None:
+        """Renew until cancelled; call `on_lost(why)` once, and return, when the lease is lost."""
+        while True:
+            await asyncio.sleep(self.ttl_s / 4)
+            try:
+                self.revision = await self._kv.update(self.service, self._value, last=self.revision)
+                self._renewed = time.monotonic()
+                continue
+            except KeyWrongLastSequenceError:
+                why = f"instance {await self._holder()} holds it now"
+            except Exception as exc:  # noqa: BLE001 (the bus is away: keep trying while the lease may still be ours)
+                if time.monotonic() - self._renewed < LOST_AFTER * self.ttl_s:
+                    continue
+                why = f"not renewed for {time.monotonic() - self._renewed:.1f}s ({type(exc).__name__})"
+            self.revision = None
+            log.error("%s: lease lost: %s; this instance stops acting", self.service, why)
+            outcome = on_lost(why)
+            if outcome is not None:
+                await outcome
+            return
+
+    async def release(self) -> None:
+        """Give the lease up at once (a clean stop), if this instance holds it."""
+        if self.revision is None:
+            return
+        revision, self.revision = self.revision, None
+        with contextlib.suppress(Exception):
+            await self._kv.delete(self.service, last=revision)
+            log.info("%s: lease released", self.service)
+
+    async def _holder(self) -> str:
+        try:
+            entry = await self._kv.get(self.service)
+            return str(json.loads(entry.value or b"{}").get("instance", "?"))
+        except (KeyNotFoundError, ValueError):
+            return "(none)"
+        except Exception:  # noqa: BLE001 (only for a log line)
+            return "?"
