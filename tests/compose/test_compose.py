@@ -66,14 +66,21 @@ class Compose:
             raise AssertionError(f"compose {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         return done
 
-    def container(self, service: str) -> str:
+    def containers(self, service: str) -> list[str]:
         ids = self.run("ps", "-q", service).stdout.split()
         assert ids, f"compose has no container for {service}"
-        return ids[0]
+        return ids
+
+    def container(self, service: str) -> str:
+        return self.containers(service)[0]
 
     def health(self, service: str) -> str:
-        state = json.loads(subprocess.run(["docker", "inspect", self.container(service)], capture_output=True, text=True, check=True).stdout)[0]["State"]
-        return (state.get("Health") or {}).get("Status") or state["Status"]
+        """The worst health of the service's containers (every instance of a scaled one)."""
+        found = []
+        for state in (c["State"] for c in json.loads(subprocess.run(["docker", "inspect", *self.containers(service)],
+                                                                    capture_output=True, text=True, check=True).stdout)):
+            found.append((state.get("Health") or {}).get("Status") or state["Status"])
+        return next((h for h in found if h != "healthy"), "healthy")
 
     def wait_healthy(self, services: list[str], within_s: float) -> None:
         deadline = time.monotonic() + within_s
@@ -130,7 +137,9 @@ def deployment(request, tmp_path: Path):
 
 async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deployment: Compose):
     env = {k: v for k, v, _ in read_env(deployment.dir / ".env") if k}
-    deployment.run("up", "-d", "--no-build", timeout=600)
+    # on the cluster, two instances of the detector (one active, one standby) and of the remediator (sharing)
+    scaled = ["--scale", "zombie-detector=2", "--scale", "remediator=2"] if deployment.cluster else []
+    deployment.run("up", "-d", "--no-build", *scaled, timeout=600)
     deployment.wait_healthy(["nats"], within_s=120)
 
     # The story, as an operator's own consumer would read it: the observer user, over TLS.
@@ -162,6 +171,7 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
                 raise AssertionError(f"no verified fix: opened={opened} completed={completed}\n{deployment.logs()}") from None
             if isinstance(event, IncidentOpened):
                 assert (event.kind, event.node_id, event.gpu_index) == ("zombie_job", "sim-node-02", 0), event
+                assert opened is None, f"a second incident for the one zombie: {event}"
                 opened = event
             elif isinstance(event, ActionCompleted) and opened and event.incident_id == opened.incident_id:
                 completed = event
@@ -171,6 +181,9 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
         assert completed is not None and completed.outcome == ActionOutcome.SUCCEEDED, completed
         assert any(step.startswith("kill -s ") for step in completed.steps), completed.steps
         assert resolved.resolution == "fixed", resolved
+        await asyncio.sleep(3)  # a doubled incident or action would have arrived by now
+        doubled = [e for e in _drain(seen) if isinstance(e, IncidentOpened | ActionCompleted)]
+        assert not doubled, doubled
 
         # report-builder recorded it in PostgreSQL: the console (published on loopback) shows it.
         url = f"http://127.0.0.1:{env['GPUMEDIC_CONSOLE_PORT']}/incidents/{opened.incident_id}"
@@ -199,3 +212,10 @@ async def _check_replicated_then_kill_one(deployment: Compose, env: dict[str, st
     finally:
         await admin.close()
     subprocess.run(["docker", "kill", deployment.container("nats-2")], check=True, capture_output=True)
+
+
+def _drain(queue: asyncio.Queue) -> list:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
