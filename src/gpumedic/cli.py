@@ -70,6 +70,22 @@ def cmd_demo(args) -> int:
     )
 
 
+def cmd_chaos(args) -> int:
+    from gpumedic.chaos import run_chaos
+
+    async def run() -> int:
+        result = await run_chaos(
+            args.var, nodes=args.nodes, gpus=args.gpus, incidents=args.incidents, rate_per_s=args.rate,
+            kill_every_s=args.kill_every, bounce_every_s=args.bounce_every, resume_within_s=args.resume_within,
+        )
+        print(result.render(args.resume_within))
+        ok = result.ok(args.resume_within)
+        print("chaos: " + ("zero lost, zero doubled, nothing run twice, nothing missing" if ok else "FAILED (see the counts above)"))
+        return 0 if ok else 1
+
+    return _run(run())
+
+
 def cmd_fleet(args) -> int:
     from gpumedic.sim.serve import FleetSetupError, serve_fleet
     from gpumedic_bus.service import CannotStart
@@ -510,6 +526,17 @@ _command(
     "built-in one by name) and of --fault options on schedule, and score the incidents against each injection's answer "
     "key (precision, recall, time to incident), then show how each incident ended (fixed, cleared, escalated) and which "
     "escalations paged the simulated on-call webhook.",
+)
+_command(
+    "chaos", cmd_chaos, "zombie jobs fixed on a 3-server NATS cluster while services and servers are killed; audited for lost and doubled",
+    click.option("--nodes", type=click.IntRange(min=2), default=60, show_default=True, help="simulated nodes"),
+    click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True, help="GPUs per simulated node"),
+    click.option("--incidents", type=click.IntRange(min=1), default=1000, show_default=True, help="zombie jobs to inject"),
+    click.option("--rate", type=click.FloatRange(min=0.1), default=6.0, show_default=True, help="zombies injected per second"),
+    click.option("--kill-every", type=click.FloatRange(min=0.5), default=4.0, show_default=True, help="SIGKILL a random service every so many seconds"),
+    click.option("--bounce-every", type=click.FloatRange(min=0), default=5.0, show_default=True, help="SIGKILL one of the three nats-servers every so many seconds (0: never)"),
+    click.option("--resume-within", type=click.FloatRange(min=1), default=10.0, show_default=True, help="seconds a killed service may take to be ready again"),
+    click.option("--var", type=_PATH, default=DEFAULT_VAR / "chaos", show_default=True, help="where the run's bus, store and logs live"),
 )
 _command(
     "fleet", cmd_fleet, "a simulated fleet on the network for a control plane that runs elsewhere (compose's demo)",

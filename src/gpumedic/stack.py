@@ -267,7 +267,8 @@ class Stack:
     def _revive(self, name: str, code: int, now: float, start: Callable[[], object], *, where: str = "") -> None:
         restart = self.restarts.setdefault(name, _Restart())
         if restart.due is None:
-            if now - restart.since > HEALTHY_AFTER_S:
+            if now - restart.since > HEALTHY_AFTER_S or code == 0:
+                # healthy for a while, or a clean stop (a lease handed over): no crash loop to slow
                 restart.attempts = 0
             wait = 0.0 if restart.attempts == 0 else min(MAX_BACKOFF_S, 2.0 ** restart.attempts)
             restart.due = now + wait

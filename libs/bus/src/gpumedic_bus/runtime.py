@@ -314,7 +314,7 @@ class ServiceRuntime:
             for consumer in [*self._consumers, *self._push_consumers]:
                 item = consumer.durable
                 try:
-                    info = await js.consumer_info(item.stream, item.name, timeout=5)
+                    info = await _consumer_info(js, item.stream, item.name)
                 except NotFoundError:
                     raise BusNotProvisioned(
                         f"{self.service}: consumer {item.name} on stream {item.stream} does not exist; "
@@ -322,7 +322,7 @@ class ServiceRuntime:
                     ) from None
                 except nats.errors.TimeoutError:
                     raise BusNotProvisioned(
-                        f"{self.service}: no answer about consumer {item.name} on stream {item.stream} within 5s; "
+                        f"{self.service}: no answer about consumer {item.name} on stream {item.stream} within {CONSUMER_INFO_WITHIN_S:g}s; "
                         f"is NATS user {self.nats.user or '(none)'} allowed to use it, and JetStream enabled?"
                     ) from None
                 if isinstance(consumer, EventConsumer):
@@ -456,6 +456,22 @@ class ServiceRuntime:
 
     async def _publish(self, event) -> None:
         await publish_event(self.broker, event)
+
+
+CONSUMER_INFO_WITHIN_S = 30.0
+"""How long a starting service asks after one of its consumers: a cluster that lost a server
+answers nothing for a few seconds while it elects, which is no reason to give up."""
+
+
+async def _consumer_info(js, stream: str, name: str):
+    deadline = asyncio.get_running_loop().time() + CONSUMER_INFO_WITHIN_S
+    while True:
+        try:
+            return await js.consumer_info(stream, name, timeout=5)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+            if asyncio.get_running_loop().time() >= deadline:
+                raise nats.errors.TimeoutError from None
+            await asyncio.sleep(0.5)
 
 
 async def _logged(loop: BackgroundLoop, service: str) -> None:

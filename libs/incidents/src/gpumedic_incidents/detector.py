@@ -105,7 +105,15 @@ class Detector:
     async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""
         self.states = states
-        self.logic.book.adopt(await states.load_all(detector=self.source))
+        restored = []
+        for state in await states.load_all(detector=self.source):
+            if state.announcement is not None:  # saved, then this detector stopped before announcing it
+                await publish_event(self._runtime.broker, IncidentOpened.model_validate_json(state.announcement))
+                state = state.model_copy(update={"announcement": None})
+                await states.save(state)
+                log.info("%s: announced incident %s, which an earlier run saved but did not publish", self.source, state.incident_id)
+            restored.append(state)
+        self.logic.book.adopt(restored)
         if self.logic.book.incidents:
             log.info("%s resumed %d open incident(s)", self.source, len(self.logic.book.incidents))
 
@@ -137,6 +145,9 @@ class Detector:
     async def _apply_one(self, t: Transition) -> None:
         state = t.after
         persisted = False
+        opened = next((e for span in t.spans for e in span.events if isinstance(e, IncidentOpened)), None)
+        if opened is not None and state is not None:  # saved with the incident until it is published
+            state = state.model_copy(update={"announcement": opened.to_json().decode()})
         with contextlib.ExitStack() as spans:
             for i, span in enumerate(t.spans):
                 incident = state or t.state
@@ -159,6 +170,9 @@ class Detector:
                     await self._publish(event, incident)
             if not persisted:
                 await self._persist(t.before, state)
+        if state is not None and state.announcement is not None:
+            state = state.model_copy(update={"announcement": None})
+            await self._persist(t.before, state)
         self.logic.book.commit(dataclasses.replace(t, after=state))
 
     async def _persist(self, before: IncidentState | None, after: IncidentState | None) -> None:

@@ -1,0 +1,321 @@
+"""`gpumedic chaos` / `make chaos`: the embedded stack on a three-server NATS cluster fixing a
+stream of zombie jobs while it is being broken: every `kill_every_s` a random control-plane
+service is killed with SIGKILL, and every `bounce_every_s` one of the three nats-servers is (the
+stack's supervisor restarts both). Afterwards it is audited from the replicated streams and the
+store:
+
+- every injected zombie has exactly one incident (lost: none; doubled: more than one);
+- no process was killed twice (a kill is the one side effect, counted on the nodes themselves);
+- every incident and action on the bus is in the store (report-builder and the ledger);
+- each killed service was ready again (its first `ready` heartbeat) within `resume_within_s`.
+
+The counts are printed; the exit status says whether all four held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpumedic_bus.streams import stream_of
+from gpumedic_bus.topology import ADMIN, SIM_FLEET
+from gpumedic_events import ActionCompleted, Event, IncidentOpened, ServiceHeartbeat
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, Step, ZombiePolicy, dump_policy
+from nats.js.api import DeliverPolicy
+
+from gpumedic.demo import demo_env
+from gpumedic.sim.fleet import SimFleet
+from gpumedic.stack import Stack
+
+CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
+SAMPLE_INTERVAL_S = 1.0
+REINJECT_AFTER_S = 10.0
+HEALTHY_FOR_S = 12.0
+"""A service or server is a victim again only once it has been back this long: the supervisor
+backs off one that dies again soon, and the resume time is measured on a plain restart."""
+
+
+def chaos_policy() -> Policy:
+    """Zombies in seconds, and no limit meant for a real fleet in the way of a thousand of them:
+    no fleet incident (they are independent faults), no cap on one node's actions."""
+    return Policy(
+        fleet=FleetPolicy(hold_s=1, share=1.0),
+        gate=GatePolicy(max_actions_per_node=100, node_window_s=60),
+        kinds=Kinds(
+            zombie_job=ZombiePolicy(
+                idle_for_s=3 * SAMPLE_INTERVAL_S, action_timeout_s=120,
+                ladder=(Step(action="kill_gpu_processes", attempts=3, verify_within_s=10),),
+            )
+        ),
+    )
+
+
+@dataclass
+class Injected:
+    node_id: str
+    gpu: int
+    pid: int
+    at: datetime
+
+
+@dataclass
+class ChaosResult:
+    injected: list[Injected] = field(default_factory=list)
+    incidents: int = 0
+    lost: list[Injected] = field(default_factory=list)
+    doubled: list[Injected] = field(default_factory=list)
+    spurious: int = 0
+    killed_twice: list[int] = field(default_factory=list)
+    actions: int = 0
+    missing_incidents: int = 0
+    missing_actions: int = 0
+    service_kills: list[tuple[str, float]] = field(default_factory=list)
+    resumes: dict[str, list[float]] = field(default_factory=dict)
+    not_resumed: list[str] = field(default_factory=list)
+    bounces: int = 0
+    publish_failures: int = 0
+
+    def ok(self, resume_within_s: float) -> bool:
+        slow = [t for times in self.resumes.values() for t in times if t > resume_within_s]
+        return not (self.lost or self.doubled or self.killed_twice or self.missing_incidents or self.missing_actions
+                    or self.not_resumed or slow)
+
+    def render(self, resume_within_s: float) -> str:
+        worst = max((t for times in self.resumes.values() for t in times), default=0.0)
+        lines = [
+            f"injected zombies          {len(self.injected):>6}",
+            f"incidents opened          {self.incidents:>6}   (not matching an injection: {self.spurious})",
+            f"lost (no incident)        {len(self.lost):>6}",
+            f"doubled (two or more)     {len(self.doubled):>6}",
+            f"actions completed         {self.actions:>6}",
+            f"processes killed twice    {len(self.killed_twice):>6}",
+            f"missing from the store    {self.missing_incidents:>6} incidents, {self.missing_actions} actions",
+            f"services killed (SIGKILL) {len(self.service_kills):>6}   resumed within {worst:.1f}s at worst (goal {resume_within_s:g}s); "
+            f"not resumed: {len(self.not_resumed)}",
+            f"nats-servers bounced      {self.bounces:>6}",
+            f"samples not published     {self.publish_failures:>6}   (during bounces; samples are disposable)",
+        ]
+        for service, times in sorted(self.resumes.items()):
+            lines.append(f"  {service:<22} killed {len(times)}x, back in {', '.join(f'{t:.1f}' for t in times)} s")
+        return "\n".join(lines)
+
+
+async def run_chaos(
+    var_dir: Path,
+    *,
+    nodes: int = 60,
+    gpus: int = 2,
+    incidents: int = 1000,
+    rate_per_s: float = 6.0,
+    kill_every_s: float = 4.0,
+    bounce_every_s: float = 5.0,
+    resume_within_s: float = 10.0,
+    settle_s: float = 90.0,
+    seed: int = 7,
+    say=print,
+) -> ChaosResult:
+    rng = random.Random(seed)
+    result = ChaosResult()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    fleet = SimFleet(nodes, gpus, var_dir / "fleet", jobs_per_gpu=0)
+    supervisor_log = (var_dir / "supervisor.log").open("a")
+    stack = Stack(var_dir, say=lambda line: print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=supervisor_log, flush=True))
+    tasks: list[asyncio.Task] = []
+    connections = []
+    try:
+        say(f"[1/4] a three-server NATS cluster, the store, {nodes} nodes x {gpus} GPUs, the five control-plane services")
+        stack.start_bus(sim_fleet=True, cluster=3)
+        await stack.provision()
+        stack.migrate()
+        await fleet.start()
+        stack.env = {
+            **demo_env(fleet),
+            "GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES": str(nodes),
+            "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": "1.0",
+            "GPUMEDIC_REMEDIATOR_SSH_CHECK_INTERVAL_S": "0",  # a thousand kills, not a login storm
+        }
+        dump_policy(chaos_policy(), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
+        stack.start_services(CONTROL_PLANE)
+        await stack.wait_ready(timeout_s=120)
+        stack.start_supervising()
+
+        fleet_nc = await stack.connect(SIM_FLEET)
+        connections.append(fleet_nc)
+        js = fleet_nc.jetstream()
+
+        async def publish(event: Event) -> None:
+            try:
+                await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)}, timeout=2)
+            except Exception:  # a server is being bounced: the node's next sample comes in a second
+                result.publish_failures += 1
+
+        tasks.append(asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S)))
+        say(f"[2/4] {incidents} zombie jobs at {rate_per_s:g}/s; SIGKILL a service every {kill_every_s:g}s, "
+            + (f"a nats-server every {bounce_every_s:g}s" if bounce_every_s > 0 else "no nats-server bounced"))
+        stop = asyncio.Event()
+        tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, stop, result)))
+        if bounce_every_s > 0:
+            tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, stop, result)))
+        await _inject(fleet, rng, incidents, rate_per_s, result, say)
+        stop.set()
+        say(f"[3/4] chaos over; waiting up to {settle_s:.0f}s for every zombie to be fixed")
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline and any(_alive(fleet, z) for z in result.injected):
+            await asyncio.sleep(1)
+        await asyncio.sleep(5)  # the last results reach report-builder
+        say("[4/4] the audit: the replicated streams, the nodes' own command logs, the store")
+        admin = await stack.connect(ADMIN)
+        connections.append(admin)
+        await _audit(stack, admin, fleet, result)
+        return result
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for nc in connections:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        with contextlib.suppress(Exception):
+            await fleet.stop()
+        stack.stop()
+        supervisor_log.close()
+
+
+def _alive(fleet: SimFleet, zombie: Injected) -> bool:
+    process = fleet.node(zombie.node_id).process(zombie.pid)
+    return process is not None and process.alive
+
+
+async def _inject(fleet: SimFleet, rng: random.Random, count: int, rate_per_s: float, result: ChaosResult, say) -> None:
+    """`count` zombies at about `rate_per_s`, one per node at a time: a node is free again once its
+    last zombie has been gone for `REINJECT_AFTER_S`. (The gate runs one action on a node at a
+    time, and a GPU that hangs again while its incident is still verifying the last kill is that
+    same incident, not a new one: both right, neither what this run counts.)"""
+    gone_at: dict[str, float] = {}
+    holding: dict[str, Injected] = {}
+    started = time.monotonic()
+    give_up = started + 3 * count / rate_per_s + 60  # a stack that no longer fixes anything ends the run
+    while len(result.injected) < count and time.monotonic() < give_up:
+        now = time.monotonic()
+        for node_id, zombie in list(holding.items()):
+            if not _alive(fleet, zombie):
+                gone_at[node_id] = now
+                del holding[node_id]
+        free = [n for n in fleet.nodes if n not in holding and now - gone_at.get(n, -REINJECT_AFTER_S) >= REINJECT_AFTER_S]
+        if free:
+            node_id = rng.choice(free)
+            gpu = rng.randrange(len(fleet.node(node_id).gpus))
+            process = fleet.node(node_id).inject_zombie(gpu)
+            zombie = Injected(node_id, gpu, process.pid, datetime.now(UTC))
+            holding[node_id] = zombie
+            result.injected.append(zombie)
+            if len(result.injected) % 100 == 0:
+                say(f"      {len(result.injected)} injected after {time.monotonic() - started:.0f}s")
+        await asyncio.sleep(1 / rate_per_s)
+
+
+async def _kill_services(stack: Stack, rng: random.Random, every_s: float, stop: asyncio.Event, result: ChaosResult) -> None:
+    back_since: dict[str, float] = {}
+    while not stop.is_set():
+        await asyncio.sleep(every_s)
+        now = time.monotonic()
+        ready = [s for s in CONTROL_PLANE if now - back_since.get(s, 0.0) >= HEALTHY_FOR_S and stack.processes[s].poll() is None]
+        if not ready:
+            continue
+        victim = rng.choice(ready)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stack.processes[victim].pid, signal.SIGKILL)
+            result.service_kills.append((victim, time.time()))
+            back_since[victim] = now
+
+
+async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, stop: asyncio.Event, result: ChaosResult) -> None:
+    back_since: dict[int, float] = {}
+    while not stop.is_set():
+        await asyncio.sleep(every_s)
+        now = time.monotonic()
+        # one at a time: the other two keep the cluster's quorum
+        up = [n for n, s in enumerate(stack.servers) if s.exited is None and now - back_since.get(n, 0.0) >= 2 * every_s]
+        if len(up) < len(stack.servers):
+            continue
+        victim = rng.choice(up)
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(stack.servers[victim].pid, signal.SIGKILL)
+            result.bounces += 1
+            back_since[victim] = now
+
+
+async def _read_all(js, event_type: type[Event]) -> list:
+    """Every stored event of this type, from the start of its (replicated) stream: read until
+    the consumer has nothing left (its pending count plus what it delivered already)."""
+    sub = await js.subscribe(event_type.subject_filter(), stream=stream_of(event_type).name, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.ALL)
+    events = []
+    try:
+        while True:
+            info = await sub.consumer_info()
+            if len(events) >= (info.num_pending or 0) + (info.delivered.consumer_seq or 0):
+                break
+            msg = await sub.next_msg(timeout=10)
+            events.append(event_type.from_json(msg.data, subject=msg.subject))
+    finally:
+        await sub.unsubscribe()
+    return events
+
+
+async def _audit(stack: Stack, admin, fleet: SimFleet, result: ChaosResult) -> None:
+    from sqlalchemy import select
+
+    from gpumedic_store import create_engine, session_factory
+    from gpumedic_store.models import ActionRecord, Incident
+
+    js = admin.jetstream()
+    opened = [e for e in await _read_all(js, IncidentOpened) if e.kind == "zombie_job"]
+    completed = await _read_all(js, ActionCompleted)
+    result.incidents, result.actions = len({e.incident_id for e in opened}), len({e.action_id for e in completed})
+
+    # each incident belongs to the last zombie injected on its GPU before it opened
+    by_slot: dict[tuple[str, int], list[Injected]] = {}
+    for zombie in result.injected:
+        by_slot.setdefault((zombie.node_id, zombie.gpu), []).append(zombie)
+    counts = {id(z): set() for z in result.injected}  # distinct incident ids (a re-published event is one)
+    for incident in opened:
+        earlier = [z for z in by_slot.get((incident.node_id, incident.gpu_index), []) if z.at <= incident.occurred_at]
+        if earlier:
+            counts[id(earlier[-1])].add(incident.incident_id)
+        else:
+            result.spurious += 1
+    result.lost = [z for z in result.injected if not counts[id(z)]]
+    result.doubled = [z for z in result.injected if len(counts[id(z)]) > 1]
+    for zombie in result.injected:
+        kills = fleet.node(zombie.node_id).ssh_commands.count(f"kill -s TERM {zombie.pid}")
+        if kills > 1:
+            result.killed_twice.append(zombie.pid)
+
+    engine = create_engine(stack.store_url)
+    try:
+        async with session_factory(engine)() as session:
+            stored_incidents = set((await session.execute(select(Incident.id))).scalars())
+            stored_actions = {str(a) for a in (await session.execute(select(ActionRecord.action_id))).scalars()}
+    finally:
+        await engine.dispose()
+    result.missing_incidents = sum(1 for e in opened if str(e.incident_id) not in {str(i) for i in stored_incidents})
+    result.missing_actions = sum(1 for e in completed if str(e.action_id) not in stored_actions)
+
+    beats = [b for b in await _read_all(js, ServiceHeartbeat) if b.state == "ready"]
+    for service, killed_at in result.service_kills:
+        after = [b.occurred_at.timestamp() for b in beats if b.service == service and b.occurred_at.timestamp() > killed_at]
+        if after:
+            result.resumes.setdefault(service, []).append(min(after) - killed_at)
+        else:
+            result.not_resumed.append(service)
