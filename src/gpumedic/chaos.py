@@ -105,6 +105,9 @@ class ChaosResult:
         ]
         for service, times in sorted(self.resumes.items()):
             lines.append(f"  {service:<22} killed {len(times)}x, back in {', '.join(f'{t:.1f}' for t in times)} s")
+        for what, zombies in (("lost", self.lost), ("doubled", self.doubled)):
+            for z in zombies[:5]:  # where to start reading the logs
+                lines.append(f"  {what}: {z.node_id} GPU {z.gpu} pid {z.pid}, injected {z.at:%H:%M:%S.%f}"[:-3])
         return "\n".join(lines)
 
 
