@@ -22,30 +22,19 @@ from pathlib import Path
 
 import nats
 
-from benchmarks import percentile
+from benchmarks import node_sample, percentile
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
-from gpumedic_events import GpuProcess, GpuSample, GpuXidReported, IncidentOpened, JobsObservation, NodeSampled
+from gpumedic_events import GpuXidReported, IncidentOpened
 from zombie_detector.main import create_app
 from zombie_detector.settings import Settings
 
 GPUS = 8
 
 
-def _sample(node: str) -> NodeSampled:
-    gpus = tuple(
-        GpuSample(
-            index=g, utilization_gpu_pct=88, memory_used_mib=40960, memory_total_mib=81559,
-            processes=(GpuProcess(pid=10_000 + g, start_ticks=123_456, command=f"python train.py --rank {g}", used_memory_mib=40_900),),
-        )
-        for g in range(GPUS)
-    )
-    return NodeSampled(source="node-sampler", node_id=node, interval_s=5, gpus=gpus, jobs=JobsObservation(running=GPUS, output_growing=True))
-
-
 async def _fleet_load(js, nodes: list[str], interval_s: float) -> None:
     """Every node's sample once per interval, spread evenly over it, until cancelled."""
-    bodies = [(s.subject, s.to_json()) for s in map(_sample, nodes)]
+    bodies = [(s.subject, s.to_json()) for s in map(node_sample, nodes)]
     gap = interval_s / len(bodies)
     start = time.perf_counter()
     i = 0

@@ -16,10 +16,11 @@ from pathlib import Path
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from benchmarks import node_sample
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
-from gpumedic_events import GpuProcess, GpuSample, JobsObservation, NodeSampled
+from gpumedic_events import NodeSampled
 from zombie_detector.main import create_app
 from zombie_detector.settings import Settings
 
@@ -27,21 +28,9 @@ NODES = 200
 GPUS = 8
 
 
-def _sample(node: int) -> NodeSampled:
-    gpus = tuple(
-        GpuSample(
-            index=g, uuid=f"GPU-{node:04d}-{g}", name="NVIDIA H100 80GB HBM3", utilization_gpu_pct=87,
-            utilization_memory_pct=41, memory_used_mib=40960, memory_total_mib=81559,
-            processes=(GpuProcess(pid=10_000 + g, start_ticks=123_456, command=f"python train.py --rank {g}", used_memory_mib=40_900),),
-        )
-        for g in range(GPUS)
-    )
-    return NodeSampled(source="node-sampler", node_id=f"node-{node:04d}", interval_s=5, gpus=gpus, jobs=JobsObservation(running=GPUS, output_growing=True))
-
-
 async def _preload(js, count: int) -> int:
     await js.purge_stream(SAMPLES.name)
-    bodies = [(s.subject, s.to_json()) for s in (_sample(n) for n in range(NODES))]
+    bodies = [(s.subject, s.to_json()) for s in (node_sample(f"node-{n:04d}") for n in range(NODES))]
     pending = []
     for i in range(count):
         subject, body = bodies[i % NODES]

@@ -33,7 +33,7 @@ from nats.js.api import DeliverPolicy
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
-from gpumedic.stack import Stack
+from gpumedic.stack import Stack, wind_down
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0
@@ -180,17 +180,7 @@ async def run_chaos(
         await _audit(stack, admin, fleet, result)
         return result
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for nc in connections:
-            with contextlib.suppress(Exception):
-                await nc.close()
-        with contextlib.suppress(Exception):
-            await fleet.stop()
-        stack.stop()
+        await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet,))
         supervisor_log.close()
 
 

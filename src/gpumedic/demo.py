@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpumedic.incidents import incident_text
 from gpumedic.sim.fleet import SimFleet
-from gpumedic.stack import Stack, env_json
+from gpumedic.stack import Stack, env_json, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
@@ -163,16 +163,7 @@ async def run_demo(
         return 0 if isinstance(outcome, IncidentResolved) else 1
     finally:
         say("stopping: fleet, services, bus")
-        if sampling is not None:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await sampling
-        for nc in connections:
-            with contextlib.suppress(Exception):
-                await nc.close()
-        with contextlib.suppress(Exception):
-            await fleet.stop()
-        stack.stop()
+        await wind_down(stack, tasks=[sampling] if sampling is not None else [], connections=connections, parts=(fleet,))
         say("stopped; no process left behind")
 
 

@@ -11,7 +11,6 @@ the faults must open none.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Observed, render, score
 from gpumedic.sim.state import PEER_UNIT, SAMPLER_UNIT
 from gpumedic.sim.workers import POOL_NODE, SimWorkerPool, judge
-from gpumedic.stack import Stack
+from gpumedic.stack import Stack, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
     ActionCompleted,
@@ -341,20 +340,7 @@ async def run_simulation(
         return 0
     finally:
         say("stopping: fleet, services, bus")
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for nc in connections:
-            with contextlib.suppress(Exception):
-                await nc.close()
-        with contextlib.suppress(Exception):
-            await fleet.stop()
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                await pool.stop()
-        stack.stop()
+        await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet, pool))
         pager.stop()
         if fleet_log is not None:
             logging.getLogger().removeHandler(fleet_log)

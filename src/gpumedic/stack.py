@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -385,3 +385,24 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def wind_down(stack: Stack, *, tasks: Iterable[asyncio.Task] = (), connections: Iterable[nats.NATS] = (),
+                    parts: Iterable[object] = ()) -> None:
+    """Stop a run on the embedded stack in order: its own tasks, its NATS connections, the parts it
+    started beside the stack (each has an async `stop`: the simulated fleet, a worker pool), then
+    the stack. A part that fails to stop does not keep the rest running."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    for nc in connections:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    for part in parts:
+        if part is not None:
+            with contextlib.suppress(Exception):
+                await part.stop()
+    stack.stop()

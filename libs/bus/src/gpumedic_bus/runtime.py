@@ -281,17 +281,15 @@ class ServiceRuntime:
         kv = await self.broker.connection.jetstream().key_value(LEASES.bucket)
         lease = Lease(kv, key, str(self.instance_id), self.lease_ttl_s)
         try:
-            while True:
+            while True:  # run the loop while the lease is held; `keep` returns when it is lost
                 await lease.acquire()
-                lost = asyncio.Event()
                 running = asyncio.create_task(loop())
-                keeping = asyncio.create_task(lease.keep(lambda why: lost.set()))
-                losing = asyncio.create_task(lost.wait())
+                keeping = asyncio.create_task(lease.keep(lambda why: None))
                 try:
-                    await asyncio.wait({running, losing}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({running, keeping}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    for task in (running, keeping, losing):
-                        task.cancel()
+                    running.cancel()
+                    keeping.cancel()
                 if running.done() and not running.cancelled() and running.exception() is not None:
                     raise running.exception()
         finally:

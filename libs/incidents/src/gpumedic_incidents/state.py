@@ -77,11 +77,11 @@ class IncidentState(BaseModel):
     related_incident_id: uuid.UUID | None = None
     silence_id: uuid.UUID | None = None
     traceparent: str | None = None
+    """The trace context the incident's next step continues (detect, then the action's)."""
     announcement: str | None = None
     """The IncidentOpened that announces this incident (JSON), kept only until it is published: a
     detector that stopped between saving the incident and announcing it announces it when it
     resumes (the event id de-duplicates), so no incident acts unannounced and none opens twice."""
-    """The trace context the incident's next step continues (detect, then the action's)."""
     drained: bool = False
     """A drain_node step of its ladder succeeded: the node stays drained until this incident is
     validated and undrained (or a person steps in)."""
