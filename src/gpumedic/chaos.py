@@ -1,8 +1,12 @@
 """`gpumedic chaos` / `make chaos`: the embedded stack on a three-server NATS cluster fixing a
 stream of zombie jobs while it is being broken: every `kill_every_s` a random control-plane
-service is killed with SIGKILL, and every `bounce_every_s` one of the three nats-servers is (the
-stack's supervisor restarts both). Afterwards it is audited from the replicated streams and the
-store:
+service is killed with SIGKILL, and every `bounce_every_s` one of the three nats-servers is
+bounced (the stack's supervisor restarts both). A bounce is a restart by default (SIGTERM: the
+server hands the leaderships of its streams and consumers to the others before it goes, as a
+rolling upgrade does); `bounce_signal="kill"` makes it a crash (SIGKILL: what it led has no
+leader until the others' election timeout, 4 to 9 s in nats-server, so with one every 5 s a
+good share of the bus answers nothing at any moment). Afterwards it is audited from the
+replicated streams and the store:
 
 - every injected zombie has exactly one incident (lost: none; doubled: more than one);
 - no process was killed twice (a kill is the one side effect, counted on the nodes themselves);
@@ -24,23 +28,27 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpumedic_bus.streams import stream_of
+from gpumedic_bus.streams import INCIDENT_STATE, stream_of
 from gpumedic_bus.topology import ADMIN, SIM_FLEET
-from gpumedic_events import ActionCompleted, Event, IncidentOpened, ServiceHeartbeat
+from gpumedic_events import ActionCompleted, Event, IncidentKind, IncidentOpened, ServiceHeartbeat
 from gpumedic_incidents import Policy
+from gpumedic_incidents.state import fingerprint
+from gpumedic_incidents.store import IncidentStates
 from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, Step, ZombiePolicy, dump_policy
 from nats.js.api import DeliverPolicy
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
-from gpumedic.stack import Stack, wind_down
+from gpumedic.stack import HEALTHY_AFTER_S, Stack, wind_down
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0
-REINJECT_AFTER_S = 10.0
-HEALTHY_FOR_S = 12.0
-"""A service or server is a victim again only once it has been back this long: the supervisor
-backs off one that dies again soon, and the resume time is measured on a plain restart."""
+REINJECT_AFTER_S = 2.0
+"""A node gets its next zombie this long after its last incident closed."""
+HEALTHY_FOR_S = HEALTHY_AFTER_S + 2.0
+"""A service or server is a victim again only once it has run this long since its restart: the
+supervisor backs off one that dies again sooner (a crash loop), and the resume time is measured
+on a plain restart."""
 
 
 def chaos_policy() -> Policy:
@@ -120,6 +128,7 @@ async def run_chaos(
     rate_per_s: float = 6.0,
     kill_every_s: float = 4.0,
     bounce_every_s: float = 5.0,
+    bounce_signal: str = "term",
     resume_within_s: float = 10.0,
     settle_s: float = 90.0,
     seed: int = 7,
@@ -154,20 +163,33 @@ async def run_chaos(
         connections.append(fleet_nc)
         js = fleet_nc.jetstream()
 
-        async def publish(event: Event) -> None:
+        in_flight: set[asyncio.Task] = set()
+
+        async def store(event: Event) -> None:
             try:
                 await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)}, timeout=2)
             except Exception:  # a server is being bounced: the node's next sample comes in a second
                 result.publish_failures += 1
 
+        async def publish(event: Event) -> None:
+            # Not awaited: a node's sampling goes on while a bounced server's stream elects.
+            task = asyncio.create_task(store(event))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+
         tasks.append(asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S)))
         say(f"[2/4] {incidents} zombie jobs at {rate_per_s:g}/s; SIGKILL a service every {kill_every_s:g}s, "
-            + (f"a nats-server every {bounce_every_s:g}s" if bounce_every_s > 0 else "no nats-server bounced"))
+            + (f"{'restart' if bounce_signal == 'term' else 'SIGKILL'} a nats-server every {bounce_every_s:g}s"
+               if bounce_every_s > 0 else "no nats-server bounced"))
         stop = asyncio.Event()
         tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, stop, result)))
         if bounce_every_s > 0:
-            tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, stop, result)))
-        await _inject(fleet, rng, incidents, rate_per_s, result, say)
+            how = {"term": signal.SIGTERM, "kill": signal.SIGKILL}[bounce_signal]
+            tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, how, stop, result)))
+        admin = await stack.connect(ADMIN)
+        connections.append(admin)
+        open_incidents = IncidentStates(await admin.jetstream().key_value(INCIDENT_STATE.bucket))
+        await _inject(fleet, open_incidents, rng, incidents, rate_per_s, result, say)
         stop.set()
         say(f"[3/4] chaos over; waiting up to {settle_s:.0f}s for every zombie to be fixed")
         deadline = time.monotonic() + settle_s
@@ -175,8 +197,6 @@ async def run_chaos(
             await asyncio.sleep(1)
         await asyncio.sleep(5)  # the last results reach report-builder
         say("[4/4] the audit: the replicated streams, the nodes' own command logs, the store")
-        admin = await stack.connect(ADMIN)
-        connections.append(admin)
         await _audit(stack, admin, fleet, result)
         return result
     finally:
@@ -189,22 +209,23 @@ def _alive(fleet: SimFleet, zombie: Injected) -> bool:
     return process is not None and process.alive
 
 
-async def _inject(fleet: SimFleet, rng: random.Random, count: int, rate_per_s: float, result: ChaosResult, say) -> None:
+async def _inject(fleet: SimFleet, open_incidents: IncidentStates, rng: random.Random, count: int, rate_per_s: float,
+                  result: ChaosResult, say) -> None:
     """`count` zombies at about `rate_per_s`, one per node at a time: a node is free again once its
-    last zombie has been gone for `REINJECT_AFTER_S`. (The gate runs one action on a node at a
-    time, and a GPU that hangs again while its incident is still verifying the last kill is that
-    same incident, not a new one: both right, neither what this run counts.)"""
-    gone_at: dict[str, float] = {}
+    last zombie is gone and its incident closed (`REINJECT_AFTER_S` ago). (The gate runs one
+    action on a node at a time, and a GPU that hangs again while its incident is still verifying
+    the last kill is that same incident, not a new one: both right, neither what this run counts.)"""
+    closed_at: dict[str, float] = {}
     holding: dict[str, Injected] = {}
     started = time.monotonic()
     give_up = started + 3 * count / rate_per_s + 60  # a stack that no longer fixes anything ends the run
     while len(result.injected) < count and time.monotonic() < give_up:
         now = time.monotonic()
         for node_id, zombie in list(holding.items()):
-            if not _alive(fleet, zombie):
-                gone_at[node_id] = now
+            if not _alive(fleet, zombie) and await _closed(open_incidents, zombie):
+                closed_at[node_id] = now
                 del holding[node_id]
-        free = [n for n in fleet.nodes if n not in holding and now - gone_at.get(n, -REINJECT_AFTER_S) >= REINJECT_AFTER_S]
+        free = [n for n in fleet.nodes if n not in holding and now - closed_at.get(n, -REINJECT_AFTER_S) >= REINJECT_AFTER_S]
         if free:
             node_id = rng.choice(free)
             gpu = rng.randrange(len(fleet.node(node_id).gpus))
@@ -217,35 +238,57 @@ async def _inject(fleet: SimFleet, rng: random.Random, count: int, rate_per_s: f
         await asyncio.sleep(1 / rate_per_s)
 
 
+async def _closed(open_incidents: IncidentStates, zombie: Injected) -> bool:
+    """No open zombie incident on the zombie's GPU (unknown while the bucket elects: not closed)."""
+    try:
+        return await open_incidents.get(fingerprint(zombie.node_id, IncidentKind.ZOMBIE_JOB, zombie.gpu)) is None
+    except Exception:  # noqa: BLE001 (asked again next round)
+        return False
+
+
+def _running_for(stack: Stack, name: str, now: float, started: float) -> float:
+    """How long the supervisor's `name` has run since it was last (re)started."""
+    restart = stack.restarts.get(name)
+    if restart is None:
+        return now - started
+    return -1.0 if restart.due is not None else now - restart.since
+
+
 async def _kill_services(stack: Stack, rng: random.Random, every_s: float, stop: asyncio.Event, result: ChaosResult) -> None:
-    back_since: dict[str, float] = {}
+    started = time.monotonic()
     while not stop.is_set():
         await asyncio.sleep(every_s)
         now = time.monotonic()
-        ready = [s for s in CONTROL_PLANE if now - back_since.get(s, 0.0) >= HEALTHY_FOR_S and stack.processes[s].poll() is None]
+        ready = [s for s in CONTROL_PLANE
+                 if _running_for(stack, s, now, started) >= HEALTHY_FOR_S and stack.processes[s].poll() is None]
         if not ready:
             continue
         victim = rng.choice(ready)
         with contextlib.suppress(ProcessLookupError):
             os.kill(stack.processes[victim].pid, signal.SIGKILL)
             result.service_kills.append((victim, time.time()))
-            back_since[victim] = now
 
 
-async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, stop: asyncio.Event, result: ChaosResult) -> None:
-    back_since: dict[int, float] = {}
+async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, how: signal.Signals, stop: asyncio.Event,
+                          result: ChaosResult) -> None:
+    started = time.monotonic()
+    names = ["nats-server" if n == 0 else f"nats-server-{n + 1}" for n in range(len(stack.servers))]
+    bounced_at: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(every_s)
         now = time.monotonic()
-        # one at a time: the other two keep the cluster's quorum
-        up = [n for n, s in enumerate(stack.servers) if s.exited is None and now - back_since.get(n, 0.0) >= 2 * every_s]
-        if len(up) < len(stack.servers):
+        # One at a time, the other two keeping the cluster's quorum: none may still be going down
+        # (a SIGTERMed server takes a moment) or not yet restarted.
+        if any(name not in stack.restarts or stack.restarts[name].since < at for name, at in bounced_at.items()):
+            continue
+        up = [n for n, name in enumerate(names) if _running_for(stack, name, now, started) >= HEALTHY_FOR_S]
+        if not up:
             continue
         victim = rng.choice(up)
         with contextlib.suppress(ProcessLookupError, TypeError):
-            os.kill(stack.servers[victim].pid, signal.SIGKILL)
+            os.kill(stack.servers[victim].pid, how)
             result.bounces += 1
-            back_since[victim] = now
+            bounced_at[names[victim]] = now
 
 
 async def _read_all(js, event_type: type[Event]) -> list:

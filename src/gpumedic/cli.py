@@ -76,7 +76,8 @@ def cmd_chaos(args) -> int:
     async def run() -> int:
         result = await run_chaos(
             args.var, nodes=args.nodes, gpus=args.gpus, incidents=args.incidents, rate_per_s=args.rate,
-            kill_every_s=args.kill_every, bounce_every_s=args.bounce_every, resume_within_s=args.resume_within,
+            kill_every_s=args.kill_every, bounce_every_s=args.bounce_every, bounce_signal=args.bounce_with,
+            resume_within_s=args.resume_within,
         )
         print(result.render(args.resume_within))
         ok = result.ok(args.resume_within)
@@ -534,7 +535,9 @@ _command(
     click.option("--incidents", type=click.IntRange(min=1), default=1000, show_default=True, help="zombie jobs to inject"),
     click.option("--rate", type=click.FloatRange(min=0.1), default=6.0, show_default=True, help="zombies injected per second"),
     click.option("--kill-every", type=click.FloatRange(min=0.5), default=4.0, show_default=True, help="SIGKILL a random service every so many seconds"),
-    click.option("--bounce-every", type=click.FloatRange(min=0), default=5.0, show_default=True, help="SIGKILL one of the three nats-servers every so many seconds (0: never)"),
+    click.option("--bounce-every", type=click.FloatRange(min=0), default=5.0, show_default=True, help="restart one of the three nats-servers every so many seconds (0: never)"),
+    click.option("--bounce-with", type=click.Choice(["term", "kill"]), default="term", show_default=True,
+                 help="how a server is bounced: term (a restart: it hands its leaderships over first) or kill (a crash: they wait out an election)"),
     click.option("--resume-within", type=click.FloatRange(min=1), default=10.0, show_default=True, help="seconds a killed service may take to be ready again"),
     click.option("--var", type=_PATH, default=DEFAULT_VAR / "chaos", show_default=True, help="where the run's bus, store and logs live"),
 )

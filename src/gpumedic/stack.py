@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +51,10 @@ def sampler_node_id(env: dict[str, str]) -> str:
     return env.get("GPUMEDIC_SAMPLER_NODE_ID") or os.environ.get("GPUMEDIC_SAMPLER_NODE_ID") or default_node_id()
 
 
-HEALTHY_AFTER_S = 60.0
-"""A restarted process that ran this long is healthy again: its next death restarts it at once."""
+HEALTHY_AFTER_S = 10.0
+"""A restarted process that ran this long is healthy again: its next death restarts it at once.
+A crash loop dies while starting (bad settings, no bus, a port taken); one killed now and then
+after it has run a while (the OOM killer, an operator's kill -9) is not one."""
 MAX_BACKOFF_S = 30.0
 
 
@@ -221,7 +224,10 @@ class Stack:
         for service in services or list(SERVICES):
             metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
             console = self._console_env() if service == "report-builder" else {}
-            self._envs[service] = {**base, **self.service_env(service), **metrics, **console}  # kept for restarts
+            # Kept for restarts; the instance id too, so a restarted one-active service takes its
+            # own lease back at once instead of waiting out the TTL (gpumedic_bus.lease).
+            instance = {"GPUMEDIC_INSTANCE_ID": str(uuid.uuid4())}
+            self._envs[service] = {**base, **self.service_env(service), **metrics, **console, **instance}
             self._spawn(service)
 
     def _spawn(self, service: str) -> None:

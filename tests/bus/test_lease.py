@@ -1,43 +1,79 @@
 """The one-active lease on a real nats-server: one holder at a time, a standby takes over when the
-holder stops (at once) or dies (within the TTL), and a holder that was overtaken says so."""
+holder stops (at once) or dies (within the TTL), a holder that was overtaken says so, and an
+instance restarted under its own id takes its key back at once."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
+from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.streams import LEASE_TTL_S, LEASES
 
+TTL_S = 2.0
+"""The timing tests' own bucket forgets a key this soon, so a death is seen within a test."""
 
-async def _lease(js, instance: str) -> Lease:
-    return Lease(await js.key_value(LEASES.bucket), "zombie-detector", instance, LEASE_TTL_S)
+
+async def _short_bucket(js):
+    return await js.create_key_value(dataclasses.replace(LEASES, bucket="TEST_LEASES", ttl=TTL_S))
 
 
 async def test_one_holder_and_a_standby_that_takes_over_at_a_clean_stop(js):
-    a, b = await _lease(js, "a"), await _lease(js, "b")
+    kv = await _short_bucket(js)
+    a, b = Lease(kv, "zombie-detector", "a", TTL_S), Lease(kv, "zombie-detector", "b", TTL_S)
     await asyncio.wait_for(a.acquire(), 5)
     waiting = asyncio.create_task(b.acquire())
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(TTL_S / 2)
     assert a.held and not waiting.done() and not b.held  # b stands by
     started = time.monotonic()
     await a.release()
     await asyncio.wait_for(waiting, 5)
     assert b.held and not a.held
-    assert time.monotonic() - started < LEASE_TTL_S / 2  # at once, not a TTL later
+    assert time.monotonic() - started < TTL_S / 2  # at once, not a TTL later
 
 
 async def test_a_dead_holder_is_replaced_within_the_ttl_and_learns_it_lost(js):
-    a, b = await _lease(js, "a"), await _lease(js, "b")
+    kv = await _short_bucket(js)
+    a, b = Lease(kv, "zombie-detector", "a", TTL_S), Lease(kv, "zombie-detector", "b", TTL_S)
     await a.acquire()
     lost: list[str] = []
     keeping = asyncio.create_task(a.keep(lost.append))
-    await asyncio.sleep(LEASE_TTL_S / 2)
-    assert a.held and not lost  # renewed past half the TTL
+    await asyncio.sleep(TTL_S * 1.5)
+    assert a.held and not lost  # renewed past the TTL
     keeping.cancel()  # a freezes: no renewal, no release (kill -9)
     started = time.monotonic()
-    await asyncio.wait_for(b.acquire(), LEASE_TTL_S * 3)
-    assert time.monotonic() - started <= LEASE_TTL_S * 2.5
+    await asyncio.wait_for(b.acquire(), TTL_S * 4)
+    assert time.monotonic() - started <= TTL_S * 3
     # a wakes up and tries to renew: it is told, and stops holding
-    await asyncio.wait_for(a.keep(lost.append), LEASE_TTL_S)
+    await asyncio.wait_for(a.keep(lost.append), TTL_S * 2)
     assert not a.held and len(lost) == 1 and "instance b holds it" in lost[0]
+
+
+async def test_an_instance_restarted_under_its_own_id_takes_its_lease_back_at_once(js):
+    kv = await _short_bucket(js)
+    before = Lease(kv, "zombie-detector", "a", TTL_S)
+    await before.acquire()  # then killed: the key stays until the TTL
+    other = asyncio.create_task(Lease(kv, "zombie-detector", "b", TTL_S).acquire())
+    restarted = Lease(kv, "zombie-detector", "a", TTL_S)
+    started = time.monotonic()
+    await asyncio.wait_for(restarted.acquire(), TTL_S / 2)
+    assert restarted.held and time.monotonic() - started < TTL_S / 2
+    assert not other.done()  # the key went from a to a: b still waits
+    # the dead incarnation's revision is stale: were it alive after all, its renewal is refused
+    lost: list[str] = []
+    await asyncio.wait_for(before.keep(lost.append), TTL_S * 2)
+    assert lost and "instance a holds it" in lost[0]
+    other.cancel()
+
+
+async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_an_old_bucket_to_the_declared_ttl(js, nats_url):
+    old = dataclasses.replace(LEASES, ttl=LEASE_TTL_S / 2)  # as an older release provisioned it
+    await js.delete_key_value(LEASES.bucket)
+    await js.create_key_value(old)
+    lease = await Lease.open(js, "zombie-detector", "a")
+    assert lease.ttl_s == old.ttl  # not the constant: renewing on its timing could outlive the key
+    await provision(js, NatsSettings(url=nats_url))
+    assert (await (await js.key_value(LEASES.bucket)).status()).ttl == LEASE_TTL_S
+    assert (await Lease.open(js, "zombie-detector", "a")).ttl_s == LEASE_TTL_S

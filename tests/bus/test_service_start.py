@@ -56,6 +56,12 @@ def test_a_bad_log_level_or_format_is_refused_by_name():
     assert done.stderr.strip() == "gpumedic-autoscaler: GPUMEDIC_LOG_FORMAT='xml' is not a format; use text or json"
 
 
+def test_an_instance_id_that_is_not_a_uuid_is_refused_by_name():
+    done = _run("zombie-detector", GPUMEDIC_INSTANCE_ID="detector-1")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith("GPUMEDIC_INSTANCE_ID='detector-1' is not a UUID")
+
+
 class _Secrets(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TEST_SVC_")
     api_token: int = 0

@@ -7,7 +7,10 @@ same incident and ask for the same action. So each of their instances first take
 key with a create (compare-and-set: only one create of a key succeeds), and renews it every
 `ttl_s / 4`; the others wait, connected, as standbys. The bucket forgets a key `ttl_s` after its
 last write, so when the active instance dies (kill -9, a lost node) a standby takes over within
-about `ttl_s`; one that stops cleanly deletes its key and a standby takes over at once.
+about `ttl_s`; one that stops cleanly deletes its key and a standby takes over at once. An
+instance restarted under its own id (`GPUMEDIC_INSTANCE_ID`, which the embedded stack's
+supervisor keeps across restarts) takes its own key back at once: the process that held it is
+the one its supervisor found dead.
 
 The holder gives up (and its process stops, to come back as a standby) when it has not renewed
 for `LOST_AFTER` of the TTL, before the bucket can hand the key to another instance: two
@@ -24,8 +27,11 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+
+from gpumedic_bus.streams import LEASE_TTL_S, LEASES
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,13 @@ class Lease:
         self._renewed = 0.0
         self._value = json.dumps({"instance": instance, "host": socket.gethostname()}).encode()
 
+    @classmethod
+    async def open(cls, js: JetStreamContext, service: str, instance: str) -> Lease:
+        """The lease on `service`'s key, with the bucket's own TTL (a bucket provisioned by an older
+        release may have another; timing off the constant instead could outlive the key)."""
+        kv = await js.key_value(LEASES.bucket)
+        return cls(kv, service, instance, (await kv.status()).ttl or LEASE_TTL_S)
+
     @property
     def held(self) -> bool:
         return self.revision is not None
@@ -57,6 +70,8 @@ class Lease:
                 log.info("%s: active (lease taken by instance %s)", self.service, self.instance)
                 return
             except KeyWrongLastSequenceError:
+                if await self._take_back():
+                    return
                 holder = await self._holder()
                 if holder != said:
                     log.info("%s: standby; instance %s is active (takes over within %gs of it stopping)", self.service, holder, self.ttl_s)
@@ -67,6 +82,20 @@ class Lease:
                     log.warning("%s: standby; %s", self.service, reason)
                     said = reason
             await asyncio.sleep(self.ttl_s / 8)
+
+    async def _take_back(self) -> bool:
+        """Take the key over when it names this very instance (it was restarted): a compare-and-set
+        on the revision read, so a key that changed meanwhile is left alone."""
+        try:
+            entry = await self._kv.get(self.service)
+            if str(json.loads(entry.value or b"{}").get("instance")) != self.instance:
+                return False
+            self.revision = await self._kv.update(self.service, self._value, last=entry.revision)
+        except Exception:  # noqa: BLE001 (gone, changed or unreachable: acquire as usual)
+            return False
+        self._renewed = time.monotonic()
+        log.info("%s: active (instance %s took its own lease back after a restart)", self.service, self.instance)
+        return True
 
     async def keep(self, on_lost: Callable[[str], Awaitable[None] | None]) -> None:
         """Renew until cancelled; call `on_lost(why)` once, and return, when the lease is lost."""

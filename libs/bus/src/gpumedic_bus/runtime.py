@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsu
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
-from gpumedic_bus.streams import LEASE_TTL_S, LEASES, stream_of
+from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import LIVE, ONE_ACTIVE, ONE_INSTANCE_LOOPS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
@@ -126,6 +127,22 @@ async def connect(settings: NatsSettings, name: str, **overrides) -> nats.NATS:
     return await nats.connect(**{**connect_options(settings, name), **overrides})
 
 
+INSTANCE_VARIABLE = "GPUMEDIC_INSTANCE_ID"
+
+
+def instance_id(environ: dict[str, str] | None = None) -> uuid.UUID:
+    """This instance's id: GPUMEDIC_INSTANCE_ID when set (a supervisor that restarts an instance
+    keeps it, so the instance takes its own lease back at once), else a new one. Two running
+    instances must never share one. ValueError names a bad value."""
+    value = (os.environ if environ is None else environ).get(INSTANCE_VARIABLE, "").strip()
+    if not value:
+        return uuid.uuid4()
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"{INSTANCE_VARIABLE}={value!r} is not a UUID") from None
+
+
 def _security(settings: NatsSettings) -> NatsSecurity | None:
     tls = settings.ssl_context()
     if settings.user:
@@ -141,7 +158,7 @@ class ServiceRuntime:
         self.service = service
         self.nats = nats_settings
         _quiet_tls_eof()
-        self.instance_id = uuid.uuid4()
+        self.instance_id = instance_id()
         self.metrics = ServiceMetrics(service)
         self._metrics_port = metrics_port()  # GPUMEDIC_METRICS_PORT; a bad one stops the start here
         self.ready = asyncio.Event()
@@ -172,13 +189,13 @@ class ServiceRuntime:
         self._live_subs: list = []
         self.lease: Lease | None = None
         """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
-        self.lease_ttl_s = LEASE_TTL_S
         self.on_lease_lost: Callable[[str], Awaitable[None] | None] = _stop_this_process
         """What losing the lease does: by default the process stops and its supervisor (compose,
         `gpumedic up`) starts it again, as a standby; tests put their own here."""
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Run `hook` once the service's consumers are known to exist and before they start (e.g. open a KV bucket)."""
+        """Run `hook` once the service's consumers are known to exist and before they start (e.g.
+        open a KV bucket). A hook the bus fails (see BUS_AWAY) is run again, so it must be repeatable."""
         self._startup.append(hook)
 
     def consume(self, durable: str, handler: Handler, *, batch_size: int = 16) -> EventConsumer:
@@ -236,7 +253,8 @@ class ServiceRuntime:
     def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
         """Read every event of these types from the start of their stream when the service starts,
         before any consumer runs, then follow new ones (the few facts that make a service's state,
-        such as silences). Declared in `gpumedic_bus.topology.REPLAYS`."""
+        such as silences). Declared in `gpumedic_bus.topology.REPLAYS`. A replay the bus breaks
+        off during the start begins again, so `handler` must take an event it has seen."""
         allowed = REPLAYS.get(self.service, ())
         if not set(events) <= set(allowed) or len({stream_of(e).name for e in events}) != 1:
             raise ValueError(f"{self.service} may replay {[e.__name__ for e in allowed]} (one stream), not {[e.__name__ for e in events]}")
@@ -278,8 +296,7 @@ class ServiceRuntime:
         self._loops.append(loop)
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
-        kv = await self.broker.connection.jetstream().key_value(LEASES.bucket)
-        lease = Lease(kv, key, str(self.instance_id), self.lease_ttl_s)
+        lease = await Lease.open(self.broker.connection.jetstream(), key, str(self.instance_id))
         try:
             while True:  # run the loop while the lease is held; `keep` returns when it is lost
                 await lease.acquire()
@@ -305,43 +322,67 @@ class ServiceRuntime:
         return app
 
     async def _bind(self) -> None:
-        """Check that every consumer this service binds to is provisioned, and take its settings."""
-        nc = await connect(self.nats, f"{self.service}-setup", max_reconnect_attempts=3)
-        try:
-            js = nc.jetstream()
-            for consumer in [*self._consumers, *self._push_consumers]:
-                item = consumer.durable
-                try:
-                    info = await _consumer_info(js, item.stream, item.name)
-                except NotFoundError:
-                    raise BusNotProvisioned(
-                        f"{self.service}: consumer {item.name} on stream {item.stream} does not exist; "
-                        "run `gpumedic provision` (as the NATS admin) first"
-                    ) from None
-                except nats.errors.TimeoutError:
-                    raise BusNotProvisioned(
-                        f"{self.service}: no answer about consumer {item.name} on stream {item.stream} within {CONSUMER_INFO_WITHIN_S:g}s; "
-                        f"is NATS user {self.nats.user or '(none)'} allowed to use it, and JetStream enabled?"
-                    ) from None
-                if isinstance(consumer, EventConsumer):
-                    # The server redelivers up to max_deliver; we act on all but the last and dead-letter it.
-                    consumer.max_deliver = max(1, (info.config.max_deliver or 2) - 1)
-        finally:
-            await nc.close()
+        """Everything a start needs from the bus, step by step: the provisioned consumers checked,
+        the lease (one-active services), the startup hooks, the replays, the pull subscriptions. A
+        step the bus does not answer (a cluster electing leaders after a server restart) is tried
+        again in this process, for up to START_WITHIN_S, rather than failing the whole start."""
+        deadline = asyncio.get_running_loop().time() + START_WITHIN_S
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [("connecting", self.broker.connect),
+                                                                     ("checking its consumers", self._check_consumers)]
         if self.service in ONE_ACTIVE:
-            await self._become_active()
-        for hook in self._startup:
-            await hook()
-        for events, handler in self._replays:
-            await self._replay(events, handler)
+            steps.append(("taking its lease", self._become_active))
+        steps += [(getattr(hook, "__qualname__", "a startup hook"), hook) for hook in self._startup]
+        steps += [(f"replaying {'/'.join(e.__name__ for e in events)}", functools.partial(self._replay, events, handler))
+                  for events, handler in self._replays]
+        # FastStream starts its subscribers next and keeps a subscription once made; made here,
+        # each is retried on its own instead of one lookup that times out failing the start.
+        steps += [(f"binding {sub.specification.call_name}", sub.start) for sub in self.broker.subscribers]
+        for what, step in steps:
+            await self._patiently(what, step, deadline)
+
+    async def _patiently(self, what: str, step: Callable[[], Awaitable[object]], deadline: float) -> None:
+        while True:
+            try:
+                await step()
+                return
+            except BUS_AWAY as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.warning("%s: starting: %s: the bus did not answer (%s); trying again", self.service, what, nats_reason(exc))
+                await asyncio.sleep(1.0)
+
+    async def _check_consumers(self) -> None:
+        """Check that every consumer this service binds to is provisioned, and take its settings
+        (all at once: each is answered by its own leader, and one may be mid-election)."""
+        await self.broker.connect()
+        js = self.broker.connection.jetstream()
+        consumers = [*self._consumers, *self._push_consumers]
+        infos = await asyncio.gather(*(self._provisioned(js, c.durable) for c in consumers))
+        for consumer, info in zip(consumers, infos, strict=True):
+            if isinstance(consumer, EventConsumer):
+                # The server redelivers up to max_deliver; we act on all but the last and dead-letter it.
+                consumer.max_deliver = max(1, (info.config.max_deliver or 2) - 1)
+
+    async def _provisioned(self, js, item):
+        try:
+            return await _consumer_info(js, item.stream, item.name)
+        except NotFoundError:
+            raise BusNotProvisioned(
+                f"{self.service}: consumer {item.name} on stream {item.stream} does not exist; "
+                "run `gpumedic provision` (as the NATS admin) first"
+            ) from None
+        except nats.errors.TimeoutError:
+            raise BusNotProvisioned(
+                f"{self.service}: no answer about consumer {item.name} on stream {item.stream} within {CONSUMER_INFO_WITHIN_S:g}s; "
+                f"is NATS user {self.nats.user or '(none)'} allowed to use it, and JetStream enabled?"
+            ) from None
 
     async def _become_active(self) -> None:
         """Wait as a standby until this instance holds its service's lease. Its metrics answer
         meanwhile (`gpumedic_active` 0), so a standby is a healthy container too."""
         self._serve_metrics()
         await self.broker.connect()
-        kv = await self.broker.connection.jetstream().key_value(LEASES.bucket)
-        self.lease = Lease(kv, self.service, str(self.instance_id), self.lease_ttl_s)
+        self.lease = await Lease.open(self.broker.connection.jetstream(), self.service, str(self.instance_id))
         await self.lease.acquire()
 
     def _serve_metrics(self) -> None:
@@ -378,8 +419,13 @@ class ServiceRuntime:
             config=ConsumerConfig(filter_subjects=[e.subject_filter() for e in events]),
             cb=on_message,
         )
+        try:
+            backlog = (await sub.consumer_info()).num_pending or 0
+        except BaseException:  # tried again from the start: this one must not deliver too
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            raise
         self._replay_subs.append(sub)
-        backlog = (await sub.consumer_info()).num_pending or 0
         for _ in range(int(REPLAY_CATCH_UP_S / 0.02)):
             if received >= backlog:
                 break
@@ -387,8 +433,9 @@ class ServiceRuntime:
         log.info("%s: replayed %d of %d %s", self.service, received, backlog, "/".join(e.__name__ for e in events))
 
     async def _started(self) -> None:
+        deadline = asyncio.get_running_loop().time() + START_WITHIN_S
         for consumer in self._push_consumers:
-            await consumer.start()
+            await self._patiently(f"binding {consumer.durable.name}", consumer.start, deadline)
         for event_type, handler in self._live:
             await self._follow(event_type, handler)
         self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
@@ -448,13 +495,29 @@ class ServiceRuntime:
         while True:
             try:
                 await publish_event(self.broker, self._heartbeat_event("ready"))
-            except Exception as exc:
-                log.warning("%s: heartbeat not published (%r); the bus may be reconnecting", self.service, exc)
+            except Exception as exc:  # sooner than the next beat: the first one says the service is back
+                log.warning("%s: heartbeat not published (%s); the bus may be reconnecting", self.service, nats_reason(exc))
+                await asyncio.sleep(1.0)
+                continue
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
     async def _publish(self, event) -> None:
         await publish_event(self.broker, event)
 
+
+START_WITHIN_S = 60.0
+"""How long a starting service tries a step again that the bus does not answer, before it gives up
+(and exits, for its supervisor to start it again)."""
+BUS_AWAY = (
+    nats.errors.TimeoutError,  # also asyncio's
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.UnexpectedEOF,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+    TimeoutError,
+)
+"""What a cluster that is electing a leader, or a server that is restarting, answers."""
 
 CONSUMER_INFO_WITHIN_S = 30.0
 """How long a starting service asks after one of its consumers: a cluster that lost a server
@@ -465,7 +528,7 @@ async def _consumer_info(js, stream: str, name: str):
     deadline = asyncio.get_running_loop().time() + CONSUMER_INFO_WITHIN_S
     while True:
         try:
-            return await js.consumer_info(stream, name, timeout=5)
+            return await js.consumer_info(stream, name, timeout=2)  # answered in ms by a consumer that has a leader
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
             if asyncio.get_running_loop().time() >= deadline:
                 raise nats.errors.TimeoutError from None

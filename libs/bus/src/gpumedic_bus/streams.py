@@ -157,9 +157,11 @@ INCIDENT_STATE = KeyValueConfig(
     storage=StorageType.FILE,
     direct=True,
 )
-LEASE_TTL_S = 6.0
+LEASE_TTL_S = 10.0
 """How long a one-active service's lease outlives its holder's last renewal (gpumedic_bus.lease):
-about how long a standby waits to take over from an instance that died."""
+about how long a standby waits to take over from an instance that died. The holder stops acting
+after `lease.LOST_AFTER` of it without a renewal, so it also bounds the bus outage (a stream
+leader election on a loaded cluster takes a few seconds) that a holder rides out."""
 LEASES = KeyValueConfig(
     bucket="GPUMEDIC_LEASES",
     description="Which instance of each one-active service acts: one key per service, renewed by its holder, forgotten a TTL after.",
