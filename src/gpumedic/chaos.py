@@ -181,13 +181,22 @@ async def run_chaos(
         say(f"[2/4] {incidents} zombie jobs at {rate_per_s:g}/s; SIGKILL a service every {kill_every_s:g}s, "
             + (f"{'restart' if bounce_signal == 'term' else 'SIGKILL'} a nats-server every {bounce_every_s:g}s"
                if bounce_every_s > 0 else "no nats-server bounced"))
+        admin = await stack.connect(ADMIN)
+        connections.append(admin)
+        ready_at: dict[str, float] = {}  # each service's last `ready` heartbeat (monotonic)
+
+        async def on_heartbeat(msg) -> None:
+            with contextlib.suppress(Exception):
+                beat = ServiceHeartbeat.from_json(msg.data, subject=msg.subject)
+                if beat.state == "ready":
+                    ready_at[beat.service] = time.monotonic()
+
+        await admin.subscribe(ServiceHeartbeat.subject_filter(), cb=on_heartbeat)
         stop = asyncio.Event()
-        tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, stop, result)))
+        tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, ready_at, stop, result)))
         if bounce_every_s > 0:
             how = {"term": signal.SIGTERM, "kill": signal.SIGKILL}[bounce_signal]
             tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, how, stop, result)))
-        admin = await stack.connect(ADMIN)
-        connections.append(admin)
         open_incidents = IncidentStates(await admin.jetstream().key_value(INCIDENT_STATE.bucket))
         await _inject(fleet, open_incidents, rng, incidents, rate_per_s, result, say)
         stop.set()
@@ -254,19 +263,25 @@ def _running_for(stack: Stack, name: str, now: float, started: float) -> float:
     return -1.0 if restart.due is not None else now - restart.since
 
 
-async def _kill_services(stack: Stack, rng: random.Random, every_s: float, stop: asyncio.Event, result: ChaosResult) -> None:
+async def _kill_services(stack: Stack, rng: random.Random, every_s: float, ready_at: dict[str, float], stop: asyncio.Event,
+                         result: ChaosResult) -> None:
+    """SIGKILL a random service that is back: ready again since it was last killed (else the next
+    kill would only stretch the last one's resume time) and running HEALTHY_FOR_S."""
     started = time.monotonic()
+    killed_at: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(every_s)
         now = time.monotonic()
-        ready = [s for s in CONTROL_PLANE
-                 if _running_for(stack, s, now, started) >= HEALTHY_FOR_S and stack.processes[s].poll() is None]
-        if not ready:
+        back = [s for s in CONTROL_PLANE
+                if _running_for(stack, s, now, started) >= HEALTHY_FOR_S and stack.processes[s].poll() is None
+                and ready_at.get(s, -1.0) > killed_at.get(s, 0.0)]
+        if not back:
             continue
-        victim = rng.choice(ready)
+        victim = rng.choice(back)
         with contextlib.suppress(ProcessLookupError):
             os.kill(stack.processes[victim].pid, signal.SIGKILL)
             result.service_kills.append((victim, time.time()))
+            killed_at[victim] = now
 
 
 async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, how: signal.Signals, stop: asyncio.Event,

@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 
+import nats.js.errors
 import pytest
 
 from gpumedic_bus import BusNotProvisioned, ServiceRuntime, provision, publish_event
@@ -116,6 +117,47 @@ async def test_a_service_whose_consumer_is_not_provisioned_stops_at_start_saying
     runtime.consume("remediator-actions", never)
     with pytest.raises(BusNotProvisioned, match="consumer remediator-actions on stream GPUMEDIC_ACTIONS does not exist; run `gpumedic provision`"):
         await runtime.app().run()
+
+
+async def test_a_start_step_the_bus_does_not_answer_is_tried_again_in_process_and_any_other_failure_stops_it(
+        nats_settings, js, caplog):
+    runtime = ServiceRuntime("remediator", nats_settings)
+    calls: list[int] = []
+
+    async def electing() -> None:  # as a KV bucket answers while its stream elects a leader
+        calls.append(1)
+        if len(calls) <= 2:
+            raise nats.js.errors.NoStreamResponseError
+
+    async def handled(event, delivery) -> None:
+        handled_ids.append(event.action_id)
+
+    handled_ids: list = []
+    runtime.on_startup(electing)
+    runtime.consume("remediator-actions", handled)
+    app, task = await _run(runtime)
+    try:
+        request = _request()
+        await publish_event(runtime.broker, request, msg_id=str(request.action_id))
+        for _ in range(100):
+            if handled_ids:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        app.exit()
+        await task
+    assert len(calls) == 3 and handled_ids == [request.action_id]  # started once, consuming once
+    said = [r.getMessage() for r in caplog.records if "starting:" in r.getMessage()]
+    assert len(said) == 2 and "electing: the bus did not answer (no response from stream); trying again" in said[0]
+
+    broken = ServiceRuntime("remediator", nats_settings)
+
+    async def misconfigured() -> None:
+        raise RuntimeError("the console cannot listen on 127.0.0.1:1")
+
+    broken.on_startup(misconfigured)
+    with pytest.raises(RuntimeError, match="cannot listen"):
+        await broken.app().run()
 
 
 def test_a_service_may_consume_only_its_own_declared_durables(nats_settings):

@@ -24,6 +24,7 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from opentelemetry.context import Context
 
+from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.provision import PUSH_ACK_EVERY
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.topology import Durable
@@ -291,6 +292,9 @@ class PushConsumer(Generic[E]):
             started = time.perf_counter()
             try:
                 await self._handler(event)
+            except BUS_AWAY as exc:  # what the handler publishes cannot be stored now: one line
+                self._counts.failed()
+                log.warning("%s: handling %s failed (%s); moving on to newer samples", self._service, msg.subject, nats_reason(exc))
             except Exception:
                 self._counts.failed()
                 log.exception("%s: handling %s failed; moving on to newer samples", self._service, msg.subject)

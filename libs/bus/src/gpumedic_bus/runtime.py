@@ -30,6 +30,7 @@ from opentelemetry.trace import Tracer
 
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
 from gpumedic_bus.lease import Lease
+from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
@@ -66,13 +67,6 @@ def _quiet_tls_eof() -> None:
 
 class BusNotProvisioned(RuntimeError):
     """A stream or consumer the service binds to does not exist; the message says what to run."""
-
-
-def nats_reason(exc: BaseException) -> str:
-    """What went wrong with the bus, in words ("connection refused", not a traceback)."""
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno).lower()  # not asyncio's "Connect call failed (...)"
-    return (str(exc).strip() or type(exc).__name__).removeprefix("nats: ")
 
 
 class BusState:
@@ -349,7 +343,7 @@ class ServiceRuntime:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
                 log.warning("%s: starting: %s: the bus did not answer (%s); trying again", self.service, what, nats_reason(exc))
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.5)
 
     async def _check_consumers(self) -> None:
         """Check that every consumer this service binds to is provisioned, and take its settings
@@ -508,17 +502,6 @@ class ServiceRuntime:
 START_WITHIN_S = 60.0
 """How long a starting service tries a step again that the bus does not answer, before it gives up
 (and exits, for its supervisor to start it again)."""
-BUS_AWAY = (
-    nats.errors.TimeoutError,  # also asyncio's
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.UnexpectedEOF,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.NoStreamResponseError,
-    TimeoutError,
-)
-"""What a cluster that is electing a leader, or a server that is restarting, answers."""
-
 CONSUMER_INFO_WITHIN_S = 30.0
 """How long a starting service asks after one of its consumers: a cluster that lost a server
 answers nothing for a few seconds while it elects, which is no reason to give up."""

@@ -23,13 +23,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-import nats.errors
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
-from gpumedic_bus.runtime import nats_reason
+from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
@@ -137,7 +136,7 @@ class Detector:
             await asyncio.sleep(TICK_EVERY_S)
             try:
                 await self.decide(self.logic.on_tick)
-            except (nats.errors.Error, TimeoutError) as exc:  # the bus is reconnecting or electing: one line, no traceback
+            except BUS_AWAY as exc:  # the bus is reconnecting or electing: one line, no traceback
                 log.warning("applying due deadlines failed (%s); retrying next tick", nats_reason(exc))
             except Exception:
                 log.exception("applying due deadlines failed; retrying next tick")
