@@ -13,11 +13,11 @@ from report_builder.console import views
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 
-def _sample(node: str, age_s: float = 1, util: int = 90) -> NodeSampled:
-    return NodeSampled(
+def _sample(node: str, age_s: float = 1, util: int = 90) -> views.NodeReading:
+    return views.NodeReading.of(NodeSampled(
         source="node-sampler", node_id=node, occurred_at=NOW - timedelta(seconds=age_s), interval_s=10,
         gpus=(GpuSample(index=0, utilization_gpu_pct=util, memory_used_mib=40_000, memory_total_mib=80_000, temperature_c=61),),
-    )
+    ))
 
 
 def _incident(node: str, kind: str, severity: str = "warning", status: str = "open"):

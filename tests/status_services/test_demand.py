@@ -14,7 +14,7 @@ from gpumedic_events import GpuSample, NodeSampled
 from autoscaler.demand import Demand, DemandUnavailable, HttpDemand, HttpDemandConfig, SqlDemand, SqlDemandConfig
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
 from autoscaler.logic import evaluate_demand
-from autoscaler.scaling import Scaler, ScalingPolicy, Supply
+from autoscaler.scaling import NodeLoad, Scaler, ScalingPolicy, Supply
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -75,9 +75,9 @@ def test_policy_refuses_a_floor_above_the_ceiling():
 # --- the decision published ------------------------------------------------------------------------
 
 
-def _sample(node: str, utils: list[int], when: datetime = T0) -> NodeSampled:
+def _sample(node: str, utils: list[int], when: datetime = T0) -> NodeLoad:
     gpus = tuple(GpuSample(index=i, utilization_gpu_pct=u) for i, u in enumerate(utils))
-    return NodeSampled(source="node-sampler", node_id=node, occurred_at=when, interval_s=5, gpus=gpus)
+    return NodeLoad.of(NodeSampled(source="node-sampler", node_id=node, occurred_at=when, interval_s=5, gpus=gpus))
 
 
 def test_an_unreadable_queue_holds_and_says_why_while_a_readable_one_decides_on_nodes_in_service():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from autoscaler.logic import evaluate
+from autoscaler.scaling import NodeLoad
 from gpumedic_events import GpuSample, NodeSampled
 from leader_health.logic import assess
 from leader_health.probe import PeerAnswer, PeerStatus
@@ -43,15 +44,15 @@ def test_a_leader_that_is_no_peer_is_unhealthy_and_every_unusable_peer_is_listed
     assert [(p.state, p.detail) for p in checked.problems] == [("blocked", "no answer within 3s")]
 
 
-def _node(node: str, utils: list[int], age_s: float = 0) -> NodeSampled:
+def _node(node: str, utils: list[int | None], age_s: float = 0) -> NodeLoad:
     gpus = tuple(GpuSample(index=i, utilization_gpu_pct=u) for i, u in enumerate(utils))
-    return NodeSampled(source="node-sampler", node_id=node, interval_s=5, gpus=gpus, occurred_at=NOW - timedelta(seconds=age_s))
+    return NodeLoad.of(NodeSampled(source="node-sampler", node_id=node, interval_s=5, gpus=gpus, occurred_at=NOW - timedelta(seconds=age_s)))
 
 
 def test_capacity_decisions_follow_the_busy_share_of_fresh_samples():
     kw = {"busy_util_pct": 20, "up_above": 0.9, "down_below": 0.3, "stale_after_s": 60}
     assert evaluate({"a": _node("a", [95, 99])}, NOW, **kw).decision == "scale_up"
-    assert evaluate({"a": _node("a", [0, 0, 0, 90])}, NOW, **kw).decision == "scale_down"
+    assert evaluate({"a": _node("a", [0, 0, None, 90])}, NOW, **kw).decision == "scale_down"  # None: NVML gave none
     held = evaluate({"a": _node("a", [95, 0]), "b": _node("b", [99, 99], age_s=300)}, NOW, **kw)
     assert (held.decision, held.nodes_seen, held.gpus_total, held.gpus_busy) == ("hold", 1, 2, 1)
     assert evaluate({}, NOW, **kw).reason == "no recent samples"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
 from autoscaler.pool import FleetView, PoolIncidents, Reading
-from autoscaler.scaling import ScalingPolicy
+from autoscaler.scaling import NodeLoad, ScalingPolicy
 from gpumedic_events import (
     ActionCompleted, ActionOutcome, ActionRequested, GpuSample, IncidentKind, IncidentOpened, IncidentResolved, NodeSampled,
     SpawnWorker, TerminateWorker,
@@ -27,9 +27,9 @@ def _w(worker_id: str, status: str = "running", age_s: float = 3600, price: floa
     return Worker(worker_id=worker_id, status=status, gpu_type=H100, gpus=1, price_per_h=price, created_at=T0 - timedelta(seconds=age_s))
 
 
-def _sample(node: str, util: int, at: datetime) -> NodeSampled:
-    return NodeSampled(source="node-sampler", node_id=node, occurred_at=at, interval_s=5,
-                       gpus=(GpuSample(index=0, uuid=f"GPU-{node}", name=H100, utilization_gpu_pct=util),))
+def _sample(node: str, util: int, at: datetime) -> NodeLoad:
+    return NodeLoad.of(NodeSampled(source="node-sampler", node_id=node, occurred_at=at, interval_s=5,
+                                   gpus=(GpuSample(index=0, uuid=f"GPU-{node}", name=H100, utilization_gpu_pct=util),)))
 
 
 class Pool:

@@ -1,4 +1,4 @@
-"""autoscaler's adapters: remember each node's latest sample, since when its GPUs all idle, and
+"""autoscaler's adapters: remember each node's latest load (`NodeLoad`), since when its GPUs all idle, and
 which nodes are drained (replayed from the node events at start, then followed); each round read
 the queue, the provider's workers and the open incidents, decide, and publish.
 
@@ -21,7 +21,7 @@ from gpumedic_providers.base import Provider, ProviderError
 from autoscaler.demand import DemandSource, DemandUnavailable
 from autoscaler.logic import evaluate, evaluate_demand
 from autoscaler.pool import SOURCE, FleetView, PoolIncidents, Reading
-from autoscaler.scaling import Scaler
+from autoscaler.scaling import NodeLoad, Scaler
 from autoscaler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,12 @@ class CapacityHandlers:
         """The pool's incidents (with a provider and a demand source), else None."""
         self._scaler = Scaler(settings.scaling)
         """The decision without a provider (the pool's incidents keep their own)."""
-        self.latest: dict[str, NodeSampled] = {}
+        self.latest: dict[str, NodeLoad] = {}
         self.idle_since: dict[str, datetime] = {}
         self.drained: set[str] = set()
 
     async def on_sample(self, sample: NodeSampled) -> None:
-        self.latest[sample.node_id] = sample
+        self.latest[sample.node_id] = NodeLoad.of(sample)
         if all((g.utilization_gpu_pct or 0) <= self._settings.busy_util_pct for g in sample.gpus):
             self.idle_since.setdefault(sample.node_id, sample.occurred_at)
         else:

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from gpumedic_events import CapacityEvaluated, NodeSampled
+from gpumedic_events import CapacityEvaluated
 
 from autoscaler.demand import Demand, DemandUnavailable
-from autoscaler.scaling import Scaler, Supply
+from autoscaler.scaling import NodeLoad, Scaler, Supply
 
 SOURCE = "autoscaler"
 
 
-def supply(latest: dict[str, NodeSampled], now: datetime, *, stale_after_s: float, drained: frozenset[str],
+def supply(latest: dict[str, NodeLoad], now: datetime, *, stale_after_s: float, drained: frozenset[str],
            idle_since: dict[str, datetime] | None = None) -> tuple[int, Supply]:
     """(nodes that sampled lately, what is in service among them)."""
     fresh = [s for s in latest.values() if now - s.occurred_at <= timedelta(seconds=stale_after_s)]
@@ -30,7 +30,7 @@ def supply(latest: dict[str, NodeSampled], now: datetime, *, stale_after_s: floa
 
 
 def evaluate(
-    latest: dict[str, NodeSampled],
+    latest: dict[str, NodeLoad],
     now: datetime,
     *,
     busy_util_pct: int,
@@ -62,7 +62,7 @@ def evaluate(
 def evaluate_demand(
     reading: Demand | DemandUnavailable,
     scaler: Scaler,
-    latest: dict[str, NodeSampled],
+    latest: dict[str, NodeLoad],
     now: datetime,
     *,
     busy_util_pct: int,
@@ -84,8 +84,6 @@ def evaluate_demand(
     )
 
 
-def _busy(latest: dict[str, NodeSampled], in_service: Supply, busy_util_pct: int) -> int:
+def _busy(latest: dict[str, NodeLoad], in_service: Supply, busy_util_pct: int) -> int:
     """GPUs above the busy threshold on the nodes in service."""
-    return sum(
-        1 for s in latest.values() if s.node_id in in_service.gpus for g in s.gpus if (g.utilization_gpu_pct or 0) > busy_util_pct
-    )
+    return sum(len(s.busy(busy_util_pct)) for s in latest.values() if s.node_id in in_service.gpus)

@@ -25,14 +25,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, NodeSampled, SpawnWorker, TerminateWorker
+from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, SpawnWorker, TerminateWorker
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition, cleared
 from gpumedic_providers.base import ProviderError, Worker
 
 from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
-from autoscaler.scaling import Decision, Scaler, ScalingPolicy, Supply
+from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
 
 SOURCE = "autoscaler"
 SCALING_KINDS = (IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS)
@@ -54,10 +54,10 @@ class Reading:
 
 @dataclass
 class FleetView:
-    """What the bus says about the nodes: latest samples, since when each idles, the drained, and
+    """What the bus says about the nodes: latest loads, since when each idles, the drained, and
     the nodes with an incident that waits for a person (node id -> why)."""
 
-    latest: dict[str, NodeSampled] = field(default_factory=dict)
+    latest: dict[str, NodeLoad] = field(default_factory=dict)
     idle_since: dict[str, datetime] = field(default_factory=dict)
     drained: frozenset[str] = frozenset()
     needs_person: dict[str, str] = field(default_factory=dict)
@@ -204,16 +204,14 @@ class PoolIncidents:
         sample = fleet.latest.get(worker_id)
         if sample is None or now - sample.occurred_at > timedelta(seconds=self.stale_after_s):
             return ""
-        busy = [g for g in sample.gpus if (g.utilization_gpu_pct or 0) > self.busy_util_pct]
+        busy = sample.busy(self.busy_util_pct)
         if not busy:
             return ""
         age = int((now - sample.occurred_at).total_seconds())
-        return f"{len(busy)} of its {len(sample.gpus)} GPU(s) busy (up to {max(g.utilization_gpu_pct or 0 for g in busy)}%) in a sample {age}s old"
+        return f"{len(busy)} of its {len(sample.gpus)} GPU(s) busy (up to {max(busy)}%) in a sample {age}s old"
 
     def _busy(self, fleet: FleetView, in_service: dict[str, Worker]) -> int:
-        return sum(
-            1 for n in in_service if (s := fleet.latest.get(n)) for g in s.gpus if (g.utilization_gpu_pct or 0) > self.busy_util_pct
-        )
+        return sum(len(s.busy(self.busy_util_pct)) for n in in_service if (s := fleet.latest.get(n)))
 
     def _costs(self, workers: list[Worker], in_service: dict[str, Worker]) -> dict:
         return {

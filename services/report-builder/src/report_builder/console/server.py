@@ -95,7 +95,7 @@ class Console:
         self.config = config
         self._publish = publish
         self.auth = Sessions(config.token)
-        self.samples: dict[str, NodeSampled] = {}
+        self.readings: dict[str, views.NodeReading] = {}
         self.changes = Changes()
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -110,7 +110,7 @@ class Console:
     # --- inputs from report-builder's handlers -----------------------------------------------
 
     async def on_sample(self, sample: NodeSampled) -> None:
-        self.samples[sample.node_id] = sample
+        self.readings[sample.node_id] = views.NodeReading.of(sample)
         self.changes.bump()
 
     # --- serving ------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class Console:
         async with self._db() as session:
             unresolved = await repository.unresolved_by_node(session)
             drained = await repository.drained_nodes(session)
-        tiles = views.fleet(self.samples, unresolved, drained, now, silent_after_s=self.config.silent_after_s)
+        tiles = views.fleet(self.readings, unresolved, drained, now, silent_after_s=self.config.silent_after_s)
         counts = {h: sum(1 for t in tiles if t.health == h) for h in views.HEALTH_ORDER}
         return self._page(request, "fleet.html", "Fleet", tiles=tiles, counts=counts)
 
