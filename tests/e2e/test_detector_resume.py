@@ -1,15 +1,17 @@
-"""A detector that stopped between saving an incident and announcing it: when it resumes, the
-incident is announced once (the saved IncidentOpened, with its own event id), on a real
-nats-server, and the saved state no longer waits to be announced."""
+"""A detector interrupted in the middle of opening an incident, on a real nats-server: one that
+stopped between saving the incident and announcing it announces it once when it resumes (the
+saved IncidentOpened, with its own event id); one whose bus stopped answering between the
+announcement and the action request waits it out, and the fault stays one incident."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 
-from gpumedic_bus.streams import INCIDENT_STATE
-from gpumedic_events import IncidentOpened
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
+from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened
 from gpumedic_events.base import json_examples
 from gpumedic_incidents.store import IncidentStates
 from gpumedic_incidents.state import IncidentState
@@ -44,3 +46,40 @@ async def test_a_saved_but_unannounced_incident_is_announced_once_on_resume(nats
     assert [(e.event_id, e.incident_id) for e in announced] == [(opened.event_id, opened.incident_id)]
     resumed = await states.get(saved.fingerprint)
     assert resumed is not None and resumed.incident_id == saved.incident_id and resumed.announcement is None
+
+
+async def test_a_stream_that_stops_answering_between_announcement_and_request_gives_one_incident(
+        nats_settings, js, fleet, sampling, apps):
+    """The bus goes away after the IncidentOpened is stored and before the ActionRequested is: the
+    detector waits it out (the same ids, so stored once) instead of failing the transition, which
+    made the next sample open the same fault as a second incident."""
+    opened: list[IncidentOpened] = []
+    requested: list[ActionRequested] = []
+    for event_type, seen in ((IncidentOpened, opened), (ActionRequested, requested)):
+        await js.subscribe(event_type.subject_filter(), cb=_collect(event_type, seen), ordered_consumer=True)
+    full = ACTIONS.config()
+    # No stream takes requests for now: a publish gets "no response from stream", as during an election.
+    await js.update_stream(dataclasses.replace(full, subjects=[ActionCompleted.subject_filter()]))
+    await apps.start(detector(nats_settings))
+    fleet.node("sim-node-02").inject_zombie(0)
+    for _ in range(100):
+        if opened:
+            break
+        await asyncio.sleep(0.1)
+    assert opened and not requested
+    await asyncio.sleep(3.0)  # samples keep coming meanwhile: none may open it again
+    await js.update_stream(full)  # the stream answers again
+    for _ in range(100):
+        if requested:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    assert len({e.incident_id for e in opened}) == 1, opened
+    assert [r.incident_id for r in requested] == [opened[0].incident_id]
+
+
+def _collect(event_type, into: list):
+    async def on_message(msg) -> None:
+        into.append(event_type.from_json(msg.data, subject=msg.subject))
+
+    return on_message

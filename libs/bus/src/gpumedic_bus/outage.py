@@ -7,7 +7,10 @@ reason ("no response from stream"), never as a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -28,3 +31,19 @@ def nats_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno).lower()  # not asyncio's "Connect call failed (...)"
     return (str(exc).strip() or type(exc).__name__).removeprefix("nats: ")
+
+
+T = TypeVar("T")
+
+
+async def ride_out(call: Callable[[], Awaitable[T]], within_s: float, *, every_s: float = 0.25) -> T:
+    """`call()`, asked again while the bus is away, for up to `within_s`; then its error is raised.
+    Only for calls that are safe to repeat (a publish with its Nats-Msg-Id, a KV put)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        try:
+            return await call()
+        except BUS_AWAY:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(every_s)

@@ -328,11 +328,13 @@ class ServiceRuntime:
         steps += [(getattr(hook, "__qualname__", "a startup hook"), hook) for hook in self._startup]
         steps += [(f"replaying {'/'.join(e.__name__ for e in events)}", functools.partial(self._replay, events, handler))
                   for events, handler in self._replays]
-        # FastStream starts its subscribers next and keeps a subscription once made; made here,
-        # each is retried on its own instead of one lookup that times out failing the start.
-        steps += [(f"binding {sub.specification.call_name}", sub.start) for sub in self.broker.subscribers]
         for what, step in steps:
             await self._patiently(what, step, deadline)
+        # FastStream starts its subscribers next and keeps a subscription once made; made here,
+        # each is retried on its own instead of one lookup that times out failing the start, and
+        # all at once: each asks its own consumer's leader, and one may be mid-election.
+        await asyncio.gather(*(self._patiently(f"binding {sub.specification.call_name}", sub.start, deadline)
+                               for sub in self.broker.subscribers))
 
     async def _patiently(self, what: str, step: Callable[[], Awaitable[object]], deadline: float) -> None:
         while True:

@@ -28,7 +28,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
-from gpumedic_bus.outage import BUS_AWAY, nats_reason
+from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
@@ -50,6 +50,9 @@ from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 log = logging.getLogger(__name__)
 
 TICK_EVERY_S = 1.0
+PUBLISH_PATIENCE_S = 15.0
+"""How long each write of a transition (a state saved, an event published) waits out a bus that
+does not answer before the transition fails."""
 
 
 def _now() -> datetime:
@@ -181,17 +184,20 @@ class Detector:
     async def _persist(self, before: IncidentState | None, after: IncidentState | None) -> None:
         states = self._require_states()
         if after is not None:
-            await states.save(after)
+            await ride_out(lambda: states.save(after), PUBLISH_PATIENCE_S)
         elif before is not None:
-            await states.delete(before)
+            await ride_out(lambda: states.delete(before), PUBLISH_PATIENCE_S)
 
     async def _publish(self, event: Event, incident: IncidentState) -> None:
+        # Patient: a transition that stopped between two of its events (an incident announced,
+        # its action not yet asked for) would be decided afresh by the next finding, as a second
+        # incident. A stream electing its leader answers again within seconds.
         if isinstance(event, ActionRequested):
             # Inside `decide`: the remediator's `act` becomes its child. The action id is the
             # de-duplication id, so a retried publish is stored once.
-            await publish_event(self._runtime.broker, event, msg_id=str(event.action_id))
+            await publish_event(self._runtime.broker, event, msg_id=str(event.action_id), patience_s=PUBLISH_PATIENCE_S)
             return
-        await publish_event(self._runtime.broker, event)
+        await publish_event(self._runtime.broker, event, patience_s=PUBLISH_PATIENCE_S)
         if isinstance(event, IncidentOpened | IncidentResolved | IncidentEscalated):
             transition = {IncidentOpened: "opened", IncidentResolved: "resolved", IncidentEscalated: "escalated"}[type(event)]
             self._transitions.labels(event.kind.value, transition, getattr(event, "resolution", "") or "").inc()
