@@ -1,7 +1,8 @@
 """A detector interrupted in the middle of opening an incident, on a real nats-server: one that
-stopped between saving the incident and announcing it announces it once when it resumes (the
-saved IncidentOpened, with its own event id); one whose bus stopped answering between the
-announcement and the action request waits it out, and the fault stays one incident."""
+stopped between saving the incident and publishing its events publishes them once when it
+resumes (the saved IncidentOpened and ActionRequested, with their own ids); one whose bus stopped
+answering between the announcement and the action request waits it out, and the fault stays one
+incident."""
 
 from __future__ import annotations
 
@@ -14,38 +15,40 @@ from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
 from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened
 from gpumedic_events.base import json_examples
 from gpumedic_incidents.store import IncidentStates
-from gpumedic_incidents.state import IncidentState
+from gpumedic_incidents.state import IncidentState, Unpublished
 from tests.e2e.test_thin_path import detector
 
 
-async def test_a_saved_but_unannounced_incident_is_announced_once_on_resume(nats_settings, js, apps):
+async def test_a_saved_but_unpublished_transition_is_published_once_on_resume(nats_settings, js, apps):
     example = IncidentOpened.model_validate(json_examples(IncidentOpened)[0])
     opened = example.model_copy(update={"event_id": uuid.uuid4(), "incident_id": uuid.uuid4()})
+    request = ActionRequested.model_validate(json_examples(ActionRequested)[0]).model_copy(
+        update={"event_id": uuid.uuid4(), "action_id": uuid.uuid4(), "incident_id": opened.incident_id, "node_id": opened.node_id})
     now = datetime.now(UTC)
     states = IncidentStates(await js.key_value(INCIDENT_STATE.bucket))
     saved = IncidentState(
         incident_id=opened.incident_id, kind=opened.kind, detector="zombie-detector", node_id=opened.node_id,
         gpu_index=opened.gpu_index, opened_at=now, last_seen_at=now, phase="acting",
-        announcement=opened.to_json().decode(),
+        outbox=tuple(Unpublished(event=type(e).__name__, body=e.to_json().decode()) for e in (opened, request)),
     )
     await states.save(saved)
-    announced = []
-
-    async def on_opened(msg) -> None:
-        announced.append(IncidentOpened.from_json(msg.data, subject=msg.subject))
-
-    sub = await js.subscribe(IncidentOpened.subject_filter(), cb=on_opened, ordered_consumer=True)
+    announced: list[IncidentOpened] = []
+    requested: list[ActionRequested] = []
+    subs = [await js.subscribe(t.subject_filter(), cb=_collect(t, seen), ordered_consumer=True)
+            for t, seen in ((IncidentOpened, announced), (ActionRequested, requested))]
     await apps.start(detector(nats_settings))
     for _ in range(40):
-        if announced:
+        if announced and requested:
             break
         await asyncio.sleep(0.1)
-    await asyncio.sleep(0.5)  # a second announcement would arrive by now
-    await sub.unsubscribe()
+    await asyncio.sleep(0.5)  # a second one would arrive by now
+    for sub in subs:
+        await sub.unsubscribe()
 
     assert [(e.event_id, e.incident_id) for e in announced] == [(opened.event_id, opened.incident_id)]
+    assert [r.action_id for r in requested] == [request.action_id]  # the action the incident waits for is asked for
     resumed = await states.get(saved.fingerprint)
-    assert resumed is not None and resumed.incident_id == saved.incident_id and resumed.announcement is None
+    assert resumed is not None and resumed.incident_id == saved.incident_id and resumed.outbox == ()
 
 
 async def test_a_stream_that_stops_answering_between_announcement_and_request_gives_one_incident(

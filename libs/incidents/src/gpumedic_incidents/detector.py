@@ -5,9 +5,12 @@ findings through the shared lifecycle (`book`, `lifecycle`) and applies the resu
 transitions here. Spans are named for the incident's business steps (`Span`): `detect` starts
 the incident's trace, `decide` requests an action, `verify` follows the findings to resolution or
 escalation, `update` records repeats and links. The trace context rides the NATS headers to the
-remediator and back. Every transition is persisted first (the remediator's gate checks requests
-against it), then its events are published, then it is swapped into the book: a publish that
-fails leaves the book as it was, and the next finding decides again. Deciding and applying run
+remediator and back. Every transition is persisted first, with its events in the state's outbox
+(the remediator's gate checks requests against the state), then its events are published (each
+waiting out a bus that does not answer for a while), then the outbox is emptied and the
+transition swapped into the book. A detector that dies in between publishes the outbox when it
+resumes; a publish that fails for good leaves the book as it was, and the next finding decides
+again. Deciding and applying run
 under one lock: two inputs about one fault (a lost GPU's event and the sample that shows it)
 arriving together must not both find no incident and open two.
 """
@@ -32,6 +35,7 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
+    EVENT_TYPES,
     ActionCompleted,
     ActionRequested,
     Event,
@@ -43,11 +47,13 @@ from gpumedic_events import (
 )
 from gpumedic_incidents.book import IncidentBook
 from gpumedic_incidents.lifecycle import Transition
-from gpumedic_incidents.state import IncidentState
+from gpumedic_incidents.state import IncidentState, Unpublished
 from gpumedic_incidents.store import IncidentStates
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 
 log = logging.getLogger(__name__)
+
+EVENTS_BY_NAME: dict[str, type[Event]] = {e.__name__: e for e in EVENT_TYPES}
 
 TICK_EVERY_S = 1.0
 PUBLISH_PATIENCE_S = 15.0
@@ -111,11 +117,13 @@ class Detector:
         self.states = states
         restored = []
         for state in await states.load_all(detector=self.source):
-            if state.announcement is not None:  # saved, then this detector stopped before announcing it
-                await publish_event(self._runtime.broker, IncidentOpened.model_validate_json(state.announcement))
-                state = state.model_copy(update={"announcement": None})
+            if state.outbox:  # saved, then this detector stopped before publishing all of it
+                for item in state.outbox:
+                    await self._send(EVENTS_BY_NAME[item.event].model_validate_json(item.body))
+                log.info("%s: published %s of incident %s, which an earlier run saved but did not publish",
+                         self.source, ", ".join(i.event for i in state.outbox), state.incident_id)
+                state = state.model_copy(update={"outbox": ()})
                 await states.save(state)
-                log.info("%s: announced incident %s, which an earlier run saved but did not publish", self.source, state.incident_id)
             restored.append(state)
         self.logic.book.adopt(restored)
         if self.logic.book.incidents:
@@ -151,9 +159,9 @@ class Detector:
     async def _apply_one(self, t: Transition) -> None:
         state = t.after
         persisted = False
-        opened = next((e for span in t.spans for e in span.events if isinstance(e, IncidentOpened)), None)
-        if opened is not None and state is not None:  # saved with the incident until it is published
-            state = state.model_copy(update={"announcement": opened.to_json().decode()})
+        events = [e for span in t.spans for e in span.events]
+        if events and state is not None:  # saved with the incident until all are published
+            state = state.model_copy(update={"outbox": tuple(Unpublished(event=type(e).__name__, body=e.to_json().decode()) for e in events)})
         with contextlib.ExitStack() as spans:
             for i, span in enumerate(t.spans):
                 incident = state or t.state
@@ -176,8 +184,8 @@ class Detector:
                     await self._publish(event, incident)
             if not persisted:
                 await self._persist(t.before, state)
-        if state is not None and state.announcement is not None:
-            state = state.model_copy(update={"announcement": None})
+        if state is not None and state.outbox:
+            state = state.model_copy(update={"outbox": ()})
             await self._persist(t.before, state)
         self.logic.book.commit(dataclasses.replace(t, after=state))
 
@@ -188,16 +196,17 @@ class Detector:
         elif before is not None:
             await ride_out(lambda: states.delete(before), PUBLISH_PATIENCE_S)
 
-    async def _publish(self, event: Event, incident: IncidentState) -> None:
+    async def _send(self, event: Event) -> None:
         # Patient: a transition that stopped between two of its events (an incident announced,
         # its action not yet asked for) would be decided afresh by the next finding, as a second
-        # incident. A stream electing its leader answers again within seconds.
-        if isinstance(event, ActionRequested):
-            # Inside `decide`: the remediator's `act` becomes its child. The action id is the
-            # de-duplication id, so a retried publish is stored once.
-            await publish_event(self._runtime.broker, event, msg_id=str(event.action_id), patience_s=PUBLISH_PATIENCE_S)
-            return
-        await publish_event(self._runtime.broker, event, patience_s=PUBLISH_PATIENCE_S)
+        # incident. A stream electing its leader answers again within seconds. An action request's
+        # de-duplication id is its action id, any other event's its event id: a retry, or the
+        # outbox published again on resume, is stored once.
+        msg_id = str(event.action_id) if isinstance(event, ActionRequested) else None
+        await publish_event(self._runtime.broker, event, msg_id=msg_id, patience_s=PUBLISH_PATIENCE_S)
+
+    async def _publish(self, event: Event, incident: IncidentState) -> None:
+        await self._send(event)  # an ActionRequested inside `decide`: the remediator's `act` becomes its child
         if isinstance(event, IncidentOpened | IncidentResolved | IncidentEscalated):
             transition = {IncidentOpened: "opened", IncidentResolved: "resolved", IncidentEscalated: "escalated"}[type(event)]
             self._transitions.labels(event.kind.value, transition, getattr(event, "resolution", "") or "").inc()

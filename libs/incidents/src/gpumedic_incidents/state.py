@@ -43,6 +43,15 @@ class PendingAction(BaseModel):
     requested_at: datetime
 
 
+class Unpublished(BaseModel):
+    """One event of an incident's outbox: its type's name and its JSON."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event: str
+    body: str
+
+
 class IncidentState(BaseModel):
     """What a detector remembers of one open incident (persisted between restarts). Frozen: every
     change is a new state, saved before anything about it is published."""
@@ -78,10 +87,11 @@ class IncidentState(BaseModel):
     silence_id: uuid.UUID | None = None
     traceparent: str | None = None
     """The trace context the incident's next step continues (detect, then the action's)."""
-    announcement: str | None = None
-    """The IncidentOpened that announces this incident (JSON), kept only until it is published: a
-    detector that stopped between saving the incident and announcing it announces it when it
-    resumes (the event id de-duplicates), so no incident acts unannounced and none opens twice."""
+    outbox: tuple[Unpublished, ...] = ()
+    """The events of this incident's last transition (its announcement, its action request, ...),
+    kept only until all are published: a detector that stopped between saving the transition and
+    publishing them publishes them when it resumes (their ids de-duplicate), so no incident acts
+    unannounced and no action it waits for is never asked for."""
     drained: bool = False
     """A drain_node step of its ladder succeeded: the node stays drained until this incident is
     validated and undrained (or a person steps in)."""
