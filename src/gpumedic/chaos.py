@@ -8,7 +8,8 @@ leader until the others' election timeout, 4 to 9 s in nats-server, so with one 
 good share of the bus answers nothing at any moment). Afterwards it is audited from the
 replicated streams and the store:
 
-- every injected zombie has exactly one incident (lost: none; doubled: more than one);
+- every injected zombie has exactly one incident (lost: none; doubled: more than one) and was
+  fixed by the end;
 - no process was killed twice (a kill is the one side effect, counted on the nodes themselves);
 - every incident and action on the bus is in the store (report-builder and the ledger);
 - each killed service was ready again (its first `ready` heartbeat) within `resume_within_s`.
@@ -80,6 +81,8 @@ class ChaosResult:
     incidents: int = 0
     lost: list[Injected] = field(default_factory=list)
     doubled: list[Injected] = field(default_factory=list)
+    unfixed: list[Injected] = field(default_factory=list)
+    """Still running when the run ended: an incident that never got its action, or escalated."""
     spurious: int = 0
     killed_twice: list[int] = field(default_factory=list)
     actions: int = 0
@@ -93,7 +96,7 @@ class ChaosResult:
 
     def ok(self, resume_within_s: float) -> bool:
         slow = [t for times in self.resumes.values() for t in times if t > resume_within_s]
-        return not (self.lost or self.doubled or self.killed_twice or self.missing_incidents or self.missing_actions
+        return not (self.lost or self.doubled or self.unfixed or self.killed_twice or self.missing_incidents or self.missing_actions
                     or self.not_resumed or slow)
 
     def render(self, resume_within_s: float) -> str:
@@ -103,6 +106,7 @@ class ChaosResult:
             f"incidents opened          {self.incidents:>6}   (not matching an injection: {self.spurious})",
             f"lost (no incident)        {len(self.lost):>6}",
             f"doubled (two or more)     {len(self.doubled):>6}",
+            f"not fixed by the end      {len(self.unfixed):>6}",
             f"actions completed         {self.actions:>6}",
             f"processes killed twice    {len(self.killed_twice):>6}",
             f"missing from the store    {self.missing_incidents:>6} incidents, {self.missing_actions} actions",
@@ -113,7 +117,7 @@ class ChaosResult:
         ]
         for service, times in sorted(self.resumes.items()):
             lines.append(f"  {service:<22} killed {len(times)}x, back in {', '.join(f'{t:.1f}' for t in times)} s")
-        for what, zombies in (("lost", self.lost), ("doubled", self.doubled)):
+        for what, zombies in (("lost", self.lost), ("doubled", self.doubled), ("not fixed", self.unfixed)):
             for z in zombies[:5]:  # where to start reading the logs
                 lines.append(f"  {what}: {z.node_id} GPU {z.gpu} pid {z.pid}, injected {z.at:%H:%M:%S.%f}"[:-3])
         return "\n".join(lines)
@@ -348,6 +352,7 @@ async def _audit(stack: Stack, admin, fleet: SimFleet, result: ChaosResult) -> N
             result.spurious += 1
     result.lost = [z for z in result.injected if not counts[id(z)]]
     result.doubled = [z for z in result.injected if len(counts[id(z)]) > 1]
+    result.unfixed = [z for z in result.injected if _alive(fleet, z)]
     for zombie in result.injected:
         kills = fleet.node(zombie.node_id).ssh_commands.count(f"kill -s TERM {zombie.pid}")
         if kills > 1:
