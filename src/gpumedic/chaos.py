@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpumedic_bus.streams import INCIDENT_STATE, stream_of
+from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import ADMIN, SIM_FLEET
 from gpumedic_events import ActionCompleted, Event, IncidentKind, IncidentOpened, ServiceHeartbeat
 from gpumedic_incidents import Policy
@@ -201,7 +201,7 @@ async def run_chaos(
         if bounce_every_s > 0:
             how = {"term": signal.SIGTERM, "kill": signal.SIGKILL}[bounce_signal]
             tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, how, stop, result)))
-        open_incidents = IncidentStates(await admin.jetstream().key_value(INCIDENT_STATE.bucket))
+        open_incidents = await IncidentStates.open(admin.jetstream())
         await _inject(fleet, open_incidents, rng, incidents, rate_per_s, result, say)
         stop.set()
         say(f"[3/4] chaos over; waiting up to {settle_s:.0f}s for every zombie to be fixed")

@@ -10,7 +10,7 @@ import time
 
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.lease import Lease
-from gpumedic_bus.streams import LEASE_TTL_S, LEASES
+from gpumedic_bus.streams import INCIDENT_STATE, LEASE_TTL_S, LEASES
 
 TTL_S = 2.0
 """The timing tests' own bucket forgets a key this soon, so a death is seen within a test."""
@@ -68,12 +68,18 @@ async def test_an_instance_restarted_under_its_own_id_takes_its_lease_back_at_on
     other.cancel()
 
 
-async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_an_old_bucket_to_the_declared_ttl(js, nats_url):
-    old = dataclasses.replace(LEASES, ttl=LEASE_TTL_S / 2)  # as an older release provisioned it
+async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets_to_the_declared_settings(js, nats_url):
+    # as an older release provisioned them: another TTL, and reads answered by any replica
+    old = dataclasses.replace(LEASES, ttl=LEASE_TTL_S / 2, direct=True)
     await js.delete_key_value(LEASES.bucket)
     await js.create_key_value(old)
+    await js.delete_key_value(INCIDENT_STATE.bucket)
+    await js.create_key_value(dataclasses.replace(INCIDENT_STATE, direct=True))
     lease = await Lease.open(js, "zombie-detector", "a")
     assert lease.ttl_s == old.ttl  # not the constant: renewing on its timing could outlive the key
     await provision(js, NatsSettings(url=nats_url))
-    assert (await (await js.key_value(LEASES.bucket)).status()).ttl == LEASE_TTL_S
+    leases = (await (await js.key_value(LEASES.bucket)).status()).stream_info.config
+    assert (leases.max_age, leases.allow_direct) == (LEASE_TTL_S, False)
     assert (await Lease.open(js, "zombie-detector", "a")).ttl_s == LEASE_TTL_S
+    states = (await (await js.key_value(INCIDENT_STATE.bucket)).status()).stream_info.config
+    assert not states.allow_direct  # the gate reads the latest state from the stream's leader

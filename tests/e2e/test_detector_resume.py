@@ -11,7 +11,7 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime
 
-from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
+from gpumedic_bus.streams import ACTIONS
 from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened
 from gpumedic_events.base import json_examples
 from gpumedic_incidents.store import IncidentStates
@@ -25,7 +25,7 @@ async def test_a_saved_but_unpublished_transition_is_published_once_on_resume(na
     request = ActionRequested.model_validate(json_examples(ActionRequested)[0]).model_copy(
         update={"event_id": uuid.uuid4(), "action_id": uuid.uuid4(), "incident_id": opened.incident_id, "node_id": opened.node_id})
     now = datetime.now(UTC)
-    states = IncidentStates(await js.key_value(INCIDENT_STATE.bucket))
+    states = await IncidentStates.open(js)
     saved = IncidentState(
         incident_id=opened.incident_id, kind=opened.kind, detector="zombie-detector", node_id=opened.node_id,
         gpu_index=opened.gpu_index, opened_at=now, last_seen_at=now, phase="acting",

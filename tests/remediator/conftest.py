@@ -130,9 +130,8 @@ def incident_waiting_for(request: ActionRequested, **changes) -> IncidentState:
 @pytest.fixture
 async def incidents(js) -> IncidentStates:
     """The real incident-state bucket on the test's nats-server, emptied."""
-    kv = await js.key_value(INCIDENT_STATE.bucket)
     await js.purge_stream(f"KV_{INCIDENT_STATE.bucket}")
-    return IncidentStates(kv)
+    return await IncidentStates.open(js)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Services never create or change any of these (their NATS users may not): each bi
 provisioned consumers, and one whose consumer is missing stops at start naming the command to
 run. `gpumedic provision` (compose's one-shot service) and the embedded stack call `provision`,
 the bus's counterpart of `gpumedic migrate`. It is idempotent: streams and consumers are created
-or updated to the declared settings, buckets created (and given the declared TTL).
+or updated to the declared settings, buckets created (and given the declared TTL and reads).
 """
 
 from __future__ import annotations
@@ -85,9 +85,10 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
             await js.create_key_value(dataclasses.replace(bucket, replicas=replicas))
             done.append(f"key-value bucket {bucket.bucket}")
             continue
-        status = await kv.status()
-        if (status.ttl or None) != (bucket.ttl or None):  # the TTL is what a bucket's settings can change to
-            await js.update_stream(dataclasses.replace(status.stream_info.config, max_age=bucket.ttl))
+        config = (await kv.status()).stream_info.config
+        declared = {"max_age": bucket.ttl or None, "allow_direct": bool(bucket.direct)}  # what a bucket's settings may change
+        if {"max_age": config.max_age or None, "allow_direct": bool(config.allow_direct)} != declared:
+            await js.update_stream(dataclasses.replace(config, **declared))
     for item in DURABLES:
         try:
             await js.consumer_info(item.stream, item.name)

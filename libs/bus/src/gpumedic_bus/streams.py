@@ -155,7 +155,10 @@ INCIDENT_STATE = KeyValueConfig(
     description="Open incidents by fingerprint, written by the detector that owns each; the remediator's gate reads them.",
     history=1,
     storage=StorageType.FILE,
-    direct=True,
+    # Read from the stream's leader, not any replica ("direct get"): a replica still catching up
+    # after a restart could answer with an older state, and the gate and a resuming detector
+    # must see the latest.
+    direct=False,
 )
 LEASE_TTL_S = 10.0
 """How long a one-active service's lease outlives its holder's last renewal (gpumedic_bus.lease):
@@ -168,7 +171,7 @@ LEASES = KeyValueConfig(
     history=1,
     ttl=LEASE_TTL_S,
     storage=StorageType.FILE,
-    direct=True,
+    direct=False,  # as INCIDENT_STATE: a holder is read from the leader
 )
 KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE, LEASES)
 

@@ -32,7 +32,6 @@ from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
-from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
     EVENT_TYPES,
@@ -105,7 +104,7 @@ class Detector:
         async def _restore() -> None:
             await runtime.broker.connect()
             # Provisioned with the streams (gpumedic provision); only opened here.
-            await self.restore(IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False)))
+            await self.restore(await IncidentStates.open(runtime.broker.connection.jetstream()))
 
         runtime.on_startup(_restore)
         runtime.replay((SilenceAdded, SilenceRemoved), self.on_silence)

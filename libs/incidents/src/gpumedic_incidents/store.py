@@ -6,7 +6,9 @@ most one open incident per (node, kind, gpu). Detectors write; the remediator on
 
 from __future__ import annotations
 
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from gpumedic_bus.streams import INCIDENT_STATE
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from gpumedic_incidents.state import IncidentState
@@ -19,8 +21,16 @@ def state_key(fingerprint: str) -> str:
 class IncidentStates:
     """The bucket's open incidents, read and written as `IncidentState`."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue) -> None:
+        self._js = js
         self._kv = kv
+        self._stream = f"KV_{INCIDENT_STATE.bucket}"
+        self._prefix = f"$KV.{INCIDENT_STATE.bucket}."
+
+    @classmethod
+    async def open(cls, js: JetStreamContext) -> IncidentStates:
+        """The provisioned bucket (services may not create it)."""
+        return cls(js, await js.key_value(INCIDENT_STATE.bucket))
 
     async def get(self, fingerprint: str) -> IncidentState | None:
         try:
@@ -32,16 +42,16 @@ class IncidentStates:
         return IncidentState.model_validate_json(entry.value)
 
     async def load_all(self, *, detector: str | None = None) -> list[IncidentState]:
-        """Every open incident (of one detector, if named)."""
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
+        """Every open incident (of one detector, if named). The keys come from the stream's leader
+        (its subjects), not from a watch: a watch started while the stream elects a leader can
+        report no keys at all, and a resuming detector would forget every open incident."""
+        info = await self._js.stream_info(self._stream, subjects_filter=f"{self._prefix}>")
+        keys = [subject.removeprefix(self._prefix) for subject in (info.state.subjects or {})]
         states = []
         for key in keys:
             try:
                 entry = await self._kv.get(key)
-            except KeyNotFoundError:
+            except KeyNotFoundError:  # deleted: the incident closed
                 continue
             if entry.value:
                 state = IncidentState.model_validate_json(entry.value)

@@ -12,7 +12,6 @@ from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
-from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT
 from gpumedic_incidents import IncidentStates
 from gpumedic_store.engine import create_engine, ping, session_factory
@@ -46,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         await ping(engine)
         await runtime.broker.connect()
         # The detectors' open incidents, read-only: the gate checks every request against them.
-        handler.incidents = IncidentStates(await runtime.broker.key_value(INCIDENT_STATE.bucket, declare=False))
+        handler.incidents = await IncidentStates.open(runtime.broker.connection.jetstream())
         gate = settings.gate()
         log.info(
             "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, %d actions per node / %gs, "
