@@ -70,7 +70,7 @@ images: install ## build every compose image here, with no image registry (a Deb
 compose-test: images ## compose up on a Docker engine with the demo fleet: health checks, one zombie from detection to verified fix, down with nothing left
 	$(PY) -m pytest -m compose tests/compose -p no:cacheprovider; status=$$?; $(ENGINE) release; exit $$status
 
-chaos: install ## 1,000 zombie jobs on a 3-server NATS cluster while a service is SIGKILLed every 4 s and a nats-server every 5 s; prints lost, doubled, missing
+chaos: install ## 1,000 zombie jobs on a 3-server NATS cluster while a service is SIGKILLed every 4 s and a nats-server restarted every 5 s; prints lost, doubled, missing
 	$(VENV)/bin/gpumedic chaos --var var/chaos
 
 test-fast: install ## the tests that need no server (pure logic and contracts)

@@ -148,7 +148,7 @@ async def test_a_start_step_the_bus_does_not_answer_is_tried_again_in_process_an
         await task
     assert len(calls) == 3 and handled_ids == [request.action_id]  # started once, consuming once
     said = [r.getMessage() for r in caplog.records if "starting:" in r.getMessage()]
-    assert len(said) == 2 and "electing: the bus did not answer (no response from stream); trying again" in said[0]
+    assert len(said) == 2 and "its startup hook electing: the bus did not answer (no response from stream); trying again" in said[0]
 
     broken = ServiceRuntime("remediator", nats_settings)
 

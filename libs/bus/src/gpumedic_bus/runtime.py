@@ -325,7 +325,7 @@ class ServiceRuntime:
                                                                      ("checking its consumers", self._check_consumers)]
         if self.service in ONE_ACTIVE:
             steps.append(("taking its lease", self._become_active))
-        steps += [(getattr(hook, "__qualname__", "a startup hook"), hook) for hook in self._startup]
+        steps += [(f"its startup hook {getattr(hook, '__name__', hook)}", hook) for hook in self._startup]
         steps += [(f"replaying {'/'.join(e.__name__ for e in events)}", functools.partial(self._replay, events, handler))
                   for events, handler in self._replays]
         for what, step in steps:
@@ -380,6 +380,8 @@ class ServiceRuntime:
         await self.broker.connect()
         self.lease = await Lease.open(self.broker.connection.jetstream(), self.service, str(self.instance_id))
         await self.lease.acquire()
+        # Renewed from now on, not once started: the rest of a start can outlast the TTL.
+        self._tasks.append(asyncio.create_task(self.lease.keep(self.on_lease_lost), name="lease"))
 
     def _serve_metrics(self) -> None:
         if self._metrics_port is None or self.metrics.port is not None:
@@ -439,8 +441,6 @@ class ServiceRuntime:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
-        if self.lease is not None:
-            self._tasks.append(asyncio.create_task(self.lease.keep(self.on_lease_lost), name="lease"))
         self._serve_metrics()
         self.ready.set()
         log.info("%s ready (instance %s)", self.service, self.instance_id)
