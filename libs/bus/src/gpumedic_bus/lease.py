@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 LOST_AFTER = 0.6
 """The share of the TTL without a renewal after which the holder stops acting."""
+REQUEST_TIMEOUT_S = 2.0
+"""A lease's bus requests answer in milliseconds; one that does not (a leader election) is asked
+again sooner than nats-py's 5 s default, so a start or a renewal is not held up by the wait."""
 
 
 class Lease:
@@ -52,7 +55,8 @@ class Lease:
     @classmethod
     async def open(cls, js: JetStreamContext, service: str, instance: str) -> Lease:
         """The lease on `service`'s key, with the bucket's own TTL (a bucket provisioned by an older
-        release may have another; timing off the constant instead could outlive the key)."""
+        release may have another; timing off the constant instead could outlive the key). Give it a
+        `js` whose timeout is REQUEST_TIMEOUT_S."""
         kv = await js.key_value(LEASES.bucket)
         return cls(kv, service, instance, (await kv.status()).ttl or LEASE_TTL_S)
 

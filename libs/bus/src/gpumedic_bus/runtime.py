@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
+from gpumedic_bus.lease import REQUEST_TIMEOUT_S as LEASE_TIMEOUT_S
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.publish import publish_event
@@ -290,7 +291,7 @@ class ServiceRuntime:
         self._loops.append(loop)
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
-        lease = await Lease.open(self.broker.connection.jetstream(), key, str(self.instance_id))
+        lease = await Lease.open(self.broker.connection.jetstream(timeout=LEASE_TIMEOUT_S), key, str(self.instance_id))
         try:
             while True:  # run the loop while the lease is held; `keep` returns when it is lost
                 await lease.acquire()
@@ -378,7 +379,7 @@ class ServiceRuntime:
         meanwhile (`gpumedic_active` 0), so a standby is a healthy container too."""
         self._serve_metrics()
         await self.broker.connect()
-        self.lease = await Lease.open(self.broker.connection.jetstream(), self.service, str(self.instance_id))
+        self.lease = await Lease.open(self.broker.connection.jetstream(timeout=LEASE_TIMEOUT_S), self.service, str(self.instance_id))
         await self.lease.acquire()
         # Renewed from now on, not once started: the rest of a start can outlast the TTL.
         self._tasks.append(asyncio.create_task(self.lease.keep(self.on_lease_lost), name="lease"))
