@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 import time
 
+import nats
+
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.streams import INCIDENT_STATE, LEASE_TTL_S, LEASES
@@ -75,11 +77,15 @@ async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets
     await js.create_key_value(old)
     await js.delete_key_value(INCIDENT_STATE.bucket)
     await js.create_key_value(dataclasses.replace(INCIDENT_STATE, direct=True))
-    lease = await Lease.open(js, "zombie-detector", "a")
-    assert lease.ttl_s == old.ttl  # not the constant: renewing on its timing could outlive the key
-    await provision(js, NatsSettings(url=nats_url))
-    leases = (await (await js.key_value(LEASES.bucket)).status()).stream_info.config
-    assert (leases.max_age, leases.allow_direct) == (LEASE_TTL_S, False)
-    assert (await Lease.open(js, "zombie-detector", "a")).ttl_s == LEASE_TTL_S
+    nc = await nats.connect(nats_url)
+    try:
+        lease = await Lease.open(nc, "zombie-detector", "a")
+        assert lease.ttl_s == old.ttl  # not the constant: renewing on its timing could outlive the key
+        await provision(js, NatsSettings(url=nats_url))
+        leases = (await (await js.key_value(LEASES.bucket)).status()).stream_info.config
+        assert (leases.max_age, leases.allow_direct) == (LEASE_TTL_S, False)
+        assert (await Lease.open(nc, "zombie-detector", "a")).ttl_s == LEASE_TTL_S
+    finally:
+        await nc.close()
     states = (await (await js.key_value(INCIDENT_STATE.bucket)).status()).stream_info.config
     assert not states.allow_direct  # the gate reads the latest state from the stream's leader

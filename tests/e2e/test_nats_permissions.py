@@ -208,7 +208,9 @@ async def test_node_sampler_publishes_its_own_facts_and_can_do_nothing_else(secu
             "reading the remediator's actions": f"$JS.API.CONSUMER.MSG.NEXT.{ACTIONS.name}.remediator-actions",
             "acking the remediator's messages": f"$JS.ACK.{ACTIONS.name}.remediator-actions.1.1.1.1700000000000000000.0",
             "writing the incident state": f"$KV.{INCIDENT_STATE.bucket}.gpu-node-07.zombie_job.0",
-            "reading the incident state": f"$JS.API.DIRECT.GET.KV_{INCIDENT_STATE.bucket}.$KV.{INCIDENT_STATE.bucket}.x",
+            "reading the incident state": f"$JS.API.STREAM.MSG.GET.KV_{INCIDENT_STATE.bucket}",
+            "reading it from a replica": f"$JS.API.DIRECT.GET.KV_{INCIDENT_STATE.bucket}.$KV.{INCIDENT_STATE.bucket}.x",
+            "listing its keys": f"$JS.API.STREAM.INFO.KV_{INCIDENT_STATE.bucket}",
         }
         for what, subject in forbidden_publishes.items():
             await sampler.publish(subject, b"{}", reply=f"_INBOX.{node_user(NODE)}.x")

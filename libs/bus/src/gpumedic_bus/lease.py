@@ -27,7 +27,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from nats.js import JetStreamContext
+from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -53,11 +53,10 @@ class Lease:
         self._value = json.dumps({"instance": instance, "host": socket.gethostname()}).encode()
 
     @classmethod
-    async def open(cls, js: JetStreamContext, service: str, instance: str) -> Lease:
+    async def open(cls, nc: NATS, service: str, instance: str) -> Lease:
         """The lease on `service`'s key, with the bucket's own TTL (a bucket provisioned by an older
-        release may have another; timing off the constant instead could outlive the key). Give it a
-        `js` whose timeout is REQUEST_TIMEOUT_S."""
-        kv = await js.key_value(LEASES.bucket)
+        release may have another; timing off the constant instead could outlive the key)."""
+        kv = await nc.jetstream(timeout=REQUEST_TIMEOUT_S).key_value(LEASES.bucket)
         return cls(kv, service, instance, (await kv.status()).ttl or LEASE_TTL_S)
 
     @property

@@ -36,14 +36,18 @@ def nats_reason(exc: BaseException) -> str:
 T = TypeVar("T")
 
 
-async def ride_out(call: Callable[[], Awaitable[T]], within_s: float, *, every_s: float = 0.25) -> T:
-    """`call()`, asked again while the bus is away, for up to `within_s`; then its error is raised.
-    Only for calls that are safe to repeat (a publish with its Nats-Msg-Id, a KV put)."""
+async def ride_out(call: Callable[[], Awaitable[T]], within_s: float, *, every_s: float = 0.25,
+                   on_retry: Callable[[BaseException], None] | None = None) -> T:
+    """`call()`, asked again while the bus is away, for up to `within_s` (`on_retry` told of each
+    miss); then its error is raised. Only for calls that are safe to repeat (a publish with its
+    Nats-Msg-Id, a KV put, a start step)."""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
         try:
             return await call()
-        except BUS_AWAY:
+        except BUS_AWAY as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise
+            if on_retry is not None:
+                on_retry(exc)
             await asyncio.sleep(every_s)

@@ -29,9 +29,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
-from gpumedic_bus.lease import REQUEST_TIMEOUT_S as LEASE_TIMEOUT_S
 from gpumedic_bus.lease import Lease
-from gpumedic_bus.outage import BUS_AWAY, nats_reason
+from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
@@ -291,7 +290,7 @@ class ServiceRuntime:
         self._loops.append(loop)
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
-        lease = await Lease.open(self.broker.connection.jetstream(timeout=LEASE_TIMEOUT_S), key, str(self.instance_id))
+        lease = await Lease.open(self.broker.connection, key, str(self.instance_id))
         try:
             while True:  # run the loop while the lease is held; `keep` returns when it is lost
                 await lease.acquire()
@@ -338,20 +337,14 @@ class ServiceRuntime:
                                for sub in self.broker.subscribers))
 
     async def _patiently(self, what: str, step: Callable[[], Awaitable[object]], deadline: float) -> None:
-        while True:
-            try:
-                await step()
-                return
-            except BUS_AWAY as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
-                log.warning("%s: starting: %s: the bus did not answer (%s); trying again", self.service, what, nats_reason(exc))
-                await asyncio.sleep(0.5)
+        def said(exc: BaseException) -> None:
+            log.warning("%s: starting: %s: the bus did not answer (%s); trying again", self.service, what, nats_reason(exc))
+
+        await ride_out(step, deadline - asyncio.get_running_loop().time(), every_s=0.5, on_retry=said)
 
     async def _check_consumers(self) -> None:
         """Check that every consumer this service binds to is provisioned, and take its settings
         (all at once: each is answered by its own leader, and one may be mid-election)."""
-        await self.broker.connect()
         js = self.broker.connection.jetstream()
         consumers = [*self._consumers, *self._push_consumers]
         infos = await asyncio.gather(*(self._provisioned(js, c.durable) for c in consumers))
@@ -378,8 +371,7 @@ class ServiceRuntime:
         """Wait as a standby until this instance holds its service's lease. Its metrics answer
         meanwhile (`gpumedic_active` 0), so a standby is a healthy container too."""
         self._serve_metrics()
-        await self.broker.connect()
-        self.lease = await Lease.open(self.broker.connection.jetstream(timeout=LEASE_TIMEOUT_S), self.service, str(self.instance_id))
+        self.lease = await Lease.open(self.broker.connection, self.service, str(self.instance_id))
         await self.lease.acquire()
         # Renewed from now on, not once started: the rest of a start can outlast the TTL.
         self._tasks.append(asyncio.create_task(self.lease.keep(self.on_lease_lost), name="lease"))
@@ -511,14 +503,10 @@ answers nothing for a few seconds while it elects, which is no reason to give up
 
 
 async def _consumer_info(js, stream: str, name: str):
-    deadline = asyncio.get_running_loop().time() + CONSUMER_INFO_WITHIN_S
-    while True:
-        try:
-            return await js.consumer_info(stream, name, timeout=2)  # answered in ms by a consumer that has a leader
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
-            if asyncio.get_running_loop().time() >= deadline:
-                raise nats.errors.TimeoutError from None
-            await asyncio.sleep(0.5)
+    try:  # answered in ms by a consumer that has a leader
+        return await ride_out(lambda: js.consumer_info(stream, name, timeout=2), CONSUMER_INFO_WITHIN_S, every_s=0.5)
+    except BUS_AWAY:
+        raise nats.errors.TimeoutError from None
 
 
 async def _logged(loop: BackgroundLoop, service: str) -> None:

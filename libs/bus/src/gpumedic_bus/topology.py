@@ -329,19 +329,16 @@ def _service(service: str) -> Permissions:
         publish += [
             *(f"$KV.{LEASES.bucket}.{key}" for key in leases),
             f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.DIRECT.GET.{stream}.>",
-            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.STREAM.MSG.GET.{stream}",  # reads go to the leader (streams.LEASES: direct=False)
         ]
     for bucket, access in KV_ACCESS.get(service, {}).items():
         stream = f"KV_{bucket}"
         publish += [
-            f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.DIRECT.GET.{stream}.>",
-            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.STREAM.INFO.{stream}",  # also how a detector lists the keys (the stream's subjects)
+            f"$JS.API.STREAM.MSG.GET.{stream}",  # reads go to the leader (direct=False)
         ]
         if access == "write":
-            # Writing keys, and listing them (an ordered consumer on the bucket's own stream).
-            publish += [f"$KV.{bucket}.>", *_ordered_reader(stream)]
+            publish.append(f"$KV.{bucket}.>")
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), responds=bool(answers))
 
 

@@ -102,7 +102,6 @@ class Detector:
         runtime = self._runtime
 
         async def _restore() -> None:
-            await runtime.broker.connect()
             # Provisioned with the streams (gpumedic provision); only opened here.
             await self.restore(await IncidentStates.open(runtime.broker.connection.jetstream()))
 

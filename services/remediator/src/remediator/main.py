@@ -43,7 +43,6 @@ def create_app(settings: Settings | None = None) -> FastStream:
     async def _check() -> None:
         settings.check_files()
         await ping(engine)
-        await runtime.broker.connect()
         # The detectors' open incidents, read-only: the gate checks every request against them.
         handler.incidents = await IncidentStates.open(runtime.broker.connection.jetstream())
         gate = settings.gate()
