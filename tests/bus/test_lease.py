@@ -1,6 +1,7 @@
 """The one-active lease on a real nats-server: one holder at a time, a standby takes over when the
-holder stops (at once) or dies (within the TTL), a holder that was overtaken says so, and an
-instance restarted under its own id takes its key back at once."""
+holder stops (at once) or dies (within the TTL), a holder that was overtaken says so, an
+instance restarted under its own id takes its key back at once, and a loop that runs in one
+instance of a service at a time waits out a bus that does not answer instead of dying."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import dataclasses
 import time
 
 import nats
+import nats.js.errors
 
-from gpumedic_bus import NatsSettings, provision
+from gpumedic_bus import NatsSettings, ServiceRuntime, provision
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.streams import INCIDENT_STATE, LEASE_TTL_S, LEASES
 
@@ -89,3 +91,56 @@ async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets
         await nc.close()
     states = (await (await js.key_value(INCIDENT_STATE.bucket)).status()).stream_info.config
     assert not states.allow_direct  # the gate reads the latest state from the stream's leader
+
+
+async def test_a_one_instance_loop_runs_in_one_instance_and_waits_out_a_bus_that_does_not_answer(nats_settings, monkeypatch, caplog):
+    real_open, misses = Lease.open, []
+
+    async def electing(nc, key, instance):  # the lease bucket mid-election as the service becomes ready
+        if len(misses) < 2:
+            misses.append((key, instance))
+            raise nats.js.errors.NoStreamResponseError
+        return await real_open(nc, key, instance)
+
+    monkeypatch.setattr(Lease, "open", staticmethod(electing))
+    ran: list[str] = []
+    apps = {}
+    for name in ("a", "b"):
+        runtime = ServiceRuntime("remediator", nats_settings)
+
+        async def check_ssh(name=name) -> None:
+            while True:
+                ran.append(name)
+                await asyncio.sleep(0.05)
+
+        runtime.background(check_ssh, one_instance="ssh-health")
+        app = runtime.app()
+        apps[name] = (app, asyncio.create_task(app.run()))
+        await asyncio.wait_for(runtime.ready.wait(), 20)
+    try:
+        for _ in range(100):
+            if ran:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        first = set(ran)
+        assert len(first) == 1, ran  # one instance checks; the other stands by
+        assert len(misses) == 2 and {key for key, _ in misses} == {"remediator.ssh-health"}
+        waited = [r.getMessage() for r in caplog.records if "waits for its lease bucket" in r.getMessage()]
+        assert len(waited) == len({instance for _, instance in misses})  # a line per instance, not per try
+        assert all("the bus did not answer (no response from stream)" in line for line in waited)
+        assert not [r for r in caplog.records if r.exc_info]
+        active = first.pop()
+        app, task = apps.pop(active)
+        app.exit()
+        await task
+        ran.clear()
+        for _ in range(50):  # a clean stop hands the lease over at once
+            if ran:
+                break
+            await asyncio.sleep(0.1)
+        assert set(ran) == set(apps), ran
+    finally:
+        for app, task in apps.values():
+            app.exit()
+            await task

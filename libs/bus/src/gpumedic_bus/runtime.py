@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import uuid
@@ -290,7 +291,18 @@ class ServiceRuntime:
         self._loops.append(loop)
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
-        lease = await Lease.open(self.broker.connection, key, str(self.instance_id))
+        said = False
+
+        def waiting(exc: BaseException) -> None:  # one line per outage, not one per try
+            nonlocal said
+            if not said:
+                log.warning("%s: %s waits for its lease bucket: the bus did not answer (%s)", self.service, key, nats_reason(exc))
+                said = True
+
+        # The loop starts as the service becomes ready, which may be as the bus goes away: wait
+        # for it as long as it takes, as a standby would, rather than let the loop die.
+        lease = await ride_out(lambda: Lease.open(self.broker.connection, key, str(self.instance_id)), math.inf,
+                               every_s=1.0, on_retry=waiting)
         try:
             while True:  # run the loop while the lease is held; `keep` returns when it is lost
                 await lease.acquire()
