@@ -157,3 +157,17 @@ def test_costs_are_counted_over_time():
     pool.round(T0, in_progress=6, workers=workers, fleet=fleet, demand=Demand(queued=0, in_progress=6, complete=100))
     evaluated = pool.round(T0 + timedelta(hours=1), workers=workers, fleet=fleet, demand=Demand(queued=0, in_progress=6, complete=140))
     assert evaluated.cost_total == 4.0 and evaluated.idle_gpu_hours == 1.0 and evaluated.cost_per_task == 0.1
+
+
+def test_a_worker_the_task_database_has_a_task_on_is_not_ended_however_idle_its_last_sample():
+    pool = Pool()
+    workers = [_w("a"), _w("b"), _w("c")]
+    fleet = FleetView(idle_since={w.worker_id: T0 - timedelta(seconds=900) for w in workers})
+    # a took a task since its last sample: the database says so before its GPU does
+    records = ([WorkerRecord(w.worker_id, "active", T0) for w in workers], [TaskRecord("t1", "a")])
+    for s in range(0, 360, 60):
+        evaluated = pool.round(T0 + timedelta(seconds=s), queued=0, in_progress=1, workers=workers, fleet=fleet, records=records)
+    assert evaluated.decision == "scale_down" and set(evaluated.release) == {"b", "c"}
+    pool.tick(T0 + timedelta(seconds=376))
+    (request,) = pool.requests()
+    assert "a" not in request.operation.worker_ids

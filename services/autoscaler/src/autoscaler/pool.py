@@ -10,7 +10,8 @@ the pool at a time (its node is the pool's name):
 
 - `capacity_short`: the queue wants more GPUs than are in service: `spawn_worker`, verified
   when the new workers are listed (they count while they spawn).
-- `capacity_surplus`: idle workers the queue has not needed for the cool-down: `terminate_worker`.
+- `capacity_surplus`: idle workers the queue has not needed for the cool-down: `terminate_worker`
+  (never one the task database has a task In Progress on, whatever its last sample said).
 - `queue_stalled`: tasks wait while every GPU in service idles: the workers do not take them.
 
 A reading that failed makes no decision and changes no incident: a provider that errors, times
@@ -115,7 +116,8 @@ class PoolIncidents:
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
         transitions = self._apply(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
-        supply = self._supply(workers, in_service, fleet)
+        on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()
+        supply = self._supply(workers, in_service, fleet, on_task)
         idle_gpus = sum(g for w, g in supply.gpus.items() if w in supply.idle_since)
         if isinstance(reading.demand, DemandUnavailable):
             self._ledger.advance(now, supply.cost_per_h, idle_gpus, None)
@@ -190,12 +192,15 @@ class PoolIncidents:
             and w.worker_id not in fleet.needs_person
         }
 
-    def _supply(self, workers: list[Worker], in_service: dict[str, Worker], fleet: FleetView) -> Supply:
+    def _supply(self, workers: list[Worker], in_service: dict[str, Worker], fleet: FleetView, on_task: set[str]) -> Supply:
         typed = [w for w in workers if w.gpu_type == self.scaling.gpu_type and w.gpus]
         return Supply(
             gpus={w.worker_id: w.gpus for w in in_service.values()},
-            # Only a running worker that samples can idle; one still spawning is never released.
-            idle_since={w: t for w, t in fleet.idle_since.items() if w in in_service and in_service[w].status == "running"},
+            # Only a running worker that samples can idle; one still spawning is never released. Nor
+            # is one the task database has a task In Progress on: it may have taken it since its
+            # last sample (ending it would orphan the task), whatever that sample said.
+            idle_since={w: t for w, t in fleet.idle_since.items()
+                        if w in in_service and in_service[w].status == "running" and w not in on_task},
             cost_per_h=sum(w.price_per_h for w in workers),
             gpu_price_per_h=typed[0].price_per_h / typed[0].gpus if typed else None,
         )
