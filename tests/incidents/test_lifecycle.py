@@ -162,6 +162,26 @@ def test_an_event_reported_incident_clears_after_a_quiet_while():
     assert resolved.resolution == "cleared" and "not seen again for 3600s" in resolved.summary
 
 
+def test_a_fault_every_sample_shows_is_seen_and_never_cleared_as_quiet_and_the_state_is_not_rewritten_each_sample():
+    # A lost GPU is in every sample (a level finding, no new occurrence): it is not "quiet". Taken
+    # for quiet, a drained node's incident went to validation, came back escalated at the next
+    # sample, and did so every sample.
+    b = book()
+    lost = Finding(IncidentKind.GPU_LOST, "n3", 2, summary="GPU 2 lost")
+    run(b, b.on_finding(lost, at(0)))
+    changes, events = 0, []
+    for s in range(5, 1800, 5):
+        transitions = b.on_finding(lost, at(s)) + b.on_tick(at(s + 1))
+        changes += len(transitions)
+        events += run(b, transitions)
+    assert events == [] and b.get("n3/gpu_lost/2").phase == "escalated"
+    assert changes <= 1800 / (600 / 4)  # last seen refreshed now and then, not written once a sample
+    # Gone from the samples (no finding at all): quiet from about the last one that showed it
+    # (its last refresh, at most a quarter of clear_after_s before).
+    cleared_at = next(s for s in range(1800, 3000, 5) if run(b, b.on_tick(at(s))))
+    assert 1795 + 600 * 3 / 4 <= cleared_at <= 1795 + 600 and "n3/gpu_lost/2" not in b.incidents
+
+
 def test_half_the_fleet_at_once_is_one_fleet_incident_and_no_request():
     b = book(nodes=20)
     events = []

@@ -8,7 +8,7 @@
                   ├──no ladder, or no safe operation──► escalated
                   └──a silence covers it──► silenced ──silence over, still there──► held
     held, escalated, silenced ──cleared──► resolved "cleared"
-    escalated, silenced (kinds reported as events) ──quiet for clear_after_s──► resolved "cleared"
+    escalated, silenced (kinds with clear_after_s) ──not seen for clear_after_s──► resolved "cleared"
 
 A `drain_node` step that succeeds marks the incident `drained` and goes straight on to the next
 step (or to a person, when it was the last). A drained incident never resolves on the fault going
@@ -146,11 +146,16 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
     that passed without the fault going, take the next attempt."""
     occurrences = state.occurrences + (1 if finding.occurrence else 0)
     proposed = _proposal(finding, policy, step=state.step) or state.proposed
+    # A level finding (a lost GPU in every sample) is the fault seen too, or a kind that clears when
+    # quiet would clear while it is there. It refreshes `last_seen_at` a few times per quiet period,
+    # not every sample: each change is a state write.
+    quiet_s = policy.of(state.kind).clear_after_s
+    refresh = quiet_s is not None and now - state.last_seen_at >= timedelta(seconds=quiet_s / 4)
     changes = {
         "occurrences": occurrences,
         "proposed": proposed,
         "unsafe": finding.unsafe,
-        "last_seen_at": now if finding.occurrence else state.last_seen_at,
+        "last_seen_at": now if finding.occurrence or refresh else state.last_seen_at,
         # A level finding repeats every sample with fresh numbers; only a new occurrence is news.
         "summary": (finding.summary or state.summary) if finding.occurrence else state.summary,
     }

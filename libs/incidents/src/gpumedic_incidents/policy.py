@@ -93,7 +93,7 @@ class KindPolicy(_Strict):
     ladder: tuple[Step, ...] = ()
     action_timeout_s: float = Field(default=300.0, gt=0, description="How long to wait for the remediator's answer.")
     clear_after_s: float | None = Field(
-        default=None, gt=0, description="Kinds reported as events: resolved 'cleared' after this long without a repeat."
+        default=None, gt=0, description="Resolved 'cleared' (or, on a drained node, validated) after this long with the fault not seen: no new event, and no sample that still shows it."
     )
 
     @property
