@@ -41,7 +41,7 @@ from nats.js.api import DeliverPolicy
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
-from gpumedic.stack import HEALTHY_AFTER_S, Stack, wind_down
+from gpumedic.stack import HEALTHY_AFTER_S, Stack, server_name, wind_down
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0
@@ -296,7 +296,7 @@ async def _kill_services(stack: Stack, rng: random.Random, every_s: float, ready
 async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, how: signal.Signals, stop: asyncio.Event,
                           result: ChaosResult) -> None:
     started = time.monotonic()
-    names = ["nats-server" if n == 0 else f"nats-server-{n + 1}" for n in range(len(stack.servers))]
+    names = [server_name(n) for n in range(len(stack.servers))]
     bounced_at: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(every_s)

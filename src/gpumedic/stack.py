@@ -44,6 +44,11 @@ def service_command(service: str) -> list[str]:
     return [sys.executable, "-c", f"from {SERVICES[service]}.main import run; run()"]
 
 
+def server_name(n: int) -> str:
+    """The name of the stack's `n`-th nats-server (0-based), as its log file and the supervisor say it."""
+    return "nats-server" if n == 0 else f"nats-server-{n + 1}"
+
+
 def sampler_node_id(env: dict[str, str]) -> str:
     """The node id the node-sampler service will report (its NATS user is named after it)."""
     from node_sampler.settings import default_node_id
@@ -140,7 +145,7 @@ class Stack:
             self.servers.append(NatsServer(
                 self.var_dir / ("nats" if n == 0 else f"nats-{n + 1}"),
                 port=_free_port() if routes else -1,
-                log_file=self.logs / ("nats-server.log" if n == 0 else f"nats-server-{n + 1}.log"),
+                log_file=self.logs / f"{server_name(n)}.log",
                 extra_config=member + accounts,
                 tls_config=self.tls.server_config(),
             ))
@@ -264,8 +269,7 @@ class Stack:
         now = time.monotonic()
         for n, server in enumerate(self.servers):
             if (code := server.exited) is not None:
-                name = "nats-server" if n == 0 else f"nats-server-{n + 1}"
-                self._revive(name, code, now, server.start, where=f" on port {server.port}, same data")
+                self._revive(server_name(n), code, now, server.start, where=f" on port {server.port}, same data")
         for service, proc in list(self.processes.items()):
             if (code := proc.poll()) is not None:
                 self._revive(service, code, now, lambda s=service: self._spawn(s))

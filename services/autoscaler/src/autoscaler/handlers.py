@@ -49,8 +49,8 @@ class CapacityHandlers:
         self.drained: set[str] = set()
 
     async def on_sample(self, sample: NodeSampled) -> None:
-        self.latest[sample.node_id] = NodeLoad.of(sample)
-        if all((g.utilization_gpu_pct or 0) <= self._settings.busy_util_pct for g in sample.gpus):
+        load = self.latest[sample.node_id] = NodeLoad.of(sample)
+        if not load.busy(self._settings.busy_util_pct):
             self.idle_since.setdefault(sample.node_id, sample.occurred_at)
         else:
             self.idle_since.pop(sample.node_id, None)
