@@ -19,10 +19,10 @@ import pytest
 from nats.js.api import StreamConfig, SubjectTransform
 from pydantic import SecretStr
 
-from gpumedic.deployment import IMAGE_UID, Deployment, init_deployment, password_variable
-from gpumedic.natsd import NatsServer, nats_server_binary
+from gpumedic.deployment import IMAGE_UID, init_deployment
+from gpumedic.natsd import nats_server_binary
 from gpumedic.sim.fleet import SimFleet
-from gpumedic_bus import NatsSettings, connect, provision
+from gpumedic_bus import connect
 from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, SAMPLES
 from gpumedic_bus.topology import (
     ADMIN,
@@ -31,6 +31,7 @@ from gpumedic_bus.topology import (
     LIVE,
     OBSERVER,
     PRODUCERS,
+    REPLAYS,
     REQUESTS,
     SERVICES,
     consumers,
@@ -45,39 +46,11 @@ from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import Apps, samplers_running
+from tests.fixtures.nats import SECURED_NODE, as_user
 from tests.e2e.test_thin_path import detector, remediator_settings, wait_for_incident
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE = "sim-node-01"
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    """nats-server with what `gpumedic init` writes for one GPU node, provisioned by the admin."""
-    root = tmp_path_factory.mktemp("deployment")
-    (root / "deploy").mkdir()
-    (root / "deploy" / "env.example").write_text((ROOT / "deploy" / "env.example").read_text())
-    init_deployment(root, nodes=[NODE])
-    deploy = Deployment(root)
-    env = dict(line.split("=", 1) for line in deploy.env_file.read_text().splitlines() if "=" in line and not line.startswith("#"))
-    node_env = dict(line.split("=", 1) for line in (deploy.nodes_dir / f"{NODE}.env").read_text().splitlines() if "=" in line)
-    passwords = {u: env[password_variable(u)] for u in (ADMIN, OBSERVER, LAUNCHER, *SERVICES[1:])}
-    passwords[node_user(NODE)] = node_env["GPUMEDIC_NATS_PASSWORD"]
-    # (nats-server resolves `include` relative to the including file, so the accounts go in whole)
-    server = NatsServer(root / "nats", extra_config=deploy.accounts.read_text(), tls_config=deploy.tls.server_config())
-    server.start()
-
-    def settings(user: str, **timings) -> NatsSettings:
-        return NatsSettings(url=server.url, user=user, password=passwords[user], tls_ca_file=deploy.tls.ca, **timings)
-
-    async def _provision():
-        nc = await connect(settings(ADMIN), "test-admin")
-        await provision(nc.jetstream(), settings(ADMIN, ack_wait_s=2.0, max_deliver=3))
-        await nc.close()
-
-    asyncio.run(_provision())
-    yield settings
-    server.stop()
+NODE = SECURED_NODE
 
 
 def test_the_shipped_config_is_valid_with_what_init_generates(tmp_path):
@@ -147,10 +120,12 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
             allowed = any(_matches(_subject(event, user), p) for p in rules.publish)
             assert allowed == (user in producers), (user, event.__name__, "publish")
         # Consumers read through their durables' API calls (pull) or deliver subjects (push); the only
-        # event-space subscriptions are the requests a service answers and what it reads live.
+        # event-space subscriptions are the requests a service answers, what it reads live, and the
+        # wake-ups of what it replays (read from the stream itself).
         answers = {r.subject for r in REQUESTS if r.service == user}
         live = {e.subject_filter() for e in LIVE.get(user, ())}
-        assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers | live, user
+        replays = {e.subject_filter() for e in REPLAYS.get(user, ())}
+        assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers | live | replays, user
         assert rules.responds == bool(answers), user
         durables = {p.split(".")[-1] for p in rules.publish if p.startswith("$JS.API.CONSUMER.INFO.GPUMEDIC_")}
         assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user
@@ -160,34 +135,11 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
     assert node.subscribe == (f"_INBOX.{node_user(NODE)}.>",)
 
 
-class _Refusals:
-    """A connection's permission violations, as the server reports them (`callback` is its error_cb)."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-
-    async def callback(self, exc: Exception) -> None:
-        self.errors.append(str(exc).lower())
-
-    async def refused(self, what: str, timeout_s: float = 2.0) -> bool:
-        for _ in range(int(timeout_s / 0.02)):
-            if any(what.lower() in e for e in self.errors):
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-
-async def _as(settings, user: str):
-    refusals = _Refusals()
-    nc = await connect(settings(user), f"test-{user}", error_cb=refusals.callback, allow_reconnect=False)
-    return nc, refusals
-
-
 ACTION = ActionRequested.model_validate(json_examples(ActionRequested)[0])
 
 
 async def test_node_sampler_publishes_its_own_facts_and_can_do_nothing_else(secured):
-    sampler, refusals = await _as(secured, node_user(NODE))
+    sampler, refusals = await as_user(secured, node_user(NODE))
     admin = await connect(secured(ADMIN), "test-admin")
     try:
         js = sampler.jetstream()
@@ -238,7 +190,7 @@ async def test_node_sampler_publishes_its_own_facts_and_can_do_nothing_else(secu
 
 @pytest.mark.parametrize("service", SERVICES[1:])
 async def test_no_service_may_manage_streams_or_consumers_or_read_anothers(secured, service):
-    nc, refusals = await _as(secured, service)
+    nc, refusals = await as_user(secured, service)
     try:
         other = "remediator-actions" if service != "remediator" else "zombie-detector-actions"
         for subject in (
@@ -258,7 +210,7 @@ async def test_no_service_may_manage_streams_or_consumers_or_read_anothers(secur
 
 
 async def test_the_remediator_reads_the_incident_state_and_cannot_write_it(secured):
-    nc, refusals = await _as(secured, "remediator")
+    nc, refusals = await as_user(secured, "remediator")
     try:
         kv = await nc.jetstream().key_value(INCIDENT_STATE.bucket)
         with contextlib.suppress(Exception):
@@ -273,7 +225,7 @@ async def test_the_remediator_reads_the_incident_state_and_cannot_write_it(secur
 
 async def test_the_subject_transform_attack_of_the_issue_is_refused(secured):
     """Logged in as node-sampler, re-route node subjects into action requests on the actions stream."""
-    sampler, refusals = await _as(secured, node_user(NODE))
+    sampler, refusals = await as_user(secured, node_user(NODE))
     try:
         config = StreamConfig(
             name=ACTIONS.name,
@@ -288,7 +240,7 @@ async def test_the_subject_transform_attack_of_the_issue_is_refused(secured):
 
 
 async def test_a_launcher_may_ask_for_preflight_and_nothing_else(secured):
-    launcher, refusals = await _as(secured, LAUNCHER)
+    launcher, refusals = await as_user(secured, LAUNCHER)
     try:
         silence = SilenceAdded.model_validate(json_examples(SilenceAdded)[0])
         for subject in (ACTION.subject, silence.subject, f"$JS.API.STREAM.INFO.{ACTIONS.name}", "_INBOX.remediator.x"):
@@ -376,7 +328,7 @@ async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_
     from gpumedic_bus.streams import INCIDENTS
     from gpumedic_events import IncidentOpened
 
-    observer, refusals = await _as(secured, OBSERVER)
+    observer, refusals = await as_user(secured, OBSERVER)
     detector_nc = await connect(secured("zombie-detector"), "test-detector")
     admin = await connect(secured(ADMIN), "test-admin")
     try:

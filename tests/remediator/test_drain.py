@@ -15,6 +15,7 @@ from gpumedic_bus import Delivery, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
+from gpumedic_bus.topology import owner_of
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import NodeDrain, create_engine, session_factory
 from opentelemetry.sdk.trace import TracerProvider
@@ -70,20 +71,21 @@ class _Remediator:
             scheduler=scheduler,
         )
 
-    async def ask(self, operation, incident_id: uuid.UUID, node: str = "gpu-node-01") -> ActionCompleted:
+    async def ask(
+        self, operation, incident_id: uuid.UUID, node: str = "gpu-node-01", kind: IncidentKind = IncidentKind.GPU_XID
+    ) -> ActionCompleted:
+        gpu = 0 if kind is IncidentKind.GPU_XID else None
         request = ActionRequested(
-            source="zombie-detector",
+            source=owner_of(kind),
             action_id=uuid.uuid4(),
             incident_id=incident_id,
             node_id=node,
             attempt=1,
             operation=operation,
-            reason=f"gpu_xid on {node} GPU 0",
-            fingerprint=fingerprint(node, IncidentKind.GPU_XID, 0, str(incident_id)[:8]),
+            reason=f"{kind.value} on {node}",
+            fingerprint=fingerprint(node, kind, gpu, str(incident_id)[:8]),
         )
-        await self.incidents.save(
-            incident_waiting_for(request, kind=IncidentKind.GPU_XID, gpu_index=0, key=str(incident_id)[:8])
-        )
+        await self.incidents.save(incident_waiting_for(request))
         await self.handler.handle(request, Delivery(request.subject, {}, 1))
         subject, data, _ = self.broker.published[-1]
         return ActionCompleted.from_json(data, subject=subject)
@@ -133,7 +135,7 @@ async def test_a_drain_holds_the_node_tells_the_hook_and_the_bus_and_an_undrain_
     assert NodeDrained.subject_for("gpu-node-01") in r.broker.subjects()
     (page,) = hook.received
     assert page.body == {
-        "node_id": "gpu-node-01", "drained": True, "reason": "gpu_xid on gpu-node-01 GPU 0",
+        "node_id": "gpu-node-01", "drained": True, "reason": "gpu_xid on gpu-node-01",
         "incident_id": str(incident), "action_id": page.body["action_id"],
     }
     assert page.headers["Authorization"] == f"Bearer {TOKEN}"
@@ -203,9 +205,9 @@ async def test_http_admin_through_the_gate_reads_the_token_file_and_keeps_it_out
     service = Pager().start()
     try:
         url = service.url.replace("/hooks/T000/B000/s3cr3t-path", "/admin/reset-jobs")
-        r = remediator(reset_job_count=AdminEndpoint(url=url))
-        done = await r.ask(HttpAdmin(endpoint="reset_job_count"), uuid.uuid4())
-        assert (done.outcome, done.detail) == (ActionOutcome.SUCCEEDED, "reset_job_count: the node's service answered HTTP 200")
+        r = remediator(force_election=AdminEndpoint(url=url))
+        done = await r.ask(HttpAdmin(endpoint="force_election"), uuid.uuid4(), kind=IncidentKind.NO_LEADER)
+        assert (done.outcome, done.detail) == (ActionOutcome.SUCCEEDED, "force_election: the node's service answered HTTP 200")
         assert service.received[0].headers["Authorization"] == "Bearer node-admin-token"
         record = await _record(r, done)
         assert "node-admin-token" not in str(record.steps) + str(record.audit) + record.detail

@@ -8,109 +8,27 @@ import asyncio
 import contextlib
 import socket
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
 
-from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
-from gpumedic_incidents import IncidentStates, PolicySettings, load_policy
+from gpumedic_incidents import PolicySettings, load_policy
 from gpumedic_incidents.policy import KillPolicy, dump_policy
-from gpumedic_store import ActionRecord, BreakerTrip, breaker, StoreSettings, StoreUnavailable, create_engine, session_factory
-from opentelemetry.sdk.trace import TracerProvider
+from gpumedic_store import ActionRecord, breaker, StoreSettings, StoreUnavailable
 from remediator import repository
-from remediator.handlers import INTERRUPTED_DETAIL, ActionHandler, completed_event
+from remediator.handlers import INTERRUPTED_DETAIL, completed_event
 from remediator.catalogue import CommandResult
 from remediator.inventory import NodeAddress
-from remediator.settings import Settings
-from remediator.ssh import NodeUnreachable, SshExecutor
-from sqlalchemy import select
+from remediator.ssh import NodeUnreachable
 
-from tests.remediator.conftest import incident_waiting_for, inventory_naming, kill_request
+from tests.remediator.conftest import Harness as _Harness, inventory_naming, kill_request
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 
 pytestmark = pytest.mark.sshd
-
-
-@dataclass
-class _Published:
-    data: bytes
-    subject: str
-    headers: dict
-
-    @property
-    def event(self) -> ActionCompleted:
-        return ActionCompleted.from_json(self.data, subject=self.subject)
-
-
-@dataclass
-class _RecordingBroker:
-    published: list[_Published] = field(default_factory=list)
-
-    async def publish(self, data, subject, *, headers=None, stream=None, timeout=None):
-        self.published.append(_Published(data, subject, dict(headers or {})))
-
-
-class _Harness:
-    def __init__(self, settings: Settings, incidents: IncidentStates, executor=None) -> None:
-        self.settings = settings
-        self.incidents = incidents
-        self.engine = create_engine(settings.store.url)
-        self.sessions = session_factory(self.engine)
-        self.broker = _RecordingBroker()
-        self.handler = ActionHandler(
-            settings=settings,
-            runtime=SimpleNamespace(broker=self.broker, metrics=ServiceMetrics("remediator")),
-            sessions=self.sessions,
-            executor=executor
-            or SshExecutor(
-                inventory=settings.inventory,
-                known_hosts=settings.known_hosts,
-                client_key=settings.client_key,
-                connect_timeout_s=settings.connect_timeout_s,
-                command_timeout_s=settings.command_timeout_s,
-            ),
-            tracer=TracerProvider().get_tracer("test"),
-            incidents=incidents,
-        )
-
-    async def open(self, request: ActionRequested, **changes) -> ActionRequested:
-        """Store the open incident a detector would have made `request` for."""
-        await self.incidents.save(incident_waiting_for(request, **changes))
-        return request
-
-    async def handle(self, request: ActionRequested, deliveries: int = 1) -> ActionCompleted:
-        before = len(self.broker.published)
-        await self.handler.handle(request, Delivery(request.subject, {}, deliveries))
-        assert len(self.broker.published) == before + 1
-        published = self.broker.published[-1]
-        assert published.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
-        return published.event
-
-    async def record(self, action_id) -> ActionRecord:
-        async with self.sessions() as session:
-            return await repository.get_action(session=session, action_id=action_id)
-
-    async def trips(self) -> list[BreakerTrip]:
-        async with self.sessions() as session:
-            return list((await session.scalars(select(BreakerTrip).order_by(BreakerTrip.id))).all())
-
-
-@pytest.fixture
-async def harness(make_settings, incidents):
-    made: list[_Harness] = []
-
-    def _make(**changes) -> _Harness:
-        made.append(_Harness(make_settings(**changes), incidents))
-        return made[-1]
-
-    yield _make
-    for item in made:
-        await item.engine.dispose()
 
 
 async def test_kills_records_and_answers_once(harness, sshd, sleeper):
@@ -124,7 +42,7 @@ async def test_kills_records_and_answers_once(harness, sshd, sleeper):
         request.action_id, request.incident_id, request.node_id, request.attempt,
     )
     pid = sleeper.pid
-    assert completed.steps == (GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+    assert completed.steps == (GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
     record = await h.record(request.action_id)
     assert record.status == "succeeded" and record.steps == list(completed.steps)
     assert record.finished_at is not None and record.started_at <= record.finished_at
@@ -166,7 +84,7 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     pid = sleeper.pid
     assert completed.detail == (
         "observe mode for kill_gpu_processes (the remediator runs in observe mode): decided and recorded, not run; would run: "
-        f"{GPU_QUERY}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s KILL {pid}"
+        f"{GPU_QUERY}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s TERM {pid}; kill -s KILL {pid}"
     )
     assert completed.steps == ()
     assert sleeper.alive()
@@ -311,9 +229,9 @@ async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings,
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == (
         "node 'gpu-node-01' (root@10.0.0.7:22): connection lost: Connection reset by peer "
-        "(after 4 command(s), the last `kill -s KILL 4242`)"
+        "(after 4 command(s), the last `kill -s TERM 4242`)"
     )
-    assert completed.steps == (GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline", "kill -s KILL 4242")
+    assert completed.steps == (GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline", "kill -s TERM 4242")
 
 
 def test_completed_event_carries_at_most_64_steps():

@@ -240,7 +240,13 @@ def test_a_request_for_another_node_gpu_detector_attempt_or_operation_is_refused
     request = kill_request(_GOOD)
     assert "is on node gpu-node-02 GPU 0" in _refusal(request, incident_waiting_for(request, node_id="gpu-node-02"))
     assert "is on node gpu-node-01 GPU 3" in _refusal(request, incident_waiting_for(request, gpu_index=3))
-    assert "was opened by leader-health, not by zombie-detector" in _refusal(request, incident_waiting_for(request, detector="leader-health"))
+    # The state says another detector: zombie jobs are zombie-detector's, whatever a state claims.
+    assert "names leader-health as its detector, but zombie_job incidents are opened by zombie-detector" in _refusal(
+        request, incident_waiting_for(request, detector="leader-health")
+    )
+    # The request names another sender than the kind's owner.
+    other_sender = request.model_copy(update={"source": "leader-health"})
+    assert "was opened by zombie-detector, not by leader-health" in _refusal(other_sender, incident_waiting_for(request))
     retry = kill_request(_GOOD, attempt=2, incident_id=request.incident_id)
     assert "waits for attempt 2" in _refusal(request, incident_waiting_for(retry))
     # Same ids, other pids: a forged or altered operation.
@@ -277,7 +283,7 @@ def test_a_gpu_operation_for_another_gpu_or_a_unit_off_the_allow_list_is_refused
         f"refused: the request is for node gpu-node-01 GPU 2, but incident {request.incident_id} is on node gpu-node-01 GPU 1"
     )
     request, incident = _node_request(RestartUnit(unit="sshd.service"), IncidentKind.NODE_SILENT)
-    assert _refusal(request, incident).startswith("refused: unit sshd.service is not in the policy's restart_unit allow-list")
+    assert _refusal(request, incident) == "refused: kinds.node_silent restarts gpumedic-node-sampler.service, not sshd.service"
     request, incident = _node_request(DockerPrune(volumes=True), IncidentKind.DISK_PRESSURE, "var-lib-docker")
     assert "prune volumes, which the policy does not allow" in _refusal(request, incident)
 
@@ -304,3 +310,59 @@ def test_nothing_is_run_over_ssh_on_a_node_the_inventory_does_not_name():
     for operation in (TerminateWorker(worker_ids=["not-ours"]), DrainNode()):
         request = _request("not-ours").model_copy(update={"operation": operation})
         assert decide(request, gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False).verdict is Verdict.ALLOW
+
+
+# --- what the policy allows: the request names a step, the policy gives its safe parameters ---
+
+
+def _kill(**changes) -> ActionRequested:
+    request = kill_request(_GOOD)
+    return request.model_copy(update={"operation": request.operation.model_copy(update=changes)})
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        # the GPU state the kill is safe in: no looser than kinds.zombie_job.idle_util_pct
+        ({"max_gpu_utilization_pct": 100}, "up to 100% busy, above the policy's kinds.zombie_job.idle_util_pct (5%)"),
+        ({"max_gpu_utilization_pct": 6}, "up to 6% busy, above the policy's kinds.zombie_job.idle_util_pct (5%)"),
+        ({"max_gpu_utilization_pct": None}, "up to None% busy"),
+        # signal and grace: the policy's, not the sender's
+        ({"signal": "KILL", "grace_s": 0.0}, "asks SIGKILL with 0s grace; the policy's actions.kill_gpu_processes is SIGTERM with 10s grace"),
+        ({"grace_s": 0.0}, "asks SIGTERM with 0s grace"),
+    ],
+)
+def test_a_kill_whose_parameters_loosen_the_policy_is_refused_with_the_rule(changes, why):
+    request = _kill(**changes)
+    # The state agrees with the request (its own detector could have written it): the policy still decides.
+    assert why in _refusal(request, incident_waiting_for(request))
+
+
+def test_a_kill_no_looser_than_the_policy_passes():
+    stricter = _kill(max_gpu_utilization_pct=0)
+    assert _refusal(stricter, incident_waiting_for(stricter)) == ""
+
+
+def test_the_operation_must_be_the_ladder_step_the_incident_is_at():
+    request = kill_request(_GOOD).model_copy(update={"operation": GpuReset(gpu_index=0)})
+    assert _refusal(request, incident_waiting_for(request)) == "refused: kinds.zombie_job.ladder step 1 is kill_gpu_processes, not gpu_reset"
+    past_the_ladder = kill_request(_GOOD)
+    assert "has no step 2, so no action is due" in _refusal(past_the_ladder, incident_waiting_for(past_the_ladder, step=1))
+    # An undrain is due only once the incident drained its node and its fault is gone.
+    undrain = kill_request(_GOOD).model_copy(update={"operation": UndrainNode(), "fingerprint": fingerprint("gpu-node-01", IncidentKind.GPU_XID, 0)})
+    assert _refusal(undrain, incident_waiting_for(undrain)) == ""
+    not_drained = incident_waiting_for(undrain, drained=False, resolution=None, step=0)
+    assert _refusal(undrain, not_drained) == "refused: kinds.gpu_xid.ladder step 1 is drain_node, not undrain_node"
+
+
+def test_the_endpoint_and_the_workers_come_from_the_incident_and_the_policy():
+    election = ActionRequested(
+        source="leader-health", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id="peer-1", attempt=1,
+        operation=HttpAdmin(endpoint="reset_job_count"), reason="no leader", fingerprint=fingerprint("peer-1", IncidentKind.NO_LEADER, None),
+    )
+    assert _refusal(election, incident_waiting_for(election)) == "refused: kinds.no_leader calls the force_election endpoint, not reset_job_count"
+    stuck = ActionRequested(
+        source="autoscaler", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id="pod-1", attempt=1,
+        operation=TerminateWorker(worker_ids=("pod-1", "pod-2")), reason="stuck", fingerprint=fingerprint("pod-1", IncidentKind.STUCK_SPAWNING, None),
+    )
+    assert _refusal(stuck, incident_waiting_for(stuck)) == "refused: a stuck_spawning incident ends worker pod-1 only, not pod-1, pod-2"

@@ -65,13 +65,15 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
 async def ask(handler: ActionHandler, operation, *, node: str = "workers", incident_id: uuid.UUID | None = None) -> ActionCompleted:
     """A request as the autoscaler makes it, under the incident that waits for it."""
     incident_id = incident_id or uuid.uuid4()
+    if isinstance(operation, SpawnWorker):
+        kind = IncidentKind.CAPACITY_SHORT
+    else:  # the pool's surplus, or one worker's own incident
+        kind = IncidentKind.CAPACITY_SURPLUS if node == "workers" else IncidentKind.STUCK_SPAWNING
     request = ActionRequested(
         source="autoscaler", action_id=uuid.uuid4(), incident_id=incident_id, node_id=node, attempt=1,
-        operation=operation, reason="queue backlog", fingerprint=fingerprint(node, IncidentKind.FLEET_ANOMALY, None, "capacity"),
+        operation=operation, reason="queue backlog", fingerprint=fingerprint(node, kind, None),
     )
-    await handler.incidents.save(
-        incident_waiting_for(request, kind=IncidentKind.FLEET_ANOMALY, detector="autoscaler", key="capacity")
-    )
+    await handler.incidents.save(incident_waiting_for(request))
     await handler.handle(request, Delivery(request.subject, {}, 1))
     subject, data = handler._runtime.broker.published[-1]
     return ActionCompleted.from_json(data, subject=subject)

@@ -120,7 +120,7 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     assert msg.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
     pid = sleeper.pid
     gpu_query = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
-    assert completed.steps == (gpu_query, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat")
+    assert completed.steps == (gpu_query, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
 
     # The incident's trace continues: `act` is the child of the request's span, the result its child.
     [act] = await _finished(service.spans, "act")
@@ -135,8 +135,8 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     again_msg, again = await _next(results)
     assert again_msg.data == msg.data
     assert again == completed
-    kills = [c for c in sshd.commands() if c == f"kill -s KILL {pid}"]
-    assert kills == [f"kill -s KILL {pid}"]
+    kills = [c for c in sshd.commands() if c.startswith("kill ") and c.endswith(f" {pid}")]
+    assert kills == [f"kill -s TERM {pid}"]
     # Published twice on the wire, kept once by the stream.
     assert await _stored_results(js) == [completed]
     assert service.runtime.metrics.rejected() == 0
@@ -224,14 +224,14 @@ async def test_the_audit_log_shows_every_decision_and_each_command_run(start_ser
     assert await asyncio.to_thread(main, ["actions", "--store", store_url, "--node", "gpu-node-01"]) == 0
     listing = capsys.readouterr().out
     assert f"{str(forged.action_id)[:8]}" in listing and "blocked" in listing and "is not open" in listing
-    assert f"kill pid {sleeper.pid} on GPU 0 (SIGKILL)" in listing and "succeeded" in listing
+    assert f"kill pid {sleeper.pid} on GPU 0 (SIGTERM, SIGKILL after 10s)" in listing and "succeeded" in listing
 
     assert await asyncio.to_thread(main, ["actions", str(real.action_id)[:8], "--store", store_url]) == 0
     shown = capsys.readouterr().out
     pid = sleeper.pid
-    rows = {line.split(None, 5)[-1]: line for line in shown.splitlines() if line.strip().endswith((f"/{pid}/stat", f"/{pid}/cmdline", f"KILL {pid}"))}
-    assert rows[f"kill -s KILL {pid}"].split()[2] == rows[f"cat /proc/{pid}/cmdline"].split()[2] == "0"  # exit status
+    rows = {line.split(None, 5)[-1]: line for line in shown.splitlines() if line.strip().endswith((f"/{pid}/stat", f"/{pid}/cmdline", f"TERM {pid}"))}
+    assert rows[f"kill -s TERM {pid}"].split()[2] == rows[f"cat /proc/{pid}/cmdline"].split()[2] == "0"  # exit status
     assert sleeper.command not in shown  # the command line the node answered is kept as a digest only
-    digest = rows[f"kill -s KILL {pid}"].split()[3]
+    digest = rows[f"kill -s TERM {pid}"].split()[3]
     assert digest == hashlib.sha256(b"\0").hexdigest()[:16]  # kill prints nothing: the digest of empty output
     assert await asyncio.to_thread(main, ["actions", "ffffffff", "--store", store_url]) == 1

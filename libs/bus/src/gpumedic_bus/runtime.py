@@ -24,12 +24,12 @@ import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsSecurity, NatsUserPassword
 from faststream.nats.annotations import NatsMessage
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
+from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT_EVERY_S = 5.0
 STOP_TASKS_WITHIN_S = 10.0
 """How long stopping waits for each background task to end once cancelled."""
-REPLAY_CATCH_UP_S = 10.0
 
 BackgroundLoop = Callable[[], Awaitable[None]]
 
@@ -179,7 +178,7 @@ class ServiceRuntime:
         self._consumers: list[EventConsumer] = []
         self._push_consumers: list[PushConsumer] = []
         self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
-        self._replay_subs: list = []
+        self._followers: list[StreamFollower] = []
         self._live: list[tuple[type[Event], EventHandler]] = []
         self._live_subs: list = []
         self.lease: Lease | None = None
@@ -398,42 +397,34 @@ class ServiceRuntime:
         self.metrics.serve(self._metrics_port)
 
     async def _replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
+        """Read the events from their stream's start, then follow new ones in a task of their own
+        (`gpumedic_bus.follow`: no consumer is created, so no service needs consumer rights)."""
         await self.broker.connect()
-        js = self.broker.connection.jetstream()
-        received = 0
 
         async def on_message(msg) -> None:
-            nonlocal received
-            received += 1
             event_type = next((e for e in events if msg.subject == e.subject_prefix or msg.subject.startswith(e.subject_prefix + ".")), None)
             try:
-                event = event_type.from_json(msg.data, subject=msg.subject) if event_type else None
+                event = event_type.from_json(msg.data or b"", subject=msg.subject) if event_type else None
             except EventDecodeError as exc:
                 log.warning("%s: skipped a replayed message on %s: %s", self.service, msg.subject, exc.reason)
                 return
-            if event is not None:
+            if event is None:
+                return
+            try:
                 await handler(event)
+            except Exception:  # one bad fact must not stop the service from following the rest
+                log.exception("%s: handling replayed %s failed", self.service, event_type.__name__)
 
-        sub = await js.subscribe(
-            events[0].subject_filter(),
-            stream=stream_of(events[0]).name,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            config=ConsumerConfig(filter_subjects=[e.subject_filter() for e in events]),
-            cb=on_message,
-        )
+        follower = StreamFollower(self.broker.connection, stream_of(events[0]).name, [e.subject_filter() for e in events], on_message)
+        await follower.listen()  # woken by what comes while it catches up, too
         try:
-            backlog = (await sub.consumer_info()).num_pending or 0
-        except BaseException:  # tried again from the start: this one must not deliver too
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            replayed = await follower.catch_up()
+        except BaseException:  # tried again from the start: this one must not follow too
+            await follower.close()
             raise
-        self._replay_subs.append(sub)
-        for _ in range(int(REPLAY_CATCH_UP_S / 0.02)):
-            if received >= backlog:
-                break
-            await asyncio.sleep(0.02)
-        log.info("%s: replayed %d of %d %s", self.service, received, backlog, "/".join(e.__name__ for e in events))
+        self._followers.append(follower)
+        self._tasks.append(asyncio.create_task(follower.follow(), name=f"{self.service}-follow-{stream_of(events[0]).name}"))
+        log.info("%s: replayed %d %s", self.service, replayed, "/".join(e.__name__ for e in events))
 
     async def _started(self) -> None:
         deadline = asyncio.get_running_loop().time() + START_WITHIN_S
@@ -456,10 +447,12 @@ class ServiceRuntime:
 
     async def _stopping(self) -> None:
         self.ready.clear()
-        for sub in [*self._replay_subs, *self._live_subs]:
+        for sub in self._live_subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        self._replay_subs.clear()
+        for follower in self._followers:
+            await follower.close()
+        self._followers.clear()
         self._live_subs.clear()
         for consumer in self._push_consumers:
             with contextlib.suppress(Exception):

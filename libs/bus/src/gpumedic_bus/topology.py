@@ -29,6 +29,7 @@ from gpumedic_events import (
     GpuLost,
     GpuXidReported,
     IncidentEscalated,
+    IncidentKind,
     IncidentOpened,
     IncidentResolved,
     IncidentUpdated,
@@ -128,8 +129,9 @@ REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "leader-health": (SilenceAdded, SilenceRemoved),
     "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved),
 }
-"""Events a service reads from the start of their stream whenever it starts (an ephemeral ordered
-consumer per stream): the few facts that make its state, such as the silences in force."""
+"""Events a service reads from the start of their stream whenever it starts, then follows (the few
+facts that make its state, such as the silences in force): read one stored message at a time
+(`gpumedic_bus.follow`), so no service needs a right to create or delete consumers."""
 
 CONSUMING_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if any(d.service == s for d in DURABLES))
 
@@ -160,6 +162,39 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
 }
 """Which services (or the operator's tools) publish each event. A new event must be added here,
 or `proto` fails."""
+
+_K = IncidentKind
+OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
+    "zombie-detector": (
+        _K.ZOMBIE_JOB, _K.ORPHAN_GPU_HOLDER, _K.GPU_XID, _K.GPU_LOST, _K.CONTAINER_DIED, _K.DISK_PRESSURE,
+        _K.HOST_MEMORY_PRESSURE, _K.NODE_SILENT, _K.NVML_UNAVAILABLE, _K.SSH_UNREACHABLE,
+    ),
+    "leader-health": (
+        _K.NO_LEADER, _K.QUORUM_LOST, _K.SPLIT_BRAIN, _K.LEADER_FLAPPING, _K.PEER_BLOCKED, _K.PEER_DOWN,
+        _K.PEER_PARTITIONED, _K.PEERS_BELOW_TARGET,
+    ),
+    "autoscaler": (
+        _K.CAPACITY_SHORT, _K.CAPACITY_SURPLUS, _K.QUEUE_STALLED, _K.STUCK_SPAWNING, _K.STALE_HEARTBEAT,
+        _K.ORPHANED_TASKS, _K.UNRECORDED_WORKER, _K.VANISHED_WORKER,
+    ),
+}
+"""Which detector opens which incident kind: each kind has exactly one owner. A detector's NATS
+user may write the incident state of its own kinds only, and the remediator's gate refuses an
+action for an incident whose state names another detector than its kind's owner. A detector also
+opens the fleet incident (`fleet_anomaly`) that groups one of its own kinds."""
+
+FLEET_NODE = "fleet"
+"""The node id of fleet incidents (`fleet/fleet_anomaly/node/<kind>`): they are on no one node."""
+
+
+def owner_of(kind: IncidentKind | str, key: str | None = None) -> str | None:
+    """The detector that may open incidents of `kind` (for a fleet incident: the owner of the kind it
+    groups, its `key`); None for a kind no detector owns."""
+    kind = IncidentKind(kind)
+    if kind is IncidentKind.FLEET_ANOMALY:
+        return owner_of(key) if key in {k.value for k in IncidentKind if k is not kind} else None
+    return next((detector for detector, kinds in OPENS.items() if kind in kinds), None)
+
 
 KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
     "zombie-detector": {INCIDENT_STATE.bucket: "write"},
@@ -320,7 +355,8 @@ def _service(service: str) -> Permissions:
             subscribe.append(item.deliver_subject)
     subscribe += [event.subject_filter() for event in LIVE.get(service, ())]
     for stream in sorted({stream_of(event).name for event in REPLAYS.get(service, ())}):
-        publish += _ordered_reader(stream)
+        publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow)
+    subscribe += [event.subject_filter() for event in REPLAYS.get(service, ())]  # woken up by new ones
     answers = [r.subject for r in REQUESTS if r.service == service]
     subscribe += answers
     leases = [service] if service in ONE_ACTIVE else [f"{service}.{loop}" for loop in ONE_INSTANCE_LOOPS.get(service, ())]
@@ -337,13 +373,19 @@ def _service(service: str) -> Permissions:
             f"$JS.API.STREAM.INFO.{stream}",  # also how a detector lists the keys (the stream's subjects)
             f"$JS.API.STREAM.MSG.GET.{stream}",  # reads go to the leader (direct=False)
         ]
-        if access == "write":
+        if access == "write" and bucket == INCIDENT_STATE.bucket:
+            publish += _incident_state_keys(service)
+        elif access == "write":
             publish.append(f"$KV.{bucket}.>")
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), responds=bool(answers))
 
 
-def _ordered_reader(stream: str) -> list[str]:
-    """What an ephemeral ordered consumer on one stream needs (create, look up, delete it, flow
-    control); it delivers to the user's own inbox and can read nothing else."""
-    api = [f"$JS.API.CONSUMER.{verb}.{stream}{tail}" for verb in ("CREATE", "INFO", "DELETE") for tail in ("", ".>")]
-    return [*api, f"$JS.FC.{stream}.>"]
+def _incident_state_keys(detector: str) -> list[str]:
+    """The incident-state keys a detector may write (`<node>.<kind>.<gpu>[.<key>]`, see
+    gpumedic_incidents.store): those of its own kinds, and the fleet incidents that group them."""
+    prefix = f"$KV.{INCIDENT_STATE.bucket}"
+    kinds = [kind.value for kind in OPENS.get(detector, ())]
+    return [
+        *(f"{prefix}.*.{kind}.>" for kind in kinds),
+        *(f"{prefix}.{FLEET_NODE}.{IncidentKind.FLEET_ANOMALY.value}.node.{kind}" for kind in kinds),
+    ]

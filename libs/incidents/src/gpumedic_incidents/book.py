@@ -20,14 +20,12 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from gpumedic_bus.topology import FLEET_NODE
 from gpumedic_events import ActionCompleted, IncidentKind, SilenceAdded, SilenceRemoved
 from gpumedic_incidents import lifecycle
 from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
 from gpumedic_incidents.state import Finding, IncidentState
-
-FLEET_NODE = "fleet"
-"""The node id of fleet incidents (they concern no single node)."""
 
 
 class IncidentBook:

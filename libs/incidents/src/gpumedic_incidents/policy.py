@@ -226,6 +226,9 @@ class Kinds(_Strict):
     unrecorded_worker: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
     vanished_worker: KindPolicy = KindPolicy(ladder=(Step(action="mark_worker_ended", verify_within_s=120),))
 
+    def of(self, kind: IncidentKind | str) -> KindPolicy:
+        return getattr(self, IncidentKind(kind).value)
+
 
 class FleetPolicy(_Strict):
     share: float = Field(default=0.3, gt=0, le=1, description="Share of the nodes seen lately with one kind open.")
@@ -449,7 +452,7 @@ class Policy(_Strict):
     kinds: Kinds = Kinds()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
-        return getattr(self.kinds, IncidentKind(kind).value)
+        return self.kinds.of(kind)
 
     def unconfigured(self) -> dict[str, str]:
         """Kinds whose ladder needs something only the operator knows, and what: until it is set,

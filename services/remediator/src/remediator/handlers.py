@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import Counter, Gauge
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
@@ -146,13 +147,13 @@ class ActionHandler:
             if known is not None:
                 return await self._replay(session, known, delivery)
 
-        why_not = refusal(
-            request,
-            incident=await self._incident(request),
-            gate=self._gate,
-            now=self._now(),
-            stored_at=delivery.stored_at,
-        )
+        try:
+            incident = await self._incident(request)
+        except ValidationError as exc:
+            # Only its detector can write the key, but a state that does not parse is no permission.
+            why_not = f"refused: the state stored under {request.fingerprint} is not an incident state ({_first_error(exc)})"
+        else:
+            why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at)
         return await self.run_gated(request, why_not, delivery.still_working)
 
     async def run_gated(
@@ -460,6 +461,11 @@ def _would_run(request: ActionRequested, gate: Gate) -> str:
         return f"would run: {'; '.join(catalogue.render(request.operation, gate.actions))}"
     except InvalidParameter as exc:
         return f"would refuse: {exc}"
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(map(str, error['loc'])) or 'the document'}: {error['msg']}"[:300]
 
 
 def _clip(text: str) -> str:

@@ -20,9 +20,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from gpumedic_events import ActionRequested, HttpAdmin, RestartUnit, operation_gpu
+from gpumedic_bus.topology import owner_of
+from gpumedic_events import ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, RestartUnit, TerminateWorker, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
-from gpumedic_incidents.policy import Actions, NodeScoped, NodeSelector, selects
+from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
 from remediator.catalogue import InvalidParameter, over_ssh, render
 from remediator.inventory import NodeAddress
 
@@ -62,6 +63,8 @@ class Gate:
     """The remediator's master switch: observe overrides every action's own mode."""
     actions: Actions = field(default_factory=Actions)
     """The policy file's per-operation modes and allow-lists."""
+    kinds: Kinds = field(default_factory=Kinds)
+    """The policy file's kinds: each one's ladder and the thresholds that make its actions safe."""
     protected_nodes: frozenset[NodeSelector] = frozenset()
     """Selectors (a node, group:NAME, label:KEY=VALUE) of the nodes never acted on."""
     max_actions_per_node: int = 3
@@ -124,12 +127,20 @@ def refusal(
         return f"refused: {where} is not open (no open incident has fingerprint {request.fingerprint})"
     if incident.incident_id != request.incident_id:
         return f"refused: {where} is not open (the open incident on {request.fingerprint} is {incident.incident_id})"
+    owner = owner_of(incident.kind, incident.key)
+    if incident.detector != owner:
+        return (
+            f"refused: the state of {where} names {incident.detector} as its detector, but {incident.kind.value} "
+            f"incidents are opened by {owner or 'no detector'} (gpumedic_bus.topology.OPENS)"
+        )
     if incident.detector != request.source:
         return f"refused: {where} was opened by {incident.detector}, not by {request.source}"
     gpu = operation_gpu(request.operation)
     if incident.node_id != request.node_id or (gpu is not None and gpu != incident.gpu_index):
         asked = request.node_id if gpu is None else f"{request.node_id} GPU {gpu}"
         return f"refused: the request is for node {asked}, but {where} is on {_where(incident)}"
+    if incident.fingerprint != request.fingerprint:
+        return f"refused: the state stored under {request.fingerprint} is that of {incident.fingerprint}"
     pending = incident.pending_action
     if incident.phase != "acting" or pending is None:
         return f"refused: {where} is {incident.phase}, not waiting for an action"
@@ -140,10 +151,61 @@ def refusal(
         )
     if operation_digest(request.operation) != pending.operation_sha256:
         return f"refused: the operation differs from the one {incident.detector} decided for {where}"
+    if why := policy_refusal(request, incident, gate):
+        return f"refused: {why}"
     try:
         render(request.operation, gate.actions)
     except InvalidParameter as exc:
         return f"refused: {exc}"
+    return ""
+
+
+def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate) -> str:
+    """Why the policy does not allow this operation for this incident now ('' when it does).
+
+    The request only names a step: which operation the incident's ladder calls for at its current
+    step, and every parameter that makes that operation safe (the kill's GPU state, signal and
+    grace, the unit, the endpoint, the workers), come from the policy file and the incident, so
+    nothing a request (or a state written by its detector) carries can loosen a check."""
+    kind = incident.kind
+    rules = gate.kinds.of(kind)
+    name = request.operation.operation
+    if incident.drained and incident.resolution is not None:
+        expected, rung = "undrain_node", "validation (the incident drained its node)"
+    elif incident.step < len(rules.ladder):
+        expected, rung = rules.ladder[incident.step].action, f"kinds.{kind.value}.ladder step {incident.step + 1}"
+    else:
+        return f"the policy's kinds.{kind.value}.ladder has no step {incident.step + 1}, so no action is due"
+    if name != expected:
+        return f"{rung} is {expected}, not {name}"
+    operation = request.operation
+    if isinstance(operation, KillGpuProcesses):
+        limit = getattr(rules, "idle_util_pct", None)
+        if limit is None:
+            return f"kinds.{kind.value} sets no idle_util_pct, the GPU state a kill is safe in"
+        if operation.max_gpu_utilization_pct is None or operation.max_gpu_utilization_pct > limit:
+            return (
+                f"the kill would run on a GPU up to {operation.max_gpu_utilization_pct}% busy, above the policy's "
+                f"kinds.{kind.value}.idle_util_pct ({limit}%)"
+            )
+        grace = gate.actions.kill_gpu_processes.grace_s
+        if (operation.signal, operation.grace_s) != ("TERM", grace):
+            return (
+                f"the kill asks SIG{operation.signal} with {operation.grace_s:g}s grace; the policy's "
+                f"actions.kill_gpu_processes is SIGTERM with {grace:g}s grace"
+            )
+    elif isinstance(operation, RestartUnit):
+        unit = getattr(rules, "sampler_unit", None) or getattr(rules, "daemon_unit", None)
+        if operation.unit != unit:
+            return f"kinds.{kind.value} restarts {unit or 'no unit'}, not {operation.unit}"
+    elif isinstance(operation, HttpAdmin):
+        endpoint = getattr(rules, "election_endpoint", None)
+        if operation.endpoint != endpoint:
+            return f"kinds.{kind.value} calls the {endpoint or 'no'} endpoint, not {operation.endpoint}"
+    elif isinstance(operation, TerminateWorker) and kind is not IncidentKind.CAPACITY_SURPLUS:
+        # A worker's own incident ends that worker; only the pool's surplus picks which ones.
+        if operation.worker_ids != (incident.node_id,):
+            return f"a {kind.value} incident ends worker {incident.node_id} only, not {', '.join(operation.worker_ids)}"
     return ""
 
 

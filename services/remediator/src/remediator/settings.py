@@ -174,6 +174,7 @@ class Settings(BaseSettings):
         return Gate(
             mode=self.mode,
             actions=policy.actions,
+            kinds=policy.kinds,
             protected_nodes=frozenset(map(NodeSelector, self.protected_nodes)),
             max_actions_per_node=gate.max_actions_per_node,
             node_window_s=gate.node_window_s,
