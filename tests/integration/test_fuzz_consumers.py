@@ -41,6 +41,17 @@ TEXT = HOSTILE | st.text(max_size=80)
 LEAF = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False) | TEXT
 JSON = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
                     max_leaves=12)
+HOSTILE_BODIES = st.sampled_from([
+    b"[" * 100_000 + b"]" * 100_000,  # nesting deeper than any recursive decoder goes
+    b'{"a":' * 5_000 + b"1" + b"}" * 5_000,
+    b'{"event_id": ' + b"9" * 5_000 + b"}",  # more digits than Python's int() takes from text
+    b'{"schema_version": 1' + b"0" * 5_000 + b"}",
+    b'{"reason": "\xff\xfe\xfd", "source": "\xc3\x28"}'.decode("unicode_escape").encode("latin-1"),  # invalid UTF-8
+    b"\xff\xfe\x00\x01".decode("unicode_escape").encode("latin-1"),
+    b'{"summary": "' + b"x" * 600_000 + b'"}',  # larger than an event may be
+    b'"' + b"\\u0000" * 50_000 + b'"',
+])
+"""Bodies that break a decoder rather than a model: each must still end once, dead-lettered."""
 EXAMPLES = int(os.environ.get("GPUMEDIC_FUZZ_EXAMPLES", "3"))
 """Batches per service: a few in `make test`, many in `make fuzz`."""
 TOKEN = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
@@ -69,6 +80,8 @@ def _messages(event_type) -> st.SearchStrategy[tuple[str, bytes]]:
         changed.map(lambda d: json.dumps({k: v for k, v in d.items() if k != "event_id"}).encode()),
         JSON.map(lambda d: json.dumps(d).encode()),
         st.binary(max_size=200),
+        HOSTILE_BODIES,
+        HOSTILE_BODIES,
     )
     token = st.one_of(st.none(), st.none(), st.none(), TOKEN)  # now and then a subject the body does not belong on
     return st.tuples(token, body).map(lambda t: (subject(t[0]), t[1]))
@@ -77,7 +90,7 @@ def _messages(event_type) -> st.SearchStrategy[tuple[str, bytes]]:
 def _decodes(event_type, subject: str, body: bytes) -> bool:
     try:
         event_type.from_json(body, subject=subject)
-    except (EventDecodeError, UnicodeDecodeError, ValueError):
+    except (EventDecodeError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return True
 
@@ -153,3 +166,39 @@ async def _dead_letters(js, service: str, expected: int) -> list[MessageRejected
         return [MessageRejected.from_json((await sub.next_msg(timeout=5)).data) for _ in range(expected)]
     finally:
         await sub.unsubscribe()
+
+
+@pytest.mark.timeout(300)
+def test_every_preflight_request_is_answered_whatever_its_body():
+    """The request-reply subject: a body that decodes nowhere is answered with the error, never left
+    waiting (the asker's timeout is the only other end a request has)."""
+    from gpumedic_events import PREFLIGHT_SUBJECT, PreflightReport
+
+    bodies = st.lists(st.one_of(HOSTILE_BODIES, JSON.map(lambda d: json.dumps(d).encode()), st.binary(max_size=200)), min_size=4, max_size=10)
+
+    async def ask_all(requests: list[bytes]) -> None:
+        with tempfile.TemporaryDirectory(prefix="gpumedic-fuzz-") as tmp:
+            tmp_path = Path(tmp)
+            with NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log") as server:
+                settings = NatsSettings(url=server.url, **TEST_TIMINGS)
+                nc = await nats.connect(server.url)
+                await provision(nc.jetstream(), settings)
+                app = service_app("remediator", settings, tmp_path)
+                task = asyncio.create_task(app.run())
+                try:
+                    await asyncio.wait_for(app.runtime.ready.wait(), 20)
+                    for body in requests:
+                        answer = await nc.request(PREFLIGHT_SUBJECT, body, timeout=10)
+                        report = PreflightReport.model_validate_json(answer.data)
+                        assert not report.ready and report.error, report
+                finally:
+                    app.exit()
+                    await asyncio.wait_for(task, 15)
+                    await nc.close()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(bodies)
+    def run(requests) -> None:
+        asyncio.run(ask_all(requests))
+
+    run()

@@ -185,6 +185,15 @@ def _stored_at(raw) -> datetime | None:
         return None
 
 
+async def undecoded(msg: NatsMessage) -> bytes:
+    """FastStream's decoder for every subscriber here: none. FastStream would parse JSON bodies
+    itself before the handler runs, and a body its parser chokes on (nesting deeper than Python
+    recurses, an integer of more digits than `int()` takes) then fails outside the project's
+    handling: retried with a traceback and dropped, never dead-lettered, a request never answered.
+    The events library decodes each body inside the handling, where every failure has a reason."""
+    return msg.body
+
+
 def subscribe(
     broker: NatsBroker,
     durable: Durable,
@@ -211,6 +220,7 @@ def subscribe(
         pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
         inbox_prefix=f"{inbox_prefix}.".encode(),
         ack_policy=AckPolicy.MANUAL,
+        decoder=undecoded,
         title=f"{service}:{durable.event.__name__}",
         description=(durable.event.__doc__ or "").strip(),
     )

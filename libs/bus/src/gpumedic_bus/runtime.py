@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe
+from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe, undecoded
 from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
@@ -268,7 +268,7 @@ class ServiceRuntime:
         if not any(r.subject == subject and r.service == self.service for r in REQUESTS):
             raise ValueError(f"{self.service} answers no requests on {subject!r} (see gpumedic_bus.topology.REQUESTS)")
 
-        @self.broker.subscriber(subject, queue=self.service, title=f"{self.service}:{subject}")
+        @self.broker.subscriber(subject, queue=self.service, decoder=undecoded, title=f"{self.service}:{subject}")
         async def _on_request(msg: NatsMessage) -> None:
             reply = await handler(msg.body)
             if msg.reply_to:
