@@ -7,6 +7,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.incidents import fmt_time
 from gpumedic.output import table, to_json
+from gpumedic_events.redact import redact
 from gpumedic_events import Operation
 from gpumedic_store import ActionRecord, create_engine, session_factory
 from remediator import repository
@@ -78,7 +79,7 @@ async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) 
         lines += ["", *(f"  ran: {step}" for step in record.steps)]
     elif record.status in ("blocked", "observed"):
         lines += ["", "  nothing ran on the node"]
-    return True, "\n".join(lines)
+    return True, redact("\n".join(lines))
 
 
 async def drained_text(store_url: str, *, node_id: str | None = None, as_json: bool = False) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gpumedic.output import table, to_json
+from gpumedic_events.redact import redact
 from gpumedic_store import create_engine, session_factory
 from report_builder import repository
 
@@ -77,7 +78,7 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
     if spans:
         lines += ["", f"trace {incident.trace_id}:"]
         lines += _trace_tree(spans)
-    return "\n".join(lines)
+    return redact("\n".join(lines))
 
 
 def _trace_tree(spans) -> list[str]:

@@ -2,7 +2,8 @@
 script or `jq`.
 
 One JSON shape everywhere: a store row is an object of its columns, a time is ISO 8601 in UTC, a
-duration is seconds, a list is a JSON array (empty when there is nothing). Tables are plain text
+duration is seconds, a list is a JSON array (empty when there is nothing). Job text (command lines,
+log lines) is masked in both (`gpumedic_events.redact`), however old the row. Tables are plain text
 (no colour, no box), one row a line whatever the terminal's width, so they read well and grep well.
 """
 
@@ -23,6 +24,8 @@ from rich.table import Table
 from sqlalchemy import inspect
 from sqlalchemy.orm import DeclarativeBase
 
+from gpumedic_events.redact import redact, redact_tree
+
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int = 0, right: Sequence[str] = ()) -> str:
     """`rows` under `headers`, columns as wide as their widest cell; the `right` columns aligned right."""
@@ -30,14 +33,16 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int 
     for header in headers:
         grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
     for row in rows:
-        grid.add_row(*("-" if cell is None else str(cell) for cell in row))
+        grid.add_row(*("-" if cell is None else redact(str(cell)) for cell in row))
     out = io.StringIO()
     Console(file=out, width=100_000, no_color=True, highlight=False, emoji=False, markup=False).print(grid)
     return "\n".join(" " * indent + line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2, default=_plain, ensure_ascii=False)
+    """`data` as JSON, with job text masked (rows written before the sampler masked it)."""
+    plain = json.loads(json.dumps(data, default=_plain))
+    return json.dumps(redact_tree(plain), indent=2, ensure_ascii=False)
 
 
 def _plain(value: Any) -> Any:

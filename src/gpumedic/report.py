@@ -33,7 +33,7 @@ from gpumedic_store import create_engine, session_factory
 from gpumedic_store.engine import unreadable
 from gpumedic_store.models import Incident
 from gpumedic_store.settings import mask_url
-from report_builder.notify import redact_tree
+from gpumedic_events.redact import redact_tree
 
 PRIORITIES = {1: "P1 now", 2: "P2 today", 3: "P3 watch", 4: "P4 note"}
 CATEGORY_OF_DETECTOR = {"zombie-detector": "node", "leader-health": "cluster", "autoscaler": "capacity"}

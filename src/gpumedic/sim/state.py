@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -410,13 +410,14 @@ class NodeState:
         self._record(gpu, Fault.OOM_KILL)
         return job
 
-    def inject_segfault(self, gpu: int) -> SimProcess | None:
-        """The job on `gpu` dies of SIGSEGV: a segfault line in the kernel log, exit 139."""
+    def inject_segfault(self, gpu: int, *, logs: Sequence[str] = ()) -> SimProcess | None:
+        """The job on `gpu` dies of SIGSEGV: a segfault line in the kernel log, exit 139; `logs` are
+        what it printed before."""
         job = self._job_on(gpu)
         if job is not None:
             if self.kernel is not None:
                 self.kernel.segfault(job.pid, job.comm)
-            self._end(job, exit_code=139, logs=["Fatal Python error: Segmentation fault"])
+            self._end(job, exit_code=139, logs=[*logs, "Fatal Python error: Segmentation fault"])
         self._record(gpu, Fault.SEGFAULT)
         return job
 

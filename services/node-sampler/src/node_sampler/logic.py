@@ -29,6 +29,7 @@ from gpumedic_events import (
     ProcessOomKilled,
 )
 from gpumedic_events.faults import MAX_LINE
+from gpumedic_events.redact import redact
 from gpumedic_events.xid import XID_CATALOGUE
 
 from node_sampler.procs import ProcessInfo
@@ -333,7 +334,7 @@ def container_event(node_id: str, reading: ContainerExitReading, occurred_at: da
         oom_killed=reading.oom_killed,
         signal=SIGNALS.get(reading.exit_code),
         finished_at=reading.finished_at if reading.finished_at and reading.finished_at.tzinfo else None,
-        last_log_lines=tuple(clean_text(line) for line in reading.last_log_lines[-50:]),
+        last_log_lines=tuple(clean_text(redact(line)) for line in reading.last_log_lines[-50:]),
         engine_signal=_clip(reading.engine_signal, 16) if reading.engine_signal else None,
     )
 
@@ -398,7 +399,7 @@ class _Identity:
         return {
             "pid": pid,
             "start_ticks": info.start_ticks if info.start_ticks is None or info.start_ticks >= 0 else None,
-            "command": _clip(info.command, MAX_COMMAND),
+            "command": _clip(redact(info.command), MAX_COMMAND),  # other people's secrets stay on the node
             "user": _clip(info.user, 64),
             "started_at": info.started_at if age is not None else None,
             "age_s": age,

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import ActionRequested
+from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store.breaker import open_trip
 from gpumedic_store.models import ActionRecord, BreakerTrip, NodeDrain
 from remediator.logic import NOT_FIXES, LedgerView
@@ -46,9 +47,9 @@ async def record(
         incident_id=str(request.incident_id),
         node_id=request.node_id,
         attempt=request.attempt,
-        operation=request.operation.model_dump(mode="json"),
+        operation=redact_tree(request.operation.model_dump(mode="json")),
         requested_by=request.source,
-        reason=request.reason,
+        reason=redact(request.reason),
         status=status,
         detail=detail,
         steps=[],

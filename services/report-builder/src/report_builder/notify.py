@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from typing import Any, Literal
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store import Incident, Notification
 from gpumedic_webhook import DeliveryError, host_of, post_with_retries
 from report_builder import repository
@@ -61,47 +61,6 @@ class Channel:
 
 
 # --- what is sent -----------------------------------------------------------------------------
-
-_SECRET_PARTS = frozenset(
-    {"password", "passwd", "pwd", "pass", "secret", "token", "key", "apikey", "auth", "authorization",
-     "credential", "credentials", "accesskey", "secretkey", "privatekey", "apitoken", "authtoken", "pat"}
-)
-"""Words of a name (split on - _ .) that make its value a secret: `--api-key`, `DB_PASSWORD`, but
-not `--tokenizer-path`."""
-_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]*)(=|\s+)(\S+)")
-_ASSIGN = re.compile(r"\b([A-Za-z][\w.-]*)(\s*[=:]\s*)([^\s,;]+)")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
-_BEARER = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=-]+")
-REDACTED = "***"
-
-
-def _secret_name(name: str) -> bool:
-    return any(part in _SECRET_PARTS for part in re.split(r"[-_.]", name.lower().lstrip("-")))
-
-
-def _hide_value(match: re.Match[str]) -> str:
-    name, sep, value = match.groups()
-    return f"{name}{sep}{REDACTED}" if _secret_name(name) and value != REDACTED else match.group(0)
-
-
-def redact(text: str) -> str:
-    """`text` with what looks like a credential replaced: command lines and logs in evidence
-    carry tokens (`--api-key=...`, `PASSWORD=...`, `https://user:pw@host`) more often than not."""
-    text = _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
-    text = _BEARER.sub(rf"\g<1>{REDACTED}", text)
-    text = _OPTION.sub(_hide_value, text)
-    return _ASSIGN.sub(_hide_value, text)
-
-
-def redact_tree(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {str(k): REDACTED if _secret_name(str(k)) else redact_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_tree(v) for v in value]
-    return value
-
 
 def _evidence(incident: Incident) -> dict[str, Any]:
     evidence = redact_tree(incident.evidence or {})

@@ -29,6 +29,7 @@ from gpumedic_events import (
     SilenceRemoved,
     SpanRecord,
 )
+from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store import (
     INCIDENT_STATUSES,
     ActionRecord,
@@ -69,8 +70,8 @@ async def record_event(session: AsyncSession, *, event: RecordedEvent, subject: 
         "event_type": type(event).__name__,
         "subject": subject,
         "source": event.source,
-        "summary": _summary(event),
-        "payload": event.model_dump(mode="json"),
+        "summary": redact(_summary(event)),
+        "payload": redact_tree(event.model_dump(mode="json")),  # job text as the sampler masked it, masked again
         "trace_id": trace_id,
     }
     # ON CONFLICT DO NOTHING rather than look-then-insert: two replicas handling a redelivered
@@ -88,7 +89,7 @@ async def record_event(session: AsyncSession, *, event: RecordedEvent, subject: 
     elif isinstance(event, IncidentUpdated):
         if incident is not None:
             incident.occurrences = max(incident.occurrences, event.occurrences)
-            incident.evidence = {**incident.evidence, **event.evidence}
+            incident.evidence = {**incident.evidence, **redact_tree(event.evidence)}
             incident.related_incident_id = str(event.related_incident_id) if event.related_incident_id else incident.related_incident_id
     elif isinstance(event, IncidentResolved | IncidentEscalated):
         incident = _closed(incident, event, trace_id)
@@ -271,14 +272,14 @@ def _opened(incident: Incident | None, event: IncidentOpened, trace_id: str | No
         incident = _new_incident(event, trace_id, fingerprint=event.fingerprint, status="open", summary="", evidence={})
     # When the incident's end arrived first, this fills in what only the opening knows and leaves it closed.
     incident.fingerprint = event.fingerprint
-    incident.summary = event.summary
-    incident.evidence = dict(event.evidence)
+    incident.summary = redact(event.summary)
+    incident.evidence = redact_tree(event.evidence)
     incident.opened_at = min(incident.opened_at, event.occurred_at)
     incident.trace_id = incident.trace_id or trace_id
     incident.detector = event.source
     incident.severity = event.severity
-    incident.diagnosis = event.diagnosis.model_dump(mode="json") if event.diagnosis else None
-    incident.recommended_action = event.recommended_action
+    incident.diagnosis = redact_tree(event.diagnosis.model_dump(mode="json")) if event.diagnosis else None
+    incident.recommended_action = redact(event.recommended_action)
     incident.related_incident_id = str(event.related_incident_id) if event.related_incident_id else None
     incident.silence_id = str(event.silence_id) if event.silence_id else None
     return incident

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
+from gpumedic_events.redact import redact
 from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short, validate_gpu_index
 
 MIN_PID = 2
@@ -207,12 +208,14 @@ class _KillRun:
                 f"(the pid was recycled; now {stat.comm!r})"
             )
             return False
-        expected = target.command.strip()
+        # The sampler reports command lines with the job's secrets masked; the node's is masked the
+        # same way (masking is idempotent) before the two are compared, and before it is shown.
+        expected = redact(target.command.strip())
         result = await self._node.run(cmdline_command(pid))
         if result.exit_status != 0:
             self._gone.append(pid)  # it exited between the two reads
             return False
-        actual = parse_cmdline(result.stdout)
+        actual = redact(parse_cmdline(result.stdout))
         if actual != expected:
             self._problems.append(f"refused {pid}: command line {short(actual)} != expected {short(expected)}")
             return False

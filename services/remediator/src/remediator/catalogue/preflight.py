@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpumedic_events import GpuReadiness, ProcessTarget
+from gpumedic_events.redact import redact
 from gpumedic_incidents.policy import PreflightPolicy
 from remediator.catalogue.base import Node, said
 from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, parse_pids
@@ -135,7 +136,7 @@ async def identify(node: Node, pids: list[int]) -> list[ProcessTarget]:
         parsed, command = parse_stat(stat.stdout), parse_cmdline(cmdline.stdout)
         if parsed.state == "Z" or not command:  # a zombie holds nothing; no command line: a kernel thread
             continue
-        targets.append(ProcessTarget(pid=pid, start_ticks=parsed.start_ticks, command=command))
+        targets.append(ProcessTarget(pid=pid, start_ticks=parsed.start_ticks, command=redact(command)))
     return targets
 
 

@@ -28,10 +28,12 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
+import markupsafe
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_events import Event, IncidentKind, NodeSampled, SilenceAdded, SilenceRemoved
+from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
 from report_builder import clusterlog, repository
 from report_builder.console import views
@@ -103,6 +105,7 @@ class Console:
         """The open /live streams: ended first at stop, or the server would wait for them."""
         self._templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
+            finalize=_masked,
         )
         self._templates.filters["when"] = _when
         self._templates.filters["ago"] = _ago
@@ -507,3 +510,11 @@ def _ago(value: datetime | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit} ago"
     return f"{max(seconds, 0):.0f}s ago"
+
+
+def _masked(value: object) -> object:
+    """Every value a page shows passes here (jinja2's finalize): job text is masked however old the
+    row it comes from (gpumedic_events.redact)."""
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(redact(str(value)))
+    return redact(value) if isinstance(value, str) else value
