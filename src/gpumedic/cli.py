@@ -413,6 +413,30 @@ def cmd_breaker(args) -> int:
     return 0
 
 
+def cmd_dead_letters(args) -> int:
+    """What the services refused, from the dead-letter stream (as the NATS admin); replay chosen ones."""
+    from gpumedic import deadletters, silences
+    from gpumedic_bus.topology import ADMIN
+
+    try:
+        settings = silences.operator_settings(args.var, ADMIN)
+        if args.action == "list":
+            print(asyncio.run(deadletters.list_text(settings, service=args.service, limit=args.limit, as_json=args.json)))
+            return 0
+        if not args.seq:
+            print("gpumedic dead-letters: name the dead letters to replay by their SEQ (see `gpumedic dead-letters list`)", file=sys.stderr)
+            return 2
+        ok, lines = asyncio.run(deadletters.replay(settings, list(args.seq)))
+    except silences.OperatorError as exc:
+        print(f"gpumedic dead-letters: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError, RuntimeError) as exc:
+        print(f"gpumedic dead-letters: cannot reach the bus: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 def cmd_policy(args) -> int:
     """Check a policy file before a service refuses to start on it, or show the one in force."""
     from gpumedic_incidents import PolicyError, PolicySettings, load_policy
@@ -682,6 +706,19 @@ _command(
     "breaker", cmd_breaker, "show or reset the remediator's fleet circuit breaker",
     click.argument("action", type=click.Choice(["status", "reset"]), default="status", required=False),
     _by(what="who resets it (kept in the audit log)"), _store(), _json(),
+)
+_command(
+    "dead-letters", cmd_dead_letters, "list what the services refused, and why; replay chosen ones once the cause is fixed",
+    click.argument("action", type=click.Choice(["list", "replay"]), default="list", required=False),
+    click.argument("seq", type=click.IntRange(min=1), nargs=-1),
+    click.option("--service", type=click.Choice(list(SERVICES)), help="only what this service refused"),
+    click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="newest first, at most this many"),
+    _var(), _json(),
+    description="Every message a service could not process (it did not decode, or its handler kept failing) is kept in "
+    "the dead-letter stream with the reason and its payload. `replay SEQ...` publishes chosen ones to their subject again "
+    "(each at most once); every consumer of that subject takes it as a redelivery. A payload that was cut at 64 KiB or "
+    "was not valid text is never replayed. Reads and publishes as the NATS admin. Exit 0: done; 1: some not replayed; "
+    "2: the bus could not be reached.",
 )
 _command(
     "policy", cmd_policy, "check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",

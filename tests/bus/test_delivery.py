@@ -90,6 +90,49 @@ async def test_a_handler_that_keeps_failing_ends_in_the_dead_letter_stream(nats_
     assert ActionRequested.from_json(record.payload.encode()) == request  # kept whole, can be replayed
 
 
+class _Down(RuntimeError):
+    """What a handler raises while a dependency it needs (the store) is down."""
+
+
+async def test_while_a_dependency_is_down_a_message_waits_and_nothing_new_is_taken_then_each_lands_once(nats_settings, js):
+    """Longer than the consumer's AckWait (2 s here) and its deliveries (3) allow: the message is
+    kept in progress and tried again, neither redelivered nor dead-lettered, and the consumer takes
+    no other message until it went through."""
+    first, second = _request(), _request()
+    runtime = ServiceRuntime("remediator", nats_settings)
+    down_until = time.monotonic() + 7.0
+    tries: dict = {}
+    done: list = []
+
+    async def needs_the_store(event: ActionRequested, delivery) -> None:
+        tries[event.action_id] = tries.get(event.action_id, 0) + 1
+        assert delivery.deliveries == 1  # never redelivered meanwhile
+        if time.monotonic() < down_until:
+            raise _Down("incident store at postgresql://127.0.0.1/gpumedic is unavailable: connection refused")
+        done.append(event.action_id)
+
+    runtime.consume("remediator-actions", needs_the_store, batch_size=1, waits_on=(_Down,))
+    app, task = await _run(runtime)
+    try:
+        await publish_event(runtime.broker, first, msg_id=str(first.action_id))
+        await publish_event(runtime.broker, second, msg_id=str(second.action_id))
+        await asyncio.sleep(3.0)
+        assert list(tries) == [first.action_id]  # the second waits in JetStream, untaken
+        assert runtime.metrics.waiting._value.get() == 1
+        for _ in range(200):
+            if len(done) == 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        app.exit()
+        await task
+    assert done == [first.action_id, second.action_id]
+    assert tries[first.action_id] > 2 and tries[second.action_id] == 1
+    assert runtime.metrics.rejected() == 0 and runtime.metrics.waiting._value.get() == 0
+    info = await js.stream_info(DEAD_LETTERS.name, subjects_filter=MessageRejected.subject_for("remediator"))
+    assert not info.state.messages
+
+
 async def test_a_command_published_twice_with_its_id_is_stored_once(nats_settings, js):
     request = _request()
     runtime = ServiceRuntime("zombie-detector", nats_settings)

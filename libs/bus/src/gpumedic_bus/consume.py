@@ -39,6 +39,9 @@ E = TypeVar("E", bound=Event)
 
 RETRY_BACKOFF_S = (1.0, 5.0, 15.0, 30.0, 60.0)
 """Delay before redelivery after the n-th failed attempt (the last value repeats)."""
+WAIT_AT_MOST_S = 5.0
+"""While a dependency is down, a waiting message is tried again this often (or at a third of the
+consumer's AckWait, if that is shorter), telling JetStream each time that it is still being worked on."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class EventConsumer(Generic[E]):
         *,
         service: str,
         metrics: ServiceMetrics,
+        waits_on: tuple[type[BaseException], ...] = (),
     ) -> None:
         self._broker = broker
         self.durable = durable
@@ -94,8 +98,12 @@ class EventConsumer(Generic[E]):
         self._handler = handler
         self._service = service
         self._counts = _Counts(metrics, durable.event.__name__)
+        self._waits_on = waits_on
+        self._waiting = metrics.waiting
         self.max_deliver = 1
         """Deliveries this service acts on; set from the provisioned consumer when the service binds."""
+        self.ack_wait_s = 30.0
+        """The provisioned consumer's AckWait; set when the service binds."""
 
     async def process(self, msg: NatsMessage) -> None:
         raw = msg.raw_message
@@ -110,7 +118,7 @@ class EventConsumer(Generic[E]):
             return
         started = time.perf_counter()
         try:
-            await self._handler(event, Delivery(subject, headers, deliveries, msg, _stored_at(raw)))
+            await self._handle_waiting(event, Delivery(subject, headers, deliveries, msg, _stored_at(raw)))
         except Exception as exc:
             self._counts.took(time.perf_counter() - started)
             if deliveries >= self.max_deliver:
@@ -129,6 +137,30 @@ class EventConsumer(Generic[E]):
         self._counts.took(time.perf_counter() - started)
         await msg.ack()
         self._counts.ok()
+
+    async def _handle_waiting(self, event: E, delivery: Delivery) -> None:
+        """The handler, tried again for as long as what it raises says a dependency is down (the
+        store): the message is not at fault, so it is neither counted as a failed delivery nor
+        dead-lettered. It stays in progress, and since the consumer fetches its next batch only
+        once this batch is done, the service takes nothing new meanwhile; JetStream keeps it."""
+        every_s = min(WAIT_AT_MOST_S, self.ack_wait_s / 3)
+        waited = False
+        try:
+            while True:
+                try:
+                    return await self._handler(event, delivery)
+                except self._waits_on as exc:
+                    if not waited:
+                        log.warning("%s: %s; %s waits until it is back, and nothing new is taken meanwhile",
+                                    self._service, exc, delivery.subject)
+                        self._waiting.inc()
+                        waited = True
+                await delivery.still_working()
+                await asyncio.sleep(every_s)
+        finally:
+            if waited:
+                self._waiting.dec()
+                log.info("%s: %s went on after waiting", self._service, delivery.subject)
 
     async def _dead_letter(self, msg: NatsMessage, reason: str, deliveries: int, *, cause: str) -> None:
         raw = msg.raw_message
@@ -203,6 +235,7 @@ def subscribe(
     metrics: ServiceMetrics,
     inbox_prefix: str,
     batch_size: int = 16,
+    waits_on: tuple[type[BaseException], ...] = (),
 ) -> EventConsumer[E]:
     """Attach `handler` to a provisioned durable pull consumer.
 
@@ -210,8 +243,10 @@ def subscribe(
     the next fetch waits until the whole batch is done, so `batch_size` bounds how many messages
     this instance handles at once. Instances sharing the durable split the work. Fetched
     messages come back on the user's own `inbox_prefix` (FastStream does not take the connection's).
+    What `waits_on` lists, raised by the handler, means a dependency is down: the message waits
+    (see `EventConsumer._handle_waiting`).
     """
-    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, metrics=metrics)
+    consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, metrics=metrics, waits_on=waits_on)
 
     @broker.subscriber(
         durable.event.subject_filter(),

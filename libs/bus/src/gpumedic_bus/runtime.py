@@ -192,10 +192,13 @@ class ServiceRuntime:
         open a KV bucket). A hook the bus fails (see BUS_AWAY) is run again, so it must be repeatable."""
         self._startup.append(hook)
 
-    def consume(self, durable: str, handler: Handler, *, batch_size: int = 16) -> EventConsumer:
+    def consume(
+        self, durable: str, handler: Handler, *, batch_size: int = 16, waits_on: tuple[type[BaseException], ...] = ()
+    ) -> EventConsumer:
         """Handle every event of one of this service's provisioned durable pull consumers.
 
-        At most `batch_size` messages are handled at once (see `gpumedic_bus.consume.subscribe`).
+        At most `batch_size` messages are handled at once; a handler that raises one of `waits_on`
+        (the store is down) waits instead of failing (see `gpumedic_bus.consume.subscribe`).
         """
         consumer = subscribe(
             self.broker,
@@ -205,6 +208,7 @@ class ServiceRuntime:
             metrics=self.metrics,
             inbox_prefix=self.nats.inbox_prefix,
             batch_size=batch_size,
+            waits_on=waits_on,
         )
         self._consumers.append(consumer)
         return consumer
@@ -363,6 +367,7 @@ class ServiceRuntime:
             if isinstance(consumer, EventConsumer):
                 # The server redelivers up to max_deliver; we act on all but the last and dead-letter it.
                 consumer.max_deliver = max(1, (info.config.max_deliver or 2) - 1)
+                consumer.ack_wait_s = info.config.ack_wait or consumer.ack_wait_s
 
     async def _provisioned(self, js, item):
         try:

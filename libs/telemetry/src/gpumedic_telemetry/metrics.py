@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -54,6 +54,10 @@ class ServiceMetrics:
         self.handling = Histogram(
             "gpumedic_event_handling_seconds", "Seconds a handler took for one event, by event type.",
             ["event"], buckets=HANDLING_BUCKETS, registry=self.registry,
+        )
+        self.waiting = Gauge(
+            "gpumedic_events_waiting", "Events held while a dependency their handler needs (the store) is down: "
+            "neither failed nor dead-lettered, handled once it is back.", registry=self.registry,
         )
         self.port: int | None = None
         self._server: WSGIServer | None = None

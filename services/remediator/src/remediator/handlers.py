@@ -50,7 +50,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_providers.base import Provider
-from gpumedic_store import TaskDatabase, breaker
+from gpumedic_store import StoreUnavailable, TaskDatabase, breaker
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
@@ -437,7 +437,8 @@ def register(
         provider=settings.provider_client(), task_db=settings.task_db(),
     )
     # The consumer's batch is how many requests this instance handles at once.
-    consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions)
+    # While the store (the ledger) is down, requests wait in JetStream: none runs unrecorded, none is dead-lettered.
+    consumer = runtime.consume(DURABLE, handler.handle, batch_size=settings.max_concurrent_actions, waits_on=(StoreUnavailable,))
 
     async def watch_breaker() -> None:
         """A reset (`gpumedic breaker reset`) or a trip by another instance shows without a request."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from faststream import FastStream
@@ -19,7 +20,7 @@ from gpumedic_events import (
     SilenceAdded,
     SilenceRemoved,
 )
-from gpumedic_store import create_engine, session_factory
+from gpumedic_store import StoreUnavailable, create_engine, session_factory
 from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
 from report_builder.notify import Notifier
@@ -47,13 +48,15 @@ def create_app(settings: Settings | None = None) -> FastStream:
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
         changed=console.changes.bump if console else None,
     )
+    # While the store is down its events wait in JetStream, none is dead-lettered for it.
+    stored = functools.partial(runtime.consume, waits_on=(StoreUnavailable,))
     for event_type in RECORDED:
-        runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
-    runtime.consume("report-builder-spans", handlers.on_spans)
-    runtime.consume("report-builder-ClusterChecked", handlers.on_cluster_checked)
-    runtime.consume("report-builder-CapacityEvaluated", handlers.on_capacity_evaluated)
+        stored(f"report-builder-{event_type.__name__}", handlers.on_incident_or_action)
+    stored("report-builder-spans", handlers.on_spans)
+    stored("report-builder-ClusterChecked", handlers.on_cluster_checked)
+    stored("report-builder-CapacityEvaluated", handlers.on_capacity_evaluated)
     for event_type in (SilenceAdded, SilenceRemoved):
-        runtime.consume(f"report-builder-{event_type.__name__}", handlers.on_silence)
+        stored(f"report-builder-{event_type.__name__}", handlers.on_silence)
     if channels:
         notifier = Notifier(
             sessions, channels, console_url=settings.console_url, give_up_s=settings.notify_give_up_s,
