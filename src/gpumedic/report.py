@@ -5,8 +5,9 @@ known_hosts covering every node of the inventory; the bus and the store reachabl
 fleet's state from the store (open and escalated incidents, drained nodes, the breaker), and ends
 with recommendations, most urgent first:
 
-- P1, now: the breaker is open; the store or the bus is down; a critical incident went to a person;
-  a fleet-wide incident (it holds every node action until a person looks).
+- P1, now: the breaker is open; the store or the bus is down; a service lost a durable consumer (it
+  receives nothing of it, as its heartbeat says); a critical incident went to a person; a
+  fleet-wide incident (it holds every node action until a person looks).
 - P2, today: any other incident that went to a person; a critical incident gpumedic is still
   fixing; a configuration that stops gpumedic from acting (key, known_hosts, inventory).
 - P3, watch: a warning incident gpumedic is fixing; an escalated info one.
@@ -19,6 +20,7 @@ unless `--show-secrets` is given.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import os
@@ -188,6 +190,41 @@ async def _check_bus(sources: Sources, checks: list[Check]) -> None:
         checks.append(Check("bus", "fail", str(exc)))
         return
     checks.append(Check("bus", "ok", f"NATS at {', '.join(settings.servers)} answers"))
+    checks.append(await _check_consumers(settings))
+
+
+async def _check_consumers(settings) -> Check:
+    """Every service that runs says in its heartbeat which of its durable consumers are gone (it
+    receives nothing of them): listened to for one heartbeat interval and a little more."""
+    from gpumedic_bus import connect
+    from gpumedic_bus.runtime import HEARTBEAT_EVERY_S
+    from gpumedic_events import EventDecodeError, ServiceHeartbeat
+
+    beats: dict[str, ServiceHeartbeat] = {}
+
+    async def on_beat(msg) -> None:
+        try:
+            beat = ServiceHeartbeat.from_json(msg.data, subject=msg.subject)
+        except EventDecodeError:
+            return
+        beats[str(beat.instance_id)] = beat
+
+    try:
+        nc = await connect(settings, "gpumedic-report", allow_reconnect=False, max_reconnect_attempts=0)
+    except Exception as exc:  # answered a moment ago; say it rather than fail the report
+        return Check("consumers", "warn", f"heartbeats not read: {exc}")
+    try:
+        await nc.subscribe(ServiceHeartbeat.subject_filter(), cb=on_beat)
+        await asyncio.sleep(HEARTBEAT_EVERY_S + 1.0)
+    finally:
+        await nc.close()
+    blind = sorted({(b.service, name) for b in beats.values() for name in b.consumers_missing})
+    if blind:
+        gone = ", ".join(f"{name} ({service})" for service, name in blind)
+        return Check("consumers", "fail", f"consumers gone, their services receive nothing of them: {gone}; run `gpumedic provision`")
+    if not beats:
+        return Check("consumers", "warn", "no service's heartbeat in the last few seconds: is the stack running?")
+    return Check("consumers", "ok", f"every durable consumer of {len({b.service for b in beats.values()})} running services is there")
 
 
 # --- the fleet's problems ---------------------------------------------------------------------
@@ -213,7 +250,7 @@ def _recommend(report: Report, rows: list[Incident], trip, hide: Callable) -> li
                                   "check the fleet, then `gpumedic breaker reset --by NAME`; no action runs until then"))
     for check in report.checks:
         if check.status == "fail":
-            urgent = check.name in ("store", "bus")
+            urgent = check.name in ("store", "bus", "consumers")
             out.append(Recommendation(1 if urgent else 2, "config", f"{check.name}: {check.detail}",
                                       "fix it: gpumedic " + ("cannot record or decide" if urgent else "cannot act on the nodes") + " until then"))
     for row in rows:

@@ -28,7 +28,7 @@ from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.provision import wait_for_jetstream
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
-from gpumedic_events import ServiceHeartbeat
+from gpumedic_events import NodeSampled, ServiceHeartbeat
 
 SERVICES: dict[str, str] = {
     "node-sampler": "node_sampler",
@@ -296,20 +296,30 @@ class Stack:
         self.say(f"  {name} exited with {code}; restarted it{where} (restart {restart.attempts})")
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Wait for every started service's first `ready` heartbeat, showing which are up."""
+        """Wait for every started service's first `ready` heartbeat (node-sampler's: its first
+        sample, since its node's login speaks only for its node), showing which are up."""
         nc = await self.connect(OBSERVER)
         ready: set[str] = set()
         arrived = asyncio.Event()
 
+        def _up(service: str) -> None:
+            if service in self.processes and service not in ready:
+                ready.add(service)
+                self.say(f"  ready: {service} ({len(ready)}/{len(self.processes)})")
+                arrived.set()
+
         async def _on_heartbeat(msg) -> None:
             with contextlib.suppress(Exception):
                 beat = ServiceHeartbeat.from_json(msg.data, subject=msg.subject)
-                if beat.state == "ready" and beat.service in self.processes and beat.service not in ready:
-                    ready.add(beat.service)
-                    self.say(f"  ready: {beat.service} ({len(ready)}/{len(self.processes)})")
-                    arrived.set()
+                if beat.state == "ready":
+                    _up(beat.service)
+
+        async def _on_sample(_msg) -> None:
+            _up("node-sampler")
 
         await nc.subscribe(ServiceHeartbeat.subject_filter(), cb=_on_heartbeat)
+        if "node-sampler" in self.processes:
+            await nc.subscribe(NodeSampled.subject_for(sampler_node_id(self.env)), cb=_on_sample)
         deadline = time.monotonic() + timeout_s
         try:
             while len(ready) < len(self.processes):

@@ -234,3 +234,47 @@ async def test_an_empty_fetch_times_out_with_the_documented_error_the_consumers_
             continue
         assert got == []
     await js.delete_consumer("GPUMEDIC_CONTROL", "compat-probe")
+
+
+async def test_a_durable_that_goes_missing_is_said_in_one_line_its_metric_and_its_heartbeat(nats_settings, js, monkeypatch, caplog):
+    """What an intruder with another login could do before the consumer rights were pinned, and
+    what a lost server's data still can: a service that receives nothing must say so."""
+    import gpumedic_bus.runtime as runtime_module
+    from gpumedic_events import ServiceHeartbeat
+
+    monkeypatch.setattr(runtime_module, "CONSUMER_CHECK_EVERY_S", 0.2)
+    monkeypatch.setattr(runtime_module, "HEARTBEAT_EVERY_S", 0.2)
+    runtime = ServiceRuntime("remediator", nats_settings)
+
+    async def never(event, delivery) -> None:
+        raise AssertionError("nothing is published here")
+
+    runtime.consume("remediator-actions", never)
+    beats: list[ServiceHeartbeat] = []
+
+    async def on_beat(msg) -> None:
+        beats.append(ServiceHeartbeat.from_json(msg.data, subject=msg.subject))
+
+    sub = await js._nc.subscribe(ServiceHeartbeat.subject_for("remediator"), cb=on_beat)
+    app, task = await _run(runtime)
+    try:
+        await js.delete_consumer(ACTIONS.name, "remediator-actions")
+        for _ in range(100):
+            if beats and beats[-1].consumers_missing:
+                break
+            await asyncio.sleep(0.05)
+        assert beats[-1].consumers_missing == ("remediator-actions",)
+        said = [r.getMessage() for r in caplog.records if "is gone" in r.getMessage()]
+        assert len(said) == 1 and "consumer remediator-actions on stream GPUMEDIC_ACTIONS is gone: this service receives no " \
+                                  "ActionRequested" in said[0] and "gpumedic provision" in said[0]
+        assert runtime.consumers_missing == {"remediator-actions"}
+        await provision(js, nats_settings)
+        for _ in range(100):
+            if not runtime.consumers_missing:
+                break
+            await asyncio.sleep(0.05)
+        assert not runtime.consumers_missing
+    finally:
+        await sub.unsubscribe()
+        app.exit()
+        await task

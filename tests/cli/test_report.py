@@ -4,6 +4,7 @@ missing from known_hosts; secrets stay masked."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
@@ -98,3 +99,20 @@ async def test_checks_name_a_weak_key_and_the_nodes_known_hosts_lacks_and_secret
     assert "sk-live-123" in render(shown, "json")
     only = await build_report(Sources(store, inventory, known, key), node="gpu-node-07")
     assert {p["node_id"] for p in only.problems} == {"gpu-node-07"}
+
+
+async def test_a_service_that_lost_a_consumer_is_a_p1_read_from_its_heartbeat(nats_settings, js):
+    from gpumedic.report import Report, _check_consumers, _recommend
+    from gpumedic_events import ServiceHeartbeat
+
+    checking = asyncio.create_task(_check_consumers(nats_settings))
+    beat = ServiceHeartbeat(source="report-builder", service="report-builder", instance_id=uuid.uuid4(), state="ready",
+                            consumers_missing=("report-builder-SilenceAdded",))
+    while not checking.done():
+        await js._nc.publish(beat.subject, beat.to_json())
+        await asyncio.sleep(0.5)
+    check = checking.result()
+    assert check.status == "fail" and "report-builder-SilenceAdded (report-builder)" in check.detail
+    report = Report(generated_at=datetime.now(UTC), store="x", checks=[check])
+    [first] = _recommend(report, [], None, lambda v: v)
+    assert first.priority == 1 and "gpumedic provision" in first.issue

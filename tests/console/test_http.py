@@ -283,3 +283,20 @@ async def test_a_port_in_use_stops_the_start_with_what_to_do(store, console):
     second = Console(store, ConsoleConfig(port=port), publish=lambda e: None)
     with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}.*GPUMEDIC_REPORTS_CONSOLE_PORT"):
         await second.start()
+
+
+async def test_a_service_that_lost_a_consumer_shows_as_a_banner_on_every_page_until_it_is_back(console, browser):
+    from gpumedic_events import ServiceHeartbeat
+
+    beat = ServiceHeartbeat(source="zombie-detector", service="zombie-detector", instance_id=uuid.uuid4(), state="ready",
+                            consumers_missing=("zombie-detector-GpuXidReported",))
+    await console.on_heartbeat(beat)
+    for path in ("/", "/incidents", "/ledger"):
+        page = await browser.client.get(path)
+        assert "zombie-detector receives nothing of zombie-detector-GpuXidReported" in page.text, path
+        assert "gpumedic provision" in page.text
+    await console.on_heartbeat(beat.model_copy(update={"consumers_missing": (), "event_id": uuid.uuid4()}))
+    assert "receives nothing" not in (await browser.client.get("/")).text
+    stale = beat.model_copy(update={"occurred_at": datetime.now(UTC) - timedelta(minutes=5)})
+    await console.on_heartbeat(stale)  # an old heartbeat says nothing about now
+    assert "receives nothing" not in (await browser.client.get("/")).text

@@ -35,7 +35,7 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
-from gpumedic_bus.topology import LIVE, ONE_ACTIVE, ONE_INSTANCE_LOOPS, REPLAYS, REQUESTS
+from gpumedic_bus.topology import LIVE, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
@@ -179,6 +179,8 @@ class ServiceRuntime:
         self._push_consumers: list[PushConsumer] = []
         self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
         self._followers: list[StreamFollower] = []
+        self.consumers_missing: set[str] = set()
+        """Durable consumers of this service found gone (`_watch_consumers`)."""
         self._live: list[tuple[type[Event], EventHandler]] = []
         self._live_subs: list = []
         self.lease: Lease | None = None
@@ -396,6 +398,11 @@ class ServiceRuntime:
         if self._metrics_port is None or self.metrics.port is not None:
             return
         self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
+        durables = [c.durable.name for c in (*self._consumers, *self._push_consumers)]
+        if durables:
+            self.metrics.gauge("gpumedic_consumer_missing", "1 for a durable consumer of this service found gone: it receives "
+                               "nothing of it until `gpumedic provision` makes it again.", ["consumer"],
+                               lambda: [((name,), 1.0 if name in self.consumers_missing else 0.0) for name in durables])
         if self.service in ONE_ACTIVE:
             self.metrics.gauge("gpumedic_active", "1 while this instance is its service's active one, 0 on standby.", [],
                                lambda: [((), 1.0 if self.lease is not None and self.lease.held else 0.0)])
@@ -437,7 +444,10 @@ class ServiceRuntime:
             await self._patiently(f"binding {consumer.durable.name}", consumer.start, deadline)
         for event_type, handler in self._live:
             await self._follow(event_type, handler)
-        self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
+        if self.service in PRODUCERS[ServiceHeartbeat]:
+            self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
+        if self._consumers or self._push_consumers:
+            self._tasks.append(asyncio.create_task(self._watch_consumers(), name=f"{self.service}-consumers"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
         for loop in self._loops:
@@ -476,8 +486,9 @@ class ServiceRuntime:
         self._tasks.clear()
         if self.lease is not None:
             await self.lease.release()  # a standby takes over now, not a TTL later
-        with contextlib.suppress(Exception):
-            await publish_event(self.broker, self._heartbeat_event("stopping"))
+        if self.service in PRODUCERS[ServiceHeartbeat]:
+            with contextlib.suppress(Exception):
+                await publish_event(self.broker, self._heartbeat_event("stopping"))
 
     async def _stopped(self) -> None:
         self.metrics.stop()
@@ -488,7 +499,33 @@ class ServiceRuntime:
         self.tracer_provider.shutdown()
 
     def _heartbeat_event(self, state: str) -> ServiceHeartbeat:
-        return ServiceHeartbeat(source=self.service, service=self.service, instance_id=self.instance_id, state=state)
+        return ServiceHeartbeat(
+            source=self.service, service=self.service, instance_id=self.instance_id, state=state,
+            consumers_missing=tuple(sorted(self.consumers_missing)),
+        )
+
+    async def _watch_consumers(self) -> None:
+        """Look up this service's durable consumers every CONSUMER_CHECK_EVERY_S: one that is gone
+        (deleted by hand, or lost with a server's data) means the service silently receives nothing
+        of it. It says so in one line, in `gpumedic_consumer_missing` and in its heartbeat (which
+        `gpumedic report` and the console read), and once more when it is back."""
+        js = self.broker.connection.jetstream()
+        while True:
+            await asyncio.sleep(CONSUMER_CHECK_EVERY_S)
+            for item in [c.durable for c in (*self._consumers, *self._push_consumers)]:
+                try:
+                    await js.consumer_info(item.stream, item.name, timeout=2)
+                except NotFoundError:
+                    if item.name not in self.consumers_missing:
+                        self.consumers_missing.add(item.name)
+                        log.error("%s: consumer %s on stream %s is gone: this service receives no %s until it is made again "
+                                  "(run `gpumedic provision` as the NATS admin)", self.service, item.name, item.stream, item.event.__name__)
+                except Exception as exc:  # the bus away: no verdict this round
+                    log.debug("%s: consumer %s not looked up: %s", self.service, item.name, nats_reason(exc))
+                else:
+                    if item.name in self.consumers_missing:
+                        self.consumers_missing.discard(item.name)
+                        log.warning("%s: consumer %s on stream %s is back", self.service, item.name, item.stream)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -504,6 +541,8 @@ class ServiceRuntime:
         await publish_event(self.broker, event)
 
 
+CONSUMER_CHECK_EVERY_S = 30.0
+"""How often a service looks up its durable consumers: a lost one is noticed within a minute."""
 START_WITHIN_S = 60.0
 """How long a starting service tries a step again that the bus does not answer, before it gives up
 (and exits, for its supervisor to start it again)."""

@@ -116,9 +116,10 @@ DURABLES: tuple[Durable, ...] = (
 )
 
 LIVE: Mapping[str, tuple[type[Event], ...]] = {
-    # The console's fleet page: each node's latest sample, in memory. Every report-builder
-    # instance serves a console, so each reads every sample.
-    "report-builder": (NodeSampled,),
+    # The console's fleet page: each node's latest sample, in memory; its banner: a service that
+    # lost a consumer, from its heartbeat. Every report-builder instance serves a console, so each
+    # reads every sample and heartbeat.
+    "report-builder": (NodeSampled, ServiceHeartbeat),
 }
 """Events a service reads live, as plain NATS subscribers: every instance gets every message as it
 is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
@@ -151,7 +152,9 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     IncidentEscalated: DETECTORS,
     ActionRequested: DETECTORS,
     ActionCompleted: ("remediator",),
-    ServiceHeartbeat: SERVICES,
+    # A node-sampler's liveness is its own node's samples (node_silent), on its own subject: a node's
+    # login may not speak for the others on one shared heartbeat subject.
+    ServiceHeartbeat: tuple(s for s in SERVICES if s != "node-sampler"),
     ClusterChecked: ("leader-health",),
     CapacityEvaluated: ("autoscaler",),
     MessageRejected: CONSUMING_SERVICES,
@@ -328,7 +331,7 @@ def permissions_for(user: str) -> Permissions | None:
 
 def _node_sampler(user: str, node: str) -> Permissions:
     publish = [f"{event.subject_prefix}.{node}" for event in NODE_FACTS]
-    publish += [ServiceHeartbeat.subject_for("node-sampler"), SpansExported.subject_for("node-sampler")]
+    publish.append(SpansExported.subject_for("node-sampler"))
     return Permissions(publish=tuple(publish), subscribe=(f"{inbox_prefix(user)}.>",))
 
 

@@ -34,6 +34,11 @@ class ServiceHeartbeat(Event):
     service: SubjectToken
     instance_id: uuid.UUID = Field(description="One id per running process of the service.")
     state: Literal["ready", "stopping"]
+    consumers_missing: tuple[SubjectToken, ...] = Field(
+        default=(), max_length=64,
+        description="Durable consumers of this service that no longer exist (deleted, or never provisioned): it receives "
+        "nothing of them until `gpumedic provision` makes them again.",
+    )
 
 
 class PeerProblem(BaseModel):

@@ -17,6 +17,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     NodeSampled,
+    ServiceHeartbeat,
     SilenceAdded,
     SilenceRemoved,
 )
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
     if console is not None:
         runtime.follow(NodeSampled, console.on_sample)
+        runtime.follow(ServiceHeartbeat, console.on_heartbeat)
         runtime.on_startup(console.start)
     app = runtime.app()
     app.console = console  # the embedded stack and tests read its URL here

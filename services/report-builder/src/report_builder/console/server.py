@@ -32,7 +32,7 @@ import markupsafe
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpumedic_events import Event, IncidentKind, NodeSampled, SilenceAdded, SilenceRemoved
+from gpumedic_events import Event, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
 from report_builder import clusterlog, repository
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCE = "report-builder-console"
 PAGE_SIZE = 50
+HEARTBEAT_FRESH = timedelta(seconds=30)
+"""A heartbeat older than this says nothing about a service now (it beats every 5 s)."""
 LIVE_EVERY_S = 2.0
 """At most one change notice per client this often (samples change something every second)."""
 CSP = (
@@ -98,6 +100,7 @@ class Console:
         self._publish = publish
         self.auth = Sessions(config.token)
         self.readings: dict[str, views.NodeReading] = {}
+        self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -115,6 +118,18 @@ class Console:
     async def on_sample(self, sample: NodeSampled) -> None:
         self.readings[sample.node_id] = views.NodeReading.of(sample)
         self.changes.bump()
+
+    async def on_heartbeat(self, beat: ServiceHeartbeat) -> None:
+        """Each instance's latest heartbeat: a service that lost a consumer says so in it."""
+        if beat.state == "stopping":
+            self.heartbeats.pop(beat.instance_id, None)
+        else:
+            self.heartbeats[beat.instance_id] = beat
+
+    def blind(self, now: datetime) -> list[tuple[str, tuple[str, ...]]]:
+        """Services that receive nothing of some of their consumers, by their recent heartbeats."""
+        recent = [b for b in self.heartbeats.values() if now - b.occurred_at < HEARTBEAT_FRESH]
+        return sorted({(b.service, b.consumers_missing) for b in recent if b.consumers_missing})
 
     # --- serving ------------------------------------------------------------------------------
 
@@ -385,6 +400,7 @@ class Console:
         login_check = request.cookies.get(LOGIN_COOKIE) or uuid.uuid4().hex
         html = self._templates.get_template(template).render(
             title=title, nav=NAV, path=request.path, session=session, writable=self.auth.writable, login_check=login_check,
+            blind=self.blind(datetime.now(UTC)),
             done=request.query.get("done", "")[:200], here=request.path_qs, now=datetime.now(UTC), **context,
         )
         response = web.Response(text=html, content_type="text/html")
