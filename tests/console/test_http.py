@@ -18,6 +18,7 @@ from gpumedic_events.base import json_examples
 from gpumedic_store import ActionRecord, IncidentMark, breaker, create_engine, session_factory, upgrade
 from report_builder import repository
 from report_builder.console import Console, ConsoleConfig
+from report_builder.console.auth import LOGIN_COOKIE
 
 TOKEN = "console-token-for-the-tests-0123"
 HOSTILE = "<script>alert('x')</script>"
@@ -244,7 +245,8 @@ async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded
 async def test_a_form_cannot_send_the_browser_elsewhere_after_it(seeded, console, browser):
     await browser.login()
     csrf = await browser.hidden("/ledger", "csrf")
-    for back in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
+    for back in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)", "/\\evil.example/x", "\\\\evil.example/x",
+                 "/\t/evil.example/x", "/%0a/x\n//evil.example"):
         done = await browser.client.post("/breaker/reset", data={"csrf": csrf, "back": back})
         assert done.headers["Location"].startswith("/ledger?done="), back
 
@@ -300,3 +302,57 @@ async def test_a_service_that_lost_a_consumer_shows_as_a_banner_on_every_page_un
     stale = beat.model_copy(update={"occurred_at": datetime.now(UTC) - timedelta(minutes=5)})
     await console.on_heartbeat(stale)  # an old heartbeat says nothing about now
     assert "receives nothing" not in (await browser.client.get("/")).text
+
+
+async def test_token_guesses_are_throttled_per_client_however_many_come_at_once(console, browser):
+    check = await browser.hidden("/ledger", "login_check")
+
+    async def guess(n: int) -> int:
+        answer = await browser.client.post("/login", data={"login_check": check, "token": f"guess-{n}", "name": "mallory"})
+        return answer.status_code
+
+    statuses = await asyncio.gather(*(guess(n) for n in range(40)))
+    assert statuses.count(403) == 5 and statuses.count(429) == 35  # five tries a minute, not 40 at once
+    held = await browser.client.post("/login", data={"login_check": check, "token": TOKEN, "name": "alice"})
+    assert held.status_code == 429 and int(held.headers["Retry-After"]) > 0
+
+
+def test_the_throttle_counts_per_client_and_in_total_and_forgets_after_its_window():
+    from report_builder.console.auth import LoginThrottle
+
+    now = [0.0]
+    throttle = LoginThrottle(per_client=2, in_total=3, window_s=60, clock=lambda: now[0])
+    assert [throttle.admit("a"), throttle.admit("a")] == [0.0, 0.0]
+    assert throttle.admit("a") == 60.0  # its own limit
+    assert throttle.admit("b") == 0.0
+    assert throttle.admit("c") == 60.0  # the total: many addresses cannot add up to more
+    now[0] = 61.0
+    assert throttle.admit("a") == 0.0 and throttle.admit("c") == 0.0
+    throttle.succeeded("a")  # a login that worked forgets its address's tries
+    assert throttle.admit("a") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("config", "headers", "secure"),
+    [
+        ({}, {}, False),
+        ({"public_url": "https://gpumedic.example.org"}, {}, True),  # behind a TLS-terminating proxy
+        ({"trusted_proxies": ("127.0.0.1",)}, {"X-Forwarded-Proto": "https"}, True),
+        ({}, {"X-Forwarded-Proto": "https"}, False),  # a header anyone can send is not believed
+    ],
+)
+async def test_cookies_are_secure_whenever_the_console_is_reached_over_https(store, config, headers, secure):
+    console = Console(store, ConsoleConfig(port=0, token=TOKEN, **config), publish=lambda e: None)
+    await console.start()
+    try:
+        async with httpx.AsyncClient(base_url=console.url, headers=headers) as client:
+            page = await client.get("/ledger")
+            check = re.search(r'name="login_check" value="([^"]+)"', page.text).group(1)
+            # (a Secure cookie is not sent back over plain http, so the test hands it back itself)
+            client.cookies.set(LOGIN_COOKIE, check)
+            answer = await client.post("/login", data={"login_check": check, "token": TOKEN, "name": "alice"})
+        cookies = [v for k, v in answer.headers.multi_items() if k.lower() == "set-cookie"]
+        assert answer.status_code == 303 and cookies
+        assert all(("; secure" in c.lower()) == secure for c in cookies), cookies
+    finally:
+        await console.stop()

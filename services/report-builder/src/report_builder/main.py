@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     if settings.console_port is not None:
         config = ConsoleConfig(
             host=settings.console_addr, port=settings.console_port, token=settings.console_token(), jaeger_url=settings.jaeger_url,
+            public_url=settings.console_url, trusted_proxies=settings.console_trusted_proxies,
         )
         console = Console(sessions, config, publish=lambda event: publish_event(runtime.broker, event))
     handlers = ReportHandlers(

@@ -51,7 +51,13 @@ class Settings(BaseSettings):
     webhook_url: SecretStr | None = Field(default=None, description="Escalations as JSON to this URL; never logged.")
     webhook_token_file: Path | None = Field(default=None, description="A file holding a bearer token for webhook_url.")
     slack_webhook_url: SecretStr | None = Field(default=None, description="Escalations to a Slack-compatible incoming webhook.")
-    console_url: str | None = Field(default=None, description="Base URL of the console, for links in notifications.")
+    console_url: str | None = Field(
+        default=None, description="Base URL of the console, for links in notifications; https makes its cookies Secure."
+    )
+    console_trusted_proxies: tuple[str, ...] = Field(
+        default=(), description="Addresses of reverse proxies in front of the console whose X-Forwarded-For (who logs in, for "
+        "the login throttle) and X-Forwarded-Proto (https: Secure cookies) are believed; e.g. [\"127.0.0.1\"].",
+    )
     console_port: int | None = Field(
         default=None, ge=0, le=65535, description="The web console's port (0: any free one); unset: no console. `gpumedic up` and compose set it."
     )

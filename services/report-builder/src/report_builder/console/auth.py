@@ -14,6 +14,7 @@ import hmac
 import re
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 
 SESSION_COOKIE = "gpumedic_console"
@@ -84,3 +85,44 @@ class Sessions:
         now = self._clock()
         for key in [k for k, s in self._by_id.items() if s.expires <= now]:
             del self._by_id[key]
+
+
+class LoginThrottle:
+    """How many tokens may be tried: `per_client` per address and `in_total` across all addresses
+    within `window_s`. An attempt counts when it starts, not when it fails, so many at once from
+    one address are held like many in a row; a successful login forgets its address's attempts."""
+
+    MAX_CLIENTS = 10_000
+    """Addresses remembered at most (the oldest are forgotten first): bounded memory under a flood."""
+
+    def __init__(self, *, per_client: int = 5, in_total: int = 30, window_s: float = 60.0, clock=time.monotonic) -> None:
+        self._per_client = per_client
+        self._in_total = in_total
+        self._window_s = window_s
+        self._clock = clock
+        self._total: deque[float] = deque()
+        self._by_client: dict[str, deque[float]] = {}
+
+    def admit(self, client: str) -> float:
+        """0 when `client` may try a token now (and the try is counted), else the seconds to wait."""
+        now = self._clock()
+        since = now - self._window_s
+        while self._total and self._total[0] <= since:
+            self._total.popleft()
+        tries = self._by_client.get(client, deque())
+        while tries and tries[0] <= since:
+            tries.popleft()
+        if len(tries) >= self._per_client:
+            return tries[0] + self._window_s - now
+        if len(self._total) >= self._in_total:
+            return self._total[0] + self._window_s - now
+        tries.append(now)
+        self._total.append(now)
+        self._by_client.pop(client, None)
+        self._by_client[client] = tries  # the most recent last
+        if len(self._by_client) > self.MAX_CLIENTS:
+            del self._by_client[next(iter(self._by_client))]
+        return 0.0
+
+    def succeeded(self, client: str) -> None:
+        self._by_client.pop(client, None)

@@ -37,7 +37,7 @@ from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
 from report_builder import clusterlog, repository
 from report_builder.console import views
-from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, Session, Sessions
+from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, LoginThrottle, Session, Sessions
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ class ConsoleConfig:
     """Base URL of a Jaeger UI; an incident page links its trace there."""
     silent_after_s: float = 60.0
     """A node whose last sample is older than this shows as silent."""
+    public_url: str | None = None
+    """The URL people reach the console at; https makes its cookies Secure whatever the hop before."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses of reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed."""
 
 
 class Changes:
@@ -99,6 +103,7 @@ class Console:
         self.config = config
         self._publish = publish
         self.auth = Sessions(config.token)
+        self.throttle = LoginThrottle()
         self.readings: dict[str, views.NodeReading] = {}
         self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
@@ -307,16 +312,42 @@ class Console:
         form = await _same_origin_form(request)
         if not form.get("login_check") or form.get("login_check") != request.cookies.get(LOGIN_COOKIE):
             raise _BadRequest("the login form is stale; reload the page and log in again")
+        client = self._client(request)
+        wait_s = self.throttle.admit(client)
+        if wait_s:
+            log.warning("console: a login from %s was not tried: too many tries lately", client)
+            raise web.HTTPTooManyRequests(text=f"too many login tries; try again in {wait_s:.0f}s",
+                                          headers={"Retry-After": str(max(1, round(wait_s)))})
         try:
             session_id, session = self.auth.login(str(form.get("token", "")), str(form.get("name", "")))
         except AuthError as exc:
             await asyncio.sleep(0.5)  # a guessed token costs time
-            log.warning("console: a login was refused from %s: %s", request.remote, exc)
+            log.warning("console: a login was refused from %s: %s", client, exc)
             raise web.HTTPForbidden(text=f"login refused: {exc}") from None
-        log.info("console: %s logged in from %s", session.name, request.remote)
+        self.throttle.succeeded(client)
+        log.info("console: %s logged in from %s", session.name, client)
         response = _back(form, "/", f"logged in as {session.name}")
-        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="Strict", secure=request.secure, path="/")
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="Strict", secure=self._secure(request), path="/")
         return response
+
+    def _from_proxy(self, request: web.Request) -> bool:
+        return request.remote is not None and request.remote in self.config.trusted_proxies
+
+    def _client(self, request: web.Request) -> str:
+        """Who tries to log in: the address a trusted proxy says it forwards for, else the peer's."""
+        forwarded = request.headers.get("X-Forwarded-For", "")
+        if forwarded and self._from_proxy(request):
+            return forwarded.split(",")[-1].strip()[:64] or str(request.remote)
+        return str(request.remote)
+
+    def _secure(self, request: web.Request) -> bool:
+        """Cookies are Secure when the console is reached over https: the request itself, the
+        configured public URL, or what a trusted TLS-terminating proxy says it received."""
+        return (
+            request.secure
+            or (self.config.public_url or "").startswith("https://")
+            or (self._from_proxy(request) and request.headers.get("X-Forwarded-Proto", "").lower() == "https")
+        )
 
     async def logout(self, request: web.Request) -> web.Response:
         form = await _same_origin_form(request)
@@ -405,7 +436,7 @@ class Console:
         )
         response = web.Response(text=html, content_type="text/html")
         if not request.cookies.get(LOGIN_COOKIE):
-            response.set_cookie(LOGIN_COOKIE, login_check, httponly=True, samesite="Strict", secure=request.secure, path="/")
+            response.set_cookie(LOGIN_COOKIE, login_check, httponly=True, samesite="Strict", secure=self._secure(request), path="/")
         return response
 
     @web.middleware
@@ -417,7 +448,10 @@ class Console:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return self._error(request, exc.status, exc.text or exc.reason)
+            response = self._error(request, exc.status, exc.text or exc.reason)
+            if "Retry-After" in exc.headers:
+                response.headers["Retry-After"] = exc.headers["Retry-After"]
+            return response
         except (StoreUnavailable, OSError) as exc:
             log.warning("console: %s %s failed: %r", request.method, request.path, exc)
             return self._error(request, 503, f"the store cannot be read now ({type(exc).__name__}); the page will try again")
@@ -457,11 +491,20 @@ async def _same_origin_form(request: web.Request):
 def _back(form, default: str, done: str) -> web.Response:
     """See other: back to the page the form was on (a path of this site only), saying what was done."""
     target = str(form.get("back") or default)
-    if not target.startswith("/") or target.startswith("//"):
+    if not _console_path(target):
         target = default
     target = target.split("?")[0] if "done=" in target else target
     joiner = "&" if "?" in target else "?"
     return web.Response(status=303, headers={"Location": f"{target}{joiner}{urlencode({'done': done})}"})
+
+
+def _console_path(target: str) -> bool:
+    """Whether `target` is a path of this console and nothing a browser could read as another site:
+    browsers take `/\\host` and `\\\\host` as `//host`, and drop tabs and newlines inside a URL."""
+    if not target.startswith("/") or any(c in target for c in "\\\t\r\n") or not target.isprintable():
+        return False
+    parts = urlsplit(target)
+    return not target.startswith("//") and not parts.scheme and not parts.netloc
 
 
 def _first_error(exc: Exception) -> str:
