@@ -95,7 +95,8 @@ class Stack:
 
     @property
     def store_url(self) -> str:
-        return f"sqlite+aiosqlite:///{(self.var_dir / 'gpumedic.db').resolve()}"
+        """GPUMEDIC_STORE_URL when set (a PostgreSQL of your own), else a SQLite file under the var dir."""
+        return os.environ.get("GPUMEDIC_STORE_URL") or f"sqlite+aiosqlite:///{(self.var_dir / 'gpumedic.db').resolve()}"
 
     @property
     def logs(self) -> Path:
@@ -216,7 +217,9 @@ class Stack:
         from gpumedic_store.migrate import upgrade
 
         upgrade(self.store_url)
-        self.say(f"  store migrated: {self.var_dir / 'gpumedic.db'}")
+        from gpumedic_store.settings import mask_url
+
+        self.say(f"  store migrated: {mask_url(self.store_url)}")
 
     def start_services(self, services: list[str] | None = None) -> None:
         assert self.servers, "start the bus first"
