@@ -28,7 +28,6 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
-import markupsafe
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -574,6 +573,7 @@ def _ago(value: datetime | None) -> str:
 def _masked(value: object) -> object:
     """Every value a page shows passes here (jinja2's finalize): job text is masked however old the
     row it comes from (gpumedic_events.redact)."""
-    if isinstance(value, markupsafe.Markup):
-        return markupsafe.Markup(redact(str(value)))
-    return redact(value) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    # Markup (already escaped HTML, e.g. `tojson`) stays Markup, or it would be escaped twice.
+    return type(value)(redact(str(value))) if hasattr(value, "__html__") else redact(value)
