@@ -79,3 +79,24 @@ async def test_the_real_request_still_runs(harness, sshd, sleeper):
     completed = await h.handle(request)
     assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
     assert sleeper.killed()
+
+
+async def test_a_kill_of_a_process_that_does_not_hold_the_gpu_named_is_refused_on_the_node(harness, sshd, sleeper):
+    """What zombie-detector's own login could still ask: a state in its own keys for an idle GPU, its
+    kill naming a process that works on another GPU. The node says who holds GPU 0; it is not him."""
+    from tests.remediator.conftest import Sleeper
+
+    busy_elsewhere = Sleeper()
+    sshd.hold(1, busy_elsewhere.pid)
+    try:
+        h = harness(mode="enforce")
+        request = kill_request(busy_elsewhere.target())  # GPU 0, idle: the policy's checks pass
+        await h.incidents.save(incident_waiting_for(request))
+        completed = await h.handle(request)
+        assert completed.outcome is ActionOutcome.FAILED
+        assert f"refused {busy_elsewhere.pid}: it does not hold GPU 0" in completed.detail
+        assert busy_elsewhere.alive()
+        assert not any(c.startswith("kill ") for c in sshd.commands_about(busy_elsewhere.pid))
+    finally:
+        sshd.release(1, busy_elsewhere.pid)
+        busy_elsewhere.stop()

@@ -60,9 +60,12 @@ class Sleeper:
 
 
 @pytest.fixture
-def sleeper() -> Iterator[Sleeper]:
+def sleeper(sshd) -> Iterator[Sleeper]:
+    """A `sleep 300` that holds GPU 0 of the test sshd's node (its /dev/nvidia0, as fuser says)."""
     process = Sleeper()
+    sshd.hold(0, process.pid)
     yield process
+    sshd.release(0, process.pid)
     process.stop()
 
 

@@ -30,6 +30,10 @@ def _t(pid: int, start: int = 500, command: str = "x") -> ProcessTarget:
 
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
+APPS_QUERY = "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0"
+DEVICE_QUERY = "fuser /dev/nvidia0"
+HOLDERS = (APPS_QUERY, DEVICE_QUERY)
+"""What a kill reads first after the GPU's state: which pids hold the GPU."""
 
 
 # --- command forms and quoting ---------------------------------------------------------------
@@ -47,6 +51,7 @@ def test_render_checks_the_gpu_then_each_targets_identity_then_kills():
     op = _op(_t(41230, 5, "python train.py"), _t(77, 9, "python eval.py"), signal="TERM")
     assert render(op) == (
         GPU_QUERY,
+        *HOLDERS,
         "cat /proc/41230/stat",
         "cat /proc/41230/cmdline",
         "kill -s TERM 41230",
@@ -199,6 +204,10 @@ class _Node:
         words = command.split()
         if command == GPU_QUERY:
             return self.gpu
+        if command == APPS_QUERY:  # every process of the table holds the GPU, unless it runs "elsewhere"
+            return CommandResult(0, "".join(f"{pid}\n" for pid, p in self.processes.items() if not p.get("elsewhere")), "")
+        if command == DEVICE_QUERY:
+            return CommandResult(1, "", "")  # fuser: nobody else holds /dev/nvidia0
         if words[0] == "cat":
             pid = int(words[1].split("/")[2])
             proc = self.processes.get(pid)
@@ -240,6 +249,7 @@ async def test_kill_checks_start_time_and_command_then_verifies():
     assert result.detail == "sent KILL to 4242; verified gone: 4242"
     assert result.steps == node.commands == [
         GPU_QUERY,
+        *HOLDERS,
         "cat /proc/4242/stat",
         "cat /proc/4242/cmdline",
         "kill -s KILL 4242",
@@ -258,7 +268,7 @@ async def test_recycled_pid_is_refused_and_not_killed():
     result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500, command="python train.py")), node)
     assert result.outcome is ActionOutcome.FAILED
     assert result.detail == "refused 4242: start time 999 != expected 500 (the pid was recycled; now 'bash')"
-    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat"]
+    assert node.commands == [GPU_QUERY, *HOLDERS, "cat /proc/4242/stat"]
     assert not any(c.startswith("kill") for c in node.commands)
 
 
@@ -267,7 +277,7 @@ async def test_different_command_line_is_refused():
     result = await _execute(_op(ProcessTarget(pid=4242, start_ticks=500, command="python train.py")), node)
     assert result.outcome is ActionOutcome.FAILED
     assert "refused 4242: command line 'python serve.py' != expected 'python train.py'" in result.detail
-    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline"]
+    assert node.commands == [GPU_QUERY, *HOLDERS, "cat /proc/4242/stat", "cat /proc/4242/cmdline"]
 
 
 async def test_missing_process_counts_as_already_gone():
@@ -275,7 +285,7 @@ async def test_missing_process_counts_as_already_gone():
     result = await _execute(_op(_t(4242)), node)
     assert result.outcome is ActionOutcome.SUCCEEDED
     assert result.detail == "already gone: 4242"
-    assert node.commands == [GPU_QUERY, "cat /proc/4242/stat"]
+    assert node.commands == [GPU_QUERY, *HOLDERS, "cat /proc/4242/stat"]
 
 
 async def test_one_refused_target_does_not_stop_the_others_but_fails_the_action():

@@ -27,6 +27,7 @@ from remediator.ssh import NodeUnreachable
 from tests.remediator.conftest import Harness as _Harness, inventory_naming, kill_request
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
+HOLDERS = ("nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0")
 
 pytestmark = pytest.mark.sshd
 
@@ -42,7 +43,7 @@ async def test_kills_records_and_answers_once(harness, sshd, sleeper):
         request.action_id, request.incident_id, request.node_id, request.attempt,
     )
     pid = sleeper.pid
-    assert completed.steps == (GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
+    assert completed.steps == (GPU_QUERY, *HOLDERS, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
     record = await h.record(request.action_id)
     assert record.status == "succeeded" and record.steps == list(completed.steps)
     assert record.finished_at is not None and record.started_at <= record.finished_at
@@ -84,7 +85,7 @@ async def test_observe_mode_records_what_it_would_run(harness, sshd, sleeper):
     pid = sleeper.pid
     assert completed.detail == (
         "observe mode for kill_gpu_processes (the remediator runs in observe mode): decided and recorded, not run; would run: "
-        f"{GPU_QUERY}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s TERM {pid}; kill -s KILL {pid}"
+        f"{GPU_QUERY}; {HOLDERS[0]}; {HOLDERS[1]}; cat /proc/{pid}/stat; cat /proc/{pid}/cmdline; kill -s TERM {pid}; kill -s KILL {pid}"
     )
     assert completed.steps == ()
     assert sleeper.alive()
@@ -229,9 +230,9 @@ async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings,
     assert completed.outcome is ActionOutcome.FAILED
     assert completed.detail == (
         "node 'gpu-node-01' (root@10.0.0.7:22): connection lost: Connection reset by peer "
-        "(after 4 command(s), the last `kill -s TERM 4242`)"
+        "(after 6 command(s), the last `kill -s TERM 4242`)"
     )
-    assert completed.steps == (GPU_QUERY, "cat /proc/4242/stat", "cat /proc/4242/cmdline", "kill -s TERM 4242")
+    assert completed.steps == (GPU_QUERY, *HOLDERS, "cat /proc/4242/stat", "cat /proc/4242/cmdline", "kill -s TERM 4242")
 
 
 def test_completed_event_carries_at_most_64_steps():

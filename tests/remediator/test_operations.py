@@ -74,7 +74,11 @@ async def test_kill_terms_a_real_process_then_kills_it_after_the_grace(sshd):
         command = "sh -c trap '' TERM; while :; do sleep 0.1; done"
         target = ProcessTarget(pid=stubborn.pid, start_ticks=start, command=command)
         op = KillGpuProcesses(gpu_index=0, targets=(target,), signal="TERM", grace_s=1.0, max_gpu_utilization_pct=5)
-        result = await _run(sshd, op)
+        sshd.hold(0, stubborn.pid)
+        try:
+            result = await _run(sshd, op)
+        finally:
+            sshd.release(0, stubborn.pid)
         assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
         assert stubborn.wait(timeout=5) == -9
         assert result.detail == f"sent TERM to {stubborn.pid}; sent KILL after 1s to {stubborn.pid}; verified gone: {stubborn.pid}"

@@ -120,7 +120,7 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     assert msg.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
     pid = sleeper.pid
     gpu_query = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
-    assert completed.steps == (gpu_query, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
+    assert completed.steps == (gpu_query, "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0", f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")
 
     # The incident's trace continues: `act` is the child of the request's span, the result its child.
     [act] = await _finished(service.spans, "act")

@@ -16,6 +16,7 @@ from remediator.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
 pytestmark = pytest.mark.sshd
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
+HOLDERS = ("nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0")
 
 
 def _executor(sshd, **changes) -> SshExecutor:
@@ -52,15 +53,15 @@ async def test_kills_a_real_process_after_checking_it(sshd, sleeper):
     assert result.detail == f"sent KILL to {sleeper.pid}; verified gone: {sleeper.pid}"
     pid = sleeper.pid
     # After SIGKILL the sleeper is a zombie (this test process has not reaped it yet): dead.
-    assert result.steps == [GPU_QUERY, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
-    assert sshd.commands_about(pid) == result.steps[1:]
+    assert result.steps == [GPU_QUERY, *HOLDERS, f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s KILL {pid}", f"cat /proc/{pid}/stat"]
+    assert sshd.commands_about(pid) == result.steps[3:]
 
 
 async def test_wrong_start_time_is_refused_and_the_process_lives(sshd, sleeper):
     result = await _kill(_executor(sshd), sshd.node_id, sleeper.target(start_ticks=sleeper.start_ticks + 1))
     assert result.outcome is ActionOutcome.FAILED
     assert f"refused {sleeper.pid}: start time {sleeper.start_ticks} != expected {sleeper.start_ticks + 1}" in result.detail
-    assert result.steps == [GPU_QUERY, f"cat /proc/{sleeper.pid}/stat"]
+    assert result.steps == [GPU_QUERY, *HOLDERS, f"cat /proc/{sleeper.pid}/stat"]
     assert sleeper.alive()
 
 

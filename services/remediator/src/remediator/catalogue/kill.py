@@ -2,7 +2,9 @@
 
 A check-then-act sequence. First the GPU must still be in the state the incident describes:
 `nvidia-smi` on the node must show its utilisation at or under the request's
-`max_gpu_utilization_pct`, else the job came back to life and nothing is touched. Before each
+`max_gpu_utilization_pct`, else the job came back to life and nothing is touched. Each target
+must hold that very GPU, as NVML's compute processes or `fuser /dev/nvidiaN` say (else the
+request names a process elsewhere, on a GPU that may be busy, and it is refused). Before each
 signal, `/proc/PID/stat` must still show the start time the detector saw (else the pid was
 recycled and now belongs to an innocent process) and `/proc/PID/cmdline` the command line it
 saw; a target that lacks either is refused before anything runs. With SIGTERM and a grace
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
 from gpumedic_events.redact import redact
 from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short, validate_gpu_index
+from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, parse_pids
 
 MIN_PID = 2
 MAX_PID = 4_194_304
@@ -79,7 +82,8 @@ def render(operation: KillGpuProcesses) -> tuple[str, ...]:
             "the request does not say in which GPU state the kill is safe (max_gpu_utilization_pct); refusing"
         )
     escalates = signal == "TERM" and operation.grace_s > 0
-    commands: list[str] = [gpu_utilization_command(operation.gpu_index)]
+    commands: list[str] = [gpu_utilization_command(operation.gpu_index), apps_command(operation.gpu_index),
+                           holders_command(operation.gpu_index)]
     seen: set[int] = set()
     for target in operation.targets:
         pid = validate_pid(target.pid)
@@ -152,7 +156,13 @@ class _KillRun:
     async def go(self) -> ExecutionResult:
         if refusal := await self._gpu_state_refusal():
             return self._node.result(ActionOutcome.BLOCKED, refusal)
+        holders, unread = await self._holders()
+        if holders is None:
+            return self._node.result(ActionOutcome.BLOCKED, unread)
         for target in self._op.targets:
+            if target.pid not in holders:
+                await self._not_a_holder(target.pid, unread)
+                continue
             # Check and signal one target at a time: the gap between the check and the kill,
             # in which a pid could be recycled, stays as short as one round trip.
             if await self._identified(target) and await self._signal(target.pid, self._op.signal):
@@ -194,6 +204,35 @@ class _KillRun:
                 "incident describes; nothing was killed"
             )
         return ""
+
+    async def _holders(self) -> tuple[set[int] | None, str]:
+        """The pids holding the GPU (NVML's compute processes and the device file's holders), and
+        what could not be read; None when neither could: nothing is killed blind."""
+        gpu = self._op.gpu_index
+        apps = await self._node.run(apps_command(gpu))
+        device = await self._node.run(holders_command(gpu))
+        pids: set[int] = set()
+        unread = []
+        if apps.exit_status == 0:
+            pids.update(parse_pids(apps.stdout))
+        else:
+            unread.append(f"its compute processes ({said(apps)})")
+        if device.exit_status in (0, NO_PROCESS):
+            pids.update(parse_pids(device.stdout))
+        else:
+            unread.append(f"/dev/nvidia{gpu}'s holders ({said(device)})")
+        if len(unread) == 2:
+            return None, f"refused: what holds GPU {gpu} cannot be read on the node: {'; '.join(unread)}; nothing is killed blind"
+        return pids, "; ".join(unread)
+
+    async def _not_a_holder(self, pid: int, unread: str) -> None:
+        stat = await self._stat(pid)
+        if stat is None or stat.state == "Z":
+            self._gone.append(pid)
+            return
+        gpu = self._op.gpu_index
+        also = f" (not read: {unread})" if unread else ""
+        self._problems.append(f"refused {pid}: it does not hold GPU {gpu}{also}, so it is not the process the incident saw there")
 
     async def _identified(self, target: ProcessTarget) -> bool:
         """Whether the pid still names the process the incident saw (False: gone or refused)."""
