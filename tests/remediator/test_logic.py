@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, ProcessTarget, RestartUnit, TerminateWorker
+from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, MarkWorkerEnded, ProcessTarget, RestartUnit, TerminateWorker
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, KillPolicy, NodeSelector, RestartPolicy, UnitRule
 from remediator.inventory import NodeAddress
@@ -366,3 +366,6 @@ def test_the_endpoint_and_the_workers_come_from_the_incident_and_the_policy():
         operation=TerminateWorker(worker_ids=("pod-1", "pod-2")), reason="stuck", fingerprint=fingerprint("pod-1", IncidentKind.STUCK_SPAWNING, None),
     )
     assert _refusal(stuck, incident_waiting_for(stuck)) == "refused: a stuck_spawning incident ends worker pod-1 only, not pod-1, pod-2"
+    vanished = stuck.model_copy(update={"operation": MarkWorkerEnded(worker_id="pod-2"),
+                                        "fingerprint": fingerprint("pod-1", IncidentKind.VANISHED_WORKER, None)})
+    assert _refusal(vanished, incident_waiting_for(vanished)) == "refused: a vanished_worker incident marks worker pod-1 ended only, not pod-2"

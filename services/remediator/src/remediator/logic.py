@@ -21,7 +21,9 @@ from enum import StrEnum
 from typing import Literal
 
 from gpumedic_bus.topology import owner_of
-from gpumedic_events import ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, RestartUnit, TerminateWorker, operation_gpu
+from gpumedic_events import (
+    ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, MarkWorkerEnded, RestartUnit, TerminateWorker, operation_gpu,
+)
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
 from remediator.catalogue import InvalidParameter, over_ssh, render
@@ -206,6 +208,8 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
         # A worker's own incident ends that worker; only the pool's surplus picks which ones.
         if operation.worker_ids != (incident.node_id,):
             return f"a {kind.value} incident ends worker {incident.node_id} only, not {', '.join(operation.worker_ids)}"
+    elif isinstance(operation, MarkWorkerEnded) and operation.worker_id != incident.node_id:
+        return f"a {kind.value} incident marks worker {incident.node_id} ended only, not {operation.worker_id}"
     return ""
 
 
