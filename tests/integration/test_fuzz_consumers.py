@@ -54,6 +54,8 @@ HOSTILE_BODIES = st.sampled_from([
 """Bodies that break a decoder rather than a model: each must still end once, dead-lettered."""
 EXAMPLES = int(os.environ.get("GPUMEDIC_FUZZ_EXAMPLES", "3"))
 """Batches per service: a few in `make test`, many in `make fuzz`."""
+DERANDOMIZE = "GPUMEDIC_FUZZ_EXAMPLES" not in os.environ
+"""`make test` tries the same few batches every run; `make fuzz` explores new ones each time."""
 TOKEN = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
 
 
@@ -100,7 +102,7 @@ def _decodes(event_type, subject: str, body: bytes) -> bool:
 def test_no_batch_of_messages_stops_a_service_or_goes_unaccounted(service):
     strategies = {event_type: st.lists(_messages(event_type), min_size=4, max_size=12) for event_type in CONSUMERS[service]}
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.fixed_dictionaries(strategies))
     def run(batch) -> None:
         asyncio.run(_exercise(service, batch))
@@ -201,7 +203,7 @@ def test_every_preflight_request_is_answered_whatever_its_body():
                     await asyncio.wait_for(task, 15)
                     await nc.close()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(bodies)
     def run(requests) -> None:
         asyncio.run(ask_all(requests))
