@@ -100,3 +100,45 @@ async def test_a_kill_of_a_process_that_does_not_hold_the_gpu_named_is_refused_o
     finally:
         sshd.release(1, busy_elsewhere.pid)
         busy_elsewhere.stop()
+
+
+async def test_a_forgery_sent_first_under_the_real_action_id_does_not_take_its_place(harness, sshd, sleeper):
+    """Action ids can be predicted (incident and attempt). A forgery sent under the real request's id
+    before it is refused, and then steps aside: the real request still runs, and the forgery's
+    answer names another request than the one the detector waits for."""
+    h = harness(mode="enforce")
+    real = kill_request(sleeper.target())
+    await h.incidents.save(incident_waiting_for(real))
+    forged = _loosened(real, max_gpu_utilization_pct=100)
+    assert forged.action_id == real.action_id and forged.request_sha256 != real.request_sha256
+
+    refused = await h.handle(forged)
+    assert refused.outcome is ActionOutcome.BLOCKED and sleeper.alive()
+    assert refused.action_id == real.action_id and refused.request_sha256 == forged.request_sha256
+
+    done = await h.handle(real)
+    assert done.outcome is ActionOutcome.SUCCEEDED, done.detail
+    assert done.action_id == real.action_id and done.event_id != refused.event_id
+    assert sleeper.killed()
+    assert (await h.record(real.action_id)).status == "succeeded"
+    assert (await h.record(repository.aside_id(real.action_id, forged.request_sha256))).status == "blocked"
+
+    # Each asked again (a redelivery) is answered from its own row: nothing runs twice.
+    assert (await h.handle(real, deliveries=2)).event_id == done.event_id
+    assert (await h.handle(forged, deliveries=2)).outcome is ActionOutcome.BLOCKED
+    assert [c for c in sshd.commands_about(sleeper.pid) if c.startswith("kill ")] == [f"kill -s TERM {sleeper.pid}"]
+
+
+async def test_a_forgery_sent_after_the_real_request_is_kept_aside_and_answered_under_another_id(harness, sshd, sleeper):
+    h = harness(mode="enforce")
+    real = kill_request(sleeper.target())
+    await h.incidents.save(incident_waiting_for(real))
+    done = await h.handle(real)
+    assert done.outcome is ActionOutcome.SUCCEEDED, done.detail
+
+    forged = _loosened(real, max_gpu_utilization_pct=100)
+    refused = await h.handle(forged)
+    assert refused.outcome is ActionOutcome.BLOCKED
+    assert refused.action_id == repository.aside_id(real.action_id, forged.request_sha256) != real.action_id
+    assert "refused: the operation differs from the one zombie-detector decided" in refused.detail
+    assert (await h.record(real.action_id)).status == "succeeded"

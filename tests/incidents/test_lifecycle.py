@@ -131,6 +131,18 @@ def test_a_stale_or_repeated_result_changes_nothing():
     assert b.on_action_completed(_result(request), at(17), None) == []
 
 
+def test_the_answer_to_a_forgery_under_our_action_id_is_not_taken_for_ours():
+    b = book()
+    request = _acting(b)
+    forged = request.model_copy(update={"node_id": "n2"})  # what the remediator refused, under our id
+    assert forged.action_id == request.action_id and forged.request_sha256 != request.request_sha256
+    theirs = _result(request, ActionOutcome.BLOCKED).model_copy(update={"request_sha256": forged.request_sha256})
+    assert b.on_action_completed(theirs, at(16), None) == []
+    ours = _result(request).model_copy(update={"request_sha256": request.request_sha256})
+    run(b, b.on_action_completed(ours, at(17), None))
+    assert b.get("n1/zombie_job/0").phase == "verifying"
+
+
 def test_nothing_safe_to_do_escalates_at_once():
     b = book(Policy(fleet=FleetPolicy(hold_s=0)))
     _, escalated = run(b, b.on_finding(zombie(operations={}, unsafe="pid 4242 cannot be identified"), at(0)))

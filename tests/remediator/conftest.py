@@ -237,7 +237,8 @@ class Harness:
         await self.handler.handle(request, Delivery(request.subject, {}, deliveries))
         assert len(self.broker.published) == before + 1
         published = self.broker.published[-1]
-        assert published.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
+        assert published.headers["Nats-Msg-Id"] == str(published.event.event_id)
+        assert published.event.request_sha256 == request.request_sha256
         return published.event
 
     async def record(self, action_id) -> ActionRecord:

@@ -117,7 +117,8 @@ async def test_kills_once_and_answers_a_redelivery_from_the_ledger(start_service
     msg, completed = await _next(results)
     assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
     assert sleeper.killed()
-    assert msg.headers["Nats-Msg-Id"] == f"{request.action_id}:completed"
+    assert msg.headers["Nats-Msg-Id"] == str(completed.event_id)
+    assert completed.request_sha256 == request.request_sha256
     pid = sleeper.pid
     gpu_query = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
     assert completed.steps == (gpu_query, "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0", f"cat /proc/{pid}/stat", f"cat /proc/{pid}/cmdline", f"kill -s TERM {pid}", f"cat /proc/{pid}/stat")

@@ -15,8 +15,8 @@ PUBLISH_TIMEOUT_S = 5.0
 async def publish_event(broker: NatsBroker, event: Event, *, msg_id: str | None = None, patience_s: float = 0.0) -> None:
     """Publish and wait for the stream's acknowledgement.
 
-    `msg_id` becomes the Nats-Msg-Id: commands pass a deterministic one (the action id) so a
-    retried publish inside the stream's duplicate window is stored once. Raises if the stream
+    `msg_id` becomes the Nats-Msg-Id (else the event id): an event derived from a record passes
+    one derived from it, so a retried publish inside the stream's duplicate window is stored once. Raises if the stream
     does not acknowledge, so a handler fails and its input is redelivered rather than lost.
     With `patience_s`, a stream that does not answer (a server restarting, a leader election) is
     asked again for up to that long first: the same Nats-Msg-Id, so stored once.

@@ -5,6 +5,7 @@ Actions are a closed catalogue of typed operations; there is no free-form comman
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
@@ -256,7 +257,7 @@ class ActionEvent(Event):
 
     subject_key: ClassVar[str | None] = "node_id"
 
-    action_id: uuid.UUID = Field(description="Deterministic per (incident, attempt); the idempotency key.")
+    action_id: uuid.UUID = Field(description="Deterministic per (incident, attempt), so predictable: with what the request asks, the idempotency key.")
     incident_id: uuid.UUID
     node_id: NodeId
     attempt: int = Field(ge=1, le=100, description="Which attempt at fixing the incident this is.")
@@ -302,6 +303,15 @@ class ActionRequested(ActionEvent):
         "and refuses a request whose incident is unknown, closed, or waiting for another action. Required by the remediator.",
     )
 
+    @property
+    def request_sha256(self) -> str:
+        """SHA-256 of what the request asks (who, for which incident and attempt, on which node, what):
+        every field but its event id, time and wording. The action id is predictable, so it alone
+        names no request: a forgery sent first under a real action id is another request, and
+        takes neither its place in the stream nor in the remediator's ledger."""
+        asked = self.model_dump_json(include={"source", "action_id", "incident_id", "node_id", "attempt", "operation", "fingerprint"})
+        return hashlib.sha256(asked.encode()).hexdigest()
+
 
 class ActionOutcome(StrEnum):
     SUCCEEDED = "succeeded"
@@ -333,6 +343,7 @@ class ActionCompleted(ActionEvent):
                     "outcome": "succeeded",
                     "detail": "sent KILL to 41230",
                     "steps": ["cat /proc/41230/stat", "kill -s KILL 41230"],
+                    "request_sha256": "e041b05f85a80ac8e62885daf5fae7af690bad6cb1e1b1e1a9ff9f53ec61aac9",
                 }
             ]
         }
@@ -341,3 +352,9 @@ class ActionCompleted(ActionEvent):
     outcome: ActionOutcome
     detail: str = Field(max_length=2000, description="What happened, for a person.")
     steps: tuple[str, ...] = Field(default=(), max_length=64, description="Commands run on the node, in order.")
+    request_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The answered request's `request_sha256`: an asker takes only the answer to its own request, "
+        "not one to a forgery sent under the same action id.",
+    )

@@ -36,7 +36,6 @@ from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
     EVENT_TYPES,
     ActionCompleted,
-    ActionRequested,
     Event,
     IncidentEscalated,
     IncidentOpened,
@@ -197,11 +196,11 @@ class Detector:
     async def _send(self, event: Event) -> None:
         # Patient: a transition that stopped between two of its events (an incident announced,
         # its action not yet asked for) would be decided afresh by the next finding, as a second
-        # incident. A stream electing its leader answers again within seconds. An action request's
-        # de-duplication id is its action id, any other event's its event id: a retry, or the
-        # outbox published again on resume, is stored once.
-        msg_id = str(event.action_id) if isinstance(event, ActionRequested) else None
-        await publish_event(self._runtime.broker, event, msg_id=msg_id, patience_s=PUBLISH_PATIENCE_S)
+        # incident. A stream electing its leader answers again within seconds. The de-duplication
+        # id is the event id, kept in the outbox, so a retry or the outbox published again on resume
+        # is stored once. Not the action id: that can be predicted, and a forgery sent first under
+        # it would have the stream drop the real request as its duplicate.
+        await publish_event(self._runtime.broker, event, patience_s=PUBLISH_PATIENCE_S)
 
     async def _publish(self, event: Event, incident: IncidentState) -> None:
         await self._send(event)  # an ActionRequested inside `decide`: the remediator's `act` becomes its child

@@ -208,6 +208,8 @@ def action_completed(
     pending = state.pending_action
     if state.phase != "acting" or pending is None or (result.action_id, result.attempt) != (pending.action_id, pending.attempt):
         return None  # a late or repeated result for a step already taken
+    if None not in (result.request_sha256, pending.request_sha256) and result.request_sha256 != pending.request_sha256:
+        return None  # the answer to another request sent under this action id (a forgery): ours is still to come
     before, state = state, state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
     if state.resolution is not None:  # the undrain after validation
         if result.outcome is ActionOutcome.SUCCEEDED:
@@ -361,7 +363,8 @@ def _request(
             "step_attempts": state.step_attempts + 1,
             "deadline": now + timedelta(seconds=policy.of(state.kind).action_timeout_s),
             "pending_action": PendingAction(
-                action_id=action_id, attempt=attempt, operation_sha256=operation_digest(operation), requested_at=now
+                action_id=action_id, attempt=attempt, operation_sha256=operation_digest(operation), requested_at=now,
+                request_sha256=request.request_sha256,
             ),
         }
     )

@@ -41,6 +41,8 @@ class PendingAction(BaseModel):
     attempt: int = Field(ge=1)
     operation_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     requested_at: datetime
+    request_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The request's `ActionRequested.request_sha256`: the answer taken is the one to this request."""
 
 
 class Unpublished(BaseModel):

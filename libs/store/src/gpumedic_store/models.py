@@ -162,6 +162,9 @@ class ActionRecord(Base):
     operation: Mapped[dict[str, Any]] = mapped_column(comment="The requested operation, as in ActionRequested.")
     requested_by: Mapped[str] = mapped_column(String(63), default="", server_default="", comment="The service that asked.")
     reason: Mapped[str] = mapped_column(Text, default="", server_default="", comment="Why it was asked for.")
+    request_sha256: Mapped[str] = mapped_column(
+        String(64), default="", server_default="", comment="The request's digest (ActionRequested.request_sha256); '' before revision 0010."
+    )
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
     steps: Mapped[list[str]] = mapped_column(default=list, comment="Commands run on the node, in order.")

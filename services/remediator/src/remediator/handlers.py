@@ -3,7 +3,9 @@
 The order of steps is the safety argument.
 
 1. The ledger is read first: a request already there is answered from the ledger (finished) or
-   declared interrupted (a remediator died mid-action), never run again.
+   declared interrupted (a remediator died mid-action), never run again. A request is its action
+   id and what it asks (`ActionRequested.request_sha256`): action ids can be predicted, so a
+   forgery sent first under a real request's id is kept aside, not taken for the real one.
 2. The request is checked against itself and its incident (`logic.refusal`): its age by the
    server's clock, the open incident its fingerprint names (read from the detectors' state
    bucket, which only detectors may write), the exact action that incident waits for, and a
@@ -134,16 +136,15 @@ class ActionHandler:
                 span.set_status(Status(StatusCode.ERROR, record.detail[:200]))
             # Published inside the span, so the result is its child in the incident's trace; the
             # workers it ended first, so that no detector takes their silence for a fault.
+            # Their event ids derive from the ledger row, so a re-published answer is stored once.
             for retired in retired_events(request, record):
-                await publish_event(self._runtime.broker, retired, msg_id=f"{request.action_id}:retired:{retired.node_id}")
-            await publish_event(
-                self._runtime.broker, completed_event(record), msg_id=f"{request.action_id}:completed"
-            )
+                await publish_event(self._runtime.broker, retired)
+            await publish_event(self._runtime.broker, completed_event(record))
 
     async def _act(self, request: ActionRequested, delivery: Delivery) -> ActionRecord:
         """The finished ledger record for this request, acting on the node at most once."""
         async with self._sessions() as session:
-            known = await repository.get_action(session=session, action_id=request.action_id)
+            known = await repository.find_request(session=session, request=request)
             if known is not None:
                 return await self._replay(session, known, delivery)
 
@@ -168,14 +169,17 @@ class ActionHandler:
         fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
             await breaker.lock_gate(session=session)
-            known = await repository.get_action(session=session, action_id=request.action_id)
+            known = await repository.find_request(session=session, request=request)
             if known is not None:  # another instance decided it while we checked
                 if known.status == repository.EXECUTING:
                     # It runs there now; come back when it has finished and answer from the ledger.
                     raise ActionInFlight(f"action {request.action_id} is executing in another remediator instance")
                 return known
-            status, detail = await self._decide(session, request, why_not, fleet_size, address)
-            record = await repository.record(session=session, request=request, status=status, detail=_clip(detail), now=self._now())
+            action_id, taken = await repository.claim(session=session, request=request)
+            status, detail = await self._decide(session, request, why_not or taken, fleet_size, address)
+            record = await repository.record(
+                session=session, request=request, status=status, detail=_clip(detail), now=self._now(), action_id=action_id
+            )
             await session.commit()
         if status != repository.EXECUTING:
             log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, detail)
@@ -378,6 +382,13 @@ def audit_entry(command: str, result: CommandResult | None, at_s: float, took_s:
     return entry
 
 
+def answer_key(record: ActionRecord) -> str:
+    """What a ledger row's answer events derive their ids from: its action id and request, so that
+    the answer to a forgery refused under a real request's action id does not stand (as its
+    duplicate) for the real answer that comes later."""
+    return f"{record.action_id}:{record.request_sha256[:16]}" if record.request_sha256 else record.action_id
+
+
 def retired_events(request: ActionRequested, record: ActionRecord) -> list[NodeRetired]:
     """The workers a succeeded terminate_worker ended, or whose record mark_worker_ended closed: gone
     for good. The same events whenever re-published (their ids derive from the action's)."""
@@ -387,8 +398,8 @@ def retired_events(request: ActionRequested, record: ActionRecord) -> list[NodeR
     ended = operation.worker_ids if isinstance(operation, TerminateWorker) else (operation.worker_id,)
     return [
         NodeRetired(
-            event_id=uuid.uuid5(_COMPLETED_NAMESPACE, f"{record.action_id}:retired:{worker_id}"), source=SERVICE, node_id=worker_id,
-            incident_id=request.incident_id, action_id=request.action_id, reason=f"{operation.operation}: {_clip(record.detail)}"[:1000],
+            event_id=uuid.uuid5(_COMPLETED_NAMESPACE, f"{answer_key(record)}:retired:{worker_id}"), source=SERVICE, node_id=worker_id,
+            incident_id=request.incident_id, action_id=uuid.UUID(record.action_id), reason=f"{operation.operation}: {_clip(record.detail)}"[:1000],
         )
         for worker_id in ended
     ]
@@ -401,7 +412,7 @@ def completed_event(record: ActionRecord) -> ActionCompleted:
         # The ledger keeps every command; the event carries the first ones and says so.
         steps = [*steps[: MAX_EVENT_STEPS - 1], f"... and {len(steps) - MAX_EVENT_STEPS + 1} more (see the ledger)"]
     return ActionCompleted(
-        event_id=uuid.uuid5(_COMPLETED_NAMESPACE, record.action_id),
+        event_id=uuid.uuid5(_COMPLETED_NAMESPACE, answer_key(record)),
         occurred_at=record.finished_at or datetime.now(UTC),
         source=SERVICE,
         action_id=uuid.UUID(record.action_id),
@@ -411,6 +422,7 @@ def completed_event(record: ActionRecord) -> ActionCompleted:
         outcome=ActionOutcome(record.status),
         detail=_clip(record.detail),
         steps=tuple(steps),
+        request_sha256=record.request_sha256 or None,
     )
 
 

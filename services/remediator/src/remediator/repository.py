@@ -32,24 +32,61 @@ NOT_COUNTED_FOR_BREAKER = ("blocked",)
 """A blocked request did nothing; observed ones count, so observe mode previews the breaker."""
 
 
+_ASIDE_NAMESPACE = uuid.UUID("0b6e7d2c-4f1a-4c3e-9a8d-5e2f1c0b7a69")
+
+
 async def get_action(*, session: AsyncSession, action_id: uuid.UUID) -> ActionRecord | None:
     return await session.get(ActionRecord, str(action_id))
 
 
+def aside_id(action_id: uuid.UUID | str, request_sha256: str) -> uuid.UUID:
+    """Where a request is kept that shares its action id with another request asking something else."""
+    return uuid.uuid5(_ASIDE_NAMESPACE, f"{action_id}/{request_sha256}")
+
+
+async def find_request(*, session: AsyncSession, request: ActionRequested) -> ActionRecord | None:
+    """This very request's row, if it was seen before: under its action id, or set aside (`claim`)."""
+    row = await get_action(session=session, action_id=request.action_id)
+    if row is None or row.request_sha256 in ("", request.request_sha256):  # '': recorded before digests
+        return row
+    return await get_action(session=session, action_id=aside_id(request.action_id, request.request_sha256))
+
+
+async def claim(*, session: AsyncSession, request: ActionRequested) -> tuple[uuid.UUID, str]:
+    """The id to record a request under, and why it may not run ('' if it may), for a request
+    `find_request` did not find.
+
+    Action ids can be predicted, so another request may hold this one's id already. One that was
+    blocked did nothing and counts for nothing: it steps aside and this request takes the id. One
+    that ran, or runs, keeps it: this request is recorded aside, refused, and its answer carries
+    the aside id, so that no asker takes it for the answer to the request that ran."""
+    holder = await get_action(session=session, action_id=request.action_id)
+    if holder is None:
+        return request.action_id, ""
+    if holder.status == "blocked":
+        holder.action_id = str(aside_id(holder.action_id, holder.request_sha256))
+        await session.flush()
+        return request.action_id, ""
+    why_not = f"refused: action {request.action_id} was already asked for with other fields, and is {holder.status}"
+    return aside_id(request.action_id, request.request_sha256), why_not
+
+
 async def record(
-    *, session: AsyncSession, request: ActionRequested, status: str, detail: str, now: datetime
+    *, session: AsyncSession, request: ActionRequested, status: str, detail: str, now: datetime, action_id: uuid.UUID | None = None
 ) -> ActionRecord:
-    """The ledger's row for a request just decided: executing (it runs next) or finished (refused, observed)."""
+    """The ledger's row for a request just decided: executing (it runs next) or finished (refused,
+    observed); under `action_id` when `claim` set it aside."""
     if status != EXECUTING and status not in FINISHED:
         raise ValueError(f"{status!r} is not an action status")
     row = ActionRecord(
-        action_id=str(request.action_id),
+        action_id=str(action_id or request.action_id),
         incident_id=str(request.incident_id),
         node_id=request.node_id,
         attempt=request.attempt,
         operation=redact_tree(request.operation.model_dump(mode="json")),
         requested_by=request.source,
         reason=redact(request.reason),
+        request_sha256=request.request_sha256,
         status=status,
         detail=detail,
         steps=[],
