@@ -26,6 +26,7 @@ from autoscaler.scaling import ScalingPolicy
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, MarkWorkerEnded, RequeueTasks
 from gpumedic_incidents import Policy
 from gpumedic_providers.sim import SimProvider
+from remediator.catalogue import Means
 from remediator.catalogue import provider as provider_ops
 
 GPU = "H100"
@@ -226,15 +227,7 @@ async def _carry_out(request, policy, provider, queue, tasks, records, requeued)
     if isinstance(operation, MarkWorkerEnded):
         records[operation.worker_id] = "ended"
         return ActionOutcome.SUCCEEDED
-
-    async def step(_name, run) -> str:
-        try:
-            await run()
-        except Exception as exc:  # the provider's error, as the remediator reports it
-            return str(exc)
-        return ""
-
-    return (await provider_ops.carry_out(request, policy.actions, provider, step)).outcome
+    return (await provider_ops.carry_out(operation, Means(actions=policy.actions, request=request, provider=provider))).outcome
 
 
 def _arrivals(curve: tuple[Phase, ...], rng: random.Random) -> deque[datetime]:

@@ -25,12 +25,13 @@ At most `max_concurrent_actions` requests are handled at once per instance (the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 from opentelemetry.trace import Status, StatusCode, Tracer
@@ -43,7 +44,6 @@ from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
     ActionRequested,
-    DrainNode,
     Event,
     HttpAdmin,
     MarkWorkerEnded,
@@ -56,7 +56,7 @@ from gpumedic_store import StoreUnavailable, TaskDatabase, breaker
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
-from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter
+from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.drain import Scheduler
 from remediator.inventory import InventoryError, NodeAddress, load_inventory
 from remediator.logic import Decision, Gate, Verdict, decide, refusal
@@ -317,45 +317,21 @@ class ActionHandler:
                 return str(exc) or type(exc).__name__
             return ""
 
-        async def on_node(command: str) -> CommandResult:
-            async with self._executor.session(request.node_id) as node:
-                return await run_on(node.run, command)
+        @contextlib.asynccontextmanager
+        async def node() -> AsyncIterator[Node]:
+            async with self._executor.session(request.node_id) as session:
+                yield Node(lambda command, **stdin: run_on(session.run, command, **stdin), self._settings.verify_timeout_s, asyncio.sleep, time.monotonic)
 
+        means = Means(
+            actions=self._gate.actions, node=node, request=request, step=step, admin_token=lambda: self._admin_token(request.operation),
+            provider=self.provider, task_db=self.task_db, scheduler=self.scheduler,
+        )
         try:
-            actions = self._gate.actions
-            catalogue.render(request.operation, actions)  # refuse bad parameters before connecting
+            catalogue.render(request.operation, means.actions)  # refuse bad parameters before connecting
             await still_working()
-            if catalogue.on_provider(request.operation):
-                if self.provider is None:
-                    raise InvalidParameter("no provider is configured (GPUMEDIC_REMEDIATOR_PROVIDER)")
-                result = await catalogue.provider.carry_out(request, actions, self.provider, step)
-                result.steps, result.audit = steps, audit
-                return result
-            if catalogue.on_task_db(request.operation):
-                if self.task_db is None:
-                    raise InvalidParameter("no task database is configured (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE)")
-                result = await catalogue.taskdb.carry_out(request.operation, actions, self.task_db, step)
-                result.steps, result.audit = steps, audit
-                return result
-            if catalogue.on_scheduler(request.operation):
-                if self.scheduler is None:
-                    raise RuntimeError("no scheduler side is configured for drains")
-                if isinstance(request.operation, DrainNode):
-                    result = await catalogue.drain.drain(request, actions, self.scheduler, step)
-                else:
-                    result = await catalogue.drain.undrain(request, actions, self.scheduler, step, on_node)
-                result.steps, result.audit = steps, audit
-                return result
-            async with self._executor.session(request.node_id) as node:
-                result = await catalogue.execute(
-                    request.operation,
-                    lambda command, **stdin: run_on(node.run, command, **stdin),
-                    actions=actions,
-                    admin_token=self._admin_token(request.operation),
-                    verify_timeout_s=self._settings.verify_timeout_s,
-                )
-                result.audit = audit
-                return result
+            result = await catalogue.perform(request.operation, means)
+            result.steps, result.audit = steps, audit
+            return result
         except (InvalidParameter, InventoryError, NodeError) as exc:
             # A node lost mid-action may have run some commands: say how far it got.
             where = f" (after {len(steps)} command(s), the last `{steps[-1]}`)" if steps else ""

@@ -26,7 +26,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
-from remediator.catalogue import InvalidParameter, over_ssh, render
+from remediator.catalogue import InvalidParameter, logs_in, render
 from remediator.inventory import NodeAddress
 
 Mode = Literal["observe", "enforce"]
@@ -236,7 +236,7 @@ def decide(
     if gate.protects(node, address):
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
     operation = request.operation
-    if not in_inventory and over_ssh(operation):
+    if not in_inventory and logs_in(operation):
         return Decision(Verdict.BLOCK, f"node {node} is not in the remediator's inventory: nothing is run on a node it "
                                        "cannot name (add it to the inventory if it is one of yours)")
     scoped = _scope(operation, gate.actions)

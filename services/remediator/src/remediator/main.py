@@ -89,11 +89,11 @@ def _checked_app(settings: Settings) -> FastStream:
     return create_app(settings)
 
 
-if __name__ == "__main__":
-    run()
-
-
 def _enforced(gate: Gate) -> str:
     """Which operations this remediator may run, for the start-up line."""
     acting = [op for op in OPERATION_NAMES if gate.mode_for(op) == "enforce"]
     return f" (runs {', '.join(acting) or 'nothing'})" if gate.mode == "enforce" else ""
+
+
+if __name__ == "__main__":
+    run()

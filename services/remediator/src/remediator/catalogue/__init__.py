@@ -7,15 +7,20 @@ checks on the node that acting is still safe, acts, and verifies its own effect.
 node's SSH server interprets exactly these command forms, and a real Linux node runs them
 unchanged: changing a form here means changing the simulated fleet too.
 
-`render` validates everything (including the policy's allow-lists) before anything runs, and
-lists every command the operation may run, which observe mode reports as what it would do.
+`OPERATIONS` is the one table of them: for each operation, how it renders, how it runs, and
+whether it logs in to the node. Adding one is an entry here and a module beside it. `render`
+validates everything (including the policy's allow-lists) before anything runs, and lists every
+command the operation may run, which observe mode reports as what it would do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from gpumedic_events import (
     DockerPrune,
@@ -33,57 +38,73 @@ from gpumedic_events import (
 )
 from gpumedic_incidents.policy import Actions
 from remediator.catalogue import admin, docker, drain, gpu, kill, provider, taskdb, units
-from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, Runner
+from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
+
+Render = Callable[[Any, Actions], tuple[str, ...]]
+Run = Callable[[Any, Means], Awaitable[ExecutionResult]]
+
+
+def on_node(execute: Callable[[Any, Node, Means], Awaitable[ExecutionResult]]) -> Run:
+    """An operation of commands on the node: it runs in one SSH session."""
+
+    async def run(operation: Any, means: Means) -> ExecutionResult:
+        async with means.node() as node:
+            return await execute(operation, node, means)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Spec:
+    render: Render
+    """Every distinct command it may run; InvalidParameter on a parameter it cannot take."""
+    run: Run
+    logs_in: bool
+    """Whether it logs in to the node (its commands, or an undrain's check), so needs it in the inventory."""
+
+
+OPERATIONS: dict[type, Spec] = {
+    KillGpuProcesses: Spec(kill.render, on_node(kill.execute), logs_in=True),
+    RestartUnit: Spec(units.render_restart, on_node(units.restart), logs_in=True),
+    GpuReset: Spec(gpu.render, on_node(gpu.execute), logs_in=True),
+    DockerPrune: Spec(docker.render, on_node(docker.execute), logs_in=True),
+    RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True),
+    HttpAdmin: Spec(admin.render, on_node(admin.execute), logs_in=True),
+    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False),
+    UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True),
+    SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False),
+    TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False),
+    RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
+    MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
+}
+
+
+def spec_of(operation: object) -> Spec:
+    spec = OPERATIONS.get(type(operation))
+    if spec is None:
+        raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
+    return spec
 
 
 def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, ...]:
     """Every distinct command the operation may run, in first-run order; InvalidParameter says
     what is wrong with it (nothing runs then)."""
-    match operation:
-        case KillGpuProcesses():
-            return kill.render(operation)
-        case RestartUnit():
-            return units.render_restart(operation, actions)
-        case GpuReset():
-            return gpu.render(operation)
-        case DockerPrune():
-            return docker.render(operation, actions)
-        case RebootNode():
-            return units.render_reboot(operation)
-        case HttpAdmin():
-            return admin.render(operation, actions)
-        case DrainNode():
-            return drain.render_drain(operation, actions)
-        case UndrainNode():
-            return drain.render_undrain(operation, actions)
-        case SpawnWorker() | TerminateWorker():
-            return provider.render(operation, actions)
-        case RequeueTasks() | MarkWorkerEnded():
-            return taskdb.render(operation, actions)
-    raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
+    return spec_of(operation).render(operation, actions)
 
 
-def on_provider(operation: object) -> bool:
-    """Whether the operation is a call to the provider (`provider.carry_out`), not a node command."""
-    return isinstance(operation, SpawnWorker | TerminateWorker)
-
-
-def on_task_db(operation: object) -> bool:
-    """Whether the operation writes to the user's task database (`taskdb.carry_out`)."""
-    return isinstance(operation, RequeueTasks | MarkWorkerEnded)
-
-
-def on_scheduler(operation: object) -> bool:
-    """Whether the operation changes the node's place in the scheduler (`drain`) rather than run
-    commands on the node (`execute`)."""
-    return isinstance(operation, DrainNode | UndrainNode)
-
-
-def over_ssh(operation: object) -> bool:
+def logs_in(operation: object) -> bool:
     """Whether the operation logs in to the node (its commands, or an undrain's validation)."""
-    return not (on_provider(operation) or on_task_db(operation) or isinstance(operation, DrainNode))
+    return spec_of(operation).logs_in
+
+
+async def perform(operation: object, means: Means) -> ExecutionResult:
+    """Run one operation through `means`, after validating it; raises only what the means raise
+    (the node's, provider's or store's errors) and InvalidParameter."""
+    spec = spec_of(operation)
+    spec.render(operation, means.actions)
+    return await spec.run(operation, means)
 
 
 async def execute(
@@ -96,23 +117,16 @@ async def execute(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> ExecutionResult:
-    """Run one operation through `run`; raises only what `run` raises (the node's errors)."""
-    render(operation, actions)
+    """Run one node operation through `run` (one SSH session's), as `perform` does."""
     node = Node(run, verify_timeout_s, sleep, clock)
-    match operation:
-        case KillGpuProcesses():
-            return await kill.execute(operation, node)
-        case RestartUnit():
-            return await units.restart(operation, node, actions)
-        case GpuReset():
-            return await gpu.execute(operation, node)
-        case DockerPrune():
-            return await docker.execute(operation, node, actions)
-        case RebootNode():
-            return await units.reboot(operation, node)
-        case HttpAdmin():
-            return await admin.execute(operation, node, actions, admin_token)
-    raise InvalidParameter(f"operation {type(operation).__name__} is not in the catalogue")
+
+    @asynccontextmanager
+    async def session() -> AsyncIterator[Node]:
+        yield node
+
+    return await perform(operation, Means(actions=actions, node=session, admin_token=lambda: admin_token))
 
 
-__all__ = ["CommandResult", "ExecutionResult", "InvalidParameter", "Runner", "drain", "execute", "on_scheduler", "render"]
+__all__ = [
+    "OPERATIONS", "CommandResult", "ExecutionResult", "InvalidParameter", "Means", "Node", "Runner", "execute", "logs_in", "perform", "render",
+]

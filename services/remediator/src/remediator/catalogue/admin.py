@@ -14,7 +14,7 @@ import re
 
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, HttpAdmin
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short
 
 TIMEOUT_S = 10
 CURL = f"curl -fsS -m {TIMEOUT_S} -X POST -H @- -H 'Content-Type: application/json' --data-raw '{{}}' -o /dev/null -w '%{{http_code}}'"
@@ -41,9 +41,9 @@ def header(token: str | None) -> str:
     return f"Authorization: Bearer {token}\n" if token else ""
 
 
-async def execute(operation: HttpAdmin, node: Node, actions: Actions, token: str | None) -> ExecutionResult:
-    (command,) = render(operation, actions)
-    result = await node.run(command, input=header(token))
+async def execute(operation: HttpAdmin, node: Node, means: Means) -> ExecutionResult:
+    (command,) = render(operation, means.actions)
+    result = await node.run(command, input=header(means.admin_token()))
     status = result.stdout.strip()
     if result.exit_status == 0 and status.startswith("2"):
         return node.result(ActionOutcome.SUCCEEDED, f"{operation.endpoint}: the node's service answered HTTP {status}")

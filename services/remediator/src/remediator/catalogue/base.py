@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpumedic_events import ActionOutcome
+from gpumedic_events import ActionOutcome, ActionRequested
+from gpumedic_incidents.policy import Actions
+
+if TYPE_CHECKING:
+    from gpumedic_providers.base import Provider
+    from gpumedic_store import TaskDatabase
+    from remediator.catalogue.drain import Scheduler
 
 VERIFY_POLL_S = 0.5
 MAX_GPU_INDEX = 63
@@ -84,6 +91,50 @@ class Node:
 
     def result(self, outcome: ActionOutcome, detail: str) -> ExecutionResult:
         return ExecutionResult(outcome=outcome, detail=detail, steps=self.steps)
+
+
+def _no_node() -> AbstractAsyncContextManager[Node]:
+    raise InvalidParameter("no node session is given to this operation")
+
+
+async def _unaudited(name: str, run: Callable[[], Awaitable[object]]) -> str:
+    try:
+        await run()
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
+    return ""
+
+
+@dataclass(frozen=True)
+class Means:
+    """What an operation acts through; the handler hands it over with every step audited. Each
+    operation takes what it needs (`need`): a node operation opens the node, a provider's call
+    the provider, a drain the scheduler."""
+
+    actions: Actions
+    node: Callable[[], AbstractAsyncContextManager[Node]] = lambda: _no_node()
+    """An SSH session to the request's node, its commands recorded."""
+    request: ActionRequested | None = None
+    step: Step = _unaudited
+    admin_token: Callable[[], str | None] = lambda: None
+    provider: Provider | None = None
+    task_db: TaskDatabase | None = None
+    scheduler: Scheduler | None = None
+
+    def need(self, what: str) -> Any:
+        """One of request, provider, task_db or scheduler; InvalidParameter says which setting is missing."""
+        value = getattr(self, what)
+        if value is None:
+            raise InvalidParameter(_MISSING[what])
+        return value
+
+
+_MISSING = {
+    "request": "no request is given to this operation",
+    "provider": "no provider is configured (GPUMEDIC_REMEDIATOR_PROVIDER)",
+    "task_db": "no task database is configured (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE)",
+    "scheduler": "no scheduler side is configured for drains",
+}
 
 
 def validate_gpu_index(value: object) -> int:

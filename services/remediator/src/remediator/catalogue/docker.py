@@ -12,7 +12,7 @@ import re
 
 from gpumedic_events import ActionOutcome, DockerPrune
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Node, said
+from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Means, Node, said
 
 DOCKER_ROOT = "/var/lib/docker"
 RECLAIMABLE = "docker system df --format '{{.Type}}={{.Reclaimable}}'"
@@ -46,7 +46,8 @@ def parse_used(result: CommandResult) -> int | None:
     return int(lines[-1]) if result.exit_status == 0 and lines and lines[-1].isdigit() else None
 
 
-async def execute(operation: DockerPrune, node: Node, actions: Actions) -> ExecutionResult:
+async def execute(operation: DockerPrune, node: Node, means: Means) -> ExecutionResult:
+    actions = means.actions
     reclaimable_cmd, usage_cmd, *prunes, _ = render(operation, actions)
     result = await node.run(reclaimable_cmd)
     if result.exit_status != 0:

@@ -13,12 +13,11 @@ Each step runs through `step`, which records it in the ledger's steps and audit 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gpumedic_events import ActionOutcome, ActionRequested, DrainNode, UndrainNode
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import CommandResult, ExecutionResult, Step, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, Means, quoted, said, short
 
 
 class Scheduler(Protocol):
@@ -39,10 +38,6 @@ class Scheduler(Protocol):
     async def publish(self, request: ActionRequested, *, drained: bool) -> None: ...
 
 
-OnNode = Callable[[str], Awaitable[CommandResult]]
-"""Runs one command on the request's node (over SSH)."""
-
-
 def render_drain(operation: DrainNode, actions: Actions) -> tuple[str, ...]:
     hook = ("POST drained=true to the scheduler's hook",) if actions.drain_node.hook_url else ()
     return ("hold the node drained (node_drains)", *hook, "publish NodeDrained")
@@ -61,7 +56,8 @@ def check_command(actions: Actions) -> str:
     return quoted(command)
 
 
-async def drain(request: ActionRequested, actions: Actions, scheduler: Scheduler, step: Step) -> ExecutionResult:
+async def drain(operation: DrainNode, means: Means) -> ExecutionResult:
+    request, actions, scheduler, step = means.need("request"), means.actions, means.need("scheduler"), means.step
     node = request.node_id
     others = [i for i in await scheduler.holders(node) if i != str(request.incident_id)]
     if error := await step("hold the node drained (node_drains)", lambda: scheduler.hold(request)):
@@ -77,9 +73,8 @@ async def drain(request: ActionRequested, actions: Actions, scheduler: Scheduler
     return ExecutionResult(ActionOutcome.SUCCEEDED, f"drained {node}{also}")
 
 
-async def undrain(
-    request: ActionRequested, actions: Actions, scheduler: Scheduler, step: Step, on_node: OnNode
-) -> ExecutionResult:
+async def undrain(operation: UndrainNode, means: Means) -> ExecutionResult:
+    request, actions, scheduler, step = means.need("request"), means.actions, means.need("scheduler"), means.step
     node = request.node_id
     others = [i for i in await scheduler.holders(node) if i != str(request.incident_id)]
     if others:
@@ -89,8 +84,8 @@ async def undrain(
             ActionOutcome.SUCCEEDED, f"released this incident's hold; {node} stays drained for incident(s) {', '.join(others)}"
         )
     if actions.undrain_node.check_command:
-        command = check_command(actions)
-        result = await on_node(command)
+        async with means.node() as on_node:
+            result = await on_node.run(check_command(actions))
         if result.exit_status != 0:
             return ExecutionResult(
                 ActionOutcome.FAILED, f"{node} stays drained: its check {short(actions.undrain_node.check_command)} failed ({said(result)})"

@@ -11,7 +11,8 @@ memory, retired pages and row remaps are for the next samples to verify.
 from __future__ import annotations
 
 from gpumedic_events import ActionOutcome, GpuReset
-from remediator.catalogue.base import ExecutionResult, Node, quoted, said, validate_gpu_index
+from gpumedic_incidents.policy import Actions
+from remediator.catalogue.base import ExecutionResult, Means, Node, quoted, said, validate_gpu_index
 
 NO_PROCESS = 1
 """fuser's exit status when no process uses the file."""
@@ -32,7 +33,7 @@ def parse_pids(stdout: str) -> list[int]:
     return [int(w.rstrip("cefFrm")) for w in stdout.replace(",", " ").split() if w.rstrip("cefFrm").isdigit()]
 
 
-def render(operation: GpuReset) -> tuple[str, ...]:
+def render(operation: GpuReset, actions: Actions | None = None) -> tuple[str, ...]:
     gpu = quoted(validate_gpu_index(operation.gpu_index))
     return (
         apps_command(operation.gpu_index),
@@ -42,7 +43,7 @@ def render(operation: GpuReset) -> tuple[str, ...]:
     )
 
 
-async def execute(operation: GpuReset, node: Node) -> ExecutionResult:
+async def execute(operation: GpuReset, node: Node, means: Means) -> ExecutionResult:
     apps, holders, reset, query = render(operation)
     gpu = operation.gpu_index
     result = await node.run(apps)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
 from gpumedic_events.redact import redact
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short, validate_gpu_index
+from gpumedic_incidents.policy import Actions
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short, validate_gpu_index
 from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, parse_pids
 
 MIN_PID = 2
@@ -75,7 +76,7 @@ def gpu_utilization_command(gpu_index: object) -> str:
     return f"nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id={quoted(validate_gpu_index(gpu_index))}"
 
 
-def render(operation: KillGpuProcesses) -> tuple[str, ...]:
+def render(operation: KillGpuProcesses, actions: Actions | None = None) -> tuple[str, ...]:
     signal = validate_signal(operation.signal)
     if operation.max_gpu_utilization_pct is None:
         raise InvalidParameter(
@@ -137,7 +138,7 @@ def parse_cmdline(text: str) -> str:
     return " ".join(text.split("\0")).strip()
 
 
-async def execute(operation: KillGpuProcesses, node: Node) -> ExecutionResult:
+async def execute(operation: KillGpuProcesses, node: Node, means: Means) -> ExecutionResult:
     return await _KillRun(operation, node).go()
 
 

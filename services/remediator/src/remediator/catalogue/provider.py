@@ -12,7 +12,7 @@ from __future__ import annotations
 from gpumedic_events import ActionOutcome, ActionRequested, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions
 from gpumedic_providers.base import Provider, Worker
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Step
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Step
 
 
 def render(operation: SpawnWorker | TerminateWorker, actions: Actions) -> tuple[str, ...]:
@@ -34,9 +34,9 @@ def render(operation: SpawnWorker | TerminateWorker, actions: Actions) -> tuple[
     return (f"provider: rent a worker with {operation.gpus} x {operation.gpu_type}",)
 
 
-async def carry_out(request: ActionRequested, actions: Actions, provider: Provider, step: Step) -> ExecutionResult:
-    operation = request.operation
-    commands = render(operation, actions)
+async def carry_out(operation: SpawnWorker | TerminateWorker, means: Means) -> ExecutionResult:
+    request, provider, step = means.need("request"), means.need("provider"), means.step
+    commands = render(operation, means.actions)
     if isinstance(operation, SpawnWorker):
         return await _spawn(request, operation, commands[0], provider, step)
     ended: list[str] = []

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from gpumedic_events import ActionOutcome, MarkWorkerEnded, RequeueTasks
 from gpumedic_incidents.policy import Actions, TaskDbPolicy
-from gpumedic_store import TaskDatabase
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Step
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means
 
 
 def _rule(operation: RequeueTasks | MarkWorkerEnded, actions: Actions) -> TaskDbPolicy:
@@ -28,7 +27,8 @@ def render(operation: RequeueTasks | MarkWorkerEnded, actions: Actions) -> tuple
     return (f"task database: actions.mark_worker_ended.statement for {operation.worker_id}",)
 
 
-async def carry_out(operation: RequeueTasks | MarkWorkerEnded, actions: Actions, db: TaskDatabase, step: Step) -> ExecutionResult:
+async def carry_out(operation: RequeueTasks | MarkWorkerEnded, means: Means) -> ExecutionResult:
+    actions, db, step = means.actions, means.need("task_db"), means.step
     statement = _rule(operation, actions).statement
     params = {"task_ids": list(operation.task_ids)} if isinstance(operation, RequeueTasks) else {"worker_id": operation.worker_id}
     changed: list[int] = []

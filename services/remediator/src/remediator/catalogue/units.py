@@ -15,7 +15,7 @@ import re
 
 from gpumedic_events import UNIT_PATTERN, ActionOutcome, RebootNode, RestartUnit
 from gpumedic_incidents.policy import HEALTH_URL, Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Node, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 REBOOT = "systemctl reboot"
@@ -48,8 +48,8 @@ def render_restart(operation: RestartUnit, actions: Actions) -> tuple[str, ...]:
     return tuple(commands)
 
 
-async def restart(operation: RestartUnit, node: Node, actions: Actions) -> ExecutionResult:
-    restart_cmd, is_active, *health = render_restart(operation, actions)
+async def restart(operation: RestartUnit, node: Node, means: Means) -> ExecutionResult:
+    restart_cmd, is_active, *health = render_restart(operation, means.actions)
     unit = operation.unit
     result = await node.run(restart_cmd)
     if result.exit_status != 0:
@@ -72,11 +72,11 @@ async def restart(operation: RestartUnit, node: Node, actions: Actions) -> Execu
     return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
 
 
-def render_reboot(operation: RebootNode) -> tuple[str, ...]:
+def render_reboot(operation: RebootNode, actions: Actions | None = None) -> tuple[str, ...]:
     return (BOOT_ID, REBOOT)
 
 
-async def reboot(operation: RebootNode, node: Node) -> ExecutionResult:
+async def reboot(operation: RebootNode, node: Node, means: Means) -> ExecutionResult:
     boot = await node.run(BOOT_ID)
     before = boot.stdout.strip() if boot.exit_status == 0 else "unknown"
     result = await node.run(REBOOT)
