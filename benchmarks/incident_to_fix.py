@@ -41,10 +41,11 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--fix-nodes", type=int, default=40)
     parser.add_argument("--fix-faults", type=int, default=10, help="zombie jobs, and as many orphaned holders")
     parser.add_argument("--fix-interval", type=float, default=1.0)
+    parser.add_argument("--fix-duration", type=float, default=None, help="seconds (default: time for every fault to be fixed)")
     args, _ = parser.parse_known_args(argv)
     nodes = max(args.fix_nodes, 2 * args.fix_faults + 2)
     spacing = 3.0
-    duration = 2 + args.fix_faults * spacing + 60 * args.fix_interval + 30
+    duration = args.fix_duration or 2 + args.fix_faults * spacing + 60 * args.fix_interval + 30
     print(
         f"incident to verified fix: {args.fix_faults} zombie jobs and {args.fix_faults} orphaned holders on a "
         f"{nodes}-node simulated fleet, samples every {args.fix_interval:g}s (the embedded stack, real SSH)"

@@ -14,10 +14,24 @@ import asyncio
 import statistics
 import time
 
+from gpumedic.sim.cluster import PeerCluster
 from gpumedic.sim.state import NodeState
 from gpumedic.sim.status import StatusEndpoint
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
+
+
+class _Answered(StatusEndpoint):
+    """A peer's endpoint answering its document as of the start: the simulated cluster works out
+    each answer from every member (1,000 x 1,000 per round here), which would be measured as the
+    probe's cost."""
+
+    def __init__(self, node: NodeState) -> None:
+        super().__init__(node)
+        self._document = super().document()
+
+    def document(self) -> dict:
+        return self._document
 
 
 async def _floor(ports: list[int], concurrency: int) -> None:
@@ -43,9 +57,10 @@ async def main(argv: list[str]) -> None:
     )
     for count in args.probe_peers:
         nodes = [NodeState(f"peer-{i:04d}", 1) for i in range(count)]
+        cluster = PeerCluster([n.node_id for n in nodes])  # healthy, led by peer-0000
         for node in nodes:
-            node.leader, node.peers = "peer-0000", [n.node_id for n in nodes[:8]]
-        endpoints = [StatusEndpoint(node) for node in nodes]
+            node.cluster = cluster
+        endpoints = [_Answered(node) for node in nodes]
         ports = [await endpoint.start() for endpoint in endpoints]
         urls = [f"http://127.0.0.1:{port}/status" for port in ports]
         rounds, floors = [], []

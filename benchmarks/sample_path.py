@@ -130,7 +130,7 @@ async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)
     import logging
 
     logging.basicConfig(level=logging.WARNING)
