@@ -47,3 +47,58 @@ def test_node_sampler_installs_without_a_database_or_ssh():
     needs = _closure(lock, "gpumedic-node-sampler")
     assert "nvidia-ml-py" in needs and "faststream" in needs
     assert not needs & {"sqlalchemy", "asyncssh", "alembic", "asyncpg", "aiosqlite", "gpumedic-store"}
+
+
+def _module_name(root: Path, source: Path) -> str:
+    parts = source.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.Module) -> list[ast.ImportFrom | ast.Import]:
+    """Every import that runs, inside functions too (a circle dodged by a late import is still one);
+    not those under `if TYPE_CHECKING:`, which never run."""
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+               for inner in node.body for n in ast.walk(inner)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skipped]
+
+
+def _import_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (a package's __init__ runs before any
+    of its modules anyway, so importing the package itself is no edge)."""
+    root = package.parent
+    modules = {_module_name(root, s): s for s in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, source in modules.items():
+        targets = set()
+        for node in _runtime_imports(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif node.module and node.level == 0:
+                targets |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        package_itself = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)} - {name}
+        graph[name] = {t for t in targets if t in modules and t != name and t not in package_itself and not source.name == "__init__.py"}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    circles, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            circles.append([*path[path.index(module):], module])
+            return
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    return circles
+
+
+def test_no_package_imports_itself_in_a_circle():
+    packages = [*ROOT.glob("libs/*/src/*"), *SERVICE_PACKAGES.values(), ROOT / "src" / "gpumedic"]
+    found = {p.name: _circles(_import_graph(p)) for p in packages if p.is_dir()}
+    assert not {name: circles for name, circles in found.items() if circles}

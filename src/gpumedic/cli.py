@@ -254,7 +254,7 @@ def cmd_cluster(args) -> int:
     from datetime import timedelta
 
     from gpumedic.clusterlog import log_text
-    from gpumedic.sim.scenario import parse_time
+    from gpumedic.sim.times import parse_time
     from report_builder.clusterlog import Goal
 
     if (args.goal_peers is None) != (args.goal_hours is None):
@@ -273,7 +273,7 @@ def cmd_cluster(args) -> int:
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import silences
-    from gpumedic.sim.scenario import parse_time
+    from gpumedic.sim.times import parse_time
 
     if args.action == "list":
         print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))

@@ -25,9 +25,9 @@ from gpumedic.sim.scenario import (
     load_scenario,
     parse_fault_option,
     parse_scenario,
-    parse_time,
     resolve_scenario_path,
 )
+from gpumedic.sim.times import parse_time
 from gpumedic.sim.state import APPLICATION_XIDS, CLUSTER_FAULTS, Benign
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]

@@ -97,7 +97,6 @@ in it, e.g. ``faults.yaml: faults[3].gpu: 9 is beyond the fleet's 8 GPUs per nod
 from __future__ import annotations
 
 import difflib
-import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -109,14 +108,15 @@ import yaml
 from pydantic import ValidationError
 
 from gpumedic.sim.state import Benign, Fault
+from gpumedic.sim.times import parse_time
+from gpumedic.sim.times import fmt_time as _fmt_time
+from gpumedic.sim.times import show as _show
 from gpumedic.sim.workers import PoolPlan
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
 MAX_FAULTS = 10_000
 MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_TIME_S = 7 * 86_400.0
-"""No scenario time (a fault's `at`, `duration_s`) may exceed a week."""
 MAX_NAME = 200
 DEFAULT_XID = 79
 """XID 79: the GPU has fallen off the bus."""
@@ -417,44 +417,6 @@ def parse_fault_option(
 
 # --- times --------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_DURATION = re.compile(
-    r"(?:(?P<h>\d+(?:\.\d+)?)h)?\s*(?:(?P<m>\d+(?:\.\d+)?)m)?\s*(?:(?P<s>\d+(?:\.\d+)?)s)?", re.IGNORECASE
-)
-_TIME_HELP = "use seconds (10, 2.5) or a duration such as 10s, 2m, 1m30s, 1h"
-
-
-def parse_time(value: object) -> float:
-    """Seconds from a number or a text such as "10", "2.5", "10s", "2m", "1m30s", "1h"; ValueError
-    (with a message fit for a person) for anything else, negative or beyond `MAX_TIME_S`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{_show(value)} is not a time; {_TIME_HELP}")  # noqa: TRY004 - the contract is ValueError
-    if isinstance(value, str):
-        text = value.strip()
-        if _NUMBER.fullmatch(text):
-            seconds = float(text)
-        else:
-            if text.startswith("-"):
-                raise ValueError(f"{value!r} is negative; times count from the start, 0 or later")
-            m = _DURATION.fullmatch(text)
-            if not text or m is None or not any(m.groupdict().values()):
-                raise ValueError(f"{value!r} is not a time; {_TIME_HELP}")
-            seconds = sum(float(m[unit] or 0) * scale for unit, scale in (("h", 3600), ("m", 60), ("s", 1)))
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{_show(value)} is not a finite time")
-    if seconds < 0:
-        raise ValueError(f"{_show(value)} is negative; times count from the start, 0 or later")
-    if seconds > MAX_TIME_S:
-        raise ValueError(f"{_show(value)} is beyond the limit of {_fmt_time(MAX_TIME_S)}")
-    return seconds
-
-
-def _fmt_time(seconds: float) -> str:
-    return f"{seconds:g}s"
-
-
 # --- one fault ----------------------------------------------------------------------------------
 
 
@@ -612,11 +574,6 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
 
 
 # --- messages -----------------------------------------------------------------------------------
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _type_name(value: object) -> str:

@@ -16,7 +16,7 @@ import contextlib
 from pathlib import Path
 
 import asyncssh
-from gpumedic_bus.runtime import connect
+from gpumedic_bus.connect import connect
 from gpumedic_bus.service import wait_for_nats
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of

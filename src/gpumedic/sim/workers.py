@@ -40,6 +40,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from gpumedic.credentials import write_private
 from gpumedic.sim.node import SimNode
 from gpumedic.sim.runpod import SimRunPod
+from gpumedic.sim.times import parse_time  # the scenario's own time format ("20s", "2m")
 
 Seconds = Annotated[float, BeforeValidator(lambda v: _seconds(v)), Field(ge=0)]
 
@@ -406,6 +407,5 @@ async def _cancel(task: asyncio.Task | None) -> None:
 
 
 def _seconds(value: object) -> object:
-    from gpumedic.sim.scenario import parse_time  # the scenario's own time format ("20s", "2m")
 
     return parse_time(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else value

@@ -25,7 +25,6 @@ from faststream.nats.annotations import NatsMessage
 from opentelemetry.context import Context
 
 from gpumedic_bus.outage import BUS_AWAY, nats_reason
-from gpumedic_bus.provision import PUSH_ACK_EVERY
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.topology import Durable
 from gpumedic_bus.tracing import trace_context
@@ -34,6 +33,9 @@ from gpumedic_events.deadletter import MAX_KEPT_PAYLOAD
 from gpumedic_telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
+
+PUSH_ACK_EVERY = 256
+"""A push consumer acknowledges once every this many messages (AckPolicy.ALL acks all before)."""
 
 E = TypeVar("E", bound=Event)
 

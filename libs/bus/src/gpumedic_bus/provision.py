@@ -19,14 +19,14 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from gpumedic_bus.connect import connect
+from gpumedic_bus.consume import PUSH_ACK_EVERY
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import KV_BUCKETS, STREAMS
 from gpumedic_bus.topology import DURABLES, Durable
 
 log = logging.getLogger(__name__)
 
-PUSH_ACK_EVERY = 256
-"""A push consumer acknowledges once every this many messages (AckPolicy.ALL acks all before)."""
 PULL_MAX_ACK_PENDING = 1000
 
 
@@ -109,7 +109,6 @@ def main() -> None:
     one-shot), with GPUMEDIC_PROVISION_REPLICAS copies of each stream and bucket (1; 3 on a cluster)."""
     import sys
 
-    from gpumedic_bus.runtime import connect
 
     text = os.environ.get(REPLICAS_VARIABLE, "").strip() or "1"
     if not text.isdigit() or not 1 <= int(text) <= 5:

@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
+from gpumedic_bus.connect import connect_options, quiet_tls_eof
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe, undecoded
 from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
@@ -51,74 +52,8 @@ STOP_TASKS_WITHIN_S = 10.0
 BackgroundLoop = Callable[[], Awaitable[None]]
 
 
-class _TlsEofNoise(logging.Filter):
-    """asyncio warns "returning true from eof_received() has no effect when using ssl" for every
-    nats-py TLS connection that closes; it says nothing about gpumedic and alarms whoever reads it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "eof_received() has no effect when using ssl" not in record.getMessage()
-
-
-def _quiet_tls_eof() -> None:
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _TlsEofNoise) for f in asyncio_log.filters):
-        asyncio_log.addFilter(_TlsEofNoise())
-
-
 class BusNotProvisioned(RuntimeError):
     """A stream or consumer the service binds to does not exist; the message says what to run."""
-
-
-class BusState:
-    """nats-py's connection callbacks as one log line per change of state: nats-py's default logs
-    a whole traceback on every reconnect try while the server is away. (Disconnection is not
-    logged by itself: a deliberate close disconnects too; the error that caused one is logged.)"""
-
-    def __init__(self, name: str) -> None:
-        self._log = logging.getLogger(f"{name}.bus")
-        self._last = ""
-
-    async def error(self, exc: Exception) -> None:
-        reason = nats_reason(exc)
-        if reason != self._last:
-            self._log.warning("bus: %s (reconnecting)", reason)
-            self._last = reason
-        else:
-            self._log.debug("bus: %s again", reason)
-
-    async def reconnected(self) -> None:
-        self._log.info("bus: reconnected to NATS")
-        self._last = ""
-
-
-def connect_options(settings: NatsSettings, name: str) -> dict:
-    """nats-py connection options for a client that must outlive any NATS restart."""
-    state = BusState(name)
-    options: dict = {
-        "error_cb": state.error,
-        "reconnected_cb": state.reconnected,
-        "servers": settings.servers,
-        "name": name,
-        "allow_reconnect": True,
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": settings.reconnect_wait_s,
-        "ping_interval": settings.ping_interval_s,
-        "max_outstanding_pings": settings.max_outstanding_pings,
-        "inbox_prefix": settings.inbox_prefix,
-    }
-    if settings.user:
-        options["user"] = settings.user
-        options["password"] = settings.password.get_secret_value() if settings.password else None
-    tls = settings.ssl_context()
-    if tls is not None:
-        options["tls"] = tls
-    return options
-
-
-async def connect(settings: NatsSettings, name: str, **overrides) -> nats.NATS:
-    """A plain nats-py connection with the service's credentials, TLS and inbox (tools, setup)."""
-    _quiet_tls_eof()
-    return await nats.connect(**{**connect_options(settings, name), **overrides})
 
 
 INSTANCE_VARIABLE = "GPUMEDIC_INSTANCE_ID"
@@ -151,7 +86,7 @@ class ServiceRuntime:
     def __init__(self, service: str, nats_settings: NatsSettings, *, trace_to_bus: bool = False) -> None:
         self.service = service
         self.nats = nats_settings
-        _quiet_tls_eof()
+        quiet_tls_eof()
         self.instance_id = instance_id()
         self.metrics = ServiceMetrics(service)
         self._metrics_port = metrics_port()  # GPUMEDIC_METRICS_PORT; a bad one stops the start here

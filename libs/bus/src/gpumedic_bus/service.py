@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
 from gpumedic_bus.outage import nats_reason
-from gpumedic_bus.runtime import connect
+from gpumedic_bus.connect import connect
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_telemetry.logs import configure_logging
 
