@@ -22,7 +22,8 @@ from gpumedic_incidents.policy import (
     UnitRule,
 )
 from leader_health.logic import ClusterIncidents
-from leader_health.probe import PeerAnswer, PeerStatus
+from leader_health.probe import PeerAnswer
+from leader_health.status import PeerStatus
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 DAEMON = "p2p-node.service"

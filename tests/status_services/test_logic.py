@@ -8,7 +8,8 @@ from autoscaler.logic import evaluate
 from autoscaler.scaling import NodeLoad
 from gpumedic_events import GpuSample, NodeSampled
 from leader_health.logic import assess
-from leader_health.probe import PeerAnswer, PeerStatus
+from leader_health.probe import PeerAnswer
+from leader_health.status import PeerStatus
 
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 

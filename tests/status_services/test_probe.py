@@ -77,9 +77,11 @@ async def test_a_dead_daemon_a_blocked_event_loop_and_a_sick_one_are_told_apart(
     ("answer", "reason"),
     [
         (_http(200, b"{not json"), "/status is not JSON"),
-        (_http(200, b"[1, 2]"), "/status is a JSON list, not an object"),
-        (_http(200, json.dumps({"node_id": "p1"}).encode()), "/status is not a peer status (leader: Field required)"),
-        (_http(200, json.dumps({**GOOD, "voters": -1}).encode()), "voters: Input should be greater than or equal to 0"),
+        (_http(200, b"[1, 2]"), "/status is a JSON array, not an object"),
+        (_http(200, json.dumps({"leader": "p1"}).encode()),
+         "does not fit the policy's peer_status: node_id ('not_null(node_id, self.node_id, node)') found nothing, not a text"),
+        (_http(200, json.dumps({**GOOD, "voters": -1}).encode()), "voters_alive ('not_null(voters_alive, alive_voters, voters.alive, voters)') "
+         "found a JSON number -1, not a count of 0 or more"),
         (_http(302, b"", "Location: http://evil.example/status\r\n"), "/status redirects to 'http://evil.example/status'; redirects are not followed"),
         (_http(200, b"[" + b"0," * (MAX_ANSWER_BYTES // 2) + b"0]"), "the answer is larger than 1024 KiB"),
         (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP answer"),

@@ -15,11 +15,12 @@ from gpumedic_incidents.detector import Detector
 from leader_health.logic import ClusterIncidents, assess
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
+from leader_health.status import StatusReader
 
 log = logging.getLogger(__name__)
 
 
-def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, logic: ClusterIncidents):
+def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, logic: ClusterIncidents, reader: StatusReader):
     async def check_cluster() -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -29,6 +30,7 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 connect_timeout_s=settings.connect_timeout_s,
                 http_timeout_s=settings.http_timeout_s,
                 concurrency=settings.probe_concurrency,
+                reader=reader,
             )
             for answer in answers:
                 if answer.state != "ok":

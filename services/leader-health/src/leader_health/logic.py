@@ -8,8 +8,9 @@ from datetime import datetime
 
 from gpumedic_events import ActionCompleted, ClusterChecked, PeerProblem
 from gpumedic_incidents import IncidentBook, Policy, Transition
-from leader_health.probe import PeerAnswer, PeerStatus
+from leader_health.probe import PeerAnswer
 from leader_health.rules import ClusterRules, leadership
+from leader_health.status import PeerStatus
 
 SOURCE = "leader-health"
 MAX_PROBLEMS = 200
@@ -27,13 +28,15 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     if total == 0:
         summary, healthy = "no peers configured", False
     elif not view.has_quorum:
-        summary, healthy = f"quorum lost: {len(answering)}/{total} peers answer", False
+        summary, healthy = f"quorum lost: {view.voters_text() or f'{len(answering)}/{total} peers answer'}", False
     elif leader is None:
         summary, healthy = f"no leader with quorum: {len(answering)}/{total} answer, leaders named {dict(view.named)}", False
     elif leader not in known:
         summary, healthy = f"{len(answering)}/{total} peers answer; their leader {leader} is not a peer", False
     else:
         summary, healthy = f"{len(answering)}/{total} peers answer; leader {leader}", True
+    if view.voters is not None and view.has_quorum:
+        summary += f"; {view.voters_text()}"
     states = Counter(a.state for a in answers if a.status is None)
     if states:
         summary += "; " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))

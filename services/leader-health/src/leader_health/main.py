@@ -19,6 +19,7 @@ from leader_health.handlers import check_loop
 from leader_health.logic import SOURCE as SERVICE
 from leader_health.logic import ClusterIncidents
 from leader_health.settings import Settings
+from leader_health.status import StatusReader
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     logic = ClusterIncidents(settings.cluster, policy)
     detector = Detector(runtime, logic, SERVICE)
     detector.attach("leader-health-actions")
-    runtime.background(check_loop(runtime, settings, detector, logic))
+    reader = StatusReader(policy.peer_status.expressions())
+    runtime.background(check_loop(runtime, settings, detector, logic, reader))
     return runtime.app()
 
 

@@ -4,8 +4,8 @@ The layers tell apart what the runbook tells apart by hand: a dead host (no TCP 
 `unreachable`), a dead daemon on a live host (the connection is refused: `down`), and a daemon
 whose event loop is blocked (the port accepts TCP, HTTP never answers: `blocked`). A `/health`
 that answers with an error is `unhealthy`; a daemon without `/health` (404) is judged by
-`/status` alone. Whatever `/status` says must parse: invalid JSON, a document without the fields
-a peer status has, an answer over `MAX_ANSWER_BYTES` and a redirect (never followed) are each a
+`/status` alone. Whatever `/status` says must parse: invalid JSON, a document the policy's
+`peer_status` expressions do not fit (`leader_health.status`), an answer over `MAX_ANSWER_BYTES` and a redirect (never followed) are each a
 `bad_answer` with the reason. Nothing a peer sends can raise out of `probe`.
 """
 
@@ -19,27 +19,12 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from leader_health.status import DEFAULT_READER, PeerStatus, StatusMismatch, StatusReader
 
 MAX_ANSWER_BYTES = 1024 * 1024
 _HEAD_ROOM = 16 * 1024
 """Room for the status line and headers above the body's limit."""
 PeerState = Literal["ok", "unreachable", "down", "blocked", "unhealthy", "bad_answer"]
-
-
-class PeerStatus(BaseModel):
-    """What a peer says about itself and the cluster (`GET /status`)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    node_id: str = Field(min_length=1, max_length=253)
-    leader: str | None = Field(max_length=253, description="Required, null when the peer knows no leader.")
-    peers: tuple[str, ...] = Field(default=(), max_length=4096, description="The peers it sees alive.")
-    role: str | None = Field(default=None, max_length=32)
-    voters: int | None = Field(default=None, ge=0, description="The voters it sees alive, itself included.")
-    voters_total: int | None = Field(default=None, ge=0)
-    quorum: bool | None = None
-    uptime_s: float | None = Field(default=None, ge=0)
 
 
 @dataclass(frozen=True)
@@ -60,29 +45,29 @@ class _Refused(Exception):
         self.detail = detail
 
 
-async def probe(url: str, *, connect_timeout_s: float, http_timeout_s: float) -> PeerAnswer:
+async def probe(url: str, *, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader = DEFAULT_READER) -> PeerAnswer:
     started = time.monotonic()
     try:
-        status = await _layers(url, connect_timeout_s, http_timeout_s)
+        status = await _layers(url, connect_timeout_s, http_timeout_s, reader)
     except _Refused as verdict:
         return PeerAnswer(url, verdict.state, None, verdict.detail[:300], _ms(started))
     return PeerAnswer(url, "ok", status, "", _ms(started))
 
 
 async def probe_all(
-    urls: Sequence[str], *, connect_timeout_s: float, http_timeout_s: float, concurrency: int
+    urls: Sequence[str], *, connect_timeout_s: float, http_timeout_s: float, concurrency: int, reader: StatusReader = DEFAULT_READER
 ) -> list[PeerAnswer]:
     """Every peer, at most `concurrency` at once, in the order given."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(url: str) -> PeerAnswer:
         async with gate:
-            return await probe(url, connect_timeout_s=connect_timeout_s, http_timeout_s=http_timeout_s)
+            return await probe(url, connect_timeout_s=connect_timeout_s, http_timeout_s=http_timeout_s, reader=reader)
 
     return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
-async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float) -> PeerStatus:
+async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader) -> PeerStatus:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise _Refused("bad_answer", f"only http://host:port/path status URLs are probed, not {url[:100]!r}")
@@ -100,13 +85,10 @@ async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float) -> 
         document = json.loads(body)
     except ValueError as exc:
         raise _Refused("bad_answer", f"/status is not JSON ({exc.msg} at byte {exc.pos})") from None
-    if not isinstance(document, dict):
-        raise _Refused("bad_answer", f"/status is a JSON {type(document).__name__}, not an object")
     try:
-        return PeerStatus.model_validate(document)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'status'}: {e['msg']}" for e in exc.errors(include_url=False)[:3])
-        raise _Refused("bad_answer", f"/status is not a peer status ({problems})") from None
+        return reader.read(document)
+    except StatusMismatch as exc:
+        raise _Refused("bad_answer", f"/status does not fit the policy's peer_status: {exc}") from None
 
 
 async def _connect(host: str, port: int, timeout_s: float) -> None:

@@ -9,11 +9,13 @@ shared lifecycle's business.
 - `peer_partitioned` per answering peer that sees others but more than `max_unseen_share` of the
   other answering peers do not see, for `for_s` (NAT, a firewall: longer than membership takes to
   converge after a join or a restart); a person, since the network is not gpumedic's to fix;
-- `quorum_lost` when fewer than a majority of the peers answer, or most answering peers say
-  they have no quorum (nothing else about the leader is judged then);
+- `quorum_lost` when fewer than a majority of the voters are alive, as the daemons count them
+  ("Voters: 2/8"); when they report no voters, when fewer than a majority of the probed peers
+  answer, or most answering peers say they have no quorum (nothing else about the leader is
+  judged then);
 - `split_brain` when answering peers name different leaders;
 - `no_leader` when quorum holds, no two leaders are named and none has a majority for `grace_s`:
-  the fix is forcing an election through one answering peer's admin endpoint (the incident is
+  the fix is forcing an election through an answering voter's admin endpoint (the incident is
   on that peer);
 - `leader_flapping` when the leader changes `max_changes` times within `window_s`;
 - `peers_below_target` when the cluster has fewer than `target` members for `for_s`: the members
@@ -35,7 +37,8 @@ from urllib.parse import urlsplit
 from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
 from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
 from gpumedic_incidents.policy import PartitionPolicy, PeerPolicy
-from leader_health.probe import PeerAnswer, PeerStatus
+from leader_health.probe import PeerAnswer
+from leader_health.status import PeerStatus
 
 NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 """Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
@@ -44,19 +47,31 @@ PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DO
 
 @dataclass(frozen=True)
 class Leadership:
-    """What one round's answering peers say together: the majority of all peers a leader needs,
-    the leaders they name, the one a majority names (None when no leader has one), and whether
-    most of the peers that report their quorum say they have none."""
+    """What one round's answering peers say together: the voters alive of all voters as the
+    daemons report them (else the majority of the probed peers a quorum needs), the leaders they
+    name, the one most of them name (None when none has a majority of them, or, without voter
+    counts, of all peers), and whether most of the peers that report their quorum say they have
+    none."""
 
     statuses: tuple[PeerStatus, ...]
     quorum: int
     named: Counter[str]
     leader: str | None
     peers_say_no_quorum: bool = False
+    voters: tuple[int, int] | None = None
+    """(alive, total) as the daemons report them: the leader's count, else the most common."""
 
     @property
     def has_quorum(self) -> bool:
+        if self.voters is not None:
+            return self.voters[0] >= self.quorum
         return len(self.statuses) >= self.quorum and not self.peers_say_no_quorum
+
+    def voters_text(self) -> str:
+        """As the runbook's log writes it: 'Voters 5/8 (quorum OK)'; '' without voter counts."""
+        if self.voters is None:
+            return ""
+        return f"Voters {self.voters[0]}/{self.voters[1]} ({'quorum OK' if self.has_quorum else 'quorum LOST'})"
 
     def members(self) -> int:
         """The cluster's size as its leader counts it (the peers it sees alive and itself); without
@@ -66,14 +81,26 @@ class Leadership:
             return len(set(leader.peers) | {leader.node_id})
         return max((len(set(s.peers) | {s.node_id}) for s in self.statuses), default=0)
 
+    def voter_ids(self) -> set[str]:
+        """The peers any answering daemon says vote."""
+        return {v for s in self.statuses for v in s.voter_ids()}
+
 
 def leadership(answers: Sequence[PeerAnswer]) -> Leadership:
     statuses = tuple(a.status for a in answers if a.status is not None)
-    quorum = len(answers) // 2 + 1
     named = Counter(s.leader for s in statuses if s.leader)
     leader, votes = named.most_common(1)[0] if named else (None, 0)
     reported = [s.quorum for s in statuses if s.quorum is not None]
     no_quorum = bool(reported) and 2 * sum(reported) < len(reported)
+    counts = Counter((s.voters, s.voters_total) for s in statuses if s.voters is not None and s.voters_total)
+    if counts:
+        # Quorum is the voters' (the runbook's "Voters: 5/8 (quorum OK)"): the leader's count, else
+        # the most common. Many listed peers may be down without the cluster losing it.
+        by_leader = next(((s.voters, s.voters_total) for s in statuses if s.node_id == leader and s.voters is not None and s.voters_total), None)
+        voters = by_leader or counts.most_common(1)[0][0]
+        majority = voters[1] // 2 + 1
+        return Leadership(statuses, majority, named, leader if 2 * votes > len(statuses) else None, no_quorum, voters)
+    quorum = len(answers) // 2 + 1
     return Leadership(statuses, quorum, named, leader if votes >= quorum else None, no_quorum)
 
 
@@ -109,13 +136,15 @@ class ClusterRules:
         statuses = view.statuses
         findings += self._partitioned(statuses, incidents, now)
         if not view.has_quorum:
-            if view.peers_say_no_quorum:
+            if view.voters is not None:
+                why = f"{view.voters_text()}: fewer than a majority ({view.quorum}) of the voters are alive"
+            elif view.peers_say_no_quorum:
                 why = f"{sum(s.quorum is False for s in statuses)} of {len(statuses)} answering peers say they have no quorum"
             else:
                 why = f"{len(statuses)} of {len(answers)} peers answer (a majority is {view.quorum})"
             findings.append(self._cluster_finding(
                 IncidentKind.QUORUM_LOST, f"quorum lost: {why}",
-                {"answering": len(statuses), "peers": len(answers), "voters": _voters(statuses)}, severity="critical",
+                {"answering": len(statuses), "peers": len(answers), "voters": _voters(view)}, severity="critical",
             ))
             return findings + self._below_target(view.members(), now)
         findings.append(self._cluster_cleared(IncidentKind.QUORUM_LOST))
@@ -127,7 +156,7 @@ class ClusterRules:
         else:
             findings.append(self._cluster_cleared(IncidentKind.SPLIT_BRAIN))
         if len(view.named) <= 1:  # two leaders are a split brain, not a missing leader
-            findings += self._no_leader(view.leader, statuses, incidents, now, view.quorum)
+            findings += self._no_leader(view, incidents, now)
         findings += self._flapping(view.leader, now)
         return findings + self._below_target(view.members(), now)
 
@@ -199,10 +228,11 @@ class ClusterRules:
 
     # --- the cluster ------------------------------------------------------------------------
 
-    def _no_leader(self, leader: str | None, statuses, incidents: Incidents, now: datetime, quorum: int) -> list[Finding]:
+    def _no_leader(self, view: Leadership, incidents: Incidents, now: datetime) -> list[Finding]:
+        statuses = view.statuses
         open_on = [i for s in statuses for i in incidents.open_on(self._safe(s.node_id))
                    if i.kind is IncidentKind.NO_LEADER and i.key == self._key]
-        if leader is not None:
+        if view.leader is not None:
             self._leaderless_since = None
             return [cleared(IncidentKind.NO_LEADER, i.node_id, key=self._key) for i in open_on]
         self._leaderless_since = self._leaderless_since or now
@@ -210,17 +240,21 @@ class ClusterRules:
         leaderless = now - self._leaderless_since
         if leaderless < timedelta(seconds=rule.grace_s):
             return []
-        # The incident stays on the peer it opened on; a new one goes to the first answering peer.
-        node = open_on[0].node_id if open_on else min(self._safe(s.node_id) for s in statuses)
+        # The incident stays on the peer it opened on; a new one goes to the first answering voter
+        # (an election is a voter's business, as the runbook forces it), else the first answering peer.
+        voters = [s for s in statuses if s.node_id in view.voter_ids()] or list(statuses)
+        node = open_on[0].node_id if open_on else min(self._safe(s.node_id) for s in voters)
+        held = view.voters_text() or f"quorum {view.quorum}"
         endpoint = rule.election_endpoint
         election = {"http_admin": HttpAdmin(endpoint=endpoint)} if endpoint in self.policy.actions.http_admin.endpoints else {}
         return [Finding(
             kind=IncidentKind.NO_LEADER,
             node_id=node,
             key=self._key,
-            summary=f"cluster {self.cluster}: {len(statuses)} peers answer (quorum {quorum}) but none has led for "
+            summary=f"cluster {self.cluster}: {len(statuses)} peers answer ({held}) but none has led for "
             f"{leaderless.total_seconds():.0f}s",
-            evidence={"cluster": self.cluster, "answering": len(statuses), "quorum": quorum, "leaderless_s": round(leaderless.total_seconds())},
+            evidence={"cluster": self.cluster, "answering": len(statuses), "quorum": view.quorum, "voters": _voters(view),
+                      "leaderless_s": round(leaderless.total_seconds())},
             severity="critical",
             recommended_action=f"force an election through a peer's admin endpoint ({endpoint})" if election
             else f"force an election (add actions.http_admin.endpoints.{endpoint} to let gpumedic do it)",
@@ -280,7 +314,6 @@ class ClusterRules:
         return NOT_A_TOKEN.sub("-", name)[:63].lstrip("-_.") or "unknown-peer"
 
 
-def _voters(statuses: Sequence[PeerStatus]) -> str:
-    """The voters the answering peers report alive, as the runbook writes it ('3/7'), or ''."""
-    counts = Counter(f"{s.voters}/{s.voters_total}" for s in statuses if s.voters is not None and s.voters_total)
-    return counts.most_common(1)[0][0] if counts else ""
+def _voters(view: Leadership) -> str:
+    """The voters alive of all, as the runbook writes it ('3/7'), or ''."""
+    return f"{view.voters[0]}/{view.voters[1]}" if view.voters is not None else ""

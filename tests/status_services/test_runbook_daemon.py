@@ -1,0 +1,202 @@
+"""leader-health against the runbooks' own peer daemon, written from the runbooks' commands alone
+(`curl -s http://leader:8770/status | jq '.peers["NODE_ID"]'`, `.peers | to_entries[] |
+select(.value.selfplay_jobs > 0 and .value.gpu_percent < 5)`, "Voters: 5/8 (quorum OK)",
+"Leader: None", `curl -X POST http://localhost:8770/force_election`), not from the simulated
+fleet: `peers` is an object keyed by node id, each value that peer's jobs and GPU %, and quorum
+is the voters'. Real HTTP on loopback through the real probe, then the rules and the book."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpumedic_events import ActionRequested, HttpAdmin, IncidentKind, IncidentOpened
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, FleetPolicy, Kinds, NoLeaderPolicy, Step
+from leader_health.logic import ClusterIncidents, assess
+from leader_health.probe import probe_all
+
+T0 = datetime(2026, 1, 24, 14, 5, tzinfo=UTC)
+POLICY = Policy(
+    fleet=FleetPolicy(hold_s=0),
+    actions=Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election")})),
+    kinds=Kinds(no_leader=NoLeaderPolicy(grace_s=60, ladder=(Step(action="http_admin"),))),
+)
+# The log's peers: 18 listed, the voters among them, names with dots as rented hosts have them.
+PEERS = [
+    "hetzner-cpu1", "hetzner-cpu2", "hetzner-cpu3", "lambda-gh200-1", "lambda-gh200-2", "lambda-gh200-3", "lambda-gh200-4",
+    "mac-studio", "local-mac", "nebius-h100-1", "nebius.h100-3", "vast-29118471", "vast-29126088", "vultr-a100-20gb",
+    "macbook-pro-3", "macbook-pro-4", "nebius-backbone-1", "test",
+]
+VOTERS = ["hetzner-cpu1", "hetzner-cpu2", "hetzner-cpu3", "nebius.h100-3", "vultr-a100-20gb", "mac-studio", "local-mac", "lambda-gh200-1"]
+
+
+def runbook_status(node: str, *, answering: list[str], leader: str | None, voters_alive: int, voters_total: int = 8) -> dict:
+    """A daemon's /status as the runbooks read it."""
+    return {
+        "node_id": node,
+        "role": "leader" if leader == node else "follower",
+        "leader_id": leader,
+        "voters_alive": voters_alive,
+        "voters_total": voters_total,
+        "quorum_ok": voters_alive >= voters_total // 2 + 1,
+        "uptime_seconds": 1500.0,
+        "peers": {
+            peer: {"alive": peer in answering, "is_voter": peer in VOTERS, "selfplay_jobs": 2 if peer.startswith("lambda") else 0,
+                   "gpu_percent": 3.5 if peer.startswith("lambda") else 0.0}
+            for peer in PEERS if peer != node
+        },
+        "idle_detection_stats": {"zombie_nodes": []},
+    }
+
+
+class RunbookCluster:
+    """One daemon per answering peer on loopback; the rest refuse connections (their P2P is down)."""
+
+    def __init__(self) -> None:
+        self.documents: dict[str, object] = {}
+        self.ports: dict[str, int] = {}
+        self._servers: dict[str, asyncio.Server] = {}
+
+    async def start(self) -> list[str]:
+        for node in PEERS:
+            server = await asyncio.start_server(lambda r, w, node=node: self._answer(node, r, w), "127.0.0.1", 0)
+            self.ports[node] = server.sockets[0].getsockname()[1]
+            self._servers[node] = server
+        return [f"http://127.0.0.1:{self.ports[n]}/status" for n in PEERS]
+
+    async def _answer(self, node: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            document = self.documents[node]
+            body = json.dumps(document).encode() if head.split(b" ", 2)[1] == b"/status" else b'{"status": "ok"}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            await writer.drain()
+        writer.close()
+
+    async def stop(self) -> None:
+        for server in self._servers.values():
+            server.close()
+            await server.wait_closed()
+
+    async def state(self, answering: list[str], *, leader: str | None, voters_alive: int, voters_total: int = 8) -> None:
+        """The peers not answering have their daemon down: nothing listens on their port any more."""
+        self.documents = {n: runbook_status(n, answering=answering, leader=leader, voters_alive=voters_alive, voters_total=voters_total)
+                          for n in answering}
+        for node in set(PEERS) - set(answering):
+            self._servers[node].close()
+
+
+@pytest.fixture
+async def cluster():
+    c = RunbookCluster()
+    urls = await c.start()
+    yield c, urls
+    await c.stop()
+
+
+async def _round(urls):
+    return await probe_all(urls, connect_timeout_s=1.0, http_timeout_s=2.0, concurrency=32)
+
+
+def _apply(logic: ClusterIncidents, answers, at_s: float) -> list:
+    events = []
+    for t in logic.on_round(answers, T0 + timedelta(seconds=at_s)):
+        logic.book.commit(t)
+        events += t.events
+    return events
+
+
+ANSWERING = ["hetzner-cpu1", "hetzner-cpu2", "lambda-gh200-2", "nebius-h100-1", "nebius.h100-3", "vast-29118471", "vast-29126088", "vultr-a100-20gb"]
+
+
+async def test_every_peer_of_the_runbook_daemon_is_read(cluster):
+    c, urls = cluster
+    await c.state(ANSWERING, leader="vultr-a100-20gb", voters_alive=6)
+    answers = await _round(urls)
+    good = [a for a in answers if a.state == "ok"]
+    assert {a.status.node_id for a in good} == set(ANSWERING), [a.detail for a in answers if a.state == "bad_answer"]
+    status = next(a.status for a in good if a.status.node_id == "hetzner-cpu1")
+    assert (status.voters, status.voters_total, status.leader) == (6, 8, "vultr-a100-20gb")
+    assert set(status.peers) == set(ANSWERING) - {"hetzner-cpu1"}
+    assert status.loads["lambda-gh200-2"].jobs == 2 and status.loads["lambda-gh200-2"].gpu_percent == 3.5
+    assert "nebius.h100-3" in status.voter_ids()
+    checked = assess("selfplay", answers)
+    assert checked.healthy and "Voters 6/8 (quorum OK)" in checked.summary, checked.summary
+
+
+@pytest.mark.parametrize(("voters_alive", "voters_total"), [(5, 7), (6, 8), (5, 8)])
+async def test_quorum_of_voters_and_no_leader_past_the_grace_forces_an_election_on_a_voter(cluster, voters_alive, voters_total):
+    """The log: 6 to 8 of 18 peers answer, 'Voters: 5/7 (quorum OK)', 'Leader: None' for hours."""
+    c, urls = cluster
+    await c.state(ANSWERING, leader=None, voters_alive=voters_alive, voters_total=voters_total)
+    logic = ClusterIncidents("selfplay", POLICY)
+    events = []
+    for at_s in (0, 30, 59):
+        events += _apply(logic, await _round(urls), at_s)
+    # The 10 peers whose daemon is down are theirs to fix (peer_down); the cluster holds quorum.
+    assert {e.kind for e in events if isinstance(e, IncidentOpened)} <= {IncidentKind.PEER_DOWN, IncidentKind.FLEET_ANOMALY}
+    events = _apply(logic, await _round(urls), 61)
+    (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.NO_LEADER]
+    assert f"Voters {voters_alive}/{voters_total} (quorum OK)" in opened.summary
+    (asked,) = [e for e in events if isinstance(e, ActionRequested) and e.incident_id == opened.incident_id]
+    assert asked.operation == HttpAdmin(endpoint="force_election")
+    assert asked.node_id in {"hetzner-cpu1", "hetzner-cpu2", "nebius-h100-3", "vultr-a100-20gb"}  # an answering voter
+
+
+async def test_two_voters_of_eight_is_quorum_lost_however_many_peers_answer(cluster):
+    c, urls = cluster
+    await c.state(ANSWERING, leader=None, voters_alive=2)
+    logic = ClusterIncidents("selfplay", POLICY)
+    events = _apply(logic, await _round(urls), 0)
+    (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.QUORUM_LOST]
+    assert "Voters 2/8 (quorum LOST)" in opened.summary, opened.summary
+
+
+async def test_a_leader_every_answering_peer_names_is_the_leader_though_most_listed_peers_are_down(cluster):
+    c, urls = cluster
+    await c.state(ANSWERING, leader="vultr-a100-20gb", voters_alive=6)
+    logic = ClusterIncidents("selfplay", POLICY)
+    events = []
+    for at_s in range(0, 300, 30):
+        events += _apply(logic, await _round(urls), at_s)
+    kinds = {e.kind for e in events if isinstance(e, IncidentOpened)}
+    assert IncidentKind.NO_LEADER not in kinds and IncidentKind.QUORUM_LOST not in kinds, kinds
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"peers": 7}, "peers ('peers') found a JSON number 7, not a list of node ids or an object keyed by node id"),
+        ({"voters_alive": 9}, "it counts 9 voters alive of 8 in all"),
+        ({"leader_id": "somebody-else"}, "its leader 'somebody-else' is not one of its 17 peers nor itself"),
+        ({"peers": {"ok-peer": {"gpu_percent": 250}}}, "peers['ok-peer']: peer_gpu_percent"),
+        ({"peers": {"x": {"selfplay_jobs": -3}}}, "not a count of 0 or more"),
+        ({"node_id": ""}, "node_id ('not_null(node_id, self.node_id, node)') found a JSON string '', not a text"),
+    ],
+)
+async def test_a_document_that_does_not_fit_is_one_bad_answer_that_says_why(cluster, change, reason):
+    c, urls = cluster
+    await c.state(["hetzner-cpu1"], leader=None, voters_alive=5)
+    c.documents["hetzner-cpu1"] = {**c.documents["hetzner-cpu1"], **change}
+    answers = await _round(urls)
+    assert {a.state for a in answers} == {"down", "bad_answer"}
+    (bad,) = [a for a in answers if a.state == "bad_answer"]
+    assert reason in bad.detail, bad.detail
+    assert bad.status is None
+
+
+async def test_hostile_node_ids_are_read_as_text_and_named_safely(cluster):
+    c, urls = cluster
+    await c.state(["hetzner-cpu1"], leader=None, voters_alive=5)
+    hostile = "$(reboot);rm -rf /.node"
+    c.documents["hetzner-cpu1"] = {**c.documents["hetzner-cpu1"], "node_id": hostile}
+    answers = await _round(urls)
+    (answer,) = [a for a in answers if a.state == "ok"]
+    logic = ClusterIncidents("selfplay", POLICY)
+    _apply(logic, answers, 0)
+    assert answer.status.node_id == hostile and logic.rules.node(answer.url) == "reboot--rm--rf---node"
