@@ -14,9 +14,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, HttpAdmin, IncidentKind, IncidentOpened
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, HttpAdmin, IncidentKind, IncidentOpened, IncidentResolved, RestartUnit
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, FleetPolicy, Kinds, NoLeaderPolicy, Step
+from gpumedic_incidents.policy import (
+    Actions,
+    AdminEndpoint,
+    AdminPolicy,
+    FleetPolicy,
+    Kinds,
+    NoLeaderPolicy,
+    RestartPolicy,
+    SlowPeerPolicy,
+    Step,
+    UnitRule,
+)
 from leader_health.logic import ClusterIncidents, assess
 from leader_health.probe import probe_all
 
@@ -59,6 +70,8 @@ class RunbookCluster:
 
     def __init__(self) -> None:
         self.documents: dict[str, object] = {}
+        self.lag_s: dict[str, float] = {}
+        """Per node: how long its event loop lags before each answer."""
         self.ports: dict[str, int] = {}
         self._servers: dict[str, asyncio.Server] = {}
 
@@ -72,6 +85,7 @@ class RunbookCluster:
     async def _answer(self, node: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             head = await reader.readuntil(b"\r\n\r\n")
+            await asyncio.sleep(self.lag_s.get(node, 0.0))
             document = self.documents[node]
             body = json.dumps(document).encode() if head.split(b" ", 2)[1] == b"/status" else b'{"status": "ok"}'
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
@@ -200,3 +214,33 @@ async def test_hostile_node_ids_are_read_as_text_and_named_safely(cluster):
     logic = ClusterIncidents("selfplay", POLICY)
     _apply(logic, answers, 0)
     assert answer.status.node_id == hostile and logic.rules.node(answer.url) == "reboot--rm--rf---node"
+
+
+async def test_a_peer_that_answers_slower_than_the_limit_round_after_round_is_a_slow_peer_restarted(cluster):
+    """The runbook restarts a daemon whose event loop lags > 5 s; here the limit is 0.3 s, the lag 0.5 s
+    (a blocked daemon, silent past the HTTP timeout, stays `peer_blocked`)."""
+    c, urls = cluster
+    await c.state(ANSWERING, leader="vultr-a100-20gb", voters_alive=6)
+    policy = POLICY.model_copy(update={
+        "actions": POLICY.actions.model_copy(update={"restart_unit": RestartPolicy(units={"p2p.service": UnitRule()})}),
+        "kinds": POLICY.kinds.model_copy(update={"slow_peer": SlowPeerPolicy(
+            after_checks=2, slower_than_s=0.3, daemon_unit="p2p.service", ladder=(Step(action="restart_unit"),))}),
+    })
+    logic = ClusterIncidents("selfplay", policy)
+    c.lag_s["vast-29118471"] = 0.5
+    assert not [e for e in _apply(logic, await _round(urls), 0) if getattr(e, "kind", None) is IncidentKind.SLOW_PEER]
+    events = _apply(logic, await _round(urls), 30)
+    (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.SLOW_PEER]
+    assert opened.node_id == "vast-29118471" and "slower than 0.3s (2 checks in a row)" in opened.summary, opened.summary
+    (asked,) = [e for e in events if isinstance(e, ActionRequested) and e.incident_id == opened.incident_id]
+    assert asked.operation == RestartUnit(unit="p2p.service")
+    others = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.SLOW_PEER and e.node_id != "vast-29118471"]
+    assert others == []
+    done = ActionCompleted(source="remediator", action_id=asked.action_id, incident_id=asked.incident_id, node_id=asked.node_id,
+                           attempt=asked.attempt, outcome=ActionOutcome.SUCCEEDED, detail="restarted p2p.service",
+                           request_sha256=asked.request_sha256)
+    for t in logic.on_action_completed(done, T0 + timedelta(seconds=31), None):
+        logic.book.commit(t)
+    c.lag_s.clear()  # the restarted daemon answers at once
+    (resolved,) = [e for e in _apply(logic, await _round(urls), 60) if isinstance(e, IncidentResolved)]
+    assert resolved.incident_id == opened.incident_id and resolved.resolution == "fixed"

@@ -174,7 +174,7 @@ OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
     ),
     "leader-health": (
         _K.NO_LEADER, _K.QUORUM_LOST, _K.SPLIT_BRAIN, _K.LEADER_FLAPPING, _K.PEER_BLOCKED, _K.PEER_DOWN,
-        _K.PEER_PARTITIONED, _K.PEERS_BELOW_TARGET,
+        _K.SLOW_PEER, _K.PEER_PARTITIONED, _K.PEERS_BELOW_TARGET,
     ),
     "autoscaler": (
         _K.CAPACITY_SHORT, _K.CAPACITY_SURPLUS, _K.QUEUE_STALLED, _K.STUCK_SPAWNING, _K.STALE_HEARTBEAT,

@@ -175,6 +175,12 @@ class PeerPolicy(KindPolicy):
     )
 
 
+class SlowPeerPolicy(PeerPolicy):
+    slower_than_s: float = Field(
+        default=5.0, gt=0, description="A /status answer slower than this is slow (the runbook restarts a daemon lagging > 5 s)."
+    )
+
+
 class PartitionPolicy(KindPolicy):
     max_unseen_share: float = Field(
         default=0.25, ge=0, lt=1, description="Share of the other answering peers that may not see a peer."
@@ -215,6 +221,7 @@ class Kinds(_Strict):
     leader_flapping: FlappingPolicy = FlappingPolicy()
     peer_blocked: PeerPolicy = PeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
+    slow_peer: SlowPeerPolicy = SlowPeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
     capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))
@@ -537,7 +544,7 @@ class Policy(_Strict):
         endpoint = self.kinds.no_leader.election_endpoint
         if self.kinds.no_leader.ladder and endpoint not in self.actions.http_admin.endpoints:
             missing["no_leader"] = f"actions.http_admin.endpoints.{endpoint}"
-        for name in ("peer_blocked", "peer_down"):
+        for name in ("peer_blocked", "peer_down", "slow_peer"):
             if getattr(self.kinds, name).ladder and getattr(self.kinds, name).daemon_unit is None:
                 missing[name] = f"kinds.{name}.daemon_unit"
         if self.kinds.capacity_short.ladder and not self.actions.spawn_worker.gpu_types:
@@ -555,7 +562,7 @@ class Policy(_Strict):
                     f"kinds.{name}: undrain_node follows validation (the validation section), never a ladder step"
                 )
         units = {"node_silent": self.kinds.node_silent.sampler_unit}
-        units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down")}
+        units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down", "slow_peer")}
         for name, unit in units.items():
             restarts = any(step.action == "restart_unit" for step in getattr(self.kinds, name).ladder)
             if unit is not None and restarts and unit not in self.actions.restart_unit.units:

@@ -31,6 +31,9 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     policy = policy or settings.policy.load()
     if missing := policy.unconfigured():
         log.info("leader-health: these escalate to a person until set: %s", ", ".join(f"{k} ({v})" for k, v in missing.items()))
+    if settings.http_timeout_s <= policy.kinds.slow_peer.slower_than_s:
+        log.warning("leader-health: GPUMEDIC_LEADER_HTTP_TIMEOUT_S (%gs) is not above kinds.slow_peer.slower_than_s (%gs): "
+                    "a slow peer is taken for a blocked one", settings.http_timeout_s, policy.kinds.slow_peer.slower_than_s)
     logic = ClusterIncidents(settings.cluster, policy)
     detector = Detector(runtime, logic, SERVICE)
     detector.attach("leader-health-actions")

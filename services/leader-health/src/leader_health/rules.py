@@ -6,6 +6,8 @@ shared lifecycle's business.
   at all) per peer, after `after_checks` rounds in a row; the fix for a daemon that is blocked or
   not running is a restart of its unit (where the policy names one), never for a host that does
   not answer (SSH would not reach it either);
+- `slow_peer` per peer that answers, but slower than `slower_than_s` (5 s: the runbook restarts a
+  daemon whose event loop lags that much), `after_checks` rounds in a row: a restart of its unit;
 - `peer_partitioned` per answering peer that sees others but more than `max_unseen_share` of the
   other answering peers do not see, for `for_s` (NAT, a firewall: longer than membership takes to
   converge after a join or a restart); a person, since the network is not gpumedic's to fix;
@@ -36,7 +38,7 @@ from urllib.parse import urlsplit
 
 from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
 from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
-from gpumedic_incidents.policy import PartitionPolicy, PeerPolicy
+from gpumedic_incidents.policy import PartitionPolicy, PeerPolicy, SlowPeerPolicy
 from leader_health.probe import PeerAnswer
 from leader_health.status import PeerStatus
 
@@ -119,6 +121,7 @@ class ClusterRules:
         self.node_of: dict[str, str] = {}
         """Each peer URL's node id, from its last good status (before that, its host)."""
         self._streaks: dict[str, tuple[str, int]] = {}
+        self._slow_streaks: dict[str, int] = {}
         self._unseen_since: dict[str, datetime] = {}
         self._leaderless_since: datetime | None = None
         self._below_since: datetime | None = None
@@ -167,7 +170,9 @@ class ClusterRules:
         kind = PEER_KINDS.get(answer.state)
         if kind is None:  # answering (or answering badly): neither blocked nor down
             self._streaks.pop(answer.url, None)
-            return [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
+            gone = [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
+            return gone + self._slow(answer, node, incidents)
+        self._slow_streaks.pop(answer.url, None)
         state, count = self._streaks.get(answer.url, (kind.value, 0))
         count = count + 1 if state == kind.value else 1
         self._streaks[answer.url] = (kind.value, count)
@@ -192,6 +197,28 @@ class ClusterRules:
             severity="warning",
             recommended_action=f"restart the peer daemon ({rule.daemon_unit})" if restart
             else "check the machine and its network, then the peer daemon",
+            operations=restart,
+        )]
+
+    def _slow(self, answer: PeerAnswer, node: str, incidents: Incidents) -> list[Finding]:
+        """A peer that answers, but slower than the policy's limit, `after_checks` rounds in a row."""
+        rule: SlowPeerPolicy = self.policy.kinds.slow_peer
+        took_s = answer.took_ms / 1000
+        if answer.state != "ok" or took_s <= rule.slower_than_s:
+            self._slow_streaks.pop(answer.url, None)
+            return [cleared(IncidentKind.SLOW_PEER, node)] if incidents.get(fingerprint(node, IncidentKind.SLOW_PEER, None)) else []
+        count = self._slow_streaks[answer.url] = self._slow_streaks.get(answer.url, 0) + 1
+        if count < rule.after_checks:
+            return []
+        restart = {"restart_unit": RestartUnit(unit=rule.daemon_unit)} if rule.daemon_unit else {}
+        return [Finding(
+            kind=IncidentKind.SLOW_PEER,
+            node_id=node,
+            summary=f"peer {node} of cluster {self.cluster} answers in {took_s:.1f}s, slower than {rule.slower_than_s:g}s "
+            f"({count} checks in a row): its event loop lags",
+            evidence={"url": answer.url, "took_s": round(took_s, 2), "limit_s": rule.slower_than_s, "checks": count, "cluster": self.cluster},
+            severity="warning",
+            recommended_action=f"restart the peer daemon ({rule.daemon_unit})" if restart else "restart the peer daemon, and look for what blocks its event loop",
             operations=restart,
         )]
 

@@ -20,7 +20,8 @@ class Settings(BaseSettings):
     interval_s: float = Field(default=30.0, gt=0, description="How often to check the cluster.")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="No TCP answer within this: the peer's host is unreachable.")
     http_timeout_s: float = Field(
-        default=3.0, gt=0, description="TCP accepted but no HTTP answer within this: the peer's event loop is blocked."
+        default=10.0, gt=0, description="TCP accepted but no HTTP answer within this: the peer's event loop is blocked. "
+        "Above the policy's kinds.slow_peer.slower_than_s (5 s), so that a slow answer is told apart from none.",
     )
     probe_concurrency: int = Field(default=64, ge=1, le=1024, description="Peers probed at once.")
     trace_to_bus: bool = False
