@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import uuid
 
 from gpumedic_store import ActionRecord, create_engine, session_factory
 from report_builder.main import create_app as reports_app
@@ -34,6 +35,10 @@ async def test_sigkill_mid_action_then_restart_runs_nothing_twice_and_keeps_the_
         "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),
         "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(fleet.client_key_path),
         "GPUMEDIC_REMEDIATOR_TRACE_TO_BUS": "true",
+        # Restarted as a supervisor restarts it: the same instance, which takes its own lease back at
+        # once rather than waiting for it to expire (on a loaded machine that wait neared the
+        # detector's 30 s action timeout).
+        "GPUMEDIC_INSTANCE_ID": str(uuid.uuid4()),
     }
     log = tmp_path / "remediator.log"
     await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url}, trace_to_bus=True)))

@@ -128,6 +128,7 @@ class SimFleet:
             Fault.SAMPLER_SILENT: node.inject_sampler_silent,
             Fault.NVML_MISSING: node.inject_nvml_missing,
             Fault.STATUS_BLOCKED: node.inject_status_blocked,
+            Fault.STATUS_SLOW: node.inject_status_slow,
         }
         if fault in needs_gpu:
             needs_gpu[fault](self._gpu(fault, gpu), **params)

@@ -59,6 +59,7 @@ class Fault(StrEnum):
     SAMPLER_SILENT = "sampler_silent"
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
+    STATUS_SLOW = "status_slow"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
     QUORUM_LOST = "quorum_lost"
@@ -97,6 +98,8 @@ class Benign(StrEnum):
 CLUSTER = "sim"
 """The simulated peer cluster's name: leader-health's incidents about the whole cluster are on it,
 and so are the cluster-wide faults' records."""
+STATUS_LAG_S = 6.0
+"""A slow daemon's lag: past the runbook's 5 s, within leader-health's 10 s HTTP timeout."""
 CLUSTER_FAULTS = frozenset({Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEERS_NEVER_JOIN})
 """Faults of the whole peer cluster (scored on `CLUSTER`, not on the node the scenario names)."""
 
@@ -125,6 +128,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.SAMPLER_SILENT: frozenset({"node_silent"}),
         Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
+        Fault.STATUS_SLOW: frozenset({"slow_peer"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
@@ -262,6 +266,8 @@ class NodeState:
         self.processes: dict[int, SimProcess] = {}
         self.nvml_missing = False
         self.status_blocked = False
+        self.status_lag_s = 0.0
+        """How long the daemon's lagging event loop takes before each /status answer."""
         self.sampler_silent = False
         """The node's sampler is hung: it publishes nothing."""
         self.unit_restarts: dict[str, int] = {}
@@ -532,6 +538,11 @@ class NodeState:
         self.cluster.leave(self.node_id)
         self._record(None, Fault.STATUS_BLOCKED)
 
+    def inject_status_slow(self, lag_s: float = STATUS_LAG_S) -> None:
+        """The daemon's event loop lags: every /status answer comes `lag_s` late (it stays a member)."""
+        self.status_lag_s = lag_s
+        self._record(None, Fault.STATUS_SLOW)
+
     def kill(self, pid: int, signal: str = "KILL") -> bool:
         """Deliver a signal; False if no such live process. KILL always ends the process, TERM
         unless it ignores TERM. A dead process frees its GPU memory and stops counting as a job."""
@@ -573,6 +584,8 @@ class NodeState:
             self.unit_restarts[unit] = self.unit_restarts.get(unit, 0) + 1
             if unit == SAMPLER_UNIT:
                 self.sampler_silent = False
+            if unit == PEER_UNIT:
+                self.status_lag_s = 0.0  # a fresh event loop
             if unit == PEER_UNIT and (self.status_blocked or self.daemon_down):
                 self.status_blocked = False
                 if self.daemon_down and self.on_daemon_start is not None:

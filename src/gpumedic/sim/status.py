@@ -29,8 +29,13 @@ class StatusEndpoint:
         self._connections: set[asyncio.StreamWriter] = set()
 
     def document(self) -> dict:
-        node = self.node
-        return {**node.cluster.status(node.node_id), "selfplay_jobs": node.running_jobs}
+        """The runbooks' daemon's shape: `peers` keyed by node id (every member it knows, with
+        whether it counts it alive and whether it votes), voters alive of voters in all."""
+        node, cluster = self.node, self.node.cluster
+        status = cluster.status(node.node_id)
+        alive = set(status["peers"])
+        peers = {m: {"alive": m in alive, "is_voter": m in cluster.voters} for m in cluster.joined if m != node.node_id}
+        return {**status, "peers": peers, "selfplay_jobs": node.running_jobs}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""
@@ -59,6 +64,8 @@ class StatusEndpoint:
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 return
             request = head.decode("latin-1").split("\r\n", 1)[0].split()
+            if self.node.status_lag_s:
+                await asyncio.sleep(self.node.status_lag_s)
             if len(request) != 3:
                 writer.write(_response(400, {"error": "bad request"}))
             elif request[0] != "GET":
