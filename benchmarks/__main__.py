@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 
 from benchmarks import (
@@ -17,25 +18,21 @@ from benchmarks import (
     sampler_cost,
 )
 
+ALL = (sample_path, sampler_cost, detection_latency, fleet_scale, incident_to_fix, preflight, probe_round, demand_curve, console_pages)
+"""In the order they run; each has `main(argv)`, a coroutine or not, taking the options it knows."""
+
+
+def run(benchmark, argv: list[str]) -> None:
+    ran = benchmark.main(argv)
+    if inspect.iscoroutine(ran):
+        asyncio.run(ran)
+
 
 def main() -> int:
-    asyncio.run(sample_path.main(sys.argv[1:]))
-    print()
-    sampler_cost.main(sys.argv[1:])
-    print()
-    asyncio.run(detection_latency.main(sys.argv[1:]))
-    print()
-    asyncio.run(fleet_scale.main(sys.argv[1:]))
-    print()
-    asyncio.run(incident_to_fix.main(sys.argv[1:]))
-    print()
-    asyncio.run(preflight.main(sys.argv[1:]))
-    print()
-    asyncio.run(probe_round.main(sys.argv[1:]))
-    print()
-    demand_curve.main(sys.argv[1:])
-    print()
-    asyncio.run(console_pages.main(sys.argv[1:]))
+    for i, benchmark in enumerate(ALL):
+        if i:
+            print()
+        run(benchmark, sys.argv[1:])
     return 0
 
 

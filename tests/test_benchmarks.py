@@ -5,41 +5,34 @@ are `make bench`'s, on a quiet machine."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-
 import pytest
 
-from benchmarks import (
-    console_pages,
-    demand_curve,
-    detection_latency,
-    fleet_scale,
-    incident_to_fix,
-    preflight,
-    probe_round,
-    sample_path,
-    sampler_cost,
-)
+from benchmarks.__main__ import ALL, run
 
 SMALL = {
-    sample_path: ["--messages", "500", "--rounds", "1"],
-    sampler_cost: [],
-    detection_latency: ["--nodes", "20", "--faults", "3", "--interval", "1"],
-    fleet_scale: ["--scale-nodes", "50", "--scale-interval", "1", "--scale-duration", "5", "--scale-zombies", "2"],
-    incident_to_fix: ["--fix-nodes", "4", "--fix-faults", "1", "--fix-interval", "1", "--fix-duration", "40"],
-    preflight: ["--preflight-gpus", "2", "--preflight-runs", "2"],
-    probe_round: ["--probe-peers", "20", "--probe-rounds", "1"],
-    demand_curve: [],
-    console_pages: ["--console-incidents", "50", "--console-runs", "2"],
+    "sample_path": ["--messages", "500", "--rounds", "1"],
+    "sampler_cost": [],
+    "detection_latency": ["--nodes", "20", "--faults", "3", "--interval", "1"],
+    "fleet_scale": ["--scale-nodes", "50", "--scale-interval", "1", "--scale-duration", "5", "--scale-zombies", "2"],
+    "incident_to_fix": ["--fix-nodes", "4", "--fix-faults", "1", "--fix-interval", "1", "--fix-duration", "40"],
+    "preflight": ["--preflight-gpus", "2", "--preflight-runs", "2"],
+    "probe_round": ["--probe-peers", "20", "--probe-rounds", "1"],
+    "demand_curve": [],
+    "console_pages": ["--console-incidents", "50", "--console-runs", "2"],
 }
 
 
+def _name(benchmark) -> str:
+    return benchmark.__name__.rsplit(".", 1)[-1]
+
+
+def test_every_benchmark_has_its_short_mode():
+    assert set(SMALL) == {_name(b) for b in ALL}
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("benchmark", list(SMALL), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("benchmark", ALL, ids=lambda m: _name(m))
 def test_the_benchmark_runs_to_its_end_in_its_short_mode(benchmark, capsys):
-    ran = benchmark.main(SMALL[benchmark])
-    if inspect.iscoroutine(ran):
-        asyncio.run(ran)
+    run(benchmark, SMALL[_name(benchmark)])
     printed = capsys.readouterr().out
     assert any(ch.isdigit() for ch in printed), f"{benchmark.__name__} printed no figures: {printed!r}"
