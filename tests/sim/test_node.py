@@ -98,7 +98,7 @@ async def test_status_endpoint_answers_json(fleet):
         "node_id": "sim-node-02",
         "role": "follower",
         "leader": "sim-node-01",
-        "peers": ["sim-node-01"],
+        "peers": {"sim-node-01": {"alive": True, "is_voter": True}},
         "voters": 2,
         "voters_total": 2,
         "quorum": True,
