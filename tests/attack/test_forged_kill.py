@@ -31,7 +31,7 @@ def _loosened(request, **changes):
 @pytest.mark.parametrize(
     ("changes", "rule"),
     [
-        ({"max_gpu_utilization_pct": 100}, "above the policy's kinds.zombie_job.idle_util_pct (5%)"),
+        ({"max_gpu_utilization_pct": 100}, "not below the policy's kinds.zombie_job.idle_below_pct (5%)"),
         ({"signal": "KILL", "grace_s": 0.0}, "the policy's actions.kill_gpu_processes is SIGTERM with 10s grace"),
     ],
 )

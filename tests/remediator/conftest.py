@@ -110,7 +110,7 @@ def kill_request(
         incident_id=incident_id or uuid.uuid4(),
         node_id=node,
         attempt=attempt,
-        operation=KillGpuProcesses(gpu_index=gpu, targets=targets, signal="TERM", grace_s=10, max_gpu_utilization_pct=5),
+        operation=KillGpuProcesses(gpu_index=gpu, targets=targets, signal="TERM", grace_s=10, max_gpu_utilization_pct=4),
         reason=f"zombie job on GPU {gpu}",
         fingerprint=fingerprint(node, IncidentKind.ZOMBIE_JOB, gpu),
         **changes,

@@ -323,7 +323,7 @@ async def test_a_gpu_busy_again_is_refused_on_the_node(harness, sshd, sleeper):
         sshd.set_gpu_utilization(0, None)
     assert completed.outcome is ActionOutcome.BLOCKED
     assert completed.detail == (
-        "refused: GPU 0 is busy again (85% > 5%), so the job is not the zombie the incident describes; nothing was killed"
+        "refused: GPU 0 is busy again (85% > 4%), so the job is not the zombie the incident describes; nothing was killed"
     )
     assert completed.steps == (GPU_QUERY,)
     assert sleeper.alive()

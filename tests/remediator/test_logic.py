@@ -323,9 +323,9 @@ def _kill(**changes) -> ActionRequested:
 @pytest.mark.parametrize(
     ("changes", "why"),
     [
-        # the GPU state the kill is safe in: no looser than kinds.zombie_job.idle_util_pct
-        ({"max_gpu_utilization_pct": 100}, "up to 100% busy, above the policy's kinds.zombie_job.idle_util_pct (5%)"),
-        ({"max_gpu_utilization_pct": 6}, "up to 6% busy, above the policy's kinds.zombie_job.idle_util_pct (5%)"),
+        # the GPU state the kill is safe in: below kinds.zombie_job.idle_below_pct
+        ({"max_gpu_utilization_pct": 100}, "up to 100% busy, not below the policy's kinds.zombie_job.idle_below_pct (5%)"),
+        ({"max_gpu_utilization_pct": 5}, "up to 5% busy, not below the policy's kinds.zombie_job.idle_below_pct (5%)"),
         ({"max_gpu_utilization_pct": None}, "up to None% busy"),
         # signal and grace: the policy's, not the sender's
         ({"signal": "KILL", "grace_s": 0.0}, "asks SIGKILL with 0s grace; the policy's actions.kill_gpu_processes is SIGTERM with 10s grace"),

@@ -30,7 +30,7 @@ POLICY = Policy(
     fleet=FleetPolicy(hold_s=0),
     kinds=Kinds(
         zombie_job=ZombiePolicy(
-            idle_util_pct=5,
+            idle_below_pct=5,
             idle_for_s=60,
             action_timeout_s=120,
             ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=30),),
@@ -98,7 +98,7 @@ def test_the_request_names_its_incident_and_the_gpu_state_it_assumes():
     _, request = open_incident(det)
     incident = det.book.get("n1/zombie_job/0")
     assert request.fingerprint == incident.fingerprint == "n1/zombie_job/0"
-    assert request.operation.max_gpu_utilization_pct == 5
+    assert request.operation.max_gpu_utilization_pct == 4  # below idle_below_pct (5)
     # The incident records exactly the request it waits for: the remediator runs that and nothing else.
     assert incident.phase == "acting" and incident.detector == "zombie-detector"
     assert (incident.pending_action.action_id, incident.pending_action.attempt) == (request.action_id, 1)
@@ -270,3 +270,31 @@ def test_a_sample_that_cannot_tell_never_resolves_an_incident():
     assert apply(det, det.on_event(sample(71, util=None), at(71))) == []
     (resolved,) = apply(det, det.on_event(sample(72, procs=(), running=None), at(72)))
     assert resolved.resolution == "fixed"  # an empty GPU is decisive whatever the probes say
+
+
+def test_the_runbooks_thresholds_hold_at_their_edges():
+    """`gpu_percent < 5` for more than 10 minutes: 5 % is busy, 4 % idle; 599 s is not yet, 600 s is."""
+    policy = Policy(fleet=FleetPolicy(hold_s=0))  # the shipped defaults: idle_below_pct 5, idle_for_s 600
+    assert (policy.kinds.zombie_job.idle_below_pct, policy.kinds.zombie_job.idle_for_s) == (5, 600)
+
+    def fresh() -> NodeIncidents:
+        return NodeIncidents(policy, rules=[ZombieRule(policy.kinds.zombie_job, policy.actions.kill_gpu_processes)])
+
+    def opened(det: NodeIncidents, at_s: float, util: int) -> bool:
+        events = apply(det, det.on_event(sample(at_s, util=util), at(at_s)))
+        return any(isinstance(e, IncidentOpened) for e in events)
+
+    busy = fresh()
+    assert not any(opened(busy, s, 5) for s in range(0, 1205, 5))  # 5 % for 20 minutes: busy
+    idle = fresh()
+    assert not any(opened(idle, s, 4) for s in range(0, 595, 5))
+    assert not opened(idle, 599, 4)  # idle for 599 s: not yet
+    assert opened(idle, 600, 4)  # 600 s: a zombie
+
+
+def test_a_policy_with_the_old_idle_util_pct_says_what_it_is_now():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"idle_util_pct is now idle_below_pct.*idle_util_pct: 5 is idle_below_pct: 6"):
+        ZombiePolicy.model_validate({"idle_util_pct": 5})

@@ -101,7 +101,7 @@ def test_a_holder_whose_container_is_gone_is_an_orphan_after_it_stays_and_is_kil
     opened, request = d.feed(sample(gpus=(orphaned_gpu(),)), 30)
     assert opened.kind is IncidentKind.ORPHAN_GPU_HOLDER and opened.fingerprint == "n1/orphan_gpu_holder/0"
     assert "its container 3f9c2a7d4b1e is gone" in opened.summary
-    assert [t.pid for t in request.operation.targets] == [4242] and request.operation.max_gpu_utilization_pct == 5
+    assert [t.pid for t in request.operation.targets] == [4242] and request.operation.max_gpu_utilization_pct == 4
     assert d.opened(IncidentKind.ZOMBIE_JOB) == []  # a leftover is not a hung job
 
 

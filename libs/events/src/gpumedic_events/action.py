@@ -285,7 +285,7 @@ class ActionRequested(ActionEvent):
                         "targets": [{"pid": 41230, "start_ticks": 8812345, "command": "python train.py --epochs 90"}],
                         "signal": "TERM",
                         "grace_s": 10.0,
-                        "max_gpu_utilization_pct": 5,
+                        "max_gpu_utilization_pct": 4,
                     },
                     "reason": "zombie job on GPU 0",
                     "fingerprint": "gpu-node-07/zombie_job/0",
@@ -343,7 +343,7 @@ class ActionCompleted(ActionEvent):
                     "outcome": "succeeded",
                     "detail": "sent KILL to 41230",
                     "steps": ["cat /proc/41230/stat", "kill -s KILL 41230"],
-                    "request_sha256": "e041b05f85a80ac8e62885daf5fae7af690bad6cb1e1b1e1a9ff9f53ec61aac9",
+                    "request_sha256": "428ba2b39224a85d2949f8aad3db7b993f5edd6553aa0ed9f86d4758d0b5907c",
                 }
             ]
         }

@@ -101,14 +101,33 @@ class KindPolicy(_Strict):
         return sum(step.attempts for step in self.ladder)
 
 
-class ZombiePolicy(KindPolicy):
-    idle_util_pct: int = Field(default=5, ge=0, le=100, description="A GPU at or under this utilisation is idle.")
-    idle_for_s: float = Field(default=600.0, gt=0, description="How long a held GPU stays idle to be a zombie.")
+class _IdleBelow(KindPolicy):
+    idle_below_pct: int = Field(
+        default=5, ge=1, le=100, description="A GPU below this utilisation is idle, as the runbook writes it (gpu_percent < 5): "
+        "5 % is busy. A kill is safe only on a GPU below it.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "idle_util_pct" in data:
+            raise ValueError(
+                "idle_util_pct is now idle_below_pct: a GPU below it is idle, as the runbook writes it (gpu_percent < 5); "
+                f"idle_util_pct: {data['idle_util_pct']} is idle_below_pct: {_plus_one(data['idle_util_pct'])}"
+            )
+        return data
 
 
-class OrphanPolicy(KindPolicy):
+def _plus_one(value: Any) -> Any:
+    return value + 1 if isinstance(value, int | float) and not isinstance(value, bool) else "(one more)"
+
+
+class ZombiePolicy(_IdleBelow):
+    idle_for_s: float = Field(default=600.0, gt=0, description="How long a held GPU stays idle to be a zombie (600 s: 10 minutes).")
+
+
+class OrphanPolicy(_IdleBelow):
     held_for_s: float = Field(default=30.0, ge=0, description="How long a holder is seen before it is an orphan.")
-    idle_util_pct: int = Field(default=5, ge=0, le=100, description="The GPU state a kill assumes: at most this busy.")
 
 
 class XidPolicy(KindPolicy):

@@ -182,13 +182,13 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
         return f"{rung} is {expected}, not {name}"
     operation = request.operation
     if isinstance(operation, KillGpuProcesses):
-        limit = getattr(rules, "idle_util_pct", None)
+        limit = getattr(rules, "idle_below_pct", None)
         if limit is None:
-            return f"kinds.{kind.value} sets no idle_util_pct, the GPU state a kill is safe in"
-        if operation.max_gpu_utilization_pct is None or operation.max_gpu_utilization_pct > limit:
+            return f"kinds.{kind.value} sets no idle_below_pct, the GPU state a kill is safe in"
+        if operation.max_gpu_utilization_pct is None or operation.max_gpu_utilization_pct >= limit:
             return (
-                f"the kill would run on a GPU up to {operation.max_gpu_utilization_pct}% busy, above the policy's "
-                f"kinds.{kind.value}.idle_util_pct ({limit}%)"
+                f"the kill would run on a GPU up to {operation.max_gpu_utilization_pct}% busy, not below the policy's "
+                f"kinds.{kind.value}.idle_below_pct ({limit}%)"
             )
         grace = gate.actions.kill_gpu_processes.grace_s
         if (operation.signal, operation.grace_s) != ("TERM", grace):

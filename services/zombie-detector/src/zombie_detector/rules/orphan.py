@@ -39,7 +39,7 @@ class Orphan:
     why: str
 
 
-def orphans(sample: NodeSampled, idle_util_pct: int) -> list[Orphan]:
+def orphans(sample: NodeSampled, idle_below_pct: int) -> list[Orphan]:
     found: list[Orphan] = []
     for gpu in sample.gpus:
         for p in gpu.processes:
@@ -50,7 +50,7 @@ def orphans(sample: NodeSampled, idle_util_pct: int) -> list[Orphan]:
             elif (
                 sample.jobs.running == 0
                 and gpu.utilization_gpu_pct is not None
-                and gpu.utilization_gpu_pct <= idle_util_pct
+                and gpu.utilization_gpu_pct < idle_below_pct
             ):
                 found.append(Orphan(gpu.index, p, "the node reports no job, yet it holds the GPU"))
     for holder in sample.device_holders:
@@ -72,7 +72,7 @@ class OrphanRule:
 
     def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
-        found = orphans(event, self.policy.idle_util_pct)
+        found = orphans(event, self.policy.idle_below_pct)
         if not found and not open_here and not any(k[0] == event.node_id for k in self.seen_since):
             return ()
         by_gpu: dict[int | None, list[Orphan]] = {}
@@ -103,7 +103,7 @@ class OrphanRule:
         unidentified = [o.holder.pid for o in held if o.holder.start_ticks is None or not o.holder.command.strip()]
         operation = None
         if gpu is not None and not unidentified:
-            operation = kill_operation(gpu, [o.holder for o in held], self.policy.idle_util_pct, self.kill)
+            operation = kill_operation(gpu, [o.holder for o in held], self.policy.idle_below_pct - 1, self.kill)
         unsafe = ""
         if unidentified:
             unsafe = f"pid {' '.join(map(str, unidentified))} on {where} cannot be identified (no start time or command line); a person must look"

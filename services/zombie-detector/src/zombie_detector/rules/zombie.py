@@ -1,7 +1,7 @@
 """zombie_job: a GPU held but idle while the node claims jobs, and no output grows it could make.
 
 The rule holds for a GPU when the node reports `jobs.running >= 1`, the GPU's utilisation is known
-and at most `idle_util_pct`, it holds a process (pid >= 2), and no output growth can be credited
+and below `idle_below_pct`, it holds a process (pid >= 2), and no output growth can be credited
 to it. A GPU whose own processes wrote to storage since the last sample (/proc/PID/io, when the
 sampler can read it) is producing, e.g. writing a checkpoint: no zombie. Without those counters
 growth is a node-wide signal, credited to the node's busy GPUs when there are any, so one hung job
@@ -57,25 +57,25 @@ class IdleStreak:
     last_seen: datetime
 
 
-def _idle_and_held(gpu: GpuSample, idle_util_pct: int) -> bool:
+def _idle_and_held(gpu: GpuSample, idle_below_pct: int) -> bool:
     """Idle, and held by a process that belongs to a job: pid 1 is never a kill target, and a
     holder whose container is gone is a leftover (orphan_gpu_holder), not a hung job."""
     return (
         gpu.utilization_gpu_pct is not None
-        and gpu.utilization_gpu_pct <= idle_util_pct
+        and gpu.utilization_gpu_pct < idle_below_pct
         and any(p.pid >= 2 and p.container_exists is not False for p in gpu.processes)
     )
 
 
-def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_util_pct: int, wrote: bool | None = None) -> bool:
+def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_below_pct: int, wrote: bool | None = None) -> bool:
     """Jobs claimed, this GPU held but idle, and no output growth it could be credited with.
     `wrote`: whether the GPU's own processes wrote since the last sample (None: cannot tell)."""
-    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_util_pct) or wrote:
+    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_below_pct) or wrote:
         return False
     if sample.jobs.output_growing is not True:
         return True
     return any(
-        g is not gpu and g.utilization_gpu_pct is not None and g.utilization_gpu_pct > idle_util_pct for g in sample.gpus
+        g is not gpu and g.utilization_gpu_pct is not None and g.utilization_gpu_pct >= idle_below_pct for g in sample.gpus
     )
 
 
@@ -111,11 +111,11 @@ class ZombieRule:
         for gpu in event.gpus:
             key = (event.node_id, gpu.index)
             wrote = wrote_since(self.writes.get(key), gpu)
-            if _idle_and_held(gpu, self.policy.idle_util_pct):
+            if _idle_and_held(gpu, self.policy.idle_below_pct):
                 self.writes[key] = holder_writes(gpu)
             else:
                 self.writes.pop(key, None)
-            zombie = looks_zombie(gpu, event, self.policy.idle_util_pct, wrote)
+            zombie = looks_zombie(gpu, event, self.policy.idle_below_pct, wrote)
             if gpu.index in open_here:
                 if gpu.processes and (gpu.utilization_gpu_pct is None or event.jobs.running is None):
                     continue  # this sample cannot tell; "could not read" must never count as "fixed"
@@ -146,12 +146,12 @@ class ZombieRule:
 
     def _may_hold_zombie(self, sample: NodeSampled) -> bool:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
-        return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_util_pct) for g in sample.gpus)
+        return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct) for g in sample.gpus)
 
     def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
-        operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_util_pct, self.kill)
+        operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)
         return Finding(
             kind=KIND,
             node_id=sample.node_id,
