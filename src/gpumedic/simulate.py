@@ -111,7 +111,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
-            http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8770/admin/elect")}),
+            http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election")}),
         ),
         kinds=Kinds(
             zombie_job=ZombiePolicy(

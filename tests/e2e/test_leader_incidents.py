@@ -69,7 +69,7 @@ async def test_a_leaderless_cluster_gets_an_election_and_a_blocked_peer_a_restar
     assert set(opened) == {"no_leader", "peer_blocked"}, [e["summary"] for e in opened.values()]
     assert opened["no_leader"]["node_id"] == "sim-node-01" and opened["peer_blocked"]["node_id"] == "sim-node-03"
     assert _resolved(seen, "no_leader")["resolution"] == _resolved(seen, "peer_blocked")["resolution"] == "fixed"
-    assert fleet.node("sim-node-01").admin_calls == ["/admin/elect"]
+    assert fleet.node("sim-node-01").admin_calls == ["/force_election"]
     assert fleet.cluster.leader == "sim-node-01"  # (the restarted peer meets it again over a few seconds)
     assert f"systemctl restart {PEER_UNIT}" in blocked.ssh_commands and not blocked.status_blocked
     done = [e for s, e in seen if ".action.completed." in s]

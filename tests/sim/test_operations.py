@@ -159,7 +159,7 @@ async def test_a_forced_election_over_http_admin_gives_a_leaderless_cluster_its_
     node = fleet.node("sim-node-02")
     node.admin_token = "p2p-admin"
     fleet.set_leader(None)
-    actions = Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8080/admin/elect")}))
+    actions = Actions(http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8080/force_election")}))
     async with _executor(fleet).session(node.node_id) as session:
         wrong = await catalogue.execute(HttpAdmin(endpoint="force_election"), session.run, actions=actions, admin_token="guess", verify_timeout_s=1)
         assert (wrong.outcome, wrong.detail) == (ActionOutcome.FAILED, "force_election: the node's service did not take it (HTTP 401)")
@@ -168,6 +168,6 @@ async def test_a_forced_election_over_http_admin_gives_a_leaderless_cluster_its_
             HttpAdmin(endpoint="force_election"), session.run, actions=actions, admin_token="p2p-admin", verify_timeout_s=1
         )
     assert right.outcome is ActionOutcome.SUCCEEDED, right.detail
-    assert {n.leader for n in fleet.nodes.values()} == {"sim-node-02"} and node.admin_calls == ["/admin/elect"]
+    assert {n.leader for n in fleet.nodes.values()} == {"sim-node-02"} and node.admin_calls == ["/force_election"]
     assert not any("p2p-admin" in c for c in node.ssh_commands)
 

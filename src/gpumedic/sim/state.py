@@ -107,7 +107,8 @@ CLUSTER_FAULTS = frozenset({Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_F
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 """XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
 not the GPU's: one of these on a healthy GPU is no node fault."""
-ADMIN_PATHS = frozenset({"/admin/elect", "/admin/reset-jobs"})
+ADMIN_PATHS = frozenset({"/force_election", "/admin/reset_node_jobs"})
+"""The runbooks' daemon's admin endpoints (`curl -X POST http://localhost:8770/force_election`)."""
 """The admin endpoints a simulated node's service offers on its status port."""
 REMAP_XIDS = frozenset({48, 63, 94, 95})
 """Uncorrectable memory errors after which, on Ampere and later, a row remap waits for a GPU reset."""
@@ -563,15 +564,15 @@ class NodeState:
     # --- what systemd, nvidia-smi and the node's own service do -----------------------------
 
     def admin(self, path: str, authorization: str | None) -> int:
-        """The node's service's admin API (POST): its HTTP status. /admin/elect forces an election
-        (this node wins), /admin/reset-jobs resets the job count."""
+        """The node's service's admin API (POST): its HTTP status. /force_election forces an election
+        (this node wins); /admin/reset_node_jobs is accepted (the job count it resets is the leader's)."""
         if self.admin_token is not None and authorization != f"Bearer {self.admin_token}":
             return 401
         if path not in ADMIN_PATHS:
             return 404
         with self._lock:
             self.admin_calls.append(path)
-        if path == "/admin/elect":
+        if path == "/force_election":
             self.cluster.elect(self.node_id)
         return 200
 
