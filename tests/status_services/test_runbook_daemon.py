@@ -114,7 +114,8 @@ async def cluster():
 
 
 async def _round(urls):
-    return await probe_all(urls, connect_timeout_s=1.0, http_timeout_s=2.0, concurrency=32)
+    # Generous: on a loaded machine a loopback connect can take a second; only state and detail are judged.
+    return await probe_all(urls, connect_timeout_s=5.0, http_timeout_s=5.0, concurrency=32)
 
 
 def _apply(logic: ClusterIncidents, answers, at_s: float) -> list:
@@ -217,21 +218,21 @@ async def test_hostile_node_ids_are_read_as_text_and_named_safely(cluster):
 
 
 async def test_a_peer_that_answers_slower_than_the_limit_round_after_round_is_a_slow_peer_restarted(cluster):
-    """The runbook restarts a daemon whose event loop lags > 5 s; here the limit is 0.3 s, the lag 0.5 s
+    """The runbook restarts a daemon whose event loop lags > 5 s; here the limit is 2 s, the lag 2.5 s
     (a blocked daemon, silent past the HTTP timeout, stays `peer_blocked`)."""
     c, urls = cluster
     await c.state(ANSWERING, leader="vultr-a100-20gb", voters_alive=6)
     policy = POLICY.model_copy(update={
         "actions": POLICY.actions.model_copy(update={"restart_unit": RestartPolicy(units={"p2p.service": UnitRule()})}),
         "kinds": POLICY.kinds.model_copy(update={"slow_peer": SlowPeerPolicy(
-            after_checks=2, slower_than_s=0.3, daemon_unit="p2p.service", ladder=(Step(action="restart_unit"),))}),
+            after_checks=2, slower_than_s=2.0, daemon_unit="p2p.service", ladder=(Step(action="restart_unit"),))}),
     })
     logic = ClusterIncidents("selfplay", policy)
-    c.lag_s["vast-29118471"] = 0.5
+    c.lag_s["vast-29118471"] = 2.5
     assert not [e for e in _apply(logic, await _round(urls), 0) if getattr(e, "kind", None) is IncidentKind.SLOW_PEER]
     events = _apply(logic, await _round(urls), 30)
     (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.SLOW_PEER]
-    assert opened.node_id == "vast-29118471" and "slower than 0.3s (2 checks in a row)" in opened.summary, opened.summary
+    assert opened.node_id == "vast-29118471" and "slower than 2s (2 checks in a row)" in opened.summary, opened.summary
     (asked,) = [e for e in events if isinstance(e, ActionRequested) and e.incident_id == opened.incident_id]
     assert asked.operation == RestartUnit(unit="p2p.service")
     others = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.SLOW_PEER and e.node_id != "vast-29118471"]
