@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from node_sampler.jobs import OutputGrowthProbe, ProbeError, ProcessPatternProbe, StatusEndpointProbe, json_int_at
+from node_sampler.jobs import OutputGrowthProbe, ProbeError, ProcessPatternProbe, StatusEndpointProbe, compile_jobs_path, count_at
 from node_sampler.procs import ProcessInfo
 from tests.node_sampler.fakes import FakeProcessTable
 
@@ -77,7 +77,7 @@ async def test_good_answer(server):
 
 async def test_nested_path(server):
     server.json({"p2p": {"jobs": [{"count": 7}]}})
-    assert (await StatusEndpointProbe(server.url, "p2p.jobs.0.count").observe()).running == 7
+    assert (await StatusEndpointProbe(server.url, "p2p.jobs[0].count").observe()).running == 7
 
 
 async def test_malformed_answer(server):
@@ -132,12 +132,20 @@ async def test_nobody_listening():
     assert reading.running is None and len(reading.errors) == 1
 
 
-def test_json_int_at_rejects_bad_paths():
-    with pytest.raises(ProbeError):
-        json_int_at({"a": [1]}, "a.5")
-    with pytest.raises(ProbeError):
-        json_int_at([1], "a")
-    assert json_int_at(4, "") == 4
+def test_the_job_count_expression_finds_a_count_or_says_what_it_found():
+    def count(document, path):
+        return count_at(document, compile_jobs_path(path), path)
+
+    with pytest.raises(ProbeError, match="no 'a\\[5\\]' in the answer"):
+        count({"a": [1]}, "a[5]")
+    with pytest.raises(ProbeError, match="is str, not an integer"):
+        count({"a": "7"}, "a")
+    with pytest.raises(ProbeError, match="is negative"):
+        count({"a": -1}, "a")
+    assert count({"peers": {"gpu.node-07": {"selfplay_jobs": 3}}}, 'peers."gpu.node-07".selfplay_jobs') == 3  # ids with dots
+    assert count({"a": None, "b": 2}, "not_null(a, b)") == 2
+    with pytest.raises(ValueError, match="is not a JMESPath expression"):
+        compile_jobs_path("a.5")
 
 
 async def test_process_pattern_counts_matching_command_lines():

@@ -41,3 +41,8 @@ def test_invalid_values_fail_fast(monkeypatch, name, value):
 @pytest.mark.parametrize(("host", "expected"), [("--", "node"), ("Ümlaut-Box", "mlaut-box"), ("a" * 80, "a" * 63)])
 def test_node_id_from_odd_hostnames(host, expected):
     assert default_node_id(host) == expected
+
+
+def test_a_job_count_path_that_is_not_jmespath_is_refused_at_start():
+    with pytest.raises(ValidationError, match="'p2p.jobs.0.count' is not a JMESPath expression"):
+        Settings(status_jobs_path="p2p.jobs.0.count")

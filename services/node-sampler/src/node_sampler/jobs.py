@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import jmespath
+from jmespath.exceptions import JMESPathError
+
 from node_sampler.http import read_head
 from node_sampler.logic import JobsReading
 from node_sampler.procs import ProcessTable
@@ -39,11 +42,13 @@ class ProbeError(Exception):
 
 
 class StatusEndpointProbe:
-    """The node's own status endpoint: GET `url`, take the integer at a dotted JSON path."""
+    """The node's own status endpoint: GET `url`, take the count a JMESPath expression finds
+    (`selfplay_jobs`, `p2p.jobs[0].count`; jmespath.org). A bad expression raises ValueError here."""
 
     def __init__(self, url: str, path: str = "selfplay_jobs", *, timeout_s: float = 2.0) -> None:
         self.url = url
         self.path = path
+        self.expression = compile_jobs_path(path)
         self.timeout_s = timeout_s
 
     async def observe(self) -> JobsReading:
@@ -56,7 +61,7 @@ class StatusEndpointProbe:
                 document = json.loads(body)
             except (ValueError, UnicodeDecodeError):
                 raise ProbeError("answer is not JSON") from None
-            running = json_int_at(document, self.path)
+            running = count_at(document, self.expression, self.path)
         except TimeoutError:
             return JobsReading(errors=(f"status probe {self.url}: no answer within {self.timeout_s:g}s",))
         except ProbeError as exc:
@@ -152,16 +157,22 @@ def _dir_size(root: Path, notes: list[str]) -> int:
     return total
 
 
-def json_int_at(document: Any, path: str) -> int:
-    """The non-negative integer at a dotted path (`a.b.0.c`: keys, and indices into lists)."""
-    value = document
-    for part in path.split(".") if path else []:
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise ProbeError(f"no {path!r} in the answer")
+def compile_jobs_path(path: str) -> Any:
+    """The compiled expression; ValueError (naming it) if it is not JMESPath."""
+    try:
+        return jmespath.compile(path)
+    except JMESPathError as exc:
+        raise ValueError(f"{path!r} is not a JMESPath expression ({str(exc).splitlines()[0]})") from None
+
+
+def count_at(document: Any, expression: Any, path: str) -> int:
+    """The non-negative integer `expression` finds in the answer; ProbeError says what it found instead."""
+    try:
+        value = expression.search(document)
+    except JMESPathError as exc:
+        raise ProbeError(f"{path!r} cannot be read: {str(exc).splitlines()[0]}") from None
+    if value is None:
+        raise ProbeError(f"no {path!r} in the answer")
     # bool is an int in Python, but `true` is not a job count
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProbeError(f"{path!r} is {type(value).__name__}, not an integer")

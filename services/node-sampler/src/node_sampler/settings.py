@@ -16,6 +16,8 @@ from gpumedic_events import NodeId
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from node_sampler.jobs import compile_jobs_path
+
 
 def default_node_id(hostname: str | None = None) -> str:
     """The hostname made into a valid subject token: lowercase, other characters -> '-'."""
@@ -39,7 +41,8 @@ class Settings(BaseSettings):
         default=None, description="The node's own status endpoint (HTTP GET, JSON), probed for its job count."
     )
     status_jobs_path: str = Field(
-        default="selfplay_jobs", description="Dotted path of the job count in the status answer."
+        default="selfplay_jobs", description="JMESPath expression of the job count in the status answer (jmespath.org), "
+        "e.g. selfplay_jobs or p2p.jobs[0].count.",
     )
     status_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Deadline for the status probe.")
     job_process_pattern: str | None = Field(
@@ -72,6 +75,12 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_off(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("status_jobs_path")
+    @classmethod
+    def _an_expression(cls, value: str) -> str:
+        compile_jobs_path(value)
+        return value
 
     @field_validator("job_process_pattern")
     @classmethod
