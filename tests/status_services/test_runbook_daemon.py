@@ -199,10 +199,9 @@ async def test_a_document_that_does_not_fit_is_one_bad_answer_that_says_why(clus
     await c.state(["hetzner-cpu1"], leader=None, voters_alive=5)
     c.documents["hetzner-cpu1"] = {**c.documents["hetzner-cpu1"], **change}
     answers = await _round(urls)
-    assert {a.state for a in answers} == {"down", "bad_answer"}
-    (bad,) = [a for a in answers if a.state == "bad_answer"]
-    assert reason in bad.detail, bad.detail
-    assert bad.status is None
+    bad = answers[PEERS.index("hetzner-cpu1")]
+    assert bad.state == "bad_answer" and reason in bad.detail, bad.detail
+    assert bad.status is None  # (the closed peers' ports may be taken by other tests' servers meanwhile: not judged)
 
 
 async def test_hostile_node_ids_are_read_as_text_and_named_safely(cluster):
