@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import jmespath
 import yaml
+from jmespath.exceptions import JMESPathError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -490,9 +492,6 @@ class StatusFields(_Strict):
     @field_validator("*")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        import jmespath  # noqa: PLC0415 - only the services that read /status load it
-        from jmespath.exceptions import JMESPathError  # noqa: PLC0415
-
         try:
             jmespath.compile(value)
         except JMESPathError as exc:

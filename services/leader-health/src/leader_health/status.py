@@ -111,9 +111,11 @@ class StatusReader:
         if value is None:
             return (), {}
         if isinstance(value, list):
-            if len(value) > MAX_PEERS or not all(isinstance(p, str) and 0 < len(p) <= MAX_ID for p in value):
-                bad = next((p for p in value if not (isinstance(p, str) and 0 < len(p) <= MAX_ID)), None)
-                raise self._mismatch("peers", bad if len(value) <= MAX_PEERS else value, f"a list of at most {MAX_PEERS} node ids")
+            if len(value) > MAX_PEERS:
+                raise self._mismatch("peers", value, f"a list of at most {MAX_PEERS} node ids")
+            for peer in value:
+                if not (isinstance(peer, str) and 0 < len(peer) <= MAX_ID):
+                    raise self._mismatch("peers", peer, f"a node id of 1 to {MAX_ID} characters")
             return tuple(value), {}
         if not isinstance(value, dict):
             raise self._mismatch("peers", value, "a list of node ids or an object keyed by node id")
