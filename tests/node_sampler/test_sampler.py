@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from node_sampler.logic import JobsReading
-from node_sampler.sampler import Sampler
+from node_sampler.sampler import PUBLISH_WAIT_MIN_S, Sampler
 from tests.node_sampler.fakes import FakeProcessTable, table_for_two_gpus, two_gpus
 
 
@@ -88,6 +88,23 @@ async def test_failed_publish_is_logged_and_the_loop_goes_on(caplog):
 
     assert len([r for r in caplog.records if "not published" in r.getMessage()]) == 2
     assert clock.wakeups[:3] == [1005.0, 1010.0, 1015.0]
+
+
+async def test_a_lost_acknowledgement_does_not_stall_the_loop(caplog):
+    """A server killed mid-publish never answers: the sample is given up after an interval (at
+    least PUBLISH_WAIT_MIN_S), not the bus's full publish timeout, and the next ones go out."""
+    published = []
+
+    async def publish(event):
+        if not published:
+            published.append(None)
+            await asyncio.Event().wait()  # the acknowledgement that never comes
+        published.append(event)
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 0.05)
+    with caplog.at_level("WARNING", logger="node_sampler.sampler"):
+        await asyncio.wait_for(_run_until(sampler, publish, 4, published), timeout=PUBLISH_WAIT_MIN_S + 3)
+    assert [r for r in caplog.records if "not published" in r.getMessage() and "TimeoutError" in r.getMessage()]
 
 
 async def test_real_clock_runs_a_few_ticks():

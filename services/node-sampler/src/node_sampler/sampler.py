@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[Event], Awaitable[None]]
 
+PUBLISH_WAIT_MIN_S = 1.0
+"""The least a sample waits for its acknowledgement, however short the interval."""
+
 MAX_PENDING_EVENTS = 1000
 """Immediate events held while NATS is unreachable; beyond this the oldest are dropped (logged)."""
 EVENT_RETRY_S = 1.0
@@ -156,7 +159,12 @@ class Sampler:
                 log.exception("%s: sample failed", self.node_id)
             else:
                 try:
-                    await publish(event)
+                    # A sample is superseded by the next one: waiting longer than an interval for a
+                    # lost acknowledgement (its server killed mid-publish) would stall the loop
+                    # until the detector calls this node silent while every other node samples.
+                    # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation)
+                    async with asyncio.timeout(max(self.interval_s, PUBLISH_WAIT_MIN_S)):
+                        await publish(event)
                 except Exception as exc:
                     log.warning("%s: sample not published (%r); next try in %.1fs", self.node_id, exc, self.interval_s)
             following = next_tick(start, self._clock(), self.interval_s, tick)
