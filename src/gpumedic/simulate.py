@@ -46,9 +46,11 @@ from gpumedic_incidents.policy import (
     AdminPolicy,
     FlappingPolicy,
     FleetPolicy,
+    IdleJobsPolicy,
     Kinds,
     NoLeaderPolicy,
     PartitionPolicy,
+    PhantomPolicy,
     PeerPolicy,
     SlowPeerPolicy,
     RestartPolicy,
@@ -111,7 +113,12 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
-            http_admin=AdminPolicy(endpoints={"force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election")}),
+            http_admin=AdminPolicy(endpoints={
+                "force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election"),
+                "reset_job_count": AdminEndpoint(
+                    url="http://127.0.0.1:8770/admin/reset_node_jobs", target="leader", body={"node_id": "{node_id}"}
+                ),
+            }),
         ),
         kinds=Kinds(
             zombie_job=ZombiePolicy(
@@ -119,6 +126,8 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
                 action_timeout_s=60,
                 ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
             ),
+            phantom_jobs=PhantomPolicy(idle_for_s=6 * interval_s, ladder=(Step(action="http_admin", verify_within_s=6 * interval_s),)),
+            idle_jobs=IdleJobsPolicy(idle_for_s=6 * interval_s),
             no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
             peer_blocked=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
             peer_down=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),

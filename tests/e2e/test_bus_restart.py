@@ -32,7 +32,7 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
     async def publish(event: Event) -> None:
         try:
             await js.publish(event.subject, event.to_json(), timeout=1)
-        except Exception:
+        except BaseException:  # the publish failed, or the sampler gave up waiting on it (cancelled)
             published["failed"] += 1  # the bus is down: the node's next sample comes anyway
             raise
         if isinstance(event, NodeSampled):

@@ -41,11 +41,17 @@ def _executor(sshd) -> SshExecutor:
     )
 
 
-async def _run(sshd, operation, actions: Actions = Actions(), verify_timeout_s: float = 2.0, admin_token: str | None = None):
+async def _run(sshd, operation, actions: Actions = Actions(), verify_timeout_s: float = 2.0, admin_token: str | None = None,
+               request: ActionRequested | None = None):
     async with _executor(sshd).session(sshd.node_id) as session:
         return await catalogue.execute(
-            operation, session.run, actions=actions, admin_token=admin_token, verify_timeout_s=verify_timeout_s
+            operation, session.run, actions=actions, admin_token=admin_token, request=request, verify_timeout_s=verify_timeout_s
         )
+
+
+def _admin_request(node: str, operation: HttpAdmin) -> ActionRequested:
+    return ActionRequested(source="zombie-detector", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=node, attempt=1,
+                           operation=operation, reason="phantom job count")
 
 
 def _unit(sshd, state: str, *, after_restart: str | None = None) -> str:
@@ -195,6 +201,37 @@ async def test_http_admin_posts_to_the_named_loopback_endpoint_with_its_token_on
         assert (refused.outcome, refused.detail) == (ActionOutcome.FAILED, "force_election: the node's service did not take it (HTTP 403)")
     finally:
         service.stop()
+
+
+async def test_http_admin_called_on_the_leader_posts_the_body_naming_the_incidents_node(sshd):
+    """The runbook's reset: `POST http://leader:8770/admin/reset_node_jobs {"node_id": "..."}`, run on
+    the leader (`at`); the body's only value from the incident is its node id, JSON-encoded."""
+    service = Pager().start()
+    try:
+        url = service.url.replace("/hooks/T000/B000/s3cr3t-path", "/admin/reset_node_jobs")
+        reset = AdminEndpoint(url=url, target="leader", body={"node_id": "{node_id}", "reason": "phantom count"})
+        actions = Actions(http_admin=AdminPolicy(endpoints={"reset_job_count": reset}))
+        request = _admin_request("gpu-node-07", HttpAdmin(endpoint="reset_job_count", at=sshd.node_id))
+        result = await _run(sshd, request.operation, actions, admin_token="t0k", request=request)
+        assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, f"reset_job_count: {sshd.node_id}'s service answered HTTP 200")
+        (call,) = service.received
+        assert call.path == "/admin/reset_node_jobs" and call.body == {"node_id": "gpu-node-07", "reason": "phantom count"}
+        # where the policy says the leader, a request must name one; where it says the node, none
+        with pytest.raises(catalogue.InvalidParameter, match="called on the cluster's leader, and the request names none"):
+            catalogue.render(HttpAdmin(endpoint="reset_job_count"), actions)
+        node_only = Actions(http_admin=AdminPolicy(endpoints={"reset_job_count": AdminEndpoint(url=url)}))
+        with pytest.raises(catalogue.InvalidParameter, match="called on the incident's node only, not on 'gpu-node-01'"):
+            catalogue.render(HttpAdmin(endpoint="reset_job_count", at="gpu-node-01"), node_only)
+        assert len(service.received) == 1
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("body", [{"node_id": "{node_id!r}"}, {"node_id": "{gpu_index}"}, {"node_id": "{0}"}, {"node_id": "'; reboot"},
+                                  {"bad key": "x"}, {"node_id": "{node_id"}, {"node_id": "$(reboot)"}])
+def test_admin_body_templates_take_only_the_node_id_and_plain_text(body):
+    with pytest.raises(ValidationError, match="body"):
+        AdminEndpoint(url="http://127.0.0.1:8770/admin/reset_node_jobs", target="leader", body=body)
 
 
 @pytest.mark.parametrize("endpoint", ["force_election; reboot", "$(reboot)", "http://evil/", "../admin", "Force", "a\nb", ""])

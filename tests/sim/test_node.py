@@ -98,7 +98,7 @@ async def test_status_endpoint_answers_json(fleet):
         "node_id": "sim-node-02",
         "role": "follower",
         "leader": "sim-node-01",
-        "peers": {"sim-node-01": {"alive": True, "is_voter": True}},
+        "peers": {"sim-node-01": {"alive": True, "is_voter": True, "selfplay_jobs": 2, "gpu_percent": 90.0}},
         "voters": 2,
         "voters_total": 2,
         "quorum": True,
@@ -127,3 +127,18 @@ def test_backdated_jobs_started_earlier():
     new = node.start_job(0)
     assert new.start_ticks - old.start_ticks >= 3600 * 100 - 1
     assert node.output_bytes() >= 3600 * 256 * 1024 - 1024 * 1024
+
+
+async def test_a_phantom_count_stays_after_the_jobs_end_until_the_leader_resets_it(fleet):
+    node, leader = fleet.node("sim-node-02"), fleet.node("sim-node-01")
+    node.inject_phantom_jobs()
+    assert node.running_jobs == 0 and node.counted_jobs == 2
+    _, body = await http_get(leader.status_url)
+    assert json.loads(body)["peers"]["sim-node-02"] == {"alive": True, "is_voter": True, "selfplay_jobs": 2, "gpu_percent": 0.0}
+    reset = json.dumps({"node_id": "sim-node-02"})
+    assert node.admin("/admin/reset_node_jobs", None, reset) == 409  # only the leader keeps the counts
+    assert leader.admin("/admin/reset_node_jobs", None, "not json") == 400
+    assert leader.admin("/admin/reset_node_jobs", None, "{}") == 400
+    assert node.counted_jobs == 2
+    assert leader.admin("/admin/reset_node_jobs", None, reset) == 200
+    assert node.counted_jobs == 0

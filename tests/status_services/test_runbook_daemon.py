@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from asyncio.subprocess import PIPE
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, HttpAdmin, IncidentKind, IncidentOpened, IncidentResolved, RestartUnit
+from gpumedic_events import (
+    ActionCompleted, ActionOutcome, ActionRequested, GpuSample, HttpAdmin, IncidentKind, IncidentOpened, IncidentResolved, NodeSampled, RestartUnit,
+)
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import (
     Actions,
@@ -30,6 +33,9 @@ from gpumedic_incidents.policy import (
 )
 from leader_health.logic import ClusterIncidents, assess
 from leader_health.probe import probe_all
+from remediator import catalogue
+from remediator.catalogue.base import CommandResult
+from zombie_detector.logic import NodeIncidents
 
 T0 = datetime(2026, 1, 24, 14, 5, tzinfo=UTC)
 POLICY = Policy(
@@ -73,6 +79,8 @@ class RunbookCluster:
         self.lag_s: dict[str, float] = {}
         """Per node: how long its event loop lags before each answer."""
         self.ports: dict[str, int] = {}
+        self.resets: list[tuple[str, dict, str | None]] = []
+        """The job-count resets the daemons took: (on which daemon, its body, its Authorization header)."""
         self._servers: dict[str, asyncio.Server] = {}
 
     async def start(self) -> list[str]:
@@ -87,7 +95,16 @@ class RunbookCluster:
             head = await reader.readuntil(b"\r\n\r\n")
             await asyncio.sleep(self.lag_s.get(node, 0.0))
             document = self.documents[node]
-            body = json.dumps(document).encode() if head.split(b" ", 2)[1] == b"/status" else b'{"status": "ok"}'
+            method, path = head.split(b" ", 2)[:2]
+            if method == b"POST" and path == b"/admin/reset_node_jobs":
+                # the runbook's Option 3: `curl -X POST http://leader:8770/admin/reset_node_jobs -d '{"node_id": "..."}'`
+                headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line)
+                asked = json.loads(await reader.readexactly(int(headers.get("Content-Length", "0"))))
+                self.resets.append((node, asked, headers.get("Authorization")))
+                for other in self.documents.values():
+                    if asked.get("node_id") in other["peers"]:
+                        other["peers"][asked["node_id"]]["selfplay_jobs"] = 0
+            body = json.dumps(document).encode() if path == b"/status" else b'{"status": "ok"}'
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
             await writer.drain()
         writer.close()
@@ -244,3 +261,56 @@ async def test_a_peer_that_answers_slower_than_the_limit_round_after_round_is_a_
     c.lag_s.clear()  # the restarted daemon answers at once
     (resolved,) = [e for e in _apply(logic, await _round(urls), 60) if isinstance(e, IncidentResolved)]
     assert resolved.incident_id == opened.incident_id and resolved.resolution == "fixed"
+
+
+async def _local_shell(command: str, input: str | None = None) -> CommandResult:
+    """The leader's shell, as the remediator's SSH session would reach it: here, this machine's."""
+    proc = await asyncio.create_subprocess_shell(command, stdin=PIPE, stdout=PIPE, stderr=PIPE)
+    out, err = await proc.communicate((input or "").encode())
+    return CommandResult(proc.returncode, out.decode(), err.decode())
+
+
+async def test_a_phantom_count_the_leader_keeps_is_reset_on_the_leader_naming_the_node_and_resolves_when_it_drops(cluster):
+    """The runbook's Option 3: the processes are gone, the leader still counts the node's jobs
+    (`.peers[id].selfplay_jobs > 0`, `gpu_percent < 5`); the fix is
+    `POST http://leader:8770/admin/reset_node_jobs {"node_id": ...}`."""
+    c, urls = cluster
+    leader, node = "vultr-a100-20gb", "lambda-gh200-2"  # the leader counts 2 jobs on it at 3.5 % GPU
+    await c.state(ANSWERING, leader=leader, voters_alive=6)
+    reset = AdminEndpoint(url=f"http://127.0.0.1:{c.ports[leader]}/admin/reset_node_jobs", target="leader", body={"node_id": "{node_id}"})
+    policy = Policy(fleet=FleetPolicy(hold_s=0), actions=Actions(http_admin=AdminPolicy(endpoints={"reset_job_count": reset})))
+    detector = NodeIncidents(policy)
+    # the node's sampler: no process on its idle GPUs, and no job count of its own (no status probe there)
+    sample = NodeSampled(source="node-sampler", node_id=node, interval_s=30,
+                         gpus=(GpuSample(index=0, utilization_gpu_pct=3), GpuSample(index=1, utilization_gpu_pct=0)))
+
+    def feed(event, at_s: float) -> list:
+        events = []
+        for t in detector.on_event(event, T0 + timedelta(seconds=at_s)):
+            detector.book.commit(t)
+            events += t.events
+        return events
+
+    events = []
+    for at_s in range(0, 601, 30):
+        events += feed(assess("selfplay", await _round(urls)), at_s)
+        events += feed(sample, at_s + 1)
+    (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.PHANTOM_JOBS]
+    assert opened.node_id == node and opened.evidence["jobs_by_leader"] == 2 and opened.evidence["leader"] == leader
+    (asked,) = [e for e in events if isinstance(e, ActionRequested) and e.incident_id == opened.incident_id]
+    assert asked.operation == HttpAdmin(endpoint="reset_job_count", at=leader)
+
+    # the remediator's catalogue runs it as it would on the leader: real curl, the token on stdin
+    result = await catalogue.execute(asked.operation, _local_shell, actions=policy.actions, admin_token="t0k3n", request=asked,
+                                     verify_timeout_s=5)
+    assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
+    assert c.resets == [(leader, {"node_id": node}, "Bearer t0k3n")]
+    assert not any("t0k3n" in step for step in result.steps)
+    done = ActionCompleted(source="remediator", action_id=asked.action_id, incident_id=asked.incident_id, node_id=node, attempt=1,
+                           outcome=result.outcome, detail=result.detail, request_sha256=asked.request_sha256)
+    for t in detector.on_action_completed(done, T0 + timedelta(seconds=620), None):
+        detector.book.commit(t)
+    # the next status shows the count at zero: fixed
+    events = feed(assess("selfplay", await _round(urls)), 630)
+    (resolved,) = [e for e in events if isinstance(e, IncidentResolved) and e.incident_id == opened.incident_id]
+    assert resolved.resolution == "fixed"

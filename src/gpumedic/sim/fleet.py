@@ -80,6 +80,7 @@ class SimFleet:
         """The peer cluster every node's daemon belongs to; its first node leads."""
         for node in self.nodes.values():
             node.cluster = self.cluster
+        self.cluster.loads = self._load_of
         self._own_key = client_key is None
         self.client_key = client_key or asyncssh.generate_private_key("ssh-ed25519")
         self._sampler_tasks: set[asyncio.Task] = set()
@@ -129,6 +130,7 @@ class SimFleet:
             Fault.NVML_MISSING: node.inject_nvml_missing,
             Fault.STATUS_BLOCKED: node.inject_status_blocked,
             Fault.STATUS_SLOW: node.inject_status_slow,
+            Fault.PHANTOM_JOBS: node.inject_phantom_jobs,
         }
         if fault in needs_gpu:
             needs_gpu[fault](self._gpu(fault, gpu), **params)
@@ -255,6 +257,10 @@ class SimFleet:
             for task in tasks:
                 task.cancel()
             self._sampler_tasks.difference_update(tasks)
+
+    def _load_of(self, node_id: str) -> tuple[int, float] | None:
+        node = self.nodes.get(node_id)
+        return None if node is None else (node.counted_jobs, node.gpu_percent())
 
     async def __aenter__(self) -> SimFleet:
         await self.start()

@@ -94,8 +94,8 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             return CommandResult(0, stdout=f"Total reclaimed space: {_size(freed)}\n")
         case ["df", "--block-size=1", "--output=used", path] if path in node.machine.disks:
             return CommandResult(0, stdout=f"Used\n{node.machine.disks[path][1]}\n")
-        case [*options, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
-            return _admin(node, loopback.group("path") or "/", stdin)
+        case [*options, body, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
+            return _admin(node, loopback.group("path") or "/", stdin, body)
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
 
 
@@ -155,10 +155,10 @@ def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:
     return CommandResult(0, stdout="".join(f" {pid}" for pid in pids), stderr=f"{path}:")
 
 
-def _admin(node: NodeState, path: str, stdin: str) -> CommandResult:
+def _admin(node: NodeState, path: str, stdin: str, body: str) -> CommandResult:
     """curl -f -w '%{http_code}': the status on stdout, and exit 22 with curl's words for 4xx/5xx."""
     headers = dict(line.split(": ", 1) for line in stdin.splitlines() if ": " in line)
-    status = node.admin(path, headers.get("Authorization"))
+    status = node.admin(path, headers.get("Authorization"), body)
     if status >= 400:
         return CommandResult(22, stdout=str(status), stderr=f"curl: (22) The requested URL returned error: {status}\n")
     return CommandResult(0, stdout=str(status))

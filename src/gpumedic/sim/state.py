@@ -12,6 +12,7 @@ import os
 import queue
 import random
 import threading
+import json
 import time
 import uuid
 import zlib
@@ -60,6 +61,7 @@ class Fault(StrEnum):
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
     STATUS_SLOW = "status_slow"
+    PHANTOM_JOBS = "phantom_jobs"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
     QUORUM_LOST = "quorum_lost"
@@ -108,8 +110,8 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 """XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
 not the GPU's: one of these on a healthy GPU is no node fault."""
 ADMIN_PATHS = frozenset({"/force_election", "/admin/reset_node_jobs"})
-"""The runbooks' daemon's admin endpoints (`curl -X POST http://localhost:8770/force_election`)."""
-"""The admin endpoints a simulated node's service offers on its status port."""
+"""The runbooks' daemon's admin endpoints (`curl -X POST http://localhost:8770/force_election`),
+which a simulated node's daemon offers on its status port."""
 REMAP_XIDS = frozenset({48, 63, 94, 95})
 """Uncorrectable memory errors after which, on Ampere and later, a row remap waits for a GPU reset."""
 
@@ -130,6 +132,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
         Fault.STATUS_SLOW: frozenset({"slow_peer"}),
+        Fault.PHANTOM_JOBS: frozenset({"phantom_jobs"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
@@ -324,6 +327,15 @@ class NodeState:
     @property
     def running_jobs(self) -> int:
         return sum(1 for p in self.live_processes() if p.is_job)
+
+    @property
+    def counted_jobs(self) -> int:
+        """The jobs the peer daemons count on it: the running ones, and any the cluster never saw end."""
+        return self.running_jobs + self.cluster.stale_jobs.get(self.node_id, 0)
+
+    def gpu_percent(self) -> float:
+        """Its GPUs' mean utilisation, as its daemon reports it to the leader."""
+        return round(sum(self.utilization(g)[0] for g in range(len(self.gpus))) / max(1, len(self.gpus)), 1)
 
     @property
     def output_growing(self) -> bool:
@@ -539,6 +551,15 @@ class NodeState:
         self.cluster.leave(self.node_id)
         self._record(None, Fault.STATUS_BLOCKED)
 
+    def inject_phantom_jobs(self) -> None:
+        """Its jobs' processes are gone (killed by hand, say), and the cluster never saw them end:
+        the daemons go on counting them while the GPUs idle, until the leader's count is reset."""
+        ended = [p for p in self.live_processes() if p.is_job]
+        for job in ended:
+            self._end(job, exit_code=0, logs=["exiting"])
+        self.cluster.stale_jobs[self.node_id] = self.cluster.stale_jobs.get(self.node_id, 0) + max(1, len(ended))
+        self._record(None, Fault.PHANTOM_JOBS)
+
     def inject_status_slow(self, lag_s: float = STATUS_LAG_S) -> None:
         """The daemon's event loop lags: every /status answer comes `lag_s` late (it stays a member)."""
         self.status_lag_s = lag_s
@@ -563,17 +584,30 @@ class NodeState:
 
     # --- what systemd, nvidia-smi and the node's own service do -----------------------------
 
-    def admin(self, path: str, authorization: str | None) -> int:
-        """The node's service's admin API (POST): its HTTP status. /force_election forces an election
-        (this node wins); /admin/reset_node_jobs is accepted (the job count it resets is the leader's)."""
+    def admin(self, path: str, authorization: str | None, body: str = "{}") -> int:
+        """The node's daemon's admin API (POST): its HTTP status. /force_election forces an election
+        (this node wins); /admin/reset_node_jobs, on the leader only, sets the count of the node
+        its body names (`{"node_id": ...}`) back to the jobs that node really runs."""
         if self.admin_token is not None and authorization != f"Bearer {self.admin_token}":
             return 401
         if path not in ADMIN_PATHS:
             return 404
+        try:
+            fields = json.loads(body)
+        except ValueError:
+            return 400
+        if not isinstance(fields, dict):
+            return 400
         with self._lock:
             self.admin_calls.append(path)
         if path == "/force_election":
             self.cluster.elect(self.node_id)
+        elif path == "/admin/reset_node_jobs":
+            if not isinstance(fields.get("node_id"), str):
+                return 400
+            if self.cluster.leader_of(self.node_id) != self.node_id:
+                return 409  # only the leader keeps the counts
+            self.cluster.stale_jobs.pop(fields["node_id"], None)
         return 200
 
     def restart_unit(self, unit: str) -> bool:

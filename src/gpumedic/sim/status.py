@@ -30,12 +30,20 @@ class StatusEndpoint:
 
     def document(self) -> dict:
         """The runbooks' daemon's shape: `peers` keyed by node id (every member it knows, with
-        whether it counts it alive and whether it votes), voters alive of voters in all."""
+        whether it counts it alive, whether it votes, and the jobs and GPU % the cluster counts
+        on it), voters alive of voters in all, and its own job count."""
         node, cluster = self.node, self.node.cluster
         status = cluster.status(node.node_id)
         alive = set(status["peers"])
-        peers = {m: {"alive": m in alive, "is_voter": m in cluster.voters} for m in cluster.joined if m != node.node_id}
-        return {**status, "peers": peers, "selfplay_jobs": node.running_jobs}
+        peers = {}
+        for member in cluster.joined:
+            if member == node.node_id:
+                continue
+            peers[member] = {"alive": member in alive, "is_voter": member in cluster.voters}
+            load = cluster.loads(member) if cluster.loads is not None else None
+            if load is not None:
+                peers[member] |= {"selfplay_jobs": load[0], "gpu_percent": load[1]}
+        return {**status, "peers": peers, "selfplay_jobs": node.counted_jobs}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""

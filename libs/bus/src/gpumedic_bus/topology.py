@@ -85,9 +85,10 @@ DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health", "autoscaler")
 """The services that open incidents and ask the remediator to act on them."""
 
 NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (
-    GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeRetired,
+    GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeRetired, ClusterChecked,
 )
-"""The node events the node-incident detector reads besides samples and action results."""
+"""The events the node-incident detector reads besides samples and action results (the cluster
+check: the leader's count of each node's jobs)."""
 
 DURABLES: tuple[Durable, ...] = (
     Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
@@ -170,7 +171,7 @@ _K = IncidentKind
 OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
     "zombie-detector": (
         _K.ZOMBIE_JOB, _K.ORPHAN_GPU_HOLDER, _K.GPU_XID, _K.GPU_LOST, _K.CONTAINER_DIED, _K.DISK_PRESSURE,
-        _K.HOST_MEMORY_PRESSURE, _K.NODE_SILENT, _K.NVML_UNAVAILABLE, _K.SSH_UNREACHABLE,
+        _K.HOST_MEMORY_PRESSURE, _K.NODE_SILENT, _K.NVML_UNAVAILABLE, _K.SSH_UNREACHABLE, _K.PHANTOM_JOBS, _K.IDLE_JOBS,
     ),
     "leader-health": (
         _K.NO_LEADER, _K.QUORUM_LOST, _K.SPLIT_BRAIN, _K.LEADER_FLAPPING, _K.PEER_BLOCKED, _K.PEER_DOWN,

@@ -62,7 +62,7 @@ from gpumedic_events.node import (
     NodeSampled,
     ProcessIdentity,
 )
-from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerProblem, ServiceHeartbeat
+from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -135,6 +135,7 @@ __all__ = [
     "NodeDrained",
     "NodeRetired",
     "NodeUndrained",
+    "PeerJobs",
     "PeerProblem",
     "UndrainNode",
     "SpawnWorker",

@@ -134,16 +134,21 @@ ENDPOINT_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 
 
 class HttpAdmin(BaseModel):
-    """Call one admin endpoint of the node's own service (reset its job count, force an election),
-    by its name in the policy's closed list, with the bearer token of the remediator's secrets file."""
+    """Call one admin endpoint of a peer daemon (reset a node's job count, force an election), by
+    its name in the policy's closed list, with the bearer token of the remediator's secrets file.
+    The policy says where it is called: on the incident's node, or on the cluster's leader (`at`,
+    as the detector knows it); and the JSON body, filled from the incident."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["http_admin"] = "http_admin"
     endpoint: str = Field(pattern=ENDPOINT_PATTERN, description="e.g. force_election; the policy gives its URL.")
+    at: NodeId | None = Field(
+        default=None, description="The node to call it on, for an endpoint the policy calls on the cluster's leader."
+    )
 
     def describe(self) -> str:
-        return f"call the node's {self.endpoint} endpoint"
+        return f"call the {self.endpoint} endpoint on {self.at}" if self.at else f"call the node's {self.endpoint} endpoint"
 
 
 class DrainNode(BaseModel):

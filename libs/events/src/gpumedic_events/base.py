@@ -22,6 +22,11 @@ MAX_EVENT_BYTES = 256 * 1024
 _TOKEN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 _TOKEN = re.compile(_TOKEN_PATTERN)
 
+
+def is_subject_token(value: object) -> bool:
+    """Whether `value` may be a node id, a cluster's name or any other SubjectToken."""
+    return isinstance(value, str) and _TOKEN.match(value) is not None
+
 SubjectToken = Annotated[
     str,
     Field(

@@ -50,6 +50,11 @@ class IncidentKind(StrEnum):
     """A peer refuses connections (its daemon is not running) or its host does not answer."""
     SLOW_PEER = "slow_peer"
     """A peer answers, but slower than the policy's limit, round after round (a lagging event loop)."""
+    PHANTOM_JOBS = "phantom_jobs"
+    """Jobs are counted for a node (by its own status or its cluster's leader) while no process
+    holds its GPUs and they idle: the processes are gone, the count stayed."""
+    IDLE_JOBS = "idle_jobs"
+    """The cluster's leader counts jobs on a peer whose GPU idles, and no sampler there says more."""
     PEER_PARTITIONED = "peer_partitioned"
     """A peer sees the cluster but much of the cluster does not see it (NAT, a firewall)."""
     PEERS_BELOW_TARGET = "peers_below_target"

@@ -55,6 +55,17 @@ class PeerProblem(BaseModel):
     detail: str = Field(default="", max_length=300)
 
 
+class PeerJobs(BaseModel):
+    """One peer's work as the cluster's leader counts it (its `/status`: `peers[id].selfplay_jobs`,
+    `peers[id].gpu_percent` in the runbooks' daemon)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    node_id: str = Field(min_length=1, max_length=253, description="The peer's id as the daemon spells it.")
+    jobs: int | None = Field(default=None, ge=0, description="Jobs the leader counts on it; None when it gives none.")
+    gpu_percent: float | None = Field(default=None, ge=0, le=100, description="Its GPU utilisation as the leader reports it.")
+
+
 class ClusterChecked(Event):
     """leader-health's periodic check of a peer cluster: one line of the cluster monitoring log."""
 
@@ -103,6 +114,11 @@ class ClusterChecked(Event):
     )
     unseen: tuple[str, ...] = Field(
         default=(), max_length=200, description="Answering peers that no other answering peer lists as alive."
+    )
+    leader_view: tuple[PeerJobs, ...] = Field(
+        default=(), max_length=4096,
+        description="Each peer's jobs and GPU % as the answering leader reports them (empty without one, or when its "
+        "status gives none): the runbooks' own zombie view, which zombie-detector checks against the nodes' samples.",
     )
 
 

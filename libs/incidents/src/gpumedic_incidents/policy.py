@@ -11,6 +11,7 @@ caps and retry limits are set. A mistake stops the service at start with the fil
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,19 @@ class _IdleBelow(KindPolicy):
 
 def _plus_one(value: Any) -> Any:
     return value + 1 if isinstance(value, int | float) and not isinstance(value, bool) else "(one more)"
+
+
+class PhantomPolicy(_IdleBelow):
+    idle_for_s: float = Field(default=600.0, gt=0, description="How long jobs are counted with nothing behind them (600 s).")
+    reset_endpoint: str = Field(
+        default="reset_job_count", pattern=ENDPOINT_PATTERN,
+        description="The actions.http_admin endpoint that resets a node's job count (the runbook's "
+        "POST /admin/reset_node_jobs on the leader, body {node_id}).",
+    )
+
+
+class IdleJobsPolicy(_IdleBelow):
+    idle_for_s: float = Field(default=600.0, gt=0, description="How long the leader counts jobs on an idle peer (600 s).")
 
 
 class ZombiePolicy(_IdleBelow):
@@ -243,6 +257,8 @@ class Kinds(_Strict):
     peer_blocked: PeerPolicy = PeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
     slow_peer: SlowPeerPolicy = SlowPeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
+    phantom_jobs: PhantomPolicy = PhantomPolicy(ladder=(Step(action="http_admin", verify_within_s=120),))
+    idle_jobs: IdleJobsPolicy = IdleJobsPolicy()
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
     capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))
@@ -333,13 +349,52 @@ class RestartPolicy(ActionPolicy):
         return value
 
 
+BODY_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+BODY_FIELDS = frozenset({"node_id"})
+"""What an admin endpoint's body may be filled with, from the incident."""
+BODY_TEXT = re.compile(r"^[A-Za-z0-9 _.:/@-]{0,128}$")
+
+
 class AdminEndpoint(NodeScoped):
-    url: str = Field(description="POSTed with curl on the node itself, e.g. http://127.0.0.1:8080/admin/elect.")
+    url: str = Field(description="POSTed with curl on the node it is called on, e.g. http://127.0.0.1:8770/force_election.")
+    target: Literal["node", "leader"] = Field(
+        default="node",
+        description="Where it is called: on the incident's node, or on the peer cluster's leader as the detector knows "
+        "it (the runbook resets a node's job count on the leader).",
+    )
+    body: dict[str, str] = Field(
+        default_factory=dict,
+        description="The JSON object POSTed, each value a text that may name {node_id} (the incident's node), e.g. "
+        '{node_id: "{node_id}"}; no other placeholders, plain characters only.',
+    )
 
     @field_validator("url")
     @classmethod
     def _loopback(cls, value: str) -> str:
         return loopback_url(value, "url")
+
+    @field_validator("body")
+    @classmethod
+    def _template(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 8:
+            raise ValueError("a body of at most 8 fields")
+        for key, text in value.items():
+            if not BODY_KEY.match(key):
+                raise ValueError(f"{key[:100]!r} is not a body field name (letters, digits, _)")
+            try:
+                parts = list(string.Formatter().parse(text))
+            except ValueError as exc:
+                raise ValueError(f"body.{key}: {text[:100]!r} is not a template ({exc})") from None
+            for literal, field, spec, conversion in parts:
+                if not BODY_TEXT.match(literal):
+                    raise ValueError(f"body.{key}: {literal[:100]!r} has characters other than letters, digits and ' _.:/@-'")
+                if field is not None and (field not in BODY_FIELDS or spec or conversion):
+                    raise ValueError(f"body.{key}: {{{field}}} is not a placeholder it may use ({', '.join(sorted(BODY_FIELDS))})")
+        return value
+
+    def fill(self, node_id: str) -> dict[str, str]:
+        """The body for an incident on `node_id`."""
+        return {key: text.format(node_id=node_id) for key, text in self.body.items()}
 
 
 class AdminPolicy(ActionPolicy):
@@ -562,6 +617,9 @@ class Policy(_Strict):
         endpoint = self.kinds.no_leader.election_endpoint
         if self.kinds.no_leader.ladder and endpoint not in self.actions.http_admin.endpoints:
             missing["no_leader"] = f"actions.http_admin.endpoints.{endpoint}"
+        reset = self.kinds.phantom_jobs.reset_endpoint
+        if self.kinds.phantom_jobs.ladder and reset not in self.actions.http_admin.endpoints:
+            missing["phantom_jobs"] = f"actions.http_admin.endpoints.{reset}"
         for name in ("peer_blocked", "peer_down", "slow_peer"):
             if getattr(self.kinds, name).ladder and getattr(self.kinds, name).daemon_unit is None:
                 missing[name] = f"kinds.{name}.daemon_unit"

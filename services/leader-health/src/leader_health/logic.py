@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from gpumedic_events import ActionCompleted, ClusterChecked, PeerProblem
+from gpumedic_events import ActionCompleted, ClusterChecked, PeerJobs, PeerProblem
 from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer
 from leader_health.rules import ClusterRules, leadership
@@ -46,6 +46,13 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     if unseen:
         summary += f"; seen by no peer: {', '.join(unseen[:5])}"
     problems = tuple(PeerProblem(url=a.url[:512], state=a.state, detail=a.detail) for a in answers if a.status is None)
+    # The leader's count of each peer's jobs (the runbooks' zombie view), for zombie-detector.
+    by_leader = next((s for s in answering if s.node_id == leader), None) if leader is not None else None
+    leader_view = tuple(
+        PeerJobs(node_id=node, jobs=load.jobs, gpu_percent=load.gpu_percent)
+        for node, load in (by_leader.loads.items() if by_leader is not None else ())
+        if load.alive and (load.jobs is not None or load.gpu_percent is not None)  # a peer it counts down is peer_down's
+    )
     return ClusterChecked(
         source=SOURCE,
         cluster=cluster,
@@ -57,6 +64,7 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         problems=problems[:MAX_PROBLEMS],
         one_way=tuple(one_way[:MAX_PROBLEMS]),
         unseen=tuple(unseen[:MAX_PROBLEMS]),
+        leader_view=leader_view,
     )
 
 

@@ -318,8 +318,8 @@ class ActionHandler:
             return ""
 
         @contextlib.asynccontextmanager
-        async def node() -> AsyncIterator[Node]:
-            async with self._executor.session(request.node_id) as session:
+        async def node(at: str | None = None) -> AsyncIterator[Node]:
+            async with self._executor.session(at or request.node_id) as session:
                 yield Node(lambda command, **stdin: run_on(session.run, command, **stdin), self._settings.verify_timeout_s, asyncio.sleep, time.monotonic)
 
         means = Means(

@@ -201,7 +201,7 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
         if operation.unit != unit:
             return f"kinds.{kind.value} restarts {unit or 'no unit'}, not {operation.unit}"
     elif isinstance(operation, HttpAdmin):
-        endpoint = getattr(rules, "election_endpoint", None)
+        endpoint = getattr(rules, "election_endpoint", None) or getattr(rules, "reset_endpoint", None)
         if operation.endpoint != endpoint:
             return f"kinds.{kind.value} calls the {endpoint or 'no'} endpoint, not {operation.endpoint}"
     elif isinstance(operation, TerminateWorker) and kind is not IncidentKind.CAPACITY_SURPLUS:

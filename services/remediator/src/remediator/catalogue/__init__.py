@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumedic_events import (
+    ActionRequested,
     DockerPrune,
     DrainNode,
     GpuReset,
@@ -71,7 +72,7 @@ OPERATIONS: dict[type, Spec] = {
     GpuReset: Spec(gpu.render, on_node(gpu.execute), logs_in=True),
     DockerPrune: Spec(docker.render, on_node(docker.execute), logs_in=True),
     RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True),
-    HttpAdmin: Spec(admin.render, on_node(admin.execute), logs_in=True),
+    HttpAdmin: Spec(admin.render, admin.execute, logs_in=True),
     DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False),
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False),
@@ -113,18 +114,20 @@ async def execute(
     *,
     actions: Actions = DEFAULT_ACTIONS,
     admin_token: str | None = None,
+    request: ActionRequested | None = None,
     verify_timeout_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> ExecutionResult:
-    """Run one node operation through `run` (one SSH session's), as `perform` does."""
+    """Run one node operation through `run` (one SSH session's, also for an operation called `at`
+    another node), as `perform` does."""
     node = Node(run, verify_timeout_s, sleep, clock)
 
     @asynccontextmanager
-    async def session() -> AsyncIterator[Node]:
-        yield node
+    async def session(at: str | None = None) -> AsyncIterator[Node]:
+        yield node  # `at` too: the one session given
 
-    return await perform(operation, Means(actions=actions, node=session, admin_token=lambda: admin_token))
+    return await perform(operation, Means(actions=actions, node=session, request=request, admin_token=lambda: admin_token))
 
 
 __all__ = [

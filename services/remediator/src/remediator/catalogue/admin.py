@@ -1,8 +1,10 @@
-"""http_admin: one admin endpoint of the node's own service, from the policy's closed list.
+"""http_admin: one admin endpoint of a peer daemon, from the policy's closed list.
 
 The request names the endpoint (`force_election`), never a URL: the policy maps the name to a
-loopback URL on the node and to the nodes it may be called on. curl runs on the node itself, so
-the service needs no port open to the control plane. The bearer token (the remediator's
+loopback URL, the nodes it may be called for, where it is called (the incident's node, or the
+cluster's leader the request names in `at`) and its JSON body, whose only values from the
+incident are its node id (validated, JSON-encoded and quoted). curl runs on that node itself, so
+the daemon needs no port open to the control plane. The bearer token (the remediator's
 GPUMEDIC_REMEDIATOR_ADMIN_TOKEN_FILE) goes to curl on stdin as a header (`-H @-`): it is never
 on a command line, where `ps`, the audit log or the ledger could show it. The call counts when
 the service answers 2xx.
@@ -10,15 +12,17 @@ the service answers 2xx.
 
 from __future__ import annotations
 
+import json
 import re
 
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, HttpAdmin
-from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short
+from gpumedic_incidents.policy import Actions, AdminEndpoint
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, quoted, said, short
 
 TIMEOUT_S = 10
-CURL = f"curl -fsS -m {TIMEOUT_S} -X POST -H @- -H 'Content-Type: application/json' --data-raw '{{}}' -o /dev/null -w '%{{http_code}}'"
-"""The fixed form: POST an empty JSON object, headers (the token) from stdin, print the status."""
+CURL = f"curl -fsS -m {TIMEOUT_S} -X POST -H @- -H 'Content-Type: application/json' -o /dev/null -w '%{{http_code}}' --data-raw"
+"""The fixed form: POST a JSON body, headers (the token) from stdin, print the status; then the
+body and the URL, each one quoted word."""
 
 
 def validate_endpoint(value: object, actions: Actions) -> str:
@@ -31,9 +35,24 @@ def validate_endpoint(value: object, actions: Actions) -> str:
     return value
 
 
+def endpoint_of(operation: HttpAdmin, actions: Actions) -> AdminEndpoint:
+    """The policy's endpoint, checked against where the request calls it."""
+    endpoint = actions.http_admin.endpoints[validate_endpoint(operation.endpoint, actions)]
+    if endpoint.target == "leader" and operation.at is None:
+        raise InvalidParameter(f"endpoint {operation.endpoint} is called on the cluster's leader, and the request names none (at)")
+    if endpoint.target == "node" and operation.at is not None:
+        raise InvalidParameter(f"endpoint {operation.endpoint} is called on the incident's node only, not on {short(operation.at)}")
+    return endpoint
+
+
+def command(endpoint: AdminEndpoint, node_id: str) -> str:
+    body = json.dumps(endpoint.fill(node_id), separators=(",", ":"))
+    return f"{CURL} {quoted(body)} {quoted(endpoint.url)}"
+
+
 def render(operation: HttpAdmin, actions: Actions) -> tuple[str, ...]:
-    name = validate_endpoint(operation.endpoint, actions)
-    return (f"{CURL} {quoted(actions.http_admin.endpoints[name].url)}",)
+    """With the body's {node_id} as written: the node is the request's, filled in when it runs."""
+    return (command(endpoint_of(operation, actions), "{node_id}"),)
 
 
 def header(token: str | None) -> str:
@@ -41,11 +60,14 @@ def header(token: str | None) -> str:
     return f"Authorization: Bearer {token}\n" if token else ""
 
 
-async def execute(operation: HttpAdmin, node: Node, means: Means) -> ExecutionResult:
-    (command,) = render(operation, means.actions)
-    result = await node.run(command, input=header(means.admin_token()))
-    status = result.stdout.strip()
-    if result.exit_status == 0 and status.startswith("2"):
-        return node.result(ActionOutcome.SUCCEEDED, f"{operation.endpoint}: the node's service answered HTTP {status}")
-    answered = f"HTTP {status}" if status.isdigit() and status != "000" else said(result)
-    return node.result(ActionOutcome.FAILED, f"{operation.endpoint}: the node's service did not take it ({answered})")
+async def execute(operation: HttpAdmin, means: Means) -> ExecutionResult:
+    endpoint = endpoint_of(operation, means.actions)
+    node_id = means.need("request").node_id if endpoint.body else ""  # only a body names the incident's node
+    where = f"{operation.at}'s service" if operation.at else "the node's service"
+    async with means.node(operation.at) as node:
+        result = await node.run(command(endpoint, node_id), input=header(means.admin_token()))
+        status = result.stdout.strip()
+        if result.exit_status == 0 and status.startswith("2"):
+            return node.result(ActionOutcome.SUCCEEDED, f"{operation.endpoint}: {where} answered HTTP {status}")
+        answered = f"HTTP {status}" if status.isdigit() and status != "000" else said(result)
+        return node.result(ActionOutcome.FAILED, f"{operation.endpoint}: {where} did not take it ({answered})")

@@ -112,8 +112,8 @@ class Means:
     the provider, a drain the scheduler."""
 
     actions: Actions
-    node: Callable[[], AbstractAsyncContextManager[Node]] = lambda: _no_node()
-    """An SSH session to the request's node, its commands recorded."""
+    node: Callable[..., AbstractAsyncContextManager[Node]] = lambda at=None: _no_node()
+    """An SSH session to the request's node (or to `at`, another node of the inventory), its commands recorded."""
     request: ActionRequested | None = None
     step: Step = _unaudited
     admin_token: Callable[[], str | None] = lambda: None

@@ -1,0 +1,202 @@
+"""phantom_jobs and idle_jobs: a job count with no work behind it.
+
+Two views count a node's jobs: its own status (the sampler's job probe, `jobs.running`) and the
+peer cluster's leader (`ClusterChecked.leader_view`, the runbooks' `.peers[id].selfplay_jobs`).
+
+- phantom_jobs: jobs are counted, by either view, while no process holds any of the node's GPUs
+  and every GPU idles below `idle_below_pct`, for `idle_for_s`: the processes are gone (killed,
+  crashed) and the count stayed. The runbook's fix resets the count on the leader
+  (`POST /admin/reset_node_jobs {"node_id": ...}`): the policy's `reset_endpoint`, called where
+  that endpoint's `target` says, on the leader the last cluster check named. It is fixed when
+  no view counts a job any more, or work is back on a GPU.
+- idle_jobs: the leader counts jobs on a peer whose GPU it reports below `idle_below_pct`, for
+  `idle_for_s`, and no sample from that node says more (no sampler there): the runbook's own
+  zombie view. Whether a hung job or a stale count, only the node can tell: a person looks.
+
+The incident says which view saw what. Idle time is counted on the detector's clock; a view not
+refreshed for `STALE_S` does not count (the count restarts), and a sample that cannot tell (a
+GPU's utilisation unread) neither opens nor clears anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeSampled, PeerJobs
+from gpumedic_events.base import is_subject_token
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import AdminPolicy, IdleJobsPolicy, PhantomPolicy
+from zombie_detector.rules.base import Incidents
+
+PHANTOM = IncidentKind.PHANTOM_JOBS
+IDLE = IncidentKind.IDLE_JOBS
+STALE_S = 120.0
+"""A view older than this (a sample, a cluster check) says nothing about now."""
+SAMPLES_KEPT_INTERVALS = 3
+"""A node whose last sample is older than this many of its intervals has no sampler view."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the node's own sample says: its job count, whether anything holds a GPU, whether all idle."""
+
+    jobs: int | None
+    held: bool
+    idle: bool | None
+    gpu_max_pct: int | None
+    at: datetime
+    interval_s: float
+
+
+@dataclass(frozen=True)
+class LeaderView:
+    cluster: str
+    leader: str
+    jobs: PeerJobs
+    at: datetime
+
+
+class PhantomRule:
+    inputs = (NodeSampled, ClusterChecked)
+
+    def __init__(self, phantom: PhantomPolicy, idle: IdleJobsPolicy, admin: AdminPolicy) -> None:
+        self.phantom = phantom
+        self.idle = idle
+        self.admin = admin
+        self.nodes: dict[str, NodeView] = {}
+        """The nodes whose last sample counted jobs or whose jobs the leader counts (only those matter)."""
+        self.leader_view: dict[str, LeaderView] = {}
+        self.since: dict[tuple[str, IncidentKind], tuple[datetime, datetime]] = {}
+        """(node, kind) -> (first, last) seen so, by the detector's clock."""
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, ClusterChecked):
+            return self._cluster(event, now, incidents)
+        return self._sample(event, now, incidents)
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return ()
+
+    def _sample(self, sample: NodeSampled, now: datetime, incidents: Incidents) -> list[Finding]:
+        node = sample.node_id
+        known_util = [g.utilization_gpu_pct for g in sample.gpus if g.utilization_gpu_pct is not None]
+        held = any(p.pid >= 2 for g in sample.gpus for p in g.processes)
+        idle = None if len(known_util) < len(sample.gpus) or not sample.gpus else max(known_util) < self.phantom.idle_below_pct
+        view = NodeView(sample.jobs.running, held, idle, max(known_util, default=None), now, sample.interval_s)
+        if not (sample.jobs.running or node in self.leader_view or node in self.nodes or _open(incidents, node, PHANTOM)):
+            return []  # the hot path: a node that counts no jobs and the leader does not list
+        self.nodes[node] = view
+        return self._judge(node, now, incidents)
+
+    def _cluster(self, check: ClusterChecked, now: datetime, incidents: Incidents) -> list[Finding]:
+        findings: list[Finding] = []
+        listed = set()
+        for peer in check.leader_view:
+            if not is_subject_token(peer.node_id):
+                continue  # a daemon's id that cannot be a node of ours (dots, odd characters): no incident can name it
+            listed.add(peer.node_id)
+            if check.leader is not None:
+                self.leader_view[peer.node_id] = LeaderView(check.cluster, check.leader, peer, now)
+        for node, seen in list(self.leader_view.items()):
+            if seen.cluster == check.cluster and node not in listed:
+                del self.leader_view[node]  # the leader no longer lists it
+        for node in sorted(listed | {n for n, v in self.leader_view.items() if v.cluster == check.cluster}):
+            findings += self._judge(node, now, incidents)
+        return findings
+
+    # --- judging ----------------------------------------------------------------------------------
+
+    def _judge(self, node: str, now: datetime, incidents: Incidents) -> list[Finding]:
+        own = self.nodes.get(node)
+        if own is not None and (now - own.at).total_seconds() > max(STALE_S, SAMPLES_KEPT_INTERVALS * own.interval_s):
+            own = None
+        leader = self.leader_view.get(node)
+        if leader is not None and (now - leader.at).total_seconds() > STALE_S:
+            leader = None
+        by_leader = leader.jobs.jobs if leader is not None else None
+        counted = (own is not None and (own.jobs or 0) > 0) or (by_leader or 0) > 0
+        findings: list[Finding] = []
+        if own is not None:
+            self._forget(node, IDLE)
+            if _open(incidents, node, IDLE):
+                findings.append(Finding(IDLE, node, present=False, summary="the node's sampler reports it now"))
+            if own.idle is None and not own.held:
+                return findings  # a GPU's utilisation unread: cannot tell either way
+            phantom = counted and not own.held and own.idle is True
+            findings += self._streak(node, PHANTOM, phantom, now, incidents, self.phantom.idle_for_s, lambda s: self._phantom(node, own, leader, s))
+            if not counted and node not in self.leader_view:
+                self.nodes.pop(node, None)
+            return findings
+        # no sampler view: the leader's alone
+        gpu = leader.jobs.gpu_percent if leader is not None else None
+        if leader is None or by_leader is None or gpu is None:
+            return findings
+        idle = by_leader > 0 and gpu < self.idle.idle_below_pct
+        return findings + self._streak(node, IDLE, idle, now, incidents, self.idle.idle_for_s, lambda s: self._idle(node, leader, s))
+
+    def _streak(self, node: str, kind: IncidentKind, present: bool, now: datetime, incidents: Incidents, for_s: float, finding) -> list[Finding]:
+        key = (node, kind)
+        if not present:
+            self.since.pop(key, None)
+            return [Finding(kind, node, present=False, summary="jobs are no longer counted on idle GPUs")] if _open(incidents, node, kind) else []
+        first, last = self.since.get(key, (now, now))
+        if (now - last).total_seconds() > STALE_S:
+            first = now  # not watched in between: start again
+        self.since[key] = (first, now)
+        lasted = (now - first).total_seconds()
+        if lasted >= for_s or _open(incidents, node, kind):
+            return [finding(lasted)]
+        return []
+
+    def _forget(self, node: str, kind: IncidentKind) -> None:
+        self.since.pop((node, kind), None)
+
+    def _phantom(self, node: str, own: NodeView, leader: LeaderView | None, lasted: float) -> Finding:
+        by_node, by_leader = own.jobs, leader.jobs.jobs if leader is not None else None
+        seen = []
+        if by_node:
+            seen.append(f"the node's own status counts {by_node}")
+        if by_leader:
+            seen.append(f"the leader {leader.leader} counts {by_leader}")
+        endpoint = self.admin.endpoints.get(self.phantom.reset_endpoint)
+        operations = {}
+        if endpoint is not None and endpoint.target == "node":
+            operations["http_admin"] = HttpAdmin(endpoint=self.phantom.reset_endpoint)
+        elif endpoint is not None and leader is not None and is_subject_token(leader.leader):
+            operations["http_admin"] = HttpAdmin(endpoint=self.phantom.reset_endpoint, at=leader.leader)
+        where = f"on the leader {leader.leader}" if leader is not None else "on the cluster's leader"
+        return Finding(
+            kind=PHANTOM,
+            node_id=node,
+            summary=f"{' and '.join(seen)} job(s), but no process holds any of its GPUs and they idle "
+            f"(at most {own.gpu_max_pct} %) for {lasted:.0f}s",
+            evidence={
+                "jobs_by_node": by_node, "jobs_by_leader": by_leader, "leader": leader.leader if leader else None,
+                "cluster": leader.cluster if leader else None, "gpu_max_pct": own.gpu_max_pct, "idle_s": round(lasted, 1),
+            },
+            recommended_action=f"reset the node's job count {where} (POST /admin/reset_node_jobs with its node_id)"
+            + ("" if operations else f"; add actions.http_admin.endpoints.{self.phantom.reset_endpoint} to let gpumedic do it"),
+            operations=operations,
+        )
+
+    def _idle(self, node: str, leader: LeaderView, lasted: float) -> Finding:
+        return Finding(
+            kind=IDLE,
+            node_id=node,
+            summary=f"the leader {leader.leader} counts {leader.jobs.jobs} job(s) on it at {leader.jobs.gpu_percent:g} % GPU "
+            f"for {lasted:.0f}s; no sampler runs there to tell a hung job from a stale count",
+            evidence={
+                "jobs_by_leader": leader.jobs.jobs, "gpu_percent_by_leader": leader.jobs.gpu_percent,
+                "leader": leader.leader, "cluster": leader.cluster, "idle_s": round(lasted, 1),
+            },
+            recommended_action="look on the node (nvidia-smi, ps): kill a hung job, or reset the count on the leader "
+            "if no process is left; run gpumedic's node-sampler there to have it judged",
+        )
+
+
+def _open(incidents: Incidents, node: str, kind: IncidentKind) -> bool:
+    return any(i.kind is kind for i in incidents.open_on(node))
