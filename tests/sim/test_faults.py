@@ -12,6 +12,7 @@ from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSample
 
 from gpumedic.sim import SimFleet
 from gpumedic.sim.state import Fault
+from gpumedic.sim.scenario import GPU_FAULTS
 
 
 class Running:
@@ -194,14 +195,8 @@ async def test_every_fault_a_scenario_can_name_can_be_injected(tmp_path):
     fleet = SimFleet(len(Fault), 2, tmp_path / "fleet")
     async with fleet:
         for node_id, fault in zip(fleet.nodes, Fault, strict=True):
-            await fleet.inject(fault, node_id, 1 if fault in _TAKES_GPU else None)
+            await fleet.inject(fault, node_id, 1 if fault in GPU_FAULTS else None)
     assert [f.fault for f in fleet.injected] == list(Fault)
-
-
-_TAKES_GPU = {
-    Fault.ZOMBIE_JOB, Fault.ORPHAN_GPU_HOLDER, Fault.OOM_KILL, Fault.SEGFAULT, Fault.SIGTERM,
-    Fault.GPU_OOM, Fault.XID, Fault.GPU_LOST,
-}
 
 
 # --- benign behaviour, seen the same way ---------------------------------------------------

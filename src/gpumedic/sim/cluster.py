@@ -53,7 +53,7 @@ class PeerCluster:
         """node -> the peers that cannot see it."""
         self.stale_jobs: dict[str, int] = {}
         """node -> jobs the daemons still count on it whose processes are gone (until the leader resets it)."""
-        self.loads: Callable[[str], tuple[int, float] | None] | None = None
+        self.loads: Callable[[str], tuple[int | None, float] | None] | None = None
         """A member's (counted jobs, GPU %) as the daemons report them to each other (the fleet's nodes)."""
 
     @property

@@ -123,6 +123,7 @@ class SimFleet:
             Fault.GPU_OOM: node.inject_gpu_oom,
             Fault.XID: node.inject_xid,
             Fault.GPU_LOST: node.inject_gpu_lost,
+            Fault.STUCK_PROCESS: node.inject_stuck,
         }
         node_wide = {
             Fault.DISK_FULL: node.inject_disk_full,
@@ -258,7 +259,7 @@ class SimFleet:
                 task.cancel()
             self._sampler_tasks.difference_update(tasks)
 
-    def _load_of(self, node_id: str) -> tuple[int, float] | None:
+    def _load_of(self, node_id: str) -> tuple[int | None, float] | None:
         node = self.nodes.get(node_id)
         return None if node is None else (node.counted_jobs, node.gpu_percent())
 

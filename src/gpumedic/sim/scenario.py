@@ -37,6 +37,7 @@ nvml_missing        -                the driver is gone: NVML cannot initialise
 status_blocked      -                the node's status endpoint accepts but never answers
 status_slow         -                the peer daemon's event loop lags: /status answers 6 s late
 phantom_jobs        -                the jobs' processes end, the daemons go on counting them (reset on the leader)
+stuck_process       gpu              the node's daemon gives no job count; a 3 h old process on the GPU stops computing
 daemon_down         -                the peer daemon crashes: its status port refuses connections
 no_leader           -                every peer loses the leader (quorum holds); give the
                                      cluster's first node, where the election is forced
@@ -147,6 +148,7 @@ GPU_FAULTS: frozenset[Scripted] = frozenset(
         FaultKind.GPU_OOM,
         FaultKind.XID,
         FaultKind.GPU_LOST,
+        FaultKind.STUCK_PROCESS,
         Benign.JOB_FINISHED,
         Benign.CONTAINER_STOPPED,
         Benign.SHORT_DIP,
@@ -189,6 +191,7 @@ FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
         FaultKind.STATUS_BLOCKED: "the node's status endpoint accepts but never answers",
         FaultKind.STATUS_SLOW: "the peer daemon's event loop lags: /status answers 6 s late",
         FaultKind.PHANTOM_JOBS: "the jobs' processes end, the daemons go on counting them (reset on the leader)",
+        FaultKind.STUCK_PROCESS: "the node's daemon gives no job count; a 3 h old process on the GPU stops computing",
         FaultKind.DAEMON_DOWN: "the peer daemon crashes: its status port refuses connections",
         FaultKind.NO_LEADER: "every peer loses the leader while quorum holds (give the cluster's first node)",
         FaultKind.QUORUM_LOST: "the voters lose each other: no peer has quorum or a leader, for `for`",

@@ -62,6 +62,7 @@ class Fault(StrEnum):
     STATUS_BLOCKED = "status_blocked"
     STATUS_SLOW = "status_slow"
     PHANTOM_JOBS = "phantom_jobs"
+    STUCK_PROCESS = "stuck_process"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
     QUORUM_LOST = "quorum_lost"
@@ -100,6 +101,8 @@ class Benign(StrEnum):
 CLUSTER = "sim"
 """The simulated peer cluster's name: leader-health's incidents about the whole cluster are on it,
 and so are the cluster-wide faults' records."""
+STUCK_AGE_S = 3 * 3600.0
+"""A stuck process's age: past the runbook's 2 hours."""
 STATUS_LAG_S = 6.0
 """A slow daemon's lag: past the runbook's 5 s, within leader-health's 10 s HTTP timeout."""
 CLUSTER_FAULTS = frozenset({Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEERS_NEVER_JOIN})
@@ -133,6 +136,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
         Fault.STATUS_SLOW: frozenset({"slow_peer"}),
         Fault.PHANTOM_JOBS: frozenset({"phantom_jobs"}),
+        Fault.STUCK_PROCESS: frozenset({"stuck_process"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
@@ -285,6 +289,8 @@ class NodeState:
         self.admin_token: str | None = None
         """The bearer token its service's admin endpoints want (None: they want none)."""
         self.admin_calls: list[str] = []
+        self.reports_jobs = True
+        """Whether its daemon gives a job count (a node outside the job cluster gives none)."""
         """Admin endpoints called and accepted, by path, in order."""
         self.daemon_down = False
         """The peer daemon crashed: its status port refuses connections until its unit restarts."""
@@ -329,8 +335,11 @@ class NodeState:
         return sum(1 for p in self.live_processes() if p.is_job)
 
     @property
-    def counted_jobs(self) -> int:
-        """The jobs the peer daemons count on it: the running ones, and any the cluster never saw end."""
+    def counted_jobs(self) -> int | None:
+        """The jobs the peer daemons count on it: the running ones, and any the cluster never saw end
+        (None: its daemon gives no count)."""
+        if not self.reports_jobs:
+            return None
         return self.running_jobs + self.cluster.stale_jobs.get(self.node_id, 0)
 
     def gpu_percent(self) -> float:
@@ -559,6 +568,23 @@ class NodeState:
             self._end(job, exit_code=0, logs=["exiting"])
         self.cluster.stale_jobs[self.node_id] = self.cluster.stale_jobs.get(self.node_id, 0) + max(1, len(ended))
         self._record(None, Fault.PHANTOM_JOBS)
+
+    def inject_stuck(self, gpu: int, *, age_s: float = STUCK_AGE_S) -> SimProcess:
+        """On a node whose daemon gives no job count, a process started `age_s` ago holds `gpu` and
+        stops computing (the job there, if it is that old; else the job ends and an old one hangs)."""
+        self._check_gpu(gpu)
+        self.reports_jobs = False
+        job = self._job_on(gpu)
+        if job is not None and self.now_ticks() - job.start_ticks < age_s * CLK_TCK:
+            self._end(job, exit_code=0, logs=["exiting"])
+            job = None
+        with self._lock:
+            if job is None:
+                job = self._spawn(_job_argv(gpu), gpu, JOB_MEMORY_MIB, is_job=True, producing=False, ago_s=age_s,
+                                  container=self._new_container(f"selfplay-gpu{gpu}"))
+            job.set_activity(time.monotonic(), producing=False)
+        self._record(gpu, Fault.STUCK_PROCESS)
+        return job
 
     def inject_status_slow(self, lag_s: float = STATUS_LAG_S) -> None:
         """The daemon's event loop lags: every /status answer comes `lag_s` late (it stays a member)."""

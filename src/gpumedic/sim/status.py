@@ -42,8 +42,9 @@ class StatusEndpoint:
             peers[member] = {"alive": member in alive, "is_voter": member in cluster.voters}
             load = cluster.loads(member) if cluster.loads is not None else None
             if load is not None:
-                peers[member] |= {"selfplay_jobs": load[0], "gpu_percent": load[1]}
-        return {**status, "peers": peers, "selfplay_jobs": node.counted_jobs}
+                peers[member] |= {"gpu_percent": load[1]} | ({"selfplay_jobs": load[0]} if load[0] is not None else {})
+        jobs = node.counted_jobs
+        return {**status, "peers": peers} | ({"selfplay_jobs": jobs} if jobs is not None else {})
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""

@@ -53,6 +53,8 @@ class IncidentKind(StrEnum):
     PHANTOM_JOBS = "phantom_jobs"
     """Jobs are counted for a node (by its own status or its cluster's leader) while no process
     holds its GPUs and they idle: the processes are gone, the count stayed."""
+    STUCK_PROCESS = "stuck_process"
+    """An old process holds an idle GPU on a node that gives no job count to judge by."""
     IDLE_JOBS = "idle_jobs"
     """The cluster's leader counts jobs on a peer whose GPU idles, and no sampler there says more."""
     PEER_PARTITIONED = "peer_partitioned"

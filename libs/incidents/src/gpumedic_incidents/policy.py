@@ -138,6 +138,11 @@ class IdleJobsPolicy(_IdleBelow):
     idle_for_s: float = Field(default=600.0, gt=0, description="How long the leader counts jobs on an idle peer (600 s).")
 
 
+class StuckPolicy(_IdleBelow):
+    older_than_s: float = Field(default=7200.0, gt=0, description="A holder older than this is old (7200 s: the runbook's 2 hours).")
+    idle_for_s: float = Field(default=600.0, gt=0, description="How long its GPU idles under it.")
+
+
 class ZombiePolicy(_IdleBelow):
     idle_for_s: float = Field(default=600.0, gt=0, description="How long a held GPU stays idle to be a zombie (600 s: 10 minutes).")
 
@@ -259,6 +264,7 @@ class Kinds(_Strict):
     slow_peer: SlowPeerPolicy = SlowPeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
     phantom_jobs: PhantomPolicy = PhantomPolicy(ladder=(Step(action="http_admin", verify_within_s=120),))
     idle_jobs: IdleJobsPolicy = IdleJobsPolicy()
+    stuck_process: StuckPolicy = StuckPolicy()
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
     capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))

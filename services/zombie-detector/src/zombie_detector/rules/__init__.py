@@ -12,6 +12,7 @@ from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
 from zombie_detector.rules.phantom import PhantomRule
 from zombie_detector.rules.readiness import ReadinessRule
+from zombie_detector.rules.stuck import StuckRule
 from zombie_detector.rules.xid import XidRule
 from zombie_detector.rules.zombie import ZombieRule
 
@@ -23,6 +24,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes),
         OrphanRule(kinds.orphan_gpu_holder, policy.actions.kill_gpu_processes),
         PhantomRule(kinds.phantom_jobs, kinds.idle_jobs, policy.actions.http_admin),
+        StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes),
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
         ContainerRule(kinds.container_died),

@@ -1,0 +1,84 @@
+"""stuck_process: an old process on an idle GPU, on a node that gives no job count to judge by.
+
+The runbook looks for processes running for more than 2 hours with no GPU activity. Where the node
+reports jobs, the zombie rule judges a held idle GPU; where it reports none (no status probe, or
+one that cannot be read), this rule holds for a GPU whose utilisation stays below
+`idle_below_pct` for `idle_for_s` while a process older than `older_than_s` holds it (not a
+leftover whose container is gone: that is an orphan). Nothing says whether the work is hung or
+between phases, so the policy observes by default: the incident names the processes, and a kill
+step may be added to the kind's ladder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeSampled
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import KillPolicy, StuckPolicy
+from zombie_detector.rules.base import Incidents, kill_operation
+from zombie_detector.rules.zombie import MAX_GAP_INTERVALS, unidentified
+
+KIND = IncidentKind.STUCK_PROCESS
+
+
+class StuckRule:
+    inputs = (NodeSampled,)
+
+    def __init__(self, policy: StuckPolicy, kill: KillPolicy) -> None:
+        self.policy = policy
+        self.kill = kill
+        self.idle_since: dict[tuple[str, int], tuple[datetime, datetime]] = {}
+        """(node, GPU) -> (first, last) seen idle under an old process, by the detector's clock."""
+
+    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
+        if event.jobs.running is not None and not open_here:
+            return ()  # the node counts its jobs: the zombie rule's
+        findings: list[Finding] = []
+        for gpu in event.gpus:
+            key = (event.node_id, gpu.index)
+            old = self._old_holders(gpu)
+            if gpu.utilization_gpu_pct is None:
+                continue  # cannot tell
+            stuck = event.jobs.running is None and bool(old) and gpu.utilization_gpu_pct < self.policy.idle_below_pct
+            if not stuck:
+                self.idle_since.pop(key, None)
+                if gpu.index in open_here:
+                    findings.append(Finding(KIND, event.node_id, gpu.index, present=False, summary="the GPU works again, or its old processes are gone"))
+                continue
+            first, last = self.idle_since.get(key, (now, now))
+            if (now - last).total_seconds() > MAX_GAP_INTERVALS * event.interval_s:
+                first = now  # not watched in between
+            self.idle_since[key] = (first, now)
+            idle_s = (now - first).total_seconds()
+            if idle_s >= self.policy.idle_for_s or gpu.index in open_here:
+                findings.append(self._finding(event, gpu, old, idle_s))
+        return findings
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return ()
+
+    def _old_holders(self, gpu: GpuSample) -> list[GpuProcess]:
+        return [p for p in gpu.processes if p.pid >= 2 and p.container_exists is not False and (p.age_s or 0) > self.policy.older_than_s]
+
+    def _finding(self, event: NodeSampled, gpu: GpuSample, old: list[GpuProcess], idle_s: float) -> Finding:
+        oldest = max(old, key=lambda p: p.age_s or 0)
+        why_not = unidentified(gpu)
+        kill = None if why_not else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)
+        return Finding(
+            kind=KIND,
+            node_id=event.node_id,
+            gpu_index=gpu.index,
+            summary=f"pid {oldest.pid} ({oldest.command[:80] or 'no command line'}) has run {(oldest.age_s or 0) / 3600:.1f} h "
+            f"and GPU {gpu.index} has idled at {gpu.utilization_gpu_pct} % for {idle_s:.0f}s; the node reports no job count to judge by",
+            evidence={
+                "pids": " ".join(str(p.pid) for p in old), "oldest_age_s": round(oldest.age_s or 0), "utilization_gpu_pct": gpu.utilization_gpu_pct,
+                "idle_s": round(idle_s, 1),
+            },
+            recommended_action="look at the process (is it between phases or hung?): kill it if hung, or report the node's "
+            "job count (GPUMEDIC_SAMPLER_STATUS_URL or _JOB_PROCESS_PATTERN) so the zombie rule can judge it",
+            operations={"kill_gpu_processes": kill} if kill is not None else {},
+            unsafe=why_not,
+        )

@@ -1,0 +1,45 @@
+"""stuck_process: an old process on an idle GPU where the node gives no job count (the runbook's
+"running over 2 hours with no GPU activity"), observed for a person by default."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumedic_events import GpuProcess, GpuSample, IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved, JobsObservation, NodeSampled
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy
+from tests.zombie_detector.test_rules import Detector
+
+POLICY = Policy(fleet=FleetPolicy(hold_s=0))
+
+
+def sample(*, age_s=3 * 3600.0, util=0, jobs=None, container_exists=None) -> NodeSampled:
+    holder = GpuProcess(pid=4242, start_ticks=77, command="python train.py", age_s=age_s, container_exists=container_exists)
+    return NodeSampled(source="node-sampler", node_id="n1", interval_s=30, jobs=JobsObservation(running=jobs),
+                       gpus=(GpuSample(index=0, utilization_gpu_pct=util, processes=(holder,)),))
+
+
+def run(det: Detector, until_s: float, **kwargs) -> list:
+    return [e for s in range(0, int(until_s) + 1, 30) for e in det.feed(sample(**kwargs), s)]
+
+
+def test_an_old_process_on_an_idle_gpu_without_a_job_count_goes_to_a_person_after_600s():
+    det = Detector(POLICY)
+    assert run(det, 570) == []
+    opened, escalated = det.feed(sample(), 600)
+    assert isinstance(opened, IncidentOpened) and opened.kind is IncidentKind.STUCK_PROCESS and opened.gpu_index == 0
+    assert "pid 4242 (python train.py) has run 3.0 h" in opened.summary and opened.evidence["pids"] == "4242"
+    assert isinstance(escalated, IncidentEscalated)  # observe by default: no ladder
+    (resolved,) = [e for e in det.feed(sample(util=80), 630) if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared"
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"age_s": 7200.0},             # exactly 2 h is not over 2 h
+    {"util": 5},                   # 5 % is busy
+    {"jobs": 1},                   # the node counts jobs: the zombie rule's
+    {"container_exists": False},   # its container is gone: an orphan
+])
+def test_not_stuck(kwargs):
+    det = Detector(POLICY)
+    assert [e for e in run(det, 1200, **kwargs) if isinstance(e, IncidentOpened) and e.kind is IncidentKind.STUCK_PROCESS] == []
