@@ -15,12 +15,13 @@ from gpumedic_events import (
     GpuProcess,
     GpuSample,
     IncidentEscalated,
+    IncidentKind,
     IncidentOpened,
     IncidentResolved,
     JobsObservation,
     NodeSampled,
 )
-from gpumedic_incidents import Policy, operation_digest
+from gpumedic_incidents import Finding, Policy, operation_digest
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
 from zombie_detector.logic import NodeIncidents
 from zombie_detector.rules.zombie import ZombieRule
@@ -298,3 +299,26 @@ def test_a_policy_with_the_old_idle_util_pct_says_what_it_is_now():
 
     with pytest.raises(ValidationError, match=r"idle_util_pct is now idle_below_pct.*idle_util_pct: 5 is idle_below_pct: 6"):
         ZombiePolicy.model_validate({"idle_util_pct": 5})
+
+
+def test_a_failing_rule_or_finding_costs_only_itself(caplog):
+    class Broken:
+        inputs = (NodeSampled,)
+
+        def observe(self, event, now, incidents):
+            raise RuntimeError("a bug")
+
+        def tick(self, now, incidents):
+            raise RuntimeError("a bug")
+
+    class Unrecordable(Broken):
+        def observe(self, event, now, incidents):
+            return [Finding(IncidentKind.STUCK_PROCESS, event.node_id, evidence={"pids": [1, 2]})]  # not a scalar
+
+    det = NodeIncidents(POLICY, rules=[Broken(), Unrecordable(), ZombieRule(POLICY.kinds.zombie_job, POLICY.actions.kill_gpu_processes)])
+    with caplog.at_level("ERROR", logger="zombie_detector.logic"):
+        opened, _ = open_incident(det)
+        assert apply(det, det.on_tick(at(61))) == []
+    assert opened.kind is IncidentKind.ZOMBIE_JOB
+    assert "rule Broken failed on NodeSampled from n1" in caplog.text and "rule Broken failed on a tick" in caplog.text
+    assert "the stuck_process finding on n1 could not be recorded" in caplog.text

@@ -9,6 +9,7 @@ The rules are listed in `zombie_detector.rules`; the thresholds and ladders come
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -17,6 +18,8 @@ from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
 
 SOURCE = "zombie-detector"
+
+log = logging.getLogger(__name__)
 RETIRED_KEPT = timedelta(hours=1)
 """How long a retirement is remembered, against the node's last events arriving late."""
 
@@ -49,14 +52,31 @@ class NodeIncidents:
             del self._retired[node_id]  # a new node of that id
         if isinstance(event, NodeSampled):
             self.book.saw_node(event.node_id, now)
-        return closed + self._decide([f for rule in self._routes.get(type(event), ()) for f in rule.observe(event, now, self.book)], now)
+        findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, now)]
+        return closed + self._decide(findings, now)
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)
 
     def on_tick(self, now: datetime) -> list[Transition]:
-        findings = [f for rule in self.rules for f in rule.tick(now, self.book)]
+        findings = [f for rule in self.rules for f in self._guarded(rule, "tick", None, now)]
         return self._decide(findings, now) + self.book.on_tick(now)
 
+    def _guarded(self, rule: Rule, step: str, event: Event | None, now: datetime) -> Sequence[Finding]:
+        """One rule's findings; a rule that fails (a bug) is logged and costs only its own findings,
+        never the other rules' judgement of the same event."""
+        try:
+            return rule.observe(event, now, self.book) if step == "observe" else rule.tick(now, self.book)
+        except Exception:
+            where = f"{type(event).__name__} from {getattr(event, 'node_id', None) or '-'}" if event is not None else "a tick"
+            log.exception("rule %s failed on %s; the other rules went on", type(rule).__name__, where)
+            return ()
+
     def _decide(self, findings: list[Finding], now: datetime) -> list[Transition]:
-        return [t for finding in findings for t in self.book.on_finding(finding, now)]
+        transitions = []
+        for finding in findings:
+            try:
+                transitions += self.book.on_finding(finding, now)
+            except Exception:  # a finding that cannot become an incident (a rule's bug): the others still do
+                log.exception("the %s finding on %s could not be recorded", finding.kind.value, finding.node_id)
+        return transitions
