@@ -25,7 +25,7 @@ from gpumedic.sim.fleet import SimFleet
 from gpumedic.sim.pager import Pager
 from gpumedic.sim.scenario import FaultSpec, Scenario
 from gpumedic.sim.scoring import Observed, render, score
-from gpumedic.sim.state import PEER_UNIT, SAMPLER_UNIT
+from gpumedic.sim.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
 from gpumedic.sim.workers import POOL_NODE, SimWorkerPool, judge
 from gpumedic.stack import Stack, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
@@ -47,10 +47,12 @@ from gpumedic_incidents.policy import (
     FlappingPolicy,
     FleetPolicy,
     IdleJobsPolicy,
+    JobRestart,
     Kinds,
     NoLeaderPolicy,
     PartitionPolicy,
     PhantomPolicy,
+    RestartJobPolicy,
     StuckPolicy,
     PeerPolicy,
     SlowPeerPolicy,
@@ -114,6 +116,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
+            restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit=JOB_UNIT)}),
             http_admin=AdminPolicy(endpoints={
                 "force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election"),
                 "reset_job_count": AdminEndpoint(
@@ -124,6 +127,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         kinds=Kinds(
             zombie_job=ZombiePolicy(
                 idle_for_s=6 * interval_s,
+                restart_job="selfplay",  # the work starts again once the kill is verified
                 action_timeout_s=60,
                 ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
             ),

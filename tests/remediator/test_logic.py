@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, UndrainNode, IncidentKind, KillGpuProcesses, MarkWorkerEnded, ProcessTarget, RestartUnit, TerminateWorker
+from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, RestartJob, UndrainNode, IncidentKind, KillGpuProcesses, MarkWorkerEnded, ProcessTarget, RestartUnit, TerminateWorker
 from gpumedic_incidents.state import fingerprint
-from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, KillPolicy, NodeSelector, RestartPolicy, UnitRule
+from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, JobRestart, KillPolicy, NodeSelector, RestartJobPolicy, RestartPolicy, UnitRule
 from remediator.inventory import NodeAddress
 from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
@@ -369,3 +371,18 @@ def test_the_endpoint_and_the_workers_come_from_the_incident_and_the_policy():
     vanished = stuck.model_copy(update={"operation": MarkWorkerEnded(worker_id="pod-2"),
                                         "fingerprint": fingerprint("pod-1", IncidentKind.VANISHED_WORKER, None)})
     assert _refusal(vanished, incident_waiting_for(vanished)) == "refused: a vanished_worker incident marks worker pod-1 ended only, not pod-2"
+
+
+def test_a_job_restart_is_due_only_after_the_fix_and_only_the_job_the_kind_names():
+    restart = kill_request(_GOOD).model_copy(update={"operation": RestartJob(job="selfplay")})
+    kinds = ENFORCE.kinds.model_copy(update={"zombie_job": ENFORCE.kinds.zombie_job.model_copy(update={"restart_job": "selfplay"})})
+    jobs = RestartJobPolicy(jobs={"selfplay": JobRestart(unit="selfplay.service"), "other": JobRestart(command="/opt/other/restart")})
+    gate = dataclasses.replace(ENFORCE, kinds=kinds, actions=Actions(restart_job=jobs))
+    fixed = incident_waiting_for(restart, resolution="fixed")
+    assert _refusal(restart, fixed, gate=gate) == ""
+    # before the kill is verified the ladder's step is due, not a restart
+    assert _refusal(restart, incident_waiting_for(restart), gate=gate) == "refused: kinds.zombie_job.ladder step 1 is kill_gpu_processes, not restart_job"
+    other = restart.model_copy(update={"operation": RestartJob(job="other")})
+    assert _refusal(other, incident_waiting_for(other, resolution="fixed"), gate=gate) == "refused: kinds.zombie_job restarts the job selfplay, not other"
+    # the default policy restarts nothing
+    assert _refusal(restart, fixed) == "refused: kinds.zombie_job restarts no job, not selfplay"

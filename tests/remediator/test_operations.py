@@ -24,10 +24,11 @@ from gpumedic_events import (
     KillGpuProcesses,
     ProcessTarget,
     RebootNode,
+    RestartJob,
     RestartUnit,
 )
 from gpumedic.sim.pager import Pager
-from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy, RestartPolicy, UnitRule
+from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy, JobRestart, RestartJobPolicy, RestartPolicy, UnitRule
 from remediator import catalogue
 from remediator.catalogue.kill import parse_stat
 from remediator.ssh import SshExecutor
@@ -100,6 +101,39 @@ async def test_restart_unit_restarts_the_allowed_unit_and_checks_it_is_active(ss
     assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
     assert _restarts(sshd, unit) == 1
     assert sshd.commands()[-2:] == [f"systemctl restart {unit}", f"systemctl is-active {unit}"]
+
+
+async def test_restart_job_restarts_the_allowed_unit_or_runs_the_allowed_command(sshd, tmp_path):
+    unit = _unit(sshd, "inactive")
+    started = tmp_path / "started"
+    script = tmp_path / "restart-selfplay"
+    script.write_text(f"#!/bin/sh\necho started >> {started}\n")
+    script.chmod(0o755)
+    broken = tmp_path / "broken-restart"
+    broken.write_text("#!/bin/sh\necho 'no checkpoint to resume from' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    jobs = RestartJobPolicy(jobs={"by_unit": JobRestart(unit=unit), "by_command": JobRestart(command=str(script)),
+                                  "broken": JobRestart(command=str(broken))})
+    actions = Actions(restart_job=jobs)
+    result = await _run(sshd, RestartJob(job="by_unit"), actions)
+    assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, "the job by_unit started; its unit is active")
+    assert _restarts(sshd, unit) == 1
+    result = await _run(sshd, RestartJob(job="by_command"), actions)
+    assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, "the job by_command started (its command exited 0)")
+    assert started.read_text() == "started\n" and sshd.commands()[-1] == str(script)
+    result = await _run(sshd, RestartJob(job="broken"), actions)
+    assert (result.outcome, result.detail) == (ActionOutcome.FAILED, "the job broken did not start: 'no checkpoint to resume from'")
+    before = len(sshd.commands())
+    with pytest.raises(catalogue.InvalidParameter, match=r"job nope is not in the policy's restart_job list \(allowed: broken, by_command, by_unit\)"):
+        await _run(sshd, RestartJob(job="nope"), actions)
+    assert len(sshd.commands()) == before
+
+
+@pytest.mark.parametrize("job", [{"command": "restart"}, {"command": "/opt/x/../../bin/sh"}, {"command": "/opt/x restart"},
+                                 {"command": "/opt/$(reboot)"}, {"unit": "a.service; reboot"}, {}, {"unit": "a.service", "command": "/a"}])
+def test_a_restart_job_entry_is_one_plain_unit_or_path(job):
+    with pytest.raises(ValidationError):
+        JobRestart(**job)
 
 
 async def test_a_unit_that_does_not_come_back_fails_the_action(sshd):

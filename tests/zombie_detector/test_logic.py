@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
@@ -20,9 +22,10 @@ from gpumedic_events import (
     IncidentResolved,
     JobsObservation,
     NodeSampled,
+    RestartJob,
 )
 from gpumedic_incidents import Finding, Policy, operation_digest
-from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
+from gpumedic_incidents.policy import Actions, FleetPolicy, JobRestart, Kinds, RestartJobPolicy, Step, ZombiePolicy
 from zombie_detector.logic import NodeIncidents
 from zombie_detector.rules.zombie import ZombieRule
 
@@ -322,3 +325,29 @@ def test_a_failing_rule_or_finding_costs_only_itself(caplog):
     assert opened.kind is IncidentKind.ZOMBIE_JOB
     assert "rule Broken failed on NodeSampled from n1" in caplog.text and "rule Broken failed on a tick" in caplog.text
     assert "the stuck_process finding on n1 could not be recorded" in caplog.text
+
+
+def _restarting_detector() -> NodeIncidents:
+    kinds = POLICY.kinds.model_copy(update={"zombie_job": POLICY.kinds.zombie_job.model_copy(update={"restart_job": "selfplay"})})
+    policy = POLICY.model_copy(update={
+        "kinds": kinds, "actions": Actions(restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit="selfplay.service")})),
+    })
+    return NodeIncidents(policy, rules=[ZombieRule(policy.kinds.zombie_job, policy.actions.kill_gpu_processes)])
+
+
+@pytest.mark.parametrize(("outcome", "ends"), [(ActionOutcome.SUCCEEDED, "fixed"), (ActionOutcome.FAILED, "escalated")])
+def test_a_verified_kill_restarts_the_job_the_policy_names_before_the_incident_ends(outcome, ends):
+    det = _restarting_detector()
+    _, kill = open_incident(det)
+    apply(det, det.on_action_completed(completed(kill), at(66), None))
+    (restart,) = apply(det, det.on_event(sample(70, procs=()), at(70)))  # the kill is verified: now the restart
+    assert isinstance(restart, ActionRequested) and restart.operation == RestartJob(job="selfplay") and restart.attempt == 2
+    state = det.book.get("n1/zombie_job/0")
+    assert (state.phase, state.resolution) == ("acting", "fixed")
+    assert apply(det, det.on_event(sample(72, procs=()), at(72))) == []  # waiting for the restart's answer
+    (end,) = apply(det, det.on_action_completed(completed(restart, outcome), at(75), None))
+    if ends == "fixed":
+        assert isinstance(end, IncidentResolved) and end.resolution == "fixed" and "; restarted, done" in end.summary
+        assert det.book.incidents == {}
+    else:
+        assert isinstance(end, IncidentEscalated) and "fixed, but the job's restart was failed: done" in end.reason

@@ -39,7 +39,9 @@ BOOTED_AGO_S = 3 * 86_400
 SAMPLER_UNIT = "gpumedic-node-sampler.service"
 PEER_UNIT = "selfplay-p2p.service"
 """The peer daemon that serves the node's /status: restarting it unblocks a blocked event loop."""
-UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, "docker.service", "ssh.service"})
+JOB_UNIT = "selfplay.service"
+"""The node's job launcher: restarting it starts a job on every GPU that has none."""
+UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, JOB_UNIT, "docker.service", "ssh.service"})
 """The systemd services a simulated node has."""
 
 
@@ -647,6 +649,10 @@ class NodeState:
                 self.sampler_silent = False
             if unit == PEER_UNIT:
                 self.status_lag_s = 0.0  # a fresh event loop
+            if unit == JOB_UNIT:
+                for gpu in range(len(self.gpus)):
+                    if not self.live_processes(gpu):
+                        self.start_job(gpu)
             if unit == PEER_UNIT and (self.status_blocked or self.daemon_down):
                 self.status_blocked = False
                 if self.daemon_down and self.on_daemon_start is not None:

@@ -151,6 +151,19 @@ class HttpAdmin(BaseModel):
         return f"call the {self.endpoint} endpoint on {self.at}" if self.at else f"call the node's {self.endpoint} endpoint"
 
 
+class RestartJob(BaseModel):
+    """Start the work again after a verified kill (the runbook's `--cleanup-zombies`): one job of the
+    policy's allow-list, by name (a systemd unit, or an absolute path run without arguments)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["restart_job"] = "restart_job"
+    job: str = Field(pattern=ENDPOINT_PATTERN, description="The job's name in actions.restart_job.jobs.")
+
+    def describe(self) -> str:
+        return f"restart the job {self.job}"
+
+
 class DrainNode(BaseModel):
     """Take the node out of service: no new jobs. Nothing runs on the node; the remediator records
     the drain, calls the scheduler's hook where the policy names one, and publishes NodeDrained."""
@@ -237,14 +250,14 @@ class MarkWorkerEnded(BaseModel):
 
 
 Operation = Annotated[
-    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | DrainNode | UndrainNode
+    KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | RestartJob | DrainNode | UndrainNode
     | SpawnWorker | TerminateWorker | RequeueTasks | MarkWorkerEnded,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
-    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node", "undrain_node",
+    "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "restart_job", "drain_node", "undrain_node",
     "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended",
 )
 

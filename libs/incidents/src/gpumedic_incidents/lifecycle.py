@@ -15,7 +15,9 @@ step (or to a person, when it was the last). A drained incident never resolves o
 away alone: it is `validating` until `validation.ready_samples` samples in a row show its GPUs
 free and healthy, then asks for `undrain_node`, and resolves once that succeeded. A fault that
 comes back, validation that does not come within `validation.within_s`, or an undrain that does
-not succeed, escalate with the node still drained.
+not succeed, escalate with the node still drained. Likewise, a kind whose policy names a
+`restart_job` asks for that job's restart once its fix is verified, and resolves "fixed" when the
+restart succeeded (else a person: fixed, but the work did not start again).
 
 Every function takes plain values and returns a `Transition` (or None: nothing changed): the new
 state (None when the incident closed) and the events to publish, grouped in the steps of the
@@ -42,6 +44,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     Operation,
+    RestartJob,
     UndrainNode,
     action_id_for,
 )
@@ -197,6 +200,10 @@ def clear(state: IncidentState, finding: Finding, now: datetime, *, policy: Poli
     summary = finding.summary or ("the fault is gone after the action" if fixed else "the fault went away by itself")
     if state.drained:
         return _start_validation(state, "fixed" if fixed else "cleared", summary, now, policy, ready=bool(finding.ready))
+    job = getattr(policy.of(state.kind), "restart_job", None)
+    if fixed and job is not None:  # the work starts again before the incident ends (the runbook's --cleanup-zombies)
+        restarting = state.model_copy(update={"resolution": "fixed", "summary": summary[:1000]})
+        return _request(state, restarting, RestartJob(job=job), now, policy, f"{summary}; start the job {job} again")
     event = IncidentResolved(source=state.detector, resolution="fixed" if fixed else "cleared", summary=summary[:1000], **_ids(state))
     return Transition(state, None, (Span("verify", (event,)),))
 
@@ -211,16 +218,21 @@ def action_completed(
     if None not in (result.request_sha256, pending.request_sha256) and result.request_sha256 != pending.request_sha256:
         return None  # the answer to another request sent under this action id (a forgery): ours is still to come
     before, state = state, state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
-    if state.resolution is not None:  # the undrain after validation
+    if state.resolution is not None:  # after the fix: the undrain (after validation), or the job's restart
+        outcome = f"{result.outcome.value}: {result.detail}"
+        if state.drained:
+            done, failed = "validated", f"validated, but the undrain was {outcome}; the node stays drained"
+        else:
+            done, failed = "restarted", f"fixed, but the job's restart was {outcome}"
         if result.outcome is ActionOutcome.SUCCEEDED:
             event = IncidentResolved(
                 source=state.detector,
                 resolution=state.resolution,
-                summary=f"{state.summary}; validated, {result.detail}"[:1000],
+                summary=f"{state.summary}; {done}, {result.detail}"[:1000],
                 **_ids(state),
             )
             return Transition(before, None, (Span("verify", (event,)),))
-        return _escalated(before, state, now, f"validated, but the undrain was {result.outcome.value}: {result.detail}; the node stays drained")
+        return _escalated(before, state, now, failed)
     ladder = policy.of(state.kind).ladder
     step = ladder[min(state.step, len(ladder) - 1)]
     if step.action == "drain_node" and result.outcome is not ActionOutcome.SUCCEEDED:

@@ -30,7 +30,7 @@ MAX_POLICY_BYTES = 1024 * 1024
 
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
-    "undrain_node", "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended",
+    "undrain_node", "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended", "restart_job",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -145,6 +145,11 @@ class StuckPolicy(_IdleBelow):
 
 class ZombiePolicy(_IdleBelow):
     idle_for_s: float = Field(default=600.0, gt=0, description="How long a held GPU stays idle to be a zombie (600 s: 10 minutes).")
+    restart_job: str | None = Field(
+        default=None, pattern=ENDPOINT_PATTERN,
+        description="After a verified kill, start this job of actions.restart_job.jobs again (the runbook's "
+        "--cleanup-zombies restarts the work); null: the kill is the fix.",
+    )
 
 
 class OrphanPolicy(_IdleBelow):
@@ -417,6 +422,39 @@ class AdminPolicy(ActionPolicy):
         return value
 
 
+class JobRestart(NodeScoped):
+    """One job the remediator may start again after a verified kill: exactly one of a systemd unit
+    (restarted, then `systemctl is-active`) or an executable (an absolute path, run without arguments)."""
+
+    unit: str | None = Field(default=None, pattern=UNIT_PATTERN, description="e.g. selfplay.service")
+    command: str | None = Field(default=None, description="e.g. /opt/selfplay/bin/restart (exit 0: started)")
+
+    @field_validator("command")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and (not CHECK_COMMAND.match(value) or "/../" in f"{value}/"):
+            raise ValueError(f"command {value[:100]!r} must be an absolute path to an executable, no arguments, no '..'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> JobRestart:
+        if (self.unit is None) == (self.command is None):
+            raise ValueError("give exactly one of unit and command")
+        return self
+
+
+class RestartJobPolicy(ActionPolicy):
+    jobs: dict[str, JobRestart] = Field(default_factory=dict, description="The allow-list, by name: only these are ever started.")
+
+    @field_validator("jobs")
+    @classmethod
+    def _names(cls, value: dict[str, JobRestart]) -> dict[str, JobRestart]:
+        for name in value:
+            if not re.match(ENDPOINT_PATTERN, name):
+                raise ValueError(f"{name[:100]!r} is not a job name (lower-case letters, digits and _)")
+        return value
+
+
 class PrunePolicy(ActionPolicy):
     volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
 
@@ -497,6 +535,7 @@ class Actions(_Strict):
     docker_prune: PrunePolicy = PrunePolicy()
     reboot_node: ActionPolicy = ActionPolicy(mode="observe")
     http_admin: AdminPolicy = AdminPolicy()
+    restart_job: RestartJobPolicy = RestartJobPolicy()
     drain_node: DrainPolicy = DrainPolicy()
     undrain_node: UndrainPolicy = UndrainPolicy()
     spawn_worker: SpawnPolicy = SpawnPolicy()
@@ -643,6 +682,9 @@ class Policy(_Strict):
                 raise ValueError(
                     f"kinds.{name}: undrain_node follows validation (the validation section), never a ladder step"
                 )
+        job = self.kinds.zombie_job.restart_job
+        if job is not None and job not in self.actions.restart_job.jobs:
+            raise ValueError(f"kinds.zombie_job restarts the job {job}, which actions.restart_job.jobs does not list; add it there")
         units = {"node_silent": self.kinds.node_silent.sampler_unit}
         units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down", "slow_peer")}
         for name, unit in units.items():

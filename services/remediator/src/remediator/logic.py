@@ -22,7 +22,7 @@ from typing import Literal
 
 from gpumedic_bus.topology import owner_of
 from gpumedic_events import (
-    ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, MarkWorkerEnded, RestartUnit, TerminateWorker, operation_gpu,
+    ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, MarkWorkerEnded, RestartJob, RestartUnit, TerminateWorker, operation_gpu,
 )
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
@@ -32,9 +32,9 @@ from remediator.inventory import NodeAddress
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
-NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended")
+NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended", "restart_job")
 """Operations that harm no job (move jobs away from a node or back, add a worker, put a gone
-worker's tasks back in the queue, mark its record ended): outside the per-node limit and the
+worker's tasks back in the queue, mark its record ended, start a job again): outside the per-node limit and the
 breaker's count (an open breaker still holds them)."""
 
 
@@ -174,6 +174,8 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
     name = request.operation.operation
     if incident.drained and incident.resolution is not None:
         expected, rung = "undrain_node", "validation (the incident drained its node)"
+    elif incident.resolution is not None:
+        expected, rung = "restart_job", f"the restart after the fix (kinds.{kind.value}.restart_job)"
     elif incident.step < len(rules.ladder):
         expected, rung = rules.ladder[incident.step].action, f"kinds.{kind.value}.ladder step {incident.step + 1}"
     else:
@@ -204,6 +206,10 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
         endpoint = getattr(rules, "election_endpoint", None) or getattr(rules, "reset_endpoint", None)
         if operation.endpoint != endpoint:
             return f"kinds.{kind.value} calls the {endpoint or 'no'} endpoint, not {operation.endpoint}"
+    elif isinstance(operation, RestartJob):
+        job = getattr(rules, "restart_job", None)
+        if operation.job != job:
+            return f"kinds.{kind.value} restarts {f'the job {job}' if job else 'no job'}, not {operation.job}"
     elif isinstance(operation, TerminateWorker) and kind is not IncidentKind.CAPACITY_SURPLUS:
         # A worker's own incident ends that worker; only the pool's surplus picks which ones.
         if operation.worker_ids != (incident.node_id,):
@@ -281,6 +287,8 @@ def _scope(operation: object, actions: Actions) -> tuple[NodeScoped, str, str] |
         return unit, f"{operation.unit} may be restarted", "actions.restart_unit.units"
     if isinstance(operation, HttpAdmin) and (endpoint := actions.http_admin.endpoints.get(operation.endpoint)):
         return endpoint, f"{operation.endpoint} may be called", "actions.http_admin.endpoints"
+    if isinstance(operation, RestartJob) and (job := actions.restart_job.jobs.get(operation.job)):
+        return job, f"the job {operation.job} may be restarted", "actions.restart_job.jobs"
     return None
 
 

@@ -32,13 +32,14 @@ from gpumedic_events import (
     MarkWorkerEnded,
     RebootNode,
     RequeueTasks,
+    RestartJob,
     RestartUnit,
     SpawnWorker,
     TerminateWorker,
     UndrainNode,
 )
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import admin, docker, drain, gpu, kill, provider, taskdb, units
+from remediator.catalogue import admin, docker, drain, gpu, jobs, kill, provider, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -73,6 +74,7 @@ OPERATIONS: dict[type, Spec] = {
     DockerPrune: Spec(docker.render, on_node(docker.execute), logs_in=True),
     RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True),
     HttpAdmin: Spec(admin.render, admin.execute, logs_in=True),
+    RestartJob: Spec(jobs.render, on_node(jobs.execute), logs_in=True),
     DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False),
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False),
