@@ -38,6 +38,14 @@ def summary_text(cluster: str, s: ClusterSummary) -> list[str]:
     return lines
 
 
+def _yes_no(value: object) -> str:
+    return "-" if value is None else "yes" if value else "no"
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 async def log_text(
     store_url: str, *, cluster: str | None, since: timedelta, goal: Goal | None = None, rows: int = 30, as_json: bool = False
 ) -> str:
@@ -57,6 +65,13 @@ async def log_text(
             out.append(f"cluster {name}: no checks in the last {_hours(since)}")
             continue
         out += summary_text(name, summary)
+        if latest := checks[name][-1].peers:
+            out.append(table(
+                ["PEER", "STATE", "ROLE", "VOTER", "ANSWER", "JOBS", "GPU%"],
+                [[p.get("node_id") or p["url"], p["state"], p.get("role") or "-", _yes_no(p.get("voter")), f"{p.get('answer_ms', 0):.0f}ms",
+                  _or_dash(p.get("jobs")), _or_dash(p.get("gpu_percent"))] for p in latest],
+                indent=2, right=["ANSWER", "JOBS", "GPU%"],
+            ))
         out.append(table(
             ["CHECKED", "PEERS", "LEADER", "SUMMARY"],
             [[fmt_time(c.checked_at), f"{c.peers_answering}/{c.peers_total}", c.leader or "-", " ".join(c.summary.split())[:110]]

@@ -69,7 +69,10 @@ async def seeded(store):
             audit=[{"command": "kill -TERM 4242", "exit_status": 0, "output_sha256": "ab" * 32, "at_ms": 1.0, "took_ms": 2.0}],
         ))
         for minutes, leader in ((50, "peer-1"), (30, None), (10, "peer-2")):
-            check = _event(ClusterChecked, occurred_at=(now - timedelta(minutes=minutes)).isoformat(), leader=leader)
+            rows = [{"url": "http://10.0.0.2:8770/status", "state": "ok", "node_id": "peer-2", "role": "leader", "voter": True,
+                     "answer_ms": 12.0, "jobs": 2, "gpu_percent": 3.5},
+                    {"url": "http://10.0.0.9:8770/status", "state": "blocked", "answer_ms": 3000.0}] if leader == "peer-2" else []
+            check = _event(ClusterChecked, occurred_at=(now - timedelta(minutes=minutes)).isoformat(), leader=leader, peers=rows)
             await repository.record_cluster_check(session, event=check)
         for minutes, queued in ((20, 12), (10, 3)):
             await repository.record_capacity_check(session, event=_event(
@@ -135,6 +138,9 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
     assert "raise the container&#39;s memory limit" in postmortem.text
     cluster = await get("/cluster")
     assert "no leader" in cluster.text and "peer-2" in cluster.text and "<polyline" in cluster.text
+    # the latest check's per-peer table: state, role, vote, answer time, the leader's count of jobs and GPU %
+    assert "<td>peer-2</td><td>ok</td><td>leader</td><td>yes</td><td>12 ms</td><td>2</td><td>3.5</td>" in cluster.text
+    assert "<td>http://10.0.0.9:8770/status</td><td>blocked</td><td>-</td><td>-</td><td>3000 ms</td>" in cluster.text
     capacity = await get("/capacity")
     assert "$1.50/h now" in capacity.text and capacity.text.count("<polyline") == 4
     ledger = await get("/ledger")

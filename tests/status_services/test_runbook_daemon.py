@@ -159,6 +159,14 @@ async def test_every_peer_of_the_runbook_daemon_is_read(cluster):
     assert "nebius.h100-3" in status.voter_ids()
     checked = assess("selfplay", answers)
     assert checked.healthy and "Voters 6/8 (quorum OK)" in checked.summary, checked.summary
+    # the runbook's per-peer table: every probed peer, its state, role, vote, and the leader's count of its work
+    rows = {row.node_id or row.url: row for row in checked.peers}
+    assert len(checked.peers) == len(PEERS)
+    assert (rows["vultr-a100-20gb"].role, rows["vultr-a100-20gb"].voter) == ("leader", True)
+    assert (rows["lambda-gh200-2"].state, rows["lambda-gh200-2"].voter, rows["lambda-gh200-2"].jobs, rows["lambda-gh200-2"].gpu_percent) == (
+        "ok", False, 2, 3.5)
+    down = [row for row in checked.peers if row.state != "ok"]
+    assert len(down) == len(PEERS) - len(ANSWERING) and all(row.state == "down" and row.node_id is None for row in down)
 
 
 @pytest.mark.parametrize(("voters_alive", "voters_total"), [(5, 7), (6, 8), (5, 8)])

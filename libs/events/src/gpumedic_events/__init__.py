@@ -63,7 +63,7 @@ from gpumedic_events.node import (
     NodeSampled,
     ProcessIdentity,
 )
-from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, ServiceHeartbeat
+from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -138,6 +138,7 @@ __all__ = [
     "NodeUndrained",
     "PeerJobs",
     "PeerProblem",
+    "PeerRow",
     "UndrainNode",
     "SpawnWorker",
     "TerminateWorker",

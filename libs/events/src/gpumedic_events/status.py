@@ -66,6 +66,21 @@ class PeerJobs(BaseModel):
     gpu_percent: float | None = Field(default=None, ge=0, le=100, description="Its GPU utilisation as the leader reports it.")
 
 
+class PeerRow(BaseModel):
+    """One probed peer in a cluster check, as the runbook's table shows it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    url: str = Field(max_length=512, description="The status URL probed.")
+    state: Literal["ok", "unreachable", "down", "blocked", "unhealthy", "bad_answer"]
+    node_id: str | None = Field(default=None, max_length=253, description="Its id as it names itself (None: no usable answer).")
+    role: str | None = Field(default=None, max_length=32)
+    voter: bool | None = Field(default=None, description="Whether the answering daemons count it a voter.")
+    answer_ms: float = Field(default=0.0, ge=0, description="How long its probe took.")
+    jobs: int | None = Field(default=None, ge=0, description="Its jobs as the leader counts them.")
+    gpu_percent: float | None = Field(default=None, ge=0, le=100, description="Its GPU % as the leader reports it.")
+
+
 class ClusterChecked(Event):
     """leader-health's periodic check of a peer cluster: one line of the cluster monitoring log."""
 
@@ -114,6 +129,10 @@ class ClusterChecked(Event):
     )
     unseen: tuple[str, ...] = Field(
         default=(), max_length=200, description="Answering peers that no other answering peer lists as alive."
+    )
+    peers: tuple[PeerRow, ...] = Field(
+        default=(), max_length=4096, description="Every probed peer: its state, role, vote, answer time, and jobs and GPU % "
+        "as the leader counts them.",
     )
     leader_view: tuple[PeerJobs, ...] = Field(
         default=(), max_length=4096,

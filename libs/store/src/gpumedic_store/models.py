@@ -285,6 +285,9 @@ class ClusterCheck(Base):
     healthy: Mapped[bool]
     summary: Mapped[str] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, comment="Peers without a usable status, and why.")
+    peers: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default="[]", comment="Every probed peer: state, role, voter, answer time, jobs and GPU % (the leader's)."
+    )
 
 
 class CapacityCheck(Base):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from gpumedic_events import ActionCompleted, ClusterChecked, PeerJobs, PeerProblem
+from gpumedic_events import ActionCompleted, ClusterChecked, PeerJobs, PeerProblem, PeerRow
 from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer
 from leader_health.rules import ClusterRules, leadership
@@ -48,6 +48,9 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     problems = tuple(PeerProblem(url=a.url[:512], state=a.state, detail=a.detail) for a in answers if a.status is None)
     # The leader's count of each peer's jobs (the runbooks' zombie view), for zombie-detector.
     by_leader = next((s for s in answering if s.node_id == leader), None) if leader is not None else None
+    loads = by_leader.loads if by_leader is not None else {}
+    voters = view.voter_ids()
+    peers = tuple(_row(a, loads, voters) for a in answers)
     leader_view = tuple(
         PeerJobs(node_id=node, jobs=load.jobs, gpu_percent=load.gpu_percent)
         for node, load in (by_leader.loads.items() if by_leader is not None else ())
@@ -64,7 +67,19 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         problems=problems[:MAX_PROBLEMS],
         one_way=tuple(one_way[:MAX_PROBLEMS]),
         unseen=tuple(unseen[:MAX_PROBLEMS]),
-        leader_view=leader_view,
+        peers=peers[:4096],
+        leader_view=leader_view[:4096],
+    )
+
+
+def _row(answer: PeerAnswer, loads: dict, voters: set[str]) -> PeerRow:
+    status = answer.status
+    node = status.node_id if status is not None else None
+    load = loads.get(node)
+    return PeerRow(
+        url=answer.url[:512], state="ok" if status is not None else answer.state, node_id=node, role=status.role if status else None,
+        voter=(node in voters) if node is not None and voters else None, answer_ms=round(answer.took_ms, 1),
+        jobs=load.jobs if load is not None else None, gpu_percent=load.gpu_percent if load is not None else None,
     )
 
 

@@ -464,6 +464,7 @@ async def record_cluster_check(session: AsyncSession, *, event: ClusterChecked) 
         healthy=event.healthy,
         summary=event.summary,
         problems=[p.model_dump(mode="json") for p in event.problems],
+        peers=[p.model_dump(mode="json") for p in event.peers],
     ).on_conflict_do_nothing(index_elements=["event_id"])
     return (await session.execute(stmt)).rowcount == 1
 
