@@ -1,12 +1,17 @@
-"""The service as composed by `create_app`, publishing through a real nats-server."""
+"""The service as composed by `create_app`, publishing through a real nats-server, and its `/metrics`."""
 
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
-from gpumedic_events import NodeSampled
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpumedic_events import GpuSample, NodeSampled
 
 from node_sampler.main import build_probes, create_app
+from node_sampler.metrics import GpuCollector
 from node_sampler.settings import Settings
 from tests.node_sampler.fakes import table_for_two_gpus, two_gpus
 
@@ -44,3 +49,56 @@ def test_probes_follow_the_settings(tmp_path):
     kinds = [type(p).__name__ for p in build_probes(settings, table_for_two_gpus())]
     assert kinds == ["StatusEndpointProbe", "ProcessPatternProbe", "OutputGrowthProbe"]
     assert build_probes(Settings(node_id="n1"), table_for_two_gpus()) == []
+
+
+# dcgm-exporter's names for what a sample measures (its etc/default-counters.csv; the ECC totals
+# are among the counters it ships commented out), and the labels its series carry.
+DCGM_EXPORTER = {
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+}
+DCGM_LABELS = {"gpu", "UUID", "modelName", "Hostname"}
+
+
+async def test_metrics_serve_each_gpu_under_dcgm_exporters_names_from_the_latest_sample(nats_settings, monkeypatch):
+    monkeypatch.setenv("GPUMEDIC_METRICS_PORT", "0")
+    monkeypatch.setenv("GPUMEDIC_METRICS_ADDR", "127.0.0.1")
+    app = create_app(Settings(nats=nats_settings, node_id="gpu-node-07", interval_s=0.2), nvml=two_gpus(), processes=table_for_two_gpus())
+    await app.start()
+    try:
+        port = app.runtime.metrics.port
+        async with asyncio.timeout(10):
+            while "DCGM_FI_DEV_GPU_UTIL{" not in (text := await asyncio.to_thread(_scrape, port)):
+                await asyncio.sleep(0.1)
+    finally:
+        await app.stop()
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the Prometheus client's own parser
+    served = {name for name in families if name.startswith("DCGM_")}
+    assert served == DCGM_EXPORTER and all(families[name].type == "gauge" for name in served)
+    util = {s.labels["gpu"]: s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert set(util) == {"0", "1"} and all(set(s.labels) == DCGM_LABELS for s in util.values())
+    assert util["1"].value == 0.0 and util["1"].labels["UUID"] == "GPU-bbbb"
+    assert {s.labels["gpu"]: s.value for s in families["DCGM_FI_DEV_FB_USED"].samples}["1"] == 8192.0
+    assert all(s.value == 0 for s in families["DCGM_FI_DEV_XID_ERRORS"].samples)
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def test_the_collector_serves_the_last_xid_and_nothing_for_a_lost_gpu_or_an_unread_field():
+    sample = NodeSampled(source="node-sampler", node_id="n1", interval_s=5, gpus=(
+        GpuSample(index=0, uuid="GPU-a", name="NVIDIA H100", utilization_gpu_pct=None, memory_used_mib=10, memory_total_mib=80),
+        GpuSample(index=1, uuid="GPU-b", name="NVIDIA H100", utilization_gpu_pct=50, lost=True),
+    ))
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: sample, lambda: {0: 79}, "node-a"))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert [(s.labels["gpu"], s.value) for s in families["DCGM_FI_DEV_XID_ERRORS"].samples] == [("0", 79.0)]
+    assert [(s.labels["gpu"], s.value) for s in families["DCGM_FI_DEV_FB_FREE"].samples] == [("0", 70.0)]
+    assert "DCGM_FI_DEV_GPU_UTIL" not in families or not families["DCGM_FI_DEV_GPU_UTIL"].samples
+    empty = CollectorRegistry()
+    empty.register(GpuCollector(lambda: None, dict, "node-a"))  # before the first sample: no GPU series
+    assert not any(f.samples for f in text_string_to_metric_families(generate_latest(empty).decode()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from typing import Any
 
 from faststream import FastStream
@@ -18,6 +19,7 @@ from gpumedic_events import Event
 
 from node_sampler.host import HostReader
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
+from node_sampler.metrics import GpuCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
 from node_sampler.sampler import Sampler
 from node_sampler.settings import Settings
@@ -77,6 +79,8 @@ def create_app(
     async def release_nvml() -> None:
         await asyncio.to_thread(sampler.close)
 
+    # dcgm-exporter's per-GPU series from the latest sample, for the GPU dashboards people already have
+    runtime.metrics.registry.register(GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, socket.gethostname()))
     runtime.background(sample_loop)
     app = runtime.app()
     app.after_shutdown(release_nvml)

@@ -107,6 +107,10 @@ class Sampler:
         self._lost: set[int] = set()
         self._uuids: dict[int, str] = {}
         self._gpu_count: int | None = None
+        self.last: NodeSampled | None = None
+        """The latest sample: what `/metrics` serves per GPU (no second NVML pass)."""
+        self.last_xid: dict[int, int] = {}
+        """Per GPU index, the last XID the driver reported (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS)."""
 
     async def sample(self) -> NodeSampled:
         """One sample of the node now; GPUs newly lost also go out as `GpuLost` events."""
@@ -115,7 +119,7 @@ class Sampler:
             asyncio.to_thread(self._read_host), self._observe_jobs()
         )
         self._note_lost_gpus(reading, occurred_at)
-        return assemble_sample(
+        self.last = assemble_sample(
             node_id=self.node_id,
             interval_s=self.interval_s,
             occurred_at=occurred_at,
@@ -127,6 +131,7 @@ class Sampler:
             holders=holders,
             container_exists=self.containers.exists if self.containers else None,
         )
+        return self.last
 
     async def run(self, publish: Publish) -> None:
         """Sample and publish every `interval_s`, and publish the immediate events, until cancelled."""
@@ -199,6 +204,8 @@ class Sampler:
 
     def _xid(self, reading: XidReading) -> None:
         log.warning("%s: XID %d on gpu %s", self.node_id, reading.xid, reading.gpu_index)
+        if reading.gpu_index is not None:
+            self.last_xid[reading.gpu_index] = reading.xid
         self.emit(xid_event(self.node_id, reading, datetime.now(UTC)))
 
     def _oom(self, reading: OomKillReading) -> None:

@@ -1,0 +1,77 @@
+"""Per-GPU series on node-sampler's `/metrics`, under dcgm-exporter's names and labels.
+
+Grafana's GPU dashboards read dcgm-exporter's series (`DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName,
+Hostname}` ...); serving the same names from the sample the sampler already takes makes those
+dashboards work on a node without DCGM, at no second NVML pass. Only what the sample measures is
+served: a field NVML did not give (None) has no series, rather than a made-up zero. Names and
+help follow dcgm-exporter's `etc/default-counters.csv` (the ECC totals are among its optional
+counters there). Every series is typed gauge: dcgm-exporter calls the ECC totals counters, but the
+Prometheus client library writes a counter's HELP and TYPE under `<name>_total`, which would no
+longer name dcgm-exporter's samples; the values and the queries over them (`increase`, `rate`)
+are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from gpumedic_events import GpuSample, NodeSampled
+
+LABELS = ("gpu", "UUID", "modelName", "Hostname")
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    help: str
+    read: Callable[[GpuSample], float | int | bool | None]
+
+
+def _free(gpu: GpuSample) -> int | None:
+    if gpu.memory_total_mib is None or gpu.memory_used_mib is None:
+        return None
+    return max(0, gpu.memory_total_mib - gpu.memory_used_mib)
+
+
+SERIES: tuple[Series, ...] = (
+    Series("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
+    Series("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory_pct),
+    Series("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib),
+    Series("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
+    Series("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    Series("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    Series("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", lambda g: g.ecc_corrected_volatile),
+    Series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", lambda g: g.ecc_uncorrected_volatile),
+    Series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", lambda g: g.remapped_rows_failed),
+)
+XID = Series("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda g: None)
+
+
+class GpuCollector(Collector):
+    """Reads the sampler's latest sample at scrape time."""
+
+    def __init__(self, latest: Callable[[], NodeSampled | None], last_xid: Callable[[], dict[int, int]], hostname: str) -> None:
+        self._latest, self._last_xid, self._hostname = latest, last_xid, hostname
+
+    def collect(self) -> Iterable[Metric]:
+        sample = self._latest()
+        gpus = [g for g in sample.gpus if not g.lost] if sample is not None else []
+        for series in SERIES:
+            metric = Metric(series.name, series.help, "gauge")
+            for gpu in gpus:
+                value = series.read(gpu)
+                if value is not None:
+                    metric.add_sample(series.name, self._labels(gpu), float(value))
+            yield metric
+        xids = self._last_xid()
+        metric = Metric(XID.name, XID.help, "gauge")
+        for gpu in gpus:
+            metric.add_sample(XID.name, self._labels(gpu), float(xids.get(gpu.index, 0)))
+        yield metric
+
+    def _labels(self, gpu: GpuSample) -> dict[str, str]:
+        return {"gpu": str(gpu.index), "UUID": gpu.uuid, "modelName": gpu.name, "Hostname": self._hostname}
