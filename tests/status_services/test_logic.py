@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 from autoscaler.logic import evaluate
 from autoscaler.scaling import NodeLoad
-from gpumedic_events import GpuSample, NodeSampled
+from gpumedic_events import ClusterChecked, GpuSample, NodeSampled
+from gpumedic_events.base import MAX_EVENT_BYTES
 from leader_health.logic import assess
 from leader_health.probe import PeerAnswer
-from leader_health.status import PeerStatus
+from leader_health.status import PeerLoad, PeerStatus
 
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -81,3 +82,19 @@ def test_the_view_from_every_peer_finds_one_way_pairs_and_peers_nobody_sees():
     assert "2 one-way pair(s); seen by no peer: c" in checked.summary
     whole = assess("c", [sees("a", "b", "c"), sees("b", "a", "c"), sees("c", "a", "b")])
     assert whole.one_way == () and whole.unseen == () and whole.healthy
+
+
+def test_a_large_clusters_check_fits_one_event_keeping_the_telling_rows():
+    """3,000 peers, the leader counting every one's jobs: the check stays under what a consumer
+    takes, with the peers in trouble and those the leader counts jobs on kept first."""
+    ids = [f"gpu-node-{i:04d}" for i in range(3000)]
+    loads = {n: PeerLoad(alive=True, voter=i < 7, jobs=(1 if i % 10 == 0 else 0), gpu_percent=50.0) for i, n in enumerate(ids)}
+    leader = PeerStatus(node_id="gpu-node-0000", leader="gpu-node-0000", peers=tuple(ids[1:]), voters=7, voters_total=7, loads=loads)
+    answers = [PeerAnswer(f"http://10.1.{i // 250}.{i % 250}:8770/status", "ok", leader if i == 0 else
+                          PeerStatus(node_id=n, leader="gpu-node-0000", peers=("gpu-node-0000",)), took_ms=12.5) for i, n in enumerate(ids)]
+    answers += [PeerAnswer(f"http://10.2.0.{i}:8770/status", "blocked", None, "no answer within 10s") for i in range(20)]
+    checked = assess("big", answers)
+    assert len(checked.to_json()) <= MAX_EVENT_BYTES and ClusterChecked.from_json(checked.to_json(), subject=checked.subject) == checked
+    assert checked.peers_total == 3020 and checked.peers_answering == 3000  # the counts stay whole
+    assert 0 < len(checked.peers) < 3020 and [row.state for row in checked.peers[:20]] == ["blocked"] * 20
+    assert 0 < len(checked.leader_view) and all(p.jobs == 1 for p in checked.leader_view[:300])

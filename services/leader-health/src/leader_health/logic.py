@@ -7,6 +7,7 @@ from collections import Counter
 from datetime import datetime
 
 from gpumedic_events import ActionCompleted, ClusterChecked, PeerJobs, PeerProblem, PeerRow
+from gpumedic_events.base import MAX_EVENT_BYTES, is_subject_token
 from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer
 from leader_health.rules import ClusterRules, leadership
@@ -14,6 +15,8 @@ from leader_health.status import PeerStatus
 
 SOURCE = "leader-health"
 MAX_PROBLEMS = 200
+CHECK_BUDGET_BYTES = MAX_EVENT_BYTES - 8 * 1024
+"""A check's largest JSON: under what consumers take, with room for the envelope."""
 
 
 def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
@@ -50,13 +53,16 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     by_leader = next((s for s in answering if s.node_id == leader), None) if leader is not None else None
     loads = by_leader.loads if by_leader is not None else {}
     voters = view.voter_ids()
-    peers = tuple(_row(a, loads, voters) for a in answers)
-    leader_view = tuple(
+    # the table lists the peers in trouble first, the leader's view the peers it counts jobs on:
+    # what a check too large for one event leaves out is the least telling
+    peers = tuple(sorted((_row(a, loads, voters) for a in answers), key=lambda row: row.state == "ok"))
+    leader_view = tuple(sorted((
         PeerJobs(node_id=node, jobs=load.jobs, gpu_percent=load.gpu_percent)
         for node, load in (by_leader.loads.items() if by_leader is not None else ())
-        if load.alive and (load.jobs is not None or load.gpu_percent is not None)  # a peer it counts down is peer_down's
-    )
-    return ClusterChecked(
+        # a peer it counts down is peer_down's; an id that cannot be a node id can name no incident
+        if load.alive and (load.jobs is not None or load.gpu_percent is not None) and is_subject_token(node)
+    ), key=lambda peer: not peer.jobs))
+    return _fit(ClusterChecked(
         source=SOURCE,
         cluster=cluster,
         peers_total=total,
@@ -69,7 +75,17 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         unseen=tuple(unseen[:MAX_PROBLEMS]),
         peers=peers[:4096],
         leader_view=leader_view[:4096],
-    )
+    ))
+
+
+def _fit(check: ClusterChecked) -> ClusterChecked:
+    """The check within what a consumer takes (MAX_EVENT_BYTES): a large cluster's per-peer lists
+    are cut, the least telling rows first (the counts in the check stay whole)."""
+    for field in ("peers", "leader_view", "problems", "one_way", "unseen"):
+        while getattr(check, field) and len(check.to_json()) > CHECK_BUDGET_BYTES:
+            rows = getattr(check, field)
+            check = check.model_copy(update={field: rows[: len(rows) // 2]})
+    return check
 
 
 def _row(answer: PeerAnswer, loads: dict, voters: set[str]) -> PeerRow:
