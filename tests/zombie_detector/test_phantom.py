@@ -3,11 +3,12 @@ from the cluster leader's view (ClusterChecked.leader_view), at the runbooks' ex
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionCompleted, ActionOutcome, ClusterChecked, GpuSample, HttpAdmin, IncidentKind, IncidentOpened, IncidentResolved, JobsObservation, NodeSampled, PeerJobs
+from gpumedic_events import ActionCompleted, ActionOutcome, ClusterChecked, GpuSample, HttpAdmin, IncidentKind, IncidentOpened, IncidentResolved, JobsObservation, NodeRetired, NodeSampled, PeerJobs
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, FleetPolicy
 from tests.zombie_detector.test_rules import JOB, Detector
@@ -116,3 +117,13 @@ def test_peer_ids_that_cannot_be_node_ids_are_skipped_without_a_crash():
     for s in range(0, 901, 30):
         events += det.feed(check(*hostile), s)
     assert opened(events, IDLE) == [] and opened(events) == []
+
+
+def test_a_retired_node_is_forgotten_and_a_new_one_of_that_id_starts_its_count_again():
+    det = Detector(POLICY)
+    run(det, idle_sample, 570)
+    retired = NodeRetired(source="remediator", node_id="n1", incident_id=uuid.uuid4(), action_id=uuid.uuid4(), reason="worker ended")
+    det.feed(retired, 580)
+    assert det.logic.rules and not any("n1" in getattr(rule, "nodes", {}) for rule in det.logic.rules)
+    assert opened(run(det, idle_sample, 1150, start_s=600)) == []  # 550 s of the new node: not yet
+    assert opened(det.feed(idle_sample(), 1200))

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeSampled, PeerJobs
+from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeRetired, NodeSampled, PeerJobs
 from gpumedic_events.base import is_subject_token
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import AdminPolicy, IdleJobsPolicy, PhantomPolicy
@@ -59,7 +59,7 @@ class LeaderView:
 
 
 class PhantomRule:
-    inputs = (NodeSampled, ClusterChecked)
+    inputs = (NodeSampled, ClusterChecked, NodeRetired)
 
     def __init__(self, phantom: PhantomPolicy, idle: IdleJobsPolicy, admin: AdminPolicy) -> None:
         self.phantom = phantom
@@ -76,6 +76,11 @@ class PhantomRule:
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, ClusterChecked):
             return self._cluster(event, now, incidents)
+        if isinstance(event, NodeRetired):  # a worker the pool ended: forget it (the book closes its incidents)
+            self.nodes.pop(event.node_id, None)
+            self.leader_view.pop(event.node_id, None)
+            self.since = {key: seen for key, seen in self.since.items() if key[0] != event.node_id}
+            return []
         return self._sample(event, now, incidents)
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeSampled
+from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired, NodeSampled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -24,7 +24,7 @@ KIND = IncidentKind.STUCK_PROCESS
 
 
 class StuckRule:
-    inputs = (NodeSampled,)
+    inputs = (NodeSampled, NodeRetired)
 
     def __init__(self, policy: StuckPolicy, kill: KillPolicy) -> None:
         self.policy = policy
@@ -32,7 +32,10 @@ class StuckRule:
         self.idle_since: dict[tuple[str, int], tuple[datetime, datetime]] = {}
         """(node, GPU) -> (first, last) seen idle under an old process, by the detector's clock."""
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, NodeRetired):  # a worker the pool ended: forget it
+            self.idle_since = {key: seen for key, seen in self.idle_since.items() if key[0] != event.node_id}
+            return ()
         open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
         if event.jobs.running is not None and not open_here:
             return ()  # the node counts its jobs: the zombie rule's
