@@ -13,11 +13,10 @@ the service answers 2xx.
 from __future__ import annotations
 
 import json
-import re
 
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, HttpAdmin
 from gpumedic_incidents.policy import Actions, AdminEndpoint
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, allowed_name, quoted, said, short
 
 TIMEOUT_S = 10
 CURL = f"curl -fsS -m {TIMEOUT_S} -X POST -H @- -H 'Content-Type: application/json' -o /dev/null -w '%{{http_code}}' --data-raw"
@@ -26,13 +25,8 @@ body and the URL, each one quoted word."""
 
 
 def validate_endpoint(value: object, actions: Actions) -> str:
-    if not isinstance(value, str) or not re.match(ENDPOINT_PATTERN, value):
-        raise InvalidParameter(f"endpoint {short(value)} is not an endpoint name (lower-case letters, digits and _)")
-    allowed = actions.http_admin.endpoints
-    if value not in allowed:
-        names = ", ".join(sorted(allowed)) or "none"
-        raise InvalidParameter(f"endpoint {value} is not in the policy's http_admin list (allowed: {names})")
-    return value
+    return allowed_name(value, ENDPOINT_PATTERN, actions.http_admin.endpoints, what="endpoint",
+                        form="an endpoint name (lower-case letters, digits and _)", listed_in="http_admin list")
 
 
 def endpoint_of(operation: HttpAdmin, actions: Actions) -> AdminEndpoint:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -135,6 +136,17 @@ _MISSING = {
     "task_db": "no task database is configured (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE)",
     "scheduler": "no scheduler side is configured for drains",
 }
+
+
+def allowed_name(value: object, pattern: str, allowed: Mapping[str, object], *, what: str, form: str, listed_in: str) -> str:
+    """`value` as a name of the policy's allow-list `allowed`: InvalidParameter says whether it is no
+    such name at all (`form`) or not on the list (`listed_in`), and which names are."""
+    if not isinstance(value, str) or not re.match(pattern, value):
+        raise InvalidParameter(f"{what} {short(value)} is not {form}")
+    if value not in allowed:
+        names = ", ".join(sorted(allowed)) or "none"
+        raise InvalidParameter(f"{what} {value} is not in the policy's {listed_in} (allowed: {names})")
+    return value
 
 
 def validate_gpu_index(value: object) -> int:

@@ -7,21 +7,16 @@ to an executable given as an absolute path, run without arguments, whose exit st
 
 from __future__ import annotations
 
-import re
-
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, RestartJob
 from gpumedic_incidents.policy import Actions, JobRestart
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, Means, Node, allowed_name, quoted, said, short
 
 
 def validate_job(value: object, actions: Actions) -> JobRestart:
-    if not isinstance(value, str) or not re.match(ENDPOINT_PATTERN, value):
-        raise InvalidParameter(f"job {short(value)} is not a job name (lower-case letters, digits and _)")
     allowed = actions.restart_job.jobs
-    if value not in allowed:
-        names = ", ".join(sorted(allowed)) or "none"
-        raise InvalidParameter(f"job {value} is not in the policy's restart_job list (allowed: {names})")
-    return allowed[value]
+    name = allowed_name(value, ENDPOINT_PATTERN, allowed, what="job", form="a job name (lower-case letters, digits and _)",
+                        listed_in="restart_job list")
+    return allowed[name]
 
 
 def render(operation: RestartJob, actions: Actions) -> tuple[str, ...]:

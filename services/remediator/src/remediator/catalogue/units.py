@@ -11,11 +11,9 @@ unless changed). Its verification is the node's next samples: the SSH session en
 
 from __future__ import annotations
 
-import re
-
 from gpumedic_events import UNIT_PATTERN, ActionOutcome, RebootNode, RestartUnit
 from gpumedic_incidents.policy import HEALTH_URL, Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short
+from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, allowed_name, quoted, said, short
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 REBOOT = "systemctl reboot"
@@ -23,15 +21,8 @@ HEALTH_TIMEOUT_S = 5
 
 
 def validate_unit(value: object, actions: Actions) -> str:
-    if not isinstance(value, str) or not re.match(UNIT_PATTERN, value):
-        raise InvalidParameter(
-            f"unit {short(value)} is not a systemd service name (letters, digits, ':_.@-', ending in .service)"
-        )
-    allowed = actions.restart_unit.units
-    if value not in allowed:
-        names = ", ".join(sorted(allowed)) or "none"
-        raise InvalidParameter(f"unit {value} is not in the policy's restart_unit allow-list (allowed: {names})")
-    return value
+    return allowed_name(value, UNIT_PATTERN, actions.restart_unit.units, what="unit",
+                        form="a systemd service name (letters, digits, ':_.@-', ending in .service)", listed_in="restart_unit allow-list")
 
 
 def health_command(url: str) -> str:
