@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import urllib.request
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumedic_events import GpuSample, NodeSampled
 
 from node_sampler.main import build_probes, create_app
-from node_sampler.metrics import GpuCollector
+from node_sampler.metrics import SERIES, XID, GpuCollector
 from node_sampler.settings import Settings
 from tests.node_sampler.fakes import table_for_two_gpus, two_gpus
 
@@ -102,3 +105,9 @@ def test_the_collector_serves_the_last_xid_and_nothing_for_a_lost_gpu_or_an_unre
     empty = CollectorRegistry()
     empty.register(GpuCollector(lambda: None, dict, "node-a"))  # before the first sample: no GPU series
     assert not any(f.samples for f in text_string_to_metric_families(generate_latest(empty).decode()))
+
+
+def test_the_shipped_dashboards_gpu_panels_ask_only_for_series_node_sampler_serves():
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" / "gpumedic.json").read_text())
+    asked = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"\bDCGM_\w+", t["expr"])}
+    assert asked and asked <= {s.name for s in (*SERIES, XID)}, asked
