@@ -63,8 +63,9 @@ class StreamFollower:
     async def follow(self) -> None:
         """Read what is new whenever woken, and every FOLLOW_EVERY_S anyway; until cancelled."""
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), FOLLOW_EVERY_S)
+            try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that ends this loop
+                async with asyncio.timeout(FOLLOW_EVERY_S):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

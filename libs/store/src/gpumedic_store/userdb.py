@@ -54,7 +54,8 @@ class TaskDatabase:
 
     async def _timed(self, work):
         try:
-            return await asyncio.wait_for(work, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                return await work
         except TimeoutError:
             raise TaskDatabaseError(f"{self.name}: no answer within {self.timeout_s:g}s") from None
         except (SQLAlchemyError, OSError) as exc:

@@ -86,7 +86,8 @@ class Changes:
         if self.version == version:
             self._event.clear()  # set by bumps every waiter has seen: they compared versions first
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                    await self._event.wait()
         return self.version
 
 
