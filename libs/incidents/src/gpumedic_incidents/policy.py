@@ -208,6 +208,13 @@ class NoLeaderPolicy(KindPolicy):
     )
 
 
+class SplitPolicy(KindPolicy):
+    after_checks: int = Field(
+        default=2, ge=1, description="Probe rounds in a row naming the same leaders: an election converging names the old "
+        "and the new leader for a round, a split keeps naming both.",
+    )
+
+
 class FlappingPolicy(KindPolicy):
     max_changes: int = Field(default=3, ge=1, description="Leader changes within window_s that are too many.")
     window_s: float = Field(default=600.0, gt=0)
@@ -262,7 +269,7 @@ class Kinds(_Strict):
     fleet_anomaly: KindPolicy = KindPolicy()
     no_leader: NoLeaderPolicy = NoLeaderPolicy(ladder=(Step(action="http_admin", attempts=2, verify_within_s=60),))
     quorum_lost: KindPolicy = KindPolicy()
-    split_brain: KindPolicy = KindPolicy()
+    split_brain: SplitPolicy = SplitPolicy()
     leader_flapping: FlappingPolicy = FlappingPolicy()
     peer_blocked: PeerPolicy = PeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))

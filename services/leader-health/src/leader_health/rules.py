@@ -15,7 +15,8 @@ shared lifecycle's business.
   ("Voters: 2/8"); when they report no voters, when fewer than a majority of the probed peers
   answer, or most answering peers say they have no quorum (nothing else about the leader is
   judged then);
-- `split_brain` when answering peers name different leaders;
+- `split_brain` when answering peers name the same different leaders `after_checks` rounds in a
+  row (an election converging names the old and the new leader for a round);
 - `no_leader` when quorum holds, no two leaders are named and none has a majority for `grace_s`:
   the fix is forcing an election through an answering voter's admin endpoint (the incident is
   on that peer);
@@ -127,6 +128,8 @@ class ClusterRules:
         self._below_since: datetime | None = None
         self._leader: str | None = None
         self._changes: deque[datetime] = deque()
+        self._split: tuple[frozenset[str], int] = (frozenset(), 0)
+        """The leaders the last rounds named, when more than one, and for how many rounds in a row."""
 
     def observe(self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents) -> list[Finding]:
         for a in answers:
@@ -151,12 +154,14 @@ class ClusterRules:
             ))
             return findings + self._below_target(view.members(), now)
         findings.append(self._cluster_cleared(IncidentKind.QUORUM_LOST))
-        if len(view.named) > 1:
+        named = frozenset(view.named)
+        self._split = (named, self._split[1] + 1 if self._split[0] == named else 1) if len(named) > 1 else (frozenset(), 0)
+        if self._split[1] >= self.policy.kinds.split_brain.after_checks:
             findings.append(self._cluster_finding(
                 IncidentKind.SPLIT_BRAIN, f"peers name {len(view.named)} different leaders: {dict(view.named)}",
                 {"leaders": " ".join(sorted(view.named))}, severity="critical",
             ))
-        else:
+        elif len(named) <= 1:
             findings.append(self._cluster_cleared(IncidentKind.SPLIT_BRAIN))
         if len(view.named) <= 1:  # two leaders are a split brain, not a missing leader
             findings += self._no_leader(view, incidents, now)
