@@ -88,12 +88,12 @@ class PhantomRule:
 
     def _sample(self, sample: NodeSampled, now: datetime, incidents: Incidents) -> list[Finding]:
         node = sample.node_id
+        if not (sample.jobs.running or node in self.leader_view or node in self.nodes or _open(incidents, node, PHANTOM)):
+            return []  # the hot path: a node that counts no jobs and the leader does not list
         known_util = [g.utilization_gpu_pct for g in sample.gpus if g.utilization_gpu_pct is not None]
         held = any(p.pid >= 2 for g in sample.gpus for p in g.processes)
         idle = None if len(known_util) < len(sample.gpus) or not sample.gpus else max(known_util) < self.phantom.idle_below_pct
         view = NodeView(sample.jobs.running, held, idle, max(known_util, default=None), now, sample.interval_s)
-        if not (sample.jobs.running or node in self.leader_view or node in self.nodes or _open(incidents, node, PHANTOM)):
-            return []  # the hot path: a node that counts no jobs and the leader does not list
         self.nodes[node] = view
         return self._judge(node, now, incidents)
 
@@ -109,7 +109,7 @@ class PhantomRule:
         for node, seen in list(self.leader_view.items()):
             if seen.cluster == check.cluster and node not in listed:
                 del self.leader_view[node]  # the leader no longer lists it
-        for node in sorted(listed | {n for n, v in self.leader_view.items() if v.cluster == check.cluster}):
+        for node in sorted(n for n, v in self.leader_view.items() if v.cluster == check.cluster):
             findings += self._judge(node, now, incidents)
         return findings
 
@@ -126,7 +126,7 @@ class PhantomRule:
         counted = (own is not None and (own.jobs or 0) > 0) or (by_leader or 0) > 0
         findings: list[Finding] = []
         if own is not None:
-            self._forget(node, IDLE)
+            self.since.pop((node, IDLE), None)  # the sampler's view decides now
             if _open(incidents, node, IDLE):
                 findings.append(Finding(IDLE, node, present=False, summary="the node's sampler reports it now"))
             if own.idle is None and not own.held:
@@ -156,9 +156,6 @@ class PhantomRule:
         if lasted >= for_s or _open(incidents, node, kind):
             return [finding(lasted)]
         return []
-
-    def _forget(self, node: str, kind: IncidentKind) -> None:
-        self.since.pop((node, kind), None)
 
     def _phantom(self, node: str, own: NodeView, leader: LeaderView | None, lasted: float) -> Finding:
         by_node, by_leader = own.jobs, leader.jobs.jobs if leader is not None else None
