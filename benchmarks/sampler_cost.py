@@ -9,7 +9,8 @@ Eight `sleep` processes are the GPUs' compute processes, so /proc is read for re
 CPU is the process's own time (all threads) over back-to-back samples, then read against the
 budget at a 1 s interval; the /dev/nvidia* scan runs every 30 s in the service, so its measured
 cost is spread over 30 samples. The NVML figure is the fake's: the real driver's own time per
-call comes on top (sub-millisecond per call, by NVIDIA's figures).
+call comes on top (sub-millisecond per call, by NVIDIA's figures). With `--real-nvml` (on a node
+with a GPU) the child reads the real libnvidia-ml.so.1 instead, and its GPUs as they are.
 Goal: under 0.5 % of one core at a 1 s interval and under 60 MB resident.
 """
 
@@ -36,12 +37,13 @@ RSS_GOAL_MB = 60.0
 def main(argv: list[str]) -> None:
     from tests.node_sampler.fake_nvml import build
 
+    real = "--real-nvml" in argv
     with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp))
-        env = {**os.environ, "LD_LIBRARY_PATH": tmp}
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.sampler_cost", "--child"], env=env, capture_output=True, text=True, check=False
-        )
+        if not real:
+            build(Path(tmp))
+        env = dict(os.environ) if real else {**os.environ, "LD_LIBRARY_PATH": tmp}
+        child = [sys.executable, "-m", "benchmarks.sampler_cost", "--child"] + (["--real-nvml"] if real else [])
+        done = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"sampler benchmark child failed:\n{done.stderr[-3000:]}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])
@@ -49,8 +51,9 @@ def main(argv: list[str]) -> None:
     scan = figures["holder_scan_cpu_s"]
     amortized = per_sample + scan * INTERVAL_S / HOLDER_SCAN_EVERY_S
     share = amortized / INTERVAL_S
+    nvml = "the real libnvidia-ml.so.1" if real else "the fake libnvidia-ml.so.1"
     print(
-        f"node-sampler cost: {GPUS} GPUs (real pynvml over the fake libnvidia-ml.so.1), real /proc "
+        f"node-sampler cost: {figures['gpus']} GPUs (real pynvml over {nvml}), real /proc "
         f"({figures['processes']} processes, {figures['fds']} open fds), JetStream publish, {SAMPLES} samples"
     )
     print(f"  CPU per sample (NVML, /proc, host, assemble, publish)  {per_sample * 1e3:>8.2f} ms")
@@ -62,7 +65,7 @@ def main(argv: list[str]) -> None:
     print(f"  of which the interpreter with the service's imports   {figures['imports_rss_mb']:>8.1f} MB")
 
 
-async def _child() -> dict:
+async def _child(real_nvml: bool) -> dict:
     # what the service process holds in memory: its imports first
     import nats
     import pynvml
@@ -76,14 +79,17 @@ async def _child() -> dict:
     from tests.node_sampler.fake_nvml import FakeNvmlLib
 
     imports_rss = _status_mb("VmRSS")
-    jobs = [subprocess.Popen(["sleep", "600"]) for _ in range(GPUS)]
+    jobs = [] if real_nvml else [subprocess.Popen(["sleep", "600"]) for _ in range(GPUS)]
     try:
         pynvml.nvmlInit()  # pynvml's own loader finds the fake on LD_LIBRARY_PATH
-        lib = FakeNvmlLib(Path(pynvml.nvmlLib._name))
-        lib.set_gpu_count(GPUS)
-        for i, job in enumerate(jobs):
-            lib.set_gpu(i, util=93, mem_util=41, used_bytes=20 * 1024**3)
-            lib.add_process(i, job.pid, 20 * 1024**3)
+        gpus = pynvml.nvmlDeviceGetCount()
+        if not real_nvml:
+            lib = FakeNvmlLib(Path(pynvml.nvmlLib._name))
+            lib.set_gpu_count(GPUS)
+            gpus = GPUS
+            for i, job in enumerate(jobs):
+                lib.set_gpu(i, util=93, mem_util=41, used_bytes=20 * 1024**3)
+                lib.add_process(i, job.pid, 20 * 1024**3)
         pynvml.nvmlShutdown()
 
         processes = ProcFsTable("/proc")
@@ -125,6 +131,7 @@ async def _child() -> dict:
         scan = time.process_time() - started
         assert isinstance(holders, dict)
         return {
+            "gpus": gpus,
             "cpu_s_per_sample": per_sample,
             "holder_scan_cpu_s": scan,
             "rss_mb": _status_mb("VmRSS"),
@@ -161,4 +168,4 @@ if __name__ == "__main__" and "--child" in sys.argv:
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    print(json.dumps(asyncio.run(_child())))
+    print(json.dumps(asyncio.run(_child("--real-nvml" in sys.argv))))

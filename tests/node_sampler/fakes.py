@@ -36,6 +36,25 @@ class FakeGpu:
     compute_mode: int = 0
     lost: bool = False
     """Every call about it raises NVMLError_GpuIsLost."""
+    reserved_mib: int = 616
+    """What the driver reserves: nvmlMemory_v2 says it apart, the first version counts it as used."""
+    sm_clock: int = 1755
+    sm_clock_max: int = 1980
+    mem_clock: int = 2619
+    mem_clock_max: int = 2619
+    clock_event_reasons: int = 0x4
+    """SW power cap, as a busy GPU at its power limit shows."""
+    memory_temp: int | None = 52
+    """None: no memory sensor (the field answers NOT_SUPPORTED)."""
+    thresholds: dict[int, int] = field(default_factory=lambda: {0: 95, 1: 89, 2: 95, 3: 87})
+    """NVML_TEMPERATURE_THRESHOLD_* -> Celsius; a missing one is not supported."""
+    pcie: tuple[int, int, int, int] = (5, 5, 16, 16)
+    """(generation, maximum generation, width, maximum width)."""
+    pcie_replay: int = 0
+    ecc_aggregate: tuple[int, int] = (7, 0)
+    """(corrected, uncorrected) over the GPU's life."""
+    nvlinks: list[tuple[bool, int, int, int, int]] = field(default_factory=list)
+    """Per link: (up, replay, recovery, CRC flit, CRC data)."""
 
 
 class FakeNvml:
@@ -94,10 +113,13 @@ class FakeNvml:
         self._enter(handle, "nvmlDeviceGetUtilizationRates")
         return SimpleNamespace(gpu=self.gpus[handle].util, memory=self.gpus[handle].mem_util)
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        self._enter(handle, "nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        self._enter(handle, "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo")
         g = self.gpus[handle]
-        return SimpleNamespace(used=g.used_mib * MIB, total=g.total_mib * MIB, free=(g.total_mib - g.used_mib) * MIB)
+        free = (g.total_mib - g.used_mib - g.reserved_mib) * MIB
+        if version:
+            return SimpleNamespace(used=g.used_mib * MIB, reserved=g.reserved_mib * MIB, total=g.total_mib * MIB, free=free)
+        return SimpleNamespace(used=(g.used_mib + g.reserved_mib) * MIB, total=g.total_mib * MIB, free=free)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         self._enter(handle, "nvmlDeviceGetComputeRunningProcesses")
@@ -122,13 +144,98 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, handle, error_type, counter_type):
         self._enter(handle, "nvmlDeviceGetTotalEccErrors")
-        if counter_type != pynvml.NVML_VOLATILE_ECC:
-            raise pynvml.NVMLError_InvalidArgument()
         g = self.gpus[handle]
-        return {
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: g.ecc_uncorrected,
-            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: g.ecc_corrected,
-        }[error_type]
+        if counter_type == pynvml.NVML_AGGREGATE_ECC:
+            corrected, uncorrected = g.ecc_aggregate
+        elif counter_type == pynvml.NVML_VOLATILE_ECC:
+            corrected, uncorrected = g.ecc_corrected, g.ecc_uncorrected
+        else:
+            raise pynvml.NVMLError_InvalidArgument()
+        return {pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: uncorrected, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: corrected}[
+            error_type
+        ]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock_type):
+        self._enter(handle, "nvmlDeviceGetClockInfo")
+        g = self.gpus[handle]
+        return {pynvml.NVML_CLOCK_SM: g.sm_clock, pynvml.NVML_CLOCK_GRAPHICS: g.sm_clock, pynvml.NVML_CLOCK_MEM: g.mem_clock}[
+            clock_type
+        ]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock_type):
+        self._enter(handle, "nvmlDeviceGetMaxClockInfo")
+        g = self.gpus[handle]
+        return {pynvml.NVML_CLOCK_SM: g.sm_clock_max, pynvml.NVML_CLOCK_MEM: g.mem_clock_max}[clock_type]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        self._enter(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        return self.gpus[handle].clock_event_reasons
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle, threshold):
+        self._enter(handle, "nvmlDeviceGetTemperatureThreshold")
+        value = self.gpus[handle].thresholds.get(threshold)
+        if value is None:
+            raise pynvml.NVMLError_NotSupported()
+        return value
+
+    def nvmlDeviceGetFieldValues(self, handle, field_ids):
+        """Only the memory temperature is known; each value answers on its own, as NVML's do."""
+        self._enter(handle, "nvmlDeviceGetFieldValues")
+        temp = self.gpus[handle].memory_temp
+        values = []
+        for field_id in field_ids:
+            known = field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and temp is not None
+            values.append(
+                SimpleNamespace(
+                    fieldId=field_id,
+                    nvmlReturn=pynvml.NVML_SUCCESS if known else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                    value=SimpleNamespace(uiVal=temp if known else 0),
+                )
+            )
+        return values
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        self._enter(handle, "nvmlDeviceGetCurrPcieLinkGeneration")
+        return self.gpus[handle].pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        self._enter(handle, "nvmlDeviceGetMaxPcieLinkGeneration")
+        return self.gpus[handle].pcie[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        self._enter(handle, "nvmlDeviceGetCurrPcieLinkWidth")
+        return self.gpus[handle].pcie[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        self._enter(handle, "nvmlDeviceGetMaxPcieLinkWidth")
+        return self.gpus[handle].pcie[3]
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle):
+        self._enter(handle, "nvmlDeviceGetPcieReplayCounter")
+        return self.gpus[handle].pcie_replay
+
+    def nvmlDeviceGetFanSpeed(self, handle):
+        self._enter(handle, "nvmlDeviceGetFanSpeed")
+        raise pynvml.NVMLError_NotSupported()  # an SXM board's fans are the chassis's
+
+    def nvmlDeviceGetRetiredPages(self, handle, cause):
+        self._enter(handle, "nvmlDeviceGetRetiredPages")
+        raise pynvml.NVMLError_NotSupported()  # Hopper remaps rows instead
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        self._enter(handle, "nvmlDeviceGetNvLinkState")
+        links = self.gpus[handle].nvlinks
+        if link >= len(links):
+            raise pynvml.NVMLError_NotSupported()
+        return pynvml.NVML_FEATURE_ENABLED if links[link][0] else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle, link, counter):
+        self._enter(handle, "nvmlDeviceGetNvLinkErrorCounter")
+        links = self.gpus[handle].nvlinks
+        if link >= len(links) or not 0 <= counter <= 3:
+            raise pynvml.NVMLError_NotSupported()
+        return links[link][1 + counter]
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle):
         self._enter(handle, "nvmlDeviceGetRetiredPagesPendingStatus")

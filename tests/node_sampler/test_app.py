@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumedic_events import GpuSample, NodeSampled
+from gpumedic_events import GpuHealth, GpuSample, NodeSampled, NvLinkSample
 
 from node_sampler.main import build_probes, create_app
 from node_sampler.metrics import SERIES, XID, GpuCollector
@@ -59,7 +59,10 @@ def test_probes_follow_the_settings(tmp_path):
 DCGM_EXPORTER = {
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
 }
 DCGM_LABELS = {"gpu", "UUID", "modelName", "Hostname"}
 
@@ -86,6 +89,29 @@ async def test_metrics_serve_each_gpu_under_dcgm_exporters_names_from_the_latest
     assert all(s.value == 0 for s in families["DCGM_FI_DEV_XID_ERRORS"].samples)
 
 
+def test_the_slow_figures_come_from_each_gpus_last_health_read():
+    link = NvLinkSample(link=3, up=False, replay_errors=4, recovery_errors=2, crc_errors=9)
+    health = GpuHealth(memory_clock_mhz=3201, pcie_replay_count=12, ecc_uncorrected_aggregate=1, nvlink_count=18, nvlinks=(link,))
+    sample = NodeSampled(source="node-sampler", node_id="n1", interval_s=5, gpus=(
+        GpuSample(index=0, uuid="GPU-a", name="NVIDIA H200", sm_clock_mhz=1470, memory_temperature_c=46),
+        GpuSample(index=1, uuid="GPU-b", name="NVIDIA H200", sm_clock_mhz=345),
+    ))
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: sample, dict, "node-a", lambda: {0: health}))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+    def served(name: str) -> list[tuple[str, float]]:
+        return [(s.labels["gpu"], s.value) for s in families[name].samples]
+
+    assert served("DCGM_FI_DEV_SM_CLOCK") == [("0", 1470.0), ("1", 345.0)]
+    assert served("DCGM_FI_DEV_MEMORY_TEMP") == [("0", 46.0)]
+    # GPU 1 had no health read yet: no series, not a zero
+    assert served("DCGM_FI_DEV_MEM_CLOCK") == [("0", 3201.0)] and served("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") == [("0", 12.0)]
+    assert served("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL") == [("0", 1.0)] and not families["DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"].samples
+    assert served("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == [("0", 4.0)]
+    assert served("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL") == [("0", 2.0)]
+
+
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         return reply.read().decode()
@@ -102,6 +128,7 @@ def test_the_collector_serves_the_last_xid_and_nothing_for_a_lost_gpu_or_an_unre
     assert [(s.labels["gpu"], s.value) for s in families["DCGM_FI_DEV_XID_ERRORS"].samples] == [("0", 79.0)]
     assert [(s.labels["gpu"], s.value) for s in families["DCGM_FI_DEV_FB_FREE"].samples] == [("0", 70.0)]
     assert "DCGM_FI_DEV_GPU_UTIL" not in families or not families["DCGM_FI_DEV_GPU_UTIL"].samples
+    assert "DCGM_FI_DEV_PCIE_REPLAY_COUNTER" not in families or not families["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"].samples
     empty = CollectorRegistry()
     empty.register(GpuCollector(lambda: None, dict, "node-a"))  # before the first sample: no GPU series
     assert not any(f.samples for f in text_string_to_metric_families(generate_latest(empty).decode()))

@@ -113,7 +113,7 @@ def test_nvml_that_comes_back_is_initialised_then():
 @pytest.mark.parametrize("failure", [pynvml.NVMLError_Unknown, RuntimeError])
 def test_any_exception_from_a_binding_is_guarded(failure):
     nvml = two_gpus()
-    nvml.failures[(0, "nvmlDeviceGetMemoryInfo")] = failure
+    nvml.failures[(0, "nvmlDeviceGetMemoryInfo_v2")] = failure
     reading = NvmlReader(nvml).read()
     assert reading.errors == (f"gpu 0 memory: {failure.__name__}",)
     assert reading.gpus[0].memory_used_bytes is None
@@ -199,7 +199,7 @@ def test_a_gpu_lost_later_keeps_its_uuid_and_costs_one_call_per_read():
     assert reading.gpus[1].temperature_c == 61
 
 
-def test_a_warm_read_asks_each_gpu_eleven_things():
+def test_a_warm_read_asks_each_gpu_fourteen_things():
     nvml = two_gpus()
     reader = NvmlReader(nvml)
     reader.read()
@@ -208,7 +208,7 @@ def test_a_warm_read_asks_each_gpu_eleven_things():
     reader.read()
 
     # handle, uuid and name are kept from the first read
-    assert sum(nvml.calls.values()) == 1 + 2 * 11
+    assert sum(nvml.calls.values()) == 1 + 2 * 14
     assert nvml.calls[(0, "nvmlDeviceGetUUID")] == 0 and nvml.calls[(1, "nvmlDeviceGetHandleByIndex")] == 0
 
 

@@ -14,13 +14,13 @@ import time
 import pynvml
 import pytest
 
-from node_sampler.logic import RawGpu, RawProcess, XidReading
+from node_sampler.logic import RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from tests.node_sampler.fake_nvml import GIB, FakeNvmlLib
 from tests.node_sampler.fakes import until
 
 NOT_SUPPORTED, NO_PERMISSION, DRIVER_NOT_LOADED, GPU_IS_LOST, UNKNOWN = 3, 4, 9, 15, 999
-QUERIES_PER_WARM_GPU = 11
+QUERIES_PER_WARM_GPU = 14
 
 
 def _busy_node(fake: FakeNvmlLib, gpus: int = 2) -> None:
@@ -58,6 +58,9 @@ def test_every_field_with_its_unit(fake_nvml):
             remapped_rows_pending=True,
             remapped_rows_failed=False,
             compute_mode=3,
+            sm_clock_mhz=345,
+            clock_event_reasons=0x1,
+            memory_temperature_c=30,
         ),
         RawGpu(
             index=1,
@@ -77,8 +80,71 @@ def test_every_field_with_its_unit(fake_nvml):
             remapped_rows_pending=False,
             remapped_rows_failed=True,
             compute_mode=0,
+            sm_clock_mhz=345,
+            clock_event_reasons=0x1,
+            memory_temperature_c=30,
         ),
     )
+
+
+def test_a_health_read_brings_every_slowly_changing_figure(fake_nvml):
+    _busy_node(fake_nvml)
+    fake_nvml.set_clocks(0, sm=1470, sm_max=1980, memory=3201, memory_max=3201, reasons=0x4 | 0x40)
+    fake_nvml.set_thermal(0, memory_temp=71, shutdown=92, slowdown=87, memory_max=95, gpu_max=85)
+    fake_nvml.set_pcie(0, gen=4, gen_max=5, width=8, width_max=16, replay=12)
+    fake_nvml.set_ecc_aggregate(0, corrected=33, uncorrected=1)
+    fake_nvml.set_health(0, remapped_corrected=4, remapped_uncorrected=1)
+    fake_nvml.set_nvlink(0, 0, up=True, replay=2, recovery=1, crc_flit=5, crc_data=6)
+    fake_nvml.set_nvlink(0, 1, up=False)
+
+    reading = NvmlReader(pynvml).read(health=True)
+
+    assert reading.errors == ()
+    g0, g1 = reading.gpus
+    assert (g0.sm_clock_mhz, g0.clock_event_reasons, g0.memory_temperature_c) == (1470, 0x44, 71)
+    assert g0.health == RawHealth(
+        sm_clock_max_mhz=1980,
+        memory_clock_mhz=3201,
+        memory_clock_max_mhz=3201,
+        temperature_slowdown_c=87,
+        temperature_shutdown_c=92,
+        temperature_max_operating_c=85,
+        memory_temperature_max_c=95,
+        pcie_link_gen=4,
+        pcie_link_gen_max=5,
+        pcie_link_width=8,
+        pcie_link_width_max=16,
+        pcie_replay_count=12,
+        ecc_corrected_aggregate=33,
+        ecc_uncorrected_aggregate=1,
+        remapped_rows_corrected=4,
+        remapped_rows_uncorrected=1,
+        retired_pages=None,  # Hopper: not supported, so not a note
+        fan_speed_pct=None,  # SXM: not supported
+        nvlink_count=2,
+        nvlinks=(RawNvLink(0, True, 2, 1, 11), RawNvLink(1, False, 0, 0, 0)),
+    )
+    assert g1.health is not None and g1.health.nvlinks == () and g1.health.pcie_link_gen == 5
+
+
+def test_fixed_figures_and_the_nvlink_count_are_asked_once_per_session(fake_nvml):
+    _busy_node(fake_nvml)
+    fake_nvml.set_nvlink(0, 2)  # links 0, 1 and 2
+    fake_nvml.set_thermal(1, memory_temp=None, memory_max=None)
+    reader = NvmlReader(pynvml)
+
+    first = reader.read(health=True)
+    second = reader.read(health=True)
+
+    assert first.gpus[0].health == second.gpus[0].health and len(second.gpus[0].health.nvlinks) == 3
+    assert fake_nvml.calls(0, "nvmlDeviceGetMaxClockInfo") == 2  # SM and memory, once
+    assert fake_nvml.calls(0, "nvmlDeviceGetTemperatureThreshold") == 4
+    # GPU 0: links 0-2 and the index that ended them, then links 0-2 again; GPU 1: link 0 once
+    assert fake_nvml.calls(0, "nvmlDeviceGetNvLinkState") == 4 + 3
+    assert fake_nvml.calls(1, "nvmlDeviceGetNvLinkState") == 1
+    g1 = second.gpus[1]
+    assert g1.memory_temperature_c is None and g1.health.memory_temperature_max_c is None and second.errors == ()
+    assert fake_nvml.calls(1, "nvmlDeviceGetFieldValues") == 1  # no memory sensor: not asked again
 
 
 def test_unsupported_fields_are_none_without_a_note(fake_nvml):
@@ -103,7 +169,7 @@ def test_a_gpu_lost_mid_sample_is_marked_and_the_others_fully_read(fake_nvml):
     _busy_node(fake_nvml, gpus=3)
     reader = NvmlReader(pynvml)
     reader.read()
-    fake_nvml.fail(1, "nvmlDeviceGetMemoryInfo", GPU_IS_LOST)
+    fake_nvml.fail(1, "nvmlDeviceGetMemoryInfo_v2", GPU_IS_LOST)
     temperature_reads = fake_nvml.calls(1, "nvmlDeviceGetTemperature")
 
     reading = reader.read()

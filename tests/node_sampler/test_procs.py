@@ -401,7 +401,7 @@ def test_unreadable_fd_directories_cost_one_summary_note(tmp_path):
             (root / str(pid) / "fd").chmod(0o755)
 
     assert holders == {100: ("/dev/nvidia0",)}
-    assert errors == ["3 processes' open files unreadable: run as root to see every /dev/nvidia* holder"]
+    assert errors == ["3 processes' open files unreadable (pid 200, 201, 202): run as root to see every /dev/nvidia* holder"]
 
 
 _SCAN_AS_NOBODY = """
@@ -426,7 +426,27 @@ def test_an_unprivileged_scan_of_the_real_proc_says_once_what_it_could_not_see()
     assert len(result["errors"]) == 1
     count, _, rest = result["errors"][0].partition(" ")
     assert int(count) >= 1
-    assert rest.endswith("open files unreadable: run as root to see every /dev/nvidia* holder")
+    assert "open files unreadable (pid 1" in rest and rest.endswith("): run as root to see every /dev/nvidia* holder")
+
+
+def test_as_root_a_refused_directory_is_not_blamed_on_the_user(tmp_path, monkeypatch):
+    # in a Firecracker VM a process's fd directory refused root itself (docs/real-nvml.md)
+    root = fake_root(tmp_path)
+    fake_proc(root, 100, fds={3: "/dev/nvidia0"})
+    fake_proc(root, 7, fds={3: "/dev/nvidia1"})
+    real_open = os.open
+
+    def refuse_seven(path, *args, **kwargs):
+        if str(path).endswith("/7/fd"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse_seven)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    errors: list[str] = []
+
+    assert ProcFsTable(root).device_holders(errors) == {100: ("/dev/nvidia0",)}
+    assert errors == ["1 process's open files unreadable (pid 7): refused even to root"]
 
 
 IO = "rchar: 9120\nwchar: 4410\nsyscr: 12\nsyscw: 7\nread_bytes: 4096\nwrite_bytes: 1048576\ncancelled_write_bytes: 0\n"

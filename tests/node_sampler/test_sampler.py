@@ -183,3 +183,19 @@ async def test_the_event_loop_is_not_blocked_by_nvml():
 def test_interval_must_be_positive():
     with pytest.raises(ValueError):
         Sampler("n1", two_gpus(), FakeProcessTable(), [], 0)
+
+
+async def test_the_health_figures_go_in_the_first_sample_and_then_every_health_interval():
+    clock = FakeClock()
+    sampler = Sampler(
+        "n1", two_gpus(), table_for_two_gpus(), [], 5.0, health_interval_s=30.0, clock=clock, sleep=clock.sleep
+    )
+    carried = []
+    for _ in range(8):  # samples at 1000, 1005, ... 1035
+        sample = await sampler.sample()
+        carried.append(all(gpu.health is not None for gpu in sample.gpus))
+        assert all(gpu.sm_clock_mhz == 1755 for gpu in sample.gpus)  # the fast figures are in every one
+        clock.now += 5.0
+
+    assert carried == [True, False, False, False, False, False, True, False]
+    assert set(sampler.last_health) == {0, 1} and sampler.last_health[0].temperature_slowdown_c == 89

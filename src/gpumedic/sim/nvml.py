@@ -31,6 +31,14 @@ BUSY_LOAD = 0.9
 """The load of a GPU a process computes on, for temperature and power."""
 NO_INSTANCE = 0xFFFFFFFF
 """gpuInstanceId / computeInstanceId of an event outside MIG."""
+IDLE_SM_CLOCK_MHZ = 345
+"""An idle H100's or H200's SM clock (docs/real-nvml.md)."""
+SLOWDOWN_CLOCK_SHARE = 0.5
+"""A hardware slowdown halves the clocks or worse (NVIDIA's clocks event reasons documentation)."""
+SLOWDOWNS = 0x8 | 0x20 | 0x40 | 0x80
+"""HW slowdown, SW thermal slowdown, HW thermal slowdown, HW power brake."""
+MEMORY_BELOW_CORE_C = 7
+"""HBM ran 7 C below the core on a busy H200 (docs/real-nvml.md)."""
 
 NVMLError = pynvml.NVMLError
 
@@ -92,11 +100,12 @@ class SimNvml:
         gpu, memory = self._node.utilization(handle.index)
         return SimpleNamespace(gpu=gpu, memory=memory)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: SimGpu) -> SimpleNamespace:
-        self._check(handle, "nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle: SimGpu, version: int | None = None) -> SimpleNamespace:
+        """Either version: the simulated driver reserves nothing, so both say the same."""
+        self._check(handle, "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo")
         used = self._node.memory_used_mib(handle.index) * MIB
         total = handle.total_mib * MIB
-        return SimpleNamespace(used=used, total=total, free=total - used)
+        return SimpleNamespace(used=used, total=total, free=total - used, reserved=0)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: SimGpu) -> list[SimpleNamespace]:
         self._check(handle, "nvmlDeviceGetComputeRunningProcesses")
@@ -109,7 +118,7 @@ class SimNvml:
         self._check(handle, "nvmlDeviceGetTemperature")
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             raise pynvml.NVMLError_InvalidArgument()
-        return handle.temperature_c + round(TEMPERATURE_RISE_AT_FULL_LOAD_C * self._load(handle))
+        return self._temperature(handle)
 
     def nvmlDeviceGetPowerUsage(self, handle: SimGpu) -> int:
         """mW: idle power plus the utilised share of the headroom up to the limit."""
@@ -142,6 +151,102 @@ class SimNvml:
     def nvmlDeviceGetComputeMode(self, handle: SimGpu) -> int:
         self._check(handle, "nvmlDeviceGetComputeMode")
         return handle.compute_mode
+
+    # --- health: clocks, thresholds, the PCIe link, NVLinks ----------------------------------
+
+    def nvmlDeviceGetClockInfo(self, handle: SimGpu, clock_type: int) -> int:
+        """SM: idle clocks when nothing computes, the maximum when busy, held down by a fault's
+        hardware slowdown; memory: its one clock."""
+        self._check(handle, "nvmlDeviceGetClockInfo")
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return handle.memory_clock_mhz
+        if clock_type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            raise pynvml.NVMLError_InvalidArgument()
+        if not self._load(handle):
+            return IDLE_SM_CLOCK_MHZ
+        slowed = handle.clock_event_reasons & SLOWDOWNS
+        return round(handle.sm_clock_max_mhz * (SLOWDOWN_CLOCK_SHARE if slowed else 1.0))
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: SimGpu, clock_type: int) -> int:
+        self._check(handle, "nvmlDeviceGetMaxClockInfo")
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return handle.memory_clock_mhz
+        if clock_type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            raise pynvml.NVMLError_InvalidArgument()
+        return handle.sm_clock_max_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimGpu) -> int:
+        """GPU idle when nothing computes, plus whatever a fault holds the clocks down with."""
+        self._check(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        return (0 if self._load(handle) else pynvml.nvmlClocksEventReasonGpuIdle) | handle.clock_event_reasons
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: SimGpu, threshold: int) -> int:
+        self._check(handle, "nvmlDeviceGetTemperatureThreshold")
+        thresholds = {
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: handle.temperature_shutdown_c,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: handle.temperature_slowdown_c,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: handle.memory_temperature_max_c,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: handle.temperature_max_operating_c,
+        }
+        if threshold not in thresholds:
+            raise pynvml.NVMLError_NotSupported()
+        return thresholds[threshold]
+
+    def nvmlDeviceGetFieldValues(self, handle: SimGpu, field_ids: list[int]) -> list[SimpleNamespace]:
+        """The memory (HBM) temperature, which runs a little below the core's; nothing else."""
+        self._check(handle, "nvmlDeviceGetFieldValues")
+        memory = self._temperature(handle) - MEMORY_BELOW_CORE_C
+        return [
+            SimpleNamespace(
+                fieldId=field_id,
+                nvmlReturn=pynvml.NVML_SUCCESS if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                value=SimpleNamespace(uiVal=memory if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP else 0),
+            )
+            for field_id in field_ids
+        ]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetCurrPcieLinkGeneration")
+        return handle.pcie_link_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetMaxPcieLinkGeneration")
+        return handle.pcie_link_gen_max
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetCurrPcieLinkWidth")
+        return handle.pcie_link_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetMaxPcieLinkWidth")
+        return handle.pcie_link_width_max
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetPcieReplayCounter")
+        return handle.pcie_replays
+
+    def nvmlDeviceGetFanSpeed(self, handle: SimGpu) -> int:
+        self._check(handle, "nvmlDeviceGetFanSpeed")
+        raise pynvml.NVMLError_NotSupported()  # an SXM board is cooled by the chassis
+
+    def nvmlDeviceGetRetiredPages(self, handle: SimGpu, cause: int) -> list[int]:
+        self._check(handle, "nvmlDeviceGetRetiredPages")
+        raise pynvml.NVMLError_NotSupported()  # remaps rows instead
+
+    def nvmlDeviceGetNvLinkState(self, handle: SimGpu, link: int) -> int:
+        self._check(handle, "nvmlDeviceGetNvLinkState")
+        if not 0 <= link < len(handle.nvlinks):
+            raise pynvml.NVMLError_NotSupported()
+        return pynvml.NVML_FEATURE_ENABLED if handle.nvlinks[link].up else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: SimGpu, link: int, counter: int) -> int:
+        """Replay, recovery, CRC flit (all the CRC errors here), CRC data (none)."""
+        self._check(handle, "nvmlDeviceGetNvLinkErrorCounter")
+        if not 0 <= link < len(handle.nvlinks) or counter not in (0, 1, 2, 3):
+            raise pynvml.NVMLError_NotSupported()
+        state = handle.nvlinks[link]
+        return (state.replay_errors, state.recovery_errors, state.crc_errors, 0)[counter]
 
     # --- events -----------------------------------------------------------------------------
 
@@ -185,6 +290,9 @@ class SimNvml:
         event_set.freed = True
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _temperature(self, handle: SimGpu) -> int:
+        return handle.temperature_c + handle.heat_c + round(TEMPERATURE_RISE_AT_FULL_LOAD_C * self._load(handle))
 
     def _load(self, handle: SimGpu) -> float:
         """0.9 while a process computes on the GPU (utilization reads 85-95 %), else 0; drawn

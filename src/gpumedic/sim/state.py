@@ -166,6 +166,20 @@ class InjectedFault(NamedTuple):
     expect: frozenset[str] = frozenset()
 
 
+NVLINKS = 18
+"""An H100 SXM's NVLinks."""
+
+
+@dataclass
+class SimNvLink:
+    """One NVLink of a simulated GPU."""
+
+    up: bool = True
+    replay_errors: int = 0
+    recovery_errors: int = 0
+    crc_errors: int = 0
+
+
 @dataclass
 class SimGpu:
     index: int
@@ -185,6 +199,23 @@ class SimGpu:
     remapped_rows_failed: bool = False
     compute_mode: int = 0
     """NVML_COMPUTEMODE_DEFAULT."""
+    # the health figures, as an H100 SXM answers them (an H200's, docs/real-nvml.md, differ little)
+    sm_clock_max_mhz: int = 1980
+    memory_clock_mhz: int = 2619
+    temperature_slowdown_c: int = 89
+    temperature_shutdown_c: int = 95
+    temperature_max_operating_c: int = 87
+    memory_temperature_max_c: int = 95
+    heat_c: int = 0
+    """Degrees above what its load explains (a failed fan, a blocked inlet)."""
+    clock_event_reasons: int = 0
+    """Reasons the clocks are held down beyond what load and power explain (a fault's)."""
+    pcie_link_gen: int = 5
+    pcie_link_gen_max: int = 5
+    pcie_link_width: int = 16
+    pcie_link_width_max: int = 16
+    pcie_replays: int = 0
+    nvlinks: list[SimNvLink] = field(default_factory=lambda: [SimNvLink() for _ in range(NVLINKS)])
 
 
 @dataclass

@@ -51,6 +51,11 @@ class FakeNvmlLib:
         c.fake_set_gpu.argtypes = [u, u, u, ull, ull, u, u, u]
         c.fake_set_health.argtypes = [u, ull, ull, i, u, u, u, u, i]
         c.fake_set_ids.argtypes = [u, s, s]
+        c.fake_set_clocks.argtypes = [u, u, u, u, u, ull]
+        c.fake_set_thermal.argtypes = [u, i, u, u, u, u]
+        c.fake_set_pcie.argtypes = [u, u, u, u, u, u]
+        c.fake_set_ecc_aggregate.argtypes = [u, ull, ull]
+        c.fake_set_nvlink.argtypes = [u, u, i, ull, ull, ull, ull]
         c.fake_add_process.argtypes = [u, u, ull]
         c.fake_fail.argtypes = [i, s, i]
         c.fake_push_xid.argtypes = [u, ull]
@@ -102,6 +107,39 @@ class FakeNvmlLib:
             int(remap_failed),
             compute_mode,
         )
+
+    def set_clocks(
+        self, index: int, *, sm: int, sm_max: int = 1980, memory: int = 3201, memory_max: int = 3201, reasons: int = 0
+    ) -> None:
+        """Clocks in MHz; `reasons` the clocks event reasons bit set."""
+        self.cdll.fake_set_clocks(index, sm, sm_max, memory, memory_max, reasons)
+
+    def set_thermal(
+        self,
+        index: int,
+        *,
+        memory_temp: int | None = 30,
+        shutdown: int | None = 95,
+        slowdown: int | None = 89,
+        memory_max: int | None = 95,
+        gpu_max: int | None = 87,
+    ) -> None:
+        """Memory temperature and thresholds, Celsius; None: the GPU answers NOT_SUPPORTED."""
+        self.cdll.fake_set_thermal(
+            index, -1 if memory_temp is None else memory_temp, shutdown or 0, slowdown or 0, memory_max or 0, gpu_max or 0
+        )
+
+    def set_pcie(self, index: int, *, gen: int = 5, gen_max: int = 5, width: int = 16, width_max: int = 16, replay: int = 0) -> None:
+        self.cdll.fake_set_pcie(index, gen, gen_max, width, width_max, replay)
+
+    def set_ecc_aggregate(self, index: int, *, corrected: int = 0, uncorrected: int = 0) -> None:
+        self.cdll.fake_set_ecc_aggregate(index, corrected, uncorrected)
+
+    def set_nvlink(
+        self, index: int, link: int, *, up: bool = True, replay: int = 0, recovery: int = 0, crc_flit: int = 0, crc_data: int = 0
+    ) -> None:
+        """Link `link` of GPU `index` exists from now on, with these counters (and every link below it)."""
+        self.cdll.fake_set_nvlink(index, link, int(up), replay, recovery, crc_flit, crc_data)
 
     def set_ids(self, index: int, uuid: str, name: str) -> None:
         self.cdll.fake_set_ids(index, uuid.encode(), name.encode())

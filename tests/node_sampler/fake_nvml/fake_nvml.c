@@ -17,6 +17,7 @@
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
@@ -29,9 +30,19 @@
 #define MAX_COUNTS 256
 #define MAX_SETS 8
 #define MAX_EVENTS 64
+#define MAX_LINKS 18
+#define FI_DEV_MEMORY_TEMP 82
+#define VALUE_TYPE_UNSIGNED_INT 1
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType, nvmlReturn;
+    union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; int siVal; } value;
+} nvmlFieldValue_t;
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
@@ -46,6 +57,13 @@ typedef struct fake_gpu {
     unsigned long long used, total, ecc_unc, ecc_corr;
     int retired_pending, compute_mode, lost;
     unsigned int remap_corr, remap_unc, remap_pending, remap_failed;
+    unsigned long long reserved, reasons, ecc_unc_agg, ecc_corr_agg;
+    unsigned int sm_clock, sm_clock_max, mem_clock, mem_clock_max;
+    int mem_temp; /* < 0: the GPU has no memory sensor (the field answers NOT_SUPPORTED) */
+    unsigned int thresholds[4]; /* shutdown, slowdown, memory max, GPU max */
+    unsigned int pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, pcie_replay;
+    unsigned int nlinks, link_up[MAX_LINKS];
+    unsigned long long link_errors[MAX_LINKS][4]; /* replay, recovery, CRC flit, CRC data */
     fake_proc procs[MAX_PROCS];
     unsigned int nprocs;
 } *nvmlDevice_t;
@@ -218,6 +236,20 @@ int nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory) {
     DONE;
 }
 
+/* v2 says apart what the driver reserves; its used is what nvidia-smi shows as Used */
+int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory) {
+    DEVICE_CALL("nvmlDeviceGetMemoryInfo_v2");
+    if (memory->version != 0x02000028u) rc = 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    else {
+        memory->total = g->total;
+        memory->reserved = g->reserved;
+        memory->used = g->used;
+        memory->free = g->total - g->used - g->reserved;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 /* NVML's two-call protocol: too small an array (or none) gets INSUFFICIENT_SIZE and the count. */
 int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_t *infos) {
     DEVICE_CALL("nvmlDeviceGetComputeRunningProcesses_v3");
@@ -255,11 +287,126 @@ int nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *milliwatts) 
     DONE;
 }
 
-/* error type 0 corrected, 1 uncorrected; counter type 0 volatile (the only one kept here) */
+/* error type 0 corrected, 1 uncorrected; counter type 0 volatile, 1 aggregate */
 int nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int error_type, int counter_type, unsigned long long *count) {
     DEVICE_CALL("nvmlDeviceGetTotalEccErrors");
-    if (counter_type != 0 || (error_type != 0 && error_type != 1)) rc = NVML_ERROR_INVALID_ARGUMENT;
-    else *count = error_type ? g->ecc_unc : g->ecc_corr;
+    if ((counter_type != 0 && counter_type != 1) || (error_type != 0 && error_type != 1)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (counter_type == 0) *count = error_type ? g->ecc_unc : g->ecc_corr;
+    else *count = error_type ? g->ecc_unc_agg : g->ecc_corr_agg;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* clock type 0 graphics, 1 SM, 2 memory */
+int nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    DEVICE_CALL("nvmlDeviceGetClockInfo");
+    if (type == 0 || type == 1) *mhz = g->sm_clock;
+    else if (type == 2) *mhz = g->mem_clock;
+    else rc = NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    DEVICE_CALL("nvmlDeviceGetMaxClockInfo");
+    if (type == 0 || type == 1) *mhz = g->sm_clock_max;
+    else if (type == 2) *mhz = g->mem_clock_max;
+    else rc = NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    DEVICE_CALL("nvmlDeviceGetCurrentClocksEventReasons");
+    *reasons = g->reasons;
+    DONE;
+}
+
+/* threshold 0 shutdown, 1 slowdown, 2 memory max, 3 GPU max; the acoustic ones are not supported */
+int nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, int threshold, unsigned int *temp) {
+    DEVICE_CALL("nvmlDeviceGetTemperatureThreshold");
+    if (threshold < 0 || threshold > 7) rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (threshold > 3 || !g->thresholds[threshold]) rc = NVML_ERROR_NOT_SUPPORTED;
+    else *temp = g->thresholds[threshold];
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* each value answers on its own (nvmlReturn); only the memory temperature is known here */
+int nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
+    DEVICE_CALL("nvmlDeviceGetFieldValues");
+    for (int i = 0; i < count; i++) {
+        values[i].timestamp = 0, values[i].latencyUsec = 0;
+        if (values[i].fieldId == FI_DEV_MEMORY_TEMP && g->mem_temp >= 0) {
+            values[i].valueType = VALUE_TYPE_UNSIGNED_INT;
+            values[i].value.uiVal = (unsigned int)g->mem_temp;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        } else {
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    DONE;
+}
+
+int nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen) {
+    DEVICE_CALL("nvmlDeviceGetCurrPcieLinkGeneration");
+    *gen = g->pcie_gen;
+    DONE;
+}
+
+int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen) {
+    DEVICE_CALL("nvmlDeviceGetMaxPcieLinkGeneration");
+    *gen = g->pcie_gen_max;
+    DONE;
+}
+
+int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *width) {
+    DEVICE_CALL("nvmlDeviceGetCurrPcieLinkWidth");
+    *width = g->pcie_width;
+    DONE;
+}
+
+int nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *width) {
+    DEVICE_CALL("nvmlDeviceGetMaxPcieLinkWidth");
+    *width = g->pcie_width_max;
+    DONE;
+}
+
+int nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int *count) {
+    DEVICE_CALL("nvmlDeviceGetPcieReplayCounter");
+    *count = g->pcie_replay;
+    DONE;
+}
+
+/* an SXM board has no fan of its own, and Hopper retires no pages (it remaps rows) */
+int nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *speed) {
+    DEVICE_CALL("nvmlDeviceGetFanSpeed");
+    (void)speed;
+    pthread_mutex_unlock(&mu);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+int nvmlDeviceGetRetiredPages(nvmlDevice_t dev, int cause, unsigned int *count, unsigned long long *addresses) {
+    DEVICE_CALL("nvmlDeviceGetRetiredPages");
+    (void)cause, (void)count, (void)addresses;
+    pthread_mutex_unlock(&mu);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+int nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, int *active) {
+    DEVICE_CALL("nvmlDeviceGetNvLinkState");
+    if (link >= MAX_LINKS) rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (link >= g->nlinks) rc = NVML_ERROR_NOT_SUPPORTED;
+    else *active = (int)g->link_up[link];
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int link, int counter, unsigned long long *value) {
+    DEVICE_CALL("nvmlDeviceGetNvLinkErrorCounter");
+    if (link >= MAX_LINKS || counter < 0 || counter > 4) rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (link >= g->nlinks || counter == 4) rc = NVML_ERROR_NOT_SUPPORTED;
+    else *value = g->link_errors[link][counter];
     pthread_mutex_unlock(&mu);
     return rc;
 }
@@ -371,7 +518,8 @@ void fake_reset(void) {
     pthread_mutex_unlock(&mu);
 }
 
-/* n GPUs with ids "GPU-fake-<i>", idle, 80 GiB, 35 C, 70 W of 700 W, healthy */
+/* n GPUs with ids "GPU-fake-<i>", idle, 80 GiB, 35 C, 70 W of 700 W, healthy; clocks, thresholds
+ * and the PCIe link as an H200 answered them (docs/real-nvml.md), no NVLinks */
 void fake_set_gpu_count(unsigned int n) {
     pthread_mutex_lock(&mu);
     gpu_count = n < MAX_GPUS ? n : MAX_GPUS;
@@ -383,6 +531,67 @@ void fake_set_gpu_count(unsigned int n) {
         gpus[i].temp = 35;
         gpus[i].power_mw = 70000;
         gpus[i].power_limit_mw = 700000;
+        gpus[i].reserved = 616ULL << 20;
+        gpus[i].reasons = 0x1; /* GPU idle */
+        gpus[i].sm_clock = 345, gpus[i].sm_clock_max = 1980;
+        gpus[i].mem_clock = gpus[i].mem_clock_max = 3201;
+        gpus[i].mem_temp = 30;
+        gpus[i].thresholds[0] = 95, gpus[i].thresholds[1] = 89, gpus[i].thresholds[2] = 95, gpus[i].thresholds[3] = 87;
+        gpus[i].pcie_gen = gpus[i].pcie_gen_max = 5;
+        gpus[i].pcie_width = gpus[i].pcie_width_max = 16;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void fake_set_clocks(unsigned int i, unsigned int sm, unsigned int sm_max, unsigned int mem, unsigned int mem_max,
+                     unsigned long long reasons) {
+    pthread_mutex_lock(&mu);
+    if (i < MAX_GPUS) {
+        struct fake_gpu *g = &gpus[i];
+        g->sm_clock = sm, g->sm_clock_max = sm_max, g->mem_clock = mem, g->mem_clock_max = mem_max, g->reasons = reasons;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* a threshold of 0 answers NOT_SUPPORTED, a memory temperature below 0 too */
+void fake_set_thermal(unsigned int i, int mem_temp, unsigned int shutdown, unsigned int slowdown, unsigned int mem_max,
+                      unsigned int gpu_max) {
+    pthread_mutex_lock(&mu);
+    if (i < MAX_GPUS) {
+        struct fake_gpu *g = &gpus[i];
+        g->mem_temp = mem_temp;
+        g->thresholds[0] = shutdown, g->thresholds[1] = slowdown, g->thresholds[2] = mem_max, g->thresholds[3] = gpu_max;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void fake_set_pcie(unsigned int i, unsigned int gen, unsigned int gen_max, unsigned int width, unsigned int width_max,
+                   unsigned int replay) {
+    pthread_mutex_lock(&mu);
+    if (i < MAX_GPUS) {
+        struct fake_gpu *g = &gpus[i];
+        g->pcie_gen = gen, g->pcie_gen_max = gen_max, g->pcie_width = width, g->pcie_width_max = width_max;
+        g->pcie_replay = replay;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void fake_set_ecc_aggregate(unsigned int i, unsigned long long corrected, unsigned long long uncorrected) {
+    pthread_mutex_lock(&mu);
+    if (i < MAX_GPUS) gpus[i].ecc_corr_agg = corrected, gpus[i].ecc_unc_agg = uncorrected;
+    pthread_mutex_unlock(&mu);
+}
+
+/* link `link` of GPU i exists from now on (and every link below it) */
+void fake_set_nvlink(unsigned int i, unsigned int link, int up, unsigned long long replay, unsigned long long recovery,
+                     unsigned long long crc_flit, unsigned long long crc_data) {
+    pthread_mutex_lock(&mu);
+    if (i < MAX_GPUS && link < MAX_LINKS) {
+        struct fake_gpu *g = &gpus[i];
+        if (g->nlinks <= link) g->nlinks = link + 1;
+        g->link_up[link] = up ? 1 : 0;
+        g->link_errors[link][0] = replay, g->link_errors[link][1] = recovery;
+        g->link_errors[link][2] = crc_flit, g->link_errors[link][3] = crc_data;
     }
     pthread_mutex_unlock(&mu);
 }

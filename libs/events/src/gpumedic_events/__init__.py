@@ -53,14 +53,17 @@ from gpumedic_events.incident import (
 )
 from gpumedic_events.silence import SilenceAdded, SilenceRemoved
 from gpumedic_events.node import (
+    ClockEventReason,
     ComputeMode,
     DeviceHolder,
     DiskUsage,
+    GpuHealth,
     GpuProcess,
     GpuSample,
     HostSample,
     JobsObservation,
     NodeSampled,
+    NvLinkSample,
     ProcessIdentity,
 )
 from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
@@ -112,6 +115,7 @@ __all__ = [
     "ActionOutcome",
     "ActionRequested",
     "CapacityEvaluated",
+    "ClockEventReason",
     "ClusterChecked",
     "ComputeMode",
     "ContainerExited",
@@ -119,6 +123,7 @@ __all__ = [
     "DiskUsage",
     "Event",
     "EventDecodeError",
+    "GpuHealth",
     "GpuLost",
     "GpuProcess",
     "GpuSample",
@@ -158,6 +163,7 @@ __all__ = [
     "MessageRejected",
     "NodeId",
     "NodeSampled",
+    "NvLinkSample",
     "ProcessIdentity",
     "ProcessOomKilled",
     "ProcessTarget",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import IntFlag, StrEnum
 from typing import ClassVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -83,6 +83,95 @@ class ComputeMode(StrEnum):
     EXCLUSIVE_PROCESS = "exclusive_process"
 
 
+class ClockEventReason(IntFlag):
+    """Why a GPU's clocks are held down: NVML's clocks event (throttle) reasons, as bits of
+    `GpuSample.clock_event_reasons` (nvml.h's nvmlClocksEventReason*, DCGM's
+    DCGM_FI_DEV_CLOCKS_EVENT_REASONS). Only the hardware slowdowns and the thermal ones are
+    faults: a busy GPU at its power limit shows SW_POWER_CAP, an idle one GPU_IDLE."""
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+
+
+class NvLinkSample(BaseModel):
+    """One NVLink of a GPU: whether it is up and its error counters since the driver loaded."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    link: int = Field(ge=0, le=63, description="NVLink index on the GPU.")
+    up: bool = Field(description="NVML: the link is active.")
+    replay_errors: int | None = Field(default=None, ge=0, description="Data link replays (NVML_NVLINK_ERROR_DL_REPLAY).")
+    recovery_errors: int | None = Field(
+        default=None, ge=0, description="Data link recoveries (NVML_NVLINK_ERROR_DL_RECOVERY)."
+    )
+    crc_errors: int | None = Field(
+        default=None, ge=0, description="CRC errors in flits and in data (NVML_NVLINK_ERROR_DL_CRC_FLIT + _CRC_DATA)."
+    )
+
+
+class GpuHealth(BaseModel):
+    """A GPU's figures that rarely change: maxima, thresholds, running totals, the PCIe link and
+    the NVLinks. The sampler reads and sends them at a slower cadence than the sample (every
+    `health_interval_s`, and in a node's first sample); until the next one comes, the last one a
+    consumer saw for the GPU holds. None: the GPU or driver does not have the figure."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    sm_clock_max_mhz: int | None = Field(default=None, ge=0, description="Maximum SM clock, MHz.")
+    memory_clock_mhz: int | None = Field(default=None, ge=0, description="Memory clock now, MHz.")
+    memory_clock_max_mhz: int | None = Field(default=None, ge=0, description="Maximum memory clock, MHz.")
+    temperature_slowdown_c: int | None = Field(
+        default=None, ge=-50, le=200, description="The core temperature at which the GPU slows itself down, Celsius."
+    )
+    temperature_shutdown_c: int | None = Field(
+        default=None, ge=-50, le=200, description="The core temperature at which the GPU shuts down, Celsius."
+    )
+    temperature_max_operating_c: int | None = Field(
+        default=None, ge=-50, le=200, description="The highest core temperature for normal operation, Celsius."
+    )
+    memory_temperature_max_c: int | None = Field(
+        default=None, ge=-50, le=200, description="The highest memory temperature for normal operation, Celsius."
+    )
+    pcie_link_gen: int | None = Field(default=None, ge=0, le=16, description="PCIe link generation now.")
+    pcie_link_gen_max: int | None = Field(
+        default=None, ge=0, le=16, description="The highest PCIe generation this GPU and its slot can run."
+    )
+    pcie_link_width: int | None = Field(default=None, ge=0, le=64, description="PCIe lanes now.")
+    pcie_link_width_max: int | None = Field(default=None, ge=0, le=64, description="The most PCIe lanes possible.")
+    pcie_replay_count: int | None = Field(default=None, ge=0, description="PCIe replays since the driver loaded.")
+    ecc_corrected_aggregate: int | None = Field(
+        default=None, ge=0, description="Corrected ECC errors over the GPU's life."
+    )
+    ecc_uncorrected_aggregate: int | None = Field(
+        default=None, ge=0, description="Uncorrected ECC errors over the GPU's life."
+    )
+    remapped_rows_corrected: int | None = Field(
+        default=None, ge=0, description="Rows remapped for correctable errors (Ampere and later)."
+    )
+    remapped_rows_uncorrected: int | None = Field(
+        default=None, ge=0, description="Rows remapped for uncorrectable errors (Ampere and later)."
+    )
+    retired_pages: int | None = Field(
+        default=None, ge=0, description="Pages retired for single- and double-bit errors (before Ampere)."
+    )
+    fan_speed_pct: int | None = Field(default=None, ge=0, le=200, description="Fan speed, percent of its maximum.")
+    nvlink_count: int | None = Field(
+        default=None, ge=0, le=64, description="How many NVLinks the GPU has (0: PCIe only); None if unread."
+    )
+    nvlinks: tuple[NvLinkSample, ...] = Field(
+        default=(),
+        max_length=64,
+        description="The NVLinks that are down or have counted errors; a healthy link is left out.",
+    )
+
+
 class GpuSample(BaseModel):
     """One GPU as NVML reported it at sample time."""
 
@@ -118,6 +207,16 @@ class GpuSample(BaseModel):
     )
     compute_mode: ComputeMode | None = Field(default=None, description="NVML compute mode.")
     lost: bool = Field(default=False, description="NVML says the GPU fell off the bus (GPU is lost).")
+    sm_clock_mhz: int | None = Field(default=None, ge=0, description="SM clock now, MHz.")
+    clock_event_reasons: int | None = Field(
+        default=None, ge=0, description="Why the clocks are held down now: a bit set of ClockEventReason."
+    )
+    memory_temperature_c: int | None = Field(
+        default=None, ge=-50, le=200, description="Memory (HBM) temperature, Celsius; None where the GPU has no sensor."
+    )
+    health: GpuHealth | None = Field(
+        default=None, description="The slowly changing figures, in some samples only (see GpuHealth)."
+    )
 
 
 class JobsObservation(BaseModel):
@@ -194,6 +293,31 @@ class NodeSampled(Event):
                             "remapped_rows_failed": False,
                             "compute_mode": "default",
                             "lost": False,
+                            "sm_clock_mhz": 345,
+                            "clock_event_reasons": 1,
+                            "memory_temperature_c": 34,
+                            "health": {
+                                "sm_clock_max_mhz": 1980,
+                                "memory_clock_mhz": 2619,
+                                "memory_clock_max_mhz": 2619,
+                                "temperature_slowdown_c": 89,
+                                "temperature_shutdown_c": 95,
+                                "temperature_max_operating_c": 87,
+                                "memory_temperature_max_c": 95,
+                                "pcie_link_gen": 5,
+                                "pcie_link_gen_max": 5,
+                                "pcie_link_width": 16,
+                                "pcie_link_width_max": 16,
+                                "pcie_replay_count": 0,
+                                "ecc_corrected_aggregate": 0,
+                                "ecc_uncorrected_aggregate": 0,
+                                "remapped_rows_corrected": 0,
+                                "remapped_rows_uncorrected": 0,
+                                "retired_pages": None,
+                                "fan_speed_pct": None,
+                                "nvlink_count": 18,
+                                "nvlinks": [{"link": 7, "up": True, "replay_errors": 0, "recovery_errors": 0, "crc_errors": 3}],
+                            },
                         }
                     ],
                     "device_holders": [

@@ -12,7 +12,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from gpumedic_events import (
@@ -20,6 +20,7 @@ from gpumedic_events import (
     ContainerExited,
     DeviceHolder,
     DiskUsage,
+    GpuHealth,
     GpuLost,
     GpuProcess,
     GpuSample,
@@ -27,11 +28,13 @@ from gpumedic_events import (
     HostSample,
     JobsObservation,
     NodeSampled,
+    NvLinkSample,
     ProcessOomKilled,
 )
 from gpumedic_events.faults import MAX_LINE
 from gpumedic_events.redact import redact
 from gpumedic_events.xid import XID_CATALOGUE
+from pydantic import ValidationError
 
 from node_sampler.procs import ProcessInfo
 
@@ -43,6 +46,8 @@ MAX_COMMAND = 4096
 MAX_LABEL = 96
 MAX_PID = 4_194_304
 MAX_HOLDERS = 256
+MAX_NVLINKS = 64
+MAX_CLOCK_MHZ = 100_000
 MIB = 1024 * 1024
 KIB_PER_MIB = 1024
 
@@ -80,6 +85,43 @@ class RawProcess:
 
 
 @dataclass(frozen=True)
+class RawNvLink:
+    """One NVLink as NVML answered: up or not, and its error counters."""
+
+    link: int
+    up: bool
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class RawHealth:
+    """A GPU's slowly changing figures (GpuHealth's fields, in the same units); None where unread."""
+
+    sm_clock_max_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    memory_clock_max_mhz: int | None = None
+    temperature_slowdown_c: int | None = None
+    temperature_shutdown_c: int | None = None
+    temperature_max_operating_c: int | None = None
+    memory_temperature_max_c: int | None = None
+    pcie_link_gen: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    pcie_replay_count: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    retired_pages: int | None = None
+    fan_speed_pct: int | None = None
+    nvlink_count: int | None = None
+    nvlinks: tuple[RawNvLink, ...] = ()
+
+
+@dataclass(frozen=True)
 class RawGpu:
     """One GPU's NVML readings; None where a call failed."""
 
@@ -103,6 +145,11 @@ class RawGpu:
     """NVML_COMPUTEMODE_*: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process."""
     lost: bool = False
     """A call about this GPU raised NVMLError_GpuIsLost."""
+    sm_clock_mhz: int | None = None
+    clock_event_reasons: int | None = None
+    memory_temperature_c: int | None = None
+    health: RawHealth | None = None
+    """Read at the slower cadence only; None in the other samples."""
 
 
 @dataclass(frozen=True)
@@ -460,7 +507,41 @@ def _gpu_sample(raw: RawGpu, identity: _Identity, notes: list[str]) -> GpuSample
         remapped_rows_failed=raw.remapped_rows_failed,
         compute_mode=COMPUTE_MODES.get(raw.compute_mode) if raw.compute_mode is not None else None,
         lost=raw.lost,
+        sm_clock_mhz=_bounded(raw.sm_clock_mhz, 0, MAX_CLOCK_MHZ, f"{where} SM clock", notes),
+        clock_event_reasons=_bounded(raw.clock_event_reasons, 0, 2**63 - 1, f"{where} clock event reasons", notes),
+        memory_temperature_c=_bounded(raw.memory_temperature_c, -50, 200, f"{where} memory temperature", notes),
+        health=_health(raw.health, where, notes) if raw.health is not None else None,
     )
+
+
+def _health(raw: RawHealth, where: str, notes: list[str]) -> GpuHealth:
+    """GpuHealth from the raw figures; a figure out of the event's range is noted and left out."""
+    fields = {name: getattr(raw, name) for name in GpuHealth.model_fields if name != "nvlinks"}
+    links: list[NvLinkSample] = []
+    # a healthy link says nothing the count does not: 18 of them per GPU would double the sample
+    for link in raw.nvlinks[:MAX_NVLINKS]:
+        if link.up and not (link.replay_errors or link.recovery_errors or link.crc_errors):
+            continue
+        try:
+            links.append(NvLinkSample(**asdict(link)))
+        except ValidationError as exc:
+            notes.append(f"{where} NVLink {link.link}: {_first_error(exc)}, left out")
+    while True:
+        try:
+            return GpuHealth(**fields, nvlinks=tuple(links))
+        except ValidationError as exc:
+            # drop each field the model refuses and say so; the rest of the figures still count
+            bad = {str(error["loc"][0]) for error in exc.errors() if error["loc"] and error["loc"][0] in fields}
+            if not bad:
+                notes.append(f"{where} health: {_first_error(exc)}, left out")
+                return GpuHealth()
+            for name in sorted(bad):
+                notes.append(f"{where} {name.replace('_', ' ')}: {fields.pop(name)!r} out of range")
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in error['loc'])} {error['msg']}"
 
 
 def _pct(value: int | None, what: str, notes: list[str]) -> int | None:

@@ -65,6 +65,7 @@ def create_app(
         settings.interval_s,
         host=HostReader(settings.proc_root, settings.disk_paths),
         holder_scan_interval_s=settings.holder_scan_interval_s,
+        health_interval_s=settings.health_interval_s,
         xid_events=settings.xid_events,
         kernel_log=settings.kernel_log,
         docker_socket=settings.docker_socket,
@@ -80,7 +81,9 @@ def create_app(
         await asyncio.to_thread(sampler.close)
 
     # dcgm-exporter's per-GPU series from the latest sample, for the GPU dashboards people already have
-    runtime.metrics.registry.register(GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, socket.gethostname()))
+    runtime.metrics.registry.register(
+        GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, socket.gethostname(), lambda: sampler.last_health)
+    )
     runtime.background(sample_loop)
     app = runtime.app()
     app.after_shutdown(release_nvml)

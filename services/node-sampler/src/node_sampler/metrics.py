@@ -5,7 +5,8 @@ Hostname}` ...); serving the same names from the sample the sampler already take
 dashboards work on a node without DCGM, at no second NVML pass. Only what the sample measures is
 served: a field NVML did not give (None) has no series, rather than a made-up zero. Names and
 help follow dcgm-exporter's `etc/default-counters.csv` (the ECC totals are among its optional
-counters there). Every series is typed gauge: dcgm-exporter calls the ECC totals counters, but the
+counters there). The slowly changing figures (memory clock, PCIe replays, lifetime ECC, remapped
+rows) come from the GPU's last health read, which the sampler keeps between its health samples. Every series is typed gauge: dcgm-exporter calls the ECC totals counters, but the
 Prometheus client library writes a counter's HELP and TYPE under `<name>_total`, which would no
 longer name dcgm-exporter's samples; the values and the queries over them (`increase`, `rate`)
 are the same.
@@ -19,16 +20,19 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpumedic_events import GpuSample, NodeSampled
+from gpumedic_events import GpuHealth, GpuSample, NodeSampled
 
 LABELS = ("gpu", "UUID", "modelName", "Hostname")
+Value = float | int | bool | None
 
 
 @dataclass(frozen=True)
 class Series:
     name: str
     help: str
-    read: Callable[[GpuSample], float | int | bool | None]
+    read: Callable[[GpuSample], Value] | None = None
+    """From the latest sample; else `health` reads the GPU's last health figures."""
+    health: Callable[[GpuHealth], Value] | None = None
 
 
 def _free(gpu: GpuSample) -> int | None:
@@ -37,33 +41,88 @@ def _free(gpu: GpuSample) -> int | None:
     return max(0, gpu.memory_total_mib - gpu.memory_used_mib)
 
 
+def _nvlink_total(counter: str) -> Callable[[GpuHealth], Value]:
+    # a healthy link is left out of the health figures because its counters are 0: the sum holds
+    def total(health: GpuHealth) -> Value:
+        if health.nvlink_count is None:
+            return None
+        return sum(getattr(link, counter) or 0 for link in health.nvlinks)
+
+    return total
+
+
 SERIES: tuple[Series, ...] = (
-    Series("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
-    Series("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory_pct),
-    Series("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib),
-    Series("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
+    Series("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.sm_clock_mhz),
+    Series("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", health=lambda h: h.memory_clock_mhz),
+    Series("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", lambda g: g.memory_temperature_c),
     Series("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
     Series("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    Series("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", health=lambda h: h.pcie_replay_count),
+    Series("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
+    Series("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory_pct),
+    Series("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
+    Series("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.memory_used_mib),
     Series("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", lambda g: g.ecc_corrected_volatile),
     Series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", lambda g: g.ecc_uncorrected_volatile),
+    Series(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "Total number of single-bit persistent ECC errors.",
+        health=lambda h: h.ecc_corrected_aggregate,
+    ),
+    Series(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "Total number of double-bit persistent ECC errors.",
+        health=lambda h: h.ecc_uncorrected_aggregate,
+    ),
+    Series(
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink retries.",
+        health=_nvlink_total("replay_errors"),
+    ),
+    Series(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink recovery errors.",
+        health=_nvlink_total("recovery_errors"),
+    ),
+    Series(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for uncorrectable errors",
+        health=lambda h: h.remapped_rows_uncorrected,
+    ),
+    Series(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors",
+        health=lambda h: h.remapped_rows_corrected,
+    ),
     Series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", lambda g: g.remapped_rows_failed),
 )
-XID = Series("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda g: None)
+XID = Series("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
 
 
 class GpuCollector(Collector):
-    """Reads the sampler's latest sample at scrape time."""
+    """Reads the sampler's latest sample, and each GPU's last health figures, at scrape time."""
 
-    def __init__(self, latest: Callable[[], NodeSampled | None], last_xid: Callable[[], dict[int, int]], hostname: str) -> None:
-        self._latest, self._last_xid, self._hostname = latest, last_xid, hostname
+    def __init__(
+        self,
+        latest: Callable[[], NodeSampled | None],
+        last_xid: Callable[[], dict[int, int]],
+        hostname: str,
+        last_health: Callable[[], dict[int, GpuHealth]] = dict,
+    ) -> None:
+        self._latest, self._last_xid, self._hostname, self._last_health = latest, last_xid, hostname, last_health
 
     def collect(self) -> Iterable[Metric]:
         sample = self._latest()
         gpus = [g for g in sample.gpus if not g.lost] if sample is not None else []
+        healths = self._last_health()
         for series in SERIES:
             metric = Metric(series.name, series.help, "gauge")
             for gpu in gpus:
-                value = series.read(gpu)
+                if series.read is not None:
+                    value = series.read(gpu)
+                else:
+                    health = healths.get(gpu.index)
+                    value = series.health(health) if health is not None and series.health is not None else None
                 if value is not None:
                     metric.add_sample(series.name, self._labels(gpu), float(value))
             yield metric

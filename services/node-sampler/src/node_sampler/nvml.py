@@ -10,6 +10,12 @@ as usual. A partial sample is exactly what the detectors need to see a failing G
 
 The calls block (they go into the driver), so the sampler runs `read` in a worker thread. XID
 errors are not polled: `XidWatcher` waits on NVML's event set in a thread of its own.
+
+What a sample reads, and what only `read(health=True)` reads, follows what each costs on a real
+GPU (measured on an H200 with driver 580, docs/real-nvml.md): the per-sample calls take 1-30 µs
+each; the maximum clocks (~1.3 ms each) and temperature thresholds (~0.2 ms) never change and are
+read once per NVML session; the PCIe replay counter (~0.1 ms) and the NVLink counters go with
+the slower health read; PCIe throughput (~20 ms) and energy (~2.5 ms) are not read at all.
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ import ctypes
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from node_sampler.logic import NvmlReading, RawGpu, RawProcess, XidReading
+from node_sampler.logic import NvmlReading, RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +38,39 @@ NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
 NVML_FEATURE_ENABLED = 1
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 """pynvml.nvmlEventTypeXidCriticalError"""
+NVML_MEMORY_V2 = 0x02000028
+"""nvmlMemory_v2: its `used` leaves out the driver's reserved memory, as nvidia-smi's Used does."""
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_PAGE_RETIREMENT_CAUSES = (0, 1)
+"""Multiple single-bit errors, a double-bit error."""
+NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
 
 LOST = "NVMLError_GpuIsLost"
-ABSENT = {"NVMLError_NotSupported": logging.DEBUG, "NVMLError_NoPermission": logging.INFO}
+ABSENT = {
+    "NVMLError_NotSupported": logging.DEBUG,
+    "NVMLError_FunctionNotFound": logging.DEBUG,  # a driver older than the query
+    "NVMLError_ArgumentVersionMismatch": logging.DEBUG,  # a driver older than the struct's version
+    "NVMLError_NoPermission": logging.INFO,
+}
 """Failures that mean "this GPU has no such reading here", with the level they are logged at once."""
+NO_LINK = {"NVMLError_NotSupported", "NVMLError_InvalidArgument", "NVMLError_FunctionNotFound"}
+"""What NVML answers for an NVLink index the GPU does not have."""
 SESSION_GONE = {"NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLError_LibRmVersionMismatch"}
 """Failures of the device count after which NVML is initialised again at the next read."""
 
@@ -54,14 +86,41 @@ class _Known:
     handle: Any
     uuid: str | None = None
     name: str | None = None
+    fixed: dict[str, int] = field(default_factory=dict)
+    """Maxima and thresholds read so far (a failed read is asked again at the next health read)."""
+    nvlinks: int | None = None
+    """How many NVLinks the GPU has; None until counted."""
 
+
+FIXED = (
+    ("sm_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", (NVML_CLOCK_SM,)),
+    ("memory_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", (NVML_CLOCK_MEM,)),
+    ("temperature_slowdown_c", "nvmlDeviceGetTemperatureThreshold", (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,)),
+    ("temperature_shutdown_c", "nvmlDeviceGetTemperatureThreshold", (NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,)),
+    ("temperature_max_operating_c", "nvmlDeviceGetTemperatureThreshold", (NVML_TEMPERATURE_THRESHOLD_GPU_MAX,)),
+    ("memory_temperature_max_c", "nvmlDeviceGetTemperatureThreshold", (NVML_TEMPERATURE_THRESHOLD_MEM_MAX,)),
+    ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", ()),
+    ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", ()),
+)
+"""GpuHealth's figures that do not change while NVML stays initialised: field, NVML call, arguments."""
+VARYING = (
+    ("memory_clock_mhz", "nvmlDeviceGetClockInfo", (NVML_CLOCK_MEM,)),
+    ("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
+    ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", ()),
+    ("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", ()),
+    ("ecc_corrected_aggregate", "nvmlDeviceGetTotalEccErrors", (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC)),
+    ("ecc_uncorrected_aggregate", "nvmlDeviceGetTotalEccErrors", (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC)),
+    ("fan_speed_pct", "nvmlDeviceGetFanSpeed", ()),
+)
+"""GpuHealth's figures read anew at each health read."""
 
 class NvmlReader:
     """One node's NVML session over a pynvml-like module object.
 
-    Handles, UUIDs and names are kept per index after their first successful read, and queries
-    a GPU does not support are not asked again; both are forgotten when NVML is initialised
-    anew. With 8 GPUs a read is one device count plus 11 calls per GPU.
+    Handles, UUIDs, names, maxima and thresholds are kept per index after their first successful
+    read, and queries a GPU does not support are not asked again; all are forgotten when NVML is
+    initialised anew. With 8 GPUs a read is one device count plus 14 calls per GPU; a health read
+    adds about 10 per GPU, and 5 per NVLink.
     """
 
     def __init__(self, nvml: Any) -> None:
@@ -78,8 +137,8 @@ class NvmlReader:
         """The pynvml-like module this reader calls."""
         return self._nvml
 
-    def read(self) -> NvmlReading:
-        """All GPUs now. Blocking."""
+    def read(self, health: bool = False) -> NvmlReading:
+        """All GPUs now, with their slowly changing figures if `health`. Blocking."""
         with self._lock:
             if not self._ensure_init():
                 return NvmlReading(errors=(f"NVML unavailable: {self._unavailable}",), unavailable=self._unavailable)
@@ -93,7 +152,7 @@ class NvmlReader:
                     self._end_session()
                     return NvmlReading(errors=tuple(errors), unavailable=f"the driver went away ({_name(exc)})")
                 return NvmlReading(errors=tuple(errors))
-            gpus = tuple(self._read_gpu(i, errors) for i in range(count or 0))
+            gpus = tuple(self._read_gpu(i, errors, health) for i in range(count or 0))
             return NvmlReading(gpus=gpus, errors=tuple(errors))
 
     def shutdown(self) -> None:
@@ -131,7 +190,7 @@ class NvmlReader:
         self._initialized = True
         return True
 
-    def _read_gpu(self, index: int, errors: list[str]) -> RawGpu:
+    def _read_gpu(self, index: int, errors: list[str], health: bool) -> RawGpu:
         nvml = self._nvml
         fields: dict[str, Any] = {}
         known = self._known.get(index)
@@ -152,7 +211,7 @@ class NvmlReader:
             fields.update(
                 utilization_gpu_pct=_int_attr(rates, "gpu"), utilization_memory_pct=_int_attr(rates, "memory")
             )
-            memory = self._call(errors, index, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+            memory = self._memory(errors, index, handle)
             fields.update(memory_used_bytes=_int_attr(memory, "used"), memory_total_bytes=_int_attr(memory, "total"))
             procs = self._call(errors, index, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
             if procs is not None:
@@ -160,50 +219,134 @@ class NvmlReader:
             fields["temperature_c"] = _int(
                 self._call(errors, index, "temperature", nvml.nvmlDeviceGetTemperature, handle, NVML_TEMPERATURE_GPU)
             )
+            fields["memory_temperature_c"] = self._field(errors, index, handle, "memory temperature", NVML_FI_DEV_MEMORY_TEMP)
             fields["power_mw"] = _int(self._call(errors, index, "power", nvml.nvmlDeviceGetPowerUsage, handle))
             fields["power_limit_mw"] = _int(
                 self._call(errors, index, "power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
             )
-            fields["ecc_uncorrected_volatile"] = _int(
-                self._call(
-                    errors,
-                    index,
-                    "ecc uncorrected",
-                    nvml.nvmlDeviceGetTotalEccErrors,
-                    handle,
-                    NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    NVML_VOLATILE_ECC,
-                )
+            fields["sm_clock_mhz"] = _int(
+                self._call(errors, index, "SM clock", nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_SM)
             )
-            fields["ecc_corrected_volatile"] = _int(
-                self._call(
-                    errors,
-                    index,
-                    "ecc corrected",
-                    nvml.nvmlDeviceGetTotalEccErrors,
-                    handle,
-                    NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                    NVML_VOLATILE_ECC,
-                )
+            fields["clock_event_reasons"] = _int(
+                self._call(errors, index, "clock event reasons", self._reasons_call(), handle)
             )
+            for what, error_type in (
+                ("ecc uncorrected", NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                ("ecc corrected", NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ):
+                fields[what.replace(" ", "_") + "_volatile"] = _int(
+                    self._call(errors, index, what, nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, NVML_VOLATILE_ECC)
+                )
             pending = _int(
                 self._call(errors, index, "retired pages", nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
             )
             fields["retired_pages_pending"] = None if pending is None else pending == NVML_FEATURE_ENABLED
+            remapped: tuple[int | None, int | None] = (None, None)
             rows = self._call(errors, index, "remapped rows", nvml.nvmlDeviceGetRemappedRows, handle)
             if rows is not None:
                 try:
-                    _, _, rows_pending, rows_failed = rows
+                    rows_corrected, rows_uncorrected, rows_pending, rows_failed = rows
                     fields.update(remapped_rows_pending=bool(rows_pending), remapped_rows_failed=bool(rows_failed))
+                    remapped = (_int(rows_corrected), _int(rows_uncorrected))
                 except (TypeError, ValueError):
                     errors.append(f"gpu {index} remapped rows: unexpected {type(rows).__name__}")
             fields["compute_mode"] = _int(
                 self._call(errors, index, "compute mode", nvml.nvmlDeviceGetComputeMode, handle)
             )
+            if health:
+                fields["health"] = self._health(errors, index, known, remapped)
         except _GpuLost:
             errors.append(f"gpu {index}: {LOST}")
             return RawGpu(index=index, lost=True, **fields)
         return RawGpu(index=index, **fields)
+
+    def _memory(self, errors: list[str], index: int, handle: Any) -> Any:
+        """nvmlMemory_v2 where the driver has it (Used as nvidia-smi shows it), else the first one."""
+        if (index, "memory") not in self._absent:
+            memory = self._call(errors, index, "memory", self._nvml.nvmlDeviceGetMemoryInfo, handle, NVML_MEMORY_V2)
+            if memory is not None or (index, "memory") not in self._absent:
+                return memory
+        return self._call(errors, index, "memory v1", self._nvml.nvmlDeviceGetMemoryInfo, handle)
+
+    def _reasons_call(self) -> Callable[[Any], int]:
+        # the binding renamed "throttle" reasons to "clocks event" reasons (driver 535)
+        nvml = self._nvml
+        return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _field(self, errors: list[str], index: int, handle: Any, what: str, field_id: int) -> int | None:
+        """One NVML field value (nvmlDeviceGetFieldValues); a field the GPU lacks counts as absent."""
+        values = self._call(errors, index, what, self._nvml.nvmlDeviceGetFieldValues, handle, [field_id])
+        if not values:
+            return None
+        value = values[0]
+        status = _int(getattr(value, "nvmlReturn", None))
+        if status == NVML_ERROR_NOT_SUPPORTED:
+            self._absent.add((index, what))
+            log.debug("gpu %d %s: not supported; left out of samples from now on", index, what)
+            return None
+        if status != NVML_SUCCESS:
+            errors.append(f"gpu {index} {what}: NVML error {status}")
+            return None
+        return _field_number(value)
+
+    def _health(
+        self, errors: list[str], index: int, known: _Known, remapped: tuple[int | None, int | None]
+    ) -> RawHealth:
+        nvml, handle = self._nvml, known.handle
+        for name, call, args in FIXED:
+            if name not in known.fixed:
+                value = _int(self._call(errors, index, name.replace("_", " "), getattr(nvml, call), handle, *args))
+                if value is not None:
+                    known.fixed[name] = value
+        figures: dict[str, Any] = dict(known.fixed)
+        for name, call, args in VARYING:
+            figures[name] = _int(self._call(errors, index, name.replace("_", " "), getattr(nvml, call), handle, *args))
+        pages = [
+            self._call(errors, index, "retired pages list", nvml.nvmlDeviceGetRetiredPages, handle, cause)
+            for cause in NVML_PAGE_RETIREMENT_CAUSES
+        ]
+        if all(p is not None for p in pages):
+            figures["retired_pages"] = sum(len(p) for p in pages)
+        figures["remapped_rows_corrected"], figures["remapped_rows_uncorrected"] = remapped
+        links = self._nvlinks(errors, index, known)
+        return RawHealth(**figures, nvlink_count=known.nvlinks, nvlinks=links)
+
+    def _nvlinks(self, errors: list[str], index: int, known: _Known) -> tuple[RawNvLink, ...]:
+        """Each NVLink's state and counters. The links are counted once: NVML numbers them from 0,
+        and the first index it does not know ends them (a PCIe-only GPU has none)."""
+        nvml, handle = self._nvml, known.handle
+        links: list[RawNvLink] = []
+        for link in range(NVML_NVLINK_MAX_LINKS if known.nvlinks is None else known.nvlinks):
+            try:
+                up = _int(nvml.nvmlDeviceGetNvLinkState(handle, link)) == NVML_FEATURE_ENABLED
+            except Exception as exc:
+                reason = _name(exc)
+                if reason == LOST:
+                    raise _GpuLost from None
+                if known.nvlinks is None and reason in NO_LINK:
+                    break
+                errors.append(f"gpu {index} NVLink {link} state: {reason}")
+                continue
+            counters = [
+                self._link_counter(errors, index, link, counter)
+                for counter in (
+                    NVML_NVLINK_ERROR_DL_REPLAY,
+                    NVML_NVLINK_ERROR_DL_RECOVERY,
+                    NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                    NVML_NVLINK_ERROR_DL_CRC_DATA,
+                )
+            ]
+            flit, data = counters[2], counters[3]
+            crc = None if flit is None and data is None else (flit or 0) + (data or 0)
+            links.append(RawNvLink(link, up, replay_errors=counters[0], recovery_errors=counters[1], crc_errors=crc))
+        if known.nvlinks is None:
+            known.nvlinks = len(links)
+            log.debug("gpu %d: %d NVLinks", index, known.nvlinks)
+        return tuple(links)
+
+    def _link_counter(self, errors: list[str], index: int, link: int, counter: int) -> int | None:
+        call = self._nvml.nvmlDeviceGetNvLinkErrorCounter
+        return _int(self._call(errors, index, f"NVLink {link} counter {counter}", call, self._known[index].handle, link, counter))
 
     def _call(self, errors: list[str], gpu: int, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         """fn(*args), guarded: None and a note on failure; raises _GpuLost for a lost GPU."""
@@ -415,6 +558,17 @@ def _same_handle(a: Any, b: Any) -> bool:
 
 def _raw_process(p: Any) -> RawProcess:
     return RawProcess(pid=int(p.pid), used_memory_bytes=_int_attr(p, "usedGpuMemory"))
+
+
+def _field_number(value: Any) -> int | None:
+    """The number in an nvmlFieldValue_t, by its valueType (double, uint, ulong, ulonglong,
+    slonglong, sint, ushort)."""
+    kind = _int(getattr(value, "valueType", None))
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind or 0)
+    number = getattr(getattr(value, "value", None), member or "", None)
+    if isinstance(number, float):
+        return None if number != number else round(number)
+    return _int(number)
 
 
 def _text(value: Any) -> str | None:

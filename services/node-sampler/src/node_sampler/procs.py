@@ -260,7 +260,7 @@ class ProcFsTable:
             _note(errors, f"{self.root}: unreadable ({type(exc).__name__})")
             return {}
         holders: dict[int, tuple[str, ...]] = {}
-        unreadable = 0
+        unreadable: list[str] = []
         # one open of the fd directory, then readlink relative to it: no path walk per fd
         open_, close, listdir, readlink, is_device = os.open, os.close, os.listdir, os.readlink, is_nvidia_device
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -272,7 +272,7 @@ class ProcFsTable:
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited since the listing
             except OSError:
-                unreadable += 1
+                unreadable.append(name)
                 continue
             held: set[str] | None = None
             try:
@@ -283,7 +283,7 @@ class ProcFsTable:
                         continue  # closed, or the process exited, since the listing
                     except OSError:
                         # the directory lists but its links are not ours to read (ptrace access)
-                        unreadable += 1
+                        unreadable.append(name)
                         break
                     if target.startswith("/dev/nvidia") and is_device(target):
                         if held is None:
@@ -296,8 +296,11 @@ class ProcFsTable:
             if held:
                 holders[int(name)] = tuple(sorted(held))
         if unreadable:
-            whose = "process's" if unreadable == 1 else "processes'"
-            _note(errors, f"{unreadable} {whose} open files unreadable: run as root to see every /dev/nvidia* holder")
+            whose = "process's" if len(unreadable) == 1 else "processes'"
+            pids = ", ".join(unreadable[:5]) + (", ..." if len(unreadable) > 5 else "")
+            # as root, what still refuses is the kernel or a sandbox (a VM's agent), not our rights
+            advice = "refused even to root" if os.geteuid() == 0 else "run as root to see every /dev/nvidia* holder"
+            _note(errors, f"{len(unreadable)} {whose} open files unreadable (pid {pids}): {advice}")
         return holders
 
     def _read_more(self, pid: int, base: str, name: str, errors: list[str] | None) -> str | None:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpumedic_events import Event, NodeSampled
+from gpumedic_events import Event, GpuHealth, NodeSampled
 
 from node_sampler.containers import DockerWatcher
 from node_sampler.jobs import JobProbe
@@ -75,6 +75,7 @@ class Sampler:
         *,
         host: HostSource | None = None,
         holder_scan_interval_s: float = 30.0,
+        health_interval_s: float = 30.0,
         xid_events: bool = False,
         kernel_log: Path | str | None = None,
         docker_socket: Path | str | None = None,
@@ -93,6 +94,8 @@ class Sampler:
         self.interval_s = interval_s
         self.host = host
         self.holder_scan_interval_s = holder_scan_interval_s
+        self.health_interval_s = health_interval_s
+        self._health_read_at: float | None = None
         self._clock = clock
         self._sleep = sleep
         self.skipped_ticks = 0
@@ -109,6 +112,8 @@ class Sampler:
         self._gpu_count: int | None = None
         self.last: NodeSampled | None = None
         """The latest sample: what `/metrics` serves per GPU (no second NVML pass)."""
+        self.last_health: dict[int, GpuHealth] = {}
+        """Per GPU index, its last health figures (the samples between health reads have none)."""
         self.last_xid: dict[int, int] = {}
         """Per GPU index, the last XID the driver reported (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS)."""
 
@@ -131,6 +136,9 @@ class Sampler:
             holders=holders,
             container_exists=self.containers.exists if self.containers else None,
         )
+        for gpu in self.last.gpus:
+            if gpu.health is not None:
+                self.last_health[gpu.index] = gpu.health
         return self.last
 
     async def run(self, publish: Publish) -> None:
@@ -265,7 +273,11 @@ class Sampler:
     ) -> tuple[NvmlReading, dict[int, ProcessInfo], HostReading | None, dict[int, tuple[str, ...]], list[str]]:
         """NVML, /proc for the pids NVML named and the device holders, and the host. Blocking:
         runs in a worker thread."""
-        reading = self.nvml.read()
+        now = self._clock()
+        health = self._health_read_at is None or now - self._health_read_at >= self.health_interval_s
+        if health:
+            self._health_read_at = now
+        reading = self.nvml.read(health=health)
         notes: list[str] = []
         holders = self._device_holders(notes)
         processes: dict[int, ProcessInfo] = {}

@@ -61,6 +61,13 @@ class Settings(BaseSettings):
         le=3600,
         description="Seconds between scans of every process's open files for /dev/nvidia* holders; 0 turns it off.",
     )
+    health_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds between reads of each GPU's slowly changing figures (maxima, thresholds, "
+        "PCIe link, ECC totals, NVLinks), which go out in the sample that read them.",
+    )
     xid_events: bool = Field(default=True, description="Watch the NVML event set for XID errors.")
     kernel_log: Path | None = Field(
         default=Path("/dev/kmsg"), description="The kernel log to read OOM kills from (needs CAP_SYSLOG); empty: off."
