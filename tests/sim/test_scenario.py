@@ -98,7 +98,9 @@ def test_builtin_faults_loads_for_20_nodes_with_8_gpus():
     kinds = [f.fault for f in s.faults]
     assert sorted(kinds) == sorted(FaultKind) and len(kinds) == len(FaultKind)  # one of each
     on_nodes = [f for f in s.faults if f.fault not in CLUSTER_FAULTS]
-    assert len({f.node for f in on_nodes}) == len(on_nodes)  # each node fault on its own node
+    assert len({(f.node, f.gpu) for f in on_nodes}) == len(on_nodes)  # each node fault on its own node or GPU
+    node_wide = {f.node for f in on_nodes if f.gpu is None}
+    assert all(sum(f.node == node for f in on_nodes) == 1 for node in node_wide)  # a node-wide fault alone on its node
     assert all(f.node in NODES_20 for f in s.faults)
     times = [f.at_s for f in s.faults]
     assert times == sorted(times) and 90 <= times[-1] <= 240

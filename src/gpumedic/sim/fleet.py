@@ -24,7 +24,7 @@ from gpumedic.credentials import write_private
 from gpumedic.sim.cluster import ELECTION_S, PeerCluster
 from gpumedic.sim.node import LOOPBACK, SimNode
 from gpumedic.sim.scenario import FAULT_PARAMS
-from gpumedic.sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, Benign, Fault, InjectedFault
+from gpumedic.sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, GPU_CHANGES, Benign, Fault, InjectedFault
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class SimFleet:
         }
         if fault in needs_gpu:
             needs_gpu[fault](self._gpu(fault, gpu), **params)
+        elif fault in GPU_CHANGES:
+            node.change_gpu(self._gpu(fault, gpu), fault)
         elif fault in node_wide:
             node_wide[fault](**params)
         elif fault == Benign.JOB_FINISHED:

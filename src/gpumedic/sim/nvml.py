@@ -37,6 +37,11 @@ SLOWDOWN_CLOCK_SHARE = 0.5
 """A hardware slowdown halves the clocks or worse (NVIDIA's clocks event reasons documentation)."""
 SLOWDOWNS = 0x8 | 0x20 | 0x40 | 0x80
 """HW slowdown, SW thermal slowdown, HW thermal slowdown, HW power brake."""
+SW_POWER_CAP = 0x4
+HW_THERMAL_SLOWDOWN = 0x8 | 0x40
+"""HW slowdown with its thermal cause, as nvidia-smi lists it (HW Slowdown: HW Thermal Slowdown)."""
+CAPPED_CLOCK_SHARE = 0.7
+"""A busy GPU under a lower power cap runs its SM clock lower (an H200 at its 700 W: 0.75 of max)."""
 MEMORY_BELOW_CORE_C = 7
 """HBM ran 7 C below the core on a busy H200 (docs/real-nvml.md)."""
 
@@ -121,7 +126,8 @@ class SimNvml:
         return self._temperature(handle)
 
     def nvmlDeviceGetPowerUsage(self, handle: SimGpu) -> int:
-        """mW: idle power plus the utilised share of the headroom up to the limit."""
+        """mW: idle power plus the utilised share of the headroom up to the limit (a cap the
+        operator set included: the GPU then runs at lower clocks to stay under it)."""
         self._check(handle, "nvmlDeviceGetPowerUsage")
         watts = handle.idle_power_w + (handle.power_limit_w - handle.idle_power_w) * self._load(handle)
         return int(watts * 1000)
@@ -164,8 +170,9 @@ class SimNvml:
             raise pynvml.NVMLError_InvalidArgument()
         if not self._load(handle):
             return IDLE_SM_CLOCK_MHZ
-        slowed = handle.clock_event_reasons & SLOWDOWNS
-        return round(handle.sm_clock_max_mhz * (SLOWDOWN_CLOCK_SHARE if slowed else 1.0))
+        reasons = self._reasons(handle)
+        share = SLOWDOWN_CLOCK_SHARE if reasons & SLOWDOWNS else CAPPED_CLOCK_SHARE if reasons & SW_POWER_CAP else 1.0
+        return round(handle.sm_clock_max_mhz * share)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: SimGpu, clock_type: int) -> int:
         self._check(handle, "nvmlDeviceGetMaxClockInfo")
@@ -178,7 +185,7 @@ class SimNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimGpu) -> int:
         """GPU idle when nothing computes, plus whatever a fault holds the clocks down with."""
         self._check(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-        return (0 if self._load(handle) else pynvml.nvmlClocksEventReasonGpuIdle) | handle.clock_event_reasons
+        return self._reasons(handle)
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: SimGpu, threshold: int) -> int:
         self._check(handle, "nvmlDeviceGetTemperatureThreshold")
@@ -231,8 +238,11 @@ class SimNvml:
         raise pynvml.NVMLError_NotSupported()  # an SXM board is cooled by the chassis
 
     def nvmlDeviceGetRetiredPages(self, handle: SimGpu, cause: int) -> list[int]:
+        """The pages retired for multiple single-bit errors (cause 0); none for double-bit ones."""
         self._check(handle, "nvmlDeviceGetRetiredPages")
-        raise pynvml.NVMLError_NotSupported()  # remaps rows instead
+        if handle.retired_pages is None:
+            raise pynvml.NVMLError_NotSupported()  # remaps rows instead
+        return [0x1F000 + page for page in range(handle.retired_pages)] if cause == 0 else []
 
     def nvmlDeviceGetNvLinkState(self, handle: SimGpu, link: int) -> int:
         self._check(handle, "nvmlDeviceGetNvLinkState")
@@ -290,6 +300,17 @@ class SimNvml:
         event_set.freed = True
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _reasons(self, handle: SimGpu) -> int:
+        """Idle; or busy at a cap the operator set; hot past the slowdown temperature (the GPU
+        slows itself down); and whatever a fault holds the clocks down with."""
+        busy = bool(self._load(handle))
+        reasons = handle.clock_event_reasons | (SW_POWER_CAP if busy and handle.power_capped else 0)
+        if not busy:
+            reasons |= pynvml.nvmlClocksEventReasonGpuIdle
+        if self._temperature(handle) >= handle.temperature_slowdown_c:
+            reasons |= HW_THERMAL_SLOWDOWN
+        return reasons
 
     def _temperature(self, handle: SimGpu) -> int:
         return handle.temperature_c + handle.heat_c + round(TEMPERATURE_RISE_AT_FULL_LOAD_C * self._load(handle))

@@ -65,6 +65,12 @@ class Fault(StrEnum):
     STATUS_SLOW = "status_slow"
     PHANTOM_JOBS = "phantom_jobs"
     STUCK_PROCESS = "stuck_process"
+    GPU_THERMAL = "gpu_thermal"
+    GPU_THROTTLED = "gpu_throttled"
+    ECC_ERRORS = "ecc_errors"
+    ROW_REMAP = "row_remap"
+    PCIE_DEGRADED = "pcie_degraded"
+    NVLINK_DEGRADED = "nvlink_degraded"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
     QUORUM_LOST = "quorum_lost"
@@ -98,6 +104,12 @@ class Benign(StrEnum):
     """The node's peer daemon joins the cluster anew; the others meet it over a few seconds."""
     PLANNED_RESTART = "planned_restart"
     """The node's peer daemon is restarted on purpose: down for a few seconds, then it rejoins."""
+    HOT_BUT_FINE = "hot_but_fine"
+    """A busy GPU runs hot (83 C), below its 89 C slowdown temperature."""
+    POWER_CAPPED = "power_capped"
+    """The operator caps a GPU's power (400 W): busy, it runs at lower clocks under SW power cap."""
+    RETIRED_PAGE = "retired_page"
+    """A GPU has retired one memory page long ago, and stays at one."""
 
 
 CLUSTER = "sim"
@@ -139,6 +151,12 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.STATUS_SLOW: frozenset({"slow_peer"}),
         Fault.PHANTOM_JOBS: frozenset({"phantom_jobs"}),
         Fault.STUCK_PROCESS: frozenset({"stuck_process"}),
+        Fault.GPU_THERMAL: frozenset({"gpu_thermal"}),
+        Fault.GPU_THROTTLED: frozenset({"gpu_throttled"}),
+        Fault.ECC_ERRORS: frozenset({"ecc_errors"}),
+        Fault.ROW_REMAP: frozenset({"row_remap"}),
+        Fault.PCIE_DEGRADED: frozenset({"pcie_degraded"}),
+        Fault.NVLINK_DEGRADED: frozenset({"nvlink_degraded"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
@@ -216,6 +234,41 @@ class SimGpu:
     pcie_link_width_max: int = 16
     pcie_replays: int = 0
     nvlinks: list[SimNvLink] = field(default_factory=lambda: [SimNvLink() for _ in range(NVLINKS)])
+    power_capped: bool = False
+    """The operator set `power_limit_w` below the board's default: a busy GPU runs under SW power cap."""
+    retired_pages: int | None = None
+    """None: no page retirement (Hopper remaps rows); a count: a GPU that retires pages."""
+
+
+def _hotter(gpu: SimGpu, degrees: int) -> None:
+    gpu.heat_c = degrees
+
+
+def _capped(gpu: SimGpu) -> None:
+    gpu.power_limit_w, gpu.power_capped = 400.0, True
+
+
+def _down(gpu: SimGpu) -> None:
+    gpu.nvlinks[3].up = False
+
+
+GPU_CHANGES: Mapping[str, Callable[[SimGpu], None]] = MappingProxyType(
+    {
+        # 74 C busy (34 idle + 40 for the load): +20 is 94 C, past the 89 C slowdown
+        Fault.GPU_THERMAL: lambda gpu: _hotter(gpu, 20),
+        Fault.GPU_THROTTLED: lambda gpu: setattr(gpu, "clock_event_reasons", gpu.clock_event_reasons | 0x8 | 0x80),
+        Fault.ECC_ERRORS: lambda gpu: setattr(gpu, "ecc_uncorrected", gpu.ecc_uncorrected + 1),
+        Fault.ROW_REMAP: lambda gpu: setattr(gpu, "remapped_rows_pending", True),
+        Fault.PCIE_DEGRADED: lambda gpu: setattr(gpu, "pcie_link_width", 8),
+        Fault.NVLINK_DEGRADED: _down,
+        Benign.HOT_BUT_FINE: lambda gpu: _hotter(gpu, 9),  # 83 C busy
+        Benign.POWER_CAPPED: _capped,
+        Benign.RETIRED_PAGE: lambda gpu: setattr(gpu, "retired_pages", 1),
+    }
+)
+"""Faults and benign changes that are a change to one GPU's state, as NVML will then report it:
+the hardware's own behaviour (heat, a power brake, a memory error, a link trained down) follows in
+gpumedic.sim.nvml."""
 
 
 @dataclass
@@ -560,6 +613,13 @@ class NodeState:
         # The answer key: XID 79 is a GPU off the bus; an application XID alone is no node fault.
         expect = frozenset({"gpu_lost"}) if xid == 79 else frozenset() if xid in APPLICATION_XIDS else None
         self._record(gpu, Fault.XID, expect)
+
+    def change_gpu(self, gpu: int, change: str) -> None:
+        """One of `GPU_CHANGES` on `gpu`, recorded as injected."""
+        self._check_gpu(gpu)
+        with self._lock:
+            GPU_CHANGES[change](self.gpus[gpu])
+        self._record(gpu, change)
 
     def inject_sampler_silent(self) -> None:
         """The node's sampler hangs: it publishes nothing from now on."""

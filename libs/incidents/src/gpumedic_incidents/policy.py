@@ -161,6 +161,44 @@ class XidPolicy(KindPolicy):
     repeat_jobs: int = Field(default=2, ge=2, description="Application XIDs under this many different jobs: hardware.")
 
 
+class ThermalPolicy(KindPolicy):
+    for_s: float = Field(default=60.0, ge=0, description="How long a GPU stays hot (or slowed for heat) to be an incident.")
+    clear_margin_c: float = Field(
+        default=5.0, ge=0, description="It clears this far below the slowdown temperature, with no thermal slowdown."
+    )
+
+
+class ThrottlePolicy(KindPolicy):
+    busy_from_pct: int = Field(default=50, ge=1, le=100, description="A GPU at or above this utilisation is busy.")
+    for_s: float = Field(default=60.0, ge=0, description="How long a busy GPU stays held down by hardware.")
+
+
+class EccPolicy(KindPolicy):
+    corrected_per_hour: float = Field(
+        default=1000.0, gt=0, description="Corrected (single-bit) ECC errors per hour above which the memory is failing."
+    )
+
+
+class RowRemapPolicy(KindPolicy):
+    after_samples: int = Field(
+        default=2, ge=1, description="Samples in a row that show it (the XID that comes with it is the same fault, and first)."
+    )
+
+
+class PciePolicy(KindPolicy):
+    busy_from_pct: int = Field(default=50, ge=1, le=100, description="A link may train down while its GPU idles; judged when busy.")
+    after_reads: int = Field(default=2, ge=1, description="Health reads in a row that show a degraded link.")
+    replays_per_minute: float = Field(
+        default=8.0, gt=0, description="PCIe replays per minute above which the link is failing (DCGM's health watch: 8)."
+    )
+
+
+class NvLinkPolicy(KindPolicy):
+    errors_per_hour: float = Field(
+        default=1000.0, gt=0, description="NVLink replay, recovery and CRC errors per hour above which a link is failing."
+    )
+
+
 class ContainerPolicy(KindPolicy):
     settle_s: float = Field(default=10.0, ge=0, description="How long related facts may follow an exit.")
 
@@ -260,6 +298,14 @@ class Kinds(_Strict):
         ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120)), clear_after_s=3600
     )
     gpu_lost: KindPolicy = KindPolicy(ladder=(Step(action="drain_node"),), clear_after_s=600)
+    gpu_thermal: ThermalPolicy = ThermalPolicy()
+    gpu_throttled: ThrottlePolicy = ThrottlePolicy()
+    ecc_errors: EccPolicy = EccPolicy(ladder=(Step(action="drain_node"),), clear_after_s=3600)
+    row_remap: RowRemapPolicy = RowRemapPolicy(
+        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120))
+    )
+    pcie_degraded: PciePolicy = PciePolicy(clear_after_s=3600)
+    nvlink_degraded: NvLinkPolicy = NvLinkPolicy(clear_after_s=3600)
     container_died: ContainerPolicy = ContainerPolicy(clear_after_s=3600)
     disk_pressure: DiskPolicy = DiskPolicy(ladder=(Step(action="docker_prune", verify_within_s=120),))
     host_memory_pressure: MemoryPolicy = MemoryPolicy()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
 from zombie_detector.rules.container import ContainerRule
+from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
 from zombie_detector.rules.node import NodeRule
@@ -27,6 +28,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes),
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
+        GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
         ContainerRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable),

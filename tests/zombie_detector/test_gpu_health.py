@@ -1,0 +1,209 @@
+"""GPU health: gpu_thermal, gpu_throttled, ecc_errors, row_remap, pcie_degraded, nvlink_degraded,
+and what a working GPU shows that must open nothing (docs/real-nvml.md: a busy H200 at its power
+limit shows SW power cap at 1470-1530 of 1980 MHz)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumedic_events import (
+    ActionRequested,
+    ClockEventReason as R,
+    GpuHealth,
+    GpuProcess,
+    GpuSample,
+    GpuXidReported,
+    IncidentEscalated,
+    IncidentKind as K,
+    IncidentOpened,
+    IncidentResolved,
+    NodeSampled,
+    NvLinkSample,
+)
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy
+from tests.zombie_detector.test_rules import Detector
+
+POLICY = Policy(fleet=FleetPolicy(hold_s=0))
+H200 = GpuHealth(
+    sm_clock_max_mhz=1980, memory_clock_mhz=3201, memory_clock_max_mhz=3201, temperature_slowdown_c=89,
+    temperature_shutdown_c=95, temperature_max_operating_c=87, memory_temperature_max_c=95, pcie_link_gen=5,
+    pcie_link_gen_max=5, pcie_link_width=16, pcie_link_width_max=16, pcie_replay_count=0, nvlink_count=18,
+)
+JOB = GpuProcess(pid=4242, start_ticks=77, command="python train.py")
+HEALTH_EVERY_S = 30
+HEALTH_KINDS = {K.GPU_THERMAL, K.GPU_THROTTLED, K.ECC_ERRORS, K.ROW_REMAP, K.PCIE_DEGRADED, K.NVLINK_DEGRADED}
+
+
+def gpu(*, util=98, temp=57, memory_temp=46, reasons=int(R.SW_POWER_CAP), sm=1500, dbe=0, sbe=0, pending=False,
+        failed=False, processes=(JOB,), health=H200, power_limit=700.0) -> GpuSample:
+    return GpuSample(
+        index=0, utilization_gpu_pct=util, temperature_c=temp, memory_temperature_c=memory_temp, clock_event_reasons=reasons,
+        sm_clock_mhz=sm, ecc_uncorrected_volatile=dbe, ecc_corrected_volatile=sbe, remapped_rows_pending=pending,
+        remapped_rows_failed=failed, processes=processes, power_w=power_limit - 9, power_limit_w=power_limit, health=health,
+    )
+
+
+def run(det: Detector, start: int, until: int, every: int = 5, **kwargs) -> list:
+    """Samples every `every` s; the health figures only every 30 s, as the sampler sends them."""
+    events = []
+    for s in range(start, until + 1, every):
+        health = kwargs.get("health", H200) if s % HEALTH_EVERY_S == 0 else None
+        sample = NodeSampled(source="node-sampler", node_id="n1", interval_s=every, gpus=(gpu(**{**kwargs, "health": health}),))
+        events += det.feed(sample, s)
+    return events
+
+
+def opened(events, kind=None) -> list[IncidentOpened]:
+    return [e for e in events if isinstance(e, IncidentOpened) and (kind is None or e.kind is kind)]
+
+
+# --- what a working GPU shows --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},                                                           # busy at its power limit: SW power cap
+    {"temp": 83, "memory_temp": 80},                              # hot, below the 89 °C slowdown
+    {"util": 60, "reasons": int(R.SW_POWER_CAP), "sm": 1100, "power_limit": 400.0},  # a cap the operator set
+    {"util": 0, "reasons": int(R.GPU_IDLE), "sm": 345, "processes": ()},  # idle at idle clocks
+    {"util": 0, "reasons": int(R.GPU_IDLE), "sm": 345, "processes": (),   # an idle link trained down
+     "health": H200.model_copy(update={"pcie_link_gen": 1})},
+    {"sbe": 3},                                                   # a few corrected errors
+    {"health": H200.model_copy(update={"retired_pages": 1})},     # one retired page, for days
+    {"health": H200.model_copy(update={"nvlink_count": 18, "nvlinks": (NvLinkSample(link=2, up=True, crc_errors=3),)})},
+])
+def test_a_working_gpu_opens_nothing(kwargs):
+    det = Detector(POLICY)
+    assert opened(run(det, 0, 1800, **kwargs)) == []
+
+
+# --- gpu_thermal ---------------------------------------------------------------------------
+
+
+def test_a_gpu_at_its_slowdown_temperature_for_a_minute_goes_to_a_person_and_clears_below_the_margin():
+    det = Detector(POLICY)
+    run(det, 0, 0)  # the health figures first
+    assert opened(run(det, 5, 60, temp=89)) == []  # 55 s hot: not yet
+    events = run(det, 65, 65, temp=90)
+    (incident,) = opened(events, K.GPU_THERMAL)
+    assert incident.gpu_index == 0 and "runs at 90 °C (slowdown at 89 °C)" in incident.summary
+    assert incident.evidence["slowdown_c"] == 89 and incident.severity == "critical"  # within 5 °C of 95
+    assert any(isinstance(e, IncidentEscalated) for e in events)  # no ladder: a person
+    assert run(det, 70, 90, temp=86) == []  # below the threshold but inside the margin: still hot
+    (resolved,) = [e for e in run(det, 95, 95, temp=84) if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared"
+
+
+def test_a_gpu_slowing_itself_down_for_heat_is_thermal_whatever_its_temperature_reads():
+    det = Detector(POLICY)
+    events = run(det, 0, 120, temp=70, reasons=int(R.HW_SLOWDOWN | R.HW_THERMAL_SLOWDOWN), sm=900)
+    (incident,) = opened(events, K.GPU_THERMAL)
+    assert "hw_thermal_slowdown" in incident.summary and opened(events, K.GPU_THROTTLED) == []
+
+
+def test_hbm_at_its_maximum_is_thermal():
+    det = Detector(POLICY)
+    assert [i.evidence["memory_temperature_c"] for i in opened(run(det, 0, 90, memory_temp=95), K.GPU_THERMAL)] == [95]
+
+
+# --- gpu_throttled -------------------------------------------------------------------------
+
+
+def test_a_busy_gpu_under_a_power_brake_for_a_minute_is_throttled():
+    det = Detector(POLICY)
+    assert opened(run(det, 0, 55, reasons=int(R.HW_SLOWDOWN | R.HW_POWER_BRAKE_SLOWDOWN), sm=700)) == []
+    (incident,) = opened(run(det, 60, 60, reasons=int(R.HW_SLOWDOWN | R.HW_POWER_BRAKE_SLOWDOWN), sm=700))
+    assert incident.kind is K.GPU_THROTTLED and "SM clock 700 of 1980 MHz at 98% busy" in incident.summary
+    assert "hw_power_brake_slowdown" in incident.evidence["clock_event_reasons"]
+
+
+def test_hardware_slowdown_on_an_idle_gpu_is_not_throttling_a_job():
+    det = Detector(POLICY)
+    assert opened(run(det, 0, 600, util=0, processes=(), reasons=int(R.HW_SLOWDOWN | R.GPU_IDLE), sm=345)) == []
+
+
+# --- ecc_errors and row_remap --------------------------------------------------------------
+
+
+def test_a_new_double_bit_error_drains_the_node_and_an_old_count_is_a_baseline():
+    det = Detector(POLICY)
+    assert opened(run(det, 0, 30, dbe=2)) == []  # already there when the detector first saw the GPU
+    events = run(det, 35, 35, dbe=3)
+    (incident,) = opened(events, K.ECC_ERRORS)
+    assert "1 new uncorrectable ECC error(s), 3 since the driver loaded" in incident.summary and incident.severity == "critical"
+    (request,) = [e for e in events if isinstance(e, ActionRequested)]
+    assert request.operation.operation == "drain_node"
+
+
+def test_corrected_errors_faster_than_the_policy_are_ecc_errors():
+    det = Detector(POLICY)
+    events = []
+    for minute in range(0, 11):
+        events += run(det, minute * 60, minute * 60, sbe=minute * 200)  # 12,000 an hour
+    (incident,) = opened(events, K.ECC_ERRORS)
+    assert "corrected ECC errors at" in incident.summary and incident.severity == "warning"
+
+
+def test_a_pending_row_remap_drains_then_resets_the_idle_gpu():
+    det = Detector(POLICY)
+    run(det, 0, 0)
+    assert opened(run(det, 5, 5, pending=True, dbe=1, processes=(), util=0, reasons=int(R.GPU_IDLE))) == []  # one sample
+    events = run(det, 10, 10, pending=True, dbe=1, processes=(), util=0, reasons=int(R.GPU_IDLE))
+    (incident,) = opened(events)  # one fault, one incident: not ecc_errors as well
+    assert incident.kind is K.ROW_REMAP and "waits for a GPU reset" in incident.summary
+    (drain,) = [e for e in events if isinstance(e, ActionRequested)]
+    assert drain.operation.operation == "drain_node"
+
+
+def test_a_failed_remap_is_for_a_person_after_the_drain():
+    det = Detector(POLICY)
+    (incident,) = opened(run(det, 0, 10, failed=True))
+    assert "row remapping failed" in incident.summary and incident.severity == "critical"
+
+
+def test_the_memory_fault_of_an_open_xid_incident_opens_nothing_more():
+    det = Detector(POLICY)
+    run(det, 0, 0)
+    det.feed(GpuXidReported(source="node-sampler", node_id="n1", gpu_index=0, xid=48), 1)
+    events = run(det, 5, 60, pending=True, dbe=1)
+    assert {e.kind for e in opened(det.events)} == {K.GPU_XID} and opened(events) == []
+
+
+# --- pcie_degraded and nvlink_degraded -----------------------------------------------------
+
+
+def test_a_busy_gpus_narrow_link_two_health_reads_in_a_row_is_pcie_degraded():
+    det = Detector(POLICY)
+    narrow = H200.model_copy(update={"pcie_link_width": 8})
+    assert opened(run(det, 0, 25, health=narrow)) == []  # one read
+    (incident,) = opened(run(det, 30, 30, health=narrow))
+    assert incident.kind is K.PCIE_DEGRADED and "gen 5 x8 of gen 5 x16" in incident.summary
+
+
+def test_pcie_replays_faster_than_eight_a_minute_are_pcie_degraded():
+    det = Detector(POLICY)
+    run(det, 0, 0, health=H200.model_copy(update={"pcie_replay_count": 100}))
+    (incident,) = opened(run(det, 30, 30, health=H200.model_copy(update={"pcie_replay_count": 110})))
+    assert "replaying 20 times a minute" in incident.summary
+
+
+def test_a_link_down_is_nvlink_degraded_and_its_return_clears_it():
+    det = Detector(POLICY)
+    down = H200.model_copy(update={"nvlinks": (NvLinkSample(link=3, up=False),)})
+    (incident,) = opened(run(det, 0, 0, health=down))
+    assert incident.kind is K.NVLINK_DEGRADED and "link 3 down (18 links)" in incident.summary
+    (resolved,) = [e for e in run(det, 30, 30) if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared"
+
+
+def test_nvlink_errors_rising_fast_are_nvlink_degraded():
+    det = Detector(POLICY)
+    run(det, 0, 0, health=H200.model_copy(update={"nvlinks": (NvLinkSample(link=1, up=True, crc_errors=10),)}))
+    (incident,) = opened(run(det, 30, 30, health=H200.model_copy(update={"nvlinks": (NvLinkSample(link=1, up=True, crc_errors=40),)})))
+    assert "errors at 3600 an hour" in incident.summary
+
+
+def test_the_health_kinds_are_zombie_detectors_to_open():
+    from gpumedic_bus.topology import owner_of
+
+    assert {owner_of(kind) for kind in HEALTH_KINDS} == {"zombie-detector"}
