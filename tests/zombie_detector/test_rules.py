@@ -188,11 +188,33 @@ def test_a_reset_the_samples_never_verify_goes_to_a_person_with_the_node_drained
 
 def test_an_xid_that_needs_more_than_a_reset_drains_and_goes_to_a_person():
     d = Detector()
-    _, drain = d.feed(xid(64), 0)  # a failed row remap: an RMA candidate, no reset
+    _, drain = d.feed(xid(154), 0)  # the GPU's recovery action changed: NVIDIA's XID_154, a reboot
     succeeded(d, drain, 1)
     (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
     assert escalated.reason == "no safe gpu_reset for n1 GPU 2 (the node is drained)"
     assert d.logic.book.get("n1/gpu_xid/2").drained
+
+
+@pytest.mark.parametrize("code", [63, 92, 43, 14, 121])  # NVIDIA's catalogue: IGNORE
+def test_an_xid_nvidia_says_to_ignore_opens_nothing(code):
+    d = Detector()
+    assert d.feed(xid(code), 0) == [] and d.opened() == []
+
+
+def test_an_xid_nvidia_sends_to_support_goes_to_a_person_without_a_drain():
+    d = Detector()
+    opened, escalated = d.feed(xid(54), 0)  # auxiliary power not connected: CHECK_MECHANICALS
+    assert opened.evidence["nvidia_action"] == "CHECK_MECHANICALS" and opened.evidence["bucket"] == "person"
+    assert isinstance(escalated, IncidentEscalated) and "CHECK_MECHANICALS for XID 54" in escalated.reason
+    assert not any(isinstance(e, ActionRequested) for e in d.events)
+
+
+def test_every_code_of_nvidias_catalogue_is_known():
+    from gpumedic_events.xid import XID_CATALOGUE
+
+    assert sorted(XID_CATALOGUE) == list(range(1, 173))
+    assert XID_CATALOGUE[48].mnemonic == "ROBUST_CHANNEL_GPU_ECC_DBE" and XID_CATALOGUE[48].bucket == "reset_gpu"
+    assert XID_CATALOGUE[79].bucket == "reboot" and XID_CATALOGUE[13].bucket == "application"
 
 
 def test_an_unknown_xid_is_never_drained_on_a_guess():

@@ -610,8 +610,16 @@ class NodeState:
             self.gpus[gpu].ecc_uncorrected += 1
         elif xid == 64:
             self.gpus[gpu].remapped_rows_failed = True
-        # The answer key: XID 79 is a GPU off the bus; an application XID alone is no node fault.
-        expect = frozenset({"gpu_lost"}) if xid == 79 else frozenset() if xid in APPLICATION_XIDS else None
+        # The answer key: XID 79 is a GPU off the bus; an application XID alone is no node fault; a
+        # memory error's remap is the XID's incident, or row_remap's where the XID itself asks nothing
+        if xid == 79:
+            expect: frozenset[str] | None = frozenset({"gpu_lost"})
+        elif xid in APPLICATION_XIDS:
+            expect = frozenset()
+        elif xid in REMAP_XIDS or xid == 64:
+            expect = frozenset({"gpu_xid", "row_remap"})
+        else:
+            expect = None
         self._record(gpu, Fault.XID, expect)
 
     def change_gpu(self, gpu: int, change: str) -> None:

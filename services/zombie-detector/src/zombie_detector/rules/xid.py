@@ -4,8 +4,10 @@ Every XID is remembered per GPU for `history_s`, with the job that held the GPU 
 (from the node's last sample), because the catalogue's meaning depends on history
 (`gpumedic_events.xid`):
 
-- reset_gpu, drain, reboot XIDs point at the GPU: one incident per GPU, whose repeats (a storm)
+- reset_gpu and reboot XIDs point at the GPU: one incident per GPU, whose repeats (a storm)
   count on it; XID 79 means the GPU fell off the bus and is a gpu_lost incident;
+- those NVIDIA's catalogue says to ignore open nothing; those it sends to support (or names no
+  action for) are a person's, never drained or reset on a guess;
 - application XIDs (13, 31, 43, ...) are the job's fault and open nothing, unless they repeat on
   the same GPU under `repeat_jobs` different jobs: then the GPU is the common factor;
 - XID 45 after other errors on the GPU (within a minute) is their consequence: noise. Alone, it
@@ -32,10 +34,12 @@ log = logging.getLogger(__name__)
 NOISE_WINDOW = timedelta(seconds=60)
 ACTIONS = {
     "reset_gpu": "drain the GPU's jobs and reset it (nvidia-smi --gpu-reset) once nothing holds it; if it repeats, RMA",
-    "drain": "take the GPU out of service and have it checked: the memory can no longer protect itself (RMA candidate)",
     "reboot": "drain the node and reboot it; the GPU does not come back by itself",
     "application": "the same fault under several jobs points at the GPU: reset it, and have it checked if it repeats",
+    "person": "NVIDIA's XID catalogue sends this one to a person: check the hardware, or contact support",
 }
+QUIET = frozenset({"noise", "ignore"})
+"""Buckets that open nothing: a consequence of other errors, or what NVIDIA says needs no action."""
 
 RESETTABLE = frozenset({"reset_gpu", "application"})
 """Buckets whose GPU a reset may bring back (an application XID only once it followed the GPU across jobs)."""
@@ -75,8 +79,8 @@ class XidRule:
             if event.xid > MAX_KNOWN_XID:
                 log.warning("XID %d on %s GPU %s is far beyond known codes: recorded as unknown", event.xid, event.node_id, event.gpu_index)
             return [self._unknown(event)]
-        if info.bucket == "noise":
-            return []  # a consequence of the errors before it (or, alone, the application's)
+        if info.bucket in QUIET:
+            return []  # a consequence of the errors before it, or nothing to do (NVIDIA's IGNORE)
         if info.bucket == "application":
             jobs = {j for _, xid, j in history if j and XID_CATALOGUE.get(xid, info).bucket == "application"}
             if len(jobs) < self.policy.repeat_jobs:
@@ -102,6 +106,8 @@ class XidRule:
             evidence={
                 "xid": event.xid,
                 "meaning": info.meaning,
+                "mnemonic": info.mnemonic or None,
+                "nvidia_action": info.nvidia_action or None,
                 "bucket": info.bucket,
                 "times_seen": seen,
                 "xids_on_gpu": " ".join(map(str, codes)),
@@ -114,6 +120,9 @@ class XidRule:
             operations={"gpu_reset": GpuReset(gpu_index=event.gpu_index)}
             if info.bucket in RESETTABLE and event.gpu_index is not None
             else {},
+            unsafe=f"NVIDIA's catalogue says {info.nvidia_action or 'no action'} for XID {event.xid}: a person decides"
+            if info.bucket == "person"
+            else "",
             occurrence=True,
         )
 
