@@ -48,7 +48,12 @@ def test_the_answer_for_an_xid_depends_on_the_xid():
     node.inject_xid(0, 79)
     node.inject_xid(1, 13)
     node.inject_xid(1, 48)
-    assert [i.expect for i in node.injected] == [frozenset({"gpu_lost"}), frozenset(), frozenset({"gpu_xid"})]
+    node.inject_xid(0, 63)  # NVIDIA: ignore the XID; the remap it announces waits for a reset
+    node.inject_xid(1, 119)
+    assert [i.expect for i in node.injected] == [
+        frozenset({"gpu_lost"}), frozenset(), frozenset({"gpu_xid", "row_remap"}), frozenset({"gpu_xid", "row_remap"}),
+        frozenset({"gpu_xid"}),
+    ]
 
 
 # --- matching -------------------------------------------------------------------------------------

@@ -207,3 +207,58 @@ def test_the_health_kinds_are_zombie_detectors_to_open():
     from gpumedic_bus.topology import owner_of
 
     assert {owner_of(kind) for kind in HEALTH_KINDS} == {"zombie-detector"}
+
+
+# --- gpu_straggler -------------------------------------------------------------------------
+
+
+def node(slow: dict[int, dict] | None = None, *, gpus: int = 8) -> NodeSampled:
+    """Eight GPUs each running `python -m selfplay --gpu N`, busy at 1980 MHz and 640 W, but those in `slow`."""
+    samples = []
+    for index in range(gpus):
+        fields = {"util": 95, "sm": 1980, "reasons": 0, "power_limit": 700.0, **(slow or {}).get(index, {})}
+        job = GpuProcess(pid=1000 + index, start_ticks=7, command=f"python -m selfplay --gpu {index} --games 100000")
+        sample = gpu(util=fields["util"], sm=fields["sm"], reasons=fields["reasons"], processes=(job,), health=None,
+                     power_limit=fields["power_limit"])
+        watts = fields.get("watts", 640.0)
+        samples.append(sample.model_copy(update={"index": index, "name": "NVIDIA H100 80GB HBM3", "power_w": watts}))
+    return NodeSampled(source="node-sampler", node_id="n1", interval_s=5, gpus=tuple(samples))
+
+
+def feed(det: Detector, start: int, until: int, slow=None) -> list:
+    return [e for s in range(start, until + 1, 5) for e in det.feed(node(slow), s)]
+
+
+def test_a_gpu_far_slower_than_its_siblings_for_90s_is_a_straggler_and_clears_when_it_keeps_pace():
+    det = Detector(POLICY)
+    feed(det, 0, 100)  # the fleet's view of the model first
+    slow = {5: {"sm": 1188, "watts": 390.0}}
+    assert opened(feed(det, 105, 190, slow)) == []
+    (incident,) = opened(feed(det, 195, 195, slow))
+    assert incident.kind is K.GPU_STRAGGLER and incident.gpu_index == 5
+    assert "1188 MHz against its 7 siblings' median 1980 MHz, 390 W against 640 W" in incident.summary
+    assert incident.evidence["fleet_median_sm_clock_mhz"] == 1980
+    (resolved,) = [e for e in feed(det, 200, 200) if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared"
+
+
+@pytest.mark.parametrize("slow", [
+    {3: {"sm": 1400, "power_limit": 400.0, "watts": 360.0, "reasons": int(R.SW_POWER_CAP)}},  # the operator's cap
+    {2: {"sm": 990, "reasons": int(R.HW_SLOWDOWN | R.HW_THERMAL_SLOWDOWN)}},  # heat: gpu_thermal's
+    {4: {"util": 0, "sm": 345, "watts": 80.0}},                                # a zombie's idle GPU: not busy
+    {i: {"sm": 1400, "watts": 500.0} for i in range(8)},                      # all slow alike: no one GPU's fault
+    {1: {"sm": 1800, "watts": 600.0}},                                         # within 15 %
+])
+def test_what_is_not_a_straggler(slow):
+    det = Detector(POLICY)
+    feed(det, 0, 100)
+    assert opened(feed(det, 105, 400, slow), K.GPU_STRAGGLER) == []
+
+
+def test_on_a_node_that_runs_below_the_fleet_only_the_gpu_far_below_its_siblings_is_one():
+    det = Detector(POLICY)
+    feed(det, 0, 100)  # the fleet: 1980 MHz
+    everyone_slow = {i: {"sm": 1000 if i == 6 else 1100, "watts": 400.0} for i in range(8)}
+    everyone_slow[6]["sm"] = 800
+    # GPU 6 is below its siblings and the fleet: a straggler; the others are slow alike, not stragglers
+    assert [i.gpu_index for i in opened(feed(det, 105, 300, everyone_slow), K.GPU_STRAGGLER)] == [6]

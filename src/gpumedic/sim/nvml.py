@@ -129,7 +129,7 @@ class SimNvml:
         """mW: idle power plus the utilised share of the headroom up to the limit (a cap the
         operator set included: the GPU then runs at lower clocks to stay under it)."""
         self._check(handle, "nvmlDeviceGetPowerUsage")
-        watts = handle.idle_power_w + (handle.power_limit_w - handle.idle_power_w) * self._load(handle)
+        watts = handle.idle_power_w + (handle.power_limit_w - handle.idle_power_w) * self._load(handle) * handle.pace
         return int(watts * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: SimGpu) -> int:
@@ -172,7 +172,7 @@ class SimNvml:
             return IDLE_SM_CLOCK_MHZ
         reasons = self._reasons(handle)
         share = SLOWDOWN_CLOCK_SHARE if reasons & SLOWDOWNS else CAPPED_CLOCK_SHARE if reasons & SW_POWER_CAP else 1.0
-        return round(handle.sm_clock_max_mhz * share)
+        return round(handle.sm_clock_max_mhz * share * handle.pace)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: SimGpu, clock_type: int) -> int:
         self._check(handle, "nvmlDeviceGetMaxClockInfo")

@@ -71,6 +71,7 @@ class Fault(StrEnum):
     ROW_REMAP = "row_remap"
     PCIE_DEGRADED = "pcie_degraded"
     NVLINK_DEGRADED = "nvlink_degraded"
+    GPU_STRAGGLER = "gpu_straggler"
     NO_LEADER = "no_leader"
     DAEMON_DOWN = "daemon_down"
     QUORUM_LOST = "quorum_lost"
@@ -157,6 +158,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
         Fault.ROW_REMAP: frozenset({"row_remap"}),
         Fault.PCIE_DEGRADED: frozenset({"pcie_degraded"}),
         Fault.NVLINK_DEGRADED: frozenset({"nvlink_degraded"}),
+        Fault.GPU_STRAGGLER: frozenset({"gpu_straggler"}),
         Fault.NO_LEADER: frozenset({"no_leader"}),
         Fault.DAEMON_DOWN: frozenset({"peer_down"}),
         Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
@@ -238,6 +240,8 @@ class SimGpu:
     """The operator set `power_limit_w` below the board's default: a busy GPU runs under SW power cap."""
     retired_pages: int | None = None
     """None: no page retirement (Hopper remaps rows); a count: a GPU that retires pages."""
+    pace: float = 1.0
+    """The share of its clocks and power a busy GPU reaches (a failing VRM, a clock stuck low: below 1)."""
 
 
 def _hotter(gpu: SimGpu, degrees: int) -> None:
@@ -261,6 +265,7 @@ GPU_CHANGES: Mapping[str, Callable[[SimGpu], None]] = MappingProxyType(
         Fault.ROW_REMAP: lambda gpu: setattr(gpu, "remapped_rows_pending", True),
         Fault.PCIE_DEGRADED: lambda gpu: setattr(gpu, "pcie_link_width", 8),
         Fault.NVLINK_DEGRADED: _down,
+        Fault.GPU_STRAGGLER: lambda gpu: setattr(gpu, "pace", 0.6),
         Benign.HOT_BUT_FINE: lambda gpu: _hotter(gpu, 9),  # 83 C busy
         Benign.POWER_CAPPED: _capped,
         Benign.RETIRED_PAGE: lambda gpu: setattr(gpu, "retired_pages", 1),

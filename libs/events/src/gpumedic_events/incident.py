@@ -62,6 +62,8 @@ class IncidentKind(StrEnum):
     """A busy GPU's PCIe link below its generation or width, or replaying faster than the policy allows."""
     NVLINK_DEGRADED = "nvlink_degraded"
     """An NVLink down, or its errors rising faster than the policy allows."""
+    GPU_STRAGGLER = "gpu_straggler"
+    """A GPU far slower (clocks or power) than its siblings on the same job, and than the fleet's GPUs of its model."""
     PHANTOM_JOBS = "phantom_jobs"
     """Jobs are counted for a node (by its own status or its cluster's leader) while no process
     holds its GPUs and they idle: the processes are gone, the count stayed."""

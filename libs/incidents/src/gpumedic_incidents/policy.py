@@ -199,6 +199,15 @@ class NvLinkPolicy(KindPolicy):
     )
 
 
+class StragglerPolicy(KindPolicy):
+    below_share: float = Field(
+        default=0.85, gt=0, lt=1, description="A GPU whose SM clock or power is below this share of its siblings' median is slow."
+    )
+    min_siblings: int = Field(default=3, ge=2, description="Busy GPUs of the same job on the node to compare (itself included).")
+    busy_from_pct: int = Field(default=50, ge=1, le=100, description="A GPU at or above this utilisation is busy.")
+    for_s: float = Field(default=90.0, ge=0, description="How long it stays slow.")
+
+
 class ContainerPolicy(KindPolicy):
     settle_s: float = Field(default=10.0, ge=0, description="How long related facts may follow an exit.")
 
@@ -306,6 +315,7 @@ class Kinds(_Strict):
     )
     pcie_degraded: PciePolicy = PciePolicy(clear_after_s=3600)
     nvlink_degraded: NvLinkPolicy = NvLinkPolicy(clear_after_s=3600)
+    gpu_straggler: StragglerPolicy = StragglerPolicy(clear_after_s=3600)
     container_died: ContainerPolicy = ContainerPolicy(clear_after_s=3600)
     disk_pressure: DiskPolicy = DiskPolicy(ladder=(Step(action="docker_prune", verify_within_s=120),))
     host_memory_pressure: MemoryPolicy = MemoryPolicy()

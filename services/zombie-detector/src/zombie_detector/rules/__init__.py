@@ -13,6 +13,7 @@ from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
 from zombie_detector.rules.phantom import PhantomRule
 from zombie_detector.rules.readiness import ReadinessRule
+from zombie_detector.rules.straggler import StragglerRule
 from zombie_detector.rules.stuck import StuckRule
 from zombie_detector.rules.xid import XidRule
 from zombie_detector.rules.zombie import ZombieRule
@@ -29,6 +30,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
+        StragglerRule(kinds.gpu_straggler),
         ContainerRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable),
