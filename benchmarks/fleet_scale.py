@@ -28,7 +28,7 @@ from pathlib import Path
 
 import asyncssh
 
-from benchmarks import node_sample, percentile
+from benchmarks import HEALTH_EVERY, node_sample, percentile
 from gpumedic.stack import Stack
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import IncidentOpened, NodeSampled
@@ -46,9 +46,11 @@ _AT = "2000-01-01T00:00:00Z"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _sample(node: str, *, zombie: bool = False) -> NodeSampled:
+def _sample(node: str, *, zombie: bool = False, health: bool = False) -> NodeSampled:
     """With a placeholder id and time, which `Replay` writes fresh into every message."""
-    return node_sample(node, gpus=GPUS, zombie=zombie, event_id=uuid.UUID(_ID), occurred_at=datetime.fromisoformat(_AT))
+    return node_sample(
+        node, gpus=GPUS, zombie=zombie, health=health, event_id=uuid.UUID(_ID), occurred_at=datetime.fromisoformat(_AT)
+    )
 
 
 class Replay:
@@ -58,6 +60,8 @@ class Replay:
     def __init__(self, nodes: list[str], interval_s: float) -> None:
         self.interval_s = interval_s
         self.bodies = {n: (s.subject, s.to_json()) for n, s in ((n, _sample(n)) for n in nodes)}
+        self.health = {n: (s.subject, s.to_json()) for n, s in ((n, _sample(n, health=True)) for n in nodes)}
+        """Each node's sample with its health figures: every HEALTH_EVERY-th of its samples."""
         self.order = list(nodes)
         self.published = 0
         self.zombie_publishes: dict[str, list[float]] = {}
@@ -74,7 +78,9 @@ class Replay:
         i = 0
         while time.perf_counter() - start < duration_s:
             node = self.order[i % len(self.order)]
-            subject, body = self.bodies[node]
+            # one of each node's HEALTH_EVERY samples carries its health figures, the nodes out of step
+            with_health = (i // len(self.order) + i % len(self.order)) % HEALTH_EVERY == 0 and node not in self.zombie_publishes
+            subject, body = (self.health if with_health else self.bodies)[node]
             now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
             await nc.publish(subject, body.replace(_ID.encode(), str(uuid.uuid4()).encode(), 1).replace(_AT.encode(), now.encode(), 1))
             if node in self.zombie_publishes:

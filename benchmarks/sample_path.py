@@ -19,7 +19,7 @@ from pathlib import Path
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from benchmarks import node_sample
+from benchmarks import HEALTH_EVERY, node_sample
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
@@ -34,9 +34,12 @@ GPUS = 8
 async def _preload(js, count: int) -> int:
     await js.purge_stream(SAMPLES.name)
     bodies = [(s.subject, s.to_json()) for s in (node_sample(f"node-{n:04d}") for n in range(NODES))]
+    health = [(s.subject, s.to_json()) for s in (node_sample(f"node-{n:04d}", health=True) for n in range(NODES))]
     pending = []
     for i in range(count):
-        subject, body = bodies[i % NODES]
+        # one of each node's HEALTH_EVERY samples carries its health figures, the nodes out of step
+        node, turn = i % NODES, i // NODES
+        subject, body = (health if (turn + node) % HEALTH_EVERY == 0 else bodies)[node]
         pending.append(await js.publish_async(subject, body))
         if len(pending) >= 1000:
             await asyncio.gather(*pending)

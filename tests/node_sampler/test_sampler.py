@@ -185,17 +185,22 @@ def test_interval_must_be_positive():
         Sampler("n1", two_gpus(), FakeProcessTable(), [], 0)
 
 
-async def test_the_health_figures_go_in_the_first_sample_and_then_every_health_interval():
+async def test_the_health_figures_go_out_first_then_when_they_change_or_to_refresh():
     clock = FakeClock()
+    nvml = two_gpus()
     sampler = Sampler(
-        "n1", two_gpus(), table_for_two_gpus(), [], 5.0, health_interval_s=30.0, clock=clock, sleep=clock.sleep
+        "n1", nvml, table_for_two_gpus(), [], 5.0, health_interval_s=30.0, health_refresh_s=120.0, clock=clock, sleep=clock.sleep
     )
     carried = []
-    for _ in range(8):  # samples at 1000, 1005, ... 1035
+    for step in range(30):  # samples at 1000, 1005, ... 1145
+        if step == 12:
+            nvml.gpus[1].pcie_replay = 40  # GPU 1's link replays: read at 1060, sent then
         sample = await sampler.sample()
-        carried.append(all(gpu.health is not None for gpu in sample.gpus))
+        carried.append(tuple(gpu.index for gpu in sample.gpus if gpu.health is not None))
         assert all(gpu.sm_clock_mhz == 1755 for gpu in sample.gpus)  # the fast figures are in every one
         clock.now += 5.0
 
-    assert carried == [True, False, False, False, False, False, True, False]
-    assert set(sampler.last_health) == {0, 1} and sampler.last_health[0].temperature_slowdown_c == 89
+    sent = {1000 + 5 * step: gpus for step, gpus in enumerate(carried) if gpus}
+    # read every 30 s; unchanged, not sent again until 120 s after it last was
+    assert sent == {1000: (0, 1), 1060: (1,), 1120: (0,)}
+    assert set(sampler.last_health) == {0, 1} and sampler.last_health[1].pcie_replay_count == 40

@@ -172,12 +172,20 @@ def test_the_memory_fault_of_an_open_xid_incident_opens_nothing_more():
 # --- pcie_degraded and nvlink_degraded -----------------------------------------------------
 
 
-def test_a_busy_gpus_narrow_link_two_health_reads_in_a_row_is_pcie_degraded():
+def test_a_busy_gpus_narrow_link_for_a_minute_is_pcie_degraded_and_its_return_clears_it():
     det = Detector(POLICY)
     narrow = H200.model_copy(update={"pcie_link_width": 8})
-    assert opened(run(det, 0, 25, health=narrow)) == []  # one read
-    (incident,) = opened(run(det, 30, 30, health=narrow))
+    assert opened(run(det, 0, 55, health=narrow)) == []
+    (incident,) = opened(run(det, 60, 60, health=narrow))
     assert incident.kind is K.PCIE_DEGRADED and "gen 5 x8 of gen 5 x16" in incident.summary
+    (resolved,) = [e for e in run(det, 90, 90) if isinstance(e, IncidentResolved)]
+    assert resolved.resolution == "cleared"
+
+
+def test_a_narrow_link_on_an_idle_gpu_is_not_judged():
+    det = Detector(POLICY)
+    narrow = H200.model_copy(update={"pcie_link_gen": 1})
+    assert opened(run(det, 0, 600, health=narrow, util=0, processes=(), reasons=int(R.GPU_IDLE), sm=345)) == []
 
 
 def test_pcie_replays_faster_than_eight_a_minute_are_pcie_degraded():
@@ -231,14 +239,14 @@ def feed(det: Detector, start: int, until: int, slow=None) -> list:
 
 def test_a_gpu_far_slower_than_its_siblings_for_90s_is_a_straggler_and_clears_when_it_keeps_pace():
     det = Detector(POLICY)
-    feed(det, 0, 100)  # the fleet's view of the model first
+    feed(det, 0, 200)  # the fleet's view of the model first (a node is judged every 10 s)
     slow = {5: {"sm": 1188, "watts": 390.0}}
-    assert opened(feed(det, 105, 190, slow)) == []
-    (incident,) = opened(feed(det, 195, 195, slow))
+    assert opened(feed(det, 205, 295, slow)) == []  # slow since it was judged at 210
+    (incident,) = opened(feed(det, 300, 300, slow))
     assert incident.kind is K.GPU_STRAGGLER and incident.gpu_index == 5
     assert "1188 MHz against its 7 siblings' median 1980 MHz, 390 W against 640 W" in incident.summary
     assert incident.evidence["fleet_median_sm_clock_mhz"] == 1980
-    (resolved,) = [e for e in feed(det, 200, 200) if isinstance(e, IncidentResolved)]
+    (resolved,) = [e for e in feed(det, 305, 310) if isinstance(e, IncidentResolved)]
     assert resolved.resolution == "cleared"
 
 
@@ -251,14 +259,14 @@ def test_a_gpu_far_slower_than_its_siblings_for_90s_is_a_straggler_and_clears_wh
 ])
 def test_what_is_not_a_straggler(slow):
     det = Detector(POLICY)
-    feed(det, 0, 100)
+    feed(det, 0, 200)
     assert opened(feed(det, 105, 400, slow), K.GPU_STRAGGLER) == []
 
 
 def test_on_a_node_that_runs_below_the_fleet_only_the_gpu_far_below_its_siblings_is_one():
     det = Detector(POLICY)
-    feed(det, 0, 100)  # the fleet: 1980 MHz
+    feed(det, 0, 200)  # the fleet: 1980 MHz
     everyone_slow = {i: {"sm": 1000 if i == 6 else 1100, "watts": 400.0} for i in range(8)}
     everyone_slow[6]["sm"] = 800
     # GPU 6 is below its siblings and the fleet: a straggler; the others are slow alike, not stragglers
-    assert [i.gpu_index for i in opened(feed(det, 105, 300, everyone_slow), K.GPU_STRAGGLER)] == [6]
+    assert [i.gpu_index for i in opened(feed(det, 205, 400, everyone_slow), K.GPU_STRAGGLER)] == [6]

@@ -187,7 +187,7 @@ class RowRemapPolicy(KindPolicy):
 
 class PciePolicy(KindPolicy):
     busy_from_pct: int = Field(default=50, ge=1, le=100, description="A link may train down while its GPU idles; judged when busy.")
-    after_reads: int = Field(default=2, ge=1, description="Health reads in a row that show a degraded link.")
+    for_s: float = Field(default=60.0, ge=0, description="How long a busy GPU's link stays below its maximum.")
     replays_per_minute: float = Field(
         default=8.0, gt=0, description="PCIe replays per minute above which the link is failing (DCGM's health watch: 8)."
     )

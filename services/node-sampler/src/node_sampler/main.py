@@ -66,6 +66,7 @@ def create_app(
         host=HostReader(settings.proc_root, settings.disk_paths),
         holder_scan_interval_s=settings.holder_scan_interval_s,
         health_interval_s=settings.health_interval_s,
+        health_refresh_s=settings.health_refresh_s,
         xid_events=settings.xid_events,
         kernel_log=settings.kernel_log,
         docker_socket=settings.docker_socket,

@@ -76,6 +76,7 @@ class Sampler:
         host: HostSource | None = None,
         holder_scan_interval_s: float = 30.0,
         health_interval_s: float = 30.0,
+        health_refresh_s: float = 600.0,
         xid_events: bool = False,
         kernel_log: Path | str | None = None,
         docker_socket: Path | str | None = None,
@@ -95,7 +96,10 @@ class Sampler:
         self.host = host
         self.holder_scan_interval_s = holder_scan_interval_s
         self.health_interval_s = health_interval_s
+        self.health_refresh_s = health_refresh_s
         self._health_read_at: float | None = None
+        self._health_sent: dict[int, tuple[GpuHealth, float]] = {}
+        """Per GPU index, the health figures it last sent, and when (monotonic)."""
         self._clock = clock
         self._sleep = sleep
         self.skipped_ticks = 0
@@ -136,10 +140,26 @@ class Sampler:
             holders=holders,
             container_exists=self.containers.exists if self.containers else None,
         )
-        for gpu in self.last.gpus:
-            if gpu.health is not None:
-                self.last_health[gpu.index] = gpu.health
+        if any(gpu.health is not None for gpu in self.last.gpus):
+            self.last = self._unchanged_health_left_out(self.last)
         return self.last
+
+    def _unchanged_health_left_out(self, sample: NodeSampled) -> NodeSampled:
+        """The health figures travel when they changed, or to refresh a consumer that started since:
+        unchanged ones would cost every consumer a parse of 20 figures per GPU for nothing."""
+        now = self._clock()
+        gpus, thinned = [], False
+        for gpu in sample.gpus:
+            health = gpu.health
+            if health is not None:
+                self.last_health[gpu.index] = health
+                sent = self._health_sent.get(gpu.index)
+                if sent is not None and sent[0] == health and now - sent[1] < self.health_refresh_s:
+                    gpu, thinned = gpu.model_copy(update={"health": None}), True
+                else:
+                    self._health_sent[gpu.index] = (health, now)
+            gpus.append(gpu)
+        return sample.model_copy(update={"gpus": tuple(gpus)}) if thinned else sample
 
     async def run(self, publish: Publish) -> None:
         """Sample and publish every `interval_s`, and publish the immediate events, until cancelled."""

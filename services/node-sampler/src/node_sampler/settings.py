@@ -66,7 +66,13 @@ class Settings(BaseSettings):
         gt=0,
         le=3600,
         description="Seconds between reads of each GPU's slowly changing figures (maxima, thresholds, "
-        "PCIe link, ECC totals, NVLinks), which go out in the sample that read them.",
+        "PCIe link, ECC totals, NVLinks); a GPU's go out in that sample when they changed.",
+    )
+    health_refresh_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        description="Seconds after which a GPU's unchanged health figures go out again (for a consumer that started since).",
     )
     xid_events: bool = Field(default=True, description="Watch the NVML event set for XID errors.")
     kernel_log: Path | None = Field(

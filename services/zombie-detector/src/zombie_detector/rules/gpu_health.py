@@ -1,7 +1,8 @@
 """GPU health as DCGM's health watches see it: heat, hardware throttling, memory errors, links.
 
 One incident per GPU and kind, from the sample's figures and the GPU's last health figures
-(`GpuHealth`, which come every `health_interval_s`: the rule keeps the last one per GPU):
+(`GpuHealth`, which come when they change and at least every `health_refresh_s`: the rule keeps
+the last one per GPU):
 
 - gpu_thermal: the core at or above the GPU's own slowdown temperature (NVML's threshold), the HBM
   at or above its maximum, or the GPU slowing itself down for heat, for `for_s`. It clears
@@ -15,8 +16,9 @@ One incident per GPU and kind, from the sample's figures and the GPU's last heal
 - row_remap: a row remap waits for a reset (drain, reset once nothing holds the GPU, validate), or
   remapping failed (drain and a person: NVIDIA's memory error documentation says the GPU needs
   service), `after_samples` samples in a row.
-- pcie_degraded: a busy GPU's link below its maximum generation or width `after_reads` health reads
-  in a row (a link may train down while idle), or replays faster than `replays_per_minute`.
+- pcie_degraded: a busy GPU's link below its maximum generation or width (as its last health
+  figures say) for `for_s` (a link may train down while idle), or replays faster than
+  `replays_per_minute` between two health reads.
 - nvlink_degraded: an NVLink down, or its errors rising faster than `errors_per_hour`.
 
 A memory error is one fault however many signs it shows: an XID 48 comes with a new double-bit
@@ -42,8 +44,12 @@ REMAP = IncidentKind.ROW_REMAP
 PCIE = IncidentKind.PCIE_DEGRADED
 NVLINK = IncidentKind.NVLINK_DEGRADED
 
-HEAT = ClockEventReason.SW_THERMAL_SLOWDOWN | ClockEventReason.HW_THERMAL_SLOWDOWN
-HARDWARE = ClockEventReason.HW_SLOWDOWN | ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+# plain ints: an IntFlag's & builds enum members, several microseconds a sample on the hot path
+HEAT = int(ClockEventReason.SW_THERMAL_SLOWDOWN | ClockEventReason.HW_THERMAL_SLOWDOWN)
+HARDWARE = int(ClockEventReason.HW_SLOWDOWN | ClockEventReason.HW_POWER_BRAKE_SLOWDOWN)
+WATCHED = HEAT | HARDWARE
+NO_LIMIT = 1_000_000
+"""A threshold not known yet (no health figures so far): nothing reaches it."""
 HOUR_S = 3600.0
 
 
@@ -52,6 +58,8 @@ class _Gpu:
     """What the rule remembers of one GPU."""
 
     health: GpuHealth | None = None
+    slowdown: int = NO_LIMIT
+    memory_max: int = NO_LIMIT
     since: dict[IncidentKind, datetime] = field(default_factory=dict)
     """When a condition that must last began."""
     open: set[IncidentKind] = field(default_factory=set)
@@ -59,8 +67,12 @@ class _Gpu:
     uncorrected: int | None = None
     corrected: tuple[datetime, int] | None = None
     """The corrected count at the start of the rate's window."""
+    corrected_seen: int | None = None
+    """The corrected count of the last sample."""
     remap_samples: int = 0
-    pcie_reads: int = 0
+    narrow: bool = False
+    """The last health figures said the PCIe link runs below its maximum."""
+    replaying: bool = False
     replays: tuple[datetime, int] | None = None
     nvlink_errors: tuple[datetime, int] | None = None
 
@@ -84,17 +96,36 @@ class GpuHealthRule:
         if isinstance(event, NodeRetired):
             self.gpus.pop(event.node_id, None)
             return ()
-        node = self.gpus.setdefault(event.node_id, {})
+        node = self.gpus.get(event.node_id)
+        if node is None:
+            node = self.gpus[event.node_id] = {}
         findings: list[Finding] = []
         for gpu in event.gpus:
-            if gpu.lost:
-                continue  # gpu_lost's
             state = node.get(gpu.index)
             if state is None:
                 state = node[gpu.index] = _Gpu()
-            if gpu.health is not None:
-                self._links(event.node_id, gpu, gpu.health, state, now, findings)
-                state.health = gpu.health
+            health = gpu.health
+            if health is not None:
+                self._links(event.node_id, gpu, health, state, now, findings)
+                state.health = health
+                state.slowdown = health.temperature_slowdown_c if health.temperature_slowdown_c is not None else NO_LIMIT
+                state.memory_max = health.memory_temperature_max_c if health.memory_temperature_max_c is not None else NO_LIMIT
+            # the common case, inline (it runs for every GPU of every sample): nothing to judge, time or clear
+            if not (state.open or state.since or state.remap_samples or state.narrow):
+                temp, memory = gpu.temperature_c, gpu.memory_temperature_c
+                if (
+                    not (gpu.clock_event_reasons or 0) & WATCHED
+                    and (temp is None or temp < state.slowdown)
+                    and (memory is None or memory < state.memory_max)
+                    and gpu.ecc_uncorrected_volatile == state.uncorrected
+                    and gpu.ecc_corrected_volatile == state.corrected_seen
+                    and not gpu.remapped_rows_pending
+                    and not gpu.remapped_rows_failed
+                ):
+                    continue
+            if gpu.lost:
+                continue  # gpu_lost's
+            self._narrow_link(event.node_id, gpu, state, now, findings)
             self._thermal(event.node_id, gpu, state, now, findings)
             self._throttled(event.node_id, gpu, state, now, findings)
             self._memory(event.node_id, gpu, state, now, incidents, findings)
@@ -108,12 +139,8 @@ class GpuHealthRule:
     def _thermal(self, node_id: str, gpu: GpuSample, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
         health = state.health
         slowdown = health.temperature_slowdown_c if health else None
-        memory_max = health.memory_temperature_max_c if health else None
         temp, memory, reasons = gpu.temperature_c, gpu.memory_temperature_c, gpu.clock_event_reasons or 0
-        hot = bool(reasons & HEAT) or (
-            (temp is not None and slowdown is not None and temp >= slowdown)
-            or (memory is not None and memory_max is not None and memory >= memory_max)
-        )
+        hot = bool(reasons & HEAT) or (temp is not None and temp >= state.slowdown) or (memory is not None and memory >= state.memory_max)
         if hot:
             if self._lasted(state, THERMAL, now, self.thermal.for_s):
                 findings.append(self._thermal_finding(node_id, gpu, health, reasons))
@@ -181,6 +208,7 @@ class GpuHealthRule:
         self, node_id: str, gpu: GpuSample, state: _Gpu, now: datetime, incidents: Incidents, findings: list[Finding]
     ) -> None:
         uncorrected, corrected = gpu.ecc_uncorrected_volatile, gpu.ecc_corrected_volatile
+        state.corrected_seen = corrected
         new_uncorrected = 0
         if uncorrected is not None:
             if state.uncorrected is not None and uncorrected > state.uncorrected:
@@ -276,48 +304,57 @@ class GpuHealthRule:
         self._nvlink(node_id, gpu, health, state, now, findings)
 
     def _pcie(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
+        """At a health read: whether the link runs below its maximum (judged on every sample while
+        busy, `_narrow_link`), and how fast it replays since the last read."""
         gen, gen_max, width, width_max = health.pcie_link_gen, health.pcie_link_gen_max, health.pcie_link_width, health.pcie_link_width_max
-        narrow = (gen is not None and gen_max is not None and gen < gen_max) or (
+        state.narrow = (gen is not None and gen_max is not None and gen < gen_max) or (
             width is not None and width_max is not None and width < width_max
         )
-        busy = (gpu.utilization_gpu_pct or 0) >= self.pcie.busy_from_pct
-        if narrow and busy:
-            state.pcie_reads += 1
-        elif not narrow:
-            state.pcie_reads = 0
         rate = _rate(state.replays, health.pcie_replay_count, now, 60.0)
         if health.pcie_replay_count is not None:
             state.replays = (now, health.pcie_replay_count)
-        replaying = rate is not None and rate > self.pcie.replays_per_minute
-        if state.pcie_reads >= self.pcie.after_reads or replaying:
-            link = f"gen {gen} x{width} of gen {gen_max} x{width_max}"
-            _present(
-                state,
-                findings,
-                Finding(
-                    kind=PCIE,
-                    node_id=node_id,
-                    gpu_index=gpu.index,
-                    summary=f"GPU {gpu.index}'s PCIe link runs at {link}"
-                    + (f", replaying {rate:.0f} times a minute" if replaying else "")
-                    + f" at {gpu.utilization_gpu_pct}% busy",
-                    evidence={
-                        "pcie_link_gen": gen,
-                        "pcie_link_gen_max": gen_max,
-                        "pcie_link_width": width,
-                        "pcie_link_width_max": width_max,
-                        "replays_per_minute": round(rate, 1) if rate is not None else None,
-                        "pcie_replay_count": health.pcie_replay_count,
-                    },
-                    recommended_action="reseat the GPU or its riser and check the slot; a link that trains down or replays "
-                    "again after that: RMA. Data over this link is slower, and a job sharing data between GPUs waits on it",
-                ),
-            )
-        elif not narrow and not replaying:
+        state.replaying = rate is not None and rate > self.pcie.replays_per_minute
+        if state.replaying:
+            _present(state, findings, self._pcie_finding(node_id, gpu, health, rate))
+
+    def _narrow_link(self, node_id: str, gpu: GpuSample, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
+        """A link below its maximum while its GPU is busy, for `for_s` (idle, a link may train down to save power)."""
+        if state.narrow:
+            if (gpu.utilization_gpu_pct or 0) < self.pcie.busy_from_pct:
+                state.since.pop(PCIE, None)
+            elif self._lasted(state, PCIE, now, self.pcie.for_s) and state.health is not None:
+                findings.append(self._pcie_finding(node_id, gpu, state.health, None))
+            return
+        state.since.pop(PCIE, None)
+        if not state.replaying:
             self._clear(node_id, gpu.index, state, PCIE, findings, "its PCIe link at full generation and width again")
+
+    def _pcie_finding(self, node_id: str, gpu: GpuSample, health: GpuHealth, rate: float | None) -> Finding:
+        gen, gen_max, width, width_max = health.pcie_link_gen, health.pcie_link_gen_max, health.pcie_link_width, health.pcie_link_width_max
+        return Finding(
+            kind=PCIE,
+            node_id=node_id,
+            gpu_index=gpu.index,
+            summary=f"GPU {gpu.index}'s PCIe link runs at gen {gen} x{width} of gen {gen_max} x{width_max}"
+            + (f", replaying {rate:.0f} times a minute" if rate is not None else "")
+            + f" at {gpu.utilization_gpu_pct}% busy",
+            evidence={
+                "pcie_link_gen": gen,
+                "pcie_link_gen_max": gen_max,
+                "pcie_link_width": width,
+                "pcie_link_width_max": width_max,
+                "replays_per_minute": round(rate, 1) if rate is not None else None,
+                "pcie_replay_count": health.pcie_replay_count,
+            },
+            recommended_action="reseat the GPU or its riser and check the slot; a link that trains down or replays "
+            "again after that: RMA. Data over this link is slower, and a job sharing data between GPUs waits on it",
+        )
 
     def _nvlink(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
         if not health.nvlink_count:
+            return
+        if not health.nvlinks and NVLINK not in state.open:  # every link up and quiet (only counted)
+            state.nvlink_errors = (now, 0)
             return
         down = [link.link for link in health.nvlinks if not link.up]
         errors = sum((link.replay_errors or 0) + (link.recovery_errors or 0) + (link.crc_errors or 0) for link in health.nvlinks)
