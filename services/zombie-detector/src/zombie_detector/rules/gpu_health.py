@@ -51,18 +51,21 @@ WATCHED = HEAT | HARDWARE
 NO_LIMIT = 1_000_000
 """A threshold not known yet (no health figures so far): nothing reaches it."""
 HOUR_S = 3600.0
+INTERNED_MAX = 10_000
+"""Distinct health figures kept shared; most GPUs of a model report the very same ones."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Gpu:
-    """What the rule remembers of one GPU."""
+    """What the rule remembers of one GPU: a fleet has tens of thousands, so slots, and the timers
+    and open kinds made only when a GPU first needs them."""
 
     health: GpuHealth | None = None
     slowdown: int = NO_LIMIT
     memory_max: int = NO_LIMIT
-    since: dict[IncidentKind, datetime] = field(default_factory=dict)
+    since: dict[IncidentKind, datetime] | None = None
     """When a condition that must last began."""
-    open: set[IncidentKind] = field(default_factory=set)
+    open: set[IncidentKind] | None = None
     """Kinds this rule said present and not yet cleared."""
     uncorrected: int | None = None
     corrected: tuple[datetime, int] | None = None
@@ -75,6 +78,23 @@ class _Gpu:
     replaying: bool = False
     replays: tuple[datetime, int] | None = None
     nvlink_errors: tuple[datetime, int] | None = None
+
+    def started(self, kind: IncidentKind, now: datetime) -> datetime:
+        if self.since is None:
+            self.since = {}
+        return self.since.setdefault(kind, now)
+
+    def stop(self, kind: IncidentKind) -> None:
+        if self.since:
+            self.since.pop(kind, None)
+
+    def is_open(self, kind: IncidentKind) -> bool:
+        return bool(self.open) and kind in self.open  # type: ignore[operator]
+
+    def opened(self, kind: IncidentKind) -> None:
+        if self.open is None:
+            self.open = set()
+        self.open.add(kind)
 
 
 class GpuHealthRule:
@@ -91,6 +111,9 @@ class GpuHealthRule:
     ) -> None:
         self.thermal, self.throttle, self.ecc, self.remap, self.pcie, self.nvlink = thermal, throttle, ecc, remap, pcie, nvlink
         self.gpus: dict[str, dict[int, _Gpu]] = {}
+        self._interned: dict[GpuHealth, GpuHealth] = {}
+        """One object per distinct set of health figures, shared by every GPU that reports it (a
+        fleet's GPUs mostly report the same: kept per GPU, 80,000 copies cost tens of MB)."""
 
     def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):
@@ -107,7 +130,9 @@ class GpuHealthRule:
             health = gpu.health
             if health is not None:
                 self._links(event.node_id, gpu, health, state, now, findings)
-                state.health = health
+                if len(self._interned) >= INTERNED_MAX:
+                    self._interned.clear()
+                state.health = health = self._interned.setdefault(health, health)
                 state.slowdown = health.temperature_slowdown_c if health.temperature_slowdown_c is not None else NO_LIMIT
                 state.memory_max = health.memory_temperature_max_c if health.memory_temperature_max_c is not None else NO_LIMIT
             # the common case, inline (it runs for every GPU of every sample): nothing to judge, time or clear
@@ -145,7 +170,7 @@ class GpuHealthRule:
             if self._lasted(state, THERMAL, now, self.thermal.for_s):
                 findings.append(self._thermal_finding(node_id, gpu, health, reasons))
             return
-        state.since.pop(THERMAL, None)
+        state.stop(THERMAL)
         cool = slowdown is None or temp is None or temp <= slowdown - self.thermal.clear_margin_c
         if cool:
             self._clear(node_id, gpu.index, state, THERMAL, findings, "below its slowdown temperature again")
@@ -200,7 +225,7 @@ class GpuHealthRule:
                     )
                 )
             return
-        state.since.pop(THROTTLED, None)
+        state.stop(THROTTLED)
         if not reasons & HARDWARE:
             self._clear(node_id, gpu.index, state, THROTTLED, findings, "no longer held down by hardware")
 
@@ -321,11 +346,11 @@ class GpuHealthRule:
         """A link below its maximum while its GPU is busy, for `for_s` (idle, a link may train down to save power)."""
         if state.narrow:
             if (gpu.utilization_gpu_pct or 0) < self.pcie.busy_from_pct:
-                state.since.pop(PCIE, None)
+                state.stop(PCIE)
             elif self._lasted(state, PCIE, now, self.pcie.for_s) and state.health is not None:
                 findings.append(self._pcie_finding(node_id, gpu, state.health, None))
             return
-        state.since.pop(PCIE, None)
+        state.stop(PCIE)
         if not state.replaying:
             self._clear(node_id, gpu.index, state, PCIE, findings, "its PCIe link at full generation and width again")
 
@@ -353,7 +378,7 @@ class GpuHealthRule:
     def _nvlink(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
         if not health.nvlink_count:
             return
-        if not health.nvlinks and NVLINK not in state.open:  # every link up and quiet (only counted)
+        if not health.nvlinks and not state.is_open(NVLINK):  # every link up and quiet (only counted)
             state.nvlink_errors = (now, 0)
             return
         down = [link.link for link in health.nvlinks if not link.up]
@@ -393,21 +418,21 @@ class GpuHealthRule:
 
     @staticmethod
     def _lasted(state: _Gpu, kind: IncidentKind, now: datetime, for_s: float) -> bool:
-        since = state.since.setdefault(kind, now)
+        since = state.started(kind, now)
         if (now - since).total_seconds() < for_s:
             return False
-        state.open.add(kind)
+        state.opened(kind)
         return True
 
     @staticmethod
     def _clear(node_id: str, index: int, state: _Gpu, kind: IncidentKind, findings: list[Finding], summary: str) -> None:
-        if kind in state.open:
-            state.open.discard(kind)
+        if state.is_open(kind):
+            state.open.discard(kind)  # type: ignore[union-attr]
             findings.append(Finding(kind=kind, node_id=node_id, gpu_index=index, present=False, summary=f"GPU {index}: {summary}"))
 
 
 def _present(state: _Gpu, findings: list[Finding], finding: Finding) -> None:
-    state.open.add(finding.kind)
+    state.opened(finding.kind)
     findings.append(finding)
 
 
