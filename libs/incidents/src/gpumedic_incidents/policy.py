@@ -205,7 +205,7 @@ class StragglerPolicy(KindPolicy):
     )
     min_siblings: int = Field(default=3, ge=2, description="Busy GPUs of the same job on the node to compare (itself included).")
     busy_from_pct: int = Field(default=50, ge=1, le=100, description="A GPU at or above this utilisation is busy.")
-    for_s: float = Field(default=90.0, ge=0, description="How long it stays slow.")
+    for_s: float = Field(default=60.0, ge=0, description="How long it stays slow.")
 
 
 class ContainerPolicy(KindPolicy):
