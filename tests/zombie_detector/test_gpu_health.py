@@ -270,3 +270,14 @@ def test_on_a_node_that_runs_below_the_fleet_only_the_gpu_far_below_its_siblings
     everyone_slow[6]["sm"] = 800
     # GPU 6 is below its siblings and the fleet: a straggler; the others are slow alike, not stragglers
     assert [i.gpu_index for i in opened(feed(det, 205, 400, everyone_slow), K.GPU_STRAGGLER)] == [6]
+
+
+def test_a_straggler_that_stops_being_busy_starts_its_count_again():
+    det = Detector(POLICY)
+    feed(det, 0, 200)
+    slow = {5: {"sm": 1188, "watts": 390.0}}
+    feed(det, 205, 250, slow)  # slow for 40 s of the 60
+    feed(det, 255, 400, {5: {"util": 0, "sm": 345, "watts": 80.0}})  # its job pauses: no longer compared
+    # slow again: 60 s from now, not at once on the timer of before
+    assert opened(feed(det, 405, 455, slow), K.GPU_STRAGGLER) == []
+    assert [i.gpu_index for i in opened(feed(det, 460, 480, slow), K.GPU_STRAGGLER)] == [5]

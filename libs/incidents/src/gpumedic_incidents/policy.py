@@ -168,8 +168,11 @@ class ThermalPolicy(KindPolicy):
     )
 
 
-class ThrottlePolicy(KindPolicy):
+class _BusyFrom(KindPolicy):
     busy_from_pct: int = Field(default=50, ge=1, le=100, description="A GPU at or above this utilisation is busy.")
+
+
+class ThrottlePolicy(_BusyFrom):
     for_s: float = Field(default=60.0, ge=0, description="How long a busy GPU stays held down by hardware.")
 
 
@@ -185,8 +188,9 @@ class RowRemapPolicy(KindPolicy):
     )
 
 
-class PciePolicy(KindPolicy):
-    busy_from_pct: int = Field(default=50, ge=1, le=100, description="A link may train down while its GPU idles; judged when busy.")
+class PciePolicy(_BusyFrom):
+    """A link may train down while its GPU idles: it is judged while busy."""
+
     for_s: float = Field(default=60.0, ge=0, description="How long a busy GPU's link stays below its maximum.")
     replays_per_minute: float = Field(
         default=8.0, gt=0, description="PCIe replays per minute above which the link is failing (DCGM's health watch: 8)."
@@ -199,12 +203,11 @@ class NvLinkPolicy(KindPolicy):
     )
 
 
-class StragglerPolicy(KindPolicy):
+class StragglerPolicy(_BusyFrom):
     below_share: float = Field(
         default=0.85, gt=0, lt=1, description="A GPU whose SM clock or power is below this share of its siblings' median is slow."
     )
     min_siblings: int = Field(default=3, ge=2, description="Busy GPUs of the same job on the node to compare (itself included).")
-    busy_from_pct: int = Field(default=50, ge=1, le=100, description="A GPU at or above this utilisation is busy.")
     for_s: float = Field(default=60.0, ge=0, description="How long it stays slow.")
 
 

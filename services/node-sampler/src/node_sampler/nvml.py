@@ -125,6 +125,10 @@ class NvmlReader:
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
+        # the binding renamed "throttle" reasons to "clocks event" reasons (driver 535)
+        self._reasons: Callable[[Any], int] | None = getattr(
+            nvml, "nvmlDeviceGetCurrentClocksEventReasons", None
+        ) or getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         self._initialized = False
         self._unavailable: str | None = None
         self._known: dict[int, _Known] = {}
@@ -227,9 +231,8 @@ class NvmlReader:
             fields["sm_clock_mhz"] = _int(
                 self._call(errors, index, "SM clock", nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_SM)
             )
-            fields["clock_event_reasons"] = _int(
-                self._call(errors, index, "clock event reasons", self._reasons_call(), handle)
-            )
+            if self._reasons is not None:
+                fields["clock_event_reasons"] = _int(self._call(errors, index, "clock event reasons", self._reasons, handle))
             for what, error_type in (
                 ("ecc uncorrected", NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
                 ("ecc corrected", NVML_MEMORY_ERROR_TYPE_CORRECTED),
@@ -267,11 +270,6 @@ class NvmlReader:
             if memory is not None or (index, "memory") not in self._absent:
                 return memory
         return self._call(errors, index, "memory v1", self._nvml.nvmlDeviceGetMemoryInfo, handle)
-
-    def _reasons_call(self) -> Callable[[Any], int]:
-        # the binding renamed "throttle" reasons to "clocks event" reasons (driver 535)
-        nvml = self._nvml
-        return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
 
     def _field(self, errors: list[str], index: int, handle: Any, what: str, field_id: int) -> int | None:
         """One NVML field value (nvmlDeviceGetFieldValues); a field the GPU lacks counts as absent."""

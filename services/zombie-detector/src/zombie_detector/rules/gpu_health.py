@@ -29,7 +29,7 @@ stay quiet; a pending remap is row_remap's, not ecc_errors'.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from gpumedic_events import ClockEventReason, GpuHealth, GpuReset, GpuSample, IncidentKind, NodeRetired, NodeSampled
@@ -129,7 +129,8 @@ class GpuHealthRule:
                 state = node[gpu.index] = _Gpu()
             health = gpu.health
             if health is not None:
-                self._links(event.node_id, gpu, health, state, now, findings)
+                self._pcie(event.node_id, gpu, health, state, now, findings)
+                self._nvlink(event.node_id, gpu, health, state, now, findings)
                 if len(self._interned) >= INTERNED_MAX:
                     self._interned.clear()
                 state.health = health = self._interned.setdefault(health, health)
@@ -162,17 +163,14 @@ class GpuHealthRule:
     # --- the kinds --------------------------------------------------------------------------
 
     def _thermal(self, node_id: str, gpu: GpuSample, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
-        health = state.health
-        slowdown = health.temperature_slowdown_c if health else None
         temp, memory, reasons = gpu.temperature_c, gpu.memory_temperature_c, gpu.clock_event_reasons or 0
         hot = bool(reasons & HEAT) or (temp is not None and temp >= state.slowdown) or (memory is not None and memory >= state.memory_max)
         if hot:
             if self._lasted(state, THERMAL, now, self.thermal.for_s):
-                findings.append(self._thermal_finding(node_id, gpu, health, reasons))
+                findings.append(self._thermal_finding(node_id, gpu, state.health, reasons))
             return
         state.stop(THERMAL)
-        cool = slowdown is None or temp is None or temp <= slowdown - self.thermal.clear_margin_c
-        if cool:
+        if temp is None or temp <= state.slowdown - self.thermal.clear_margin_c:  # an unknown threshold: NO_LIMIT
             self._clear(node_id, gpu.index, state, THERMAL, findings, "below its slowdown temperature again")
 
     def _thermal_finding(self, node_id: str, gpu: GpuSample, health: GpuHealth | None, reasons: int) -> Finding:
@@ -251,7 +249,8 @@ class GpuHealthRule:
         if remap and state.remap_samples >= self.remap.after_samples:
             _present(state, findings, self._remap_finding(node_id, gpu, state))
         elif (new_uncorrected and not remap) or rate is not None:
-            _present(state, findings, self._ecc_finding(node_id, gpu, state, new_uncorrected, rate))
+            # not kept open here: an error is an occurrence, which the policy's clear_after_s closes
+            findings.append(self._ecc_finding(node_id, gpu, state, new_uncorrected, rate))
 
     def _corrected_rate(self, state: _Gpu, corrected: int | None, now: datetime) -> float | None:
         """Corrected errors per hour over the window since its start, when above the policy; the
@@ -323,10 +322,6 @@ class GpuHealthRule:
             # the reset only where it can help and nothing holds the GPU (the remediator checks again)
             operations={} if failed or held else {"gpu_reset": GpuReset(gpu_index=gpu.index)},
         )
-
-    def _links(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
-        self._pcie(node_id, gpu, health, state, now, findings)
-        self._nvlink(node_id, gpu, health, state, now, findings)
 
     def _pcie(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
         """At a health read: whether the link runs below its maximum (judged on every sample while

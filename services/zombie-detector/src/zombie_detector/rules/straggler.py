@@ -72,7 +72,7 @@ class StragglerRule:
             fleet.append(first.sm_clock_mhz or 0)
         share = self.policy.below_share
         if len(busy) < self.policy.min_siblings or _even(busy, share):
-            return self._all_clear(event.node_id, busy) if self.since else ()  # the common case: none far below the fastest
+            return self._all_clear(event.node_id, event.gpus) if self.since else ()  # the common case: none far below the fastest
         findings: list[Finding] = []
         slow: set[int] = set()
         for siblings in _programs(busy).values():
@@ -97,7 +97,9 @@ class StragglerRule:
                     if (now - started).total_seconds() >= self.policy.for_s:
                         self.open.add(key)
                         findings.append(self._finding(event.node_id, gpu, clock, power, len(siblings)))
-        for gpu in busy:
+        # every other GPU, the busy ones that keep pace and those no longer busy or compared alike:
+        # a timer left behind would open at once the next time the GPU is slow
+        for gpu in event.gpus:
             if gpu.index not in slow:
                 findings.extend(self._clear(event.node_id, gpu.index))
         return findings
@@ -135,9 +137,9 @@ class StragglerRule:
             "(nvidia-smi -q -d PERFORMANCE,CLOCK), run dcgmi diag -r 2 on it, and have it serviced if it stays slow",
         )
 
-    def _all_clear(self, node_id: str, busy: list[GpuSample]) -> list[Finding]:
+    def _all_clear(self, node_id: str, gpus: Sequence[GpuSample]) -> list[Finding]:
         findings = []
-        for gpu in busy:
+        for gpu in gpus:
             findings.extend(self._clear(node_id, gpu.index))
         return findings
 
