@@ -72,6 +72,26 @@ async def test_an_instance_restarted_under_its_own_id_takes_its_lease_back_at_on
     other.cancel()
 
 
+async def test_a_renewal_applied_whose_answer_was_lost_keeps_the_lease(js):
+    """The bus restarts between the server applying a renewal and its answer: the holder's revision
+    is then one behind. It is its own write, so the holder stays active (as a CI run showed, a
+    detector that stopped here left a zombie undetected)."""
+    kv = await _short_bucket(js)
+    a = Lease(kv, "zombie-detector", "a", TTL_S)
+    await a.acquire()
+    await kv.update("zombie-detector", a._value, last=a.revision)  # applied; a never hears of it
+    lost: list[str] = []
+    keeping = asyncio.create_task(a.keep(lost.append))
+    await asyncio.sleep(TTL_S * 1.5)
+    assert a.held and not lost and not keeping.done()
+    assert a.revision == (await kv.get("zombie-detector")).revision
+    # another process under the same id (a restart) is not taken for this one
+    other = Lease(kv, "zombie-detector", "a", TTL_S)
+    await other.acquire()
+    await asyncio.wait_for(keeping, TTL_S * 2)
+    assert not a.held and lost and "instance a holds it" in lost[0]
+
+
 async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets_to_the_declared_settings(js, nats_url):
     # as an older release provisioned them: another TTL, and reads answered by any replica
     old = dataclasses.replace(LEASES, ttl=LEASE_TTL_S / 2, direct=True)

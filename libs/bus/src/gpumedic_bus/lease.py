@@ -25,6 +25,7 @@ import json
 import logging
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
@@ -50,7 +51,9 @@ class Lease:
         self.ttl_s = ttl_s
         self.revision: int | None = None
         self._renewed = 0.0
-        self._value = json.dumps({"instance": instance, "host": socket.gethostname()}).encode()
+        # `incarnation` tells this process's own writes from those of an earlier process under the
+        # same instance id: a renewal whose answer was lost (the bus restarted meanwhile) is ours
+        self._value = json.dumps({"instance": instance, "host": socket.gethostname(), "incarnation": uuid.uuid4().hex}).encode()
 
     @classmethod
     async def open(cls, nc: NATS, service: str, instance: str) -> Lease:
@@ -109,6 +112,8 @@ class Lease:
                 self._renewed = time.monotonic()
                 continue
             except KeyWrongLastSequenceError:
+                if await self._own_write_applied():
+                    continue
                 why = f"instance {await self._holder()} holds it now"
             except Exception as exc:  # noqa: BLE001 (the bus is away: keep trying while the lease may still be ours)
                 if time.monotonic() - self._renewed < LOST_AFTER * self.ttl_s:
@@ -120,6 +125,19 @@ class Lease:
             if outcome is not None:
                 await outcome
             return
+
+    async def _own_write_applied(self) -> bool:
+        """Whether the key holds this very process's value: a renewal the server applied but whose
+        answer was lost (a bus restart or a timeout). Then its revision is adopted and the lease kept."""
+        try:
+            entry = await self._kv.get(self.service)
+        except Exception:  # noqa: BLE001 (gone or unreachable: the lease is lost as the caller says)
+            return False
+        if entry.value != self._value:
+            return False
+        self.revision = entry.revision  # `_renewed` stays: the write's own time is not known
+        log.info("%s: a renewal's answer was lost, but the renewal was applied; still active", self.service)
+        return True
 
     async def release(self) -> None:
         """Give the lease up at once (a clean stop), if this instance holds it."""
