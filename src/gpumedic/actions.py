@@ -7,11 +7,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.incidents import fmt_time
 from gpumedic.output import table, to_json
-from gpumedic_events.redact import redact
 from gpumedic_events import Operation
-from gpumedic_store import ActionRecord, create_engine, session_factory
-from remediator import repository
-
+from gpumedic_events.redact import redact
+from gpumedic_store import ActionRecord, views
 
 _OPERATION = TypeAdapter(Operation)
 
@@ -26,12 +24,8 @@ def _what(record: ActionRecord) -> str:
 async def list_text(
     store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50, as_json: bool = False
 ) -> str:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = await repository.list_actions(session=session, node_id=node_id, incident_id=incident, limit=limit)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        rows = await views.list_actions(session=session, node_id=node_id, incident_id=incident, limit=limit)
     if as_json:
         return to_json(rows)
     if not rows:
@@ -44,15 +38,11 @@ async def list_text(
 
 
 async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> tuple[bool, str]:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            try:
-                record = await repository.find_action(session=session, id_prefix=id_prefix)
-            except ValueError as exc:
-                return False, str(exc)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        try:
+            record = await views.find_action(session=session, id_prefix=id_prefix)
+        except ValueError as exc:
+            return False, str(exc)
     if record is None:
         return False, f"no action whose id starts with {id_prefix!r}"
     if as_json:
@@ -84,12 +74,8 @@ async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) 
 
 async def drained_text(store_url: str, *, node_id: str | None = None, as_json: bool = False) -> str:
     """Which nodes take no new jobs, held by which incident since when (`gpumedic drained`)."""
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = await repository.drains(session=session, node_id=node_id)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        rows = await views.drains(session=session, node_id=node_id)
     if as_json:
         return to_json(rows)
     if not rows:

@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpumedic_bus.streams import stream_of
-from gpumedic_bus.topology import ADMIN, SIM_FLEET
-from gpumedic_events import ActionCompleted, Event, IncidentKind, IncidentOpened, ServiceHeartbeat
-from gpumedic_incidents import Policy
-from gpumedic_incidents.state import fingerprint
-from gpumedic_incidents.store import IncidentStates
-from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, Step, ZombiePolicy, dump_policy
 from nats.js.api import DeliverPolicy
 
 from gpumedic.demo import demo_env
 from gpumedic.sim.fleet import SimFleet
 from gpumedic.stack import HEALTHY_AFTER_S, Stack, server_name, wind_down
+from gpumedic_bus.streams import stream_of
+from gpumedic_bus.topology import ADMIN, SIM_FLEET
+from gpumedic_events import ActionCompleted, Event, IncidentKind, IncidentOpened, ServiceHeartbeat
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, Step, ZombiePolicy, dump_policy
+from gpumedic_incidents.state import fingerprint
+from gpumedic_incidents.store import IncidentStates
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0
@@ -336,7 +336,7 @@ async def _read_all(js, event_type: type[Event]) -> list:
 async def _audit(stack: Stack, admin, fleet: SimFleet, result: ChaosResult) -> None:
     from sqlalchemy import select
 
-    from gpumedic_store import create_engine, session_factory
+    from gpumedic_store import views
     from gpumedic_store.models import ActionRecord, Incident
 
     js = admin.jetstream()
@@ -363,13 +363,9 @@ async def _audit(stack: Stack, admin, fleet: SimFleet, result: ChaosResult) -> N
         if kills > 1:
             result.killed_twice.append(zombie.pid)
 
-    engine = create_engine(stack.store_url)
-    try:
-        async with session_factory(engine)() as session:
-            stored_incidents = set((await session.execute(select(Incident.id))).scalars())
-            stored_actions = {str(a) for a in (await session.execute(select(ActionRecord.action_id))).scalars()}
-    finally:
-        await engine.dispose()
+    async with views.store_session(stack.store_url) as session:
+        stored_incidents = set((await session.execute(select(Incident.id))).scalars())
+        stored_actions = {str(a) for a in (await session.execute(select(ActionRecord.action_id))).scalars()}
     result.missing_incidents = sum(1 for e in opened if str(e.incident_id) not in {str(i) for i in stored_incidents})
     result.missing_actions = sum(1 for e in completed if str(e.action_id) not in stored_actions)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 import signal
@@ -191,6 +192,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_incidents(args) -> int:
+    from gpumedic import operator_bus
     from gpumedic.incidents import false_positives_text, incident_text, list_text, mark_false_positive_text
 
     url = _store_url(args)
@@ -199,7 +201,15 @@ def cmd_incidents(args) -> int:
         if len(words) != 2 or not args.false_positive or not args.reason:
             print("gpumedic incidents: usage: gpumedic incidents mark ID --false-positive --reason TEXT [--by NAME]", file=sys.stderr)
             return 2
-        done, text = asyncio.run(mark_false_positive_text(url, words[1], reason=args.reason, by=args.by))
+        bus = functools.partial(operator_bus.operator_settings, args.var)
+        try:
+            done, text = asyncio.run(mark_false_positive_text(url, words[1], reason=args.reason, by=args.by, bus=bus))
+        except (operator_bus.OperatorError, ValueError) as exc:  # no bus, or a field the event refuses
+            print(f"gpumedic incidents: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, TimeoutError, RuntimeError) as exc:
+            print(f"gpumedic incidents: cannot reach the bus: {exc}", file=sys.stderr)
+            return 1
         print(text, file=sys.stdout if done else sys.stderr)
         return 0 if done else 1
     if len(words) > 1:
@@ -272,20 +282,20 @@ def cmd_cluster(args) -> int:
 
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
-    from gpumedic import silences
+    from gpumedic import operator_bus, silences
     from gpumedic.sim.times import parse_time
 
     if args.action == "list":
         print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))
         return 0
     try:
-        settings = silences.operator_settings(args.var)
+        settings = operator_bus.operator_settings(args.var)
         if args.action == "add":
             if not args.reason:
-                raise silences.OperatorError("say why with --reason (it is kept on every silenced incident)")
+                raise operator_bus.OperatorError("say why with --reason (it is kept on every silenced incident)")
             duration_s = parse_time(args.duration)
             if duration_s <= 0:
-                raise silences.OperatorError("--for must be longer than 0s")
+                raise operator_bus.OperatorError("--for must be longer than 0s")
             event = asyncio.run(
                 silences.add(
                     settings, reason=args.reason, by=args.by, duration_s=duration_s,
@@ -295,10 +305,10 @@ def cmd_silence(args) -> int:
             print(f"added {silences.describe(event)}")
         else:
             if not args.silence_id:
-                raise silences.OperatorError("name the silence to lift: gpumedic silence remove ID")
+                raise operator_bus.OperatorError("name the silence to lift: gpumedic silence remove ID")
             event = asyncio.run(silences.remove(settings, silence_id=args.silence_id, by=args.by))
             print(f"silence {event.silence_id} lifted by {event.removed_by}")
-    except (silences.OperatorError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+    except (operator_bus.OperatorError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"gpumedic silence: {exc}", file=sys.stderr)
         return 2
     except (OSError, TimeoutError, RuntimeError) as exc:
@@ -355,15 +365,15 @@ def cmd_inventory(args) -> int:
 
 def cmd_preflight(args) -> int:
     """Are a node's GPUs ready for the next job? Exit 0 ready, 1 not ready, 2 the check could not be made."""
-    from gpumedic import preflight, silences
+    from gpumedic import operator_bus, preflight
     from gpumedic_bus.topology import LAUNCHER
     from gpumedic_events import PreflightRequest
 
     try:
         request = PreflightRequest(node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, requested_by=args.by)
-        settings = silences.operator_settings(args.var, LAUNCHER)
+        settings = operator_bus.operator_settings(args.var, LAUNCHER)
         report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
-    except (silences.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
+    except (operator_bus.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
         print(f"gpumedic preflight: {exc}", file=sys.stderr)
         return 2
     except (OSError, TimeoutError) as exc:
@@ -387,20 +397,15 @@ def cmd_breaker(args) -> int:
     """The remediator's fleet circuit breaker: it stays open until a person resets it here."""
     from datetime import UTC, datetime
 
-    from gpumedic_store import create_engine, session_factory
-    from gpumedic_store import breaker
+    from gpumedic_store import breaker, views
 
     async def _breaker() -> str:
-        engine = create_engine(_store_url(args))
-        try:
-            async with session_factory(engine)() as session:
-                if args.action == "reset":
-                    trips = await breaker.reset(session=session, by=args.by, now=datetime.now(UTC))
-                    await session.commit()
-                    return f"breaker reset by {args.by}" if trips else "the breaker was closed; nothing to reset"
-                trip = await breaker.open_trip(session=session)
-        finally:
-            await engine.dispose()
+        async with views.store_session(_store_url(args)) as session:
+            if args.action == "reset":
+                trips = await breaker.reset(session=session, by=args.by, now=datetime.now(UTC))
+                await session.commit()
+                return f"breaker reset by {args.by}" if trips else "the breaker was closed; nothing to reset"
+            trip = await breaker.open_trip(session=session)
         if args.json:
             from gpumedic.output import to_json
 
@@ -415,11 +420,11 @@ def cmd_breaker(args) -> int:
 
 def cmd_dead_letters(args) -> int:
     """What the services refused, from the dead-letter stream (as the NATS admin); replay chosen ones."""
-    from gpumedic import deadletters, silences
+    from gpumedic import deadletters, operator_bus
     from gpumedic_bus.topology import ADMIN
 
     try:
-        settings = silences.operator_settings(args.var, ADMIN)
+        settings = operator_bus.operator_settings(args.var, ADMIN)
         if args.action == "list":
             print(asyncio.run(deadletters.list_text(settings, service=args.service, limit=args.limit, as_json=args.json)))
             return 0
@@ -427,7 +432,7 @@ def cmd_dead_letters(args) -> int:
             print("gpumedic dead-letters: name the dead letters to replay by their SEQ (see `gpumedic dead-letters list`)", file=sys.stderr)
             return 2
         ok, lines = asyncio.run(deadletters.replay(settings, list(args.seq)))
-    except silences.OperatorError as exc:
+    except operator_bus.OperatorError as exc:
         print(f"gpumedic dead-letters: {exc}", file=sys.stderr)
         return 2
     except (OSError, TimeoutError, RuntimeError) as exc:
@@ -599,7 +604,7 @@ _command(
     click.option("--reason", help="with `mark`: why it was wrong"),
     _by(what="with `mark`: who says so"),
     click.option("--false-positives", is_flag=True, help="the false-positive ledger per detector and kind"),
-    _store(), _json(),
+    _var(), _store(), _json(),
     description="\b\n"
     "gpumedic incidents                          the latest incidents\n"
     "gpumedic incidents ID                       one incident: cause, evidence, timeline, trace\n"

@@ -7,8 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpumedic.incidents import fmt_time
 from gpumedic.output import table, to_json
-from gpumedic_store import create_engine, session_factory
-from report_builder import repository
+from gpumedic_store import views
 from report_builder.clusterlog import ClusterSummary, Goal, summarize
 
 
@@ -49,13 +48,9 @@ def _or_dash(value: object) -> str:
 async def log_text(
     store_url: str, *, cluster: str | None, since: timedelta, goal: Goal | None = None, rows: int = 30, as_json: bool = False
 ) -> str:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            names = [cluster] if cluster else await repository.clusters(session)
-            checks = {name: await repository.cluster_checks(session, cluster=name, since=datetime.now(UTC) - since) for name in names}
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        names = [cluster] if cluster else await views.clusters(session)
+        checks = {name: await views.cluster_checks(session, cluster=name, since=datetime.now(UTC) - since) for name in names}
     if as_json:
         return to_json([{"cluster": n, "summary": summarize(checks[n], goal), "checks": checks[n][-rows:]} for n in names])
     out = []

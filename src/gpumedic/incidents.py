@@ -3,12 +3,18 @@ read from the store report-builder keeps."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
 
+from gpumedic.operator_bus import SOURCE, publish
 from gpumedic.output import table, to_json
+from gpumedic_bus import NatsSettings
+from gpumedic_events import IncidentMarked
 from gpumedic_events.redact import redact
-from gpumedic_store import create_engine, session_factory
-from report_builder import repository
+from gpumedic_store import views
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -16,12 +22,8 @@ def fmt_time(value: datetime | None) -> str:
 
 
 async def list_text(store_url: str, *, status: str | None = None, limit: int = 50, as_json: bool = False) -> str:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = await repository.list_incidents(session, where=repository.IncidentFilter(status=status), limit=limit)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        rows = await views.list_incidents(session, where=views.IncidentFilter(status=status), limit=limit)
     if as_json:
         return to_json(rows)
     if not rows:
@@ -34,18 +36,14 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
 
 
 async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> str:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            incident = await repository.find_incident(session, id_prefix=id_prefix)
-            if incident is None:
-                return f"no incident whose id starts with {id_prefix!r}"
-            timeline = await repository.incident_timeline(session, incident_id=incident.id)
-            spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
-            marks = await repository.marks_of(session, incident_id=incident.id)
-            notifications = await repository.notifications_of(session, incident_id=incident.id)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        incident = await views.find_incident(session, id_prefix=id_prefix)
+        if incident is None:
+            return f"no incident whose id starts with {id_prefix!r}"
+        timeline = await views.incident_timeline(session, incident_id=incident.id)
+        spans = await views.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+        marks = await views.marks_of(session, incident_id=incident.id)
+        notifications = await views.notifications_of(session, incident_id=incident.id)
     if as_json:
         return to_json({"incident": incident, "timeline": timeline, "trace": spans, "marks": marks, "notifications": notifications})
     lines = [
@@ -108,29 +106,36 @@ def _diagnosis(incident) -> list[str]:
     return lines
 
 
-async def mark_false_positive_text(store_url: str, id_prefix: str, *, reason: str, by: str) -> tuple[bool, str]:
-    """Record an operator's verdict that an incident was a false positive; (done, what to print)."""
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            incident = await repository.find_incident(session, id_prefix=id_prefix)
-            if incident is None:
-                return False, f"no incident whose id starts with {id_prefix!r}"
-            await repository.mark_false_positive(session, incident_id=incident.id, reason=reason, by=by, now=datetime.now(UTC))
-            await session.commit()
-    finally:
-        await engine.dispose()
-    return True, f"incident {incident.id} ({incident.kind} on {incident.node_id}) marked false positive by {by}: {reason}"
+async def mark_false_positive_text(
+    store_url: str, id_prefix: str, *, reason: str, by: str, bus: Callable[[], NatsSettings], wait_s: float = 10.0
+) -> tuple[bool, str]:
+    """Tell report-builder, the ledger's owner, that an incident was a false positive (an
+    IncidentMarked on the bus, as the operator), then wait for the ledger to show it; (done, what
+    to print). `bus` gives the operator's bus settings, asked only once the incident is found."""
+    async with views.store_session(store_url) as session:
+        try:
+            incident = await views.find_incident(session, id_prefix=id_prefix)
+        except ValueError as exc:  # empty or ambiguous
+            return False, str(exc)
+    if incident is None:
+        return False, f"no incident whose id starts with {id_prefix!r}"
+    event = IncidentMarked(source=SOURCE, incident_id=uuid.UUID(incident.id), reason=reason, marked_by=by)
+    await publish(bus(), event)
+    what = f"incident {incident.id} ({incident.kind} on {incident.node_id})"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        async with views.store_session(store_url) as session:
+            marks = await views.marks_of(session, incident_id=incident.id)
+        if any(m.marked_by == by and m.reason == reason for m in marks):
+            return True, f"{what} marked false positive by {by}: {reason}"
+        await asyncio.sleep(0.2)
+    return True, f"{what}: the verdict is on the bus; report-builder has not recorded it within {wait_s:g}s and will when it runs"
 
 
 async def false_positives_text(store_url: str, *, as_json: bool = False) -> str:
     """The false-positive ledger: per detector and kind, how many incidents operators marked wrong."""
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            records = await repository.false_positive_counts(session)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        records = await views.false_positive_counts(session)
     if as_json:
         return to_json(records)
     if not records:

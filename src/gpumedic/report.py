@@ -31,11 +31,11 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
-from gpumedic_store import create_engine, session_factory
+from gpumedic_events.redact import redact_tree
+from gpumedic_store import breaker, views
 from gpumedic_store.engine import unreadable
 from gpumedic_store.models import Incident
 from gpumedic_store.settings import mask_url
-from gpumedic_events.redact import redact_tree
 
 PRIORITIES = {1: "P1 now", 2: "P2 today", 3: "P3 watch", 4: "P4 note"}
 CATEGORY_OF_DETECTOR = {"zombie-detector": "node", "leader-health": "cluster", "autoscaler": "capacity"}
@@ -93,24 +93,17 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
     report = Report(generated_at=now, store=sources.store_url if show_secrets else mask_url(sources.store_url))
     nodes = _check_ssh(sources, report.checks)
     await _check_bus(sources, report.checks)
-    engine = create_engine(sources.store_url)
     try:
-        async with session_factory(engine)() as session:
-            from gpumedic_store import breaker
-            from remediator import repository as ledger
-            from report_builder import repository as incidents
-
-            rows = [*await incidents.list_incidents(session, where=incidents.IncidentFilter(status="escalated"), limit=10_000),
-                    *await incidents.list_incidents(session, where=incidents.IncidentFilter(status="open"), limit=10_000)]
+        async with views.store_session(sources.store_url) as session:
+            rows = [*await views.list_incidents(session, where=views.IncidentFilter(status="escalated"), limit=10_000),
+                    *await views.list_incidents(session, where=views.IncidentFilter(status="open"), limit=10_000)]
             trip = await breaker.open_trip(session=session)
-            drained = sorted({d.node_id for d in await ledger.drains(session=session)})
+            drained = sorted({d.node_id for d in await views.drains(session=session)})
         report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
     except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has
         cause = unreadable(exc) if isinstance(exc, DBAPIError) else str(exc).splitlines()[0]
         report.checks.append(Check("store", "fail", f"cannot be read: {hide(cause)}"))
         rows, trip, drained = [], None, []
-    finally:
-        await engine.dispose()
     if node is not None:
         rows = [r for r in rows if r.node_id == node]
     report.problems = [_problem(r, hide) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]

@@ -8,47 +8,14 @@ one runs there, else the one GPUMEDIC_NATS_* names (compose: the operator's pass
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
+from gpumedic.operator_bus import SOURCE, publish
 from gpumedic.output import table, to_json
-from gpumedic.stack import Stack
-from gpumedic_bus import NatsSettings, connect
-from gpumedic_bus.topology import OPERATOR
-from gpumedic_events import Event, IncidentKind, SilenceAdded, SilenceRemoved
-from gpumedic_store import create_engine, session_factory
-from report_builder import repository
-
-SOURCE = "gpumedic-cli"
-
-
-class OperatorError(RuntimeError):
-    """The operator's command cannot be carried out; the message says why and what to do."""
-
-
-def operator_settings(var_dir: Path, user: str = OPERATOR) -> NatsSettings:
-    """The embedded stack's bus under `var_dir` as `user` if one runs there, else GPUMEDIC_NATS_*."""
-    if os.environ.get("GPUMEDIC_NATS_URL"):
-        return NatsSettings()
-    settings = Stack.running(var_dir, user)
-    if settings is None:
-        raise OperatorError(
-            f"no embedded stack runs under {var_dir}/ (start one with `gpumedic up`), and GPUMEDIC_NATS_URL is not set "
-            f"(for compose: GPUMEDIC_NATS_URL=tls://HOST:4222 GPUMEDIC_NATS_USER={user} GPUMEDIC_NATS_PASSWORD=... "
-            "GPUMEDIC_NATS_TLS_CA_FILE=deploy/secrets/tls/ca.pem)"
-        )
-    return settings
-
-
-async def _publish(settings: NatsSettings, event: Event) -> None:
-    nc = await connect(settings, SOURCE, allow_reconnect=False, max_reconnect_attempts=0)
-    try:
-        await nc.jetstream().publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)}, timeout=5)
-    finally:
-        await nc.close()
-
+from gpumedic_bus import NatsSettings
+from gpumedic_events import IncidentKind, SilenceAdded, SilenceRemoved
+from gpumedic_store import views
 
 async def add(
     settings: NatsSettings,
@@ -72,23 +39,19 @@ async def add(
         reason=reason,
         created_by=by,
     )
-    await _publish(settings, event)
+    await publish(settings, event)
     return event
 
 
 async def remove(settings: NatsSettings, *, silence_id: str, by: str) -> SilenceRemoved:
     event = SilenceRemoved(source=SOURCE, silence_id=uuid.UUID(silence_id), removed_by=by)
-    await _publish(settings, event)
+    await publish(settings, event)
     return event
 
 
 async def list_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:
-    engine = create_engine(store_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = await repository.list_silences(session, now=datetime.now(UTC), include_past=include_past)
-    finally:
-        await engine.dispose()
+    async with views.store_session(store_url) as session:
+        rows = await views.list_silences(session, now=datetime.now(UTC), include_past=include_past)
     if as_json:
         return to_json(rows)
     if not rows:

@@ -22,10 +22,8 @@ from gpumedic.sim.fleet import SimFleet
 from gpumedic_events import Event
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import ContainerPolicy, FleetPolicy, Kinds, Step, ZombiePolicy
-from gpumedic_store import create_engine, session_factory
-from remediator import repository as ledger
+from gpumedic_store import create_engine, session_factory, views
 from remediator.main import create_app as remediator_app
-from report_builder import repository
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import samplers_running
@@ -106,7 +104,7 @@ async def test_secrets_in_a_jobs_command_line_and_logs_are_nowhere_in_clear(nats
     shown["gpumedic actions --json"] = await actions_text(store_url, as_json=True)
     engine = create_engine(store_url)
     async with session_factory(engine)() as session:
-        actions = await ledger.list_actions(session=session)
+        actions = await views.list_actions(session=session)
     await engine.dispose()
     assert actions, "the zombie's kill is in the ledger"
     for action in actions:
@@ -128,7 +126,7 @@ async def _incidents(store_url: str, wanted: dict[str, str], timeout_s: float = 
     try:
         for _ in range(int(timeout_s / 0.25)):
             async with session_factory(engine)() as session:
-                rows = await repository.list_incidents(session, limit=50)
+                rows = await views.list_incidents(session, limit=50)
             found = {r.kind: r for r in rows if wanted.get(r.kind) == r.status}
             if len(found) == len(wanted):
                 return found

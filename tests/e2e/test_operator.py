@@ -9,9 +9,8 @@ import asyncio
 import pytest
 
 from gpumedic.cli import main
-from gpumedic_store import create_engine, session_factory
+from gpumedic_store import create_engine, session_factory, views
 from remediator.main import create_app as remediator_app
-from report_builder import repository
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.test_thin_path import detector, remediator_settings, wait_for_incident
@@ -29,7 +28,7 @@ async def _open_incident(store_url: str, timeout_s: float = 30.0):
     try:
         for _ in range(int(timeout_s / 0.2)):
             async with session_factory(engine)() as session:
-                rows = await repository.list_incidents(session, where=repository.IncidentFilter(status="open"))
+                rows = await views.list_incidents(session, where=views.IncidentFilter(status="open"))
             if rows:
                 return rows[0]
             await asyncio.sleep(0.2)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from gpumedic.incidents import incident_text
-from gpumedic_store import create_engine, session_factory
-from report_builder import repository
+from gpumedic_store import create_engine, session_factory, views
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from tests.e2e.conftest import fleet_publishing, samplers_running
@@ -21,7 +20,7 @@ async def _died(store_url: str, expected: int, timeout_s: float = 40.0) -> list:
     try:
         for _ in range(int(timeout_s / 0.25)):
             async with session_factory(engine)() as session:
-                rows = [i for i in await repository.list_incidents(session, limit=100) if i.kind == "container_died"]
+                rows = [i for i in await views.list_incidents(session, limit=100) if i.kind == "container_died"]
             if len(rows) >= expected and all(r.diagnosis for r in rows):
                 return rows
             await asyncio.sleep(0.25)
@@ -79,6 +78,6 @@ async def test_a_lost_gpu_reported_by_its_event_and_its_sample_at_once_is_one_in
 
     engine = create_engine(store_url)
     async with session_factory(engine)() as session:
-        rows = [i for i in await repository.list_incidents(session, limit=100) if i.kind == "gpu_lost"]
+        rows = [i for i in await views.list_incidents(session, limit=100) if i.kind == "gpu_lost"]
     await engine.dispose()
     assert sorted(r.gpu_index for r in rows) == [0, 1, 2, 3]

@@ -11,8 +11,7 @@ import nats
 from gpumedic_bus.streams import DEAD_LETTERS
 from gpumedic_events import IncidentOpened, MessageRejected
 from gpumedic_events.base import json_examples
-from gpumedic_store import create_engine, session_factory, upgrade
-from report_builder import repository
+from gpumedic_store import create_engine, session_factory, upgrade, views
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 
@@ -23,7 +22,7 @@ async def _stored(url: str) -> int:
     engine = create_engine(url)
     try:
         async with session_factory(engine)() as session:
-            return len(await repository.list_incidents(session, limit=500))
+            return len(await views.list_incidents(session, limit=500))
     finally:
         await engine.dispose()
 

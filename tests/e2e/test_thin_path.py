@@ -12,15 +12,13 @@ from faststream import FastStream
 from gpumedic_bus import NatsSettings
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy
-from gpumedic_store import create_engine, session_factory
+from gpumedic_store import create_engine, session_factory, views
 from remediator.main import create_app as remediator_app
 from remediator.settings import Settings as RemediatorSettings
-from report_builder import repository
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
 from zombie_detector.main import create_app as detector_app
 from zombie_detector.settings import Settings as DetectorSettings
-
 
 TEST_POLICY = Policy(
     fleet=FleetPolicy(hold_s=0),
@@ -51,11 +49,11 @@ async def wait_for_incident(store_url: str, status: str, timeout_s: float = 45.0
     try:
         for _ in range(int(timeout_s / 0.25)):
             async with sessions() as session:
-                rows = await repository.list_incidents(session, where=repository.IncidentFilter(status=status))
+                rows = await views.list_incidents(session, where=views.IncidentFilter(status=status))
                 if rows:
                     incident = rows[0]
-                    timeline = await repository.incident_timeline(session, incident_id=incident.id)
-                    spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+                    timeline = await views.incident_timeline(session, incident_id=incident.id)
+                    spans = await views.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
                     names = {s.name for s in spans}
                     records = sum(1 for s in spans if s.name == "record")
                     if {"detect", "decide", "act", "verify"} <= names and records >= len(timeline) >= 4:

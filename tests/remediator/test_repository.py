@@ -7,13 +7,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from sqlalchemy.exc import IntegrityError
 
 from gpumedic_events import ProcessTarget
-from gpumedic_store import breaker, create_engine, session_factory, upgrade
+from gpumedic_store import breaker, create_engine, session_factory, upgrade, views
 from remediator import repository
-
 from tests.remediator.conftest import kill_request
 
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -189,11 +187,11 @@ async def test_a_node_is_drained_while_any_incident_holds_it(sessions):
         await repository.hold_drained(session=session, request=first, now=NOW + timedelta(seconds=2))  # asked again
         await session.commit()
     async with sessions() as session:
-        assert [r.incident_id for r in await repository.drains(session=session, node_id="n1")] == [
+        assert [r.incident_id for r in await views.drains(session=session, node_id="n1")] == [
             str(first.incident_id), str(second.incident_id)
         ]
         await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)
         await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)  # twice: no error
         await session.commit()
     async with sessions() as session:
-        assert [r.incident_id for r in await repository.drains(session=session)] == [str(second.incident_id)]
+        assert [r.incident_id for r in await views.drains(session=session)] == [str(second.incident_id)]

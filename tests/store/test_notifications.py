@@ -11,11 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
+
 from gpumedic_events import Event, IncidentEscalated, IncidentOpened, IncidentResolved
 from gpumedic_events.base import json_examples
 from gpumedic_store import Notification
+from gpumedic_store.views import notifications_of
 from report_builder.notify import Channel, Notifier
-from report_builder.repository import notifications_of, queue_notifications, record_event
+from report_builder.repository import queue_notifications, record_event
 
 INCIDENT = "3b9a1d52-8f3e-4c1a-9d7e-5a0b6c2d4e11"
 TOKEN = "tok-9f8e7d6c5b4a"

@@ -7,25 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from gpumedic_events import (
-    ActionCompleted,
-    ActionRequested,
-    Event,
-    IncidentEscalated,
-    IncidentOpened,
-    IncidentResolved,
-    SpanRecord,
-)
+
+from gpumedic_events import ActionCompleted, ActionRequested, Event, IncidentEscalated, IncidentOpened, IncidentResolved, SpanRecord
 from gpumedic_events.base import json_examples
-from report_builder.repository import (
-    IncidentFilter,
-    find_incident,
-    incident_timeline,
-    list_incidents,
-    record_event,
-    record_spans,
-    trace_spans,
-)
+from gpumedic_store.views import IncidentFilter, find_incident, incident_timeline, list_incidents, trace_spans
+from report_builder.repository import record_event, record_spans
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 INCIDENT = "3b9a1d52-8f3e-4c1a-9d7e-5a0b6c2d4e11"

@@ -35,6 +35,7 @@ from gpumedic_events import (
     NodeUndrained,
     ProcessOomKilled,
     ServiceHeartbeat,
+    IncidentMarked,
     SilenceAdded,
     SilenceRemoved,
     SpansExported,
@@ -140,12 +141,12 @@ TELEMETRY = Stream(
 
 CONTROL = Stream(
     name="GPUMEDIC_CONTROL",
-    events=(SilenceAdded, SilenceRemoved),
+    events=(SilenceAdded, SilenceRemoved, IncidentMarked),
     storage=StorageType.FILE,
     max_age_s=365 * _DAY,
     max_bytes=64 * 1024 * 1024,
     duplicate_window_s=10 * _MINUTE,
-    description="What operators tell the system (silences); detectors replay it from the start when they start.",
+    description="What operators tell the system (silences, verdicts); detectors replay the silences from the start when they start.",
 )
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY, CONTROL)

@@ -30,6 +30,7 @@ from gpumedic_events import (
     GpuXidReported,
     IncidentEscalated,
     IncidentKind,
+    IncidentMarked,
     IncidentOpened,
     IncidentResolved,
     IncidentUpdated,
@@ -109,6 +110,7 @@ DURABLES: tuple[Durable, ...] = (
             ActionCompleted,
             SilenceAdded,
             SilenceRemoved,
+            IncidentMarked,
         )
     ),
     Durable("report-builder-spans", "report-builder", SpansExported),
@@ -163,6 +165,8 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     # A person silences from the CLI (the operator's login) or the console (report-builder's).
     SilenceAdded: ("operator", "report-builder"),
     SilenceRemoved: ("operator", "report-builder"),
+    # The console (report-builder) keeps its own verdicts; the CLI's come as events to their owner.
+    IncidentMarked: ("operator",),
 }
 """Which services (or the operator's tools) publish each event. A new event must be added here,
 or `proto` fails."""

@@ -51,7 +51,7 @@ from gpumedic_events.incident import (
     IncidentUpdated,
     Severity,
 )
-from gpumedic_events.silence import SilenceAdded, SilenceRemoved
+from gpumedic_events.silence import IncidentMarked, SilenceAdded, SilenceRemoved
 from gpumedic_events.node import (
     ClockEventReason,
     ComputeMode,
@@ -92,6 +92,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SpansExported,
     SilenceAdded,
     SilenceRemoved,
+    IncidentMarked,
 )
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "PreflightRequest",
     "SshCause",
     "SilenceRemoved",
+    "IncidentMarked",
     "SilenceAdded",
     "Severity",
     "NodeSshChecked",

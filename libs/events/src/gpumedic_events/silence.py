@@ -1,4 +1,5 @@
-"""Silences and maintenance windows: an operator tells the detectors what not to act on, and until when.
+"""What operators tell the system: silences and maintenance windows (what not to act on, and until
+when), and their verdicts on incidents (a false positive).
 
 A silence matches incidents by node, kind and GPU (an absent field matches anything; none at
 all silences everything). A silenced finding is still recorded, as silenced, and requests no
@@ -8,7 +9,7 @@ action. Silences are facts on the bus, so every detector (and the store) learns 
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
@@ -80,3 +81,32 @@ class SilenceRemoved(Event):
 
     silence_id: uuid.UUID
     removed_by: str = Field(min_length=1, max_length=128)
+
+
+class IncidentMarked(Event):
+    """An operator's verdict on a closed or open incident: it was a false positive. report-builder
+    keeps it in the false-positive ledger (how often each detector's rule was wrong); marking
+    again replaces the reason."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.verdict.marked"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "3c4d5e6f-7a8b-4c9d-8e0f-2a3b4c5d6e7f",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T12:00:00Z",
+                    "source": "gpumedic-cli",
+                    "incident_id": "3b9a1d52-8f3e-4c1a-9d7e-5a0b6c2d4e11",
+                    "verdict": "false_positive",
+                    "reason": "the job was loading its dataset",
+                    "marked_by": "alice",
+                }
+            ]
+        }
+    )
+
+    incident_id: uuid.UUID
+    verdict: Literal["false_positive"] = "false_positive"
+    reason: str = Field(min_length=1, max_length=500)
+    marked_by: str = Field(min_length=1, max_length=128)

@@ -174,39 +174,7 @@ async def ledger_view(
     )
 
 
-async def list_actions(*, session: AsyncSession, node_id: str | None = None, incident_id: str | None = None, limit: int = 50) -> list[ActionRecord]:
-    """The ledger, newest first: every decision (refusals and observed ones included)."""
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, not {limit}")
-    stmt = select(ActionRecord).order_by(ActionRecord.started_at.desc(), ActionRecord.action_id).limit(limit)
-    if node_id is not None:
-        stmt = stmt.where(ActionRecord.node_id == node_id)
-    if incident_id is not None:
-        stmt = stmt.where(ActionRecord.incident_id.startswith(incident_id.lower(), autoescape=True))
-    return list((await session.scalars(stmt)).all())
-
-
-async def find_action(*, session: AsyncSession, id_prefix: str) -> ActionRecord | None:
-    """The one action whose id starts with `id_prefix`; ValueError when empty or ambiguous."""
-    prefix = id_prefix.strip().lower()
-    if not prefix:
-        raise ValueError("an action id prefix must not be empty")
-    stmt = select(ActionRecord).where(ActionRecord.action_id.startswith(prefix, autoescape=True)).limit(2)
-    found = list((await session.scalars(stmt)).all())
-    if len(found) > 1:
-        raise ValueError(f"action id prefix {prefix!r} is ambiguous; type more of the id")
-    return found[0] if found else None
-
-
 # --- drained nodes ------------------------------------------------------------------------------
-
-
-async def drains(*, session: AsyncSession, node_id: str | None = None) -> list[NodeDrain]:
-    """The incidents holding nodes drained (one node's, or every node's), oldest first."""
-    query = select(NodeDrain).order_by(NodeDrain.drained_at, NodeDrain.node_id)
-    if node_id is not None:
-        query = query.where(NodeDrain.node_id == node_id)
-    return list((await session.scalars(query)).all())
 
 
 async def hold_drained(*, session: AsyncSession, request: ActionRequested, now: datetime) -> None:

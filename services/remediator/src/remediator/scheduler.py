@@ -19,6 +19,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_events import ActionRequested, Event, NodeDrained, NodeUndrained
+from gpumedic_store import views
 from gpumedic_webhook import post_with_retries
 from remediator import repository
 
@@ -43,7 +44,7 @@ class StoreScheduler:
 
     async def holders(self, node_id: str) -> list[str]:
         async with self._sessions() as session:
-            return [row.incident_id for row in await repository.drains(session=session, node_id=node_id)]
+            return [row.incident_id for row in await views.drains(session=session, node_id=node_id)]
 
     async def hold(self, request: ActionRequested) -> None:
         async with self._sessions() as session:

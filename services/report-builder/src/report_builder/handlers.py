@@ -13,7 +13,15 @@ from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery
-from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentEscalated, SilenceAdded, SilenceRemoved, SpansExported
+from gpumedic_events import (
+    CapacityEvaluated,
+    ClusterChecked,
+    IncidentEscalated,
+    IncidentMarked,
+    SilenceAdded,
+    SilenceRemoved,
+    SpansExported,
+)
 from gpumedic_telemetry import INCIDENT_ID, NODE_ID
 from report_builder import repository
 
@@ -58,6 +66,15 @@ class ReportHandlers:
     async def on_silence(self, event: SilenceAdded | SilenceRemoved, delivery: Delivery) -> None:
         async with self._sessions() as session:
             await repository.record_silence(session, event=event)
+            await session.commit()
+        self._changed()
+
+    async def on_marked(self, event: IncidentMarked, delivery: Delivery) -> None:
+        """An operator's verdict from the CLI (the console keeps its own directly)."""
+        async with self._sessions() as session:
+            await repository.mark_false_positive(
+                session, incident_id=str(event.incident_id), reason=event.reason, by=event.marked_by, now=event.occurred_at
+            )
             await session.commit()
         self._changed()
 

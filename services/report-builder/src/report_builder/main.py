@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     stored("report-builder-spans", handlers.on_spans)
     stored("report-builder-ClusterChecked", handlers.on_cluster_checked)
     stored("report-builder-CapacityEvaluated", handlers.on_capacity_evaluated)
+    stored("report-builder-IncidentMarked", handlers.on_marked)
     for event_type in (SilenceAdded, SilenceRemoved):
         stored(f"report-builder-{event_type.__name__}", handlers.on_silence)
     if channels:

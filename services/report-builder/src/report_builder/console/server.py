@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpumedic_events import Event, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
+from gpumedic_store import views as read
 from report_builder import clusterlog, repository
 from report_builder.console import views
 from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, LoginThrottle, Session, Sessions
@@ -188,8 +189,8 @@ class Console:
     async def fleet_page(self, request: web.Request) -> web.Response:
         now = datetime.now(UTC)
         async with self._db() as session:
-            unresolved = await repository.unresolved_by_node(session)
-            drained = await repository.drained_nodes(session)
+            unresolved = await read.unresolved_by_node(session)
+            drained = await read.drained_nodes(session)
         tiles = views.fleet(self.readings, unresolved, drained, now, silent_after_s=self.config.silent_after_s)
         counts = {h: sum(1 for t in tiles if t.health == h) for h in views.HEALTH_ORDER}
         return self._page(request, "fleet.html", "Fleet", tiles=tiles, counts=counts)
@@ -201,8 +202,8 @@ class Console:
         except (views.FilterError, ValueError) as exc:
             raise _BadRequest(str(exc) if isinstance(exc, views.FilterError) else "page must be a whole number") from None
         async with self._db() as session:
-            rows = await repository.list_incidents(session, where=where, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE)
-            kinds = sorted({*await repository.incident_kinds(session), *([where.kind] if where.kind else [])})
+            rows = await read.list_incidents(session, where=where, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE)
+            kinds = sorted({*await read.incident_kinds(session), *([where.kind] if where.kind else [])})
         query = {k: v for k, v in request.query.items() if k != "page" and v}
         return self._page(
             request, "incidents.html", "Incidents", rows=rows[:PAGE_SIZE], kinds=kinds, statuses=INCIDENT_STATUSES, query=query,
@@ -234,14 +235,14 @@ class Console:
         except ValueError:
             raise _BadRequest(f"{incident_id!r} is not an incident id") from None
         async with self._db() as session:
-            incident = await repository.find_incident(session, id_prefix=incident_id)
+            incident = await read.find_incident(session, id_prefix=incident_id)
             if incident is None:
                 raise web.HTTPNotFound(text=f"no incident {incident_id}")
-            timeline = await repository.incident_timeline(session, incident_id=incident.id)
-            actions = await repository.actions_of(session, incident_id=incident.id)
-            spans = await repository.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
-            marks = await repository.marks_of(session, incident_id=incident.id)
-            notifications = await repository.notifications_of(session, incident_id=incident.id)
+            timeline = await read.incident_timeline(session, incident_id=incident.id)
+            actions = await read.actions_of(session, incident_id=incident.id)
+            spans = await read.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
+            marks = await read.marks_of(session, incident_id=incident.id)
+            notifications = await read.notifications_of(session, incident_id=incident.id)
         jaeger = f"{self.config.jaeger_url.rstrip('/')}/trace/{incident.trace_id}" if self.config.jaeger_url and incident.trace_id else None
         return {
             "incident": incident, "timeline": timeline, "actions": actions, "trace": views.waterfall(spans), "marks": marks,
@@ -252,9 +253,9 @@ class Console:
         hours = _hours(request, default=6)
         since = datetime.now(UTC) - timedelta(hours=hours)
         async with self._db() as session:
-            names = await repository.clusters(session)
+            names = await read.clusters(session)
             chosen = request.query.get("cluster") or (names[0] if names else None)
-            checks = await repository.cluster_checks(session, cluster=chosen, since=since) if chosen else []
+            checks = await read.cluster_checks(session, cluster=chosen, since=since) if chosen else []
         summary = clusterlog.summarize(checks)
         top = max((c.peers_total for c in checks), default=0)
         return self._page(
@@ -267,7 +268,7 @@ class Console:
     async def capacity_page(self, request: web.Request) -> web.Response:
         hours = _hours(request, default=6)
         async with self._db() as session:
-            rows = await repository.capacity_checks(session, since=datetime.now(UTC) - timedelta(hours=hours))
+            rows = await read.capacity_checks(session, since=datetime.now(UTC) - timedelta(hours=hours))
         queue = [(r.queued or 0) + (r.in_progress or 0) for r in rows]
         gpus, wanted, cost = [r.gpus_total for r in rows], [r.gpus_wanted or 0 for r in rows], [r.cost_per_h or 0.0 for r in rows]
         gpus_top = max(gpus + wanted, default=0)
@@ -281,8 +282,8 @@ class Console:
     async def ledger_page(self, request: web.Request) -> web.Response:
         now = datetime.now(UTC)
         async with self._db() as session:
-            rules = await repository.false_positive_counts(session)
-            silences = await repository.list_silences(session, now=now)
+            rules = await read.false_positive_counts(session)
+            silences = await read.list_silences(session, now=now)
             trip = await breaker.open_trip(session=session)
         return self._page(request, "ledger.html", "Ledger", rules=rules, silences=silences, trip=trip, kinds=[k.value for k in IncidentKind])
 
@@ -397,7 +398,7 @@ class Console:
         incident_id = request.match_info["id"]
         async with self._db() as session:
             try:
-                incident = await repository.find_incident(session, id_prefix=str(uuid.UUID(incident_id)))
+                incident = await read.find_incident(session, id_prefix=str(uuid.UUID(incident_id)))
             except ValueError:
                 raise _BadRequest(f"{incident_id!r} is not an incident id") from None
             if incident is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpumedic_events import NodeSampled
-from report_builder.repository import IncidentFilter
+from gpumedic_store.views import IncidentFilter
 
 HEALTH_ORDER = ("critical", "warning", "drained", "silent", "info", "ok")
 """Worst first: a tile shows the first that applies."""
