@@ -23,7 +23,7 @@ import nats
 from benchmarks import percentile
 from gpumedic.natsd import NatsServer
 from gpumedic.preflight import ask
-from gpumedic.sim import SimFleet
+from gpumedic_sim import SimFleet
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_events import PreflightRequest
 from gpumedic_store import upgrade

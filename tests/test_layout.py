@@ -1,5 +1,9 @@
-"""The layout's rules, checked: libs are imported and services are run, so no service imports
-another service; node-sampler (on every GPU node) installs without a database or SSH stack."""
+"""The layout's rules, checked: libs are imported and services are run. Only the simulated fleet
+(`sim/`, the one composer of services), the tests and the benchmarks import services; no service
+imports another; no lib imports a service, the CLI or the simulated fleet; the operator's CLI
+imports neither a service nor the simulated fleet (which adds its commands through an entry
+point); no package imports itself in a circle. node-sampler (on every GPU node) installs without
+a database or SSH stack."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_PACKAGES = {p.name: p for p in ROOT.glob("services/*/src/*") if p.is_dir()}
+LIB_PACKAGES = {p.name: p for p in ROOT.glob("libs/*/src/*") if p.is_dir()}
+CLI = ROOT / "src" / "gpumedic"
+SIM = ROOT / "sim" / "src" / "gpumedic_sim"
 
 
 def _imported_top_levels(package: Path) -> set[str]:
@@ -22,12 +29,17 @@ def _imported_top_levels(package: Path) -> set[str]:
     return names
 
 
-def test_no_service_imports_another_service_and_no_lib_imports_a_service():
-    assert len(SERVICE_PACKAGES) == 6
+def test_imports_run_one_way_sim_then_cli_then_services_then_libs():
+    assert len(SERVICE_PACKAGES) == 6 and SIM.is_dir() and CLI.is_dir()
+    services, composers = set(SERVICE_PACKAGES), {CLI.name, SIM.name}
+    wrong = {}
     for name, package in SERVICE_PACKAGES.items():
-        assert not (_imported_top_levels(package) & (set(SERVICE_PACKAGES) - {name})), name
-    for lib in ROOT.glob("libs/*/src/*"):
-        assert not (_imported_top_levels(lib) & set(SERVICE_PACKAGES)), lib.name
+        wrong[name] = _imported_top_levels(package) & ((services - {name}) | composers)
+    for name, lib in LIB_PACKAGES.items():
+        wrong[name] = _imported_top_levels(lib) & (services | composers)
+    wrong[CLI.name] = _imported_top_levels(CLI) & (services | {SIM.name})
+    assert not {name: found for name, found in wrong.items() if found}
+    assert _imported_top_levels(SIM) & services  # it is where services are composed
 
 
 def _closure(lock: dict, name: str) -> set[str]:
@@ -99,6 +111,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_package_imports_itself_in_a_circle():
-    packages = [*ROOT.glob("libs/*/src/*"), *SERVICE_PACKAGES.values(), ROOT / "src" / "gpumedic"]
+    packages = [*LIB_PACKAGES.values(), *SERVICE_PACKAGES.values(), CLI, SIM]
     found = {p.name: _circles(_import_graph(p)) for p in packages if p.is_dir()}
     assert not {name: circles for name, circles in found.items() if circles}

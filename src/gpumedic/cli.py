@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,11 @@ from gpumedic.stack import SERVICES
 from gpumedic_events import IncidentKind
 
 DEFAULT_VAR = Path("var")
+EXTENSIONS: dict[str, Callable[[SimpleNamespace], int]] = {}
+"""Handlers that installed packages add to the built-in commands (the simulated fleet's `up --demo`)."""
+COMMANDS_GROUP = "gpumedic.commands"
+"""The entry-point group through which an installed package adds commands (gpumedic-sim: demo, sim,
+chaos, fleet): each entry point names a function that calls `command` for each."""
 
 _DESCRIPTION = """\
 gpumedic finds and fixes what goes wrong on rented GPU fleets: zombie jobs, GPUs held by
@@ -35,7 +41,7 @@ Start here:
 """
 
 
-def _run(coro: Coroutine) -> int:
+def run_until_done(coro: Coroutine) -> int:
     """Run until done, Ctrl-C or SIGTERM; cleanup in the coroutine's `finally` always runs."""
 
     async def _main():
@@ -60,100 +66,12 @@ def _store_url(args) -> str:
     return StoreSettings().url
 
 
-def cmd_demo(args) -> int:
-    from gpumedic.demo import run_demo
-
-    return _run(
-        run_demo(
-            args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration,
-            keep_running=args.keep_running, stop_after_s=args.duration, cluster=args.cluster,
-        )
-    )
-
-
-def cmd_chaos(args) -> int:
-    from gpumedic.chaos import run_chaos
-
-    async def run() -> int:
-        result = await run_chaos(
-            args.var, nodes=args.nodes, gpus=args.gpus, incidents=args.incidents, rate_per_s=args.rate,
-            kill_every_s=args.kill_every, bounce_every_s=args.bounce_every, bounce_signal=args.bounce_with,
-            resume_within_s=args.resume_within,
-        )
-        print(result.render(args.resume_within))
-        ok = result.ok(args.resume_within)
-        print("chaos: " + ("zero lost, zero doubled, every zombie fixed, nothing run twice, nothing missing" if ok else "FAILED (see the counts above)"))
-        return 0 if ok else 1
-
-    return _run(run())
-
-
-def cmd_fleet(args) -> int:
-    from gpumedic.sim.serve import FleetSetupError, serve_fleet
-    from gpumedic_bus.service import CannotStart
-
-    try:
-        return _run(
-            serve_fleet(
-                args.dir, nodes=args.nodes, gpus=args.gpus, listen=args.listen, host=args.host or args.listen,
-                client_key_file=args.client_key, credentials=args.credentials, interval_s=args.interval,
-                zombie_after_s=args.zombie_after,
-            )
-        )
-    except (FleetSetupError, CannotStart) as exc:
-        print(f"gpumedic fleet: {exc}", file=sys.stderr)
-        return 2
-
-
-def cmd_sim(args) -> int:
-    import random
-
-    from gpumedic.sim.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
-    from gpumedic.simulate import run_simulation
-
-    def plan(node_ids: list[str], gpus: int) -> Scenario:
-        if args.scenario:
-            scenario = load_scenario(
-                resolve_scenario_path(args.scenario), node_ids=node_ids, gpus_per_node=gpus, seed=args.seed
-            )
-        else:
-            scenario = Scenario(name="command line", description="", duration_s=None, faults=())
-        rng = random.Random(args.seed + 1)
-        extra = [parse_fault_option(text, node_ids=node_ids, gpus_per_node=gpus, rng=rng) for text in args.fault]
-        return scenario.with_faults(extra)
-
-    try:
-        # check the scenario before anything starts: a typo should cost a second, not a stack start
-        from gpumedic.sim.fleet import node_ids_for
-
-        plan(node_ids_for(args.nodes), args.gpus)
-    except ScenarioError as exc:
-        print(f"gpumedic sim: {exc}", file=sys.stderr)
-        return 2
-    return _run(
-        run_simulation(
-            args.var,
-            nodes=args.nodes,
-            gpus=args.gpus,
-            scenario=plan,
-            duration_s=args.duration,
-            interval_s=args.interval,
-            json_path=args.json,
-        )
-    )
-
-
 def cmd_up(args) -> int:
     if args.demo:
-        from gpumedic.demo import run_demo
-
-        story_s = 180.0 if args.duration is None else min(180.0, args.duration)
-        return _run(
-            run_demo(
-                args.var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration,
-                cluster=args.cluster,
-            )
-        )
+        if "up --demo" not in EXTENSIONS:
+            print("gpumedic up --demo: the simulated fleet is not installed (the gpumedic-sim package)", file=sys.stderr)
+            return 2
+        return EXTENSIONS["up --demo"](args)
     from gpumedic.stack import Stack, remediator_files
 
     async def _up() -> int:
@@ -182,7 +100,7 @@ def cmd_up(args) -> int:
             stack.stop()
             print("stopped; no process left behind")
 
-    return _run(_up())
+    return run_until_done(_up())
 
 
 def cmd_run(args) -> int:
@@ -264,8 +182,8 @@ def cmd_cluster(args) -> int:
     from datetime import timedelta
 
     from gpumedic.clusterlog import log_text
-    from gpumedic.sim.times import parse_time
-    from report_builder.clusterlog import Goal
+    from gpumedic.times import parse_time
+    from gpumedic_store.clusterlog import Goal
 
     if (args.goal_peers is None) != (args.goal_hours is None):
         print("gpumedic: --goal-peers and --goal-hours go together", file=sys.stderr)
@@ -283,7 +201,7 @@ def cmd_cluster(args) -> int:
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import operator_bus, silences
-    from gpumedic.sim.times import parse_time
+    from gpumedic.times import parse_time
 
     if args.action == "list":
         print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))
@@ -330,7 +248,7 @@ def cmd_migrate(args) -> int:
 def cmd_init(args) -> int:
     """Generate the secrets of a compose deployment (see gpumedic.deployment)."""
     from gpumedic.deployment import init_deployment
-    from remediator.inventory import InventoryError, load_inventory
+    from gpumedic_nodes.inventory import InventoryError, load_inventory
 
     nodes = list(args.node)
     try:
@@ -348,14 +266,21 @@ def cmd_init(args) -> int:
 
 def cmd_inventory(args) -> int:
     """Try every inventory node read-only: a login, and which catalogue tools it has."""
-    from remediator.health import check_inventory, check_report
-    from remediator.inventory import InventoryError
-    from remediator.settings import Settings
+    from gpumedic_nodes.check import check_inventory, check_report
+    from gpumedic_nodes.inventory import InventoryError
+    from gpumedic_nodes.ssh import SshExecutor
 
-    overrides = {k: v for k, v in (("inventory", args.inventory), ("known_hosts", args.known_hosts), ("client_key", args.key)) if v}
-    settings = Settings(**overrides)
+    def remediator_file(option: Path | None, name: str, default: str) -> Path:
+        """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else its default."""
+        return option or Path(os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip() or f"/etc/gpumedic/{default}")
+
+    inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml")
+    executor = SshExecutor(
+        inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts"),
+        client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519"), connect_timeout_s=args.timeout, command_timeout_s=args.timeout,
+    )
     try:
-        checks = asyncio.run(check_inventory(settings.executor(args.timeout), settings.inventory))
+        checks = asyncio.run(check_inventory(executor, inventory))
     except InventoryError as exc:
         print(f"gpumedic inventory: {exc}", file=sys.stderr)
         return 2
@@ -479,7 +404,7 @@ def cmd_proto(args) -> int:
 
 STORE_HELP = "store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)"
 VAR_HELP = "the embedded stack's directory (default ./var)"
-_PATH = click.Path(path_type=Path)
+PATH = click.Path(path_type=Path)
 
 
 @click.group(help=_DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -487,7 +412,7 @@ def cli() -> None:
     """The front door: one sub-command per job."""
 
 
-def _command(name: str, handler: Callable[[SimpleNamespace], int], help: str, *options, description: str | None = None):
+def command(name: str, handler: Callable[[SimpleNamespace], int], help: str, *options, description: str | None = None):
     """Register `handler(args)` as `gpumedic NAME` with `options` (click decorators, top first);
     its return value is the exit status."""
 
@@ -515,18 +440,18 @@ def _store():
 
 
 def _var():
-    return click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help=VAR_HELP)
+    return click.option("--var", type=PATH, default=DEFAULT_VAR, show_default=True, help=VAR_HELP)
 
 
-def _fleet(nodes: int = 4, gpus: int = 2):
+def fleet_options(nodes: int = 4, gpus: int = 2):
     return (
         click.option("--nodes", type=click.IntRange(min=1), default=nodes, show_default=True, help="simulated nodes"),
         click.option("--gpus", type=click.IntRange(min=1), default=gpus, show_default=True, help="GPUs per simulated node"),
-        click.option("--var", type=_PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
+        click.option("--var", type=PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
     )
 
 
-def _cluster():
+def cluster_option():
     return click.option("--cluster", type=click.IntRange(1, 5), default=1, show_default=True,
                         help="nats-servers in one JetStream cluster on loopback, streams replicated on up to 3 (3 survives one loss)")
 
@@ -535,67 +460,18 @@ def _by(default: str = "operator", what: str = "who (kept in the audit)"):
     return click.option("--by", default=os.environ.get("USER", default), show_default="$USER", help=what)
 
 
-_command(
-    "demo", cmd_demo, "the embedded stack on a simulated fleet, with one zombie job fixed end to end",
-    *_fleet(),
-    click.option("--duration", type=float, default=180.0, show_default=True, help="give up after this many seconds"),
-    click.option("--keep-running", is_flag=True, help="keep the stack up after the story, until --duration or Ctrl-C"),
-    _cluster(),
-)
-_command(
-    "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
-    *_fleet(nodes=20, gpus=8),
-    click.option("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)"),
-    click.option("--fault", multiple=True, metavar="FIELDS", help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)"),
-    click.option("--duration", type=float, help="seconds to run (default: the scenario's, else until detection had time)"),
-    click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-                 help="seconds between samples per node"),
-    click.option("--seed", type=int, default=0, show_default=True, help="seed for 'random' nodes and GPUs"),
-    click.option("--json", type=_PATH, help="also write the score as JSON to this file"),
-    description="Start the embedded stack and a simulated fleet, inject the faults of a scenario (a YAML file, or a "
-    "built-in one by name) and of --fault options on schedule, and score the incidents against each injection's answer "
-    "key (precision, recall, time to incident), then show how each incident ended (fixed, cleared, escalated) and which "
-    "escalations paged the simulated on-call webhook.",
-)
-_command(
-    "chaos", cmd_chaos, "zombie jobs fixed on a 3-server NATS cluster while services and servers are killed; audited for lost and doubled",
-    click.option("--nodes", type=click.IntRange(min=2), default=60, show_default=True, help="simulated nodes"),
-    click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True, help="GPUs per simulated node"),
-    click.option("--incidents", type=click.IntRange(min=1), default=1000, show_default=True, help="zombie jobs to inject"),
-    click.option("--rate", type=click.FloatRange(min=0.1), default=6.0, show_default=True, help="zombies injected per second"),
-    click.option("--kill-every", type=click.FloatRange(min=0.5), default=4.0, show_default=True, help="SIGKILL a random service every so many seconds"),
-    click.option("--bounce-every", type=click.FloatRange(min=0), default=5.0, show_default=True, help="restart one of the three nats-servers every so many seconds (0: never)"),
-    click.option("--bounce-with", type=click.Choice(["term", "kill"]), default="term", show_default=True,
-                 help="how a server is bounced: term (a restart: it hands its leaderships over first) or kill (a crash: they wait out an election)"),
-    click.option("--resume-within", type=click.FloatRange(min=1), default=10.0, show_default=True, help="seconds a killed service may take to be ready again"),
-    click.option("--var", type=_PATH, default=DEFAULT_VAR / "chaos", show_default=True, help="where the run's bus, store and logs live"),
-)
-_command(
-    "fleet", cmd_fleet, "a simulated fleet on the network for a control plane that runs elsewhere (compose's demo)",
-    click.option("--nodes", type=click.IntRange(min=1), default=4, show_default=True, help="simulated nodes"),
-    click.option("--gpus", type=click.IntRange(min=1), default=2, show_default=True, help="GPUs per simulated node"),
-    click.option("--dir", type=_PATH, required=True, help="where inventory.yaml and known_hosts for the remediator go"),
-    click.option("--listen", default="127.0.0.1", show_default=True, help="the address the nodes' SSH and status servers bind to"),
-    click.option("--host", help="the name the control plane reaches the nodes by (default: --listen)"),
-    click.option("--client-key", type=_PATH, required=True, help="the remediator's private SSH key: the nodes accept its public half"),
-    click.option("--credentials", type=_PATH, required=True, help="the directory of per-node NATS logins that `gpumedic init` wrote (NODE.env)"),
-    click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="seconds between a node's samples"),
-    click.option("--zombie-after", type=click.FloatRange(min=0), help="inject one zombie job this many seconds after sampling starts"),
-    description="Simulated nodes that run the real node-sampler code over simulated NVML and /proc, answer SSH "
-    "(accepting the remediator's key) and log in to NATS each as its own user, as real nodes would.",
-)
-_command(
+command(
     "up", cmd_up, "start the embedded stack: nats-server, SQLite store, the six services, the console",
-    *_fleet(),
+    *fleet_options(),
     click.option("--demo", is_flag=True, help="also start a simulated fleet and inject a zombie job"),
     click.option("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"),
-    _cluster(),
+    cluster_option(),
 )
-_command(
+command(
     "run", cmd_run, "run one service in the foreground (settings from GPUMEDIC_* variables)",
     click.argument("service", type=click.Choice(sorted(SERVICES))),
 )
-_command(
+command(
     "incidents", cmd_incidents, "list incidents, show one's timeline and trace, or mark one a false positive",
     click.argument("words", nargs=-1, metavar="[ID | mark ID]"),
     click.option("--status", type=click.Choice(["open", "resolved", "escalated"]), help="only incidents in this state"),
@@ -612,7 +488,7 @@ _command(
     "                                            record that it was wrong (the ledger counts it)\n"
     "gpumedic incidents --false-positives        per detector and kind: how often it was wrong",
 )
-_command(
+command(
     "actions", cmd_actions, "the remediator's audit log: every decision with its reason, and each command an action ran",
     click.argument("action_id", required=False),
     click.option("--node", help="only this node"),
@@ -623,7 +499,7 @@ _command(
     "first. With an action id (a prefix will do): each command it ran on the node, with exit status, a digest of its "
     "output and its timing.",
 )
-_command(
+command(
     "cluster", cmd_cluster, "the peer cluster's monitoring log: every check over time, and its summary",
     click.argument("what", type=click.Choice(["log"])),
     click.option("--cluster", help="only this cluster (default: every cluster checked)"),
@@ -636,25 +512,25 @@ _command(
     "peers, time with a leader, leader changes per hour, the longest stretch without a leader, the quorum margin, and "
     "whether a goal of N peers for H hours holds.",
 )
-_command(
+command(
     "drained", cmd_drained, "the nodes gpumedic drained, which incident holds each, and since when",
     click.option("--node", help="only this node"), _store(), _json(),
     description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every incident "
     "holding it is fixed and its GPUs were validated on the next samples.",
 )
-_command(
+command(
     "report", cmd_report, "the diagnostics report: configuration checks, the fleet's open problems, prioritised recommendations",
     click.option("--node", help="only this node's problems"),
     click.option("--format", type=click.Choice(["md", "json", "html"]), default="md", show_default=True,
                  help="markdown, JSON or a standalone HTML page"),
-    click.option("--output", "-o", type=_PATH, help="write it to this file instead of printing it"),
+    click.option("--output", "-o", type=PATH, help="write it to this file instead of printing it"),
     click.option("--show-secrets", is_flag=True, help="do not mask passwords and tokens"),
     _var(), _store(),
     description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, then lists "
     "every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). Secrets are masked "
     "unless --show-secrets.",
 )
-_command(
+command(
     "silence", cmd_silence, "add, list or lift silences: maintenance windows and known issues",
     click.argument("action", type=click.Choice(["add", "list", "remove"])),
     click.argument("silence_id", required=False),
@@ -669,30 +545,30 @@ _command(
     description="A silenced incident is still recorded, with its silence, but no action is requested for it. A silence "
     "matches every incident on its node (any node if none is given), of its kind and on its GPU.",
 )
-_command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _store())
-_command(
+command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _store())
+command(
     "init", cmd_init, "generate a compose deployment's secrets: .env, NATS users, TLS, per-node credentials, the console's token",
-    click.option("--dir", type=_PATH, default=Path("."), show_default=True, help="the directory with compose.yaml"),
+    click.option("--dir", type=PATH, default=Path("."), show_default=True, help="the directory with compose.yaml"),
     click.option("--node", multiple=True, metavar="ID", help="a GPU node that runs a node-sampler (repeatable)"),
-    click.option("--inventory", type=_PATH, help="take the nodes from a remediator inventory file"),
+    click.option("--inventory", type=PATH, help="take the nodes from a remediator inventory file"),
     click.option("--nats-host", multiple=True, metavar="NAME",
                  help="a name or address GPU nodes reach NATS by; goes into the server certificate (repeatable)"),
     description="Generate what compose needs instead of placeholders: real passwords in .env, a CA and the NATS server's "
     "certificate, the NATS users with their permissions, one credentials file per GPU node, and the web console's token. "
     "Existing secrets are kept; run it again to add nodes.",
 )
-_command(
+command(
     "inventory", cmd_inventory, "check the remediator's inventory: log in to every node read-only and say what fails",
     click.argument("action", type=click.Choice(["check"])),
-    click.option("--inventory", type=_PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml"),
-    click.option("--known-hosts", type=_PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS"),
-    click.option("--key", type=_PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY"),
+    click.option("--inventory", type=PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml"),
+    click.option("--known-hosts", type=PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS"),
+    click.option("--key", type=PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY"),
     click.option("--timeout", type=float, default=10.0, show_default=True, help="seconds for each login and command"),
     description="For every node: an SSH login as the remediator makes it (the node's user, port, key and jump host, host "
     "keys checked), and which of the tools the catalogue calls it has. Nothing else runs. Exits 1 if any node fails, 2 if "
     "the inventory itself is wrong.",
 )
-_command(
+command(
     "preflight", cmd_preflight, "before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",
     click.option("--node", required=True, help="the node, as the inventory names it"),
     click.option("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)"),
@@ -706,13 +582,13 @@ _command(
     "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",
 )
-_command("provision", cmd_provision, "create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
-_command(
+command("provision", cmd_provision, "create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")
+command(
     "breaker", cmd_breaker, "show or reset the remediator's fleet circuit breaker",
     click.argument("action", type=click.Choice(["status", "reset"]), default="status", required=False),
     _by(what="who resets it (kept in the audit log)"), _store(), _json(),
 )
-_command(
+command(
     "dead-letters", cmd_dead_letters, "list what the services refused, and why; replay chosen ones once the cause is fixed",
     click.argument("action", type=click.Choice(["list", "replay"]), default="list", required=False),
     click.argument("seq", type=click.IntRange(min=1), nargs=-1),
@@ -725,18 +601,18 @@ _command(
     "was not valid text is never replayed. Reads and publishes as the NATS admin. Exit 0: done; 1: some not replayed; "
     "2: the bus could not be reached.",
 )
-_command(
+command(
     "policy", cmd_policy, "check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",
     click.argument("action", type=click.Choice(["check", "show"])),
-    click.argument("file", type=_PATH, required=False),
+    click.argument("file", type=PATH, required=False),
     description="The policy says how each incident kind is detected, what is done about it and when a person takes over; "
     "every service that decides reads the same file.",
 )
-_command(
+command(
     "proto", cmd_proto, "regenerate proto/ from the event models (--check: fail if stale)",
     click.option("--check", is_flag=True, help="write nothing; exit 1 if proto/ is stale or a change breaks v1 compatibility"),
     click.option("--accept-breaking", is_flag=True, help="also overwrite the v1 compatibility baseline (in practice: cut a v2)"),
-    click.option("--out", type=_PATH, help="the proto/ folder (default: the repository root's)"),
+    click.option("--out", type=PATH, help="the proto/ folder (default: the repository root's)"),
 )
 
 
@@ -758,8 +634,16 @@ def _store_failure(exc: Exception, args) -> int | None:
     return None
 
 
+@functools.cache
+def _load_extensions() -> None:
+    """Let installed packages add their commands, once."""
+    for entry in entry_points(group=COMMANDS_GROUP):
+        entry.load()()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. Bad arguments exit 2 with one line that says what was wrong."""
+    _load_extensions()
     try:
         return cli.main(args=argv, prog_name="gpumedic", standalone_mode=False) or 0
     except click.exceptions.Exit as exc:  # --help

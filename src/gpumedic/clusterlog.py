@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from gpumedic.incidents import fmt_time
 from gpumedic.output import table, to_json
 from gpumedic_store import views
-from report_builder.clusterlog import ClusterSummary, Goal, summarize
+from gpumedic_store.clusterlog import ClusterSummary, Goal, summarize
 
 
 def _hours(delta: timedelta) -> str:

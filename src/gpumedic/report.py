@@ -125,7 +125,7 @@ def _check_ssh(sources: Sources, checks: list[Check]) -> dict | None:
     """The key, the inventory and known_hosts; the inventory's nodes (None when there is none)."""
     import asyncssh
 
-    from remediator.inventory import InventoryError, load_inventory
+    from gpumedic_nodes.inventory import InventoryError, load_inventory
 
     key = sources.client_key
     if key is None:

@@ -51,7 +51,7 @@ def server_name(n: int) -> str:
 
 def sampler_node_id(env: dict[str, str]) -> str:
     """The node id the node-sampler service will report (its NATS user is named after it)."""
-    from node_sampler.settings import default_node_id
+    from gpumedic_events.base import default_node_id
 
     return env.get("GPUMEDIC_SAMPLER_NODE_ID") or os.environ.get("GPUMEDIC_SAMPLER_NODE_ID") or default_node_id()
 

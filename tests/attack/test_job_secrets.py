@@ -18,7 +18,7 @@ import nats
 from gpumedic.actions import action_text
 from gpumedic.actions import list_text as actions_text
 from gpumedic.incidents import incident_text, list_text
-from gpumedic.sim.fleet import SimFleet
+from gpumedic_sim.fleet import SimFleet
 from gpumedic_events import Event
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import ContainerPolicy, FleetPolicy, Kinds, Step, ZombiePolicy

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from gpumedic.cli import main
-from remediator.health import TOOLS_PROBE, NodeCheck, check_report
+from gpumedic_nodes.check import TOOLS_PROBE, NodeCheck, check_report
 
 pytestmark = pytest.mark.sshd
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumedic.demo import run_demo
+from gpumedic_sim.demo import run_demo
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "console-screenshots"

@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from gpumedic.sim.fleet import SimFleet
+from gpumedic_sim.fleet import SimFleet
 from gpumedic.stack import service_command
 from gpumedic_events import Event
 from gpumedic_store.migrate import upgrade

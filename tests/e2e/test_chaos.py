@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumedic.chaos import run_chaos
+from gpumedic_sim.chaos import run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

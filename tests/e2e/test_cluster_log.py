@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from sqlalchemy import select
+
 from gpumedic.clusterlog import log_text
 from gpumedic_store import ClusterCheck, create_engine, session_factory
+from gpumedic_store.clusterlog import Goal
 from leader_health.main import create_app as leader_app
 from leader_health.settings import Settings as LeaderSettings
-from report_builder.clusterlog import Goal
 from report_builder.main import create_app as reports_app
 from report_builder.settings import Settings as ReportSettings
-from sqlalchemy import select
 
 
 async def _checks(store_url: str) -> list[ClusterCheck]:

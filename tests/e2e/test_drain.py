@@ -17,8 +17,8 @@ import json
 import nats
 
 from gpumedic.actions import drained_text
-from gpumedic.sim.fleet import SimFleet
-from gpumedic.sim.pager import Pager
+from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.pager import Pager
 from gpumedic_events import NodeDrained, NodeUndrained
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import Actions, DrainPolicy, FleetPolicy, Kinds, Step, ValidationPolicy, XidPolicy, dump_policy

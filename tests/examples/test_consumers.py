@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumedic.demo import run_demo
+from gpumedic_sim.demo import run_demo
 from gpumedic.stack import Stack
 from gpumedic.stack import SERVICES
 from gpumedic_bus.topology import OBSERVER

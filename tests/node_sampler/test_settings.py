@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from node_sampler.settings import Settings, default_node_id
+from gpumedic_events.base import default_node_id
+from node_sampler.settings import Settings
 
 
 def test_defaults(monkeypatch):

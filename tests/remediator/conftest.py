@@ -15,20 +15,20 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import select
 
+from gpumedic_bus import Delivery
 from gpumedic_bus.streams import INCIDENT_STATE
 from gpumedic_bus.topology import owner_of
-from gpumedic_incidents.policy import Kinds
-from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionRequested, IncidentKind, KillGpuProcesses, ProcessTarget, operation_gpu
 from gpumedic_incidents import IncidentState, IncidentStates, PendingAction, operation_digest
+from gpumedic_incidents.policy import Kinds
 from gpumedic_incidents.state import fingerprint
+from gpumedic_nodes.ssh import SshExecutor
 from gpumedic_store import ActionRecord, BreakerTrip, StoreSettings, create_engine, session_factory, upgrade
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.catalogue.kill import parse_stat
 from remediator.handlers import ActionHandler
 from remediator.settings import Settings
-from remediator.ssh import SshExecutor
 
 
 class Sleeper:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumedic.sim.pager import Pager
+from gpumedic_sim.pager import Pager
 from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery, publish_event
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode

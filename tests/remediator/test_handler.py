@@ -17,14 +17,14 @@ from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
 from gpumedic_incidents import PolicySettings, load_policy
 from gpumedic_incidents.policy import KillPolicy, dump_policy
-from gpumedic_store import ActionRecord, breaker, StoreSettings, StoreUnavailable
+from gpumedic_nodes.inventory import NodeAddress
+from gpumedic_nodes.ssh import NodeUnreachable
+from gpumedic_store import ActionRecord, StoreSettings, StoreUnavailable, breaker
 from remediator import repository
-from remediator.handlers import INTERRUPTED_DETAIL, completed_event
 from remediator.catalogue import CommandResult
-from remediator.inventory import NodeAddress
-from remediator.ssh import NodeUnreachable
-
-from tests.remediator.conftest import Harness as _Harness, inventory_naming, kill_request
+from remediator.handlers import INTERRUPTED_DETAIL, completed_event
+from tests.remediator.conftest import Harness as _Harness
+from tests.remediator.conftest import inventory_naming, kill_request
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 HOLDERS = ("nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0")

@@ -10,8 +10,8 @@ import socket
 import asyncssh
 import pytest
 
+from gpumedic_nodes.ssh import SshExecutor
 from remediator.health import Checked, SshHealth, next_check
-from remediator.ssh import SshExecutor
 
 pytestmark = pytest.mark.sshd
 

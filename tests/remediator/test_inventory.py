@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from remediator.inventory import Hop, InventoryError, load_inventory
+from gpumedic_nodes.inventory import Hop, InventoryError, load_inventory
 
 SAMPLE = Path(__file__).parents[2] / "deploy" / "inventory.example.yaml"
 

@@ -4,17 +4,40 @@
 from __future__ import annotations
 
 import dataclasses
-
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_events import ActionRequested, DockerPrune, DrainNode, GpuReset, HttpAdmin, RestartJob, UndrainNode, IncidentKind, KillGpuProcesses, MarkWorkerEnded, ProcessTarget, RestartUnit, TerminateWorker
+from gpumedic_events import (
+    ActionRequested,
+    DockerPrune,
+    DrainNode,
+    GpuReset,
+    HttpAdmin,
+    IncidentKind,
+    KillGpuProcesses,
+    MarkWorkerEnded,
+    ProcessTarget,
+    RestartJob,
+    RestartUnit,
+    TerminateWorker,
+    UndrainNode,
+)
+from gpumedic_incidents.policy import (
+    Actions,
+    AdminEndpoint,
+    AdminPolicy,
+    JobRestart,
+    KillPolicy,
+    NodeSelector,
+    RestartJobPolicy,
+    RestartPolicy,
+    UnitRule,
+)
 from gpumedic_incidents.state import fingerprint
-from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, JobRestart, KillPolicy, NodeSelector, RestartJobPolicy, RestartPolicy, UnitRule
-from remediator.inventory import NodeAddress
-from remediator.logic import RESET_HINT, LedgerView, Gate, Verdict, decide, refusal
+from gpumedic_nodes.inventory import NodeAddress
+from remediator.logic import RESET_HINT, Gate, LedgerView, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)

@@ -15,6 +15,7 @@ from threading import Thread
 import pytest
 from pydantic import ValidationError
 
+from gpumedic_sim.pager import Pager
 from gpumedic_events import (
     ActionOutcome,
     ActionRequested,
@@ -27,11 +28,10 @@ from gpumedic_events import (
     RestartJob,
     RestartUnit,
 )
-from gpumedic.sim.pager import Pager
-from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy, JobRestart, RestartJobPolicy, RestartPolicy, UnitRule
+from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, AdminPolicy, JobRestart, RestartJobPolicy, RestartPolicy, UnitRule
+from gpumedic_nodes.ssh import SshExecutor
 from remediator import catalogue
 from remediator.catalogue.kill import parse_stat
-from remediator.ssh import SshExecutor
 
 pytestmark = pytest.mark.sshd
 

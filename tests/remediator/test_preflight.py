@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_events import PreflightReport, PreflightRequest
 from gpumedic_incidents.policy import Policy
+from gpumedic_nodes.ssh import SshExecutor
 from gpumedic_store import create_engine, session_factory
+from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
 from remediator.preflight import Preflight
-from remediator.ssh import SshExecutor
 
 pytestmark = pytest.mark.sshd
 

@@ -8,10 +8,10 @@ import asyncssh
 import pytest
 
 from gpumedic_events import ActionOutcome, KillGpuProcesses
+from gpumedic_nodes.inventory import InventoryError
+from gpumedic_nodes.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
 from remediator import catalogue
 from remediator.catalogue import kill
-from remediator.inventory import InventoryError
-from remediator.ssh import HostKeyMismatch, NodeUnreachable, SshExecutor
 
 pytestmark = pytest.mark.sshd
 

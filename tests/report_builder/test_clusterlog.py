@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from report_builder.clusterlog import Goal, quorum_margin, summarize
+from gpumedic_store.clusterlog import Goal, quorum_margin, summarize
 
 T0 = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumedic.sim import SimFleet
+from gpumedic_sim import SimFleet
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import asyncssh
 import pytest
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
-from gpumedic.sim import SimFleet
-from gpumedic.sim.state import Fault
-from gpumedic.sim.scenario import GPU_FAULTS
+from gpumedic_sim import SimFleet
+from gpumedic_sim.state import Fault
+from gpumedic_sim.scenario import GPU_FAULTS
 
 
 class Running:

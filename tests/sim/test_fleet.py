@@ -7,7 +7,7 @@ import stat
 
 import yaml
 
-from gpumedic.sim import SimFleet
+from gpumedic_sim import SimFleet
 
 
 async def test_inventory_known_hosts_and_key(fleet):

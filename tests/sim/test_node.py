@@ -7,7 +7,7 @@ import json
 import pynvml
 import pytest
 
-from gpumedic.sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
+from gpumedic_sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
 from node_sampler.jobs import http_get
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpumedic.sim import SimFleet, SimNode
-from gpumedic.sim.host import DOCKER_ROOT
+from gpumedic_sim import SimFleet, SimNode
+from gpumedic_sim.host import DOCKER_ROOT
 from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, HttpAdmin, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
-from gpumedic_incidents.policy import Actions, ActionPolicy, AdminEndpoint, AdminPolicy
+from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, AdminPolicy
+from gpumedic_nodes.ssh import SshExecutor
 from remediator import catalogue
-from remediator.ssh import SshExecutor
 
 
 def _executor(fleet: SimFleet) -> SshExecutor:
@@ -129,7 +129,7 @@ async def test_reboot_ends_every_process_and_starts_a_new_boot(fleet):
 
 
 async def test_inventory_check_reaches_every_simulated_node_with_every_tool(fleet):
-    from remediator.health import check_inventory
+    from gpumedic_nodes.check import check_inventory
 
     checks = await check_inventory(_executor(fleet), fleet.inventory_path)
     assert [c.node_id for c in checks] == sorted(n.node_id for n in fleet.nodes.values())

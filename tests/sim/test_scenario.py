@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpumedic.sim.scenario import (
+from gpumedic_sim.scenario import (
     CLI_EXAMPLE,
     CLI_SYNTAX,
     DEFAULT_DISK_PATH,
@@ -27,8 +27,8 @@ from gpumedic.sim.scenario import (
     parse_scenario,
     resolve_scenario_path,
 )
-from gpumedic.sim.times import parse_time
-from gpumedic.sim.state import APPLICATION_XIDS, CLUSTER_FAULTS, Benign
+from gpumedic.times import parse_time
+from gpumedic_sim.state import APPLICATION_XIDS, CLUSTER_FAULTS, Benign
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 SRC = "test.yaml"

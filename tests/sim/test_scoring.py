@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from gpumedic_events import IncidentKind, IncidentOpened
 
-from gpumedic.sim.scoring import Observed, Score, render, score
-from gpumedic.sim.state import EXPECTED, Benign, Fault, InjectedFault, NodeState
+from gpumedic_sim.scoring import Observed, Score, render, score
+from gpumedic_sim.state import EXPECTED, Benign, Fault, InjectedFault, NodeState
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncssh
 import pytest
 
-from gpumedic.sim import SimFleet, SimNode
+from gpumedic_sim import SimFleet, SimNode
 
 
 async def _connect(fleet: SimFleet, node: SimNode, **overrides) -> asyncssh.SSHClientConnection:

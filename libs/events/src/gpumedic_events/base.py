@@ -8,6 +8,7 @@ the last token, so consumers can filter by node with a NATS wildcard.
 from __future__ import annotations
 
 import re
+import socket
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -37,6 +38,13 @@ SubjectToken = Annotated[
     ),
 ]
 NodeId = Annotated[SubjectToken, Field(description="The node's identifier in the fleet inventory.")]
+
+
+def default_node_id(hostname: str | None = None) -> str:
+    """A node's id when none is given: the hostname made into a valid subject token: lowercase, other characters -> '-'."""
+    name = (hostname if hostname is not None else socket.gethostname()).lower()
+    token = re.sub(r"[^a-z0-9_-]", "-", name).lstrip("-_")[:63]
+    return token or "node"
 
 
 class EventDecodeError(ValueError):

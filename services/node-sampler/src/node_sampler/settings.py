@@ -8,22 +8,14 @@ GPUMEDIC_SAMPLER_WATCH_PATHS='["/data/selfplay", "/data/checkpoints"]'.
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 from gpumedic_bus import NatsSettings
-from gpumedic_events import NodeId
+from gpumedic_events.base import NodeId, default_node_id
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_sampler.jobs import compile_jobs_path
-
-
-def default_node_id(hostname: str | None = None) -> str:
-    """The hostname made into a valid subject token: lowercase, other characters -> '-'."""
-    name = (hostname if hostname is not None else socket.gethostname()).lower()
-    token = re.sub(r"[^a-z0-9_-]", "-", name).lstrip("-_")[:63]
-    return token or "node"
 
 
 class Settings(BaseSettings):

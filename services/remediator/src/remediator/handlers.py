@@ -40,17 +40,10 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
-from gpumedic_events import (
-    ActionCompleted,
-    ActionOutcome,
-    ActionRequested,
-    Event,
-    HttpAdmin,
-    MarkWorkerEnded,
-    NodeRetired,
-    TerminateWorker,
-)
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, Event, HttpAdmin, MarkWorkerEnded, NodeRetired, TerminateWorker
 from gpumedic_incidents import IncidentState, IncidentStates
+from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
+from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_providers.base import Provider
 from gpumedic_store import StoreUnavailable, TaskDatabase, breaker
 from gpumedic_store.models import ActionRecord
@@ -58,11 +51,9 @@ from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.drain import Scheduler
-from remediator.inventory import InventoryError, NodeAddress, load_inventory
 from remediator.logic import Decision, Gate, Verdict, decide, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
-from remediator.ssh import NodeError, SshExecutor
 
 log = logging.getLogger(__name__)
 

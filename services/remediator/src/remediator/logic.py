@@ -22,12 +22,20 @@ from typing import Literal
 
 from gpumedic_bus.topology import owner_of
 from gpumedic_events import (
-    ActionRequested, HttpAdmin, IncidentKind, KillGpuProcesses, MarkWorkerEnded, RestartJob, RestartUnit, TerminateWorker, operation_gpu,
+    ActionRequested,
+    HttpAdmin,
+    IncidentKind,
+    KillGpuProcesses,
+    MarkWorkerEnded,
+    RestartJob,
+    RestartUnit,
+    TerminateWorker,
+    operation_gpu,
 )
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
+from gpumedic_nodes.inventory import NodeAddress
 from remediator.catalogue import InvalidParameter, logs_in, render
-from remediator.inventory import NodeAddress
 
 Mode = Literal["observe", "enforce"]
 

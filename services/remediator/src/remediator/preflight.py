@@ -20,12 +20,12 @@ from opentelemetry.trace import Tracer
 
 from gpumedic_events import ActionOutcome, ActionRequested, EventDecodeError, KillGpuProcesses, PreflightReport, PreflightRequest
 from gpumedic_incidents.policy import Policy
+from gpumedic_nodes.inventory import InventoryError
+from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_telemetry import NODE_ID
 from remediator.catalogue import preflight
 from remediator.catalogue.base import Node
 from remediator.handlers import SERVICE, ActionHandler
-from remediator.inventory import InventoryError
-from remediator.ssh import NodeError, SshExecutor
 
 log = logging.getLogger(__name__)
 

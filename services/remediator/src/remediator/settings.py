@@ -22,14 +22,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from gpumedic_bus import NatsSettings
 from gpumedic_incidents import PolicySettings
 from gpumedic_incidents.policy import NodeSelector
-from gpumedic_store.settings import StoreSettings
+from gpumedic_nodes.inventory import InventoryError, load_inventory
+from gpumedic_nodes.ssh import SshExecutor
 from gpumedic_providers.base import Provider
 from gpumedic_providers.config import ProviderConfig, open_provider
 from gpumedic_store import TaskDatabase
+from gpumedic_store.settings import StoreSettings
 from gpumedic_webhook import read_token
-from remediator.inventory import InventoryError, load_inventory
-from remediator.logic import Mode, Gate
-from remediator.ssh import SshExecutor
+from remediator.logic import Gate, Mode
 
 _CONFIG_DIR = Path("/etc/gpumedic")
 

@@ -7,10 +7,11 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from gpumedic_events import ActionOutcome, ActionRequested
 from gpumedic_incidents.policy import Actions
+from gpumedic_nodes.ssh import CommandResult
 
 if TYPE_CHECKING:
     from gpumedic_providers.base import Provider
@@ -23,12 +24,6 @@ MAX_GPU_INDEX = 63
 
 class InvalidParameter(ValueError):
     """A parameter an operation cannot take; nothing is rendered, nothing runs."""
-
-
-class CommandResult(NamedTuple):
-    exit_status: int
-    stdout: str
-    stderr: str
 
 
 Runner = Callable[..., Awaitable[CommandResult]]

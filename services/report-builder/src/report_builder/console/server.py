@@ -33,9 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_events import Event, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
 from gpumedic_events.redact import redact
-from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker
+from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
 from gpumedic_store import views as read
-from report_builder import clusterlog, repository
+from report_builder import repository
 from report_builder.console import views
 from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, LoginThrottle, Session, Sessions
 

@@ -4,10 +4,10 @@ Part of the product: the demo runs on it, and the tests use it to drive the real
 `SimFleet` (the fleet and its inventory files) and `SimNode` (one node and its fault helpers).
 """
 
-from gpumedic.sim.fleet import SSH_USER, SimFleet
-from gpumedic.sim.node import SimNode
-from gpumedic.sim.ssh import CommandResult, interpret
-from gpumedic.sim.state import CLK_TCK, GPU_NAME, GPU_TOTAL_MIB, Fault, InjectedFault, SimGpu, SimProcess
+from gpumedic_sim.fleet import SSH_USER, SimFleet
+from gpumedic_sim.node import SimNode
+from gpumedic_sim.ssh import CommandResult, interpret
+from gpumedic_sim.state import CLK_TCK, GPU_NAME, GPU_TOTAL_MIB, Fault, InjectedFault, SimGpu, SimProcess
 
 __all__ = [
     "CLK_TCK",

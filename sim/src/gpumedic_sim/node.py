@@ -18,13 +18,13 @@ import asyncssh
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
 from node_sampler.sampler import Sampler
 
-from gpumedic.sim.docker import SimDockerEngine
-from gpumedic.sim.kernel import SimKernelLog
-from gpumedic.sim.nvml import SimNvml
-from gpumedic.sim.procs import SimProcessTable
-from gpumedic.sim.ssh import SshEndpoint
-from gpumedic.sim.state import Benign, Fault, NodeState
-from gpumedic.sim.status import StatusEndpoint
+from gpumedic_sim.docker import SimDockerEngine
+from gpumedic_sim.kernel import SimKernelLog
+from gpumedic_sim.nvml import SimNvml
+from gpumedic_sim.procs import SimProcessTable
+from gpumedic_sim.ssh import SshEndpoint
+from gpumedic_sim.state import Benign, Fault, NodeState
+from gpumedic_sim.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
 

@@ -23,9 +23,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import NamedTuple
 
-from gpumedic.sim.cluster import PeerCluster
-from gpumedic.sim.host import SimHost
-from gpumedic.sim.kernel import SimKernelLog
+from gpumedic_sim.cluster import PeerCluster
+from gpumedic_sim.host import SimHost
+from gpumedic_sim.kernel import SimKernelLog
 
 CLK_TCK = 100
 """Clock ticks per second, as on Linux (sysconf(_SC_CLK_TCK)); start_ticks are in these."""
@@ -273,7 +273,7 @@ GPU_CHANGES: Mapping[str, Callable[[SimGpu], None]] = MappingProxyType(
 )
 """Faults and benign changes that are a change to one GPU's state, as NVML will then report it:
 the hardware's own behaviour (heat, a power brake, a memory error, a link trained down) follows in
-gpumedic.sim.nvml."""
+gpumedic_sim.nvml."""
 
 
 @dataclass

@@ -81,7 +81,7 @@ On the command line one fault is a comma-separated list of the same fields as `k
     --fault fault=disk_full,at=40,node=sim-node-07,path=/data
 
 A scenario may also run a rented worker pool beside the fleet (`pool:`, see
-`gpumedic.sim.workers.PoolPlan`): tasks arriving on a demand curve into a task database, workers
+`gpumedic_sim.workers.PoolPlan`): tasks arriving on a demand curve into a task database, workers
 rented from a simulated provider over RunPod's API, and the runbook's worker faults::
 
     pool:
@@ -110,11 +110,11 @@ from types import MappingProxyType
 import yaml
 from pydantic import ValidationError
 
-from gpumedic.sim.state import Benign, Fault
-from gpumedic.sim.times import parse_time
-from gpumedic.sim.times import fmt_time as _fmt_time
-from gpumedic.sim.times import show as _show
-from gpumedic.sim.workers import PoolPlan
+from gpumedic_sim.state import Benign, Fault
+from gpumedic.times import parse_time
+from gpumedic.times import fmt_time as _fmt_time
+from gpumedic.times import show as _show
+from gpumedic_sim.workers import PoolPlan
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -132,7 +132,7 @@ CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
 FaultKind = Fault
-"""What a scenario can break: the simulation's own fault names (`gpumedic.sim.state.Fault`)."""
+"""What a scenario can break: the simulation's own fault names (`gpumedic_sim.state.Fault`)."""
 Scripted = Fault | Benign
 """What a scenario can script: a fault, or a benign behaviour that must open no incident."""
 SCRIPTED: tuple[Scripted, ...] = (*Fault, *Benign)

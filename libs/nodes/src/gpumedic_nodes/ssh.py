@@ -17,13 +17,21 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import asyncssh
 
-from remediator.catalogue import CommandResult
-from remediator.inventory import NodeAddress, address_of
+from gpumedic_nodes.inventory import NodeAddress, address_of
 
 log = logging.getLogger(__name__)
+
+
+class CommandResult(NamedTuple):
+    """One command's exit status and output; a non-zero status is a result, not an error."""
+
+    exit_status: int
+    stdout: str
+    stderr: str
 
 
 class NodeError(Exception):

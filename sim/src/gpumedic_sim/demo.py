@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpumedic.incidents import incident_text
-from gpumedic.sim.fleet import SimFleet
+from gpumedic_sim.fleet import SimFleet
 from gpumedic.stack import Stack, env_json, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_incidents import Policy

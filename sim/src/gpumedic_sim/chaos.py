@@ -32,8 +32,8 @@ from pathlib import Path
 
 from nats.js.api import DeliverPolicy
 
-from gpumedic.demo import demo_env
-from gpumedic.sim.fleet import SimFleet
+from gpumedic_sim.demo import demo_env
+from gpumedic_sim.fleet import SimFleet
 from gpumedic.stack import HEALTHY_AFTER_S, Stack, server_name, wind_down
 from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import ADMIN, SIM_FLEET

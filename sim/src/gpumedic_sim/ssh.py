@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from gpumedic.sim.host import DOCKER_KINDS
-from gpumedic.sim.procs import cmdline_text, stat_line
-from gpumedic.sim.state import UNITS, NodeState
+from gpumedic_sim.host import DOCKER_KINDS
+from gpumedic_sim.procs import cmdline_text, stat_line
+from gpumedic_sim.state import UNITS, NodeState
 from remediator.catalogue.admin import CURL
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 user's side of the orchestrator runbook, which the stack's autoscaler and remediator manage
 through their real code paths.
 
-- **The provider**: a `SimProvider` served over RunPod's REST API (`gpumedic.sim.runpod`) on
+- **The provider**: a `SimProvider` served over RunPod's REST API (`gpumedic_sim.runpod`) on
   loopback, with its key in a file; the autoscaler lists from it, the remediator rents and ends.
   Every `never_ssh_every`-th worker never comes up (stuck spawning, billed).
 - **The task database**: SQLite, the runbook's `tasks` (Queued / In Progress / Complete) and
@@ -38,9 +38,9 @@ from gpumedic_providers.sim import SimProvider
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpumedic.credentials import write_private
-from gpumedic.sim.node import SimNode
-from gpumedic.sim.runpod import SimRunPod
-from gpumedic.sim.times import parse_time  # the scenario's own time format ("20s", "2m")
+from gpumedic_sim.node import SimNode
+from gpumedic_sim.runpod import SimRunPod
+from gpumedic.times import parse_time  # the scenario's own time format ("20s", "2m")
 
 Seconds = Annotated[float, BeforeValidator(lambda v: _seconds(v)), Field(ge=0)]
 

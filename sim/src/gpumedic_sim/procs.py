@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from node_sampler.procs import ProcessInfo
 
-from gpumedic.sim.state import CLK_TCK, NodeState, SimProcess
+from gpumedic_sim.state import CLK_TCK, NodeState, SimProcess
 
 
 class SimProcessTable:

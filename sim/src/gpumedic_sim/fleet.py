@@ -21,10 +21,10 @@ import asyncssh
 from gpumedic_events import Event
 
 from gpumedic.credentials import write_private
-from gpumedic.sim.cluster import ELECTION_S, PeerCluster
-from gpumedic.sim.node import LOOPBACK, SimNode
-from gpumedic.sim.scenario import FAULT_PARAMS
-from gpumedic.sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, GPU_CHANGES, Benign, Fault, InjectedFault
+from gpumedic_sim.cluster import ELECTION_S, PeerCluster
+from gpumedic_sim.node import LOOPBACK, SimNode
+from gpumedic_sim.scenario import FAULT_PARAMS
+from gpumedic_sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, GPU_CHANGES, Benign, Fault, InjectedFault
 
 log = logging.getLogger(__name__)
 
