@@ -23,11 +23,11 @@ import nats
 from benchmarks import percentile
 from gpumedic.natsd import NatsServer
 from gpumedic.preflight import ask
-from gpumedic_sim import SimFleet
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_events import PreflightRequest
+from gpumedic_sim import SimFleet
 from gpumedic_store import upgrade
-from remediator.main import create_app
+from remediator.main import create_app, executor_of
 from remediator.settings import Settings
 
 
@@ -57,7 +57,7 @@ async def main(argv: list[str]) -> None:
         )
         app = create_app(settings)
         runner = asyncio.create_task(app.run())
-        executor = settings.executor()
+        executor = executor_of(settings)
         floor, whole = [], []
         request = PreflightRequest(node_id=node.node_id)
         try:

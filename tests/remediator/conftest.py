@@ -28,6 +28,7 @@ from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.catalogue.kill import parse_stat
 from remediator.handlers import ActionHandler
+from remediator.main import gate_of
 from remediator.settings import Settings
 
 
@@ -212,7 +213,7 @@ class Harness:
         self.sessions = session_factory(self.engine)
         self.broker = _RecordingBroker()
         self.handler = ActionHandler(
-            settings=settings,
+            settings=settings, gate=gate_of(settings, settings.policy.load()),
             runtime=SimpleNamespace(broker=self.broker, metrics=ServiceMetrics("remediator")),
             sessions=self.sessions,
             executor=executor

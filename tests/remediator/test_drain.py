@@ -8,23 +8,23 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from sqlalchemy import select
 
-from gpumedic_sim.pager import Pager
-from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery, publish_event
+from gpumedic_bus.topology import owner_of
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
-from gpumedic_bus.topology import owner_of
 from gpumedic_incidents.state import fingerprint
+from gpumedic_sim.pager import Pager
 from gpumedic_store import NodeDrain, create_engine, session_factory
-from opentelemetry.sdk.trace import TracerProvider
+from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
+from remediator.main import executor_of, gate_of
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings, SettingsError
-from sqlalchemy import select
-
 from tests.remediator.conftest import incident_waiting_for
 
 pytestmark = pytest.mark.sshd
@@ -62,10 +62,10 @@ class _Remediator:
             hook_token=settings.hook_token,
         )
         self.handler = ActionHandler(
-            settings=settings,
+            settings=settings, gate=gate_of(settings, settings.policy.load()),
             runtime=SimpleNamespace(broker=self.broker, metrics=ServiceMetrics("remediator")),
             sessions=self.sessions,
-            executor=settings.executor(),
+            executor=executor_of(settings),
             tracer=TracerProvider().get_tracer("test"),
             incidents=incidents,
             scheduler=scheduler,

@@ -86,10 +86,12 @@ def test_a_key_the_inventory_names_is_checked_at_start(tmp_path):
 
 
 def test_protected_nodes_take_selectors_and_refuse_anything_else(monkeypatch):
+    from remediator.main import gate_of
     from remediator.settings import Settings
 
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_PROTECTED_NODES", "gpu-node-01, group:prod,label:tier=critical")
-    assert {s.text for s in Settings().gate().protected_nodes} == {"gpu-node-01", "group:prod", "label:tier=critical"}
+    settings = Settings()
+    assert {s.text for s in gate_of(settings, settings.policy.load()).protected_nodes} == {"gpu-node-01", "group:prod", "label:tier=critical"}
     monkeypatch.setenv("GPUMEDIC_REMEDIATOR_PROTECTED_NODES", "group:$(reboot)")
     with pytest.raises(ValueError, match="is not a node selector"):
         Settings()

@@ -16,6 +16,7 @@ from gpumedic_store import create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
+from remediator.main import gate_of
 from remediator.preflight import Preflight
 
 pytestmark = pytest.mark.sshd
@@ -53,7 +54,7 @@ async def preflight(make_settings):
         )
         tracer = TracerProvider().get_tracer("test")
         actions = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=None, metrics=ServiceMetrics("remediator")), sessions=session_factory(engine), executor=executor, tracer=tracer
+            settings=settings, gate=gate_of(settings, settings.policy.load()), runtime=SimpleNamespace(broker=None, metrics=ServiceMetrics("remediator")), sessions=session_factory(engine), executor=executor, tracer=tracer
         )
         policy = Policy.model_validate({"actions": {"kill_gpu_processes": {"grace_s": 1}}})
         return Preflight(policy=policy, executor=executor, actions=actions, tracer=tracer, verify_timeout_s=5.0), engine

@@ -10,14 +10,15 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, NodeRetired, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
+from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
+from remediator.main import executor_of, gate_of, provider_of
 from tests.fixtures.runpod import KEY
 from tests.remediator.conftest import incident_waiting_for
 
@@ -48,9 +49,9 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
         )
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
-            executor=settings.executor(), tracer=TracerProvider().get_tracer("test"), incidents=incidents,
-            provider=settings.provider_client(),
+            settings=settings, gate=gate_of(settings, settings.policy.load()), runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
+            executor=executor_of(settings), tracer=TracerProvider().get_tracer("test"), incidents=incidents,
+            provider=provider_of(settings),
         )
         made.append((engine, handler))
         return handler

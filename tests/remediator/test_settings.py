@@ -8,6 +8,7 @@ import asyncssh
 import pytest
 from pydantic import ValidationError
 
+from remediator.main import gate_of
 from remediator.settings import Settings, SettingsError
 
 
@@ -17,7 +18,7 @@ def test_defaults_are_the_safe_ones(monkeypatch):
     settings = Settings()
     assert settings.mode == "observe"
     assert (settings.breaker_max_nodes, settings.breaker_window_s, settings.max_request_age_s) == (5, 600, 120)
-    gate = settings.gate()  # the per-node limit comes from the (shipped) policy file
+    gate = gate_of(settings, settings.policy.load())  # the per-node limit comes from the (shipped) policy file
     assert (gate.max_actions_per_node, gate.node_window_s) == (3, 3600)
     assert (settings.connect_timeout_s, settings.command_timeout_s, settings.verify_timeout_s) == (10, 30, 20)
     assert settings.trace_to_bus is False
@@ -36,7 +37,7 @@ def test_reads_the_environment(monkeypatch, tmp_path):
     assert settings.inventory == tmp_path / "inv.yaml"
     assert settings.nats.url == "nats://10.0.0.1:4222"
     assert settings.store.url == "sqlite+aiosqlite:////tmp/x.db"
-    gate = settings.gate()
+    gate = gate_of(settings, settings.policy.load())
     # the master switch enforces; each operation's own mode comes from the (shipped) policy file
     assert gate.mode_for("kill_gpu_processes") == "enforce" and gate.mode_for("reboot_node") == "observe"
     assert gate.breaker_max_nodes == 9
@@ -96,8 +97,9 @@ def test_the_per_node_limit_comes_from_the_policy_file_and_a_bad_one_names_its_l
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\ngate:\n  max_actions_per_node: 7\n  node_window_s: 60\n")
     monkeypatch.setenv("GPUMEDIC_POLICY_FILE", str(policy))
-    gate = Settings().gate()
+    settings = Settings()
+    gate = gate_of(settings, settings.policy.load())
     assert (gate.max_actions_per_node, gate.node_window_s) == (7, 60)
     policy.write_text("version: 1\ngate:\n  max_actions_per_node: 0\n")
     with pytest.raises(ValueError, match=r"policy.yaml:3: gate.max_actions_per_node: Input should be greater than or equal to 1"):
-        Settings().gate()
+        Settings().policy.load()

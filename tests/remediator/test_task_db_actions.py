@@ -11,14 +11,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gpumedic_telemetry.metrics import ServiceMetrics
 from gpumedic_bus import Delivery
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, MarkWorkerEnded, NodeRetired, RequeueTasks
 from gpumedic_incidents.policy import Actions, MarkEndedPolicy, Policy, PolicyError, RequeuePolicy, dump_policy, load_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
+from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
+from remediator.main import executor_of, gate_of, task_db_of
 from tests.fixtures.postgres import create_database, drop_database
 from tests.remediator.conftest import incident_waiting_for
 
@@ -69,8 +70,8 @@ async def make_handler(make_settings, incidents, tmp_path, task_db):
         settings = make_settings(policy={"file": policy_file}, task_db_url_file=task_db[1] if configured else None)
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
-            settings=settings, runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
-            executor=settings.executor(), tracer=TracerProvider().get_tracer("test"), incidents=incidents, task_db=settings.task_db(),
+            settings=settings, gate=gate_of(settings, settings.policy.load()), runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
+            executor=executor_of(settings), tracer=TracerProvider().get_tracer("test"), incidents=incidents, task_db=task_db_of(settings),
         )
         made.append((engine, handler))
         return handler

@@ -81,6 +81,7 @@ class ActionHandler:
         self,
         *,
         settings: Settings,
+        gate: Gate,
         runtime: ServiceRuntime,
         sessions: async_sessionmaker[AsyncSession],
         executor: SshExecutor,
@@ -92,7 +93,7 @@ class ActionHandler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
-        self._gate = settings.gate()
+        self._gate = gate
         self._runtime = runtime
         self._sessions = sessions
         self._executor = executor
@@ -397,10 +398,15 @@ def register(
     runtime: ServiceRuntime,
     settings: Settings,
     *,
+    gate: Gate,
     sessions: async_sessionmaker[AsyncSession],
     executor: SshExecutor,
+    hook_url: str | None,
+    provider: Provider | None,
+    task_db: TaskDatabase | None,
 ) -> tuple[ActionHandler, EventConsumer[ActionRequested]]:
-    """Attach the action handler to the remediator's durable consumer."""
+    """Attach the action handler to the remediator's durable consumer. `hook_url` is the policy's
+    drain hook; `provider` and `task_db` what workers and tasks are acted on through (None: not configured)."""
 
     async def publish(event: Event, msg_id: str) -> None:
         await publish_event(runtime.broker, event, msg_id=msg_id)
@@ -408,12 +414,12 @@ def register(
     scheduler = StoreScheduler(
         sessions=sessions,
         publish=publish,
-        hook_url=settings.policy.load().actions.drain_node.hook_url,
+        hook_url=hook_url,
         hook_token=settings.hook_token,
     )
     handler = ActionHandler(
-        settings=settings, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler,
-        provider=settings.provider_client(), task_db=settings.task_db(),
+        settings=settings, gate=gate, runtime=runtime, sessions=sessions, executor=executor, tracer=runtime.tracer, scheduler=scheduler,
+        provider=provider, task_db=task_db,
     )
     # The consumer's batch is how many requests this instance handles at once.
     # While the store (the ledger) is down, requests wait in JetStream: none runs unrecorded, none is dead-lettered.

@@ -13,8 +13,14 @@ from faststream import FastStream
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
 from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT
-from gpumedic_incidents import IncidentStates
+from gpumedic_incidents import IncidentStates, Policy
+from gpumedic_incidents.policy import NodeSelector
+from gpumedic_nodes.ssh import SshExecutor
+from gpumedic_providers.base import Provider
+from gpumedic_providers.config import open_provider
+from gpumedic_store import TaskDatabase
 from gpumedic_store.engine import create_engine, ping, session_factory
+from gpumedic_webhook import read_token
 from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
 from remediator.logic import Gate
@@ -25,14 +31,20 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastStream:
-    """The remediator as a FastStream app; `app.runtime` is its ServiceRuntime."""
+    """The remediator as a FastStream app; `app.runtime` is its ServiceRuntime. The policy file is
+    read here, once, and what it says is passed down."""
     settings = settings or Settings()
+    policy = settings.policy.load()
+    gate = gate_of(settings, policy)
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     engine = create_engine(settings.store.url)
-    executor = settings.executor()
-    handler, _ = register(runtime, settings, sessions=session_factory(engine), executor=executor)
+    executor = executor_of(settings)
+    handler, _ = register(
+        runtime, settings, gate=gate, sessions=session_factory(engine), executor=executor,
+        hook_url=policy.actions.drain_node.hook_url, provider=provider_of(settings), task_db=task_db_of(settings),
+    )
     preflight = Preflight(
-        policy=settings.policy.load(),
+        policy=policy,
         executor=executor,
         actions=handler,
         tracer=runtime.tracer,
@@ -45,7 +57,6 @@ def create_app(settings: Settings | None = None) -> FastStream:
         await ping(engine)
         # The detectors' open incidents, read-only: the gate checks every request against them.
         handler.incidents = await IncidentStates.open(runtime.broker.connection.jetstream())
-        gate = settings.gate()
         log.info(
             "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, %d actions per node / %gs, "
             "requests refused after %gs, %d at once, protected %s",
@@ -85,8 +96,46 @@ def run() -> None:
 def _checked_app(settings: Settings) -> FastStream:
     """The files and the policy are read before anything starts: a mistake stops it, with file and line."""
     settings.check_files()
-    settings.gate()
     return create_app(settings)
+
+
+def gate_of(settings: Settings, policy: Policy) -> Gate:
+    """The gate's rules: the settings' switch, protected nodes and breaker, and the per-node limit and
+    per-operation rules of the policy."""
+    return Gate(
+        mode=settings.mode,
+        actions=policy.actions,
+        kinds=policy.kinds,
+        protected_nodes=frozenset(map(NodeSelector, settings.protected_nodes)),
+        max_actions_per_node=policy.gate.max_actions_per_node,
+        node_window_s=policy.gate.node_window_s,
+        breaker_max_nodes=settings.breaker_max_nodes,
+        breaker_max_share=settings.breaker_max_share,
+        breaker_window_s=settings.breaker_window_s,
+        max_request_age_s=settings.max_request_age_s,
+    )
+
+
+def executor_of(settings: Settings) -> SshExecutor:
+    return SshExecutor(
+        inventory=settings.inventory, known_hosts=settings.known_hosts, client_key=settings.client_key,
+        connect_timeout_s=settings.connect_timeout_s, command_timeout_s=settings.command_timeout_s,
+    )
+
+
+def provider_of(settings: Settings) -> Provider | None:
+    """The configured provider's client, None without one; ValueError if its key file is unusable."""
+    if settings.provider is None:
+        return None
+    return open_provider(settings.provider, read_token(settings.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file"))
+
+
+def task_db_of(settings: Settings) -> TaskDatabase | None:
+    """The task database, None without one; ValueError if its URL file is unusable."""
+    if settings.task_db_url_file is None:
+        return None
+    where = f"GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE {settings.task_db_url_file}"
+    return TaskDatabase(read_token(settings.task_db_url_file, "GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE"), where)
 
 
 def _enforced(gate: Gate) -> str:

@@ -23,13 +23,10 @@ from gpumedic_bus import NatsSettings
 from gpumedic_incidents import PolicySettings
 from gpumedic_incidents.policy import NodeSelector
 from gpumedic_nodes.inventory import InventoryError, load_inventory
-from gpumedic_nodes.ssh import SshExecutor
-from gpumedic_providers.base import Provider
-from gpumedic_providers.config import ProviderConfig, open_provider
-from gpumedic_store import TaskDatabase
+from gpumedic_providers.config import ProviderConfig
 from gpumedic_store.settings import StoreSettings
 from gpumedic_webhook import read_token
-from remediator.logic import Gate, Mode
+from remediator.logic import Mode
 
 _CONFIG_DIR = Path("/etc/gpumedic")
 
@@ -131,19 +128,6 @@ class Settings(BaseSettings):
             return None
         return read_token(self.admin_token_file, "GPUMEDIC_REMEDIATOR_ADMIN_TOKEN_FILE")
 
-    def provider_client(self) -> Provider | None:
-        """The configured provider's client, None without one; ValueError if its key file is unusable."""
-        if self.provider is None:
-            return None
-        return open_provider(self.provider, read_token(self.provider.api_key_file, "GPUMEDIC_REMEDIATOR_PROVIDER api_key_file"))
-
-    def task_db(self) -> TaskDatabase | None:
-        """The task database, None without one; ValueError if its URL file is unusable."""
-        if self.task_db_url_file is None:
-            return None
-        where = f"GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE {self.task_db_url_file}"
-        return TaskDatabase(read_token(self.task_db_url_file, "GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE"), where)
-
     def hook_token(self) -> str | None:
         """The drain hook's bearer token, None without a token file; ValueError if the file is unusable."""
         if self.hook_token_file is None:
@@ -166,33 +150,6 @@ class Settings(BaseSettings):
         for text in value:
             NodeSelector(text)
         return value
-
-    def gate(self) -> Gate:
-        """The gate's rules: these settings, and the per-node limit and per-operation rules from the policy file."""
-        policy = self.policy.load()
-        gate = policy.gate
-        return Gate(
-            mode=self.mode,
-            actions=policy.actions,
-            kinds=policy.kinds,
-            protected_nodes=frozenset(map(NodeSelector, self.protected_nodes)),
-            max_actions_per_node=gate.max_actions_per_node,
-            node_window_s=gate.node_window_s,
-            breaker_max_nodes=self.breaker_max_nodes,
-            breaker_max_share=self.breaker_max_share,
-            breaker_window_s=self.breaker_window_s,
-            max_request_age_s=self.max_request_age_s,
-        )
-
-    def executor(self, timeout_s: float | None = None) -> SshExecutor:
-        """The SSH executor for these files; `timeout_s` overrides both the connect and command timeouts."""
-        return SshExecutor(
-            inventory=self.inventory,
-            known_hosts=self.known_hosts,
-            client_key=self.client_key,
-            connect_timeout_s=timeout_s or self.connect_timeout_s,
-            command_timeout_s=timeout_s or self.command_timeout_s,
-        )
 
     def check_files(self) -> None:
         """Raise SettingsError unless the inventory, known_hosts and client key are usable."""
