@@ -94,6 +94,35 @@ async def test_bad_answers_are_findings_with_their_reason(answer, reason):
     assert result.state == "bad_answer" and reason in result.detail and result.status is None
 
 
+async def test_a_daemon_that_answers_chunked_on_one_kept_alive_connection_is_read_whole():
+    """A real web framework may stream its JSON (Transfer-Encoding: chunked) and keep the connection
+    for the next request: both are HTTP/1.1 as RFC 9112 has it, not bad answers."""
+    body = json.dumps(GOOD).encode()
+    chunks = b"".join(f"{len(body[i:i + 7]):x}\r\n".encode() + body[i:i + 7] + b"\r\n" for i in range(0, len(body), 7)) + b"0\r\n\r\n"
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.split(b" ", 2)[1] == b"/health":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        answer = await _probe(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/status")
+    finally:
+        server.close()
+    assert answer.state == "ok" and answer.status.leader == "p1", answer.detail
+    assert connections == 2  # the TCP layer's own connect, then one HTTP connection for both requests
+
+
 async def test_a_url_that_is_not_plain_http_is_refused_without_a_connection():
     result = await _probe("https://10.0.0.1/status")
     assert result.state == "bad_answer" and "only http://host:port/path status URLs are probed" in result.detail

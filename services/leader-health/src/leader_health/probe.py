@@ -6,12 +6,14 @@ whose event loop is blocked (the port accepts TCP, HTTP never answers: `blocked`
 that answers with an error is `unhealthy`; a daemon without `/health` (404) is judged by
 `/status` alone. Whatever `/status` says must parse: invalid JSON, a document the policy's
 `peer_status` expressions do not fit (`leader_health.status`), an answer over `MAX_ANSWER_BYTES` and a redirect (never followed) are each a
-`bad_answer` with the reason. Nothing a peer sends can raise out of `probe`.
+`bad_answer` with the reason. Nothing a peer sends can raise out of `probe`. HTTP is httpx's
+(chunked answers, keep-alive, a daemon's odd framing); the TCP layer is a plain connect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -19,11 +21,11 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
+import httpx
+
 from leader_health.status import DEFAULT_READER, PeerStatus, StatusMismatch, StatusReader
 
 MAX_ANSWER_BYTES = 1024 * 1024
-_HEAD_ROOM = 16 * 1024
-"""Room for the status line and headers above the body's limit."""
 PeerState = Literal["ok", "unreachable", "down", "blocked", "unhealthy", "bad_answer"]
 
 
@@ -45,10 +47,21 @@ class _Refused(Exception):
         self.detail = detail
 
 
-async def probe(url: str, *, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader = DEFAULT_READER) -> PeerAnswer:
+async def probe(
+    url: str,
+    *,
+    connect_timeout_s: float,
+    http_timeout_s: float,
+    reader: StatusReader = DEFAULT_READER,
+    client: httpx.AsyncClient | None = None,
+) -> PeerAnswer:
+    """One peer's answer. `client` is the round's HTTP client (one is made for this probe if none)."""
     started = time.monotonic()
     try:
-        status = await _layers(url, connect_timeout_s, http_timeout_s, reader)
+        async with contextlib.AsyncExitStack() as stack:
+            if client is None:
+                client = await stack.enter_async_context(http_client(concurrency=1))
+            status = await _layers(url, connect_timeout_s, http_timeout_s, reader, client)
     except _Refused as verdict:
         return PeerAnswer(url, verdict.state, None, verdict.detail[:300], _ms(started))
     return PeerAnswer(url, "ok", status, "", _ms(started))
@@ -57,26 +70,37 @@ async def probe(url: str, *, connect_timeout_s: float, http_timeout_s: float, re
 async def probe_all(
     urls: Sequence[str], *, connect_timeout_s: float, http_timeout_s: float, concurrency: int, reader: StatusReader = DEFAULT_READER
 ) -> list[PeerAnswer]:
-    """Every peer, at most `concurrency` at once, in the order given."""
+    """Every peer, at most `concurrency` at once, in the order given, through one HTTP client."""
     gate = asyncio.Semaphore(concurrency)
+    async with http_client(concurrency=concurrency) as client:
 
-    async def one(url: str) -> PeerAnswer:
-        async with gate:
-            return await probe(url, connect_timeout_s=connect_timeout_s, http_timeout_s=http_timeout_s, reader=reader)
+        async def one(url: str) -> PeerAnswer:
+            async with gate:
+                return await probe(url, connect_timeout_s=connect_timeout_s, http_timeout_s=http_timeout_s, reader=reader, client=client)
 
-    return list(await asyncio.gather(*(one(url) for url in urls)))
+        return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
-async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader) -> PeerStatus:
+def http_client(*, concurrency: int) -> httpx.AsyncClient:
+    """A plain-HTTP client for peers: no redirects followed, no proxy or netrc from the environment,
+    no TLS set up (status URLs are http://), a connection per peer kept for its two requests."""
+    return httpx.AsyncClient(
+        follow_redirects=False, trust_env=False, verify=False, headers={"Accept": "application/json"},
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+    )
+
+
+async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader, client: httpx.AsyncClient) -> PeerStatus:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise _Refused("bad_answer", f"only http://host:port/path status URLs are probed, not {url[:100]!r}")
     host, port = parts.hostname, parts.port or 80
     await _connect(host, port, connect_timeout_s)
-    code, _, _ = await _get(host, port, parts.netloc, "/health", connect_timeout_s, http_timeout_s)
+    base = f"http://{parts.netloc}"
+    code, _, _ = await _get(client, base, "/health", connect_timeout_s, http_timeout_s)
     if code != 404 and not 200 <= code < 300:
         raise _Refused("unhealthy", f"/health answered HTTP {code}")
-    code, location, body = await _get(host, port, parts.netloc, parts.path or "/", connect_timeout_s, http_timeout_s)
+    code, location, body = await _get(client, base, parts.path or "/", connect_timeout_s, http_timeout_s, query=parts.query)
     if 300 <= code < 400:
         raise _Refused("bad_answer", f"/status redirects to {location[:100]!r}; redirects are not followed")
     if code != 200:
@@ -92,55 +116,49 @@ async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, rea
 
 
 async def _connect(host: str, port: int, timeout_s: float) -> None:
-    _, writer = await _open(host, port, timeout_s)
-    writer.close()
-
-
-async def _open(host: str, port: int, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The TCP layer alone, so that a refused port (`down`) is told from a silent host (`unreachable`)."""
     try:
-        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     except ConnectionRefusedError:
         raise _Refused("down", f"{host}:{port} refuses connections: the daemon is not listening") from None
     except TimeoutError:
         raise _Refused("unreachable", f"no TCP answer from {host}:{port} within {timeout_s:g}s: the host or its network is down") from None
     except OSError as exc:
         raise _Refused("unreachable", f"{host}:{port} unreachable ({exc.strerror or type(exc).__name__})") from None
+    writer.close()
 
 
-async def _get(host: str, port: int, netloc: str, path: str, connect_timeout_s: float, timeout_s: float) -> tuple[int, str, bytes]:
-    """(status code, Location, body) of one GET; a silent server is `blocked`."""
+async def _get(
+    client: httpx.AsyncClient, base: str, path: str, connect_timeout_s: float, timeout_s: float, *, query: str = ""
+) -> tuple[int, str, bytes]:
+    """(status code, Location, body) of one GET, whole within `timeout_s`; a silent server is `blocked`."""
     try:
-        return await asyncio.wait_for(_exchange(host, port, netloc, path, connect_timeout_s), timeout_s)
-    except TimeoutError:
+        return await asyncio.wait_for(_exchange(client, base, path, query, connect_timeout_s, timeout_s), timeout_s)
+    except (TimeoutError, httpx.TimeoutException):
         raise _Refused(
             "blocked", f"{path}: the port accepts TCP but HTTP does not answer within {timeout_s:g}s (a blocked event loop)"
         ) from None
-    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+    except httpx.ConnectError as exc:
+        refused = isinstance(exc.__context__, ConnectionRefusedError) or "refused" in str(exc).lower()
+        raise _Refused("down" if refused else "unreachable", f"{path}: the connection failed ({exc})"[:300]) from None
+    except (httpx.RemoteProtocolError, httpx.DecodingError) as exc:
+        raise _Refused("bad_answer", f"{path}: not an HTTP answer ({str(exc)[:80]})") from None
+    except httpx.HTTPError as exc:  # a read or write error: the peer dropped the connection
         raise _Refused("bad_answer", f"{path}: the connection broke mid-answer ({type(exc).__name__})") from None
 
 
-async def _exchange(host: str, port: int, netloc: str, path: str, connect_timeout_s: float) -> tuple[int, str, bytes]:
-    reader, writer = await _open(host, port, connect_timeout_s)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\nAccept: application/json\r\n\r\n".encode())
-        await writer.drain()
-        raw = b""
-        while len(raw) <= MAX_ANSWER_BYTES + _HEAD_ROOM:  # the answer ends at EOF (Connection: close)
-            chunk = await reader.read(64 * 1024)
-            if not chunk:
-                break
-            raw += chunk
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if len(body) > MAX_ANSWER_BYTES:
-        raise _Refused("bad_answer", f"{path}: the answer is larger than {MAX_ANSWER_BYTES // 1024} KiB")
-    lines = head.decode("latin-1").split("\r\n")
-    words = lines[0].split()
-    if len(words) < 2 or not words[0].startswith("HTTP/") or not words[1].isdigit():
-        raise _Refused("bad_answer", f"{path}: not an HTTP answer ({lines[0][:60]!r})")
-    location = next((line.split(":", 1)[1].strip() for line in lines[1:] if line.lower().startswith("location:")), "")
-    return int(words[1]), location, body
+async def _exchange(
+    client: httpx.AsyncClient, base: str, path: str, query: str, connect_timeout_s: float, timeout_s: float
+) -> tuple[int, str, bytes]:
+    timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    url = httpx.URL(base).copy_with(raw_path=(path + (f"?{query}" if query else "")).encode())
+    async with client.stream("GET", url, timeout=timeout) as answer:
+        body = bytearray()
+        async for piece in answer.aiter_bytes():
+            body += piece
+            if len(body) > MAX_ANSWER_BYTES:
+                raise _Refused("bad_answer", f"{path}: the answer is larger than {MAX_ANSWER_BYTES // 1024} KiB")
+        return answer.status_code, answer.headers.get("location", ""), bytes(body)
 
 
 def _ms(started: float) -> float:
