@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pynvml
+import httpx
 import pytest
 
 from gpumedic_sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
-from node_sampler.jobs import http_get
 
 
 def test_a_new_node_is_idle_and_start_job_loads_it():
@@ -142,3 +142,9 @@ async def test_a_phantom_count_stays_after_the_jobs_end_until_the_leader_resets_
     assert node.counted_jobs == 2
     assert leader.admin("/admin/reset_node_jobs", None, reset) == 200
     assert node.counted_jobs == 0
+
+
+async def http_get(url: str) -> tuple[int, bytes]:
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(url)
+    return answer.status_code, answer.content

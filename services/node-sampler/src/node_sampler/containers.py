@@ -11,9 +11,8 @@ The engine is trusted no more than any other input: a line that is not JSON, an 
 is not a number, log lines with control characters or invalid UTF-8, names too long for the
 event are each skipped or cleaned, and `run()` never raises except when cancelled.
 
-The HTTP/1.1 client is a few lines of asyncio streams rather than a dependency (the sampler
-installs on GPU nodes): one request per connection, `Content-Length`, chunked or read-to-close
-bodies, and a deadline on every request but the event stream itself, which may idle for hours.
+HTTP goes through httpx over the unix socket (`node_sampler.http`), made once the socket is
+there: a deadline on every request but the event stream itself, which may idle for hours.
 Paths are unversioned, which every engine serves as its own current API version.
 """
 
@@ -27,12 +26,12 @@ import logging
 import os
 import re
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from node_sampler.http import read_head
+from node_sampler import http
 from node_sampler.logic import ContainerExitReading, clean_text
 
 log = logging.getLogger(__name__)
@@ -55,12 +54,14 @@ MAX_LINE_BYTES = 8 * MAX_LINE
 MAX_DIE_TASKS = 64
 """Exits being looked up at once; beyond this an exit is reported from its event alone."""
 _SEEN_EVENTS = 512
-_PIECE = 64 * 1024
 
 _EVENT_ID = re.compile(r"[0-9a-f]{12,128}")
 _LOOKUP_ID = re.compile(r"[0-9a-f]{12,64}")
 _INT = re.compile(r"-?[0-9]{1,10}")
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+_URL = "http://docker"
+"""The engine's base URL: the host part only fills the Host header; the socket is the address."""
+_HEADERS = {"User-Agent": "gpumedic-node-sampler", "Accept": "application/json"}
 _EVENTS_TARGET = "/events?filters=" + quote(json.dumps({"type": ["container"]}, separators=(",", ":")), safe="")
 
 
@@ -112,6 +113,8 @@ class DockerWatcher:
         self._ever_up = False
         self._quiet = False
         """An outage has been logged; the next line is the one saying the engine is back."""
+        self._http: Any = None
+        """The HTTP client, made once the socket exists (a node without an engine never needs one)."""
 
     # --- what the sampler asks --------------------------------------------------------------
 
@@ -164,12 +167,18 @@ class DockerWatcher:
         finally:
             for task in list(self._tasks):
                 task.cancel()
+            if self._http is not None:
+                await self._http.aclose()
+                self._http = None
 
     # --- one connection's life --------------------------------------------------------------
 
     async def _session(self) -> None:
         """Ping, open the event stream, load the list, follow events until the stream ends.
         The stream is opened before the list is read, so nothing happens unseen in between."""
+        if self._http is None:
+            os.stat(self.socket_path)  # no engine (FileNotFoundError) or no right to it: said by _off
+            self._http = http.client(socket_path=self.socket_path, headers=_HEADERS)
         status, _headers, _body = await self._get("/_ping", max_bytes=1024)
         if status != 200:
             raise DockerError(f"/_ping: HTTP {status}")
@@ -177,11 +186,9 @@ class DockerWatcher:
         if self._last_nano is not None:
             # events since the last one seen, so a cut stream loses nothing the engine still holds
             target += f"&since={self._last_nano // 10**9}.{self._last_nano % 10**9:09d}"
-        reader, writer = await self._connect()
-        try:
+        async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.timeout_s):
-                await self._send(writer, target)
-                status, headers = await read_head(reader, DockerError)
+                status, _headers, pieces = await stack.enter_async_context(http.stream(self._http, _URL + target, error=DockerError))
             if status != 200:
                 raise DockerError(f"/events: HTTP {status}")
             async with asyncio.timeout(self.timeout_s):
@@ -194,12 +201,10 @@ class DockerWatcher:
             self._quiet = False
             refresher = asyncio.create_task(self._refresh_forever())
             try:
-                await self._follow(reader, headers)
+                await self._follow(pieces)
             finally:
                 refresher.cancel()
                 await asyncio.wait([refresher])
-        finally:
-            await _close(writer)
 
     def _off(self, exc: Exception) -> None:
         if self._quiet:
@@ -246,11 +251,11 @@ class DockerWatcher:
                 ids.add(cid.lower())
         return ids
 
-    async def _follow(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+    async def _follow(self, pieces: AsyncIterator[bytes]) -> None:
         """Handle each event line until the stream ends; one bad line is skipped."""
         partial = bytearray()
         skipping = False
-        async with contextlib.aclosing(_body(reader, headers)) as pieces:
+        async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 start = 0
                 while (end := piece.find(b"\n", start)) >= 0:
@@ -371,10 +376,7 @@ class DockerWatcher:
     async def _logs(self, cid: str, *, tty: bool) -> tuple[str, ...]:
         # twice the lines wanted: the blank and control-only ones are dropped, the rest cut to the last N
         target = f"/containers/{quote(cid, safe='')}/logs?stdout=1&stderr=1&tail={2 * self.log_lines}"
-        reader, writer = await self._connect()
-        try:
-            await self._send(writer, target)
-            status, headers = await read_head(reader, DockerError)
+        async with http.stream(self._http, _URL + target, error=DockerError) as (status, headers, pieces):
             if status != 200:
                 raise DockerError(f"HTTP {status}")
             content_type = headers.get("content-type", "")
@@ -384,44 +386,20 @@ class DockerWatcher:
                 tty = True
             tail = LogTail(self.log_lines, multiplexed=not tty)
             read = 0
-            async with contextlib.aclosing(_body(reader, headers)) as pieces:
+            async with contextlib.aclosing(pieces):
                 async for piece in pieces:
                     tail.feed(piece)
                     read += len(piece)
                     if read > MAX_LOG_BYTES:
                         break
             return tail.lines()
-        finally:
-            await _close(writer)
 
-    # --- HTTP over the unix socket ----------------------------------------------------------
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _get(self, target: str, *, max_bytes: int) -> tuple[int, Mapping[str, str], bytes]:
         async with asyncio.timeout(self.timeout_s):
-            return await asyncio.open_unix_connection(self.socket_path)
-
-    async def _send(self, writer: asyncio.StreamWriter, target: str) -> None:
-        writer.write(
-            f"GET {target} HTTP/1.1\r\nHost: docker\r\nUser-Agent: gpumedic-node-sampler\r\n"
-            "Accept: application/json\r\nConnection: close\r\n\r\n".encode("ascii")
-        )
-        await writer.drain()
-
-    async def _get(self, target: str, *, max_bytes: int) -> tuple[int, dict[str, str], bytes]:
-        reader, writer = await self._connect()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self._send(writer, target)
-                status, headers = await read_head(reader, DockerError)
-                body = bytearray()
-                async with contextlib.aclosing(_body(reader, headers)) as pieces:
-                    async for piece in pieces:
-                        body += piece
-                        if len(body) > max_bytes:
-                            raise DockerError(f"{target.split('?')[0]}: answer larger than {max_bytes} bytes")
-                return status, headers, bytes(body)
-        finally:
-            await _close(writer)
+            try:
+                return await http.get(self._http, _URL + target, max_bytes=max_bytes, error=DockerError)
+            except DockerError as exc:
+                raise DockerError(f"{target.split('?')[0]}: {exc}") from None
 
 
 class LogTail:
@@ -620,51 +598,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
-    """The body as it arrives: chunked, `Content-Length` bytes, or until the engine closes."""
-    try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            while True:
-                size_line = await reader.readuntil(b"\r\n")
-                try:
-                    size = int(size_line.split(b";")[0].strip(), 16)
-                except ValueError:
-                    raise DockerError("bad chunk size") from None
-                if size < 0:
-                    raise DockerError("bad chunk size")
-                if size == 0:
-                    return
-                while size:
-                    piece = await reader.read(min(size, _PIECE))
-                    if not piece:
-                        raise DockerError("answer cut short")
-                    size -= len(piece)
-                    yield piece
-                if await reader.readexactly(2) != b"\r\n":
-                    raise DockerError("bad chunk end")
-        elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise DockerError("bad Content-Length") from None
-            if length < 0:
-                raise DockerError("bad Content-Length")
-            while length:
-                piece = await reader.read(min(length, _PIECE))
-                if not piece:
-                    raise DockerError("answer cut short")
-                length -= len(piece)
-                yield piece
-        else:
-            while piece := await reader.read(_PIECE):
-                yield piece
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        raise DockerError("answer cut short") from None

@@ -4,9 +4,6 @@ A zombie job is one the node claims to run while nothing comes out of it, so the
 the node's own view (its status endpoint, or a count of job processes) and watches outputs grow.
 A probe never raises: a failed or malformed answer is `None` for what it measures plus a note,
 because "could not tell" must never read as "no jobs".
-
-The HTTP client is a few lines of asyncio streams rather than a dependency: the sampler installs
-on GPU nodes and needs one GET with a hard deadline.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import asyncio
 import json
 import os
 import re
-import ssl
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +20,7 @@ from urllib.parse import urlsplit
 import jmespath
 from jmespath.exceptions import JMESPathError
 
-from node_sampler.http import read_head
+from node_sampler import http
 from node_sampler.logic import JobsReading
 from node_sampler.procs import ProcessTable
 
@@ -46,15 +42,22 @@ class StatusEndpointProbe:
     (`selfplay_jobs`, `p2p.jobs[0].count`; jmespath.org). A bad expression raises ValueError here."""
 
     def __init__(self, url: str, path: str = "selfplay_jobs", *, timeout_s: float = 2.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the status URL {url!r} is not an http(s) URL")
         self.url = url
         self.path = path
         self.expression = compile_jobs_path(path)
         self.timeout_s = timeout_s
+        self._http: Any = None
+        """Made at the first sample, then kept (its connection too, where the node's service keeps it)."""
 
     async def observe(self) -> JobsReading:
         try:
+            if self._http is None:
+                self._http = http.client(headers={"Accept": "application/json"})
             async with asyncio.timeout(self.timeout_s):
-                status, body = await http_get(self.url)
+                status, _, body = await http.get(self._http, self.url, max_bytes=MAX_STATUS_BYTES, error=ProbeError)
             if status != 200:
                 raise ProbeError(f"HTTP {status}")
             try:
@@ -179,73 +182,3 @@ def count_at(document: Any, expression: Any, path: str) -> int:
     if value < 0:
         raise ProbeError(f"{path!r} is negative ({value})")
     return value
-
-
-async def http_get(url: str, *, max_bytes: int = MAX_STATUS_BYTES) -> tuple[int, bytes]:
-    """One HTTP/1.1 GET; returns the status code and body. The caller bounds the time."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProbeError(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
-    reader, writer = await asyncio.open_connection(
-        parts.hostname, port, ssl=ssl.create_default_context() if parts.scheme == "https" else None
-    )
-    try:
-        request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-        writer.write(request.encode("ascii"))
-        await writer.drain()
-        status, headers = await read_head(reader, ProbeError)
-        body = await _read_body(reader, headers, max_bytes)
-        return status, body
-    finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return await _read_chunked(reader, max_bytes)
-    if "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            raise ProbeError("bad Content-Length") from None
-        if length > max_bytes:
-            raise ProbeError(f"answer larger than {max_bytes} bytes")
-        try:
-            return await reader.readexactly(length)
-        except asyncio.IncompleteReadError:
-            raise ProbeError("answer cut short") from None
-    body = await reader.read(max_bytes + 1)
-    while len(body) <= max_bytes:
-        more = await reader.read(max_bytes + 1 - len(body))
-        if not more:
-            break
-        body += more
-    if len(body) > max_bytes:
-        raise ProbeError(f"answer larger than {max_bytes} bytes")
-    return body
-
-
-async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
-    body = b""
-    try:
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise ProbeError("bad chunk size") from None
-            if size == 0:
-                return body
-            if len(body) + size > max_bytes:
-                raise ProbeError(f"answer larger than {max_bytes} bytes")
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        raise ProbeError("answer cut short") from None
