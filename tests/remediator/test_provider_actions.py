@@ -1,4 +1,4 @@
-"""spawn_worker and terminate_worker through the whole action handler: the gate (an open incident
+"""spawn_worker, terminate_worker and restart_worker through the whole action handler: the gate (an open incident
 that waits for exactly this action, observe mode, the policy's allow-list), a real SQLite store for
 the ledger and audit, and RunPod's REST API served on loopback."""
 
@@ -11,8 +11,17 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from gpumedic_bus import Delivery
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, NodeRetired, SpawnWorker, TerminateWorker
-from gpumedic_incidents.policy import Actions, Policy, SpawnPolicy, dump_policy
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    IncidentKind,
+    NodeRetired,
+    RestartWorker,
+    SpawnWorker,
+    TerminateWorker,
+)
+from gpumedic_incidents.policy import Actions, Policy, RestartWorkerPolicy, SpawnPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
@@ -41,7 +50,8 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
 
     def _make(*, gpu_types=(H100,), mode="enforce", provider=True):
         policy_file = tmp_path / "policy.yaml"
-        dump_policy(Policy(actions=Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8))), policy_file)
+        actions = Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8), restart_worker=RestartWorkerPolicy(back_within_s=1.5, poll_s=0.2))
+        dump_policy(Policy(actions=actions), policy_file)
         settings = make_settings(
             policy={"file": policy_file}, mode=mode,
             provider={"kind": "runpod", "api_key_file": tmp_path / "runpod-key", "image": "ghcr.io/acme/selfplay:7",
@@ -68,10 +78,12 @@ async def ask(handler: ActionHandler, operation, *, node: str = "workers", incid
     incident_id = incident_id or uuid.uuid4()
     if isinstance(operation, SpawnWorker):
         kind = IncidentKind.CAPACITY_SHORT
+    elif isinstance(operation, RestartWorker):  # a GPU that kills did not free, on a rented node
+        kind = IncidentKind.ORPHAN_GPU_HOLDER
     else:  # the pool's surplus, or one worker's own incident
         kind = IncidentKind.CAPACITY_SURPLUS if node == "workers" else IncidentKind.STUCK_SPAWNING
     request = ActionRequested(
-        source="autoscaler", action_id=uuid.uuid4(), incident_id=incident_id, node_id=node, attempt=1,
+        source="zombie-detector" if isinstance(operation, RestartWorker) else "autoscaler", action_id=uuid.uuid4(), incident_id=incident_id, node_id=node, attempt=1,
         operation=operation, reason="queue backlog", fingerprint=fingerprint(node, kind, None),
     )
     await handler.incidents.save(incident_waiting_for(request))
@@ -130,3 +142,38 @@ async def test_a_provider_that_fails_fails_the_action_saying_why_and_never_the_k
     slow = await ask(handler, SpawnWorker(gpu_type=H100, gpus=1))
     assert slow.outcome is ActionOutcome.FAILED and "nothing rented: RunPod: POST /pods got no answer in time" in slow.detail
     assert KEY not in gone.detail + slow.detail
+
+
+async def test_a_rented_node_whose_gpu_kills_did_not_free_has_its_whole_pod_restarted_and_verified(remediator):
+    """Runbook 003's last resort, through RunPod's API: the node's pod (its name is the node's id)
+    is restarted, and the action succeeds only once RunPod lists it running with a later start."""
+    fake, make = remediator
+    handler = make()
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=8))
+    (pod_id,) = fake.pods
+    fake.pods[pod_id].update(name="gpu-node-07", publicIp="203.0.113.7", portMappings={"22": 40022})
+    started = fake.pods[pod_id]["lastStartedAt"]
+    restarted = await ask(handler, RestartWorker(), node="gpu-node-07")
+    assert restarted.outcome is ActionOutcome.SUCCEEDED, restarted.detail
+    assert restarted.detail.startswith(f"restarted pod {pod_id}: running again since ")
+    assert fake.pods[pod_id]["lastStartedAt"] > started
+    assert ("POST", f"/v1/pods/{pod_id}/restart", None) in fake.requests
+    async with handler._sessions() as session:
+        record = await repository.get_action(session=session, action_id=restarted.action_id)
+    assert [a["command"] for a in record.audit][:2] == ["provider: list workers (the node's pod)", "provider: restart the node's pod"]
+    assert KEY not in str(record.audit)
+
+
+async def test_a_restart_the_provider_answers_but_does_not_carry_out_fails_and_a_node_it_does_not_rent_is_a_person(remediator):
+    fake, make = remediator
+    handler = make()
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=8))
+    (pod_id,) = fake.pods
+    fake.pods[pod_id].update(publicIp="203.0.113.7", portMappings={"22": 40022})
+    fake.restart_ignored = True  # 200 OK, and the pod goes on as it was (runpod-python#450)
+    ignored = await ask(handler, RestartWorker(), node=pod_id)
+    assert ignored.outcome is ActionOutcome.FAILED
+    assert f"pod {pod_id} was asked to restart but is not running again after 1.5s (running, last started " in ignored.detail
+    owned = await ask(handler, RestartWorker(), node="gpu-node-01")  # one of your own machines
+    assert owned.outcome is ActionOutcome.FAILED
+    assert owned.detail == "node gpu-node-01 is no worker RunPod rents (no pod has it as its id or name): a person must restart it"

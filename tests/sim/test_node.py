@@ -148,3 +148,27 @@ async def http_get(url: str) -> tuple[int, bytes]:
     async with httpx.AsyncClient() as client:
         answer = await client.get(url)
     return answer.status_code, answer.content
+
+
+async def test_a_stuck_gpu_outlives_every_signal_until_its_pod_is_restarted_through_runpods_api(fleet, tmp_path):
+    """Runbook 003 on a rented pod: the leftover ignores TERM and KILL; the fleet's pods, served as
+    RunPod's API, restart the node (everything on it ends) when the real provider code asks."""
+    from gpumedic_providers.runpod import RunPodProvider
+    from gpumedic_sim.runpod import RentedFleet
+
+    node = fleet.node("sim-node-02")
+    stuck = node.inject_gpu_stuck(0)
+    assert node.running_jobs == 0 and node.live_processes() == [stuck]  # the run stopped; only the leftover holds a GPU
+    assert interpret(node, f"kill -s KILL {stuck.pid}").exit_status == 0 and node.process(stuck.pid) is not None
+    rented = RentedFleet(fleet, tmp_path / "rented")
+    await rented.start()
+    provider = RunPodProvider(rented.api.key, image="x", base_url=rented.api.base_url)
+    try:
+        (pod,) = [w for w in await provider.workers() if w.name == "sim-node-02"]
+        await provider.restart(pod.worker_id)
+        (after,) = [w for w in await provider.workers() if w.name == "sim-node-02"]
+    finally:
+        await provider.close()
+        await rented.stop()
+    assert after.started_at > pod.started_at and after.status == "running"
+    assert node.process(stuck.pid) is None and node.compute_pids(0) == []

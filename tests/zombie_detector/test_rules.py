@@ -134,6 +134,29 @@ def test_an_orphan_that_goes_away_resolves_and_a_live_container_is_no_orphan():
     assert d.opened(IncidentKind.ORPHAN_GPU_HOLDER) == []
 
 
+def _answered_until_done(d: Detector, gpus: tuple[GpuSample, ...], until_s: float) -> list:
+    """Samples every 5 s; each action requested 'succeeds' and the GPU stays held (runbook 003)."""
+    asked = []
+    for s in range(0, int(until_s), 5):
+        for event in d.feed(sample(gpus=gpus), s):
+            if isinstance(event, ActionRequested):
+                asked.append(event.operation.operation)
+                succeeded(d, event, s + 1)
+    return asked
+
+
+def test_a_gpu_that_kills_do_not_free_has_its_rented_pod_restarted_unless_other_work_runs_there():
+    d = Detector()
+    asked = _answered_until_done(d, (orphaned_gpu(),), 400)
+    assert asked == ["kill_gpu_processes", "kill_gpu_processes", "restart_worker"]
+    busy = GpuSample(index=1, utilization_gpu_pct=95, processes=(JOB.model_copy(update={"pid": 5000}),))
+    d = Detector()
+    asked = _answered_until_done(d, (orphaned_gpu(), busy), 400)
+    assert asked == ["kill_gpu_processes", "kill_gpu_processes"]  # a restart would end the job on GPU 1
+    (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
+    assert "no safe restart_worker" in escalated.reason
+
+
 # --- XIDs ---------------------------------------------------------------------------------------
 
 

@@ -117,6 +117,7 @@ class SimFleet:
         needs_gpu = {
             Fault.ZOMBIE_JOB: node.inject_zombie,
             Fault.ORPHAN_GPU_HOLDER: node.inject_orphan,
+            Fault.GPU_STUCK: node.inject_gpu_stuck,
             Fault.OOM_KILL: node.inject_oom_kill,
             Fault.SEGFAULT: node.inject_segfault,
             Fault.SIGTERM: node.inject_sigterm,

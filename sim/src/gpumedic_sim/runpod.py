@@ -1,21 +1,28 @@
 """RunPod's documented REST v1 pod endpoints on loopback (`POST /v1/pods`, `GET /v1/pods`,
-`DELETE /v1/pods/{id}`, a bearer key), so the real RunPod provider code in the autoscaler and the
+`DELETE /v1/pods/{id}`, `POST /v1/pods/{id}/restart`, a bearer key), so the real RunPod provider code in the autoscaler and the
 remediator talks to a simulated provider exactly as it would to RunPod.
 
 `RunPodServer` is the HTTP side (parsing, the key, a log of requests, and two ways to answer
 badly: `override` for GET /pods, `silent` to never answer); `SimRunPod` answers from a
-`SimProvider`, which `gpumedic sim` rents its workers from. Loopback only, one request per
-connection.
+`SimProvider`, which `gpumedic sim` rents its workers from; `RentedFleet` serves the fleet's own
+nodes as pods. Loopback only, one request per connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gpumedic.credentials import write_private
 from gpumedic_providers.base import ProviderError, Worker
 from gpumedic_providers.sim import SimProvider
+
+if TYPE_CHECKING:
+    from gpumedic_sim.fleet import SimFleet
 
 
 class RunPodServer:
@@ -89,6 +96,9 @@ class SimRunPod(RunPodServer):
                 return 201, pod(worker)
             if method == "GET" and path == "/v1/pods":
                 return 200, [pod(w) for w in await self.provider.workers()]
+            if method == "POST" and path.startswith("/v1/pods/") and path.endswith("/restart"):
+                await self.provider.restart(path.split("/")[3])
+                return 200, None
             if method == "DELETE" and path.startswith("/v1/pods/"):
                 await self.provider.terminate(path.rsplit("/", 1)[1])
                 return 204, None
@@ -102,7 +112,7 @@ def pod(worker: Worker) -> dict:
     return {
         "id": worker.worker_id, "name": worker.name, "desiredStatus": "RUNNING", "costPerHr": worker.price_per_h,
         "gpu": {"id": worker.gpu_type, "count": worker.gpus},
-        "lastStartedAt": _z(worker.created_at) if worker.created_at else None,
+        "lastStartedAt": _z(worker.started_at) if worker.started_at else None,
         "publicIp": worker.ssh.host if worker.ssh else None,
         "portMappings": {"22": worker.ssh.port} if worker.ssh else {},
     }
@@ -110,3 +120,37 @@ def pod(worker: Worker) -> dict:
 
 def _z(at: datetime) -> str:
     return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class RentedFleet:
+    """The simulated fleet's nodes as pods of a simulated RunPod, each named by its node id (the
+    ids are RunPod-shaped): what the remediator restarts a node's whole pod through
+    (`restart_worker`). A restart ends everything on the node, as a pod restart does."""
+
+    def __init__(self, fleet: SimFleet, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self._names: dict[str, str] = {}
+        self.provider = SimProvider(spawn_s=0, on_restart=lambda pod_id: fleet.node(self._names[pod_id]).restart_pod())
+        for n, (node_id, node) in enumerate(fleet.nodes.items(), 1):
+            pod_id = f"simpod{n:05d}"
+            self._names[pod_id] = node_id
+            self.provider.adopt(pod_id, node_id, "H100", len(node.gpus))
+        self.api = SimRunPod(self.provider, key=f"rpa_sim_{secrets.token_urlsafe(18)}")
+
+    @property
+    def key_path(self) -> Path:
+        return self.workdir / "rented-fleet-key"
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        write_private(self.key_path, self.api.key.encode())
+        await self.api.start()
+
+    async def stop(self) -> None:
+        await self.api.stop()
+
+    def env(self) -> dict[str, str]:
+        """The remediator's provider (the autoscaler has none: these pods are no worker pool)."""
+        config = {"kind": "runpod", "api_key_file": str(self.key_path), "image": "gpumedic/sim-node:1", "base_url": self.api.base_url,
+                  "timeout_s": 5}
+        return {"GPUMEDIC_REMEDIATOR_PROVIDER": json.dumps(config)}

@@ -23,6 +23,7 @@ kind                fields           what the node shows
 ==================  ===============  ======================================================
 zombie_job          gpu              the job on the GPU hangs: memory held, 0 % busy, no output
 orphan_gpu_holder   gpu              a process left over from a container restart holds the GPU
+gpu_stuck           gpu              on a rented pod, a leftover no signal ends holds the GPU (runbook 003)
 oom_kill            gpu              the kernel's OOM killer ends the job: its lines, exit 137
 segfault            gpu              the job's container exits 139 (SIGSEGV)
 sigterm             gpu              the job's container exits 143 (SIGTERM)
@@ -142,6 +143,7 @@ GPU_FAULTS: frozenset[Scripted] = frozenset(
     {
         FaultKind.ZOMBIE_JOB,
         FaultKind.ORPHAN_GPU_HOLDER,
+        FaultKind.GPU_STUCK,
         FaultKind.OOM_KILL,
         FaultKind.SEGFAULT,
         FaultKind.SIGTERM,
@@ -187,6 +189,7 @@ FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
     {
         FaultKind.ZOMBIE_JOB: "the job on the GPU hangs: memory held, 0 % busy, no output",
         FaultKind.ORPHAN_GPU_HOLDER: "a process left over from a container restart holds the GPU",
+        FaultKind.GPU_STUCK: "on a rented pod, a leftover no signal ends holds the GPU; the pod's new run cannot start",
         FaultKind.OOM_KILL: "the kernel's OOM killer ends the job (exit 137)",
         FaultKind.SEGFAULT: "the job's container exits 139 (SIGSEGV)",
         FaultKind.SIGTERM: "the job's container exits 143 (SIGTERM)",

@@ -23,6 +23,7 @@ from pathlib import Path
 from gpumedic_sim.demo import demo_env
 from gpumedic_sim.fleet import SimFleet
 from gpumedic_sim.pager import Pager
+from gpumedic_sim.runpod import RentedFleet
 from gpumedic_sim.scenario import FaultSpec, Scenario
 from gpumedic_sim.scoring import Observed, render, score
 from gpumedic_sim.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
@@ -50,9 +51,11 @@ from gpumedic_incidents.policy import (
     JobRestart,
     Kinds,
     NoLeaderPolicy,
+    OrphanPolicy,
     PartitionPolicy,
     PhantomPolicy,
     RestartJobPolicy,
+    RestartWorkerPolicy,
     StuckPolicy,
     PeerPolicy,
     SlowPeerPolicy,
@@ -117,6 +120,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         actions=Actions(
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
             restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit=JOB_UNIT)}),
+            restart_worker=RestartWorkerPolicy(back_within_s=12 * interval_s, poll_s=interval_s),
             http_admin=AdminPolicy(endpoints={
                 "force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election"),
                 "reset_job_count": AdminEndpoint(
@@ -130,6 +134,11 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
                 restart_job="selfplay",  # the work starts again once the kill is verified
                 action_timeout_s=60,
                 ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),),
+            ),
+            orphan_gpu_holder=OrphanPolicy(
+                action_timeout_s=60 + 30 * interval_s,  # a kill that fails takes its grace and the verify timeout
+                ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=4 * interval_s),
+                        Step(action="restart_worker", verify_within_s=6 * interval_s)),
             ),
             phantom_jobs=PhantomPolicy(idle_for_s=6 * interval_s, ladder=(Step(action="http_admin", verify_within_s=6 * interval_s),)),
             idle_jobs=IdleJobsPolicy(idle_for_s=6 * interval_s),
@@ -253,6 +262,9 @@ async def run_simulation(
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
     plan = scenario(list(fleet.nodes), gpus)
     pool = SimWorkerPool(plan.pool, var_dir / "pool", interval_s=interval_s) if plan.pool else None
+    # Without a worker pool the fleet's nodes are rented pods (restart_worker restarts them); with
+    # one, the pool's provider is the remediator's.
+    rented = RentedFleet(fleet, var_dir / "fleet") if pool is None else None
     duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
     stack = Stack(var_dir, say=say)
     pager = Pager()
@@ -268,6 +280,8 @@ async def run_simulation(
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs")
         await fleet.start()
+        if rented is not None:
+            await rented.start()
         if pool is not None:
             await pool.start()
             say(f"      and a rented worker pool: tasks on a demand curve in {pool.db_path}, the simulated provider "
@@ -285,6 +299,7 @@ async def run_simulation(
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES": str(SIM_BREAKER_MAX_NODES),
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": str(SIM_BREAKER_MAX_SHARE),
             **(pool.env() if pool is not None else {}),
+            **(rented.env() if rented is not None else {}),
             **(env or {}),
         }
         dump_policy(sim_policy(interval_s, len(fleet.nodes), pool), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
@@ -357,7 +372,7 @@ async def run_simulation(
         return 0
     finally:
         say("stopping: fleet, services, bus")
-        await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet, pool))
+        await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet, pool, rented))
         pager.stop()
         if fleet_log is not None:
             logging.getLogger().removeHandler(fleet_log)

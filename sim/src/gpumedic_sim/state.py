@@ -50,6 +50,7 @@ class Fault(StrEnum):
 
     ZOMBIE_JOB = "zombie_job"
     ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
+    GPU_STUCK = "gpu_stuck"
     OOM_KILL = "oom_kill"
     SEGFAULT = "segfault"
     SIGTERM = "sigterm"
@@ -137,6 +138,7 @@ EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         Fault.ZOMBIE_JOB: frozenset({"zombie_job"}),
         Fault.ORPHAN_GPU_HOLDER: frozenset({"orphan_gpu_holder"}),
+        Fault.GPU_STUCK: frozenset({"orphan_gpu_holder"}),
         Fault.OOM_KILL: frozenset({"container_died"}),
         Fault.SEGFAULT: frozenset({"container_died"}),
         Fault.SIGTERM: frozenset({"container_died"}),
@@ -288,6 +290,8 @@ class SimProcess:
     producing: bool
     """Computing (the GPU busy) and writing output; False for a hung job or a leftover process."""
     ignores_term: bool = False
+    ignores_kill: bool = False
+    """Stuck in the driver (uninterruptible): no signal ends it; a pod restart does (runbook 003)."""
     user: str = "ml"
     container_id: str = ""
     """The container it runs in; empty for a process on the host."""
@@ -489,12 +493,40 @@ class NodeState:
         self._record(gpu, Fault.ZOMBIE_JOB)
         return job
 
+    def inject_gpu_stuck(self, gpu: int) -> SimProcess:
+        """Runbook 003 on a rented pod: after a container restart the old process still holds `gpu`
+        and no signal ends it (stuck in the driver), so the new run dies "device busy" on start and
+        every other GPU of the pod idles too. Only restarting the whole pod frees it."""
+        for other in range(len(self.gpus)):  # the run was stopped for its restart
+            if other != gpu and (job := self._job_on(other)) is not None:
+                self._end(job, exit_code=0, logs=["stopping for a restart", "checkpoint saved"])
+        leftover = self._leave_orphan(gpu, ORPHAN_MEMORY_MIB, context=True)
+        with self._lock:
+            leftover.ignores_term = leftover.ignores_kill = True
+        self._record(gpu, Fault.GPU_STUCK)
+        return leftover
+
+    def restart_pod(self) -> None:
+        """The provider restarts the whole pod: every process ends, stuck ones too, and with them what
+        held the GPUs; the containers go (the pod's own start brings its work back, not modelled)."""
+        with self._lock:
+            for p in self.live_processes():
+                p.ignores_term = p.ignores_kill = False
+                self.kill(p.pid, "KILL")
+            for container in list(self.containers.values()):
+                self._destroy_container(container)
+
     def inject_orphan(self, gpu: int, *, used_mib: int = ORPHAN_MEMORY_MIB, context: bool = True) -> SimProcess:
         """A container restart leaves its process behind: the job on `gpu` outlives its container
         (which is gone, replaced by a new one), nobody counts it as a job any more and it computes
         nothing, yet it still holds the GPU, so the new container's job dies with "device busy".
         Without a job there, a leftover with `used_mib` appears. With `context=False` the leftover
         holds only the /dev/nvidia* files, which nvidia-smi does not show."""
+        leftover = self._leave_orphan(gpu, used_mib, context=context)
+        self._record(gpu, Fault.ORPHAN_GPU_HOLDER)
+        return leftover
+
+    def _leave_orphan(self, gpu: int, used_mib: int, *, context: bool) -> SimProcess:
         self._check_gpu(gpu)
         with self._lock:
             leftover = self._job_on(gpu)
@@ -515,7 +547,6 @@ class NodeState:
                 self._destroy_container(old)
             replacement = self._new_container(f"selfplay-gpu{gpu}")
             self._exit_container(replacement, 1, logs=["starting selfplay worker", DEVICE_BUSY])
-        self._record(gpu, Fault.ORPHAN_GPU_HOLDER)
         return leftover
 
     def inject_oom_kill(self, gpu: int) -> SimProcess | None:
@@ -704,7 +735,7 @@ class NodeState:
             p = self.process(pid)
             if p is None:
                 return False
-            if signal == "TERM" and p.ignores_term:
+            if (signal == "TERM" and p.ignores_term) or p.ignores_kill:
                 return True
             p.alive = False
             p.killed_by = signal

@@ -223,6 +223,20 @@ class TerminateWorker(BaseModel):
         return f"terminate worker(s) {', '.join(self.worker_ids)}"
 
 
+class RestartWorker(BaseModel):
+    """Restart the rented pod the request's node runs on, through the provider's API (RunPod:
+    `POST /pods/{podId}/restart`): the whole pod, not its container, which is what frees a GPU
+    that stays busy after every kill (runbook 003). Everything on the pod restarts with it. The
+    worker is the provider's pod whose id or name is the node's id."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["restart_worker"] = "restart_worker"
+
+    def describe(self) -> str:
+        return "restart the node's rented pod through the provider"
+
+
 class RequeueTasks(BaseModel):
     """Put tasks left `In Progress` on a worker that is gone back in the queue, with the policy's
     statement on the user's task database (which requeues only tasks still in progress, so a task
@@ -251,14 +265,14 @@ class MarkWorkerEnded(BaseModel):
 
 Operation = Annotated[
     KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | RestartJob | DrainNode | UndrainNode
-    | SpawnWorker | TerminateWorker | RequeueTasks | MarkWorkerEnded,
+    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "restart_job", "drain_node", "undrain_node",
-    "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended",
+    "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended",
 )
 
 

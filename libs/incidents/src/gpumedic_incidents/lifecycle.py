@@ -169,7 +169,7 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
     if state.phase == "validating":
         return _escalated(state, updated, now, f"the fault came back while validating {_where(state)}; the node stays drained")
     if state.phase == "verifying" and state.deadline is not None and now > state.deadline:
-        return _next_attempt(state, updated, now, policy)
+        return _next_attempt(state, updated, now, policy, finding)
     spans: tuple[Span, ...] = ()
     if linked or (occurrences != state.occurrences and occurrences in UPDATE_AT):
         event = IncidentUpdated(
@@ -383,12 +383,17 @@ def _request(
     return Transition(before, after, (*spans, Span("decide", (request,))))
 
 
-def _next_attempt(before: IncidentState, state: IncidentState, now: datetime, policy: Policy) -> Transition:
+def _next_attempt(
+    before: IncidentState, state: IncidentState, now: datetime, policy: Policy, finding: Finding | None = None
+) -> Transition:
+    """Another attempt of the step, or the next step; `finding` (the fault seen again) proposes that
+    step's operation (a rule offers each rung's own: a kill, then a pod restart)."""
     ladder = policy.of(state.kind).ladder
     if state.step_attempts < ladder[state.step].attempts:
         nxt = state
     elif state.step + 1 < len(ladder):
-        nxt = state.model_copy(update={"step": state.step + 1, "step_attempts": 0})
+        proposed = (_proposal(finding, policy, step=state.step + 1) if finding is not None else None) or state.proposed
+        nxt = state.model_copy(update={"step": state.step + 1, "step_attempts": 0, "proposed": proposed})
     else:
         return _escalated(before, state, now, f"{state.attempt} attempt(s) did not fix {_where(state)}", (Span("verify"),))
     return _act(before, nxt, now, policy, f"still there after attempt {state.attempt}", (Span("verify"),))

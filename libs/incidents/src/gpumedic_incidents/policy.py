@@ -30,7 +30,7 @@ MAX_POLICY_BYTES = 1024 * 1024
 
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
-    "undrain_node", "spawn_worker", "terminate_worker", "requeue_tasks", "mark_worker_ended", "restart_job",
+    "undrain_node", "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "restart_job",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -305,7 +305,10 @@ class WorkerPolicy(KindPolicy):
 
 class Kinds(_Strict):
     zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
-    orphan_gpu_holder: OrphanPolicy = OrphanPolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
+    orphan_gpu_holder: OrphanPolicy = OrphanPolicy(
+        ladder=(Step(action="kill_gpu_processes", attempts=2), Step(action="restart_worker", verify_within_s=900)),
+        action_timeout_s=900.0,
+    )
     gpu_xid: XidPolicy = XidPolicy(
         ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120)), clear_after_s=3600
     )
@@ -567,6 +570,14 @@ class TerminatePolicy(ActionPolicy):
     max_count: int = Field(default=4, ge=1, le=16, description="Workers ended by one action, at most.")
 
 
+class RestartWorkerPolicy(ActionPolicy):
+    back_within_s: float = Field(
+        default=600.0, gt=0, le=3600,
+        description="How long the restarted pod has to be running again (the provider's start time past the request's).",
+    )
+    poll_s: float = Field(default=10.0, gt=0, le=300, description="How often the provider is asked meanwhile.")
+
+
 SQL_PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -606,6 +617,7 @@ class Actions(_Strict):
     undrain_node: UndrainPolicy = UndrainPolicy()
     spawn_worker: SpawnPolicy = SpawnPolicy()
     terminate_worker: TerminatePolicy = TerminatePolicy()
+    restart_worker: RestartWorkerPolicy = RestartWorkerPolicy()
     requeue_tasks: RequeuePolicy = RequeuePolicy()
     mark_worker_ended: MarkEndedPolicy = MarkEndedPolicy()
 

@@ -1,4 +1,4 @@
-"""What every provider offers: create a worker, terminate it, list the workers with their status,
+"""What every provider offers: create a worker, terminate or restart it, list the workers with their status,
 GPU type, $/h and SSH details. A provider that errors, times out or answers nonsense raises
 `ProviderError` naming the provider and what was wrong, and never with the API key in it."""
 
@@ -36,6 +36,7 @@ class Worker(BaseModel):
     price_per_h: float = Field(ge=0, description="What the worker costs an hour, all its GPUs together.")
     ssh: SshDetails | None = Field(default=None, description="None until the provider gives them (and for some spawns, never).")
     created_at: datetime | None = None
+    started_at: datetime | None = Field(default=None, description="When it last started (a restart moves it on).")
 
 
 class Provider(Protocol):
@@ -44,6 +45,8 @@ class Provider(Protocol):
     async def create(self, name: str, gpu_type: str, gpus: int) -> Worker: ...
 
     async def terminate(self, worker_id: str) -> None: ...
+
+    async def restart(self, worker_id: str) -> None: ...
 
     async def workers(self) -> list[Worker]: ...
 

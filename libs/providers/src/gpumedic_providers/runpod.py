@@ -1,5 +1,7 @@
 """RunPod through its documented REST API (https://rest.runpod.io/v1): `POST /pods` to create,
-`DELETE /pods/{podId}` to terminate, `GET /pods` to list.
+`DELETE /pods/{podId}` to terminate, `POST /pods/{podId}/restart` to restart the whole pod,
+`GET /pods` to list. A restart is known to answer 200 without restarting now and then (RunPod's
+issue runpod-python#450), so whoever restarts checks `lastStartedAt` moved on.
 
 A pod is `running` for gpumedic once RunPod says RUNNING and gives a public IP and a mapping for
 port 22 (before that it is `spawning`, which is how "stuck in spawning" shows); EXITED is
@@ -49,6 +51,11 @@ class RunPodProvider:
             raise ProviderError(f"RunPod: {worker_id[:80]!r} is not a pod id")
         await self._call("DELETE", f"/pods/{worker_id}")
 
+    async def restart(self, worker_id: str) -> None:
+        if not POD_ID.fullmatch(worker_id):
+            raise ProviderError(f"RunPod: {worker_id[:80]!r} is not a pod id")
+        await self._call("POST", f"/pods/{worker_id}/restart")
+
     async def workers(self) -> list[Worker]:
         pods = await self._call("GET", "/pods")
         if not isinstance(pods, list):
@@ -71,7 +78,7 @@ class RunPodProvider:
             raise ProviderError(f"RunPod: {method} {path}: no such pod (HTTP 404)")
         if not response.is_success:
             raise ProviderError(f"RunPod: {method} {path} answered HTTP {response.status_code}")
-        if method == "DELETE" or not response.content:
+        if method == "DELETE" or not response.content or path.endswith("/restart"):
             return None
         try:
             return response.json()
@@ -97,7 +104,7 @@ class RunPodProvider:
                 worker_id=pod["id"], name=pod.get("name") or "", status=status,
                 gpu_type=gpu.get("id") or machine.get("gpuTypeId") or "", gpus=gpu.get("count") or 0,
                 price_per_h=float(pod.get("costPerHr")), ssh=SshDetails(**ssh) if ssh else None,
-                created_at=_time(pod.get("lastStartedAt")),
+                created_at=_time(pod.get("lastStartedAt")), started_at=_time(pod.get("lastStartedAt")),
             )
         except (TypeError, ValueError, ValidationError) as exc:
             problem = exc.errors(include_url=False)[0]["msg"] if isinstance(exc, ValidationError) else str(exc)

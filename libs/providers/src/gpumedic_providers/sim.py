@@ -23,6 +23,7 @@ class _Rented:
     created_at: datetime
     never_ssh: bool
     terminated: bool = False
+    started_at: datetime | None = None
 
 
 class SimProvider:
@@ -36,6 +37,7 @@ class SimProvider:
         never_ssh_every: int = 0,
         ssh_for: Callable[[str], SshDetails] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         """`ssh_for(worker_id)` says where a worker's SSH is once it is up (the simulated fleet
         hands out its nodes); by default a made-up address."""
@@ -44,6 +46,8 @@ class SimProvider:
         self.never_ssh_every = never_ssh_every
         self._ssh_for = ssh_for or (lambda worker_id: SshDetails(host=f"{worker_id}.sim.invalid", port=22))
         self._clock = clock
+        self.on_restart = on_restart
+        """Called with a worker's id when it restarts (the simulated fleet ends what ran on it)."""
         self._rented: dict[str, _Rented] = {}
         self.calls: list[str] = []
         """Every call, in order ('create H100x8', 'terminate simw0001'): what was billed or ended."""
@@ -62,12 +66,25 @@ class SimProvider:
         self.calls.append(f"create {gpu_type}x{gpus}")
         return self._worker(rented)
 
+    def adopt(self, worker_id: str, name: str, gpu_type: str, gpus: int) -> None:
+        """A worker rented before this provider's story starts (up already): a fleet's own pods."""
+        self._rented[worker_id] = _Rented(worker_id, name, gpu_type, gpus, self._clock() - timedelta(seconds=self.spawn_s), never_ssh=False)
+
     async def terminate(self, worker_id: str) -> None:
         rented = self._rented.get(worker_id)
         if rented is None:
             raise ProviderError(f"{self.name}: no worker {worker_id!r}")
         rented.terminated = True
         self.calls.append(f"terminate {worker_id}")
+
+    async def restart(self, worker_id: str) -> None:
+        rented = self._rented.get(worker_id)
+        if rented is None or rented.terminated:
+            raise ProviderError(f"{self.name}: no worker {worker_id!r}")
+        rented.started_at = self._clock()
+        self.calls.append(f"restart {worker_id}")
+        if self.on_restart is not None:
+            self.on_restart(worker_id)
 
     async def workers(self) -> list[Worker]:
         return [self._worker(r) for r in self._rented.values() if not r.terminated]
@@ -98,4 +115,5 @@ class SimProvider:
             price_per_h=round(self.prices[rented.gpu_type] * rented.gpus, 4),
             ssh=self._ssh_for(rented.worker_id) if up else None,
             created_at=rented.created_at,
+            started_at=rented.started_at or rented.created_at,
         )

@@ -34,6 +34,7 @@ from gpumedic_events import (
     RequeueTasks,
     RestartJob,
     RestartUnit,
+    RestartWorker,
     SpawnWorker,
     TerminateWorker,
     UndrainNode,
@@ -79,6 +80,7 @@ OPERATIONS: dict[type, Spec] = {
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False),
     TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False),
+    RestartWorker: Spec(provider.render, provider.carry_out, logs_in=False),
     RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
     MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
 }

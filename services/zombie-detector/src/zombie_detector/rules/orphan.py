@@ -11,7 +11,10 @@ restarting in place shows its process briefly without its container):
   process.
 
 The fix is to kill the holders, each named by pid, start time and command line, on a GPU that is
-still idle. A holder that cannot be identified means a person instead.
+still idle. A holder that cannot be identified means a person instead. When kills do not free the
+GPU (runbook 003: the driver's state outlives the container), the next rung restarts the whole
+rented pod through the provider, offered only while nothing but orphans holds any of its GPUs: a
+restart ends every job on the pod.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity
+from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity, RestartWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, OrphanPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -85,7 +88,9 @@ class OrphanRule:
                 by_gpu.setdefault(orphan.gpu, []).append(orphan)
         for key in [k for k in self.seen_since if k[0] == event.node_id and k not in live]:
             del self.seen_since[key]
-        findings = [self._finding(event, gpu, held) for gpu, held in by_gpu.items()]
+        orphan_pids = {o.holder.pid for o in found}
+        only_orphans = all(p.pid in orphan_pids for g in event.gpus for p in g.processes)
+        findings = [self._finding(event, gpu, held, restart=only_orphans) for gpu, held in by_gpu.items()]
         # An open incident whose GPU shows no orphan any more is resolved; one the sample cannot judge
         # (the GPU missing, NVML gone) is left as it is.
         judged = {g.index for g in event.gpus} | ({None} if event.gpus else set())
@@ -97,7 +102,7 @@ class OrphanRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _finding(self, sample: NodeSampled, gpu: int | None, held: list[Orphan]) -> Finding:
+    def _finding(self, sample: NodeSampled, gpu: int | None, held: list[Orphan], *, restart: bool) -> Finding:
         pids = " ".join(str(o.holder.pid) for o in held)
         where = "a GPU" if gpu is None else f"GPU {gpu}"
         unidentified = [o.holder.pid for o in held if o.holder.start_ticks is None or not o.holder.command.strip()]
@@ -121,7 +126,10 @@ class OrphanRule:
                 "why": held[0].why,
             },
             recommended_action=f"kill the leftover pid {pids} so the next job can use {where}",
-            operations={"kill_gpu_processes": operation} if operation else {},
+            operations={
+                **({"kill_gpu_processes": operation} if operation else {}),
+                **({"restart_worker": RestartWorker()} if restart else {}),
+            },
             unsafe=unsafe,
         )
 
