@@ -265,27 +265,73 @@ def cmd_init(args) -> int:
 
 
 def cmd_inventory(args) -> int:
-    """Try every inventory node read-only: a login, and which catalogue tools it has."""
-    from gpumedic_nodes.check import check_inventory, check_report
+    """`check`: try every inventory node read-only (a login, the catalogue's tools). `sync`: write
+    the provider's pods into the inventory (see gpumedic.inventory_sync)."""
     from gpumedic_nodes.inventory import InventoryError
-    from gpumedic_nodes.ssh import SshExecutor
 
     def remediator_file(option: Path | None, name: str, default: str) -> Path:
         """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else its default."""
         return option or Path(os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip() or f"/etc/gpumedic/{default}")
 
     inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml")
-    executor = SshExecutor(
-        inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts"),
-        client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519"), connect_timeout_s=args.timeout, command_timeout_s=args.timeout,
-    )
     try:
+        if args.action == "sync":
+            return _inventory_sync(args, inventory)
+        from gpumedic_nodes.check import check_inventory, check_report
+        from gpumedic_nodes.ssh import SshExecutor
+
+        executor = SshExecutor(
+            inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts"),
+            client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519"), connect_timeout_s=args.timeout, command_timeout_s=args.timeout,
+        )
         checks = asyncio.run(check_inventory(executor, inventory))
     except InventoryError as exc:
         print(f"gpumedic inventory: {exc}", file=sys.stderr)
         return 2
     print(check_report(checks))
     return 0 if all(c.ok for c in checks) else 1
+
+
+def _inventory_sync(args, inventory: Path) -> int:
+    import json
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpumedic.inventory_sync import sync
+    from gpumedic_providers.base import ProviderError
+    from gpumedic_providers.config import ProviderConfig, open_provider
+    from gpumedic_webhook import read_token
+
+    configured = os.environ.get("GPUMEDIC_REMEDIATOR_PROVIDER", "").strip()
+    try:
+        fields = json.loads(configured) if configured else {"kind": args.provider, "image": "-"}
+        if args.api_key_file:
+            fields["api_key_file"] = str(args.api_key_file)
+        if args.base_url:
+            fields["base_url"] = args.base_url
+        config = TypeAdapter(ProviderConfig).validate_python(fields)
+        provider = open_provider(config, read_token(config.api_key_file, "--api-key-file"))
+    except (ValueError, ValidationError) as exc:  # bad JSON, a field, or the key file
+        print(f"gpumedic inventory sync: the provider cannot be used: {str(exc).splitlines()[0]} "
+              "(set GPUMEDIC_REMEDIATOR_PROVIDER, or give --api-key-file)", file=sys.stderr)
+        return 2
+
+    async def run():
+        try:
+            return await sync(inventory, provider, kind=config.kind, group=args.group or config.kind, user=args.user, dry_run=args.dry_run)
+        finally:
+            await provider.close()
+
+    try:
+        report = asyncio.run(run())
+    except ProviderError as exc:
+        print(f"gpumedic inventory sync: {exc}", file=sys.stderr)
+        return 1
+    for line in report.lines():
+        print(line)
+    if args.dry_run and report.changed:
+        print(f"(dry run: {inventory} is unchanged)")
+    return 0
 
 
 def cmd_preflight(args) -> int:
@@ -558,15 +604,26 @@ command(
     "Existing secrets are kept; run it again to add nodes.",
 )
 command(
-    "inventory", cmd_inventory, "check the remediator's inventory: log in to every node read-only and say what fails",
-    click.argument("action", type=click.Choice(["check"])),
+    "inventory", cmd_inventory, "check the remediator's inventory read-only, or sync the provider's pods into it",
+    click.argument("action", type=click.Choice(["check", "sync"])),
     click.option("--inventory", type=PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml"),
     click.option("--known-hosts", type=PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS"),
     click.option("--key", type=PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY"),
-    click.option("--timeout", type=float, default=10.0, show_default=True, help="seconds for each login and command"),
-    description="For every node: an SSH login as the remediator makes it (the node's user, port, key and jump host, host "
-    "keys checked), and which of the tools the catalogue calls it has. Nothing else runs. Exits 1 if any node fails, 2 if "
-    "the inventory itself is wrong.",
+    click.option("--timeout", type=float, default=10.0, show_default=True, help="check: seconds for each login and command"),
+    click.option("--provider", type=click.Choice(["runpod"]), default="runpod", show_default=True,
+                 help="sync: the provider, when GPUMEDIC_REMEDIATOR_PROVIDER does not name one"),
+    click.option("--api-key-file", type=PATH, help="sync: a file holding the provider's API key (default: the remediator's)"),
+    click.option("--base-url", help="sync: the provider API's URL (default: the provider's own)"),
+    click.option("--group", help="sync: the inventory group of the pods (default: the provider's name)"),
+    click.option("--user", default="root", show_default=True, help="sync: the SSH user of a new group (RunPod pods: root)"),
+    click.option("--dry-run", is_flag=True, help="sync: say what would change, write nothing"),
+    description="\b\n"
+    "gpumedic inventory check   for every node, an SSH login as the remediator makes it (user, port, key, jump host,\n"
+    "                           host keys checked) and which catalogue tools it has; nothing else runs. Exits 1 if a\n"
+    "                           node fails, 2 if the inventory itself is wrong.\n"
+    "gpumedic inventory sync    write the provider's running pods into the inventory (host, SSH port, group; labels\n"
+    "                           pod and synced). Entries it did not write are never touched; a pod that is gone is\n"
+    "                           marked gone, not dropped. Comments stay.",
 )
 command(
     "preflight", cmd_preflight, "before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",
