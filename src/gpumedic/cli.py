@@ -341,7 +341,9 @@ def cmd_preflight(args) -> int:
     from gpumedic_events import PreflightRequest
 
     try:
-        request = PreflightRequest(node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, requested_by=args.by)
+        request = PreflightRequest(
+            node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, deep=args.deep, requested_by=args.by
+        )
         settings = operator_bus.operator_settings(args.var, LAUNCHER)
         report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
     except (operator_bus.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
@@ -630,13 +632,15 @@ command(
     click.option("--node", required=True, help="the node, as the inventory names it"),
     click.option("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)"),
     click.option("--clean", is_flag=True, help="kill leftovers on idle GPUs, through the gate, then check again"),
+    click.option("--deep", is_flag=True, help="then DCGM's diagnostics (dcgmi diag -r 1) where the node has DCGM; give --timeout room"),
     _by(default="launcher", what="who asks (kept with a clean in the audit log)"),
-    click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer"),
+    click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer (--deep: a few minutes)"),
     click.option("--json", is_flag=True, help="print the report as JSON"),
     _var(),
     description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute process, "
     "is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU are killed through "
-    "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. Exit 0: ready; "
+    "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. With --deep, "
+    "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",
 )
 command("provision", cmd_provision, "create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")

@@ -4,6 +4,7 @@ read-only until asked to clean, a clean only through the gate, and only on an id
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -140,3 +141,27 @@ async def test_an_unknown_node_or_a_malformed_request_gets_a_report_that_says_wh
         answer = PreflightReport.from_json(await check.handle(body))
         assert not answer.ready and answer.error.startswith("invalid pre-flight request: ") and why in answer.error, answer.error
         assert isinstance(answer.check_id, uuid.UUID)
+
+
+async def test_deep_runs_dcgm_diagnostics_only_on_free_gpus_and_a_failed_test_is_not_ready(preflight, sshd, sleeper):
+    """A stand-in dcgmi on the node's PATH prints a DCGM 4.x document (tests/fixtures/dcgm) for this test
+    only; the sleeper holds GPU 0, so GPU 1 alone is free."""
+    check, _ = preflight()
+    none = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(1,), deep=True))
+    assert none.ready and none.diagnostics == "DCGM diagnostics skipped: no dcgmi on the node", none.summary()  # Debian has no DCGM
+    document = sshd.directory / "dcgm-diag.json"
+    document.write_text((Path(__file__).parents[1] / "fixtures" / "dcgm" / "diag-4x-fail.json").read_text())
+    dcgmi = sshd.directory / "bin" / "dcgmi"
+    dcgmi.write_text(f"#!/bin/sh\n[ \"$*\" = 'diag -r 1 -j' ] || exit 2\ncat {document}\nexit 226\n")
+    dcgmi.chmod(0o755)
+    try:
+        failed = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(1,), deep=True))
+        assert not failed.ready and all(g.ready for g in failed.gpus)
+        assert failed.diagnostics.startswith("DCGM diagnostics level 1 failed: memory fail on GPU 0: Pending page retirements")
+        assert "diagnostics: DCGM diagnostics level 1 failed" in failed.summary()
+        before = len(sshd.commands())
+        busy = await check.check(PreflightRequest(node_id=sshd.node_id, deep=True))
+        assert not busy.ready and busy.diagnostics.startswith("DCGM diagnostics not run: they load the GPUs")
+        assert not any("dcgmi" in c for c in sshd.commands()[before:])
+    finally:
+        dcgmi.unlink()

@@ -171,3 +171,45 @@ async def test_a_forced_election_over_http_admin_gives_a_leaderless_cluster_its_
     assert {n.leader for n in fleet.nodes.values()} == {"sim-node-02"} and node.admin_calls == ["/force_election"]
     assert not any("p2p-admin" in c for c in node.ssh_commands)
 
+
+async def test_an_undrain_runs_dcgm_diagnostics_first_and_a_gpu_waiting_for_a_remap_keeps_the_node_drained(fleet):
+    """The simulated node answers `dcgmi diag -j` as DCGM 4.x does; the undrain reads it."""
+    import uuid
+    from contextlib import asynccontextmanager
+
+    from gpumedic_events import ActionRequested, UndrainNode
+    from remediator.catalogue.base import Means, Node
+
+    node = fleet.node("sim-node-01")
+    released = []
+
+    class Scheduler:  # the store and hook side of a drain, which this test does not reach
+        async def holders(self, node_id):
+            return []
+
+        async def release(self, request):
+            released.append(request.node_id)
+
+        async def tell(self, request, *, drained): ...
+
+        async def publish(self, request, *, drained): ...
+
+    async def undrain():
+        request = ActionRequested(source="zombie-detector", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=node.node_id,
+                                  attempt=1, operation=UndrainNode(), reason="validated")
+        async with _executor(fleet).session(node.node_id) as session:
+
+            @asynccontextmanager
+            async def on_node(at=None):
+                yield Node(session.run, 3.0, None, None)
+
+            return await catalogue.perform(UndrainNode(), Means(actions=Actions(), node=on_node, request=request, scheduler=Scheduler()))
+
+    node.gpus[1].remapped_rows_pending = True
+    kept = await undrain()
+    assert kept.outcome is ActionOutcome.FAILED and released == []
+    assert kept.detail.startswith("sim-node-01 stays drained: DCGM diagnostics level 1 failed: memory fail on GPU 1: ")
+    node.gpus[1].remapped_rows_pending = False
+    given_back = await undrain()
+    assert (given_back.outcome, given_back.detail) == (ActionOutcome.SUCCEEDED, "undrained sim-node-01 (DCGM diagnostics level 1 passed)")
+    assert released == ["sim-node-01"]

@@ -14,6 +14,7 @@ matched; nothing is ever evaluated. Every line received is recorded, in order, i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import shlex
@@ -70,6 +71,10 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
         case ["which", *tools]:
             # A simulated node has every tool the catalogue calls.
             return CommandResult(0, stdout="".join(f"/usr/bin/{tool}\n" for tool in tools))
+        case ["command", "-v", tool]:
+            return CommandResult(0, stdout=f"/usr/bin/{tool}\n")
+        case ["dcgmi", "diag", "-r", level, "-j"] if level in ("1", "2"):
+            return _dcgm_diag(node)
         case ["cat", path] if path == BOOT_ID:
             return CommandResult(0, stdout=f"{node.boot_id}\n")
         case ["nvidia-smi", *args]:
@@ -97,6 +102,26 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
         case [*options, body, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
             return _admin(node, loopback.group("path") or "/", stdin, body)
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
+
+
+def _dcgm_diag(node: NodeState) -> CommandResult:
+    """`dcgmi diag -j` as DCGM 4.x prints it ("DCGM Diagnostic" > test_categories > tests > results,
+    one per GPU): the memory test fails on a GPU with an uncorrectable error or a remap pending, every
+    test on a GPU off the bus; dcgmi then exits non-zero, as it does."""
+
+    def result(gpu, failed: bool, why: str) -> dict:
+        entry = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu.index, "status": "Fail" if failed else "Pass"}
+        return {**entry, "warnings": [{"error_category": 4, "error_id": 3, "error_severity": 2, "warning": why}]} if failed else entry
+
+    memory = [result(g, g.lost or g.ecc_uncorrected > 0 or g.remapped_rows_pending,
+                     f"GPU {g.index} has uncorrectable memory errors or a row remap pending") for g in node.gpus]
+    software = [result(g, g.lost, f"GPU {g.index} is not accessible") for g in node.gpus]
+    document = {"DCGM Diagnostic": {"test_categories": [
+        {"category": "Deployment", "tests": [{"name": "software", "results": software}]},
+        {"category": "Hardware", "tests": [{"name": "memory", "results": memory}]},
+    ]}, "version": "4.2.3"}
+    failed = any(r["status"] == "Fail" for r in memory + software)
+    return CommandResult(226 if failed else 0, stdout=json.dumps(document, indent=1) + "\n")
 
 
 def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:

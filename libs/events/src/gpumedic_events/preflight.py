@@ -44,6 +44,9 @@ class PreflightRequest(_Message):
         default=None, max_length=MAX_GPUS, description="GPU indexes to check; None: every GPU of the node."
     )
     clean: bool = Field(default=False, description="Kill leftover processes on idle GPUs, through the remediator's gate.")
+    deep: bool = Field(
+        default=False, description="Also run DCGM's diagnostics (dcgmi diag) once the GPUs are free: a minute or more, the GPUs loaded."
+    )
     requested_by: SubjectToken = Field(default="launcher", description="Who asks (kept in the audit log with a clean).")
 
     @field_validator("gpus")
@@ -80,6 +83,7 @@ class PreflightReport(_Message):
     ready: bool
     gpus: tuple[GpuReadiness, ...] = ()
     cleaned: tuple[str, ...] = Field(default=(), description="What the clean did or why it did not, one line per GPU.")
+    diagnostics: str = Field(default="", max_length=2000, description="With `deep`: what DCGM's diagnostics said, or why they did not run.")
     error: str = Field(default="", max_length=2000, description="Why the check could not be made (then not ready).")
     took_ms: float = 0.0
 
@@ -92,4 +96,6 @@ class PreflightReport(_Message):
             state = "ready" if gpu.ready else "not ready: " + "; ".join(gpu.problems)
             lines.append(f"  GPU {gpu.index}: {state}")
         lines.extend(f"  clean: {line}" for line in self.cleaned)
+        if self.diagnostics:
+            lines.append(f"  diagnostics: {self.diagnostics}")
         return "\n".join(lines)

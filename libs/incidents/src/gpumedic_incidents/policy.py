@@ -549,6 +549,12 @@ class UndrainPolicy(ActionPolicy):
         description="An executable on the node that exits 0 when it may take jobs again (e.g. a short GPU burn), "
         "run before the undrain; absolute path, no arguments.",
     )
+    dcgm_diag: Literal[0, 1, 2] = Field(
+        default=1,
+        description="DCGM's diagnostics (`dcgmi diag -r N`) before the undrain, where the node has DCGM: 1 (about a "
+        "minute), 2 (a few, with short PCIe and memory tests), 0: never. A failed test keeps the node drained.",
+    )
+    dcgm_diag_timeout_s: float = Field(default=900.0, gt=0, le=3600, description="How long the diagnostics may run.")
 
     @field_validator("check_command")
     @classmethod

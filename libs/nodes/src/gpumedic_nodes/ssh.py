@@ -74,15 +74,16 @@ class NodeSession:
         self._conn = conn
         self._timeout_s = timeout_s
 
-    async def run(self, command: str, *, input: str | None = None) -> CommandResult:
+    async def run(self, command: str, *, input: str | None = None, timeout_s: float | None = None) -> CommandResult:
         """(exit_status, stdout, stderr) of one command; a non-zero status is a result, not an error.
-        `input` is its stdin (never logged, never recorded)."""
+        `input` is its stdin (never logged, never recorded); `timeout_s` replaces the command timeout."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         # asyncssh closes stdin after non-empty input only; empty input must still be an end of file.
         stdin = {"input": input} if input else {"stdin": asyncssh.DEVNULL} if input is not None else {}
         try:
-            result = await self._conn.run(command, check=False, timeout=self._timeout_s, encoding="utf-8", errors="replace", **stdin)
+            result = await self._conn.run(command, check=False, timeout=timeout_s, encoding="utf-8", errors="replace", **stdin)
         except asyncssh.TimeoutError:
-            raise CommandTimedOut(self.node_id, self.address, f"command timed out after {self._timeout_s:g}s") from None
+            raise CommandTimedOut(self.node_id, self.address, f"command timed out after {timeout_s:g}s") from None
         except (asyncssh.Error, OSError) as exc:
             raise NodeUnreachable(self.node_id, self.address, f"connection lost: {_cause(exc)}") from None
         # None when the remote process died of a signal; any non-zero status means "did not work".

@@ -2,7 +2,8 @@
 in the way, clean them through the gate.
 
 The remediator answers because it alone may log in to nodes. The check is read-only
-(`catalogue.preflight`). A clean is one `kill_gpu_processes` per GPU, built from what the node
+(`catalogue.preflight`); with `deep`, DCGM's diagnostics run too (`catalogue.diag`), and only once
+every GPU checked is free: they load the GPUs. A clean is one `kill_gpu_processes` per GPU, built from what the node
 shows now (never from what the asker says: an asker names a node and GPUs, not pids), only on a
 GPU that is idle, and run through `ActionHandler.run_gated`: the breaker, protected nodes, one
 action per node, the per-node cap and observe mode all apply, and the ledger records it under the
@@ -23,7 +24,7 @@ from gpumedic_incidents.policy import Policy
 from gpumedic_nodes.inventory import InventoryError
 from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_telemetry import NODE_ID
-from remediator.catalogue import preflight
+from remediator.catalogue import diag, preflight
 from remediator.catalogue.base import Node
 from remediator.handlers import SERVICE, ActionHandler
 
@@ -60,12 +61,13 @@ class Preflight:
                 if request.clean and any(not look.readiness.ready for look in looks):
                     cleaned = await self._clean(request, check_id, looks)
                     looks = await self._look(request)
+                diagnostics = await self._diagnose(request, looks) if request.deep else None
             except (InventoryError, NodeError, preflight.NoGpuState) as exc:
                 return self._report(request, check_id, started, error=str(exc))
             except Exception as exc:
                 log.exception("pre-flight of %s failed unexpectedly", request.node_id)
                 return self._report(request, check_id, started, error=f"internal error: {exc!r}")
-            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned)
+            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned, diagnostics=diagnostics)
             span.set_attribute("gpumedic.preflight.ready", report.ready)
             log.info("pre-flight %s of %s for %s: %s", check_id, request.node_id, request.requested_by, "ready" if report.ready else "not ready")
             return report
@@ -74,6 +76,14 @@ class Preflight:
         async with self._executor.session(request.node_id) as session:
             node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
             return await preflight.inspect(node, request.gpus, self._policy.preflight)
+
+    async def _diagnose(self, request: PreflightRequest, looks: list[preflight.GpuLook]) -> diag.Verdict:
+        if not looks or any(not look.readiness.ready for look in looks):
+            return diag.Verdict(False, False, "DCGM diagnostics not run: they load the GPUs, and not every GPU checked is free")
+        rule = self._policy.actions.undrain_node
+        async with self._executor.session(request.node_id) as session:
+            node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
+            return await diag.run(node, rule.dcgm_diag or 1, rule.dcgm_diag_timeout_s)
 
     async def _clean(self, request: PreflightRequest, check_id: uuid.UUID, looks: list[preflight.GpuLook]) -> list[str]:
         """One gated kill per GPU whose only trouble is leftovers on an idle GPU; a line per GPU."""
@@ -120,6 +130,7 @@ class Preflight:
         *,
         looks: list[preflight.GpuLook] | None = None,
         cleaned: list[str] | None = None,
+        diagnostics: diag.Verdict | None = None,
         error: str = "",
     ) -> PreflightReport:
         gpus = tuple(look.readiness for look in looks or ())
@@ -128,9 +139,10 @@ class Preflight:
         return PreflightReport(
             check_id=check_id,
             node_id=request.node_id,
-            ready=not error and all(g.ready for g in gpus),
+            ready=not error and all(g.ready for g in gpus) and not (diagnostics is not None and diagnostics.ran and not diagnostics.passed),
             gpus=gpus,
             cleaned=tuple(cleaned or ()),
+            diagnostics=diagnostics.summary[:2000] if diagnostics is not None else "",
             error=error[:2000],
             took_ms=round((time.monotonic() - started) * 1000, 1),
         )

@@ -28,7 +28,8 @@ class InvalidParameter(ValueError):
 
 Runner = Callable[..., Awaitable[CommandResult]]
 """Runs one rendered command on the node the action is for: `run(command)`, or
-`run(command, input=text)` to give it text on stdin (a secret that must stay off the command line)."""
+`run(command, input=text)` to give it text on stdin (a secret that must stay off the command line),
+and `timeout_s=` for a command that takes longer than the node's command timeout."""
 
 
 Step = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[str]]
@@ -57,11 +58,11 @@ class Node:
     clock: Callable[[], float]
     steps: list[str] = field(default_factory=list)
 
-    async def run(self, command: str, *, input: str | None = None) -> CommandResult:
+    async def run(self, command: str, *, input: str | None = None, timeout_s: float | None = None) -> CommandResult:
+        """`timeout_s`: longer than the node's command timeout, for a command known to take long."""
         self.steps.append(command)
-        if input is None:
-            return await self.run_command(command)
-        return await self.run_command(command, input=input)
+        extra = {k: v for k, v in (("input", input), ("timeout_s", timeout_s)) if v is not None}
+        return await self.run_command(command, **extra)
 
     async def poll(self, check: Callable[[], Awaitable[bool]], timeout_s: float | None = None) -> bool:
         """Call `check` every VERIFY_POLL_S until it is true or the time is up (at least once)."""

@@ -4,9 +4,10 @@ A drain records that the incident holds the node out of service, tells the user'
 through the policy's hook (where one is set), and publishes NodeDrained for the autoscaler and
 anyone subscribed. An undrain comes only after the detector validated the fix on the samples.
 If another incident still holds the node, it only releases this incident's hold: the node stays
-drained. Otherwise the policy's `check_command` must pass on the node first, then the hook hears
-`drained: false`, the hold goes, and NodeUndrained is published. A failed check or hook leaves
-the node drained, and the outcome says so.
+drained. Otherwise the policy's `check_command` and DCGM's diagnostics (`dcgm_diag`, where the node
+has DCGM) must pass on the node first, then the hook hears `drained: false`, the hold goes, and
+NodeUndrained is published. A failed check, diagnostic or hook leaves the node drained, and the
+outcome says so.
 
 Each step runs through `step`, which records it in the ledger's steps and audit as a command is.
 """
@@ -17,6 +18,7 @@ from typing import Protocol
 
 from gpumedic_events import ActionOutcome, ActionRequested, DrainNode, UndrainNode
 from gpumedic_incidents.policy import Actions
+from remediator.catalogue import diag
 from remediator.catalogue.base import ExecutionResult, Means, quoted, said, short
 
 
@@ -45,6 +47,8 @@ def render_drain(operation: DrainNode, actions: Actions) -> tuple[str, ...]:
 
 def render_undrain(operation: UndrainNode, actions: Actions) -> tuple[str, ...]:
     check = (check_command(actions),) if actions.undrain_node.check_command else ()
+    level = actions.undrain_node.dcgm_diag
+    check += (diag.FIND, diag.command(level)) if level else ()
     hook = ("POST drained=false to the scheduler's hook",) if actions.drain_node.hook_url else ()
     return (*check, *hook, "release the node (node_drains)", "publish NodeUndrained")
 
@@ -83,13 +87,21 @@ async def undrain(operation: UndrainNode, means: Means) -> ExecutionResult:
         return ExecutionResult(
             ActionOutcome.SUCCEEDED, f"released this incident's hold; {node} stays drained for incident(s) {', '.join(others)}"
         )
-    if actions.undrain_node.check_command:
+    rule, checked = actions.undrain_node, []
+    if rule.check_command or rule.dcgm_diag:
         async with means.node() as on_node:
-            result = await on_node.run(check_command(actions))
-        if result.exit_status != 0:
-            return ExecutionResult(
-                ActionOutcome.FAILED, f"{node} stays drained: its check {short(actions.undrain_node.check_command)} failed ({said(result)})"
-            )
+            if rule.check_command:
+                result = await on_node.run(check_command(actions))
+                if result.exit_status != 0:
+                    return ExecutionResult(
+                        ActionOutcome.FAILED, f"{node} stays drained: its check {short(rule.check_command)} failed ({said(result)})"
+                    )
+                checked.append("its check passed")
+            if rule.dcgm_diag:
+                verdict = await diag.run(on_node, rule.dcgm_diag, rule.dcgm_diag_timeout_s)
+                if verdict.ran and not verdict.passed:
+                    return ExecutionResult(ActionOutcome.FAILED, f"{node} stays drained: {verdict.summary}")
+                checked.append(verdict.summary)
     if actions.drain_node.hook_url:
         if error := await step("POST drained=false to the scheduler's hook", lambda: scheduler.tell(request, drained=False)):
             return ExecutionResult(ActionOutcome.FAILED, f"{node} stays drained: the scheduler's hook did not take the undrain: {error}")
@@ -97,5 +109,4 @@ async def undrain(operation: UndrainNode, means: Means) -> ExecutionResult:
         return ExecutionResult(ActionOutcome.FAILED, f"the hold on {node} could not be released: {error}")
     if error := await step("publish NodeUndrained", lambda: scheduler.publish(request, drained=False)):
         return ExecutionResult(ActionOutcome.FAILED, f"{node} is undrained, but NodeUndrained was not published: {error}")
-    checked = " after its check passed" if actions.undrain_node.check_command else ""
-    return ExecutionResult(ActionOutcome.SUCCEEDED, f"undrained {node}{checked}")
+    return ExecutionResult(ActionOutcome.SUCCEEDED, f"undrained {node}" + (f" ({'; '.join(checked)})" if checked else ""))
