@@ -24,7 +24,7 @@ NODES = 50
 BREAKER = 5
 
 
-@pytest.mark.timeout(300)  # two waits of up to a minute each on a loaded machine
+@pytest.mark.timeout(300)  # two waits, of up to two minutes and one, on a loaded machine
 async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_limit_of_kills(nats_settings, store_url, apps, tmp_path):
     fleet = SimFleet(NODES, 1, tmp_path / "fleet")
     await fleet.start()
@@ -64,7 +64,9 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
         # Every 0.25 s: 200 samples a second in all, and slack enough that a loaded machine's late
         # sample does not restart a node's idle count (more than 3 intervals apart) again and again.
         async with samplers_running(fleet, publish, 0.25):
-            for _ in range(600):
+            # up to two minutes: under a full `make test` the in-process detector can fall behind
+            # for a while (one run opened 26 of 50 in the first minute), and catches up
+            for _ in range(1200):
                 if counts["opened"] >= NODES and counts["samples"] >= 1000:
                     break
                 await asyncio.sleep(0.1)
