@@ -28,13 +28,14 @@ def test_a_passing_document_has_no_problem_and_anything_else_is_no_document():
     for category in passing["DCGM Diagnostic"]["test_categories"]:
         for test in category["tests"]:
             for result in test["results"]:
-                result["status"], _ = "Pass", result.pop("warnings", None)
+                result["status"] = "Pass"
+                result.pop("warnings", None)
     assert diag.parse(json.dumps(passing)) == []
     for text in ("", "Error: unable to connect to host engine", "{not json}", '{"DCGM Diagnostic": {"version": "4.2.3"}}', "[1, 2]"):
         assert diag.parse(text) is None, text
 
 
-async def _node(answers: dict[str, CommandResult]) -> tuple[Node, list]:
+def _node(answers: dict[str, CommandResult]) -> tuple[Node, list]:
     asked = []
 
     async def run(command: str, **extra) -> CommandResult:
@@ -47,15 +48,15 @@ async def _node(answers: dict[str, CommandResult]) -> tuple[Node, list]:
 
 
 async def test_a_node_without_dcgm_is_one_line_and_a_failing_run_is_a_failed_verdict():
-    node, asked = await _node({})
+    node, asked = _node({})
     verdict = await diag.run(node, 1, 300)
     assert (verdict.ran, verdict.summary) == (False, "DCGM diagnostics skipped: no dcgmi on the node") and len(asked) == 1
     failing = (FIXTURES / "diag-4x-fail.json").read_text()
-    node, asked = await _node({"command -v dcgmi": CommandResult(0, "/usr/bin/dcgmi\n", ""), "dcgmi diag -r 2 -j": CommandResult(226, failing, "")})
+    node, asked = _node({"command -v dcgmi": CommandResult(0, "/usr/bin/dcgmi\n", ""), "dcgmi diag -r 2 -j": CommandResult(226, failing, "")})
     verdict = await diag.run(node, 2, 600)
     assert verdict.ran and not verdict.passed and verdict.summary.startswith("DCGM diagnostics level 2 failed: memory fail on GPU 0")
     assert asked[-1] == ("dcgmi diag -r 2 -j", {"timeout_s": 600})  # longer than a node's command timeout
-    node, _ = await _node({"command -v dcgmi": CommandResult(0, "/usr/bin/dcgmi\n", ""), "dcgmi diag -r 1 -j": CommandResult(1, "", "Error: host engine")})
+    node, _ = _node({"command -v dcgmi": CommandResult(0, "/usr/bin/dcgmi\n", ""), "dcgmi diag -r 1 -j": CommandResult(1, "", "Error: host engine")})
     verdict = await diag.run(node, 1, 60)
     assert verdict.ran and not verdict.passed and "gave no diagnostic document" in verdict.summary and "host engine" in verdict.summary
 

@@ -139,8 +139,11 @@ async def _get(
             "blocked", f"{path}: the port accepts TCP but HTTP does not answer within {timeout_s:g}s (a blocked event loop)"
         ) from None
     except httpx.ConnectError as exc:
-        refused = isinstance(exc.__context__, ConnectionRefusedError) or "refused" in str(exc).lower()
-        raise _Refused("down" if refused else "unreachable", f"{path}: the connection failed ({exc})"[:300]) from None
+        # the TCP layer just got in: the daemon went away since, or the host did
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ConnectionRefusedError):
+            cause = cause.__cause__ or cause.__context__
+        raise _Refused("down" if cause else "unreachable", f"{path}: the connection failed ({exc})"[:300]) from None
     except (httpx.RemoteProtocolError, httpx.DecodingError) as exc:
         raise _Refused("bad_answer", f"{path}: not an HTTP answer ({str(exc)[:80]})") from None
     except httpx.HTTPError as exc:  # a read or write error: the peer dropped the connection
