@@ -25,8 +25,11 @@ $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
 
+# Bytecode is compiled once here: services restart under supervision (and tests start hundreds of
+# processes) where PYTHONDONTWRITEBYTECODE is set, and compiling every import again costs seconds each.
 $(VENV)/.installed: $(UV) $(MANIFESTS)
-	$(UV) sync --all-packages --frozen --python "$$(command -v $(PYTHON))"
+	$(UV) sync --all-packages --frozen --compile-bytecode --python "$$(command -v $(PYTHON))"
+	$(PY) -m compileall -q libs services sim src
 	@touch $@
 
 install: $(VENV)/.installed ## create .venv and install every service, lib and test tool
