@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install examples debian-packages demo up test test-slow fuzz chaos test-fast bench proto proto-check lock clean images compose-test
+.PHONY: help install examples debian-packages demo up test test-slow fuzz chaos test-fast bench proto proto-check lock clean images compose-test pods-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -56,7 +56,7 @@ debian-packages: ## install what the tests need from Debian (as root), or say th
 	@tests/debian-packages.sh
 
 test: debian-packages install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not compose"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not compose and not pods"
 
 test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve, the NATS cluster, supervision, the chaos slice), alone so their timing holds
 	$(PY) -m pytest -m slow
@@ -72,6 +72,10 @@ images: install ## build every compose image here, with no image registry (a Deb
 
 compose-test: images ## compose up on a Docker engine with the demo fleet: health checks, one zombie from detection to verified fix, down with nothing left
 	$(PY) -m pytest -m compose tests/compose -p no:cacheprovider; status=$$?; $(ENGINE) release; exit $$status
+
+pods-test: install ## enroll on a container shaped like a rented pod (no systemd, non-root user, behind a jump host): heal, upgrade, unenroll
+	$(ENGINE) ensure
+	$(PY) -m pytest -m pods tests/pods -p no:cacheprovider; status=$$?; $(ENGINE) release; exit $$status
 
 chaos: install ## 1,000 zombie jobs on a 3-server NATS cluster while a service is SIGKILLed every 4 s and a nats-server restarted every 5 s; prints lost, doubled, missing
 	$(VENV)/bin/gpumedic chaos --var var/chaos

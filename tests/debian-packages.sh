@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the tests need from Debian: OpenSSH's server, PostgreSQL, gcc (the fake NVML library),
-# Node.js with npm (the Node example consumer) and Chromium (the console's browser tests).
+# Node.js with npm (the Node example consumer), Chromium (the console's browser tests) and
+# systemd-analyze (enroll's unit is verified with it; nothing here runs systemd).
 # Installed when missing if we are root with apt-get; otherwise stop at once with the one command
 # to run, rather than skip the tests that need them. `make test` runs this first.
 set -euo pipefail
@@ -11,6 +12,7 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v npm >/dev/null || need+=(nodejs npm)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$EUID" = 0 ] && command -v apt-get >/dev/null; then

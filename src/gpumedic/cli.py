@@ -78,10 +78,11 @@ def cmd_up(args) -> int:
         stack = Stack(args.var)
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
-            stack.start_bus(cluster=args.cluster)
+            stack.env = remediator_files(args.var)
+            stack.start_bus(cluster=args.cluster, nodes=_inventory_nodes(
+                {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]))
             await stack.provision()
             stack.migrate()
-            stack.env = remediator_files(args.var)
             print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
             stack.start_services()
             await stack.wait_ready()
@@ -101,6 +102,17 @@ def cmd_up(args) -> int:
             print("stopped; no process left behind")
 
     return run_until_done(_up())
+
+
+def _inventory_nodes(inventory: str) -> list[str]:
+    """The inventory's nodes, each given a NATS user by the embedded stack; none if it cannot be read (said once)."""
+    from gpumedic_nodes.inventory import InventoryError, load_inventory
+
+    try:
+        return list(load_inventory(Path(inventory)))
+    except InventoryError as exc:
+        print(f"      no node credentials made: {exc}")
+        return []
 
 
 def cmd_run(args) -> int:
@@ -264,14 +276,83 @@ def cmd_init(args) -> int:
     return 0
 
 
+def remediator_file(option: Path | None, name: str, default: str, var: Path | None = None) -> Path:
+    """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else the embedded
+    stack's under `var` where it exists, else the compose default under /etc/gpumedic."""
+    if option:
+        return option
+    if setting := os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip():
+        return Path(setting)
+    if var is not None and (var / "ssh" / default).exists():
+        return var / "ssh" / default
+    return Path(f"/etc/gpumedic/{default}")
+
+
+def cmd_enroll(args, *, remove: bool = False) -> int:
+    """Put node-sampler on the chosen nodes over SSH (see gpumedic.enroll), check it, or remove it."""
+    from rich.progress import Progress
+
+    from gpumedic import enroll
+    from gpumedic.inventory_sync import set_node_setting
+    from gpumedic_nodes.inventory import InventoryError, load_inventory
+    from gpumedic_nodes.ssh import SshExecutor
+
+    name = "unenroll" if remove else "enroll"
+    inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml", args.var)
+    try:
+        known = load_inventory(inventory)
+    except InventoryError as exc:
+        print(f"gpumedic {name}: {exc}", file=sys.stderr)
+        return 2
+    nodes = sorted(known) if args.all else sorted(
+        {*args.node, *(n for n, a in known.items() if a.group in args.group)})
+    unknown = [n for n in args.node if n not in known] + [f"group {g}" for g in args.group if not any(a.group == g for a in known.values())]
+    if unknown or not nodes:
+        what = f"not in {inventory}: {', '.join(unknown)}" if unknown else "name the nodes: --node N, --group G or --all"
+        print(f"gpumedic {name}: {what}", file=sys.stderr)
+        return 2
+    executor = SshExecutor(
+        inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts", args.var),
+        client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519", args.var), connect_timeout_s=args.timeout,
+        command_timeout_s=args.timeout,
+    )
+    if remove:
+        work = enroll.unenroll_node
+    elif getattr(args, "check", False):
+        work = enroll.check_node
+    else:
+        secrets = args.secrets or next((d for d in (Path("deploy/secrets"), args.var / "secrets") if (d / "nodes").is_dir()), Path("deploy/secrets"))
+        artifacts = enroll.Artifacts(cache=args.var / "enroll", given=args.artifact)
+        credentials = enroll.Credentials(secrets, nats_url=args.nats_url)
+
+        async def work(session):
+            return await enroll.enroll_node(session, artifacts, credentials, upgrade=args.upgrade)
+
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task(f"{name} {len(nodes)} node(s)", total=len(nodes))
+        outcomes = asyncio.run(enroll.for_each_node(executor, nodes, work, concurrency=args.concurrency,
+                                                    advance=lambda outcome: progress.advance(task)))
+    width = max(len(n) for n in nodes)
+    for outcome in outcomes:
+        print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {outcome.line}")
+    if not getattr(args, "check", False):  # the remediator restarts a node's services through what enroll started them under
+        for outcome in outcomes:
+            wanted = "supervisor" if outcome.ok and outcome.manager == "supervisor" and not remove else None
+            if outcome.ok and known[outcome.node_id].service_manager != (wanted or "systemd"):
+                try:
+                    set_node_setting(inventory, outcome.node_id, "service_manager", wanted)
+                    print(f"{inventory}: {outcome.node_id} service_manager: {wanted or 'systemd (the default)'}")
+                except InventoryError as exc:
+                    print(f"gpumedic {name}: {exc}; set service_manager: {wanted} for {outcome.node_id} by hand", file=sys.stderr)
+    failed = sum(not o.ok for o in outcomes)
+    print(f"{len(outcomes)} node(s): {len(outcomes) - failed} ok, {failed} failed")
+    return 1 if failed else 0
+
+
 def cmd_inventory(args) -> int:
     """`check`: try every inventory node read-only (a login, the catalogue's tools). `sync`: write
     the provider's pods into the inventory (see gpumedic.inventory_sync)."""
     from gpumedic_nodes.inventory import InventoryError
-
-    def remediator_file(option: Path | None, name: str, default: str) -> Path:
-        """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else its default."""
-        return option or Path(os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip() or f"/etc/gpumedic/{default}")
 
     inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml")
     try:
@@ -626,6 +707,35 @@ command(
     "gpumedic inventory sync    write the provider's running pods into the inventory (host, SSH port, group; labels\n"
     "                           pod and synced). Entries it did not write are never touched; a pod that is gone is\n"
     "                           marked gone, not dropped. Comments stay.",
+)
+_ENROLL_TARGETS = (
+    click.option("--node", multiple=True, metavar="ID", help="a node of the inventory (repeatable)"),
+    click.option("--group", multiple=True, metavar="G", help="every node of an inventory group (repeatable)"),
+    click.option("--all", is_flag=True, help="every node of the inventory"),
+    click.option("--inventory", type=PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else the embedded stack's, else /etc/gpumedic/inventory.yaml"),
+    click.option("--known-hosts", type=PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS, else as --inventory"),
+    click.option("--key", type=PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY, else as --inventory"),
+    click.option("--timeout", type=float, default=30.0, show_default=True, help="seconds for each login and command"),
+    click.option("--concurrency", type=click.IntRange(1, 256), default=16, show_default=True, help="nodes at once"),
+    _var(),
+)
+command(
+    "enroll", cmd_enroll, "put node-sampler on nodes over SSH, under systemd or (pods) a supervisor it carries; --check, --upgrade",
+    *_ENROLL_TARGETS,
+    click.option("--check", is_flag=True, help="only say per node what runs, which version, under what, since when, what it cannot see"),
+    click.option("--upgrade", is_flag=True, help="replace an older version (one restart of the sampler)"),
+    click.option("--secrets", type=PATH, help="nodes/NODE.env and tls/ca.pem: default deploy/secrets (gpumedic init), else VAR/secrets"),
+    click.option("--nats-url", help="the NATS address the nodes reach, when not the one in their env file (tls://HOST:4222)"),
+    click.option("--artifact", type=PATH, help="a node artifact built before (default: built here for each node's platform, kept in VAR/enroll)"),
+    description="Over the remediator's SSH (the inventory's user, port, key and jump host; host keys checked), puts one artifact "
+    "on each node, built here from uv.lock for the node's CPU, python3 (3.11+) and glibc: node-sampler, what it imports and a "
+    "supervisor, under ~/.gpumedic of the login user, with the node's own NATS credentials and the CA (mode 0600). Root on a "
+    "systemd host: a systemd unit; otherwise (rented pods) the carried supervisord, and the inventory records "
+    "service_manager: supervisor so the remediator restarts it through that. Idempotent. Exit 1 if a node failed.",
+)
+command(
+    "unenroll", lambda args: cmd_enroll(args, remove=True), "stop node-sampler on nodes and remove everything enroll put there",
+    *_ENROLL_TARGETS,
 )
 command(
     "preflight", cmd_preflight, "before a job starts: are the node's GPUs free and healthy? (--clean removes leftovers through the gate)",

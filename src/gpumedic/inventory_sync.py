@@ -60,18 +60,7 @@ def node_id_of(worker: Worker) -> str:
 
 async def sync(inventory: Path, provider: Provider, *, kind: str, group: str, user: str, dry_run: bool = False) -> SyncReport:
     """Bring `inventory`'s entries for `provider`'s pods up to date; the file is written unless `dry_run`."""
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    try:
-        text = inventory.read_text() if inventory.exists() else ""
-    except OSError as exc:
-        raise InventoryError(f"inventory {inventory} cannot be read: {exc.strerror or exc}") from None
-    if len(text) > MAX_INVENTORY_BYTES:
-        raise InventoryError(f"inventory {inventory} is larger than {MAX_INVENTORY_BYTES} bytes")
-    document = yaml.load(text) if text.strip() else CommentedMap()
-    if not isinstance(document, dict):
-        raise InventoryError(f"inventory {inventory} is not a mapping at the top")
+    yaml, document = _load(inventory)
     groups = document.setdefault("groups", CommentedMap())
     nodes = document.setdefault("nodes", CommentedMap())
     if not isinstance(groups, dict) or not isinstance(nodes, dict):
@@ -118,6 +107,42 @@ async def sync(inventory: Path, provider: Provider, *, kind: str, group: str, us
     return report
 
 
+def set_node_setting(inventory: Path, node: str, key: str, value: object | None) -> bool:
+    """Set one setting of one node's own entry (None: remove it), keeping the rest of the file as
+    it is (what `gpumedic enroll` records: the node's service manager); whether anything changed."""
+    yaml, document = _load(inventory)
+    entry = (document.get("nodes") or {}).get(node)
+    if not isinstance(entry, dict):
+        raise InventoryError(f"unknown node {node!r}: not in inventory {inventory}")
+    if entry.get(key) == value or (value is None and key not in entry):
+        return False
+    if value is None:
+        del entry[key]
+    else:
+        entry[key] = value
+    out = io.StringIO()
+    yaml.dump(document, out)
+    _replace_checked(inventory, out.getvalue())
+    return True
+
+
+def _load(inventory: Path) -> tuple[YAML, CommentedMap]:
+    """The inventory as a round-trip document (comments and order kept), and the YAML that writes it back."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    try:
+        text = inventory.read_text() if inventory.exists() else ""
+    except OSError as exc:
+        raise InventoryError(f"inventory {inventory} cannot be read: {exc.strerror or exc}") from None
+    if len(text) > MAX_INVENTORY_BYTES:
+        raise InventoryError(f"inventory {inventory} is larger than {MAX_INVENTORY_BYTES} bytes")
+    document = yaml.load(text) if text.strip() else CommentedMap()
+    if not isinstance(document, dict):
+        raise InventoryError(f"inventory {inventory} is not a mapping at the top")
+    return yaml, document
+
+
 def _synced_by(entry: object) -> str | None:
     labels = entry.get("labels") if isinstance(entry, dict) else None
     return labels.get("synced") if isinstance(labels, dict) else None
@@ -135,7 +160,7 @@ def _replace_checked(inventory: Path, text: str) -> None:
         try:
             load_inventory(Path(name))  # what the remediator would refuse is never put in place
         except InventoryError as exc:
-            raise InventoryError(f"the synced {inventory} would not load, so it was not written: {exc}") from None
+            raise InventoryError(f"the changed {inventory} would not load, so it was not written: {exc}") from None
         os.replace(name, inventory)
     except BaseException:
         Path(name).unlink(missing_ok=True)

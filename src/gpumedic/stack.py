@@ -123,15 +123,17 @@ class Stack:
             "GPUMEDIC_REPORTS_CONSOLE_URL": os.environ.get("GPUMEDIC_REPORTS_CONSOLE_URL") or self.console_url,
         }
 
-    def start_bus(self, *, sim_fleet: bool = False, cluster: int = 1) -> str:
+    def start_bus(self, *, sim_fleet: bool = False, cluster: int = 1, nodes: Iterable[str] = ()) -> str:
         """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet);
         with `cluster` > 1, that many servers in one JetStream cluster on loopback, every stream
-        and bucket replicated on up to three of them (`provision`)."""
+        and bucket replicated on up to three of them (`provision`). Each of `nodes` (the inventory's)
+        gets its own user and `secrets/nodes/NODE.env`, what `gpumedic enroll` puts on the node."""
         if not 1 <= cluster <= 5:
             raise ValueError(f"a NATS cluster of {cluster} servers: use 1 to 5 (3 is the usual, surviving one loss)")
         self.logs.mkdir(parents=True, exist_ok=True)
         self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
-        users = [*CONTROL_USERS, node_user(sampler_node_id(self.env))]
+        nodes = sorted(set(nodes) - {sampler_node_id(self.env)})
+        users = [*CONTROL_USERS, node_user(sampler_node_id(self.env)), *map(node_user, nodes)]
         if sim_fleet:
             users.append(SIM_FLEET)
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
@@ -153,6 +155,11 @@ class Stack:
         for server in self.servers:
             server.start()
         url = ",".join(server.url for server in self.servers)
+        for node in nodes:
+            write_private(self.secrets / "nodes" / f"{node}.env", "".join(f"{key}={value}\n" for key, value in {
+                "GPUMEDIC_SAMPLER_NODE_ID": node, "GPUMEDIC_NATS_URL": url, "GPUMEDIC_NATS_USER": node_user(node),
+                "GPUMEDIC_NATS_PASSWORD": self.passwords[node_user(node)], "GPUMEDIC_NATS_TLS_CA_FILE": str(self.tls.ca.resolve()),
+            }.items()))
         shape = f"a cluster of {cluster} nats-servers, streams on {self.replicas}" if cluster > 1 else "nats-server"
         self.say(f"  {shape} with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
         return url

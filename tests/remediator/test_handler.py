@@ -220,7 +220,7 @@ class _NodeLostAtKill:
                 return CommandResult(0, "python\0", "")
             return CommandResult(0, "4242 (python) " + " ".join(["S"] + ["0"] * 18 + ["1"]) + " 0 0\n", "")
 
-        yield SimpleNamespace(run=run)
+        yield SimpleNamespace(run=run, address=address)
 
 
 async def test_a_node_lost_mid_action_fails_saying_how_far_it_got(make_settings, incidents):

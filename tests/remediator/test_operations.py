@@ -98,9 +98,20 @@ async def test_kill_terms_a_real_process_then_kills_it_after_the_grace(sshd):
 async def test_restart_unit_restarts_the_allowed_unit_and_checks_it_is_active(sshd):
     unit = _unit(sshd, "failed")
     result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit))
-    assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
+    assert (result.outcome, result.detail) == (ActionOutcome.SUCCEEDED, f"restarted {unit} (systemd); active")
     assert _restarts(sshd, unit) == 1
     assert sshd.commands()[-2:] == [f"systemctl restart {unit}", f"systemctl is-active {unit}"]
+
+
+def test_restart_unit_goes_through_the_service_manager_the_inventory_names():
+    from remediator.catalogue.units import render_restart
+
+    actions = _allowing("p2p-node.service")
+    op = RestartUnit(unit="p2p-node.service")
+    assert render_restart(op, actions) == ("systemctl restart p2p-node.service", "systemctl is-active p2p-node.service")
+    assert render_restart(op, actions, "supervisor") == (
+        '"$HOME"/.gpumedic/bin/gpumedic-node restart p2p-node.service', '"$HOME"/.gpumedic/bin/gpumedic-node is-active p2p-node.service')
+    assert render_restart(op, actions, "docker") == ("docker restart p2p-node", "docker inspect --format '{{.State.Running}}' p2p-node")
 
 
 async def test_restart_job_restarts_the_allowed_unit_or_runs_the_allowed_command(sshd, tmp_path):

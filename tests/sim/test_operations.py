@@ -59,7 +59,7 @@ async def test_restart_unit_brings_a_hung_sampler_back(fleet):
     node.inject_sampler_silent()
     result = await _run(fleet, node, RestartUnit(unit="gpumedic-node-sampler.service"))
     assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
-    assert result.detail == "restarted gpumedic-node-sampler.service; active"
+    assert result.detail == "restarted gpumedic-node-sampler.service (systemd); active"
     assert not node.sampler_silent and node.unit_restarts == {"gpumedic-node-sampler.service": 1}
     assert node.ssh_commands == [
         "systemctl restart gpumedic-node-sampler.service",

@@ -2,7 +2,10 @@
 
 Rented fleets mix providers, and each provider's pods differ in SSH user, port, key and the
 bastion in front of them, so every setting can be given for all nodes (`defaults`), for a group,
-or for one node; the most specific wins. Groups and labels are what the policy's allow-lists and
+or for one node; the most specific wins. `service_manager` says what runs the node's services,
+which `restart_unit` goes through: systemd (the default), the supervisor `gpumedic enroll` puts on
+a node without systemd (it sets this for the nodes it enrols so), or Docker (a container named
+like the unit, without `.service`). Groups and labels are what the policy's allow-lists and
 the protected nodes refer to (`group:lambda`, `label:role=p2p`).
 
     defaults: {user: gpumedic}
@@ -15,6 +18,7 @@ the protected nodes refer to (`group:lambda`, `label:role=p2p`).
     nodes:
       gpu-node-01: {host: 10.0.0.7, group: lambda, labels: {role: p2p}}
       gpu-node-02: {host: 203.0.113.9, port: 40123}
+      pod-7: {host: 198.51.100.4, port: 22107, user: root, service_manager: supervisor}
 
 The simulated fleet writes this same format, so the remediator reaches simulated and real nodes
 alike. The file is read again for every action, so nodes added or moved are picked up without a
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,6 +42,7 @@ HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,251}[A-Za-z0-9])?$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.:/-]{0,63}$"
 USER_PATTERN = r"^[a-z_][a-z0-9_.-]{0,31}$"
+ServiceManager = Literal["systemd", "supervisor", "docker"]
 
 
 class InventoryError(Exception):
@@ -62,6 +68,7 @@ class _Settings(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     key: Path | None = Field(default=None, description="Private key for this login; default: the remediator's client key.")
     jump: Hop | None = None
+    service_manager: ServiceManager | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -101,6 +108,7 @@ class NodeAddress(BaseModel):
     key: Path | None = None
     """None: the remediator's client key."""
     jump: Hop | None = None
+    service_manager: ServiceManager = "systemd"
     group: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -126,6 +134,7 @@ def _resolve(file: _InventoryFile) -> dict[str, NodeAddress]:
             user=first("user") or "root",
             key=first("key"),
             jump=first("jump"),
+            service_manager=first("service_manager") or "systemd",
             group=entry.group,
             labels=labels,
         )

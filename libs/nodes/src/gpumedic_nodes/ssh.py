@@ -90,6 +90,21 @@ class NodeSession:
         status = result.exit_status if result.exit_status is not None else 255
         return CommandResult(status, str(result.stdout or ""), str(result.stderr or ""))
 
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o600, timeout_s: float | None = None) -> CommandResult:
+        """Write `data` to `path` on the node (a shell word: quote it, or start it with "$HOME"/),
+        readable by the login user only unless `mode` says otherwise; written beside and renamed,
+        so a reader never sees half a file. Needs only sh, cat, chmod and mv on the node."""
+        command = f'umask 077 && cat > {path}.part && chmod {mode:o} {path}.part && mv -f {path}.part {path}'
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            result = await self._conn.run(command, check=False, timeout=timeout_s, input=data, encoding=None)
+        except asyncssh.TimeoutError:
+            raise CommandTimedOut(self.node_id, self.address, f"writing {path} timed out after {timeout_s:g}s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise NodeUnreachable(self.node_id, self.address, f"connection lost: {_cause(exc)}") from None
+        status = result.exit_status if result.exit_status is not None else 255
+        return CommandResult(status, bytes(result.stdout or b"").decode(errors="replace"), bytes(result.stderr or b"").decode(errors="replace"))
+
 
 class SshExecutor:
     """Opens verified SSH sessions to inventory nodes."""

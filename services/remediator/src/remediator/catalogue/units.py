@@ -1,9 +1,12 @@
-"""restart_unit and reboot_node: systemd on the node.
+"""restart_unit and reboot_node: the node's service manager.
 
 A unit is restarted only if the policy's allow-list names it (the job daemon, the P2P node, the
-sampler: never sshd, never an arbitrary name from a message), and the restart counts only when
-`systemctl is-active` says `active` again within the verify timeout and, where the policy gives
-one, the unit's health endpoint on the node's loopback answers.
+sampler: never sshd, never an arbitrary name from a message), through what runs the node's
+services (the inventory's `service_manager`): systemd; the supervisor `gpumedic enroll` carries to
+a node without systemd (a rented pod), whose control script also starts the supervisor when the
+pod restarted without it; or Docker, a container named like the unit without `.service`. The
+restart counts only when the manager says the service runs again within the verify timeout and,
+where the policy gives one, the unit's health endpoint on the node's loopback answers.
 
 A reboot is the last rung, and the policy must enable it explicitly (its mode is `observe`
 unless changed). Its verification is the node's next samples: the SSH session ends with it.
@@ -15,6 +18,8 @@ from gpumedic_events import UNIT_PATTERN, ActionOutcome, RebootNode, RestartUnit
 from gpumedic_incidents.policy import HEALTH_URL, Actions
 from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, allowed_name, quoted, said, short
 
+SUPERVISED = '"$HOME"/.gpumedic/bin/gpumedic-node'
+"""The control script `gpumedic enroll` puts on a node without systemd (under the login user's home)."""
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 REBOOT = "systemctl reboot"
 HEALTH_TIMEOUT_S = 5
@@ -31,21 +36,33 @@ def health_command(url: str) -> str:
     return f"curl -fsS -m {HEALTH_TIMEOUT_S} -o /dev/null {quoted(url)}"
 
 
-def render_restart(operation: RestartUnit, actions: Actions) -> tuple[str, ...]:
+def render_restart(operation: RestartUnit, actions: Actions, manager: str = "systemd") -> tuple[str, ...]:
     unit = validate_unit(operation.unit, actions)
-    commands = [f"systemctl restart {quoted(unit)}", f"systemctl is-active {quoted(unit)}"]
+    if manager == "supervisor":
+        commands = [f"{SUPERVISED} restart {quoted(unit)}", f"{SUPERVISED} is-active {quoted(unit)}"]
+    elif manager == "docker":
+        name = quoted(unit.removesuffix(".service"))
+        commands = [f"docker restart {name}", f"docker inspect --format '{{{{.State.Running}}}}' {name}"]
+    else:
+        commands = [f"systemctl restart {quoted(unit)}", f"systemctl is-active {quoted(unit)}"]
     if url := actions.restart_unit.units[unit].health_url:
         commands.append(health_command(url))
     return tuple(commands)
 
 
+RUNNING = {"systemd": "active", "supervisor": "active", "docker": "true"}
+"""What each manager's running check prints for a service that runs."""
+
+
 async def restart(operation: RestartUnit, node: Node, means: Means) -> ExecutionResult:
-    restart_cmd, is_active, *health = render_restart(operation, means.actions)
+    manager = node.service_manager
+    restart_cmd, is_active, *health = render_restart(operation, means.actions, manager)
     unit = operation.unit
     result = await node.run(restart_cmd)
     if result.exit_status != 0:
-        return node.result(ActionOutcome.FAILED, f"systemctl restart {unit} failed: {said(result)}")
-    active, answer = await node.poll_command(is_active, lambda r: r.exit_status == 0 and r.stdout.strip() == "active")
+        return node.result(ActionOutcome.FAILED, f"{manager}: restarting {unit} failed: {said(result)}")
+    running = RUNNING.get(manager, "active")
+    active, answer = await node.poll_command(is_active, lambda r: r.exit_status == 0 and r.stdout.strip() == running)
     if not active:
         state = answer.stdout.strip() or said(answer)
         return node.result(
@@ -59,8 +76,8 @@ async def restart(operation: RestartUnit, node: Node, means: Means) -> Execution
                 f"restarted {unit}; it is active but its health endpoint does not answer after "
                 f"{node.verify_timeout_s:g}s ({said(answer)})",
             )
-        return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active, and its health endpoint answers")
-    return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit}; active")
+        return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit} ({manager}); active, and its health endpoint answers")
+    return node.result(ActionOutcome.SUCCEEDED, f"restarted {unit} ({manager}); active")
 
 
 def render_reboot(operation: RebootNode, actions: Actions | None = None) -> tuple[str, ...]:
