@@ -336,14 +336,18 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
     for outcome in outcomes:
         print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {outcome.line}")
     if not getattr(args, "check", False):  # the remediator restarts a node's services through what enroll started them under
-        for outcome in outcomes:
-            wanted = "supervisor" if outcome.ok and outcome.manager == "supervisor" and not remove else None
-            if outcome.ok and known[outcome.node_id].service_manager != (wanted or "systemd"):
+        for outcome in (o for o in outcomes if o.ok):
+            supervised = outcome.manager == "supervisor" and not remove
+            wanted = {"service_manager": "supervisor" if supervised else None, "gpumedic_dir": outcome.directory if supervised else None}
+            address = known[outcome.node_id]
+            for key, value in wanted.items():
+                if getattr(address, key) == (value or ("systemd" if key == "service_manager" else None)):
+                    continue
                 try:
-                    set_node_setting(inventory, outcome.node_id, "service_manager", wanted)
-                    print(f"{inventory}: {outcome.node_id} service_manager: {wanted or 'systemd (the default)'}")
+                    set_node_setting(inventory, outcome.node_id, key, value)
+                    print(f"{inventory}: {outcome.node_id} {key}: {value or '(the default)'}")
                 except InventoryError as exc:
-                    print(f"gpumedic {name}: {exc}; set service_manager: {wanted} for {outcome.node_id} by hand", file=sys.stderr)
+                    print(f"gpumedic {name}: {exc}; set {key}: {value} for {outcome.node_id} by hand", file=sys.stderr)
     failed = sum(not o.ok for o in outcomes)
     print(f"{len(outcomes)} node(s): {len(outcomes) - failed} ok, {failed} failed")
     return 1 if failed else 0

@@ -76,7 +76,7 @@ def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     shutil.copyfile(NODE_FILES / "gpumedic-node", control)
     control.chmod(0o700)
     unit = tmp_path / "gpumedic-node-sampler.service"
-    unit.write_text((NODE_FILES / "gpumedic-node-sampler.service").read_text().replace("@HOME@", str(home)))
+    unit.write_text((NODE_FILES / "gpumedic-node-sampler.service").read_text().replace("@DIR@", str(home / ".gpumedic")))
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     problems = [line for line in done.stderr.splitlines() if "gpumedic-node-sampler.service" in line]
     assert done.returncode == 0 and not problems, done.stderr
@@ -114,4 +114,7 @@ def test_enroll_records_the_supervisor_in_the_inventory_and_keeps_the_rest(tmp_p
         set_node_setting(inventory, "nope", "service_manager", "supervisor")
     with pytest.raises(InventoryError, match="would not load, so it was not written"):
         set_node_setting(inventory, "gpu-2", "service_manager", "launchd")
+    for hostile in ["workspace/.gpumedic", "/workspace/../etc", "/tmp/$(id)", "/a b"]:
+        with pytest.raises(InventoryError, match="gpumedic_dir"):
+            set_node_setting(inventory, "gpu-2", "gpumedic_dir", hostile)
     assert Path(inventory).read_text().count("service_manager") == 0

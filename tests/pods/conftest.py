@@ -1,7 +1,8 @@
 """A container in the shape of a rented pod, on a real Docker engine (`make pods-test` starts one).
 
 RunPod's and Vast's pods are containers: Debian or Ubuntu with python3 and sshd, no systemd, no
-Docker inside, and logins as root and as a user of the image's. This one is that, built from
+Docker inside, a `/workspace` volume that outlives a restart (root's), and logins as root and as
+a user of the image's. This one is that, built from
 Debian's packages with mmdebstrap (no image registry is reachable here) once per engine: sshd on
 a free loopback port of the host's network (so the pod reaches the embedded stack's NATS at
 127.0.0.1, as a rented pod reaches yours at its address), root and `worker` both authorized.
@@ -25,7 +26,7 @@ PACKAGES = "python3,openssh-server,procps,ca-certificates"
 BOOT = r"""
 set -e
 useradd -m -s /bin/bash worker
-mkdir -p /run/sshd /root/.ssh /home/worker/.ssh
+mkdir -p /run/sshd /root/.ssh /home/worker/.ssh /workspace
 printf '%s\n' "$AUTHORIZED" > /root/.ssh/authorized_keys
 cp /root/.ssh/authorized_keys /home/worker/.ssh/authorized_keys
 chown -R worker:worker /home/worker/.ssh

@@ -86,7 +86,7 @@ async def test_a_pod_is_enrolled_through_a_jump_host_healed_through_its_supervis
         # 1. one command puts the sampler there; it publishes within a minute
         enrolled = await asyncio.to_thread(_gpumedic, "enroll", "--node", NODE, "--var", str(var))
         assert enrolled.returncode == 0, enrolled.stdout + enrolled.stderr
-        assert "running under supervisor as worker" in enrolled.stdout
+        assert "running under supervisor as worker in /home/worker/.gpumedic" in enrolled.stdout  # /workspace is root's
         assert "service_manager: supervisor" in inventory.read_text() and "# a rented pod behind a bastion" in inventory.read_text()
         await _until("a sample from the pod", lambda: asyncio.sleep(0, bool(samples)), 60)
         checked = await asyncio.to_thread(_gpumedic, "enroll", "--check", "--node", NODE, "--var", str(var))
@@ -164,17 +164,19 @@ async def test_root_on_a_pod_with_gpumedic_init_credentials_and_one_line_per_nod
     enrolled = await asyncio.to_thread(_gpumedic, "enroll", "--all", "--secrets", str(deploy), "--nats-url", secured(OBSERVER).url, *common)
     lines = {line.split()[0]: line for line in enrolled.stdout.splitlines() if line.split() and line.split()[0] != str(inventory) + ":"}
     assert enrolled.returncode == 1, enrolled.stdout + enrolled.stderr
-    assert "ok    enrolled" in lines[SECURED_NODE] and "running under supervisor as root" in lines[SECURED_NODE]
+    assert "ok    enrolled" in lines[SECURED_NODE] and "running under supervisor as root in /workspace/.gpumedic" in lines[SECURED_NODE]
+    assert "gpumedic_dir: /workspace/.gpumedic" in inventory.read_text()  # the volume a pod restart keeps
     assert "FAIL  host key changed or unknown" in lines["impostor"]
     assert "FAIL  permission denied as nobody2" in lines["stranger"]
     assert "3 node(s): 1 ok, 2 failed" in enrolled.stdout
     await _until("a sample from the pod", lambda: asyncio.sleep(0, bool(samples)), 60)
     again = await asyncio.to_thread(_gpumedic, "enroll", "--node", SECURED_NODE, "--secrets", str(deploy), *common)
     assert again.returncode == 0 and "already enrolled at" in again.stdout and "running (supervisor)" in again.stdout, again.stdout
-    assert pod.sh("stat -c '%a %U' /root/.gpumedic/node.env").strip() == "600 root"
+    assert pod.sh("stat -c '%a %U' /workspace/.gpumedic/node.env").strip() == "600 root"
 
     removed = await asyncio.to_thread(_gpumedic, "unenroll", "--node", SECURED_NODE, *common)
     assert removed.returncode == 0 and "removed" in removed.stdout, removed.stdout + removed.stderr
+    assert "gpumedic_dir" not in inventory.read_text() and "service_manager" not in inventory.read_text()
     assert pod.processes() == processes_before
     assert pod.files() == files_before
     await observer.close()

@@ -111,6 +111,7 @@ def test_restart_unit_goes_through_the_service_manager_the_inventory_names():
     assert render_restart(op, actions) == ("systemctl restart p2p-node.service", "systemctl is-active p2p-node.service")
     assert render_restart(op, actions, "supervisor") == (
         '"$HOME"/.gpumedic/bin/gpumedic-node restart p2p-node.service', '"$HOME"/.gpumedic/bin/gpumedic-node is-active p2p-node.service')
+    assert render_restart(op, actions, "supervisor", "/workspace/.gpumedic")[0] == "/workspace/.gpumedic/bin/gpumedic-node restart p2p-node.service"
     assert render_restart(op, actions, "docker") == ("docker restart p2p-node", "docker inspect --format '{{.State.Running}}' p2p-node")
 
 

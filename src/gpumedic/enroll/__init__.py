@@ -2,13 +2,16 @@
 
 Each node is reached as the remediator reaches it (the inventory's user, port, key and jump host,
 host keys checked) and first asked what it is: CPU, python3 and its C library, whether systemd
-runs and the login is root, free disk, what is installed. Everything then goes under
-`~/.gpumedic` of the login user: the artifact (see `artifact`) unpacked in `versions/V` with
-`current` pointing at it, the node's own NATS credentials (`node.env`) and the CA, mode 0600, and
-the control script `bin/gpumedic-node`. The sampler runs under systemd where the login is root on
-a systemd host (the unit `gpumedic-node-sampler.service`), and otherwise (a rented pod: no
-systemd, maybe not root) under the supervisord the artifact carries; the inventory then records
-`service_manager: supervisor` for the node, so `restart_unit` goes through it.
+runs and the login is root, free disk, what is installed. Everything then goes in one directory
+owned by the login user: `/workspace/.gpumedic` where the node has a writable `/workspace` (a
+RunPod pod's volume, which outlives the pod's restarts; its container disk does not), else
+`~/.gpumedic`. In it: the artifact (see `artifact`) unpacked in `versions/V` with `current`
+pointing at it, the node's own NATS credentials (`node.env`) and the CA, mode 0600, and the
+control script `bin/gpumedic-node`. The sampler runs under systemd where the login is root on a
+systemd host (the unit `gpumedic-node-sampler.service`), and otherwise (a rented pod: no systemd,
+maybe not root) under the supervisord the artifact carries; the inventory then records
+`service_manager: supervisor` (and `gpumedic_dir` where it is not `~/.gpumedic`) for the node, so
+`restart_unit` goes through it, and starts the supervisor again after the pod restarted.
 
 Idempotent: a node already at this version is only started if it is not running. `--upgrade`
 unpacks the new version beside the old, switches `current` in one rename and restarts the
@@ -29,9 +32,6 @@ from gpumedic.enroll.artifact import NODE_FILES, ArtifactError, Platform, artifa
 from gpumedic_nodes.inventory import InventoryError
 from gpumedic_nodes.ssh import NodeError, NodeSession, SshExecutor
 
-HOME = '"$HOME"/.gpumedic'
-"""Where everything goes on the node: a shell word, expanded there."""
-CONTROL = f"{HOME}/bin/gpumedic-node"
 UNIT = "gpumedic-node-sampler.service"
 PROGRAM = "gpumedic-node-sampler"
 MIN_FREE_MB = 200
@@ -47,8 +47,12 @@ py=$(command -v python3 || true)
 echo "python=$py"
 if [ -n "$py" ]; then "$py" -c 'import platform, sys; print("pyver=%d.%d" % sys.version_info[:2]); print("libc=%s-%s" % platform.libc_ver())'; fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then echo "systemd=yes"; fi
-echo "free_kb=$(df -Pk "$HOME" 2>/dev/null | awk 'NR==2 {print $4}')"
-if [ -f "$HOME/.gpumedic/current/VERSION" ]; then echo "installed=$(cat "$HOME/.gpumedic/current/VERSION")"; fi
+where=$HOME
+if [ -d /workspace ] && [ -w /workspace ]; then echo "workspace=/workspace"; where=/workspace; fi
+for d in /workspace/.gpumedic "$HOME/.gpumedic"; do
+  if [ -f "$d/current/VERSION" ] && [ -O "$d" ]; then echo "dir=$d"; echo "installed=$(cat "$d/current/VERSION")"; break; fi
+done
+echo "free_kb=$(df -Pk "$where" 2>/dev/null | awk 'NR==2 {print $4}')"
 """
 """Read-only: what decides how (and whether) the node can be enrolled."""
 
@@ -69,6 +73,17 @@ class NodeFacts:
     systemd: bool
     free_mb: int | None
     installed: str | None
+    workspace: str | None = None
+    installed_dir: str | None = None
+
+    @property
+    def directory(self) -> str:
+        """Where gpumedic is (or goes) on the node: where it is, else the persistent volume, else home."""
+        return self.installed_dir or f"{self.workspace or self.home}/.gpumedic"
+
+    @property
+    def control(self) -> str:
+        return f"{shlex.quote(self.directory)}/bin/gpumedic-node"
 
     @property
     def manager(self) -> str:
@@ -86,6 +101,7 @@ class NodeFacts:
             machine=found.get("machine", ""), python=found["python"], python_version=found.get("pyver", ""),
             libc=found.get("libc", ""), systemd=found.get("systemd") == "yes",
             free_mb=int(free) // 1024 if free.isdigit() else None, installed=found.get("installed") or None,
+            workspace=found.get("workspace") or None, installed_dir=found.get("dir") or None,
         )
 
 
@@ -97,6 +113,8 @@ class Outcome:
     ok: bool
     line: str
     manager: str | None = None
+    directory: str | None = None
+    """Where gpumedic is on the node, when it is not ~/.gpumedic (the inventory's `gpumedic_dir`)."""
 
 
 @dataclass
@@ -193,10 +211,10 @@ async def probe(session: NodeSession) -> NodeFacts:
     return NodeFacts.parse(await _run(session, PROBE, "asking the node what it is"))
 
 
-async def _wait_active(session: NodeSession) -> bool:
+async def _wait_active(session: NodeSession, facts: NodeFacts) -> bool:
     deadline = asyncio.get_running_loop().time() + STARTED_WITHIN_S
     while True:
-        answer = await session.run(f"{CONTROL} is-active {PROGRAM}")
+        answer = await session.run(f"{facts.control} is-active {PROGRAM}")
         if answer.exit_status == 0 and answer.stdout.strip() == "active":
             return True
         if asyncio.get_running_loop().time() >= deadline:
@@ -213,72 +231,77 @@ async def enroll_node(session: NodeSession, artifacts: Artifacts, credentials: C
     except ArtifactError as exc:
         raise EnrollError(str(exc)) from None
     path, version = await artifacts.for_platform(platform)
+    control, where = facts.control, _elsewhere(facts)
     if facts.installed == version or (facts.installed and not upgrade):
-        if not await _wait_active(session):
-            await _run(session, f"{CONTROL} start", "starting the sampler")
-            if not await _wait_active(session):
-                raise EnrollError(f"enrolled at {facts.installed}, but the sampler does not stay up (see {facts.home}/.gpumedic/log/)")
-            return Outcome(node_id, True, f"enrolled at {facts.installed}; was stopped, started ({facts.manager})", facts.manager)
+        if not await _wait_active(session, facts):
+            await _run(session, f"{control} start", "starting the sampler")
+            if not await _wait_active(session, facts):
+                raise EnrollError(f"enrolled at {facts.installed}, but the sampler does not stay up (see {facts.directory}/log/)")
+            return Outcome(node_id, True, f"enrolled at {facts.installed}; was stopped, started ({facts.manager})", facts.manager, where)
         hint = "" if facts.installed == version else f"; `--upgrade` replaces it with {version}"
-        return Outcome(node_id, True, f"already enrolled at {facts.installed}, running ({facts.manager}){hint}", facts.manager)
+        return Outcome(node_id, True, f"already enrolled at {facts.installed}, running ({facts.manager}){hint}", facts.manager, where)
     if facts.free_mb is not None and facts.free_mb < MIN_FREE_MB:
-        raise EnrollError(f"disk full: {facts.free_mb} MB free under {facts.home}, enrolment needs {MIN_FREE_MB} MB")
+        raise EnrollError(f"disk full: {facts.free_mb} MB free for {facts.directory}, enrolment needs {MIN_FREE_MB} MB")
 
-    home = f"{facts.home}/.gpumedic"
-    env = credentials.node_env(node_id, f"{home}/ca.pem")
+    d = shlex.quote(facts.directory)
+    env = credentials.node_env(node_id, f"{facts.directory}/ca.pem")
     ca = credentials.ca()
     v = shlex.quote(version)
-    await _run(session, f"mkdir -p {HOME}/bin {HOME}/run {HOME}/log {HOME}/supervisor.d {HOME}/versions && chmod 700 {HOME}",
-               "making ~/.gpumedic")
-    await _write(session, f"{HOME}/versions/{v}.tar.gz", path.read_bytes(), "the artifact")
-    await _run(session, f"cd {HOME}/versions && rm -rf {v} && mkdir {v} && tar -xzf {v}.tar.gz -C {v} && rm -f {v}.tar.gz",
+    await _run(session, f"mkdir -p {d}/bin {d}/run {d}/log {d}/supervisor.d {d}/versions && chmod 700 {d}", f"making {facts.directory}")
+    await _write(session, f"{d}/versions/{v}.tar.gz", path.read_bytes(), "the artifact")
+    await _run(session, f"cd {d}/versions && rm -rf {v} && mkdir {v} && tar -xzf {v}.tar.gz -C {v} && rm -f {v}.tar.gz",
                "unpacking the artifact", timeout_s=300)
     # the sampler starts in a second or two with its bytecode compiled once here
-    await session.run(f"{shlex.quote(facts.python)} -m compileall -q -j 0 {HOME}/versions/{v}/site >/dev/null 2>&1", timeout_s=600)
-    await _write(session, f"{HOME}/node.env", env, "the node's credentials")
-    await _write(session, f"{HOME}/ca.pem", ca, "the CA")
-    await _write(session, f"{HOME}/python", f"{facts.python}\n".encode(), "the interpreter's path")
-    await _write(session, f"{HOME}/manager", f"{facts.manager}\n".encode(), "the service manager")
-    await _write(session, f"{HOME}/supervisord.conf", (NODE_FILES / "supervisord.conf").read_bytes(), "the supervisor's settings")
-    await _write(session, CONTROL, (NODE_FILES / "gpumedic-node").read_bytes(), "the control script", mode=0o700)
-    await _run(session, f"cd {HOME} && ln -sfn versions/{v} current.new && mv -T current.new current", "switching to the new version")
+    await session.run(f"{shlex.quote(facts.python)} -m compileall -q -j 0 {d}/versions/{v}/site >/dev/null 2>&1", timeout_s=600)
+    await _write(session, f"{d}/node.env", env, "the node's credentials")
+    await _write(session, f"{d}/ca.pem", ca, "the CA")
+    await _write(session, f"{d}/python", f"{facts.python}\n".encode(), "the interpreter's path")
+    await _write(session, f"{d}/manager", f"{facts.manager}\n".encode(), "the service manager")
+    await _write(session, f"{d}/supervisord.conf", (NODE_FILES / "supervisord.conf").read_bytes(), "the supervisor's settings")
+    await _write(session, control, (NODE_FILES / "gpumedic-node").read_bytes(), "the control script", mode=0o700)
+    await _run(session, f"cd {d} && ln -sfn versions/{v} current.new && mv -T current.new current", "switching to the new version")
     if facts.manager == "systemd":
-        unit = (NODE_FILES / UNIT).read_text().replace("@HOME@", facts.home).encode()
+        unit = (NODE_FILES / UNIT).read_text().replace("@DIR@", facts.directory).encode()
         await _write(session, f"/etc/systemd/system/{UNIT}", unit, "the systemd unit", mode=0o644)
         await _run(session, f"systemctl daemon-reload && systemctl enable {UNIT} >/dev/null 2>&1", "enabling the unit")
     verb = "restart" if facts.installed else "start"
-    await _run(session, f"{CONTROL} restart {PROGRAM}" if facts.installed else f"{CONTROL} start", f"{verb}ing the sampler")
-    if not await _wait_active(session):
-        raise EnrollError(f"installed {version}, but the sampler does not stay up (see {home}/log/ or journalctl -u {UNIT})")
-    await session.run(f"cd {HOME}/versions && for d in *; do [ \"$d\" = {v} ] || rm -rf \"$d\"; done")
+    await _run(session, f"{control} restart {PROGRAM}" if facts.installed else f"{control} start", f"{verb}ing the sampler")
+    if not await _wait_active(session, facts):
+        raise EnrollError(f"installed {version}, but the sampler does not stay up (see {facts.directory}/log/ or journalctl -u {UNIT})")
+    await session.run(f"cd {d}/versions && for v in *; do [ \"$v\" = {v} ] || rm -rf \"$v\"; done")
     done = f"upgraded {facts.installed} -> {version}" if facts.installed else f"enrolled {version}"
-    return Outcome(node_id, True, f"{done}; running under {facts.manager} as {facts.user}", facts.manager)
+    return Outcome(node_id, True, f"{done}; running under {facts.manager} as {facts.user} in {facts.directory}", facts.manager, where)
+
+
+def _elsewhere(facts: NodeFacts) -> str | None:
+    return None if facts.directory == f"{facts.home}/.gpumedic" else facts.directory
 
 
 async def check_node(session: NodeSession) -> Outcome:
     """What runs on the node: version, supervisor, state, since when, what the sampler cannot see."""
-    answer = await session.run(f"if [ -x {CONTROL} ]; then {CONTROL} status; else echo state=not-enrolled; fi")
+    facts = await probe(session)
+    if not facts.installed:
+        return Outcome(session.node_id, False, "not enrolled")
+    answer = await session.run(f"{facts.control} status")
     lines = [line for line in answer.stdout.splitlines() if "=" in line]
     found = dict(line.split("=", 1) for line in lines if not line.startswith("cannot="))
     cannot = [line.removeprefix("cannot=") for line in lines if line.startswith("cannot=")]
     state = found.get("state", "unknown")
-    if state == "not-enrolled":
-        return Outcome(session.node_id, False, "not enrolled")
     running = state in ("active", "RUNNING")
     line = f"{found.get('version', '?')} {state.lower()} under {found.get('manager', '?')}"
     if found.get("since"):
         line += f" since {found['since'].strip()}"
     line += "".join(f"\n    cannot see: {what}" for what in cannot)
-    return Outcome(session.node_id, running, line, found.get("manager"))
+    return Outcome(session.node_id, running, line, found.get("manager"), _elsewhere(facts))
 
 
 async def unenroll_node(session: NodeSession) -> Outcome:
     """Stop the sampler and remove everything enroll put on the node."""
     facts = await probe(session)
     script = (
-        f"if [ -x {CONTROL} ]; then {CONTROL} stop; fi; "
+        f"if [ -x {facts.control} ]; then {facts.control} stop; fi; "
         f"if [ -f /etc/systemd/system/{UNIT} ]; then rm -f /etc/systemd/system/{UNIT} && systemctl daemon-reload; fi; "
-        f"rm -rf {HOME}"
+        f"rm -rf {shlex.quote(facts.directory)}"
     )
     await _run(session, script, "removing the sampler")
     was = f"removed {facts.installed}" if facts.installed else "nothing was enrolled; nothing left"

@@ -4,8 +4,8 @@ Rented fleets mix providers, and each provider's pods differ in SSH user, port, 
 bastion in front of them, so every setting can be given for all nodes (`defaults`), for a group,
 or for one node; the most specific wins. `service_manager` says what runs the node's services,
 which `restart_unit` goes through: systemd (the default), the supervisor `gpumedic enroll` puts on
-a node without systemd (it sets this for the nodes it enrols so), or Docker (a container named
-like the unit, without `.service`). Groups and labels are what the policy's allow-lists and
+a node without systemd (it sets this for the nodes it enrols so, and `gpumedic_dir` where it put
+gpumedic elsewhere than ~/.gpumedic), or Docker (a container named like the unit, without `.service`). Groups and labels are what the policy's allow-lists and
 the protected nodes refer to (`group:lambda`, `label:role=p2p`).
 
     defaults: {user: gpumedic}
@@ -43,6 +43,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9_.:/-]{0,63}$"
 USER_PATTERN = r"^[a-z_][a-z0-9_.-]{0,31}$"
 ServiceManager = Literal["systemd", "supervisor", "docker"]
+DIR_PATTERN = r"^/[A-Za-z0-9._/-]{1,200}$"
+"""An absolute path of plain characters (and no `..`: checked beside)."""
 
 
 class InventoryError(Exception):
@@ -69,10 +71,14 @@ class _Settings(_Strict):
     key: Path | None = Field(default=None, description="Private key for this login; default: the remediator's client key.")
     jump: Hop | None = None
     service_manager: ServiceManager | None = None
+    gpumedic_dir: str | None = Field(default=None, pattern=DIR_PATTERN,
+                                     description="Where `gpumedic enroll` put gpumedic on the node; default ~/.gpumedic.")
     labels: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _label_names(self) -> _Settings:
+        if self.gpumedic_dir is not None and ".." in self.gpumedic_dir.split("/"):
+            raise ValueError(f"gpumedic_dir {self.gpumedic_dir[:64]!r}: an absolute path without '..'")
         for key, value in self.labels.items():
             if not re.match(NAME_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value):
                 raise ValueError(f"label {key[:64]!r}={value[:64]!r}: letters, digits and _.-:/ only")
@@ -109,6 +115,8 @@ class NodeAddress(BaseModel):
     """None: the remediator's client key."""
     jump: Hop | None = None
     service_manager: ServiceManager = "systemd"
+    gpumedic_dir: str | None = None
+    """None: ~/.gpumedic of the login user."""
     group: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -135,6 +143,7 @@ def _resolve(file: _InventoryFile) -> dict[str, NodeAddress]:
             key=first("key"),
             jump=first("jump"),
             service_manager=first("service_manager") or "systemd",
+            gpumedic_dir=first("gpumedic_dir"),
             group=entry.group,
             labels=labels,
         )

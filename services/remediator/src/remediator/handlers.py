@@ -313,7 +313,7 @@ class ActionHandler:
         async def node(at: str | None = None) -> AsyncIterator[Node]:
             async with self._executor.session(at or request.node_id) as session:
                 yield Node(lambda command, **stdin: run_on(session.run, command, **stdin), self._settings.verify_timeout_s, asyncio.sleep,
-                           time.monotonic, service_manager=session.address.service_manager)
+                           time.monotonic, service_manager=session.address.service_manager, gpumedic_dir=session.address.gpumedic_dir)
 
         means = Means(
             actions=self._gate.actions, node=node, request=request, step=step, admin_token=lambda: self._admin_token(request.operation),

@@ -59,6 +59,8 @@ class Node:
     steps: list[str] = field(default_factory=list)
     service_manager: str = "systemd"
     """What runs the node's services (the inventory's `service_manager`): restart_unit goes through it."""
+    gpumedic_dir: str | None = None
+    """Where `gpumedic enroll` put its supervisor on the node (None: ~/.gpumedic)."""
 
     async def run(self, command: str, *, input: str | None = None, timeout_s: float | None = None) -> CommandResult:
         """`timeout_s`: longer than the node's command timeout, for a command known to take long."""

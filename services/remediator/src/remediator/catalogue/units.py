@@ -19,7 +19,8 @@ from gpumedic_incidents.policy import HEALTH_URL, Actions
 from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, allowed_name, quoted, said, short
 
 SUPERVISED = '"$HOME"/.gpumedic/bin/gpumedic-node'
-"""The control script `gpumedic enroll` puts on a node without systemd (under the login user's home)."""
+"""The control script `gpumedic enroll` puts on a node without systemd (in the login user's home
+unless the inventory's `gpumedic_dir` says where)."""
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 REBOOT = "systemctl reboot"
 HEALTH_TIMEOUT_S = 5
@@ -36,10 +37,11 @@ def health_command(url: str) -> str:
     return f"curl -fsS -m {HEALTH_TIMEOUT_S} -o /dev/null {quoted(url)}"
 
 
-def render_restart(operation: RestartUnit, actions: Actions, manager: str = "systemd") -> tuple[str, ...]:
+def render_restart(operation: RestartUnit, actions: Actions, manager: str = "systemd", gpumedic_dir: str | None = None) -> tuple[str, ...]:
     unit = validate_unit(operation.unit, actions)
     if manager == "supervisor":
-        commands = [f"{SUPERVISED} restart {quoted(unit)}", f"{SUPERVISED} is-active {quoted(unit)}"]
+        control = f"{quoted(gpumedic_dir)}/bin/gpumedic-node" if gpumedic_dir else SUPERVISED
+        commands = [f"{control} restart {quoted(unit)}", f"{control} is-active {quoted(unit)}"]
     elif manager == "docker":
         name = quoted(unit.removesuffix(".service"))
         commands = [f"docker restart {name}", f"docker inspect --format '{{{{.State.Running}}}}' {name}"]
@@ -56,7 +58,7 @@ RUNNING = {"systemd": "active", "supervisor": "active", "docker": "true"}
 
 async def restart(operation: RestartUnit, node: Node, means: Means) -> ExecutionResult:
     manager = node.service_manager
-    restart_cmd, is_active, *health = render_restart(operation, means.actions, manager)
+    restart_cmd, is_active, *health = render_restart(operation, means.actions, manager, node.gpumedic_dir)
     unit = operation.unit
     result = await node.run(restart_cmd)
     if result.exit_status != 0:
