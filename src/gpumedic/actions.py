@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter, ValidationError
 
 from gpumedic.incidents import fmt_time
-from gpumedic.output import table, to_json
+from gpumedic.output import clip, table, to_json
 from gpumedic_events import Operation
 from gpumedic_events.redact import redact
 from gpumedic_store import ActionRecord, views
@@ -32,7 +32,7 @@ async def list_text(
         return "no actions recorded" + (f" on {node_id}" if node_id else "")
     return table(
         ["ACTION", "INCIDENT", "NODE", "DECIDED", "STATUS", "WHAT", "WHY / RESULT"],
-        [[r.action_id[:8], r.incident_id[:8], r.node_id, fmt_time(r.started_at), r.status, _what(r)[:60], " ".join(r.detail.split())[:100]]
+        [[r.action_id[:8], r.incident_id[:8], r.node_id, fmt_time(r.started_at), r.status, clip(_what(r), 60), clip(r.detail, 100)]
          for r in rows],
     )
 
@@ -63,7 +63,7 @@ async def action_text(store_url: str, id_prefix: str, *, as_json: bool = False) 
             if entry.get("output_sha256"):
                 output = f"{entry['output_sha256'][:16]} {entry.get('stdout_bytes', 0)}/{entry.get('stderr_bytes', 0)}"
             else:
-                output = entry.get("error", "")[:34]
+                output = clip(entry.get("error", ""), 34)
             lines.append(f"  {entry.get('at_ms', 0):>7.1f}ms {entry.get('took_ms', 0):>6.1f}ms {status:>4}  {output:<34} {entry.get('command', '')}")
     elif record.steps:
         lines += ["", *(f"  ran: {step}" for step in record.steps)]

@@ -58,12 +58,33 @@ def run_until_done(coro: Coroutine) -> int:
         return 1
 
 
-def _store_url(args) -> str:
-    if args.store:
-        return args.store
-    from gpumedic_store import StoreSettings
+class NoStore(Exception):
+    """A reading command found no store where it looked; the message says where and what to do."""
 
-    return StoreSettings().url
+
+def _store_url(args, *, reading: bool = True) -> str:
+    """Where every command finds the store: --store, else GPUMEDIC_STORE_URL, else the embedded
+    stack's under --var. A command that reads never creates one: a SQLite file that is not there
+    is NoStore (only `migrate` makes one)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from gpumedic_store.settings import async_url, mask_url
+
+    var = getattr(args, "var", None) or DEFAULT_VAR
+    url = async_url(getattr(args, "store", None) or os.environ.get("GPUMEDIC_STORE_URL", "").strip()
+                    or f"sqlite+aiosqlite:///{var / 'gpumedic.db'}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise NoStore(f"{mask_url(url)!r} is not a store URL (sqlite:///PATH or postgresql://USER@HOST/DB)") from None
+    if reading:
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") and not Path(parsed.database).exists():
+            given = "--store" if getattr(args, "store", None) else "GPUMEDIC_STORE_URL" if os.environ.get("GPUMEDIC_STORE_URL", "").strip() else None
+            where = f"the store {given} names" if given else f"no stack has run under {var}/"
+            raise NoStore(f"no store at {mask_url(url)} ({where}): start one with `gpumedic up --var DIR` and pass that --var, "
+                          f"or name the store with --store URL or GPUMEDIC_STORE_URL")
+    return url
 
 
 def cmd_up(args) -> int:
@@ -148,7 +169,9 @@ def cmd_incidents(args) -> int:
     if args.false_positives:
         print(asyncio.run(false_positives_text(url, as_json=args.json)))
     elif words:
-        print(asyncio.run(incident_text(url, words[0], as_json=args.json)))
+        found, text = asyncio.run(incident_text(url, words[0], as_json=args.json))
+        print(text, file=sys.stdout if found else sys.stderr)
+        return 0 if found else 1
     else:
         print(asyncio.run(list_text(url, status=args.status, limit=args.limit, as_json=args.json)))
     return 0
@@ -251,7 +274,7 @@ def cmd_migrate(args) -> int:
     from gpumedic_store import StoreSettings
     from gpumedic_store.migrate import upgrade
 
-    url = _store_url(args)
+    url = _store_url(args, reading=False)
     upgrade(url)
     print(f"migrated {StoreSettings(url=url).safe_url} to the latest revision")
     return 0
@@ -437,10 +460,9 @@ def cmd_preflight(args) -> int:
     except (OSError, TimeoutError) as exc:
         print(f"gpumedic preflight: cannot reach the bus: {exc}", file=sys.stderr)
         return 2
-    print(report.model_dump_json(indent=2) if args.json else report.summary())
-    if report.error and not report.gpus:
-        return 2
-    return 0 if report.ready else 1
+    code = 2 if report.error and not report.gpus else 0 if report.ready else 1
+    print(report.model_dump_json(indent=2) if args.json else report.summary(), file=sys.stderr if code == 2 and not args.json else sys.stdout)
+    return code
 
 
 def cmd_provision(args) -> int:
@@ -535,7 +557,7 @@ def cmd_proto(args) -> int:
 
 # --- the commands' arguments (click) ------------------------------------------------------------
 
-STORE_HELP = "store URL (default: GPUMEDIC_STORE_URL, else sqlite under ./var)"
+STORE_HELP = "store URL (default: GPUMEDIC_STORE_URL, else the embedded stack's under --var)"
 VAR_HELP = "the embedded stack's directory (default ./var)"
 PATH = click.Path(path_type=Path)
 
@@ -627,7 +649,7 @@ command(
     click.option("--node", help="only this node"),
     click.option("--incident", help="only this incident (id or its start)"),
     click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="at most this many"),
-    _store(), _json(),
+    _var(), _store(), _json(),
     description="Every request the remediator decided on (run, refused with the rule that refused it, or observed), newest "
     "first. With an action id (a prefix will do): each command it ran on the node, with exit status, a digest of its "
     "output and its timing.",
@@ -640,14 +662,14 @@ command(
     click.option("--goal-peers", type=int, help="the goal: at least this many peers answering ..."),
     click.option("--goal-hours", type=float, help="... for this many hours in a row"),
     click.option("--rows", type=click.IntRange(min=1), default=30, show_default=True, help="the last this many checks are listed"),
-    _store(), _json(),
+    _var(), _store(), _json(),
     description="leader-health's checks as kept in the store, with what the runbook computed by hand: peak and current "
     "peers, time with a leader, leader changes per hour, the longest stretch without a leader, the quorum margin, and "
     "whether a goal of N peers for H hours holds.",
 )
 command(
     "drained", cmd_drained, "the nodes gpumedic drained, which incident holds each, and since when",
-    click.option("--node", help="only this node"), _store(), _json(),
+    click.option("--node", help="only this node"), _var(), _store(), _json(),
     description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every incident "
     "holding it is fixed and its GPUs were validated on the next samples.",
 )
@@ -678,7 +700,7 @@ command(
     description="A silenced incident is still recorded, with its silence, but no action is requested for it. A silence "
     "matches every incident on its node (any node if none is given), of its kind and on its GPU.",
 )
-command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _store())
+command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _var(), _store())
 command(
     "init", cmd_init, "generate a compose deployment's secrets: .env, NATS users, TLS, per-node credentials, the console's token",
     click.option("--dir", type=PATH, default=Path("."), show_default=True, help="the directory with compose.yaml"),
@@ -761,7 +783,7 @@ command("provision", cmd_provision, "create the bus's streams, buckets and consu
 command(
     "breaker", cmd_breaker, "show or reset the remediator's fleet circuit breaker",
     click.argument("action", type=click.Choice(["status", "reset"]), default="status", required=False),
-    _by(what="who resets it (kept in the audit log)"), _store(), _json(),
+    _by(what="who resets it (kept in the audit log)"), _var(), _store(), _json(),
 )
 command(
     "dead-letters", cmd_dead_letters, "list what the services refused, and why; replay chosen ones once the cause is fixed",
@@ -800,7 +822,7 @@ def _store_failure(exc: Exception, args) -> int | None:
     from gpumedic_store.engine import unreadable
     from gpumedic_store.settings import mask_url
 
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, StoreUnavailable | NoStore):
         print(f"gpumedic: {exc}", file=sys.stderr)
         return 2
     if isinstance(exc, DBAPIError) and hasattr(args, "store"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpumedic.incidents import fmt_time
-from gpumedic.output import table, to_json
+from gpumedic.output import clip, table, to_json
 from gpumedic_store import views
 from gpumedic_store.clusterlog import ClusterSummary, Goal, summarize
 
@@ -69,7 +69,7 @@ async def log_text(
             ))
         out.append(table(
             ["CHECKED", "PEERS", "LEADER", "SUMMARY"],
-            [[fmt_time(c.checked_at), f"{c.peers_answering}/{c.peers_total}", c.leader or "-", " ".join(c.summary.split())[:110]]
+            [[fmt_time(c.checked_at), f"{c.peers_answering}/{c.peers_total}", c.leader or "-", clip(c.summary, 110)]
              for c in checks[name][-rows:]],
             indent=2, right=["PEERS"],
         ))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from nats.js.errors import NotFoundError
 
-from gpumedic.output import table, to_json
+from gpumedic.output import clip, table, to_json
 from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.streams import DEAD_LETTERS
 from gpumedic_events import EventDecodeError, MessageRejected
@@ -72,7 +72,7 @@ async def list_text(settings: NatsSettings, *, service: str | None = None, limit
     return table(
         ["SEQ", "WHEN", "SERVICE", "SUBJECT", "DELIVERIES", "BYTES", "REASON"],
         [[d.seq, d.record.occurred_at.isoformat(timespec="seconds"), d.record.service, d.record.original_subject,
-          d.record.deliveries, d.record.payload_bytes, " ".join(d.record.reason.split())[:120]] for d in letters],
+          d.record.deliveries, d.record.payload_bytes, clip(d.record.reason, 120)] for d in letters],
         right=("SEQ", "DELIVERIES", "BYTES"),
     )
 
@@ -107,7 +107,7 @@ async def replay(settings: NatsSettings, seqs: list[int]) -> tuple[bool, list[st
             ack = await js.publish(record.original_subject, record.payload.encode(), headers={"Nats-Msg-Id": f"replay:{seq}"})
             said = "already replayed" if ack.duplicate else f"stored as {ack.stream} #{ack.seq}"
             lines.append(f"dead letter {seq}: replayed to {record.original_subject} ({said}); {record.service} refused it for: "
-                         f"{' '.join(record.reason.split())[:200]}")
+                         f"{clip(record.reason, 200)}")
         return ok, lines
     finally:
         await nc.close()

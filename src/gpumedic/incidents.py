@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from gpumedic.operator_bus import SOURCE, publish
-from gpumedic.output import table, to_json
+from gpumedic.output import clip, table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentMarked
 from gpumedic_events.redact import redact
@@ -31,21 +31,22 @@ async def list_text(store_url: str, *, status: str | None = None, limit: int = 5
     return table(
         ["INCIDENT", "STATUS", "KIND", "NODE/GPU", "OPENED", "SUMMARY"],
         [[i.id[:8], i.status, i.kind, f"{i.node_id}/{i.gpu_index}" if i.gpu_index is not None else i.node_id, fmt_time(i.opened_at),
-          i.summary[:80]] for i in rows],
+          clip(i.summary, 80)] for i in rows],
     )
 
 
-async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> str:
+async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False) -> tuple[bool, str]:
+    """(found, text): one incident's page for a terminal, or what was not found."""
     async with views.store_session(store_url) as session:
         incident = await views.find_incident(session, id_prefix=id_prefix)
         if incident is None:
-            return f"no incident whose id starts with {id_prefix!r}"
+            return False, f"no incident whose id starts with {id_prefix!r}"
         timeline = await views.incident_timeline(session, incident_id=incident.id)
         spans = await views.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
         marks = await views.marks_of(session, incident_id=incident.id)
         notifications = await views.notifications_of(session, incident_id=incident.id)
     if as_json:
-        return to_json({"incident": incident, "timeline": timeline, "trace": spans, "marks": marks, "notifications": notifications})
+        return True, to_json({"incident": incident, "timeline": timeline, "trace": spans, "marks": marks, "notifications": notifications})
     lines = [
         f"incident {incident.id}  [{incident.status}{' ' + incident.resolution if incident.resolution else ''}]",
         f"  {incident.kind} on {incident.node_id}" + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else "")
@@ -76,7 +77,12 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
     if spans:
         lines += ["", f"trace {incident.trace_id}:"]
         lines += _trace_tree(spans)
-    return redact("\n".join(lines))
+    return True, redact("\n".join(lines))
+
+
+def span_status(status: str | None) -> str:
+    """OpenTelemetry's status in an operator's words: UNSET (nothing went wrong) and OK are ok."""
+    return {"UNSET": "ok", "OK": "ok", "ERROR": "failed"}.get((status or "UNSET").upper(), (status or "").lower())
 
 
 def _trace_tree(spans) -> list[str]:
@@ -90,7 +96,7 @@ def _trace_tree(spans) -> list[str]:
     def walk(parent: str | None, depth: int) -> None:
         for span in sorted(by_parent.get(parent, []), key=lambda s: s.started_at):
             ms = (span.ended_at - span.started_at).total_seconds() * 1000
-            lines.append(f"  {'  ' * depth}{span.name:<{max(8, 20 - 2 * depth)}} {span.service:<16} {ms:8.1f} ms  {span.status}")
+            lines.append(f"  {'  ' * depth}{span.name:<{max(8, 20 - 2 * depth)}} {span.service:<16} {ms:8.1f} ms  {span_status(span.status)}")
             walk(span.span_id, depth + 1)
 
     walk(None, 0)

@@ -4,7 +4,8 @@ script or `jq`.
 One JSON shape everywhere: a store row is an object of its columns, a time is ISO 8601 in UTC, a
 duration is seconds, a list is a JSON array (empty when there is nothing). Job text (command lines,
 log lines) is masked in both (`gpumedic_events.redact`), however old the row. Tables are plain text
-(no colour, no box), one row a line whatever the terminal's width, so they read well and grep well.
+(no colour, no box), one row a line: on a terminal as wide as the terminal, the widest columns
+cut with an ellipsis; into a pipe or a file whole, so they grep well. Text cut anywhere ends in "…".
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -27,15 +30,32 @@ from sqlalchemy.orm import DeclarativeBase
 from gpumedic_events.redact import redact, redact_tree
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int = 0, right: Sequence[str] = ()) -> str:
-    """`rows` under `headers`, columns as wide as their widest cell; the `right` columns aligned right."""
+ELLIPSIS = "…"
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis where it was cut."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
+
+
+def terminal_width() -> int | None:
+    """The terminal's width when stdout is one; None into a pipe or a file (nothing is cut then)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int = 0, right: Sequence[str] = (),
+          width: int | None = None) -> str:
+    """`rows` under `headers`, columns as wide as their widest cell; the `right` columns aligned right.
+    Within `width` (default: the terminal's, if stdout is one) the widest columns are cut with an ellipsis."""
+    width = width or terminal_width()
     grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     for header in headers:
-        grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
+        grid.add_column(header, justify="right" if header in right else "left", no_wrap=True, overflow="ellipsis")
     for row in rows:
         grid.add_row(*("-" if cell is None else redact(str(cell)) for cell in row))
     out = io.StringIO()
-    Console(file=out, width=100_000, no_color=True, highlight=False, emoji=False, markup=False).print(grid)
+    Console(file=out, width=(width - indent) if width else 100_000, no_color=True, highlight=False, emoji=False, markup=False).print(grid)
     return "\n".join(" " * indent + line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 
@@ -45,9 +65,14 @@ def to_json(data: Any) -> str:
     return json.dumps(redact_tree(plain), indent=2, ensure_ascii=False)
 
 
+ID_NAMES = {"incidents": "incident_id", "silences": "silence_id"}
+"""A row's id under the same name in every command's JSON (an action's is already `action_id`)."""
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, DeclarativeBase):
-        return {attr.key: getattr(value, attr.key) for attr in inspect(value).mapper.column_attrs}
+        id_name = ID_NAMES.get(value.__tablename__, "id")
+        return {id_name if attr.key == "id" else attr.key: getattr(value, attr.key) for attr in inspect(value).mapper.column_attrs}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, datetime):

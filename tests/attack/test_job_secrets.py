@@ -98,8 +98,8 @@ async def test_secrets_in_a_jobs_command_line_and_logs_are_nowhere_in_clear(nats
         await fleet.stop()
 
     for incident in incidents.values():
-        shown[f"gpumedic incidents {incident.id}"] = await incident_text(store_url, incident.id)
-        shown[f"gpumedic incidents {incident.id} --json"] = await incident_text(store_url, incident.id, as_json=True)
+        shown[f"gpumedic incidents {incident.id}"] = (await incident_text(store_url, incident.id))[1]
+        shown[f"gpumedic incidents {incident.id} --json"] = (await incident_text(store_url, incident.id, as_json=True))[1]
     shown["gpumedic incidents --json"] = await list_text(store_url, as_json=True)
     shown["gpumedic actions --json"] = await actions_text(store_url, as_json=True)
     engine = create_engine(store_url)

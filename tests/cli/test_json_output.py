@@ -38,8 +38,8 @@ def test_each_read_command_prints_json(store, capsys):
     [incident] = _json(capsys, ["incidents", "--store", store, "--json"])
     assert (incident["node_id"], incident["kind"], incident["opened_at"]) == ("gpu-node-07", "zombie_job", "2026-11-23T10:00:00+00:00")
     assert incident["evidence"] == {"idle_s": 1800}
-    one = _json(capsys, ["incidents", incident["id"][:8], "--store", store, "--json"])
-    assert one["incident"]["id"] == incident["id"] and one["timeline"] == [] and one["trace"] == []
+    one = _json(capsys, ["incidents", incident["incident_id"][:8], "--store", store, "--json"])
+    assert one["incident"]["incident_id"] == incident["incident_id"] and one["timeline"] == [] and one["trace"] == []
     [ledger] = _json(capsys, ["incidents", "--false-positives", "--store", store, "--json"])
     assert (ledger["kind"], ledger["incidents"], ledger["false_positives"]) == ("zombie_job", 1, 0)
     assert _json(capsys, ["breaker", "--store", store, "--json"]) == {"open": True, "since": "2026-11-23T10:00:00+00:00", "reason": "6 nodes in 10 min"}

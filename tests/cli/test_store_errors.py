@@ -12,6 +12,7 @@ from gpumedic_store import upgrade
 @pytest.mark.parametrize("command", [["drained"], ["actions"], ["incidents"]])
 def test_a_store_never_migrated_is_named_with_the_fix(tmp_path, capsys, command):
     url = f"sqlite+aiosqlite:///{tmp_path}/empty.db"
+    (tmp_path / "empty.db").touch()  # a file, but no tables
     assert main([*command, "--store", url]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"gpumedic: the store at {url} cannot be read: no such table") and "gpumedic migrate" in err

@@ -40,5 +40,5 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
     assert "XID 555" in incident["summary"] and incident["recommended_action"] and incident["why_a_person"]
     assert pages[0].body["link"] == f"https://gpumedic.example.org/incidents/{incident['id']}"
 
-    text = await incident_text(store_url, incident["id"][:8])
+    _, text = await incident_text(store_url, incident["id"][:8])
     assert "notified webhook: delivered" in text and "delivered to 127.0.0.1" in text

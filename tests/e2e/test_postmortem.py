@@ -55,7 +55,7 @@ async def test_each_death_is_named_by_its_cause_and_shown_with_its_evidence(nats
     assert len(rows) == 5
 
     oom = by_container[jobs[0].container_id[:12]]
-    text = await incident_text(store_url, oom.id[:8])
+    _, text = await incident_text(store_url, oom.id[:8])
     assert "container_died on sim-node-01" in text
     assert "cause: cgroup_oom (confidence 95%): it reached its memory limit: the engine says OOMKilled and the kernel's OOM killer ended pid" in text
     assert "remedy: the container reached its memory limit" in text

@@ -151,7 +151,7 @@ async def run_demo(
         await asyncio.sleep(1.5)  # let report-builder record the last events and spans
         say("[5/5] the incident as report-builder recorded it (gpumedic incidents " + str(outcome.incident_id)[:8] + "):")
         say("")
-        say(await incident_text(stack.store_url, str(outcome.incident_id)))
+        say((await incident_text(stack.store_url, str(outcome.incident_id)))[1])
         say("")
         if on_done is not None:
             await on_done(stack)

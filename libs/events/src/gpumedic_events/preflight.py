@@ -90,7 +90,7 @@ class PreflightReport(_Message):
     def summary(self) -> str:
         """Lines a person reads: the verdict, then each GPU, then what a clean did."""
         if self.error:
-            return f"{self.node_id}: NOT READY: {self.error}"
+            return f"{self.node_id}: {'could not check' if not self.gpus else 'NOT READY'}: {self.error}"
         lines = [f"{self.node_id}: {'ready' if self.ready else 'NOT READY'} ({self.took_ms:.0f} ms, check {self.check_id})"]
         for gpu in self.gpus:
             state = "ready" if gpu.ready else "not ready: " + "; ".join(gpu.problems)
