@@ -29,7 +29,6 @@ from sqlalchemy.orm import DeclarativeBase
 
 from gpumedic_events.redact import redact, redact_tree
 
-
 ELLIPSIS = "…"
 
 

@@ -17,6 +17,7 @@ from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentKind, SilenceAdded, SilenceRemoved
 from gpumedic_store import views
 
+
 async def add(
     settings: NatsSettings,
     *,
