@@ -56,6 +56,18 @@ def sampler_node_id(env: dict[str, str]) -> str:
     return env.get("GPUMEDIC_SAMPLER_NODE_ID") or os.environ.get("GPUMEDIC_SAMPLER_NODE_ID") or default_node_id()
 
 
+def nvml_problem() -> str | None:
+    """Why this machine's own sampler would see no GPU (no NVIDIA driver, say), or None when NVML answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: NVML names the reason
+        return type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
+    return None
+
+
 HEALTHY_AFTER_S = 10.0
 """A restarted process that ran this long is healthy again: its next death restarts it at once.
 A crash loop dies while starting (bad settings, no bus, a port taken); one killed now and then

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpumedic.incidents import incident_text
 from gpumedic_sim.fleet import SimFleet
-from gpumedic.stack import Stack, env_json, wind_down
+from gpumedic.stack import SERVICES, Stack, env_json, nvml_problem, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
@@ -118,8 +119,18 @@ async def run_demo(
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs (SSH and /status on loopback)")
         await fleet.start()
         stack.env = demo_env(fleet)
-        say("[3/5] starting the six services, each on its own NATS user")
-        stack.start_services()
+        if (theirs := os.environ.get("GPUMEDIC_POLICY_FILE")) and theirs != stack.env["GPUMEDIC_POLICY_FILE"]:
+            say(f"      your GPUMEDIC_POLICY_FILE ({theirs}) is set aside: the demo runs its own policy, in seconds instead of "
+                f"minutes ({stack.env['GPUMEDIC_POLICY_FILE']}); `gpumedic up` without --demo uses yours")
+        services = list(SERVICES)
+        if problem := nvml_problem():
+            # this machine is not part of the demo fleet: its sampler would only report that it has no GPU
+            services.remove("node-sampler")
+            say(f"[3/5] starting five services, each on its own NATS user; not this machine's node-sampler: it has no usable "
+                f"NVIDIA driver ({problem}), and the fleet is the simulated one")
+        else:
+            say("[3/5] starting the six services, each on its own NATS user (this machine's GPUs are sampled too)")
+        stack.start_services(services)
         await stack.wait_ready()
         stack.start_supervising()  # a nats-server or service that dies is restarted, with a line saying so
         say(f"      console: {stack.console_url} (token in {stack.console_token_file})")
