@@ -14,7 +14,10 @@
 //     NATS_CA=var/secrets/tls/ca.pem node consumer.mjs
 //
 // Settings (environment): NATS_URL, NATS_USER (observer), NATS_PASSWORD, NATS_CA (the CA file,
-// for tls:// URLs), PROTO_DIR (../../proto from here), STREAM (GPUMEDIC_INCIDENTS), DURABLE (node-example).
+// for tls:// URLs), PROTO_DIR (../../proto from here), STREAM (GPUMEDIC_INCIDENTS), DURABLE (node-example),
+// START: where a new durable begins: `new` (the default: events from now on), `all` (everything the
+// stream holds: `gpumedic up` keeps it from the stack's start) or a time (2026-11-26T09:00:00Z). A
+// durable that exists already goes on where it left off. Ctrl-C stops it within a second.
 
 import fs from "node:fs";
 import path from "node:path";
@@ -22,7 +25,7 @@ import { fileURLToPath } from "node:url";
 
 import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
-import { AckPolicy, connect } from "nats";
+import { AckPolicy, DeliverPolicy, connect } from "nats";
 
 const INCIDENTS = "gpumedic.v1.incident.>";
 const env = process.env;
@@ -61,14 +64,31 @@ try {
 } catch {
   await jsm.streams.add({ name: stream, subjects: [INCIDENTS], max_age: 7 * 24 * 3600 * 1e9 });
 }
-await jsm.consumers.add(stream, {
-  durable_name: durable,
-  ack_policy: AckPolicy.Explicit,
-  filter_subject: INCIDENTS,
-  max_deliver: 5,
-});
+// START as a deliver policy; it applies to a new durable only.
+function startPosition(start) {
+  if (start === "" || start === "new") return { deliver_policy: DeliverPolicy.New };
+  if (start === "all") return { deliver_policy: DeliverPolicy.All };
+  const when = new Date(start);
+  if (Number.isNaN(when.getTime())) {
+    console.error(`START=${JSON.stringify(start)}: use new, all or an ISO 8601 time such as 2026-11-26T09:00:00Z`);
+    process.exit(2);
+  }
+  return { deliver_policy: DeliverPolicy.StartTime, opt_start_time: when.toISOString() };
+}
+const start = env.START ?? "new";
+try {
+  await jsm.consumers.info(stream, durable);
+} catch {
+  await jsm.consumers.add(stream, {
+    durable_name: durable,
+    ack_policy: AckPolicy.Explicit,
+    filter_subject: INCIDENTS,
+    max_deliver: 5,
+    ...startPosition(start),
+  });
+}
 const consumer = await nc.jetstream().consumers.get(stream, durable);
-console.log(JSON.stringify({ ready: true, stream, durable }));
+console.log(JSON.stringify({ ready: true, stream, durable, start }));
 
 const messages = await consumer.consume();
 for (const signal of ["SIGINT", "SIGTERM"]) {
@@ -94,4 +114,4 @@ for await (const msg of messages) {
   console.log(JSON.stringify({ event, incident_id, kind, node_id, summary }));
   msg.ack();
 }
-await nc.drain();
+await nc.close(); // what was printed was acked; the rest waits in the durable for the next run

@@ -13,7 +13,10 @@ as one JSON line: what a pager, a ticket or a chat bot would start from.
         python examples/python/consumer.py
 
 Settings (environment): NATS_URL, NATS_USER (observer), NATS_PASSWORD, NATS_CA (the CA file, for
-tls:// URLs), PROTO_DIR (../../proto from here), STREAM (GPUMEDIC_INCIDENTS), DURABLE (python-example).
+tls:// URLs), PROTO_DIR (../../proto from here), STREAM (GPUMEDIC_INCIDENTS), DURABLE (python-example),
+START: where a new durable begins: `new` (the default: events from now on), `all` (everything the
+stream holds: `gpumedic up` keeps it from the stack's start) or a time (2026-11-26T09:00:00Z). A
+durable that exists already goes on where it left off. Ctrl-C stops it within a second.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import os
 import signal
 import ssl
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import nats
 from jsonschema import Draft202012Validator
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
 
 INCIDENTS = "gpumedic.v1.incident.>"
@@ -45,6 +49,19 @@ def validators(proto: Path) -> dict[str, tuple[str, Draft202012Validator]]:
     return out
 
 
+def start_position(start: str) -> dict:
+    """START as a consumer's deliver policy (and start time)."""
+    if start in ("", "new"):
+        return {"deliver_policy": DeliverPolicy.NEW}
+    if start == "all":
+        return {"deliver_policy": DeliverPolicy.ALL}
+    try:
+        when = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    except ValueError:
+        raise SystemExit(f"START={start!r}: use new, all or an ISO 8601 time such as 2026-11-26T09:00:00Z") from None
+    return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": when.isoformat().replace("+00:00", "Z")}
+
+
 async def main() -> int:
     env = os.environ
     proto = Path(env.get("PROTO_DIR", Path(__file__).resolve().parents[2] / "proto"))
@@ -59,9 +76,10 @@ async def main() -> int:
         await js.add_stream(name=stream, subjects=[INCIDENTS], max_age=7 * 24 * 3600)
     except BadRequestError:
         pass  # it exists already (made by an earlier run)
+    start = start_position(env.get("START", "new"))
     sub = await js.pull_subscribe(INCIDENTS, durable=durable, stream=stream,
-                                  config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_deliver=5))
-    print(json.dumps({"ready": True, "stream": stream, "durable": durable}), flush=True)
+                                  config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_deliver=5, **start))
+    print(json.dumps({"ready": True, "stream": stream, "durable": durable, "start": env.get("START", "new")}), flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -90,7 +108,7 @@ async def main() -> int:
                               "node_id": payload["node_id"], "summary": payload.get("summary", "")}), flush=True)
             await msg.ack()
     if not nc.is_closed:
-        await nc.drain()
+        await nc.close()  # what was printed was acked; the rest waits in the durable for the next run
     return 0
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
+from nats.js.errors import BadRequestError
 
 from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, render_accounts, write_private
 from gpumedic.natsd import NatsServer, die_with_parent
@@ -68,6 +69,8 @@ def nvml_problem() -> str | None:
     return None
 
 
+OBSERVER_STREAM = "GPUMEDIC_INCIDENTS"
+"""In the observers' account: the name gpumedic's own stream has (its publishes expect that name)."""
 HEALTHY_AFTER_S = 10.0
 """A restarted process that ran this long is healthy again: its next death restarts it at once.
 A crash loop dies while starting (bad settings, no bus, a port taken); one killed now and then
@@ -220,6 +223,14 @@ class Stack:
             await provision(js, NatsSettings(), replicas=self.replicas)
         finally:
             await nc.close()
+        # The observers' own stream of the incident events, kept from the stack's start, as the
+        # example consumers make it: one started after an incident can still read it (START=all).
+        observer = await self.connect(OBSERVER, max_reconnect_attempts=3)
+        try:
+            with contextlib.suppress(BadRequestError):  # made by an earlier start, or by a consumer
+                await observer.jetstream().add_stream(name=OBSERVER_STREAM, subjects=["gpumedic.v1.incident.>"], max_age=7 * 24 * 3600)
+        finally:
+            await observer.close()
 
     def service_env(self, service: str) -> dict[str, str]:
         """How one service reaches the bus: its own user, its password, the CA."""

@@ -1,8 +1,10 @@
 """The example consumers in examples/, as a user runs them against the embedded stack with the
 demo: each logs in as the observer, keeps its own stream and durable in the observer's account,
 validates every message against proto/schemas (Python: jsonschema; Node: Ajv with its default,
-strict options) and prints the demo incident from opened to resolved. The same stack's six services
-each serve their metrics on the port `gpumedic up` gives them."""
+strict options) and prints the demo incident from opened to resolved, whether started before it
+(new events) or after it (START=all: the stack keeps the observers' stream from its start); Ctrl-C
+stops each within a second. The same stack's services each serve their metrics on the port
+`gpumedic up` gives them."""
 
 from __future__ import annotations
 
@@ -11,14 +13,15 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpumedic_sim.demo import run_demo
-from gpumedic.stack import Stack
-from gpumedic.stack import SERVICES
+from gpumedic.stack import SERVICES, Stack, nvml_problem
 from gpumedic_bus.topology import OBSERVER
 from tests.e2e.test_metrics import scrape
 
@@ -68,19 +71,40 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
         for name, proc in procs.items():
             await asyncio.wait_for(_ready(proc, output[name]), 30)
 
+    async def start_late_consumers(stack: Stack) -> None:
+        """After the incident: from the start of the observers' stream, each on a durable of its own."""
+        settings = stack.nats_settings(OBSERVER)
+        for name, command in commands.items():
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMEDIC_", "NATS_"))} | {
+                "NATS_URL": settings.url, "NATS_USER": OBSERVER, "NATS_PASSWORD": settings.password.get_secret_value(),
+                "NATS_CA": str(settings.tls_ca_file), "START": "all", "DURABLE": f"{name}-late",
+            }
+            late = f"{name}-late"
+            output[late] = []
+            procs[late] = await asyncio.create_subprocess_exec(*command, env=env, stdout=asyncio.subprocess.PIPE,
+                                                               stderr=asyncio.subprocess.PIPE)
+            await asyncio.wait_for(_ready(procs[late], output[late]), 30)
+            await asyncio.sleep(3)  # time to read what the stream holds
+
     lines: list[str] = []
+    stopped_within: dict[str, float] = {}
     try:
-        code = await run_demo(tmp_path / "var", nodes=2, gpus=1, duration_s=120, say=lines.append, on_ready=start_consumers)
+        code = await run_demo(tmp_path / "var", nodes=2, gpus=1, duration_s=120, say=lines.append, on_ready=start_consumers,
+                              on_done=start_late_consumers)
         assert code == 0, "\n".join(lines)
     finally:
-        for proc in procs.values():
+        for proc in procs.values():  # Ctrl-C, as a person stops them
             with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+                proc.send_signal(signal.SIGINT)
     errors = {}
     for name, proc in procs.items():
+        began = time.monotonic()
         out, err = await asyncio.wait_for(proc.communicate(), 30)
+        stopped_within[name] = time.monotonic() - began
         output[name] += [json.loads(line) for line in out.decode().splitlines() if line.strip()]
         errors[name] = err.decode()
+    assert max(stopped_within.values()) < 2.0, stopped_within  # within a second, with a start-up's slack
+    assert all(proc.returncode == 0 for proc in procs.values()), {n: p.returncode for n, p in procs.items()}
     for name, got in output.items():
         events = [line for line in got if "event" in line]
         opened = [e for e in events if e["event"] == "IncidentOpened" and e["kind"] == "zombie_job"]
@@ -89,5 +113,8 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
         assert resolved, (name, got, errors[name])
         assert "invalid" not in errors[name], (name, errors[name])
     assert output["python"][1:] == output["node"][1:], "both saw the same incident events, in the same order"
-    assert set(served) == set(SERVICES), served
+    assert output["python-late"][1:] == output["python"][1:], "started after the incident, with START=all: the same events"
+    assert output["node-late"][1:] == output["node"][1:]
+    # the demo leaves out this machine's sampler when it has no GPU
+    assert set(served) == {s for s in SERVICES if s != "node-sampler" or not nvml_problem()}, served
     assert all("gpumedic_service_info" in names and "process_resident_memory_bytes" in names for names in served.values()), served
