@@ -258,3 +258,46 @@ def test_nothing_changes_until_commit():
     assert b.incidents == {}
     b.commit(transitions[0])
     assert list(b.incidents) == ["n1/zombie_job/0"]
+
+
+def test_a_step_refused_only_because_its_target_is_in_use_waits_and_asks_again_then_a_person():
+    waits = Step(action="kill_gpu_processes", attempts=1, verify_within_s=30, wait_while_in_use_s=3600, ask_again_every_s=900)
+    b = book(POLICY.model_copy(update={"kinds": Kinds(zombie_job=ZombiePolicy(ladder=(waits,)))}))
+    first = _acting(b)
+    in_use = _result(first, ActionOutcome.BLOCKED).model_copy(update={"in_use": True, "detail": "refused: GPU 0 runs compute process(es) 77"})
+    (update,) = run(b, b.on_action_completed(in_use, at(16), None))
+    assert isinstance(update, IncidentUpdated) and "waits for n1 GPU 0 to be free" in update.summary and "in 15 min" in update.summary
+    state = b.get("n1/zombie_job/0")
+    assert (state.phase, state.deadline, state.waiting_since, state.step_attempts) == ("waiting", at(16 + 900), at(16), 0)
+    assert run(b, b.on_finding(zombie(), at(500))) == []  # the fault is still there: it waits on
+    assert run(b, b.on_tick(at(16 + 899))) == []
+    (again,) = run(b, b.on_tick(at(16 + 900)))
+    assert isinstance(again, ActionRequested) and again.attempt == 2
+    # refused again and again: the wait counts from the first refusal, and ends with a person
+    asked, t = [again], at(16 + 901)
+    while True:
+        (answer,) = run(b, b.on_action_completed(in_use.model_copy(update={"action_id": asked[-1].action_id, "attempt": asked[-1].attempt}), t, None))
+        if isinstance(answer, IncidentEscalated):
+            break
+        deadline = b.get("n1/zombie_job/0").deadline
+        asked += run(b, b.on_tick(deadline))
+        t = deadline + timedelta(seconds=1)
+    assert [r.attempt for r in asked] == [2, 3, 4, 5] and b.get("n1/zombie_job/0").phase == "escalated"
+    assert t > at(16 + 3600) and "kill_gpu_processes waited 1 h for n1 GPU 0 to be free" in answer.reason
+
+
+def test_once_free_the_waiting_step_runs_and_its_attempts_are_its_own():
+    waits = Step(action="kill_gpu_processes", attempts=1, verify_within_s=30, wait_while_in_use_s=3600, ask_again_every_s=900)
+    b = book(POLICY.model_copy(update={"kinds": Kinds(zombie_job=ZombiePolicy(ladder=(waits,)))}))
+    first = _acting(b)
+    run(b, b.on_action_completed(_result(first, ActionOutcome.BLOCKED).model_copy(update={"in_use": True}), at(16), None))
+    (again,) = run(b, b.on_tick(at(16 + 900)))
+    run(b, b.on_action_completed(_result(again), at(16 + 901), None))
+    state = b.get("n1/zombie_job/0")
+    assert (state.phase, state.waiting_since, state.step_attempts) == ("verifying", None, 1)
+    (resolved,) = run(b, b.on_finding(cleared(ZOMBIE, "n1", 0), at(16 + 910)))
+    assert resolved.resolution == "fixed"
+    # a refusal for any other reason (the gate, a protected node) is a person's at once
+    b = book(POLICY.model_copy(update={"kinds": Kinds(zombie_job=ZombiePolicy(ladder=(waits,)))}))
+    (escalated,) = run(b, b.on_action_completed(_result(_acting(b), ActionOutcome.BLOCKED), at(16), None))
+    assert isinstance(escalated, IncidentEscalated) and "refused the action" in escalated.reason

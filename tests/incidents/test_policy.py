@@ -49,3 +49,14 @@ def test_broken_yaml_or_a_missing_file_is_said_plainly(tmp_path):
     path.write_text("- just a list\n")
     with pytest.raises(PolicyError, match="a policy is a mapping"):
         load_policy(path)
+
+
+def test_a_step_may_not_ask_more_often_while_its_target_is_in_use_than_an_incident_has_actions():
+    import pytest
+    from pydantic import ValidationError
+
+    from gpumedic_incidents.policy import Step
+
+    assert Step(action="gpu_reset", wait_while_in_use_s=86400, ask_again_every_s=1800).wait_while_in_use_s == 86400
+    with pytest.raises(ValidationError, match="gpu_reset would ask 1440 times while its target is in use; at most 80"):
+        Step(action="gpu_reset", wait_while_in_use_s=86400, ask_again_every_s=60)

@@ -194,14 +194,15 @@ async def test_gpu_reset_refuses_a_held_gpu_and_resets_a_free_one(sshd):
     (sshd.directory / "holders5").write_text("31337\n")
     held = await _run(sshd, GpuReset(gpu_index=5))
     assert (held.outcome, held.detail) == (ActionOutcome.BLOCKED, "refused: /dev/nvidia5 is held by pid(s) 31337; not reset")
+    assert held.in_use  # worth asking again once the holder is gone
     (sshd.directory / "holders5").unlink()
     (sshd.directory / "gpu5.apps").write_text("4242\n")
     busy = await _run(sshd, GpuReset(gpu_index=5))
-    assert busy.detail == "refused: GPU 5 runs compute process(es) 4242; not reset"
+    assert busy.detail == "refused: GPU 5 runs compute process(es) 4242; not reset" and busy.in_use
     assert not resets.exists()
     (sshd.directory / "gpu5.apps").unlink()
     done = await _run(sshd, GpuReset(gpu_index=5))
-    assert (done.outcome, done.detail) == (ActionOutcome.SUCCEEDED, "GPU 5 reset; it answers again with 0 MiB in use")
+    assert (done.outcome, done.detail, done.in_use) == (ActionOutcome.SUCCEEDED, "GPU 5 reset; it answers again with 0 MiB in use", False)
     assert resets.read_text() == "reset\n"
 
 

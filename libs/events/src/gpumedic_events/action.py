@@ -390,3 +390,8 @@ class ActionCompleted(ActionEvent):
         description="The answered request's `request_sha256`: an asker takes only the answer to its own request, "
         "not one to a forgery sent under the same action id.",
     )
+    in_use: bool = Field(
+        default=False,
+        description="Blocked only because its target is in use (a GPU reset while a process holds the GPU): asking "
+        "again once it is free may succeed. False for every other outcome and refusal.",
+    )

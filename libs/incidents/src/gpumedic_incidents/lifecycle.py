@@ -217,7 +217,10 @@ def action_completed(
         return None  # a late or repeated result for a step already taken
     if None not in (result.request_sha256, pending.request_sha256) and result.request_sha256 != pending.request_sha256:
         return None  # the answer to another request sent under this action id (a forgery): ours is still to come
-    before, state = state, state.model_copy(update={"traceparent": traceparent or state.traceparent, "pending_action": None})
+    waits = result.outcome is ActionOutcome.BLOCKED and result.in_use
+    before, state = state, state.model_copy(update={
+        "traceparent": traceparent or state.traceparent, "pending_action": None, "waiting_since": state.waiting_since if waits else None,
+    })
     if state.resolution is not None:  # after the fix: the undrain (after validation), or the job's restart
         outcome = f"{result.outcome.value}: {result.detail}"
         if state.drained:
@@ -240,6 +243,8 @@ def action_completed(
         # only validation gives it back.
         drained = result.outcome in (ActionOutcome.FAILED, ActionOutcome.INTERRUPTED)
         return _escalated(before, state.model_copy(update={"drained": drained}), now, f"the drain was {result.outcome.value}: {result.detail}")
+    if waits and step.wait_while_in_use_s:
+        return _wait_until_free(before, state, step, result, now)
     if result.outcome in (ActionOutcome.BLOCKED, ActionOutcome.OBSERVED):
         verb = "refused the action" if result.outcome is ActionOutcome.BLOCKED else "only observed it (observe mode)"
         return _escalated(before, state, now, f"the remediator {verb}: {result.detail}")
@@ -253,10 +258,30 @@ def action_completed(
     return Transition(before, after)
 
 
+def _wait_until_free(before: IncidentState, state: IncidentState, step, result: ActionCompleted, now: datetime) -> Transition:
+    """The step was refused only because its target is in use (a job still holds the drained
+    node's GPU): ask again later, for as long as the step allows, then a person."""
+    since = state.waiting_since or now
+    left = since + timedelta(seconds=step.wait_while_in_use_s) - now
+    if left <= timedelta(0):
+        waited = f"{step.wait_while_in_use_s / 3600:g} h" if step.wait_while_in_use_s >= 3600 else f"{step.wait_while_in_use_s:g}s"
+        return _escalated(before, state, now, f"{step.action} waited {waited} for {_where(state)} to be free: {result.detail}")
+    again = min(timedelta(seconds=step.ask_again_every_s), left)
+    waiting = state.model_copy(update={
+        "phase": "waiting", "waiting_since": since, "deadline": now + again,
+        "step_attempts": max(state.step_attempts - 1, 0),  # a refusal is no try: the step's attempts are for runs
+    })
+    summary = f"{step.action} waits for {_where(state)} to be free ({result.detail}); asking again in {again.total_seconds() / 60:.0f} min"
+    event = IncidentUpdated(source=state.detector, occurrences=state.occurrences, summary=summary[:1000], **_ids(state))
+    return Transition(before, waiting, (Span("update", (event,)),))
+
+
 def tick(state: IncidentState, now: datetime, *, policy: Policy, silenced: bool) -> Transition | None:
     """What time alone changes: a hold or a silence that ended, a remediator that never answered,
-    an event-reported incident that stayed quiet."""
+    a step waiting for its target to be free, an event-reported incident that stayed quiet."""
     kind = policy.of(state.kind)
+    if state.phase == "waiting" and state.deadline is not None and now >= state.deadline:
+        return _act(state, state, now, policy, f"asking again whether {_where(state)} is free for {kind.ladder[state.step].action}")
     if state.phase == "held" and not silenced and state.deadline is not None and now >= state.deadline:
         return _act(state, state, now, policy, f"{state.kind.value} on {_where(state)}")
     if state.phase == "held" and silenced:

@@ -35,6 +35,8 @@ Action = Literal[
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
 SAMPLER_UNIT = "gpumedic-node-sampler.service"
+MAX_ASKS_WHILE_IN_USE = 80
+"""An incident's actions are numbered up to 100 (ActionRequested.attempt): waiting must leave room."""
 
 HOOK_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 """The scheduler's drain hook, POSTed by the remediator: a plain URL, no user info, no query."""
@@ -88,6 +90,19 @@ class Step(_Strict):
     action: Action
     attempts: int = Field(default=1, ge=1, le=10, description="Tries at this step before the next.")
     verify_within_s: float = Field(default=60.0, gt=0, description="How long the samples may take to show it worked.")
+    wait_while_in_use_s: float = Field(
+        default=0, ge=0, le=7 * 86400,
+        description="A refusal only because the target is in use (a GPU reset while a job still holds the GPU) is asked "
+        "again every `ask_again_every_s` for this long before a person is called; 0: a person at once.",
+    )
+    ask_again_every_s: float = Field(default=900.0, ge=60, description="How often a step waiting for its target to be free asks again.")
+
+    @model_validator(mode="after")
+    def _asks_within_the_attempt_limit(self) -> Step:
+        if self.wait_while_in_use_s / self.ask_again_every_s > MAX_ASKS_WHILE_IN_USE:
+            raise ValueError(f"{self.action} would ask {self.wait_while_in_use_s / self.ask_again_every_s:.0f} times while its "
+                             f"target is in use; at most {MAX_ASKS_WHILE_IN_USE}: ask less often or wait less")
+        return self
 
 
 class KindPolicy(_Strict):
@@ -317,7 +332,7 @@ class Kinds(_Strict):
     gpu_throttled: ThrottlePolicy = ThrottlePolicy()
     ecc_errors: EccPolicy = EccPolicy(ladder=(Step(action="drain_node"),), clear_after_s=3600)
     row_remap: RowRemapPolicy = RowRemapPolicy(
-        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120))
+        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120, wait_while_in_use_s=86400, ask_again_every_s=1800))
     )
     pcie_degraded: PciePolicy = PciePolicy(clear_after_s=3600)
     nvlink_degraded: NvLinkPolicy = NvLinkPolicy(clear_after_s=3600)

@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events import Diagnosis, Evidence, IncidentKind, Operation, Severity
 
-Phase = Literal["held", "acting", "verifying", "validating", "escalated", "silenced"]
+Phase = Literal["held", "acting", "waiting", "verifying", "validating", "escalated", "silenced"]
 """held: waiting out the fleet hold before its first action; acting: an action was requested and
-no answer came yet; verifying: the action ran and the next findings will show whether it worked;
+no answer came yet; waiting: the action was refused only because its target is in use (a GPU
+reset under a running job), and is asked for again at the deadline; verifying: the action ran and
+the next findings will show whether it worked;
 validating: the fault is gone, and the node it drained waits for healthy samples before it is
 undrained; escalated: a person must look; silenced: a silence covers it, nothing is done."""
 
@@ -94,6 +96,8 @@ class IncidentState(BaseModel):
     kept only until all are published: a detector that stopped between saving the transition and
     publishing them publishes them when it resumes (their ids de-duplicate), so no incident acts
     unannounced and no action it waits for is never asked for."""
+    waiting_since: datetime | None = None
+    """When the current step was first refused because its target was in use (phase `waiting`)."""
     drained: bool = False
     """A drain_node step of its ladder succeeded: the node stays drained until this incident is
     validated and undrained (or a person steps in)."""

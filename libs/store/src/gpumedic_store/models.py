@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Float, Index, Integer, MetaData, String, Text, text
+from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, Integer, MetaData, String, Text, false, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -167,6 +167,9 @@ class ActionRecord(Base):
     )
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
+    in_use: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false(), comment="Blocked only because the target was in use (ActionCompleted.in_use)."
+    )
     steps: Mapped[list[str]] = mapped_column(default=list, comment="Commands run on the node, in order.")
     audit: Mapped[list[dict[str, Any]]] = mapped_column(
         JSON, default=list, comment="Per command run: exit status, output digest and size, start offset and duration."

@@ -190,6 +190,7 @@ class ActionHandler:
                 steps=result.steps,
                 audit=result.audit,
                 now=self._now(),
+                in_use=result.in_use,
             )
             await session.commit()
         return record
@@ -392,6 +393,7 @@ def completed_event(record: ActionRecord) -> ActionCompleted:
         detail=_clip(record.detail),
         steps=tuple(steps),
         request_sha256=record.request_sha256 or None,
+        in_use=bool(record.in_use),
     )
 
 

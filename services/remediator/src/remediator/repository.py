@@ -109,11 +109,13 @@ async def finish(
     steps: Sequence[str],
     now: datetime,
     audit: Sequence[dict] | None = None,
+    in_use: bool = False,
 ) -> ActionRecord:
     if status not in FINISHED:
         raise ValueError(f"{status!r} is not a finished action status ({', '.join(FINISHED)})")
     record.status = status
     record.detail = detail
+    record.in_use = in_use
     record.steps = list(steps)
     if audit is not None:
         record.audit = list(audit)

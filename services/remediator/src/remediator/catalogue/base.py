@@ -46,6 +46,8 @@ class ExecutionResult:
     steps: list[str] = field(default_factory=list)
     audit: list[dict] = field(default_factory=list)
     """Per command run: exit status, output digest, timing (filled in by whoever ran the commands)."""
+    in_use: bool = False
+    """Blocked only because the target is in use: asking again once it is free may succeed."""
 
 
 @dataclass
@@ -90,8 +92,8 @@ class Node:
 
         return await self.poll(check), last
 
-    def result(self, outcome: ActionOutcome, detail: str) -> ExecutionResult:
-        return ExecutionResult(outcome=outcome, detail=detail, steps=self.steps)
+    def result(self, outcome: ActionOutcome, detail: str, *, in_use: bool = False) -> ExecutionResult:
+        return ExecutionResult(outcome=outcome, detail=detail, steps=self.steps, in_use=in_use)
 
 
 def _no_node() -> AbstractAsyncContextManager[Node]:

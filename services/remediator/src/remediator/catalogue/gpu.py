@@ -51,7 +51,8 @@ async def execute(operation: GpuReset, node: Node, means: Means) -> ExecutionRes
         return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu}'s compute processes cannot be read ({said(result)})")
     pids = parse_pids(result.stdout)
     if pids:
-        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(map(str, pids))}; not reset")
+        return node.result(ActionOutcome.BLOCKED, f"refused: GPU {gpu} runs compute process(es) {', '.join(map(str, pids))}; not reset",
+                           in_use=True)
     result = await node.run(holders)
     if result.exit_status != NO_PROCESS:  # only "nobody" lets the reset go on
         held = parse_pids(result.stdout)
@@ -59,7 +60,8 @@ async def execute(operation: GpuReset, node: Node, means: Means) -> ExecutionRes
             why = f"held by pid(s) {', '.join(map(str, held))}"
         else:
             why = "in use, says fuser" if result.exit_status == 0 else f"not provably free: fuser failed ({said(result)})"
-        return node.result(ActionOutcome.BLOCKED, f"refused: /dev/nvidia{gpu} is {why}; not reset")
+        # in use: worth asking again once it is free; a fuser that fails will fail again
+        return node.result(ActionOutcome.BLOCKED, f"refused: /dev/nvidia{gpu} is {why}; not reset", in_use=result.exit_status == 0)
     result = await node.run(reset)
     if result.exit_status != 0:
         return node.result(ActionOutcome.FAILED, f"nvidia-smi --gpu-reset on GPU {gpu} failed: {said(result)}")
