@@ -138,11 +138,14 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
     assert "raise the container&#39;s memory limit" in postmortem.text
     cluster = await get("/cluster")
     assert "no leader" in cluster.text and "peer-2" in cluster.text and "<polyline" in cluster.text
+    assert "longest without a leader</dt><dd>20 min</dd>" in cluster.text and "% of 40 min</dd>" in cluster.text  # never 0:20:00
     # the latest check's per-peer table: state, role, vote, answer time, the leader's count of jobs and GPU %
     assert "<td>peer-2</td><td>ok</td><td>leader</td><td>yes</td><td>12 ms</td><td>2</td><td>3.5</td>" in cluster.text
     assert "<td>http://10.0.0.9:8770/status</td><td>blocked</td><td>-</td><td>-</td><td>3000 ms</td>" in cluster.text
     capacity = await get("/capacity")
     assert "$1.50/h now" in capacity.text and capacity.text.count("<polyline") == 4
+    assert "3 queued, 2 in progress" in capacity.text and "?" not in capacity.text.split("<h1>Capacity</h1>")[1].split("<form")[0]
+    assert "no provider is configured" not in capacity.text
     ledger = await get("/ledger")
     assert "OPEN" in ledger.text and "6 nodes needed action within 600s" in ledger.text
     assert "reset the breaker" not in ledger.text  # no session: no operation offered
@@ -362,3 +365,11 @@ async def test_cookies_are_secure_whenever_the_console_is_reached_over_https(sto
         assert all(("; secure" in c.lower()) == secure for c in cookies), cookies
     finally:
         await console.stop()
+
+
+def test_durations_read_as_a_person_says_them():
+    from report_builder.console.server import duration
+
+    assert [duration(timedelta(seconds=s)) for s in (0, 12, 90.002, 252, 3600, 5400, 90061)] == [
+        "0 s", "12 s", "1 min 30 s", "4 min 12 s", "1 h", "1 h 30 min", "1 d 1 h"]
+    assert duration(None) == "-"

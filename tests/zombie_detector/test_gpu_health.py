@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
     ActionRequested,
     ClockEventReason as R,
     GpuHealth,
@@ -22,7 +24,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy
-from tests.zombie_detector.test_rules import Detector
+from tests.zombie_detector.test_rules import Detector, at
 
 POLICY = Policy(fleet=FleetPolicy(hold_s=0))
 H200 = GpuHealth(
@@ -153,6 +155,27 @@ def test_a_pending_row_remap_drains_then_resets_the_idle_gpu():
     assert incident.kind is K.ROW_REMAP and "waits for a GPU reset" in incident.summary
     (drain,) = [e for e in events if isinstance(e, ActionRequested)]
     assert drain.operation.operation == "drain_node"
+
+
+def test_a_pending_row_remap_under_a_running_job_drains_then_waits_for_the_job_to_end():
+    det = Detector(POLICY)
+    run(det, 0, 0)
+    events = run(det, 5, 10, pending=True, dbe=1)  # busy: a job holds the GPU
+    (incident,) = opened(events)
+    assert "a job still holds the GPU" in incident.summary
+    (drain,) = [e for e in events if isinstance(e, ActionRequested)]
+    done = det._commit(det.logic.on_action_completed(ActionCompleted(
+        source="remediator", action_id=drain.action_id, incident_id=drain.incident_id, node_id="n1", attempt=1,
+        outcome=ActionOutcome.SUCCEEDED, detail="drained n1"), at(11), None))
+    (reset,) = [e for e in done if isinstance(e, ActionRequested)]
+    assert reset.operation.operation == "gpu_reset"  # offered: the remediator checks on the node
+    refused = det._commit(det.logic.on_action_completed(ActionCompleted(
+        source="remediator", action_id=reset.action_id, incident_id=reset.incident_id, node_id="n1", attempt=2,
+        outcome=ActionOutcome.BLOCKED, in_use=True, detail="refused: GPU 0 runs compute process(es) 4242; not reset"), at(12), None))
+    assert [type(e).__name__ for e in refused] == ["IncidentUpdated"] and "waits for n1 GPU 0 to be free" in refused[0].summary
+    assert not [e for e in det.events if isinstance(e, IncidentEscalated)]
+    (again,) = [e for e in det.tick(12 + 1800) if isinstance(e, ActionRequested)]
+    assert again.operation.operation == "gpu_reset" and again.attempt == 3
 
 
 def test_a_failed_remap_is_for_a_person_after_the_drain():

@@ -118,6 +118,7 @@ class Console:
         )
         self._templates.filters["when"] = _when
         self._templates.filters["ago"] = _ago
+        self._templates.filters["duration"] = duration
 
     # --- inputs from report-builder's handlers -----------------------------------------------
 
@@ -560,6 +561,19 @@ def _postmortem(incident) -> list[tuple[str, str]] | None:
 
 def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
+
+
+def duration(value: timedelta | float | None) -> str:
+    """A span of time as a person says it: 1 h 30 min, 4 min 12 s, 12 s (never 0:01:30.002000)."""
+    if value is None:
+        return "-"
+    seconds = round(value.total_seconds() if isinstance(value, timedelta) else float(value))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (secs, "s")]
+    shown = [f"{n} {unit}" for n, unit in parts if n][:2]
+    return " ".join(shown) or "0 s"
 
 
 def _ago(value: datetime | None) -> str:

@@ -13,7 +13,8 @@ the last one per GPU):
   cap the operator set is theirs: neither is a fault. Heat is gpu_thermal's.
 - ecc_errors: uncorrectable (double-bit) errors counted since the last sample, or corrected ones
   faster than `corrected_per_hour`. A first sample is the baseline (the count may be old).
-- row_remap: a row remap waits for a reset (drain, reset once nothing holds the GPU, validate), or
+- row_remap: a row remap waits for a reset (drain, reset once nothing holds the GPU: the ladder
+  waits for the job to end, validate), or
   remapping failed (drain and a person: NVIDIA's memory error documentation says the GPU needs
   service), `after_samples` samples in a row.
 - pcie_degraded: a busy GPU's link below its maximum generation or width (as its last health
@@ -319,8 +320,9 @@ class GpuHealthRule:
             },
             severity="critical" if failed else "warning",
             recommended_action=action,
-            # the reset only where it can help and nothing holds the GPU (the remediator checks again)
-            operations={} if failed or held else {"gpu_reset": GpuReset(gpu_index=gpu.index)},
+            # the reset only where it can help; while a job holds the GPU the remediator refuses it as
+            # in use (it checks on the node), and the ladder asks again until the job has ended
+            operations={} if failed else {"gpu_reset": GpuReset(gpu_index=gpu.index)},
         )
 
     def _pcie(self, node_id: str, gpu: GpuSample, health: GpuHealth, state: _Gpu, now: datetime, findings: list[Finding]) -> None:
