@@ -470,3 +470,25 @@ def test_write_bytes_of_ones_own_process_from_the_real_proc(tmp_path):
         f.write(b"x" * 65536)
     after = table.describe(os.getpid()).write_bytes
     assert before is not None and after >= before
+
+
+def test_a_process_user_and_cgroup_are_read_again_only_after_a_while_its_command_every_time(tmp_path, monkeypatch):
+    from node_sampler import procs
+
+    root = fake_root(tmp_path)
+    entry = fake_proc(root, 77, argv=("sh", "-c", "python train.py"), cgroup="0::/user.slice/session-1.scope\n")
+    table = ProcFsTable(root)
+    first = table.describe(77)
+    assert (first.command, first.cgroup) == ("sh -c python train.py", "/user.slice/session-1.scope")
+    # the shell execs python (same pid, same start) and the process is moved to a container's cgroup
+    (entry / "cmdline").write_bytes(b"python\0train.py\0")
+    (entry / "cgroup").write_text(f"0::/system.slice/docker-{DOCKER_ID}.scope\n")
+    second = table.describe(77)
+    assert (second.command, second.cgroup) == ("python train.py", "/user.slice/session-1.scope")  # the command at once
+    clock = time.monotonic()
+    monkeypatch.setattr(procs.time, "monotonic", lambda: clock + procs.OWNER_TTL_S)
+    assert table.describe(77).container_id == DOCKER_ID  # the cgroup after the while
+    # a new process under a reused pid is read afresh
+    (entry / "stat").write_text(stat_text(77, "python", 9999))
+    (entry / "cgroup").write_text("0::/user.slice/session-2.scope\n")
+    assert table.describe(77).cgroup == "/user.slice/session-2.scope"

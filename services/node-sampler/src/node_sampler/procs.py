@@ -15,12 +15,16 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 STAT_STARTTIME_FIELD = 22
+OWNER_TTL_S = 60.0
+"""How long a process's user and cgroup, once read, are taken as they were."""
+MAX_OWNERS = 4096
 """1-based field number of `starttime` in /proc/PID/stat (see proc(5))."""
 
 
@@ -194,6 +198,10 @@ class ProcFsTable:
         self._boot_time_read = boot_time is not None
         self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
         self._users: dict[int, str] = {}
+        self._owners: dict[tuple[int, int | None], tuple[float, str, str]] = {}
+        """(pid, start ticks) -> (read at, user, cgroup): a process keeps its user and cgroup (an
+        exec keeps both; its command line is read every time), so status and cgroup are read again
+        only after OWNER_TTL_S: 2 of the 5 files per GPU process and sample."""
 
     def describe(self, pid: int, errors: list[str] | None = None) -> ProcessInfo | None:
         base = f"{self._root}/{pid}"
@@ -210,20 +218,7 @@ class ProcFsTable:
         start_ticks = parse_start_ticks(stat)
         if start_ticks is None:
             _note(errors, f"pid {pid}: malformed stat line")
-        user = ""
-        status = self._read_more(pid, base, "status", errors)
-        if status is not None:
-            uid = parse_uid(status)
-            if uid is None:
-                _note(errors, f"pid {pid}: malformed status (no Uid line)")
-            else:
-                user = self._user(uid)
-        cgroup = ""
-        text = self._read_more(pid, base, "cgroup", errors)
-        if text is not None:
-            cgroup = parse_cgroup(text)
-            if not cgroup:
-                _note(errors, f"pid {pid}: malformed cgroup file")
+        user, cgroup = self._owner(pid, start_ticks, base, errors)
         return ProcessInfo(
             pid=pid,
             start_ticks=start_ticks,
@@ -234,6 +229,33 @@ class ProcFsTable:
             started_at=self._started_at(start_ticks, errors),
             write_bytes=self._write_bytes(base),
         )
+
+    def _owner(self, pid: int, start_ticks: int | None, base: str, errors: list[str] | None) -> tuple[str, str]:
+        """The process's user and cgroup, read again after OWNER_TTL_S (only what read cleanly is kept)."""
+        now = time.monotonic()
+        known = self._owners.get((pid, start_ticks))
+        if known is not None and now - known[0] < OWNER_TTL_S:
+            return known[1], known[2]
+        user, cgroup = "", ""
+        status = self._read_more(pid, base, "status", errors)
+        if status is not None:
+            uid = parse_uid(status)
+            if uid is None:
+                _note(errors, f"pid {pid}: malformed status (no Uid line)")
+            else:
+                user = self._user(uid)
+        text = self._read_more(pid, base, "cgroup", errors)
+        if text is not None:
+            cgroup = parse_cgroup(text)
+            if not cgroup:
+                _note(errors, f"pid {pid}: malformed cgroup file")
+        clean = status is not None and text is not None and bool(user) and bool(cgroup)
+        if clean and start_ticks is not None:
+            if len(self._owners) >= MAX_OWNERS:  # processes come and go: forget the oldest reads
+                for key, _ in sorted(self._owners.items(), key=lambda item: item[1][0])[: MAX_OWNERS // 2]:
+                    del self._owners[key]
+            self._owners[(pid, start_ticks)] = (now, user, cgroup)
+        return user, cgroup
 
     @staticmethod
     def _write_bytes(base: str) -> int | None:
