@@ -111,8 +111,9 @@ async def test_a_pod_is_enrolled_through_a_jump_host_healed_through_its_supervis
         assert "supervisord" in " ".join(pod.processes())
 
         # 3. an upgrade: the new version beside the old, one restart, no gap longer than one interval
-        newer, version = await asyncio.to_thread(build_artifact, Platform.of("x86_64", "3.11", "glibc-2.36"), var / "enroll",
-                                                  label="the next release")
+        machine, python, libc = pod.sh("uname -m; python3 -c 'import platform, sys; print(\"%d.%d\" % sys.version_info[:2]); "
+                                       "print(\"%s-%s\" % platform.libc_ver())'").split()
+        newer, version = await asyncio.to_thread(build_artifact, Platform.of(machine, python, libc), var / "enroll", label="the next release")
         started = time.monotonic()
         upgraded = await asyncio.to_thread(_gpumedic, "enroll", "--upgrade", "--artifact", str(newer), "--node", NODE, "--var", str(var))
         assert upgraded.returncode == 0 and f"-> {version}" in upgraded.stdout, upgraded.stdout + upgraded.stderr
