@@ -115,3 +115,4 @@ for await (const msg of messages) {
   msg.ack();
 }
 await nc.close(); // what was printed was acked; the rest waits in the durable for the next run
+process.exit(0); // no timer of the client's may keep the process after Ctrl-C

@@ -93,17 +93,23 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
                               on_done=start_late_consumers)
         assert code == 0, "\n".join(lines)
     finally:
+        interrupted = time.monotonic()
         for proc in procs.values():  # Ctrl-C, as a person stops them
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGINT)
+
+    async def stopped(name: str, proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+        out = await proc.communicate()  # reads both pipes while it waits for the exit
+        stopped_within[name] = time.monotonic() - interrupted
+        return out
+
+    done = await asyncio.wait_for(asyncio.gather(*(stopped(name, proc) for name, proc in procs.items())), 30)
     errors = {}
-    for name, proc in procs.items():
-        began = time.monotonic()
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
-        stopped_within[name] = time.monotonic() - began
+    for (name, proc), (out, err) in zip(procs.items(), done):
         output[name] += [json.loads(line) for line in out.decode().splitlines() if line.strip()]
         errors[name] = err.decode()
-    assert max(stopped_within.values()) < 2.0, stopped_within  # within a second, with a start-up's slack
+    # within a second on a quiet machine; make test runs six workers on two cores (the fault was 30 s)
+    assert max(stopped_within.values()) < 5.0, stopped_within
     assert all(proc.returncode == 0 for proc in procs.values()), {n: p.returncode for n, p in procs.items()}
     for name, got in output.items():
         events = [line for line in got if "event" in line]
