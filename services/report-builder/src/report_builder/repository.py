@@ -233,14 +233,14 @@ async def record_silence(session: AsyncSession, *, event: SilenceAdded | Silence
 
 
 async def mark_false_positive(session: AsyncSession, *, incident_id: str, reason: str, by: str, now: datetime) -> IncidentMark:
-    """An operator's verdict that an incident was a false positive (marking again updates the reason)."""
+    """An operator's verdict that an incident was a false positive (marking again updates the reason).
+    One statement, so two marks of one incident handled at once cannot both insert."""
     uuid.UUID(incident_id)
-    mark = await session.get(IncidentMark, (incident_id, "false_positive"))
-    if mark is None:
-        mark = IncidentMark(incident_id=incident_id, verdict="false_positive")
-        session.add(mark)
-    mark.reason, mark.marked_by, mark.marked_at = reason, by, now
-    await session.flush()
+    values = {"reason": reason, "marked_by": by, "marked_at": now}
+    stmt = _insert(session, IncidentMark).values(incident_id=incident_id, verdict="false_positive", **values)
+    await session.execute(stmt.on_conflict_do_update(index_elements=["incident_id", "verdict"], set_=values))
+    mark = await session.get(IncidentMark, (incident_id, "false_positive"), populate_existing=True)
+    assert mark is not None
     return mark
 
 
