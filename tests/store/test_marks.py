@@ -7,10 +7,10 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from report_builder import repository
 from sqlalchemy import select
 
 from gpumedic_store.models import IncidentMark
+from report_builder import repository
 
 NOW = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
 
