@@ -325,7 +325,8 @@ class Kinds(_Strict):
         action_timeout_s=900.0,
     )
     gpu_xid: XidPolicy = XidPolicy(
-        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120)), clear_after_s=3600
+        ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=120, wait_while_in_use_s=86400, ask_again_every_s=1800)),
+        clear_after_s=3600,
     )
     gpu_lost: KindPolicy = KindPolicy(ladder=(Step(action="drain_node"),), clear_after_s=600)
     gpu_thermal: ThermalPolicy = ThermalPolicy()
