@@ -44,6 +44,12 @@ def test_the_node_answers_decide_the_supervisor_and_a_node_without_python_says_s
     assert NodeFacts.parse(answer + "installed=0.1.0+abc\n").installed == "0.1.0+abc"
     with pytest.raises(EnrollError, match=r"no python3 on the node \(install python3, 3.11 or newer\)"):
         NodeFacts.parse(answer.replace("python=/usr/bin/python3", "python="))
+    # what a node answers goes into commands, a unit file and the inventory: plain paths only
+    with pytest.raises(EnrollError, match=r"the node's home '/root/\$\(id\)' is not a plain absolute path; not enrolled"):
+        NodeFacts.parse(answer.replace("home=/root", "home=/root/$(id)"))
+    with pytest.raises(EnrollError, match="the node's home 'relative' is not a plain absolute path"):
+        NodeFacts.parse(answer.replace("home=/root", "home=relative"))
+    assert NodeFacts.parse(answer.replace("uid=0", "uid=zero")).manager == "supervisor"  # a garbled uid is no root
 
 
 def test_the_node_gets_its_own_credentials_with_the_ca_where_enroll_puts_it(tmp_path):

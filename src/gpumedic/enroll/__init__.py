@@ -37,6 +37,7 @@ PROGRAM = "gpumedic-node-sampler"
 MIN_FREE_MB = 200
 STARTED_WITHIN_S = 30.0
 ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/+-]{0,200}$")
 
 PROBE = r"""
 echo "home=$HOME"
@@ -95,9 +96,12 @@ class NodeFacts:
         found = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
         if not found.get("python"):
             raise EnrollError("no python3 on the node (install python3, 3.11 or newer)")
-        free = found.get("free_kb", "")
+        for key in ("home", "dir", "workspace", "python"):  # they go into commands, a unit file and the inventory
+            if found.get(key) and not PLAIN_PATH.match(found[key]):
+                raise EnrollError(f"the node's {key} {found[key][:80]!r} is not a plain absolute path; not enrolled")
+        free, uid = found.get("free_kb", ""), found.get("uid", "")
         return cls(
-            home=found.get("home", ""), user=found.get("user", ""), uid=int(found.get("uid") or -1),
+            home=found.get("home", ""), user=found.get("user", ""), uid=int(uid) if uid.isdigit() else -1,
             machine=found.get("machine", ""), python=found["python"], python_version=found.get("pyver", ""),
             libc=found.get("libc", ""), systemd=found.get("systemd") == "yes",
             free_mb=int(free) // 1024 if free.isdigit() else None, installed=found.get("installed") or None,
