@@ -80,11 +80,6 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
     return True, redact("\n".join(lines))
 
 
-def span_status(status: str | None) -> str:
-    """OpenTelemetry's status in an operator's words: UNSET (nothing went wrong) and OK are ok."""
-    return {"UNSET": "ok", "OK": "ok", "ERROR": "failed"}.get((status or "UNSET").upper(), (status or "").lower())
-
-
 def _trace_tree(spans) -> list[str]:
     by_parent: dict[str | None, list] = {}
     ids = {s.span_id for s in spans}
@@ -96,7 +91,7 @@ def _trace_tree(spans) -> list[str]:
     def walk(parent: str | None, depth: int) -> None:
         for span in sorted(by_parent.get(parent, []), key=lambda s: s.started_at):
             ms = (span.ended_at - span.started_at).total_seconds() * 1000
-            lines.append(f"  {'  ' * depth}{span.name:<{max(8, 20 - 2 * depth)}} {span.service:<16} {ms:8.1f} ms  {span_status(span.status)}")
+            lines.append(f"  {'  ' * depth}{span.name:<{max(8, 20 - 2 * depth)}} {span.service:<16} {ms:8.1f} ms  {views.span_status(span.status)}")
             walk(span.span_id, depth + 1)
 
     walk(None, 0)

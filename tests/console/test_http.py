@@ -133,6 +133,10 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
     for text in ("kill -TERM 4242", "killed pid 4242", "GPU idle with a job", "kill_gpu_processes · remediator", TRACE):
         assert text in page.text
     assert page.text.count("<rect") == 2  # the waterfall: one bar per span
+    # a time axis with five ticks, every bar at least 4 px wide, each span's attributes a click away
+    assert page.text.count('<line class="grid"') == 5 and re.search(r'class="axis"[^>]*>0\.0 ms<', page.text)
+    assert all(float(w) >= 4 for w in re.findall(r'<rect [^>]*width="([0-9.]+)"', page.text))
+    assert page.text.count('<details class="span-detail">') == 2 and "UNSET" not in page.text
     postmortem = await get(f"/incidents/{died.incident_id}")
     assert "Container post-mortem" in postmortem.text and "cgroup oom (90% sure)" in postmortem.text
     assert "raise the container&#39;s memory limit" in postmortem.text

@@ -43,6 +43,10 @@ async def store_session(url: str) -> AsyncIterator[AsyncSession]:
         await engine.dispose()
 
 
+def span_status(status: str | None) -> str:
+    """A kept span's OpenTelemetry status in an operator's words: UNSET (nothing went wrong) and OK are ok."""
+    return {"UNSET": "ok", "OK": "ok", "ERROR": "failed"}.get((status or "UNSET").upper(), (status or "").lower())
+
 # --- incidents ------------------------------------------------------------------------------------
 
 

@@ -119,6 +119,7 @@ class Console:
         self._templates.filters["when"] = _when
         self._templates.filters["ago"] = _ago
         self._templates.filters["duration"] = duration
+        self._templates.filters["span_status"] = read.span_status
 
     # --- inputs from report-builder's handlers -----------------------------------------------
 
