@@ -72,16 +72,17 @@ def _store_url(args, *, reading: bool = True) -> str:
     from gpumedic_store.settings import async_url, mask_url
 
     var = getattr(args, "var", None) or DEFAULT_VAR
-    url = async_url(getattr(args, "store", None) or os.environ.get("GPUMEDIC_STORE_URL", "").strip()
-                    or f"sqlite+aiosqlite:///{var / 'gpumedic.db'}")
+    given = getattr(args, "store", None)
+    named = os.environ.get("GPUMEDIC_STORE_URL", "").strip()
+    url = async_url(given or named or f"sqlite+aiosqlite:///{var / 'gpumedic.db'}")
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise NoStore(f"{mask_url(url)!r} is not a store URL (sqlite:///PATH or postgresql://USER@HOST/DB)") from None
     if reading:
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") and not Path(parsed.database).exists():
-            given = "--store" if getattr(args, "store", None) else "GPUMEDIC_STORE_URL" if os.environ.get("GPUMEDIC_STORE_URL", "").strip() else None
-            where = f"the store {given} names" if given else f"no stack has run under {var}/"
+            where = ("the store --store names" if given else "the store GPUMEDIC_STORE_URL names" if named
+                     else f"no stack has run under {var}/")
             raise NoStore(f"no store at {mask_url(url)} ({where}): start one with `gpumedic up --var DIR` and pass that --var, "
                           f"or name the store with --store URL or GPUMEDIC_STORE_URL")
     return url
@@ -359,12 +360,12 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
     for outcome in outcomes:
         print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {outcome.line}")
     if not getattr(args, "check", False):  # the remediator restarts a node's services through what enroll started them under
+        defaults = {"service_manager": "systemd", "gpumedic_dir": None}  # what a node's entry without the key means
         for outcome in (o for o in outcomes if o.ok):
             supervised = outcome.manager == "supervisor" and not remove
             wanted = {"service_manager": "supervisor" if supervised else None, "gpumedic_dir": outcome.directory if supervised else None}
-            address = known[outcome.node_id]
             for key, value in wanted.items():
-                if getattr(address, key) == (value or ("systemd" if key == "service_manager" else None)):
+                if getattr(known[outcome.node_id], key) == (value or defaults[key]):
                     continue
                 try:
                     set_node_setting(inventory, outcome.node_id, key, value)
@@ -755,7 +756,8 @@ command(
     click.option("--artifact", type=PATH, help="a node artifact built before (default: built here for each node's platform, kept in VAR/enroll)"),
     description="Over the remediator's SSH (the inventory's user, port, key and jump host; host keys checked), puts one artifact "
     "on each node, built here from uv.lock for the node's CPU, python3 (3.11+) and glibc: node-sampler, what it imports and a "
-    "supervisor, under ~/.gpumedic of the login user, with the node's own NATS credentials and the CA (mode 0600). Root on a "
+    "supervisor, under /workspace/.gpumedic (a pod's volume, kept across its restarts) or ~/.gpumedic of the login user, with "
+    "the node's own NATS credentials and the CA (mode 0600). Root on a "
     "systemd host: a systemd unit; otherwise (rented pods) the carried supervisord, and the inventory records "
     "service_manager: supervisor so the remediator restarts it through that. Idempotent. Exit 1 if a node failed.",
 )

@@ -50,6 +50,14 @@ def write_private(path: Path, data: str | bytes) -> None:
         out.write(data.encode() if isinstance(data, str) else data)
 
 
+def node_env(node_id: str, *, url: str, user: str, password: str, ca_file: str, header: str = "") -> str:
+    """A GPU node's env file: its node id, the bus's address, its own NATS user and the CA's path on it."""
+    return header + "".join(f"{key}={value}\n" for key, value in {
+        "GPUMEDIC_SAMPLER_NODE_ID": node_id, "GPUMEDIC_NATS_URL": url, "GPUMEDIC_NATS_USER": user,
+        "GPUMEDIC_NATS_PASSWORD": password, "GPUMEDIC_NATS_TLS_CA_FILE": ca_file,
+    }.items())
+
+
 def load_or_create_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
     """The passwords kept in `path` (JSON), with a new one for every user that has none yet."""
     known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}

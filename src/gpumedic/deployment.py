@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpumedic.credentials import TlsFiles, ensure_tls, new_password, render_accounts, write_private
+from gpumedic.credentials import TlsFiles, ensure_tls, new_password, node_env, render_accounts, write_private
 from gpumedic_bus.settings import PLACEHOLDER_PASSWORDS
 from gpumedic_bus.topology import CONTROL_USERS, node_user
 from gpumedic_events import NodeId
@@ -159,15 +159,10 @@ def init_deployment(root: Path, *, nodes: Iterable[str] = (), nats_hosts: Iterab
             password = new_password()
             done.append(f"{path}: credentials for node {node} (copy it to that node)")
         passwords[node_user(node)] = password
-        write_private(
-            path,
-            f"# gpumedic node-sampler on {node}: copy to that node, with deploy/secrets/tls/ca.pem at {CA_IN_NODE}\n"
-            f"GPUMEDIC_SAMPLER_NODE_ID={node}\n"
-            f"GPUMEDIC_NATS_URL={existing.get('GPUMEDIC_NATS_URL') or f'tls://{url_host}:{NATS_PORT}'}\n"
-            f"GPUMEDIC_NATS_USER={node_user(node)}\n"
-            f"GPUMEDIC_NATS_PASSWORD={password}\n"
-            f"GPUMEDIC_NATS_TLS_CA_FILE={CA_IN_NODE}\n",
-        )
+        write_private(path, node_env(
+            node, url=existing.get("GPUMEDIC_NATS_URL") or f"tls://{url_host}:{NATS_PORT}", user=node_user(node), password=password,
+            ca_file=CA_IN_NODE, header=f"# gpumedic node-sampler on {node}: copy to that node, with deploy/secrets/tls/ca.pem at {CA_IN_NODE}\n",
+        ))
 
     write_private(deploy.accounts, render_accounts(passwords))
     done.append(f"{deploy.accounts}: {len(passwords)} NATS users ({len(nodes)} node(s))")

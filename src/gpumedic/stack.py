@@ -24,10 +24,11 @@ from pathlib import Path
 import nats
 from nats.js.errors import BadRequestError
 
-from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, render_accounts, write_private
+from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, node_env, render_accounts, write_private
 from gpumedic.natsd import NatsServer, die_with_parent
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.provision import wait_for_jetstream
+from gpumedic_bus.streams import INCIDENTS
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import NodeSampled, ServiceHeartbeat
 
@@ -69,8 +70,6 @@ def nvml_problem() -> str | None:
     return None
 
 
-OBSERVER_STREAM = "GPUMEDIC_INCIDENTS"
-"""In the observers' account: the name gpumedic's own stream has (its publishes expect that name)."""
 HEALTHY_AFTER_S = 10.0
 """A restarted process that ran this long is healthy again: its next death restarts it at once.
 A crash loop dies while starting (bad settings, no bus, a port taken); one killed now and then
@@ -171,10 +170,8 @@ class Stack:
             server.start()
         url = ",".join(server.url for server in self.servers)
         for node in nodes:
-            write_private(self.secrets / "nodes" / f"{node}.env", "".join(f"{key}={value}\n" for key, value in {
-                "GPUMEDIC_SAMPLER_NODE_ID": node, "GPUMEDIC_NATS_URL": url, "GPUMEDIC_NATS_USER": node_user(node),
-                "GPUMEDIC_NATS_PASSWORD": self.passwords[node_user(node)], "GPUMEDIC_NATS_TLS_CA_FILE": str(self.tls.ca.resolve()),
-            }.items()))
+            write_private(self.secrets / "nodes" / f"{node}.env", node_env(
+                node, url=url, user=node_user(node), password=self.passwords[node_user(node)], ca_file=str(self.tls.ca.resolve())))
         shape = f"a cluster of {cluster} nats-servers, streams on {self.replicas}" if cluster > 1 else "nats-server"
         self.say(f"  {shape} with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
         return url
@@ -225,10 +222,11 @@ class Stack:
             await nc.close()
         # The observers' own stream of the incident events, kept from the stack's start, as the
         # example consumers make it: one started after an incident can still read it (START=all).
+        # It has the name of gpumedic's own, which the publishes' expected-stream header names.
         observer = await self.connect(OBSERVER, max_reconnect_attempts=3)
         try:
             with contextlib.suppress(BadRequestError):  # made by an earlier start, or by a consumer
-                await observer.jetstream().add_stream(name=OBSERVER_STREAM, subjects=["gpumedic.v1.incident.>"], max_age=7 * 24 * 3600)
+                await observer.jetstream().add_stream(name=INCIDENTS.name, subjects=["gpumedic.v1.incident.>"], max_age=7 * 24 * 3600)
         finally:
             await observer.close()
 

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpumedic.deployment import read_env
 from gpumedic.enroll.artifact import NODE_FILES, ArtifactError, Platform, artifact_version, build_artifact
 from gpumedic_nodes.inventory import InventoryError
 from gpumedic_nodes.ssh import NodeError, NodeSession, SshExecutor
@@ -36,7 +37,6 @@ UNIT = "gpumedic-node-sampler.service"
 PROGRAM = "gpumedic-node-sampler"
 MIN_FREE_MB = 200
 STARTED_WITHIN_S = 30.0
-ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/+-]{0,200}$")
 
 PROBE = r"""
@@ -127,7 +127,6 @@ class Artifacts:
 
     cache: Path
     given: Path | None = None
-    label: str = ""
     _built: dict[Platform, tuple[Path, str]] = field(default_factory=dict)
     _locks: dict[Platform, asyncio.Lock] = field(default_factory=dict)
 
@@ -136,7 +135,7 @@ class Artifacts:
             return self.given, artifact_version(self.given)
         async with self._locks.setdefault(platform, asyncio.Lock()):
             if platform not in self._built:
-                self._built[platform] = await asyncio.to_thread(build_artifact, platform, self.cache, label=self.label)
+                self._built[platform] = await asyncio.to_thread(build_artifact, platform, self.cache)
             return self._built[platform]
 
 
@@ -152,19 +151,17 @@ class Credentials:
     def node_env(self, node_id: str, ca_path: str) -> bytes:
         path = self.secrets / "nodes" / f"{node_id}.env"
         try:
-            text = path.read_text()
+            rows = read_env(path) if path.is_file() else None
         except OSError as exc:
-            raise EnrollError(f"no credentials for it: {path} cannot be read ({exc.strerror or exc}); "
-                              f"`gpumedic init --node {node_id}` writes them") from None
-        values: dict[str, str] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep or not ENV_KEY.match(key.strip()):
+            rows, why = None, exc.strerror or str(exc)
+        else:
+            why = "no such file"
+        if rows is None:
+            raise EnrollError(f"no credentials for it: {path} cannot be read ({why}); `gpumedic init --node {node_id}` writes them")
+        for number, (key, _, line) in enumerate(rows, 1):
+            if not key and line.strip() and not line.lstrip().startswith("#"):
                 raise EnrollError(f"{path} line {number} is not KEY=VALUE")
-            values[key.strip()] = value.strip()
+        values = {key: value or "" for key, value, _ in rows if key}
         values["GPUMEDIC_NATS_TLS_CA_FILE"] = ca_path
         if self.nats_url:
             values["GPUMEDIC_NATS_URL"] = self.nats_url
@@ -181,7 +178,7 @@ class Credentials:
             raise EnrollError(f"the CA {path} cannot be read ({exc.strerror or exc})") from None
 
 
-def failure_line(exc: BaseException, user: str | None = None) -> str:
+def failure_line(exc: BaseException) -> str:
     """Why a node failed, in one line: the causes an operator acts on named plainly."""
     if isinstance(exc, NodeError):
         if exc.code == "host_key_changed":

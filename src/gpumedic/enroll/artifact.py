@@ -119,7 +119,7 @@ def _sources_digest(directories: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def artifact_key(platform: Platform, *, label: str = "") -> str:
+def artifact_key(*, label: str = "") -> str:
     """The artifact's version: the sampler's own, then a digest of its sources, the pins, the
     node files and `label` (so an upgrade is any change of what would run on the node)."""
     sources = [_source_dir(name) for name in WORKSPACE_PACKAGES]
@@ -137,7 +137,7 @@ def _pip(*args: str, cwd: Path) -> None:
 
 def build_artifact(platform: Platform, cache: Path, *, label: str = "") -> tuple[Path, str]:
     """(path, version) of the artifact for `platform`, built into `cache` unless already there."""
-    version = artifact_key(platform, label=label)
+    version = artifact_key(label=label)
     path = cache / f"gpumedic-node-{version.replace('+', '-')}-{platform.tag}.tar.gz"
     if path.exists():
         return path, version

@@ -48,7 +48,7 @@ from gpumedic_events import (
     UndrainNode,
     action_id_for,
 )
-from gpumedic_incidents.policy import Policy
+from gpumedic_incidents.policy import Policy, Step
 from gpumedic_incidents.state import Finding, IncidentState, PendingAction, operation_digest
 
 SpanName = Literal["detect", "decide", "verify", "update"]
@@ -258,7 +258,7 @@ def action_completed(
     return Transition(before, after)
 
 
-def _wait_until_free(before: IncidentState, state: IncidentState, step, result: ActionCompleted, now: datetime) -> Transition:
+def _wait_until_free(before: IncidentState, state: IncidentState, step: Step, result: ActionCompleted, now: datetime) -> Transition:
     """The step was refused only because its target is in use (a job still holds the drained
     node's GPU): ask again later, for as long as the step allows, then a person."""
     since = state.waiting_since or now

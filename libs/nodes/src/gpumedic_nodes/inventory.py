@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpumedic_events.base import SubjectToken
 
@@ -75,10 +75,15 @@ class _Settings(_Strict):
                                      description="Where `gpumedic enroll` put gpumedic on the node; default ~/.gpumedic.")
     labels: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("gpumedic_dir")
+    @classmethod
+    def _no_way_up(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("/"):
+            raise ValueError(f"gpumedic_dir {value[:64]!r}: an absolute path without '..'")
+        return value
+
     @model_validator(mode="after")
     def _label_names(self) -> _Settings:
-        if self.gpumedic_dir is not None and ".." in self.gpumedic_dir.split("/"):
-            raise ValueError(f"gpumedic_dir {self.gpumedic_dir[:64]!r}: an absolute path without '..'")
         for key, value in self.labels.items():
             if not re.match(NAME_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value):
                 raise ValueError(f"label {key[:64]!r}={value[:64]!r}: letters, digits and _.-:/ only")
