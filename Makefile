@@ -27,9 +27,10 @@ $(UV):
 
 # Bytecode is compiled once here: services restart under supervision (and tests start hundreds of
 # processes) where PYTHONDONTWRITEBYTECODE is set, and compiling every import again costs seconds each.
-$(VENV)/.installed: $(UV) $(MANIFESTS)
+$(VENV)/.installed: $(UV) $(MANIFESTS) services/report-builder/vendor_assets.py
 	$(UV) sync --all-packages --frozen --compile-bytecode --python "$$(command -v $(PYTHON))"
 	$(PY) -m compileall -q libs services sim src
+	$(PY) services/report-builder/vendor_assets.py
 	@touch $@
 
 install: $(VENV)/.installed ## create .venv and install every service, lib and test tool

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,10 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
             for path, name in (("cluster", "cluster"), ("capacity", "capacity")):
                 await page.goto(stack.console_url + path)
                 await page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+            # the node page reads the node's last sample from the samples stream (report-builder's own login)
+            await page.goto(stack.console_url + "nodes/sim-node-02")
+            seen["node"] = await page.inner_text("#node-now")
+            await page.screenshot(path=SHOTS / "node-live.png", full_page=True)
             await page.goto("about:blank")  # closes the live stream before the stack stops
 
         try:
@@ -97,9 +103,10 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
     assert "silence" in str(seen["detector"]), "the silence did not reach zombie-detector"
     assert "zombie_job on sim-node-02 GPU 0" in str(seen["incident"]) and "kill_gpu_processes" in str(seen["incident"])
     assert "sim-node-01" in str(seen["fleet"]) and "sim-node-02" in str(seen["fleet"])
+    assert "GPUs" in str(seen["node"]) and "Busiest processes now" in str(seen["node"]) and "No sample" not in str(seen["node"])
     assert "sim-node-01" in str(seen["silences"]) and "alice" in str(seen["silences"])
     assert errors == [], errors
-    assert sorted(p.name for p in SHOTS.glob("*.png")) >= ["capacity.png", "cluster.png", "fleet.png", "incident.png", "incidents.png", "ledger.png"]
+    assert {p.name for p in SHOTS.glob("*.png")} >= {"capacity.png", "cluster.png", "fleet.png", "incident.png", "incidents.png", "ledger.png", "node-live.png"}
 
 
 async def _line_in(path: Path, text: str, *, timeout_s: float) -> str:
@@ -110,3 +117,119 @@ async def _line_in(path: Path, text: str, *, timeout_s: float) -> str:
                 return line
         await asyncio.sleep(0.1)
     return ""
+
+
+@pytest.mark.timeout(240)
+async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
+    """A day of a 200-node sim's node, made by the real node-sampler over the simulated node; a
+    container death with the hour before it; a cluster's and the pool's history. In Chromium: every
+    chart has labelled axes and shows a value under the pointer, a drag zooms and offers the window
+    as a link, the incident page shows host memory and the busiest processes before the death, and
+    at 390 px no page is wider than the screen. Screenshots: build/console-screenshots/."""
+    from playwright.async_api import async_playwright
+
+    from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened
+    from gpumedic_events.base import json_examples
+    from gpumedic_sim.fleet import node_ids_for
+    from gpumedic_sim.history import backfill
+    from gpumedic_sim.node import SimNode
+    from gpumedic_store import create_engine, history, session_factory, upgrade
+    from report_builder import repository
+    from report_builder.console import Console, ConsoleConfig
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+    node_id = node_ids_for(200)[16]
+    node = SimNode(node_id, 8, seed=17)
+    minutes = await backfill(node, end=now, minutes=24 * 60)
+    url = f"sqlite+aiosqlite:///{tmp_path}/gpumedic.db"
+    upgrade(url)
+    engine = create_engine(url)
+    sessions = session_factory(engine)
+
+    def event(cls, **fields):
+        return cls.model_validate({**json_examples(cls)[0], "event_id": str(uuid.uuid4()), **fields})
+
+    died = event(IncidentOpened, incident_id=str(uuid.uuid4()), kind="container_died", node_id=node_id, severity="warning",
+                 occurred_at=(now - timedelta(minutes=20)).isoformat(), summary="container selfplay-gpu3 exited 137: host out of memory")
+    async with sessions() as session, session.begin():
+        await history.write(session, node_id, minutes)
+        await repository.record_event(session, event=died, subject=died.subject, trace_id=None)
+        for m in range(0, 360, 5):
+            await repository.record_cluster_check(session, event=event(
+                ClusterChecked, occurred_at=(now - timedelta(minutes=m)).isoformat(), leader=None if 100 < m < 130 else "peer-1"))
+            await repository.record_capacity_check(session, event=event(
+                CapacityEvaluated, occurred_at=(now - timedelta(minutes=m)).isoformat(), queued=m % 40, in_progress=8, cost_per_h=12.5, workers=4))
+
+    console = Console(sessions, ConsoleConfig(port=0), publish=lambda e: asyncio.sleep(0), latest=None)
+    await console.start()
+    base = console.url.rstrip("/")
+    pages = {
+        "node-24h": f"/nodes/{node_id}?window=24h",
+        "incident-history": f"/incidents/{died.incident_id}",
+        "cluster-charts": "/cluster",
+        "capacity-charts": "/capacity",
+    }
+    found: dict[str, object] = {}
+    try:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            for name, path in pages.items():
+                await page.goto(base + path)
+                boxes = page.locator(".chart-box")
+                count = await boxes.count()
+                await page.wait_for_function(f"document.querySelectorAll('.chart-box .plot[data-ready]').length === {count}")
+                charts = []
+                for i in range(count):
+                    box = boxes.nth(i)
+                    # uPlot draws its axes on the canvas: their labels are read from the plot drawn
+                    axes = await box.locator(".plot").evaluate("el => el.uplot.axes.map(a => a.label)")
+                    over = box.locator(".u-over")
+                    await over.scroll_into_view_if_needed()
+                    area = await over.bounding_box()
+                    await page.mouse.move(area["x"] + area["width"] * 0.97, area["y"] + area["height"] / 2)
+                    values = await box.locator(".u-legend .u-value").all_inner_texts()
+                    charts.append({"title": await box.locator("figcaption").inner_text(), "axes": axes, "values": values})
+                found[name] = charts
+                await page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+
+            # a drag over the first chart zooms every chart of the page and offers that window as a link
+            await page.goto(base + pages["node-24h"])
+            await page.wait_for_selector(".chart-box .plot[data-ready]")
+            area = await page.locator(".chart-box .u-over").first.bounding_box()
+            await page.mouse.move(area["x"] + area["width"] * 0.5, area["y"] + 20)
+            await page.mouse.down()
+            await page.mouse.move(area["x"] + area["width"] * 0.75, area["y"] + 20, steps=5)
+            await page.mouse.up()
+            found["zoom link"] = await page.get_attribute("a.zoomed-window", "href")
+            found["zoom hidden"] = await page.locator("a.zoomed-window").is_hidden()
+            found["incident text"] = await page.goto(base + pages["incident-history"]) and await page.inner_text("#node-history")
+
+            phone = await browser.new_page(viewport={"width": 390, "height": 844})
+            for name, path in {**pages, "fleet": "/", "incidents": "/incidents", "ledger": "/ledger"}.items():
+                await phone.goto(base + path)
+                await phone.wait_for_load_state("networkidle")
+                found[f"{name} at 390"] = await phone.evaluate("document.documentElement.scrollWidth")
+                await phone.screenshot(path=SHOTS / f"{name}-390.png", full_page=True)
+            await browser.close()
+    finally:
+        await console.stop()
+        await engine.dispose()
+
+    assert errors == [], errors
+    for name in pages:
+        assert found[name], f"{name}: no chart"
+        for chart in found[name]:
+            assert len(chart["axes"]) == 2 and chart["axes"][0] == "time (UTC)" and chart["axes"][1], (name, chart)
+            assert any(v not in ("–", "") for v in chart["values"][1:]), (name, chart)  # a value under the pointer
+    titles = [c["title"] for c in found["node-24h"]]
+    assert titles[:2] == ["GPU utilisation (%)", "GPU memory used (GiB)"] and "Host memory (GiB)" in titles
+    assert "from=" in str(found["zoom link"]) and not found["zoom hidden"]
+    assert "Host memory (GiB)" in [c["title"] for c in found["incident-history"]]
+    assert "Busiest processes from the hour before" in str(found["incident text"]) and "selfplay" in str(found["incident text"])
+    for name in (*pages, "fleet", "incidents", "ledger"):
+        assert found[f"{name} at 390"] <= 390, f"{name} is {found[f'{name} at 390']} px wide on a 390 px screen"

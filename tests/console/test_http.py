@@ -6,6 +6,7 @@ browser test in test_browser.py sends one over the real bus)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,11 @@ from report_builder.console.auth import LOGIN_COOKIE
 TOKEN = "console-token-for-the-tests-0123"
 HOSTILE = "<script>alert('x')</script>"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _charts(html: str) -> list[dict]:
+    """The chart data a page hands its script (one JSON block per group of charts)."""
+    return [c for block in re.findall(r'<script type="application/json" class="chart-data">(.*?)</script>', html, re.S) for c in json.loads(block)]
 
 
 def _event(cls, **overrides):
@@ -141,13 +147,17 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
     assert "Container post-mortem" in postmortem.text and "cgroup oom (90% sure)" in postmortem.text
     assert "raise the container&#39;s memory limit" in postmortem.text
     cluster = await get("/cluster")
-    assert "no leader" in cluster.text and "peer-2" in cluster.text and "<polyline" in cluster.text
+    assert "no leader" in cluster.text and "peer-2" in cluster.text
+    (peers,) = _charts(cluster.text)
+    assert [s["label"] for s in peers["series"]] == ["answering", "in all", "with a leader"] and peers["unit"] == "peers"
+    assert len(peers["times"]) == len(peers["series"][0]["values"]) > 1
     assert "longest without a leader</dt><dd>20 min</dd>" in cluster.text and "% of 40 min</dd>" in cluster.text  # never 0:20:00
     # the latest check's per-peer table: state, role, vote, answer time, the leader's count of jobs and GPU %
     assert "<td>peer-2</td><td>ok</td><td>leader</td><td>yes</td><td>12 ms</td><td>2</td><td>3.5</td>" in cluster.text
     assert "<td>http://10.0.0.9:8770/status</td><td>blocked</td><td>-</td><td>-</td><td>3000 ms</td>" in cluster.text
     capacity = await get("/capacity")
-    assert "$1.50/h now" in capacity.text and capacity.text.count("<polyline") == 4
+    assert "$1.50/h now" in capacity.text
+    assert [(c["id"], c["unit"]) for c in _charts(capacity.text)] == [("queue", "tasks"), ("gpus", "GPUs"), ("cost", "$/h")]
     assert "3 queued, 2 in progress" in capacity.text and "?" not in capacity.text.split("<h1>Capacity</h1>")[1].split("<form")[0]
     assert "no provider is configured" not in capacity.text
     ledger = await get("/ledger")
@@ -158,7 +168,11 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
 async def test_markup_in_the_store_is_shown_as_text_and_nothing_runs_but_the_console_script(seeded, console, browser):
     page = await browser.client.get(f"/incidents/{seeded['zombie'].incident_id}")
     assert HOSTILE not in page.text and "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
-    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/static/console.js" defer>']
+    # the console's script and the charting library it vendored, both from the console itself; chart data is inert JSON
+    scripts = re.findall(r"<script[^>]*>", page.text)
+    assert [s for s in scripts if "application/json" not in s] == [
+        '<script src="/static/vendor/uPlot.iife.min.js" defer>', '<script src="/static/console.js" defer>',
+    ]
     policy = page.headers["Content-Security-Policy"]
     assert "script-src 'self'" in policy and "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
     assert page.headers["X-Content-Type-Options"] == "nosniff"
@@ -377,3 +391,81 @@ def test_durations_read_as_a_person_says_them():
     assert [duration(timedelta(seconds=s)) for s in (0, 12, 90.002, 252, 3600, 5400, 90061)] == [
         "0 s", "12 s", "1 min 30 s", "4 min 12 s", "1 h", "1 h 30 min", "1 d 1 h"]
     assert duration(None) == "-"
+
+
+async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(store, tmp_path):
+    """The node page reads the node's last sample (here handed in as the bus would), its history
+    from the store, and its incidents; a hostile command line or disk path is text in the page and
+    inert in the chart data; an unknown or malformed node is said to be so."""
+    from gpumedic_events import DiskUsage, GpuProcess, GpuSample, HostSample, NodeSampled, TopProcess
+    from gpumedic_store import history
+
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    hostile_disk = "/data</script><script>alert(1)</script>"
+
+    def sample(at: datetime) -> NodeSampled:
+        return NodeSampled(
+            source="test", occurred_at=at, node_id="gpu-node-09", interval_s=5.0,
+            gpus=(GpuSample(index=0, name="NVIDIA H100 80GB HBM3", utilization_gpu_pct=97, memory_used_mib=70_000, memory_total_mib=81_559,
+                            temperature_c=71, power_w=650.0, power_limit_w=700.0, sm_clock_mhz=1980,
+                            processes=(GpuProcess(pid=4242, command=f"python train.py {HOSTILE}", user="ml", age_s=5400.0,
+                                                  container_id="ab" * 32, used_memory_mib=69_000),)),),
+            host=HostSample(memory_total_mib=512_000, memory_available_mib=12_000, swap_total_mib=0, swap_used_mib=0, load_1m=40.0,
+                            load_5m=38.0, load_15m=30.0, cpus=64,
+                            disks=(DiskUsage(path=hostile_disk, total_bytes=10, used_bytes=9, available_bytes=1, used_pct=90.0),),
+                            top_processes=(TopProcess(pid=4242, command=f"python train.py {HOSTILE}", user="ml", container_id="ab" * 32,
+                                                      cpu_pct=390.0, memory_rss_mib=480_000),)),
+        )
+
+    async with store() as session, session.begin():
+        for m in range(90, 0, -1):
+            folder = history.MinuteFolder(now - timedelta(minutes=m))
+            folder.add(sample(now - timedelta(minutes=m)))
+            await history.write(session, "gpu-node-09", [folder.minute_figures()])
+        died = _event(IncidentOpened, incident_id=str(uuid.uuid4()), kind="container_died", node_id="gpu-node-09", severity="warning",
+                      occurred_at=(now - timedelta(minutes=5)).isoformat(), summary="container trainer exited 137: host oom")
+        await repository.record_event(session, event=died, subject=died.subject, trace_id=None)
+
+    latest = {"gpu-node-09": sample(now)}
+
+    async def read_latest(node: str):
+        return latest.get(node)
+
+    console = Console(store, ConsoleConfig(port=0), publish=lambda e: asyncio.sleep(0), latest=read_latest)
+    await console.start()
+    try:
+        async with httpx.AsyncClient(base_url=console.url.rstrip("/")) as client:
+            page = await client.get("/nodes/gpu-node-09?window=6h")
+            assert page.status_code == 200
+            text = page.text
+            assert "NVIDIA H100 80GB HBM3" in text and "650 / 700 W" in text and "1980 MHz" in text
+            assert "68.4 GiB of 79.6 GiB" in text and "1 h 30 min" in text and "abababababab" in text  # a process: memory, age, container
+            assert "488.3 GiB used of 500.0 GiB" in text and "40.0, 38.0, 30.0 on 64 CPUs" in text
+            assert HOSTILE not in text and "</script><script>alert(1)" not in text
+            assert "1 container death(s)" in text and died.summary in text
+            charts = {c["id"]: c for c in _charts(text)}
+            assert list(charts) == ["gpu_util", "gpu_memory", "gpu_temperature", "gpu_power", "gpu_clock", "host_memory", "host_load", "disks"]
+            assert charts["disks"]["series"][0]["label"] == hostile_disk  # inert data: JSON-escaped inside the script element
+            assert [v for v in charts["gpu_util"]["series"][0]["values"] if v is not None] == [97.0] * 90  # the rest are gaps
+            assert "390%" in text and "468.8 GiB" in text  # the busiest processes over the window
+
+            as_json = (await client.get("/nodes/gpu-node-09/history.json?window=1h")).json()
+            assert as_json["step_s"] == 60 and as_json["top_processes"][0]["pid"] == 4242
+            assert len(as_json["times"]) == 60
+
+            incident = await client.get(f"/incidents/{died.incident_id}")
+            assert "gpu-node-09 around it" in incident.text and "Busiest processes from the hour before" in incident.text
+            around = {c["id"]: c for c in _charts(incident.text)}
+            assert list(around)[:2] == ["host_memory", "gpu_util"] and around["host_memory"]["marks"][0]["label"] == "opened"
+            report = await client.get(f"/incidents/{died.incident_id}/report.html")
+            assert "<script" not in report.text and "peak over the window" in report.text
+
+            latest.clear()  # the samples stream no longer has it: the store still does
+            gone = await client.get("/nodes/gpu-node-09")
+            assert gone.status_code == 200 and "No sample of gpu-node-09 in the samples stream" in gone.text
+            assert (await client.get("/nodes/nosuch-node")).status_code == 404
+            bad = await client.get("/nodes/a.b*")
+            assert bad.status_code == 400 and "is not a node id" in bad.text
+            assert "window must be one of" in (await client.get("/nodes/gpu-node-09?window=5y")).text
+    finally:
+        await console.stop()

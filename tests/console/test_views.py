@@ -64,13 +64,29 @@ def test_the_waterfall_puts_children_under_parents_on_one_time_axis():
     assert views.waterfall([]).bars == ()
 
 
-def test_a_chart_spreads_values_over_the_width_and_scales_them_to_the_top():
-    assert views.chart([0, 5, 10], 100, 50) == "0.0,50.0 50.0,25.0 100.0,0.0"
-    assert views.chart([None, 2], 10, 10, top=4) == "0.0,10.0 10.0,5.0"
-    assert views.chart([], 10, 10) == ""
-    assert views.chart([0, 0], 10, 10) == "0.0,10.0 10.0,10.0"
+def test_a_time_chart_is_seconds_and_named_series():
+    t0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
+    chart = views.time_chart("gpus", "GPUs", "GPUs", [t0, t0 + timedelta(minutes=1)], {"busy": [3, None]})
+    assert chart["times"] == [int(t0.timestamp()), int(t0.timestamp()) + 60]
+    assert chart["series"] == [{"label": "busy", "values": [3, None]}] and chart["unit"] == "GPUs"
 
 
+def test_a_history_window_is_a_named_span_back_from_now_or_from_and_to():
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    assert views.history_window({}, now) == views.Window(now - timedelta(hours=24), now, "24h")
+    assert views.history_window({"window": "1h"}, now).start == now - timedelta(hours=1)
+    custom = views.history_window({"from": "2026-11-26T08:00", "to": "2026-11-26T09:30"}, now)
+    assert (custom.start.hour, custom.end.minute, custom.name, custom.start.tzinfo) == (8, 30, "custom", UTC)
+    assert views.history_window({"from": "2026-11-26T08:00"}, now).end == now
+    for query, says in (
+        ({"window": "5y"}, "window must be one of 1h, 6h, 24h, 7d"),
+        ({"from": "yesterday"}, "from must be a date and time"),
+        ({"to": "2026-11-26T08:00"}, "to needs a from"),
+        ({"from": "2026-11-26T09:00", "to": "2026-11-26T08:00"}, "from must be before to"),
+        ({"from": "2026-01-01T00:00", "to": "2026-11-26T08:00"}, "at most 31 days"),
+    ):
+        with pytest.raises(views.FilterError, match=says):
+            views.history_window(query, now)
 def test_the_list_filter_is_checked_and_says_what_is_wrong():
     statuses = ("open", "resolved", "escalated")
     where = views.incident_filter({"status": "open", "kind": "zombie_job", "node": " n1 ", "since": "2026-11-23T10:00"}, statuses)

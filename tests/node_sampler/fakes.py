@@ -295,6 +295,8 @@ class FakeProcessTable:
         self.processes = processes or {}
         self.holders = holders or {}
         """pid -> the /dev/nvidia* files it holds open."""
+        self.usages: dict = {}
+        """pid -> ProcessUsage: what `usage` answers."""
 
     def describe(self, pid, errors=None):
         info = self.processes.get(pid)
@@ -307,6 +309,9 @@ class FakeProcessTable:
 
     def device_holders(self, errors=None):
         return dict(self.holders)
+
+    def usage(self, errors=None):
+        return dict(self.usages)
 
 
 def two_gpus(**kwargs) -> FakeNvml:

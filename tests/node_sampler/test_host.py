@@ -138,3 +138,48 @@ def test_parsers_alone():
     assert parse_meminfo("MemTotal: 10 kB\nOther: 5 kB\n\n", errors) == {"MemTotal": 10}
     assert errors == []
     assert parse_loadavg("1.00 2.00 3.00 1/100 4242") == (1.0, 2.0, 3.0)
+
+
+async def test_the_sample_names_the_busiest_processes_from_two_looks():
+    """CPU use is the CPU time between two looks over the time between them; memory is the second
+    look's; a secret on a command line stays on the node; between looks the last answer stands."""
+    from datetime import UTC, datetime
+
+    from node_sampler.procs import ProcessInfo, ProcessUsage
+    from node_sampler.sampler import Sampler
+    from tests.node_sampler.fakes import FakeProcessTable, two_gpus
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    def info(pid: int, command: str) -> ProcessInfo:
+        return ProcessInfo(pid=pid, start_ticks=pid, command=command, user="ml", started_at=datetime.now(UTC))
+
+    table = FakeProcessTable({1: info(1, "dataloader"), 2: info(2, "python serve.py --api-key=sk-abcdef0123456789"), 3: info(3, "idle")})
+    table.usages = {pid: ProcessUsage(pid=pid, start_ticks=pid, cpu_s=10.0, rss_kib=kib) for pid, kib in ((1, 4096), (2, 8 << 20), (3, 1024))}
+    clock = Clock()
+    host = SimpleNamespace(read=lambda: __import__("node_sampler.logic", fromlist=["HostReading"]).HostReading())
+    sampler = Sampler("n1", two_gpus(), table, [], 5.0, host=host, top_interval_s=30.0, holder_scan_interval_s=0, clock=clock)
+
+    first = await sampler.sample()
+    assert [p.pid for p in first.host.top_processes] == [2, 1, 3]  # no CPU figure yet: by memory
+    assert all(p.cpu_pct == 0 for p in first.host.top_processes)
+
+    clock.now += 30.0
+    table.usages[1] = ProcessUsage(pid=1, start_ticks=1, cpu_s=10.0 + 60.0, rss_kib=4096)  # two CPUs for 30 s
+    table.usages[3] = ProcessUsage(pid=3, start_ticks=99, cpu_s=50.0, rss_kib=1024)  # pid recycled: no CPU figure
+    second = await sampler.sample()
+    top = {p.pid: p for p in second.host.top_processes}
+    assert top[1].cpu_pct == 200.0
+    assert top[3].cpu_pct == 0.0
+    assert top[2].memory_rss_mib == 8192
+    assert "sk-abcdef0123456789" not in top[2].command
+    assert second.host.top_processes[0].pid == 1  # the busy one first
+
+    clock.now += 5.0
+    table.usages = {}
+    third = await sampler.sample()
+    assert third.host.top_processes == second.host.top_processes

@@ -22,6 +22,7 @@ from node_sampler.procs import (
     parse_cmdline,
     parse_start_ticks,
     parse_uid,
+    parse_usage,
 )
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to run processes as other users)")
@@ -492,3 +493,28 @@ def test_a_process_user_and_cgroup_are_read_again_only_after_a_while_its_command
     (entry / "stat").write_text(stat_text(77, "python", 9999))
     (entry / "cgroup").write_text("0::/user.slice/session-2.scope\n")
     assert table.describe(77).cgroup == "/user.slice/session-2.scope"
+
+
+def test_usage_of_a_busy_process_from_the_real_proc():
+    """A child that spins for 0.3 s of CPU time has used that much, and holds resident memory."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20  # however loaded the machine, it gets its 0.3 s
+        while (mine := ProcFsTable().usage()[child.pid]).cpu_s < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mine.cpu_s >= 0.25  # utime and stime are each counted in whole ticks
+        assert mine.rss_kib > 1024
+        assert mine.start_ticks == parse_start_ticks(Path(f"/proc/{child.pid}/stat").read_text())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_usage_line_parsing():
+    # utime 500, stime 100 (ticks), starttime 987654, rss 2560 pages
+    line = "4242 (evil ) (name) S 1 4242 4242 0 -1 4194560 1 0 0 0 500 100 0 0 20 0 1 0 987654 1000 2560 18446744073709551615"
+    usage = parse_usage(4242, line, page_kib=4, clk_tck=100)
+    assert usage is not None
+    assert (usage.cpu_s, usage.rss_kib, usage.start_ticks) == (6.0, 10240, 987654)
+    assert parse_usage(1, "4242 (x) S 1 2 3", page_kib=4, clk_tck=100) is None
+    assert parse_usage(1, line.replace(" 500 ", " x "), page_kib=4, clk_tck=100) is None

@@ -9,9 +9,12 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from node_sampler.procs import ProcessInfo
+from node_sampler.procs import ProcessInfo, ProcessUsage
 
-from gpumedic_sim.state import CLK_TCK, NodeState, SimProcess
+from gpumedic_sim.state import CLK_TCK, OUTPUT_BYTES_PER_S, NodeState, SimProcess
+
+BUSY_CPUS = 3.0
+"""CPUs a computing job keeps busy (its data loaders); a hung job or a leftover keeps almost none."""
 
 
 class SimProcessTable:
@@ -43,6 +46,20 @@ class SimProcessTable:
 
     def device_holders(self, errors: list[str] | None = None) -> dict[int, tuple[str, ...]]:
         return {p.pid: tuple(sorted(p.devices)) for p in self._node.live_processes() if p.devices}
+
+    def usage(self, errors: list[str] | None = None) -> dict[int, ProcessUsage]:
+        """CPU time grows while a process computes or writes (as its output does); a job holds
+        host memory in proportion to its GPU memory, anything else a little."""
+        now = time.monotonic()
+        return {
+            p.pid: ProcessUsage(
+                pid=p.pid,
+                start_ticks=p.start_ticks,
+                cpu_s=p.output_bytes(now) / OUTPUT_BYTES_PER_S * BUSY_CPUS + (now - p.started_at) * 0.01,
+                rss_kib=(2 * 1024 * 1024 + p.used_mib * 256) if p.is_job else 300 * 1024,
+            )
+            for p in self._node.live_processes()
+        }
 
 
 def stat_line(p: SimProcess) -> str:

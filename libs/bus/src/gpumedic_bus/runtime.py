@@ -36,7 +36,7 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
-from gpumedic_bus.topology import LIVE, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
+from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
@@ -184,6 +184,17 @@ class ServiceRuntime:
             ok()
 
         self._live_subs.append(await self.broker.connection.subscribe(event_type.subject_filter(), cb=on_message, pending_msgs_limit=65536))
+
+    async def latest(self, event_type: type[Event], key: str) -> Event | None:
+        """The last stored `event_type` for `key` (a node id), or None if its stream keeps none
+        (`topology.LOOKUPS`). One that does not validate raises EventDecodeError."""
+        if event_type not in LOOKUPS.get(self.service, ()):
+            raise ValueError(f"{self.service} looks up {[e.__name__ for e in LOOKUPS.get(self.service, ())]}, not {event_type.__name__}")
+        try:
+            msg = await self.broker.connection.jetstream().get_last_msg(stream_of(event_type).name, event_type.subject_for(key))
+        except NotFoundError:
+            return None
+        return event_type.from_json(msg.data, subject=msg.subject)
 
     def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
         """Read every event of these types from the start of their stream when the service starts,

@@ -121,12 +121,20 @@ DURABLES: tuple[Durable, ...] = (
 LIVE: Mapping[str, tuple[type[Event], ...]] = {
     # The console's fleet page: each node's latest sample, in memory; its banner: a service that
     # lost a consumer, from its heartbeat. Every report-builder instance serves a console, so each
-    # reads every sample and heartbeat.
+    # reads every sample and heartbeat. The samples also become each node's history (one instance
+    # writes it: ONE_INSTANCE_LOOPS).
     "report-builder": (NodeSampled, ServiceHeartbeat),
 }
 """Events a service reads live, as plain NATS subscribers: every instance gets every message as it
 is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
 durable consumers of the same subject dead-letter it)."""
+
+LOOKUPS: Mapping[str, tuple[type[Event], ...]] = {
+    # the console's node page: the node's whole latest sample, read from the stream when the page is
+    # asked for (the fleet page keeps only a few figures per node in memory)
+    "report-builder": (NodeSampled,),
+}
+"""Events a service reads one at a time from their stream, the latest for one key (a node)."""
 
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
@@ -223,6 +231,8 @@ all their instances instead (shared durable consumers, the gate's lock, rows key
 ONE_INSTANCE_LOOPS: Mapping[str, tuple[str, ...]] = {
     # every node's SSH login checked once a round, not once per instance
     "remediator": ("ssh-health",),
+    # every node's minute of history written once, not once per instance
+    "report-builder": ("history",),
 }
 """Background loops of a shared service that run in one of its instances at a time, each on a
 lease of its own (key `<service>.<loop>`)."""
@@ -364,8 +374,8 @@ def _service(service: str) -> Permissions:
             publish.append(f"$JS.FC.{item.stream}.{item.name}.>")
             subscribe.append(item.deliver_subject)
     subscribe += [event.subject_filter() for event in LIVE.get(service, ())]
-    for stream in sorted({stream_of(event).name for event in REPLAYS.get(service, ())}):
-        publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow)
+    for stream in sorted({stream_of(event).name for event in (*REPLAYS.get(service, ()), *LOOKUPS.get(service, ()))}):
+        publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow, .latest)
     subscribe += [event.subject_filter() for event in REPLAYS.get(service, ())]  # woken up by new ones
     answers = [r.subject for r in REQUESTS if r.service == service]
     subscribe += answers

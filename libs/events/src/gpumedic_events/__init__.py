@@ -66,6 +66,7 @@ from gpumedic_events.node import (
     NodeSampled,
     NvLinkSample,
     ProcessIdentity,
+    TopProcess,
 )
 from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
@@ -132,6 +133,7 @@ __all__ = [
     "GpuSample",
     "GpuXidReported",
     "HostSample",
+    "TopProcess",
     "IncidentEscalated",
     "IncidentKind",
     "IncidentOpened",

@@ -242,6 +242,21 @@ class DiskUsage(BaseModel):
     used_pct: float = Field(ge=0, le=100, description="Share in use as `df` shows it: used / (used + available).")
 
 
+class TopProcess(BaseModel):
+    """One of the host's busiest processes by CPU or by memory, as `top` would rank them."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    pid: int = Field(ge=1, le=4_194_304, description="Process id on the node.")
+    command: str = Field(default="", max_length=256, description="Command line, cut at 256 characters.")
+    user: str = Field(default="", max_length=64, description="Owner: the user name, or the numeric uid if unnamed.")
+    container_id: str = Field(default="", max_length=128, description="Its container's id; empty if none.")
+    cpu_pct: float = Field(
+        ge=0, description="CPU use over the sampler's last look, percent of one CPU (400 is four CPUs busy)."
+    )
+    memory_rss_mib: int = Field(ge=0, description="Resident memory, MiB.")
+
+
 class HostSample(BaseModel):
     """The host around the GPUs: memory, swap, load and the disks the jobs write to."""
 
@@ -256,6 +271,13 @@ class HostSample(BaseModel):
     load_15m: float | None = Field(default=None, ge=0, description="Load average over 15 minutes.")
     cpus: int | None = Field(default=None, ge=1, description="Online CPUs, to read the load against.")
     disks: tuple[DiskUsage, ...] = Field(default=(), max_length=32, description="Usage of each configured path.")
+    top_processes: tuple[TopProcess, ...] = Field(
+        default=(),
+        max_length=16,
+        description="The busiest processes by CPU and by resident memory (five of each, fewer where they "
+        "overlap), as of the sampler's last look at every process (every 30 s by default); empty if it "
+        "does not look.",
+    )
 
 
 class NodeSampled(Event):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, Integer, MetaData, String, Text, false, text
+from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, Integer, LargeBinary, MetaData, String, Text, false, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -312,6 +312,17 @@ class CapacityCheck(Base):
     cost_per_h: Mapped[float | None] = mapped_column(Float)
     cost_total: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text, comment="Why no decision was made (demand source or provider).")
+
+
+class NodeMinute(Base):
+    """One node's sample figures over one minute (`gpumedic_store.history`): report-builder keeps
+    a day of them by default, so a node's page and an incident's show what led up to it."""
+
+    __tablename__ = "node_history"
+
+    node_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True, index=True, comment="Start of the minute (UTC).")
+    figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Minute.")
 
 
 class SpanRow(Base):

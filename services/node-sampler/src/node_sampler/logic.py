@@ -30,13 +30,14 @@ from gpumedic_events import (
     NodeSampled,
     NvLinkSample,
     ProcessOomKilled,
+    TopProcess,
 )
 from gpumedic_events.faults import MAX_LINE
 from gpumedic_events.redact import redact
 from gpumedic_events.xid import XID_CATALOGUE
 from pydantic import ValidationError
 
-from node_sampler.procs import ProcessInfo
+from node_sampler.procs import ProcessInfo, ProcessUsage
 
 SOURCE = "node-sampler"
 MAX_GPUS = 64
@@ -193,6 +194,47 @@ class HostReading:
     cpus: int | None = None
     disks: tuple[RawDisk, ...] = ()
     errors: tuple[str, ...] = ()
+    top: tuple[TopReading, ...] = ()
+    """The busiest processes, as of the sampler's last look at all of them."""
+
+
+@dataclass(frozen=True)
+class TopReading:
+    """One busy process: its CPU use between two looks, and its memory at the second."""
+
+    info: ProcessInfo
+    cpu_pct: float
+    rss_kib: int
+
+
+TOP_EACH = 5
+"""How many processes `top_processes` keeps by CPU, and how many by memory."""
+
+
+def top_processes(
+    before: Mapping[int, ProcessUsage],
+    after: Mapping[int, ProcessUsage],
+    elapsed_s: float,
+    describe: Callable[[int], ProcessInfo | None],
+    each: int = TOP_EACH,
+) -> tuple[TopReading, ...]:
+    """The `each` busiest processes by CPU between two looks `elapsed_s` apart, and the `each`
+    largest by resident memory at the second, busiest first. A process seen once (new, or its pid
+    recycled: the start time differs) has no CPU figure yet and ranks by memory only."""
+    cpu: dict[int, float] = {}
+    for pid, now in after.items():
+        then = before.get(pid)
+        if then is not None and then.start_ticks == now.start_ticks and elapsed_s > 0:
+            cpu[pid] = max(0.0, now.cpu_s - then.cpu_s) / elapsed_s * 100.0
+    by_cpu = sorted((pid for pid in cpu if cpu[pid] > 0), key=lambda pid: -cpu[pid])[:each]
+    by_memory = sorted(after, key=lambda pid: -after[pid].rss_kib)[:each]
+    chosen = list(dict.fromkeys([*by_cpu, *by_memory]))
+    top = []
+    for pid in chosen:
+        info = describe(pid)
+        if info is not None:
+            top.append(TopReading(info=info, cpu_pct=round(cpu.get(pid, 0.0), 1), rss_kib=after[pid].rss_kib))
+    return tuple(top)
 
 
 @dataclass(frozen=True)
@@ -313,6 +355,18 @@ def host_sample(reading: HostReading) -> HostSample:
         load_15m=load[2] if load else None,
         cpus=reading.cpus if reading.cpus and reading.cpus > 0 else None,
         disks=tuple(disks),
+        top_processes=tuple(
+            TopProcess(
+                pid=t.info.pid,
+                command=_clip(_masked_command(t.info.command), 256),
+                user=_clip(t.info.user, 64),
+                container_id=_clip(t.info.container_id, 128),
+                cpu_pct=t.cpu_pct if math.isfinite(t.cpu_pct) else 0.0,
+                memory_rss_mib=t.rss_kib // 1024,
+            )
+            for t in reading.top[:16]
+            if 1 <= t.info.pid <= MAX_PID
+        ),
     )
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Protocol
 
 STAT_STARTTIME_FIELD = 22
+"""1-based field number of `starttime` in /proc/PID/stat (see proc(5)); utime, stime and rss are 14, 15, 24."""
 OWNER_TTL_S = 60.0
 """How long a process's user and cgroup, once read, are taken as they were."""
 MAX_OWNERS = 4096
-"""1-based field number of `starttime` in /proc/PID/stat (see proc(5))."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,21 @@ class ProcessTable(Protocol):
         """pid -> the /dev/nvidia* files it holds open, for every process holding any."""
         ...
 
+    def usage(self, errors: list[str] | None = None) -> dict[int, ProcessUsage]:
+        """Every process's CPU time so far and resident memory now: what `top` ranks by."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One process's counters from /proc/PID/stat."""
+
+    pid: int
+    start_ticks: int | None
+    cpu_s: float
+    """utime + stime: seconds it has spent on CPUs since it started."""
+    rss_kib: int
+
 
 def parse_start_ticks(stat: str) -> int | None:
     """The start time from one /proc/PID/stat line, or None if the line is not one.
@@ -81,6 +96,21 @@ def parse_start_ticks(stat: str) -> int | None:
     except ValueError:
         return None
     return ticks if ticks >= 0 else None
+
+
+def parse_usage(pid: int, stat: str, *, page_kib: int, clk_tck: int) -> ProcessUsage | None:
+    """CPU time (utime + stime) and resident memory from one /proc/PID/stat line, or None."""
+    _, sep, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not sep or len(fields) <= 24 - 3:
+        return None
+    try:
+        utime, stime, start, rss = (int(fields[n - 3]) for n in (14, 15, STAT_STARTTIME_FIELD, 24))
+    except ValueError:
+        return None
+    if min(utime, stime, start) < 0:
+        return None
+    return ProcessUsage(pid=pid, start_ticks=start, cpu_s=(utime + stime) / clk_tck, rss_kib=max(0, rss) * page_kib)
 
 
 def parse_cmdline(raw: bytes) -> str:
@@ -273,6 +303,19 @@ class ProcFsTable:
             _note(errors, f"{self.root}: unreadable ({type(exc).__name__})")
             return []
         return sorted(int(n) for n in names if n.isdigit())
+
+    def usage(self, errors: list[str] | None = None) -> dict[int, ProcessUsage]:
+        """One read of each process's stat line; a process that exits meanwhile is left out unnoted."""
+        page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+        found: dict[int, ProcessUsage] = {}
+        for pid in self.pids(errors):
+            try:
+                stat = _read(f"{self._root}/{pid}/stat").decode("utf-8", errors="replace")
+            except OSError:
+                continue
+            if (usage := parse_usage(pid, stat, page_kib=page_kib, clk_tck=self._clk_tck)) is not None:
+                found[pid] = usage
+        return found
 
     def device_holders(self, errors: list[str] | None = None) -> dict[int, tuple[str, ...]]:
         root = self._root

@@ -19,6 +19,7 @@ import logging
 import time
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ from node_sampler.logic import (
     JobsReading,
     NvmlReading,
     OomKillReading,
+    TopReading,
     XidReading,
     assemble_sample,
     container_event,
@@ -41,10 +43,11 @@ from node_sampler.logic import (
     lost_gpus,
     next_tick,
     oom_event,
+    top_processes,
     xid_event,
 )
 from node_sampler.nvml import NvmlReader, XidWatcher
-from node_sampler.procs import ProcessInfo, ProcessTable
+from node_sampler.procs import ProcessInfo, ProcessTable, ProcessUsage
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ class Sampler:
         *,
         host: HostSource | None = None,
         holder_scan_interval_s: float = 30.0,
+        top_interval_s: float = 30.0,
         health_interval_s: float = 30.0,
         health_refresh_s: float = 600.0,
         xid_events: bool = False,
@@ -84,7 +88,8 @@ class Sampler:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """`host` reads memory, load and disks; `holder_scan_interval_s` is how often /proc is
-        scanned for /dev/nvidia* holders (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
+        scanned for /dev/nvidia* holders (0: never), `top_interval_s` how often every process's CPU
+        and memory are read for the busiest ones (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
         `docker_socket` turn on the watchers for the immediate events."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -95,6 +100,10 @@ class Sampler:
         self.interval_s = interval_s
         self.host = host
         self.holder_scan_interval_s = holder_scan_interval_s
+        self.top_interval_s = top_interval_s
+        self._usage: dict[int, ProcessUsage] = {}
+        self._usage_read_at: float | None = None
+        self._top: tuple[TopReading, ...] = ()
         self.health_interval_s = health_interval_s
         self.health_refresh_s = health_refresh_s
         self._health_read_at: float | None = None
@@ -319,7 +328,22 @@ class Sampler:
             except Exception as exc:  # a reader bug must cost the host part, not the sample
                 log.exception("%s: host read failed", self.node_id)
                 notes.append(f"host: {type(exc).__name__}")
+            else:
+                host = replace(host, top=self._top_processes(notes))
         return reading, processes, host, holders, notes
+
+    def _top_processes(self, notes: list[str]) -> tuple[TopReading, ...]:
+        """The busiest processes, from two looks at every process `top_interval_s` apart; between
+        looks the last answer stands (a look reads one /proc file per process)."""
+        if self.top_interval_s <= 0:
+            return ()
+        now = self._clock()
+        if self._usage_read_at is None or now - self._usage_read_at >= self.top_interval_s:
+            usage = self.processes.usage(notes)
+            elapsed = now - self._usage_read_at if self._usage_read_at is not None else 0.0
+            self._top = top_processes(self._usage, usage, elapsed, self.processes.describe)
+            self._usage, self._usage_read_at = usage, now
+        return self._top
 
     def _device_holders(self, notes: list[str]) -> dict[int, tuple[str, ...]]:
         """The /dev/nvidia* holders as of the last scan; scanning every fd of every process is

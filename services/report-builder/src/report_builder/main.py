@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import timedelta
 
 from faststream import FastStream
 
@@ -24,6 +25,7 @@ from gpumedic_events import (
 from gpumedic_store import StoreUnavailable, create_engine, session_factory
 from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
+from report_builder.history import HistoryRecorder
 from report_builder.notify import Notifier
 from report_builder.settings import Settings
 
@@ -44,8 +46,12 @@ def create_app(settings: Settings | None = None) -> FastStream:
         config = ConsoleConfig(
             host=settings.console_addr, port=settings.console_port, token=settings.console_token(), jaeger_url=settings.jaeger_url,
             public_url=settings.console_url, trusted_proxies=settings.console_trusted_proxies,
+            history_retention_h=settings.history_retention_h,
         )
-        console = Console(sessions, config, publish=lambda event: publish_event(runtime.broker, event))
+        console = Console(
+            sessions, config, publish=lambda event: publish_event(runtime.broker, event),
+            latest=lambda node: runtime.latest(NodeSampled, node),
+        )
     handlers = ReportHandlers(
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
         changed=console.changes.bump if console else None,
@@ -67,8 +73,19 @@ def create_app(settings: Settings | None = None) -> FastStream:
         )
         runtime.background(notifier.loop)
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
+    recorder = None
+    if settings.history_retention_h > 0:
+        recorder = HistoryRecorder(sessions, retention=timedelta(hours=settings.history_retention_h))
+        runtime.background(recorder.loop, one_instance="history")
+    if console is not None or recorder is not None:
+        readers = [r.on_sample for r in (console, recorder) if r is not None]
+
+        async def on_sample(sample: NodeSampled) -> None:
+            for read in readers:
+                await read(sample)
+
+        runtime.follow(NodeSampled, on_sample)
     if console is not None:
-        runtime.follow(NodeSampled, console.on_sample)
         runtime.follow(ServiceHeartbeat, console.on_heartbeat)
         runtime.on_startup(console.start)
     app = runtime.app()

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     notify_wait_s: float = Field(default=10.0, ge=0, le=600, description="Wait after an escalation before telling anyone.")
     notify_give_up_s: float = Field(default=86_400.0, gt=0, description="Stop retrying a notification this long after the escalation.")
     notify_min_severity: Literal["info", "warning", "critical"] = "warning"
+    history_retention_h: float = Field(
+        default=24.0, ge=0, le=24 * 400,
+        description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 0.3 MB per 8-GPU node-day.",
+    )
 
     @field_validator(
         "webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", "console_port", "console_token_file", "jaeger_url",

@@ -1,10 +1,13 @@
 """The web console: server-rendered pages over the incident store and the latest samples, served by
 report-builder on its own port (aiohttp in the service's event loop).
 
-Pages: the fleet (`/`), incidents (`/incidents`, filtered) and one incident with its timeline,
-evidence, actions and trace waterfall (`/incidents/{id}`, and `.../report.html` to save and hand
-on), the peer cluster (`/cluster`), the worker pool's capacity (`/capacity`), and the ledger of
-false positives, silences and the breaker (`/ledger`). Every page marks its live parts; `/live`
+Pages: the fleet (`/`), one node (`/nodes/{node}`: its GPUs, processes, host, incidents, actions
+and its history over any window, also as `/nodes/{node}/history.json`), incidents (`/incidents`,
+filtered) and one incident with its timeline, evidence, actions, the node's figures around it and
+the trace waterfall (`/incidents/{id}`, and `.../report.html` to save and hand on), the peer
+cluster (`/cluster`), the worker pool's capacity (`/capacity`), and the ledger of false
+positives, silences and the breaker (`/ledger`). Charts are data in the page that the script
+draws with uPlot (served from `static/vendor/`, fetched from the npm registry at install). Every page marks its live parts; `/live`
 is a server-sent event stream that says when something changed, and the page's script fetches
 the page again and swaps those parts, so nothing reloads.
 
@@ -31,9 +34,11 @@ import jinja2
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpumedic_events import Event, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
+from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
+from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
+from gpumedic_store import history as node_history
 from gpumedic_store import views as read
 from report_builder import repository
 from report_builder.console import views
@@ -68,6 +73,8 @@ class ConsoleConfig:
     """The URL people reach the console at; https makes its cookies Secure whatever the hop before."""
     trusted_proxies: tuple[str, ...] = ()
     """Addresses of reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed."""
+    history_retention_h: float = 24.0
+    """How long report-builder keeps each node's history: the node page says so."""
 
 
 class Changes:
@@ -99,8 +106,12 @@ class Console:
         config: ConsoleConfig,
         *,
         publish: Callable[[Event], Awaitable[None]],
+        latest: Callable[[str], Awaitable[NodeSampled | None]] | None = None,
     ) -> None:
+        """`latest` reads a node's last sample from the samples stream (None: the node page shows
+        only what the store has)."""
         self._db = sessions
+        self._latest = latest
         self.config = config
         self._publish = publish
         self.auth = Sessions(config.token)
@@ -120,6 +131,7 @@ class Console:
         self._templates.filters["ago"] = _ago
         self._templates.filters["duration"] = duration
         self._templates.filters["span_status"] = read.span_status
+        self._templates.filters["gib"] = _gib
 
     # --- inputs from report-builder's handlers -----------------------------------------------
 
@@ -145,6 +157,8 @@ class Console:
         app = web.Application(middlewares=[_headers, self._errors], client_max_size=64 * 1024)
         app.add_routes([
             web.get("/", self.fleet_page),
+            web.get("/nodes/{node}", self.node_page),
+            web.get("/nodes/{node}/history.json", self.node_history),
             web.get("/incidents", self.incidents_page),
             web.get("/incidents/{id}", self.incident_page),
             web.get("/incidents/{id}/report.html", self.incident_report),
@@ -197,6 +211,58 @@ class Console:
         counts = {h: sum(1 for t in tiles if t.health == h) for h in views.HEALTH_ORDER}
         return self._page(request, "fleet.html", "Fleet", tiles=tiles, counts=counts)
 
+    async def node_page(self, request: web.Request) -> web.Response:
+        node = _node_id(request)
+        now = datetime.now(UTC)
+        try:
+            window = views.history_window(request.query, now)
+        except views.FilterError as exc:
+            raise _BadRequest(str(exc)) from None
+        sample, sample_error = await self._latest_sample(node)
+        async with self._db() as session:
+            incidents = await read.list_incidents(session, where=read.IncidentFilter(node_id=node), limit=20)
+            actions = await read.list_actions(session, node_id=node, limit=20)
+            drains = await read.drains(session, node_id=node)
+            history = await node_history.read(session, node, window.start, window.end)
+        reading = self.readings.get(node)
+        if sample is None and reading is None and not incidents and not actions and history.empty and not sample_error:
+            raise web.HTTPNotFound(text=f"no node {node}: nothing sampled it in the last minutes, and the store has no incident, action or history of it")
+        deaths = [i for i in incidents if i.kind == IncidentKind.CONTAINER_DIED.value]
+        containers = sorted({p.container_id for g in sample.gpus for p in g.processes if p.container_id}
+                            | {p.container_id for p in sample.host.top_processes if p.container_id}) if sample else []
+        return self._page(
+            request, "node.html", node, node=node, sample=sample, sample_error=sample_error, reading=reading,
+            incidents=incidents, actions=actions, drains=drains, deaths=deaths, containers=containers, window=window,
+            windows=views.WINDOWS, history=history, charts=views.history_charts(history),
+            retention_h=self.config.history_retention_h,
+        )
+
+    async def node_history(self, request: web.Request) -> web.Response:
+        """A node's history over a window as JSON: the charts' data, and its busiest processes."""
+        node = _node_id(request)
+        try:
+            window = views.history_window(request.query, datetime.now(UTC))
+        except views.FilterError as exc:
+            raise _BadRequest(str(exc)) from None
+        async with self._db() as session:
+            history = await node_history.read(session, node, window.start, window.end)
+        body = history.as_json() | {"top_processes": [
+            {"pid": p.pid, "command": p.command, "user": p.user, "container_id": p.container_id, "cpu_pct": p.cpu_pct,
+             "memory_rss_mib": p.memory_rss_mib, "last_seen": p.last_seen.isoformat()} for p in history.top
+        ]}
+        return web.json_response(body)
+
+    async def _latest_sample(self, node: str) -> tuple[NodeSampled | None, str | None]:
+        if self._latest is None:
+            return None, None
+        try:
+            return await self._latest(node), None
+        except EventDecodeError as exc:
+            return None, f"its last sample does not validate: {exc.reason}"
+        except Exception as exc:  # the bus away: the page still shows what the store has
+            log.warning("console: the last sample of %s could not be read: %r", node, exc)
+            return None, f"its last sample could not be read from the bus ({type(exc).__name__})"
+
     async def incidents_page(self, request: web.Request) -> web.Response:
         try:
             where = views.incident_filter(request.query, INCIDENT_STATUSES)
@@ -214,14 +280,14 @@ class Console:
 
     async def incident_page(self, request: web.Request) -> web.Response:
         context = await self._incident(request)
-        return self._page(request, "incident.html", f"Incident {context['incident'].id[:8]}", **context)
+        return self._page(request, "incident.html", f"Incident {context['incident'].id[:8]}", interactive=True, **context)
 
     async def incident_report(self, request: web.Request) -> web.Response:
         """The incident as one standalone HTML file (its style inline) to save and hand to a colleague."""
         context = await self._incident(request)
         incident = context["incident"]
         html = self._templates.get_template("report.html").render(
-            css=(HERE / "static" / "console.css").read_text(), generated_at=datetime.now(UTC), **context,
+            css=(HERE / "static" / "console.css").read_text(), generated_at=datetime.now(UTC), interactive=False, **context,
         )
         name = f"gpumedic-incident-{incident.id[:8]}-{incident.kind}.html"
         return web.Response(text=html, content_type="text/html", headers={
@@ -245,10 +311,14 @@ class Console:
             spans = await read.trace_spans(session, trace_id=incident.trace_id) if incident.trace_id else []
             marks = await read.marks_of(session, incident_id=incident.id)
             notifications = await read.notifications_of(session, incident_id=incident.id)
+            start, end = _around(incident, datetime.now(UTC))
+            history = await node_history.read(session, incident.node_id, start, end)
+        shown = [(incident.opened_at, "opened")] + ([(incident.closed_at, incident.status)] if incident.closed_at else [])
         jaeger = f"{self.config.jaeger_url.rstrip('/')}/trace/{incident.trace_id}" if self.config.jaeger_url and incident.trace_id else None
         return {
             "incident": incident, "timeline": timeline, "actions": actions, "trace": views.waterfall(spans), "marks": marks,
             "notifications": notifications, "jaeger": jaeger, "postmortem": _postmortem(incident),
+            "history": history, "charts": views.history_charts(history, keys=INCIDENT_CHARTS, marks=shown),
         }
 
     async def cluster_page(self, request: web.Request) -> web.Response:
@@ -259,26 +329,34 @@ class Console:
             chosen = request.query.get("cluster") or (names[0] if names else None)
             checks = await read.cluster_checks(session, cluster=chosen, since=since) if chosen else []
         summary = clusterlog.summarize(checks)
-        top = max((c.peers_total for c in checks), default=0)
+        times = [c.checked_at for c in checks]
+        charts = [views.time_chart("peers", "Peers", "peers", times, {
+            "answering": [c.peers_answering for c in checks], "in all": [c.peers_total for c in checks],
+            "with a leader": [1 if c.leader else 0 for c in checks],
+        })] if checks else []
         return self._page(
             request, "cluster.html", "Cluster", names=names, chosen=chosen, checks=checks[-200:], summary=summary, hours=hours,
-            answering=views.chart([c.peers_answering for c in checks], 600, 120, top=top),
-            total=views.chart([c.peers_total for c in checks], 600, 120, top=top),
-            leaders=_leader_stretches(checks),
+            charts=charts, leaders=_leader_stretches(checks),
         )
 
     async def capacity_page(self, request: web.Request) -> web.Response:
         hours = _hours(request, default=6)
         async with self._db() as session:
             rows = await read.capacity_checks(session, since=datetime.now(UTC) - timedelta(hours=hours))
-        queue = [(r.queued or 0) + (r.in_progress or 0) for r in rows]
-        gpus, wanted, cost = [r.gpus_total for r in rows], [r.gpus_wanted or 0 for r in rows], [r.cost_per_h or 0.0 for r in rows]
-        gpus_top = max(gpus + wanted, default=0)
+        times = [r.checked_at for r in rows]
+        charts = []
+        if rows:
+            if any(r.queued is not None or r.in_progress is not None for r in rows):
+                charts.append(views.time_chart("queue", "Tasks", "tasks", times, {
+                    "queued": [r.queued for r in rows], "in progress": [r.in_progress for r in rows],
+                }))
+            charts.append(views.time_chart("gpus", "GPUs", "GPUs", times, {
+                "in service": [r.gpus_total for r in rows], "busy": [r.gpus_busy for r in rows], "wanted": [r.gpus_wanted for r in rows],
+            }))
+            if any(r.cost_per_h is not None for r in rows):
+                charts.append(views.time_chart("cost", "Cost of the billed workers", "$/h", times, {"$/h": [r.cost_per_h for r in rows]}))
         return self._page(
-            request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None,
-            queue=views.chart(queue, 600, 120), queue_top=max(queue, default=0),
-            gpus=views.chart(gpus, 600, 120, top=gpus_top), wanted=views.chart(wanted, 600, 120, top=gpus_top), gpus_top=gpus_top,
-            cost=views.chart(cost, 600, 120), cost_top=max(cost, default=0),
+            request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None, charts=charts,
         )
 
     async def ledger_page(self, request: web.Request) -> web.Response:
@@ -558,6 +636,31 @@ def _postmortem(incident) -> list[tuple[str, str]] | None:
         facts.insert(0, ("cause", f"{str(diagnosis.get('cause', '?')).replace('_', ' ')} "
                                   f"({float(diagnosis.get('confidence', 0)):.0%} sure): {diagnosis.get('explanation', '')}"))
     return facts
+
+
+INCIDENT_CHARTS = ("host_memory", "gpu_util", "gpu_memory", "disks", "host_load", "gpu_temperature")
+"""The node's figures an incident page shows, in this order (the node page shows them all)."""
+BEFORE_INCIDENT = timedelta(hours=1)
+AFTER_INCIDENT = timedelta(minutes=15)
+
+
+def _around(incident, now: datetime) -> tuple[datetime, datetime]:
+    """The window an incident page charts: the hour before it opened to a while after it closed
+    (or now), at most a day from its start."""
+    start = incident.opened_at - BEFORE_INCIDENT
+    end = min((incident.closed_at or now) + AFTER_INCIDENT, now, start + timedelta(days=1))
+    return start, max(end, incident.opened_at + timedelta(minutes=1))
+
+
+def _node_id(request: web.Request) -> str:
+    node = request.match_info["node"]
+    if not is_subject_token(node):
+        raise _BadRequest(f"{node[:80]!r} is not a node id (letters, digits, '-' and '_', at most 63)")
+    return node
+
+
+def _gib(mib: float | None) -> str:
+    return "?" if mib is None else f"{mib / 1024:.1f} GiB"
 
 
 def _when(value: datetime | None) -> str:

@@ -3,7 +3,9 @@
 - `fleet`: one tile per node with its health (the worst of its unresolved incidents, drained, or
   silent when its samples stopped) and each GPU's utilisation, memory and temperature;
 - `waterfall`: an incident's trace laid out as bars on one time axis, children under parents;
-- `chart`: a series of numbers as the points of an SVG polyline;
+- `time_chart` and `history_charts`: time series as the data the console's script draws with uPlot
+  (shared times in seconds, one line per series, a unit, and marks such as an incident's start);
+- `history_window`: the window a node page or its JSON asks for (1h, 6h, 24h, 7d, or from/to);
 - `incident_filter`: the list's query string, checked, as the repository's filter.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpumedic_events import NodeSampled
+from gpumedic_store.history import History
 from gpumedic_store.views import IncidentFilter
 
 HEALTH_ORDER = ("critical", "warning", "drained", "silent", "info", "ok")
@@ -44,13 +47,22 @@ class NodeReading:
 
     sampled_at: datetime
     gpus: tuple[GpuTile, ...]
+    memory_used_pct: int | None = None
+    """Host memory in use (total less available), percent."""
+    fullest_disk: tuple[str, float] | None = None
+    """The configured path whose file system is fullest, and its share in use."""
 
     @classmethod
     def of(cls, sample: NodeSampled) -> NodeReading:
+        host = sample.host
+        memory = None
+        if host.memory_total_mib and host.memory_available_mib is not None:
+            memory = round(100 * (host.memory_total_mib - host.memory_available_mib) / host.memory_total_mib)
+        fullest = max(host.disks, key=lambda d: d.used_pct, default=None)
         return cls(sample.occurred_at, tuple(
             GpuTile(g.index, g.utilization_gpu_pct, g.memory_used_mib, g.memory_total_mib, g.temperature_c, g.lost)
             for g in sample.gpus
-        ))
+        ), memory, (fullest.path, fullest.used_pct) if fullest else None)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class NodeTile:
     gpus: tuple[GpuTile, ...] = ()
     sampled_at: datetime | None = None
     incidents: tuple[tuple[str, str, str], ...] = ()
+    reading: NodeReading | None = None
     """(incident id, kind, status) of its unresolved incidents."""
 
 
@@ -81,7 +94,7 @@ def fleet(
         health, why = _health(reading, incidents, node in drained, now, silent_after_s)
         tiles.append(NodeTile(
             node, health, why, reading.gpus if reading else (), reading.sampled_at if reading else None,
-            tuple((i.id, i.kind, i.status) for i in incidents),
+            tuple((i.id, i.kind, i.status) for i in incidents), reading,
         ))
     return sorted(tiles, key=lambda t: (HEALTH_ORDER.index(t.health), t.node_id))
 
@@ -156,15 +169,65 @@ def _ms(delta: timedelta) -> float:
     return max(0.0, delta.total_seconds() * 1000)
 
 
-def chart(values: Sequence[float | None], width: float, height: float, *, top: float | None = None) -> str:
-    """SVG polyline points for `values` spread evenly over `width`, 0 at the bottom and `top` (or
-    the largest value) at the top; a missing value (None) is drawn at 0."""
-    if not values:
-        return ""
-    top = top if top is not None else max((v for v in values if v is not None), default=0.0)
-    step = width / (len(values) - 1) if len(values) > 1 else 0.0
-    scale = height / top if top else 0.0
-    return " ".join(f"{i * step:.1f},{height - (v or 0) * scale:.1f}" for i, v in enumerate(values))
+def time_chart(key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]]) -> dict:
+    """One chart's data as the console's script draws it: times in seconds since the epoch."""
+    return {
+        "id": key, "title": title, "unit": unit, "times": [int(t.timestamp()) for t in times],
+        "series": [{"label": label, "values": list(values)} for label, values in series.items()], "marks": [],
+    }
+
+
+def history_charts(history: History, *, keys: Sequence[str] | None = None, marks: Sequence[tuple[datetime, str]] = ()) -> list[dict]:
+    """A node's history as charts (those named by `keys`, in that order, or all), each with the
+    given marks (an incident's start and end) as labelled vertical lines."""
+    charts = history.charts if keys is None else [c for k in keys if (c := history.chart(k)) is not None]
+    shown = [{"at": int(at.timestamp()), "label": label} for at, label in marks]
+    return [
+        {
+            "id": c.key, "title": c.title, "unit": c.unit, "times": history.times, "step_s": history.step_s,
+            "series": [{"label": s.label, "values": s.values} for s in c.series], "marks": shown,
+        }
+        for c in charts
+    ]
+
+
+WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+LONGEST_WINDOW = timedelta(days=31)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+    name: str
+    """A key of WINDOWS, or "custom" for from/to."""
+
+
+def history_window(query: Mapping[str, str], now: datetime, *, default: str = "24h") -> Window:
+    """`window=1h|6h|24h|7d` back from now, or `from` and `to` (ISO times, UTC unless they say)."""
+    start, end = (query.get("from") or "").strip(), (query.get("to") or "").strip()
+    if start or end:
+        times = {}
+        for key, value in (("from", start), ("to", end)):
+            if not value:
+                times[key] = now if key == "to" else None
+                continue
+            try:
+                when = datetime.fromisoformat(value)
+            except ValueError:
+                raise FilterError(f"{key} must be a date and time such as 2026-11-23T10:00 (UTC), not {value!r}") from None
+            times[key] = when if when.tzinfo else when.replace(tzinfo=UTC)
+        if times["from"] is None:
+            raise FilterError("to needs a from: the window's start")
+        if times["to"] <= times["from"]:
+            raise FilterError("from must be before to")
+        if times["to"] - times["from"] > LONGEST_WINDOW:
+            raise FilterError(f"a window is at most {LONGEST_WINDOW.days} days")
+        return Window(times["from"], times["to"], "custom")
+    name = (query.get("window") or default).strip()
+    if name not in WINDOWS:
+        raise FilterError(f"window must be one of {', '.join(WINDOWS)}, not {name!r}")
+    return Window(now - WINDOWS[name], now, name)
 
 
 class FilterError(ValueError):

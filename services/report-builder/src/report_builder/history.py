@@ -1,0 +1,114 @@
+"""Every node's history, kept by report-builder: each live sample is folded into its node's
+minute (`gpumedic_store.history`), and finished minutes are written every few seconds by one
+instance (the `history` lease); minutes past the retention are deleted as it goes.
+
+A sample that arrives after its minute was closed (a node whose clock or link lags) is dropped
+and counted, not written into a minute that is already stored. While the store is down, finished
+minutes wait in memory, at most `MAX_WAITING` per node (the oldest go first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpumedic_events import NodeSampled
+from gpumedic_store import StoreUnavailable
+from gpumedic_store import history as store
+from gpumedic_store.history import Minute, MinuteFolder, minute_of
+
+log = logging.getLogger(__name__)
+
+CLOSE_AFTER = timedelta(seconds=15)
+"""A minute is closed this long after it ended: samples still on their way get in."""
+MAX_WAITING = 60
+"""Finished minutes kept per node while they cannot be written."""
+PRUNE_EVERY_S = 600.0
+
+
+class HistoryRecorder:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        retention: timedelta,
+        flush_every_s: float = 10.0,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._db = sessions
+        self.retention = retention
+        self.flush_every_s = flush_every_s
+        self._now = now
+        self._open: dict[str, MinuteFolder] = {}
+        self._done: dict[str, list[Minute]] = {}
+        self._closed: dict[str, datetime] = {}
+        """Per node, the last minute closed: a sample of it or before comes too late."""
+        self.late = 0
+        """Samples dropped because their minute was already closed."""
+        self._pruned_at: float | None = None
+        self._failing = False
+
+    async def on_sample(self, sample: NodeSampled) -> None:
+        minute = minute_of(sample.occurred_at)
+        folder = self._open.get(sample.node_id)
+        if folder is not None and minute > folder.minute:
+            self._finish(sample.node_id, folder)
+            folder = None
+        if folder is None:
+            closed = self._closed.get(sample.node_id)
+            if closed is not None and minute <= closed:
+                self.late += 1
+                return
+            folder = self._open[sample.node_id] = MinuteFolder(minute)
+        elif minute < folder.minute:
+            self.late += 1
+            return
+        folder.add(sample)
+
+    def _finish(self, node_id: str, folder: MinuteFolder) -> None:
+        self._closed[node_id] = folder.minute
+        waiting = self._done.setdefault(node_id, [])
+        waiting.append(folder.minute_figures())
+        del waiting[:-MAX_WAITING]
+
+    async def flush(self) -> int:
+        """Close the minutes that ended, write every finished one, prune now and then; rows written."""
+        cutoff = minute_of(self._now() - CLOSE_AFTER)
+        for node_id, folder in list(self._open.items()):
+            if folder.minute < cutoff:
+                self._finish(node_id, folder)
+                del self._open[node_id]
+        batch = {node: list(minutes) for node, minutes in self._done.items() if minutes}
+        written = 0
+        try:
+            async with self._db() as session, session.begin():
+                for node_id, minutes in batch.items():
+                    await store.write(session, node_id, minutes)
+                    written += len(minutes)
+                if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+                    gone = await store.prune(session, self._now() - self.retention)
+                    self._pruned_at = time.monotonic()
+                    if gone:
+                        log.info("history: %d node-minutes older than %s forgotten", gone, self.retention)
+        except StoreUnavailable as exc:
+            if not self._failing:
+                log.warning("history: the store is unavailable (%s); finished minutes wait in memory", exc)
+            self._failing = True
+            return 0
+        if self._failing:
+            log.info("history: the store is back; %d node-minutes written", written)
+            self._failing = False
+        for node_id, minutes in batch.items():  # what finished meanwhile stays for the next flush
+            written_ids = {id(m) for m in minutes}
+            self._done[node_id] = [m for m in self._done[node_id] if id(m) not in written_ids]
+        return written
+
+    async def loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_every_s)
+            await self.flush()
