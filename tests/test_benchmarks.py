@@ -19,6 +19,7 @@ SMALL = {
     "probe_round": ["--probe-peers", "20", "--probe-rounds", "1"],
     "demand_curve": [],
     "console_pages": ["--console-incidents", "50", "--console-runs", "2"],
+    "node_history": ["--history-nodes", "20", "--history-minutes", "90", "--history-runs", "2"],
 }
 
 

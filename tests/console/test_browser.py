@@ -153,7 +153,7 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     died = event(IncidentOpened, incident_id=str(uuid.uuid4()), kind="container_died", node_id=node_id, severity="warning",
                  occurred_at=(now - timedelta(minutes=20)).isoformat(), summary="container selfplay-gpu3 exited 137: host out of memory")
     async with sessions() as session, session.begin():
-        await history.write(session, node_id, minutes)
+        await history.write(session, {node_id: minutes})
         await repository.record_event(session, event=died, subject=died.subject, trace_id=None)
         for m in range(0, 360, 5):
             await repository.record_cluster_check(session, event=event(

@@ -421,7 +421,7 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
         for m in range(90, 0, -1):
             folder = history.MinuteFolder(now - timedelta(minutes=m))
             folder.add(sample(now - timedelta(minutes=m)))
-            await history.write(session, "gpu-node-09", [folder.minute_figures()])
+            await history.write(session, {"gpu-node-09": [folder.minute_figures()]})
         died = _event(IncidentOpened, incident_id=str(uuid.uuid4()), kind="container_died", node_id="gpu-node-09", severity="warning",
                       occurred_at=(now - timedelta(minutes=5)).isoformat(), summary="container trainer exited 137: host oom")
         await repository.record_event(session, event=died, subject=died.subject, trace_id=None)

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from gpumedic_events import DiskUsage, GpuSample, HostSample, NodeSampled, TopProcess
 from gpumedic_store import create_engine, history, session_factory
-from gpumedic_store.models import NodeMinute
+from gpumedic_store.models import NodeHour
 from report_builder.history import HistoryRecorder
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
@@ -90,7 +90,8 @@ async def test_the_store_down_loses_nothing(sessions):
     recorder._db = sessions
     assert await recorder.flush() == 2
     async with sessions() as session:
-        assert await session.scalar(select(func.count()).select_from(NodeMinute)) == 2
+        assert await session.scalar(select(func.count()).select_from(NodeHour)) == 1  # one hour's row holds both minutes
+        assert (await history.read(session, "n1", T0, T0 + timedelta(minutes=5))).minutes == 2
 
 
 async def test_old_minutes_are_forgotten_and_long_windows_merged(sessions):
@@ -98,14 +99,14 @@ async def test_old_minutes_are_forgotten_and_long_windows_merged(sessions):
         for i in range(0, 48 * 60, 10):  # two days, a minute every ten
             folder = history.MinuteFolder(T0 + timedelta(minutes=i))
             folder.add(sample(T0 + timedelta(minutes=i), util=i % 100))
-            await history.write(session, "n1", [folder.minute_figures()])
+            await history.write(session, {"n1": [folder.minute_figures()]})
     clock = Clock(T0 + timedelta(hours=48))
     recorder = HistoryRecorder(sessions, retention=timedelta(hours=24), now=clock)
     await recorder.flush()
     async with sessions() as session:
-        left = await session.scalar(select(func.min(NodeMinute.minute)))
+        left = await session.scalar(select(func.min(NodeHour.hour)))
         h = await history.read(session, "n1", T0 + timedelta(hours=24), T0 + timedelta(hours=48), max_points=100)
-    assert left >= T0 + timedelta(hours=24)
+    assert left >= T0 + timedelta(hours=23)  # hours that ended before the retention's start are gone
     assert h.step_s == 15 * 60 and len(h.times) == 96
     values = h.chart("gpu_util").series[0].values
     assert all(v is not None for v in values)  # every 15 min bucket holds one or two stored minutes

@@ -3,9 +3,12 @@ default) where the samples stream keeps ten minutes.
 
 `MinuteFolder` folds one node's samples of a minute into a `Minute`: utilisation, power and
 clocks as means; memory, temperatures, swap, load and disk use as peaks (a spike that killed a
-job must not be averaged away); the busiest processes as each one's peak CPU and memory. A
-minute is one row (`NodeMinute`), its figures zlib-compressed JSON. `read` answers a window of
-one node, merged into at most `max_points` buckets, as series a chart draws directly.
+job must not be averaged away); the busiest processes as each one's peak CPU and memory. The
+store keeps one row per node and hour (`NodeHour`): its minutes as columns, one array per figure,
+zlib-compressed JSON, so a day is 24 rows to read and the arrays compress well. `read` answers a
+window of one node, merged into at most `max_points` buckets, as series a chart draws directly.
+
+A figure's name says what it is: `gpu<i>.<figure>`, `host.<figure>`, `disk:<path>` (percent in use).
 """
 
 from __future__ import annotations
@@ -13,27 +16,34 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpumedic_events import NodeSampled
-from gpumedic_store.models import NodeMinute
+from gpumedic_store.models import NodeHour
 
 GPU_MEANS = ("util_pct", "power_w", "sm_clock_mhz")
-GPU_PEAKS = ("util_max_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "processes")
-HOST_PEAKS = ("memory_used_mib", "memory_total_mib", "swap_used_mib", "load_1m", "cpus")
+"""GPU figures a minute keeps as the mean of its samples; every other figure is the minute's peak."""
 TOP_KEEP = 10
 """Processes a minute keeps: its busiest by peak CPU, then by peak memory."""
-FORMAT = 1
+FORMAT = 2
 
 
 def minute_of(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def hour_of(at: datetime) -> datetime:
+    return minute_of(at).replace(minute=0)
+
+
+def _is_mean(name: str) -> bool:
+    return name.startswith("gpu") and name.partition(".")[2] in GPU_MEANS
 
 
 @dataclass
@@ -56,42 +66,12 @@ class ProcessPeak:
 
 @dataclass
 class Minute:
-    """What one node did in one minute; None where no sample of the minute had the figure."""
+    """What one node did in one minute: each figure by name, None where no sample had it."""
 
     minute: datetime
     samples: int = 0
-    gpus: dict[int, dict[str, float | None]] = field(default_factory=dict)
-    host: dict[str, float | None] = field(default_factory=dict)
-    disks: dict[str, float] = field(default_factory=dict)
-    """Path -> peak share in use, percent."""
+    figures: dict[str, float | None] = field(default_factory=dict)
     top: list[ProcessPeak] = field(default_factory=list)
-    jobs_running: int | None = None
-
-    def encode(self) -> bytes:
-        doc = {
-            "v": FORMAT,
-            "n": self.samples,
-            "gpus": {str(i): [g.get(k) for k in (*GPU_MEANS, *GPU_PEAKS)] for i, g in self.gpus.items()},
-            "host": [self.host.get(k) for k in HOST_PEAKS],
-            "disks": self.disks,
-            "top": [[p.pid, p.command, p.user, p.container_id, p.cpu_pct, p.memory_rss_mib] for p in self.top],
-            "jobs": self.jobs_running,
-        }
-        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
-
-    @classmethod
-    def decode(cls, minute: datetime, blob: bytes) -> Minute:
-        doc = json.loads(zlib.decompress(blob))
-        gpu_keys = (*GPU_MEANS, *GPU_PEAKS)
-        return cls(
-            minute=minute,
-            samples=doc.get("n", 0),
-            gpus={int(i): dict(zip(gpu_keys, values, strict=False)) for i, values in doc.get("gpus", {}).items()},
-            host=dict(zip(HOST_PEAKS, doc.get("host", []), strict=False)),
-            disks=doc.get("disks", {}),
-            top=[ProcessPeak(pid, cmd, user, cid, cpu, rss, minute) for pid, cmd, user, cid, cpu, rss in doc.get("top", [])],
-            jobs_running=doc.get("jobs"),
-        )
 
 
 class MinuteFolder:
@@ -100,52 +80,45 @@ class MinuteFolder:
     def __init__(self, minute: datetime) -> None:
         self.minute = minute
         self._n = 0
-        self._gpu_sums: dict[int, dict[str, list[float]]] = {}
-        """Per GPU and figure, [sum, count] for the means, [peak] for the peaks."""
-        self._host: dict[str, float] = {}
-        self._disks: dict[str, float] = {}
+        self._sums: dict[str, list[float]] = {}
+        """Per figure, [sum, count] for a mean, [peak] for a peak."""
         self._top: dict[tuple[int, str], ProcessPeak] = {}
-        self._jobs: int | None = None
+
+    def _put(self, name: str, value: float | None) -> None:
+        if value is None:
+            return
+        acc = self._sums.get(name)
+        if _is_mean(name):
+            if acc is None:
+                self._sums[name] = [value, 1]
+            else:
+                acc[0] += value
+                acc[1] += 1
+        elif acc is None or value > acc[0]:
+            self._sums[name] = [value]
 
     def add(self, sample: NodeSampled) -> None:
         self._n += 1
+        put = self._put
         for gpu in sample.gpus:
-            sums = self._gpu_sums.setdefault(gpu.index, {})
-            figures = {
-                "util_pct": gpu.utilization_gpu_pct,
-                "power_w": gpu.power_w,
-                "sm_clock_mhz": gpu.sm_clock_mhz,
-                "util_max_pct": gpu.utilization_gpu_pct,
-                "memory_used_mib": gpu.memory_used_mib,
-                "memory_total_mib": gpu.memory_total_mib,
-                "temperature_c": gpu.temperature_c,
-                "processes": len(gpu.processes),
-            }
-            for name, value in figures.items():
-                if value is None:
-                    continue
-                if name in GPU_MEANS:
-                    acc = sums.setdefault(name, [0.0, 0])
-                    acc[0] += value
-                    acc[1] += 1
-                else:
-                    acc = sums.setdefault(name, [value])
-                    acc[0] = max(acc[0], value)
+            g = f"gpu{gpu.index}."
+            put(g + "util_pct", gpu.utilization_gpu_pct)
+            put(g + "power_w", gpu.power_w)
+            put(g + "sm_clock_mhz", gpu.sm_clock_mhz)
+            put(g + "memory_used_mib", gpu.memory_used_mib)
+            put(g + "memory_total_mib", gpu.memory_total_mib)
+            put(g + "temperature_c", gpu.temperature_c)
+            put(g + "processes", len(gpu.processes))
         host = sample.host
-        used = None
         if host.memory_total_mib is not None and host.memory_available_mib is not None:
-            used = max(0, host.memory_total_mib - host.memory_available_mib)
-        for name, value in (
-            ("memory_used_mib", used),
-            ("memory_total_mib", host.memory_total_mib),
-            ("swap_used_mib", host.swap_used_mib),
-            ("load_1m", host.load_1m),
-            ("cpus", host.cpus),
-        ):
-            if value is not None:
-                self._host[name] = max(self._host.get(name, value), value)
+            put("host.memory_used_mib", max(0, host.memory_total_mib - host.memory_available_mib))
+        put("host.memory_total_mib", host.memory_total_mib)
+        put("host.swap_used_mib", host.swap_used_mib)
+        put("host.load_1m", host.load_1m)
+        put("host.cpus", host.cpus)
+        put("host.jobs_running", sample.jobs.running)
         for disk in host.disks:
-            self._disks[disk.path] = max(self._disks.get(disk.path, 0.0), disk.used_pct)
+            put("disk:" + disk.path, disk.used_pct)
         for p in host.top_processes:
             peak = ProcessPeak(p.pid, p.command, p.user, p.container_id, p.cpu_pct, p.memory_rss_mib, sample.occurred_at)
             known = self._top.get((p.pid, p.command))
@@ -153,29 +126,12 @@ class MinuteFolder:
                 self._top[(p.pid, p.command)] = peak
             else:
                 known.merge(peak)
-        if sample.jobs.running is not None:
-            self._jobs = sample.jobs.running
 
     def minute_figures(self) -> Minute:
-        gpus: dict[int, dict[str, float | None]] = {}
-        for index, sums in sorted(self._gpu_sums.items()):
-            figures: dict[str, float | None] = {}
-            for name in GPU_MEANS:
-                acc = sums.get(name)
-                figures[name] = round(acc[0] / acc[1], 1) if acc and acc[1] else None
-            for name in GPU_PEAKS:
-                acc = sums.get(name)
-                figures[name] = acc[0] if acc else None
-            gpus[index] = figures
-        return Minute(
-            minute=self.minute,
-            samples=self._n,
-            gpus=gpus,
-            host=dict(self._host),
-            disks={path: round(pct, 2) for path, pct in self._disks.items()},
-            top=busiest(self._top.values(), TOP_KEEP),
-            jobs_running=self._jobs,
-        )
+        figures = {
+            name: (round(acc[0] / acc[1], 2) if _is_mean(name) else acc[0]) for name, acc in sorted(self._sums.items())
+        }
+        return Minute(self.minute, self._n, figures, busiest(self._top.values(), TOP_KEEP))
 
 
 def busiest(processes: Iterable[ProcessPeak], keep: int) -> list[ProcessPeak]:
@@ -187,18 +143,114 @@ def busiest(processes: Iterable[ProcessPeak], keep: int) -> list[ProcessPeak]:
     return [*by_cpu, *by_memory][:keep]
 
 
+@dataclass
+class Columns:
+    """Minutes of one node as columns: `times` (seconds since the epoch, ascending) and, per
+    figure, one value per time (None where that minute lacked it)."""
+
+    times: list[int] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+    top: list[tuple[int, ProcessPeak]] = field(default_factory=list)
+    """(time, process) for each minute's busiest processes."""
+
+    def add(self, minutes: Iterable[Minute]) -> None:
+        """Merge minutes in; one already held is replaced (a minute written again)."""
+        rows = {t: i for i, t in enumerate(self.times)}
+        by_time = {int(m.minute.timestamp()): m for m in minutes}
+        keep = [i for i, t in enumerate(self.times) if t not in by_time]
+        new_times = sorted([self.times[i] for i in keep] + list(by_time))
+        names = set(self.series) | {n for m in by_time.values() for n in m.figures}
+        series: dict[str, list[float | None]] = {}
+        for name in sorted(names):
+            old = self.series.get(name)
+            column: list[float | None] = []
+            for t in new_times:
+                m = by_time.get(t)
+                column.append(m.figures.get(name) if m is not None else (old[rows[t]] if old is not None else None))
+            series[name] = column
+        self.samples = [by_time[t].samples if t in by_time else self.samples[rows[t]] for t in new_times]
+        self.top = sorted([(t, p) for t, p in self.top if t not in by_time] + [(t, p) for t, m in by_time.items() for p in m.top],
+                          key=lambda tp: tp[0])
+        self.times, self.series = new_times, series
+
+    def extend(self, later: Columns) -> None:
+        """Append columns that all come after these (the next hour)."""
+        n, m = len(self.times), len(later.times)
+        for name in set(self.series) | set(later.series):
+            self.series[name] = self.series.get(name, [None] * n) + later.series.get(name, [None] * m)
+        self.times += later.times
+        self.samples += later.samples
+        self.top += later.top
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": FORMAT, "t": self.times, "n": self.samples, "s": self.series,
+            "top": [[t, p.pid, p.command, p.user, p.container_id, p.cpu_pct, p.memory_rss_mib] for t, p in self.top],
+        }
+        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Columns:
+        doc = json.loads(zlib.decompress(blob))
+        if doc.get("v") != FORMAT:
+            raise ValueError(f"node history format {doc.get('v')!r}, not {FORMAT}")
+        top = [(t, ProcessPeak(pid, cmd, user, cid, cpu, rss, datetime.fromtimestamp(t, UTC))) for t, pid, cmd, user, cid, cpu, rss in doc["top"]]
+        return cls(times=doc["t"], samples=doc["n"], series=doc["s"], top=top)
+
+
 # --- the store ------------------------------------------------------------------------------
 
 
-async def write(session: AsyncSession, node_id: str, minutes: Sequence[Minute]) -> None:
-    """Add or replace these minutes of one node (a restarted report-builder may write one again)."""
-    for m in minutes:
-        await session.merge(NodeMinute(node_id=node_id, minute=m.minute, figures=m.encode()))
+HourKey = tuple[str, datetime]
+"""(node id, start of the hour): one row of the store."""
+
+
+async def write(session: AsyncSession, minutes: Mapping[str, Sequence[Minute]], hours: dict[HourKey, Columns] | None = None) -> int:
+    """Add each node's minutes to its hours' rows (a minute written again replaces itself), in one
+    read of the rows not yet known and two bulk statements; the rows written.
+
+    `hours` is the writer's copy of rows it wrote, updated here, so that the next minute of an
+    hour costs no read; it must hold only what this writer alone wrote since it made the copy."""
+    hours = {} if hours is None else hours
+    wanted: dict[HourKey, list[Minute]] = {}
+    for node_id, these in minutes.items():
+        for m in these:
+            wanted.setdefault((node_id, hour_of(m.minute)), []).append(m)
+    unknown = [key for key in wanted if key not in hours]
+    stored: set[HourKey] = {key for key in wanted if key in hours}
+    for at in range(0, len(unknown), 500):
+        chunk = unknown[at : at + 500]
+        rows = await session.execute(
+            select(NodeHour.node_id, NodeHour.hour, NodeHour.figures).where(
+                NodeHour.node_id.in_({n for n, _ in chunk}), NodeHour.hour.in_({h for _, h in chunk})
+            )
+        )
+        for node_id, hour, blob in rows:
+            if (node_id, hour) in wanted:
+                hours[(node_id, hour)] = Columns.decode(blob)
+                stored.add((node_id, hour))
+    inserts, updates = [], []
+    for key, these in wanted.items():
+        columns = hours.setdefault(key, Columns())
+        columns.add(these)
+        row = {"node_id": key[0], "hour": key[1], "figures": columns.encode()}
+        (updates if key in stored else inserts).append(row)
+    if inserts:
+        await session.execute(insert(NodeHour), inserts)
+    if updates:
+        await session.execute(update(NodeHour), updates)
+    newest: dict[str, datetime] = {}
+    for node_id, hour in hours:
+        newest[node_id] = max(newest.get(node_id, hour), hour)
+    for key in [k for k in hours if k[1] < newest[k[0]]]:  # an hour past is not written again
+        del hours[key]
+    return len(inserts) + len(updates)
 
 
 async def prune(session: AsyncSession, before: datetime) -> int:
-    """Forget every minute before `before`; the number of rows gone."""
-    result = await session.execute(delete(NodeMinute).where(NodeMinute.minute < before))
+    """Forget every hour that ended before `before`; the number of node-hours gone."""
+    result = await session.execute(delete(NodeHour).where(NodeHour.hour <= before - timedelta(hours=1)))
     return result.rowcount or 0
 
 
@@ -210,7 +262,7 @@ class Series:
 
 @dataclass(frozen=True)
 class Chart:
-    """One chart's data: a shared time axis (seconds since the epoch) and its lines."""
+    """One chart's data: its lines over the history's shared times."""
 
     key: str
     title: str
@@ -254,86 +306,85 @@ class History:
 
 
 async def read(session: AsyncSession, node_id: str, start: datetime, end: datetime, *, max_points: int = 720) -> History:
-    rows = (
-        await session.execute(
-            select(NodeMinute.minute, NodeMinute.figures)
-            .where(NodeMinute.node_id == node_id, NodeMinute.minute >= minute_of(start), NodeMinute.minute <= end)
-            .order_by(NodeMinute.minute)
+    blobs = (
+        await session.scalars(
+            select(NodeHour.figures)
+            .where(NodeHour.node_id == node_id, NodeHour.hour >= hour_of(start), NodeHour.hour <= end)
+            .order_by(NodeHour.hour)
         )
     ).all()
-    return summarise(node_id, start, end, [Minute.decode(at, blob) for at, blob in rows], max_points=max_points)
+    columns = Columns()
+    for blob in blobs:
+        columns.extend(Columns.decode(blob))
+    return summarise(node_id, start, end, columns, max_points=max_points)
 
 
-def summarise(node_id: str, start: datetime, end: datetime, minutes: Sequence[Minute], *, max_points: int = 720) -> History:
-    """Minutes into charts: buckets of `step` minutes, each starting at a multiple of it, a mean
-    of the means and a peak of the peaks; a bucket without samples is a gap (None), not a zero."""
+GPU_CHARTS = (
+    ("gpu_util", "GPU utilisation", "%", "util_pct", 1.0),
+    ("gpu_memory", "GPU memory used", "GiB", "memory_used_mib", 1 / 1024),
+    ("gpu_temperature", "GPU temperature", "°C", "temperature_c", 1.0),
+    ("gpu_power", "GPU power", "W", "power_w", 1.0),
+    ("gpu_clock", "SM clock", "MHz", "sm_clock_mhz", 1.0),
+)
+HOST_CHARTS = (
+    ("host_memory", "Host memory", "GiB", (("used", "host.memory_used_mib"), ("total", "host.memory_total_mib"), ("swap used", "host.swap_used_mib")), 1 / 1024),
+    ("host_load", "Load (1 min)", "", (("load", "host.load_1m"), ("CPUs", "host.cpus")), 1.0),
+    ("jobs", "Jobs the node reports", "jobs", (("running", "host.jobs_running"),), 1.0),
+)
+
+
+def summarise(node_id: str, start: datetime, end: datetime, columns: Columns, *, max_points: int = 720) -> History:
+    """Columns into charts: buckets of `step` minutes from the window's first minute, a mean of the
+    means and a peak of the peaks; a bucket without samples is a gap (None), not a zero. A figure
+    no minute had (a node without clocks, say) is left out rather than drawn empty."""
     span_min = max(1, math.ceil((end - start).total_seconds() / 60))
     step = max(1, math.ceil(span_min / max_points))
-    first = minute_of(start)
-    buckets: dict[int, list[Minute]] = {}
-    for m in minutes:
-        buckets.setdefault(int((m.minute - first).total_seconds() // 60) // step, []).append(m)
+    first = int(minute_of(start).timestamp())
     count = max(1, math.ceil(span_min / step))
-    times = [int((first + timedelta(minutes=i * step)).timestamp()) for i in range(count)]
-    gpu_indexes = sorted({i for m in minutes for i in m.gpus})
-    disk_paths = sorted({p for m in minutes for p in m.disks})
+    index = [(t - first) // 60 // step for t in columns.times]
+    inside = [i for i, b in enumerate(index) if 0 <= b < count]
 
-    def per_bucket(pick, *, mean: bool) -> list[float | None]:
-        out: list[float | None] = []
-        for i in range(count):
-            values = [v for m in buckets.get(i, ()) if (v := pick(m)) is not None]
-            if not values:
-                out.append(None)
-            else:
-                out.append(round(sum(values) / len(values), 1) if mean else max(values))
-        return out
+    def bucketed(name: str, scale: float) -> list[float | None]:
+        values = columns.series.get(name)
+        if values is None:
+            return [None] * count
+        mean = _is_mean(name)
+        sums: list[float | None] = [None] * count
+        counts = [0] * count
+        for i in inside:
+            v = values[i]
+            if v is None:
+                continue
+            b = index[i]
+            s = sums[b]
+            if mean:
+                sums[b] = v if s is None else s + v
+                counts[b] += 1
+            elif s is None or v > s:
+                sums[b] = v
+        if mean:
+            return [None if s is None else round(s / c * scale, 2) for s, c in zip(sums, counts, strict=True)]
+        return [None if s is None else round(s * scale, 2) for s in sums]
 
-    def gpu_series(name: str, scale: float = 1.0) -> list[Series]:
-        series = []
-        for index in gpu_indexes:
-            values = per_bucket(lambda m, index=index: (m.gpus.get(index) or {}).get(name), mean=name in GPU_MEANS)
-            series.append(Series(f"GPU {index}", [None if v is None else round(v * scale, 2) for v in values]))
-        return series
-
-    def host_series(label: str, name: str, scale: float = 1.0) -> Series:
-        values = per_bucket(lambda m: m.host.get(name), mean=False)
-        return Series(label, [None if v is None else round(v * scale, 2) for v in values])
-
-    charts = []
-    if gpu_indexes:
-        charts += [
-            Chart("gpu_util", "GPU utilisation", "%", gpu_series("util_pct")),
-            Chart("gpu_memory", "GPU memory used", "GiB", gpu_series("memory_used_mib", 1 / 1024)),
-            Chart("gpu_temperature", "GPU temperature", "°C", gpu_series("temperature_c")),
-            Chart("gpu_power", "GPU power", "W", gpu_series("power_w")),
-            Chart("gpu_clock", "SM clock", "MHz", gpu_series("sm_clock_mhz")),
-        ]
-    if any(m.host for m in minutes):
-        charts.append(Chart("host_memory", "Host memory", "GiB", [
-            host_series("used", "memory_used_mib", 1 / 1024),
-            host_series("total", "memory_total_mib", 1 / 1024),
-            host_series("swap used", "swap_used_mib", 1 / 1024),
-        ]))
-        charts.append(Chart("host_load", "Load (1 min)", "", [host_series("load", "load_1m"), host_series("CPUs", "cpus")]))
-    if disk_paths:
-        charts.append(Chart("disks", "Disk use", "%", [
-            Series(path, per_bucket(lambda m, path=path: m.disks.get(path), mean=False)) for path in disk_paths
-        ]))
-    # a figure no sample had (a node without NVML clocks, say) is left out, not drawn as an empty chart
+    gpus = sorted({int(name[3:].partition(".")[0]) for name in columns.series if name.startswith("gpu")})
     charts = [
-        Chart(c.key, c.title, c.unit, kept)
-        for c in charts
-        if (kept := [s for s in c.series if any(v is not None for v in s.values)])
+        Chart(key, title, unit, [Series(f"GPU {g}", bucketed(f"gpu{g}.{figure}", scale)) for g in gpus])
+        for key, title, unit, figure, scale in GPU_CHARTS
     ]
+    charts += [Chart(key, title, unit, [Series(label, bucketed(name, scale)) for label, name in lines]) for key, title, unit, lines, scale in HOST_CHARTS]
+    disks = sorted(name for name in columns.series if name.startswith("disk:"))
+    charts.append(Chart("disks", "Disk use", "%", [Series(name.removeprefix("disk:"), bucketed(name, 1.0)) for name in disks]))
+    charts = [Chart(c.key, c.title, c.unit, kept) for c in charts if (kept := [s for s in c.series if any(v is not None for v in s.values)])]
     peaks: dict[tuple[int, str], ProcessPeak] = {}
-    for m in minutes:
-        for p in m.top:
+    low, high = first, first + count * step * 60
+    for t, p in columns.top:
+        if low <= t < high:
             known = peaks.get((p.pid, p.command))
             if known is None:
                 peaks[(p.pid, p.command)] = ProcessPeak(**vars(p))
             else:
                 known.merge(p)
     return History(
-        node_id=node_id, start=start, end=end, step_s=step * 60, times=times, charts=charts,
-        top=busiest(peaks.values(), 2 * TOP_KEEP), minutes=len(minutes),
+        node_id=node_id, start=start, end=end, step_s=step * 60, times=[first + i * step * 60 for i in range(count)], charts=charts,
+        top=busiest(peaks.values(), 2 * TOP_KEEP), minutes=len(inside),
     )

@@ -314,15 +314,16 @@ class CapacityCheck(Base):
     error: Mapped[str | None] = mapped_column(Text, comment="Why no decision was made (demand source or provider).")
 
 
-class NodeMinute(Base):
-    """One node's sample figures over one minute (`gpumedic_store.history`): report-builder keeps
-    a day of them by default, so a node's page and an incident's show what led up to it."""
+class NodeHour(Base):
+    """One node's sample figures over one hour, minute by minute (`gpumedic_store.history`):
+    report-builder keeps a day of them by default, so a node's page and an incident's show what
+    led up to it."""
 
     __tablename__ = "node_history"
 
     node_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    minute: Mapped[datetime] = mapped_column(primary_key=True, index=True, comment="Start of the minute (UTC).")
-    figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Minute.")
+    hour: Mapped[datetime] = mapped_column(primary_key=True, index=True, comment="Start of the hour (UTC).")
+    figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Columns.")
 
 
 class SpanRow(Base):

@@ -52,6 +52,8 @@ class HistoryRecorder:
         """Samples dropped because their minute was already closed."""
         self._pruned_at: float | None = None
         self._failing = False
+        self._hours: dict[store.HourKey, store.Columns] = {}
+        """The rows this instance wrote, so the next minute of an hour needs no read."""
 
     async def on_sample(self, sample: NodeSampled) -> None:
         minute = minute_of(sample.occurred_at)
@@ -87,17 +89,19 @@ class HistoryRecorder:
         written = 0
         try:
             async with self._db() as session, session.begin():
-                for node_id, minutes in batch.items():
-                    await store.write(session, node_id, minutes)
-                    written += len(minutes)
+                if batch:
+                    await store.write(session, batch, self._hours)
+                    written = sum(len(minutes) for minutes in batch.values())
                 if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
                     gone = await store.prune(session, self._now() - self.retention)
                     self._pruned_at = time.monotonic()
                     if gone:
                         log.info("history: %d node-minutes older than %s forgotten", gone, self.retention)
-        except StoreUnavailable as exc:
+        except Exception as exc:  # the store down, or another instance wrote a row meanwhile: try again
+            self._hours.clear()  # what it holds may not have been committed
             if not self._failing:
-                log.warning("history: the store is unavailable (%s); finished minutes wait in memory", exc)
+                why = "the store is unavailable" if isinstance(exc, StoreUnavailable) else "the write failed"
+                log.warning("history: %s (%s); finished minutes wait in memory", why, exc)
             self._failing = True
             return 0
         if self._failing:
@@ -109,6 +113,9 @@ class HistoryRecorder:
         return written
 
     async def loop(self) -> None:
+        """Run on the `history` lease: an instance that takes it over reads the rows afresh (the
+        other instance wrote them meanwhile)."""
+        self._hours.clear()
         while True:
             await asyncio.sleep(self.flush_every_s)
             await self.flush()

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     notify_min_severity: Literal["info", "warning", "critical"] = "warning"
     history_retention_h: float = Field(
         default=24.0, ge=0, le=24 * 400,
-        description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 0.3 MB per 8-GPU node-day.",
+        description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 100 KiB per 8-GPU node-day.",
     )
 
     @field_validator(

@@ -31,6 +31,8 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
+from jinja2.utils import htmlsafe_json_dumps
+from markupsafe import Markup
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -132,6 +134,7 @@ class Console:
         self._templates.filters["duration"] = duration
         self._templates.filters["span_status"] = read.span_status
         self._templates.filters["gib"] = _gib
+        self._templates.filters["chart_json"] = _chart_json
 
     # --- inputs from report-builder's handlers -----------------------------------------------
 
@@ -690,10 +693,19 @@ def _ago(value: datetime | None) -> str:
     return f"{max(seconds, 0):.0f}s ago"
 
 
+class _ChartData(Markup):
+    """Charts' JSON, its text masked already, label by label, where it was made (views)."""
+
+
+def _chart_json(charts: list[dict]) -> _ChartData:
+    # tens of thousands of numbers: masking the whole text again would cost more than the page
+    return _ChartData(htmlsafe_json_dumps(charts, separators=(",", ":")))
+
+
 def _masked(value: object) -> object:
     """Every value a page shows passes here (jinja2's finalize): job text is masked however old the
     row it comes from (gpumedic_events.redact)."""
-    if not isinstance(value, str):
+    if not isinstance(value, str) or isinstance(value, _ChartData):
         return value
     # Markup (already escaped HTML, e.g. `tojson`) stays Markup, or it would be escaped twice.
     return type(value)(redact(str(value))) if hasattr(value, "__html__") else redact(value)

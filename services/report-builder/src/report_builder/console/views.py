@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpumedic_events import NodeSampled
+from gpumedic_events.redact import redact
 from gpumedic_store.history import History
 from gpumedic_store.views import IncidentFilter
 
@@ -170,7 +171,8 @@ def _ms(delta: timedelta) -> float:
 
 
 def time_chart(key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]]) -> dict:
-    """One chart's data as the console's script draws it: times in seconds since the epoch."""
+    """One chart's data as the console's script draws it: times in seconds since the epoch. Labels
+    are masked here (the page does not mask chart data again: see server._chart_json)."""
     return {
         "id": key, "title": title, "unit": unit, "times": [int(t.timestamp()) for t in times],
         "series": [{"label": label, "values": list(values)} for label, values in series.items()], "marks": [],
@@ -185,7 +187,7 @@ def history_charts(history: History, *, keys: Sequence[str] | None = None, marks
     return [
         {
             "id": c.key, "title": c.title, "unit": c.unit, "times": history.times, "step_s": history.step_s,
-            "series": [{"label": s.label, "values": s.values} for s in c.series], "marks": shown,
+            "series": [{"label": redact(s.label), "values": s.values} for s in c.series], "marks": shown,
         }
         for c in charts
     ]

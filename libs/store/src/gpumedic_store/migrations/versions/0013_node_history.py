@@ -1,4 +1,5 @@
-"""Each node's sample figures, one row per node and minute, so history outlives the samples stream.
+"""Each node's sample figures minute by minute, one row per node and hour, so history outlives the
+samples stream.
 
 Revision ID: 0013
 Revises: 0012
@@ -22,12 +23,12 @@ def upgrade() -> None:
     op.create_table(
         "node_history",
         sa.Column("node_id", sa.String(128), primary_key=True),
-        sa.Column("minute", sa.DateTime(timezone=True), primary_key=True, comment="Start of the minute (UTC)."),
-        sa.Column("figures", sa.LargeBinary(), nullable=False, comment="zlib-compressed JSON: gpumedic_store.history.Minute."),
+        sa.Column("hour", sa.DateTime(timezone=True), primary_key=True, comment="Start of the hour (UTC)."),
+        sa.Column("figures", sa.LargeBinary(), nullable=False, comment="zlib-compressed JSON: gpumedic_store.history.Columns."),
     )
-    op.create_index("ix_node_history_minute", "node_history", ["minute"])
+    op.create_index("ix_node_history_hour", "node_history", ["hour"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_node_history_minute", table_name="node_history")
+    op.drop_index("ix_node_history_hour", table_name="node_history")
     op.drop_table("node_history")
