@@ -3,9 +3,11 @@ script or `jq`.
 
 One JSON shape everywhere: a store row is an object of its columns, a time is ISO 8601 in UTC, a
 duration is seconds, a list is a JSON array (empty when there is nothing). Job text (command lines,
-log lines) is masked in both (`gpumedic_events.redact`), however old the row. Tables are plain text
-(no colour, no box), one row a line: on a terminal as wide as the terminal, the widest columns
-cut with an ellipsis; into a pipe or a file whole, so they grep well. Text cut anywhere ends in "…".
+log lines) is masked in both (`gpumedic_events.redact`), however old the row. Tables have no box,
+one row a line: on a terminal as wide as the terminal, the widest columns cut with an ellipsis, and
+status words in colour (red for what needs a person, amber for what is open, green for what is
+done) unless NO_COLOR is set (no-color.org) or TERM is dumb; into a pipe or a file whole and
+plain, so they grep well. Text cut anywhere ends in "…".
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import shutil
 import sys
 import uuid
@@ -24,6 +27,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import inspect
 from sqlalchemy.orm import DeclarativeBase
 
@@ -38,23 +42,40 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
 
 
+COLOURS = {
+    **dict.fromkeys(("critical", "escalated", "failed", "blocked", "interrupted", "OPEN", "NOT READY", "error"), "red"),
+    **dict.fromkeys(("warning", "open", "executing", "waiting", "drained", "observed"), "yellow"),
+    **dict.fromkeys(("resolved", "succeeded", "ok", "CLOSED", "READY", "fixed", "cleared"), "green"),
+}
+"""Words a table colours on a terminal: whole cells only, so a command line is never painted."""
+
+
+def colour_on() -> bool:
+    """Colour only for a person at a terminal who has not said NO_COLOR (any non-empty value)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 def terminal_width() -> int | None:
     """The terminal's width when stdout is one; None into a pipe or a file (nothing is cut then)."""
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int = 0, right: Sequence[str] = (),
-          width: int | None = None) -> str:
+          width: int | None = None, colour: bool | None = None) -> str:
     """`rows` under `headers`, columns as wide as their widest cell; the `right` columns aligned right.
-    Within `width` (default: the terminal's, if stdout is one) the widest columns are cut with an ellipsis."""
+    Within `width` (default: the terminal's, if stdout is one) the widest columns are cut with an
+    ellipsis; with `colour` (default: `colour_on()`) the status words of COLOURS are painted."""
     width = width or terminal_width()
-    grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    colour = colour_on() if colour is None else colour
+    grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold" if colour else "")
     for header in headers:
         grid.add_column(header, justify="right" if header in right else "left", no_wrap=True, overflow="ellipsis")
     for row in rows:
-        grid.add_row(*("-" if cell is None else redact(str(cell)) for cell in row))
+        cells = ("-" if cell is None else redact(str(cell)) for cell in row)
+        grid.add_row(*(Text(c, style=COLOURS.get(c, "")) if colour else Text(c) for c in cells))
     out = io.StringIO()
-    Console(file=out, width=(width - indent) if width else 100_000, no_color=True, highlight=False, emoji=False, markup=False).print(grid)
+    Console(file=out, width=(width - indent) if width else 100_000, no_color=not colour, force_terminal=colour,
+            color_system="standard" if colour else None, highlight=False, emoji=False, markup=False).print(grid)
     return "\n".join(" " * indent + line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 

@@ -101,3 +101,38 @@ def test_a_preflight_that_could_not_check_says_so_rather_than_not_ready():
     report = PreflightReport(check_id=uuid.uuid4(), node_id="nosuch", ready=False, error="unknown node 'nosuch': not in inventory",
                              took_ms=3.0)
     assert report.summary() == "nosuch: could not check: unknown node 'nosuch': not in inventory"
+
+
+def test_status_words_in_colour_on_a_terminal_unless_no_color_or_a_pipe(stack_var, tmp_path):
+    """Run as a person would, under a pseudo-terminal: the open incident's status is painted; with
+    NO_COLOR set, or into a pipe, the same table is plain text."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    def under_a_terminal(env: dict[str, str]) -> str:
+        leader, follower = pty.openpty()
+        child = subprocess.Popen([sys.executable, "-m", "gpumedic.cli", "incidents", "--var", str(stack_var)],
+                                 stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed with the child
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        child.wait(timeout=60)
+        os.close(leader)
+        return b"".join(chunks).decode(errors="replace")
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "GPUMEDIC_STORE_URL")} | {"TERM": "xterm", "COLUMNS": "200"}
+    painted = under_a_terminal(env)
+    assert "\x1b[33mopen" in painted and "gpu-node-07" in painted, painted
+    plain = under_a_terminal(env | {"NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "open" in plain and "gpu-node-07" in plain
+    piped = subprocess.run([sys.executable, "-m", "gpumedic.cli", "incidents", "--var", str(stack_var)], env=env, capture_output=True, text=True)
+    assert piped.returncode == 0 and "\x1b[" not in piped.stdout and "gpu-node-07" in piped.stdout
