@@ -13,6 +13,7 @@ A figure's name says what it is: `gpu<i>.<figure>`, `host.<figure>`, `disk:<path
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import zlib
@@ -284,12 +285,21 @@ class History:
     minutes: int
     """Minutes of the window that had samples."""
 
+    source: str = "the store"
+    """Where the charts came from; "the store" and Prometheus's URL where it gave the GPU figures."""
+
     @property
     def empty(self) -> bool:
-        return self.minutes == 0
+        return not self.charts and not self.top
 
     def chart(self, key: str) -> Chart | None:
         return next((c for c in self.charts if c.key == key), None)
+
+    def replacing(self, charts: Sequence[Chart], source: str) -> History:
+        """This history with `charts` in place of the store's charts of the same keys (or added
+        before the others, in their order), over the same times."""
+        theirs = {c.key for c in charts}
+        return dataclasses.replace(self, charts=[*charts, *(c for c in self.charts if c.key not in theirs)], source=source)
 
     def as_json(self) -> dict[str, Any]:
         return {

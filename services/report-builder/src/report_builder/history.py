@@ -1,4 +1,5 @@
-"""Every node's history, kept by report-builder: each live sample is folded into its node's
+"""Every node's history, kept by report-builder (and read from Prometheus where one scrapes the
+GPU figures: `PrometheusHistory`): each live sample is folded into its node's
 minute (`gpumedic_store.history`), and finished minutes are written every few seconds by one
 instance (the `history` lease); minutes past the retention are deleted as it goes.
 
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_events import NodeSampled
@@ -119,3 +121,71 @@ class HistoryRecorder:
         while True:
             await asyncio.sleep(self.flush_every_s)
             await self.flush()
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus did not answer a history query usably; the message says what it said."""
+
+
+PROMETHEUS_GPU_CHARTS = (
+    # chart key, dcgm-exporter's series (node-sampler serves the same names), folded per point as the store folds a minute
+    ("gpu_util", "DCGM_FI_DEV_GPU_UTIL", "avg", 1.0),
+    ("gpu_memory", "DCGM_FI_DEV_FB_USED", "max", 1 / 1024),
+    ("gpu_temperature", "DCGM_FI_DEV_GPU_TEMP", "max", 1.0),
+    ("gpu_power", "DCGM_FI_DEV_POWER_USAGE", "avg", 1.0),
+    ("gpu_clock", "DCGM_FI_DEV_SM_CLOCK", "avg", 1.0),
+)
+
+
+class PrometheusHistory:
+    """A node's GPU figures from a Prometheus server that scrapes node-sampler's `/metrics` (or
+    dcgm-exporter: the same series names), read with its HTTP API's range queries: Prometheus keeps
+    them as long as it is told to, so the store need keep only the host's figures and processes.
+
+    A node's series are those whose `node_label` (dcgm-exporter's `Hostname` by default; relabel
+    in Prometheus if the node ids of the inventory are not the hosts' names) is the node id.
+    """
+
+    def __init__(self, url: str, *, node_label: str = "Hostname", timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.node_label = node_label
+        self.timeout_s = timeout_s
+
+    async def gpu_charts(self, node_id: str, times: list[int], step_s: int) -> list[store.Chart]:
+        """The GPU charts over `times` (a grid `step_s` apart), each point the figure over the step
+        before it; PrometheusUnavailable when the server cannot be asked or answers nonsense."""
+        if not times:
+            return []
+        titles = {key: (title, unit) for key, title, unit, _, _ in store.GPU_CHARTS}
+        charts = []
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            for key, metric, fold, scale in PROMETHEUS_GPU_CHARTS:
+                query = f'max by (gpu) ({fold}_over_time({metric}{{{self.node_label}="{node_id}"}}[{step_s}s]))'
+                by_gpu = await self._range(client, query, times[0] + step_s, times[-1] + step_s, step_s)
+                series = []
+                for gpu in sorted(by_gpu, key=lambda g: int(g) if g.isdigit() else 1 << 20):
+                    points = by_gpu[gpu]
+                    values = [points.get(t + step_s) for t in times]
+                    series.append(store.Series(f"GPU {gpu}", [None if v is None else round(v * scale, 2) for v in values]))
+                if series:
+                    charts.append(store.Chart(key, *titles[key], series))
+        return charts
+
+    async def _range(self, client: httpx.AsyncClient, query: str, start: int, end: int, step_s: int) -> dict[str, dict[int, float]]:
+        where = f"{self.url}/api/v1/query_range"
+        try:
+            response = await client.get(where, params={"query": query, "start": start, "end": end, "step": step_s})
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise PrometheusUnavailable(f"{where}: {type(exc).__name__} ({exc})") from None
+        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            said = body.get("error") if isinstance(body, dict) else None
+            raise PrometheusUnavailable(f"{where} answered HTTP {response.status_code}: {str(said or body)[:200]}")
+        out: dict[str, dict[int, float]] = {}
+        try:
+            for result in body["data"]["result"]:
+                gpu = str(result["metric"].get("gpu", "?"))
+                out[gpu] = {int(float(t)): float(v) for t, v in result["values"] if v not in ("NaN", "+Inf", "-Inf")}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusUnavailable(f"{where} answered a result that is not a range vector ({type(exc).__name__}: {exc})") from None
+        return out

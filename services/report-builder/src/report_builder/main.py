@@ -25,7 +25,7 @@ from gpumedic_events import (
 from gpumedic_store import StoreUnavailable, create_engine, session_factory
 from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
-from report_builder.history import HistoryRecorder
+from report_builder.history import HistoryRecorder, PrometheusHistory
 from report_builder.notify import Notifier
 from report_builder.settings import Settings
 
@@ -48,9 +48,12 @@ def create_app(settings: Settings | None = None) -> FastStream:
             public_url=settings.console_url, trusted_proxies=settings.console_trusted_proxies,
             history_retention_h=settings.history_retention_h,
         )
+        prometheus = None
+        if settings.history_prometheus_url:
+            prometheus = PrometheusHistory(settings.history_prometheus_url, node_label=settings.history_prometheus_node_label)
         console = Console(
             sessions, config, publish=lambda event: publish_event(runtime.broker, event),
-            latest=lambda node: runtime.latest(NodeSampled, node),
+            latest=lambda node: runtime.latest(NodeSampled, node), prometheus=prometheus,
         )
     handlers = ReportHandlers(
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,

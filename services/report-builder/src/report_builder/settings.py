@@ -73,9 +73,19 @@ class Settings(BaseSettings):
         default=24.0, ge=0, le=24 * 400,
         description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 100 KiB per 8-GPU node-day.",
     )
+    history_prometheus_url: str | None = Field(
+        default=None,
+        description="A Prometheus server that scrapes the nodes' /metrics (deploy/prometheus.yml): the console's GPU charts come "
+        "from its HTTP API, for as long as it keeps them; host figures and processes still come from the store.",
+    )
+    history_prometheus_node_label: str = Field(
+        default="Hostname", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The label whose value is the node id on the GPU series (dcgm-exporter's Hostname; relabel if node ids differ).",
+    )
 
     @field_validator(
         "webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", "console_port", "console_token_file", "jaeger_url",
+        "history_prometheus_url",
         mode="before",
     )
     @classmethod
@@ -83,7 +93,7 @@ class Settings(BaseSettings):
         # compose passes `${VAR:-}` as an empty string when the operator set nothing
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("console_url", "jaeger_url")
+    @field_validator("console_url", "jaeger_url", "history_prometheus_url")
     @classmethod
     def _http_url(cls, value: str | None, info) -> str | None:
         if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):

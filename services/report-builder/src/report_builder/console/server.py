@@ -36,6 +36,7 @@ from markupsafe import Markup
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gpumedic_bus.topology import FLEET_NODE
 from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
@@ -43,6 +44,7 @@ from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, cluster
 from gpumedic_store import history as node_history
 from gpumedic_store import views as read
 from report_builder import repository
+from report_builder.history import PrometheusHistory, PrometheusUnavailable
 from report_builder.console import views
 from report_builder.console.auth import LOGIN_COOKIE, SESSION_COOKIE, AuthError, LoginThrottle, Session, Sessions
 
@@ -109,11 +111,13 @@ class Console:
         *,
         publish: Callable[[Event], Awaitable[None]],
         latest: Callable[[str], Awaitable[NodeSampled | None]] | None = None,
+        prometheus: PrometheusHistory | None = None,
     ) -> None:
         """`latest` reads a node's last sample from the samples stream (None: the node page shows
-        only what the store has)."""
+        only what the store has); `prometheus`, where set, gives the GPU charts."""
         self._db = sessions
         self._latest = latest
+        self._prometheus = prometheus
         self.config = config
         self._publish = publish
         self.auth = Sessions(config.token)
@@ -227,6 +231,7 @@ class Console:
             actions = await read.list_actions(session, node_id=node, limit=20)
             drains = await read.drains(session, node_id=node)
             history = await node_history.read(session, node, window.start, window.end)
+        history, history_error = await self._with_prometheus(node, history)
         reading = self.readings.get(node)
         if sample is None and reading is None and not incidents and not actions and history.empty and not sample_error:
             raise web.HTTPNotFound(text=f"no node {node}: nothing sampled it in the last minutes, and the store has no incident, action or history of it")
@@ -235,7 +240,7 @@ class Console:
                             | {p.container_id for p in sample.host.top_processes if p.container_id}) if sample else []
         return self._page(
             request, "node.html", node, node=node, sample=sample, sample_error=sample_error, reading=reading,
-            incidents=incidents, actions=actions, drains=drains, deaths=deaths, containers=containers, window=window,
+            incidents=incidents, actions=actions, drains=drains, deaths=deaths, containers=containers, window=window, history_error=history_error,
             windows=views.WINDOWS, history=history, charts=views.history_charts(history),
             retention_h=self.config.history_retention_h,
         )
@@ -249,11 +254,23 @@ class Console:
             raise _BadRequest(str(exc)) from None
         async with self._db() as session:
             history = await node_history.read(session, node, window.start, window.end)
-        body = history.as_json() | {"top_processes": [
+        history, history_error = await self._with_prometheus(node, history)
+        body = history.as_json() | {"source": history.source, "source_error": history_error, "top_processes": [
             {"pid": p.pid, "command": p.command, "user": p.user, "container_id": p.container_id, "cpu_pct": p.cpu_pct,
              "memory_rss_mib": p.memory_rss_mib, "last_seen": p.last_seen.isoformat()} for p in history.top
         ]}
         return web.json_response(body)
+
+    async def _with_prometheus(self, node: str, history: node_history.History) -> tuple[node_history.History, str | None]:
+        """The GPU charts from Prometheus where one is configured; the store's, and why, where it fails."""
+        if self._prometheus is None:
+            return history, None
+        try:
+            charts = await self._prometheus.gpu_charts(node, history.times, history.step_s)
+        except PrometheusUnavailable as exc:
+            log.warning("console: GPU history of %s from Prometheus: %s", node, exc)
+            return history, f"Prometheus did not give the GPU figures ({exc}); they are the store's"
+        return history.replacing(charts, f"Prometheus ({self._prometheus.url}) for the GPUs, the store for the rest"), None
 
     async def _latest_sample(self, node: str) -> tuple[NodeSampled | None, str | None]:
         if self._latest is None:
@@ -316,12 +333,14 @@ class Console:
             notifications = await read.notifications_of(session, incident_id=incident.id)
             start, end = _around(incident, datetime.now(UTC))
             history = await node_history.read(session, incident.node_id, start, end)
+        if incident.node_id != FLEET_NODE:
+            history, _ = await self._with_prometheus(incident.node_id, history)
         shown = [(incident.opened_at, "opened")] + ([(incident.closed_at, incident.status)] if incident.closed_at else [])
         jaeger = f"{self.config.jaeger_url.rstrip('/')}/trace/{incident.trace_id}" if self.config.jaeger_url and incident.trace_id else None
         return {
             "incident": incident, "timeline": timeline, "actions": actions, "trace": views.waterfall(spans), "marks": marks,
             "notifications": notifications, "jaeger": jaeger, "postmortem": _postmortem(incident),
-            "history": history, "charts": views.history_charts(history, keys=INCIDENT_CHARTS, marks=shown),
+            "history": history, "charts": views.history_charts(history, keys=INCIDENT_CHARTS, marks=shown), "fleet_node": FLEET_NODE,
         }
 
     async def cluster_page(self, request: web.Request) -> web.Response:
