@@ -53,6 +53,7 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
 
             await page.click("#incident-list a[href^='/incidents/']")
             await page.wait_for_selector("svg.waterfall rect")
+            seen["incident url"] = page.url
             seen["bars"] = await page.locator("svg.waterfall rect").count()
             seen["incident"] = await page.inner_text("main")
             seen["timeline"] = await page.inner_text("#timeline")
@@ -87,6 +88,13 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
             await page.goto(stack.console_url + "nodes/sim-node-02")
             seen["node"] = await page.inner_text("#node-now")
             await page.screenshot(path=SHOTS / "node-live.png", full_page=True)
+            # the same pages, full of the demo's story, on a phone
+            incident_url = seen["incident url"]
+            await page.set_viewport_size({"width": 390, "height": 844})
+            for name, url in (("fleet-live", stack.console_url), ("incident-live", incident_url), ("node-live", stack.console_url + "nodes/sim-node-02")):
+                await page.goto(url)
+                seen[f"{name} at 390"] = await page.evaluate("document.documentElement.scrollWidth")
+                await page.screenshot(path=SHOTS / f"{name}-390.png", full_page=True)
             await page.goto("about:blank")  # closes the live stream before the stack stops
 
         try:
@@ -104,6 +112,8 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
     assert "zombie_job on sim-node-02 GPU 0" in str(seen["incident"]) and "kill_gpu_processes" in str(seen["incident"])
     assert "sim-node-01" in str(seen["fleet"]) and "sim-node-02" in str(seen["fleet"])
     assert "GPUs" in str(seen["node"]) and "Busiest processes now" in str(seen["node"]) and "No sample" not in str(seen["node"])
+    for name in ("fleet-live", "incident-live", "node-live"):
+        assert seen[f"{name} at 390"] <= 390, f"{name} is {seen[f'{name} at 390']} px wide on a 390 px screen"
     assert "sim-node-01" in str(seen["silences"]) and "alice" in str(seen["silences"])
     assert errors == [], errors
     assert {p.name for p in SHOTS.glob("*.png")} >= {"capacity.png", "cluster.png", "fleet.png", "incident.png", "incidents.png", "ledger.png", "node-live.png"}
