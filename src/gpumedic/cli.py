@@ -234,6 +234,22 @@ def cmd_cluster(args) -> int:
     return 0
 
 
+def cmd_cost(args) -> int:
+    """The GPU time incidents cost, from the store (report-builder prices each incident)."""
+    from datetime import timedelta
+
+    from gpumedic.cost import cost_text
+    from gpumedic.times import parse_lookback
+
+    try:
+        since = timedelta(seconds=parse_lookback(args.since))
+    except ValueError as exc:
+        print(f"gpumedic: --since: {exc}", file=sys.stderr)
+        return 2
+    print(asyncio.run(cost_text(_store_url(args), since=since, by=args.by, as_json=args.json)))
+    return 0
+
+
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from gpumedic import operator_bus, silences
@@ -667,6 +683,16 @@ command(
     description="leader-health's checks as kept in the store, with what the runbook computed by hand: peak and current "
     "peers, time with a leader, leader changes per hour, the longest stretch without a leader, the quorum margin, and "
     "whether a goal of N peers for H hours holds.",
+)
+command(
+    "cost", cmd_cost, "what incidents cost: the GPU-hours they kept from work and their price, by kind, node, provider or day",
+    click.option("--since", default="7d", show_default=True, help="how far back, e.g. 12h, 7d, 30d"),
+    click.option("--by", type=click.Choice(["kind", "node", "provider", "day"]), default="kind", show_default=True, help="what to sum by"),
+    _var(), _store(), _json(),
+    description="An incident costs the GPU time it kept from work: a GPU idle under a zombie job or a leftover process "
+    "(from before it was detected), a lost GPU, a drained node's GPUs, a rented worker billed for nothing. Its price is the "
+    "provider's for a rented worker, else the inventory's price_per_gpu_hour; report-builder works it out on every event "
+    "of the incident. Open incidents count up to now.",
 )
 command(
     "drained", cmd_drained, "the nodes gpumedic drained, which incident holds each, and since when",

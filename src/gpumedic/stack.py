@@ -131,10 +131,13 @@ class Stack:
             write_private(self.console_token_file, new_password() + "\n")
         port = os.environ.get("GPUMEDIC_REPORTS_CONSOLE_PORT") or str(_free_port())
         self.console_url = f"http://127.0.0.1:{port}/"
+        env = {**os.environ, **self.env}
         return {
             "GPUMEDIC_REPORTS_CONSOLE_PORT": port, "GPUMEDIC_REPORTS_CONSOLE_ADDR": "127.0.0.1",
             "GPUMEDIC_REPORTS_CONSOLE_TOKEN_FILE": str(self.console_token_file.resolve()),
             "GPUMEDIC_REPORTS_CONSOLE_URL": os.environ.get("GPUMEDIC_REPORTS_CONSOLE_URL") or self.console_url,
+            # the remediator's inventory also prices the GPU time incidents cost, unless told otherwise
+            "GPUMEDIC_REPORTS_INVENTORY": env.get("GPUMEDIC_REPORTS_INVENTORY") or env.get("GPUMEDIC_REMEDIATOR_INVENTORY", ""),
         }
 
     def start_bus(self, *, sim_fleet: bool = False, cluster: int = 1, nodes: Iterable[str] = ()) -> str:

@@ -51,3 +51,19 @@ def show(value: object) -> str:
     """A value as an error message quotes it: its repr, cut at 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_LOOKBACK = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>m|h|d)", re.IGNORECASE)
+MAX_LOOKBACK_DAYS = 400
+
+
+def parse_lookback(value: str) -> float:
+    """Seconds back from now, from "30m", "6h", "7d" or "30d" (at most 400 days); ValueError says
+    what a good one looks like."""
+    m = _LOOKBACK.fullmatch(str(value).strip())
+    if m is None:
+        raise ValueError(f"{show(value)} is not a span back from now; use minutes, hours or days such as 30m, 6h, 7d")
+    seconds = float(m["n"]) * {"m": 60, "h": 3600, "d": 86_400}[m["unit"].lower()]
+    if not 0 < seconds <= MAX_LOOKBACK_DAYS * 86_400:
+        raise ValueError(f"{show(value)}: a span back from now is more than nothing and at most {MAX_LOOKBACK_DAYS} days")
+    return seconds

@@ -39,6 +39,10 @@ SSH_USER = "gpumedic"
 Publish = Callable[[Event], Awaitable[None]]
 
 
+SIM_GPU_PRICE = 2.49
+"""$ per GPU-hour of a simulated node (the inventory's price_per_gpu_hour)."""
+
+
 def node_ids_for(n_nodes: int) -> list[str]:
     """The ids of a fleet of `n_nodes`: sim-node-01.. (zero-padded to the widest number)."""
     width = max(2, len(str(n_nodes)))
@@ -283,9 +287,10 @@ class SimFleet:
         await node.sampler(interval_s).run(publish_unless_silent)
 
     def _write_files(self) -> None:
-        lines = ["nodes:"]
+        # a simulated H100 at an on-demand price, so incidents on it have a cost to show
+        lines = [f"defaults: {{price_per_gpu_hour: {SIM_GPU_PRICE}, labels: {{provider: simulated}}}}", "nodes:"]
         for node in self.nodes.values():
-            lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}}}")
+            lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}, gpus: {len(node.gpus)}}}")
         self.inventory_path.write_text("\n".join(lines) + "\n")
         self.known_hosts_path.write_text("".join(f"{n.known_hosts_line()}\n" for n in self.nodes.values()))
         if self._own_key:  # a key handed in stays where its owner keeps it

@@ -23,6 +23,7 @@ from gpumedic_events import (
     Event,
     GpuLost,
     GpuXidReported,
+    IncidentCosted,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
@@ -95,7 +96,7 @@ NODE_EVENTS = Stream(
 )
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",
-    events=(IncidentOpened, IncidentUpdated, IncidentResolved, IncidentEscalated),
+    events=(IncidentOpened, IncidentUpdated, IncidentResolved, IncidentEscalated, IncidentCosted),
     storage=StorageType.FILE,
     max_age_s=90 * _DAY,
     max_bytes=1024 * 1024 * 1024,

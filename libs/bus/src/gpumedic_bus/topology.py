@@ -28,6 +28,7 @@ from gpumedic_events import (
     Event,
     GpuLost,
     GpuXidReported,
+    IncidentCosted,
     IncidentEscalated,
     IncidentKind,
     IncidentMarked,
@@ -175,6 +176,8 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     SilenceRemoved: ("operator", "report-builder"),
     # The console (report-builder) keeps its own verdicts; the CLI's come as events to their owner.
     IncidentMarked: ("operator",),
+    # report-builder prices a closed incident: it holds the store and the inventory's prices.
+    IncidentCosted: ("report-builder",),
 }
 """Which services (or the operator's tools) publish each event. A new event must be added here,
 or `proto` fails."""

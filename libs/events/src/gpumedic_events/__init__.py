@@ -45,6 +45,7 @@ from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, Pro
 from gpumedic_events.incident import (
     Diagnosis,
     Evidence,
+    IncidentCosted,
     IncidentEscalated,
     IncidentKind,
     IncidentOpened,
@@ -85,6 +86,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     IncidentUpdated,
     IncidentResolved,
     IncidentEscalated,
+    IncidentCosted,
     ActionRequested,
     ActionCompleted,
     ServiceHeartbeat,
@@ -134,6 +136,7 @@ __all__ = [
     "GpuXidReported",
     "HostSample",
     "TopProcess",
+    "IncidentCosted",
     "IncidentEscalated",
     "IncidentKind",
     "IncidentOpened",

@@ -6,7 +6,7 @@ import uuid
 from enum import StrEnum
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, NodeId
 
@@ -242,3 +242,43 @@ class IncidentEscalated(IncidentEvent):
     )
 
     reason: str = Field(max_length=1000, description="Why a person is needed.")
+
+
+class IncidentCosted(IncidentEvent):
+    """What a closed incident cost: the GPU time it kept from work, and its price (report-builder
+    works it out when the incident resolves or escalates: `gpumedic_store.cost`)."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.incident.costed"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e04",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:15:21Z",
+                    "source": "report-builder",
+                    "incident_id": _INCIDENT_ID,
+                    "node_id": "gpu-node-07",
+                    "kind": "zombie_job",
+                    "gpu_index": 0,
+                    "opened_at": "2026-11-22T10:12:00Z",
+                    "closed_at": "2026-11-22T10:15:20Z",
+                    "gpu_hours": 0.5556,
+                    "usd": 1.38,
+                    "price_per_gpu_hour": 2.49,
+                    "price_from": "the inventory's price_per_gpu_hour",
+                    "provider": "lambda",
+                    "what": "GPU 0 idle from 1800 s before it opened",
+                }
+            ]
+        }
+    )
+
+    opened_at: AwareDatetime = Field(description="When the incident opened.")
+    closed_at: AwareDatetime = Field(description="When it resolved or escalated.")
+    gpu_hours: float = Field(ge=0, description="GPU-hours kept from work, the idle time before it opened included.")
+    usd: float | None = Field(default=None, ge=0, description="Their price in dollars; None where no price is known.")
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, description="The price of one GPU-hour used.")
+    price_from: str = Field(default="", max_length=200, description="Where the price came from: the provider's, or the inventory's.")
+    provider: str | None = Field(default=None, max_length=128, description="Who rents the node or worker out, where known.")
+    what: str = Field(default="", max_length=1000, description="What was counted, in words.")

@@ -2,7 +2,8 @@
 
 Rented fleets mix providers, and each provider's pods differ in SSH user, port, key and the
 bastion in front of them, so every setting can be given for all nodes (`defaults`), for a group,
-or for one node; the most specific wins. `service_manager` says what runs the node's services,
+or for one node; the most specific wins. `gpus` and `price_per_gpu_hour` are what report-builder
+prices an incident's lost GPU time with (a rented worker's own price comes from its provider). `service_manager` says what runs the node's services,
 which `restart_unit` goes through: systemd (the default), the supervisor `gpumedic enroll` puts on
 a node without systemd (it sets this for the nodes it enrols so, and `gpumedic_dir` where it put
 gpumedic elsewhere than ~/.gpumedic), or Docker (a container named like the unit, without `.service`). Groups and labels are what the policy's allow-lists and
@@ -73,6 +74,10 @@ class _Settings(_Strict):
     service_manager: ServiceManager | None = None
     gpumedic_dir: str | None = Field(default=None, pattern=DIR_PATTERN,
                                      description="Where `gpumedic enroll` put gpumedic on the node; default ~/.gpumedic.")
+    gpus: int | None = Field(default=None, ge=1, le=64, description="GPUs the node has (what a drain or a loss of the node takes out).")
+    price_per_gpu_hour: float | None = Field(
+        default=None, ge=0, le=10_000, description="What one of its GPUs costs an hour, in dollars: what an incident's lost GPU time costs."
+    )
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("gpumedic_dir")
@@ -124,6 +129,13 @@ class NodeAddress(BaseModel):
     """None: ~/.gpumedic of the login user."""
     group: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    gpus: int | None = None
+    price_per_gpu_hour: float | None = None
+
+    @property
+    def provider(self) -> str | None:
+        """Who rents it out: its `provider` label, else its group."""
+        return self.labels.get("provider") or self.group
 
     def describe(self) -> str:
         via = f" via {self.jump.user or self.user}@{self.jump.host}:{self.jump.port}" if self.jump else ""
@@ -151,6 +163,8 @@ def _resolve(file: _InventoryFile) -> dict[str, NodeAddress]:
             gpumedic_dir=first("gpumedic_dir"),
             group=entry.group,
             labels=labels,
+            gpus=first("gpus"),
+            price_per_gpu_hour=first("price_per_gpu_hour"),
         )
     return nodes
 

@@ -107,6 +107,9 @@ class Incident(Base):
         String(_UUID_LEN), index=True, comment="The incident it belongs to (a fleet incident)."
     )
     silence_id: Mapped[str | None] = mapped_column(String(_UUID_LEN), comment="The silence that covered it.")
+    cost: Mapped[dict[str, Any] | None] = mapped_column(JSON, comment="What it cost and how that was worked out (gpumedic_store.cost).")
+    gpu_hours: Mapped[float | None] = mapped_column(Float, comment="GPU-hours it kept from work, as of its last event (final once closed).")
+    cost_usd: Mapped[float | None] = mapped_column(Float, comment="Their price in dollars, where a price is known.")
 
     def __repr__(self) -> str:
         return f"Incident(id={self.id!r}, node_id={self.node_id!r}, kind={self.kind!r}, status={self.status!r})"

@@ -65,11 +65,13 @@ def watch(
     policy: Policy,
     *,
     gpus_working: Callable[[str], str],
+    provider: str = "",
 ) -> list[Finding]:
     """The faults present now. `records` None: the database was not read, so only the provider's
-    own check runs. `gpus_working(worker_id)` says why its GPUs look at work ('' if they do not)."""
+    own check runs. `gpus_working(worker_id)` says why its GPUs look at work ('' if they do not).
+    `provider` names who rents the workers out, in the evidence (what their cost is summed by)."""
     live = {w.worker_id: w for w in workers if w.status in LIVE}
-    findings = [_stuck(w, now) for w in live.values() if stuck(w, now, policy)]
+    findings = [_stuck(w, now, provider) for w in live.values() if stuck(w, now, policy)]
     if records is None:
         return findings
     worker_records, in_progress = records
@@ -85,7 +87,7 @@ def watch(
                 findings.append(Finding(
                     kind=IncidentKind.UNRECORDED_WORKER, node_id=w.worker_id,
                     summary=f"{w.worker_id} runs and bills ${w.price_per_h:.2f}/h, but the task database has no record of it",
-                    evidence=_evidence(w), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+                    evidence=_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
                     recommended_action="end it: it runs no task anyone tracks",
                 ))
             continue
@@ -96,7 +98,7 @@ def watch(
             findings.append(Finding(
                 kind=IncidentKind.STALE_HEARTBEAT, node_id=w.worker_id,
                 summary=f"{w.worker_id} is running but its {said} (more than {_span(stale)})",
-                evidence={**_evidence(w), "heartbeat_age_s": int(silent.total_seconds())},
+                evidence={**_evidence(w, now, provider), "heartbeat_age_s": int(silent.total_seconds())},
                 operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
                 unsafe=f"checked first: {working}; the heartbeat writer may be what failed, not the worker" if working else "",
                 recommended_action="end and replace it" if not working else "look at the worker's heartbeat writer",
@@ -127,18 +129,20 @@ def watch(
     return findings
 
 
-def _stuck(w: Worker, now: datetime) -> Finding:
+def _stuck(w: Worker, now: datetime, provider: str) -> Finding:
     return Finding(
         kind=IncidentKind.STUCK_SPAWNING, node_id=w.worker_id,
         summary=f"{w.worker_id} has been spawning for {_span(_age(w, now))}: "
                 f"{'no SSH details yet' if w.ssh is None else 'not up'}, billed at ${w.price_per_h:.2f}/h",
-        evidence=_evidence(w), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+        evidence=_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
         recommended_action="end it; a replacement is rented as it is no capacity",
     )
 
 
-def _evidence(w: Worker) -> dict:
-    return {"gpu_type": w.gpu_type, "gpus": w.gpus, "price_per_h": w.price_per_h, "status": w.status}
+def _evidence(w: Worker, now: datetime, provider: str) -> dict:
+    """What a worker's incident carries: what it is, what it costs, and how long it has been billed."""
+    return {"gpu_type": w.gpu_type, "gpus": w.gpus, "price_per_h": w.price_per_h, "status": w.status,
+            "billed_s": int(_age(w, now).total_seconds()), "provider": provider or None}
 
 
 def _age(w: Worker, now: datetime) -> timedelta:

@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
         policy = policy or settings.policy.load()
         logic = PoolIncidents(
             settings.pool, policy, settings.scaling, busy_util_pct=settings.busy_util_pct, stale_after_s=settings.stale_after_s,
+            provider=provider.name,
         )
         detector = Detector(runtime, logic, SERVICE)
         detector.attach("autoscaler-actions")

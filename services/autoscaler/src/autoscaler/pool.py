@@ -93,8 +93,12 @@ class _Ledger:
 
 
 class PoolIncidents:
-    def __init__(self, pool: str, policy: Policy, scaling: ScalingPolicy, *, busy_util_pct: int, stale_after_s: float) -> None:
+    def __init__(
+        self, pool: str, policy: Policy, scaling: ScalingPolicy, *, busy_util_pct: int, stale_after_s: float, provider: str = "",
+    ) -> None:
+        """`provider` names who rents the workers out (their incidents' evidence carries it)."""
         self.pool = pool
+        self.provider = provider
         self.policy = policy
         self.scaling = scaling
         self.book = IncidentBook(SOURCE, policy)
@@ -112,7 +116,8 @@ class PoolIncidents:
         for w in workers:
             self.book.saw_node(w.worker_id, now)
         records = reading.records if not isinstance(reading.records, DemandUnavailable) else None
-        found = lifecycle.watch(workers, records, now, self.policy, gpus_working=lambda w: self._working(w, fleet, now))
+        found = lifecycle.watch(workers, records, now, self.policy, gpus_working=lambda w: self._working(w, fleet, now),
+                                provider=self.provider)
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
         transitions = self._apply(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)

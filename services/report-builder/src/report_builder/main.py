@@ -27,6 +27,7 @@ from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
 from report_builder.history import HistoryRecorder, PrometheusHistory
 from report_builder.notify import Notifier
+from report_builder.pricing import Pricing
 from report_builder.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,11 @@ def create_app(settings: Settings | None = None) -> FastStream:
             sessions, config, publish=lambda event: publish_event(runtime.broker, event),
             latest=lambda node: runtime.latest(NodeSampled, node), prometheus=prometheus,
         )
+    pricing = Pricing(settings.inventory)
     handlers = ReportHandlers(
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
-        changed=console.changes.bump if console else None,
+        changed=console.changes.bump if console else None, pricing=pricing,
+        publish=lambda event: publish_event(runtime.broker, event), registry=runtime.metrics.registry,
     )
     # While the store is down its events wait in JetStream, none is dead-lettered for it.
     stored = functools.partial(runtime.consume, waits_on=(StoreUnavailable,))
@@ -80,14 +83,13 @@ def create_app(settings: Settings | None = None) -> FastStream:
     if settings.history_retention_h > 0:
         recorder = HistoryRecorder(sessions, retention=timedelta(hours=settings.history_retention_h))
         runtime.background(recorder.loop, one_instance="history")
-    if console is not None or recorder is not None:
-        readers = [r.on_sample for r in (console, recorder) if r is not None]
+    readers = [r.on_sample for r in (console, recorder, pricing) if r is not None]
 
-        async def on_sample(sample: NodeSampled) -> None:
-            for read in readers:
-                await read(sample)
+    async def on_sample(sample: NodeSampled) -> None:
+        for read in readers:
+            await read(sample)
 
-        runtime.follow(NodeSampled, on_sample)
+    runtime.follow(NodeSampled, on_sample)
     if console is not None:
         runtime.follow(ServiceHeartbeat, console.on_heartbeat)
         runtime.on_startup(console.start)

@@ -33,7 +33,8 @@ from gpumedic_events import (
     SpanRecord,
 )
 from gpumedic_events.redact import redact, redact_tree
-from gpumedic_store import CapacityCheck, ClusterCheck, Incident, IncidentMark, Notification, Silence, SpanRow, TimelineEntry
+from gpumedic_store import ActionRecord, CapacityCheck, ClusterCheck, Incident, IncidentMark, Notification, Silence, SpanRow, TimelineEntry
+from gpumedic_store.cost import Price, cost_of
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,33 @@ def _closed(incident: Incident | None, event: IncidentResolved | IncidentEscalat
     incident.resolution = resolution
     incident.closed_at = event.occurred_at
     incident.trace_id = incident.trace_id or trace_id
+    return incident
+
+
+# --- cost ----------------------------------------------------------------------------------------
+
+
+DRAIN = "drain_node"
+
+
+async def update_cost(session: AsyncSession, *, incident_id: str, price: Price, now: datetime) -> Incident | None:
+    """Work out what the incident cost as of `now` (final once it is closed) and keep it on its row;
+    the incident, or None if the store has no row for it yet."""
+    incident = await session.get(Incident, incident_id)
+    if incident is None:
+        return None
+    actions = await session.scalars(
+        select(ActionRecord).where(ActionRecord.incident_id == incident_id, ActionRecord.status == "succeeded")
+    )
+    drains = [a.finished_at for a in actions if (a.operation or {}).get("operation") == DRAIN and a.finished_at is not None]
+    cost = cost_of(
+        kind=incident.kind, gpu_index=incident.gpu_index, evidence=incident.evidence or {}, opened_at=incident.opened_at,
+        closed_at=incident.closed_at, drained_at=min(drains) if drains else None, price=price,
+    )
+    incident.cost = cost.as_json(now)
+    incident.gpu_hours = incident.cost["gpu_hours"]
+    incident.cost_usd = incident.cost["usd"]
+    await session.flush()
     return incident
 
 

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     notify_wait_s: float = Field(default=10.0, ge=0, le=600, description="Wait after an escalation before telling anyone.")
     notify_give_up_s: float = Field(default=86_400.0, gt=0, description="Stop retrying a notification this long after the escalation.")
     notify_min_severity: Literal["info", "warning", "critical"] = "warning"
+    inventory: Path | None = Field(
+        default=None, description="The fleet inventory (the remediator's file): each node's GPUs and price_per_gpu_hour, "
+        "which price the GPU time incidents cost. Unset: GPU-hours only, except for rented workers (their provider's price).",
+    )
     history_retention_h: float = Field(
         default=24.0, ge=0, le=24 * 400,
         description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 100 KiB per 8-GPU node-day.",
@@ -85,7 +89,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", "console_port", "console_token_file", "jaeger_url",
-        "history_prometheus_url",
+        "history_prometheus_url", "inventory",
         mode="before",
     )
     @classmethod

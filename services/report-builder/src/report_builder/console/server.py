@@ -41,6 +41,7 @@ from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, 
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
+from gpumedic_store import cost
 from gpumedic_store import history as node_history
 from gpumedic_store import views as read
 from report_builder import repository
@@ -61,7 +62,8 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-NAV = (("/", "Fleet"), ("/incidents", "Incidents"), ("/cluster", "Cluster"), ("/capacity", "Capacity"), ("/ledger", "Ledger"))
+NAV = (("/", "Fleet"), ("/incidents", "Incidents"), ("/cluster", "Cluster"), ("/capacity", "Capacity"), ("/cost", "Cost"), ("/ledger", "Ledger"))
+COST_SPANS = {"1d": timedelta(days=1), "7d": timedelta(days=7), "30d": timedelta(days=30), "90d": timedelta(days=90)}
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Console:
             web.get("/incidents/{id}/report.html", self.incident_report),
             web.get("/cluster", self.cluster_page),
             web.get("/capacity", self.capacity_page),
+            web.get("/cost", self.cost_page),
             web.get("/ledger", self.ledger_page),
             web.get("/live", self.live),
             web.get("/healthz", self.healthz),
@@ -341,6 +344,7 @@ class Console:
             "incident": incident, "timeline": timeline, "actions": actions, "trace": views.waterfall(spans), "marks": marks,
             "notifications": notifications, "jaeger": jaeger, "postmortem": _postmortem(incident),
             "history": history, "charts": views.history_charts(history, keys=INCIDENT_CHARTS, marks=shown), "fleet_node": FLEET_NODE,
+            "cost": cost.Cost.from_json(incident.cost) if incident.cost else None, "cost_at": datetime.now(UTC),
         }
 
     async def cluster_page(self, request: web.Request) -> web.Response:
@@ -379,6 +383,34 @@ class Console:
                 charts.append(views.time_chart("cost", "Cost of the billed workers", "$/h", times, {"$/h": [r.cost_per_h for r in rows]}))
         return self._page(
             request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None, charts=charts,
+        )
+
+    async def cost_page(self, request: web.Request) -> web.Response:
+        span, by = request.query.get("since") or "7d", request.query.get("by") or "kind"
+        if span not in COST_SPANS:
+            raise _BadRequest(f"since must be one of {', '.join(COST_SPANS)}, not {span[:20]!r}")
+        if by not in cost.BY:
+            raise _BadRequest(f"by must be one of {', '.join(cost.BY)}, not {by[:20]!r}")
+        now = datetime.now(UTC)
+        since = now - COST_SPANS[span]
+        async with self._db() as session:
+            costs = await cost.costs_since(session, since, now)
+        lines = cost.summed(costs, by=by, since=since, now=now)
+        days = cost.summed(costs, by="day", since=since, now=now)
+        kinds = [line.group for line in cost.summed(costs, by="kind", since=since, now=now)][:6]
+        per_day = {kind: cost.summed([c for c in costs if c[0].kind == kind], by="day", since=since, now=now) for kind in kinds}
+        times = [datetime.fromisoformat(d.group).replace(tzinfo=UTC) for d in days]
+        charts = [
+            views.time_chart("gpu_hours", "GPU-hours lost per day", "GPU-h", times, {
+                kind: [next((d.gpu_hours for d in per_day[kind] if d.group == day.group), 0.0) for day in days] for kind in kinds
+            }),
+            views.time_chart("dollars", "What they cost per day", "$", times, {"$": [round(d.usd, 2) for d in days]}),
+        ] if len(days) > 1 else []
+        return self._page(
+            request, "cost.html", "Cost", lines=lines, by=by, span=span, spans=COST_SPANS, bys=cost.BY, charts=charts, since=since,
+            incidents=sorted(costs, key=lambda c: -c[1].gpu_hours(now, since=since))[:20], at=now,
+            total_gpu_hours=sum(line.gpu_hours for line in lines), total_usd=sum(line.usd for line in lines),
+            unpriced=sum(line.unpriced_gpu_hours for line in lines),
         )
 
     async def ledger_page(self, request: web.Request) -> web.Response:

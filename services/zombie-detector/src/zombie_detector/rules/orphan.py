@@ -90,7 +90,11 @@ class OrphanRule:
             del self.seen_since[key]
         orphan_pids = {o.holder.pid for o in found}
         only_orphans = all(p.pid in orphan_pids for g in event.gpus for p in g.processes)
-        findings = [self._finding(event, gpu, held, restart=only_orphans) for gpu, held in by_gpu.items()]
+        findings = [
+            self._finding(event, gpu, held, restart=only_orphans,
+                          held_s=max((now - self.seen_since[(event.node_id, gpu, o.holder.pid)]).total_seconds() for o in held))
+            for gpu, held in by_gpu.items()
+        ]
         # An open incident whose GPU shows no orphan any more is resolved; one the sample cannot judge
         # (the GPU missing, NVML gone) is left as it is.
         judged = {g.index for g in event.gpus} | ({None} if event.gpus else set())
@@ -102,7 +106,7 @@ class OrphanRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _finding(self, sample: NodeSampled, gpu: int | None, held: list[Orphan], *, restart: bool) -> Finding:
+    def _finding(self, sample: NodeSampled, gpu: int | None, held: list[Orphan], *, restart: bool, held_s: float) -> Finding:
         pids = " ".join(str(o.holder.pid) for o in held)
         where = "a GPU" if gpu is None else f"GPU {gpu}"
         unidentified = [o.holder.pid for o in held if o.holder.start_ticks is None or not o.holder.command.strip()]
@@ -121,6 +125,7 @@ class OrphanRule:
             summary=f"{where} is held by pid {pids}, which nothing on the node owns: {held[0].why}",
             evidence={
                 "holder_pids": pids,
+                "held_s": round(held_s, 1),
                 "commands": "; ".join(o.holder.command[:120] for o in held)[:500],
                 "containers": " ".join(sorted({o.holder.container_id[:12] for o in held if o.holder.container_id})) or None,
                 "why": held[0].why,
