@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -135,15 +134,15 @@ def test_a_prometheus_that_answers_nonsense_is_said_so(tmp_path):
     """An error answer and a body that is not a range vector are each one clear error."""
     from report_builder.history import PrometheusUnavailable
 
-    async def bad(_request):
+    async def refuses(_request):
         return web.json_response({"status": "error", "error": "parse error at char 3"}, status=400)
 
-    async def odd(_request):
+    async def garbles(_request):
         return web.json_response({"status": "success", "data": {"result": [{"values": 7}]}})
 
     async def run() -> list[str]:
         app = web.Application()
-        app.add_routes([web.get("/bad/api/v1/query_range", bad), web.get("/odd/api/v1/query_range", odd)])
+        app.add_routes([web.get("/bad/api/v1/query_range", refuses), web.get("/odd/api/v1/query_range", garbles)])
         runner = web.AppRunner(app)
         await runner.setup()
         port = _free_port()
