@@ -275,8 +275,8 @@ class HostSample(BaseModel):
         default=(),
         max_length=16,
         description="The busiest processes by CPU and by resident memory (five of each, fewer where they "
-        "overlap), as of the sampler's last look at every process (every 30 s by default); empty if it "
-        "does not look.",
+        "overlap), from the sampler's look at every process: carried by the sample after each look (every "
+        "30 s by default) and empty in the samples between.",
     )
 
 

@@ -103,7 +103,6 @@ class Sampler:
         self.top_interval_s = top_interval_s
         self._usage: dict[int, ProcessUsage] = {}
         self._usage_read_at: float | None = None
-        self._top: tuple[TopReading, ...] = ()
         self.health_interval_s = health_interval_s
         self.health_refresh_s = health_refresh_s
         self._health_read_at: float | None = None
@@ -333,17 +332,19 @@ class Sampler:
         return reading, processes, host, holders, notes
 
     def _top_processes(self, notes: list[str]) -> tuple[TopReading, ...]:
-        """The busiest processes, from two looks at every process `top_interval_s` apart; between
-        looks the last answer stands (a look reads one /proc file per process)."""
+        """The busiest processes, from two looks at every process `top_interval_s` apart (a look
+        reads one /proc file per process). They travel in the sample after each look only: every
+        consumer would parse them again in every sample between, for an answer that has not changed."""
         if self.top_interval_s <= 0:
             return ()
         now = self._clock()
-        if self._usage_read_at is None or now - self._usage_read_at >= self.top_interval_s:
-            usage = self.processes.usage(notes)
-            elapsed = now - self._usage_read_at if self._usage_read_at is not None else 0.0
-            self._top = top_processes(self._usage, usage, elapsed, self.processes.describe)
-            self._usage, self._usage_read_at = usage, now
-        return self._top
+        if self._usage_read_at is not None and now - self._usage_read_at < self.top_interval_s:
+            return ()
+        usage = self.processes.usage(notes)
+        elapsed = now - self._usage_read_at if self._usage_read_at is not None else 0.0
+        top = top_processes(self._usage, usage, elapsed, self.processes.describe)
+        self._usage, self._usage_read_at = usage, now
+        return top
 
     def _device_holders(self, notes: list[str]) -> dict[int, tuple[str, ...]]:
         """The /dev/nvidia* holders as of the last scan; scanning every fd of every process is

@@ -37,7 +37,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus.topology import FLEET_NODE
-from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved
+from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
@@ -125,6 +125,8 @@ class Console:
         self.auth = Sessions(config.token)
         self.throttle = LoginThrottle()
         self.readings: dict[str, views.NodeReading] = {}
+        self.tops: dict[str, tuple[datetime, tuple[TopProcess, ...]]] = {}
+        """Each node's busiest processes as its sampler last sent them (every 30 s), for its page."""
         self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
         self.url: str | None = None
@@ -146,6 +148,8 @@ class Console:
 
     async def on_sample(self, sample: NodeSampled) -> None:
         self.readings[sample.node_id] = views.NodeReading.of(sample)
+        if sample.host.top_processes:
+            self.tops[sample.node_id] = (sample.occurred_at, sample.host.top_processes)
         self.changes.bump()
 
     async def on_heartbeat(self, beat: ServiceHeartbeat) -> None:
@@ -239,11 +243,14 @@ class Console:
         if sample is None and reading is None and not incidents and not actions and history.empty and not sample_error:
             raise web.HTTPNotFound(text=f"no node {node}: nothing sampled it in the last minutes, and the store has no incident, action or history of it")
         deaths = [i for i in incidents if i.kind == IncidentKind.CONTAINER_DIED.value]
+        # the sampler sends its busiest processes every 30 s: between, the last ones seen stand
+        top_at, top = (sample.occurred_at, sample.host.top_processes) if sample and sample.host.top_processes else self.tops.get(node, (None, ()))
         containers = sorted({p.container_id for g in sample.gpus for p in g.processes if p.container_id}
-                            | {p.container_id for p in sample.host.top_processes if p.container_id}) if sample else []
+                            | {p.container_id for p in top if p.container_id}) if sample else []
         return self._page(
             request, "node.html", node, node=node, sample=sample, sample_error=sample_error, reading=reading,
             incidents=incidents, actions=actions, drains=drains, deaths=deaths, containers=containers, window=window, history_error=history_error,
+            top=top, top_at=top_at,
             windows=views.WINDOWS, history=history, charts=views.history_charts(history),
             retention_h=self.config.history_retention_h,
         )
