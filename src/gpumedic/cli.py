@@ -192,7 +192,10 @@ def cmd_actions(args) -> int:
 
 
 def cmd_report(args) -> int:
-    """The diagnostics report; exit 1 when something needs a person now (a P1)."""
+    """The diagnostics report (exit 1 when something needs a person now: a P1), or the reliability
+    report of every host and provider over `--since`."""
+    if args.what == "reliability":
+        return _reliability_report(args)
     from gpumedic.report import build_report, render, sources_from
 
     report = asyncio.run(build_report(sources_from(_store_url(args), args.var), node=args.node, show_secrets=args.show_secrets))
@@ -203,6 +206,27 @@ def cmd_report(args) -> int:
     else:
         print(text, end="" if text.endswith("\n") else "\n")
     return 1 if any(r.priority == 1 for r in report.recommendations) else 0
+
+
+def _reliability_report(args) -> int:
+    from datetime import timedelta
+
+    from gpumedic import reliability
+    from gpumedic.times import parse_lookback
+
+    try:
+        since = timedelta(seconds=parse_lookback(args.since))
+    except ValueError as exc:
+        print(f"gpumedic: --since: {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(reliability.build(_store_url(args), since=since))
+    text = reliability.render(report, args.format)
+    if args.output:
+        args.output.write_text(text)
+        print(f"reliability report written to {args.output} ({len(report.hosts)} host(s), {len(report.providers)} provider(s))")
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
+    return 0
 
 
 def cmd_drained(args) -> int:
@@ -701,7 +725,9 @@ command(
     "holding it is fixed and its GPUs were validated on the next samples.",
 )
 command(
-    "report", cmd_report, "the diagnostics report: configuration checks, the fleet's open problems, prioritised recommendations",
+    "report", cmd_report, "the diagnostics report (configuration checks, open problems, recommendations), or `report reliability`",
+    click.argument("what", type=click.Choice(["diagnostics", "reliability"]), default="diagnostics", required=False),
+    click.option("--since", default="30d", show_default=True, help="with reliability: how far back, e.g. 7d, 30d"),
     click.option("--node", help="only this node's problems"),
     click.option("--format", type=click.Choice(["md", "json", "html"]), default="md", show_default=True,
                  help="markdown, JSON or a standalone HTML page"),
@@ -710,7 +736,8 @@ command(
     _var(), _store(),
     description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, then lists "
     "every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). Secrets are masked "
-    "unless --show-secrets.",
+    "unless --show-secrets. `gpumedic report reliability --since 30d`: per host and provider, incidents per 100 GPU-days by "
+    "kind, mean time to detect and to repair, availability, goodput and the GPU time lost: evidence to send a provider.",
 )
 command(
     "silence", cmd_silence, "add, list or lift silences: maintenance windows and known issues",

@@ -61,9 +61,10 @@ async def test_runpod_pods_are_created_listed_and_terminated_through_its_api(run
         "name": "selfplay-1", "imageName": "ghcr.io/acme/selfplay:7", "gpuTypeIds": ["NVIDIA H100 80GB HBM3"], "gpuCount": 8,
         "cloudType": "SECURE", "ports": ["22/tcp"], "supportPublicIp": True,
     }
-    fake.pods[created.worker_id] |= {"publicIp": "203.0.113.7", "portMappings": {"22": 40122}}
+    fake.pods[created.worker_id] |= {"publicIp": "203.0.113.7", "portMappings": {"22": 40122}, "machineId": "s7p2rdx9ke1q"}
     (listed,) = await provider.workers()
     assert listed.status == "running" and listed.ssh == SshDetails(host="203.0.113.7", port=40122)
+    assert listed.host_id == "s7p2rdx9ke1q"  # the machine it runs on (RunPod's machineId), for its reliability
     await provider.terminate(created.worker_id)
     assert await provider.workers() == []
     with pytest.raises(ProviderError, match="no such pod"):

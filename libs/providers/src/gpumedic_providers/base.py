@@ -37,6 +37,10 @@ class Worker(BaseModel):
     ssh: SshDetails | None = Field(default=None, description="None until the provider gives them (and for some spawns, never).")
     created_at: datetime | None = None
     started_at: datetime | None = Field(default=None, description="When it last started (a restart moves it on).")
+    host_id: str | None = Field(
+        default=None, max_length=128,
+        description="The provider's id of the machine it runs on (RunPod's machineId): a machine is known again when a new worker lands on it.",
+    )
 
 
 class Provider(Protocol):

@@ -6,7 +6,8 @@ issue runpod-python#450), so whoever restarts checks `lastStartedAt` moved on.
 A pod is `running` for gpumedic once RunPod says RUNNING and gives a public IP and a mapping for
 port 22 (before that it is `spawning`, which is how "stuck in spawning" shows); EXITED is
 `stopped`, TERMINATED `terminated`, anything else `error`. RunPod documents `costPerHr` as a
-number and shows it as a string in its examples: both are read. The API key goes in the
+number and shows it as a string in its examples: both are read. `machineId` names the host machine
+the pod runs on (its reliability is kept by machine). The API key goes in the
 Authorization header only; errors name RunPod and the HTTP status, never the key.
 """
 
@@ -105,6 +106,7 @@ class RunPodProvider:
                 gpu_type=gpu.get("id") or machine.get("gpuTypeId") or "", gpus=gpu.get("count") or 0,
                 price_per_h=float(pod.get("costPerHr")), ssh=SshDetails(**ssh) if ssh else None,
                 created_at=_time(pod.get("lastStartedAt")), started_at=_time(pod.get("lastStartedAt")),
+                host_id=pod["machineId"][:128] if isinstance(pod.get("machineId"), str) and pod["machineId"] else None,
             )
         except (TypeError, ValueError, ValidationError) as exc:
             problem = exc.errors(include_url=False)[0]["msg"] if isinstance(exc, ValidationError) else str(exc)

@@ -24,6 +24,7 @@ class _Rented:
     never_ssh: bool
     terminated: bool = False
     started_at: datetime | None = None
+    host_id: str = ""
 
 
 class SimProvider:
@@ -38,9 +39,11 @@ class SimProvider:
         ssh_for: Callable[[str], SshDetails] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_restart: Callable[[str], None] | None = None,
+        hosts: int = 0,
     ) -> None:
         """`ssh_for(worker_id)` says where a worker's SSH is once it is up (the simulated fleet
-        hands out its nodes); by default a made-up address."""
+        hands out its nodes); by default a made-up address. With `hosts`, workers land on that many
+        machines in turn (`host_id` sim-host-N), so a machine is rented again; 0: each its own."""
         self.prices = dict(PRICES_PER_GPU_H if prices is None else prices)
         self.spawn_s = spawn_s
         self.never_ssh_every = never_ssh_every
@@ -48,6 +51,7 @@ class SimProvider:
         self._clock = clock
         self.on_restart = on_restart
         """Called with a worker's id when it restarts (the simulated fleet ends what ran on it)."""
+        self.hosts = hosts
         self._rented: dict[str, _Rented] = {}
         self.calls: list[str] = []
         """Every call, in order ('create H100x8', 'terminate simw0001'): what was billed or ended."""
@@ -61,6 +65,7 @@ class SimProvider:
         rented = _Rented(
             f"simw{number:04d}", name, gpu_type, gpus, self._clock(),  # a RunPod-shaped id: served as one by the sim
             never_ssh=bool(self.never_ssh_every) and number % self.never_ssh_every == 0,
+            host_id=f"sim-host-{(number - 1) % self.hosts + 1:03d}" if self.hosts else f"sim-host-w{number:04d}",
         )
         self._rented[rented.worker_id] = rented
         self.calls.append(f"create {gpu_type}x{gpus}")
@@ -68,7 +73,8 @@ class SimProvider:
 
     def adopt(self, worker_id: str, name: str, gpu_type: str, gpus: int) -> None:
         """A worker rented before this provider's story starts (up already): a fleet's own pods."""
-        self._rented[worker_id] = _Rented(worker_id, name, gpu_type, gpus, self._clock() - timedelta(seconds=self.spawn_s), never_ssh=False)
+        self._rented[worker_id] = _Rented(worker_id, name, gpu_type, gpus, self._clock() - timedelta(seconds=self.spawn_s), never_ssh=False,
+                                          host_id=f"sim-host-{worker_id}")
 
     async def terminate(self, worker_id: str) -> None:
         rented = self._rented.get(worker_id)
@@ -116,4 +122,5 @@ class SimProvider:
             ssh=self._ssh_for(rented.worker_id) if up else None,
             created_at=rented.created_at,
             started_at=rented.started_at or rented.created_at,
+            host_id=rented.host_id,
         )

@@ -329,6 +329,20 @@ class NodeHour(Base):
     figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Columns.")
 
 
+class NodeDay(Base):
+    """One node's day in figures (`gpumedic_store.reliability`): what it was observed for and how
+    much of that its GPUs worked, kept for months where the minute history keeps a day."""
+
+    __tablename__ = "node_days"
+
+    node_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    day: Mapped[datetime] = mapped_column(primary_key=True, index=True, comment="00:00 UTC of the day.")
+    provider: Mapped[str | None] = mapped_column(String(128), comment="Who rents it out, as the inventory says (its provider label or group).")
+    sampled_minutes: Mapped[int] = mapped_column(Integer, default=0, comment="Minutes with at least one sample.")
+    gpu_minutes: Mapped[int] = mapped_column(Integer, default=0, comment="GPU-minutes observed: each sampled minute, its GPU count.")
+    busy_gpu_minutes: Mapped[int] = mapped_column(Integer, default=0, comment="GPU-minutes at work (utilisation at least BUSY_PCT).")
+
+
 class SpanRow(Base):
     """One finished span, kept so the UI can draw an incident's trace without a trace backend."""
 

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpumedic_events import NodeSampled
 from gpumedic_store import StoreUnavailable
 from gpumedic_store import history as store
+from gpumedic_store import reliability
 from gpumedic_store.history import Minute, MinuteFolder, minute_of
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ CLOSE_AFTER = timedelta(seconds=15)
 MAX_WAITING = 60
 """Finished minutes kept per node while they cannot be written."""
 PRUNE_EVERY_S = 600.0
+DAYS_KEPT = 400
+"""Days each node's day figures are kept, for reliability over months."""
 
 
 class HistoryRecorder:
@@ -41,9 +44,15 @@ class HistoryRecorder:
         retention: timedelta,
         flush_every_s: float = 10.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        provider_of: Callable[[str], str | None] = lambda node_id: None,
+        days_kept: timedelta = timedelta(days=DAYS_KEPT),
     ) -> None:
+        """Each finished minute also counts towards its node's day (`gpumedic_store.reliability`),
+        under the provider `provider_of` names; days are kept for `days_kept`."""
         self._db = sessions
         self.retention = retention
+        self.provider_of = provider_of
+        self.days_kept = days_kept
         self.flush_every_s = flush_every_s
         self._now = now
         self._open: dict[str, MinuteFolder] = {}
@@ -93,8 +102,10 @@ class HistoryRecorder:
             async with self._db() as session, session.begin():
                 if batch:
                     await store.write(session, batch, self._hours)
+                    await reliability.count_days(session, batch, {node: self.provider_of(node) for node in batch})
                     written = sum(len(minutes) for minutes in batch.values())
                 if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+                    await reliability.prune_days(session, self._now() - self.days_kept)
                     gone = await store.prune(session, self._now() - self.retention)
                     self._pruned_at = time.monotonic()
                     if gone:

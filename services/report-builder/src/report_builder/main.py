@@ -81,7 +81,9 @@ def create_app(settings: Settings | None = None) -> FastStream:
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
     recorder = None
     if settings.history_retention_h > 0:
-        recorder = HistoryRecorder(sessions, retention=timedelta(hours=settings.history_retention_h))
+        recorder = HistoryRecorder(
+            sessions, retention=timedelta(hours=settings.history_retention_h), provider_of=lambda node: pricing.price(node).provider,
+        )
         runtime.background(recorder.loop, one_instance="history")
     readers = [r.on_sample for r in (console, recorder, pricing) if r is not None]
 
