@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpumedic.incidents import fmt_time
-from gpumedic.output import clip, table, to_json
+from gpumedic.output import clip, fmt_time, table, to_json
 from gpumedic_events import Operation
 from gpumedic_events.redact import redact
 from gpumedic_store import ActionRecord, views

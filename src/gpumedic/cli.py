@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import click
 
-from gpumedic.stack import SERVICES
+from gpumedic.services import SERVICES
 from gpumedic_events import IncidentKind
 
 DEFAULT_VAR = Path("var")

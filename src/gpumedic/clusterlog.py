@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpumedic.incidents import fmt_time
-from gpumedic.output import clip, table, to_json
+from gpumedic.output import clip, fmt_time, table, to_json
 from gpumedic_store import views
 from gpumedic_store.clusterlog import ClusterSummary, Goal, summarize
 

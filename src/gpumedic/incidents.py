@@ -7,18 +7,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
 
 from gpumedic.operator_bus import SOURCE, publish
-from gpumedic.output import clip, table, to_json
+from gpumedic.output import clip, fmt_time, table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentMarked
 from gpumedic_events.redact import redact
 from gpumedic_store import views
-
-
-def fmt_time(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "-"
 
 
 async def list_text(store_url: str, *, status: str | None = None, limit: int = 50, as_json: bool = False) -> str:

@@ -79,6 +79,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int 
     return "\n".join(" " * indent + line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 
+def fmt_time(value: datetime | None) -> str:
+    """A time as every table shows it: UTC to the millisecond."""
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "-"
+
+
 def to_json(data: Any) -> str:
     """`data` as JSON, with job text masked (rows written before the sampler masked it)."""
     plain = json.loads(json.dumps(data, default=_plain))

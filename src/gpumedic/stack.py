@@ -26,21 +26,13 @@ from nats.js.errors import BadRequestError
 
 from gpumedic.credentials import TlsFiles, ensure_tls, load_or_create_passwords, new_password, node_env, render_accounts, write_private
 from gpumedic.natsd import NatsServer, die_with_parent
+from gpumedic.services import SERVICES
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.provision import wait_for_jetstream
 from gpumedic_bus.streams import INCIDENTS
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import NodeSampled, ServiceHeartbeat
 
-SERVICES: dict[str, str] = {
-    "node-sampler": "node_sampler",
-    "zombie-detector": "zombie_detector",
-    "leader-health": "leader_health",
-    "autoscaler": "autoscaler",
-    "remediator": "remediator",
-    "report-builder": "report_builder",
-}
-"""Service name -> the package whose `main.run` starts it."""
 
 def service_command(service: str) -> list[str]:
     return [sys.executable, "-c", f"from {SERVICES[service]}.main import run; run()"]

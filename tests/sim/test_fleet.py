@@ -12,12 +12,13 @@ from gpumedic_sim import SimFleet
 
 async def test_inventory_known_hosts_and_key(fleet):
     text = fleet.inventory_path.read_text()
-    nodes = yaml.safe_load(text)["nodes"]
+    inventory = yaml.safe_load(text)
+    nodes = inventory["nodes"]
     assert list(nodes) == ["sim-node-01", "sim-node-02"]
+    assert inventory["defaults"] == {"price_per_gpu_hour": 2.49, "labels": {"provider": "simulated"}}  # what incidents cost
     for node_id, entry in nodes.items():
         node = fleet.node(node_id)
-        assert entry == {"host": "127.0.0.1", "port": node.ssh_port, "user": "gpumedic"}
-        assert f"  {node_id}: {{host: 127.0.0.1, port: {node.ssh_port}, user: gpumedic}}\n" in text
+        assert entry == {"host": "127.0.0.1", "port": node.ssh_port, "user": "gpumedic", "gpus": len(node.gpus)}
     lines = fleet.known_hosts_path.read_text().splitlines()
     assert lines == [fleet.node(n).known_hosts_line() for n in nodes]
     assert lines[0].startswith(f"[127.0.0.1]:{fleet.node('sim-node-01').ssh_port} ssh-ed25519 AAAA")

@@ -4,10 +4,20 @@ Part of the product: the demo runs on it, and the tests use it to drive the real
 `SimFleet` (the fleet and its inventory files) and `SimNode` (one node and its fault helpers).
 """
 
-from gpumedic_sim.fleet import SSH_USER, SimFleet
-from gpumedic_sim.node import SimNode
-from gpumedic_sim.ssh import CommandResult, interpret
-from gpumedic_sim.state import CLK_TCK, GPU_NAME, GPU_TOTAL_MIB, Fault, InjectedFault, SimGpu, SimProcess
+import importlib
+
+_WHERE = {
+    "SSH_USER": "fleet", "SimFleet": "fleet", "SimNode": "node", "CommandResult": "ssh", "interpret": "ssh",
+    **dict.fromkeys(("CLK_TCK", "GPU_NAME", "GPU_TOTAL_MIB", "Fault", "InjectedFault", "SimGpu", "SimProcess"), "state"),
+}
+
+
+def __getattr__(name: str):
+    # imported when first asked for: the CLI loads this package's commands without the fleet
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"gpumedic_sim.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'gpumedic_sim' has no attribute {name!r}")
+
 
 __all__ = [
     "CLK_TCK",
