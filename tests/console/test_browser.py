@@ -220,7 +220,7 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
             found["incident text"] = await page.goto(base + pages["incident-history"]) and await page.inner_text("#node-history")
 
             phone = await browser.new_page(viewport={"width": 390, "height": 844})
-            for name, path in {**pages, "fleet": "/", "incidents": "/incidents", "ledger": "/ledger"}.items():
+            for name, path in {**pages, "fleet": "/", "incidents": "/incidents", "ledger": "/ledger", "cost": "/cost"}.items():
                 await phone.goto(base + path)
                 await phone.wait_for_load_state("networkidle")
                 found[f"{name} at 390"] = await phone.evaluate("document.documentElement.scrollWidth")
@@ -241,5 +241,5 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     assert "from=" in str(found["zoom link"]) and not found["zoom hidden"]
     assert "Host memory (GiB)" in [c["title"] for c in found["incident-history"]]
     assert "Busiest processes from the hour before" in str(found["incident text"]) and "selfplay" in str(found["incident text"])
-    for name in (*pages, "fleet", "incidents", "ledger"):
+    for name in (*pages, "fleet", "incidents", "ledger", "cost"):
         assert found[f"{name} at 390"] <= 390, f"{name} is {found[f'{name} at 390']} px wide on a 390 px screen"
