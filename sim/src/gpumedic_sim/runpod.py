@@ -115,6 +115,7 @@ def pod(worker: Worker) -> dict:
         "lastStartedAt": _z(worker.started_at) if worker.started_at else None,
         "publicIp": worker.ssh.host if worker.ssh else None,
         "portMappings": {"22": worker.ssh.port} if worker.ssh else {},
+        **({"machineId": worker.host_id} if worker.host_id else {}),
     }
 
 

@@ -5,7 +5,8 @@ Per host (a node of the inventory, or the provider's machine a rented worker ran
 incidents name it) and per provider, over a span:
 - GPU-days observed: the GPU-minutes its samples covered (`NodeDay`, which report-builder keeps
   from the minute history, a row per node and day);
-- incidents by kind, and per 100 GPU-days;
+- incidents by kind, and per 100 GPU-days (those of the fleet, the pool or the peer cluster as a
+  whole, and informational ones, are no host's);
 - mean time to detect: how long the fault had lasted when its incident opened, where the evidence
   says (a GPU's idle time before a zombie was found, a worker's billed time before it was called
   stuck); mean time to repair: opened to resolved, for those fixed or cleared;
@@ -29,8 +30,11 @@ from gpumedic_store.models import Incident, NodeDay
 
 BUSY_PCT = 10.0
 """A GPU-minute at this mean utilisation or more counts as work."""
-FLEET_WIDE = {"fleet"}
-"""Incidents of the fleet or a cluster as a whole are no host's."""
+NOT_A_HOST = {
+    "fleet_anomaly", "capacity_short", "capacity_surplus", "queue_stalled", "orphaned_tasks",
+    "no_leader", "quorum_lost", "split_brain", "leader_flapping", "peers_below_target",
+}
+"""Incidents of the fleet, the worker pool or the peer cluster as a whole: no host's doing."""
 
 
 def day_of(at: datetime) -> datetime:
@@ -154,7 +158,7 @@ async def reliability(session: AsyncSession, since: datetime, now: datetime) -> 
         providers_of[node_id] = provider
     incidents = await session.scalars(select(Incident).where(Incident.opened_at >= since, Incident.opened_at <= now))
     for incident in incidents:
-        if incident.node_id in FLEET_WIDE or incident.severity == "info":
+        if incident.kind in NOT_A_HOST or incident.severity == "info":
             continue
         evidence = incident.evidence or {}
         host = str(evidence.get("host_id") or incident.node_id)  # a rented worker's machine, where its incident names it
