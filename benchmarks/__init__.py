@@ -1,6 +1,9 @@
 """gpumedic's benchmarks. Each compares side by side in one run and prints ratios: these
 machines are shared and noisy, so absolute rates mean little, ratios of interleaved rounds more."""
 
+import statistics
+import time
+
 from gpumedic_events import GpuHealth, GpuProcess, GpuSample, JobsObservation, NodeSampled
 
 HEALTH_EVERY = 120
@@ -19,6 +22,33 @@ def percentile(values: list[float], q: float) -> float:
     """The `q` quantile (0..1) of `values`, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def time_pages(base_url: str, pages: dict[str, str], runs: int) -> dict[str, list[float]]:
+    """Milliseconds each page took, `runs` times each, in turns, after one warm-up round in which
+    every page must answer."""
+    import httpx  # here, not above: the sampler's benchmark measures what its process imports
+
+    took: dict[str, list[float]] = {name: [] for name in pages}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        for path in pages.values():
+            (await client.get(path)).raise_for_status()
+        for _ in range(runs):
+            for name, path in pages.items():
+                started = time.perf_counter()
+                (await client.get(path)).raise_for_status()
+                took[name].append((time.perf_counter() - started) * 1000)
+    return took
+
+
+def print_pages(took: dict[str, list[float]], *, target_ms: float, floor: str = "floor (/healthz)") -> None:
+    """p50 and p95 of each page, and its p50 over the floor's (the same server doing no work)."""
+    base = statistics.median(took[floor])
+    print(f"  {'page':<34} {'p50 ms':>8} {'p95 ms':>8} {'x floor':>8}")
+    for name, values in took.items():
+        p50, p95 = statistics.median(values), percentile(values, 0.95)
+        mark = "" if name == floor or p95 < target_ms else f"  (above the {target_ms:.0f} ms target)"
+        print(f"  {name:<34} {p50:8.1f} {p95:8.1f} {p50 / base:8.1f}{mark}")
 
 
 def node_sample(node_id: str, *, gpus: int = 8, zombie: bool = False, health: bool = False, **fields) -> NodeSampled:

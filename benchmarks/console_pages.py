@@ -14,16 +14,13 @@ import argparse
 import asyncio
 import logging
 import random
-import statistics
 import tempfile
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from sqlalchemy import insert
 
-from benchmarks import percentile
+from benchmarks import print_pages, time_pages
 from gpumedic_store import ActionRecord, Incident, TimelineEntry, create_engine, session_factory, upgrade
 from report_builder.console import Console, ConsoleConfig
 
@@ -92,25 +89,11 @@ async def main(argv: list[str]) -> None:
             "fleet (500 open incidents)": "/",
             "ledger": "/ledger",
         }
-        took: dict[str, list[float]] = {name: [] for name in pages}
         try:
-            async with httpx.AsyncClient(base_url=console.url, timeout=30) as client:
-                for name, path in pages.items():  # warm-up, and every page must answer
-                    response = await client.get(path)
-                    response.raise_for_status()
-                for _ in range(args.console_runs):
-                    for name, path in pages.items():
-                        started = time.perf_counter()
-                        (await client.get(path)).raise_for_status()
-                        took[name].append((time.perf_counter() - started) * 1000)
+            took = await time_pages(console.url, pages, args.console_runs)
         finally:
             await console.stop()
             await engine.dispose()
 
-    floor = statistics.median(took["floor (/healthz)"])
     print(f"console pages on {args.console_incidents:,} incidents (SQLite), {args.console_runs} runs each, in turns")
-    print(f"  {'page':<34} {'p50 ms':>8} {'p95 ms':>8} {'x floor':>8}")
-    for name, values in took.items():
-        p50, p95 = statistics.median(values), percentile(values, 0.95)
-        mark = "" if name.startswith("floor") or p95 < TARGET_MS else f"  (above the {TARGET_MS:.0f} ms target)"
-        print(f"  {name:<34} {p50:8.1f} {p95:8.1f} {p50 / floor:8.1f}{mark}")
+    print_pages(took, target_ms=TARGET_MS)

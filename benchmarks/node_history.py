@@ -13,16 +13,14 @@ import argparse
 import asyncio
 import logging
 import os
-import statistics
 import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from sqlalchemy import insert
 
-from benchmarks import node_sample, percentile
+from benchmarks import node_sample, print_pages, time_pages
 from gpumedic_events import IncidentOpened
 from gpumedic_events.base import json_examples
 from gpumedic_sim.history import backfill
@@ -114,28 +112,15 @@ async def main(argv: list[str]) -> None:
             "node history as JSON, 24 h": f"/nodes/{middle}/history.json?window=24h",
             "incident page (container death)": f"/incidents/{incidents[len(incidents) // 2]}",
         }
-        took: dict[str, list[float]] = {name: [] for name in pages}
         try:
-            async with httpx.AsyncClient(base_url=console.url, timeout=60) as client:
-                for path in pages.values():
-                    (await client.get(path)).raise_for_status()
-                for _ in range(args.history_runs):
-                    for name, path in pages.items():
-                        started = time.perf_counter()
-                        (await client.get(path)).raise_for_status()
-                        took[name].append((time.perf_counter() - started) * 1000)
+            took = await time_pages(console.url, pages, args.history_runs)
         finally:
             await console.stop()
             await engine.dispose()
 
-    floor = statistics.median(took["floor (/healthz)"])
     hours = args.history_minutes / 60
     print(f"node history: {args.history_nodes:,} nodes x {hours:g} h of minutes (SQLite, 8 GPUs each), {args.history_runs} runs each, in turns")
     print(f"  size on disk: {per_node_day / 1024:.0f} KiB per node-day ({per_node_day * args.history_nodes / 1024**2:.0f} MiB per day of this fleet); filled in {fill_s:.0f} s")
     print(f"  one minute of the whole fleet stored by report-builder's writer: {warm_s * 1000:.0f} ms"
           f" ({cold_s * 1000:.0f} ms for its first, when it reads each node's hour)")
-    print(f"  {'page':<34} {'p50 ms':>8} {'p95 ms':>8} {'x floor':>8}")
-    for name, values in took.items():
-        p50, p95 = statistics.median(values), percentile(values, 0.95)
-        mark = "" if name.startswith("floor") or p95 < TARGET_MS else f"  (above the {TARGET_MS:.0f} ms target)"
-        print(f"  {name:<34} {p50:8.1f} {p95:8.1f} {p50 / floor:8.1f}{mark}")
+    print_pages(took, target_ms=TARGET_MS)

@@ -208,16 +208,23 @@ def cmd_report(args) -> int:
     return 1 if any(r.priority == 1 for r in report.recommendations) else 0
 
 
-def _reliability_report(args) -> int:
+def _lookback(args):
+    """`--since` as a span back from now (30m, 6h, 7d); None, having said why, when it is not one."""
     from datetime import timedelta
 
-    from gpumedic import reliability
     from gpumedic.times import parse_lookback
 
     try:
-        since = timedelta(seconds=parse_lookback(args.since))
+        return timedelta(seconds=parse_lookback(args.since))
     except ValueError as exc:
         print(f"gpumedic: --since: {exc}", file=sys.stderr)
+        return None
+
+
+def _reliability_report(args) -> int:
+    from gpumedic import reliability
+
+    if (since := _lookback(args)) is None:
         return 2
     report = asyncio.run(reliability.build(_store_url(args), since=since))
     text = reliability.render(report, args.format)
@@ -260,15 +267,9 @@ def cmd_cluster(args) -> int:
 
 def cmd_cost(args) -> int:
     """The GPU time incidents cost, from the store (report-builder prices each incident)."""
-    from datetime import timedelta
-
     from gpumedic.cost import cost_text
-    from gpumedic.times import parse_lookback
 
-    try:
-        since = timedelta(seconds=parse_lookback(args.since))
-    except ValueError as exc:
-        print(f"gpumedic: --since: {exc}", file=sys.stderr)
+    if (since := _lookback(args)) is None:
         return 2
     print(asyncio.run(cost_text(_store_url(args), since=since, by=args.by, as_json=args.json)))
     return 0

@@ -242,3 +242,16 @@ async def test_the_console_shows_what_incidents_cost(tmp_path):
     finally:
         await console.stop()
         await engine.dispose()
+
+
+def test_pricing_follows_the_inventory_file_and_says_once_when_it_cannot_read_it(tmp_path, caplog):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("defaults: {price_per_gpu_hour: 2.0}\nnodes:\n  n1: {host: 10.0.0.1, gpus: 4}\n")
+    pricing = Pricing(inventory)
+    assert pricing.price("n1") == Price(gpus=4, per_gpu_hour=2.0, provider=None)
+    inventory.write_text("nodes: [not, a, mapping]\n")
+    for _ in range(50):
+        assert pricing.price("n1") == Price(gpus=4, per_gpu_hour=2.0, provider=None)  # what was read before
+    assert sum("pricing:" in r.message for r in caplog.records) == 1
+    inventory.write_text("defaults: {price_per_gpu_hour: 3.0}\nnodes:\n  n1: {host: 10.0.0.1, gpus: 4}\n")
+    assert pricing.price("n1").per_gpu_hour == 3.0

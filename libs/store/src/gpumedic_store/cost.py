@@ -85,9 +85,10 @@ class Cost:
 
     def as_json(self, now: datetime) -> dict[str, Any]:
         """What the incident row keeps, and the event says: the figures as of `now` and how they were made."""
-        usd = self.dollars(self.until or now)
+        end = self.until or now  # a closed incident's figures are final, whenever they are asked for
+        usd = self.dollars(end)
         return {
-            "gpu_hours": round(self.gpu_hours(now), 4), "usd": None if usd is None else round(usd, 2),
+            "gpu_hours": round(self.gpu_hours(end), 4), "usd": None if usd is None else round(usd, 2),
             "price_per_gpu_hour": self.price_per_gpu_hour, "price_from": self.price_from, "provider": self.provider, "what": self.what,
             "stretches": [[start.isoformat(), gpus] for start, gpus in self.stretches],
             "until": self.until.isoformat() if self.until else None,

@@ -195,8 +195,13 @@ async def reliability(session: AsyncSession, since: datetime, now: datetime) -> 
             target.lost_gpu_hours += figures.lost_gpu_hours
             target.lost_usd += figures.lost_usd
             target.nodes |= figures.nodes
-    worst = lambda f: (-(f.per_100_gpu_days or (1e9 if f.incident_count else 0)), f.availability or 1.0, f.group)  # noqa: E731
-    return Reliability(since, now, sorted(hosts.values(), key=worst), sorted(by_provider.values(), key=worst), fleet)
+    return Reliability(since, now, sorted(hosts.values(), key=_worst_first), sorted(by_provider.values(), key=_worst_first), fleet)
+
+
+def _worst_first(f: Figures) -> tuple:
+    """Most incidents per GPU-day first (incidents with no GPU-days observed first of all), then the least available."""
+    rate = f.per_100_gpu_days if f.per_100_gpu_days is not None else (float("inf") if f.incident_count else 0.0)
+    return (-rate, f.availability if f.availability is not None else 1.0, f.group)
 
 
 def _round(value: float | None, digits: int) -> float | None:

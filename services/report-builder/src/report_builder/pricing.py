@@ -22,6 +22,8 @@ class Pricing:
         self._read: tuple[float, int] | None = None
         """The inventory file's (mtime, size) when it was last read."""
         self._gpus_seen: dict[str, int] = {}
+        self._failed: str | None = None
+        """Why the inventory last could not be read, once said."""
 
     async def on_sample(self, sample: NodeSampled) -> None:
         if sample.gpus:
@@ -40,9 +42,10 @@ class Pricing:
         try:
             stat = self.inventory.stat()
             if self._read != (stat.st_mtime, stat.st_size):
-                self._nodes, self._read = load_inventory(self.inventory), (stat.st_mtime, stat.st_size)
+                self._nodes, self._read, self._failed = load_inventory(self.inventory), (stat.st_mtime, stat.st_size), None
         except (OSError, InventoryError) as exc:
-            if self._read is not None or not self._nodes:
+            if str(exc) != self._failed:  # said once, not on every price asked for
                 log.warning("pricing: %s; incidents are priced with what was read before", exc)
+                self._failed = str(exc)
             self._read = None
         return self._nodes

@@ -71,11 +71,18 @@ class NodeTile:
     node_id: str
     health: str
     why: str
-    gpus: tuple[GpuTile, ...] = ()
-    sampled_at: datetime | None = None
     incidents: tuple[tuple[str, str, str], ...] = ()
-    reading: NodeReading | None = None
     """(incident id, kind, status) of its unresolved incidents."""
+    reading: NodeReading | None = None
+    """Its latest sample's figures; None when none came since report-builder started."""
+
+    @property
+    def gpus(self) -> tuple[GpuTile, ...]:
+        return self.reading.gpus if self.reading else ()
+
+    @property
+    def sampled_at(self) -> datetime | None:
+        return self.reading.sampled_at if self.reading else None
 
 
 def fleet(
@@ -93,10 +100,7 @@ def fleet(
         reading = readings.get(node)
         incidents = list(unresolved.get(node, ()))
         health, why = _health(reading, incidents, node in drained, now, silent_after_s)
-        tiles.append(NodeTile(
-            node, health, why, reading.gpus if reading else (), reading.sampled_at if reading else None,
-            tuple((i.id, i.kind, i.status) for i in incidents), reading,
-        ))
+        tiles.append(NodeTile(node, health, why, tuple((i.id, i.kind, i.status) for i in incidents), reading))
     return sorted(tiles, key=lambda t: (HEALTH_ORDER.index(t.health), t.node_id))
 
 
