@@ -143,26 +143,29 @@ class Reliability:
 
 async def reliability(session: AsyncSession, since: datetime, now: datetime) -> Reliability:
     """Every host's and provider's figures from `since` to `now`, the least reliable first."""
+    incidents = [
+        i for i in await session.scalars(select(Incident).where(Incident.opened_at >= since, Incident.opened_at <= now))
+        if i.kind not in NOT_A_HOST and i.severity != "info"
+    ]
+    # a rented worker is its provider's machine wherever one of its incidents names it: its samples
+    # and all its incidents count there, whatever pod id they were kept under
+    node_host = {i.node_id: str(i.evidence["host_id"]) for i in incidents if (i.evidence or {}).get("host_id")}
     hosts: dict[str, Figures] = {}
-    node_host: dict[str, str] = {}
     providers_of: dict[str, str | None] = {}
     days = await session.execute(
         select(NodeDay.node_id, NodeDay.provider, NodeDay.gpu_minutes, NodeDay.busy_gpu_minutes).where(NodeDay.day >= day_of(since))
     )
     for node_id, provider, gpu_minutes, busy in days:
-        figures = hosts.setdefault(node_id, Figures(node_id, provider))
+        host = node_host.get(node_id, node_id)
+        figures = hosts.setdefault(host, Figures(host, provider))
         figures.provider = figures.provider or provider
         figures.gpu_minutes += gpu_minutes
         figures.busy_gpu_minutes += busy
         figures.nodes.add(node_id)
         providers_of[node_id] = provider
-    incidents = await session.scalars(select(Incident).where(Incident.opened_at >= since, Incident.opened_at <= now))
     for incident in incidents:
-        if incident.kind in NOT_A_HOST or incident.severity == "info":
-            continue
         evidence = incident.evidence or {}
-        host = str(evidence.get("host_id") or incident.node_id)  # a rented worker's machine, where its incident names it
-        node_host[incident.node_id] = host
+        host = node_host.get(incident.node_id, incident.node_id)
         cost = Cost.from_json(incident.cost) if incident.cost else None
         provider = (cost.provider if cost else None) or evidence.get("provider") or providers_of.get(incident.node_id)
         figures = hosts.setdefault(host, Figures(host, provider))
@@ -177,12 +180,6 @@ async def reliability(session: AsyncSession, since: datetime, now: datetime) -> 
         if cost is not None:
             figures.lost_gpu_hours += cost.gpu_hours(now, since=since)
             figures.lost_usd += cost.dollars(now, since=since) or 0.0
-    # a worker whose samples and incidents were kept under its pod's id counts for its machine
-    for node_id, host in node_host.items():
-        if host != node_id and node_id in hosts and hosts[node_id].incident_count == 0:
-            moved = hosts.pop(node_id)
-            hosts[host].gpu_minutes += moved.gpu_minutes
-            hosts[host].busy_gpu_minutes += moved.busy_gpu_minutes
     by_provider: dict[str, Figures] = {}
     fleet = Figures("the fleet")
     for figures in hosts.values():
