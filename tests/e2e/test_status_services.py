@@ -5,11 +5,14 @@ counted as not answering."""
 from __future__ import annotations
 
 
+import uuid
+from datetime import UTC, datetime, timedelta
+
 from autoscaler.main import create_app as autoscaler_app
 from autoscaler.settings import Settings as AutoscalerSettings
-import uuid
-
-from gpumedic_events import CapacityEvaluated, ClusterChecked, NodeDrained, NodeUndrained
+from gpumedic_events import (
+    ActionRequested, CapacityEvaluated, ClusterChecked, DrainNode, IncidentKind, IncidentOpened, NodeDrained, NodeUndrained,
+)
 from leader_health.main import create_app as leader_app
 from leader_health.settings import Settings as LeaderSettings
 
@@ -63,3 +66,25 @@ async def test_the_autoscaler_counts_no_drained_node_as_capacity_and_learns_drai
     after = await _next(js, CapacityEvaluated, lambda e: e.nodes_drained == 0 and e.nodes_seen == 2)
     assert after.gpus_total == 2
 
+
+
+async def test_the_autoscaler_counts_incidents_opened_before_it_started_and_drains_a_node_whose_fix_does_not_hold(
+    nats_settings, js, fleet, sampling, apps
+):
+    """Three zombie jobs on one node within the hour, two of them before the autoscaler ran (read
+    back from the incident stream) and one after: a repeat offender, and the node's drain asked for."""
+    def opened(minutes_ago):
+        return IncidentOpened(source="zombie-detector", occurred_at=datetime.now(UTC) - timedelta(minutes=minutes_ago),
+                              incident_id=uuid.uuid4(), node_id="sim-node-01", kind=IncidentKind.ZOMBIE_JOB, gpu_index=0,
+                              fingerprint="sim-node-01/zombie_job/0", summary="a zombie job")
+
+    for event in (opened(40), opened(20)):
+        await js.publish(event.subject, event.to_json())
+    await apps.start(autoscaler_app(AutoscalerSettings(nats=nats_settings, interval_s=0.3)))
+    await _next(js, CapacityEvaluated, lambda e: e.nodes_seen == 2)
+    third = opened(0)
+    await js.publish(third.subject, third.to_json())
+    offender = await _next(js, IncidentOpened, lambda e: e.kind is IncidentKind.REPEAT_OFFENDER)
+    assert offender.node_id == "sim-node-01" and offender.source == "autoscaler" and offender.evidence["count"] == 3
+    drain = await _next(js, ActionRequested, lambda e: e.incident_id == offender.incident_id)
+    assert drain.operation == DrainNode() and drain.node_id == "sim-node-01"

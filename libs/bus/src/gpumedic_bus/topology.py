@@ -140,7 +140,8 @@ LOOKUPS: Mapping[str, tuple[type[Event], ...]] = {
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
     "leader-health": (SilenceAdded, SilenceRemoved),
-    "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved),
+    # every incident opened, counted against its host (repeat offenders)
+    "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved, IncidentOpened),
 }
 """Events a service reads from the start of their stream whenever it starts, then follows (the few
 facts that make its state, such as the silences in force): read one stored message at a time
@@ -196,7 +197,7 @@ OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
     ),
     "autoscaler": (
         _K.CAPACITY_SHORT, _K.CAPACITY_SURPLUS, _K.QUEUE_STALLED, _K.STUCK_SPAWNING, _K.STALE_HEARTBEAT,
-        _K.ORPHANED_TASKS, _K.UNRECORDED_WORKER, _K.VANISHED_WORKER,
+        _K.ORPHANED_TASKS, _K.UNRECORDED_WORKER, _K.VANISHED_WORKER, _K.REPEAT_OFFENDER,
     ),
 }
 """Which detector opens which incident kind: each kind has exactly one owner. A detector's NATS

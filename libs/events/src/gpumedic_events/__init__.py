@@ -52,6 +52,7 @@ from gpumedic_events.incident import (
     IncidentResolved,
     IncidentUpdated,
     Severity,
+    WHOLE_KINDS,
 )
 from gpumedic_events.silence import IncidentMarked, SilenceAdded, SilenceRemoved
 from gpumedic_events.node import (
@@ -139,6 +140,7 @@ __all__ = [
     "IncidentCosted",
     "IncidentEscalated",
     "IncidentKind",
+    "WHOLE_KINDS",
     "IncidentOpened",
     "IncidentResolved",
     "JobsObservation",

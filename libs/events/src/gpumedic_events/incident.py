@@ -91,6 +91,17 @@ class IncidentKind(StrEnum):
     """The provider bills a worker the task database has no record of."""
     VANISHED_WORKER = "vanished_worker"
     """The task database has an active worker the provider no longer runs."""
+    REPEAT_OFFENDER = "repeat_offender"
+    """A host (a rented worker's machine, or an owned node) with too many incidents of one kind
+    within the policy's window: a bad machine, or a fix that does not hold (fixed, back, fixed)."""
+
+
+WHOLE_KINDS = frozenset({
+    IncidentKind.FLEET_ANOMALY, IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED,
+    IncidentKind.ORPHANED_TASKS, IncidentKind.NO_LEADER, IncidentKind.QUORUM_LOST, IncidentKind.SPLIT_BRAIN,
+    IncidentKind.LEADER_FLAPPING, IncidentKind.PEERS_BELOW_TARGET,
+})
+"""Kinds about the fleet, the worker pool or the peer cluster as a whole: no one host's doing."""
 
 
 class IncidentEvent(Event):

@@ -25,7 +25,7 @@ from gpumedic_events import ActionCompleted, IncidentKind, SilenceAdded, Silence
 from gpumedic_incidents import lifecycle
 from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
-from gpumedic_incidents.state import Finding, IncidentState
+from gpumedic_incidents.state import Finding, IncidentState, cleared
 
 
 class IncidentBook:
@@ -70,6 +70,17 @@ class IncidentBook:
         if silence is not None:
             return [self._open(finding, now, silence_id=silence.silence_id)]
         return self._open_or_correlate(finding, now)
+
+    def reconcile(self, found: list[Finding], checked: Iterable[IncidentKind], now: datetime) -> list[Transition]:
+        """The findings of a rule that looks at everything each round: present ones into the book,
+        and open incidents of the kinds `checked` that were not found again cleared."""
+        checked = set(checked)
+        transitions = [t for f in found for t in self.on_finding(f, now)]
+        present = {f.fingerprint for f in found}
+        for state in list(self.incidents.values()):
+            if state.kind in checked and state.fingerprint not in present:
+                transitions += self.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
+        return transitions
 
     def on_action_completed(self, result: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         state = self.by_id(result.incident_id)

@@ -23,7 +23,7 @@ from jmespath.exceptions import JMESPathError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpumedic_events import ENDPOINT_PATTERN, UNIT_PATTERN, IncidentKind
+from gpumedic_events import ENDPOINT_PATTERN, UNIT_PATTERN, WHOLE_KINDS, IncidentKind
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_BYTES = 1024 * 1024
@@ -318,6 +318,40 @@ class WorkerPolicy(KindPolicy):
     after_s: float = Field(default=300.0, gt=0, description="How long the worker is in that state before an incident.")
 
 
+HARDWARE_KINDS = (
+    IncidentKind.GPU_XID, IncidentKind.GPU_LOST, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.PCIE_DEGRADED,
+    IncidentKind.NVLINK_DEGRADED,
+)
+"""A GPU's hardware faults: the same one on the same machine again is the machine, not bad luck."""
+
+
+class RepeatRule(_Strict):
+    """`count` incidents of one kind on one host within `window_s` make it a repeat offender."""
+
+    kinds: tuple[IncidentKind, ...] = Field(default=(), description="The kinds counted; empty: every kind one host can cause.")
+    count: int = Field(ge=1, le=100)
+    window_s: float = Field(gt=0, le=90 * 86_400, description="At most 90 days: the incident stream keeps no more.")
+
+    @field_validator("kinds")
+    @classmethod
+    def _a_host_can_cause_them(cls, value: tuple[IncidentKind, ...]) -> tuple[IncidentKind, ...]:
+        whole = sorted(k.value for k in value if k in WHOLE_KINDS or k is IncidentKind.REPEAT_OFFENDER)
+        if whole:
+            raise ValueError(f"{', '.join(whole)} are not one host's doing: they are never counted against one")
+        return value
+
+
+class RepeatPolicy(KindPolicy):
+    """A host is a rented worker's machine (the provider's machine id, so it is known again under a
+    new pod) or an owned node. The first rule that a host's incidents of one kind meet makes the
+    incident; it lasts while they do."""
+
+    rules: tuple[RepeatRule, ...] = Field(
+        default=(RepeatRule(kinds=HARDWARE_KINDS, count=2, window_s=7 * 86_400), RepeatRule(count=3, window_s=3600)),
+        max_length=20,
+    )
+
+
 class Kinds(_Strict):
     zombie_job: ZombiePolicy = ZombiePolicy(ladder=(Step(action="kill_gpu_processes", attempts=2),))
     orphan_gpu_holder: OrphanPolicy = OrphanPolicy(
@@ -365,6 +399,9 @@ class Kinds(_Strict):
     orphaned_tasks: KindPolicy = KindPolicy(ladder=(Step(action="requeue_tasks", verify_within_s=120),))
     unrecorded_worker: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
     vanished_worker: KindPolicy = KindPolicy(ladder=(Step(action="mark_worker_ended", verify_within_s=120),))
+    repeat_offender: RepeatPolicy = RepeatPolicy(
+        ladder=(Step(action="drain_node"), Step(action="terminate_worker", attempts=2, verify_within_s=120)),
+    )
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self, IncidentKind(kind).value)

@@ -24,17 +24,16 @@ from datetime import UTC, datetime
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpumedic_events import WHOLE_KINDS, IncidentKind
 from gpumedic_store.cost import IDLE_KINDS, WORKER_KINDS, Cost
 from gpumedic_store.history import Minute
 from gpumedic_store.models import Incident, NodeDay
 
 BUSY_PCT = 10.0
 """A GPU-minute at this mean utilisation or more counts as work."""
-NOT_A_HOST = {
-    "fleet_anomaly", "capacity_short", "capacity_surplus", "queue_stalled", "orphaned_tasks",
-    "no_leader", "quorum_lost", "split_brain", "leader_flapping", "peers_below_target",
-}
-"""Incidents of the fleet, the worker pool or the peer cluster as a whole: no host's doing."""
+NOT_A_HOST = {k.value for k in WHOLE_KINDS} | {IncidentKind.REPEAT_OFFENDER.value}
+"""Incidents of the fleet, the worker pool or the peer cluster as a whole (no host's doing), and the
+repeat offender (it counts incidents already counted)."""
 
 
 def day_of(at: datetime) -> datetime:

@@ -4,7 +4,9 @@ the queue, the provider's workers and the open incidents, decide, and publish.
 
 With a provider and a demand source configured, the round goes through the pool's incidents (the
 shared detector: persist, publish, and the remediator's gate for every spawn, termination and
-requeue). Without them the decision is published and nothing is done about it."""
+requeue). Without them the decision is published and nothing is done about it, and the round
+looks for repeat offenders among the nodes only. Either way every incident opened is counted
+against its host (`autoscaler.offenders`)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ import logging
 from datetime import UTC, datetime
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_events import CapacityEvaluated, NodeDrained, NodeSampled, NodeUndrained
+from gpumedic_events import CapacityEvaluated, IncidentOpened, NodeDrained, NodeSampled, NodeUndrained
 from gpumedic_incidents import FLEET_NODE
 from gpumedic_incidents.detector import Detector
 from gpumedic_providers.base import Provider, ProviderError
 
 from autoscaler.demand import DemandSource, DemandUnavailable
 from autoscaler.logic import evaluate, evaluate_demand
-from autoscaler.pool import SOURCE, FleetView, PoolIncidents, Reading
+from autoscaler.pool import SOURCE, FleetView, HostIncidents, PoolIncidents, Reading
 from autoscaler.scaling import NodeLoad, Scaler
 from autoscaler.settings import Settings
 
@@ -41,7 +43,7 @@ class CapacityHandlers:
         self._demand = demand
         self._provider = provider
         self._detector = detector
-        """The pool's incidents (with a provider and a demand source), else None."""
+        """The pool's incidents (with a provider and a demand source), else the hosts' (HostIncidents)."""
         self._scaler = Scaler(settings.scaling)
         """The decision without a provider (the pool's incidents keep their own)."""
         self.latest: dict[str, NodeLoad] = {}
@@ -55,6 +57,11 @@ class CapacityHandlers:
         else:
             self.idle_since.pop(sample.node_id, None)
 
+    async def on_incident(self, event: IncidentOpened) -> None:
+        """Every incident opened, counted against its host (replayed at start, then followed)."""
+        if self._detector is not None:
+            self._detector.logic.offenders.on_opened(event)  # type: ignore[attr-defined]
+
     async def on_drain(self, event: NodeDrained | NodeUndrained) -> None:
         if isinstance(event, NodeDrained):
             self.drained.add(event.node_id)
@@ -62,9 +69,18 @@ class CapacityHandlers:
             self.drained.discard(event.node_id)
 
     async def evaluate_once(self) -> CapacityEvaluated:
-        s, now = self._settings, datetime.now(UTC)
-        if self._detector is not None:
+        if self._detector is not None and isinstance(self._detector.logic, PoolIncidents):
             return await self._pool_round()
+        evaluated = await self._decision()
+        if self._detector is not None:
+            logic: HostIncidents = self._detector.logic  # type: ignore[assignment]
+            fleet = FleetView(latest=self.latest)
+            await self._detector.decide(lambda now: logic.on_round(fleet, now))
+        return evaluated
+
+    async def _decision(self) -> CapacityEvaluated:
+        """The decision published without a worker pool to manage."""
+        s, now = self._settings, datetime.now(UTC)
         if self._demand is None:
             return evaluate(
                 self.latest, now, busy_util_pct=s.busy_util_pct, up_above=s.scale_up_above, down_below=s.scale_down_below,

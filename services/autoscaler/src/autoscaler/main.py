@@ -2,7 +2,7 @@
 
 With a provider (GPUMEDIC_AUTOSCALER_PROVIDER, a read-only key is enough: the remediator rents and
 ends) and a demand source, the service is the worker pool's incident detector; without them it
-publishes its decisions only.
+publishes its decisions only. Either way it detects the repeat offenders (`autoscaler.offenders`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from faststream import FastStream
 from autoscaler.demand import open_source
 from autoscaler.handlers import CapacityHandlers
 from autoscaler.pool import SOURCE as SERVICE
-from autoscaler.pool import PoolIncidents
+from autoscaler.pool import HostIncidents, PoolIncidents
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
 from gpumedic_bus.service import run_service
-from gpumedic_events import NodeDrained, NodeUndrained
+from gpumedic_events import IncidentOpened, NodeDrained, NodeUndrained
 from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
 
@@ -31,19 +31,21 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     demand = open_source(settings.demand) if settings.demand else None
     provider = settings.provider_client()
-    detector = None
+    policy = policy or settings.policy.load()
     if demand is not None and provider is not None:
-        policy = policy or settings.policy.load()
-        logic = PoolIncidents(
+        logic: PoolIncidents | HostIncidents = PoolIncidents(
             settings.pool, policy, settings.scaling, busy_util_pct=settings.busy_util_pct, stale_after_s=settings.stale_after_s,
             provider=provider.name,
         )
-        detector = Detector(runtime, logic, SERVICE)
-        detector.attach("autoscaler-actions")
-    elif provider is not None:
-        log.warning("autoscaler: a provider without a demand source (GPUMEDIC_AUTOSCALER_DEMAND): decisions are published only")
+    else:
+        if provider is not None:
+            log.warning("autoscaler: a provider without a demand source (GPUMEDIC_AUTOSCALER_DEMAND): decisions are published only")
+        logic = HostIncidents(policy, stale_after_s=settings.stale_after_s)
+    detector = Detector(runtime, logic, SERVICE)
+    detector.attach("autoscaler-actions")
     handlers = CapacityHandlers(runtime, settings, demand, provider, detector)
     runtime.replay((NodeDrained, NodeUndrained), handlers.on_drain)
+    runtime.replay((IncidentOpened,), handlers.on_incident)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample)
     runtime.background(handlers.evaluate_loop)
     return runtime.app()

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, SpawnWorker, TerminateWorker
-from gpumedic_incidents import Finding, IncidentBook, Policy, Transition, cleared
+from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from gpumedic_providers.base import ProviderError, Worker
 
 from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from autoscaler.offenders import RepeatOffenders
 from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
 
 SOURCE = "autoscaler"
@@ -106,6 +107,7 @@ class PoolIncidents:
         self.busy_util_pct = busy_util_pct
         self.stale_after_s = stale_after_s
         self._ledger = _Ledger()
+        self.offenders = RepeatOffenders(policy.kinds.repeat_offender)
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -115,11 +117,17 @@ class PoolIncidents:
         workers = [w for w in reading.workers if w.status in lifecycle.LIVE]
         for w in workers:
             self.book.saw_node(w.worker_id, now)
+        self.offenders.learn(workers)
+        present = _present(fleet, now, self.stale_after_s)
+        for node_id in present:
+            self.book.saw_node(node_id, now)
         records = reading.records if not isinstance(reading.records, DemandUnavailable) else None
         found = lifecycle.watch(workers, records, now, self.policy, gpus_working=lambda w: self._working(w, fleet, now),
                                 provider=self.provider)
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
-        transitions = self._apply(found, checked, now)
+        found += self.offenders.findings(now, {w.worker_id: w for w in workers}, present, provider=self.provider)
+        checked.add(IncidentKind.REPEAT_OFFENDER)
+        transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
         on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()
         supply = self._supply(workers, in_service, fleet, on_task)
@@ -129,7 +137,7 @@ class PoolIncidents:
             return self._no_decision(fleet, demand_error=str(reading.demand), workers=workers, in_service=in_service), transitions
         demand = reading.demand
         decided = self.scaler.decide(demand, supply, now)
-        transitions += self._apply(self._pool_findings(decided, demand, supply, now), set(POOL_KINDS), now)
+        transitions += self.book.reconcile(self._pool_findings(decided, demand, supply, now), set(POOL_KINDS), now)
         per_task = self._ledger.advance(now, supply.cost_per_h, idle_gpus, demand.complete)
         evaluated = CapacityEvaluated(
             source=SOURCE, nodes_seen=len(workers), nodes_drained=sum(1 for w in workers if w.worker_id in fleet.drained),
@@ -191,6 +199,7 @@ class PoolIncidents:
 
     def _in_service(self, workers: list[Worker], found: list[Finding], fleet: FleetView, now: datetime) -> dict[str, Worker]:
         dead = {f.node_id for f in found if f.kind is IncidentKind.STALE_HEARTBEAT and not f.unsafe}
+        dead |= {f.node_id for f in found if f.kind is IncidentKind.REPEAT_OFFENDER}
         return {
             w.worker_id: w for w in workers
             if not lifecycle.stuck(w, now, self.policy) and w.worker_id not in dead and w.worker_id not in fleet.drained
@@ -241,15 +250,28 @@ class PoolIncidents:
             **(self._costs(workers, in_service) if workers is not None else {}),
         )
 
-    # --- the book ------------------------------------------------------------------------------
 
-    def _apply(self, found: list[Finding], checked: set[IncidentKind], now: datetime) -> list[Transition]:
-        """Present findings into the book; open incidents of the kinds checked this round that were
-        not found again are cleared."""
-        transitions = [t for f in found for t in self.book.on_finding(f, now)]
-        present = {f.fingerprint for f in found}
-        for state in list(self.book.incidents.values()):
-            if state.kind in checked and state.fingerprint not in present:
-                transitions += self.book.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
-        return transitions
+class HostIncidents:
+    """The detector without a worker pool to manage: the repeat offenders among the nodes only."""
 
+    def __init__(self, policy: Policy, *, stale_after_s: float) -> None:
+        self.book = IncidentBook(SOURCE, policy)
+        self.offenders = RepeatOffenders(policy.kinds.repeat_offender)
+        self.stale_after_s = stale_after_s
+
+    def on_round(self, fleet: FleetView, now: datetime) -> list[Transition]:
+        present = _present(fleet, now, self.stale_after_s)
+        for node_id in present:
+            self.book.saw_node(node_id, now)
+        return self.book.reconcile(self.offenders.findings(now, {}, present), {IncidentKind.REPEAT_OFFENDER}, now)
+
+    def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
+        return self.book.on_action_completed(event, now, traceparent)
+
+    def on_tick(self, now: datetime) -> list[Transition]:
+        return self.book.on_tick(now)
+
+
+def _present(fleet: FleetView, now: datetime, stale_after_s: float) -> set[str]:
+    """The nodes that sampled lately."""
+    return {n for n, s in fleet.latest.items() if now - s.occurred_at <= timedelta(seconds=stale_after_s)}

@@ -1,0 +1,165 @@
+"""Repeat offenders: the hosts that keep failing. Pure.
+
+Every incident any detector opens is counted against its host: for a rented worker, the
+provider's machine it runs on (its `host_id`, RunPod's machineId), so a machine is known again
+when it is rented under a new pod id; for any other node, the node itself. When a host's incidents
+of one kind meet a rule of `kinds.repeat_offender.rules` (the first that it meets: by default two
+GPU hardware faults within a week, or any one kind three times within an hour, a fix that does not
+hold), it is a `repeat_offender` on each node it runs now:
+
+- a rented worker on it is drained and ended, and the pool rents a replacement (it is no capacity
+  from the moment it is found). While the rule holds, a later rental that lands on the machine is
+  found the round it is listed and returned at once: a provider's API that cannot choose machines
+  (RunPod's cannot) still never gets work onto it.
+- an owned node is drained, then goes to a person (the ladder's terminate step is not one it has).
+  It returns only when its incidents have aged out of the window and its GPUs then validate.
+
+Kinds about the fleet, the pool or the cluster as a whole are no host's doing and never counted;
+nor are informational incidents.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpumedic_events import WHOLE_KINDS, IncidentKind, IncidentOpened, TerminateWorker
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import RepeatPolicy, RepeatRule
+from gpumedic_providers.base import Worker
+
+MAX_SEEN = 100_000
+"""Incidents remembered at most (the oldest go first): a bound on memory whatever the stream holds."""
+MAX_LISTED = 20
+"""Incident ids, nodes and GPUs named in the evidence, at most."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One incident as it counts: what, where, when."""
+
+    incident_id: uuid.UUID
+    kind: IncidentKind
+    node_id: str
+    gpu_index: int | None
+    at: datetime
+    host_id: str | None
+    """The machine, where the incident's evidence named one (the pool's own worker incidents do)."""
+
+
+class RepeatOffenders:
+    def __init__(self, policy: RepeatPolicy) -> None:
+        self.rules = policy.rules
+        self._horizon = timedelta(seconds=max((r.window_s for r in self.rules), default=0))
+        self._seen: dict[uuid.UUID, Seen] = {}
+        self.machines: dict[str, str] = {}
+        """Every rented worker listed so far -> the machine it ran on (None: the provider named none)."""
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def learn(self, workers: list[Worker]) -> None:
+        """The provider's workers this round: where each runs."""
+        for w in workers:
+            self.machines[w.worker_id] = w.host_id or ""
+
+    def on_opened(self, event: IncidentOpened) -> None:
+        """An incident any detector opened (replayed from the stream at start, then followed)."""
+        if event.kind in WHOLE_KINDS or event.kind is IncidentKind.REPEAT_OFFENDER or event.severity == "info" or not self.rules:
+            return
+        host = event.evidence.get("host_id")
+        self._seen[event.incident_id] = Seen(
+            event.incident_id, event.kind, event.node_id, event.gpu_index, event.occurred_at, host if isinstance(host, str) and host else None,
+        )
+        if len(self._seen) > MAX_SEEN:
+            del self._seen[min(self._seen.values(), key=lambda s: s.at).incident_id]
+
+    # --- findings ------------------------------------------------------------------------------
+
+    def host_of(self, seen: Seen) -> str:
+        """The machine of a rented worker's incident, else its node."""
+        return seen.host_id or self.machines.get(seen.node_id) or seen.node_id
+
+    def offending(self, now: datetime) -> dict[str, list[tuple[RepeatRule, list[Seen]]]]:
+        """Host -> each kind of its incidents that meets a rule: (the rule, those incidents)."""
+        for incident_id in [s.incident_id for s in self._seen.values() if now - s.at > self._horizon]:
+            del self._seen[incident_id]
+        grouped: dict[tuple[str, IncidentKind], list[Seen]] = {}
+        for s in self._seen.values():
+            grouped.setdefault((self.host_of(s), s.kind), []).append(s)
+        out: dict[str, list[tuple[RepeatRule, list[Seen]]]] = {}
+        for (host, kind), seen in sorted(grouped.items()):
+            for rule in self.rules:
+                if rule.kinds and kind not in rule.kinds:
+                    continue
+                within = sorted((s for s in seen if now - s.at <= timedelta(seconds=rule.window_s)), key=lambda s: s.at)
+                if len(within) >= rule.count:
+                    out.setdefault(host, []).append((rule, within))
+                    break
+        return out
+
+    def findings(self, now: datetime, live: Mapping[str, Worker], present: set[str], *, provider: str = "") -> list[Finding]:
+        """A finding on every node that runs on an offending host now: the rented workers listed
+        (`live`) on its machine, or the host itself when it is a node that sampled lately
+        (`present`) and no worker of the pool (an owned node)."""
+        on_machine: dict[str, list[Worker]] = {}
+        for w in live.values():
+            if w.host_id:
+                on_machine.setdefault(w.host_id, []).append(w)
+        found = []
+        for host, offences in self.offending(now).items():
+            if host in on_machine:
+                targets = [(w.worker_id, w) for w in on_machine[host]]
+            elif host in live:
+                targets = [(host, live[host])]
+            elif host in present and host not in self.machines:
+                targets = [(host, None)]
+            else:
+                continue  # not running now (a machine of the pool between rentals: avoided when rented again)
+            for rule, seen in offences:
+                for node_id, worker in targets:
+                    found.append(_finding(host, node_id, worker, rule, seen, provider))
+        return found
+
+    def avoided(self, now: datetime) -> list[str]:
+        """The pool's machines that a rental is returned from while their rules hold."""
+        machines = set(self.machines.values())
+        return sorted(h for h in self.offending(now) if h in machines)
+
+
+def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, seen: list[Seen], provider: str) -> Finding:
+    kind = seen[0].kind
+    nodes = sorted({s.node_id for s in seen})
+    gpus = sorted({s.gpu_index for s in seen if s.gpu_index is not None})
+    window = _span(rule.window_s)
+    where = f"machine {host}" if worker is not None else host
+    elsewhere = [n for n in nodes if n != node_id]
+    summary = (f"{where} had {len(seen)} {kind.value} incidents within {window}"
+               + (f" (GPU {', '.join(map(str, gpus))})" if gpus else "")
+               + (f", also under {', '.join(elsewhere[:5])}" if elsewhere else "")
+               + (f": {node_id} runs on it" if worker is not None else ""))
+    evidence = {
+        "host_id": host, "counted_kind": kind.value, "count": len(seen), "rule_count": rule.count, "window_s": rule.window_s,
+        "incidents": ", ".join(str(s.incident_id) for s in seen[-MAX_LISTED:]), "nodes": ", ".join(nodes[:MAX_LISTED]),
+        "gpus": ", ".join(map(str, gpus[:MAX_LISTED])), "first_at": seen[0].at.isoformat(timespec="seconds"),
+    }
+    if worker is not None:
+        evidence |= {"gpu_type": worker.gpu_type, "gpus_rented": worker.gpus, "price_per_h": worker.price_per_h, "provider": provider or None}
+        return Finding(
+            kind=IncidentKind.REPEAT_OFFENDER, node_id=node_id, key=kind.value, summary=summary, evidence=evidence,
+            operations={"terminate_worker": TerminateWorker(worker_ids=(node_id,))},
+            recommended_action=f"end {node_id} and rent elsewhere; tell the provider about machine {host} (gpumedic report reliability)",
+        )
+    return Finding(
+        kind=IncidentKind.REPEAT_OFFENDER, node_id=node_id, key=kind.value, summary=summary, evidence=evidence,
+        recommended_action=f"keep {node_id} drained and have its {'GPU ' + ', '.join(map(str, gpus)) if gpus else 'hardware'} "
+                           "looked at; it returns once these incidents are older than the window and its GPUs validate",
+    )
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
