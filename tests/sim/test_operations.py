@@ -213,3 +213,56 @@ async def test_an_undrain_runs_dcgm_diagnostics_first_and_a_gpu_waiting_for_a_re
     given_back = await undrain()
     assert (given_back.outcome, given_back.detail) == (ActionOutcome.SUCCEEDED, "undrained sim-node-01 (DCGM diagnostics level 1 passed)")
     assert released == ["sim-node-01"]
+
+
+async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passing_and_then_promoted(fleet):
+    """accept_worker, a new worker's burn-in on the node: pre-flight's look, DCGM's diagnostic,
+    then the policy's promotion in the task database (a recording stand-in here)."""
+    import uuid
+    from contextlib import asynccontextmanager
+
+    from gpumedic_events import AcceptWorker, ActionRequested
+    from gpumedic_incidents.policy import AcceptPolicy
+    from remediator.catalogue.base import Means, Node
+
+    node = fleet.node("sim-node-02")
+    promoted = []
+
+    class TaskDb:
+        async def execute(self, statement, params):
+            promoted.append((statement, params))
+            return 1
+
+    actions = Actions(accept_worker=AcceptPolicy(statement="UPDATE workers SET status = 'active' WHERE id = :worker_id"))
+
+    async def accept():
+        request = ActionRequested(source="autoscaler", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=node.node_id,
+                                  attempt=1, operation=AcceptWorker(), reason="burn-in")
+        async with _executor(fleet).session(node.node_id) as session:
+
+            @asynccontextmanager
+            async def on_node(at=None):
+                yield Node(session.run, 3.0, None, None)
+
+            return await catalogue.perform(AcceptWorker(), Means(actions=actions, node=on_node, request=request, task_db=TaskDb()))
+
+    for gpu in range(len(node.gpus)):
+        node.finish_job(gpu)  # a new worker: nothing runs yet
+    leftover = node.inject_orphan(1)
+    refused = await accept()
+    assert refused.outcome is ActionOutcome.FAILED and promoted == []
+    assert refused.detail.startswith("sim-node-02 not accepted: GPU 1: "), refused.detail
+    assert str(leftover.pid) in refused.detail
+    node.processes.pop(leftover.pid)
+    node.gpus[0].remapped_rows_pending = True
+    failed_diag = await accept()
+    assert failed_diag.outcome is ActionOutcome.FAILED and promoted == []
+    assert failed_diag.detail.startswith("sim-node-02 not accepted: DCGM diagnostics level 1 failed: memory fail on GPU 0"), failed_diag.detail
+    node.gpus[0].remapped_rows_pending = False
+    accepted = await accept()
+    assert (accepted.outcome, accepted.detail) == (
+        ActionOutcome.SUCCEEDED,
+        f"accepted sim-node-02: {len(node.gpus)} GPU(s) free and healthy; DCGM diagnostics level 1 passed; promoted in the task database (1 record(s) changed)",
+    )
+    assert promoted == [("UPDATE workers SET status = 'active' WHERE id = :worker_id", {"worker_id": "sim-node-02"})]
+    assert f"fuser /dev/nvidia{len(node.gpus) - 1}" in node.ssh_commands and not any(c.startswith(("kill", "systemctl")) for c in node.ssh_commands)

@@ -1,6 +1,7 @@
 """gpumedic's event contracts. `EVENT_TYPES` is the catalogue `proto/` is generated from."""
 
 from gpumedic_events.action import (
+    AcceptWorker,
     ActionCompleted,
     ActionOutcome,
     ActionRequested,
@@ -118,6 +119,7 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "SCHEMA_VERSION",
     "SUBJECT_ROOT",
+    "AcceptWorker",
     "ActionCompleted",
     "ActionOutcome",
     "ActionRequested",

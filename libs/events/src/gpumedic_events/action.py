@@ -263,16 +263,29 @@ class MarkWorkerEnded(BaseModel):
         return f"mark worker {self.worker_id} ended in the task database"
 
 
+class AcceptWorker(BaseModel):
+    """Accept a newly rented worker (its burn-in): pre-flight on the node and DCGM's diagnostic where
+    installed, read-only, then the policy's promotion statement in the task database. Harms no job,
+    so outside the per-node limit and the breaker's count."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["accept_worker"] = "accept_worker"
+
+    def describe(self) -> str:
+        return "check a new worker's GPUs and accept it"
+
+
 Operation = Annotated[
     KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | RestartJob | DrainNode | UndrainNode
-    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded,
+    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded | AcceptWorker,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "restart_job", "drain_node", "undrain_node",
-    "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended",
+    "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "accept_worker",
 )
 
 

@@ -91,6 +91,10 @@ class IncidentKind(StrEnum):
     """The provider bills a worker the task database has no record of."""
     VANISHED_WORKER = "vanished_worker"
     """The task database has an active worker the provider no longer runs."""
+    BURN_IN = "burn_in"
+    """A newly rented worker on trial (informational): no capacity until it passes the policy's acceptance checks."""
+    BURN_IN_FAILED = "burn_in_failed"
+    """A newly rented worker failed its acceptance checks, or was not accepted in time: ended and replaced."""
     REPEAT_OFFENDER = "repeat_offender"
     """A host (a rented worker's machine, or an owned node) with too many incidents of one kind
     within the policy's window: a bad machine, or a fix that does not hold (fixed, back, fixed)."""

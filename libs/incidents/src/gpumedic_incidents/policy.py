@@ -31,6 +31,7 @@ MAX_POLICY_BYTES = 1024 * 1024
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
     "undrain_node", "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "restart_job",
+    "accept_worker",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]
@@ -318,6 +319,23 @@ class WorkerPolicy(KindPolicy):
     after_s: float = Field(default=300.0, gt=0, description="How long the worker is in that state before an incident.")
 
 
+class BurnInPolicy(KindPolicy):
+    """A newly rented worker's trial (`autoscaler.burnin`): its samples, then `accept_worker`."""
+
+    required: bool = Field(
+        default=False,
+        description="Rented workers are capacity only once they pass their burn-in (their samples, then accept_worker on the "
+        "node: it needs the sampler and the remediator's SSH on the workers).",
+    )
+    within_s: float = Field(
+        default=900.0, gt=0, description="Accepted this long after it came up, or ended (the provider's grace: a rental is billed)."
+    )
+    min_free_disk_gib: float = Field(default=10.0, ge=0, description="Free space each disk the sampler watches must have.")
+    min_available_memory_pct: float = Field(default=10.0, ge=0, lt=100, description="Host memory that must be available.")
+    ladder: tuple[Step, ...] = (Step(action="accept_worker", verify_within_s=60),)
+    action_timeout_s: float = Field(default=1200.0, gt=0, description="DCGM's diagnostic takes minutes.")
+
+
 HARDWARE_KINDS = (
     IncidentKind.GPU_XID, IncidentKind.GPU_LOST, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.PCIE_DEGRADED,
     IncidentKind.NVLINK_DEGRADED,
@@ -350,6 +368,7 @@ class RepeatPolicy(KindPolicy):
         default=(RepeatRule(kinds=HARDWARE_KINDS, count=2, window_s=7 * 86_400), RepeatRule(count=3, window_s=3600)),
         max_length=20,
     )
+    ladder: tuple[Step, ...] = (Step(action="drain_node"), Step(action="terminate_worker", attempts=2, verify_within_s=120))
 
 
 class Kinds(_Strict):
@@ -399,9 +418,9 @@ class Kinds(_Strict):
     orphaned_tasks: KindPolicy = KindPolicy(ladder=(Step(action="requeue_tasks", verify_within_s=120),))
     unrecorded_worker: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
     vanished_worker: KindPolicy = KindPolicy(ladder=(Step(action="mark_worker_ended", verify_within_s=120),))
-    repeat_offender: RepeatPolicy = RepeatPolicy(
-        ladder=(Step(action="drain_node"), Step(action="terminate_worker", attempts=2, verify_within_s=120)),
-    )
+    burn_in: BurnInPolicy = BurnInPolicy()
+    burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
+    repeat_offender: RepeatPolicy = RepeatPolicy()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self, IncidentKind(kind).value)
@@ -662,6 +681,14 @@ class MarkEndedPolicy(TaskDbPolicy):
     parameter: ClassVar[str] = "worker_id"
 
 
+class AcceptPolicy(MarkEndedPolicy):
+    """A new worker's on-node checks, then its promotion (`statement`, e.g. the runbook's
+    `UPDATE workers SET status = 'active' WHERE id = :worker_id`; null: nothing is promoted)."""
+
+    dcgm_diag: Literal[0, 1, 2] = Field(default=1, description="DCGM's diagnostics level where the node has DCGM; 0: never.")
+    dcgm_diag_timeout_s: float = Field(default=900.0, gt=0, le=3600, description="How long the diagnostics may run.")
+
+
 class Actions(_Strict):
     """Per catalogue operation: observe or enforce, and its own limits."""
 
@@ -679,6 +706,7 @@ class Actions(_Strict):
     restart_worker: RestartWorkerPolicy = RestartWorkerPolicy()
     requeue_tasks: RequeuePolicy = RequeuePolicy()
     mark_worker_ended: MarkEndedPolicy = MarkEndedPolicy()
+    accept_worker: AcceptPolicy = AcceptPolicy()
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)

@@ -7,7 +7,8 @@ GPU time is lost in stretches, each with a number of GPUs, from a start to the i
   (the idle time in the evidence, before the incident opened);
 - a GPU gone (`gpu_lost`): that GPU from the incident's start;
 - a rented worker billed for nothing (stuck spawning, a stale heartbeat, one the task database does
-  not know, one that vanished): its GPUs, from when it was rented or went silent;
+  not know, one that vanished, one on trial or failing its burn-in): its GPUs, from when it was
+  rented or went silent;
 - a drained node: every GPU of the node from the drain on (this replaces the stretches before it).
 A container's death, a job killed, and the other kinds are counted as no GPU time: what a killed
 job loses since its last checkpoint is not known here.
@@ -44,6 +45,8 @@ WORKER_KINDS = {
     "stale_heartbeat": "heartbeat_age_s",
     "unrecorded_worker": "billed_s",
     "vanished_worker": None,
+    "burn_in": "billed_s",
+    "burn_in_failed": "billed_s",
 }
 GONE_KINDS = {"gpu_lost"}
 

@@ -51,6 +51,8 @@ class CapacityHandlers:
         self.drained: set[str] = set()
 
     async def on_sample(self, sample: NodeSampled) -> None:
+        if self._detector is not None and isinstance(self._detector.logic, PoolIncidents):
+            self._detector.logic.trials.on_sample(sample)
         load = self.latest[sample.node_id] = NodeLoad.of(sample)
         if not load.busy(self._settings.busy_util_pct):
             self.idle_since.setdefault(sample.node_id, sample.occurred_at)

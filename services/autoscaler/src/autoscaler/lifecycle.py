@@ -87,7 +87,7 @@ def watch(
                 findings.append(Finding(
                     kind=IncidentKind.UNRECORDED_WORKER, node_id=w.worker_id,
                     summary=f"{w.worker_id} runs and bills ${w.price_per_h:.2f}/h, but the task database has no record of it",
-                    evidence=_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+                    evidence=worker_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
                     recommended_action="end it: it runs no task anyone tracks",
                 ))
             continue
@@ -98,7 +98,7 @@ def watch(
             findings.append(Finding(
                 kind=IncidentKind.STALE_HEARTBEAT, node_id=w.worker_id,
                 summary=f"{w.worker_id} is running but its {said} (more than {_span(stale)})",
-                evidence={**_evidence(w, now, provider), "heartbeat_age_s": int(silent.total_seconds())},
+                evidence={**worker_evidence(w, now, provider), "heartbeat_age_s": int(silent.total_seconds())},
                 operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
                 unsafe=f"checked first: {working}; the heartbeat writer may be what failed, not the worker" if working else "",
                 recommended_action="end and replace it" if not working else "look at the worker's heartbeat writer",
@@ -134,12 +134,12 @@ def _stuck(w: Worker, now: datetime, provider: str) -> Finding:
         kind=IncidentKind.STUCK_SPAWNING, node_id=w.worker_id,
         summary=f"{w.worker_id} has been spawning for {_span(_age(w, now))}: "
                 f"{'no SSH details yet' if w.ssh is None else 'not up'}, billed at ${w.price_per_h:.2f}/h",
-        evidence=_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
+        evidence=worker_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
         recommended_action="end it; a replacement is rented as it is no capacity",
     )
 
 
-def _evidence(w: Worker, now: datetime, provider: str) -> dict:
+def worker_evidence(w: Worker, now: datetime, provider: str) -> dict:
     """What a worker's incident carries: what it is, what it costs, and how long it has been billed."""
     return {"gpu_type": w.gpu_type, "gpus": w.gpus, "price_per_h": w.price_per_h, "status": w.status,
             "billed_s": int(_age(w, now).total_seconds()), "provider": provider or None, "host_id": w.host_id}

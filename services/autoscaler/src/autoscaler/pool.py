@@ -32,6 +32,7 @@ from gpumedic_providers.base import ProviderError, Worker
 
 from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
+from autoscaler.burnin import Trials
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
 from autoscaler.offenders import RepeatOffenders
 from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
@@ -108,6 +109,7 @@ class PoolIncidents:
         self.stale_after_s = stale_after_s
         self._ledger = _Ledger()
         self.offenders = RepeatOffenders(policy.kinds.repeat_offender)
+        self.trials = Trials(policy.kinds.burn_in)
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -126,7 +128,9 @@ class PoolIncidents:
                                 provider=self.provider)
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
         found += self.offenders.findings(now, {w.worker_id: w for w in workers}, present, provider=self.provider)
-        checked.add(IncidentKind.REPEAT_OFFENDER)
+        trials = {s.node_id for s in self.book.incidents.values() if s.kind is IncidentKind.BURN_IN}
+        found += self.trials.round(workers, now, open_trials=trials, provider=self.provider)
+        checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
         transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
         on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()
@@ -151,6 +155,11 @@ class PoolIncidents:
         state = self.book.by_id(event.incident_id)
         if state is not None and state.kind in SCALING_KINDS and event.outcome is ActionOutcome.SUCCEEDED:
             self.scaler.changed(now)
+        if state is not None and state.kind is IncidentKind.BURN_IN:
+            if event.outcome is ActionOutcome.SUCCEEDED:
+                self.trials.accept(state.node_id)
+            elif event.outcome is ActionOutcome.FAILED:
+                self.trials.fail(state.node_id, event.detail or "its acceptance checks failed")
         return self.book.on_action_completed(event, now, traceparent)
 
     def on_tick(self, now: datetime) -> list[Transition]:
@@ -199,7 +208,7 @@ class PoolIncidents:
 
     def _in_service(self, workers: list[Worker], found: list[Finding], fleet: FleetView, now: datetime) -> dict[str, Worker]:
         dead = {f.node_id for f in found if f.kind is IncidentKind.STALE_HEARTBEAT and not f.unsafe}
-        dead |= {f.node_id for f in found if f.kind is IncidentKind.REPEAT_OFFENDER}
+        dead |= {f.node_id for f in found if f.kind is IncidentKind.REPEAT_OFFENDER} | self.trials.on_trial()
         return {
             w.worker_id: w for w in workers
             if not lifecycle.stuck(w, now, self.policy) and w.worker_id not in dead and w.worker_id not in fleet.drained
@@ -208,8 +217,11 @@ class PoolIncidents:
 
     def _supply(self, workers: list[Worker], in_service: dict[str, Worker], fleet: FleetView, on_task: set[str]) -> Supply:
         typed = [w for w in workers if w.gpu_type == self.scaling.gpu_type and w.gpus]
+        # A worker on trial counts for the decision as a spawning one does (no second rental in its
+        # place), but is never in service, nor released as idle: it has taken no task.
+        trial = {w.worker_id: w.gpus for w in workers if w.worker_id in self.trials.started}
         return Supply(
-            gpus={w.worker_id: w.gpus for w in in_service.values()},
+            gpus={w.worker_id: w.gpus for w in in_service.values()} | trial,
             # Only a running worker that samples can idle; one still spawning is never released. Nor
             # is one the task database has a task In Progress on: it may have taken it since its
             # last sample (ending it would orphan the task), whatever that sample said.

@@ -318,7 +318,7 @@ class ActionHandler:
 
         means = Means(
             actions=self._gate.actions, node=node, request=request, step=step, admin_token=lambda: self._admin_token(request.operation),
-            provider=self.provider, task_db=self.task_db, scheduler=self.scheduler,
+            provider=self.provider, task_db=self.task_db, scheduler=self.scheduler, preflight=self._gate.preflight,
         )
         try:
             catalogue.render(request.operation, means.actions)  # refuse bad parameters before connecting

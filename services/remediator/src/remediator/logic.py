@@ -33,17 +33,17 @@ from gpumedic_events import (
     operation_gpu,
 )
 from gpumedic_incidents import IncidentState, operation_digest
-from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, selects
+from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, PreflightPolicy, selects
 from gpumedic_nodes.inventory import NodeAddress
 from remediator.catalogue import InvalidParameter, logs_in, render
 
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
-NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended", "restart_job")
+NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended", "restart_job", "accept_worker")
 """Operations that harm no job (move jobs away from a node or back, add a worker, put a gone
-worker's tasks back in the queue, mark its record ended, start a job again): outside the per-node limit and the
-breaker's count (an open breaker still holds them)."""
+worker's tasks back in the queue, mark its record ended, start a job again, check and accept a new
+worker): outside the per-node limit and the breaker's count (an open breaker still holds them)."""
 
 
 class Verdict(StrEnum):
@@ -75,6 +75,8 @@ class Gate:
     """The policy file's per-operation modes and allow-lists."""
     kinds: Kinds = field(default_factory=Kinds)
     """The policy file's kinds: each one's ladder and the thresholds that make its actions safe."""
+    preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
+    """When a GPU is free and healthy (a new worker's acceptance)."""
     protected_nodes: frozenset[NodeSelector] = frozenset()
     """Selectors (a node, group:NAME, label:KEY=VALUE) of the nodes never acted on."""
     max_actions_per_node: int = 3

@@ -106,6 +106,7 @@ def gate_of(settings: Settings, policy: Policy) -> Gate:
         mode=settings.mode,
         actions=policy.actions,
         kinds=policy.kinds,
+        preflight=policy.preflight,
         protected_nodes=frozenset(map(NodeSelector, settings.protected_nodes)),
         max_actions_per_node=policy.gate.max_actions_per_node,
         node_window_s=policy.gate.node_window_s,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumedic_events import (
+    AcceptWorker,
     ActionRequested,
     DockerPrune,
     DrainNode,
@@ -40,7 +41,7 @@ from gpumedic_events import (
     UndrainNode,
 )
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import admin, docker, drain, gpu, jobs, kill, provider, taskdb, units
+from remediator.catalogue import accept, admin, docker, drain, gpu, jobs, kill, provider, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -83,6 +84,7 @@ OPERATIONS: dict[type, Spec] = {
     RestartWorker: Spec(provider.render, provider.carry_out, logs_in=False),
     RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
     MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
+    AcceptWorker: Spec(accept.render, on_node(accept.execute), logs_in=True),
 }
 
 

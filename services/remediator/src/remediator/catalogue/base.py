@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumedic_events import ActionOutcome, ActionRequested
-from gpumedic_incidents.policy import Actions
+from gpumedic_incidents.policy import Actions, PreflightPolicy
 from gpumedic_nodes.ssh import CommandResult
 
 if TYPE_CHECKING:
@@ -123,6 +123,8 @@ class Means:
     provider: Provider | None = None
     task_db: TaskDatabase | None = None
     scheduler: Scheduler | None = None
+    preflight: PreflightPolicy = PreflightPolicy()
+    """When a GPU is free and healthy (the policy's `preflight`): a new worker's acceptance reads it."""
 
     def need(self, what: str) -> Any:
         """One of request, provider, task_db or scheduler; InvalidParameter says which setting is missing."""
