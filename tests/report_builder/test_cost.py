@@ -255,3 +255,20 @@ def test_pricing_follows_the_inventory_file_and_says_once_when_it_cannot_read_it
     assert sum("pricing:" in r.message for r in caplog.records) == 1
     inventory.write_text("defaults: {price_per_gpu_hour: 3.0}\nnodes:\n  n1: {host: 10.0.0.1, gpus: 4}\n")
     assert pricing.price("n1").per_gpu_hour == 3.0
+
+
+def test_a_failed_burn_in_costs_the_worker_from_its_rental_until_it_was_ended_at_its_providers_price():
+    ended = T0 + timedelta(minutes=2)
+    cost = cost_of(kind="burn_in_failed", gpu_index=None, opened_at=T0, closed_at=ended,
+                   evidence={"gpus": 2, "price_per_h": 4.98, "billed_s": 300, "provider": "runpod", "host_id": "m-3"})
+    assert cost.gpu_hours(LATER) == pytest.approx(2 * 7 / 60)  # 5 min on trial before it failed, 2 min to end it
+    assert cost.dollars(LATER) == pytest.approx(7 / 60 * 4.98) and cost.provider == "runpod"
+
+
+def test_a_repeat_offender_on_a_rented_worker_costs_its_gpus_from_the_drain_at_its_providers_price():
+    drained, ended = T0 + timedelta(seconds=20), T0 + timedelta(minutes=3)
+    cost = cost_of(kind="repeat_offender", gpu_index=None, opened_at=T0, closed_at=ended, drained_at=drained,
+                   evidence={"gpus": 8, "price_per_h": 19.92, "provider": "runpod", "host_id": "m-2", "counted_kind": "gpu_lost"},
+                   price=Price(per_gpu_hour=99.0))  # an inventory price for a node of that name does not apply to a rented worker
+    assert cost.gpu_hours(LATER) == pytest.approx(8 * 160 / 3600)
+    assert cost.dollars(LATER) == pytest.approx(160 / 3600 * 19.92) and "drained from" in cost.what

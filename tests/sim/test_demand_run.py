@@ -7,6 +7,7 @@ and one that dies with tasks In Progress: every check of the pool's done-when mu
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +43,34 @@ async def test_the_pool_scales_with_the_curve_replaces_bad_workers_and_requeues_
     assert pool["never_came_up"] and pool["died"] and pool["orphaned"] >= 1, "\n".join(lines)
 
 
+HOSTILE = PoolPlan.model_validate({
+    "demand": [{"for": "30s", "tasks_per_min": 120}, {"for": "90s", "tasks_per_min": 0}],
+    "task": "8s", "spawn": "2s", "machines": 3, "burn_in": True,
+    "bad_machines": [{"machine": 1, "gpu": 0, "fault": "gpu_lost", "after": "8s"}, {"machine": 2, "gpu": 1, "fault": "pcie_narrow"}],
+    "scaling": {"min_active_gpus": 2, "max_active_gpus": 8, "tasks_per_gpu": 1, "idle_timeout_s": 3, "cooldown_s": 8, "gpus_per_worker": 2},
+})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_machine_that_breaks_again_is_returned_and_a_worker_failing_burn_in_never_takes_a_task(tmp_path):
+    """Three machines rented in turn: machine 1 loses a GPU a few seconds into every rental, machine
+    2 has a GPU's PCIe link at half width. Every worker is on trial first (burn-in over SSH, promoted
+    in the task database)."""
+    lines: list[str] = []
+    plan = Scenario(name="hostile-machines", description="", duration_s=150, faults=(), pool=HOSTILE)
+    # a dozen nodes besides the pool: the breaker's share (half the inventory in the sim) must allow
+    # the bad rentals' returns
+    code = await run_simulation(tmp_path / "var", nodes=12, gpus=1, scenario=lambda ids, gpus: plan, interval_s=1.0,
+                                json_path=tmp_path / "score.json", say=lines.append)
+    assert code == 0, "\n".join(lines)
+    pool = json.loads((tmp_path / "score.json").read_text())["pool"]
+    machines = [c for c in pool["checks"] if c["check"].startswith("machine ")]
+    assert len(machines) == 2 and all(c["ok"] for c in machines), "\n".join(lines)
+    assert "rented 1 time" not in machines[0]["check"], "machine 1 must be rented again to be recognised: " + machines[0]["check"]
+    assert sum(pool["took"].values()) >= 1 and all(pool["machines"][w] not in ("sim-host-002",) for w in pool["took"]), "\n".join(lines)
+
+
 def _figures(**update) -> PoolFigures:
     base = dict(tasks=4, done=4, wait_p95_s=1.0, gpu_s=10, fixed_gpu_s=20, idle_gpu_s=1, cost=0.1, peak_gpus_billed=2,
                 rented=["simw0001", "simw0002"], never_came_up=[], never_came_up_ended=0, died=[], died_ended=0,
@@ -58,3 +87,53 @@ def test_an_orphaned_task_is_explained_by_a_death_or_a_scale_down_that_raced_a_t
     lines = [what for _, what in judge(raced, PLAN, [incident], [])]
     assert unexplained not in lines and "0 incident(s) on the pool that no fault explains" in lines
     assert "1 task(s) orphaned, 1 requeued, 0 more than once (simw0002 took a task just before a scale-down ended it)" in lines
+
+
+BAD = PoolPlan.model_validate({
+    **PLAN.model_dump(mode="json", by_alias=True), "machines": 3, "burn_in": True,
+    "bad_machines": [{"machine": 1, "gpu": 0, "fault": "gpu_lost", "after": "20s"}, {"machine": 2, "gpu": 1, "fault": "pcie_narrow"}],
+})
+
+
+def _machine_lines(figures, incidents) -> dict[str, bool]:
+    return {what: ok for ok, what in judge(figures, BAD, incidents, [], burn_in_within_s=60, interval_s=5)[-2:]}
+
+
+def test_a_bad_machine_passes_when_found_by_its_second_rental_and_returned_after_and_fails_otherwise():
+    start = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    rented = ["simw0001", "simw0002", "simw0004", "simw0005", "simw0006", "simw0007"]
+    machines = {"simw0001": "sim-host-001", "simw0002": "sim-host-002", "simw0004": "sim-host-001", "simw0005": "sim-host-002",
+                "simw0006": "sim-host-001", "simw0007": "sim-host-001"}
+    figures = _figures(
+        rented=rented, machines=machines, started_at=start, took={"simw0001": 3, "simw0004": 2, "simw0006": 1},
+        rented_at={"simw0001": 0, "simw0002": 0, "simw0004": 25, "simw0005": 25, "simw0006": 26, "simw0007": 70},
+        came_up={"simw0001": 1, "simw0002": 2, "simw0004": 30, "simw0005": 31, "simw0006": 31},
+        ended_at={"simw0001": 60, "simw0002": 20, "simw0004": 60, "simw0005": 50, "simw0006": 61, "simw0007": 72},
+    )
+
+    def seen(kind, node, s):
+        return SimpleNamespace(kind=kind, node_id=node, at=start + timedelta(seconds=s))
+
+    incidents = [seen("repeat_offender", "simw0004", 50), seen("repeat_offender", "simw0006", 50), seen("repeat_offender", "simw0007", 70),
+                 seen("burn_in_failed", "simw0002", 10), seen("burn_in_failed", "simw0005", 40)]
+    lines = _machine_lines(figures, incidents)
+    assert lines == {
+        "machine sim-host-001 (GPU 0 falls off the bus 20s into each rental): rented 4 time(s); a repeat offender by its rental 2 "
+        "(simw0004), 50s in; 1 rental(s) after that returned, 0 task(s) taken by them": True,
+        "machine sim-host-002 (GPU 1's PCIe link at half width): 2 of its 2 rental(s) came up, 2 failed burn-in, 0 returned as a repeat "
+        "offender's, 0 task(s) taken, ended 19s after coming up at the most (grace 75s)": True,
+    }
+    # Found only on a later rental, a rental after that which took a task, or a late ending: each fails its line.
+    late = _machine_lines(figures, incidents[2:])
+    assert list(late.values()) == [False, True] and "not a repeat offender by its second rental (of 4)" in next(iter(late))
+    worked = _machine_lines(_figures(**{**figures.__dict__, "took": {"simw0007": 1}}), incidents)
+    assert list(worked.values()) == [False, True]
+    slow = _machine_lines(_figures(**{**figures.__dict__, "ended_at": {**figures.ended_at, "simw0005": 120}}), incidents)
+    assert list(slow.values()) == [True, False]
+
+
+def test_a_bad_machine_must_be_one_of_the_providers_on_a_gpu_a_worker_has():
+    with pytest.raises(ValueError, match="machine 4 is beyond the provider's 3 machine"):
+        PoolPlan.model_validate({**BAD.model_dump(mode="json", by_alias=True), "bad_machines": [{"machine": 4, "fault": "gpu_lost"}]})
+    with pytest.raises(ValueError, match="GPU 2 is beyond a worker's 2 GPU"):
+        PoolPlan.model_validate({**BAD.model_dump(mode="json", by_alias=True), "bad_machines": [{"machine": 1, "gpu": 2, "fault": "gpu_lost"}]})

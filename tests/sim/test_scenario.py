@@ -69,7 +69,9 @@ def test_builtin_demand_runs_a_worker_pool_on_a_curve_within_its_duration():
     s = load_scenario(resolve_scenario_path("demand"), node_ids=NODES_20, gpus_per_node=8)
     assert s.faults == () and s.pool is not None
     assert [(d.seconds, d.tasks_per_min) for d in s.pool.demand][:2] == [(30.0, 6.0), (60.0, 60.0)]
-    assert s.pool.workers_die_at == (75.0, 280.0) and s.pool.never_ssh_every == 4
+    assert s.pool.workers_die_at == (75.0, 280.0) and s.pool.never_ssh_every == 6
+    assert s.pool.burn_in and s.pool.machines == 8 and [(b.host_id, b.fault) for b in s.pool.bad_machines] == [
+        ("sim-host-002", "gpu_lost"), ("sim-host-003", "pcie_narrow")]
     assert s.pool.scaling.gpu_type == "H100" and s.pool.scaling.max_active_gpus == 16  # the pool's type is the one rented
     assert s.duration_s > s.pool.demand_s
 

@@ -132,3 +132,42 @@ def test_a_trial_worker_is_never_released_as_idle():
     fleet = FleetView(idle_since={"w1": T0 - timedelta(hours=1)})
     evaluated = pool.round(T0 + timedelta(seconds=700 - 120), queued=0, in_progress=0, workers=[_w("w1")], fleet=fleet)
     assert "w1" not in evaluated.release and not _opened(pool, IncidentKind.CAPACITY_SURPLUS)
+
+
+def test_the_first_sample_of_a_worker_still_listed_spawning_is_kept_for_its_trial():
+    """A worker's first sample carries its health figures, and may come before the round that sees it running."""
+    pool = _pool()
+    pool.round(T0 - timedelta(seconds=5), queued=3, in_progress=0, workers=[_w("w1", "spawning", 5)])
+    pool.logic.trials.on_sample(_sample("w1", T0 - timedelta(seconds=1)))
+    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
+    assert len(_opened(pool, IncidentKind.BURN_IN)) == 1
+    pool.logic.trials.on_sample(_sample("gpu-node-07", T0))  # any other node's sample is not kept
+    assert set(pool.logic.trials._looks) == {"w1"}
+
+
+def test_a_worker_on_a_machine_given_back_has_no_trial_and_is_ended_once():
+    pool = _pool()
+    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
+    for minutes in (30, 20):
+        pool.logic.offenders.on_opened(IncidentOpened(
+            source="zombie-detector", occurred_at=T0 - timedelta(minutes=minutes), incident_id=__import__("uuid").uuid4(),
+            node_id="old", kind=IncidentKind.GPU_LOST, gpu_index=0, fingerprint="old/gpu_lost", summary="lost", evidence={"host_id": "m-w1"}))
+    pool.logic.trials.on_sample(_sample("w1", T0 + timedelta(seconds=5)))
+    pool.round(T0 + timedelta(seconds=10), queued=3, in_progress=0, workers=[_w("w1")])
+    assert not _opened(pool, IncidentKind.BURN_IN) and not _opened(pool, IncidentKind.BURN_IN_FAILED)
+    (offender,) = _opened(pool, IncidentKind.REPEAT_OFFENDER)
+    assert offender.node_id == "w1" and "w1" not in pool.logic.trials.started
+
+
+def test_an_acceptance_the_gate_refused_leaves_the_worker_on_trial_and_its_end_says_why():
+    pool = _pool()
+    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
+    pool.logic.trials.on_sample(_sample("w1", T0 + timedelta(seconds=5)))
+    pool.round(T0 + timedelta(seconds=10), queued=3, in_progress=0, workers=[_w("w1")])
+    pool.tick(T0 + timedelta(seconds=30))
+    (accept,) = [r for r in pool.requests() if isinstance(r.operation, AcceptWorker)]
+    pool.complete(accept, T0 + timedelta(seconds=31), ActionOutcome.BLOCKED)
+    assert "w1" in pool.logic.trials.started
+    pool.round(T0 + timedelta(seconds=601), queued=3, in_progress=0, workers=[_w("w1")])
+    (failed,) = _opened(pool, IncidentKind.BURN_IN_FAILED)
+    assert "not accepted within 600s of coming up (the remediator: done)" in failed.summary

@@ -56,7 +56,7 @@ def test_a_machine_that_fails_again_under_a_new_pod_is_ended_replaced_and_return
     evaluated = pool.round(T0 + timedelta(seconds=5), queued=3, in_progress=2, workers=[_on("m-ok", "w2"), _on("m-bad", "w5")])
     (opened,) = pool.of(IncidentKind.REPEAT_OFFENDER)
     assert opened.node_id == "w5" and opened.evidence["host_id"] == "m-bad" and opened.evidence["count"] == 2
-    assert opened.evidence["nodes"] == "w1, w5" and opened.evidence["gpus"] == "3" and "also under w1" in opened.summary
+    assert opened.evidence["nodes"] == "w1, w5" and opened.evidence["gpu_indexes"] == "3" and "also under w1" in opened.summary
     assert evaluated.gpus_total == 1, "the worker on the bad machine is no capacity from the round it is found"
     pool.tick(T0 + timedelta(seconds=30))
     drain, spawn = sorted((r for r in pool.requests()), key=lambda r: r.operation.operation)

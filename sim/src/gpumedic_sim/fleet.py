@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +86,9 @@ class SimFleet:
         for node in self.nodes.values():
             node.cluster = self.cluster
         self.cluster.loads = self._load_of
+        self.guests: dict[str, SimNode] = {}
+        """Nodes that joined while the fleet runs (rented workers): reachable over SSH, not sampled here."""
+        self._listen, self._host = listen, host or listen
         self._own_key = client_key is None
         self.client_key = client_key or asyncssh.generate_private_key("ssh-ed25519")
         self._sampler_tasks: set[asyncio.Task] = set()
@@ -236,13 +240,29 @@ class SimFleet:
         self._write_files()
         log.info("simulated fleet of %d nodes up; inventory in %s", len(self.nodes), self.inventory_path)
 
+    async def admit(self, node: SimNode) -> None:
+        """A node that joins while the fleet runs (a rented worker that came up): its SSH started, and
+        in the inventory and known_hosts from now on, as a provider's pod is once synced."""
+        node.listen, node.host = self._listen, self._host
+        await node.start(self.client_key.convert_to_public())
+        self.guests[node.node_id] = node
+        self._write_inventory()
+
+    async def dismiss(self, node_id: str) -> None:
+        """A joined node that is gone (a worker ended): out of the inventory, its SSH stopped."""
+        node = self.guests.pop(node_id, None)
+        if node is not None:
+            self._write_inventory()
+            await node.stop()
+
     async def stop(self) -> None:
         for task in list(self._sampler_tasks | self._timers):
             task.cancel()
         for task in list(self._sampler_tasks | self._timers):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        await asyncio.gather(*(node.stop() for node in (*self.nodes.values(), *self.guests.values())), return_exceptions=True)
+        self.guests.clear()
         self._started = False
 
     async def run_samplers(self, publish: Publish, interval_s: float = 5.0) -> None:
@@ -286,13 +306,25 @@ class SimFleet:
         await asyncio.sleep(offset_s)
         await node.sampler(interval_s).run(publish_unless_silent)
 
-    def _write_files(self) -> None:
+    def _write_inventory(self) -> None:
+        """The inventory and known_hosts, each replaced whole: the remediator reads them on every action."""
         # a simulated H100 at an on-demand price, so incidents on it have a cost to show
         lines = [f"defaults: {{price_per_gpu_hour: {SIM_GPU_PRICE}, labels: {{provider: simulated}}}}", "nodes:"]
-        for node in self.nodes.values():
+        everyone = [*self.nodes.values(), *self.guests.values()]
+        for node in everyone:
             lines.append(f"  {node.node_id}: {{host: {node.host}, port: {node.ssh_port}, user: {self.user}, gpus: {len(node.gpus)}}}")
-        self.inventory_path.write_text("\n".join(lines) + "\n")
-        self.known_hosts_path.write_text("".join(f"{n.known_hosts_line()}\n" for n in self.nodes.values()))
+        _replace(self.inventory_path, "\n".join(lines) + "\n")
+        _replace(self.known_hosts_path, "".join(f"{n.known_hosts_line()}\n" for n in everyone))
+
+    def _write_files(self) -> None:
+        self._write_inventory()
         if self._own_key:  # a key handed in stays where its owner keeps it
             write_private(self.client_key_path, self.client_key.export_private_key())
         (self.workdir / "client_key.pub").write_bytes(self.client_key.export_public_key())
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` at once: a reader sees the old file or the new one, never half of one."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)

@@ -165,6 +165,9 @@ class Observer:
         """incident id -> "fixed", "cleared" or "escalated" (the first ending seen)."""
         self.fixed_after_s: dict[str, float] = {}
         """incident id -> seconds from its opening to its verified fix."""
+        self.escalated_at: dict[str, datetime] = {}
+        self.resolved_at: dict[str, datetime] = {}
+        """incident id -> when it closed, whatever came before (a person's incident closes too)."""
         self.received = 0
         self.undecodable = 0
         self.decisions: list[tuple[datetime, str, int]] = []
@@ -182,10 +185,12 @@ class Observer:
             case IncidentResolved():
                 incident_id = str(event.incident_id)
                 self.endings.setdefault(incident_id, event.resolution)
+                self.resolved_at.setdefault(incident_id, event.occurred_at)
                 if event.resolution == "fixed" and (seen := self.incidents.get(incident_id)) is not None:
                     self.fixed_after_s.setdefault(incident_id, (event.occurred_at - seen.at).total_seconds())
             case IncidentEscalated():
                 self.endings.setdefault(str(event.incident_id), "escalated")
+                self.escalated_at.setdefault(str(event.incident_id), event.occurred_at)
             case ActionRequested():
                 self.actions["requested"] = self.actions.get("requested", 0) + 1
             case ActionCompleted():
@@ -199,14 +204,16 @@ class Observer:
 
     def to_page(self) -> set[str]:
         """Escalated incidents a person should be paged for: all but those part of a fleet incident
-        (paged once, as the fleet incident) and those of `info` severity (below report-builder's
-        default threshold). A silenced incident never escalates while silenced."""
+        (paged once, as the fleet incident), those of `info` severity (below report-builder's
+        default threshold), and those closed within the notify wait (a worker on a bad machine
+        ended meanwhile: nobody need be told). A silenced incident never escalates while silenced."""
         return {
             i for i, how in self.endings.items()
             if how == "escalated"
             and (seen := self.incidents.get(i)) is not None
             and seen.related_to is None
             and seen.severity != "info"
+            and not (i in self.resolved_at and (self.resolved_at[i] - self.escalated_at[i]).total_seconds() < NOTIFY_WAIT_S)
         }
 
     def outcomes(self, paged: set[str]) -> dict[str, dict[str, float | None]]:
@@ -261,7 +268,7 @@ async def run_simulation(
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
     plan = scenario(list(fleet.nodes), gpus)
-    pool = SimWorkerPool(plan.pool, var_dir / "pool", interval_s=interval_s) if plan.pool else None
+    pool = SimWorkerPool(plan.pool, var_dir / "pool", interval_s=interval_s, fleet=fleet) if plan.pool else None
     # Without a worker pool the fleet's nodes are rented pods (restart_worker restarts them); with
     # one, the pool's provider is the remediator's.
     rented = RentedFleet(fleet, var_dir / "fleet") if pool is None else None
@@ -358,7 +365,8 @@ async def run_simulation(
         pool_document = None
         if pool is not None:
             figures = pool.figures()
-            checks = judge(figures, pool.plan, [i for i in observer.incidents.values() if i.node_id in on_pool], observer.decisions)
+            checks = judge(figures, pool.plan, [i for i in observer.incidents.values() if i.node_id in on_pool], observer.decisions,
+                           burn_in_within_s=pool.burn_in_within_s, interval_s=interval_s)
             say("")
             say(f"worker pool ({len(figures.rented)} worker(s) rented; the fleet's score above leaves out the pool's incidents):")
             for ok, line in checks:

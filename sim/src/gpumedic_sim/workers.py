@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from autoscaler.scaling import ScalingPolicy
 from gpumedic_events import Event
@@ -42,10 +42,14 @@ from gpumedic_sim.node import SimNode
 from gpumedic_sim.runpod import SimRunPod
 from gpumedic.times import parse_time  # the scenario's own time format ("20s", "2m")
 
+if TYPE_CHECKING:
+    from gpumedic_sim.fleet import SimFleet
+
 Seconds = Annotated[float, BeforeValidator(lambda v: _seconds(v)), Field(ge=0)]
 
 REQUEUE = "UPDATE tasks SET status = 'Queued', worker_id = NULL, requeues = requeues + 1 WHERE id IN :task_ids AND status = 'In Progress'"
 MARK_ENDED = "UPDATE workers SET status = 'ended' WHERE id = :worker_id"
+PROMOTE = "UPDATE workers SET status = 'active' WHERE id = :worker_id AND status = 'spawning'"
 """The statements an operator of this task database writes into the policy."""
 WORKERS_QUERY = "SELECT id, status, heartbeat_at FROM workers"
 IN_PROGRESS_QUERY = "SELECT id, worker_id FROM tasks WHERE status = 'In Progress'"
@@ -57,6 +61,23 @@ class Stretch(BaseModel):
 
     seconds: Seconds = Field(alias="for", gt=0)
     tasks_per_min: float = Field(ge=0, le=6000)
+
+
+class BadMachine(BaseModel):
+    """One of the provider's machines with a broken GPU: every worker that lands on it has it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    machine: int = Field(ge=1, description="Which of the provider's machines (sim-host-001 is 1).")
+    gpu: int = Field(default=0, ge=0, le=7)
+    fault: Literal["gpu_lost", "pcie_narrow"] = Field(
+        description="gpu_lost: the GPU falls off the bus `after` its worker came up; pcie_narrow: its PCIe link at x8 of x16."
+    )
+    after: Seconds = Field(default=0.0, description="How long after the worker came up the fault shows (0: from the start).")
+
+    @property
+    def host_id(self) -> str:
+        return f"sim-host-{self.machine:03d}"
 
 
 class PoolPlan(BaseModel):
@@ -71,9 +92,24 @@ class PoolPlan(BaseModel):
     workers_die_at: tuple[Seconds, ...] = Field(default=(), max_length=100, description="When the busiest worker dies silently.")
     gpu_type: str = Field(default="H100", pattern=r"^[A-Za-z0-9 _.-]{1,64}$")
     price_per_gpu_h: float = Field(default=2.49, gt=0)
+    machines: int = Field(default=0, ge=0, le=1000, description="The provider's machines, rented in turn (0: each worker its own).")
+    bad_machines: tuple[BadMachine, ...] = Field(default=(), max_length=100)
+    burn_in: bool = Field(
+        default=False, description="gpumedic accepts each new worker before it takes tasks (kinds.burn_in.required): its record "
+        "is `spawning` until accept_worker promotes it to `active`.",
+    )
     scaling: ScalingPolicy = ScalingPolicy(
         min_active_gpus=2, max_active_gpus=16, tasks_per_gpu=3, idle_timeout_s=10, cooldown_s=20, gpus_per_worker=2,
     )
+
+    @model_validator(mode="after")
+    def _machines_exist(self) -> PoolPlan:
+        for bad in self.bad_machines:
+            if bad.machine > self.machines:
+                raise ValueError(f"bad_machines: machine {bad.machine} is beyond the provider's {self.machines} machine(s)")
+            if bad.gpu >= self.scaling.gpus_per_worker:
+                raise ValueError(f"bad_machines: GPU {bad.gpu} is beyond a worker's {self.scaling.gpus_per_worker} GPU(s)")
+        return self
 
     @model_validator(mode="after")
     def _the_type_rented(self) -> PoolPlan:
@@ -93,6 +129,9 @@ class _Worker:
     running: dict[int, tuple[str, float]] = field(default_factory=dict)
     """GPU -> (task id, when it started) of the tasks it runs."""
     dead: bool = False
+    fault: BadMachine | None = None
+    """Its machine's broken GPU, until it shows (then None)."""
+    fault_at: float = 0.0
 
 
 @dataclass
@@ -118,6 +157,18 @@ class PoolFigures:
     """Tasks In Progress on a worker when it died or was ended."""
     requeued: dict[str, int]
     """Task id -> times requeued."""
+    machines: dict[str, str] = field(default_factory=dict)
+    """Worker -> the provider's machine it was rented on."""
+    took: dict[str, int] = field(default_factory=dict)
+    """Worker -> tasks it took."""
+    came_up: dict[str, float] = field(default_factory=dict)
+    """Worker -> seconds into the run it came up."""
+    ended_at: dict[str, float] = field(default_factory=dict)
+    """Worker -> seconds into the run the provider no longer listed it."""
+    rented_at: dict[str, float] = field(default_factory=dict)
+    """Worker -> seconds into the run it was rented."""
+    started_at: datetime | None = None
+    """When the run began, by the wall clock (what incidents are timed by)."""
 
     @property
     def requeued_once(self) -> bool:
@@ -125,11 +176,17 @@ class PoolFigures:
 
 
 class SimWorkerPool:
-    def __init__(self, plan: PoolPlan, workdir: Path, *, interval_s: float, seed: int = 0) -> None:
+    def __init__(self, plan: PoolPlan, workdir: Path, *, interval_s: float, seed: int = 0, fleet: SimFleet | None = None) -> None:
+        """`fleet`: where a worker that comes up joins, reachable over SSH and in the remediator's
+        inventory (a burn-in logs in to it); needed with `plan.burn_in`."""
+        if plan.burn_in and fleet is None:
+            raise ValueError("a pool whose workers are accepted on the node needs the fleet they join")
         self.plan = plan
         self.workdir = Path(workdir)
         self.interval_s = interval_s
-        self.provider = SimProvider(prices={plan.gpu_type: plan.price_per_gpu_h}, spawn_s=plan.spawn, never_ssh_every=plan.never_ssh_every)
+        self._fleet = fleet
+        self.provider = SimProvider(prices={plan.gpu_type: plan.price_per_gpu_h}, spawn_s=plan.spawn, never_ssh_every=plan.never_ssh_every,
+                                    hosts=plan.machines)
         self.api = SimRunPod(self.provider, key=f"rpa_sim_{secrets.token_urlsafe(18)}")
         self._rng = random.Random(seed)
         self._workers: dict[str, _Worker] = {}
@@ -143,6 +200,12 @@ class SimWorkerPool:
         self._t0 = 0.0
         self._gpu_s = self._idle_gpu_s = self._cost = 0.0
         self._peak = 0
+        self._machines: dict[str, str] = {}
+        self._took: dict[str, int] = {}
+        self._came_up: dict[str, float] = {}
+        self._ended_at: dict[str, float] = {}
+        self._rented_at: dict[str, float] = {}
+        self._started_at: datetime | None = None
 
     # --- what the stack is given -------------------------------------------------------------
 
@@ -181,19 +244,30 @@ class SimWorkerPool:
         """The policy's pool part, in the run's seconds: the actions this task database needs, and
         the worker checks' thresholds a few sample intervals long instead of the runbook's minutes."""
         i = self.interval_s
-        return {
+        policy = {
             "actions": {
                 "spawn_worker": {"gpu_types": [self.plan.gpu_type], "max_gpus": self.plan.scaling.gpus_per_worker},
                 "requeue_tasks": {"statement": REQUEUE},
                 "mark_worker_ended": {"statement": MARK_ENDED},
             },
             "kinds": {
+                # a rental is verified by the workers being listed: the runbook's 2 minutes are 24 intervals
+                "capacity_short": {"ladder": [{"action": "spawn_worker", "attempts": 3, "verify_within_s": 24 * i}]},
                 "stuck_spawning": {"after_s": max(self.plan.spawn + 4 * i, 10 * i)},
                 "stale_heartbeat": {"after_s": 6 * i},
                 "unrecorded_worker": {"after_s": 10 * i},
                 "queue_stalled": {"for_s": 30 * i},
             },
         }
+        if self.plan.burn_in:
+            policy["actions"]["accept_worker"] = {"statement": PROMOTE}
+            policy["kinds"]["burn_in"] = {"required": True, "within_s": self.burn_in_within_s}
+        return policy
+
+    @property
+    def burn_in_within_s(self) -> float:
+        """A new worker's grace to be accepted, in the run's seconds: a few sample intervals."""
+        return 12 * self.interval_s
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -220,7 +294,7 @@ class SimWorkerPool:
 
     async def run(self, publish: Callable[[Event], Awaitable[None]], *, drain_s: float) -> None:
         """Arrivals on the demand curve, then up to `drain_s` for the queue to empty."""
-        self._t0 = time.monotonic()
+        self._t0, self._started_at = time.monotonic(), datetime.now(UTC)
         arrivals = self._arrivals()
         deaths = sorted(self.plan.workers_die_at)
         last = self._t0
@@ -253,12 +327,20 @@ class SimWorkerPool:
 
     async def _step(self, publish, now: float, dt: float) -> None:
         listed = {w.worker_id: w for w in await self.provider.workers()}
+        for w in listed.values():
+            self._machines.setdefault(w.worker_id, w.host_id or "")
+            if w.created_at is not None and self._started_at is not None:
+                self._rented_at.setdefault(w.worker_id, round((w.created_at - self._started_at).total_seconds(), 1))
+        for worker_id in self.provider.ended():
+            self._ended_at.setdefault(worker_id, round(now - self._t0, 1))
         for worker_id, w in listed.items():
             if w.status == "running" and worker_id not in self._workers and worker_id not in self._ended:
-                self._workers[worker_id] = self._come_up(worker_id, w.gpus, publish)
+                self._workers[worker_id] = await self._come_up(worker_id, w.gpus, w.host_id or "", publish, now)
         for worker_id in [w for w in self._workers if w not in listed]:
             gone = self._workers.pop(worker_id)  # ended by the provider; its tasks, if any, stay In Progress
             await _cancel(gone.sampler)
+            if self._fleet is not None:
+                await self._fleet.dismiss(worker_id)
             self._ended.add(worker_id)
             if gone.running and not gone.dead:
                 self._ended_busy.append(worker_id)
@@ -267,6 +349,9 @@ class SimWorkerPool:
         for worker_id, worker in self._workers.items():
             if worker.dead:
                 continue
+            if worker.fault is not None and now >= worker.fault_at:
+                _break(worker.node, worker.fault)
+                worker.fault = None
             self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
@@ -274,6 +359,8 @@ class SimWorkerPool:
                                  (now, task_id, worker_id))
                     worker.node.finish_job(gpu)
                     del worker.running[gpu]
+            if self.plan.burn_in and self._db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchone() != ("active",):
+                continue  # not promoted yet: the user's workers take tasks only once they are active
             for gpu in range(len(worker.node.gpus)):
                 if gpu in worker.running:
                     continue
@@ -285,6 +372,7 @@ class SimWorkerPool:
                              (worker_id, now, now, row[0]))
                 worker.node.start_job(gpu)
                 worker.running[gpu] = (row[0], now)
+                self._took[worker_id] = self._took.get(worker_id, 0) + 1
         billed = [w for w in listed.values() if w.status in ("spawning", "running")]
         gpus = sum(w.gpus for w in billed)
         self._peak = max(self._peak, gpus)
@@ -292,9 +380,18 @@ class SimWorkerPool:
         self._cost += sum(w.price_per_h for w in billed) * dt / 3600
         self._idle_gpu_s += sum(len(w.node.gpus) - len(w.running) for w in self._workers.values() if not w.dead) * dt
 
-    def _come_up(self, worker_id: str, gpus: int, publish) -> _Worker:
-        """A worker the provider runs now: its node samples, and it records itself as the runbook's workers do."""
+    async def _come_up(self, worker_id: str, gpus: int, machine: str, publish, now: float) -> _Worker:
+        """A worker the provider runs now: it joins the fleet (SSH, the inventory), its node samples,
+        and it records itself as the runbook's workers do (`spawning` until promoted, with burn-in)."""
         worker = _Worker(SimNode(worker_id, gpus, seed=self._rng.randrange(1 << 30)))
+        bad = next((b for b in self.plan.bad_machines if b.host_id == machine), None)
+        if bad is not None and bad.after == 0:
+            _break(worker.node, bad)
+        elif bad is not None:
+            worker.fault, worker.fault_at = bad, now + bad.after
+        if self._fleet is not None:
+            await self._fleet.admit(worker.node)
+        self._came_up[worker_id] = round(now - self._t0, 1)
 
         async def publish_while_alive(event: Event) -> None:
             # A worker ended (or dead) sends nothing more, from the moment it is ended.
@@ -302,8 +399,8 @@ class SimWorkerPool:
                 await publish(event)
 
         worker.sampler = asyncio.create_task(worker.node.sampler(self.interval_s, probes=[]).run(publish_while_alive))
-        self._db.execute("INSERT OR REPLACE INTO workers (id, status, heartbeat_at) VALUES (?, 'active', ?)",
-                     (worker_id, datetime.now(UTC).isoformat(timespec="seconds")))
+        self._db.execute("INSERT OR REPLACE INTO workers (id, status, heartbeat_at) VALUES (?, ?, ?)",
+                         (worker_id, "spawning" if self.plan.burn_in else "active", datetime.now(UTC).isoformat(timespec="seconds")))
         return worker
 
     def _kill_busiest(self) -> None:
@@ -331,6 +428,8 @@ class SimWorkerPool:
             never_came_up=never, never_came_up_ended=sum(1 for w in never if w in ended),
             died=list(self._died), died_ended=sum(1 for w in self._died if w in ended), ended_busy=list(self._ended_busy),
             orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
+            machines=dict(self._machines), took=dict(self._took), came_up=dict(self._came_up), ended_at=dict(self._ended_at),
+            rented_at=dict(self._rented_at), started_at=self._started_at,
         )
 
     # --- internals -----------------------------------------------------------------------------
@@ -358,18 +457,22 @@ class SimWorkerPool:
 POOL_NODE = "workers"
 """The pool's name in the stack (the autoscaler's default): the node of its capacity incidents."""
 WORKER_KINDS_EXPECTED = {
-    "stuck_spawning": ("never_came_up",), "stale_heartbeat": ("died",), "orphaned_tasks": ("died", "ended_busy"),
-    "node_silent": ("died",), "vanished_worker": ("ended",),
+    "stuck_spawning": ("never_came_up", "bad_machine"), "stale_heartbeat": ("died",), "orphaned_tasks": ("died", "ended_busy"),
+    "node_silent": ("died",), "vanished_worker": ("ended",), "burn_in": ("ended",),
+    "burn_in_failed": ("bad_machine",), "repeat_offender": ("bad_machine",), "gpu_lost": ("bad_machine",), "gpu_xid": ("bad_machine",),
 }
-"""Which workers each kind may be about: the ones that never came up, died, or were ended."""
+"""Which workers each kind may be about: the ones that never came up, died, were ended (every
+rented one, on trial when it came up), or were rented on a machine with a broken GPU."""
 
 
-def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list[tuple[datetime, str, int]]) -> list[tuple[bool, str]]:
+def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list[tuple[datetime, str, int]],
+          *, burn_in_within_s: float = 0.0, interval_s: float = 5.0) -> list[tuple[bool, str]]:
     """The done-when of the worker pool, line by line: (passed, what). `incidents` are the
     incidents observed on the pool and its workers (`.kind`, `.node_id`); `decisions` the
     autoscaler's (time, decision, GPUs in service) from its CapacityEvaluated events."""
+    bad_hosts = {b.host_id for b in plan.bad_machines}
     who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented),
-           "ended_busy": set(figures.ended_busy)}
+           "ended_busy": set(figures.ended_busy), "bad_machine": {w for w, m in figures.machines.items() if m in bad_hosts}}
     unexpected = [f"{i.kind} on {i.node_id}" for i in incidents
                   if not (i.node_id == POOL_NODE and i.kind in ("capacity_short", "capacity_surplus"))
                   and not any(i.node_id in who[w] for w in WORKER_KINDS_EXPECTED.get(i.kind, ()))]
@@ -396,7 +499,43 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
         (not unexpected, f"{len(unexpected)} incident(s) on the pool that no fault explains" + (f": {', '.join(unexpected[:5])}" if unexpected else "")),
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
+        *(_judge_machine(figures, bad, incidents, burn_in_within_s + 3 * interval_s) for bad in plan.bad_machines),
     ]
+
+
+def _judge_machine(figures: PoolFigures, bad: BadMachine, incidents: list, grace_s: float) -> tuple[bool, str]:
+    """A machine with a broken GPU: recognised by its second rental and returned from then on (a GPU
+    that falls off the bus while working), or each rental failing its burn-in, never taking a task,
+    and ended within its grace (a link at half width from the start)."""
+    rentals = [w for w in figures.rented if figures.machines.get(w) == bad.host_id]
+    up = [w for w in rentals if w in figures.came_up]
+    if bad.fault == "pcie_narrow":
+        late = {w: figures.ended_at[w] - figures.came_up[w] for w in up if w in figures.ended_at}
+        failed = {i.node_id for i in incidents if i.kind == "burn_in_failed"}
+        returned = {i.node_id for i in incidents if i.kind == "repeat_offender"} - failed
+        ok = bool(up) and all(figures.took.get(w, 0) == 0 and w in failed | returned and late.get(w, grace_s + 1) <= grace_s for w in up)
+        return ok, (f"machine {bad.host_id} (GPU {bad.gpu}'s PCIe link at half width): {len(up)} of its {len(rentals)} rental(s) came up, "
+                    f"{sum(1 for w in up if w in failed)} failed burn-in, {sum(1 for w in up if w in returned)} returned as a repeat "
+                    f"offender's, {sum(figures.took.get(w, 0) for w in up)} task(s) taken, ended {max(late.values(), default=0):.0f}s "
+                    f"after coming up at the most (grace {grace_s:g}s)")
+    offences = [i for i in incidents if i.kind == "repeat_offender" and i.node_id in rentals]
+    found_on = sorted({rentals.index(i.node_id) for i in offences if rentals.index(i.node_id) <= 1})
+    recognised = min((i.at for i in offences), default=None)
+    since = (recognised - figures.started_at).total_seconds() if recognised and figures.started_at else float("inf")
+    later = [w for w in rentals if figures.rented_at.get(w, 0.0) > since]
+    ok = bool(found_on) and all(figures.took.get(w, 0) == 0 and w in figures.ended_at for w in later)
+    where = (f"a repeat offender by its rental {found_on[-1] + 1} ({rentals[found_on[-1]]}), {since:.0f}s in" if found_on
+             else f"not a repeat offender by its second rental (of {len(rentals)})")
+    return ok, (f"machine {bad.host_id} (GPU {bad.gpu} falls off the bus {bad.after:g}s into each rental): rented {len(rentals)} time(s); "
+                f"{where}; {len(later)} rental(s) after that returned, {sum(figures.took.get(w, 0) for w in later)} task(s) taken by them")
+
+
+def _break(node: SimNode, bad: BadMachine) -> None:
+    """The machine's broken GPU shows on the worker's node."""
+    if bad.fault == "gpu_lost":
+        node.inject_gpu_lost(bad.gpu)
+    else:
+        node.gpus[bad.gpu].pcie_link_width = node.gpus[bad.gpu].pcie_link_width_max // 2
 
 
 async def _cancel(task: asyncio.Task | None) -> None:

@@ -28,6 +28,11 @@ from gpumedic_incidents.policy import Policy
 from gpumedic_incidents.state import Finding, IncidentState, cleared
 
 
+ROUTINE = frozenset({IncidentKind.BURN_IN})
+"""Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
+no fleet-wide cause, so never a fleet incident."""
+
+
 class IncidentBook:
     def __init__(self, detector: str, policy: Policy) -> None:
         self.detector = detector
@@ -158,7 +163,7 @@ class IncidentBook:
         return lifecycle.open_incident(finding, now, detector=self.detector, policy=self.policy, **options)
 
     def _open_or_correlate(self, finding: Finding, now: datetime) -> list[Transition]:
-        if finding.node_id == FLEET_NODE:
+        if finding.node_id == FLEET_NODE or finding.kind in ROUTINE:
             return [self._open(finding, now)]
         fleet = self.get(_fleet_fingerprint(finding.kind))
         if fleet is not None:

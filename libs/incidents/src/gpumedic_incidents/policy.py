@@ -338,9 +338,10 @@ class BurnInPolicy(KindPolicy):
 
 HARDWARE_KINDS = (
     IncidentKind.GPU_XID, IncidentKind.GPU_LOST, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.PCIE_DEGRADED,
-    IncidentKind.NVLINK_DEGRADED,
+    IncidentKind.NVLINK_DEGRADED, IncidentKind.BURN_IN_FAILED,
 )
-"""A GPU's hardware faults: the same one on the same machine again is the machine, not bad luck."""
+"""A GPU's hardware faults, and a failed burn-in: the same again on the same machine is the
+machine, not bad luck."""
 
 
 class RepeatRule(_Strict):

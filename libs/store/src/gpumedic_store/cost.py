@@ -124,6 +124,11 @@ def cost_of(
     price_from = "the inventory's price_per_gpu_hour" if per_gpu is not None else ""
     provider = price.provider
     node_gpus = price.gpus
+    worker_gpus, worker_price = _number(evidence.get("gpus")), _number(evidence.get("price_per_h"))
+    if worker_price is not None and worker_gpus:  # a rented worker: its provider's price, whatever the kind
+        per_gpu, price_from = worker_price / worker_gpus, f"the provider's ${worker_price:.2f}/h for the worker's {worker_gpus:g} GPU(s)"
+        provider = evidence.get("provider") or provider
+        node_gpus = int(worker_gpus)
     if kind in IDLE_KINDS:
         gpus = 1 if gpu_index is not None else node_gpus
         before = _seconds(evidence.get(IDLE_KINDS[kind]))
@@ -132,17 +137,11 @@ def cost_of(
         where = f"GPU {gpu_index}" if gpu_index is not None else "the node's GPUs"
         what = f"{where} idle from {before:.0f} s before it opened"
     elif kind in WORKER_KINDS:
-        gpus = _number(evidence.get("gpus"))
         field = WORKER_KINDS[kind]
         before = _seconds(evidence.get(field)) if field else 0.0
-        worker_price = _number(evidence.get("price_per_h"))
-        if worker_price is not None and gpus:
-            per_gpu, price_from = worker_price / gpus, f"the provider's ${worker_price:.2f}/h for the worker's {gpus:g} GPU(s)"
-        provider = evidence.get("provider") or provider
-        node_gpus = int(gpus) if gpus else node_gpus
-        if gpus:
-            stretches.append((opened_at - timedelta(seconds=before), float(gpus)))
-        what = f"the worker's {gpus or '?'} GPU(s) billed for nothing from {before:.0f} s before it opened"
+        if worker_gpus:
+            stretches.append((opened_at - timedelta(seconds=before), float(worker_gpus)))
+        what = f"the worker's {worker_gpus or '?'} GPU(s) billed for nothing from {before:.0f} s before it opened"
     elif kind in GONE_KINDS:
         stretches.append((opened_at, 1.0))
         what = f"GPU {gpu_index if gpu_index is not None else '?'} out of service"

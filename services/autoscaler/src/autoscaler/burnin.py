@@ -53,7 +53,12 @@ class Trials:
         self.accepted: set[str] = set()
         self.failed: dict[str, str] = {}
         """Workers that failed -> why."""
+        self.refused: dict[str, str] = {}
+        """Workers on trial whose acceptance the remediator did not run -> what it said (kept for the failure)."""
         self._looks: dict[str, _Look] = {}
+        self._coming: set[str] = set()
+        """Workers listed but not yet on trial (spawning): their first sample, which carries the
+        health figures, may come before the round that sees them running."""
         self._first_round = True
 
     @property
@@ -63,8 +68,8 @@ class Trials:
     # --- inputs --------------------------------------------------------------------------------
 
     def on_sample(self, sample: NodeSampled) -> None:
-        """A sample of a worker on trial (any other node's is not kept)."""
-        if sample.node_id not in self.started:
+        """A sample of a worker on trial or coming up (any other node's is not kept)."""
+        if sample.node_id not in self.started and sample.node_id not in self._coming:
             return
         look = self._looks.setdefault(sample.node_id, _Look(sample.occurred_at, len(sample.gpus)))
         look.at, look.gpus = sample.occurred_at, len(sample.gpus)
@@ -78,6 +83,10 @@ class Trials:
         self._looks.pop(worker_id, None)
         self.accepted.add(worker_id)
 
+    def refuse(self, worker_id: str, why: str) -> None:
+        if worker_id in self.started:
+            self.refused[worker_id] = why[:300]
+
     def fail(self, worker_id: str, why: str) -> None:
         if worker_id in self.started:
             self.started.pop(worker_id)
@@ -86,12 +95,14 @@ class Trials:
 
     # --- the round -----------------------------------------------------------------------------
 
-    def round(self, workers: list[Worker], now: datetime, *, open_trials: set[str], provider: str = "") -> list[Finding]:
+    def round(self, workers: list[Worker], now: datetime, *, open_trials: set[str], returned: set[str] = frozenset(),
+              provider: str = "") -> list[Finding]:
         """The burn-in findings of this round's workers; `open_trials` are the workers with a
-        burn_in incident open (taken back after a restart)."""
+        burn_in incident open (taken back after a restart), `returned` those on a machine that is
+        given back whatever they would show (a repeat offender's): no trial for them."""
         if not self.required:
             return []
-        running = {w.worker_id: w for w in workers if w.status == "running"}
+        running = {w.worker_id: w for w in workers if w.status == "running" and w.worker_id not in returned}
         for worker_id in running:
             if worker_id in self.accepted or worker_id in self.failed or worker_id in self.started:
                 continue
@@ -101,11 +112,14 @@ class Trials:
                 self.started[worker_id] = now
         self._first_round = False
         listed = {w.worker_id for w in workers}
-        for gone in [w for w in (*self.started, *self.failed, *self.accepted) if w not in listed]:
-            self.started.pop(gone, None)
+        self._coming = {w.worker_id for w in workers if w.status == "spawning"}
+        for gone in [w for w in (*self.started, *self.failed, *self.accepted) if w not in listed or w in returned]:
+            self.started.pop(gone, None)  # a returned worker is ended as a repeat offender's: no trial, no second ending
             self.failed.pop(gone, None)
             self.accepted.discard(gone)
-            self._looks.pop(gone, None)
+        self.refused = {w: why for w, why in self.refused.items() if w in self.started}
+        for forgotten in set(self._looks) - set(self.started) - self._coming:
+            del self._looks[forgotten]
         found = []
         for worker_id, since in list(self.started.items()):
             w = running[worker_id]
@@ -113,8 +127,9 @@ class Trials:
             if look is not None and (why := self._sample_faults(look, w)):
                 self.fail(worker_id, why)
             elif now - since > timedelta(seconds=self.policy.within_s):
+                refused = self.refused.get(worker_id)
                 self.fail(worker_id, f"not accepted within {self.policy.within_s:g}s of coming up"
-                          + ("" if look is not None else " (no sample from it)"))
+                          + (" (no sample from it)" if look is None else f" (the remediator: {refused})" if refused else ""))
             elif look is not None and len(look.health) >= w.gpus:
                 found.append(Finding(
                     kind=IncidentKind.BURN_IN, node_id=worker_id, severity="info",

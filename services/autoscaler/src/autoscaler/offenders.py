@@ -30,6 +30,8 @@ from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import RepeatPolicy, RepeatRule
 from gpumedic_providers.base import Worker
 
+from autoscaler.lifecycle import worker_evidence
+
 MAX_SEEN = 100_000
 """Incidents remembered at most (the oldest go first): a bound on memory whatever the stream holds."""
 MAX_LISTED = 20
@@ -119,7 +121,7 @@ class RepeatOffenders:
                 continue  # not running now (a machine of the pool between rentals: avoided when rented again)
             for rule, seen in offences:
                 for node_id, worker in targets:
-                    found.append(_finding(host, node_id, worker, rule, seen, provider))
+                    found.append(_finding(host, node_id, worker, rule, seen, provider, now))
         return found
 
     def avoided(self, now: datetime) -> list[str]:
@@ -128,7 +130,7 @@ class RepeatOffenders:
         return sorted(h for h in self.offending(now) if h in machines)
 
 
-def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, seen: list[Seen], provider: str) -> Finding:
+def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, seen: list[Seen], provider: str, now: datetime) -> Finding:
     kind = seen[0].kind
     nodes = sorted({s.node_id for s in seen})
     gpus = sorted({s.gpu_index for s in seen if s.gpu_index is not None})
@@ -142,10 +144,10 @@ def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, s
     evidence = {
         "host_id": host, "counted_kind": kind.value, "count": len(seen), "rule_count": rule.count, "window_s": rule.window_s,
         "incidents": ", ".join(str(s.incident_id) for s in seen[-MAX_LISTED:]), "nodes": ", ".join(nodes[:MAX_LISTED]),
-        "gpus": ", ".join(map(str, gpus[:MAX_LISTED])), "first_at": seen[0].at.isoformat(timespec="seconds"),
+        "gpu_indexes": ", ".join(map(str, gpus[:MAX_LISTED])), "first_at": seen[0].at.isoformat(timespec="seconds"),
     }
     if worker is not None:
-        evidence |= {"gpu_type": worker.gpu_type, "gpus_rented": worker.gpus, "price_per_h": worker.price_per_h, "provider": provider or None}
+        evidence = {**worker_evidence(worker, now, provider), **evidence}
         return Finding(
             kind=IncidentKind.REPEAT_OFFENDER, node_id=node_id, key=kind.value, summary=summary, evidence=evidence,
             operations={"terminate_worker": TerminateWorker(worker_ids=(node_id,))},

@@ -127,9 +127,10 @@ class PoolIncidents:
         found = lifecycle.watch(workers, records, now, self.policy, gpus_working=lambda w: self._working(w, fleet, now),
                                 provider=self.provider)
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
-        found += self.offenders.findings(now, {w.worker_id: w for w in workers}, present, provider=self.provider)
+        offending = self.offenders.findings(now, {w.worker_id: w for w in workers}, present, provider=self.provider)
         trials = {s.node_id for s in self.book.incidents.values() if s.kind is IncidentKind.BURN_IN}
-        found += self.trials.round(workers, now, open_trials=trials, provider=self.provider)
+        found += offending + self.trials.round(workers, now, open_trials=trials, returned={f.node_id for f in offending},
+                                               provider=self.provider)
         checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
         transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
@@ -160,6 +161,8 @@ class PoolIncidents:
                 self.trials.accept(state.node_id)
             elif event.outcome is ActionOutcome.FAILED:
                 self.trials.fail(state.node_id, event.detail or "its acceptance checks failed")
+            else:  # refused by the gate, or observe only: still on trial, and the reason kept for its end
+                self.trials.refuse(state.node_id, event.detail or event.outcome.value)
         return self.book.on_action_completed(event, now, traceparent)
 
     def on_tick(self, now: datetime) -> list[Transition]:
