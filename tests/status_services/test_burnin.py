@@ -7,8 +7,19 @@ from datetime import timedelta
 
 from autoscaler.pool import FleetView
 from gpumedic_events import (
-    AcceptWorker, ActionOutcome, DiskUsage, GpuHealth, GpuSample, HostSample, IncidentKind, IncidentOpened, IncidentResolved, NodeSampled,
-    NvLinkSample, SpawnWorker, TerminateWorker,
+    AcceptWorker,
+    ActionOutcome,
+    DiskUsage,
+    GpuHealth,
+    GpuSample,
+    HostSample,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    NodeSampled,
+    NvLinkSample,
+    SpawnWorker,
+    TerminateWorker,
 )
 from gpumedic_incidents import Policy
 from gpumedic_providers.base import Worker
@@ -47,6 +58,17 @@ def _pool() -> Pool:
     return pool
 
 
+def _asked_to_accept():
+    """A worker that came up, whose samples passed: the pool and its accept_worker request."""
+    pool = _pool()
+    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
+    pool.logic.trials.on_sample(_sample("w1", T0 + timedelta(seconds=5)))
+    pool.round(T0 + timedelta(seconds=10), queued=3, in_progress=0, workers=[_w("w1")])
+    pool.tick(T0 + timedelta(seconds=30))
+    (accept,) = [r for r in pool.requests() if isinstance(r.operation, AcceptWorker)]
+    return pool, accept
+
+
 def test_a_new_worker_is_on_trial_until_its_samples_and_the_node_checks_pass_then_in_service():
     pool = _pool()
     evaluated = pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
@@ -67,12 +89,7 @@ def test_a_new_worker_is_on_trial_until_its_samples_and_the_node_checks_pass_the
 
 
 def test_a_worker_whose_acceptance_fails_is_ended_never_in_service_and_replaced():
-    pool = _pool()
-    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
-    pool.logic.trials.on_sample(_sample("w1", T0 + timedelta(seconds=5)))
-    pool.round(T0 + timedelta(seconds=10), queued=3, in_progress=0, workers=[_w("w1")])
-    pool.tick(T0 + timedelta(seconds=30))
-    (accept,) = [r for r in pool.requests() if isinstance(r.operation, AcceptWorker)]
+    pool, accept = _asked_to_accept()
     pool.complete(accept, T0 + timedelta(seconds=40), ActionOutcome.FAILED)
     evaluated = pool.round(T0 + timedelta(seconds=45), queued=3, in_progress=0, workers=[_w("w1")])
     assert evaluated.workers_in_service == 0 and evaluated.gpus_total == 0
@@ -160,12 +177,7 @@ def test_a_worker_on_a_machine_given_back_has_no_trial_and_is_ended_once():
 
 
 def test_an_acceptance_the_gate_refused_leaves_the_worker_on_trial_and_its_end_says_why():
-    pool = _pool()
-    pool.round(T0, queued=3, in_progress=0, workers=[_w("w1")])
-    pool.logic.trials.on_sample(_sample("w1", T0 + timedelta(seconds=5)))
-    pool.round(T0 + timedelta(seconds=10), queued=3, in_progress=0, workers=[_w("w1")])
-    pool.tick(T0 + timedelta(seconds=30))
-    (accept,) = [r for r in pool.requests() if isinstance(r.operation, AcceptWorker)]
+    pool, accept = _asked_to_accept()
     pool.complete(accept, T0 + timedelta(seconds=31), ActionOutcome.BLOCKED)
     assert "w1" in pool.logic.trials.started
     pool.round(T0 + timedelta(seconds=601), queued=3, in_progress=0, workers=[_w("w1")])

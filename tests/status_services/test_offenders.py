@@ -12,8 +12,17 @@ from pydantic import ValidationError
 from autoscaler.pool import FleetView, HostIncidents
 from autoscaler.scaling import NodeLoad
 from gpumedic_events import (
-    ActionCompleted, ActionOutcome, DrainNode, GpuSample, IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved, NodeSampled,
-    SpawnWorker, TerminateWorker,
+    ActionCompleted,
+    ActionOutcome,
+    DrainNode,
+    GpuSample,
+    IncidentEscalated,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    NodeSampled,
+    SpawnWorker,
+    TerminateWorker,
 )
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import RepeatRule

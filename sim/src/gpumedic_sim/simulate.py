@@ -35,6 +35,7 @@ from gpumedic_events import (
     ActionRequested,
     CapacityEvaluated,
     Event,
+    IncidentCosted,
     IncidentEscalated,
     IncidentOpened,
     IncidentResolved,
@@ -76,6 +77,7 @@ OBSERVED: tuple[type[Event], ...] = (
     ActionRequested,
     ActionCompleted,
     CapacityEvaluated,
+    IncidentCosted,
 )
 """What the score is built from: the incidents detectors opened (and the fleet incidents they
 joined later); reported beside it, the actions taken and how each incident ended, and the
@@ -172,6 +174,8 @@ class Observer:
         self.undecodable = 0
         self.decisions: list[tuple[datetime, str, int]] = []
         """The autoscaler's capacity decisions: (when, decision, GPUs in service)."""
+        self.costs: dict[str, IncidentCosted] = {}
+        """incident id -> what report-builder said it cost, once it closed."""
 
     def take(self, event: Event) -> None:
         self.received += 1
@@ -197,6 +201,8 @@ class Observer:
                 self.actions[event.outcome.value] = self.actions.get(event.outcome.value, 0) + 1
             case CapacityEvaluated():
                 self.decisions.append((event.occurred_at, event.decision, event.gpus_total))
+            case IncidentCosted():
+                self.costs.setdefault(str(event.incident_id), event)
 
     def actions_line(self) -> str:
         done = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.actions.items()) if outcome != "requested")
@@ -366,7 +372,8 @@ async def run_simulation(
         if pool is not None:
             figures = pool.figures()
             checks = judge(figures, pool.plan, [i for i in observer.incidents.values() if i.node_id in on_pool], observer.decisions,
-                           burn_in_within_s=pool.burn_in_within_s, interval_s=interval_s)
+                           burn_in_within_s=pool.burn_in_within_s, interval_s=interval_s,
+                           costs=[c for c in observer.costs.values() if c.node_id in on_pool])
             say("")
             say(f"worker pool ({len(figures.rented)} worker(s) rented; the fleet's score above leaves out the pool's incidents):")
             for ok, line in checks:

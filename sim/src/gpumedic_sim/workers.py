@@ -28,7 +28,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -466,10 +466,11 @@ rented one, on trial when it came up), or were rented on a machine with a broken
 
 
 def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list[tuple[datetime, str, int]],
-          *, burn_in_within_s: float = 0.0, interval_s: float = 5.0) -> list[tuple[bool, str]]:
+          *, burn_in_within_s: float = 0.0, interval_s: float = 5.0, costs: list | None = None) -> list[tuple[bool, str]]:
     """The done-when of the worker pool, line by line: (passed, what). `incidents` are the
     incidents observed on the pool and its workers (`.kind`, `.node_id`); `decisions` the
-    autoscaler's (time, decision, GPUs in service) from its CapacityEvaluated events."""
+    autoscaler's (time, decision, GPUs in service) from its CapacityEvaluated events; `costs`
+    report-builder's IncidentCosted of them (None: not judged)."""
     bad_hosts = {b.host_id for b in plan.bad_machines}
     who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented),
            "ended_busy": set(figures.ended_busy), "bad_machine": {w for w, m in figures.machines.items() if m in bad_hosts}}
@@ -500,7 +501,31 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
         *(_judge_machine(figures, bad, incidents, burn_in_within_s + 3 * interval_s) for bad in plan.bad_machines),
+        *([_judge_costs(figures, plan, costs)] if costs is not None else []),
     ]
+
+
+BILLED_FOR_NOTHING = ("stuck_spawning", "burn_in_failed")
+"""A worker's incidents whose cost is its GPUs from its rental to its end (it never worked)."""
+
+
+def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list) -> tuple[bool, str]:
+    """What report-builder said the workers billed for nothing cost, against the arithmetic: their
+    GPUs from the rental (the provider's record) until the incident closed, at the provider's price."""
+    checked, wrong = 0, []
+    for c in costs:
+        if c.kind not in BILLED_FOR_NOTHING or c.node_id not in figures.rented_at or figures.started_at is None or c.closed_at is None:
+            continue
+        rented = figures.started_at + timedelta(seconds=figures.rented_at[c.node_id])
+        gpu_hours = plan.scaling.gpus_per_worker * (c.closed_at - rented).total_seconds() / 3600
+        usd = gpu_hours * plan.price_per_gpu_h
+        checked += 1
+        # the incident knows the rental's start to the second (its billed_s), the figures are kept to 4 and 2 decimals
+        slack = plan.scaling.gpus_per_worker * 2.0 / 3600 + 0.0001
+        if abs((c.gpu_hours or 0) - gpu_hours) > slack or abs((c.usd or 0) - usd) > slack * plan.price_per_gpu_h + 0.01:
+            wrong.append(f"{c.kind} on {c.node_id}: {c.gpu_hours} GPU-h ${c.usd}, the arithmetic {gpu_hours:.4f} GPU-h ${usd:.2f}")
+    return checked > 0 and not wrong, (f"{checked} cost(s) of workers billed for nothing match their rental, end and the provider's "
+                                      f"${plan.price_per_gpu_h:g}/GPU-h" + (f"; {len(wrong)} do not: {'; '.join(wrong[:3])}" if wrong else ""))
 
 
 def _judge_machine(figures: PoolFigures, bad: BadMachine, incidents: list, grace_s: float) -> tuple[bool, str]:

@@ -27,7 +27,6 @@ from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
 from gpumedic_incidents.state import Finding, IncidentState, cleared
 
-
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
 no fleet-wide cause, so never a fleet incident."""

@@ -28,12 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from autoscaler.lifecycle import worker_evidence
 from gpumedic_events import AcceptWorker, GpuHealth, IncidentKind, NodeSampled, TerminateWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BurnInPolicy
 from gpumedic_providers.base import Worker
 
-from autoscaler.lifecycle import worker_evidence
 
 @dataclass
 class _Look:

@@ -25,12 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from autoscaler.lifecycle import worker_evidence
 from gpumedic_events import WHOLE_KINDS, IncidentKind, IncidentOpened, TerminateWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import RepeatPolicy, RepeatRule
 from gpumedic_providers.base import Worker
-
-from autoscaler.lifecycle import worker_evidence
 
 MAX_SEEN = 100_000
 """Incidents remembered at most (the oldest go first): a bound on memory whatever the stream holds."""
