@@ -169,3 +169,13 @@ def test_a_rule_cannot_count_what_is_no_hosts_doing():
     for minutes in (3, 2, 1):
         logic.offenders.on_opened(_opened("gpu-node-07", IncidentKind.GPU_XID, T0 - timedelta(minutes=minutes)))
     assert logic.on_round(FleetView(latest={"gpu-node-07": _sampled("gpu-node-07", T0)}), T0) == []
+
+
+def test_the_machines_remembered_are_the_workers_listed_and_those_whose_incidents_still_count():
+    pool = Pool()
+    pool.round(T0 - DAY, queued=0, in_progress=0, workers=[_on("m1", "w1"), _on("m2", "w2")])
+    pool.logic.offenders.on_opened(_opened("w1", IncidentKind.GPU_XID, T0 - DAY))
+    pool.round(T0, queued=0, in_progress=0, workers=[_on("m3", "w3")])
+    assert pool.logic.offenders.machines == {"w1": "m1", "w3": "m3"}, "w2 is gone and nothing of it counts"
+    pool.round(T0 + 8 * DAY, queued=0, in_progress=0, workers=[_on("m3", "w3")])  # w1's XID is out of every window
+    assert pool.logic.offenders.machines == {"w3": "m3"}

@@ -56,14 +56,17 @@ class RepeatOffenders:
         self._horizon = timedelta(seconds=max((r.window_s for r in self.rules), default=0))
         self._seen: dict[uuid.UUID, Seen] = {}
         self.machines: dict[str, str] = {}
-        """Every rented worker listed so far -> the machine it ran on (None: the provider named none)."""
+        """Rented workers -> the machine each ran on ('' where the provider named none): those listed
+        now, and those gone whose incidents are still counted."""
 
     # --- inputs --------------------------------------------------------------------------------
 
-    def learn(self, workers: list[Worker]) -> None:
+    def learn(self, workers: list[Worker], now: datetime) -> None:
         """The provider's workers this round: where each runs."""
-        for w in workers:
-            self.machines[w.worker_id] = w.host_id or ""
+        self._forget(now)
+        counted = {s.node_id for s in self._seen.values()}
+        listed = {w.worker_id: w.host_id or "" for w in workers}
+        self.machines = {w: m for w, m in self.machines.items() if w in counted} | listed
 
     def on_opened(self, event: IncidentOpened) -> None:
         """An incident any detector opened (replayed from the stream at start, then followed)."""
@@ -76,6 +79,11 @@ class RepeatOffenders:
         if len(self._seen) > MAX_SEEN:
             del self._seen[min(self._seen.values(), key=lambda s: s.at).incident_id]
 
+    def _forget(self, now: datetime) -> None:
+        """Incidents older than every rule's window count no more."""
+        for incident_id in [s.incident_id for s in self._seen.values() if now - s.at > self._horizon]:
+            del self._seen[incident_id]
+
     # --- findings ------------------------------------------------------------------------------
 
     def host_of(self, seen: Seen) -> str:
@@ -84,8 +92,7 @@ class RepeatOffenders:
 
     def offending(self, now: datetime) -> dict[str, list[tuple[RepeatRule, list[Seen]]]]:
         """Host -> each kind of its incidents that meets a rule: (the rule, those incidents)."""
-        for incident_id in [s.incident_id for s in self._seen.values() if now - s.at > self._horizon]:
-            del self._seen[incident_id]
+        self._forget(now)
         grouped: dict[tuple[str, IncidentKind], list[Seen]] = {}
         for s in self._seen.values():
             grouped.setdefault((self.host_of(s), s.kind), []).append(s)

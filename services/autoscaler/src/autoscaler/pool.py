@@ -3,8 +3,10 @@ user's worker records) through the scaling decision and the worker checks into t
 incident book, which asks the remediator's gate for every side effect. Pure.
 
 Capacity is the workers that can take tasks: spawning or running at the provider, and not stuck
-spawning, not drained, not silent on their heartbeat (unless their GPUs work), and with no
-incident on them that waits for a person. A worker that is no capacity is replaced by the
+spawning, not drained, not silent on their heartbeat (unless their GPUs work), not on trial or
+failed in their burn-in (`autoscaler.burnin`; one on trial counts for the decision as a spawning
+one does), not on a repeat offender's machine (`autoscaler.offenders`), and with no incident on
+them that waits for a person. A worker that is no capacity is replaced by the
 scaling decision, whatever else is done about it. The decision becomes at most one incident on
 the pool at a time (its node is the pool's name):
 
@@ -119,7 +121,7 @@ class PoolIncidents:
         workers = [w for w in reading.workers if w.status in lifecycle.LIVE]
         for w in workers:
             self.book.saw_node(w.worker_id, now)
-        self.offenders.learn(workers)
+        self.offenders.learn(workers, now)
         present = _present(fleet, now, self.stale_after_s)
         for node_id in present:
             self.book.saw_node(node_id, now)
