@@ -215,25 +215,32 @@ async def test_an_undrain_runs_dcgm_diagnostics_first_and_a_gpu_waiting_for_a_re
     assert released == ["sim-node-01"]
 
 
-async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passing_and_then_promoted(fleet):
+async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passing_and_then_promoted(fleet, tmp_path):
     """accept_worker, a new worker's burn-in on the node: pre-flight's look, DCGM's diagnostic,
-    then the policy's promotion in the task database (a recording stand-in here)."""
+    then the policy's promotion in a real SQLite task database (the runbook's `spawning` ->
+    `active`, as the simulated pool's workers record themselves)."""
+    import sqlite3
     import uuid
     from contextlib import asynccontextmanager
 
     from gpumedic_events import AcceptWorker, ActionRequested
     from gpumedic_incidents.policy import AcceptPolicy
+    from gpumedic_sim.workers import PROMOTE
+    from gpumedic_store import TaskDatabase
     from remediator.catalogue.base import Means, Node
 
     node = fleet.node("sim-node-02")
-    promoted = []
+    path = tmp_path / "tasks.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE workers (id TEXT PRIMARY KEY, status TEXT NOT NULL, heartbeat_at TEXT)")
+        db.execute("INSERT INTO workers VALUES ('sim-node-02', 'spawning', NULL)")
 
-    class TaskDb:
-        async def execute(self, statement, params):
-            promoted.append((statement, params))
-            return 1
+    def status() -> str:
+        with sqlite3.connect(path) as db:
+            return db.execute("SELECT status FROM workers WHERE id = 'sim-node-02'").fetchone()[0]
 
-    actions = Actions(accept_worker=AcceptPolicy(statement="UPDATE workers SET status = 'active' WHERE id = :worker_id"))
+    tasks = TaskDatabase(f"sqlite:///{path}", "the test's task database")
+    actions = Actions(accept_worker=AcceptPolicy(statement=PROMOTE))
 
     async def accept():
         request = ActionRequested(source="autoscaler", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=node.node_id,
@@ -244,25 +251,26 @@ async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passin
             async def on_node(at=None):
                 yield Node(session.run, 3.0, None, None)
 
-            return await catalogue.perform(AcceptWorker(), Means(actions=actions, node=on_node, request=request, task_db=TaskDb()))
+            return await catalogue.perform(AcceptWorker(), Means(actions=actions, node=on_node, request=request, task_db=tasks))
 
     for gpu in range(len(node.gpus)):
         node.finish_job(gpu)  # a new worker: nothing runs yet
     leftover = node.inject_orphan(1)
     refused = await accept()
-    assert refused.outcome is ActionOutcome.FAILED and promoted == []
+    assert refused.outcome is ActionOutcome.FAILED and status() == "spawning"
     assert refused.detail.startswith("sim-node-02 not accepted: GPU 1: "), refused.detail
     assert str(leftover.pid) in refused.detail
     node.processes.pop(leftover.pid)
     node.gpus[0].remapped_rows_pending = True
     failed_diag = await accept()
-    assert failed_diag.outcome is ActionOutcome.FAILED and promoted == []
+    assert failed_diag.outcome is ActionOutcome.FAILED and status() == "spawning"
     assert failed_diag.detail.startswith("sim-node-02 not accepted: DCGM diagnostics level 1 failed: memory fail on GPU 0"), failed_diag.detail
     node.gpus[0].remapped_rows_pending = False
     accepted = await accept()
     assert (accepted.outcome, accepted.detail) == (
         ActionOutcome.SUCCEEDED,
-        f"accepted sim-node-02: {len(node.gpus)} GPU(s) free and healthy; DCGM diagnostics level 1 passed; promoted in the task database (1 record(s) changed)",
+        f"accepted sim-node-02: {len(node.gpus)} GPU(s) free and healthy; DCGM diagnostics level 1 passed; "
+        "promoted in the task database (1 record(s) changed)",
     )
-    assert promoted == [("UPDATE workers SET status = 'active' WHERE id = :worker_id", {"worker_id": "sim-node-02"})]
+    assert status() == "active"
     assert f"fuser /dev/nvidia{len(node.gpus) - 1}" in node.ssh_commands and not any(c.startswith(("kill", "systemctl")) for c in node.ssh_commands)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from autoscaler.scaling import ScalingPolicy
 from gpumedic_events import Event
-from gpumedic_providers.sim import SimProvider
+from gpumedic_providers.sim import SimProvider, machine_id
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpumedic.credentials import write_private
@@ -77,7 +77,7 @@ class BadMachine(BaseModel):
 
     @property
     def host_id(self) -> str:
-        return f"sim-host-{self.machine:03d}"
+        return machine_id(self.machine)
 
 
 class PoolPlan(BaseModel):

@@ -14,6 +14,11 @@ PRICES_PER_GPU_H = {"H100": 2.49, "A100": 1.19, "RTX4090": 0.34}
 """$/h per GPU by type, the order of magnitude rented GPUs cost."""
 
 
+def machine_id(number: int) -> str:
+    """The id of the provider's `number`-th machine, from 1 (with `hosts`, rentals land on these in turn)."""
+    return f"sim-host-{number:03d}"
+
+
 @dataclass
 class _Rented:
     worker_id: str
@@ -65,7 +70,7 @@ class SimProvider:
         rented = _Rented(
             f"simw{number:04d}", name, gpu_type, gpus, self._clock(),  # a RunPod-shaped id: served as one by the sim
             never_ssh=bool(self.never_ssh_every) and number % self.never_ssh_every == 0,
-            host_id=f"sim-host-{(number - 1) % self.hosts + 1:03d}" if self.hosts else f"sim-host-w{number:04d}",
+            host_id=machine_id((number - 1) % self.hosts + 1) if self.hosts else f"sim-host-w{number:04d}",
         )
         self._rented[rented.worker_id] = rented
         self.calls.append(f"create {gpu_type}x{gpus}")

@@ -39,7 +39,6 @@ from gpumedic_providers.base import Worker
 class _Look:
     """What a worker's samples said so far: each GPU's last health figures, and the last sample's faults."""
 
-    at: datetime
     gpus: int
     health: dict[int, GpuHealth] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
@@ -71,8 +70,8 @@ class Trials:
         """A sample of a worker on trial or coming up (any other node's is not kept)."""
         if sample.node_id not in self.started and sample.node_id not in self._coming:
             return
-        look = self._looks.setdefault(sample.node_id, _Look(sample.occurred_at, len(sample.gpus)))
-        look.at, look.gpus = sample.occurred_at, len(sample.gpus)
+        look = self._looks.setdefault(sample.node_id, _Look(len(sample.gpus)))
+        look.gpus = len(sample.gpus)
         for g in sample.gpus:
             if g.health is not None:
                 look.health[g.index] = g.health

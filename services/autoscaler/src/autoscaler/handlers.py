@@ -34,16 +34,16 @@ class CapacityHandlers:
         self,
         runtime: ServiceRuntime,
         settings: Settings,
+        detector: Detector,
         demand: DemandSource | None = None,
         provider: Provider | None = None,
-        detector: Detector | None = None,
     ) -> None:
         self._runtime = runtime
         self._settings = settings
         self._demand = demand
         self._provider = provider
         self._detector = detector
-        """The pool's incidents (with a provider and a demand source), else the hosts' (HostIncidents)."""
+        """The pool's incidents (PoolIncidents, with a provider and a demand source), else the hosts' (HostIncidents)."""
         self._scaler = Scaler(settings.scaling)
         """The decision without a provider (the pool's incidents keep their own)."""
         self.latest: dict[str, NodeLoad] = {}
@@ -51,7 +51,7 @@ class CapacityHandlers:
         self.drained: set[str] = set()
 
     async def on_sample(self, sample: NodeSampled) -> None:
-        if self._detector is not None and isinstance(self._detector.logic, PoolIncidents):
+        if isinstance(self._detector.logic, PoolIncidents):
             self._detector.logic.trials.on_sample(sample)
         load = self.latest[sample.node_id] = NodeLoad.of(sample)
         if not load.busy(self._settings.busy_util_pct):
@@ -61,8 +61,7 @@ class CapacityHandlers:
 
     async def on_incident(self, event: IncidentOpened) -> None:
         """Every incident opened, counted against its host (replayed at start, then followed)."""
-        if self._detector is not None:
-            self._detector.logic.offenders.on_opened(event)  # type: ignore[attr-defined]
+        self._detector.logic.offenders.on_opened(event)  # type: ignore[attr-defined]
 
     async def on_drain(self, event: NodeDrained | NodeUndrained) -> None:
         if isinstance(event, NodeDrained):
@@ -71,13 +70,12 @@ class CapacityHandlers:
             self.drained.discard(event.node_id)
 
     async def evaluate_once(self) -> CapacityEvaluated:
-        if self._detector is not None and isinstance(self._detector.logic, PoolIncidents):
+        if isinstance(self._detector.logic, PoolIncidents):
             return await self._pool_round()
         evaluated = await self._decision()
-        if self._detector is not None:
-            logic: HostIncidents = self._detector.logic  # type: ignore[assignment]
-            fleet = FleetView(latest=self.latest)
-            await self._detector.decide(lambda now: logic.on_round(fleet, now))
+        logic: HostIncidents = self._detector.logic  # type: ignore[assignment]
+        fleet = FleetView(latest=self.latest)
+        await self._detector.decide(lambda now: logic.on_round(fleet, now))
         return evaluated
 
     async def _decision(self) -> CapacityEvaluated:
@@ -99,7 +97,7 @@ class CapacityHandlers:
         )
 
     async def _pool_round(self) -> CapacityEvaluated:
-        assert self._detector is not None and self._demand is not None and self._provider is not None
+        assert self._demand is not None and self._provider is not None
         reading = Reading(
             demand=await _read(self._demand.read()),
             workers=await _read(self._provider.workers()),
@@ -126,7 +124,7 @@ class CapacityHandlers:
         """Nodes with another detector's incident that a person must look at (escalated, or a node
         it drained): no capacity while it lasts. Unreadable: none (the round still decides on the
         provider's and the queue's word, and the drains it follows from the bus)."""
-        states = self._detector.states if self._detector else None
+        states = self._detector.states
         if states is None:
             return {}
         try:

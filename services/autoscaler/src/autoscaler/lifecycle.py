@@ -93,11 +93,11 @@ def watch(
             continue
         silent = now - record.heartbeat_at if record.heartbeat_at else _age(w, now)
         if silent > stale:
-            said = f"last heartbeat {_span(silent)} ago" if record.heartbeat_at else f"no heartbeat in the {_span(silent)} since it came up"
+            said = f"last heartbeat {span(silent)} ago" if record.heartbeat_at else f"no heartbeat in the {span(silent)} since it came up"
             working = gpus_working(w.worker_id)
             findings.append(Finding(
                 kind=IncidentKind.STALE_HEARTBEAT, node_id=w.worker_id,
-                summary=f"{w.worker_id} is running but its {said} (more than {_span(stale)})",
+                summary=f"{w.worker_id} is running but its {said} (more than {span(stale)})",
                 evidence={**worker_evidence(w, now, provider), "heartbeat_age_s": int(silent.total_seconds())},
                 operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
                 unsafe=f"checked first: {working}; the heartbeat writer may be what failed, not the worker" if working else "",
@@ -132,7 +132,7 @@ def watch(
 def _stuck(w: Worker, now: datetime, provider: str) -> Finding:
     return Finding(
         kind=IncidentKind.STUCK_SPAWNING, node_id=w.worker_id,
-        summary=f"{w.worker_id} has been spawning for {_span(_age(w, now))}: "
+        summary=f"{w.worker_id} has been spawning for {span(_age(w, now))}: "
                 f"{'no SSH details yet' if w.ssh is None else 'not up'}, billed at ${w.price_per_h:.2f}/h",
         evidence=worker_evidence(w, now, provider), operations={"terminate_worker": TerminateWorker(worker_ids=(w.worker_id,))},
         recommended_action="end it; a replacement is rented as it is no capacity",
@@ -149,6 +149,10 @@ def _age(w: Worker, now: datetime) -> timedelta:
     return now - w.created_at if w.created_at else timedelta(0)
 
 
-def _span(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
+def span(delta: timedelta | float) -> str:
+    """A duration for a person: whole days or hours as such (7d, 1h), else minutes and seconds (5m00s, 54s)."""
+    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
+    for unit, size in (("d", 86_400), ("h", 3600)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

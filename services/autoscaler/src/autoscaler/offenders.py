@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from autoscaler.lifecycle import worker_evidence
+from autoscaler.lifecycle import span, worker_evidence
 from gpumedic_events import WHOLE_KINDS, IncidentKind, IncidentOpened, TerminateWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import RepeatPolicy, RepeatRule
@@ -130,17 +130,12 @@ class RepeatOffenders:
                     found.append(_finding(host, node_id, worker, rule, seen, provider, now))
         return found
 
-    def avoided(self, now: datetime) -> list[str]:
-        """The pool's machines that a rental is returned from while their rules hold."""
-        machines = set(self.machines.values())
-        return sorted(h for h in self.offending(now) if h in machines)
-
 
 def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, seen: list[Seen], provider: str, now: datetime) -> Finding:
     kind = seen[0].kind
     nodes = sorted({s.node_id for s in seen})
     gpus = sorted({s.gpu_index for s in seen if s.gpu_index is not None})
-    window = _span(rule.window_s)
+    window = span(rule.window_s)
     where = f"machine {host}" if worker is not None else host
     elsewhere = [n for n in nodes if n != node_id]
     summary = (f"{where} had {len(seen)} {kind.value} incidents within {window}"
@@ -165,9 +160,3 @@ def _finding(host: str, node_id: str, worker: Worker | None, rule: RepeatRule, s
                            "looked at; it returns once these incidents are older than the window and its GPUs validate",
     )
 
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"

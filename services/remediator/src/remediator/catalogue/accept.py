@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from gpumedic_events import AcceptWorker, ActionOutcome
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue import diag, preflight
+from remediator.catalogue import diag, preflight, taskdb
 from remediator.catalogue.base import ExecutionResult, Means, Node
 
+PROMOTE = "task database: actions.accept_worker.statement for the worker"
 LOOK = (
     preflight.GPU_STATE,
     "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=GPU (each GPU)",
@@ -28,12 +29,12 @@ LOOK = (
 def render(operation: AcceptWorker, actions: Actions) -> tuple[str, ...]:
     rule = actions.accept_worker
     check = (diag.FIND, diag.command(rule.dcgm_diag)) if rule.dcgm_diag else ()
-    promote = ("task database: actions.accept_worker.statement for the worker",) if rule.statement else ()
+    promote = (PROMOTE,) if rule.statement else ()
     return (*LOOK, *check, *promote)
 
 
 async def execute(operation: AcceptWorker, node: Node, means: Means) -> ExecutionResult:
-    request, rule, step = means.need("request"), means.actions.accept_worker, means.step
+    request, rule = means.need("request"), means.actions.accept_worker
     worker = request.node_id
     try:
         looks = await preflight.inspect(node, None, means.preflight)
@@ -51,13 +52,8 @@ async def execute(operation: AcceptWorker, node: Node, means: Means) -> Executio
             return ExecutionResult(ActionOutcome.FAILED, f"{worker} not accepted: {verdict.summary}")
         passed.append(verdict.summary)
     if rule.statement:
-        db = means.need("task_db")
-        changed: list[int] = []
-
-        async def promote() -> None:
-            changed.append(await db.execute(rule.statement, {"worker_id": worker}))
-
-        if error := await step("task database: actions.accept_worker.statement for the worker", promote):
+        error, changed = await taskdb.write(means, PROMOTE, rule.statement, {"worker_id": worker})
+        if error:
             return ExecutionResult(ActionOutcome.FAILED, f"{worker} passed its checks but was not promoted: {error}")
-        passed.append(f"promoted in the task database ({changed[0]} record(s) changed)")
+        passed.append(f"promoted in the task database ({changed} record(s) changed)")
     return ExecutionResult(ActionOutcome.SUCCEEDED, f"accepted {worker}: {'; '.join(passed)}")

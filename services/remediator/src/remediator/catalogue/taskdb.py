@@ -28,18 +28,25 @@ def render(operation: RequeueTasks | MarkWorkerEnded, actions: Actions) -> tuple
 
 
 async def carry_out(operation: RequeueTasks | MarkWorkerEnded, means: Means) -> ExecutionResult:
-    actions, db, step = means.actions, means.need("task_db"), means.step
-    statement = _rule(operation, actions).statement
+    statement = _rule(operation, means.actions).statement
     params = {"task_ids": list(operation.task_ids)} if isinstance(operation, RequeueTasks) else {"worker_id": operation.worker_id}
-    changed: list[int] = []
-
-    async def write() -> None:
-        changed.append(await db.execute(statement, params))
-
-    if error := await step(render(operation, actions)[0], write):
+    error, changed = await write(means, render(operation, means.actions)[0], statement, params)
+    if error:
         return ExecutionResult(ActionOutcome.FAILED, f"{operation.describe()}: not done: {error}", [])
     if isinstance(operation, RequeueTasks):
-        left = len(operation.task_ids) - changed[0]
+        left = len(operation.task_ids) - changed
         note = f"; {left} were no longer In Progress (already requeued or finished)" if left > 0 else ""
-        return ExecutionResult(ActionOutcome.SUCCEEDED, f"requeued {changed[0]} of {len(operation.task_ids)} task(s){note}", [])
-    return ExecutionResult(ActionOutcome.SUCCEEDED, f"marked {operation.worker_id} ended ({changed[0]} record(s) changed)", [])
+        return ExecutionResult(ActionOutcome.SUCCEEDED, f"requeued {changed} of {len(operation.task_ids)} task(s){note}", [])
+    return ExecutionResult(ActionOutcome.SUCCEEDED, f"marked {operation.worker_id} ended ({changed} record(s) changed)", [])
+
+
+async def write(means: Means, command: str, statement: str, params: dict) -> tuple[str, int]:
+    """Run one of the policy's statements in the task database as an audited step: ('', the rows
+    it changed), or (what went wrong, 0)."""
+    db, changed = means.need("task_db"), []
+
+    async def run() -> None:
+        changed.append(await db.execute(statement, params))
+
+    error = await means.step(command, run)
+    return error, changed[0] if changed else 0
