@@ -32,13 +32,16 @@ from zombie_detector.settings import Settings
 GPUS = 8
 
 
-async def _fleet_load(js, nodes: list[str], interval_s: float) -> None:
-    """Every node's sample once per interval, spread evenly over it, until cancelled."""
+async def _fleet_load(js, nodes: list[str], interval_s: float, stop: asyncio.Event) -> None:
+    """Every node's sample once per interval, spread evenly over it, until `stop` is set.
+
+    A flag, not only cancellation: on Python 3.11 a cancel that lands as nats-py's `wait_for`
+    gets its ack is swallowed (gh-86296), and a loop waiting on cancellation alone runs on."""
     bodies = [(s.subject, s.to_json()) for s in map(node_sample, nodes)]
     gap = interval_s / len(bodies)
     start = time.perf_counter()
     i = 0
-    while True:
+    while not stop.is_set():
         subject, body = bodies[i % len(bodies)]
         await js.publish(subject, body)
         i += 1
@@ -64,7 +67,8 @@ async def main(argv: list[str]) -> None:
         await provision(js, NatsSettings(url=server.url))
         app = create_app(Settings(nats=NatsSettings(url=server.url)))
         runner = asyncio.create_task(app.run())
-        load = asyncio.create_task(_fleet_load(js, nodes, args.interval))
+        stop = asyncio.Event()
+        load = asyncio.create_task(_fleet_load(js, nodes, args.interval, stop))
         sent: dict[tuple[str, int], float] = {}
         hop: dict[tuple[str, int], float] = {}
         opened: dict[tuple[str, int], float] = {}
@@ -96,12 +100,11 @@ async def main(argv: list[str]) -> None:
                             await arrived.wait()
                             arrived.clear()
         finally:
+            stop.set()
             load.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load
+            await asyncio.wait({load}, timeout=5)
             app.exit()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(runner, 15)
+            await asyncio.wait({runner}, timeout=15)
             await nc.close()
 
     keys = [k for k in sent if k in hop and k in opened]
