@@ -25,6 +25,7 @@ import nats
 from benchmarks import node_sample, percentile
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import GpuXidReported, IncidentOpened
 from zombie_detector.main import create_app
 from zombie_detector.settings import Settings
@@ -32,16 +33,13 @@ from zombie_detector.settings import Settings
 GPUS = 8
 
 
-async def _fleet_load(js, nodes: list[str], interval_s: float, stop: asyncio.Event) -> None:
-    """Every node's sample once per interval, spread evenly over it, until `stop` is set.
-
-    A flag, not only cancellation: on Python 3.11 a cancel that lands as nats-py's `wait_for`
-    gets its ack is swallowed (gh-86296), and a loop waiting on cancellation alone runs on."""
+async def _fleet_load(js, nodes: list[str], interval_s: float) -> None:
+    """Every node's sample once per interval, spread evenly over it, until stopped."""
     bodies = [(s.subject, s.to_json()) for s in map(node_sample, nodes)]
     gap = interval_s / len(bodies)
     start = time.perf_counter()
     i = 0
-    while not stop.is_set():
+    while True:
         subject, body = bodies[i % len(bodies)]
         await js.publish(subject, body)
         i += 1
@@ -67,8 +65,7 @@ async def main(argv: list[str]) -> None:
         await provision(js, NatsSettings(url=server.url))
         app = create_app(Settings(nats=NatsSettings(url=server.url)))
         runner = asyncio.create_task(app.run())
-        stop = asyncio.Event()
-        load = asyncio.create_task(_fleet_load(js, nodes, args.interval, stop))
+        load = asyncio.create_task(_fleet_load(js, nodes, args.interval))
         sent: dict[tuple[str, int], float] = {}
         hop: dict[tuple[str, int], float] = {}
         opened: dict[tuple[str, int], float] = {}
@@ -100,9 +97,7 @@ async def main(argv: list[str]) -> None:
                             await arrived.wait()
                             arrived.clear()
         finally:
-            stop.set()
-            load.cancel()
-            await asyncio.wait({load}, timeout=5)
+            await stop_tasks([load])
             app.exit()
             await asyncio.wait({runner}, timeout=15)
             await nc.close()

@@ -30,6 +30,7 @@ from gpumedic.services import SERVICES
 from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.provision import wait_for_jetstream
 from gpumedic_bus.streams import INCIDENTS
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
 from gpumedic_events import NodeSampled, ServiceHeartbeat
 
@@ -438,12 +439,7 @@ async def wind_down(stack: Stack, *, tasks: Iterable[asyncio.Task] = (), connect
     """Stop a run on the embedded stack in order: its own tasks, its NATS connections, the parts it
     started beside the stack (each has an async `stop`: the simulated fleet, a worker pool), then
     the stack. A part that fails to stop does not keep the rest running."""
-    tasks = list(tasks)
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await stop_tasks(tasks)
     for nc in connections:
         with contextlib.suppress(Exception):
             await nc.close()

@@ -14,6 +14,7 @@ import pytest
 
 from gpumedic_sim.fleet import SimFleet
 from gpumedic.stack import service_command
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 from gpumedic_store.migrate import upgrade
 
@@ -58,9 +59,7 @@ async def samplers_running(fleet: SimFleet, publish, interval_s: float = 0.2):
     try:
         yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_tasks([task])
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ asked, and that node stays drained.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import nats
@@ -19,6 +18,7 @@ import nats
 from gpumedic.actions import drained_text
 from gpumedic_sim.fleet import SimFleet
 from gpumedic_sim.pager import Pager
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import NodeDrained, NodeUndrained
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import Actions, DrainPolicy, FleetPolicy, Kinds, Step, ValidationPolicy, XidPolicy, dump_policy
@@ -78,9 +78,7 @@ async def test_an_ecc_error_drains_the_node_resets_the_gpu_and_gives_it_back_onl
         healthy.inject_xid(1, 48)
         busy.inject_xid(0, 48)
         await _until(lambda: _resolved(seen, "sim-node-01") and _escalated(seen, "sim-node-02"), 40)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_tasks([task])
         await apps.stop_all()
     finally:
         await nc.close()

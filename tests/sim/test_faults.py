@@ -8,6 +8,7 @@ import contextlib
 
 import asyncssh
 import pytest
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
 from gpumedic_sim import SimFleet
@@ -41,9 +42,7 @@ class Running:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop_tasks([self._task])
 
     async def wait_for(self, kind, where=lambda e: True, timeout_s: float = 5.0):
         async with asyncio.timeout(timeout_s):

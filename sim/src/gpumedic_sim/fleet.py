@@ -11,7 +11,6 @@ is the ground truth of scripted faults, to score detection against.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncssh
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 
 from gpumedic.credentials import write_private
@@ -256,11 +256,7 @@ class SimFleet:
             await node.stop()
 
     async def stop(self) -> None:
-        for task in list(self._sampler_tasks | self._timers):
-            task.cancel()
-        for task in list(self._sampler_tasks | self._timers):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_tasks(self._sampler_tasks | self._timers)
         await asyncio.gather(*(node.stop() for node in (*self.nodes.values(), *self.guests.values())), return_exceptions=True)
         self.guests.clear()
         self._started = False

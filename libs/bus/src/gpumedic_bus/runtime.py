@@ -36,6 +36,7 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import stream_of
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
@@ -418,17 +419,10 @@ class ServiceRuntime:
         for consumer in self._push_consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # Bounded: a loop that swallows its cancellation must not keep the service from stopping.
-            done, stuck = await asyncio.wait(self._tasks, timeout=STOP_TASKS_WITHIN_S)
-            for task in done:
-                if not task.cancelled():
-                    task.exception()  # retrieved: it was logged where it happened
-            for task in stuck:
-                log.warning("%s: %s did not stop within %gs of being cancelled; stopping without it",
-                            self.service, task.get_name(), STOP_TASKS_WITHIN_S)
+        # Bounded: a loop that swallows its cancellation must not keep the service from stopping.
+        for task in await stop_tasks(self._tasks, STOP_TASKS_WITHIN_S):
+            log.warning("%s: %s did not stop within %gs of being cancelled; stopping without it",
+                        self.service, task.get_name(), STOP_TASKS_WITHIN_S)
         self._tasks.clear()
         if self.lease is not None:
             await self.lease.release()  # a standby takes over now, not a TTL later

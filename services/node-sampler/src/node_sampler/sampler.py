@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event, GpuHealth, NodeSampled
 
 from node_sampler.containers import DockerWatcher
@@ -181,11 +181,7 @@ class Sampler:
         try:
             await self._sample_loop(publish)
         finally:
-            for task in helpers:
-                task.cancel()
-            for task in helpers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await stop_tasks(helpers)
             if self.xid_watcher is not None:
                 await asyncio.to_thread(self.xid_watcher.stop)
 
