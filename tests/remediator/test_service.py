@@ -233,6 +233,7 @@ async def test_the_audit_log_shows_every_decision_and_each_command_run(start_ser
     rows = {line.split(None, 5)[-1]: line for line in shown.splitlines() if line.strip().endswith((f"/{pid}/stat", f"/{pid}/cmdline", f"TERM {pid}"))}
     assert rows[f"kill -s TERM {pid}"].split()[2] == rows[f"cat /proc/{pid}/cmdline"].split()[2] == "0"  # exit status
     assert sleeper.command not in shown  # the command line the node answered is kept as a digest only
-    digest = rows[f"kill -s TERM {pid}"].split()[3]
-    assert digest == hashlib.sha256(b"\0").hexdigest()[:16]  # kill prints nothing: the digest of empty output
+    # the node answered the command line NUL-separated on stdout, nothing on stderr: the digest covers both
+    answered = b"sleep\0" + b"300\0" + b"\0"
+    assert rows[f"cat /proc/{pid}/cmdline"].split()[3:5] == [hashlib.sha256(answered).hexdigest()[:16], "10/0"], shown
     assert await asyncio.to_thread(main, ["actions", "ffffffff", "--store", store_url]) == 1
