@@ -19,7 +19,6 @@ of `max_active_gpus`, idle GPU-seconds, cost, workers rented and ended, and each
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from autoscaler.scaling import ScalingPolicy
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 from gpumedic_providers.sim import SimProvider, machine_id
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -282,9 +282,7 @@ class SimWorkerPool:
         await self.api.start()
 
     async def stop(self) -> None:
-        await _cancel(self._beating)
-        for worker in self._workers.values():
-            await _cancel(worker.sampler)
+        await stop_tasks([t for t in (self._beating, *(w.sampler for w in self._workers.values())) if t is not None])
         await self.api.stop()
         if self._db is not None:
             self._db.close()
@@ -338,7 +336,8 @@ class SimWorkerPool:
                 self._workers[worker_id] = await self._come_up(worker_id, w.gpus, w.host_id or "", publish, now)
         for worker_id in [w for w in self._workers if w not in listed]:
             gone = self._workers.pop(worker_id)  # ended by the provider; its tasks, if any, stay In Progress
-            await _cancel(gone.sampler)
+            if gone.sampler is not None:
+                await stop_tasks([gone.sampler])
             if self._fleet is not None:
                 await self._fleet.dismiss(worker_id)
             self._ended.add(worker_id)
@@ -561,13 +560,6 @@ def _break(node: SimNode, bad: BadMachine) -> None:
         node.inject_gpu_lost(bad.gpu)
     else:
         node.gpus[bad.gpu].pcie_link_width = node.gpus[bad.gpu].pcie_link_width_max // 2
-
-
-async def _cancel(task: asyncio.Task | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 def _seconds(value: object) -> object:
