@@ -272,3 +272,37 @@ def test_a_repeat_offender_on_a_rented_worker_costs_its_gpus_from_the_drain_at_i
                    price=Price(per_gpu_hour=99.0))  # an inventory price for a node of that name does not apply to a rented worker
     assert cost.gpu_hours(LATER) == pytest.approx(8 * 160 / 3600)
     assert cost.dollars(LATER) == pytest.approx(160 / 3600 * 19.92) and "drained from" in cost.what
+
+
+def test_a_repeat_offender_still_open_costs_nothing_after_its_worker_was_terminated():
+    """The incident stays open while its machine offends (days); the provider billed up to the termination."""
+    drained, terminated = T0 + timedelta(seconds=20), T0 + timedelta(seconds=50)
+    cost = cost_of(kind="repeat_offender", gpu_index=None, opened_at=T0, closed_at=None, drained_at=drained, terminated_at=terminated,
+                   evidence={"gpus": 8, "price_per_h": 19.92, "provider": "runpod", "host_id": "m-2", "counted_kind": "gpu_lost"})
+    assert cost.gpu_hours(T0 + timedelta(days=6)) == pytest.approx(8 * 30 / 3600) == cost.gpu_hours(terminated)
+    assert Cost.from_json(cost.as_json(LATER)).until == terminated and "terminated at 10:00:50Z" in cost.what
+    stuck = cost_of(kind="stuck_spawning", gpu_index=None, opened_at=T0, closed_at=T0 + timedelta(seconds=40), terminated_at=terminated,
+                    evidence={"gpus": 2, "price_per_h": 4.98, "billed_s": 600})
+    assert stuck.gpu_hours(LATER) == pytest.approx(2 * 640 / 3600)  # closed before the termination was recorded: the close ends it
+
+
+async def test_report_builder_ends_the_cost_at_the_terminate_workers_success(store):
+    handlers = ReportHandlers(store, _tracer())
+    incident = str(uuid.uuid4())
+    opened = _event(IncidentOpened, incident_id=incident, node_id="pod7xq2a9k", kind="repeat_offender", gpu_index=None, occurred_at=T0.isoformat(),
+                    evidence={"gpus": 8, "price_per_h": 19.92, "provider": "runpod", "host_id": "m-2"})
+    async with store() as session:
+        for operation, at in (("drain_node", T0 + timedelta(seconds=20)), ("terminate_worker", T0 + timedelta(seconds=50))):
+            session.add(ActionRecord(
+                action_id=str(uuid.uuid4()), incident_id=incident, node_id="pod7xq2a9k", attempt=1, operation={"operation": operation},
+                requested_by="autoscaler", reason="", status="succeeded", detail="", steps=[], audit=[],
+                requested_at=at, started_at=at, finished_at=at,
+            ))
+        await session.commit()
+    terminated = _event(ActionCompleted, incident_id=incident, node_id="pod7xq2a9k", occurred_at=(T0 + timedelta(seconds=50)).isoformat())
+    for event in (opened, terminated):
+        await handlers.on_incident_or_action(event, Delivery(event.subject, {}, 1))
+    async with store() as session:
+        row = (await session.scalars(select(Incident))).one()
+    assert row.closed_at is None and row.gpu_hours == pytest.approx(8 * 30 / 3600, abs=1e-4)
+    assert row.cost_usd == pytest.approx(round(30 / 3600 * 19.92, 2)) and row.cost["until"].startswith("2026-11-26T10:00:50")

@@ -141,16 +141,19 @@ def test_a_bad_machine_must_be_one_of_the_providers_on_a_gpu_a_worker_has():
 
 def test_the_cost_of_a_worker_billed_for_nothing_is_checked_against_its_rental_end_and_price():
     start = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
-    figures = _figures(started_at=start, rented_at={"simw0003": 10.0, "simw0005": 50.0})
+    figures = _figures(started_at=start, rented_at={"simw0003": 10.0, "simw0005": 50.0},
+                       terminated={"simw0005": start + timedelta(seconds=100)})  # its bill stopped 10 s before the incident closed
 
     def costed(node, kind, closed_s, gpu_hours, usd):
         return SimpleNamespace(kind=kind, node_id=node, closed_at=start + timedelta(seconds=closed_s), gpu_hours=gpu_hours, usd=usd)
 
-    right = [costed("simw0003", "burn_in_failed", 46, 0.02, 0.05), costed("simw0005", "stuck_spawning", 110, 0.0333, 0.08),
+    right = [costed("simw0003", "burn_in_failed", 46, 0.02, 0.05), costed("simw0005", "stuck_spawning", 110, 0.0278, 0.07),
              costed("simw0005", "vanished_worker", 120, None, None)]  # no GPU time counted: not judged
     (ok, line), = [c for c in judge(figures, PLAN, [], [], costs=right) if "billed for nothing" in c[1]]
     assert ok and line == "2 cost(s) of workers billed for nothing match their rental, end and the provider's $2.49/GPU-h"
-    wrong = [costed("simw0003", "burn_in_failed", 46, 0.01, 0.02)]  # the hours before it opened left out
+    wrong = [costed("simw0003", "burn_in_failed", 46, 0.01, 0.02),  # the hours before it opened left out
+             costed("simw0005", "stuck_spawning", 110, 0.0333, 0.08)]  # billed on after the provider ended it
     (ok, line), = [c for c in judge(figures, PLAN, [], [], costs=wrong) if "billed for nothing" in c[1]]
     assert not ok and "burn_in_failed on simw0003: 0.01 GPU-h $0.02, the arithmetic 0.0200 GPU-h $0.05" in line
+    assert "stuck_spawning on simw0005: 0.0333 GPU-h $0.08, the arithmetic 0.0278 GPU-h $0.07" in line
     assert not [c for c in judge(figures, PLAN, [], []) if "billed for nothing" in c[1]], "not judged without the costs"

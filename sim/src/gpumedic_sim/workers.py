@@ -167,6 +167,8 @@ class PoolFigures:
     """Worker -> seconds into the run the provider no longer listed it."""
     rented_at: dict[str, float] = field(default_factory=dict)
     """Worker -> seconds into the run it was rented."""
+    terminated: dict[str, datetime] = field(default_factory=dict)
+    """Worker -> when the provider ended it, by the wall clock (its bill stops there)."""
     started_at: datetime | None = None
     """When the run began, by the wall clock (what incidents are timed by)."""
 
@@ -418,7 +420,7 @@ class SimWorkerPool:
         waits = sorted((started if started is not None else time.monotonic()) - arrived for _, _, arrived, started, _ in rows)
         rented = self.provider.rented()
         never = [w for w, never_ssh in rented.items() if never_ssh]
-        ended = set(self.provider.ended())
+        ended = self.provider.ended()
         return PoolFigures(
             tasks=len(rows), done=sum(1 for r in rows if r[1] == "Complete"),
             wait_p95_s=round(waits[max(0, math.ceil(0.95 * len(waits)) - 1)], 1) if waits else 0.0,
@@ -428,7 +430,7 @@ class SimWorkerPool:
             died=list(self._died), died_ended=sum(1 for w in self._died if w in ended), ended_busy=list(self._ended_busy),
             orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
             machines=dict(self._machines), took=dict(self._took), came_up=dict(self._came_up), ended_at=dict(self._ended_at),
-            rented_at=dict(self._rented_at), started_at=self._started_at,
+            rented_at=dict(self._rented_at), terminated=ended, started_at=self._started_at,
         )
 
     # --- internals -----------------------------------------------------------------------------
@@ -510,13 +512,15 @@ BILLED_FOR_NOTHING = ("stuck_spawning", "burn_in_failed")
 
 def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list) -> tuple[bool, str]:
     """What report-builder said the workers billed for nothing cost, against the arithmetic: their
-    GPUs from the rental (the provider's record) until the incident closed, at the provider's price."""
+    GPUs from the rental until the provider ended them (its records) or the incident closed, if
+    that came first, at the provider's price."""
     checked, wrong = 0, []
     for c in costs:
         if c.kind not in BILLED_FOR_NOTHING or c.node_id not in figures.rented_at or figures.started_at is None or c.closed_at is None:
             continue
         rented = figures.started_at + timedelta(seconds=figures.rented_at[c.node_id])
-        gpu_hours = plan.scaling.gpus_per_worker * (c.closed_at - rented).total_seconds() / 3600
+        billed_until = min(c.closed_at, figures.terminated.get(c.node_id, c.closed_at))
+        gpu_hours = plan.scaling.gpus_per_worker * (billed_until - rented).total_seconds() / 3600
         usd = gpu_hours * plan.price_per_gpu_h
         checked += 1
         # the incident knows the rental's start to the second (its billed_s), the figures are kept to 4 and 2 decimals

@@ -27,7 +27,7 @@ class _Rented:
     gpus: int
     created_at: datetime
     never_ssh: bool
-    terminated: bool = False
+    terminated_at: datetime | None = None
     started_at: datetime | None = None
     host_id: str = ""
 
@@ -85,12 +85,12 @@ class SimProvider:
         rented = self._rented.get(worker_id)
         if rented is None:
             raise ProviderError(f"{self.name}: no worker {worker_id!r}")
-        rented.terminated = True
+        rented.terminated_at = self._clock()
         self.calls.append(f"terminate {worker_id}")
 
     async def restart(self, worker_id: str) -> None:
         rented = self._rented.get(worker_id)
-        if rented is None or rented.terminated:
+        if rented is None or rented.terminated_at is not None:
             raise ProviderError(f"{self.name}: no worker {worker_id!r}")
         rented.started_at = self._clock()
         self.calls.append(f"restart {worker_id}")
@@ -98,19 +98,20 @@ class SimProvider:
             self.on_restart(worker_id)
 
     async def workers(self) -> list[Worker]:
-        return [self._worker(r) for r in self._rented.values() if not r.terminated]
+        return [self._worker(r) for r in self._rented.values() if r.terminated_at is None]
 
     def is_live(self, worker_id: str) -> bool:
         """Rented and not ended: a simulated worker stops the moment it is ended."""
         rented = self._rented.get(worker_id)
-        return rented is not None and not rented.terminated
+        return rented is not None and rented.terminated_at is None
 
     def rented(self) -> dict[str, bool]:
         """Every worker rented so far -> whether it is one that never comes up."""
         return {w.worker_id: w.never_ssh for w in self._rented.values()}
 
-    def ended(self) -> list[str]:
-        return [w.worker_id for w in self._rented.values() if w.terminated]
+    def ended(self) -> dict[str, datetime]:
+        """Every worker ended so far -> when (its bill stops there)."""
+        return {w.worker_id: w.terminated_at for w in self._rented.values() if w.terminated_at is not None}
 
     async def close(self) -> None:
         """Nothing to let go of: the simulated provider lives in this process."""

@@ -1,7 +1,8 @@
 """What an incident cost: the GPU time it kept from work, and its price.
 
 GPU time is lost in stretches, each with a number of GPUs, from a start to the incident's end
-(or now, while it is open):
+(or now, while it is open), or to its rented worker's termination if that came first (the
+provider bills no more: a repeat offender's incident stays open for days after its worker ended):
 - a GPU held idle (a zombie job, a leftover holder, a stuck or idle job, a job count with nothing
   behind it): its GPU, or the node's GPUs where the incident names none, from when it went idle
   (the idle time in the evidence, before the incident opened);
@@ -65,7 +66,7 @@ class Cost:
     stretches: tuple[tuple[datetime, float], ...]
     """(from when, GPUs out): each stretch lasts until the next one starts, the last until `until`."""
     until: datetime | None
-    """When the loss ended (the incident closed); None while it goes on."""
+    """When the loss ended (the incident closed, or its worker was terminated); None while it goes on."""
     price_per_gpu_hour: float | None
     price_from: str
     """Where the price came from, in words; empty without one."""
@@ -115,10 +116,11 @@ def cost_of(
     opened_at: datetime,
     closed_at: datetime | None,
     drained_at: datetime | None = None,
+    terminated_at: datetime | None = None,
     price: Price = Price(),
 ) -> Cost:
     """The cost of one incident from what it says of itself, when the remediator drained its node
-    (if it did), and what the inventory says of the node."""
+    and terminated its worker (if it did), and what the inventory says of the node."""
     stretches: list[tuple[datetime, float]] = []
     per_gpu = price.per_gpu_hour
     price_from = "the inventory's price_per_gpu_hour" if per_gpu is not None else ""
@@ -154,7 +156,11 @@ def cost_of(
         what += "; the node was drained, but its GPU count is not known (set gpus in the inventory)"
     if stretches and per_gpu is None:
         what += "; no price (set price_per_gpu_hour in the inventory)"
-    return Cost(tuple(stretches), closed_at, per_gpu, price_from, provider, what)
+    until = closed_at
+    if terminated_at is not None and (closed_at is None or terminated_at < closed_at):
+        until = terminated_at
+        what += f"; until the worker was terminated at {terminated_at.astimezone(UTC):%H:%M:%S}Z"
+    return Cost(tuple(stretches), until, per_gpu, price_from, provider, what)
 
 
 def _seconds(value: Any) -> float:

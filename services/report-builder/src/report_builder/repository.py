@@ -208,7 +208,7 @@ def _closed(incident: Incident | None, event: IncidentResolved | IncidentEscalat
 # --- cost ----------------------------------------------------------------------------------------
 
 
-DRAIN = "drain_node"
+DRAIN, TERMINATE = "drain_node", "terminate_worker"
 
 
 async def update_cost(session: AsyncSession, *, incident_id: str, price: Price, now: datetime) -> Incident | None:
@@ -220,10 +220,14 @@ async def update_cost(session: AsyncSession, *, incident_id: str, price: Price, 
     actions = await session.scalars(
         select(ActionRecord).where(ActionRecord.incident_id == incident_id, ActionRecord.status == "succeeded")
     )
-    drains = [a.finished_at for a in actions if (a.operation or {}).get("operation") == DRAIN and a.finished_at is not None]
+    done: dict[str, list[datetime]] = {}
+    for action in actions:
+        if action.finished_at is not None:
+            done.setdefault((action.operation or {}).get("operation"), []).append(action.finished_at)
     cost = cost_of(
         kind=incident.kind, gpu_index=incident.gpu_index, evidence=incident.evidence or {}, opened_at=incident.opened_at,
-        closed_at=incident.closed_at, drained_at=min(drains) if drains else None, price=price,
+        closed_at=incident.closed_at, drained_at=min(done.get(DRAIN, ()), default=None),
+        terminated_at=min(done.get(TERMINATE, ()), default=None), price=price,
     )
     incident.cost = cost.as_json(now)
     incident.gpu_hours = incident.cost["gpu_hours"]
