@@ -436,15 +436,17 @@ def _free_port() -> int:
 
 async def wind_down(stack: Stack, *, tasks: Iterable[asyncio.Task] = (), connections: Iterable[nats.NATS] = (),
                     parts: Iterable[object] = ()) -> None:
-    """Stop a run on the embedded stack in order: its own tasks, its NATS connections, the parts it
-    started beside the stack (each has an async `stop`: the simulated fleet, a worker pool), then
-    the stack. A part that fails to stop does not keep the rest running."""
+    """Stop a run on the embedded stack in order: its own tasks, its NATS connections, the stack,
+    then the parts it started beside the stack (each has an async `stop`: the simulated fleet, a
+    worker pool). The services go before what they watch, or a detector sees the teardown as a
+    fault (leader-health opened `quorum_lost` as the simulated peers stopped). A part that fails to
+    stop does not keep the rest running."""
     await stop_tasks(tasks)
     for nc in connections:
         with contextlib.suppress(Exception):
             await nc.close()
+    stack.stop()
     for part in parts:
         if part is not None:
             with contextlib.suppress(Exception):
                 await part.stop()
-    stack.stop()

@@ -173,7 +173,7 @@ async def run_demo(
             await _sleep_until(started + stop_after_s)
         return 0 if isinstance(outcome, IncidentResolved) else 1
     finally:
-        say("stopping: fleet, services, bus")
+        say("stopping: sampling, services, bus, fleet")
         await wind_down(stack, tasks=[sampling] if sampling is not None else [], connections=connections, parts=(fleet,))
         say("stopped; no process left behind")
 

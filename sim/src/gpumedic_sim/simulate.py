@@ -386,7 +386,7 @@ async def run_simulation(
             say(f"\nscore written to {json_path}")
         return 0
     finally:
-        say("stopping: fleet, services, bus")
+        say("stopping: sampling, services, bus, fleet")
         await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet, pool, rented))
         pager.stop()
         if fleet_log is not None:
