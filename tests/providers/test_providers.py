@@ -48,7 +48,8 @@ async def test_the_simulated_provider_spawns_slowly_bills_by_gpu_type_and_leaves
 @pytest.fixture
 async def runpod(runpod_api):
     fake, base = runpod_api
-    provider = RunPodProvider(KEY, image="ghcr.io/acme/selfplay:7", base_url=base, timeout_s=0.5)
+    # A loaded test machine can take over half a second to answer locally; only the silent-API case waits out a short timeout.
+    provider = RunPodProvider(KEY, image="ghcr.io/acme/selfplay:7", base_url=base, timeout_s=10.0)
     yield fake, provider, base
     await provider.close()
 
@@ -92,9 +93,11 @@ async def test_runpod_answering_badly_is_a_clear_error_without_the_key(runpod):
         assert KEY not in str(caught.value)
     fake.override = None
     fake.silent = True
+    impatient = RunPodProvider(KEY, image="x", base_url=base, timeout_s=0.5)
     with pytest.raises(ProviderError, match="got no answer in time"):
-        await provider.workers()
-    wrong = RunPodProvider("rpa_wrong", image="x", base_url=base, timeout_s=0.5)
+        await impatient.workers()
+    await impatient.close()
+    wrong = RunPodProvider("rpa_wrong", image="x", base_url=base, timeout_s=10.0)
     fake.silent = False
     with pytest.raises(ProviderError, match=r"refused the API key .*HTTP 401") as caught:
         await wrong.workers()
