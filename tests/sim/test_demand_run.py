@@ -142,7 +142,7 @@ def test_a_bad_machine_must_be_one_of_the_providers_on_a_gpu_a_worker_has():
 def test_the_cost_of_a_worker_billed_for_nothing_is_checked_against_its_rental_end_and_price():
     start = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
     figures = _figures(started_at=start, rented_at={"simw0003": 10.0, "simw0005": 50.0},
-                       terminated={"simw0005": start + timedelta(seconds=100)})  # its bill stopped 10 s before the incident closed
+                       ended_at={"simw0005": 100.0})  # its bill stopped 10 s before the incident closed
 
     def costed(node, kind, closed_s, gpu_hours, usd):
         return SimpleNamespace(kind=kind, node_id=node, closed_at=start + timedelta(seconds=closed_s), gpu_hours=gpu_hours, usd=usd)

@@ -164,11 +164,9 @@ class PoolFigures:
     came_up: dict[str, float] = field(default_factory=dict)
     """Worker -> seconds into the run it came up."""
     ended_at: dict[str, float] = field(default_factory=dict)
-    """Worker -> seconds into the run the provider no longer listed it."""
+    """Worker -> seconds into the run the provider ended it (its records: the bill stops there)."""
     rented_at: dict[str, float] = field(default_factory=dict)
     """Worker -> seconds into the run it was rented."""
-    terminated: dict[str, datetime] = field(default_factory=dict)
-    """Worker -> when the provider ended it, by the wall clock (its bill stops there)."""
     started_at: datetime | None = None
     """When the run began, by the wall clock (what incidents are timed by)."""
 
@@ -205,7 +203,6 @@ class SimWorkerPool:
         self._machines: dict[str, str] = {}
         self._took: dict[str, int] = {}
         self._came_up: dict[str, float] = {}
-        self._ended_at: dict[str, float] = {}
         self._rented_at: dict[str, float] = {}
         self._started_at: datetime | None = None
 
@@ -331,8 +328,6 @@ class SimWorkerPool:
             self._machines.setdefault(w.worker_id, w.host_id or "")
             if w.created_at is not None and self._started_at is not None:
                 self._rented_at.setdefault(w.worker_id, round((w.created_at - self._started_at).total_seconds(), 1))
-        for worker_id in self.provider.ended():
-            self._ended_at.setdefault(worker_id, round(now - self._t0, 1))
         for worker_id, w in listed.items():
             if w.status == "running" and worker_id not in self._workers and worker_id not in self._ended:
                 self._workers[worker_id] = await self._come_up(worker_id, w.gpus, w.host_id or "", publish, now)
@@ -429,8 +424,8 @@ class SimWorkerPool:
             never_came_up=never, never_came_up_ended=sum(1 for w in never if w in ended),
             died=list(self._died), died_ended=sum(1 for w in self._died if w in ended), ended_busy=list(self._ended_busy),
             orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
-            machines=dict(self._machines), took=dict(self._took), came_up=dict(self._came_up), ended_at=dict(self._ended_at),
-            rented_at=dict(self._rented_at), terminated=ended, started_at=self._started_at,
+            machines=dict(self._machines), took=dict(self._took), came_up=dict(self._came_up), ended_at={w: round((at - self._started_at).total_seconds(), 1) for w, at in ended.items()},
+            rented_at=dict(self._rented_at), started_at=self._started_at,
         )
 
     # --- internals -----------------------------------------------------------------------------
@@ -519,7 +514,8 @@ def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list) -> tuple[boo
         if c.kind not in BILLED_FOR_NOTHING or c.node_id not in figures.rented_at or figures.started_at is None or c.closed_at is None:
             continue
         rented = figures.started_at + timedelta(seconds=figures.rented_at[c.node_id])
-        billed_until = min(c.closed_at, figures.terminated.get(c.node_id, c.closed_at))
+        ended = figures.ended_at.get(c.node_id)
+        billed_until = c.closed_at if ended is None else min(c.closed_at, figures.started_at + timedelta(seconds=ended))
         gpu_hours = plan.scaling.gpus_per_worker * (billed_until - rented).total_seconds() / 3600
         usd = gpu_hours * plan.price_per_gpu_h
         checked += 1
