@@ -32,7 +32,7 @@ async def _next(js, event_type, predicate, timeout_s=20.0):
 
 async def test_status_services_publish_what_they_see(nats_settings, js, fleet, sampling, apps):
     peers = [n.status_url for n in fleet.nodes.values()]
-    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.3, connect_timeout_s=0.5, http_timeout_s=0.5)))
+    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.3, connect_timeout_s=2.0, http_timeout_s=2.0)))
     await apps.start(autoscaler_app(AutoscalerSettings(nats=nats_settings, interval_s=0.3)))
 
     healthy = await _next(js, ClusterChecked, lambda e: e.peers_answering == 2)
