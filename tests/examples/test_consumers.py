@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumedic_sim.demo import run_demo
+from gpumedic.natsd import NatsServer
 from gpumedic.stack import SERVICES, Stack, nvml_problem
 from gpumedic_bus.topology import OBSERVER
+from gpumedic_sim.demo import run_demo
 from tests.e2e.test_metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
         errors[name] = err.decode()
     # within a second on a quiet machine; make test runs six workers on two cores (the fault was 30 s)
     assert max(stopped_within.values()) < 5.0, stopped_within
-    assert all(proc.returncode == 0 for proc in procs.values()), {n: p.returncode for n, p in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), ({n: p.returncode for n, p in procs.items()}, errors)
     for name, got in output.items():
         events = [line for line in got if "event" in line]
         opened = [e for e in events if e["event"] == "IncidentOpened" and e["kind"] == "zombie_job"]
@@ -124,3 +125,26 @@ async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp
     # the demo leaves out this machine's sampler when it has no GPU
     assert set(served) == {s for s in SERVICES if s != "node-sampler" or not nvml_problem()}, served
     assert all("gpumedic_service_info" in names and "process_resident_memory_bytes" in names for names in served.values()), served
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["python", "node"])
+async def test_a_consumer_whose_server_went_first_still_stops_cleanly_on_ctrl_c(tmp_path, name):
+    """At the end of `gpumedic demo` the NATS server stops before a person stops their consumer.
+    Meanwhile the consumer asks for more each second and its client buffers those requests while it
+    reconnects; Ctrl-C then ends it with status 0, not a traceback from flushing them to a dead socket."""
+    command = _consumers()[name]
+    server = NatsServer(tmp_path / "nats", log_file=None)
+    server.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMEDIC_", "NATS_"))} | {
+        "NATS_URL": server.url, "NATS_USER": OBSERVER, "NATS_PASSWORD": "unused: this server has no logins"}
+    proc = await asyncio.create_subprocess_exec(*command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await asyncio.wait_for(_ready(proc, []), 30)
+    finally:
+        server.stop()
+    await asyncio.sleep(2.5)  # two or three requests for more wait in the client's buffer
+    assert proc.returncode is None, "the consumer should wait for its server to come back"
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 10)
+    assert proc.returncode == 0, err.decode()[-3000:]
