@@ -349,6 +349,31 @@ def disk(pct: float, path="/var/lib/docker") -> DiskUsage:
     return DiskUsage(path=path, total_bytes=total, used_bytes=used, available_bytes=total - used, used_pct=pct)
 
 
+def test_a_sample_taken_before_the_xid_79_does_not_clear_the_lost_gpu_into_a_second_incident():
+    # The driver reports XID 79 while a sample taken just before it is on its way: that sample shows
+    # GPU 1 answering. It must not clear the incident, or the next sample (GPU lost) would open the
+    # same fault again, and two gpu_lost incidents make a repeat offender of the host.
+    d = Detector(Policy())  # the default hold: the incident waits before its drain, when a clear would end it
+    node_time = datetime.now(UTC)
+    before = sample(gpus=(healthy(0), healthy(1))).model_copy(update={"occurred_at": node_time - timedelta(seconds=0.2)})
+    xid = GpuXidReported(source="node-sampler", node_id="n1", gpu_index=1, xid=79, occurred_at=node_time)
+    d.feed(xid, 0)
+    (opened,) = d.opened()
+    assert opened.kind is IncidentKind.GPU_LOST and opened.gpu_index == 1
+    d.feed(before, 0.1)
+    assert not [e for e in d.events if isinstance(e, IncidentResolved | IncidentUpdated)], d.events
+    after = sample(gpus=(healthy(0), GpuSample(index=1, lost=True))).model_copy(update={"occurred_at": node_time + timedelta(seconds=1)})
+    d.feed(after, 1)
+    assert len(d.opened(IncidentKind.GPU_LOST)) == 1
+    (drain,) = d.tick(16)
+    assert isinstance(drain, ActionRequested) and drain.operation == DrainNode()
+    succeeded(d, drain, 17)
+    # After the reboot, a sample taken later than every report of the loss clears it (validation starts).
+    rebooted = sample(gpus=(healthy(0), healthy(1))).model_copy(update={"occurred_at": node_time + timedelta(minutes=5)})
+    (validating,) = d.feed(rebooted, 300)
+    assert isinstance(validating, IncidentUpdated) and "stays drained until" in validating.summary
+
+
 def succeeded(d: Detector, request: ActionRequested, s: float) -> None:
     """The remediator answers that `request` ran."""
     d._commit(d.logic.on_action_completed(
