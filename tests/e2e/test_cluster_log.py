@@ -38,7 +38,7 @@ async def _until(store_url: str, done, timeout_s: float = 20.0) -> list[ClusterC
 async def test_every_check_is_kept_and_the_log_shows_the_leaderless_stretch(nats_settings, store_url, fleet, apps):
     peers = [n.status_url for n in fleet.nodes.values()]
     await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url})))
-    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.2, http_timeout_s=0.5)))
+    await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.2, http_timeout_s=2.0)))
     await _until(store_url, lambda rows: len(rows) >= 3)
     fleet.set_leader(None)  # quorum holds, nobody leads: the classic stuck cluster
     await _until(store_url, lambda rows: sum(r.leader is None for r in rows) >= 3)
