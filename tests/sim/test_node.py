@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-import pynvml
 import httpx
+import pynvml
 import pytest
 
 from gpumedic_sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
+from gpumedic_sim.status import StatusEndpoint
 
 
 def test_a_new_node_is_idle_and_start_job_loads_it():
@@ -119,6 +121,33 @@ async def test_blocked_status_endpoint_accepts_but_never_answers(fleet):
     node.inject_status_blocked()
     reading = await node.probes(status_timeout_s=0.2)[0].observe()
     assert reading.running is None and "no answer within 0.2s" in reading.errors[0]
+
+
+async def test_stopping_the_status_endpoint_ends_each_connections_handler_without_an_error():
+    # Two clients connected without asking yet (a probe cut off mid-request), one to a blocked
+    # endpoint: the stop closes them and waits for their handlers, so none is left to be cancelled
+    # when the loop ends, which Python 3.11 reports as an error with a traceback.
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        node = SimNode("sim-node-09", 1)
+        endpoint = StatusEndpoint(node)
+        port = await endpoint.start()
+        clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        node.inject_status_blocked()
+        clients.append(await asyncio.open_connection("127.0.0.1", port))
+        await asyncio.sleep(0.2)  # the server has taken all three
+        handlers = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "StatusEndpoint._handle"]
+        assert len(handlers) == 3
+        await endpoint.stop()
+        assert all(task.done() and not task.cancelled() for task in handlers)
+        await asyncio.sleep(0)
+        assert reported == []
+        for _, writer in clients:
+            writer.close()
+    finally:
+        loop.set_exception_handler(None)
 
 
 def test_backdated_jobs_started_earlier():

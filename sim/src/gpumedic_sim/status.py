@@ -27,6 +27,7 @@ class StatusEndpoint:
         self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task] = set()
 
     def document(self) -> dict:
         """The runbooks' daemon's shape: `peers` keyed by node id (every member it knows, with
@@ -56,14 +57,21 @@ class StatusEndpoint:
         if self._server is None:
             return
         self._server.close()
-        # a blocked endpoint holds connections open; close them, or wait_closed waits forever
+        # A blocked endpoint holds connections open, and a client may have connected without asking
+        # yet: close them all, and let each handler see the end and return. Python 3.11's
+        # wait_closed does not wait for handlers, and one still running when the loop ends is
+        # cancelled, which 3.11's stream callback reports as an error with a traceback.
         for writer in list(self._connections):
             writer.close()
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=_READ_TIMEOUT_S)
         await self._server.wait_closed()
         self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        handler = asyncio.current_task()
+        self._handlers.add(handler)
         try:
             if self.node.status_blocked:
                 await reader.read()  # until the client gives up
@@ -90,6 +98,7 @@ class StatusEndpoint:
             log.debug("%s: status client went away", self.node.node_id)
         finally:
             self._connections.discard(writer)
+            self._handlers.discard(handler)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
