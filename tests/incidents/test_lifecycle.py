@@ -214,6 +214,28 @@ def test_half_the_fleet_at_once_is_one_fleet_incident_and_no_request():
     assert isinstance(closed, IncidentResolved) and closed.kind is IncidentKind.FLEET_ANOMALY and b.incidents == {}
 
 
+def test_much_of_the_fleet_found_in_one_round_is_one_fleet_incident_and_no_request():
+    # A rule that looks at everything each round (repeat offenders, the pool's kinds) finds all
+    # its nodes at once: decided one by one, each saw only the incidents committed before the
+    # round, so ten of twenty nodes at once were ten node incidents, each asking for its action.
+    b = book(nodes=20)
+    run(b, b.reconcile([zombie(node="n20")], {ZOMBIE}, at(0)))  # one already open
+    transitions = b.reconcile([zombie(node=f"n{i + 1}") for i in range(10)] + [zombie(node="n20")], {ZOMBIE}, at(5))
+    events = run(b, transitions) + [e for s in range(10, 60, 5) for e in run(b, b.on_tick(at(s)))]
+    assert not any(isinstance(e, ActionRequested) for e in events)
+    (fleet,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert "zombie_job on 11 of 20 nodes" in fleet.summary
+    node_incidents = [i for i in b.incidents.values() if i.kind is ZOMBIE]
+    assert len(node_incidents) == 11 and {i.related_incident_id for i in node_incidents} == {fleet.incident_id}
+
+
+def test_a_few_nodes_found_in_one_round_are_separate_incidents_that_each_act():
+    b = book(nodes=20)
+    run(b, b.reconcile([zombie(node="n1"), zombie(node="n2")], {ZOMBIE}, at(0)))
+    requests = [e for e in run(b, b.on_tick(at(15))) if isinstance(e, ActionRequested)]
+    assert sorted(r.node_id for r in requests) == ["n1", "n2"]
+
+
 def test_a_few_nodes_are_separate_incidents_that_each_act():
     b = book(nodes=20)
     for i in range(2):

@@ -148,6 +148,35 @@ def test_an_owned_node_whose_fix_does_not_hold_is_drained_for_a_person():
     assert not any(isinstance(getattr(e, "operation", None), TerminateWorker) for e in events)
 
 
+def test_many_owned_nodes_offending_in_one_round_are_one_fleet_incident_and_none_is_drained():
+    # A bad job image that hangs on every node makes most of the fleet repeat offenders at once:
+    # that is one cause for a person, not ten drains.
+    logic = HostIncidents(POLICY, stale_after_s=60)
+    nodes = [f"gpu-node-{i:02d}" for i in range(1, 21)]
+    for node in nodes[:10]:
+        for minutes in (40, 25, 5):
+            logic.offenders.on_opened(_opened(node, IncidentKind.ZOMBIE_JOB, T0 - timedelta(minutes=minutes), gpu=0))
+    fleet = FleetView(latest={n: _sampled(n, T0) for n in nodes})
+    transitions = logic.on_round(fleet, T0)
+    for t in transitions:
+        logic.book.commit(t)
+    transitions += logic.on_tick(T0 + timedelta(seconds=30))
+    events = [e for t in transitions for span in t.spans for e in span.events]
+    (fleet_incident,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert "repeat_offender on 10 of 20 nodes" in fleet_incident.summary
+    assert len([e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.REPEAT_OFFENDER]) == 10
+    assert not any(getattr(e, "operation", None) == DrainNode() for e in events)
+
+
+def test_incidents_opened_as_part_of_a_fleet_incident_count_against_no_host():
+    logic = HostIncidents(POLICY, stale_after_s=60)
+    fleet_incident = uuid.uuid4()
+    for minutes in (3, 2, 1):
+        logic.offenders.on_opened(_opened("gpu-node-07", IncidentKind.ZOMBIE_JOB, T0 - timedelta(minutes=minutes), gpu=0)
+                                  .model_copy(update={"related_incident_id": fleet_incident}))
+    assert logic.on_round(FleetView(latest={"gpu-node-07": _sampled("gpu-node-07", T0)}), T0) == []
+
+
 def test_a_node_that_does_not_sample_is_not_acted_on_nor_is_a_worker_of_the_pool_that_is_gone():
     logic = HostIncidents(POLICY, stale_after_s=60)
     for minutes in (3, 2, 1):

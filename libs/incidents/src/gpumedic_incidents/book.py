@@ -17,7 +17,7 @@ swaps one in after the handler persisted and published it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 
 from gpumedic_bus.topology import FLEET_NODE
@@ -62,7 +62,9 @@ class IncidentBook:
 
     # --- inputs -----------------------------------------------------------------------------
 
-    def on_finding(self, finding: Finding, now: datetime) -> list[Transition]:
+    def on_finding(self, finding: Finding, now: datetime, *, found_with: Collection[str] = ()) -> list[Transition]:
+        """`found_with`: other nodes newly found with the same kind in the same round (`reconcile`),
+        counted for fleet correlation as if already open."""
         state = self.incidents.get(finding.fingerprint)
         if not finding.present:
             t = lifecycle.clear(state, finding, now, policy=self.policy) if state is not None else None
@@ -73,18 +75,38 @@ class IncidentBook:
         silence = self.silence_for(finding.kind, finding.node_id, finding.gpu_index, now)
         if silence is not None:
             return [self._open(finding, now, silence_id=silence.silence_id)]
-        return self._open_or_correlate(finding, now)
+        return self._open_or_correlate(finding, now, found_with)
 
     def reconcile(self, found: list[Finding], checked: Iterable[IncidentKind], now: datetime) -> list[Transition]:
         """The findings of a rule that looks at everything each round: present ones into the book,
         and open incidents of the kinds `checked` that were not found again cleared."""
         checked = set(checked)
-        transitions = [t for f in found for t in self.on_finding(f, now)]
+        # A round finds its nodes all at once, so its new ones of a kind count together (decided one
+        # by one, each saw only those committed before the round: half the fleet found at once
+        # was half the fleet's node actions). They are decided on a scratch copy, each as if the
+        # ones before it were committed, so all join the one fleet incident the first opens.
+        new: dict[IncidentKind, set[str]] = {}
+        for f in found:
+            if f.present and f.fingerprint not in self.incidents:
+                new.setdefault(f.kind, set()).add(f.node_id)
+        scratch = self._scratch()
+        transitions = []
+        for f in found:
+            for t in scratch.on_finding(f, now, found_with=new.get(f.kind, set()) - {f.node_id}):
+                scratch.commit(t)
+                transitions.append(t)
         present = {f.fingerprint for f in found}
         for state in list(self.incidents.values()):
             if state.kind in checked and state.fingerprint not in present:
                 transitions += self.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
         return transitions
+
+    def _scratch(self) -> IncidentBook:
+        """A copy to decide on: its own incidents, the same silences and nodes."""
+        book = IncidentBook(self.detector, self.policy)
+        book.adopt(self.incidents.values())
+        book.silences, book.nodes_seen = self.silences, self.nodes_seen
+        return book
 
     def on_action_completed(self, result: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         state = self.by_id(result.incident_id)
@@ -161,7 +183,7 @@ class IncidentBook:
     def _open(self, finding: Finding, now: datetime, **options) -> Transition:
         return lifecycle.open_incident(finding, now, detector=self.detector, policy=self.policy, **options)
 
-    def _open_or_correlate(self, finding: Finding, now: datetime) -> list[Transition]:
+    def _open_or_correlate(self, finding: Finding, now: datetime, found_with: Collection[str] = ()) -> list[Transition]:
         if finding.node_id == FLEET_NODE or finding.kind in ROUTINE:
             return [self._open(finding, now)]
         fleet = self.get(_fleet_fingerprint(finding.kind))
@@ -169,7 +191,7 @@ class IncidentBook:
             return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
         since = now - timedelta(seconds=self.policy.fleet.window_s)
         nodes = {i.node_id for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since}
-        nodes.add(finding.node_id)
+        nodes |= {finding.node_id, *found_with}
         size = max(self.fleet_size(now), len(nodes))
         if len(nodes) < self.policy.fleet.min_nodes or len(nodes) / size <= self.policy.fleet.share:
             return [self._open(finding, now)]

@@ -15,7 +15,9 @@ hold), it is a `repeat_offender` on each node it runs now:
   It returns only when its incidents have aged out of the window and its GPUs then validate.
 
 Kinds about the fleet, the pool or the cluster as a whole are no host's doing and never counted;
-nor are informational incidents.
+nor are informational incidents, nor those opened as part of a fleet incident (one cause on many
+hosts). Many hosts offending in one round are themselves one fleet incident and no node action
+(the book's fleet correlation), as any kind is.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class RepeatOffenders:
 
     def on_opened(self, event: IncidentOpened) -> None:
         """An incident any detector opened (replayed from the stream at start, then followed)."""
-        if event.kind in WHOLE_KINDS or event.kind is IncidentKind.REPEAT_OFFENDER or event.severity == "info" or not self.rules:
+        if (event.kind in WHOLE_KINDS or event.kind is IncidentKind.REPEAT_OFFENDER or event.severity == "info" or not self.rules
+                or event.related_incident_id is not None):  # part of a fleet incident: one cause for many hosts
             return
         host = event.evidence.get("host_id")
         self._seen[event.incident_id] = Seen(
