@@ -32,16 +32,16 @@ from pathlib import Path
 
 from nats.js.api import DeliverPolicy
 
-from gpumedic_sim.demo import demo_env
-from gpumedic_sim.fleet import SimFleet
 from gpumedic.stack import HEALTHY_AFTER_S, Stack, server_name, wind_down
 from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import ADMIN, SIM_FLEET
 from gpumedic_events import ActionCompleted, Event, IncidentKind, IncidentOpened, ServiceHeartbeat
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, Step, ZombiePolicy, dump_policy
+from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, RepeatPolicy, Step, ZombiePolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.store import IncidentStates
+from gpumedic_sim.demo import demo_env
+from gpumedic_sim.fleet import SimFleet
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0
@@ -55,7 +55,9 @@ on a plain restart."""
 
 def chaos_policy() -> Policy:
     """Zombies in seconds, and no limit meant for a real fleet in the way of a thousand of them:
-    no fleet incident (they are independent faults), no cap on one node's actions."""
+    no fleet incident (they are independent faults), no cap on one node's actions, and no repeat
+    offenders (the run puts many zombies on each node on purpose; counted, they drained most of
+    the fleet mid-run)."""
     return Policy(
         fleet=FleetPolicy(hold_s=1, share=1.0),
         gate=GatePolicy(max_actions_per_node=100, node_window_s=60),
@@ -63,7 +65,8 @@ def chaos_policy() -> Policy:
             zombie_job=ZombiePolicy(
                 idle_for_s=3 * SAMPLE_INTERVAL_S, action_timeout_s=120,
                 ladder=(Step(action="kill_gpu_processes", attempts=3, verify_within_s=10),),
-            )
+            ),
+            repeat_offender=RepeatPolicy(rules=()),
         ),
     )
 
