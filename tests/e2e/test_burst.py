@@ -24,6 +24,11 @@ NODES = 50
 BREAKER = 5
 
 
+# Slow, run alone (`make test-slow`): 22 s by itself, but 100 samples a second from one process
+# starve among `make test`'s parallel workers on 2 cores. One such run went 276 s, every
+# node's sampler skipping ticks, and two nodes' late samples kept restarting their idle count
+# until the two minutes were up.
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # two waits, of up to two minutes and one, on a loaded machine
 async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_limit_of_kills(nats_settings, store_url, apps, tmp_path):
     fleet = SimFleet(NODES, 1, tmp_path / "fleet")
