@@ -553,8 +553,8 @@ def cmd_dead_letters(args) -> int:
         if not args.seq:
             print("gpumedic dead-letters: name the dead letters to replay by their SEQ (see `gpumedic dead-letters list`)", file=sys.stderr)
             return 2
-        ok, lines = asyncio.run(deadletters.replay(settings, list(args.seq)))
-    except operator_bus.OperatorError as exc:
+        ok, lines = asyncio.run(deadletters.replay(settings, list(args.seq), store_url=_store_url(args), by=args.by))
+    except (operator_bus.OperatorError, NoStore) as exc:
         print(f"gpumedic dead-letters: {exc}", file=sys.stderr)
         return 2
     except (OSError, TimeoutError, RuntimeError) as exc:
@@ -847,12 +847,14 @@ command(
     click.argument("seq", type=click.IntRange(min=1), nargs=-1),
     click.option("--service", type=click.Choice(list(SERVICES)), help="only what this service refused"),
     click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="newest first, at most this many"),
-    _var(), _json(),
+    _by(what="who replays (kept in the store with each replay)"), _var(), _store(), _json(),
     description="Every message a service could not process (it did not decode, or its handler kept failing) is kept in "
-    "the dead-letter stream with the reason and its payload. `replay SEQ...` publishes chosen ones to their subject again "
-    "(each at most once); every consumer of that subject takes it as a redelivery. A payload that was cut at 64 KiB or "
-    "was not valid text is never replayed. Reads and publishes as the NATS admin. Exit 0: done; 1: some not replayed; "
-    "2: the bus could not be reached.",
+    "the dead-letter stream with the reason and its payload. `replay SEQ...` delivers the original of chosen ones again, "
+    "once the cause is fixed: only to a subject the refusing service's own consumer reads, only into that consumer's "
+    "stream, only when the stream still holds the original the record describes (it is what is published), and each at "
+    "most once (recorded in the store: who, when, what it became). Every consumer of that subject takes it as a "
+    "redelivery. Reads and publishes as the NATS admin. Exit 0: done; 1: some not replayed; 2: the bus or the store "
+    "could not be reached.",
 )
 command(
     "policy", cmd_policy, "check a policy file, or show the policy in force (GPUMEDIC_POLICY_FILE, else the shipped one)",

@@ -2,26 +2,42 @@
 
 Every message a consumer refused (it did not decode, or its handler failed past the last
 delivery) is kept in the dead-letter stream as a `MessageRejected`: the service, the subject, the
-reason, the payload's digest and the payload itself (its first 64 KiB). `list` shows them, newest
-first; `replay` publishes chosen ones again to their original subject once the cause is fixed.
-Every consumer of that subject gets the message again, which they take as a redelivery: events
-are kept once by their id, and a stale action request is refused by the gate. A payload that was
-cut, or was not valid text, is not what was sent and is never replayed. Both read and publish as
-the NATS admin (the embedded stack's under `--var`, else GPUMEDIC_NATS_*), since only it may
-read the control plane's streams and publish on any subject.
+reason, where the stream keeps the original, its digest and its first 64 KiB. `list` shows them,
+newest first. `replay` delivers a chosen one again once the cause is fixed, and is the original
+delivery again, nothing more:
+
+- the record is the word of whoever wrote it, and a service's login may write its own dead
+  letters: so the writer is the service the server let publish it (a record whose `service` is
+  not its subject's last token does not decode), the subject must be one a durable consumer of that service reads (`topology.DURABLES`; never
+  `$KV`, `$JS` or anything else), and the original must still be in that consumer's stream at
+  the sequence the record names, with the subject and the SHA-256 the record names;
+- what is published is the stream's own copy of the original (and its headers), into that
+  stream only (Nats-Expected-Stream), so a replay can carry nothing its producer did not send;
+- each original is replayed at most once, recorded in the store (who, when, what it became)
+  before it is published, however long after the first replay the second is asked for.
+
+Every consumer of the subject gets it again and takes it as a redelivery: events are kept once by
+their id, and an action request goes through the remediator's gate as a new request, its age
+counted from when it was first sent. Both read and publish as the NATS admin (the embedded
+stack's under `--var`, else GPUMEDIC_NATS_*), since only it may read the control plane's streams
+and publish on any subject.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from gpumedic.output import clip, table, to_json
 from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.streams import DEAD_LETTERS
+from gpumedic_bus.topology import durable_reading
 from gpumedic_events import EventDecodeError, MessageRejected
+from gpumedic_store import replays, views
 
 SOURCE = "gpumedic-cli"
 MAX_SCANNED = 10_000
@@ -32,17 +48,19 @@ MAX_SCANNED = 10_000
 class DeadLetter:
     seq: int
     record: MessageRejected
+    """Its `service` is the one the server let publish it: decoding checks it against the subject."""
 
 
-async def _read(js, seq: int) -> DeadLetter | None:
+async def _read(js, seq: int) -> DeadLetter | str:
+    """The dead letter at `seq`, or why there is none."""
     try:
         msg = await js.get_msg(DEAD_LETTERS.name, seq=seq)
-    except NotFoundError:  # removed by the stream's limits
-        return None
+    except NotFoundError:
+        return "not found (never kept, or removed by the stream's limits)"
     try:
         return DeadLetter(seq, MessageRejected.from_json(msg.data or b"", subject=msg.subject))
-    except EventDecodeError:
-        return None
+    except EventDecodeError as exc:
+        return f"not a dead-letter record ({clip(exc.reason, 200)})"
 
 
 async def dead_letters(settings: NatsSettings, *, service: str | None = None, limit: int = 50) -> list[DeadLetter]:
@@ -55,7 +73,7 @@ async def dead_letters(settings: NatsSettings, *, service: str | None = None, li
         seq = state.last_seq
         while seq >= max(state.first_seq, 1) and len(found) < limit and state.last_seq - seq < MAX_SCANNED:
             letter = await _read(js, seq)
-            if letter is not None and (service is None or letter.record.service == service):
+            if isinstance(letter, DeadLetter) and (service is None or letter.record.service == service):
                 found.append(letter)
             seq -= 1
         return found
@@ -77,37 +95,71 @@ async def list_text(settings: NatsSettings, *, service: str | None = None, limit
     )
 
 
-def replay_refusal(record: MessageRejected) -> str:
-    """Why a dead letter cannot be replayed as it was sent ('' when it can)."""
-    if record.payload_truncated:
-        return f"only its first {len(record.payload.encode())} of {record.payload_bytes} bytes were kept"
-    if hashlib.sha256(record.payload.encode()).hexdigest() != record.payload_sha256:
-        return "its bytes were not valid text, so what was kept is not what was sent"
+def replay_refusal(letter: DeadLetter, original: RawStreamMsg | None) -> str:
+    """Why a dead letter is not replayed ('' when its original may be delivered again).
+
+    `original` is what the stream the record names holds at the sequence it names (None: nothing)."""
+    record = letter.record
+    durable = durable_reading(record.service, record.original_subject)
+    if durable is None:
+        return f"no consumer of {record.service} reads {clip(record.original_subject, 120)}: a replay goes only where it was refused"
+    if record.stream is None or record.stream_sequence is None:
+        return "the record does not say where the stream keeps the original (it came over core NATS, or from an older gpumedic)"
+    if record.stream != durable.stream:
+        return f"{durable.name} reads {durable.stream}, not {record.stream}"
+    where = f"{record.stream} #{record.stream_sequence}"
+    if original is None:
+        return f"{where} is no longer stored (removed by the stream's limits), so the record cannot be checked against it"
+    if original.subject != record.original_subject or hashlib.sha256(original.data or b"").hexdigest() != record.payload_sha256:
+        return f"{where} is not the message the record describes (another subject or other bytes)"
     return ""
 
 
-async def replay(settings: NatsSettings, seqs: list[int]) -> tuple[bool, list[str]]:
-    """Publish each chosen dead letter's payload to its original subject; whether all went, and a line each."""
+async def replay(settings: NatsSettings, seqs: list[int], *, store_url: str, by: str) -> tuple[bool, list[str]]:
+    """Deliver each chosen dead letter's original again, at most once; whether all went, and a line each."""
     nc = await connect(settings, SOURCE, allow_reconnect=False, max_reconnect_attempts=0)
     lines, ok = [], True
     try:
         js = nc.jetstream(timeout=5)
-        for seq in seqs:
-            letter = await _read(js, seq)
-            if letter is None:
-                ok = False
-                lines.append(f"dead letter {seq}: not found (never kept, or removed by the stream's limits)")
-                continue
-            record = letter.record
-            if why := replay_refusal(record):
-                ok = False
-                lines.append(f"dead letter {seq}: not replayed: {why}")
-                continue
-            # The same id however often it is asked: the stream keeps one replay per dead letter.
-            ack = await js.publish(record.original_subject, record.payload.encode(), headers={"Nats-Msg-Id": f"replay:{seq}"})
-            said = "already replayed" if ack.duplicate else f"stored as {ack.stream} #{ack.seq}"
-            lines.append(f"dead letter {seq}: replayed to {record.original_subject} ({said}); {record.service} refused it for: "
-                         f"{clip(record.reason, 200)}")
+        async with views.store_session(store_url) as session:
+            for seq in seqs:
+                line = await _replay_one(js, session, seq, by)
+                ok = ok and line.startswith(f"dead letter {seq}: replayed")
+                lines.append(line)
         return ok, lines
     finally:
         await nc.close()
+
+
+async def _replay_one(js, session, seq: int, by: str) -> str:
+    letter = await _read(js, seq)
+    if isinstance(letter, str):
+        return f"dead letter {seq}: {letter}"
+    record = letter.record
+    original = None
+    if record.stream is not None and record.stream_sequence is not None and durable_reading(record.service, record.original_subject):
+        try:
+            original = await js.get_msg(record.stream, seq=record.stream_sequence)
+        except NotFoundError:
+            original = None
+    if why := replay_refusal(letter, original):
+        return f"dead letter {seq}: not replayed: {why}"
+    stream, stored_seq = record.stream, record.stream_sequence
+    earlier = await replays.claim(session=session, stream=stream, seq=stored_seq, dead_letter_seq=seq, service=record.service,
+                                  subject=record.original_subject, by=by, now=datetime.now(UTC))
+    if earlier is not None:
+        became = earlier.result or "its publish did not finish; see the stream"
+        return (f"dead letter {seq}: already replayed: {stream} #{stored_seq} was delivered again by {earlier.replayed_by} "
+                f"at {earlier.replayed_at.isoformat(timespec='seconds')} (dead letter {earlier.dead_letter_seq}): {became}")
+    headers = {k: v for k, v in (original.headers or {}).items() if k.lower() != "nats-msg-id"}
+    headers["Nats-Msg-Id"] = f"replay:{stream}:{stored_seq}"
+    try:
+        ack = await js.publish(original.subject, original.data or b"", stream=stream, headers=headers)
+    except Exception:
+        # Unacknowledged: maybe stored, maybe not. The claim stays, saying so, rather than risk a second copy.
+        await replays.finish(session=session, stream=stream, seq=stored_seq, result="")
+        raise
+    said = f"stored as {ack.stream} #{ack.seq}"
+    await replays.finish(session=session, stream=stream, seq=stored_seq, result=said)
+    return (f"dead letter {seq}: replayed to {record.original_subject} ({said}); {record.service} refused it for: "
+            f"{clip(record.reason, 200)}")

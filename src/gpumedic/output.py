@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -36,9 +37,18 @@ from gpumedic_events.redact import redact, redact_tree
 ELLIPSIS = "…"
 
 
+def printable(text: object) -> str:
+    """`text` with every control character (C0, DEL, C1) written as an escape (`\\x1b`), so that text
+    from a node or another service is shown, never obeyed by the terminal."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def clip(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis where it was cut."""
-    text = " ".join(str(text).split())
+    """`text` on one line, its control characters escaped, cut to `limit` characters with an ellipsis where it was cut."""
+    text = printable(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
 
 
@@ -71,7 +81,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: int 
     for header in headers:
         grid.add_column(header, justify="right" if header in right else "left", no_wrap=True, overflow="ellipsis")
     for row in rows:
-        cells = ("-" if cell is None else redact(str(cell)) for cell in row)
+        cells = ("-" if cell is None else printable(redact(str(cell)).replace("\n", " ").replace("\t", " ")) for cell in row)
         grid.add_row(*(Text(c, style=COLOURS.get(c, "")) if colour else Text(c) for c in cells))
     out = io.StringIO()
     Console(file=out, width=(width - indent) if width else 100_000, no_color=not colour, force_terminal=colour,

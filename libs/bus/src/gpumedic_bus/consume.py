@@ -175,22 +175,27 @@ class EventConsumer(Generic[E]):
 async def keep_rejected(broker: NatsBroker, service: str, raw, reason: str, deliveries: int, *, cause: str) -> None:
     """Log and dead-letter one refused message (`raw`: the nats-py message); the consumer counts it."""
     log.warning("%s rejected a message on %s (%s): %s", service, raw.subject, cause, reason)
-    await publish_event(broker, rejection(service, raw.subject, raw.data, reason, deliveries), msg_id=_rejection_id(service, raw))
+    stored = _stored_as(raw)
+    record = rejection(service, raw.subject, raw.data, reason, deliveries, stored=stored)
+    # One dead letter per stored message and service, however many of its instances refuse it (two
+    # report-builder consoles both read every sample): the stream keeps the first within its
+    # duplicate window.
+    await publish_event(broker, record, msg_id=f"rejected:{service}:{stored[0]}:{stored[1]}" if stored else None)
 
 
-def _rejection_id(service: str, raw) -> str | None:
-    """One dead letter per stored message and service, however many of its instances refuse it
-    (two report-builder consoles both read every sample): the stream keeps the first within its
-    duplicate window. None for a message no stream holds (a request)."""
+def _stored_as(raw) -> tuple[str, int] | None:
+    """The stream and sequence that hold a message; None for one no stream holds (a request)."""
     try:
         meta = raw.metadata
     except Exception:  # noqa: BLE001 (nats-py raises its own error for a non-JetStream message)
         return None
-    return f"rejected:{service}:{meta.stream}:{meta.sequence.stream}"
+    return meta.stream, meta.sequence.stream
 
 
-def rejection(service: str, subject: str, data: bytes, reason: str, deliveries: int) -> MessageRejected:
-    """The dead-letter record of one refused message."""
+def rejection(
+    service: str, subject: str, data: bytes, reason: str, deliveries: int, *, stored: tuple[str, int] | None = None
+) -> MessageRejected:
+    """The dead-letter record of one refused message (`stored`: its stream and sequence)."""
     kept = data[:MAX_KEPT_PAYLOAD].decode("utf-8", errors="replace")[:MAX_KEPT_PAYLOAD]
     return MessageRejected(
         source=service,
@@ -202,6 +207,8 @@ def rejection(service: str, subject: str, data: bytes, reason: str, deliveries: 
         payload_sha256=hashlib.sha256(data).hexdigest(),
         payload=kept,
         payload_truncated=len(data) > MAX_KEPT_PAYLOAD,
+        stream=stored[0] if stored else None,
+        stream_sequence=stored[1] if stored else None,
     )
 
 

@@ -259,6 +259,22 @@ def durable(name: str) -> Durable:
     raise LookupError(f"no durable consumer {name!r} is declared in gpumedic_bus.topology.DURABLES")
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether NATS delivers `subject` to a subscription on `pattern` (`*` one token, `>` the rest)."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
+
+
+def durable_reading(service: str, subject: str) -> Durable | None:
+    """The durable consumer of `service` that reads `subject`, if it has one."""
+    return next((d for d in DURABLES if d.service == service and subject_matches(d.event.subject_filter(), subject)), None)
+
+
 def consumers() -> dict[str, tuple[type[Event], ...]]:
     """Which service consumes which events (over durable consumers, or live)."""
     result: dict[str, tuple[type[Event], ...]] = {}

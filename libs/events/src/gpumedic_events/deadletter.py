@@ -32,6 +32,8 @@ class MessageRejected(Event):
                     "payload_sha256": "9f2c4a1d8e7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a10",
                     "payload": "{\"node_id\": \"gpu-node-07\", \"...\": \"...\"}",
                     "payload_truncated": False,
+                    "stream": "GPUMEDIC_SAMPLES",
+                    "stream_sequence": 81223,
                 }
             ]
         }
@@ -48,3 +50,11 @@ class MessageRejected(Event):
         description="The payload as text (undecodable bytes replaced), cut at 64 KiB.",
     )
     payload_truncated: bool
+    stream: str | None = Field(
+        default=None, max_length=32, pattern=r"^[A-Za-z0-9_-]+$",
+        description="The stream that stores the refused message (None: it came over core NATS, no stream keeps it).",
+    )
+    stream_sequence: int | None = Field(
+        default=None, ge=1, description="Its sequence in that stream: where `gpumedic dead-letters replay` finds the "
+        "original, and checks it against this record, before it delivers it again.",
+    )

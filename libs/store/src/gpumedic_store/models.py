@@ -343,6 +343,21 @@ class NodeDay(Base):
     busy_gpu_minutes: Mapped[int] = mapped_column(Integer, default=0, comment="GPU-minutes at work (utilisation at least BUSY_PCT).")
 
 
+class DeadLetterReplay(Base):
+    """A dead letter's original, delivered again by `gpumedic dead-letters replay`: at most once,
+    whatever the stream's duplicate window (a row is claimed before the publish and kept after)."""
+
+    __tablename__ = "dead_letter_replays"
+
+    original: Mapped[str] = mapped_column(String(64), primary_key=True, comment="STREAM:SEQ of the refused message.")
+    dead_letter_seq: Mapped[int] = mapped_column(Integer, comment="The dead letter replayed (its sequence in the dead-letter stream).")
+    service: Mapped[str] = mapped_column(String(63), comment="The service that refused it (its consumer reads the subject).")
+    subject: Mapped[str] = mapped_column(String(512))
+    replayed_by: Mapped[str] = mapped_column(String(128))
+    replayed_at: Mapped[datetime]
+    result: Mapped[str] = mapped_column(Text, default="", comment="What it became (stored as STREAM #SEQ); empty while publishing.")
+
+
 class SpanRow(Base):
     """One finished span, kept so the UI can draw an incident's trace without a trace backend."""
 
