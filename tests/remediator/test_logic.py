@@ -11,6 +11,7 @@ import pytest
 
 from gpumedic_events import (
     ActionRequested,
+    ClusterChecked,
     DockerPrune,
     DrainNode,
     GpuReset,
@@ -18,6 +19,8 @@ from gpumedic_events import (
     IncidentKind,
     KillGpuProcesses,
     MarkWorkerEnded,
+    PeerJobs,
+    PeerRow,
     ProcessTarget,
     RestartJob,
     RestartUnit,
@@ -37,7 +40,8 @@ from gpumedic_incidents.policy import (
 )
 from gpumedic_incidents.state import fingerprint
 from gpumedic_nodes.inventory import NodeAddress
-from remediator.logic import RESET_HINT, Gate, LedgerView, Verdict, decide, refusal
+from remediator.leaders import ClusterLeaders
+from remediator.logic import RESET_HINT, Gate, KnownLeader, LedgerView, OwnFacts, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)
@@ -225,9 +229,9 @@ def test_rules_apply_in_order(view, gate, expected):
 _GOOD = ProcessTarget(pid=4242, start_ticks=1, command="python train.py")
 
 
-def _refusal(request, incident="waiting", *, stored_at=None, now=None, gate=ENFORCE) -> str:
+def _refusal(request, incident="waiting", *, stored_at=None, now=None, gate=ENFORCE, facts=OwnFacts()) -> str:
     state = incident_waiting_for(request) if incident == "waiting" else incident
-    return refusal(request, incident=state, gate=gate, now=now or request.occurred_at, stored_at=stored_at)
+    return refusal(request, incident=state, gate=gate, now=now or request.occurred_at, stored_at=stored_at, facts=facts)
 
 
 def test_a_request_its_open_incident_waits_for_passes():
@@ -402,10 +406,57 @@ def test_a_job_restart_is_due_only_after_the_fix_and_only_the_job_the_kind_names
     jobs = RestartJobPolicy(jobs={"selfplay": JobRestart(unit="selfplay.service"), "other": JobRestart(command="/opt/other/restart")})
     gate = dataclasses.replace(ENFORCE, kinds=kinds, actions=Actions(restart_job=jobs))
     fixed = incident_waiting_for(restart, resolution="fixed")
-    assert _refusal(restart, fixed, gate=gate) == ""
+    assert _refusal(restart, fixed, gate=gate, facts=OwnFacts(killed=True)) == ""
+    # the state's word that the fix is in is not enough: the remediator's own ledger must hold the kill
+    assert _refusal(restart, fixed, gate=gate) == (
+        "refused: the job restarts after a verified kill, and the remediator's ledger holds no succeeded kill_gpu_processes "
+        f"for incident {restart.incident_id}"
+    )
     # before the kill is verified the ladder's step is due, not a restart
     assert _refusal(restart, incident_waiting_for(restart), gate=gate) == "refused: kinds.zombie_job.ladder step 1 is kill_gpu_processes, not restart_job"
     other = restart.model_copy(update={"operation": RestartJob(job="other")})
     assert _refusal(other, incident_waiting_for(other, resolution="fixed"), gate=gate) == "refused: kinds.zombie_job restarts the job selfplay, not other"
     # the default policy restarts nothing
     assert _refusal(restart, fixed) == "refused: kinds.zombie_job restarts no job, not selfplay"
+
+
+def _phantom_reset(at: str) -> tuple[ActionRequested, Gate]:
+    reset = AdminEndpoint(url="http://127.0.0.1:8770/admin/reset_node_jobs", target="leader", body={"node_id": "{node_id}"})
+    gate = dataclasses.replace(ENFORCE, actions=Actions(http_admin=AdminPolicy(endpoints={"reset_job_count": reset})))
+    request = ActionRequested(
+        source="zombie-detector", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id="gpu-node-07", attempt=1,
+        operation=HttpAdmin(endpoint="reset_job_count", at=at), reason="phantom jobs",
+        fingerprint=fingerprint("gpu-node-07", IncidentKind.PHANTOM_JOBS, None),
+    )
+    return request, gate
+
+
+@pytest.mark.parametrize(
+    ("known", "expected"),
+    [
+        (KnownLeader("selfplay", "peer-1", NOW), ""),
+        (KnownLeader("selfplay", "peer-2", NOW), "the request calls reset_job_count on peer-1, but leader-health's check of cluster "
+         "selfplay at 2026-11-22T10:15:00+00:00 names peer-2 as its leader"),
+        (KnownLeader("selfplay", None, NOW), "leader-health's check of cluster selfplay at 2026-11-22T10:15:00+00:00 found no leader"),
+        (KnownLeader("selfplay", "peer-1", NOW - timedelta(seconds=121)), "leader-health last checked cluster selfplay 121s ago (limit 120s)"),
+        (None, "no check of leader-health names node gpu-node-07's cluster, so its leader is not known"),
+    ],
+)
+def test_an_endpoint_called_on_the_leader_goes_only_to_the_leader_leader_health_reports(known, expected):
+    request, gate = _phantom_reset(at="peer-1")
+    why = _refusal(request, gate=gate, now=NOW, facts=OwnFacts(leader=known))
+    assert (why == "") if not expected else (expected in why and "is called on the leader leader-health reports" in why), why
+
+
+def test_the_known_leader_is_the_newest_check_that_names_the_node():
+    leaders = ClusterLeaders()
+    check = ClusterChecked(source="leader-health", cluster="selfplay", peers_total=3, peers_answering=3, leader="peer-1", healthy=True,
+                           summary="ok", peers=(PeerRow(url="http://10.0.0.2:8770/status", state="ok", node_id="peer-2"),),
+                           leader_view=(PeerJobs(node_id="gpu-node-07", jobs=2),), occurred_at=NOW)
+    leaders.observe(check)
+    leaders.observe(check.model_copy(update={"leader": "peer-2", "occurred_at": NOW - timedelta(seconds=30)}))  # older: ignored
+    assert leaders.of("gpu-node-07") == KnownLeader("selfplay", "peer-1", NOW)
+    assert leaders.of("peer-2") == leaders.of("peer-1") == KnownLeader("selfplay", "peer-1", NOW)
+    assert leaders.of("elsewhere") is None
+    leaders.observe(check.model_copy(update={"cluster": "other", "leader": "peer-9", "occurred_at": NOW + timedelta(seconds=5)}))
+    assert leaders.of("gpu-node-07").leader == "peer-9"  # a node in two clusters: the newest check

@@ -186,13 +186,14 @@ class ServiceRuntime:
 
         self._live_subs.append(await self.broker.connection.subscribe(event_type.subject_filter(), cb=on_message, pending_msgs_limit=65536))
 
-    async def latest(self, event_type: type[Event], key: str) -> Event | None:
-        """The last stored `event_type` for `key` (a node id), or None if its stream keeps none
-        (`topology.LOOKUPS`). One that does not validate raises EventDecodeError."""
+    async def latest(self, event_type: type[Event], key: str | None = None) -> Event | None:
+        """The last stored `event_type` for `key` (a node id; None: for any key), or None if its
+        stream keeps none (`topology.LOOKUPS`). One that does not validate raises EventDecodeError."""
         if event_type not in LOOKUPS.get(self.service, ()):
             raise ValueError(f"{self.service} looks up {[e.__name__ for e in LOOKUPS.get(self.service, ())]}, not {event_type.__name__}")
         try:
-            msg = await self.broker.connection.jetstream().get_last_msg(stream_of(event_type).name, event_type.subject_for(key))
+            subject = event_type.subject_filter() if key is None else event_type.subject_for(key)
+            msg = await self.broker.connection.jetstream().get_last_msg(stream_of(event_type).name, subject)
         except NotFoundError:
             return None
         return event_type.from_json(msg.data, subject=msg.subject)

@@ -125,6 +125,9 @@ LIVE: Mapping[str, tuple[type[Event], ...]] = {
     # reads every sample and heartbeat. The samples also become each node's history (one instance
     # writes it: ONE_INSTANCE_LOOPS).
     "report-builder": (NodeSampled, ServiceHeartbeat),
+    # where an admin endpoint the policy calls on a cluster's leader goes: the leader leader-health
+    # reports, never the one a request names
+    "remediator": (ClusterChecked,),
 }
 """Events a service reads live, as plain NATS subscribers: every instance gets every message as it
 is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
@@ -134,6 +137,8 @@ LOOKUPS: Mapping[str, tuple[type[Event], ...]] = {
     # the console's node page: the node's whole latest sample, read from the stream when the page is
     # asked for (the fleet page keeps only a few figures per node in memory)
     "report-builder": (NodeSampled,),
+    # the newest cluster check at start (then LIVE), so that a leader is known at once
+    "remediator": (ClusterChecked,),
 }
 """Events a service reads one at a time from their stream, the latest for one key (a node)."""
 

@@ -40,7 +40,19 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery, EventConsumer, ServiceRuntime, publish_event
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, Event, HttpAdmin, MarkWorkerEnded, NodeRetired, TerminateWorker
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    ClusterChecked,
+    Event,
+    EventDecodeError,
+    HttpAdmin,
+    MarkWorkerEnded,
+    NodeRetired,
+    RestartJob,
+    TerminateWorker,
+)
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
 from gpumedic_nodes.ssh import NodeError, SshExecutor
@@ -51,7 +63,8 @@ from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.drain import Scheduler
-from remediator.logic import Decision, Gate, Verdict, decide, refusal
+from remediator.leaders import ClusterLeaders
+from remediator.logic import Decision, Gate, OwnFacts, Verdict, decide, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 
@@ -105,6 +118,8 @@ class ActionHandler:
         """Where workers are rented and ended (None: no provider configured)."""
         self.task_db = task_db
         """Where tasks are requeued and worker records marked ended (None: not configured)."""
+        self.leaders = ClusterLeaders()
+        """Each peer cluster's leader, as leader-health reports it (`register` keeps it current)."""
         self._now = clock
         registry = runtime.metrics.registry
         self._outcomes = Counter("gpumedic_actions", "Action requests answered, by operation and outcome (succeeded, "
@@ -146,7 +161,8 @@ class ActionHandler:
             # Only its detector can write the key, but a state that does not parse is no permission.
             why_not = f"refused: the state stored under {request.fingerprint} is not an incident state ({_first_error(exc)})"
         else:
-            why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at)
+            facts = await self._own_facts(request)
+            why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at, facts=facts)
         return await self.run_gated(request, why_not, delivery.still_working)
 
     async def run_gated(
@@ -194,6 +210,14 @@ class ActionHandler:
             )
             await session.commit()
         return record
+
+    async def _own_facts(self, request: ActionRequested) -> OwnFacts:
+        """What the gate checks the request against from the remediator's own sources."""
+        killed = False
+        if isinstance(request.operation, RestartJob):
+            async with self._sessions() as session:
+                killed = await repository.killed(session=session, incident_id=request.incident_id)
+        return OwnFacts(leader=self.leaders.of(request.node_id), killed=killed)
 
     async def _incident(self, request: ActionRequested) -> IncidentState | None:
         """The open incident the request's fingerprint names; a bus error raises (and redelivers)."""
@@ -439,6 +463,23 @@ def register(
             await asyncio.sleep(BREAKER_GAUGE_EVERY_S)
 
     runtime.background(watch_breaker)
+
+    async def leader_checked(check: ClusterChecked) -> None:
+        handler.leaders.observe(check)
+
+    runtime.follow(ClusterChecked, leader_checked)
+
+    async def newest_check() -> None:
+        """The newest stored check, so that a leader is known before leader-health's next round."""
+        try:
+            check = await runtime.latest(ClusterChecked)
+        except EventDecodeError as exc:  # leader-health's next check will do
+            log.warning("the newest stored cluster check does not validate: %s", exc.reason)
+            return
+        if isinstance(check, ClusterChecked):
+            handler.leaders.observe(check)
+
+    runtime.on_startup(newest_check)
     return handler, consumer
 
 

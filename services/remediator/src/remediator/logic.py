@@ -96,6 +96,27 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class KnownLeader:
+    """leader-health's latest check of the peer cluster a node is in (`ClusterChecked`)."""
+
+    cluster: str
+    leader: str | None
+    """The leader most peers named; None when the check found none."""
+    checked_at: datetime
+
+
+@dataclass(frozen=True)
+class OwnFacts:
+    """What the gate knows from sources of its own, never from a request or a detector's state:
+    where an operation goes and whether it may follow another are derived from these."""
+
+    leader: KnownLeader | None = None
+    """leader-health's latest check of the cluster the request's node is in (None: no check names it)."""
+    killed: bool = False
+    """The remediator's own ledger holds a succeeded (verified) kill for the request's incident."""
+
+
+@dataclass(frozen=True)
 class LedgerView:
     """What the ledger says about everything other than the action being decided."""
 
@@ -118,12 +139,14 @@ def refusal(
     gate: Gate,
     now: datetime,
     stored_at: datetime | None,
+    facts: OwnFacts = OwnFacts(),
 ) -> str:
     """Why this request must be refused whatever the fleet looks like ('' when it may go on).
 
     `incident` is the open incident stored under the request's fingerprint (None if none);
     `stored_at` is when the stream stored the request, by the server's clock: a sender can
-    choose `occurred_at`, not that, so the older of the two counts.
+    choose `occurred_at`, not that, so the older of the two counts; `facts` what the remediator
+    knows of its own (the cluster's leader, its ledger's kills).
     """
     oldest = min(request.occurred_at, stored_at) if stored_at is not None else request.occurred_at
     age_s = (now - oldest).total_seconds()
@@ -163,7 +186,7 @@ def refusal(
         )
     if operation_digest(request.operation) != pending.operation_sha256:
         return f"refused: the operation differs from the one {incident.detector} decided for {where}"
-    if why := policy_refusal(request, incident, gate):
+    if why := policy_refusal(request, incident, gate) or _derived_refusal(request, gate, facts, now):
         return f"refused: {why}"
     try:
         render(request.operation, gate.actions)
@@ -226,6 +249,34 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
             return f"a {kind.value} incident ends worker {incident.node_id} only, not {', '.join(operation.worker_ids)}"
     elif isinstance(operation, MarkWorkerEnded) and operation.worker_id != incident.node_id:
         return f"a {kind.value} incident marks worker {incident.node_id} ended only, not {operation.worker_id}"
+    return ""
+
+
+def _derived_refusal(request: ActionRequested, gate: Gate, facts: OwnFacts, now: datetime) -> str:
+    """Why the request's target or timing disagrees with what the remediator knows of its own ('' if
+    it agrees): an endpoint called on the cluster's leader goes to the leader leader-health last
+    reported for the node's cluster, and a job restarts only after a kill its own ledger verified."""
+    operation = request.operation
+    if isinstance(operation, HttpAdmin):
+        endpoint = gate.actions.http_admin.endpoints.get(operation.endpoint)
+        if endpoint is None or endpoint.target != "leader":
+            return ""
+        known = facts.leader
+        rule = f"actions.http_admin.endpoints.{operation.endpoint} is called on the leader leader-health reports"
+        if known is None:
+            return f"no check of leader-health names node {request.node_id}'s cluster, so its leader is not known ({rule})"
+        age_s = (now - known.checked_at).total_seconds()
+        if age_s > gate.max_request_age_s:
+            return (f"leader-health last checked cluster {known.cluster} {age_s:.0f}s ago (limit {gate.max_request_age_s:g}s), "
+                    f"so its leader is not known now ({rule})")
+        if known.leader is None:
+            return f"leader-health's check of cluster {known.cluster} at {_iso(known.checked_at)} found no leader ({rule})"
+        if operation.at != known.leader:
+            return (f"the request calls {operation.endpoint} on {operation.at}, but leader-health's check of cluster "
+                    f"{known.cluster} at {_iso(known.checked_at)} names {known.leader} as its leader ({rule})")
+    elif isinstance(operation, RestartJob) and not facts.killed:
+        return (f"the job restarts after a verified kill, and the remediator's ledger holds no succeeded kill_gpu_processes "
+                f"for incident {request.incident_id}")
     return ""
 
 

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpumedic_events import ActionRequested
+from gpumedic_events import ActionOutcome, ActionRequested
 from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store.breaker import open_trip
 from gpumedic_store.models import ActionRecord, BreakerTrip, NodeDrain
@@ -50,6 +50,15 @@ async def find_request(*, session: AsyncSession, request: ActionRequested) -> Ac
     if row is None or row.request_sha256 in ("", request.request_sha256):  # '': recorded before digests
         return row
     return await get_action(session=session, action_id=aside_id(request.action_id, request.request_sha256))
+
+
+async def killed(*, session: AsyncSession, incident_id: uuid.UUID) -> bool:
+    """Whether this ledger holds a succeeded kill for the incident (a kill succeeds only once the
+    processes were verified gone)."""
+    rows = await session.scalars(
+        select(ActionRecord.operation).where(ActionRecord.incident_id == str(incident_id), ActionRecord.status == ActionOutcome.SUCCEEDED.value)
+    )
+    return any(operation.get("operation") == "kill_gpu_processes" for operation in rows)
 
 
 async def claim(*, session: AsyncSession, request: ActionRequested) -> tuple[uuid.UUID, str]:
