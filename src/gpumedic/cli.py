@@ -359,6 +359,7 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
 
     from gpumedic import enroll
     from gpumedic.inventory_sync import set_node_setting
+    from gpumedic.output import printable
     from gpumedic_nodes.inventory import InventoryError, load_inventory
     from gpumedic_nodes.ssh import SshExecutor
 
@@ -399,7 +400,8 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
                                                     advance=lambda outcome: progress.advance(task)))
     width = max(len(n) for n in nodes)
     for outcome in outcomes:
-        print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {outcome.line}")
+        shown = "\n".join(printable(part) for part in outcome.line.split("\n"))  # a node's words, never its terminal codes
+        print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {shown}")
     if not getattr(args, "check", False):  # the remediator restarts a node's services through what enroll started them under
         defaults = {"service_manager": "systemd", "gpumedic_dir": None}  # what a node's entry without the key means
         for outcome in (o for o in outcomes if o.ok):

@@ -44,12 +44,34 @@ def test_the_node_answers_decide_the_supervisor_and_a_node_without_python_says_s
     assert NodeFacts.parse(answer + "installed=0.1.0+abc\n").installed == "0.1.0+abc"
     with pytest.raises(EnrollError, match=r"no python3 on the node \(install python3, 3.11 or newer\)"):
         NodeFacts.parse(answer.replace("python=/usr/bin/python3", "python="))
-    # what a node answers goes into commands, a unit file and the inventory: plain paths only
-    with pytest.raises(EnrollError, match=r"the node's home '/root/\$\(id\)' is not a plain absolute path; not enrolled"):
+    # what a node answers goes into commands, a unit file, the inventory and the terminal: each in its form
+    with pytest.raises(EnrollError, match=r"the node answered home='/root/\$\(id\)' \(11 characters\), which is not a plain absolute path; not enrolled"):
         NodeFacts.parse(answer.replace("home=/root", "home=/root/$(id)"))
-    with pytest.raises(EnrollError, match="the node's home 'relative' is not a plain absolute path"):
+    with pytest.raises(EnrollError, match="the node answered home='relative' .* which is not a plain absolute path"):
         NodeFacts.parse(answer.replace("home=/root", "home=relative"))
-    assert NodeFacts.parse(answer.replace("uid=0", "uid=zero")).manager == "supervisor"  # a garbled uid is no root
+    with pytest.raises(EnrollError, match="the node answered uid='zero' .* which is not a user id of at most 10 digits"):
+        NodeFacts.parse(answer.replace("uid=0", "uid=zero"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "form"),
+    [
+        ("uid", "9" * 5000, "a user id of at most 10 digits"),  # int() of it raised a ValueError nothing caught
+        ("free_kb", "1" * 5000, "a count of KiB of at most 19 digits"),
+        ("user", "root\x1b]0;owned\x07", "a user name"),
+        ("installed", "\x1b[2J0.1.0", "a version"),
+        ("machine", "x86_64; reboot", "a machine name such as x86_64"),
+        ("pyver", "3.11\x1b[31m", "a Python version such as 3.11"),
+    ],
+)
+def test_a_node_answer_out_of_its_form_is_refused_by_name_and_shown_escaped(key, value, form):
+    answer = "home=/root\nuser=root\nuid=0\nmachine=x86_64\npython=/usr/bin/python3\npyver=3.11\nlibc=glibc-2.36\nfree_kb=10485760\n"
+    lines = [line for line in answer.splitlines() if not line.startswith(f"{key}=")] + [f"{key}={value}"]
+    with pytest.raises(EnrollError) as caught:
+        NodeFacts.parse("\n".join(lines))
+    said = str(caught.value)
+    assert said.startswith(f"the node answered {key}=") and f"which is not {form}; not enrolled" in said
+    assert "\x1b" not in said and "\x07" not in said and len(said) < 200
 
 
 def test_the_node_gets_its_own_credentials_with_the_ca_where_enroll_puts_it(tmp_path):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpumedic.deployment import read_env
 from gpumedic.enroll.artifact import NODE_FILES, ArtifactError, Platform, artifact_version, build_artifact
+from gpumedic.output import clip, printable
 from gpumedic_nodes.inventory import InventoryError
 from gpumedic_nodes.ssh import NodeError, NodeSession, SshExecutor
 
@@ -38,6 +39,23 @@ PROGRAM = "gpumedic-node-sampler"
 MIN_FREE_MB = 200
 STARTED_WITHIN_S = 30.0
 PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/+-]{0,200}$")
+ANSWERS = {
+    # what each answer of the probe may be; anything else is a node's bad answer, refused by name
+    "home": (PLAIN_PATH, "a plain absolute path"),
+    "dir": (PLAIN_PATH, "a plain absolute path"),
+    "workspace": (PLAIN_PATH, "a plain absolute path"),
+    "python": (PLAIN_PATH, "a plain absolute path"),
+    "user": (re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}\$?$"), "a user name"),
+    "uid": (re.compile(r"^[0-9]{1,10}$"), "a user id of at most 10 digits"),
+    "machine": (re.compile(r"^[A-Za-z0-9_-]{1,32}$"), "a machine name such as x86_64"),
+    "pyver": (re.compile(r"^[0-9]{1,3}\.[0-9]{1,3}$"), "a Python version such as 3.11"),
+    "libc": (re.compile(r"^[A-Za-z0-9._-]{0,64}$"), "a C library such as glibc-2.36"),
+    "systemd": (re.compile(r"^yes$"), "yes"),
+    "installed": (re.compile(r"^[A-Za-z0-9.+_-]{1,64}$"), "a version"),
+    "free_kb": (re.compile(r"^[0-9]{0,19}$"), "a count of KiB of at most 19 digits"),
+}
+"""The node's answers are data, never control: they go into commands, a unit file, the inventory
+and the operator's terminal, so each is checked against its form (with bounds) before use."""
 
 PROBE = r"""
 echo "home=$HOME"
@@ -93,12 +111,13 @@ class NodeFacts:
 
     @classmethod
     def parse(cls, text: str) -> NodeFacts:
-        found = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        found = {key: value for key, value in (line.split("=", 1) for line in text.splitlines() if "=" in line) if key in ANSWERS}
         if not found.get("python"):
             raise EnrollError("no python3 on the node (install python3, 3.11 or newer)")
-        for key in ("home", "dir", "workspace", "python"):  # they go into commands, a unit file and the inventory
-            if found.get(key) and not PLAIN_PATH.match(found[key]):
-                raise EnrollError(f"the node's {key} {found[key][:80]!r} is not a plain absolute path; not enrolled")
+        bad = [f"{key}='{printable(value[:40])}{'...' if len(value) > 40 else ''}' ({len(value)} characters), which is not {ANSWERS[key][1]}"
+               for key, value in found.items() if value and not ANSWERS[key][0].match(value)]
+        if bad:
+            raise EnrollError(f"the node answered {'; '.join(bad)}; not enrolled")
         free, uid = found.get("free_kb", ""), found.get("uid", "")
         return cls(
             home=found.get("home", ""), user=found.get("user", ""), uid=int(uid) if uid.isdigit() else -1,
@@ -192,7 +211,7 @@ def failure_line(exc: BaseException) -> str:
 async def _run(session: NodeSession, command: str, what: str, *, timeout_s: float | None = None) -> str:
     result = await session.run(command, timeout_s=timeout_s)
     if result.exit_status != 0:
-        said = " ".join((result.stderr or result.stdout).split())[-300:] or f"exit status {result.exit_status}"
+        said = printable(" ".join((result.stderr or result.stdout).split())[-300:]) or f"exit status {result.exit_status}"
         if "No space left on device" in said:
             raise EnrollError(f"disk full while {what}: {said}")
         if "Permission denied" in said:
@@ -204,7 +223,7 @@ async def _run(session: NodeSession, command: str, what: str, *, timeout_s: floa
 async def _write(session: NodeSession, path: str, data: bytes, what: str, *, mode: int = 0o600) -> None:
     result = await session.write_file(path, data, mode=mode, timeout_s=300)
     if result.exit_status != 0:
-        said = " ".join(result.stderr.split())[-300:] or f"exit status {result.exit_status}"
+        said = printable(" ".join(result.stderr.split())[-300:]) or f"exit status {result.exit_status}"
         raise EnrollError(f"{'disk full' if 'No space left' in said else 'could not write'} {what}: {said}")
 
 
@@ -289,11 +308,12 @@ async def check_node(session: NodeSession) -> Outcome:
     cannot = [line.removeprefix("cannot=") for line in lines if line.startswith("cannot=")]
     state = found.get("state", "unknown")
     running = state in ("active", "RUNNING")
-    line = f"{found.get('version', '?')} {state.lower()} under {found.get('manager', '?')}"
+    manager = found.get("manager") if found.get("manager") in ("systemd", "supervisor") else None
+    line = f"{clip(found.get('version', '?'), 64)} {clip(state.lower(), 32)} under {manager or clip(found.get('manager', '?'), 32)}"
     if found.get("since"):
-        line += f" since {found['since'].strip()}"
-    line += "".join(f"\n    cannot see: {what}" for what in cannot)
-    return Outcome(session.node_id, running, line, found.get("manager"), _elsewhere(facts))
+        line += f" since {clip(found['since'], 64)}"
+    line += "".join(f"\n    cannot see: {clip(what, 200)}" for what in cannot[:20])
+    return Outcome(session.node_id, running, line, manager, _elsewhere(facts))
 
 
 async def unenroll_node(session: NodeSession) -> Outcome:
@@ -329,6 +349,8 @@ async def for_each_node(
                 outcome = Outcome(node_id, False, failure_line(exc))
             except OSError as exc:  # this machine's side: an unreadable artifact or secret
                 outcome = Outcome(node_id, False, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 (whatever one node did, the others still get their line)
+                outcome = Outcome(node_id, False, f"unexpected {type(exc).__name__}: {clip(str(exc), 300)}")
         advance(outcome)
         return outcome
 
