@@ -344,19 +344,28 @@ async def test_token_guesses_are_throttled_per_client_however_many_come_at_once(
     assert held.status_code == 429 and int(held.headers["Retry-After"]) > 0
 
 
-def test_the_throttle_counts_per_client_and_in_total_and_forgets_after_its_window():
+def test_the_throttle_holds_each_client_and_slows_wrong_tokens_from_everywhere_and_forgets_after_its_window():
     from report_builder.console.auth import LoginThrottle
 
     now = [0.0]
-    throttle = LoginThrottle(per_client=2, in_total=3, window_s=60, clock=lambda: now[0])
+    throttle = LoginThrottle(per_client=2, in_total=3, window_s=60, delay_s=0.5, flood_delay_s=5, clock=lambda: now[0])
     assert [throttle.admit("a"), throttle.admit("a")] == [0.0, 0.0]
     assert throttle.admit("a") == 60.0  # its own limit
-    assert throttle.admit("b") == 0.0
-    assert throttle.admit("c") == 60.0  # the total: many addresses cannot add up to more
+    assert [throttle.admit("b"), throttle.admit("c"), throttle.admit("d")] == [0.0, 0.0, 0.0]  # the total refuses no one
+    assert [throttle.wrong() for _ in range(4)] == [0.5, 0.5, 0.5, 5.0]  # past the total, wrong tokens are slowed
     now[0] = 61.0
-    assert throttle.admit("a") == 0.0 and throttle.admit("c") == 0.0
+    assert throttle.admit("a") == 0.0 and throttle.wrong() == 0.5
     throttle.succeeded("a")  # a login that worked forgets its address's tries
     assert throttle.admit("a") == 0.0
+
+
+async def test_logout_without_a_session_goes_back_to_the_fleet(console, browser):
+    out = await browser.client.post("/logout", data={"csrf": "whatever"})
+    assert out.status_code == 303 and out.headers["Location"].startswith("/?done=")
+    await browser.login()
+    csrf = await browser.hidden("/ledger", "csrf")
+    assert (await browser.client.post("/logout", data={"csrf": "wrong"})).status_code == 403  # a live session still needs its form
+    assert (await browser.client.post("/logout", data={"csrf": csrf})).status_code == 303
 
 
 @pytest.mark.parametrize(

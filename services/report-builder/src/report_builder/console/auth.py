@@ -88,41 +88,51 @@ class Sessions:
 
 
 class LoginThrottle:
-    """How many tokens may be tried: `per_client` per address and `in_total` across all addresses
-    within `window_s`. An attempt counts when it starts, not when it fails, so many at once from
-    one address are held like many in a row; a successful login forgets its address's attempts."""
+    """How fast tokens may be guessed. Each address may try `per_client` tokens within `window_s`
+    (an attempt counts when it starts, so many at once from one address are held like many in a
+    row); past that it is refused without its token being looked at. Across all addresses, wrong
+    tokens are slowed, never refused: past `in_total` wrong tokens within the window each wrong
+    answer waits `flood_delay_s` instead of `delay_s`. So strangers guessing from many addresses
+    cannot lock the operator out: the right token is checked (in constant time) and let in
+    whatever the others did. A successful login forgets its address's attempts."""
 
     MAX_CLIENTS = 10_000
     """Addresses remembered at most (the oldest are forgotten first): bounded memory under a flood."""
 
-    def __init__(self, *, per_client: int = 5, in_total: int = 30, window_s: float = 60.0, clock=time.monotonic) -> None:
+    def __init__(self, *, per_client: int = 5, in_total: int = 30, window_s: float = 60.0, delay_s: float = 0.5,
+                 flood_delay_s: float = 5.0, clock=time.monotonic) -> None:
         self._per_client = per_client
         self._in_total = in_total
         self._window_s = window_s
+        self._delay_s = delay_s
+        self._flood_delay_s = flood_delay_s
         self._clock = clock
-        self._total: deque[float] = deque()
+        self._wrong: deque[float] = deque()
         self._by_client: dict[str, deque[float]] = {}
 
     def admit(self, client: str) -> float:
         """0 when `client` may try a token now (and the try is counted), else the seconds to wait."""
         now = self._clock()
         since = now - self._window_s
-        while self._total and self._total[0] <= since:
-            self._total.popleft()
         tries = self._by_client.get(client, deque())
         while tries and tries[0] <= since:
             tries.popleft()
         if len(tries) >= self._per_client:
             return tries[0] + self._window_s - now
-        if len(self._total) >= self._in_total:
-            return self._total[0] + self._window_s - now
         tries.append(now)
-        self._total.append(now)
         self._by_client.pop(client, None)
         self._by_client[client] = tries  # the most recent last
         if len(self._by_client) > self.MAX_CLIENTS:
             del self._by_client[next(iter(self._by_client))]
         return 0.0
+
+    def wrong(self) -> float:
+        """Count a wrong token; the seconds its answer waits (longer while many come from everywhere)."""
+        now = self._clock()
+        while self._wrong and self._wrong[0] <= now - self._window_s:
+            self._wrong.popleft()
+        self._wrong.append(now)
+        return self._flood_delay_s if len(self._wrong) > self._in_total else self._delay_s
 
     def succeeded(self, client: str) -> None:
         self._by_client.pop(client, None)

@@ -463,7 +463,7 @@ class Console:
         try:
             session_id, session = self.auth.login(str(form.get("token", "")), str(form.get("name", "")))
         except AuthError as exc:
-            await asyncio.sleep(0.5)  # a guessed token costs time
+            await asyncio.sleep(self.throttle.wrong())  # a guessed token costs time, more while guesses come from everywhere
             log.warning("console: a login was refused from %s: %s", client, exc)
             raise web.HTTPForbidden(text=f"login refused: {exc}") from None
         self.throttle.succeeded(client)
@@ -493,7 +493,11 @@ class Console:
 
     async def logout(self, request: web.Request) -> web.Response:
         form = await _same_origin_form(request)
-        self.auth.authorize(request.cookies.get(SESSION_COOKIE), form.get("csrf"))
+        if self.auth.get(request.cookies.get(SESSION_COOKIE)) is None:
+            response = _back(form, "/", "not logged in")  # nothing to end (expired, restarted, or never)
+            response.del_cookie(SESSION_COOKIE, path="/")
+            return response
+        form, _ = await self._authorized(request)
         self.auth.logout(request.cookies.get(SESSION_COOKIE))
         response = _back(form, "/", "logged out")
         response.del_cookie(SESSION_COOKIE, path="/")
