@@ -110,8 +110,11 @@ async def main() -> int:
     if not nc.is_closed:
         try:
             await nc.close()  # what was printed was acked; the rest waits in the durable for the next run
-        except OSError:
-            pass  # the server went first: nats-py flushes what it buffered meanwhile to a dead socket; unacked events wait in the durable
+        except (OSError, AttributeError):
+            # The server went first: nats-py flushes what it buffered meanwhile to a dead socket (an
+            # OSError, or on TLS asyncio's AttributeError from a transport already torn down). What
+            # was printed was acked; unacked events wait in the durable.
+            pass
     return 0
 
 

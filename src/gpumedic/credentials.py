@@ -28,10 +28,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpumedic_bus.topology import CONTROL_ACCOUNT, OBSERVERS_ACCOUNT, Permissions, account_of, permissions_for
+from gpumedic_bus.topology import CONTROL_ACCOUNT, OBSERVER_STREAMS, OBSERVERS_ACCOUNT, Permissions, account_of, permissions_for
 
-OBSERVERS_LIMITS = "{max_mem: 64M, max_file: 1G, max_streams: 16, max_consumers: 64}"
-"""What the observers' own JetStream may hold: enough for a few consumers' streams of incidents."""
+OBSERVERS_LIMITS = f"{{max_mem: 64M, max_file: 1G, max_streams: {len(OBSERVER_STREAMS)}, max_consumers: 64}}"
+"""What the observers' own JetStream may hold: the streams `topology.OBSERVER_STREAMS` names (so
+no other stream, whatever a user's permissions say), and durable consumers for a few of your own."""
 CA_DAYS = 3650
 SERVER_DAYS = 825
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpumedic.stack import Stack
 from gpumedic_bus import NatsSettings, connect
+from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import OPERATOR
 from gpumedic_events import Event
 
@@ -38,6 +39,7 @@ def operator_settings(var_dir: Path, user: str = OPERATOR) -> NatsSettings:
 async def publish(settings: NatsSettings, event: Event) -> None:
     nc = await connect(settings, SOURCE, allow_reconnect=False, max_reconnect_attempts=0)
     try:
-        await nc.jetstream().publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)}, timeout=5)
+        await nc.jetstream().publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)}, timeout=5,
+                                     stream=stream_of(type(event)).name)
     finally:
         await nc.close()

@@ -323,8 +323,6 @@ async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_
     """Your own consumer's account: incidents published by the detector flow into a stream it made
     in its own JetStream, a durable of its own reads them; the control plane's streams do not exist
     for it, and it may not publish an event."""
-    from nats.js.errors import NotFoundError
-
     from gpumedic_bus.streams import INCIDENTS
     from gpumedic_events import IncidentOpened
 
@@ -343,8 +341,9 @@ async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_
         [msg] = await sub.fetch(1, timeout=5)
         assert IncidentOpened.from_json(msg.data, subject=msg.subject).incident_id == opened.incident_id
         await msg.ack()
-        with pytest.raises(NotFoundError):  # its account has no such stream: nothing of the control plane to touch
-            await js.stream_info(ACTIONS.name)
+        with pytest.raises(Exception):  # neither in its account nor in its rights: nothing of the control plane to touch
+            await observer.jetstream(timeout=1).stream_info(ACTIONS.name)
+        assert await refusals.refused(f'publish to "$js.api.stream.info.{ACTIONS.name.lower()}"')
         control = admin.jetstream()
         actions_before = (await control.stream_info(ACTIONS.name)).state.messages
         await observer.publish(ACTION.subject, ACTION.to_json())
@@ -356,3 +355,26 @@ async def test_the_observer_keeps_its_own_stream_and_durable_of_every_event_and_
         await observer.close()
         await detector_nc.close()
         await admin.close()
+
+
+async def test_the_observer_keeps_no_stream_but_the_incidents(secured):
+    """An outside consumer may keep the incidents (OBSERVER_STREAMS) and nothing else: a stream with
+    the control plane's configuration of the samples, the actions or anything else is refused by the
+    server, and the account's limits allow no more streams than that."""
+    from gpumedic.credentials import OBSERVERS_LIMITS
+    from gpumedic_bus.streams import STREAMS
+    from gpumedic_bus.topology import OBSERVER_STREAMS
+
+    observer, refusals = await as_user(secured, OBSERVER)
+    try:
+        js = observer.jetstream(timeout=1)
+        for stream in [s for s in STREAMS if s.name not in OBSERVER_STREAMS]:
+            with pytest.raises(Exception):
+                await js.add_stream(name=stream.name, subjects=list(stream.subjects))
+            assert await refusals.refused(f'publish to "$js.api.stream.create.{stream.name.lower()}"'), stream.name
+        with pytest.raises(Exception):
+            await js.add_stream(name="MY_COPY", subjects=["gpumedic.v1.>"])
+        assert await refusals.refused('publish to "$js.api.stream.create.my_copy"')
+        assert f"max_streams: {len(OBSERVER_STREAMS)}" in OBSERVERS_LIMITS
+    finally:
+        await observer.close()

@@ -49,7 +49,7 @@ from gpumedic_events import (
     SubjectToken,
 )
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
-from gpumedic_bus.streams import INCIDENT_STATE, LEASES, stream_of
+from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, stream_of
 
 SERVICES: tuple[str, ...] = (
     "node-sampler",
@@ -303,6 +303,12 @@ and durable consumers, while nothing it publishes or creates reaches the control
 OBSERVER = "observer"
 """Reads every event and nothing else, from its own account: your own consumers (examples/), and
 the operator's tools (`gpumedic up` waiting for heartbeats, the demo's story, `gpumedic sim`'s score)."""
+OBSERVER_STREAMS: tuple[str, ...] = (INCIDENTS.name,)
+"""The streams an outside consumer may keep in the observers' JetStream, by name (the account's
+limits allow no more streams than these). Each is named as gpumedic's own: gpumedic publishes with
+Nats-Expected-Stream, so a stream of that name stores only its events, whatever subjects it lists.
+So your pager can keep the incidents for a restart, and no observer can keep a lasting copy of
+everything else (the samples, the action requests)."""
 OPERATOR = "operator"
 """A person's tools that tell the system something (`gpumedic silence`): publishes what
 `PRODUCERS` names it for, and reads every event."""
@@ -352,8 +358,20 @@ def permissions_for(user: str) -> Permissions | None:
     if user == ADMIN:
         return None
     if user == OBSERVER:
-        # JetStream's API, acks and flow control reach the observers' own JetStream only.
-        return Permissions(publish=("$JS.API.>", "$JS.ACK.>", "$JS.FC.>"), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
+        # JetStream's API, acks and flow control reach the observers' own JetStream only, and there
+        # only the streams it may keep and their consumers.
+        jetstream = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
+        for stream in OBSERVER_STREAMS:
+            jetstream += [
+                *(f"$JS.API.STREAM.{verb}.{stream}" for verb in ("CREATE", "INFO", "DELETE")),
+                f"$JS.API.CONSUMER.*.{stream}",  # listing, and an unnamed consumer
+                f"$JS.API.CONSUMER.*.{stream}.>",  # a named consumer's create, info, delete
+                f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+                f"$JS.ACK.{stream}.>",
+                f"$JS.FC.{stream}.>",
+            ]
+        return Permissions(publish=tuple(jetstream), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
     if user == OPERATOR:
         published = tuple(e.subject_filter() for e, producers in PRODUCERS.items() if OPERATOR in producers)
         return Permissions(publish=(*published, *_asks(user)), subscribe=("gpumedic.v1.>", f"{inbox_prefix(user)}.>"))
