@@ -11,13 +11,12 @@ import asyncio
 import pytest
 
 from gpumedic_bus.streams import INCIDENT_STATE, KV_BUCKETS, LEASES, STREAMS
-from gpumedic_bus.topology import DURABLES, LAUNCHER, OPENS, OPERATOR, SERVICES, node_user, owner_of
+from gpumedic_bus.topology import DURABLES, LAUNCHER, OBSERVER, OBSERVER_STREAMS, OPENS, OPERATOR, SERVICES, node_user, owner_of
 from gpumedic_events import IncidentKind
 from tests.fixtures.nats import SECURED_NODE, as_user
 
 USERS = (*SERVICES[1:], node_user(SECURED_NODE), OPERATOR, LAUNCHER)
-"""Every control-plane login but the admin's (which provisions) and the observer's (in an account of
-its own, tested in tests/e2e/test_nats_permissions.py)."""
+"""Every control-plane login but the admin's (which provisions); the observer's account is its own."""
 
 _STREAM_VERBS = ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE", "LEADER.STEPDOWN", "PEER.REMOVE")
 
@@ -58,10 +57,12 @@ def _foreign_calls(user: str) -> dict[str, str]:
     return calls
 
 
-@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("user", (*USERS, OBSERVER))
 async def test_no_user_reaches_another_services_streams_consumers_or_buckets(secured, user):
     nc, refusals = await as_user(secured, user)
     calls = _foreign_calls(user)
+    if user == OBSERVER:  # in its own account, what it may keep is its own (tests/e2e/test_nats_permissions)
+        calls = {s: what for s, what in calls.items() if not any(f".{name}" in s for name in OBSERVER_STREAMS)}
     try:
         for subject in calls:
             await nc.publish(subject, b"{}")
@@ -89,5 +90,26 @@ async def test_a_detector_writes_the_incident_state_of_its_own_kinds_only(secure
         with pytest.raises(Exception):  # the server never stores it, so no acknowledgement comes
             await kv.put(f"sim-node-02.{foreign.value}.1", b"{}")
         assert await refusals.refused(f'publish to "$kv.{INCIDENT_STATE.bucket.lower()}.sim-node-02.{foreign.value}.1"')
+    finally:
+        await nc.close()
+
+
+async def test_a_node_publishes_spans_on_its_own_subject_only(secured):
+    """Every node login could publish the shared `...spans.node-sampler` and so add spans to any trace
+    it knew the id of, in any node's name; now each node has a span subject of its own."""
+    from gpumedic_events import SpansExported
+
+    nc, refusals = await as_user(secured, node_user(SECURED_NODE))
+    try:
+        own = SpansExported.subject_for(node_user(SECURED_NODE))
+        for subject in (SpansExported.subject_for("node-sampler"), SpansExported.subject_for(node_user("sim-node-02")),
+                        SpansExported.subject_for("remediator")):
+            await nc.publish(subject, b"{}")
+            assert await refusals.refused(f'publish to "{subject}"'), subject
+        before = len(refusals.errors)
+        await nc.publish(own, b"{}")
+        await nc.flush()
+        await asyncio.sleep(0.3)
+        assert len(refusals.errors) == before, refusals.errors_text()
     finally:
         await nc.close()

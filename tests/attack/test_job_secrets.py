@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,9 @@ from gpumedic.actions import action_text
 from gpumedic.actions import list_text as actions_text
 from gpumedic.incidents import incident_text, list_text
 from gpumedic_sim.fleet import SimFleet
-from gpumedic_events import Event
+from gpumedic_bus.streams import NODE_EVENTS, SAMPLES
+from gpumedic_events import ActionRequested, Event, NodeSampled
+from gpumedic_events.base import json_examples
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import ContainerPolicy, FleetPolicy, Kinds, Step, ZombiePolicy
 from gpumedic_store import create_engine, session_factory, views
@@ -141,3 +144,40 @@ def _files(what: str, root: Path, pattern: str) -> dict[str, str]:
         f"{what} {path.relative_to(root)}": path.read_bytes().decode("latin-1")
         for path in root.glob(pattern) if path.is_file()
     }
+
+
+async def test_a_hostile_nodes_unmasked_secrets_stay_in_what_it_sent(nats_server, nats_settings, apps):
+    """A node whose sampler does not mask (an old one, or a hostile node) sends a zombie job's command
+    line with its secrets in clear. zombie-detector opens the zombie and asks for the kill; the
+    secrets are in no stream file of the control plane but the samples the node sent itself."""
+    secret = _secrets()
+    command = (f"python -m selfplay --password={secret['password']} --api-key {secret['api key']} "
+               f"https://bob:{secret['url password']}@data.example.org/shards")
+    example = NodeSampled.model_validate(json_examples(NodeSampled)[0])
+    gpu = example.gpus[0]
+    raw = example.model_copy(update={
+        "node_id": "hostile-01", "device_holders": (),
+        "gpus": (gpu.model_copy(update={"processes": (gpu.processes[0].model_copy(update={"command": command}),)}),),
+    })
+    conn = await nats.connect(nats_settings.url)
+    js = conn.jetstream()
+    try:
+        await apps.start(detector(nats_settings, POLICY))
+        sub = await conn.subscribe(ActionRequested.subject_filter())
+        for _ in range(60):
+            sample = raw.model_copy(update={"event_id": uuid.uuid4(), "occurred_at": datetime.now(UTC)})
+            await js.publish(sample.subject, sample.to_json())
+            await asyncio.sleep(0.2)
+            if sub.pending_msgs:
+                break
+        request = ActionRequested.from_json((await sub.next_msg(timeout=5)).data)
+        assert request.operation.targets[0].command.startswith("python -m selfplay --password=*** --api-key ***")
+    finally:
+        await apps.stop_all()
+        await conn.close()
+    files = _files("NATS stream file", nats_server.data_dir, "**/*")
+    sent_by_the_node = [p for p in files if f"/{SAMPLES.name}/" in p or f"/{NODE_EVENTS.name}/" in p]
+    assert sent_by_the_node and any(secret["password"] in files[p] for p in sent_by_the_node)  # what it sent is kept as sent
+    leaks = [f"{what} in {where}" for where, text in files.items() if where not in sent_by_the_node
+             for what, value in secret.items() if value in text]
+    assert not leaks, leaks

@@ -84,7 +84,9 @@ def _security(settings: NatsSettings) -> NatsSecurity | None:
 class ServiceRuntime:
     """The broker, tracer and lifecycle of one service process."""
 
-    def __init__(self, service: str, nats_settings: NatsSettings, *, trace_to_bus: bool = False) -> None:
+    def __init__(self, service: str, nats_settings: NatsSettings, *, trace_to_bus: bool = False, spans_as: str | None = None) -> None:
+        """`spans_as`: the subject its spans go out on, when not the service's (a node's sampler: its
+        node's user, the only span subject that node may publish on)."""
         self.service = service
         self.nats = nats_settings
         quiet_tls_eof()
@@ -92,7 +94,7 @@ class ServiceRuntime:
         self.metrics = ServiceMetrics(service)
         self._metrics_port = metrics_port()  # GPUMEDIC_METRICS_PORT; a bad one stops the start here
         self.ready = asyncio.Event()
-        self._span_recorder = BusSpanRecorder(service) if trace_to_bus else None
+        self._span_recorder = BusSpanRecorder(service, publish_as=spans_as or service) if trace_to_bus else None
         self.tracer_provider: TracerProvider = create_tracer_provider(
             service, processors=[self._span_recorder] if self._span_recorder else []
         )

@@ -391,7 +391,8 @@ def permissions_for(user: str) -> Permissions | None:
 
 def _node_sampler(user: str, node: str) -> Permissions:
     publish = [f"{event.subject_prefix}.{node}" for event in NODE_FACTS]
-    publish.append(SpansExported.subject_for("node-sampler"))
+    if node != "*":  # its spans on its own subject, so no node adds spans in another's name (the sim's fleet sends none)
+        publish.append(SpansExported.subject_for(node_user(node)))
     return Permissions(publish=tuple(publish), subscribe=(f"{inbox_prefix(user)}.>",))
 
 

@@ -40,8 +40,9 @@ def traceparent_of(headers: Mapping[str, str] | None) -> str | None:
 class BusSpanRecorder(SpanProcessor):
     """Buffers finished spans; `run` publishes them as SpansExported every half second."""
 
-    def __init__(self, service: str, max_buffer: int = 10_000, batch: int = 256) -> None:
+    def __init__(self, service: str, max_buffer: int = 10_000, batch: int = 256, *, publish_as: str | None = None) -> None:
         self._service = service
+        self._publish_as = publish_as or service
         self._buffer: deque[SpanRecord] = deque(maxlen=max_buffer)
         self._batch = batch
 
@@ -66,7 +67,7 @@ class BusSpanRecorder(SpanProcessor):
     async def flush(self, publish: Callable[[SpansExported], Awaitable[None]]) -> None:
         while self._buffer:
             spans = tuple(islice(self._buffer, self._batch))
-            await publish(SpansExported(source=self._service, service=self._service, spans=spans))
+            await publish(SpansExported(source=self._service, service=self._publish_as, spans=spans))
             for _ in spans:  # dropped only once published, so a failed publish keeps them
                 self._buffer.popleft()
 

@@ -62,7 +62,8 @@ class SpansExported(Event):
         }
     )
 
-    service: SubjectToken
+    service: SubjectToken = Field(description="Who sent them, and so the subject: a control-plane service, or a node's "
+                                  "sampler as node-<node id> (each node publishes its spans on its own subject only).")
     spans: tuple[SpanRecord, ...] = Field(max_length=512)
 
 

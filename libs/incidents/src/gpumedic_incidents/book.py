@@ -25,7 +25,7 @@ from gpumedic_events import ActionCompleted, IncidentKind, SilenceAdded, Silence
 from gpumedic_incidents import lifecycle
 from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
-from gpumedic_incidents.state import Finding, IncidentState, cleared
+from gpumedic_incidents.state import Finding, IncidentState, cleared, masked
 
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
@@ -66,6 +66,8 @@ class IncidentBook:
         """`found_with`: other nodes newly found with the same kind in the same round (`reconcile`),
         counted for fleet correlation as if already open."""
         state = self.incidents.get(finding.fingerprint)
+        if finding.present:
+            finding = masked(finding)
         if not finding.present:
             t = lifecycle.clear(state, finding, now, policy=self.policy) if state is not None else None
             return [t] if t else []

@@ -3,6 +3,7 @@ and the `Finding` a rule reports about one fingerprint."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import Mapping
@@ -12,7 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpumedic_events import Diagnosis, Evidence, IncidentKind, Operation, Severity
+from gpumedic_events import Diagnosis, Evidence, IncidentKind, KillGpuProcesses, Operation, Severity
+from gpumedic_events.redact import redact, redact_tree
 
 Phase = Literal["held", "acting", "waiting", "verifying", "validating", "escalated", "silenced"]
 """held: waiting out the fleet hold before its first action; acting: an action was requested and
@@ -140,6 +142,25 @@ class Finding:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.node_id, self.kind, self.gpu_index, self.key)
+
+
+def masked(finding: Finding) -> Finding:
+    """`finding` with the job text it copies from a node masked again (`gpumedic_events.redact`): a
+    node-sampler masks before it publishes, but an old one or a hostile node may not, and whatever a
+    finding says goes into incidents, action requests and the incident state on the bus. A kill's
+    target keeps its masked command line: the remediator masks the node's the same way to compare."""
+    operations = {
+        name: op.model_copy(update={"targets": tuple(t.model_copy(update={"command": redact(t.command)}) for t in op.targets)})
+        if isinstance(op, KillGpuProcesses) else op
+        for name, op in finding.operations.items()
+    }
+    diagnosis = finding.diagnosis and finding.diagnosis.model_copy(
+        update={"explanation": redact(finding.diagnosis.explanation), "remedies": tuple(map(redact, finding.diagnosis.remedies))}
+    )
+    return dataclasses.replace(
+        finding, summary=redact(finding.summary), evidence=redact_tree(finding.evidence), diagnosis=diagnosis,
+        recommended_action=redact(finding.recommended_action), unsafe=redact(finding.unsafe), operations=operations,
+    )
 
 
 def cleared(kind: IncidentKind, node_id: str, gpu_index: int | None = None, key: str | None = None) -> Finding:

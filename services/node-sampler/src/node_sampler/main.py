@@ -15,6 +15,7 @@ from typing import Any
 from faststream import FastStream
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
+from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
 from node_sampler.host import HostReader
@@ -56,7 +57,7 @@ def create_app(
 
         nvml = pynvml
     processes = processes or ProcFsTable(settings.proc_root)
-    runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
+    runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus, spans_as=node_user(settings.node_id))
     sampler = Sampler(
         settings.node_id,
         nvml,

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus import Delivery
+from gpumedic_bus.topology import NODE_USER_PREFIX
 from gpumedic_events import (
     CapacityEvaluated,
     ClusterChecked,
@@ -136,7 +137,10 @@ class ReportHandlers:
         self._changed()
 
     async def on_spans(self, event: SpansExported, delivery: Delivery) -> None:
+        spans = event.spans
+        if event.service.startswith(NODE_USER_PREFIX):  # a node speaks for its own sampler only
+            spans = tuple(span for span in spans if span.service == "node-sampler")
         async with self._sessions() as session:
-            await repository.record_spans(session, spans=event.spans)
+            await repository.record_spans(session, spans=spans)
             await session.commit()
         self._changed()
