@@ -131,7 +131,7 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
         assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user
         assert not any(".STREAM.CREATE" in p or ".STREAM.UPDATE" in p or ".STREAM.DELETE" in p for p in rules.publish), user
     node = permissions_for(node_user(NODE))
-    assert all(p.endswith(f".{NODE}") or p.endswith(".node-sampler") for p in node.publish)
+    assert all(p.endswith((f".{NODE}", f".{node_user(NODE)}")) for p in node.publish)  # its facts and its spans, on its own subjects
     assert node.subscribe == (f"_INBOX.{node_user(NODE)}.>",)
 
 
