@@ -99,6 +99,8 @@ class Stack:
     _envs: dict[str, dict[str, str]] = field(default_factory=dict)
     _supervisor: asyncio.Task | None = None
     _stopping: bool = False
+    _provision_due: bool = False
+    """A server was restarted: its memory streams (the samples) are to be made again."""
 
     @property
     def store_url(self) -> str:
@@ -284,6 +286,14 @@ class Stack:
             while True:
                 await asyncio.sleep(every_s)
                 self.tend()
+                if self._provision_due:
+                    try:
+                        await self.provision()
+                    except Exception as exc:  # the server is still starting: the next round tries again
+                        self.say(f"  could not provision the restarted bus yet: {exc}")
+                    else:
+                        self._provision_due = False
+                        self.say("  provisioned the restarted bus again (its samples stream is kept in memory)")
 
         self._supervisor = asyncio.create_task(supervise(), name="gpumedic-supervisor")
 
@@ -297,6 +307,7 @@ class Stack:
         for n, server in enumerate(self.servers):
             if (code := server.exited) is not None:
                 self._revive(server_name(n), code, now, server.start, where=f" on port {server.port}, same data")
+                self._provision_due = self._provision_due or server.exited is None
         for service, proc in list(self.processes.items()):
             if (code := proc.poll()) is not None:
                 self._revive(service, code, now, lambda s=service: self._spawn(s))

@@ -1,7 +1,8 @@
 """Detection survives the bus: nats-server restarts (same port, same data) under a running
 detector, remediator and report-builder, and the next zombie is still detected, killed over SSH
-and recorded, with nobody restarting a service. Every stream is on file storage, so the
-streams and the provisioned consumers come back with the server, and each client reconnects."""
+and recorded, with nobody restarting a service. The streams on file storage come back with the
+server; the samples stream, kept in memory, is made again by the bus's keeper (as the embedded
+stack and compose's bus-keeper run it), and each client reconnects."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import asyncio
 
 from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, connect, provision
+from gpumedic_bus.provision import keep
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event, NodeSampled
 from remediator.main import create_app as remediator_app
 from report_builder.main import create_app as reports_app
@@ -24,6 +27,8 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
     admin = await connect(settings, "test-admin")
     await provision(admin.jetstream(), settings)
     await admin.close()
+    admin = await connect(settings, "test-keeper")
+    keeper = asyncio.create_task(keep(admin.jetstream(), settings, every_s=0.5))
 
     published = {"ok": 0, "failed": 0}
     sampler_nc = await connect(settings, "test-fleet")
@@ -62,6 +67,8 @@ async def test_a_zombie_after_a_nats_restart_is_still_detected_and_fixed(tmp_pat
         assert node.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
         assert [e.event_type for e in timeline] == ["IncidentOpened", "ActionRequested", "ActionCompleted", "IncidentResolved"]
     finally:
+        await stop_tasks([keeper])
+        await admin.close()
         await apps.stop_all()
         await sampler_nc.close()
         server.stop()

@@ -72,10 +72,16 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
     for stream in STREAMS:
         config = stream.config(replicas)
         try:
-            await js.stream_info(stream.name)
+            info = await js.stream_info(stream.name)
         except NotFoundError:
             await js.add_stream(config)
             done.append(f"stream {stream.name} ({', '.join(stream.subjects)})")
+            continue
+        if info.config.storage != config.storage and stream.replaceable:
+            # JetStream cannot change a stream's storage; what it holds is replaced within an interval
+            await js.delete_stream(stream.name)
+            await js.add_stream(config)
+            done.append(f"stream {stream.name} again, on {config.storage.value} storage")
         else:
             await js.update_stream(config)
     for bucket in KV_BUCKETS:
@@ -101,32 +107,68 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
     return done
 
 
+async def keep(js: JetStreamContext, settings: NatsSettings, *, replicas: int = 1, every_s: float = 10.0) -> None:
+    """Provision again whenever a stream is gone, until cancelled: a single nats-server that
+    restarts comes back without its memory streams (the samples) and their consumers."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            missing = [s.name for s in STREAMS if not await _exists(js, s.name)]
+            if missing:
+                done = await provision(js, settings, replicas=replicas)
+                log.warning("the bus had lost %s (a server restarted): provisioned again (%d made)", ", ".join(missing), len(done))
+        except Exception as exc:  # the server is away: the next round looks again
+            log.info("could not look at the bus's streams yet: %r", exc)
+
+
+async def _exists(js: JetStreamContext, stream: str) -> bool:
+    try:
+        await js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
+
+
 REPLICAS_VARIABLE = "GPUMEDIC_PROVISION_REPLICAS"
+KEEP_VARIABLE = "GPUMEDIC_PROVISION_KEEP_S"
 
 
 def main() -> None:
     """`gpumedic-provision`: provision the bus named by GPUMEDIC_NATS_* (the admin user; compose's
-    one-shot), with GPUMEDIC_PROVISION_REPLICAS copies of each stream and bucket (1; 3 on a cluster)."""
+    one-shot), with GPUMEDIC_PROVISION_REPLICAS copies of each stream and bucket (1; 3 on a cluster).
+    With GPUMEDIC_PROVISION_KEEP_S it then stays, provisioning again whenever a stream is gone
+    (compose's `bus-keeper`: a restarted single server loses the samples stream)."""
     import sys
-
 
     text = os.environ.get(REPLICAS_VARIABLE, "").strip() or "1"
     if not text.isdigit() or not 1 <= int(text) <= 5:
         sys.exit(f"gpumedic-provision: {REPLICAS_VARIABLE}={text!r} is not a replica count (1 to 5)")
+    keep_text = os.environ.get(KEEP_VARIABLE, "").strip() or "0"
+    try:
+        keep_s = float(keep_text)
+    except ValueError:
+        keep_s = -1.0
+    if not 0 <= keep_s <= 3600:
+        sys.exit(f"gpumedic-provision: {KEEP_VARIABLE}={keep_text!r} is not a number of seconds (0: provision once; up to 3600)")
 
     async def _run() -> list[str]:
         settings = NatsSettings()
-        nc = await connect(settings, "gpumedic-provision", max_reconnect_attempts=3, allow_reconnect=False)
+        nc = await connect(settings, "gpumedic-provision", max_reconnect_attempts=-1 if keep_s else 3, allow_reconnect=bool(keep_s))
         try:
             js = nc.jetstream()
             await wait_for_jetstream(js)
-            return await provision(js, settings, replicas=int(text))
+            done = await provision(js, settings, replicas=int(text))
+            print(f"gpumedic-provision: bus provisioned on {text} replica(s) ({len(done)} created, the rest up to date)", flush=True)
+            if keep_s:
+                await keep(js, settings, replicas=int(text), every_s=keep_s)
+            return done
         finally:
             await nc.close()
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        done = asyncio.run(_run())
+        asyncio.run(_run())
+    except KeyboardInterrupt:
+        pass
     except Exception as exc:  # one line that says what failed; the cause names no secret
         sys.exit(f"gpumedic-provision: {type(exc).__name__}: {exc}")
-    print(f"gpumedic-provision: bus provisioned on {text} replica(s) ({len(done)} created, the rest up to date)")

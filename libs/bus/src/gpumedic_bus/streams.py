@@ -1,11 +1,15 @@
 """Every JetStream stream and key-value bucket gpumedic uses, declared in one place.
 
-Samples are many and disposable: minutes of retention. Incidents, actions and dead letters must
-not be lost: long retention, de-duplication by Nats-Msg-Id. Every stream is on file storage, so
-a restarted nats-server comes back with its streams and durable consumers and detection resumes
-by itself (a memory stream vanishes with the server, and no service may re-create it).
-Durability of acknowledged writes also depends on the server's `sync_interval`; the embedded
-server sets it to `always`. `gpumedic_bus.provision` creates all of this with an admin identity.
+Samples are many and replaced every interval: they are kept in memory for `SAMPLES_MAX_AGE_S`,
+never fsynced, since losing the last few on a server crash costs nothing (the next interval
+brings new ones) while an fsync per 6 KB sample capped the whole fleet at what one disk takes
+(about 2,500 samples a second here, and past that the server dropped them at ingest).
+Incidents, actions, state, control and dead letters must not be lost: file storage, long
+retention, de-duplication by Nats-Msg-Id, and the embedded server's `sync_interval: always`.
+A memory stream vanishes with a single server that restarts (a cluster's replicas keep it), and
+no service may re-create it: whoever provisions keeps it there (`gpumedic_bus.provision.keep`:
+the embedded stack after restarting its server, compose's `bus-keeper`).
+`gpumedic_bus.provision` creates all of this with an admin identity.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class Stream:
     max_bytes: int
     duplicate_window_s: float
     description: str
+    replaceable: bool = False
+    """What it holds is replaced within an interval (samples): provisioning may drop and make it again."""
 
     @property
     def subjects(self) -> list[str]:
@@ -75,14 +81,20 @@ class Stream:
         )
 
 
+SAMPLES_MAX_AGE_S = _MINUTE
+"""How long the samples stream keeps a sample, its only bound: what it holds grows with the fleet
+(10,000 nodes' 6 KB samples every 5 s: about 720 MB of the server's memory; 50,000: 3.6 GB), and
+it is the sample path's loss window. A consumer that falls further behind loses samples to it,
+and says so long before (its lag is a fact, see gpumedic_bus.consume)."""
 SAMPLES = Stream(
     name="GPUMEDIC_SAMPLES",
     events=(NodeSampled,),
-    storage=StorageType.FILE,
-    max_age_s=10 * _MINUTE,
-    max_bytes=512 * 1024 * 1024,
+    storage=StorageType.MEMORY,
+    max_age_s=SAMPLES_MAX_AGE_S,
+    max_bytes=-1,  # bounded by age: a byte cap would be a time bound that shrinks as the fleet grows
     duplicate_window_s=5,  # samples need no de-duplication; 0 would mean the server's 2 minutes
-    description="Node samples: many, disposable, minutes of retention; on file so they survive a server restart.",
+    description="Node samples: many, replaced every interval; a minute in memory, never fsynced.",
+    replaceable=True,
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
