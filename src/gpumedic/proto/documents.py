@@ -139,6 +139,8 @@ def _duration(seconds: float) -> str:
 
 
 def _size(n: int) -> str:
+    if n < 0:
+        return "no limit (by age)"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
