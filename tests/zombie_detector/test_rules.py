@@ -17,6 +17,7 @@ from gpumedic_events import (
     UndrainNode,
     ActionOutcome,
     ActionRequested,
+    ConsumerLag,
     ContainerExited,
     DeviceHolder,
     DiskUsage,
@@ -34,6 +35,7 @@ from gpumedic_events import (
     NodeRetired,
     NodeSampled,
     NodeSshChecked,
+    ServiceHeartbeat,
     ProcessOomKilled,
     RestartUnit,
 )
@@ -483,6 +485,54 @@ def test_when_every_node_stops_at_once_the_detector_lost_the_bus_and_no_node_is_
     d.feed(sample("n1"), 77)
     (opened, _) = d.tick(77)
     assert opened.kind is IncidentKind.NODE_SILENT and opened.node_id == "n2"
+
+
+DETECTOR_INSTANCE = uuid.uuid4()
+
+
+def behind(s: float, service="zombie-detector", *, pending=5000, instance=DETECTOR_INSTANCE, state="ready") -> ServiceHeartbeat:
+    """A service's heartbeat saying how far behind its samples it is."""
+    lag = (ConsumerLag(durable=f"{service}-samples", pending=pending if s else 0, behind_s=s),)
+    return ServiceHeartbeat(source=service, service=service, instance_id=instance, state=state, lag=lag)
+
+
+def test_while_the_detector_is_behind_its_samples_no_node_is_silent_and_each_counts_afresh_once_caught_up():
+    """At 10,000 nodes the detector fell behind and called thousands of healthy nodes silent: a
+    sample still waiting in the stream is no silent node."""
+    d = Detector()
+    d.feed(sample("n1"), 0)
+    d.feed(sample("n2"), 0)
+    d.feed(behind(20), 1)  # 20 s behind: samples of both may wait unseen
+    for s in range(5, 60, 5):
+        d.feed(sample("n2"), s)  # what trickles in is n2's
+        assert d.tick(s) == []
+    assert not d.opened(IncidentKind.NODE_SILENT)
+    d.feed(behind(0.2), 60)  # caught up: n1's count starts from here
+    d.feed(sample("n2"), 70)
+    assert d.tick(70) == [] and not d.opened(IncidentKind.NODE_SILENT)
+    d.feed(sample("n2"), 76)
+    (opened, _) = d.tick(76)  # three intervals after catching up, still nothing from n1: silent now
+    assert opened.kind is IncidentKind.NODE_SILENT and opened.node_id == "n1"
+
+
+def test_a_service_behind_its_samples_is_one_control_plane_incident_until_it_catches_up():
+    d = Detector()
+    assert d.feed(behind(4), 0) == []  # under control_plane_behind.after_s (10 s): keeping up
+    opened, *_ = d.feed(behind(25, pending=38_000), 1)
+    assert (opened.kind, opened.node_id) == (IncidentKind.CONTROL_PLANE_BEHIND, "control-plane")
+    assert opened.summary.startswith("zombie-detector is 25s behind its samples (38,000 waiting on zombie-detector-samples) since ")
+    assert "it judges no node silent meanwhile" in opened.summary
+    d.feed(behind(40), 6)
+    d.feed(behind(8), 11)  # below the limit, not yet below half of it: still behind
+    assert len(d.opened(IncidentKind.CONTROL_PLANE_BEHIND)) == 1 and not [e for e in d.events if isinstance(e, IncidentResolved)]
+    d.feed(behind(0.1, instance=uuid.uuid4()), 12)  # another instance that keeps up says nothing of this one
+    d.feed(behind(0, instance=uuid.uuid4()).model_copy(update={"lag": ()}), 12)  # a standby consumes nothing
+    assert not [e for e in d.events if isinstance(e, IncidentResolved)]
+    (resolved,) = [e for e in d.feed(behind(0.3), 16) if isinstance(e, IncidentResolved)]
+    assert resolved.incident_id == opened.incident_id and "caught up" in resolved.summary
+    # the autoscaler behind is its own incident, saying what it does not do meanwhile
+    (autoscaler, *_) = d.feed(behind(30, "autoscaler"), 20)
+    assert autoscaler.kind is IncidentKind.CONTROL_PLANE_BEHIND and "it scales on no sample meanwhile" in autoscaler.summary
 
 
 def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():

@@ -277,6 +277,22 @@ def subscribe(
 EventHandler = Callable[[E], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Lag:
+    """How far behind its stream a sample consumer is, as it knows itself: a fact it publishes (its
+    heartbeat, its metrics), and what the silence of a node is judged against."""
+
+    durable: str
+    pending: int
+    """Messages the stream holds for it that it has not been given yet (as the server last said)."""
+    behind_s: float
+    """While any wait: the age of the newest message it has handled (it grows while nothing comes);
+    0 when none waits."""
+
+    def behind(self, limit_s: float) -> bool:
+        return self.behind_s > limit_s
+
+
 class PushConsumer(Generic[E]):
     """A durable push consumer for a high-volume, disposable event (node samples).
 
@@ -311,6 +327,9 @@ class PushConsumer(Generic[E]):
         self._since_ack = 0
         self._sub = None
         self._ticker: asyncio.Task | None = None
+        self._pending = 0
+        self._newest_stored: float | None = None
+        """When the stream stored the newest message handled (epoch seconds, the server's clock)."""
 
     async def start(self) -> None:
         js = self._broker.connection.jetstream()
@@ -333,7 +352,22 @@ class PushConsumer(Generic[E]):
             self._sub = None
         await self._ack()
 
+    def lag(self, now: float | None = None) -> Lag:
+        """How far behind it is now (`now`: epoch seconds)."""
+        now = time.time() if now is None else now
+        behind = 0.0 if not self._pending or self._newest_stored is None else max(0.0, now - self._newest_stored)
+        return Lag(self.durable.name, self._pending, behind)
+
+    def saw_pending(self, pending: int) -> None:
+        """What the server says waits (consumer info), for a stall in which no message tells it."""
+        self._pending = pending
+
     async def _on_message(self, msg) -> None:
+        try:
+            meta = msg.metadata
+            self._pending, self._newest_stored = meta.num_pending, meta.timestamp.timestamp()
+        except Exception:  # noqa: BLE001 (not a JetStream message: nothing to learn from it)
+            pass
         try:
             event = self._event_type.from_json(msg.data, subject=msg.subject)
         except EventDecodeError as exc:

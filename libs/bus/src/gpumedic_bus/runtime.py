@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.connect import connect_options, quiet_tls_eof
-from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, PushConsumer, subscribe, undecoded
+from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PushConsumer, subscribe, undecoded
 from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
@@ -40,7 +40,7 @@ from gpumedic_bus.tasks import stop_tasks
 from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
-from gpumedic_events import Event, EventDecodeError, ServiceHeartbeat
+from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat
 from gpumedic_telemetry import create_tracer_provider
 from gpumedic_telemetry.metrics import CONNECTED, ServiceMetrics, metrics_port
 
@@ -353,6 +353,12 @@ class ServiceRuntime:
             self.metrics.gauge("gpumedic_consumer_missing", "1 for a durable consumer of this service found gone: it receives "
                                "nothing of it until `gpumedic provision` makes it again.", ["consumer"],
                                lambda: [((name,), 1.0 if name in self.consumers_missing else 0.0) for name in durables])
+        if self._push_consumers:
+            self.metrics.gauge("gpumedic_consumer_behind_seconds", "While samples wait for this consumer, the age of the newest one it "
+                               "handled (0 when none waits): how far behind its stream it judges.", ["consumer"],
+                               lambda: [((lag.durable,), lag.behind_s) for lag in self.lags()])
+            self.metrics.gauge("gpumedic_consumer_pending", "Messages waiting for this consumer in its stream.", ["consumer"],
+                               lambda: [((lag.durable,), float(lag.pending)) for lag in self.lags()])
         if self.service in ONE_ACTIVE:
             self.metrics.gauge("gpumedic_active", "1 while this instance is its service's active one, 0 on standby.", [],
                                lambda: [((), 1.0 if self.lease is not None and self.lease.held else 0.0)])
@@ -398,6 +404,8 @@ class ServiceRuntime:
             self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
         if self._consumers or self._push_consumers:
             self._tasks.append(asyncio.create_task(self._watch_consumers(), name=f"{self.service}-consumers"))
+        if self._push_consumers:
+            self._tasks.append(asyncio.create_task(self._watch_lag(), name=f"{self.service}-lag"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
         for loop in self._loops:
@@ -445,7 +453,26 @@ class ServiceRuntime:
         return ServiceHeartbeat(
             source=self.service, service=self.service, instance_id=self.instance_id, state=state,
             consumers_missing=tuple(sorted(self.consumers_missing)),
+            lag=tuple(ConsumerLag(durable=lag.durable, pending=lag.pending, behind_s=round(lag.behind_s, 3)) for lag in self.lags()),
         )
+
+    def lags(self) -> list[Lag]:
+        """How far behind its stream each of this service's sample consumers is now."""
+        return [consumer.lag() for consumer in self._push_consumers]
+
+    async def _watch_lag(self) -> None:
+        """Ask the server what waits for each sample consumer every LAG_CHECK_EVERY_S: a consumer that
+        is given nothing (a stall) learns from no message that it is behind."""
+        js = self.broker.connection.jetstream()
+        while True:
+            await asyncio.sleep(LAG_CHECK_EVERY_S)
+            for consumer in self._push_consumers:
+                try:
+                    info = await js.consumer_info(consumer.durable.stream, consumer.durable.name, timeout=2)
+                except Exception as exc:  # the bus away: the messages' own counts stand meanwhile
+                    log.debug("%s: lag of %s not looked up: %s", self.service, consumer.durable.name, nats_reason(exc))
+                    continue
+                consumer.saw_pending(info.num_pending)
 
     async def _watch_consumers(self) -> None:
         """Look up this service's durable consumers every CONSUMER_CHECK_EVERY_S: one that is gone
@@ -484,6 +511,8 @@ class ServiceRuntime:
         await publish_event(self.broker, event)
 
 
+LAG_CHECK_EVERY_S = 2.0
+"""How often a service asks the server how many samples wait for each of its sample consumers."""
 CONSUMER_CHECK_EVERY_S = 30.0
 """How often a service looks up its durable consumers: a lost one is noticed within a minute."""
 START_WITHIN_S = 60.0

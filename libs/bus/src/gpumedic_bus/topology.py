@@ -128,6 +128,8 @@ LIVE: Mapping[str, tuple[type[Event], ...]] = {
     # where an admin endpoint the policy calls on a cluster's leader goes: the leader leader-health
     # reports, never the one a request names
     "remediator": (ClusterChecked,),
+    # how far behind each sample consumer is (their heartbeats): one incident when a service falls behind
+    "zombie-detector": (ServiceHeartbeat,),
 }
 """Events a service reads live, as plain NATS subscribers: every instance gets every message as it
 is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
@@ -194,7 +196,7 @@ OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
         _K.ZOMBIE_JOB, _K.ORPHAN_GPU_HOLDER, _K.GPU_XID, _K.GPU_LOST, _K.CONTAINER_DIED, _K.DISK_PRESSURE,
         _K.HOST_MEMORY_PRESSURE, _K.NODE_SILENT, _K.NVML_UNAVAILABLE, _K.SSH_UNREACHABLE, _K.PHANTOM_JOBS, _K.IDLE_JOBS,
         _K.STUCK_PROCESS, _K.GPU_THERMAL, _K.GPU_THROTTLED, _K.ECC_ERRORS, _K.ROW_REMAP, _K.PCIE_DEGRADED,
-        _K.NVLINK_DEGRADED, _K.GPU_STRAGGLER,
+        _K.NVLINK_DEGRADED, _K.GPU_STRAGGLER, _K.CONTROL_PLANE_BEHIND,
     ),
     "leader-health": (
         _K.NO_LEADER, _K.QUORUM_LOST, _K.SPLIT_BRAIN, _K.LEADER_FLAPPING, _K.PEER_BLOCKED, _K.PEER_DOWN,
@@ -212,6 +214,8 @@ opens the fleet incident (`fleet_anomaly`) that groups one of its own kinds."""
 
 FLEET_NODE = "fleet"
 """The node id of fleet incidents (`fleet/fleet_anomaly/node/<kind>`): they are on no one node."""
+CONTROL_PLANE_NODE = "control-plane"
+"""The node id of incidents about gpumedic's own services (`control-plane/control_plane_behind/node/<service>`)."""
 
 
 def owner_of(kind: IncidentKind | str, key: str | None = None) -> str | None:

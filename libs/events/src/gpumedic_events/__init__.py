@@ -71,7 +71,7 @@ from gpumedic_events.node import (
     ProcessIdentity,
     TopProcess,
 )
-from gpumedic_events.status import CapacityEvaluated, ClusterChecked, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
+from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ConsumerLag, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -181,6 +181,7 @@ __all__ = [
     "ProcessOomKilled",
     "ProcessTarget",
     "ServiceHeartbeat",
+    "ConsumerLag",
     "SpanRecord",
     "SpansExported",
     "SubjectToken",

@@ -98,14 +98,17 @@ class IncidentKind(StrEnum):
     REPEAT_OFFENDER = "repeat_offender"
     """A host (a rented worker's machine, or an owned node) with too many incidents of one kind
     within the policy's window: a bad machine, or a fix that does not hold (fixed, back, fixed)."""
+    CONTROL_PLANE_BEHIND = "control_plane_behind"
+    """A control-plane service handles samples later than they come (its key names it): meanwhile it
+    judges no node silent, and the autoscaler scales on no samples, rather than act on what they did not see."""
 
 
 WHOLE_KINDS = frozenset({
     IncidentKind.FLEET_ANOMALY, IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED,
     IncidentKind.ORPHANED_TASKS, IncidentKind.NO_LEADER, IncidentKind.QUORUM_LOST, IncidentKind.SPLIT_BRAIN,
-    IncidentKind.LEADER_FLAPPING, IncidentKind.PEERS_BELOW_TARGET,
+    IncidentKind.LEADER_FLAPPING, IncidentKind.PEERS_BELOW_TARGET, IncidentKind.CONTROL_PLANE_BEHIND,
 })
-"""Kinds about the fleet, the worker pool or the peer cluster as a whole: no one host's doing."""
+"""Kinds about the fleet, the worker pool, the peer cluster or gpumedic itself as a whole: no one host's doing."""
 
 
 class IncidentEvent(Event):

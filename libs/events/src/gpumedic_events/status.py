@@ -10,6 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpumedic_events.base import Event, SubjectToken
 
 
+class ConsumerLag(BaseModel):
+    """How far behind its stream one of a service's consumers is, as it knows itself."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    durable: SubjectToken
+    pending: int = Field(ge=0, description="Messages waiting for it in the stream.")
+    behind_s: float = Field(ge=0, description="While any wait, the age of the newest message it has handled; else 0.")
+
+
 class ServiceHeartbeat(Event):
     """A service is ready (published at start and every few seconds) or is stopping."""
 
@@ -26,6 +36,7 @@ class ServiceHeartbeat(Event):
                     "service": "zombie-detector",
                     "instance_id": "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a07",
                     "state": "ready",
+                    "lag": [{"durable": "zombie-detector-samples", "pending": 12, "behind_s": 0.04}],
                 }
             ]
         }
@@ -38,6 +49,9 @@ class ServiceHeartbeat(Event):
         default=(), max_length=64,
         description="Durable consumers of this service that no longer exist (deleted, or never provisioned): it receives "
         "nothing of them until `gpumedic provision` makes them again.",
+    )
+    lag: tuple[ConsumerLag, ...] = Field(
+        default=(), max_length=64, description="How far behind its stream each of its sample consumers is."
     )
 
 

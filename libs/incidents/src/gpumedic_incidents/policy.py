@@ -263,6 +263,13 @@ class SilentPolicy(KindPolicy):
     )
 
 
+class BehindPolicy(KindPolicy):
+    after_s: float = Field(
+        default=10.0, gt=0, description="A service whose newest handled sample is older than this while more wait is behind "
+        "(two of the shipped 5 s intervals); it is caught up again below half of it.",
+    )
+
+
 class SshPolicy(KindPolicy):
     after_checks: int = Field(default=2, ge=1, description="Failed read-only logins in a row before an incident.")
 
@@ -422,6 +429,7 @@ class Kinds(_Strict):
     burn_in: BurnInPolicy = BurnInPolicy()
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
+    control_plane_behind: BehindPolicy = BehindPolicy()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self, IncidentKind(kind).value)

@@ -12,6 +12,7 @@ from faststream import FastStream
 from gpumedic_bus import ServiceRuntime
 from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import NODE_INCIDENT_INPUTS
+from gpumedic_events import ServiceHeartbeat
 from gpumedic_incidents import Policy
 from zombie_detector.handlers import DetectorHandlers
 from zombie_detector.logic import SOURCE as SERVICE
@@ -26,6 +27,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     handlers = DetectorHandlers(runtime, NodeIncidents(policy or settings.policy.load()))
     handlers.attach("zombie-detector-actions")
     runtime.consume_fast("zombie-detector-samples", handlers.on_event)
+    runtime.follow(ServiceHeartbeat, handlers.on_event)  # how far behind each sample consumer is
+    runtime.background(handlers.watch_own_lag)
     for event_type in NODE_INCIDENT_INPUTS:
         runtime.consume(f"zombie-detector-{event_type.__name__}", handlers.on_event)
     return runtime.app()

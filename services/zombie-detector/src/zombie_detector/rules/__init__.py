@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
+from zombie_detector.rules.behind import BehindRule
 from zombie_detector.rules.container import ContainerRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
@@ -33,7 +34,8 @@ def build_rules(policy: Policy) -> list[Rule]:
         StragglerRule(kinds.gpu_straggler),
         ContainerRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
-        NodeRule(kinds.node_silent, kinds.ssh_unreachable),
+        NodeRule(kinds.node_silent, kinds.ssh_unreachable, behind=kinds.control_plane_behind),
+        BehindRule(kinds.control_plane_behind),
         ReadinessRule(policy.preflight),
     ]
 

@@ -3,7 +3,10 @@
 - node_silent: no sample for `after_intervals` of the node's own interval, measured against the
   freshest sample the detector has from any node, not its wall clock: when the detector's own bus
   connection drops, every node's samples stop at once and none of them is silent for that; when
-  samples resume after such a gap, every node's count starts again from then. Every sample
+  samples resume after such a gap, every node's count starts again from then. Nor is a node
+  silent while the detector itself is behind its samples by more than the node's interval (its
+  own heartbeat's lag): a sample it has not been given yet is no silence; once it has caught up
+  (below half of `control_plane_behind.after_s`), every node's count starts again from then. Every sample
   while it is open clears it (a clear that lands while the restart is in flight is not taken).
   Several nodes at once is one fleet incident, as for any kind; a whole fleet gone quiet
   together cannot be told apart from the detector losing the bus, and is left to the services'
@@ -21,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSampled, NodeSshChecked, RestartUnit
+from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSampled, NodeSshChecked, RestartUnit, ServiceHeartbeat
 from gpumedic_incidents import Finding
-from gpumedic_incidents.policy import SilentPolicy, SshPolicy
+from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
 from zombie_detector.rules.base import Incidents
 
 SILENT = IncidentKind.NODE_SILENT
@@ -41,11 +44,15 @@ SSH_STEPS = {
 
 
 class NodeRule:
-    inputs = (NodeSampled, NodeSshChecked, NodeRetired)
+    inputs = (NodeSampled, NodeSshChecked, NodeRetired, ServiceHeartbeat)
 
-    def __init__(self, silent: SilentPolicy, ssh: SshPolicy) -> None:
+    def __init__(self, silent: SilentPolicy, ssh: SshPolicy, *, behind: BehindPolicy | None = None, service: str = "zombie-detector") -> None:
         self.silent = silent
         self.ssh = ssh
+        self.caught_up_below_s = (behind or BehindPolicy()).after_s / 2
+        self.service = service
+        self.behind_s = 0.0
+        """How far behind its samples the detector itself is (its own heartbeat)."""
         self.last_sample: dict[str, tuple[datetime, float]] = {}
         """When each node last sampled (detector's clock) and its interval."""
         self.freshest: datetime | None = None
@@ -54,6 +61,13 @@ class NodeRule:
         """When samples came again after nothing arrived from anyone (the bus was away)."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, ServiceHeartbeat):
+            if event.service == self.service and event.state == "ready" and event.lag:  # a standby consumes nothing
+                behind_s = max((lag.behind_s for lag in event.lag), default=0.0)
+                if self.behind_s > self.caught_up_below_s >= behind_s:
+                    self.resumed_at = now  # caught up: every node's count starts again from now
+                self.behind_s = behind_s
+            return []
         if isinstance(event, NodeSshChecked):
             return self._ssh(event, incidents)
         if isinstance(event, NodeRetired):
@@ -91,6 +105,8 @@ class NodeRule:
             return []
         findings = []
         for node_id, (seen, interval) in self.last_sample.items():
+            if self.behind_s > interval:
+                continue  # its next sample may wait in the stream, unseen
             counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
             if _overdue((counted_from, interval), self.freshest, self.silent.after_intervals):
                 quiet = (now - seen).total_seconds()
