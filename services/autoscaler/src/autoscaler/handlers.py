@@ -37,6 +37,8 @@ class CapacityHandlers:
         detector: Detector,
         demand: DemandSource | None = None,
         provider: Provider | None = None,
+        *,
+        behind_after_s: float = 10.0,
     ) -> None:
         self._runtime = runtime
         self._settings = settings
@@ -49,6 +51,8 @@ class CapacityHandlers:
         self.latest: dict[str, NodeLoad] = {}
         self.idle_since: dict[str, datetime] = {}
         self.drained: set[str] = set()
+        self._behind_after_s = behind_after_s
+        self._was_behind = False
 
     async def on_sample(self, sample: NodeSampled) -> None:
         if isinstance(self._detector.logic, PoolIncidents):
@@ -70,6 +74,8 @@ class CapacityHandlers:
             self.drained.discard(event.node_id)
 
     async def evaluate_once(self) -> CapacityEvaluated:
+        if (held := self._held_behind()) is not None:
+            return held
         if isinstance(self._detector.logic, PoolIncidents):
             return await self._pool_round()
         evaluated = await self._decision()
@@ -77,6 +83,25 @@ class CapacityHandlers:
         fleet = FleetView(latest=self.latest)
         await self._detector.decide(lambda now: logic.on_round(fleet, now))
         return evaluated
+
+    def _held_behind(self) -> CapacityEvaluated | None:
+        """While its samples consumer is behind, no round: what the samples did not show yet (a node
+        busy again, an idle one gone) is no ground to rent, end or judge a worker. Once caught up,
+        every idle clock starts afresh. zombie-detector says so in a control_plane_behind incident."""
+        worst = max(self._runtime.lags(), key=lambda lag: lag.behind_s, default=None)
+        if worst is not None and worst.behind(self._behind_after_s):
+            self._was_behind = True
+            gpus = [u for load in self.latest.values() for u in load.gpus]
+            return CapacityEvaluated(
+                source=SOURCE, nodes_seen=len(self.latest), gpus_total=len(gpus), gpus_busy=sum(u > self._settings.busy_util_pct for u in gpus),
+                decision="hold", reason=f"samples {worst.behind_s:.0f}s behind ({worst.pending:,} waiting): no scaling, and no worker "
+                "judged, on what they have not shown yet",
+            )
+        if self._was_behind and worst is not None and not worst.behind(self._behind_after_s / 2):
+            now = datetime.now(UTC)
+            self.idle_since = dict.fromkeys(self.idle_since, now)
+            self._was_behind = False
+        return None
 
     async def _decision(self) -> CapacityEvaluated:
         """The decision published without a worker pool to manage."""

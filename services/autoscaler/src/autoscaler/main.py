@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
         logic = HostIncidents(policy, stale_after_s=settings.stale_after_s)
     detector = Detector(runtime, logic, SERVICE)
     detector.attach("autoscaler-actions")
-    handlers = CapacityHandlers(runtime, settings, detector, demand, provider)
+    handlers = CapacityHandlers(runtime, settings, detector, demand, provider, behind_after_s=policy.kinds.control_plane_behind.after_s)
     runtime.replay((NodeDrained, NodeUndrained), handlers.on_drain)
     runtime.replay((IncidentOpened,), handlers.on_incident)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample)
