@@ -41,6 +41,7 @@ from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS,
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat
+from gpumedic_events.views import decode_view
 from gpumedic_telemetry import create_tracer_provider
 from gpumedic_telemetry.metrics import CONNECTED, ServiceMetrics, metrics_port
 
@@ -119,7 +120,7 @@ class ServiceRuntime:
         self._followers: list[StreamFollower] = []
         self.consumers_missing: set[str] = set()
         """Durable consumers of this service found gone (`_watch_consumers`)."""
-        self._live: list[tuple[type[Event], EventHandler]] = []
+        self._live: list[tuple[type[Event], EventHandler, type | None]] = []
         self._live_subs: list = []
         self.lease: Lease | None = None
         """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
@@ -159,21 +160,23 @@ class ServiceRuntime:
         self._push_consumers.append(consumer)
         return consumer
 
-    def follow(self, event_type: type[Event], handler: EventHandler) -> None:
+    def follow(self, event_type: type[Event], handler: EventHandler, *, view: type | None = None) -> None:
         """Read `event_type` live, as a plain subscriber (`topology.LIVE`): every instance gets
-        every message; none is acknowledged, and one that does not validate is skipped."""
+        every message; none is acknowledged, and one that does not validate is skipped. With a
+        `view` (`gpumedic_events.views`), only the fields it names are decoded and handed on."""
         if event_type not in LIVE.get(self.service, ()):
             raise ValueError(f"{self.service} reads {[e.__name__ for e in LIVE.get(self.service, ())]} live, not {event_type.__name__}")
-        self._live.append((event_type, handler))
+        self._live.append((event_type, handler, view))
 
-    async def _follow(self, event_type: type[Event], handler: EventHandler) -> None:
+    async def _follow(self, event_type: type[Event], handler: EventHandler, view: type | None) -> None:
         skipped = 0
         ok, skip = (self.metrics.handled.labels(event_type.__name__, outcome).inc for outcome in ("ok", "skipped"))
 
         async def on_message(msg) -> None:
             nonlocal skipped
             try:
-                event = event_type.from_json(msg.data, subject=msg.subject)
+                event = event_type.from_json(msg.data, subject=msg.subject) if view is None else decode_view(
+                    view, event_type, msg.data, subject=msg.subject)
             except EventDecodeError as exc:
                 skip()
                 skipped += 1
@@ -398,8 +401,8 @@ class ServiceRuntime:
         deadline = asyncio.get_running_loop().time() + START_WITHIN_S
         for consumer in self._push_consumers:
             await self._patiently(f"binding {consumer.durable.name}", consumer.start, deadline)
-        for event_type, handler in self._live:
-            await self._follow(event_type, handler)
+        for event_type, handler, view in self._live:
+            await self._follow(event_type, handler, view)
         if self.service in PRODUCERS[ServiceHeartbeat]:
             self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
         if self._consumers or self._push_consumers:

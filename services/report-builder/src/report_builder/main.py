@@ -22,6 +22,7 @@ from gpumedic_events import (
     SilenceAdded,
     SilenceRemoved,
 )
+from gpumedic_events.views import SampleFigures
 from gpumedic_store import StoreUnavailable, create_engine, session_factory
 from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
@@ -91,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         for read in readers:
             await read(sample)
 
-    runtime.follow(NodeSampled, on_sample)
+    runtime.follow(NodeSampled, on_sample, view=SampleFigures)  # only what the readers keep is decoded
     if console is not None:
         runtime.follow(ServiceHeartbeat, console.on_heartbeat)
         runtime.on_startup(console.start)
