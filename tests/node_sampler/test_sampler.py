@@ -88,6 +88,8 @@ async def test_failed_publish_is_logged_and_the_loop_goes_on(caplog):
 
     assert len([r for r in caplog.records if "not published" in r.getMessage()]) == 2
     assert clock.wakeups[:3] == [1005.0, 1010.0, 1015.0]
+    # each sample says how many of the node's samples the bus did not take: the control plane sees what it never got
+    assert [e.unacknowledged for e in attempts[:4]] == [0, 1, 2, 2]
 
 
 async def test_a_lost_acknowledgement_does_not_stall_the_loop(caplog):

@@ -671,3 +671,24 @@ def test_an_event_for_a_node_never_seen_is_judged_like_any_other():
     d.tick(11)
     (opened,) = d.opened()
     assert opened.node_id == "never-seen" and opened.diagnosis.cause == "segfault"
+
+
+def test_samples_the_bus_did_not_take_on_many_nodes_are_one_control_plane_incident_and_no_node_is_silent_meanwhile():
+    d = Detector()
+    for node in ("n1", "n2", "n3", "n4"):
+        d.feed(sample(node), 0)
+    d.feed(sample("n1").model_copy(update={"unacknowledged": 2}), 5)  # one node's link: no incident
+    d.feed(sample("n2").model_copy(update={"unacknowledged": 1}), 5)
+    assert not d.opened()
+    opened, *_ = d.feed(sample("n3").model_copy(update={"unacknowledged": 4}), 6)
+    assert (opened.kind, opened.node_id) == (IncidentKind.SAMPLES_LOST, "control-plane")
+    assert opened.summary.startswith("the bus did not acknowledge 7 sample(s) of 3 node(s) in the last 60s")
+    counts = {"n1": 2, "n2": 1, "n3": 4}
+    for s in range(10, 60, 5):  # n4 says nothing more while the bus drops samples: it is no silent node
+        for node, count in counts.items():
+            d.feed(sample(node).model_copy(update={"unacknowledged": count}), s)
+        d.tick(s)
+    assert not d.opened(IncidentKind.NODE_SILENT)
+    assert [e for e in d.tick(70) if isinstance(e, IncidentResolved)]  # no loss for a minute: resolved
+    restarted = sample("n1").model_copy(update={"unacknowledged": 0})  # a sampler that restarted counts from 0
+    assert d.feed(restarted, 71) == [] and d.logic.rules and not [e for e in d.feed(sample("n1"), 72) if isinstance(e, IncidentOpened)]

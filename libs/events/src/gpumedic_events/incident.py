@@ -101,12 +101,16 @@ class IncidentKind(StrEnum):
     CONTROL_PLANE_BEHIND = "control_plane_behind"
     """A control-plane service handles samples later than they come (its key names it): meanwhile it
     judges no node silent, and the autoscaler scales on no samples, rather than act on what they did not see."""
+    SAMPLES_LOST = "samples_lost"
+    """Samples of many nodes were not acknowledged by the bus (dropped at ingest, or the bus away), as
+    the nodes say in their next samples: one incident for the control plane, none for the nodes."""
 
 
 WHOLE_KINDS = frozenset({
     IncidentKind.FLEET_ANOMALY, IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED,
     IncidentKind.ORPHANED_TASKS, IncidentKind.NO_LEADER, IncidentKind.QUORUM_LOST, IncidentKind.SPLIT_BRAIN,
     IncidentKind.LEADER_FLAPPING, IncidentKind.PEERS_BELOW_TARGET, IncidentKind.CONTROL_PLANE_BEHIND,
+    IncidentKind.SAMPLES_LOST,
 })
 """Kinds about the fleet, the worker pool, the peer cluster or gpumedic itself as a whole: no one host's doing."""
 

@@ -393,6 +393,10 @@ class NodeSampled(Event):
     )
     host: HostSample = Field(default_factory=HostSample, description="Memory, swap, load and disks.")
     jobs: JobsObservation = Field(default_factory=JobsObservation, description="Job probe results.")
+    unacknowledged: int = Field(
+        default=0, ge=0, description="Samples this sampler sent since it started that the bus did not acknowledge (it only "
+        "grows): what the control plane never got, said by the node itself in its next sample.",
+    )
     errors: tuple[str, ...] = Field(
         default=(),
         max_length=64,

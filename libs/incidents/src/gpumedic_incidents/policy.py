@@ -270,6 +270,11 @@ class BehindPolicy(KindPolicy):
     )
 
 
+class SamplesLostPolicy(KindPolicy):
+    min_nodes: int = Field(default=3, ge=1, description="Nodes whose samples the bus did not take, within window_s, for an incident.")
+    window_s: float = Field(default=60.0, gt=0, description="How far back losses count; the incident resolves once none is this recent.")
+
+
 class SshPolicy(KindPolicy):
     after_checks: int = Field(default=2, ge=1, description="Failed read-only logins in a row before an incident.")
 
@@ -430,6 +435,7 @@ class Kinds(_Strict):
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
     control_plane_behind: BehindPolicy = BehindPolicy()
+    samples_lost: SamplesLostPolicy = SamplesLostPolicy()
 
     def of(self, kind: IncidentKind | str) -> KindPolicy:
         return getattr(self, IncidentKind(kind).value)

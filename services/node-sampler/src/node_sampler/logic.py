@@ -291,6 +291,7 @@ def assemble_sample(
     host: HostReading | None = None,
     holders: Mapping[int, tuple[str, ...]] | None = None,
     container_exists: ContainerExists | None = None,
+    unacknowledged: int = 0,
 ) -> NodeSampled:
     """The sample for one interval; never raises for odd readings, it notes them instead.
 
@@ -321,6 +322,7 @@ def assemble_sample(
         jobs=observation,
         errors=cap_errors(notes),
         nvml_error=_clip(nvml.unavailable, 300) if nvml.unavailable else None,
+        unacknowledged=unacknowledged,
     )
 
 

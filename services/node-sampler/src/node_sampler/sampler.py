@@ -128,6 +128,8 @@ class Sampler:
         """Per GPU index, its last health figures (the samples between health reads have none)."""
         self.last_xid: dict[int, int] = {}
         """Per GPU index, the last XID the driver reported (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS)."""
+        self.unacknowledged = 0
+        """Samples the bus did not acknowledge since the start: each sample says how many."""
 
     async def sample(self) -> NodeSampled:
         """One sample of the node now; GPUs newly lost also go out as `GpuLost` events."""
@@ -147,6 +149,7 @@ class Sampler:
             host=host,
             holders=holders,
             container_exists=self.containers.exists if self.containers else None,
+            unacknowledged=self.unacknowledged,
         )
         if any(gpu.health is not None for gpu in self.last.gpus):
             self.last = self._unchanged_health_left_out(self.last)
@@ -203,6 +206,7 @@ class Sampler:
                     async with asyncio.timeout(max(self.interval_s, PUBLISH_WAIT_MIN_S)):
                         await publish(event)
                 except Exception as exc:
+                    self.unacknowledged += 1  # the next sample says so
                     log.warning("%s: sample not published (%r); next try in %.1fs", self.node_id, exc, self.interval_s)
             following = next_tick(start, self._clock(), self.interval_s, tick)
             if following > tick + 1:

@@ -17,6 +17,7 @@ from gpumedic_incidents import Policy
 from zombie_detector.handlers import DetectorHandlers
 from zombie_detector.logic import SOURCE as SERVICE
 from zombie_detector.logic import NodeIncidents
+from zombie_detector.rules.control_plane import SamplesLostRule
 from zombie_detector.settings import Settings
 
 
@@ -26,6 +27,10 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     handlers = DetectorHandlers(runtime, NodeIncidents(policy or settings.policy.load()))
     handlers.attach("zombie-detector-actions")
+    for rule in handlers.logic.rules:
+        if isinstance(rule, SamplesLostRule):
+            runtime.metrics.gauge("gpumedic_samples_unacknowledged", "Samples the nodes said the bus did not acknowledge "
+                                  "(NodeSampled.unacknowledged), since this detector started.", [], lambda rule=rule: [((), float(rule.total))])
     runtime.consume_fast("zombie-detector-samples", handlers.on_event)
     runtime.follow(ServiceHeartbeat, handlers.on_event)  # how far behind each sample consumer is
     runtime.background(handlers.watch_own_lag)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
-from zombie_detector.rules.behind import BehindRule
+from zombie_detector.rules.control_plane import BehindRule, SamplesLostRule
 from zombie_detector.rules.container import ContainerRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
@@ -36,6 +36,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable, behind=kinds.control_plane_behind),
         BehindRule(kinds.control_plane_behind),
+        SamplesLostRule(kinds.samples_lost),
         ReadinessRule(policy.preflight),
     ]
 

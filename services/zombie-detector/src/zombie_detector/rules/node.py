@@ -6,7 +6,8 @@
   samples resume after such a gap, every node's count starts again from then. Nor is a node
   silent while the detector itself is behind its samples by more than the node's interval (its
   own heartbeat's lag): a sample it has not been given yet is no silence; once it has caught up
-  (below half of `control_plane_behind.after_s`), every node's count starts again from then. Every sample
+  (below half of `control_plane_behind.after_s`), every node's count starts again from then;
+  and none while the bus is known to drop samples (`samples_lost` open). Every sample
   while it is open clears it (a clear that lands while the restart is in flight is not taken).
   Several nodes at once is one fleet incident, as for any kind; a whole fleet gone quiet
   together cannot be told apart from the detector losing the bus, and is left to the services'
@@ -28,6 +29,7 @@ from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSampled, N
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
 from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.control_plane import LOST_FINGERPRINT
 
 SILENT = IncidentKind.NODE_SILENT
 NVML = IncidentKind.NVML_UNAVAILABLE
@@ -104,6 +106,8 @@ class NodeRule:
         if self.freshest is None:
             return []
         findings = []
+        if incidents.get(LOST_FINGERPRINT) is not None:
+            return []  # the bus drops samples: a missing one says nothing of its node
         for node_id, (seen, interval) in self.last_sample.items():
             if self.behind_s > interval:
                 continue  # its next sample may wait in the stream, unseen

@@ -1,0 +1,130 @@
+"""What the control plane itself shows: a service behind its samples, samples the bus did not take.
+
+A control plane that cannot keep up must say so once, and never act on what it did not see.
+
+- control_plane_behind: each sample consumer knows how far behind its stream it is
+  (`gpumedic_bus.consume.Lag`) and says so in its heartbeat; zombie-detector reads every
+  service's (and its own, each second). A service is behind while the newest sample it handled
+  is older than `after_s` and more wait; it is caught up again below half of it. While behind
+  there is one incident per service (on the node `control-plane`, keyed by the service) saying by
+  how much, since when, and what it does not judge meanwhile.
+- samples_lost: each sampler counts the samples the bus did not acknowledge and says so in its
+  next sample (`NodeSampled.unacknowledged`). Losses on `min_nodes` nodes within `window_s` are
+  one incident (keyed `bus`), never node incidents: the bus drops what it cannot store, or was
+  away, and while it lasts no node is judged silent.
+
+Both resolve by themselves; a person is told, since nothing gpumedic can run makes its own
+control plane faster.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from datetime import datetime
+
+from gpumedic_bus.topology import CONTROL_PLANE_NODE
+from gpumedic_events import ConsumerLag, IncidentKind, NodeSampled, ServiceHeartbeat
+from gpumedic_incidents import Finding, fingerprint
+from gpumedic_incidents.policy import BehindPolicy, SamplesLostPolicy
+from zombie_detector.rules.base import Incidents
+
+BEHIND = IncidentKind.CONTROL_PLANE_BEHIND
+LOST = IncidentKind.SAMPLES_LOST
+LOST_FINGERPRINT = fingerprint(CONTROL_PLANE_NODE, LOST, None, "bus")
+
+NOT_JUDGED = {
+    "zombie-detector": "it judges no node silent meanwhile (a late sample is no silent node), and each node's count starts afresh once it has caught up",
+    "autoscaler": "it scales on no sample meanwhile (it holds its workers as they are), and its idle clocks start afresh once it has caught up",
+}
+
+
+class BehindRule:
+    inputs = (ServiceHeartbeat,)
+
+    def __init__(self, policy: BehindPolicy) -> None:
+        self.policy = policy
+        self.lags: dict[tuple[str, uuid.UUID], tuple[ConsumerLag, datetime]] = {}
+        """Each consuming instance's worst lag, and when it said so (standbys consume nothing, say nothing)."""
+        self.since: dict[str, datetime] = {}
+        """Each service behind now, and since when."""
+
+    def observe(self, event: ServiceHeartbeat, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        service, instance = event.service, (event.service, event.instance_id)
+        if event.state != "ready":
+            self.lags.pop(instance, None)
+        elif event.lag:
+            self.lags[instance] = (max(event.lag, key=lambda lag: lag.behind_s), now)
+        else:
+            return []
+        heard = [lag for (s, _), (lag, at) in self.lags.items() if s == service and (now - at).total_seconds() <= HEARD_WITHIN_S]
+        worst = max(heard, key=lambda lag: lag.behind_s, default=None)
+        is_open = incidents.get(fingerprint(CONTROL_PLANE_NODE, BEHIND, None, service)) is not None
+        if worst is not None and worst.behind_s > self.policy.after_s:
+            since = self.since.setdefault(service, now)
+            return [Finding(
+                kind=BEHIND, node_id=CONTROL_PLANE_NODE, key=service, severity="warning",
+                summary=f"{service} is {worst.behind_s:.0f}s behind its samples ({worst.pending:,} waiting on {worst.durable}) "
+                        f"since {since.isoformat(timespec='seconds')}; {NOT_JUDGED.get(service, 'it acts on no sample meanwhile')}",
+                evidence={"service": service, "consumer": worst.durable, "behind_s": round(worst.behind_s, 1),
+                          "pending": worst.pending, "since": since.isoformat(timespec="seconds")},
+                recommended_action=f"give {service} more CPU, or fewer nodes per instance; look at what else runs on its machine "
+                                   "(gpumedic report, the services' CPU on /metrics)",
+            )]
+        if worst is None or worst.behind_s < self.policy.after_s / 2:
+            self.since.pop(service, None)
+            if is_open:
+                return [Finding(BEHIND, CONTROL_PLANE_NODE, key=service, present=False, summary=f"{service} has caught up with its samples")]
+        return []
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return []
+
+
+HEARD_WITHIN_S = 30.0
+"""An instance not heard from for this long (stopped, or taken over) no longer counts."""
+
+
+class SamplesLostRule:
+    inputs = (NodeSampled,)
+
+    def __init__(self, policy: SamplesLostPolicy) -> None:
+        self.policy = policy
+        self.counts: dict[str, int] = {}
+        """Each node's count of samples the bus did not take, as its last sample said."""
+        self.losses: deque[tuple[datetime, str, int]] = deque()
+        """(when, node, how many) of the losses within the window."""
+        self.total = 0
+        """Samples the nodes said the bus did not take, since this detector started."""
+
+    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        before = self.counts.get(event.node_id)
+        self.counts[event.node_id] = event.unacknowledged
+        if before is None or event.unacknowledged <= before:
+            return []  # the first word of this node, or a sampler that restarted: no loss seen
+        self.losses.append((now, event.node_id, event.unacknowledged - before))
+        self.total += event.unacknowledged - before
+        return self._judge(now, incidents)
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return self._judge(now, incidents)
+
+    def _judge(self, now: datetime, incidents: Incidents) -> list[Finding]:
+        while self.losses and (now - self.losses[0][0]).total_seconds() > self.policy.window_s:
+            self.losses.popleft()
+        nodes = {node for _, node, _ in self.losses}
+        if len(nodes) >= self.policy.min_nodes:
+            lost = sum(n for _, _, n in self.losses)
+            return [Finding(
+                kind=LOST, node_id=CONTROL_PLANE_NODE, key="bus", severity="warning",
+                summary=f"the bus did not acknowledge {lost:,} sample(s) of {len(nodes):,} node(s) in the last {self.policy.window_s:g}s "
+                        "(they say so in their next samples): what the control plane judges misses them, and no node is judged "
+                        "silent meanwhile",
+                evidence={"nodes": len(nodes), "samples": lost, "window_s": self.policy.window_s, "example_node": min(nodes)},
+                recommended_action="look at the nats-server's log (\"Dropping messages\", slow consumers) and its CPU, memory and "
+                                   "network; a server that restarted drops what comes while it starts",
+            )]
+        if not self.losses and incidents.get(LOST_FINGERPRINT) is not None:
+            return [Finding(LOST, CONTROL_PLANE_NODE, key="bus", present=False, summary="the nodes' samples are acknowledged again")]
+        return []
