@@ -41,7 +41,7 @@ def _bad_payloads(event_type) -> dict[str, tuple[str, bytes, str]]:
 def _consumed(app) -> set[str]:
     subjects = {s._resolved_subject_string for s in app.broker.subscribers}
     subjects |= {c._event_type.subject_filter() for c in app.runtime._push_consumers}
-    subjects |= {event_type.subject_filter() for event_type, _ in app.runtime._live}
+    subjects |= {event_type.subject_filter() for event_type, *_ in app.runtime._live}
     return subjects
 
 

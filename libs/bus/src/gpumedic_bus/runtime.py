@@ -41,7 +41,6 @@ from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS,
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat
-from gpumedic_events.views import decode_view
 from gpumedic_telemetry import create_tracer_provider
 from gpumedic_telemetry.metrics import CONNECTED, ServiceMetrics, metrics_port
 
@@ -175,8 +174,7 @@ class ServiceRuntime:
         async def on_message(msg) -> None:
             nonlocal skipped
             try:
-                event = event_type.from_json(msg.data, subject=msg.subject) if view is None else decode_view(
-                    view, event_type, msg.data, subject=msg.subject)
+                event = event_type.decode_as(view or event_type, msg.data, subject=msg.subject)
             except EventDecodeError as exc:
                 skip()
                 skipped += 1

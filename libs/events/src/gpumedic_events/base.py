@@ -11,7 +11,7 @@ import re
 import socket
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -55,6 +55,8 @@ class EventDecodeError(ValueError):
         self.subject = subject
         self.reason = reason
 
+
+M = TypeVar("M", bound=BaseModel)
 
 class Event(BaseModel):
     """Fields every event carries."""
@@ -110,16 +112,24 @@ class Event(BaseModel):
     @classmethod
     def from_json(cls, data: bytes | str, *, subject: str = "") -> Self:
         """Parse and validate one message body; raise EventDecodeError saying what was wrong."""
+        return cls.decode_as(cls, data, subject=subject)
+
+    @classmethod
+    def decode_as(cls, model: type[M], data: bytes | str, *, subject: str = "") -> M:
+        """One message body of this event read as `model` (the event itself, or a view of it:
+        `gpumedic_events.views`); EventDecodeError says what was wrong: its size, a field, or a
+        payload that belongs on another subject."""
         where = subject or cls.subject_filter()
         if len(data) > MAX_EVENT_BYTES:
             raise EventDecodeError(where, f"payload of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
         try:
-            event = cls.model_validate_json(data)
+            item = model.model_validate_json(data)
         except ValidationError as exc:
             raise EventDecodeError(where, _describe(exc)) from None
-        if subject and subject != event.subject:
-            raise EventDecodeError(where, f"payload belongs on {event.subject}, not {subject}")
-        return event
+        belongs = cls.subject_prefix if cls.subject_key is None else f"{cls.subject_prefix}.{getattr(item, cls.subject_key)}"
+        if subject and subject != belongs:
+            raise EventDecodeError(where, f"payload belongs on {belongs}, not {subject}")
+        return item
 
 
 def _describe(exc: ValidationError) -> str:
