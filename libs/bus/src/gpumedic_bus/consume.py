@@ -352,8 +352,13 @@ class PushConsumer(Generic[E]):
             self._sub = None
         await self._ack()
 
+    @property
+    def started(self) -> bool:
+        return self._sub is not None
+
     def lag(self, now: float | None = None) -> Lag:
-        """How far behind it is now (`now`: epoch seconds)."""
+        """How far behind it is now (`now`: epoch seconds; the stream's stored time is the server's
+        clock, so a skew between the two machines adds to it)."""
         now = time.time() if now is None else now
         behind = 0.0 if not self._pending or self._newest_stored is None else max(0.0, now - self._newest_stored)
         return Lag(self.durable.name, self._pending, behind)

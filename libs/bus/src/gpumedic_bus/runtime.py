@@ -458,8 +458,8 @@ class ServiceRuntime:
         )
 
     def lags(self) -> list[Lag]:
-        """How far behind its stream each of this service's sample consumers is now."""
-        return [consumer.lag() for consumer in self._push_consumers]
+        """How far behind its stream each sample consumer this instance runs is now (a standby's: none)."""
+        return [consumer.lag() for consumer in self._push_consumers if consumer.started]
 
     async def _watch_lag(self) -> None:
         """Ask the server what waits for each sample consumer every LAG_CHECK_EVERY_S: a consumer that
