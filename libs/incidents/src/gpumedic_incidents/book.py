@@ -66,11 +66,10 @@ class IncidentBook:
         """`found_with`: other nodes newly found with the same kind in the same round (`reconcile`),
         counted for fleet correlation as if already open."""
         state = self.incidents.get(finding.fingerprint)
-        if finding.present:
-            finding = masked(finding)
         if not finding.present:
             t = lifecycle.clear(state, finding, now, policy=self.policy) if state is not None else None
             return [t] if t else []
+        finding = masked(finding)
         if state is not None:
             t = lifecycle.observe(state, finding, now, policy=self.policy)
             return [t] if t else []

@@ -13,25 +13,20 @@ from remediator.logic import KnownLeader
 
 
 class ClusterLeaders:
-    """The latest check of each cluster, and the nodes it names (peers, the leader's view, the leader)."""
+    """Each cluster's latest check: its leader, and the nodes it names (peers, the leader's view, the leader)."""
 
     def __init__(self) -> None:
-        self._checks: dict[str, ClusterChecked] = {}
-        self._members: dict[str, frozenset[str]] = {}
+        self._clusters: dict[str, tuple[KnownLeader, frozenset[str]]] = {}
 
     def observe(self, check: ClusterChecked) -> None:
         """Keep `check` unless a newer one of its cluster is kept (a start's lookup may come after a live one)."""
-        kept = self._checks.get(check.cluster)
-        if kept is not None and kept.occurred_at >= check.occurred_at:
+        kept = self._clusters.get(check.cluster)
+        if kept is not None and kept[0].checked_at >= check.occurred_at:
             return
-        self._checks[check.cluster] = check
         named = {p.node_id for p in check.peers if p.node_id} | {p.node_id for p in check.leader_view}
-        self._members[check.cluster] = frozenset(named | ({check.leader} if check.leader else set()))
+        members = frozenset(named | ({check.leader} if check.leader else set()))
+        self._clusters[check.cluster] = (KnownLeader(cluster=check.cluster, leader=check.leader, checked_at=check.occurred_at), members)
 
     def of(self, node_id: str) -> KnownLeader | None:
         """The newest check of a cluster that names `node_id`; None when none does."""
-        checks = [c for name, c in self._checks.items() if node_id in self._members[name]]
-        if not checks:
-            return None
-        check = max(checks, key=lambda c: c.occurred_at)
-        return KnownLeader(cluster=check.cluster, leader=check.leader, checked_at=check.occurred_at)
+        return max((known for known, members in self._clusters.values() if node_id in members), key=lambda k: k.checked_at, default=None)
