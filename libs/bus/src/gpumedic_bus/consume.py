@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
+from nats.aio.client import Client as NATS
 from faststream.nats.annotations import NatsMessage
 from opentelemetry.context import Context
 
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 PUSH_ACK_EVERY = 256
 """A push consumer acknowledges once every this many messages (AckPolicy.ALL acks all before)."""
+PUSH_TURN_S = 0.005
+"""The longest a push consumer works through a backlog before it lets the rest of its service run."""
 
 E = TypeVar("E", bound=Event)
 
@@ -302,6 +305,14 @@ class PushConsumer(Generic[E]):
     event class, and acknowledges once every `ack_every` messages (the consumer acks all up to
     the last). Invalid messages are dead-lettered like anywhere else; a handler error is logged
     and the stream moves on, since the node's next sample supersedes this one.
+
+    A consumer behind by its 2,048 unacknowledged samples (12 MB) must not hold its service
+    still, as it did under overload: every answer the service waited for (its lease's renewal, a
+    KV write, a publish's ack) queued on the one connection behind those samples, and nats-py
+    hands a backlog to the callback without returning to the event loop (taking from a non-empty
+    queue does not wait). The lease was lost, the process stopped, and its samples waited out
+    AckWait. So the samples come on a connection of their own (`connect`), and the consumer gives
+    the loop a turn at least every `PUSH_TURN_S`.
     """
 
     def __init__(
@@ -310,12 +321,15 @@ class PushConsumer(Generic[E]):
         durable: Durable,
         handler: EventHandler[E],
         *,
+        connect: Callable[[], Awaitable[NATS]],
         service: str,
         metrics: ServiceMetrics,
         ack_every: int = PUSH_ACK_EVERY,
         ack_interval_s: float = 0.2,
     ) -> None:
         self._broker = broker
+        self._connect = connect
+        self._nc: NATS | None = None
         self.durable = durable
         self._event_type: type[E] = durable.event
         self._handler = handler
@@ -330,9 +344,12 @@ class PushConsumer(Generic[E]):
         self._pending = 0
         self._newest_stored: float | None = None
         """When the stream stored the newest message handled (epoch seconds, the server's clock)."""
+        self._turn_began = time.perf_counter()
 
     async def start(self) -> None:
-        js = self._broker.connection.jetstream()
+        if self._nc is None:
+            self._nc = await self._connect()
+        js = self._nc.jetstream()
         # Binds to the provisioned consumer and its deliver subject (never creates one).
         self._sub = await js.subscribe(
             self._event_type.subject_filter(),
@@ -351,6 +368,9 @@ class PushConsumer(Generic[E]):
             await self._sub.unsubscribe()
             self._sub = None
         await self._ack()
+        if self._nc is not None:
+            nc, self._nc = self._nc, None
+            await nc.close()
 
     @property
     def started(self) -> bool:
@@ -398,6 +418,9 @@ class PushConsumer(Generic[E]):
         self._since_ack += 1
         if self._since_ack >= self._ack_every:
             await self._ack()
+        if time.perf_counter() - self._turn_began > PUSH_TURN_S:
+            await asyncio.sleep(0)  # the rest of the service runs; then the backlog goes on
+            self._turn_began = time.perf_counter()
 
     async def _ack(self) -> None:
         msg, self._last, self._since_ack = self._last, None, 0

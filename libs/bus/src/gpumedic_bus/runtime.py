@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from gpumedic_bus.connect import connect_options, quiet_tls_eof
+from gpumedic_bus.connect import connect, connect_options, quiet_tls_eof
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PushConsumer, subscribe, undecoded
 from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
@@ -155,7 +155,8 @@ class ServiceRuntime:
 
     def consume_fast(self, durable: str, handler: EventHandler) -> PushConsumer:
         """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
-        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics)
+        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics,
+                                connect=lambda: connect(self.nats, f"{self.service}.{durable}"))
         self._push_consumers.append(consumer)
         return consumer
 
