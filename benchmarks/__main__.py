@@ -13,13 +13,14 @@ from benchmarks import (
     fleet_scale,
     incident_to_fix,
     node_history,
+    overload,
     preflight,
     probe_round,
     sample_path,
     sampler_cost,
 )
 
-ALL = (sample_path, sampler_cost, detection_latency, fleet_scale, incident_to_fix, preflight, probe_round, demand_curve, console_pages, node_history)
+ALL = (sample_path, sampler_cost, detection_latency, fleet_scale, overload, incident_to_fix, preflight, probe_round, demand_curve, console_pages, node_history)
 """In the order they run; each has `main(argv)`, a coroutine or not, taking the options it knows."""
 
 

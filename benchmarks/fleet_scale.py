@@ -114,17 +114,11 @@ def _handled(port: int) -> int:
     return int(sum(float(m.group(1)) for m in re.finditer(r'^gpumedic_events_handled_total\{event="NodeSampled",outcome="(?:ok|invalid|failed|skipped)"\} (\S+)', text, re.M)))
 
 
-async def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="benchmarks.fleet_scale")
-    parser.add_argument("--scale-nodes", dest="nodes", type=int, default=10_000)
-    parser.add_argument("--scale-interval", dest="interval", type=float, default=5.0)
-    parser.add_argument("--scale-duration", dest="duration", type=float, default=60.0)
-    parser.add_argument("--scale-zombies", dest="zombies", type=int, default=20)
-    args, _ = parser.parse_known_args(argv)
-    nodes = [f"node-{i:05d}" for i in range(args.nodes)]
-    replay = Replay(nodes, args.interval)
-    idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
-
+@contextlib.asynccontextmanager
+async def embedded_stack(idle_for_s: float):
+    """The embedded stack with the control plane as its own processes (nats-server with TLS, SQLite,
+    the remediator observing, zombies found after `idle_for_s`): yields it, a connection as the
+    simulated fleet's user and one as the observer."""
     with tempfile.TemporaryDirectory(prefix="gpumedic-scale-") as tmp:
         var = Path(tmp)
         stack = Stack(var, say=lambda *_: None)
@@ -152,50 +146,82 @@ async def main(argv: list[str]) -> None:
             await stack.wait_ready()
             fleet, observer = await stack.connect(SIM_FLEET), await stack.connect(OBSERVER)
             connections += [fleet, observer]
-            opened: dict[str, float] = {}
-            unexplained: list[IncidentOpened] = []
-
-            async def on_opened(msg) -> None:
-                event = IncidentOpened.from_json(msg.data, subject=msg.subject)
-                if event.kind == "zombie_job" and event.node_id in replay.zombie_publishes:
-                    opened.setdefault(event.node_id, time.monotonic())
-                else:
-                    unexplained.append(event)
-
-            await observer.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
-            pids = {s: stack.processes[s].pid for s in CONTROL_PLANE}
-            before = {s: _cpu_s(p) for s, p in pids.items()}
-
-            async def turn_zombies() -> None:
-                # spread over the first half, so each has time to be detected while the load runs
-                spacing = (args.duration / 2) / max(1, args.zombies)
-                for i in range(args.zombies):
-                    await asyncio.sleep(spacing)
-                    replay.make_zombie(nodes[(i * 7919) % len(nodes)])
-
-            started = time.monotonic()
-            zombies = asyncio.create_task(turn_zombies())
-            await replay.run(fleet, args.duration)
-            elapsed = time.monotonic() - started
-            await zombies
-            cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}
-            memory = {s: _memory_mib(p) for s, p in pids.items()}
-
-            # drained: every consumer's count stops moving (or reaches what was published)
-            handled: dict[str, int] = {}
-            for _ in range(60):
-                now = {s: _handled(stack.metrics_ports[s]) for s in SAMPLE_CONSUMERS}
-                if now == handled or all(v >= replay.published for v in now.values()):
-                    handled = now
-                    break
-                handled = now
-                await asyncio.sleep(1)
-            await asyncio.sleep(idle_for_s)  # the last zombies' incidents
+            yield stack, fleet, observer
         finally:
             for nc in connections:
                 with contextlib.suppress(Exception):
                     await nc.close()
             stack.stop()
+
+
+def handled_counts(stack: Stack) -> dict[str, int]:
+    """The samples each sample consumer has handled so far."""
+    return {s: _handled(stack.metrics_ports[s]) for s in SAMPLE_CONSUMERS}
+
+
+def processes(stack: Stack) -> dict[str, int]:
+    """The pid of each control-plane service and of the nats-server."""
+    return {**{s: stack.processes[s].pid for s in CONTROL_PLANE}, "nats-server": stack.servers[0].pid}
+
+
+def print_services(cpu: dict[str, float], memory: dict[str, tuple[float, float]]) -> None:
+    for service in cpu:
+        rss, peak = memory[service]
+        print(f"  {service:<24} CPU {cpu[service] * 100:5.1f}% of a core   RSS {rss:6.0f} MiB (peak {peak:.0f})"
+              + ("   (goal < 200 MiB)" if service == "zombie-detector" else ""))
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="benchmarks.fleet_scale")
+    parser.add_argument("--scale-nodes", dest="nodes", type=int, default=10_000)
+    parser.add_argument("--scale-interval", dest="interval", type=float, default=5.0)
+    parser.add_argument("--scale-duration", dest="duration", type=float, default=60.0)
+    parser.add_argument("--scale-zombies", dest="zombies", type=int, default=20)
+    args, _ = parser.parse_known_args(argv)
+    nodes = [f"node-{i:05d}" for i in range(args.nodes)]
+    replay = Replay(nodes, args.interval)
+    idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
+
+    async with embedded_stack(idle_for_s) as (stack, fleet, observer):
+        opened: dict[str, float] = {}
+        unexplained: list[IncidentOpened] = []
+
+        async def on_opened(msg) -> None:
+            event = IncidentOpened.from_json(msg.data, subject=msg.subject)
+            if event.kind == "zombie_job" and event.node_id in replay.zombie_publishes:
+                opened.setdefault(event.node_id, time.monotonic())
+            else:
+                unexplained.append(event)
+
+        await observer.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
+        pids = processes(stack)
+        before = {s: _cpu_s(p) for s, p in pids.items()}
+
+        async def turn_zombies() -> None:
+            # spread over the first half, so each has time to be detected while the load runs
+            spacing = (args.duration / 2) / max(1, args.zombies)
+            for i in range(args.zombies):
+                await asyncio.sleep(spacing)
+                replay.make_zombie(nodes[(i * 7919) % len(nodes)])
+
+        started = time.monotonic()
+        zombies = asyncio.create_task(turn_zombies())
+        await replay.run(fleet, args.duration)
+        elapsed = time.monotonic() - started
+        await zombies
+        cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}
+        memory = {s: _memory_mib(p) for s, p in pids.items()}
+
+        # drained: every consumer's count stops moving (or reaches what was published)
+        handled: dict[str, int] = {}
+        for _ in range(60):
+            now = handled_counts(stack)
+            if now == handled or all(v >= replay.published for v in now.values()):
+                handled = now
+                break
+            handled = now
+            await asyncio.sleep(1)
+        await asyncio.sleep(idle_for_s)  # the last zombies' incidents
 
     latencies = []
     missed = []
@@ -223,7 +249,4 @@ async def main(argv: list[str]) -> None:
     kinds = Counter(e.kind.value for e in unexplained)
     print(f"  incidents no fault explains                {len(unexplained):>10}   (goal 0)"
           + (f"   {', '.join(f'{k} {n}' for k, n in kinds.most_common())}" if kinds else ""))
-    for service in CONTROL_PLANE:
-        rss, peak = memory[service]
-        print(f"  {service:<24} CPU {cpu[service] * 100:5.1f}% of a core   RSS {rss:6.0f} MiB (peak {peak:.0f})"
-              + ("   (goal < 200 MiB)" if service == "zombie-detector" else ""))
+    print_services(cpu, memory)

@@ -14,6 +14,7 @@ SMALL = {
     "sampler_cost": [],
     "detection_latency": ["--nodes", "20", "--faults", "3", "--interval", "1"],
     "fleet_scale": ["--scale-nodes", "50", "--scale-interval", "1", "--scale-duration", "5", "--scale-zombies", "2"],
+    "overload": ["--overload-nodes", "50", "--overload-interval", "1", "--overload-duration", "4", "--overload-zombies", "1", "--overload-recover", "30"],
     "incident_to_fix": ["--fix-nodes", "4", "--fix-faults", "1", "--fix-interval", "1", "--fix-duration", "40"],
     "preflight": ["--preflight-gpus", "2", "--preflight-runs", "2"],
     "probe_round": ["--probe-peers", "20", "--probe-rounds", "1"],

@@ -183,12 +183,17 @@ async def _check_bus(sources: Sources, checks: list[Check]) -> None:
         checks.append(Check("bus", "fail", str(exc)))
         return
     checks.append(Check("bus", "ok", f"NATS at {', '.join(settings.servers)} answers"))
-    checks.append(await _check_consumers(settings))
+    beats = await _heartbeats(settings)
+    if isinstance(beats, str):
+        checks.append(Check("consumers", "warn", beats))
+        return
+    checks.append(_check_consumers(beats))
+    checks.append(_check_lag(beats))
 
 
-async def _check_consumers(settings) -> Check:
-    """Every service that runs says in its heartbeat which of its durable consumers are gone (it
-    receives nothing of them): listened to for one heartbeat interval and a little more."""
+async def _heartbeats(settings) -> list | str:
+    """Every running service's heartbeat, listened to for one heartbeat interval and a little more;
+    or why none could be read."""
     from gpumedic_bus import connect
     from gpumedic_bus.runtime import HEARTBEAT_EVERY_S
     from gpumedic_events import EventDecodeError, ServiceHeartbeat
@@ -205,19 +210,40 @@ async def _check_consumers(settings) -> Check:
     try:
         nc = await connect(settings, "gpumedic-report", allow_reconnect=False, max_reconnect_attempts=0)
     except Exception as exc:  # answered a moment ago; say it rather than fail the report
-        return Check("consumers", "warn", f"heartbeats not read: {exc}")
+        return f"heartbeats not read: {exc}"
     try:
         await nc.subscribe(ServiceHeartbeat.subject_filter(), cb=on_beat)
         await asyncio.sleep(HEARTBEAT_EVERY_S + 1.0)
     finally:
         await nc.close()
-    blind = sorted({(b.service, name) for b in beats.values() for name in b.consumers_missing})
+    if not beats:
+        return "no service's heartbeat in the last few seconds: is the stack running?"
+    return list(beats.values())
+
+
+def _check_consumers(beats: list) -> Check:
+    """Every service that runs says in its heartbeat which of its durable consumers are gone (it
+    receives nothing of them)."""
+    blind = sorted({(b.service, name) for b in beats for name in b.consumers_missing})
     if blind:
         gone = ", ".join(f"{name} ({service})" for service, name in blind)
         return Check("consumers", "fail", f"consumers gone, their services receive nothing of them: {gone}; run `gpumedic provision`")
-    if not beats:
-        return Check("consumers", "warn", "no service's heartbeat in the last few seconds: is the stack running?")
-    return Check("consumers", "ok", f"every durable consumer of {len({b.service for b in beats.values()})} running services is there")
+    return Check("consumers", "ok", f"every durable consumer of {len({b.service for b in beats})} running services is there")
+
+
+LAG_WARN_S = 10.0
+"""A sample consumer behind its stream by more than this is said (zombie-detector's
+`control_plane_behind` incident opens at the same figure, by default)."""
+
+
+def _check_lag(beats: list) -> Check:
+    """Each sample consumer says in its heartbeat how far behind its samples it is."""
+    behind = sorted(((b.service, lag) for b in beats for lag in b.lag if lag.behind_s > LAG_WARN_S), key=lambda x: -x[1].behind_s)
+    if behind:
+        said = "; ".join(f"{service} {lag.behind_s:.0f}s behind ({lag.pending:,} samples waiting on {lag.durable})" for service, lag in behind)
+        return Check("samples", "warn", f"{said}: what it judges is that late, and it judges no node silent meanwhile")
+    consumers = sum(len(b.lag) for b in beats)
+    return Check("samples", "ok", f"{consumers} sample consumers keep up with the samples" if consumers else "no sample consumer runs")
 
 
 # --- the fleet's problems ---------------------------------------------------------------------

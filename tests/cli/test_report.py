@@ -101,18 +101,28 @@ async def test_checks_name_a_weak_key_and_the_nodes_known_hosts_lacks_and_secret
     assert {p["node_id"] for p in only.problems} == {"gpu-node-07"}
 
 
-async def test_a_service_that_lost_a_consumer_is_a_p1_read_from_its_heartbeat(nats_settings, js):
-    from gpumedic.report import Report, _check_consumers, _recommend
-    from gpumedic_events import ServiceHeartbeat
+async def test_a_service_that_lost_a_consumer_is_a_p1_and_one_behind_its_samples_is_said_read_from_their_heartbeats(nats_settings, js):
+    from gpumedic.report import Report, _check_bus, _recommend
+    from gpumedic_events import ConsumerLag, ServiceHeartbeat
 
-    checking = asyncio.create_task(_check_consumers(nats_settings))
-    beat = ServiceHeartbeat(source="report-builder", service="report-builder", instance_id=uuid.uuid4(), state="ready",
+    checks: list = []
+    checking = asyncio.create_task(_check_bus(Sources("sqlite://", nats=nats_settings), checks))
+    lost = ServiceHeartbeat(source="report-builder", service="report-builder", instance_id=uuid.uuid4(), state="ready",
                             consumers_missing=("report-builder-SilenceAdded",))
+    behind = ServiceHeartbeat(source="zombie-detector", service="zombie-detector", instance_id=uuid.uuid4(), state="ready",
+                              lag=(ConsumerLag(durable="zombie-detector-samples", pending=47_467, behind_s=34.2),))
+    keeping_up = ServiceHeartbeat(source="autoscaler", service="autoscaler", instance_id=uuid.uuid4(), state="ready",
+                                  lag=(ConsumerLag(durable="autoscaler-samples", pending=12, behind_s=0.4),))
     while not checking.done():
-        await js._nc.publish(beat.subject, beat.to_json())
+        for beat in (lost, behind, keeping_up):
+            await js._nc.publish(beat.subject, beat.to_json())
         await asyncio.sleep(0.5)
-    check = checking.result()
+    by_name = {c.name: c for c in checks}
+    check = by_name["consumers"]
     assert check.status == "fail" and "report-builder-SilenceAdded (report-builder)" in check.detail
+    assert by_name["samples"].status == "warn"
+    assert "zombie-detector 34s behind (47,467 samples waiting on zombie-detector-samples)" in by_name["samples"].detail
+    assert "autoscaler" not in by_name["samples"].detail
     report = Report(generated_at=datetime.now(UTC), store="x", checks=[check])
     [first] = _recommend(report, [], None, lambda v: v)
     assert first.priority == 1 and "gpumedic provision" in first.issue

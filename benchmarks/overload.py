@@ -1,0 +1,176 @@
+"""Overload: `--overload-factor` (3) times the samples of `--overload-nodes` (10,000) nodes every
+`--overload-interval` (5) s for `--overload-duration` (60) s, through the embedded stack as
+`fleet_scale` runs it; then the fleet's normal rate until the stack has caught up (at most
+`--overload-recover` (240) s). Each node is sampled `factor` times an interval, by as many
+publisher processes (one Python publisher cannot offer that much on its own). The control plane's
+services run on the first half of the machine's cores, nats-server and the publishers on the
+rest: on two cores shared by all, the publishers slow down with the services and offer little
+more than they handle. The printed ratio says how far past what the slowest sample consumer
+handled the offer went, as a reconnect storm or a fleet-wide fault would. From the start
+`--overload-zombies` (4) nodes are zombie jobs.
+
+What a control plane that falls behind must do: say so once (a `control_plane_behind` incident
+per service that is behind, resolved when it has caught up) and never act on what it did not
+see. Printed: the rate offered and the samples each consumer handled; the control-plane
+incidents opened and resolved; the node incidents no fault explains and the actions asked for
+on nodes that are no zombie (goal 0 each); when after the load dropped each zombie was found and
+the last control-plane incident resolved; each service's CPU and memory over the overload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.fleet_scale import (
+    CONTROL_PLANE,
+    IDLE_FOR_S_PER_INTERVAL,
+    Replay,
+    _cpu_s,
+    _memory_mib,
+    embedded_stack,
+    handled_counts,
+    print_services,
+    processes,
+)
+from gpumedic_bus import NatsSettings, connect
+from gpumedic_bus.topology import CONTROL_PLANE_NODE, SIM_FLEET
+from gpumedic_events import ActionRequested, IncidentOpened, IncidentResolved
+
+BEHIND = "control_plane_behind"
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` (nats-server's too) on `cores`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
+def _offer(settings: NatsSettings, nodes: list[str], zombies: list[str], interval_s: float, delay_s: float, duration_s: float,
+           cores: set[int]) -> int:
+    """One publisher process on `cores`: every node's sample once an interval, starting `delay_s` late."""
+    _pin(os.getpid(), cores)
+
+    async def run() -> int:
+        nc = await connect(settings, "gpumedic-overload")
+        try:
+            replay = Replay(nodes, interval_s)
+            for node in zombies:
+                replay.make_zombie(node)
+            await asyncio.sleep(delay_s)
+            await replay.run(nc, duration_s)
+            return replay.published
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="benchmarks.overload")
+    parser.add_argument("--overload-nodes", dest="nodes", type=int, default=10_000)
+    parser.add_argument("--overload-interval", dest="interval", type=float, default=5.0)
+    parser.add_argument("--overload-factor", dest="factor", type=int, default=3)
+    parser.add_argument("--overload-duration", dest="duration", type=float, default=60.0)
+    parser.add_argument("--overload-zombies", dest="zombies", type=int, default=4)
+    parser.add_argument("--overload-recover", dest="recover", type=float, default=240.0)
+    args, _ = parser.parse_known_args(argv)
+    nodes = [f"node-{i:05d}" for i in range(args.nodes)]
+    zombies = [nodes[(i * 7919) % len(nodes)] for i in range(args.zombies)]
+    idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
+
+    async with embedded_stack(idle_for_s) as (stack, fleet, observer):
+        found: dict[str, float] = {}
+        behind: dict[str, str] = {}
+        """Each control-plane incident opened: its id and summary."""
+        resolved: dict[str, float] = {}
+        unexplained: list[IncidentOpened] = []
+        unseen_actions: list[ActionRequested] = []
+
+        async def on_event(msg) -> None:
+            if msg.subject.startswith(IncidentOpened.subject_prefix + "."):
+                event = IncidentOpened.from_json(msg.data, subject=msg.subject)
+                if event.node_id == CONTROL_PLANE_NODE:
+                    behind[str(event.incident_id)] = f"{event.kind.value}: {event.summary}"
+                elif event.kind == "zombie_job" and event.node_id in zombies:
+                    found.setdefault(event.node_id, time.monotonic())
+                else:
+                    unexplained.append(event)
+            elif msg.subject.startswith(IncidentResolved.subject_prefix + "."):
+                event = IncidentResolved.from_json(msg.data, subject=msg.subject)
+                if event.node_id == CONTROL_PLANE_NODE:
+                    resolved[str(event.incident_id)] = time.monotonic()
+            else:
+                event = ActionRequested.from_json(msg.data, subject=msg.subject)
+                if event.node_id not in zombies:
+                    unseen_actions.append(event)
+
+        for event_type in (IncidentOpened, IncidentResolved, ActionRequested):
+            await observer.subscribe(event_type.subject_filter(), cb=on_event)
+        pids = processes(stack)
+        before = {s: _cpu_s(p) for s, p in pids.items()}
+        cores = sorted(os.sched_getaffinity(0))
+        stack_cores, publisher_cores = set(cores[: max(1, len(cores) // 2)]), set(cores[len(cores) // 2:])
+        for service in CONTROL_PLANE:
+            _pin(pids[service], stack_cores)
+        for server in stack.servers:
+            _pin(server.pid, publisher_cores)
+
+        settings = stack.nats_settings(SIM_FLEET)
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        with multiprocessing.get_context("spawn").Pool(args.factor) as pool:
+            offers = [
+                loop.run_in_executor(None, pool.apply, _offer,
+                                    (settings, nodes, zombies, args.interval, i * args.interval / args.factor, args.duration, publisher_cores))
+                for i in range(args.factor)
+            ]
+            offered = sum(await asyncio.gather(*offers))
+        dropped_at = time.monotonic()
+        elapsed = dropped_at - started
+        cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}
+        memory = {s: _memory_mib(p) for s, p in pids.items()}
+        handled_in_load = handled_counts(stack)
+
+        # The fleet's own rate again, until every zombie is found and every control-plane
+        # incident resolved (or the time is up).
+        replay = Replay(nodes, args.interval)
+        for node in zombies:
+            replay.make_zombie(node)
+        normal = asyncio.create_task(replay.run(fleet, args.recover))
+        while time.monotonic() - dropped_at < args.recover and not (len(found) == len(zombies) and set(behind) <= set(resolved)):
+            await asyncio.sleep(1)
+        caught_up = time.monotonic()
+        normal.cancel()
+        handled_after = handled_counts(stack)
+
+    slowest = min(handled_in_load.values()) / args.duration
+    print(f"overload: {args.factor} x the samples of {args.nodes:,} nodes every {args.interval:g}s for {args.duration:g}s "
+          f"({offered / args.duration:,.0f} samples/s offered, against {args.nodes / args.interval:,.0f} at the fleet's rate), "
+          f"then the fleet's rate; the services on cores {sorted(stack_cores)}, nats-server and the publishers on {sorted(publisher_cores)}")
+    print(f"  offered / handled by the slowest consumer  {offered / args.duration / max(slowest, 1):>9.1f}x   "
+          f"({slowest:,.0f} samples/s handled while the load ran)")
+    print(f"  samples offered in the overload            {offered:>10,}")
+    for service, count in handled_in_load.items():
+        print(f"  {service + ' handled by its end':<42} {count:>10,}   in all by the end {handled_after[service]:,}")
+    print(f"  control-plane incidents opened             {len(behind):>10}   resolved {len(set(behind) & set(resolved))}")
+    for incident_id, summary in behind.items():
+        at = f"resolved {resolved[incident_id] - dropped_at:.0f}s after the load dropped" if incident_id in resolved else "still open"
+        print(f"    {summary} ({at})")
+    kinds = Counter(e.kind.value for e in unexplained)
+    print(f"  node incidents no fault explains           {len(unexplained):>10}   (goal 0)"
+          + (f"   {', '.join(f'{k} {n}' for k, n in kinds.most_common())}" if kinds else ""))
+    print(f"  actions asked for on nodes not at fault    {len(unseen_actions):>10}   (goal 0)")
+    last = max(found.values(), default=dropped_at) - dropped_at
+    print(f"  zombies found                              {len(found):>10} of {len(zombies)}"
+          + (f"   the last {last:.0f}s after the load dropped" if last > 0 else "   all while the load ran" if found else ""))
+    print(f"  caught up                                  {caught_up - dropped_at:>9.0f}s after the load dropped"
+          + ("" if caught_up - dropped_at < args.recover else "   (not within the time: see what is still open)"))
+    print_services(cpu, memory)
