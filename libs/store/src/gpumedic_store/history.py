@@ -14,6 +14,7 @@ A figure's name says what it is: `gpu<i>.<figure>`, `host.<figure>`, `disk:<path
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import zlib
@@ -76,63 +77,70 @@ class Minute:
 
 
 class MinuteFolder:
-    """One node's samples of one minute, folded as they arrive (a few additions per figure)."""
+    """One node's samples of one minute, folded as they arrive: a comparison or two additions per
+    figure, with each GPU's figure names made once (this runs for every sample of the fleet)."""
 
     def __init__(self, minute: datetime) -> None:
         self.minute = minute
         self._n = 0
-        self._sums: dict[str, list[float]] = {}
-        """Per figure, [sum, count] for a mean, [peak] for a peak."""
+        self._means: dict[str, list[float]] = {}
+        """Per mean figure, [sum, count]."""
+        self._peaks: dict[str, float] = {}
         self._top: dict[tuple[int, str], ProcessPeak] = {}
-
-    def _put(self, name: str, value: float | None) -> None:
-        if value is None:
-            return
-        acc = self._sums.get(name)
-        if _is_mean(name):
-            if acc is None:
-                self._sums[name] = [value, 1]
-            else:
-                acc[0] += value
-                acc[1] += 1
-        elif acc is None or value > acc[0]:
-            self._sums[name] = [value]
 
     def add(self, sample: NodeSampled) -> None:
         self._n += 1
-        put = self._put
+        means, peaks = self._means, self._peaks
         for gpu in sample.gpus:
-            g = f"gpu{gpu.index}."
-            put(g + "util_pct", gpu.utilization_gpu_pct)
-            put(g + "power_w", gpu.power_w)
-            put(g + "sm_clock_mhz", gpu.sm_clock_mhz)
-            put(g + "memory_used_mib", gpu.memory_used_mib)
-            put(g + "memory_total_mib", gpu.memory_total_mib)
-            put(g + "temperature_c", gpu.temperature_c)
-            put(g + "processes", len(gpu.processes))
+            util, power, clock, used, total, temperature, processes = _gpu_names(gpu.index)
+            for name, value in ((util, gpu.utilization_gpu_pct), (power, gpu.power_w), (clock, gpu.sm_clock_mhz)):
+                if value is not None:
+                    acc = means.get(name)
+                    if acc is None:
+                        means[name] = [value, 1]
+                    else:
+                        acc[0] += value
+                        acc[1] += 1
+            _peak(peaks, used, gpu.memory_used_mib)
+            _peak(peaks, total, gpu.memory_total_mib)
+            _peak(peaks, temperature, gpu.temperature_c)
+            _peak(peaks, processes, len(gpu.processes))
         host = sample.host
         if host.memory_total_mib is not None and host.memory_available_mib is not None:
-            put("host.memory_used_mib", max(0, host.memory_total_mib - host.memory_available_mib))
-        put("host.memory_total_mib", host.memory_total_mib)
-        put("host.swap_used_mib", host.swap_used_mib)
-        put("host.load_1m", host.load_1m)
-        put("host.cpus", host.cpus)
-        put("host.jobs_running", sample.jobs.running)
+            _peak(peaks, "host.memory_used_mib", max(0, host.memory_total_mib - host.memory_available_mib))
+        _peak(peaks, "host.memory_total_mib", host.memory_total_mib)
+        _peak(peaks, "host.swap_used_mib", host.swap_used_mib)
+        _peak(peaks, "host.load_1m", host.load_1m)
+        _peak(peaks, "host.cpus", host.cpus)
+        _peak(peaks, "host.jobs_running", sample.jobs.running)
         for disk in host.disks:
-            put("disk:" + disk.path, disk.used_pct)
+            _peak(peaks, "disk:" + disk.path, disk.used_pct)
         for p in host.top_processes:
-            peak = ProcessPeak(p.pid, p.command, p.user, p.container_id, p.cpu_pct, p.memory_rss_mib, sample.occurred_at)
             known = self._top.get((p.pid, p.command))
             if known is None:
-                self._top[(p.pid, p.command)] = peak
+                self._top[(p.pid, p.command)] = ProcessPeak(p.pid, p.command, p.user, p.container_id, p.cpu_pct, p.memory_rss_mib, sample.occurred_at)
             else:
-                known.merge(peak)
+                known.cpu_pct = max(known.cpu_pct, p.cpu_pct)
+                known.memory_rss_mib = max(known.memory_rss_mib, p.memory_rss_mib)
+                known.last_seen = max(known.last_seen, sample.occurred_at)
 
     def minute_figures(self) -> Minute:
-        figures = {
-            name: (round(acc[0] / acc[1], 2) if _is_mean(name) else acc[0]) for name, acc in sorted(self._sums.items())
-        }
-        return Minute(self.minute, self._n, figures, busiest(self._top.values(), TOP_KEEP))
+        figures: dict[str, float | None] = {name: round(acc[0] / acc[1], 2) for name, acc in self._means.items()}
+        figures.update(self._peaks)
+        return Minute(self.minute, self._n, dict(sorted(figures.items())), busiest(self._top.values(), TOP_KEEP))
+
+
+def _peak(peaks: dict[str, float], name: str, value: float | None) -> None:
+    if value is not None:
+        old = peaks.get(name)
+        if old is None or value > old:
+            peaks[name] = value
+
+
+@functools.cache
+def _gpu_names(index: int) -> tuple[str, ...]:
+    """A GPU's figure names, in the order `MinuteFolder.add` reads them (its means first)."""
+    return tuple(f"gpu{index}.{figure}" for figure in (*GPU_MEANS, "memory_used_mib", "memory_total_mib", "temperature_c", "processes"))
 
 
 def busiest(processes: Iterable[ProcessPeak], keep: int) -> list[ProcessPeak]:
@@ -157,8 +165,11 @@ class Columns:
 
     def add(self, minutes: Iterable[Minute]) -> None:
         """Merge minutes in; one already held is replaced (a minute written again)."""
-        rows = {t: i for i, t in enumerate(self.times)}
         by_time = {int(m.minute.timestamp()): m for m in minutes}
+        if by_time and (not self.times or min(by_time) > self.times[-1]):
+            self._append([by_time[t] for t in sorted(by_time)])
+            return
+        rows = {t: i for i, t in enumerate(self.times)}
         keep = [i for i, t in enumerate(self.times) if t not in by_time]
         new_times = sorted([self.times[i] for i in keep] + list(by_time))
         names = set(self.series) | {n for m in by_time.values() for n in m.figures}
@@ -174,6 +185,21 @@ class Columns:
         self.top = sorted([(t, p) for t, p in self.top if t not in by_time] + [(t, p) for t, m in by_time.items() for p in m.top],
                           key=lambda tp: tp[0])
         self.times, self.series = new_times, series
+
+    def _append(self, minutes: list[Minute]) -> None:
+        """Minutes that all come after those held, in order (each minute of an hour as it ends)."""
+        for m in minutes:
+            n = len(self.times)
+            for name, column in self.series.items():
+                column.append(m.figures.get(name))
+            for name in m.figures.keys() - self.series.keys():
+                self.series[name] = [None] * n + [m.figures[name]]
+            t = int(m.minute.timestamp())
+            self.times.append(t)
+            self.samples.append(m.samples)
+            self.top.extend((t, p) for p in m.top)
+        if len(self.series) > 1 and any(a > b for a, b in zip(self.series, list(self.series)[1:], strict=False)):
+            self.series = dict(sorted(self.series.items()))
 
     def extend(self, later: Columns) -> None:
         """Append columns that all come after these (the next hour)."""
