@@ -282,18 +282,29 @@ class Stack:
     def start_supervising(self, every_s: float = 1.0) -> None:
         """From now until `stop`, restart what dies (see `tend`)."""
 
+        async def provision_again() -> None:
+            self._provision_due = False
+            try:
+                await self.provision()
+            except Exception as exc:  # the server is still starting: the next round tries again
+                self._provision_due = True
+                self.say(f"  could not provision the restarted bus yet: {exc}")
+            else:
+                self.say("  provisioned the restarted bus again (its samples stream is kept in memory)")
+
         async def supervise() -> None:
-            while True:
-                await asyncio.sleep(every_s)
-                self.tend()
-                if self._provision_due:
-                    try:
-                        await self.provision()
-                    except Exception as exc:  # the server is still starting: the next round tries again
-                        self.say(f"  could not provision the restarted bus yet: {exc}")
-                    else:
-                        self._provision_due = False
-                        self.say("  provisioned the restarted bus again (its samples stream is kept in memory)")
+            provisioning: asyncio.Task | None = None
+            try:
+                while True:
+                    await asyncio.sleep(every_s)
+                    self.tend()
+                    # In a task of its own: a bus that takes its time to answer must not hold up the
+                    # restart of a service that died meanwhile (it held one 10 s under `make chaos`).
+                    if self._provision_due and (provisioning is None or provisioning.done()):
+                        provisioning = asyncio.create_task(provision_again(), name="gpumedic-provision-again")
+            finally:
+                if provisioning is not None:
+                    provisioning.cancel()
 
         self._supervisor = asyncio.create_task(supervise(), name="gpumedic-supervisor")
 
