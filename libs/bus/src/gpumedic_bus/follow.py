@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 FOLLOW_EVERY_S = 5.0
 """How often a follower reads without a wake-up (one request per subject)."""
+GET_TIMEOUT_S = 2.0
+"""How long one message get waits: a stored message answers in milliseconds, and a get lost to a
+server that is going away costs a service catching up at start this long (nats-py's default, 5 s,
+kept the autoscaler from being ready within 10 s of a restart under `make chaos`)."""
 
 
 class StreamFollower:
@@ -32,7 +36,7 @@ class StreamFollower:
         self, nc: Client, stream: str, subjects: Sequence[str], on_message: Callable[[RawStreamMsg], Awaitable[None]]
     ) -> None:
         self._nc = nc
-        self._js = nc.jetstream()
+        self._js = nc.jetstream(timeout=GET_TIMEOUT_S)
         self._stream = stream
         self._subjects = tuple(subjects)
         self._on_message = on_message
