@@ -94,7 +94,7 @@ def cmd_up(args) -> int:
             print("gpumedic up --demo: the simulated fleet is not installed (the gpumedic-sim package)", file=sys.stderr)
             return 2
         return EXTENSIONS["up --demo"](args)
-    from gpumedic.stack import Stack, remediator_files
+    from gpumedic.stack import Stack, remediator_files, services_here
 
     async def _up() -> int:
         stack = Stack(args.var)
@@ -105,8 +105,13 @@ def cmd_up(args) -> int:
                 {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]))
             await stack.provision()
             stack.migrate()
-            print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
-            stack.start_services()
+            services, no_gpu = services_here()
+            if no_gpu:
+                print(f"[2/3] starting five services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce); "
+                      f"not this machine's node-sampler: it has no usable NVIDIA driver ({no_gpu}), so it is no GPU node")
+            else:
+                print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
+            stack.start_services(services)
             await stack.wait_ready()
             stack.start_supervising()  # a nats-server or service that dies is restarted, with a line saying so
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")
@@ -642,11 +647,14 @@ def _var():
     return click.option("--var", type=PATH, default=DEFAULT_VAR, show_default=True, help=VAR_HELP)
 
 
-def fleet_options(nodes: int = 4, gpus: int = 2):
+def fleet_options(nodes: int = 4, gpus: int = 2, var: Path = DEFAULT_VAR, throwaway: bool = False):
+    where = "where the bus, store, logs and fleet files live"
     return (
         click.option("--nodes", type=click.IntRange(min=1), default=nodes, show_default=True, help="simulated nodes"),
         click.option("--gpus", type=click.IntRange(min=1), default=gpus, show_default=True, help="GPUs per simulated node"),
-        click.option("--var", type=PATH, default=DEFAULT_VAR, show_default=True, help="where the bus, store, logs and fleet files live"),
+        click.option("--var", type=PATH, default=var, show_default=True,
+                     help=where + (": emptied at each start, so each run tells the same story" if throwaway else
+                                   " (with --demo, the demo's story runs in VAR/demo, emptied at each start)")),
     )
 
 

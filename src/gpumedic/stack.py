@@ -63,6 +63,15 @@ def nvml_problem() -> str | None:
     return None
 
 
+def services_here(services: Iterable[str] | None = None) -> tuple[list[str], str | None]:
+    """`services` less this machine's node-sampler when NVML does not answer here, and why (None:
+    all kept). A machine without a usable NVIDIA driver is no node of the fleet: its sampler would
+    only open an escalated `nvml_unavailable` for it and count it among the nodes."""
+    services = list(SERVICES if services is None else services)
+    problem = nvml_problem() if "node-sampler" in services else None
+    return [s for s in services if not (problem and s == "node-sampler")], problem
+
+
 HEALTHY_AFTER_S = 10.0
 """A restarted process that ran this long is healthy again: its next death restarts it at once.
 A crash loop dies while starting (bad settings, no bus, a port taken); one killed now and then

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpumedic.stack import nvml_problem
 from tests.e2e.test_demo import _processes_mentioning
 
 GPUMEDIC = Path(sys.executable).parent / "gpumedic"
@@ -48,6 +49,8 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
     assert kinds["xid"]["detected"] == 1 and kinds["xid"]["expect"] == ["gpu_lost"]
     assert kinds["job_finished"]["false_positives"] == kinds["short_dip"]["false_positives"] == 0
     assert score["totals"]["precision"] == 1.0 and score["totals"]["recall"] == 1.0, score["false_positives"]
+    if nvml_problem():  # this machine has no GPU: it is no node of the simulated fleet, and the run says so
+        assert "not this machine's node-sampler: it has no usable NVIDIA driver" in out
     # The zombie killed and its job started again (the sim's policy restarts it), and the node
     # whose GPU fell off the bus drained.
     actions = next((line for line in out.splitlines() if line.startswith("actions: ")), "")

@@ -5,16 +5,57 @@ operator's CLI never imports the simulated fleet, and the fleet never goes where
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 import click
 
 from gpumedic.cli import DEFAULT_VAR, EXTENSIONS, PATH, cluster_option, command, fleet_options, run_until_done
 
+THROWAWAY = ".gpumedic-throwaway"
+"""Marks a directory that a demo or a simulation made for itself, and empties at its next start."""
+
+
+class NotThrowaway(Exception):
+    """The directory holds what no demo or simulation made: it is not emptied."""
+
+
+def start_afresh(var_dir: Path, what: str) -> str | None:
+    """Empty `var_dir` for a run that must tell the same story every time: what an earlier run left
+    there (its incidents, the actions spent on a node, a node drained as a repeat offender) would
+    change the story. Only a directory such a run made (marked) is emptied; the line that says so
+    is returned, or None when there was nothing to clear."""
+    said = None
+    if var_dir.is_dir() and any(var_dir.iterdir()):
+        if not (var_dir / THROWAWAY).exists():
+            raise NotThrowaway(
+                f"{var_dir}/ holds files no demo or simulation made (a stack of yours?), and a {what} empties its directory "
+                f"at every start: give it a directory of its own with --var"
+            )
+        shutil.rmtree(var_dir)
+        said = f"      a fresh start: what the last run left under {var_dir}/ is cleared, so the {what} starts the same every time"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    (var_dir / THROWAWAY).write_text(f"made by gpumedic {what}: emptied at its next start\n")
+    return said
+
+
+def _afresh(var_dir: Path, what: str, command_name: str) -> bool:
+    try:
+        said = start_afresh(var_dir, what)
+    except NotThrowaway as exc:
+        print(f"gpumedic {command_name}: {exc}", file=sys.stderr)
+        return False
+    if said:
+        print(said)
+    return True
+
 
 def cmd_demo(args) -> int:
     from gpumedic_sim.demo import run_demo
 
+    if not _afresh(args.var, "demo", "demo"):
+        return 2
     return run_until_done(
         run_demo(
             args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration,
@@ -82,6 +123,8 @@ def cmd_sim(args) -> int:
     except ScenarioError as exc:
         print(f"gpumedic sim: {exc}", file=sys.stderr)
         return 2
+    if not _afresh(args.var, "simulation", "sim"):
+        return 2
     return run_until_done(
         run_simulation(
             args.var,
@@ -100,9 +143,12 @@ def cmd_up_demo(args) -> int:
     from gpumedic_sim.demo import run_demo
 
     story_s = 180.0 if args.duration is None else min(180.0, args.duration)
+    var = args.var / "demo"
+    if not _afresh(var, "demo", "up --demo"):
+        return 2
     return run_until_done(
         run_demo(
-            args.var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration,
+            var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration,
             cluster=args.cluster,
         )
     )
@@ -112,14 +158,14 @@ def register() -> None:
     """Add the commands to `gpumedic` (called by the CLI for the `gpumedic.commands` entry point)."""
     command(
         "demo", cmd_demo, "the embedded stack on a simulated fleet, with one zombie job fixed end to end",
-        *fleet_options(),
+        *fleet_options(var=DEFAULT_VAR / "demo", throwaway=True),
         click.option("--duration", type=float, default=180.0, show_default=True, help="give up after this many seconds"),
         click.option("--keep-running", is_flag=True, help="keep the stack up after the story, until --duration or Ctrl-C"),
         cluster_option(),
     )
     command(
         "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
-        *fleet_options(nodes=20, gpus=8),
+        *fleet_options(nodes=20, gpus=8, var=DEFAULT_VAR / "sim", throwaway=True),
         click.option("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)"),
         click.option("--fault", multiple=True, metavar="FIELDS", help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)"),
         click.option("--duration", type=float, help="seconds to run (default: the scenario's, else until detection had time)"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpumedic.incidents import incident_text
 from gpumedic_sim.fleet import SimFleet
-from gpumedic.stack import SERVICES, Stack, env_json, nvml_problem, wind_down
+from gpumedic.stack import Stack, env_json, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
@@ -122,10 +122,8 @@ async def run_demo(
         if (theirs := os.environ.get("GPUMEDIC_POLICY_FILE")) and theirs != stack.env["GPUMEDIC_POLICY_FILE"]:
             say(f"      your GPUMEDIC_POLICY_FILE ({theirs}) is set aside: the demo runs its own policy, in seconds instead of "
                 f"minutes ({stack.env['GPUMEDIC_POLICY_FILE']}); `gpumedic up` without --demo uses yours")
-        services = list(SERVICES)
-        if problem := nvml_problem():
-            # this machine is not part of the demo fleet: its sampler would only report that it has no GPU
-            services.remove("node-sampler")
+        services, problem = services_here()
+        if problem:
             say(f"[3/5] starting five services, each on its own NATS user; not this machine's node-sampler: it has no usable "
                 f"NVIDIA driver ({problem}), and the fleet is the simulated one")
         else:
@@ -160,7 +158,7 @@ async def run_demo(
             say(f"no resolution within {duration_s:.0f}s; see the logs in {stack.logs}")
             return 1
         await asyncio.sleep(1.5)  # let report-builder record the last events and spans
-        say("[5/5] the incident as report-builder recorded it (gpumedic incidents " + str(outcome.incident_id)[:8] + "):")
+        say(f"[5/5] the incident as report-builder recorded it (gpumedic incidents --var {var_dir} {str(outcome.incident_id)[:8]}):")
         say("")
         say((await incident_text(stack.store_url, str(outcome.incident_id)))[1])
         say("")

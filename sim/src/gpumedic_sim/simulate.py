@@ -28,7 +28,7 @@ from gpumedic_sim.scenario import FaultSpec, Scenario
 from gpumedic_sim.scoring import Observed, render, score
 from gpumedic_sim.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
 from gpumedic_sim.workers import POOL_NODE, SimWorkerPool, judge
-from gpumedic.stack import Stack, wind_down
+from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
     ActionCompleted,
@@ -316,12 +316,15 @@ async def run_simulation(
             **(env or {}),
         }
         dump_policy(sim_policy(interval_s, len(fleet.nodes), pool), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
+        services, no_gpu = services_here()
         say(
-            "[3/5] starting the six services (the remediator's breaker raised to "
+            f"[3/5] starting the {'five' if no_gpu else 'six'} services (the remediator's breaker raised to "
             f"{stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES']} nodes and "
             f"{float(stack.env['GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE']):.0%} of the fleet in 10 minutes, for a scenario's burst)"
+            + (f"; not this machine's node-sampler: it has no usable NVIDIA driver ({no_gpu}), and the fleet is the simulated one"
+               if no_gpu else "")
         )
-        stack.start_services()
+        stack.start_services(services)
         await stack.wait_ready()
 
         # The simulated nodes publish as the fleet's user; the score is read as the observer.
@@ -357,7 +360,6 @@ async def run_simulation(
         await _wait_for_pages(observer, pager)
         on_pool = {POOL_NODE, *pool.provider.rented()} if pool is not None else set()
         result = score(fleet.injected, [i for i in observer.incidents.values() if i.node_id not in on_pool])
-        # The fleet's incidents only: the stack also samples this machine (no GPU: nvml_unavailable).
         paged = pager.incidents() & observer.incidents.keys()
         outcomes = observer.outcomes(paged)
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
