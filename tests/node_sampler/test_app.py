@@ -84,6 +84,8 @@ async def test_metrics_serve_each_gpu_under_dcgm_exporters_names_from_the_latest
     assert served == DCGM_EXPORTER and all(families[name].type == "gauge" for name in served)
     util = {s.labels["gpu"]: s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
     assert set(util) == {"0", "1"} and all(set(s.labels) == DCGM_LABELS for s in util.values())
+    # `Hostname` is the node id (the machine's name is a container's id under compose, a pod's on RunPod)
+    assert {s.labels["Hostname"] for name in served for s in families[name].samples} == {"gpu-node-07"}
     assert util["1"].value == 0.0 and util["1"].labels["UUID"] == "GPU-bbbb"
     assert {s.labels["gpu"]: s.value for s in families["DCGM_FI_DEV_FB_USED"].samples}["1"] == 8192.0
     assert all(s.value == 0 for s in families["DCGM_FI_DEV_XID_ERRORS"].samples)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 from typing import Any
 
 from faststream import FastStream
@@ -82,9 +81,11 @@ def create_app(
     async def release_nvml() -> None:
         await asyncio.to_thread(sampler.close)
 
-    # dcgm-exporter's per-GPU series from the latest sample, for the GPU dashboards people already have
+    # dcgm-exporter's per-GPU series from the latest sample, for the GPU dashboards people already
+    # have. Their `Hostname` is the node id: the machine's own name is a container's id under
+    # compose and a pod's under RunPod, and the console looks a node's GPU history up by its id.
     runtime.metrics.registry.register(
-        GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, socket.gethostname(), lambda: sampler.last_health)
+        GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, settings.node_id, lambda: sampler.last_health)
     )
     runtime.background(sample_loop)
     app = runtime.app()

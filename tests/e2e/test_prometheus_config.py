@@ -1,0 +1,67 @@
+"""`deploy/prometheus.yml` as shipped, read by Debian's real Prometheus beside the embedded stack's
+own targets file: Prometheus resolves a file_sd path against the config file's directory, so the
+file must name `../var/prometheus-targets.json` for the stack's services to be found at all."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumedic.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS = shutil.which("prometheus")
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus; .ci/run does)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+async def test_the_shipped_config_scrapes_the_embedded_stacks_services(tmp_path):
+    # A checkout's layout: deploy/prometheus.yml as shipped, the stack under var/.
+    (tmp_path / "deploy").mkdir()
+    config = tmp_path / "deploy" / "prometheus.yml"
+    shutil.copy(ROOT / "deploy" / "prometheus.yml", config)
+    stack = Stack(tmp_path / "var", say=lambda *_: None)
+    port = _free_port()
+    prometheus = None
+    try:
+        stack.start_bus()
+        await stack.provision()
+        stack.migrate()
+        stack.start_services(["leader-health", "autoscaler"])
+        await stack.wait_ready()
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
+        )
+        expected = {f"http://127.0.0.1:{p}/metrics": s for s, p in stack.metrics_ports.items()}
+        seen: dict[str, str] = {}
+        async with httpx.AsyncClient() as client:
+            for _ in range(300):  # discovered, then scraped once (the job scrapes every 15 s)
+                try:
+                    active = (await client.get(f"http://127.0.0.1:{port}/api/v1/targets")).json()["data"]["activeTargets"]
+                    seen = {t["scrapeUrl"]: t["health"] for t in active if t["labels"]["job"] == "gpumedic-embedded"}
+                except (httpx.HTTPError, KeyError, ValueError):
+                    pass
+                if set(seen) == set(expected) and all(h == "up" for h in seen.values()):
+                    break
+                await asyncio.sleep(0.2)
+        assert set(seen) == set(expected), ((tmp_path / "prometheus.log").read_text()[-2000:], seen)
+        assert all(h == "up" for h in seen.values()), seen
+    finally:
+        if prometheus is not None:
+            prometheus.terminate()
+            prometheus.wait(10)
+        stack.stop()
