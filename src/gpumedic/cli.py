@@ -296,6 +296,13 @@ def cmd_silence(args) -> int:
             duration_s = parse_time(args.duration)
             if duration_s <= 0:
                 raise operator_bus.OperatorError("--for must be longer than 0s")
+            if args.node and not args.unseen:
+                try:
+                    store = _store_url(args)
+                except NoStore:
+                    store = None  # no store to read here (compose without GPUMEDIC_STORE_URL): not checked
+                if store is not None:
+                    asyncio.run(silences.check_node(store, args.node))
             event = asyncio.run(
                 silences.add(
                     settings, reason=args.reason, by=args.by, duration_s=duration_s,
@@ -306,7 +313,8 @@ def cmd_silence(args) -> int:
         else:
             if not args.silence_id:
                 raise operator_bus.OperatorError("name the silence to lift: gpumedic silence remove ID")
-            event = asyncio.run(silences.remove(settings, silence_id=args.silence_id, by=args.by))
+            silence_id = asyncio.run(silences.whole_id(lambda: _store_url(args), args.silence_id))
+            event = asyncio.run(silences.remove(settings, silence_id=silence_id, by=args.by))
             print(f"silence {event.silence_id} lifted by {event.removed_by}")
     except (operator_bus.OperatorError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"gpumedic silence: {exc}", file=sys.stderr)
@@ -761,6 +769,7 @@ command(
     click.option("--reason", help="why (required for add)"),
     _by(what="who"),
     click.option("--all", is_flag=True, help="with `list`: also silences that ended or were lifted"),
+    click.option("--unseen", is_flag=True, help="with `add --node`: a node the store has not heard of yet (else refused)"),
     _var(), _store(), _json(),
     description="A silenced incident is still recorded, with its silence, but no action is requested for it. A silence "
     "matches every incident on its node (any node if none is given), of its kind and on its GPU.",

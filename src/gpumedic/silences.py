@@ -9,9 +9,10 @@ one runs there, else the one GPUMEDIC_NATS_* names (compose: the operator's pass
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from gpumedic.operator_bus import SOURCE, publish
+from gpumedic.operator_bus import SOURCE, OperatorError, publish
 from gpumedic.output import table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentKind, SilenceAdded, SilenceRemoved
@@ -48,6 +49,32 @@ async def remove(settings: NatsSettings, *, silence_id: str, by: str) -> Silence
     event = SilenceRemoved(source=SOURCE, silence_id=uuid.UUID(silence_id), removed_by=by)
     await publish(settings, event)
     return event
+
+
+async def whole_id(store_url: Callable[[], str], id_or_prefix: str) -> str:
+    """The silence a person names by its id or the start of it (as `list` and `incidents` show
+    ids), found in the store (`store_url()` says where); a whole id is taken as it is."""
+    try:
+        return str(uuid.UUID(id_or_prefix))
+    except ValueError:
+        pass
+    async with views.store_session(store_url()) as session:
+        found = await views.find_silence(session, id_prefix=id_or_prefix)
+    if found is None:
+        raise OperatorError(f"no silence's id starts with {id_or_prefix!r}: `gpumedic silence list --all` shows them")
+    return found.id
+
+
+async def check_node(store_url: str, node_id: str) -> None:
+    """Refuse a silence on a node the store has never heard of (a typo silences nothing), naming
+    the nodes it knows. A store that knows no node yet (a fleet's first minute) checks nothing."""
+    async with views.store_session(store_url) as session:
+        known = await views.known_nodes(session)
+    if known and node_id not in known:
+        shown = sorted(known)
+        listed = ", ".join(shown[:10]) + (f" ... ({len(shown)} in all)" if len(shown) > 10 else "")
+        raise OperatorError(f"no node {node_id!r} is known (sampled within the history kept, or in an incident): the store "
+                            f"knows {listed}; --unseen silences a node none has heard of yet")
 
 
 async def list_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:

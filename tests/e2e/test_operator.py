@@ -63,8 +63,15 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
     code, out, _ = await _cli(capsys, "incidents", incident.id[:8], "--store", store_url)
     assert f"silenced by {silence_id}" in out
 
-    code, out, _ = await _cli(capsys, "silence", "remove", silence_id, "--by", "alice")
-    assert code == 0 and "lifted by alice" in out
+    # A silence on a node nobody has heard of would silence nothing: refused, naming the nodes known.
+    code, _, err = await _cli(capsys, "silence", "add", "--node", "sim-node-2", "--reason", "typo", "--store", store_url)
+    assert code == 2 and "no node 'sim-node-2' is known" in err and "sim-node-02" in err and "--unseen" in err
+    code, _, err = await _cli(capsys, "silence", "remove", "0000dead", "--by", "alice", "--store", store_url)
+    assert code == 2 and "no silence's id starts with '0000dead'" in err
+
+    # Lifted by the start of its id, as `silence list` and `incidents` show ids.
+    code, out, _ = await _cli(capsys, "silence", "remove", silence_id[:8], "--by", "alice", "--store", store_url)
+    assert code == 0 and f"silence {silence_id} lifted by alice" in out
     resolved, timeline, _ = await wait_for_incident(store_url, "resolved")
     assert resolved.id == incident.id and resolved.resolution == "fixed"
     assert node.ssh_commands.count(f"kill -s TERM {hung.pid}") == 1
@@ -94,7 +101,7 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
         (["silence", "add", "--reason", "x", "--for", "0s"], "longer than 0s"),
         (["silence", "add", "--reason", "x", "--node", "bad node; rm -rf /"], "node_id"),
         (["silence", "remove"], "name the silence to lift"),
-        (["silence", "remove", "not-a-uuid"], "badly formed"),
+        (["silence", "remove", "not-a-uuid", "--var", "/nonexistent"], "no stack has run under /nonexistent/"),
     ],
 )
 def test_silence_commands_say_what_was_wrong(argv, message, monkeypatch, capsys, nats_url):

@@ -25,6 +25,7 @@ from gpumedic_store.models import (
     Incident,
     IncidentMark,
     NodeDrain,
+    NodeHour,
     Notification,
     Silence,
     SpanRow,
@@ -140,6 +141,26 @@ async def trace_spans(session: AsyncSession, *, trace_id: str) -> list[SpanRow]:
 
 
 # --- silences and the false-positive ledger -------------------------------------------------------
+
+
+async def find_silence(session: AsyncSession, *, id_prefix: str) -> Silence | None:
+    """The one silence whose id starts with `id_prefix`, as `find_incident` finds an incident."""
+    prefix = id_prefix.strip().lower()
+    if not prefix:
+        raise ValueError("a silence id prefix must not be empty")
+    stmt = select(Silence).where(Silence.id.startswith(prefix, autoescape=True)).order_by(Silence.id).limit(3)
+    found = list((await session.scalars(stmt)).all())
+    if len(found) > 1:
+        shown = ", ".join(s.id for s in found[:2]) + (", ..." if len(found) > 2 else "")
+        raise ValueError(f"silence id prefix {prefix!r} is ambiguous: it matches {shown}; type more of the id")
+    return found[0] if found else None
+
+
+async def known_nodes(session: AsyncSession) -> set[str]:
+    """Every node the store has heard of: one with history (sampled within its retention) or an incident."""
+    sampled = await session.scalars(select(NodeHour.node_id).distinct())
+    named = await session.scalars(select(Incident.node_id).distinct())
+    return set(sampled) | set(named)
 
 
 async def list_silences(session: AsyncSession, *, now: datetime, include_past: bool = False) -> list[Silence]:
