@@ -206,3 +206,9 @@ async def test_the_health_figures_go_out_first_then_when_they_change_or_to_refre
     # read every 30 s; unchanged, not sent again until 120 s after it last was
     assert sent == {1000: (0, 1), 1060: (1,), 1120: (0,)}
     assert set(sampler.last_health) == {0, 1} and sampler.last_health[1].pcie_replay_count == 40
+
+
+def test_a_containers_exit_carries_as_many_log_lines_as_set_and_fifty_unless_told():
+    watched = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, docker_socket="/run/none.sock")
+    told = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, docker_socket="/run/none.sock", container_log_lines=7)
+    assert (watched.containers.log_lines, told.containers.log_lines) == (50, 7)

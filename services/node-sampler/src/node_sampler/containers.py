@@ -84,7 +84,7 @@ class DockerWatcher:
         socket_path: str | os.PathLike[str] = DEFAULT_SOCKET,
         on_exit: Callable[[ContainerExitReading], None] | None = None,
         *,
-        log_lines: int = 20,
+        log_lines: int = MAX_LOG_LINES,
         refresh_s: float = 30.0,
         retry_s: float = 30.0,
         backoff_s: float = 0.5,

@@ -70,6 +70,7 @@ def create_app(
         xid_events=settings.xid_events,
         kernel_log=settings.kernel_log,
         docker_socket=settings.docker_socket,
+        container_log_lines=settings.container_log_lines,
     )
 
     async def publish(event: Event) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event, GpuHealth, NodeSampled
 
-from node_sampler.containers import DockerWatcher
+from node_sampler.containers import MAX_LOG_LINES, DockerWatcher
 from node_sampler.jobs import JobProbe
 from node_sampler.kernel import KernelLogWatcher
 from node_sampler.logic import (
@@ -84,13 +84,15 @@ class Sampler:
         xid_events: bool = False,
         kernel_log: Path | str | None = None,
         docker_socket: Path | str | None = None,
+        container_log_lines: int = MAX_LOG_LINES,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """`host` reads memory, load and disks; `holder_scan_interval_s` is how often /proc is
         scanned for /dev/nvidia* holders (0: never), `top_interval_s` how often every process's CPU
         and memory are read for the busiest ones (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
-        `docker_socket` turn on the watchers for the immediate events."""
+        `docker_socket` turn on the watchers for the immediate events; a container's exit carries its
+        last `container_log_lines` log lines."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -114,7 +116,8 @@ class Sampler:
         self.dropped_events = 0
         self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
         self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
-        self.containers = DockerWatcher(docker_socket, self._container_exit) if docker_socket else None
+        self.containers = (DockerWatcher(docker_socket, self._container_exit, log_lines=container_log_lines)
+                           if docker_socket else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Queue[Event] = asyncio.Queue()
         self._holders: dict[int, tuple[str, ...]] = {}

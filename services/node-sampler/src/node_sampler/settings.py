@@ -15,6 +15,7 @@ from gpumedic_events.base import NodeId, default_node_id
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from node_sampler.containers import MAX_LOG_LINES
 from node_sampler.jobs import compile_jobs_path
 
 
@@ -73,6 +74,10 @@ class Settings(BaseSettings):
     docker_socket: Path | None = Field(
         default=Path("/var/run/docker.sock"),
         description="The Docker engine socket to watch container exits on; empty: off.",
+    )
+    container_log_lines: int = Field(
+        default=MAX_LOG_LINES, ge=0, le=MAX_LOG_LINES,
+        description="Last log lines a container's exit carries (a post-mortem reads 50, the runbooks' own figure); 0: none.",
     )
     trace_to_bus: bool = Field(default=False, description="Send finished spans over the bus (embedded mode).")
 
