@@ -20,8 +20,9 @@ def summary_text(cluster: str, s: ClusterSummary) -> list[str]:
     lines = [
         f"cluster {cluster}: {s.checks} checks over {_hours(s.span)} ({fmt_time(s.first)} .. {fmt_time(s.last)})",
         f"  peers now {s.peers_now}/{s.peers_total_now}, peak {s.peers_peak}",
-        f"  with a leader {_hours(s.with_leader)} ({share:.0%}); leader changes {s.leader_changes} "
-        f"({s.changes_per_hour:.1f}/h); longest without a leader {_hours(s.longest_leaderless)}",
+        f"  with a leader {_hours(s.with_leader)} ({share:.0%})"
+        + (f"; unmonitored {_hours(s.unmonitored)} ({s.unmonitored / s.span:.0%}: no check ran)" if s.unmonitored else "")
+        + f"; leader changes {s.leader_changes} ({s.changes_per_hour:.1f}/h); longest without a leader {_hours(s.longest_leaderless)}",
         f"  quorum margin now {s.quorum_margin_now:+d}, lowest {s.quorum_margin_min:+d}",
     ]
     if s.goal is not None:

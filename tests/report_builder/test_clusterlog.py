@@ -54,3 +54,14 @@ def test_the_goal_holds_only_when_every_check_of_the_last_hours_had_enough_peers
 def test_no_checks_no_summary_and_quorum_lost_is_a_negative_margin():
     assert summarize([]) is None
     assert quorum_margin(Check(T0, 7, 3, None)) == -1
+
+
+def test_time_no_check_saw_is_unmonitored_neither_with_a_leader_nor_part_of_a_goal():
+    # a check a minute, then the checker stopped for 20 minutes (a stack restarted), then on again
+    rows = [(m, 7, "a") for m in range(0, 11)] + [(m, 7, "a") for m in range(30, 41)]
+    s = summarize(log(*rows), Goal(7, 0.5))
+    assert s.unmonitored == timedelta(minutes=20)
+    assert s.with_leader == timedelta(minutes=20)  # 0-10 and 30-40, not the 20 nobody saw
+    assert s.goal_held_for == timedelta(minutes=10) and not s.goal_met  # held since the checks came back only
+    # checks a minute apart with no gap: nothing unmonitored
+    assert summarize(log(*[(m, 7, "a") for m in range(0, 31)]), Goal(7, 0.5)).unmonitored == timedelta()

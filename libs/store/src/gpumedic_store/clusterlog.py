@@ -3,15 +3,22 @@ peers, time with a leader, leader changes per hour, the longest stretch without 
 quorum margin, and whether a goal of N peers for H hours holds. Pure: checks in, figures out.
 
 Time between two checks is credited to what the first one saw; the last check counts for
-nothing (what follows it is unknown).
+nothing (what follows it is unknown). Neither does a gap between two checks longer than
+`GAP_FACTOR` times their usual spacing (the checker stopped: a stack restarted, say): that time is
+unmonitored, counts as neither with nor without a leader, and no goal holds across it.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
+
+
+GAP_FACTOR = 3.0
+"""A gap between checks this many times their median spacing is time nobody checked."""
 
 
 class Check(Protocol):
@@ -41,6 +48,8 @@ class ClusterSummary:
     longest_leaderless: timedelta
     quorum_margin_now: int
     quorum_margin_min: int
+    unmonitored: timedelta = timedelta()
+    """Time in gaps between checks (see the module docstring): no check saw it."""
     goal: Goal | None = None
     goal_held_for: timedelta | None = None
     """How long, up to the last check, every check had at least `goal.peers` peers answering."""
@@ -69,12 +78,17 @@ def summarize(checks: Sequence[Check], goal: Goal | None = None) -> ClusterSumma
     if not checks:
         return None
     with_leader = timedelta()
+    unmonitored = timedelta()
     longest = timedelta()
     leaderless_since: datetime | None = None
     changes = 0
+    gap = _gap(checks)
     for before, after in zip(checks, checks[1:], strict=False):
-        if before.leader is not None:
-            with_leader += after.checked_at - before.checked_at
+        between = after.checked_at - before.checked_at
+        if gap is not None and between > gap:
+            unmonitored += between
+        elif before.leader is not None:
+            with_leader += between
         if after.leader is not None and after.leader != before.leader:
             changes += 1
     for check in checks:
@@ -89,8 +103,8 @@ def summarize(checks: Sequence[Check], goal: Goal | None = None) -> ClusterSumma
     held = None
     if goal is not None:
         start = None
-        for check in reversed(checks):
-            if check.peers_answering < goal.peers:
+        for check, after in zip(reversed(checks), [None, *reversed(checks)], strict=False):
+            if check.peers_answering < goal.peers or (after is not None and gap is not None and after.checked_at - check.checked_at > gap):
                 break
             start = check.checked_at
         held = last.checked_at - start if start is not None else None
@@ -106,6 +120,15 @@ def summarize(checks: Sequence[Check], goal: Goal | None = None) -> ClusterSumma
         longest_leaderless=longest,
         quorum_margin_now=quorum_margin(last),
         quorum_margin_min=min(quorum_margin(c) for c in checks),
+        unmonitored=unmonitored,
         goal=goal,
         goal_held_for=held,
     )
+
+
+def _gap(checks: Sequence[Check]) -> timedelta | None:
+    """The spacing beyond which two checks leave a gap; None with too few checks to know the usual one."""
+    spacings = [b.checked_at - a.checked_at for a, b in zip(checks, checks[1:], strict=False)]
+    if len(spacings) < 3:
+        return None
+    return statistics.median(spacings) * GAP_FACTOR
