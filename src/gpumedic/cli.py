@@ -94,7 +94,7 @@ def cmd_up(args) -> int:
             print("gpumedic up --demo: the simulated fleet is not installed (the gpumedic-sim package)", file=sys.stderr)
             return 2
         return EXTENSIONS["up --demo"](args)
-    from gpumedic.stack import Stack, remediator_files, services_here
+    from gpumedic.stack import Stack, remediator_files
 
     async def _up() -> int:
         stack = Stack(args.var)
@@ -105,13 +105,10 @@ def cmd_up(args) -> int:
                 {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]))
             await stack.provision()
             stack.migrate()
-            services, no_gpu = services_here()
-            if no_gpu:
-                print(f"[2/3] starting five services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce); "
-                      f"not this machine's node-sampler: it has no usable NVIDIA driver ({no_gpu}), so it is no GPU node")
-            else:
-                print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
-            stack.start_services(services)
+            # This machine's own sampler runs even without a GPU: a node's silence is measured against
+            # the freshest sample from any node, and with one enrolled node this is the other one.
+            print("[2/3] starting the six services (the remediator in observe mode unless GPUMEDIC_REMEDIATOR_MODE=enforce)")
+            stack.start_services()
             await stack.wait_ready()
             stack.start_supervising()  # a nats-server or service that dies is restarted, with a line saying so
             print(f"[3/3] running; logs in {stack.logs}/. Ctrl-C stops everything.")

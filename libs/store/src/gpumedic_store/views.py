@@ -112,14 +112,19 @@ async def find_incident(session: AsyncSession, *, id_prefix: str) -> Incident | 
 
     None when nothing matches; ValueError when the prefix is empty or matches several.
     """
+    return await _one_by_prefix(session, Incident, "an incident", id_prefix)
+
+
+async def _one_by_prefix(session: AsyncSession, model, noun: str, id_prefix: str):
+    """The one row of `model` whose id starts with `id_prefix`; None, or ValueError (empty, ambiguous)."""
     prefix = id_prefix.strip().lower()
     if not prefix:
-        raise ValueError("an incident id prefix must not be empty")
-    stmt = select(Incident).where(Incident.id.startswith(prefix, autoescape=True)).order_by(Incident.id).limit(3)
+        raise ValueError(f"{noun} id prefix must not be empty")
+    stmt = select(model).where(model.id.startswith(prefix, autoescape=True)).order_by(model.id).limit(3)
     found = list((await session.scalars(stmt)).all())
     if len(found) > 1:
-        shown = ", ".join(i.id for i in found[:2]) + (", ..." if len(found) > 2 else "")
-        raise ValueError(f"incident id prefix {prefix!r} is ambiguous: it matches {shown}; type more of the id")
+        shown = ", ".join(row.id for row in found[:2]) + (", ..." if len(found) > 2 else "")
+        raise ValueError(f"{noun.split(' ', 1)[1]} id prefix {prefix!r} is ambiguous: it matches {shown}; type more of the id")
     return found[0] if found else None
 
 
@@ -145,15 +150,7 @@ async def trace_spans(session: AsyncSession, *, trace_id: str) -> list[SpanRow]:
 
 async def find_silence(session: AsyncSession, *, id_prefix: str) -> Silence | None:
     """The one silence whose id starts with `id_prefix`, as `find_incident` finds an incident."""
-    prefix = id_prefix.strip().lower()
-    if not prefix:
-        raise ValueError("a silence id prefix must not be empty")
-    stmt = select(Silence).where(Silence.id.startswith(prefix, autoescape=True)).order_by(Silence.id).limit(3)
-    found = list((await session.scalars(stmt)).all())
-    if len(found) > 1:
-        shown = ", ".join(s.id for s in found[:2]) + (", ..." if len(found) > 2 else "")
-        raise ValueError(f"silence id prefix {prefix!r} is ambiguous: it matches {shown}; type more of the id")
-    return found[0] if found else None
+    return await _one_by_prefix(session, Silence, "a silence", id_prefix)
 
 
 async def known_nodes(session: AsyncSession) -> set[str]:
