@@ -1,5 +1,5 @@
 """What `gpumedic cluster log` prints: a peer cluster's checks over time, and the summary the
-runbook used to compute by hand (report_builder.clusterlog)."""
+runbook used to compute by hand (gpumedic_store.clusterlog)."""
 
 from __future__ import annotations
 
