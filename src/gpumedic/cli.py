@@ -279,8 +279,10 @@ def cmd_cost(args) -> int:
 
 def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
+    from datetime import UTC, datetime
+
     from gpumedic import operator_bus, silences
-    from gpumedic.times import parse_time
+    from gpumedic.times import parse_start, parse_time
 
     if args.action == "list":
         print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))
@@ -293,6 +295,7 @@ def cmd_silence(args) -> int:
             duration_s = parse_time(args.duration)
             if duration_s <= 0:
                 raise operator_bus.OperatorError("--for must be longer than 0s")
+            starts_at = parse_start(args.starts, datetime.now(UTC))
             if args.node and not args.unseen:
                 try:
                     store = _store_url(args)
@@ -303,7 +306,7 @@ def cmd_silence(args) -> int:
             event = asyncio.run(
                 silences.add(
                     settings, reason=args.reason, by=args.by, duration_s=duration_s,
-                    node_id=args.node, kind=args.kind, gpu_index=args.gpu,
+                    node_id=args.node, kind=args.kind, gpu_index=args.gpu, starts_at=starts_at,
                 )
             )
             print(f"added {silences.describe(event)}")
@@ -763,6 +766,8 @@ command(
     click.option("--kind", type=click.Choice([k.value for k in IncidentKind]), metavar="KIND", help="only this incident kind"),
     click.option("--gpu", type=int, help="only this GPU index"),
     click.option("--for", "duration", default="1h", show_default=True, help="how long, e.g. 30m, 4h"),
+    click.option("--starts", default="now", show_default=True,
+                 help="when it starts: now, a delay (30m, 2h) or a time with its zone (2026-12-01T02:00Z)"),
     click.option("--reason", help="why (required for add)"),
     _by(what="who"),
     click.option("--all", is_flag=True, help="with `list`: also silences that ended or were lifted"),

@@ -28,16 +28,18 @@ async def add(
     node_id: str | None = None,
     kind: str | None = None,
     gpu_index: int | None = None,
+    starts_at: datetime | None = None,
 ) -> SilenceAdded:
-    now = datetime.now(UTC)
+    """A silence from `starts_at` (now if None) for `duration_s`."""
+    starts_at = starts_at or datetime.now(UTC)
     event = SilenceAdded(
         source=SOURCE,
         silence_id=uuid.uuid4(),
         node_id=node_id,
         kind=IncidentKind(kind) if kind else None,
         gpu_index=gpu_index,
-        starts_at=now,
-        ends_at=now + timedelta(seconds=duration_s),
+        starts_at=starts_at,
+        ends_at=starts_at + timedelta(seconds=duration_s),
         reason=reason,
         created_by=by,
     )
@@ -85,8 +87,9 @@ async def list_text(store_url: str, *, include_past: bool = False, as_json: bool
     if not rows:
         return "no silence in force" if not include_past else "no silence recorded"
     return table(
-        ["SILENCE", "NODE", "KIND", "GPU", "UNTIL", "BY", "REASON"],
-        [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index, s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ"),
+        ["SILENCE", "NODE", "KIND", "GPU", "FROM", "UNTIL", "BY", "REASON"],
+        [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index,
+          s.starts_at.strftime("%Y-%m-%d %H:%M:%SZ"), s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ"),
           s.created_by, s.reason + (f" (lifted by {s.removed_by})" if s.removed_at else "")] for s in rows],
     )
 
@@ -99,4 +102,5 @@ def describe(event: SilenceAdded) -> str:
             f"GPU {event.gpu_index}" if event.gpu_index is not None else "",
         ) if part
     ) or "everything"
-    return f"silence {event.silence_id} on {scope} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z: {event.reason}"
+    starts = f" from {event.starts_at:%Y-%m-%d %H:%M:%S}Z" if event.starts_at > datetime.now(UTC) else ""
+    return f"silence {event.silence_id} on {scope}{starts} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z: {event.reason}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime, timedelta
 
 MAX_TIME_S = 7 * 86_400.0
 """No scenario time (a fault's `at`, `duration_s`) may exceed a week."""
@@ -67,3 +68,26 @@ def parse_lookback(value: str) -> float:
     if not 0 < seconds <= MAX_LOOKBACK_DAYS * 86_400:
         raise ValueError(f"{show(value)}: a span back from now is more than nothing and at most {MAX_LOOKBACK_DAYS} days")
     return seconds
+
+
+def parse_start(value: str, now: datetime) -> datetime:
+    """When something starts, from "now", a delay from now ("30m", "2h", as `parse_time` reads it)
+    or a time with its zone ("2026-12-01T02:00Z", "2026-12-01T03:00+01:00"); ValueError says
+    what a good one looks like, and refuses a time already past."""
+    text = str(value).strip()
+    if text.lower() == "now":
+        return now
+    try:
+        return now + timedelta(seconds=parse_time(text))
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{show(value)} is not a start: use now, a delay such as 30m or 2h, or a time such as "
+                         "2026-12-01T02:00Z") from None
+    if at.tzinfo is None:
+        raise ValueError(f"{show(value)} has no time zone: add Z for UTC, or an offset such as +01:00")
+    if at < now - timedelta(minutes=1):
+        raise ValueError(f"{show(value)} is already past")
+    return at.astimezone(UTC)

@@ -5,6 +5,8 @@ then fixed), and mark an incident a false positive (the ledger counts it per rul
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -68,6 +70,23 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
     assert code == 2 and "no node 'sim-node-2' is known" in err and "sim-node-02" in err and "--unseen" in err
     code, _, err = await _cli(capsys, "silence", "remove", "0000dead", "--by", "alice", "--store", store_url)
     assert code == 2 and "no silence's id starts with '0000dead'" in err
+
+    # A maintenance window that starts later is listed from its start and silences nothing yet.
+    code, out, _ = await _cli(capsys, "silence", "add", "--node", "sim-node-02", "--starts", "2h", "--for", "1h",
+                              "--reason", "driver upgrade tonight", "--by", "alice", "--store", store_url)
+    assert code == 0 and " from " in out and "driver upgrade tonight" in out
+    later = out.split()[2]
+    for _ in range(50):
+        code, out, _ = await _cli(capsys, "silence", "list", "--json", "--store", store_url)
+        listed = {row["silence_id"]: row for row in json.loads(out)}
+        if later in listed:
+            break
+        await asyncio.sleep(0.1)
+    starts = datetime.fromisoformat(listed[later]["starts_at"])
+    assert timedelta(minutes=119) < starts - datetime.now(UTC) <= timedelta(hours=2)
+    assert datetime.fromisoformat(listed[later]["ends_at"]) - starts == timedelta(hours=1)
+    code, out, _ = await _cli(capsys, "silence", "remove", later[:8], "--by", "alice", "--store", store_url)
+    assert code == 0
 
     # Lifted by the start of its id, as `silence list` and `incidents` show ids.
     code, out, _ = await _cli(capsys, "silence", "remove", silence_id[:8], "--by", "alice", "--store", store_url)
