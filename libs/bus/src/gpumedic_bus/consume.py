@@ -21,8 +21,8 @@ from typing import Generic, TypeVar
 
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
-from nats.aio.client import Client as NATS
 from faststream.nats.annotations import NatsMessage
+from nats.aio.client import Client as NATS
 from opentelemetry.context import Context
 
 from gpumedic_bus.outage import BUS_AWAY, nats_reason

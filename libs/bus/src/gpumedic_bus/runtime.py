@@ -441,7 +441,7 @@ class ServiceRuntime:
             await self.lease.release()  # a standby takes over now, not a TTL later
         if self.service in PRODUCERS[ServiceHeartbeat]:
             with contextlib.suppress(Exception):
-                await publish_event(self.broker, self._heartbeat_event("stopping"))
+                await publish_event(self.broker, self.heartbeat_event("stopping"))
 
     async def _stopped(self) -> None:
         self.metrics.stop()
@@ -451,7 +451,8 @@ class ServiceRuntime:
                 await asyncio.wait_for(self._span_recorder.flush(self._publish), 2)
         self.tracer_provider.shutdown()
 
-    def _heartbeat_event(self, state: str) -> ServiceHeartbeat:
+    def heartbeat_event(self, state: str) -> ServiceHeartbeat:
+        """This instance's heartbeat as it would publish it now (with its consumers' lag)."""
         return ServiceHeartbeat(
             source=self.service, service=self.service, instance_id=self.instance_id, state=state,
             consumers_missing=tuple(sorted(self.consumers_missing)),
@@ -502,7 +503,7 @@ class ServiceRuntime:
     async def _heartbeat(self) -> None:
         while True:
             try:
-                await publish_event(self.broker, self._heartbeat_event("ready"))
+                await publish_event(self.broker, self.heartbeat_event("ready"))
             except Exception as exc:  # sooner than the next beat: the first one says the service is back
                 log.warning("%s: heartbeat not published (%s); the bus may be reconnecting", self.service, nats_reason(exc))
                 await asyncio.sleep(1.0)

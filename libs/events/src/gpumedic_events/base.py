@@ -58,6 +58,7 @@ class EventDecodeError(ValueError):
 
 M = TypeVar("M", bound=BaseModel)
 
+
 class Event(BaseModel):
     """Fields every event carries."""
 
@@ -88,9 +89,12 @@ class Event(BaseModel):
     @property
     def subject(self) -> str:
         """The concrete subject this event is published on."""
-        if self.subject_key is None:
-            return self.subject_prefix
-        return f"{self.subject_prefix}.{getattr(self, self.subject_key)}"
+        return self._subject_of(self)
+
+    @classmethod
+    def _subject_of(cls, item: BaseModel) -> str:
+        """The subject of this event's fields in `item` (the event, or a view of it)."""
+        return cls.subject_prefix if cls.subject_key is None else f"{cls.subject_prefix}.{getattr(item, cls.subject_key)}"
 
     @classmethod
     def subject_for(cls, key: str) -> str:
@@ -126,7 +130,7 @@ class Event(BaseModel):
             item = model.model_validate_json(data)
         except ValidationError as exc:
             raise EventDecodeError(where, _describe(exc)) from None
-        belongs = cls.subject_prefix if cls.subject_key is None else f"{cls.subject_prefix}.{getattr(item, cls.subject_key)}"
+        belongs = cls._subject_of(item)
         if subject and subject != belongs:
             raise EventDecodeError(where, f"payload belongs on {belongs}, not {subject}")
         return item

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from gpumedic_bus import Delivery, ServiceRuntime
-from gpumedic_events import ConsumerLag, Event, ServiceHeartbeat
+from gpumedic_events import Event
 from gpumedic_incidents.detector import Detector
 from zombie_detector.logic import SOURCE, NodeIncidents
 
@@ -26,9 +26,8 @@ class DetectorHandlers(Detector):
 
     async def watch_own_lag(self) -> None:
         """Its own lag, as its heartbeat would say it, each second."""
-        runtime = self._runtime
         while True:
             await asyncio.sleep(OWN_LAG_EVERY_S)
-            lags = tuple(ConsumerLag(durable=lag.durable, pending=lag.pending, behind_s=lag.behind_s) for lag in runtime.lags())
-            if lags:
-                await self.on_event(ServiceHeartbeat(source=SOURCE, service=SOURCE, instance_id=runtime.instance_id, state="ready", lag=lags))
+            beat = self._runtime.heartbeat_event("ready")
+            if beat.lag:  # a standby consumes nothing
+                await self.on_event(beat)
