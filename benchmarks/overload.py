@@ -2,12 +2,13 @@
 `--overload-interval` (5) s for `--overload-duration` (60) s, through the embedded stack as
 `fleet_scale` runs it; then the fleet's normal rate until the stack has caught up (at most
 `--overload-recover` (240) s). Each node is sampled `factor` times an interval, by as many
-publisher processes (one Python publisher cannot offer that much on its own). The control plane's
-services run on the first half of the machine's cores, nats-server and the publishers on the
-rest: on two cores shared by all, the publishers slow down with the services and offer little
-more than they handle. The printed ratio says how far past what the slowest sample consumer
-handled the offer went, as a reconnect storm or a fleet-wide fault would. From the start
-`--overload-zombies` (4) nodes are zombie jobs.
+publisher processes (one Python publisher cannot offer that much on its own). On a small machine
+the publishers cannot offer three times what the services handle when all share its cores, so
+the control plane's services together get `--overload-stack-cpu` (0.5) of a core (a cgroup's CPU
+quota, as a container limit would give them) and nats-server and the publishers the rest; where
+no cgroup can be made, the services run on the first half of the cores instead. The printed
+ratio says how far past what the slowest sample consumer handled the offer went, as a reconnect
+storm or a fleet-wide fault would. From the start `--overload-zombies` (4) nodes are zombie jobs.
 
 What a control plane that falls behind must do: say so once (a `control_plane_behind` incident
 per service that is behind, resolved when it has caught up) and never act on what it did not
@@ -53,6 +54,45 @@ def _pin(pid: int, cores: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+@contextlib.contextmanager
+def _cpu_quota(pids: list[int], cores: float):
+    """`pids` (each with its threads) share `cores` of CPU time in a cgroup of their own; yields
+    a line saying how, or None where no cgroup could be made (not root, no CPU controller)."""
+    period = 100_000
+    v2 = (CGROUP_V2 / "cgroup.controllers").exists()
+    group = (CGROUP_V2 if v2 else CGROUP_V1) / f"gpumedic-overload-{os.getpid()}"
+    try:
+        group.mkdir()
+        if v2:
+            (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(ProcessLookupError):
+                    (group / ("cgroup.threads" if v2 else "tasks")).write_text(task.name)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        print(f"(no cgroup for the services' CPU quota: {exc}; pinning them to half the cores instead)")
+        yield None
+        return
+    try:
+        yield f"the services sharing {cores:g} of a core (cgroup {group})"
+    finally:
+        parent = group.parent / ("cgroup.procs" if v2 else "tasks")
+        for task in (group / ("cgroup.procs" if v2 else "tasks")).read_text().split():
+            with contextlib.suppress(OSError):
+                parent.write_text(task)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
 def _offer(settings: NatsSettings, nodes: list[str], zombies: list[str], interval_s: float, delay_s: float, duration_s: float,
            cores: set[int]) -> int:
     """One publisher process on `cores`: every node's sample once an interval, starting `delay_s` late."""
@@ -75,12 +115,13 @@ def _offer(settings: NatsSettings, nodes: list[str], zombies: list[str], interva
 
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.overload")
-    parser.add_argument("--overload-nodes", dest="nodes", type=int, default=10_000)
+    parser.add_argument("--overload-nodes", dest="nodes", type=int, default=4_000)
     parser.add_argument("--overload-interval", dest="interval", type=float, default=5.0)
-    parser.add_argument("--overload-factor", dest="factor", type=int, default=3)
+    parser.add_argument("--overload-factor", dest="factor", type=int, default=4)
     parser.add_argument("--overload-duration", dest="duration", type=float, default=60.0)
     parser.add_argument("--overload-zombies", dest="zombies", type=int, default=4)
     parser.add_argument("--overload-recover", dest="recover", type=float, default=240.0)
+    parser.add_argument("--overload-stack-cpu", dest="stack_cpu", type=float, default=0.5)
     args, _ = parser.parse_known_args(argv)
     nodes = [f"node-{i:05d}" for i in range(args.nodes)]
     zombies = [nodes[(i * 7919) % len(nodes)] for i in range(args.zombies)]
@@ -116,12 +157,17 @@ async def main(argv: list[str]) -> None:
             await observer.subscribe(event_type.subject_filter(), cb=on_event)
         pids = processes(stack)
         before = {s: _cpu_s(p) for s, p in pids.items()}
-        cores = sorted(os.sched_getaffinity(0))
-        stack_cores, publisher_cores = set(cores[: max(1, len(cores) // 2)]), set(cores[len(cores) // 2:])
-        for service in CONTROL_PLANE:
-            _pin(pids[service], stack_cores)
-        for server in stack.servers:
-            _pin(server.pid, publisher_cores)
+        quota = contextlib.ExitStack()
+        placed = quota.enter_context(_cpu_quota([pids[s] for s in CONTROL_PLANE], args.stack_cpu))
+        publisher_cores = set(os.sched_getaffinity(0))
+        if placed is None:
+            cores = sorted(publisher_cores)
+            stack_cores, publisher_cores = set(cores[: max(1, len(cores) // 2)]), set(cores[len(cores) // 2:])
+            for service in CONTROL_PLANE:
+                _pin(pids[service], stack_cores)
+            for server in stack.servers:
+                _pin(server.pid, publisher_cores)
+            placed = f"the services on cores {sorted(stack_cores)}, nats-server and the publishers on {sorted(publisher_cores)}"
 
         settings = stack.nats_settings(SIM_FLEET)
         started = time.monotonic()
@@ -150,11 +196,12 @@ async def main(argv: list[str]) -> None:
         caught_up = time.monotonic()
         normal.cancel()
         handled_after = handled_counts(stack)
+        quota.close()
 
     slowest = min(handled_in_load.values()) / args.duration
     print(f"overload: {args.factor} x the samples of {args.nodes:,} nodes every {args.interval:g}s for {args.duration:g}s "
           f"({offered / args.duration:,.0f} samples/s offered, against {args.nodes / args.interval:,.0f} at the fleet's rate), "
-          f"then the fleet's rate; the services on cores {sorted(stack_cores)}, nats-server and the publishers on {sorted(publisher_cores)}")
+          f"then the fleet's rate; {placed}")
     print(f"  offered / handled by the slowest consumer  {offered / args.duration / max(slowest, 1):>9.1f}x   "
           f"({slowest:,.0f} samples/s handled while the load ran)")
     print(f"  samples offered in the overload            {offered:>10,}")

@@ -2,7 +2,7 @@
 stopped between saving the incident and publishing its events publishes them once when it
 resumes (the saved IncidentOpened and ActionRequested, with their own ids); one whose bus stopped
 answering between the announcement and the action request waits it out, and the fault stays one
-incident."""
+incident, while its samples go on being handled (the stuck publish holds no lock they need)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 
 from gpumedic_bus.streams import ACTIONS
-from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened
+from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened, ServiceHeartbeat
 from gpumedic_events.base import json_examples
 from gpumedic_incidents.store import IncidentStates
 from gpumedic_incidents.state import IncidentState, Unpublished
@@ -60,6 +60,14 @@ async def test_a_stream_that_stops_answering_between_announcement_and_request_gi
     requested: list[ActionRequested] = []
     for event_type, seen in ((IncidentOpened, opened), (ActionRequested, requested)):
         await js.subscribe(event_type.subject_filter(), cb=_collect(event_type, seen), ordered_consumer=True)
+    beats: list[tuple[float, ServiceHeartbeat]] = []
+
+    async def on_beat(msg) -> None:
+        beat = ServiceHeartbeat.from_json(msg.data, subject=msg.subject)
+        if beat.service == "zombie-detector":
+            beats.append((asyncio.get_running_loop().time(), beat))
+
+    await js._nc.subscribe(ServiceHeartbeat.subject_filter(), cb=on_beat)
     full = ACTIONS.config()
     # No stream takes requests for now: a publish gets "no response from stream", as during an election.
     await js.update_stream(dataclasses.replace(full, subjects=[ActionCompleted.subject_filter()]))
@@ -70,7 +78,16 @@ async def test_a_stream_that_stops_answering_between_announcement_and_request_gi
             break
         await asyncio.sleep(0.1)
     assert opened and not requested
-    await asyncio.sleep(3.0)  # samples keep coming meanwhile: none may open it again
+    stuck_since = asyncio.get_running_loop().time()
+    await asyncio.sleep(7.0)  # samples keep coming meanwhile: none may open it again
+    assert not requested
+    # The publish is still stuck, yet the samples are handled as they come: a heartbeat 2 s or
+    # more into it says the samples consumer is not behind (it fell 7 s behind when the
+    # publish held the lock that sample handling needs).
+    late = [b for at, b in beats if at >= stuck_since + 2.0]
+    assert late, "no heartbeat of zombie-detector while its publish was stuck"
+    lags = [lag for b in late for lag in b.lag if lag.durable == "zombie-detector-samples"]
+    assert lags and all(lag.behind_s < 2.0 for lag in lags), lags
     await js.update_stream(full)  # the stream answers again
     for _ in range(100):
         if requested:

@@ -287,7 +287,8 @@ class Lag:
 
     durable: str
     pending: int
-    """Messages the stream holds for it that it has not been given yet (as the server last said)."""
+    """Messages waiting for it: those the stream holds that it has not been given yet (as the
+    server last said) and those delivered that its handler has not reached."""
     behind_s: float
     """While any wait: the age of the newest message it has handled (it grows while nothing comes);
     0 when none waits."""
@@ -380,8 +381,11 @@ class PushConsumer(Generic[E]):
         """How far behind it is now (`now`: epoch seconds; the stream's stored time is the server's
         clock, so a skew between the two machines adds to it)."""
         now = time.time() if now is None else now
-        behind = 0.0 if not self._pending or self._newest_stored is None else max(0.0, now - self._newest_stored)
-        return Lag(self.durable.name, self._pending, behind)
+        # Delivered but not yet handled counts too: a handler held up (by a lock, a slow write) has
+        # its samples queue on the connection while the server says none waits.
+        waiting = self._pending + (self._sub.pending_msgs if self._sub is not None else 0)
+        behind = 0.0 if not waiting or self._newest_stored is None else max(0.0, now - self._newest_stored)
+        return Lag(self.durable.name, waiting, behind)
 
     def saw_pending(self, pending: int) -> None:
         """What the server says waits (consumer info), for a stall in which no message tells it."""

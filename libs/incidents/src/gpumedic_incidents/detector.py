@@ -1,18 +1,23 @@
-"""A detector between the bus and its incident logic: decide, persist, publish, commit.
+"""A detector between the bus and its incident logic: decide, commit, then persist and publish.
 
 Every detector (zombie-detector over node facts, leader-health over its peer cluster) runs its
 findings through the shared lifecycle (`book`, `lifecycle`) and applies the resulting
 transitions here. Spans are named for the incident's business steps (`Span`): `detect` starts
 the incident's trace, `decide` requests an action, `verify` follows the findings to resolution or
 escalation, `update` records repeats and links. The trace context rides the NATS headers to the
-remediator and back. Every transition is persisted first, with its events in the state's outbox
-(the remediator's gate checks requests against the state), then its events are published (each
-waiting out a bus that does not answer for a while), then the outbox is emptied and the
-transition swapped into the book. A detector that dies in between publishes the outbox when it
-resumes; a publish that fails for good leaves the book as it was, and the next finding decides
-again. Deciding and applying run
-under one lock: two inputs about one fault (a lost GPU's event and the sample that shows it)
-arriving together must not both find no incident and open two.
+remediator and back.
+
+Deciding runs under one lock: two inputs about one fault (a lost GPU's event and the sample that
+shows it) arriving together must not both find no incident and open two. The lock covers the
+decision and the book only: each transition is swapped into the book at once, so the next input
+sees it, and queued for one applier that persists it (with its events in the state's outbox: the
+remediator's gate checks requests against the state), publishes its events (each waiting out a
+bus that does not answer for a while), then empties the outbox, in the order decided. So a flood
+of incidents, each a KV write and a publish or two, never holds the sample path; an input that
+must not be acknowledged before its outcome is stored (an action's result, a node event) waits
+for its transitions to be applied. A detector that dies in between publishes the outbox when it
+resumes; a transition that fails for good is taken back out of the book with every later one of
+the same incident, and the next finding decides again.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Span as OtelSpan
+from opentelemetry.trace import Status, StatusCode, Tracer, use_span
 from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
@@ -57,6 +63,17 @@ TICK_EVERY_S = 1.0
 PUBLISH_PATIENCE_S = 15.0
 """How long each write of a transition (a state saved, an event published) waits out a bus that
 does not answer before the transition fails."""
+MAX_UNAPPLIED = 10_000
+"""Transitions decided and not yet applied; past it deciding waits for the applier (a bus that
+stopped answering holds the detector rather than its memory growing without end)."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Unapplied:
+    transition: Transition
+    detect: OtelSpan | None
+    """The incident's first span, started when it was decided (its trace id is in the state)."""
+    done: asyncio.Future[None]
 
 
 def _now() -> datetime:
@@ -83,6 +100,10 @@ class Detector:
         self._tracer: Tracer = runtime.tracer
         self.states: IncidentStates | None = None
         self._deciding = asyncio.Lock()
+        self._unapplied: deque[_Unapplied] = deque()
+        self._wake = asyncio.Event()
+        self._applying: _Unapplied | None = None
+        self._applier: asyncio.Task | None = None
         metrics = runtime.metrics
         self._transitions = PromCounter(
             "gpumedic_incidents", "Incident transitions this detector published, by kind and what happened: "
@@ -126,10 +147,73 @@ class Detector:
         if self.logic.book.incidents:
             log.info("%s resumed %d open incident(s)", self.source, len(self.logic.book.incidents))
 
-    async def decide(self, decision: Callable[[datetime], list[Transition]]) -> None:
-        """Run `decision` (the logic's answer to one input, at the current time) and apply it."""
+    async def decide(self, decision: Callable[[datetime], list[Transition]], *, wait: bool = True) -> None:
+        """Run `decision` (the logic's answer to one input, at the current time), take its
+        transitions into the book and queue them to be applied; with `wait`, return once they are
+        (raising what failed them). A sample need not wait: the next one decides again."""
         async with self._deciding:
-            await self._apply(decision(_now()))
+            if self._applier is None or self._applier.done():
+                self._applier = asyncio.create_task(self._apply_all(), name=f"{self.source}-apply")
+            while len(self._unapplied) >= MAX_UNAPPLIED:
+                await asyncio.sleep(0.05)
+            queued = [self._commit(t) for t in decision(_now())]
+            self._unapplied.extend(queued)
+            self._wake.set()
+        if wait and queued:
+            await asyncio.gather(*(item.done for item in queued))
+
+    async def settled(self) -> None:
+        """Return once everything decided so far is applied (or failed)."""
+        while self._unapplied or self._applying is not None:
+            await asyncio.sleep(0.01)
+
+    def _commit(self, t: Transition) -> _Unapplied:
+        detect = None
+        if t.spans and t.spans[0].name == "detect" and t.after is not None:
+            # A new trace per incident, whatever consumed the input; its id goes into the state now,
+            # so a later transition of the incident (decided before this one is applied) continues it.
+            detect = self._tracer.start_span("detect", context=Context(), attributes=_attrs(t.after))
+            with use_span(detect, end_on_exit=False):
+                t = dataclasses.replace(t, after=t.after.model_copy(update={"traceparent": inject_trace({}).get("traceparent")}))
+        self.logic.book.commit(t)
+        return _Unapplied(t, detect, asyncio.get_running_loop().create_future())
+
+    async def _apply_all(self) -> None:
+        """The one applier: each transition in the order decided."""
+        while True:
+            if not self._unapplied:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            item = self._applying = self._unapplied.popleft()
+            try:
+                await self._apply_one(item)
+            except Exception as exc:  # noqa: BLE001 - said to whoever waits, or logged
+                self._take_back(item, exc)
+            else:
+                item.done.set_result(None)
+            finally:
+                self._applying = None
+
+    def _take_back(self, failed: _Unapplied, exc: Exception) -> None:
+        """A transition that failed for good leaves the book as it was before it, and so do the
+        later ones of the same incident (each decided from it)."""
+        fingerprint = failed.transition.state.fingerprint
+        later = [item for item in self._unapplied if item.transition.state.fingerprint == fingerprint]
+        for item in later:
+            self._unapplied.remove(item)
+        book = self.logic.book
+        book.commit(Transition(book.get(fingerprint), failed.transition.before))
+        reason = nats_reason(exc) if isinstance(exc, BUS_AWAY) else f"{type(exc).__name__}: {exc}"
+        for item in (failed, *later):
+            if item.detect is not None and item is not failed:  # the failed one's ended as it failed
+                item.detect.set_status(Status(StatusCode.ERROR, reason))
+                item.detect.end()
+            item.done.set_exception(exc)
+            item.done.exception()  # retrieved here: whoever waits is told, nobody else must be
+        log.warning("%s: incident %s on %s not applied (%s)%s; the next finding decides again", self.source,
+                    failed.transition.state.incident_id, _where(failed.transition.state), reason,
+                    f", nor {len(later)} later change(s) of it" if later else "")
 
     async def on_action_completed(self, event: ActionCompleted, delivery: Delivery) -> None:
         await self.decide(lambda now: self.logic.on_action_completed(event, now, traceparent_of(delivery.headers)))
@@ -149,11 +233,8 @@ class Detector:
             except Exception:
                 log.exception("applying due deadlines failed; retrying next tick")
 
-    async def _apply(self, transitions: list[Transition]) -> None:
-        for transition in transitions:
-            await self._apply_one(transition)
-
-    async def _apply_one(self, t: Transition) -> None:
+    async def _apply_one(self, item: _Unapplied) -> None:
+        t = item.transition
         state = t.after
         persisted = False
         events = [e for span in t.spans for e in span.events]
@@ -162,18 +243,15 @@ class Detector:
         with contextlib.ExitStack() as spans:
             for i, span in enumerate(t.spans):
                 incident = state or t.state
-                if span.name == "detect":
-                    parent: Context | None = Context()  # a new trace per incident, whatever consumed the event
-                elif i == 0:
-                    parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {})
+                if i == 0 and item.detect is not None:
+                    spans.enter_context(use_span(item.detect, end_on_exit=True))
                 else:
-                    parent = None  # nested in the step before
-                attributes = _attrs(incident)
-                if span.name == "decide" and incident.pending_action is not None:
-                    attributes |= {ACTION_ID: str(incident.pending_action.action_id), "gpumedic.attempt": incident.attempt}
-                spans.enter_context(self._tracer.start_as_current_span(span.name, context=parent, attributes=attributes))
-                if span.name == "detect" and state is not None:
-                    state = state.model_copy(update={"traceparent": inject_trace({}).get("traceparent")})
+                    # the first continues the incident's trace; each later one nests in the step before
+                    parent = trace_context({"traceparent": incident.traceparent} if incident.traceparent else {}) if i == 0 else None
+                    attributes = _attrs(incident)
+                    if span.name == "decide" and incident.pending_action is not None:
+                        attributes |= {ACTION_ID: str(incident.pending_action.action_id), "gpumedic.attempt": incident.attempt}
+                    spans.enter_context(self._tracer.start_as_current_span(span.name, context=parent, attributes=attributes))
                 if not persisted:
                     await self._persist(t.before, state)
                     persisted = True
@@ -182,9 +260,7 @@ class Detector:
             if not persisted:
                 await self._persist(t.before, state)
         if state is not None and state.outbox:
-            state = state.model_copy(update={"outbox": ()})
-            await self._persist(t.before, state)
-        self.logic.book.commit(dataclasses.replace(t, after=state))
+            await self._persist(t.before, state.model_copy(update={"outbox": ()}))
 
     async def _persist(self, before: IncidentState | None, after: IncidentState | None) -> None:
         states = self._require_states()

@@ -21,8 +21,10 @@ class DetectorHandlers(Detector):
         super().__init__(runtime, logic, SOURCE)
 
     async def on_event(self, event: Event, delivery: Delivery | None = None) -> None:
-        """A sample (push consumer, no delivery) or a node event (pull consumer)."""
-        await self.decide(lambda now: self.logic.on_event(event, now))
+        """A sample (push consumer, no delivery) or a node event (pull consumer). A node event is
+        acknowledged once what it decided is stored; a sample does not wait (the next one decides
+        again), so persisting and publishing a flood of incidents never holds the samples."""
+        await self.decide(lambda now: self.logic.on_event(event, now), wait=delivery is not None)
 
     async def watch_own_lag(self) -> None:
         """Its own lag, as its heartbeat would say it, each second."""
