@@ -10,8 +10,8 @@ no cgroup can be made, the services run on the first half of the cores instead. 
 ratio says how far past what the slowest sample consumer handled the offer went, as a reconnect
 storm or a fleet-wide fault would. From the start `--overload-zombies` (4) nodes are zombie jobs.
 
-What a control plane that falls behind must do: say so once (a `control_plane_behind` incident
-per service that is behind, resolved when it has caught up) and never act on what it did not
+What a control plane that falls behind must do: say so once (one `control_plane_behind` incident
+naming the services behind, resolved when every one has caught up) and never act on what it did not
 see. Printed: the rate offered and the samples each consumer handled; the control-plane
 incidents opened and resolved; the node incidents no fault explains and the actions asked for
 on nodes that are no zombie (goal 0 each); when after the load dropped each zombie was found and
@@ -42,7 +42,7 @@ from benchmarks.fleet_scale import (
 )
 from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import CONTROL_PLANE_NODE, SIM_FLEET
-from gpumedic_events import ActionRequested, IncidentOpened, IncidentResolved
+from gpumedic_events import ActionRequested, IncidentOpened, IncidentResolved, IncidentUpdated
 
 BEHIND = "control_plane_behind"
 
@@ -130,7 +130,7 @@ async def main(argv: list[str]) -> None:
     async with embedded_stack(idle_for_s) as (stack, fleet, observer):
         found: dict[str, float] = {}
         behind: dict[str, str] = {}
-        """Each control-plane incident opened: its id and summary."""
+        """Each control-plane incident opened: its id and latest summary."""
         resolved: dict[str, float] = {}
         unexplained: list[IncidentOpened] = []
         unseen_actions: list[ActionRequested] = []
@@ -144,6 +144,10 @@ async def main(argv: list[str]) -> None:
                     found.setdefault(event.node_id, time.monotonic())
                 else:
                     unexplained.append(event)
+            elif msg.subject.startswith(IncidentUpdated.subject_prefix + "."):
+                event = IncidentUpdated.from_json(msg.data, subject=msg.subject)
+                if str(event.incident_id) in behind:  # another service fell behind meanwhile
+                    behind[str(event.incident_id)] = f"{event.kind.value}: {event.summary}"
             elif msg.subject.startswith(IncidentResolved.subject_prefix + "."):
                 event = IncidentResolved.from_json(msg.data, subject=msg.subject)
                 if event.node_id == CONTROL_PLANE_NODE:
@@ -153,7 +157,7 @@ async def main(argv: list[str]) -> None:
                 if event.node_id not in zombies:
                     unseen_actions.append(event)
 
-        for event_type in (IncidentOpened, IncidentResolved, ActionRequested):
+        for event_type in (IncidentOpened, IncidentUpdated, IncidentResolved, ActionRequested):
             await observer.subscribe(event_type.subject_filter(), cb=on_event)
         pids = processes(stack)
         before = {s: _cpu_s(p) for s, p in pids.items()}

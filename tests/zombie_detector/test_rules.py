@@ -530,9 +530,19 @@ def test_a_service_behind_its_samples_is_one_control_plane_incident_until_it_cat
     assert not [e for e in d.events if isinstance(e, IncidentResolved)]
     (resolved,) = [e for e in d.feed(behind(0.3), 16) if isinstance(e, IncidentResolved)]
     assert resolved.incident_id == opened.incident_id and "caught up" in resolved.summary
-    # the autoscaler behind is its own incident, saying what it does not do meanwhile
+    # the autoscaler behind, saying what it does not do meanwhile
     (autoscaler, *_) = d.feed(behind(30, "autoscaler"), 20)
     assert autoscaler.kind is IncidentKind.CONTROL_PLANE_BEHIND and "it scales on no sample meanwhile" in autoscaler.summary
+    # a second service behind meanwhile is news to the same incident, not a second one: the
+    # control plane says it is behind once
+    (update,) = [e for e in d.feed(behind(22), 21) if isinstance(e, IncidentUpdated)]
+    assert update.incident_id == autoscaler.incident_id
+    assert "autoscaler is 30s behind" in update.summary and "zombie-detector is 22s behind" in update.summary
+    assert update.evidence["services"] == "autoscaler, zombie-detector"
+    assert len(d.opened(IncidentKind.CONTROL_PLANE_BEHIND)) == 2  # the first, resolved above, and this one
+    assert not [e for e in d.feed(behind(0.1, "autoscaler"), 25) if isinstance(e, IncidentResolved)]  # one still behind
+    (resolved,) = [e for e in d.feed(behind(0.1), 26) if isinstance(e, IncidentResolved)]
+    assert resolved.incident_id == autoscaler.incident_id and "every service has caught up" in resolved.summary
 
 
 def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():

@@ -5,9 +5,11 @@ A control plane that cannot keep up must say so once, and never act on what it d
 - control_plane_behind: each sample consumer knows how far behind its stream it is
   (`gpumedic_bus.consume.Lag`) and says so in its heartbeat; zombie-detector reads every
   service's (and its own, each second). A service is behind while the newest sample it handled
-  is older than `after_s` and more wait; it is caught up again below half of it. While behind
-  there is one incident per service (on the node `control-plane`, keyed by the service) saying by
-  how much, since when, and what it does not judge meanwhile.
+  is older than `after_s` and more wait; it is caught up again below half of it. While any is
+  behind there is one incident (on the node `control-plane`, keyed `samples`) saying which
+  services are behind, by how much, since when, and what each does not judge meanwhile; a service
+  that falls behind while it is open is news to it (an occurrence), and it resolves once every
+  service has caught up.
 - samples_lost: each sampler counts the samples the bus did not acknowledge and says so in its
   next sample (`NodeSampled.unacknowledged`). Losses on `min_nodes` nodes within `window_s` are
   one incident (keyed `bus`), never node incidents: the bus drops what it cannot store, or was
@@ -40,6 +42,9 @@ NOT_JUDGED = {
 }
 
 
+BEHIND_FINGERPRINT = fingerprint(CONTROL_PLANE_NODE, BEHIND, None, "samples")
+
+
 class BehindRule:
     inputs = (ServiceHeartbeat,)
 
@@ -47,8 +52,8 @@ class BehindRule:
         self.policy = policy
         self.lags: dict[tuple[str, uuid.UUID], tuple[ConsumerLag, datetime]] = {}
         """Each consuming instance's worst lag, and when it said so (standbys consume nothing, say nothing)."""
-        self.since: dict[str, datetime] = {}
-        """Each service behind now, and since when."""
+        self.behind: dict[str, tuple[datetime, ConsumerLag]] = {}
+        """Each service behind now: since when, and its worst lag as last heard."""
 
     def observe(self, event: ServiceHeartbeat, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         service, instance = event.service, (event.service, event.instance_id)
@@ -60,23 +65,32 @@ class BehindRule:
             return []
         heard = [lag for (s, _), (lag, at) in self.lags.items() if s == service and (now - at).total_seconds() <= HEARD_WITHIN_S]
         worst = max(heard, key=lambda lag: lag.behind_s, default=None)
-        is_open = incidents.get(fingerprint(CONTROL_PLANE_NODE, BEHIND, None, service)) is not None
-        if worst is not None and worst.behind_s > self.policy.after_s:
-            since = self.since.setdefault(service, now)
-            return [Finding(
-                kind=BEHIND, node_id=CONTROL_PLANE_NODE, key=service, severity="warning",
-                summary=f"{service} is {worst.behind_s:.0f}s behind its samples ({worst.pending:,} waiting on {worst.durable}) "
-                        f"since {since.isoformat(timespec='seconds')}; {NOT_JUDGED.get(service, 'it acts on no sample meanwhile')}",
-                evidence={"service": service, "consumer": worst.durable, "behind_s": round(worst.behind_s, 1),
-                          "pending": worst.pending, "since": since.isoformat(timespec="seconds")},
-                recommended_action=f"give {service} more CPU, or fewer nodes per instance; look at what else runs on its machine "
-                                   "(gpumedic report, the services' CPU on /metrics)",
-            )]
-        if worst is None or worst.behind_s < self.policy.after_s / 2:
-            self.since.pop(service, None)
-            if is_open:
-                return [Finding(BEHIND, CONTROL_PLANE_NODE, key=service, present=False, summary=f"{service} has caught up with its samples")]
+        joined = False
+        if worst is not None and (worst.behind_s > self.policy.after_s or service in self.behind and worst.behind_s >= self.policy.after_s / 2):
+            joined = service not in self.behind
+            self.behind[service] = (self.behind[service][0] if not joined else now, worst)
+        else:
+            self.behind.pop(service, None)
+        is_open = incidents.get(BEHIND_FINGERPRINT) is not None
+        if self.behind:
+            return [self._finding(occurrence=joined and is_open)]
+        if is_open:
+            return [Finding(BEHIND, CONTROL_PLANE_NODE, key="samples", present=False, summary="every service has caught up with its samples")]
         return []
+
+    def _finding(self, *, occurrence: bool) -> Finding:
+        said, evidence = [], {"services": ", ".join(self.behind)}
+        for service, (since, lag) in self.behind.items():
+            said.append(f"{service} is {lag.behind_s:.0f}s behind its samples ({lag.pending:,} waiting on {lag.durable}) "
+                        f"since {since.isoformat(timespec='seconds')}; {NOT_JUDGED.get(service, 'it acts on no sample meanwhile')}")
+            evidence |= {f"{service}.behind_s": round(lag.behind_s, 1), f"{service}.pending": lag.pending,
+                         f"{service}.since": since.isoformat(timespec="seconds")}
+        return Finding(
+            kind=BEHIND, node_id=CONTROL_PLANE_NODE, key="samples", severity="warning", summary="; and ".join(said),
+            evidence=evidence, occurrence=occurrence,
+            recommended_action=f"give {', '.join(self.behind)} more CPU, or fewer nodes per instance; look at what else runs on "
+                               "its machine (gpumedic report, the services' CPU on /metrics)",
+        )
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return []
