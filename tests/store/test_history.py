@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from gpumedic_events import DiskUsage, GpuSample, HostSample, NodeSampled, TopProcess
 from gpumedic_store import create_engine, history, session_factory
-from gpumedic_store.models import NodeHour
+from gpumedic_store.models import NodeHour, NodeMinute
 from report_builder.history import HistoryRecorder
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
@@ -90,8 +90,38 @@ async def test_the_store_down_loses_nothing(sessions):
     recorder._db = sessions
     assert await recorder.flush() == 2
     async with sessions() as session:
-        assert await session.scalar(select(func.count()).select_from(NodeHour)) == 1  # one hour's row holds both minutes
+        assert await session.scalar(select(func.count()).select_from(NodeMinute)) == 2  # each minute a row until its hour is folded
         assert (await history.read(session, "n1", T0, T0 + timedelta(minutes=5))).minutes == 2
+
+
+async def test_an_hour_that_ended_is_folded_into_one_row_and_reads_the_same(sessions):
+    """A finished minute is written as a row of its own (rewriting the hour's row every minute
+    cost an hour's encoding per node per minute); once the hour has ended its minutes become the
+    hour's one row, a few node-hours per flush, and a window reads the same before and after."""
+    clock = Clock(T0 + timedelta(minutes=50))
+    recorder = HistoryRecorder(sessions, retention=timedelta(hours=24), now=clock)
+    for node in ("n1", "n2"):
+        for minute in range(50, 70):  # 10:50 to 11:09
+            await recorder.on_sample(sample(T0 + timedelta(minutes=minute), util=minute, node=node))
+    clock.at = T0 + timedelta(minutes=70, seconds=20)
+    await recorder.flush()  # the first hour ended 10 minutes ago: folded now
+    async with sessions() as session:
+        assert await session.scalar(select(func.count()).select_from(NodeHour)) == 2  # 10:00 of each node
+        assert await session.scalar(select(func.count()).select_from(NodeMinute)) == 2 * 10  # 11:00 to 11:09
+        folded = await history.read(session, "n1", T0 + timedelta(minutes=40), T0 + timedelta(minutes=70))
+    assert folded.minutes == 20  # 10:50 to 11:09, across the folded hour and the minutes after it
+    assert folded.chart("gpu_util").series[0].values[10:30] == [float(m) for m in range(50, 70)]
+    # Another writer's minute of an hour already folded (a lease taken over) is read among the
+    # hour's minutes, and folded into its row again.
+    async with sessions() as session, session.begin():
+        again = history.MinuteFolder(T0 + timedelta(minutes=55))
+        again.add(sample(T0 + timedelta(minutes=55), util=99))
+        await history.write(session, {"n1": [again.minute_figures()]})
+        assert (await history.read(session, "n1", T0, T0 + timedelta(minutes=70))).chart("gpu_util").series[0].values[55] == 99.0
+    assert await recorder.fold() == 1
+    async with sessions() as session:
+        assert (await history.read(session, "n1", T0, T0 + timedelta(minutes=70))).chart("gpu_util").series[0].values[55] == 99.0
+        assert await session.scalar(select(func.count()).select_from(NodeMinute).where(NodeMinute.minute < T0 + timedelta(hours=1))) == 0
 
 
 async def test_old_minutes_are_forgotten_and_long_windows_merged(sessions):
@@ -104,7 +134,7 @@ async def test_old_minutes_are_forgotten_and_long_windows_merged(sessions):
     recorder = HistoryRecorder(sessions, retention=timedelta(hours=24), now=clock)
     await recorder.flush()
     async with sessions() as session:
-        left = await session.scalar(select(func.min(NodeHour.hour)))
+        left = min(await session.scalar(select(func.min(NodeHour.hour))), await session.scalar(select(func.min(NodeMinute.minute))))
         h = await history.read(session, "n1", T0 + timedelta(hours=24), T0 + timedelta(hours=48), max_points=100)
     assert left >= T0 + timedelta(hours=23)  # hours that ended before the retention's start are gone
     assert h.step_s == 15 * 60 and len(h.times) == 96

@@ -329,6 +329,18 @@ class NodeHour(Base):
     figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Columns.")
 
 
+class NodeMinute(Base):
+    """One node's sample figures over one minute (`gpumedic_store.history`): report-builder writes
+    each finished minute as a row of its own, and folds an hour of them into its `NodeHour` once
+    the hour has ended, so a write costs one minute whatever the hour holds already."""
+
+    __tablename__ = "node_minutes"
+
+    node_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True, index=True, comment="Start of the minute (UTC).")
+    figures: Mapped[bytes] = mapped_column(LargeBinary, comment="zlib-compressed JSON: gpumedic_store.history.Columns of one minute.")
+
+
 class NodeDay(Base):
     """One node's day in figures (`gpumedic_store.reliability`): what it was observed for and how
     much of that its GPUs worked, kept for months where the minute history keeps a day."""

@@ -26,6 +26,7 @@ from gpumedic_store.models import (
     IncidentMark,
     NodeDrain,
     NodeHour,
+    NodeMinute,
     Notification,
     Silence,
     SpanRow,
@@ -156,8 +157,9 @@ async def find_silence(session: AsyncSession, *, id_prefix: str) -> Silence | No
 async def known_nodes(session: AsyncSession) -> set[str]:
     """Every node the store has heard of: one with history (sampled within its retention) or an incident."""
     sampled = await session.scalars(select(NodeHour.node_id).distinct())
+    recent = await session.scalars(select(NodeMinute.node_id).distinct())
     named = await session.scalars(select(Incident.node_id).distinct())
-    return set(sampled) | set(named)
+    return set(sampled) | set(recent) | set(named)
 
 
 async def list_silences(session: AsyncSession, *, now: datetime, include_past: bool = False) -> list[Silence]:

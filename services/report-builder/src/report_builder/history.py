@@ -1,7 +1,9 @@
 """Every node's history, kept by report-builder (and read from Prometheus where one scrapes the
 GPU figures: `PrometheusHistory`): each live sample is folded into its node's
 minute (`gpumedic_store.history`), and finished minutes are written every few seconds by one
-instance (the `history` lease); minutes past the retention are deleted as it goes.
+instance (the `history` lease); once an hour has ended its minutes are folded into the hour's
+row, a few node-hours each time (the work of an hour of a large fleet spread over the next,
+between samples); minutes past the retention are deleted as it goes.
 
 A sample that arrives after its minute was closed (a node whose clock or link lags) is dropped
 and counted, not written into a minute that is already stored. While the store is down, finished
@@ -34,6 +36,10 @@ MAX_WAITING = 60
 PRUNE_EVERY_S = 600.0
 DAYS_KEPT = 400
 """Days each node's day figures are kept, for reliability over months."""
+FOLD_EACH_FLUSH = 60
+"""Node-hours folded at most per flush: 10,000 nodes' hour in half an hour at a flush every 10 s."""
+FOLD_AT_ONCE = 5
+"""Node-hours folded in one transaction (about 10 ms each), samples handled between."""
 
 
 class HistoryRecorder:
@@ -63,8 +69,6 @@ class HistoryRecorder:
         """Samples dropped because their minute was already closed."""
         self._pruned_at: float | None = None
         self._failing = False
-        self._hours: dict[store.HourKey, store.Columns] = {}
-        """The rows this instance wrote, so the next minute of an hour needs no read."""
 
     async def on_sample(self, sample: NodeSampled) -> None:
         minute = minute_of(sample.occurred_at)
@@ -101,7 +105,7 @@ class HistoryRecorder:
         try:
             async with self._db() as session, session.begin():
                 if batch:
-                    await store.write(session, batch, self._hours)
+                    await store.write(session, batch)
                     await reliability.count_days(session, batch, {node: self.provider_of(node) for node in batch})
                     written = sum(len(minutes) for minutes in batch.values())
                 if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
@@ -111,7 +115,6 @@ class HistoryRecorder:
                     if gone:
                         log.info("history: %d node-minutes older than %s forgotten", gone, self.retention)
         except Exception as exc:  # the store down, or another instance wrote a row meanwhile: try again
-            self._hours.clear()  # what it holds may not have been committed
             if not self._failing:
                 why = "the store is unavailable" if isinstance(exc, StoreUnavailable) else "the write failed"
                 log.warning("history: %s (%s); finished minutes wait in memory", why, exc)
@@ -123,12 +126,26 @@ class HistoryRecorder:
         for node_id, minutes in batch.items():  # what finished meanwhile stays for the next flush
             written_ids = {id(m) for m in minutes}
             self._done[node_id] = [m for m in self._done[node_id] if id(m) not in written_ids]
+        await self.fold()
         return written
 
+    async def fold(self, limit: int = FOLD_EACH_FLUSH) -> int:
+        """Fold up to `limit` node-hours that have ended (and had time for their last minute to be
+        written) into their rows; the minutes folded. A failure leaves them for the next flush."""
+        folded = 0
+        try:
+            async with self._db() as session:
+                keys = await store.hours_to_fold(session, self._now() - CLOSE_AFTER - timedelta(seconds=2 * self.flush_every_s), limit)
+            for at in range(0, len(keys), FOLD_AT_ONCE):
+                async with self._db() as session, session.begin():
+                    folded += await store.fold(session, keys[at : at + FOLD_AT_ONCE])
+                await asyncio.sleep(0)  # the samples that came meanwhile
+        except Exception as exc:
+            log.warning("history: folding finished hours failed (%s); trying again at the next flush", exc)
+        return folded
+
     async def loop(self) -> None:
-        """Run on the `history` lease: an instance that takes it over reads the rows afresh (the
-        other instance wrote them meanwhile)."""
-        self._hours.clear()
+        """Run on the `history` lease."""
         while True:
             await asyncio.sleep(self.flush_every_s)
             await self.flush()
