@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the tests need from Debian: OpenSSH's server, PostgreSQL, gcc (the fake NVML library),
 # Node.js with npm (the Node example consumer), Chromium (the console's browser tests),
-# systemd-analyze (enroll's unit is verified with it; nothing here runs systemd) and Prometheus (the
-# console reads GPU history from a real one).
+# systemd-analyze (enroll's unit is verified with it; nothing here runs systemd), Prometheus (the
+# console reads GPU history from a real one) and Alertmanager (incidents are posted to a real one).
 # Installed when missing if we are root with apt-get; otherwise stop at once with the one command
 # to run, rather than skip the tests that need them. `make test` runs this first.
 set -euo pipefail
@@ -15,6 +15,7 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v prometheus >/dev/null || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$EUID" = 0 ] && command -v apt-get >/dev/null; then

@@ -244,8 +244,8 @@ all their instances instead (shared durable consumers, the gate's lock, rows key
 ONE_INSTANCE_LOOPS: Mapping[str, tuple[str, ...]] = {
     # every node's SSH login checked once a round, not once per instance
     "remediator": ("ssh-health",),
-    # every node's minute of history written once, not once per instance
-    "report-builder": ("history",),
+    # every node's minute of history written once, and incidents posted to Alertmanager once a round
+    "report-builder": ("history", "alertmanager"),
 }
 """Background loops of a shared service that run in one of its instances at a time, each on a
 lease of its own (key `<service>.<loop>`)."""

@@ -24,6 +24,7 @@ from gpumedic_events import (
 )
 from gpumedic_events.views import SampleFigures
 from gpumedic_store import StoreUnavailable, create_engine, session_factory
+from report_builder.alertmanager import AlertmanagerPush
 from report_builder.console import Console, ConsoleConfig
 from report_builder.handlers import ReportHandlers
 from report_builder.history import HistoryRecorder, PrometheusHistory
@@ -80,6 +81,10 @@ def create_app(settings: Settings | None = None) -> FastStream:
         )
         runtime.background(notifier.loop)
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
+    if alertmanagers := settings.alertmanagers():
+        push = AlertmanagerPush(sessions, alertmanagers, console_url=settings.console_url, every_s=settings.alertmanager_every_s)
+        runtime.background(push.loop, one_instance="alertmanager")
+        log.info("report-builder: incidents go to Alertmanager at %s", ", ".join(alertmanagers))
     recorder = None
     if settings.history_retention_h > 0:
         recorder = HistoryRecorder(

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
         default=None, description="The fleet inventory (the remediator's file): each node's GPUs and price_per_gpu_hour, "
         "which price the GPU time incidents cost. Unset: GPU-hours only, except for rented workers (their provider's price).",
     )
+    alertmanager_url: str | None = Field(
+        default=None,
+        description="Alertmanager(s) to post incidents to as alerts (API v2), comma-separated: firing while open, resolved when "
+        "they close, so its routes, grouping, inhibition and silences apply. Unset: none.",
+    )
+    alertmanager_every_s: float = Field(default=30.0, ge=5, le=300, description="How often open incidents are posted again.")
     history_retention_h: float = Field(
         default=24.0, ge=0, le=24 * 400,
         description="Hours of each node's minute-by-minute history kept in the store (0: none kept). About 100 KiB per 8-GPU node-day.",
@@ -89,7 +95,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "webhook_url", "slack_webhook_url", "webhook_token_file", "console_url", "console_port", "console_token_file", "jaeger_url",
-        "history_prometheus_url", "inventory",
+        "history_prometheus_url", "inventory", "alertmanager_url",
         mode="before",
     )
     @classmethod
@@ -103,6 +109,14 @@ class Settings(BaseSettings):
         if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
             raise ValueError(f"GPUMEDIC_REPORTS_{info.field_name.upper()} must be an http(s):// URL")
         return value
+
+    def alertmanagers(self) -> list[str]:
+        """The Alertmanagers' base URLs; one that is no http(s) URL stops the start."""
+        urls = [u.strip() for u in (self.alertmanager_url or "").split(",") if u.strip()]
+        for url in urls:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+                raise ValueError(f"GPUMEDIC_REPORTS_ALERTMANAGER_URL holds {url[:100]!r}, which is not an http(s):// URL")
+        return urls
 
     def console_token(self) -> str | None:
         """The console's token, read from its file (a missing or empty file stops the start)."""
