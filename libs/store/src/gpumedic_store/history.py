@@ -87,24 +87,22 @@ class MinuteFolder:
     def __init__(self, minute: datetime) -> None:
         self.minute = minute
         self._n = 0
-        self._means: dict[str, list[float]] = {}
-        """Per mean figure, [sum, count]."""
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        """Per mean figure, its sum and count (numbers, not a list each: 10,000 nodes' minutes of
+        lists kept Python's garbage collector busy)."""
         self._peaks: dict[str, float] = {}
         self._top: dict[tuple[int, str], ProcessPeak] = {}
 
     def add(self, sample: NodeSampled) -> None:
         self._n += 1
-        means, peaks = self._means, self._peaks
+        sums, counts, peaks = self._sums, self._counts, self._peaks
         for gpu in sample.gpus:
             util, power, clock, used, total, temperature, processes = _gpu_names(gpu.index)
             for name, value in ((util, gpu.utilization_gpu_pct), (power, gpu.power_w), (clock, gpu.sm_clock_mhz)):
                 if value is not None:
-                    acc = means.get(name)
-                    if acc is None:
-                        means[name] = [value, 1]
-                    else:
-                        acc[0] += value
-                        acc[1] += 1
+                    sums[name] = sums.get(name, 0) + value
+                    counts[name] = counts.get(name, 0) + 1
             _peak(peaks, used, gpu.memory_used_mib)
             _peak(peaks, total, gpu.memory_total_mib)
             _peak(peaks, temperature, gpu.temperature_c)
@@ -129,7 +127,7 @@ class MinuteFolder:
                 known.last_seen = max(known.last_seen, sample.occurred_at)
 
     def minute_figures(self) -> Minute:
-        figures: dict[str, float | None] = {name: round(acc[0] / acc[1], 2) for name, acc in self._means.items()}
+        figures: dict[str, float | None] = {name: round(total / self._counts[name], 2) for name, total in self._sums.items()}
         figures.update(self._peaks)
         return Minute(self.minute, self._n, dict(sorted(figures.items())), busiest(self._top.values(), TOP_KEEP))
 
