@@ -555,6 +555,44 @@ def cmd_breaker(args) -> int:
     return 0
 
 
+def cmd_pause(args) -> int:
+    """Stop every action fleet-wide (the breaker opened by a person); detection goes on."""
+    from datetime import UTC, datetime
+
+    from gpumedic_store import breaker, views
+
+    async def _pause() -> tuple[str, int]:
+        async with views.store_session(_store_url(args)) as session:
+            trip, new = await breaker.pause(session=session, reason=args.reason, by=args.by, now=datetime.now(UTC))
+            await session.commit()
+        if not new:
+            return f"the breaker is already open since {trip.tripped_at:%Y-%m-%d %H:%M:%S}Z: {trip.reason}; no action runs", 1
+        return (f"remediation paused by {args.by} ({args.reason}): no action runs on any node until `gpumedic resume --by NAME`; "
+                "incidents are still opened and escalated"), 0
+
+    said, code = asyncio.run(_pause())
+    print(said)
+    return code
+
+
+def cmd_resume(args) -> int:
+    """End a pause (or any open breaker): the remediator may act again."""
+    from datetime import UTC, datetime
+
+    from gpumedic_store import breaker, views
+
+    async def _resume() -> str:
+        async with views.store_session(_store_url(args)) as session:
+            trips = await breaker.reset(session=session, by=args.by, now=datetime.now(UTC))
+            await session.commit()
+        if not trips:
+            return "nothing was paused; the remediator may act"
+        return f"resumed by {args.by}: the remediator may act again (it was: {'; '.join(t.reason for t in trips)})"
+
+    print(asyncio.run(_resume()))
+    return 0
+
+
 def cmd_dead_letters(args) -> int:
     """What the services refused, from the dead-letter stream (as the NATS admin); replay chosen ones."""
     from gpumedic import deadletters, operator_bus
@@ -861,6 +899,18 @@ command(
     "breaker", cmd_breaker, "show or reset the remediator's fleet circuit breaker",
     click.argument("action", type=click.Choice(["status", "reset"]), default="status", required=False),
     _by(what="who resets it (kept in the audit log)"), _var(), _store(), _json(),
+)
+command(
+    "pause", cmd_pause, "stop every action fleet-wide, with a reason (a driver upgrade); detection goes on",
+    click.option("--reason", required=True, help="why, shown on every console page, in `gpumedic report` and with every refusal"),
+    _by(what="who pauses (kept in the audit log)"), _var(), _store(),
+    description="Opens the remediator's fleet circuit breaker on purpose: every action request is refused (recorded as blocked, "
+    "its incident goes to a person) until `gpumedic resume`. The console shows it on every page, `gpumedic report` as a P1, "
+    "and the remediator's gpumedic_breaker_open metric is 1. Exit 1 when the breaker was already open (kept as it was).",
+)
+command(
+    "resume", cmd_resume, "end a pause: the remediator may act again (as `breaker reset`)",
+    _by(what="who resumes (kept in the audit log)"), _var(), _store(),
 )
 command(
     "dead-letters", cmd_dead_letters, "list what the services refused, and why; replay chosen ones once the cause is fixed",

@@ -264,7 +264,10 @@ def _problem(row: Incident, hide: Callable) -> dict:
 
 def _recommend(report: Report, rows: list[Incident], trip, hide: Callable) -> list[Recommendation]:
     out: list[Recommendation] = []
-    if trip is not None:
+    if trip is not None and trip.reason.startswith(breaker.PAUSED_BY):
+        out.append(Recommendation(1, "safety", f"remediation is {trip.reason}",
+                                  "no action runs on any node until `gpumedic resume --by NAME`; incidents go to a person meanwhile"))
+    elif trip is not None:
         out.append(Recommendation(1, "safety", f"the fleet circuit breaker is open: {trip.reason}",
                                   "check the fleet, then `gpumedic breaker reset --by NAME`; no action runs until then"))
     for check in report.checks:

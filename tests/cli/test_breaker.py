@@ -1,4 +1,5 @@
-"""`gpumedic breaker`: the only way to close the remediator's fleet circuit breaker, by a person."""
+"""`gpumedic breaker`: the only way to close the remediator's fleet circuit breaker, by a person;
+`gpumedic pause` opens it on purpose (a driver upgrade) and `gpumedic resume` closes it."""
 
 from __future__ import annotations
 
@@ -45,3 +46,23 @@ def test_status_shows_an_open_breaker_and_reset_closes_it_with_who_did_it(tmp_pa
     assert "breaker closed" in capsys.readouterr().out
     (trip,) = asyncio.run(_trips(url))
     assert trip.reset_by == "alice" and trip.reset_at is not None
+
+
+def test_pause_stops_every_action_with_its_reason_until_resume(tmp_path, capsys):
+    url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
+    upgrade(url)
+    assert main(["pause", "--reason", "driver upgrade to 570", "--by", "alice", "--store", url]) == 0
+    assert "remediation paused by alice (driver upgrade to 570)" in capsys.readouterr().out
+    main(["breaker", "--store", url])
+    assert "breaker OPEN since" in (out := capsys.readouterr().out) and "paused by alice: driver upgrade to 570" in out
+    # a second pause keeps the first (its reason and time), and says so
+    assert main(["pause", "--reason", "another", "--by", "bob", "--store", url]) == 1
+    assert "already open" in (out := capsys.readouterr().out) and "paused by alice: driver upgrade to 570" in out
+    assert main(["resume", "--by", "carol", "--store", url]) == 0
+    assert "resumed by carol" in (out := capsys.readouterr().out) and "paused by alice" in out
+    main(["breaker", "--store", url])
+    assert "breaker closed" in capsys.readouterr().out
+    (trip,) = asyncio.run(_trips(url))
+    assert (trip.reason, trip.reset_by) == ("paused by alice: driver upgrade to 570", "carol")
+    assert main(["resume", "--by", "carol", "--store", url]) == 0
+    assert "nothing was paused" in capsys.readouterr().out

@@ -229,6 +229,9 @@ def store_open(console):
 
 async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded, console, browser):
     assert (await browser.login()).status_code == 303
+    for page in ("/", "/incidents", "/cost"):  # while the breaker is open, every page says no action runs, and why
+        text = (await browser.client.get(page)).text
+        assert "No action runs on any node" in text and "6 nodes needed action within 600s" in text, page
     csrf = await browser.hidden("/ledger", "csrf")
     no_csrf = await browser.client.post("/breaker/reset", data={})
     assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
@@ -239,6 +242,7 @@ async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded
     assert reset.status_code == 303 and reset.headers["Location"].startswith("/ledger?done=breaker+reset")
     async with store_open(console) as session:
         assert await breaker.open_trip(session=session) is None
+    assert "No action runs on any node" not in (await browser.client.get("/")).text  # gone at once
 
     zombie = seeded["zombie"]
     marked = await browser.client.post(f"/incidents/{zombie.incident_id}/false-positive", data={"csrf": csrf, "reason": "a benchmark's warm-up"})

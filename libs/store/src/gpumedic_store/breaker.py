@@ -1,7 +1,9 @@
 """The remediator's gate lock and its fleet circuit breaker's trips.
 
 The remediator trips the breaker and decides under the lock; a person resets the breaker from the
-CLI (`gpumedic breaker reset`) or the web console (report-builder). The few functions all of them
+CLI (`gpumedic breaker reset`, `gpumedic resume`) or the web console (report-builder), and may open
+it on purpose (`gpumedic pause`: a driver upgrade, maintenance), which stops every action
+fleet-wide while detection goes on. The few functions all of them
 need live here, beside the tables, so that no service imports another. They take the session
 keyword-only and never commit.
 """
@@ -44,6 +46,20 @@ async def trip(*, session: AsyncSession, reason: str, now: datetime) -> BreakerT
     session.add(record)
     await session.flush()
     return record
+
+
+PAUSED_BY = "paused by "
+"""How a person's pause reads in a trip's reason (the remediator's own trips name their cause)."""
+
+
+async def pause(*, session: AsyncSession, reason: str, by: str, now: datetime) -> tuple[BreakerTrip, bool]:
+    """Open the breaker on purpose, after any decision under way; (the open trip, whether it is
+    this one: an open breaker is kept as it is)."""
+    await lock_gate(session=session)
+    current = await open_trip(session=session)
+    if current is not None:
+        return current, False
+    return await trip(session=session, reason=f"{PAUSED_BY}{by}: {reason}", now=now), True
 
 
 async def reset(*, session: AsyncSession, by: str, now: datetime) -> list[BreakerTrip]:

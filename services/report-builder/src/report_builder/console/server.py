@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ PAGE_SIZE = 50
 HEARTBEAT_FRESH = timedelta(seconds=30)
 """A heartbeat older than this says nothing about a service now (it beats every 5 s)."""
 LIVE_EVERY_S = 2.0
+BREAKER_READ_EVERY_S = 3.0
+"""How stale the banner saying that no action runs may be."""
 """At most one change notice per client this often (samples change something every second)."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -129,6 +132,8 @@ class Console:
         """Each node's busiest processes as its sampler last sent them (every 30 s), for its page."""
         self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
+        self._breaker_trip = None
+        self._breaker_read_at = -BREAKER_READ_EVERY_S
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._streams: set[asyncio.Task] = set()
@@ -167,7 +172,7 @@ class Console:
     # --- serving ------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_headers, self._errors], client_max_size=64 * 1024)
+        app = web.Application(middlewares=[_headers, self._errors, self._breaker_state], client_max_size=64 * 1024)
         app.add_routes([
             web.get("/", self.fleet_page),
             web.get("/nodes/{node}", self.node_page),
@@ -560,6 +565,7 @@ class Console:
             trips = await breaker.reset(session=session, by=who.name, now=datetime.now(UTC))
             await session.commit()
         log.info("console: %s reset the breaker (%d trip(s))", who.name, len(trips))
+        self._breaker_read_at = -BREAKER_READ_EVERY_S  # the banner goes at once
         self.changes.bump()
         return _back(form, "/ledger", "breaker reset" if trips else "the breaker was closed; nothing to reset")
 
@@ -572,12 +578,25 @@ class Console:
 
     # --- rendering ----------------------------------------------------------------------------
 
+    @web.middleware
+    async def _breaker_state(self, request: web.Request, handler):
+        """Every page says when no action runs (a pause, or the breaker tripped): read at most every
+        few seconds, and not for a store that does not answer (the page says that itself)."""
+        if request.method == "GET" and time.monotonic() - self._breaker_read_at > BREAKER_READ_EVERY_S:
+            try:
+                async with self._db() as session:
+                    self._breaker_trip = await breaker.open_trip(session=session)
+                self._breaker_read_at = time.monotonic()
+            except Exception:  # noqa: BLE001 - the page's own query says what is wrong with the store
+                self._breaker_trip = None
+        return await handler(request)
+
     def _page(self, request: web.Request, template: str, title: str, **context) -> web.Response:
         session: Session | None = self.auth.get(request.cookies.get(SESSION_COOKIE))
         login_check = request.cookies.get(LOGIN_COOKIE) or uuid.uuid4().hex
         html = self._templates.get_template(template).render(
             title=title, nav=NAV, path=request.path, session=session, writable=self.auth.writable, login_check=login_check,
-            blind=self.blind(datetime.now(UTC)),
+            blind=self.blind(datetime.now(UTC)), stopped=self._breaker_trip,
             done=request.query.get("done", "")[:200], here=request.path_qs, now=datetime.now(UTC), **context,
         )
         response = web.Response(text=html, content_type="text/html")
