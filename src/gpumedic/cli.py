@@ -356,13 +356,15 @@ def cmd_init(args) -> int:
 
 def remediator_file(option: Path | None, name: str, default: str, var: Path | None = None) -> Path:
     """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else the embedded
-    stack's under `var` where it exists, else the compose default under /etc/gpumedic."""
+    stack's under `var` where it exists (`gpumedic up`'s, else `up --demo`'s in VAR/demo), else the
+    compose default under /etc/gpumedic."""
     if option:
         return option
     if setting := os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip():
         return Path(setting)
-    if var is not None and (var / "ssh" / default).exists():
-        return var / "ssh" / default
+    for stack in ((var, var / "demo") if var is not None else ()):
+        if (stack / "ssh" / default).exists():
+            return stack / "ssh" / default
     return Path(f"/etc/gpumedic/{default}")
 
 
@@ -381,7 +383,10 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
     try:
         known = load_inventory(inventory)
     except InventoryError as exc:
-        print(f"gpumedic {name}: {exc}", file=sys.stderr)
+        looked = "" if args.inventory or inventory.exists() else (
+            f" (no --inventory, no GPUMEDIC_REMEDIATOR_INVENTORY, and no inventory of an embedded stack under {args.var}/ssh or "
+            f"{args.var}/demo/ssh: name it with --inventory, or --var where `gpumedic up` keeps its files)")
+        print(f"gpumedic {name}: {exc}{looked}", file=sys.stderr)
         return 2
     nodes = sorted(known) if args.all else sorted(
         {*args.node, *(n for n, a in known.items() if a.group in args.group)})
