@@ -101,6 +101,8 @@ class Stack:
     tls: TlsFiles | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)
     """Each service's Prometheus endpoint on loopback; also in var/prometheus-targets.json."""
+    _more_targets: list[dict] = field(default_factory=list)
+    """Other endpoints listed there (`add_targets`)."""
     console_url: str | None = None
     """report-builder's web console, on loopback; its token is in `console_token_file`."""
     restarts: dict[str, _Restart] = field(default_factory=dict)
@@ -256,14 +258,22 @@ class Stack:
 
         self.say(f"  store migrated: {mask_url(self.store_url)}")
 
+    def add_targets(self, address: str, labels: dict[str, str]) -> None:
+        """Another endpoint for Prometheus beside the services' (the simulated fleet's GPU series)."""
+        self._more_targets.append({"targets": [address], "labels": labels})
+        self._write_targets()
+
+    def _write_targets(self) -> None:
+        # Prometheus' file_sd format: point a scrape job's file_sd_configs at it.
+        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": s}} for s, port in self.metrics_ports.items()]
+        (self.var_dir / "prometheus-targets.json").write_text(json.dumps(targets + self._more_targets, indent=2) + "\n")
+
     def start_services(self, services: list[str] | None = None) -> None:
         assert self.servers, "start the bus first"
         base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
         for service in services or list(SERVICES):
             self.metrics_ports[service] = _free_port()
-        # Prometheus' file_sd format: point a scrape job's file_sd_configs at it.
-        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": s}} for s, port in self.metrics_ports.items()]
-        (self.var_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
+        self._write_targets()
         for service in services or list(SERVICES):
             metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
             console = self._console_env() if service == "report-builder" else {}

@@ -144,6 +144,10 @@ async def run_demo(
             await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
 
         sampling = asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S))
+        gpu_series = await fleet.serve_metrics()
+        stack.add_targets(gpu_series, {"service": "node-sampler", "fleet": "simulated"})
+        say(f"      the simulated GPUs' series (dcgm-exporter's names, Hostname the node id) at http://{gpu_series}/metrics, "
+            f"listed in {stack.var_dir / 'prometheus-targets.json'} for deploy/prometheus.yml")
         story: asyncio.Queue[Event] = asyncio.Queue()
         for event_type in (IncidentOpened, ActionRequested, ActionCompleted, IncidentResolved, IncidentEscalated):
             await observer.subscribe(event_type.subject_filter(), cb=_enqueue(event_type, story))

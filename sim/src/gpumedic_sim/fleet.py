@@ -18,8 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncssh
+from aiohttp import web
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
+from node_sampler.metrics import GpuCollector
+from node_sampler.sampler import Sampler
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
 from gpumedic_sim.cluster import ELECTION_S, PeerCluster
@@ -94,6 +100,9 @@ class SimFleet:
         self._sampler_tasks: set[asyncio.Task] = set()
         self._timers: set[asyncio.Task] = set()
         self._started = False
+        self.samplers: dict[str, Sampler] = {}
+        """Each node's running node-sampler (its latest sample and health: what its /metrics serves)."""
+        self._metrics: web.AppRunner | None = None
 
     @property
     def inventory_path(self) -> Path:
@@ -256,6 +265,9 @@ class SimFleet:
             await node.stop()
 
     async def stop(self) -> None:
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+            self._metrics = None
         await stop_tasks(self._sampler_tasks | self._timers)
         await asyncio.gather(*(node.stop() for node in (*self.nodes.values(), *self.guests.values())), return_exceptions=True)
         self.guests.clear()
@@ -293,14 +305,36 @@ class SimFleet:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    @staticmethod
-    async def _sample(node: SimNode, publish: Publish, interval_s: float, offset_s: float) -> None:
+    async def _sample(self, node: SimNode, publish: Publish, interval_s: float, offset_s: float) -> None:
         async def publish_unless_silent(event) -> None:
             if not node.sampler_silent:  # a hung sampler: nothing leaves the node
                 await publish(event)
 
         await asyncio.sleep(offset_s)
-        await node.sampler(interval_s).run(publish_unless_silent)
+        sampler = self.samplers[node.node_id] = node.sampler(interval_s)
+        await sampler.run(publish_unless_silent)
+
+    async def serve_metrics(self, host: str = LOOPBACK, port: int = 0) -> str:
+        """Serve every node's GPU series as its node-sampler would (dcgm-exporter's names, `Hostname`
+        the node id), all on one /metrics, for a Prometheus beside the demo; its `host:port`."""
+        collectors = [
+            GpuCollector(lambda s=node_id: _latest(self.samplers, s, "last"), lambda s=node_id: _latest(self.samplers, s, "last_xid") or {},
+                         node_id, lambda s=node_id: _latest(self.samplers, s, "last_health") or {})
+            for node_id in self.nodes
+        ]
+        registry = CollectorRegistry()
+        registry.register(_Merged(collectors))
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics)])
+        self._metrics = web.AppRunner(app, access_log=None)
+        await self._metrics.setup()
+        await web.TCPSite(self._metrics, host, port).start()
+        bound_host, bound_port = self._metrics.addresses[0][:2]
+        return f"{bound_host}:{bound_port}"
 
     def _write_inventory(self) -> None:
         """The inventory and known_hosts, each replaced whole: the remediator reads them on every action."""
@@ -324,3 +358,23 @@ def _replace(path: Path, text: str) -> None:
     part = path.with_name(f".{path.name}.part")
     part.write_text(text)
     os.replace(part, path)
+
+
+def _latest(samplers: dict[str, Sampler], node_id: str, what: str):
+    sampler = samplers.get(node_id)
+    return getattr(sampler, what) if sampler is not None else None
+
+
+class _Merged(Collector):
+    """Several nodes' collectors as one: each series once, with every node's samples."""
+
+    def __init__(self, collectors: list[Collector]) -> None:
+        self.collectors = collectors
+
+    def collect(self):
+        merged: dict[str, Metric] = {}
+        for collector in self.collectors:
+            for metric in collector.collect():
+                into = merged.setdefault(metric.name, Metric(metric.name, metric.documentation, metric.type))
+                into.samples.extend(metric.samples)
+        yield from merged.values()
