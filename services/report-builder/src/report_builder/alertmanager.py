@@ -1,7 +1,8 @@
 """Incidents as Alertmanager alerts, for operators who route their alerts there already (Slack,
 PagerDuty, e-mail; grouping, inhibition and silences as they configured them).
 
-Every `every_s` one report-builder instance (the `alertmanager` lease) posts to each configured
+Every `every_s`, and within a second of an incident recorded (`poke`), one report-builder
+instance (the `alertmanager` lease) posts to each configured
 Alertmanager's API v2 (`POST /api/v2/alerts`) every incident not resolved, as a firing alert
 whose `endsAt` lies a few rounds ahead (were gpumedic to stop, Alertmanager resolves it by
 itself rather than keep it firing for ever), and every incident resolved lately with its real
@@ -17,6 +18,7 @@ next step and the console's page of the incident (also the alert's `generatorURL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -33,6 +35,8 @@ EVERY_S = 30.0
 """How often every open incident is said again: Alertmanager asks for 30 s to 3 min."""
 ROUNDS_AHEAD = 4
 """A firing alert's endsAt lies this many rounds ahead."""
+POKED_AFTER_S = 0.5
+"""A round this long after an incident was recorded."""
 RESOLVED_FOR = timedelta(minutes=10)
 """How long an incident's resolution is said again (an Alertmanager that was away hears it too)."""
 
@@ -83,6 +87,11 @@ class AlertmanagerPush:
         self._now = now
         self._failing: set[str] = set()
         """Alertmanagers whose last post failed: said once, and again when they answer."""
+        self._poked = asyncio.Event()
+
+    def poke(self) -> None:
+        """Something was recorded: a round soon, not at the next tick."""
+        self._poked.set()
 
     async def alerts(self) -> list[dict]:
         """Every alert a round posts now."""
@@ -124,8 +133,12 @@ class AlertmanagerPush:
 
     async def loop(self) -> None:
         while True:
+            self._poked.clear()
             try:
                 await self.round()
             except Exception as exc:  # the store down: the next round says it all again
                 log.warning("alertmanager: no round (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(self.every_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.every_s):
+                    await self._poked.wait()
+                await asyncio.sleep(POKED_AFTER_S)  # what else the same moment records comes in the same round

@@ -50,15 +50,18 @@ class ReportHandlers:
         pricing: Pricing | None = None,
         publish: Callable[[Event], Awaitable[None]] | None = None,
         registry: CollectorRegistry | None = None,
+        incident_changed: Callable[[], None] | None = None,
     ) -> None:
         """`pricing` prices each incident's lost GPU time (on its row, and as IncidentCosted through
-        `publish` once it closes)."""
+        `publish` once it closes); `incident_changed` is told after each incident or action event
+        is stored (Alertmanager hears of it at once)."""
         self._sessions = sessions
         self._tracer = tracer
         self._notify = tuple(notify)
         self._notify_wait = timedelta(seconds=notify_wait_s)
         self._changed = changed or (lambda: None)
         """Told after each commit (the console's live pages)."""
+        self._incident_changed = incident_changed or (lambda: None)
         self._pricing = pricing or Pricing()
         self._publish = publish
         registry = registry or CollectorRegistry()
@@ -85,6 +88,7 @@ class ReportHandlers:
                     )
                 await session.commit()
             self._changed()
+            self._incident_changed()
             if not recorded:
                 log.debug("%s %s was already recorded", type(event).__name__, event.event_id)
             if isinstance(event, IncidentResolved | IncidentEscalated) and incident is not None and incident.closed_at == event.occurred_at:

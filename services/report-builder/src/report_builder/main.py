@@ -59,10 +59,16 @@ def create_app(settings: Settings | None = None) -> FastStream:
             latest=lambda node: runtime.latest(NodeSampled, node), prometheus=prometheus,
         )
     pricing = Pricing(settings.inventory)
+    push = None
+    if alertmanagers := settings.alertmanagers():
+        push = AlertmanagerPush(sessions, alertmanagers, console_url=settings.console_url, every_s=settings.alertmanager_every_s)
+        runtime.background(push.loop, one_instance="alertmanager")
+        log.info("report-builder: incidents go to Alertmanager at %s", ", ".join(alertmanagers))
     handlers = ReportHandlers(
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
         changed=console.changes.bump if console else None, pricing=pricing,
         publish=lambda event: publish_event(runtime.broker, event), registry=runtime.metrics.registry,
+        incident_changed=push.poke if push else None,
     )
     # While the store is down its events wait in JetStream, none is dead-lettered for it.
     stored = functools.partial(runtime.consume, waits_on=(StoreUnavailable,))
@@ -81,10 +87,6 @@ def create_app(settings: Settings | None = None) -> FastStream:
         )
         runtime.background(notifier.loop)
         log.info("report-builder: escalations go to %s", ", ".join(f"{c.name} ({c.host})" for c in channels))
-    if alertmanagers := settings.alertmanagers():
-        push = AlertmanagerPush(sessions, alertmanagers, console_url=settings.console_url, every_s=settings.alertmanager_every_s)
-        runtime.background(push.loop, one_instance="alertmanager")
-        log.info("report-builder: incidents go to Alertmanager at %s", ", ".join(alertmanagers))
     recorder = None
     if settings.history_retention_h > 0:
         recorder = HistoryRecorder(
