@@ -23,7 +23,7 @@ def summary_text(cluster: str, s: ClusterSummary) -> list[str]:
         f"  with a leader {_hours(s.with_leader)} ({share:.0%})"
         + (f"; unmonitored {_hours(s.unmonitored)} ({s.unmonitored / s.span:.0%}: no check ran)" if s.unmonitored else "")
         + f"; leader changes {s.leader_changes} ({s.changes_per_hour:.1f}/h); longest without a leader {_hours(s.longest_leaderless)}",
-        f"  quorum margin now {s.quorum_margin_now:+d}, lowest {s.quorum_margin_min:+d}",
+        f"  quorum margin (voters alive beyond their majority) now {s.quorum_margin_now:+d}, lowest {s.quorum_margin_min:+d}",
     ]
     if s.goal is not None:
         goal = f"  goal {s.goal.peers} peers for {s.goal.hours:g}h: "

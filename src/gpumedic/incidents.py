@@ -61,7 +61,7 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
         lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
     for n in notifications:
         when = fmt_time(n.finished_at) if n.finished_at else f"next try {fmt_time(n.due_at)}"
-        lines.append(f"  notified {n.channel}: {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
+        lines.append(f"  notified {n.channel} ({n.event}): {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
     if incident.evidence:
         lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in incident.evidence.items() if v not in (None, "")))
     lines += [f"  trace id: {incident.trace_id or '(none)'}", "", "timeline:"]

@@ -17,6 +17,8 @@ class Check:
     peers_answering: int
     leader: str | None
     healthy: bool = True
+    voters_alive: int | None = None
+    voters_total: int | None = None
 
 
 def log(*rows: tuple[float, int, str | None], total: int = 7) -> list[Check]:
@@ -65,3 +67,17 @@ def test_time_no_check_saw_is_unmonitored_neither_with_a_leader_nor_part_of_a_go
     assert s.goal_held_for == timedelta(minutes=10) and not s.goal_met  # held since the checks came back only
     # checks a minute apart with no gap: nothing unmonitored
     assert summarize(log(*[(m, 7, "a") for m in range(0, 31)]), Goal(7, 0.5)).unmonitored == timedelta()
+
+
+def test_the_quorum_margin_is_the_voters_as_the_daemons_count_them():
+    """The runbook's normal state: "Active Peers: 3, Voters: 3/5 (quorum OK)" among 8 peers reads
+    +0 on the voters, where counting every peer made it -2 (a quorum lost that was not)."""
+    normal = Check(T0, 8, 3, "a", voters_alive=3, voters_total=5)
+    assert quorum_margin(normal) == 0
+    ample = Check(T0 + timedelta(minutes=1), 7, 7, "a", voters_alive=5, voters_total=7)  # "Voters: 5/7 (quorum OK)"
+    low = Check(T0 + timedelta(minutes=2), 8, 6, "a", voters_alive=2, voters_total=8)  # "Voters: 2/8 (CRITICAL - low quorum)"
+    assert (quorum_margin(ample), quorum_margin(low)) == (1, -3)
+    s = summarize([normal, ample, low])
+    assert (s.quorum_margin_now, s.quorum_margin_min) == (-3, -3)
+    # daemons that report no voters: the peers answering against all peers, as before
+    assert quorum_margin(Check(T0, 7, 6, "a")) == 2

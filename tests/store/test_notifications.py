@@ -190,3 +190,63 @@ async def test_an_incident_that_cleared_before_the_page_was_due_is_not_paged(ses
         await _notifier(sessions, webhook, Clock()).deliver_due(client)
     row = (await _rows(sessions))["webhook"]
     assert row.status == "skipped" and row.detail == "the incident was resolved before anyone was told" and webhook.tries == 0
+
+
+def _handlers(sessions, channels=("webhook", "slack")):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from report_builder.handlers import ReportHandlers
+
+    return ReportHandlers(sessions, TracerProvider().get_tracer("test"), notify=channels)
+
+
+async def _resolve(sessions, channels=("webhook", "slack"), at: str = "2026-11-23T10:05:00Z") -> None:
+    from gpumedic_bus import Delivery
+
+    resolved = _event(IncidentResolved, kind="gpu_xid", resolution="cleared", summary="the node was drained and its GPU reset",
+                      occurred_at=at)
+    await _handlers(sessions, channels).on_incident_or_action(resolved, Delivery(resolved.subject, {}, 1))
+
+
+async def test_whoever_was_told_of_an_escalation_is_told_when_it_is_resolved(sessions, webhook):
+    await _escalate(sessions)
+    clock = Clock()
+    notifier = _notifier(sessions, webhook, clock)
+    async with httpx.AsyncClient(timeout=2) as client:
+        clock.now = T0 + timedelta(seconds=11)
+        assert await notifier.deliver_due(client) == 2
+        await _resolve(sessions)
+        clock.now = datetime.now(UTC) + timedelta(seconds=1)  # the end is due at once
+        assert await notifier.deliver_due(client) == 2
+        assert await notifier.deliver_due(client) == 0
+    ends = {r.path.rsplit("/", 1)[-1]: r.body for r in webhook.received[2:]}
+    generic, slack = ends["s3cr3t-path"], ends["slack"]
+    assert generic["event"] == "incident.resolved" and generic["incident"]["status"] == "resolved"
+    assert generic["incident"]["resolution"] == "cleared" and generic["incident"]["how_it_ended"] == "the node was drained and its GPU reset"
+    assert generic["incident"]["why_a_person"] is None and generic["link"].endswith(INCIDENT)
+    assert slack["text"].startswith("*[resolved] gpu_xid on gpu-node-07 GPU 0*: the node was drained")
+    async with sessions() as session:
+        rows = await notifications_of(session, incident_id=INCIDENT)
+    assert sorted((n.channel, n.event, n.status) for n in rows) == [
+        ("slack", "escalated", "delivered"), ("slack", "resolved", "delivered"),
+        ("webhook", "escalated", "delivered"), ("webhook", "resolved", "delivered"),
+    ]
+    await _resolve(sessions)  # a redelivered resolution tells nobody again
+    async with sessions() as session:
+        assert len(await notifications_of(session, incident_id=INCIDENT)) == 4
+
+
+async def test_an_end_whose_escalation_was_never_told_is_not_told_either(sessions, webhook):
+    await _escalate(sessions, channels=("webhook",))
+    await _resolve(sessions, channels=("webhook",), at="2026-11-23T10:00:05Z")  # within the escalation's wait
+    clock = Clock()
+    clock.now = datetime.now(UTC) + timedelta(seconds=1)
+    notifier = _notifier(sessions, webhook, clock)
+    async with httpx.AsyncClient(timeout=2) as client:
+        await notifier.deliver_due(client)  # the escalation: skipped (resolved before anyone was told); the end waits for it
+        clock.now += timedelta(seconds=10)
+        await notifier.deliver_due(client)
+    async with sessions() as session:
+        rows = {n.event: n for n in await notifications_of(session, incident_id=INCIDENT)}
+    assert rows["escalated"].status == "skipped" and rows["resolved"].status == "skipped"
+    assert rows["resolved"].detail == "its escalation was not told here (skipped)" and webhook.tries == 0

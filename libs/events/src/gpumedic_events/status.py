@@ -129,6 +129,8 @@ class ClusterChecked(Event):
     cluster: SubjectToken
     peers_total: int = Field(ge=0)
     peers_answering: int = Field(ge=0)
+    voters_alive: int | None = Field(default=None, ge=0, description="Voters alive as the daemons count them (the leader's count, else the most common); None when they report none.")
+    voters_total: int | None = Field(default=None, ge=0, description="Voters configured as the daemons count them; None when they report none.")
     leader: str | None = Field(default=None, max_length=256, description="The leader most peers name, if any.")
     healthy: bool
     summary: str = Field(max_length=1000)

@@ -25,6 +25,8 @@ class Check(Protocol):
     checked_at: datetime
     peers_total: int
     peers_answering: int
+    voters_alive: int | None
+    voters_total: int | None
     leader: str | None
     healthy: bool
 
@@ -69,7 +71,11 @@ class ClusterSummary:
 
 
 def quorum_margin(check: Check) -> int:
-    """Peers answering beyond the majority of all peers (negative: quorum lost)."""
+    """Voters alive beyond the majority of the voters, as the daemons count them ("Voters 5/7":
+    +1); for a cluster whose daemons report no voters, peers answering beyond the majority of all
+    peers. Negative: quorum lost."""
+    if check.voters_alive is not None and check.voters_total:
+        return check.voters_alive - (check.voters_total // 2 + 1)
     return check.peers_answering - (check.peers_total // 2 + 1)
 
 

@@ -231,10 +231,12 @@ class IncidentMark(Base):
 
 
 class Notification(Base):
-    """One escalation to tell one channel (a webhook) about: report-builder's outbox.
+    """One escalation, or the end of one that was told, to tell one channel (a webhook) about:
+    report-builder's outbox.
 
-    Written in the transaction that records the escalation, so none is lost or sent twice
-    (one row per incident and channel); the notifier delivers due rows and records how it went.
+    Written in the transaction that records the escalation (or the resolution), so none is lost
+    or sent twice (one row per incident, channel and event); the notifier delivers due rows and
+    records how it went.
     """
 
     __tablename__ = "notifications"
@@ -242,6 +244,7 @@ class Notification(Base):
 
     incident_id: Mapped[str] = mapped_column(String(_UUID_LEN), primary_key=True)
     channel: Mapped[str] = mapped_column(String(32), primary_key=True, comment="The channel's name, e.g. webhook, slack.")
+    event: Mapped[str] = mapped_column(String(16), primary_key=True, default="escalated", comment="What it tells: escalated, or resolved (once its escalation was told).")
     reason: Mapped[str] = mapped_column(Text, comment="Why a person is needed (the escalation's reason).")
     status: Mapped[str] = mapped_column(String(16), index=True, default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0, comment="Delivery rounds tried (each with its own retries).")
@@ -287,6 +290,8 @@ class ClusterCheck(Base):
     checked_at: Mapped[datetime]
     peers_total: Mapped[int] = mapped_column(Integer)
     peers_answering: Mapped[int] = mapped_column(Integer)
+    voters_alive: Mapped[int | None] = mapped_column(Integer, comment="Voters alive as the daemons count them (the leader's count, else the most common); None when they report none.")
+    voters_total: Mapped[int | None] = mapped_column(Integer, comment="Voters configured as the daemons count them; None when they report none.")
     leader: Mapped[str | None] = mapped_column(String(256))
     healthy: Mapped[bool]
     summary: Mapped[str] = mapped_column(Text)

@@ -205,7 +205,7 @@ async def marks_of(session: AsyncSession, *, incident_id: str) -> list[IncidentM
 
 
 async def notifications_of(session: AsyncSession, *, incident_id: str) -> list[Notification]:
-    stmt = select(Notification).where(Notification.incident_id == incident_id).order_by(Notification.channel)
+    stmt = select(Notification).where(Notification.incident_id == incident_id).order_by(Notification.channel, Notification.created_at)
     return list((await session.scalars(stmt)).all())
 
 

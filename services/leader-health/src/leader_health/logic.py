@@ -67,6 +67,8 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         cluster=cluster,
         peers_total=total,
         peers_answering=len(answering),
+        voters_alive=view.voters[0] if view.voters is not None else None,
+        voters_total=view.voters[1] if view.voters is not None else None,
         leader=named_most[:256] if named_most else None,
         healthy=healthy,
         summary=summary[:1000],

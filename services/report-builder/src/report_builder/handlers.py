@@ -86,6 +86,15 @@ class ReportHandlers:
                         session, incident_id=str(event.incident_id), reason=event.reason, channels=self._notify,
                         now=now, due_at=now + self._notify_wait,
                     )
+                elif recorded and isinstance(event, IncidentResolved):
+                    # Whoever was told of its escalation is told it is over (the notifier sends it
+                    # only where the escalation itself was delivered).
+                    channels = await repository.escalation_channels(session, incident_id=str(event.incident_id))
+                    now = datetime.now(UTC)
+                    await repository.queue_notifications(
+                        session, incident_id=str(event.incident_id), reason=event.summary or event.resolution, channels=channels,
+                        now=now, due_at=now, event="resolved",
+                    )
                 await session.commit()
             self._changed()
             self._incident_changed()

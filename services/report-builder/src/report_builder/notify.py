@@ -1,4 +1,5 @@
-"""Escalations reach a person: a generic JSON webhook and a Slack-compatible incoming webhook.
+"""Escalations reach a person: a generic JSON webhook and a Slack-compatible incoming webhook;
+and when an escalated incident is resolved, whoever was told of it is told it is over.
 
 The escalation is recorded and its notifications queued in one transaction (the `notifications`
 outbox, one row per incident and channel), so a redelivered escalation is told once and a crash
@@ -74,12 +75,13 @@ def incident_link(console_url: str | None, incident_id: str) -> str | None:
     return f"{console_url.rstrip('/')}/incidents/{incident_id}" if console_url else None
 
 
-def json_payload(incident: Incident, reason: str, *, console_url: str | None) -> dict[str, Any]:
-    """The generic webhook's body (documented in the README; `version` changes only with a break)."""
+def json_payload(incident: Incident, reason: str, *, console_url: str | None, event: str = "escalated") -> dict[str, Any]:
+    """The generic webhook's body (documented in the README; `version` changes only with a break).
+    For an escalation `reason` is why a person is needed; for its end, how it ended."""
     diagnosis = redact_tree(incident.diagnosis) if incident.diagnosis else None
-    return {
+    body = {
         "version": 1,
-        "event": "incident.escalated",
+        "event": f"incident.{event}",
         "incident": {
             "id": incident.id,
             "kind": incident.kind,
@@ -101,6 +103,10 @@ def json_payload(incident: Incident, reason: str, *, console_url: str | None) ->
         "link": incident_link(console_url, incident.id),
         "cli": f"gpumedic incidents {incident.id}",
     }
+    if event == "resolved":
+        body["incident"] |= {"why_a_person": None, "resolution": incident.resolution, "how_it_ended": redact(reason),
+                             "resolved_at": incident.closed_at.isoformat() if incident.closed_at else None}
+    return body
 
 
 def _slack_escape(text: str) -> str:
@@ -108,9 +114,14 @@ def _slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def slack_payload(incident: Incident, reason: str, *, console_url: str | None) -> dict[str, Any]:
+def slack_payload(incident: Incident, reason: str, *, console_url: str | None, event: str = "escalated") -> dict[str, Any]:
     """A Slack-compatible incoming-webhook body (`text`, mrkdwn); Mattermost and others accept it too."""
     where = incident.node_id + (f" GPU {incident.gpu_index}" if incident.gpu_index is not None else "")
+    link = incident_link(console_url, incident.id)
+    if event == "resolved":
+        lines = [f"*[resolved] {incident.kind} on {_slack_escape(where)}*: {_slack_escape(redact(reason))}",
+                 f"<{link}|incident {incident.id[:8]}>" if link else f"`gpumedic incidents {incident.id}`"]
+        return {"text": "\n".join(lines)}
     lines = [
         f"*[{incident.severity}] {incident.kind} on {_slack_escape(where)}*: {_slack_escape(redact(incident.summary))}",
         f"*Why a person:* {_slack_escape(redact(reason))}",
@@ -190,13 +201,23 @@ class Notifier:
     async def _deliver(self, client: httpx.AsyncClient, row: Notification, now: datetime) -> None:
         async with self._sessions() as session:
             incident = await session.get(Incident, row.incident_id)
+            told = None
+            if row.event == "resolved":
+                told = await session.get(Notification, (row.incident_id, row.channel, "escalated"))
+        if told is not None and told.status == "pending":  # its escalation is still waiting, or being told now
+            async with self._sessions() as session:
+                await repository.reschedule_notification(session, row=row, due_at=now + timedelta(seconds=5 * self._poll_s),
+                                                         attempts=row.attempts, detail="waits for its escalation to be told first")
+                await session.commit()
+            return
         channel = self._channels.get(row.channel)
-        if skip := self._skip_reason(incident, channel):
+        skip = self._skip_end(incident, channel, told) if row.event == "resolved" else self._skip_reason(incident, channel)
+        if skip:
             await self._settle(row, "skipped", skip, attempts=row.attempts)  # nothing was sent
             log.info("notification of incident %s to %s skipped: %s", row.incident_id, row.channel, skip)
             return
         assert incident is not None and channel is not None  # _skip_reason said so
-        body = PAYLOADS[channel.format](incident, row.reason, console_url=self._console_url)
+        body = PAYLOADS[channel.format](incident, row.reason, console_url=self._console_url, event=row.event)
         try:
             await post_with_retries(
                 client, channel.url, body, token=channel.token, tries=self._tries, initial_s=self._retry_initial_s
@@ -205,7 +226,7 @@ class Notifier:
             await self._failed_round(row, channel, str(exc), transient=exc.transient, now=now)
             return
         await self._settle(row, "delivered", f"delivered to {channel.host}")
-        log.info("incident %s escalated: told %s (%s)", row.incident_id, channel.name, channel.host)
+        log.info("incident %s %s: told %s (%s)", row.incident_id, row.event, channel.name, channel.host)
 
     def _skip_reason(self, incident: Incident | None, channel: Channel | None) -> str:
         if channel is None:
@@ -218,6 +239,18 @@ class Notifier:
             return f"the incident was {incident.status} before anyone was told"
         if SEVERITY_RANK.get(incident.severity, 1) < self._min_rank:
             return f"severity {incident.severity} is below the notification threshold"
+        return ""
+
+    @staticmethod
+    def _skip_end(incident: Incident | None, channel: Channel | None, told: Notification | None) -> str:
+        if channel is None:
+            return "the channel is no longer configured"
+        if incident is None:
+            return "the incident is not in the store"
+        if incident.status != "resolved":
+            return f"the incident is {incident.status} again"
+        if told is None or told.status != "delivered":
+            return "its escalation was not told here" + (f" ({told.status})" if told is not None else "")
         return ""
 
     async def _failed_round(self, row: Notification, channel: Channel, error: str, *, transient: bool, now: datetime) -> None:

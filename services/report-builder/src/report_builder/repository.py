@@ -280,19 +280,26 @@ async def mark_false_positive(session: AsyncSession, *, incident_id: str, reason
 
 
 async def queue_notifications(
-    session: AsyncSession, *, incident_id: str, reason: str, channels: Sequence[str], now: datetime, due_at: datetime
+    session: AsyncSession, *, incident_id: str, reason: str, channels: Sequence[str], now: datetime, due_at: datetime,
+    event: str = "escalated",
 ) -> int:
-    """One pending notification per channel for an escalated incident; one already queued stays as
-    it is (a redelivered escalation is told once). Returns how many were new."""
+    """One pending notification per channel for an escalated (or resolved) incident; one already
+    queued stays as it is (a redelivered escalation is told once). Returns how many were new."""
     if not channels:
         return 0
     rows = [
-        {"incident_id": incident_id, "channel": c, "reason": reason, "status": "pending", "attempts": 0,
+        {"incident_id": incident_id, "channel": c, "event": event, "reason": reason, "status": "pending", "attempts": 0,
          "due_at": due_at, "created_at": now, "finished_at": None, "detail": ""}
         for c in channels
     ]
-    stmt = _insert(session, Notification).values(rows).on_conflict_do_nothing(index_elements=["incident_id", "channel"])
+    stmt = _insert(session, Notification).values(rows).on_conflict_do_nothing(index_elements=["incident_id", "channel", "event"])
     return len((await session.scalars(stmt.returning(Notification.channel))).all())
+
+
+async def escalation_channels(session: AsyncSession, *, incident_id: str) -> list[str]:
+    """The channels an incident's escalation was queued for (its end goes to the same)."""
+    stmt = select(Notification.channel).where(Notification.incident_id == incident_id, Notification.event == "escalated")
+    return list((await session.scalars(stmt)).all())
 
 
 async def due_notifications(session: AsyncSession, *, now: datetime, limit: int = 50) -> list[Notification]:
@@ -313,6 +320,7 @@ async def claim_notification(session: AsyncSession, *, row: Notification, until:
         .where(
             Notification.incident_id == row.incident_id,
             Notification.channel == row.channel,
+            Notification.event == row.event,
             Notification.status == "pending",
             Notification.due_at == row.due_at,
         )
@@ -324,7 +332,8 @@ async def claim_notification(session: AsyncSession, *, row: Notification, until:
 async def reschedule_notification(session: AsyncSession, *, row: Notification, due_at: datetime, attempts: int, detail: str) -> None:
     await session.execute(
         update(Notification)
-        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.status == "pending")
+        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.event == row.event,
+               Notification.status == "pending")
         .values(due_at=due_at, attempts=attempts, detail=detail)
     )
 
@@ -332,7 +341,8 @@ async def reschedule_notification(session: AsyncSession, *, row: Notification, d
 async def settle_notification(session: AsyncSession, *, row: Notification, status: str, detail: str, now: datetime, attempts: int) -> None:
     await session.execute(
         update(Notification)
-        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.status == "pending")
+        .where(Notification.incident_id == row.incident_id, Notification.channel == row.channel, Notification.event == row.event,
+               Notification.status == "pending")
         .values(status=status, detail=detail, finished_at=now, attempts=attempts)
     )
 
@@ -348,6 +358,8 @@ async def record_cluster_check(session: AsyncSession, *, event: ClusterChecked) 
         checked_at=event.occurred_at,
         peers_total=event.peers_total,
         peers_answering=event.peers_answering,
+        voters_alive=event.voters_alive,
+        voters_total=event.voters_total,
         leader=event.leader,
         healthy=event.healthy,
         summary=event.summary,
