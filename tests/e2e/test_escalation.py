@@ -41,4 +41,4 @@ async def test_an_incident_no_action_can_fix_pages_the_on_call_webhook_once(nats
     assert pages[0].body["link"] == f"https://gpumedic.example.org/incidents/{incident['id']}"
 
     _, text = await incident_text(store_url, incident["id"][:8])
-    assert "notified webhook: delivered" in text and "delivered to 127.0.0.1" in text
+    assert "notified webhook (escalated): delivered" in text and "delivered to 127.0.0.1" in text
