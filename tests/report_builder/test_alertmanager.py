@@ -8,6 +8,7 @@ answer costs a warning, not the round."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -75,15 +76,9 @@ receivers:
     raise AssertionError((tmp_path / "alertmanager.log").read_text()[-2000:])
 
 
-async def _until(condition, what: str, timeout_s: float = 15.0):
-    for _ in range(int(timeout_s / 0.1)):
-        if (found := condition()):
-            return found
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout_s:g}s")
-
-
-async def test_incidents_reach_a_webhook_through_alertmanager_and_resolve_there(tmp_path):
+@contextlib.asynccontextmanager
+async def hook_receiver():
+    """A webhook receiver on loopback: yields its port and the bodies it received."""
     notified: list[dict] = []
 
     async def hook(request: web.Request) -> web.Response:
@@ -94,8 +89,28 @@ async def test_incidents_reach_a_webhook_through_alertmanager_and_resolve_there(
     app.add_routes([web.post("/hook", hook)])
     runner = web.AppRunner(app)
     await runner.setup()
-    hook_port = _port()
-    await web.TCPSite(runner, "127.0.0.1", hook_port).start()
+    port = _port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port, notified
+    finally:
+        await runner.cleanup()
+
+
+async def _until(condition, what: str, timeout_s: float = 15.0):
+    for _ in range(int(timeout_s / 0.1)):
+        if (found := condition()):
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout_s:g}s")
+
+
+async def test_incidents_reach_a_webhook_through_alertmanager_and_resolve_there(tmp_path):
+    async with hook_receiver() as (hook_port, notified):
+        await _incidents_through_alertmanager(tmp_path, hook_port, notified)
+
+
+async def _incidents_through_alertmanager(tmp_path, hook_port: int, notified: list[dict]) -> None:
     process, am_url = await _alertmanager(tmp_path, hook_port)
     url = f"sqlite+aiosqlite:///{tmp_path}/gpumedic.db"
     upgrade(url)
@@ -162,5 +177,4 @@ async def test_incidents_reach_a_webhook_through_alertmanager_and_resolve_there(
     finally:
         process.terminate()
         process.wait(10)
-        await runner.cleanup()
         await engine.dispose()
