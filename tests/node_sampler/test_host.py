@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from node_sampler.host import HostReader, parse_loadavg, parse_meminfo
+from node_sampler.host import DOCKER_ROOT, HostReader, parse_loadavg, parse_meminfo, watched_disks
 from node_sampler.logic import RawDisk
 
 MEMINFO = """\
@@ -182,3 +182,20 @@ async def test_the_sample_names_the_busiest_processes_from_two_looks():
     clock.now += 5.0
     third = await sampler.sample()
     assert third.host.top_processes == ()
+
+
+def test_dockers_data_directory_is_watched_when_it_is_a_file_system_of_its_own():
+    """Images, container layers and logs fill /var/lib/docker; on its own disk it needs its own figure."""
+    devices = {"/": 1, DOCKER_ROOT: 2}
+    assert watched_disks(None, device_of=devices.__getitem__) == ["/", DOCKER_ROOT]
+    devices[DOCKER_ROOT] = 1  # on /: the same figure twice would be two incidents for one disk
+    assert watched_disks(None, device_of=devices.__getitem__) == ["/"]
+
+    def no_docker(path: str) -> int:
+        if path == DOCKER_ROOT:
+            raise FileNotFoundError(path)
+        return 1
+
+    assert watched_disks(None, device_of=no_docker) == ["/"]
+    assert watched_disks(["/data"], device_of=devices.__getitem__) == ["/data"]  # what the operator named, as named
+    assert watched_disks(None) in (["/"], ["/", DOCKER_ROOT])  # this machine, by its real devices

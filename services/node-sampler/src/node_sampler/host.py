@@ -15,6 +15,23 @@ from typing import Any
 
 from node_sampler.logic import HostReading, RawDisk
 
+DOCKER_ROOT = "/var/lib/docker"
+"""Docker's data directory: images, container layers and logs fill it, not always `/`."""
+
+
+def watched_disks(
+    given: Sequence[str] | None, *, docker_root: str = DOCKER_ROOT, device_of: Callable[[str], int] = lambda p: os.stat(p).st_dev
+) -> list[str]:
+    """The file systems each sample reports: those the operator named, else `/` and Docker's data
+    directory where Docker is there on a file system of its own (on `/` it is `/`'s figure)."""
+    if given is not None:
+        return list(given)
+    try:
+        own = device_of(docker_root) != device_of("/")
+    except OSError:  # no Docker here
+        own = False
+    return ["/", docker_root] if own else ["/"]
+
 MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 """The /proc/meminfo fields read, in KiB."""
 

@@ -17,7 +17,7 @@ from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
-from node_sampler.host import HostReader
+from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
 from node_sampler.metrics import GpuCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
@@ -63,7 +63,7 @@ def create_app(
         processes,
         build_probes(settings, processes) if probes is None else probes,
         settings.interval_s,
-        host=HostReader(settings.proc_root, settings.disk_paths),
+        host=HostReader(settings.proc_root, watched_disks(None if settings.disk_paths is None else [str(p) for p in settings.disk_paths])),
         holder_scan_interval_s=settings.holder_scan_interval_s,
         health_interval_s=settings.health_interval_s,
         health_refresh_s=settings.health_refresh_s,

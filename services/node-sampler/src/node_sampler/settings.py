@@ -44,9 +44,10 @@ class Settings(BaseSettings):
     watch_paths: list[Path] = Field(
         default_factory=list, description="Files or directories whose growth means the jobs produce output."
     )
-    disk_paths: list[Path] = Field(
-        default_factory=lambda: [Path("/")],
-        description="Paths whose file system use goes into every sample, e.g. /var/lib/docker and data directories.",
+    disk_paths: list[Path] | None = Field(
+        default=None,
+        description="Paths whose file system use goes into every sample, e.g. data directories. Unset: / and, where Docker "
+        "keeps its data on a file system of its own, /var/lib/docker.",
     )
     holder_scan_interval_s: float = Field(
         default=30.0,
