@@ -50,3 +50,14 @@ def test_empty_values_from_compose_mean_unset(monkeypatch):
         monkeypatch.setenv(f"GPUMEDIC_REPORTS_{name}", "")
     settings = Settings()
     assert settings.channels() == [] and settings.console_url is None
+
+
+def test_alertmanagers_are_a_comma_separated_list_and_a_bad_one_is_refused_without_quoting_it(monkeypatch):
+    monkeypatch.setenv("GPUMEDIC_REPORTS_ALERTMANAGER_URL", " http://am-1:9093/ ,https://am-2.example:9093")
+    assert Settings().alertmanagers() == ["http://am-1:9093/", "https://am-2.example:9093"]
+    monkeypatch.setenv("GPUMEDIC_REPORTS_ALERTMANAGER_URL", "http://am-1:9093,ftp://alice:s3cret@am-2")
+    with pytest.raises(ValueError, match="entry 2 of 2 is not an http") as refused:
+        Settings().alertmanagers()
+    assert "s3cret" not in str(refused.value)
+    monkeypatch.setenv("GPUMEDIC_REPORTS_ALERTMANAGER_URL", "")
+    assert Settings().alertmanagers() == []

@@ -22,7 +22,6 @@ from aiohttp import web
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 from node_sampler.metrics import GpuCollector
-from node_sampler.sampler import Sampler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -100,8 +99,8 @@ class SimFleet:
         self._sampler_tasks: set[asyncio.Task] = set()
         self._timers: set[asyncio.Task] = set()
         self._started = False
-        self.samplers: dict[str, Sampler] = {}
-        """Each node's running node-sampler (its latest sample and health: what its /metrics serves)."""
+        self.gpu_series: dict[str, GpuCollector] = {}
+        """Each sampling node's GPU series, as its node-sampler's /metrics serves them."""
         self._metrics: web.AppRunner | None = None
 
     @property
@@ -311,19 +310,15 @@ class SimFleet:
                 await publish(event)
 
         await asyncio.sleep(offset_s)
-        sampler = self.samplers[node.node_id] = node.sampler(interval_s)
+        sampler = node.sampler(interval_s)
+        self.gpu_series[node.node_id] = GpuCollector.of(sampler, node.node_id)
         await sampler.run(publish_unless_silent)
 
     async def serve_metrics(self, host: str = LOOPBACK, port: int = 0) -> str:
         """Serve every node's GPU series as its node-sampler would (dcgm-exporter's names, `Hostname`
         the node id), all on one /metrics, for a Prometheus beside the demo; its `host:port`."""
-        collectors = [
-            GpuCollector(lambda s=node_id: _latest(self.samplers, s, "last"), lambda s=node_id: _latest(self.samplers, s, "last_xid") or {},
-                         node_id, lambda s=node_id: _latest(self.samplers, s, "last_health") or {})
-            for node_id in self.nodes
-        ]
         registry = CollectorRegistry()
-        registry.register(_Merged(collectors))
+        registry.register(_Merged(self.gpu_series))
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -360,20 +355,15 @@ def _replace(path: Path, text: str) -> None:
     os.replace(part, path)
 
 
-def _latest(samplers: dict[str, Sampler], node_id: str, what: str):
-    sampler = samplers.get(node_id)
-    return getattr(sampler, what) if sampler is not None else None
-
-
 class _Merged(Collector):
     """Several nodes' collectors as one: each series once, with every node's samples."""
 
-    def __init__(self, collectors: list[Collector]) -> None:
+    def __init__(self, collectors: dict[str, Collector]) -> None:
         self.collectors = collectors
 
     def collect(self):
         merged: dict[str, Metric] = {}
-        for collector in self.collectors:
+        for collector in list(self.collectors.values()):
             for metric in collector.collect():
                 into = merged.setdefault(metric.name, Metric(metric.name, metric.documentation, metric.type))
                 into.samples.extend(metric.samples)

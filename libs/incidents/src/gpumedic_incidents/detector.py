@@ -164,8 +164,8 @@ class Detector:
 
     async def settled(self) -> None:
         """Return once everything decided so far is applied (or failed)."""
-        while self._unapplied or self._applying is not None:
-            await asyncio.sleep(0.01)
+        pending = [item.done for item in (self._applying, *self._unapplied) if item is not None]
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _commit(self, t: Transition) -> _Unapplied:
         detect = None

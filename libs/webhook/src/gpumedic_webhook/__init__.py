@@ -41,7 +41,7 @@ def host_of(url: str) -> str:
     return urlsplit(url).hostname or "?"
 
 
-async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any], *, token: str | None = None) -> None:
+async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any] | list[Any], *, token: str | None = None) -> None:
     """One POST; raises DeliveryError (naming the host, never the URL) unless the receiver took it."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     host = host_of(url)

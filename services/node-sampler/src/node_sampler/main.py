@@ -85,9 +85,7 @@ def create_app(
     # dcgm-exporter's per-GPU series from the latest sample, for the GPU dashboards people already
     # have. Their `Hostname` is the node id: the machine's own name is a container's id under
     # compose and a pod's under RunPod, and the console looks a node's GPU history up by its id.
-    runtime.metrics.registry.register(
-        GpuCollector(lambda: sampler.last, lambda: sampler.last_xid, settings.node_id, lambda: sampler.last_health)
-    )
+    runtime.metrics.registry.register(GpuCollector.of(sampler, settings.node_id))
     runtime.background(sample_loop)
     app = runtime.app()
     app.after_shutdown(release_nvml)

@@ -111,6 +111,11 @@ class GpuCollector(Collector):
     ) -> None:
         self._latest, self._last_xid, self._hostname, self._last_health = latest, last_xid, hostname, last_health
 
+    @classmethod
+    def of(cls, sampler, hostname: str) -> GpuCollector:
+        """A running `Sampler`'s series: its latest sample, XIDs and health at each scrape."""
+        return cls(lambda: sampler.last, lambda: sampler.last_xid, hostname, lambda: sampler.last_health)
+
     def collect(self) -> Iterable[Metric]:
         sample = self._latest()
         gpus = [g for g in sample.gpus if not g.lost] if sample is not None else []

@@ -28,6 +28,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_store.models import Incident
+from gpumedic_webhook import DeliveryError, host_of, post
 
 log = logging.getLogger(__name__)
 
@@ -111,22 +112,18 @@ class AlertmanagerPush:
         if not alerts:
             return 0
         took = 0
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
             for url in self.urls:
-                where = f"{url}/api/v2/alerts"
                 try:
-                    response = await client.post(where, json=alerts)
-                    if response.status_code != 200:
-                        raise httpx.HTTPStatusError(f"HTTP {response.status_code}: {response.text[:200]}", request=response.request,
-                                                    response=response)
-                except httpx.HTTPError as exc:
+                    await post(client, f"{url}/api/v2/alerts", alerts)
+                except DeliveryError as exc:  # names the host only: a URL may carry a password
                     if url not in self._failing:
-                        log.warning("alertmanager: %s did not take %d alert(s) (%s: %s); trying again every %gs",
-                                    where, len(alerts), type(exc).__name__, exc, self.every_s)
+                        log.warning("alertmanager: %s did not take %d alert(s) (%s); trying again every %gs",
+                                    host_of(url), len(alerts), exc, self.every_s)
                     self._failing.add(url)
                     continue
                 if url in self._failing:
-                    log.info("alertmanager: %s takes alerts again", where)
+                    log.info("alertmanager: %s takes alerts again", host_of(url))
                     self._failing.discard(url)
                 took += 1
         return took

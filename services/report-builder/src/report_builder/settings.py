@@ -115,7 +115,8 @@ class Settings(BaseSettings):
         urls = [u.strip() for u in (self.alertmanager_url or "").split(",") if u.strip()]
         for url in urls:
             if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-                raise ValueError(f"GPUMEDIC_REPORTS_ALERTMANAGER_URL holds {url[:100]!r}, which is not an http(s):// URL")
+                raise ValueError(f"GPUMEDIC_REPORTS_ALERTMANAGER_URL: entry {urls.index(url) + 1} of {len(urls)} is not an "
+                                 "http(s):// URL with a host (not repeated here: a URL may carry a password)")
         return urls
 
     def console_token(self) -> str | None:

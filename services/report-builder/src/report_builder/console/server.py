@@ -58,9 +58,9 @@ PAGE_SIZE = 50
 HEARTBEAT_FRESH = timedelta(seconds=30)
 """A heartbeat older than this says nothing about a service now (it beats every 5 s)."""
 LIVE_EVERY_S = 2.0
+"""At most one change notice per client this often (samples change something every second)."""
 BREAKER_READ_EVERY_S = 3.0
 """How stale the banner saying that no action runs may be."""
-"""At most one change notice per client this often (samples change something every second)."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
