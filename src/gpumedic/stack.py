@@ -420,7 +420,11 @@ class Stack:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.say(f"  {service} did not stop in {timeout_s:.0f}s; killing it")
+                proc.send_signal(signal.SIGUSR1)  # where its tasks wait, to its log, before it is killed
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1.0)
+                self.say(f"  {service} did not stop in {timeout_s:.0f}s; killing it; the end of its log:\n"
+                         + _tail(self.logs / f"{service}.log", STUCK_TAIL_LINES))
                 proc.kill()
                 proc.wait()
         self.processes.clear()
@@ -455,6 +459,10 @@ def remediator_files(var_dir: Path, say: Callable[[str], None] = print) -> dict[
                 say(f"  made the remediator's SSH key; authorize {path}.pub on your nodes")
         env[f"GPUMEDIC_REMEDIATOR_{name}"] = str(path.resolve())
     return env
+
+
+STUCK_TAIL_LINES = 80
+"""Lines of a service's log said when it would not stop: the stacks of the tasks it waited in."""
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -3,6 +3,7 @@ traceback; the log format and level from GPUMEDIC_LOG_*; JSON lines carry the tr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -138,3 +139,20 @@ async def test_a_reachable_server_is_waited_for_and_a_dead_one_gives_up_after_th
     await wait_for_nats(NatsSettings(url=nats_url), "test")
     with pytest.raises(CannotStart, match="no NATS server answers at nats://127.0.0.1:.* after 0s"):
         await wait_for_nats(NatsSettings(url=f"nats://127.0.0.1:{_closed_port()}", start_wait_s=0), "test")
+
+
+async def test_sigusr1_logs_where_each_task_waits(caplog):
+    """A service that will not stop is asked for this before it is killed: its log names the
+    coroutine each task waits in."""
+    from gpumedic_bus.service import log_task_stacks
+
+    async def waits_for_the_store_forever(never: asyncio.Event) -> None:
+        await never.wait()
+
+    stuck = asyncio.create_task(waits_for_the_store_forever(asyncio.Event()), name="stuck-handler")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="gpumedic_bus.service"):
+        log_task_stacks()
+    stuck.cancel()
+    (line,) = [r.getMessage() for r in caplog.records if "stuck-handler" in r.getMessage()]
+    assert "waits_for_the_store_forever" in line and "never.wait()" in line

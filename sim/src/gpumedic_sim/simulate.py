@@ -358,6 +358,7 @@ async def run_simulation(
             stack.check_alive()
 
         await _wait_for_pages(observer, pager)
+        await _wait_for_costs(observer)
         on_pool = {POOL_NODE, *pool.provider.rented()} if pool is not None else set()
         result = score(fleet.injected, [i for i in observer.incidents.values() if i.node_id not in on_pool])
         paged = pager.incidents() & observer.incidents.keys()
@@ -402,6 +403,14 @@ async def _wait_for_pages(observer: Observer, pager: Pager, timeout_s: float = N
     """Escalations near the end of the run are paged after the notify wait: give them that long."""
     deadline = time.monotonic() + timeout_s
     while observer.to_page() - pager.incidents() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+
+
+async def _wait_for_costs(observer: Observer, timeout_s: float = 20.0) -> None:
+    """report-builder prices each incident as it closes: those closed near the end get that long.
+    A cost still missing after it is one the score reports as missing."""
+    deadline = time.monotonic() + timeout_s
+    while set(observer.resolved_at) - set(observer.costs) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
 
 

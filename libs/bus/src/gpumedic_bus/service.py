@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import io
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +54,7 @@ def run_service(service: str, settings_class: type[S], build: Callable[[S], Fast
         sys.exit(f"{name}: {exc}")
 
     async def _main() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_task_stacks)
         await wait_for_nats(settings.nats, service)
         await app.run()  # FastStream turns SIGINT and SIGTERM into a graceful stop
 
@@ -61,6 +64,15 @@ def run_service(service: str, settings_class: type[S], build: Callable[[S], Fast
         sys.exit(f"{name}: {exc}")
     except KeyboardInterrupt:
         pass
+
+
+def log_task_stacks() -> None:
+    """SIGUSR1: log where every task of the service waits (a stop that hangs is killed after this,
+    so its log says what it was waiting for)."""
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=12, file=out)
+        log.warning("task %s: %s", task.get_name(), out.getvalue().strip())
 
 
 async def wait_for_nats(settings: NatsSettings, service: str) -> None:
