@@ -14,9 +14,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened, SilenceAdded, SilenceRemoved, SpanRecord
+from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentEscalated, IncidentOpened, SilenceAdded, SilenceRemoved, SpanRecord
 from gpumedic_events.base import json_examples
-from gpumedic_store import ActionRecord, IncidentMark, breaker, create_engine, session_factory, upgrade
+from sqlalchemy import select
+
+from gpumedic_store import ActionRecord, Incident, IncidentMark, breaker, create_engine, session_factory, upgrade
 from report_builder import repository
 from report_builder.console import Console, ConsoleConfig
 from report_builder.console.auth import LOGIN_COOKIE
@@ -482,3 +484,30 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
             assert "window must be one of" in (await client.get("/nodes/gpu-node-09?window=5y")).text
     finally:
         await console.stop()
+
+
+async def test_an_escalated_incident_reads_the_same_on_every_surface(store, console, browser, tmp_path):
+    """Its severity and state as the detector and the escalation set them: on its page, its node's
+    tile, in `gpumedic report` and at Alertmanager; never promoted to critical, never 'closed'."""
+    from gpumedic.report import Sources, build_report
+    from report_builder.alertmanager import alert_of
+
+    now = datetime.now(UTC)
+    opened = _event(IncidentOpened, node_id="gpu-node-05", kind="node_silent", severity="warning", occurred_at=(now - timedelta(minutes=3)).isoformat())
+    escalated = _event(IncidentEscalated, incident_id=str(opened.incident_id), node_id="gpu-node-05", kind="node_silent",
+                       occurred_at=now.isoformat(), reason="no sample for 3 min; a person must look")
+    async with store() as session:
+        for event in (opened, escalated):
+            await repository.record_event(session, event=event, subject=event.subject, trace_id=None)
+        await session.commit()
+    fleet = (await browser.client.get("/")).text
+    assert 'class="tile escalated"' in fleet and "node_silent (warning, escalated)" in fleet and "critical" not in fleet
+    page = (await browser.client.get(f"/incidents/{opened.incident_id}")).text
+    assert '<span class="pill escalated">escalated</span> <span class="pill warning">warning</span>' in page
+    assert "<dt>escalated</dt>" in page and "<dt>closed</dt>" not in page
+    report = await build_report(Sources(store_url=f"sqlite+aiosqlite:///{tmp_path}/gpumedic.db"))
+    (problem,) = report.problems
+    assert (problem["severity"], problem["status"]) == ("warning", "escalated")
+    async with store() as session:
+        (row,) = (await session.scalars(select(Incident))).all()
+    assert alert_of(row, now, console_url=None, every_s=30)["labels"]["severity"] == "warning"

@@ -35,13 +35,13 @@ def test_each_node_shows_its_worst_state_and_the_worst_nodes_come_first():
     }
     tiles = views.fleet(samples, unresolved, {"d-drained"}, NOW, silent_after_s=60)
     assert [(t.node_id, t.health) for t in tiles] == [
-        ("c-crit", "critical"), ("g-gone", "critical"), ("b-warn", "warning"), ("d-drained", "drained"),
+        ("g-gone", "escalated"), ("c-crit", "critical"), ("b-warn", "warning"), ("d-drained", "drained"),
         ("f-silent", "silent"), ("e-info", "info"), ("a-ok", "ok"),
     ]
-    crit = tiles[0]
-    assert crit.why == "gpu_lost (open)" and {k for _, k, _ in crit.incidents} == {"zombie_job", "gpu_lost"}
+    crit = tiles[1]
+    assert crit.why == "gpu_lost (critical, open)" and {k for _, k, _ in crit.incidents} == {"zombie_job", "gpu_lost"}
     assert tiles[4].why == "last sample 300s ago"
-    assert tiles[1].gpus == () and tiles[1].why == "node_silent (escalated)"
+    assert tiles[0].gpus == () and tiles[0].why == "node_silent (warning, escalated)"
     gpu = tiles[-1].gpus[0]
     assert (gpu.utilization_pct, gpu.memory_pct, gpu.temperature_c) == (90, 50, 61)
 

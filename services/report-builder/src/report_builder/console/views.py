@@ -20,8 +20,9 @@ from gpumedic_events.redact import redact
 from gpumedic_store.history import History
 from gpumedic_store.views import IncidentFilter
 
-HEALTH_ORDER = ("critical", "warning", "drained", "silent", "info", "ok")
-"""Worst first: a tile shows the first that applies."""
+HEALTH_ORDER = ("escalated", "critical", "warning", "drained", "silent", "info", "ok")
+"""Worst first: a tile shows the first that applies (escalated: gpumedic handed one of its
+incidents to a person, whatever its severity)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +106,13 @@ def fleet(
 
 
 def _health(reading: NodeReading | None, incidents: list, drained: bool, now: datetime, silent_after_s: float) -> tuple[str, str]:
-    if any(i.status == "escalated" or i.severity == "critical" for i in incidents):
-        worst = next(i for i in incidents if i.status == "escalated" or i.severity == "critical")
-        return "critical", f"{worst.kind} ({worst.status})"
-    if any(i.severity == "warning" for i in incidents):
-        return "warning", ", ".join(sorted({i.kind for i in incidents if i.severity == "warning"}))
+    # A node's incidents keep their own severity and state here, as on their pages, in `report` and
+    # at Alertmanager: an escalated warning is "escalated", never promoted to "critical".
+    for health, picked in (("escalated", [i for i in incidents if i.status == "escalated"]),
+                           ("critical", [i for i in incidents if i.severity == "critical"]),
+                           ("warning", [i for i in incidents if i.severity == "warning"])):
+        if picked:
+            return health, ", ".join(f"{i.kind} ({i.severity}, {i.status})" for i in picked)
     if drained:
         return "drained", "held out of service by the remediator"
     if reading is None:
