@@ -281,6 +281,8 @@ def cmd_silence(args) -> int:
     """Silences go over the bus (as the `operator` user); the list is read from the store."""
     from datetime import UTC, datetime
 
+    from pydantic import ValidationError
+
     from gpumedic import operator_bus, silences
     from gpumedic.times import parse_start, parse_time
 
@@ -296,19 +298,27 @@ def cmd_silence(args) -> int:
             if duration_s <= 0:
                 raise operator_bus.OperatorError("--for must be longer than 0s")
             starts_at = parse_start(args.starts, datetime.now(UTC))
-            if args.node and not args.unseen:
-                try:
-                    store = _store_url(args)
-                except NoStore:
-                    store = None  # no store to read here (compose without GPUMEDIC_STORE_URL): not checked
-                if store is not None:
-                    asyncio.run(silences.check_node(store, args.node))
-            event = asyncio.run(
-                silences.add(
-                    settings, reason=args.reason, by=args.by, duration_s=duration_s,
-                    node_id=args.node, kind=args.kind, gpu_index=args.gpu, starts_at=starts_at,
-                )
-            )
+            try:
+                event = silences.build(reason=args.reason, by=args.by, duration_s=duration_s, node_id=args.node, kind=args.kind,
+                                       gpu_index=args.gpu, matchers=args.match, starts_at=starts_at)
+            except ValidationError as exc:  # one line: the field and what is wrong with it
+                error = exc.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                hint = "; several nodes: --match 'node=~REGEX'" if where == "node_id" else ""
+                raise operator_bus.OperatorError(f"{where}: {error['msg']}{hint}") from None
+            try:
+                store = _store_url(args)
+            except NoStore:
+                if args.preview:
+                    raise
+                store = None  # no store to read here (compose without GPUMEDIC_STORE_URL): not checked
+            if store is not None and (args.preview or not args.unseen):
+                seen = asyncio.run(silences.preview(store, event))
+                if args.preview:
+                    print(silences.preview_text(event, seen))
+                    return 0
+                silences.check(event, seen)
+            event = asyncio.run(silences.add(settings, event))
             print(f"added {silences.describe(event)}")
         else:
             if not args.silence_id:
@@ -808,16 +818,21 @@ command(
     click.option("--node", help="only this node"),
     click.option("--kind", type=click.Choice([k.value for k in IncidentKind]), metavar="KIND", help="only this incident kind"),
     click.option("--gpu", type=int, help="only this GPU index"),
+    click.option("--match", multiple=True, metavar="MATCHER",
+                 help="a condition as Alertmanager writes it: node=~'gpu-0[34]', kind!=gpu_xid, gpu=~'.+' (repeatable; all must hold)"),
+    click.option("--preview", is_flag=True, help="with `add`: show the nodes and the unresolved incidents it matches now, and add nothing"),
     click.option("--for", "duration", default="1h", show_default=True, help="how long, e.g. 30m, 4h"),
     click.option("--starts", default="now", show_default=True,
                  help="when it starts: now, a delay (30m, 2h) or a time with its zone (2026-12-01T02:00Z)"),
     click.option("--reason", help="why (required for add)"),
     _by(what="who"),
     click.option("--all", is_flag=True, help="with `list`: also silences that ended or were lifted"),
-    click.option("--unseen", is_flag=True, help="with `add --node`: a node the store has not heard of yet (else refused)"),
+    click.option("--unseen", is_flag=True, help="with `add`: nodes the store has not heard of yet (else refused)"),
     _var(), _store(), _json(),
     description="A silenced incident is still recorded, with its silence, but no action is requested for it. A silence "
-    "matches every incident on its node (any node if none is given), of its kind and on its GPU.",
+    "matches every incident on its node (any node if none is given), of its kind and on its GPU, for which every --match "
+    "holds (`=` and `!=` compare, `=~` and `!~` match a regular expression against the whole label). One that names nodes "
+    "the store does not know is refused, with the nodes it knows.",
 )
 command("migrate", cmd_migrate, "create or upgrade the store's tables (SQLite or PostgreSQL)", _var(), _store())
 command(

@@ -2,25 +2,30 @@
 
 A silence is published as SilenceAdded by the `operator` NATS user (only it, and only these
 subjects); every detector replays silences when it starts and follows new ones, and report-builder
-keeps them in the store, which `list` reads. The bus is the embedded stack's under `--var` when
+keeps them in the store, which `list` reads. Before a silence is published it is checked against
+the store: one that names nodes none of which the store knows is refused, and `--preview` shows the
+nodes and the incidents it matches now without adding it. The bus is the embedded stack's under `--var` when
 one runs there, else the one GPUMEDIC_NATS_* names (compose: the operator's password is in .env).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
 
 from gpumedic.operator_bus import SOURCE, OperatorError, publish
 from gpumedic.output import table, to_json
 from gpumedic_bus import NatsSettings
-from gpumedic_events import IncidentKind, SilenceAdded, SilenceRemoved
+from gpumedic_events import IncidentKind, Matcher, SilenceAdded, SilenceRemoved
 from gpumedic_store import views
+from gpumedic_store.models import Incident
 
 
-async def add(
-    settings: NatsSettings,
+def build(
     *,
     reason: str,
     by: str,
@@ -28,21 +33,27 @@ async def add(
     node_id: str | None = None,
     kind: str | None = None,
     gpu_index: int | None = None,
+    matchers: Sequence[str] = (),
     starts_at: datetime | None = None,
 ) -> SilenceAdded:
-    """A silence from `starts_at` (now if None) for `duration_s`."""
+    """A silence from `starts_at` (now if None) for `duration_s`; a matcher that does not parse
+    raises ValueError saying which and why."""
     starts_at = starts_at or datetime.now(UTC)
-    event = SilenceAdded(
+    return SilenceAdded(
         source=SOURCE,
         silence_id=uuid.uuid4(),
         node_id=node_id,
         kind=IncidentKind(kind) if kind else None,
         gpu_index=gpu_index,
+        matchers=tuple(Matcher.parse(m) for m in matchers),
         starts_at=starts_at,
         ends_at=starts_at + timedelta(seconds=duration_s),
         reason=reason,
         created_by=by,
     )
+
+
+async def add(settings: NatsSettings, event: SilenceAdded) -> SilenceAdded:
     await publish(settings, event)
     return event
 
@@ -67,16 +78,53 @@ async def whole_id(store_url: Callable[[], str], id_or_prefix: str) -> str:
     return found.id
 
 
-async def check_node(store_url: str, node_id: str) -> None:
-    """Refuse a silence on a node the store has never heard of (a typo silences nothing), naming
-    the nodes it knows. A store that knows no node yet (a fleet's first minute) checks nothing."""
+@dataclass(frozen=True)
+class Preview:
+    """What a silence matches in the store now: the nodes it names and the incidents not yet
+    resolved that it would silence (from its start)."""
+
+    nodes: list[str]
+    incidents: list
+    known: set[str]
+
+
+def _names_nodes(event: SilenceAdded) -> bool:
+    return event.node_id is not None or any(m.label == "node" and m.op in ("=", "=~") for m in event.matchers)
+
+
+def _node_matches(event: SilenceAdded, node_id: str) -> bool:
+    """Its conditions on the node alone (a kind or GPU condition may still leave the node's other incidents out)."""
+    return event.node_id in (None, node_id) and all(m.matches({"node": node_id}) for m in event.matchers if m.label == "node")
+
+
+async def preview(store_url: str, event: SilenceAdded) -> Preview:
     async with views.store_session(store_url) as session:
         known = await views.known_nodes(session)
-    if known and node_id not in known:
-        shown = sorted(known)
+        unresolved = (await session.scalars(select(Incident).where(Incident.status != "resolved"))).all()
+    return Preview(
+        nodes=sorted(n for n in known if _node_matches(event, n)),
+        incidents=sorted((i for i in unresolved if event.covers(i.kind, i.node_id, i.gpu_index)), key=lambda i: i.opened_at),
+        known=known,
+    )
+
+
+def check(event: SilenceAdded, seen: Preview) -> None:
+    """Refuse a silence that names nodes of which the store knows none (a typo silences nothing),
+    naming the nodes it knows. A store that knows no node yet (a fleet's first minute) checks nothing."""
+    if seen.known and _names_nodes(event) and not seen.nodes:
+        shown = sorted(seen.known)
         listed = ", ".join(shown[:10]) + (f" ... ({len(shown)} in all)" if len(shown) > 10 else "")
-        raise OperatorError(f"no node {node_id!r} is known (sampled within the history kept, or in an incident): the store "
-                            f"knows {listed}; --unseen silences a node none has heard of yet")
+        raise OperatorError(f"{event.scope()} matches no node the store knows (sampled within the history kept, or in an "
+                            f"incident): it knows {listed}; --unseen silences nodes none has heard of yet")
+
+
+def preview_text(event: SilenceAdded, seen: Preview) -> str:
+    nodes = ", ".join(seen.nodes[:20]) + (f" ... ({len(seen.nodes)} in all)" if len(seen.nodes) > 20 else "")
+    lines = [f"{event.scope()} matches {len(seen.nodes)} known node(s){': ' + nodes if nodes else ''}",
+             f"and {len(seen.incidents)} incident(s) not resolved now" + (":" if seen.incidents else "")]
+    lines += [f"  {i.id[:8]} {i.kind} on {i.node_id}{'' if i.gpu_index is None else f' GPU {i.gpu_index}'} ({i.severity}, {i.status})"
+              for i in seen.incidents[:50]]
+    return "\n".join(lines)
 
 
 async def list_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:
@@ -87,20 +135,13 @@ async def list_text(store_url: str, *, include_past: bool = False, as_json: bool
     if not rows:
         return "no silence in force" if not include_past else "no silence recorded"
     return table(
-        ["SILENCE", "NODE", "KIND", "GPU", "FROM", "UNTIL", "BY", "REASON"],
-        [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index,
+        ["SILENCE", "NODE", "KIND", "GPU", "MATCHERS", "FROM", "UNTIL", "BY", "REASON"],
+        [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index, " ".join(s.matchers or ()) or "-",
           s.starts_at.strftime("%Y-%m-%d %H:%M:%SZ"), s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ"),
           s.created_by, s.reason + (f" (lifted by {s.removed_by})" if s.removed_at else "")] for s in rows],
     )
 
 
 def describe(event: SilenceAdded) -> str:
-    scope = ", ".join(
-        part for part in (
-            f"node {event.node_id}" if event.node_id else "",
-            f"kind {event.kind.value}" if event.kind else "",
-            f"GPU {event.gpu_index}" if event.gpu_index is not None else "",
-        ) if part
-    ) or "everything"
     starts = f" from {event.starts_at:%Y-%m-%d %H:%M:%S}Z" if event.starts_at > datetime.now(UTC) else ""
-    return f"silence {event.silence_id} on {scope}{starts} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z: {event.reason}"
+    return f"silence {event.silence_id} on {event.scope()}{starts} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z: {event.reason}"

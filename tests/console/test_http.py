@@ -256,7 +256,8 @@ async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded
     for form, message in (({"minutes": "0", "reason": "x"}, "minutes must be above 0"),
                           ({"minutes": "soon", "reason": "x"}, "the silence was not set"),
                           ({"minutes": "30", "reason": "x", "kind": "not_a_kind"}, "kind"),
-                          ({"minutes": "30", "reason": "x", "node": "bad node; rm -rf /"}, "node_id")):
+                          ({"minutes": "30", "reason": "x", "node": "bad node; rm -rf /"}, "node_id"),
+                          ({"minutes": "30", "reason": "x", "matchers": "node=~gpu-0[7"}, "is not a regular expression")):
         bad = await browser.client.post("/silences", data={"csrf": csrf, **form})
         assert bad.status_code == 400 and message in bad.text, form
     assert console.published == []
@@ -268,6 +269,14 @@ async def test_a_logged_in_operator_resets_the_breaker_marks_and_silences(seeded
     assert timedelta(minutes=89) < added.ends_at - added.starts_at <= timedelta(minutes=90)
     lifted = await browser.client.post(f"/silences/{added.silence_id}/remove", data={"csrf": csrf})
     assert lifted.status_code == 303 and isinstance(console.published[-1], SilenceRemoved)
+    racks = await browser.client.post("/silences", data={"csrf": csrf, "matchers": "node=~gpu-node-0[78] kind!=gpu_xid", "minutes": "30",
+                                                         "reason": "rack 2 rewiring"})
+    assert racks.status_code == 303
+    assert [str(m) for m in console.published[-1].matchers] == ["node=~gpu-node-0[78]", "kind!=gpu_xid"]
+    async with store_open(console) as session:
+        await repository.record_silence(session, event=console.published[-1])
+        await session.commit()
+    assert "<code>node=~gpu-node-0[78]</code> <code>kind!=gpu_xid</code>" in (await browser.client.get("/ledger")).text
 
     out = await browser.client.post("/logout", data={"csrf": csrf})
     assert out.status_code == 303

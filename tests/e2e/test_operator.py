@@ -67,7 +67,19 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
 
     # A silence on a node nobody has heard of would silence nothing: refused, naming the nodes known.
     code, _, err = await _cli(capsys, "silence", "add", "--node", "sim-node-2", "--reason", "typo", "--store", store_url)
-    assert code == 2 and "no node 'sim-node-2' is known" in err and "sim-node-02" in err and "--unseen" in err
+    assert code == 2 and "node sim-node-2 matches no node the store knows" in err and "sim-node-02" in err and "--unseen" in err
+    code, _, err = await _cli(capsys, "silence", "add", "--match", "node=~gpu-.*", "--reason", "typo", "--store", store_url)
+    assert code == 2 and "node=~gpu-.* matches no node" in err
+    code, _, err = await _cli(capsys, "silence", "add", "--match", "node=~sim-node-0[23", "--reason", "x", "--store", store_url)
+    assert code == 2 and "is not a regular expression" in err and len(err.strip().splitlines()) == 1
+    # Several nodes by Alertmanager's matchers, previewed before anything is added.
+    code, out, _ = await _cli(capsys, "silence", "add", "--match", "node=~sim-node-0[23]", "--match", "kind!=gpu_xid", "--preview",
+                              "--reason", "rack 2 rewiring", "--store", store_url)
+    assert code == 0 and "node=~sim-node-0[23], kind!=gpu_xid matches 1 known node(s): sim-node-02" in out  # known: sampled a whole minute, or in an incident
+    assert f"{incident.id[:8]} zombie_job on sim-node-02 GPU 0" in out and "added" not in out
+    code, out, _ = await _cli(capsys, "silence", "add", "--match", "node=~sim-node-0[23]", "--match", "kind=gpu_xid", "--preview",
+                              "--reason", "rack 2 rewiring", "--store", store_url)
+    assert code == 0 and "and 0 incident(s) not resolved now" in out
     code, _, err = await _cli(capsys, "silence", "remove", "0000dead", "--by", "alice", "--store", store_url)
     assert code == 2 and "no silence's id starts with '0000dead'" in err
 
@@ -119,6 +131,8 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
         (["silence", "add", "--reason", "x", "--for", "soon"], "'soon' is not a time"),
         (["silence", "add", "--reason", "x", "--for", "0s"], "longer than 0s"),
         (["silence", "add", "--reason", "x", "--node", "bad node; rm -rf /"], "node_id"),
+        (["silence", "add", "--reason", "x", "--node", "sim-node-0[34]"], "several nodes: --match 'node=~REGEX'"),
+        (["silence", "add", "--reason", "x", "--match", "host=sim-node-01"], "no label 'host'; a silence matches node, kind, gpu"),
         (["silence", "remove"], "name the silence to lift"),
         (["silence", "remove", "not-a-uuid", "--var", "/nonexistent"], "no stack has run under /nonexistent/"),
     ],

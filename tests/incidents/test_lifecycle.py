@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
@@ -15,6 +17,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     KillGpuProcesses,
+    Matcher,
     ProcessTarget,
     SilenceAdded,
     SilenceRemoved,
@@ -272,6 +275,28 @@ def test_silences_match_by_node_kind_gpu_and_end_when_removed():
     b.on_silence(SilenceRemoved(source="gpumedic-cli", silence_id=gpu.silence_id, removed_by="alice"))
     assert b.silence_for(ZOMBIE, "n1", 3, at(0)) is None
     assert b.silence_for(IncidentKind.DISK_PRESSURE, "n9", None, at(200)) is None  # expired
+
+
+def test_silences_match_as_alertmanager_matchers_do_every_one_holding():
+    """`=~` and `!~` match the whole label (`n1` is not `n10`), a label an incident lacks is empty
+    (`gpu=~.+`: only GPU incidents), and every matcher must hold."""
+    b = book()
+    b.on_silence(racks := _silence(matchers=(Matcher.parse("node=~n[12]"), Matcher.parse("kind!=gpu_xid"))))
+    b.on_silence(gpus := _silence(matchers=(Matcher.parse('node="n7"'), Matcher.parse("gpu=~.+"))))
+    b.on_silence(not_n9 := _silence(matchers=(Matcher.parse("node!~n[0-9]+"),)))
+    assert b.silence_for(ZOMBIE, "n1", 0, at(0)) == racks and b.silence_for(ZOMBIE, "n2", None, at(0)) == racks
+    assert b.silence_for(ZOMBIE, "n10", 0, at(0)) is None
+    assert b.silence_for(IncidentKind.GPU_XID, "n1", 0, at(0)) is None
+    assert b.silence_for(ZOMBIE, "n7", 2, at(0)) == gpus and b.silence_for(IncidentKind.DISK_PRESSURE, "n7", None, at(0)) is None
+    assert b.silence_for(ZOMBIE, "gpu-host", 0, at(0)) == not_n9
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("node=~gpu-0[34", "is not a regular expression"), ("host=gpu-01", "no label 'host'"), ("node", "is no matcher"),
+])
+def test_a_matcher_that_does_not_parse_says_what_is_wrong(text, says):
+    with pytest.raises(ValueError, match=says):
+        Matcher.parse(text)
 
 
 def test_nothing_changes_until_commit():

@@ -2,21 +2,84 @@
 when), and their verdicts on incidents (a false positive).
 
 A silence matches incidents by node, kind and GPU (an absent field matches anything; none at
-all silences everything). A silenced finding is still recorded, as silenced, and requests no
-action. Silences are facts on the bus, so every detector (and the store) learns them the same way.
+all silences everything), and by matchers as Alertmanager writes them (`node=~gpu-0[34]`,
+`kind!=gpu_xid`, `gpu=~.+`): every one must hold. A silenced finding is still recorded, as
+silenced, and requests no action. Silences are facts on the bus, so every detector (and the store)
+learns them the same way.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Mapping
 from typing import ClassVar, Literal
 
-from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpumedic_events.base import Event, NodeId
 from gpumedic_events.incident import IncidentKind
 
 _SILENCE_ID = "8e9f0a1b-2c3d-4e5f-8a6b-7c8d9e0f1a2b"
+
+
+LABELS = ("node", "kind", "gpu")
+MATCHER = re.compile(r"^\s*(?P<label>[a-z_]+)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*$")
+
+
+class Matcher(BaseModel):
+    """One condition on an incident's labels, as Alertmanager's silences write them: `=` and `!=`
+    compare, `=~` and `!~` match a regular expression against the whole value. An incident's
+    labels are `node`, `kind` and `gpu` (its index; empty when the incident is not a GPU's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: Literal[LABELS]
+    op: Literal["=", "!=", "=~", "!~"]
+    value: str = Field(max_length=200)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> Matcher:
+        if self.op in ("=~", "!~"):
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise ValueError(f"{self.value!r} is not a regular expression: {exc}") from None
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> Matcher:
+        """`label op value`, the value optionally in double quotes (`node=~"gpu-0[34]"`)."""
+        found = MATCHER.match(text)
+        if found is None:
+            raise ValueError(f"{text!r} is no matcher: write LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX "
+                             "(labels: node, kind, gpu)")
+        value = found["value"]
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        if found["label"] not in LABELS:
+            raise ValueError(f"{text!r}: no label {found['label']!r}; a silence matches {', '.join(LABELS)}")
+        try:
+            return cls(label=found["label"], op=found["op"], value=value)
+        except ValidationError as exc:  # one line, not pydantic's three
+            raise ValueError(f"{text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        got = labels.get(self.label, "")
+        if self.op == "=":
+            return got == self.value
+        if self.op == "!=":
+            return got != self.value
+        hit = re.fullmatch(self.value, got) is not None
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f"{self.label}{self.op}{self.value}"
+
+
+def incident_labels(kind: str, node_id: str, gpu_index: int | None) -> dict[str, str]:
+    """What a silence's matchers see of an incident (Alertmanager's labels of the same names)."""
+    return {"node": node_id, "kind": str(kind), "gpu": "" if gpu_index is None else str(gpu_index)}
 
 
 class SilenceAdded(Event):
@@ -39,7 +102,19 @@ class SilenceAdded(Event):
                     "ends_at": "2026-11-22T13:00:00Z",
                     "reason": "driver upgrade",
                     "created_by": "alice",
-                }
+                },
+                {
+                    "event_id": "4d5e6f7a-8b9c-4d0e-9f1a-3b4c5d6e7f80",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T09:00:00Z",
+                    "source": "gpumedic-cli",
+                    "silence_id": "9f0a1b2c-3d4e-4f5a-9b6c-8d9e0f1a2b3c",
+                    "matchers": [{"label": "node", "op": "=~", "value": "gpu-node-0[34]"}, {"label": "kind", "op": "!=", "value": "gpu_xid"}],
+                    "starts_at": "2026-11-22T09:00:00Z",
+                    "ends_at": "2026-11-22T13:00:00Z",
+                    "reason": "known NCCL hang on the rack being rewired",
+                    "created_by": "alice",
+                },
             ]
         }
     )
@@ -48,6 +123,9 @@ class SilenceAdded(Event):
     node_id: NodeId | None = Field(default=None, description="Only this node; None: every node.")
     kind: IncidentKind | None = Field(default=None, description="Only this kind; None: every kind.")
     gpu_index: int | None = Field(default=None, ge=0, le=63, description="Only this GPU; None: every GPU.")
+    matchers: tuple[Matcher, ...] = Field(
+        default=(), max_length=16, description="Conditions on the incident's labels (node, kind, gpu), all of which must hold.",
+    )
     starts_at: AwareDatetime
     ends_at: AwareDatetime
     reason: str = Field(min_length=1, max_length=500, description="Why, for whoever reads the timeline.")
@@ -58,6 +136,21 @@ class SilenceAdded(Event):
         if self.ends_at <= self.starts_at:
             raise ValueError("ends_at must be after starts_at")
         return self
+
+    def covers(self, kind: str, node_id: str, gpu_index: int | None) -> bool:
+        """Whether this silence matches an incident (in force or not: `starts_at` and `ends_at` say when)."""
+        if self.node_id not in (None, node_id) or self.kind not in (None, kind):
+            return False
+        if self.gpu_index is not None and self.gpu_index != gpu_index:
+            return False
+        labels = incident_labels(kind, node_id, gpu_index)
+        return all(m.matches(labels) for m in self.matchers)
+
+    def scope(self) -> str:
+        """What it matches, in one line."""
+        parts = [f"node {self.node_id}" if self.node_id else "", f"kind {self.kind.value}" if self.kind else "",
+                 f"GPU {self.gpu_index}" if self.gpu_index is not None else "", *map(str, self.matchers)]
+        return ", ".join(p for p in parts if p) or "everything"
 
 
 class SilenceRemoved(Event):

@@ -143,13 +143,8 @@ class IncidentBook:
 
     def silence_for(self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime) -> SilenceAdded | None:
         for silence in self.silences.values():
-            if not silence.starts_at <= now < silence.ends_at:
-                continue
-            if silence.node_id not in (None, node_id) or silence.kind not in (None, kind):
-                continue
-            if silence.gpu_index is not None and silence.gpu_index != gpu_index:
-                continue
-            return silence
+            if silence.starts_at <= now < silence.ends_at and silence.covers(kind, node_id, gpu_index):
+                return silence
         return None
 
     # --- state ------------------------------------------------------------------------------

@@ -209,6 +209,9 @@ class Silence(Base):
     node_id: Mapped[str | None] = mapped_column(String(63), comment="Only this node; NULL: every node.")
     kind: Mapped[str | None] = mapped_column(String(64), comment="Only this kind; NULL: every kind.")
     gpu_index: Mapped[int | None] = mapped_column(Integer)
+    matchers: Mapped[list[str] | None] = mapped_column(
+        JSON, comment="Conditions on the incident's labels, as written (node=~REGEX, kind!=KIND); NULL: none."
+    )
     starts_at: Mapped[datetime]
     ends_at: Mapped[datetime] = mapped_column(index=True)
     reason: Mapped[str] = mapped_column(Text)

@@ -249,6 +249,7 @@ async def record_silence(session: AsyncSession, *, event: SilenceAdded | Silence
         silence.node_id = event.node_id
         silence.kind = event.kind.value if event.kind else None
         silence.gpu_index = event.gpu_index
+        silence.matchers = [str(m) for m in event.matchers] or None
         silence.starts_at = event.starts_at
         silence.ends_at = event.ends_at
         silence.reason = event.reason

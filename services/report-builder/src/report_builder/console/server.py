@@ -38,7 +38,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus.topology import FLEET_NODE
-from gpumedic_events import Event, EventDecodeError, IncidentKind, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
+from gpumedic_events import Event, EventDecodeError, IncidentKind, Matcher, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
@@ -522,6 +522,7 @@ class Console:
             event = SilenceAdded(
                 source=SOURCE, silence_id=uuid.uuid4(), node_id=form.get("node") or None, kind=form.get("kind") or None,
                 gpu_index=int(gpu) if gpu is not None else None, starts_at=now, ends_at=now + timedelta(minutes=minutes),
+                matchers=tuple(Matcher.parse(m) for m in str(form.get("matchers") or "").split()),
                 reason=str(form.get("reason") or "").strip(), created_by=who.name,
             )
         except ValueError as exc:  # pydantic's ValidationError included
