@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import click
 
 from gpumedic.services import SERVICES
-from gpumedic_events import IncidentKind
+from gpumedic_events import ACKNOWLEDGED_NOTE, IncidentKind
 
 DEFAULT_VAR = Path("var")
 EXTENSIONS: dict[str, Callable[[SimpleNamespace], int]] = {}
@@ -147,17 +147,21 @@ def cmd_run(args) -> int:
 
 def cmd_incidents(args) -> int:
     from gpumedic import operator_bus
-    from gpumedic.incidents import false_positives_text, incident_text, list_text, mark_false_positive_text
+    from gpumedic.incidents import false_positives_text, incident_text, list_text, mark_text
 
     url = _store_url(args)
     words = args.words
-    if words and words[0] == "mark":
-        if len(words) != 2 or not args.false_positive or not args.reason:
+    if words and words[0] in ("mark", "ack"):
+        if words[0] == "mark" and (len(words) != 2 or not args.false_positive or not args.reason):
             print("gpumedic incidents: usage: gpumedic incidents mark ID --false-positive --reason TEXT [--by NAME]", file=sys.stderr)
             return 2
+        if words[0] == "ack" and len(words) != 2:
+            print("gpumedic incidents: usage: gpumedic incidents ack ID [--reason NOTE] [--by NAME]", file=sys.stderr)
+            return 2
+        verdict, reason = ("false_positive", args.reason) if words[0] == "mark" else ("acknowledged", args.reason or ACKNOWLEDGED_NOTE)
         bus = functools.partial(operator_bus.operator_settings, args.var)
         try:
-            done, text = asyncio.run(mark_false_positive_text(url, words[1], reason=args.reason, by=args.by, bus=bus))
+            done, text = asyncio.run(mark_text(url, words[1], verdict=verdict, reason=reason, by=args.by, bus=bus))
         except (operator_bus.OperatorError, ValueError) as exc:  # no bus, or a field the event refuses
             print(f"gpumedic incidents: {exc}", file=sys.stderr)
             return 2
@@ -740,18 +744,20 @@ command(
     click.argument("service", type=click.Choice(sorted(SERVICES))),
 )
 command(
-    "incidents", cmd_incidents, "list incidents, show one's timeline and trace, or mark one a false positive",
-    click.argument("words", nargs=-1, metavar="[ID | mark ID]"),
+    "incidents", cmd_incidents, "list incidents, show one's timeline and trace, acknowledge one or mark it a false positive",
+    click.argument("words", nargs=-1, metavar="[ID | ack ID | mark ID]"),
     click.option("--status", type=click.Choice(["open", "resolved", "escalated"]), help="only incidents in this state"),
     click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True),
     click.option("--false-positive", is_flag=True, help="with `mark`: the verdict"),
-    click.option("--reason", help="with `mark`: why it was wrong"),
-    _by(what="with `mark`: who says so"),
+    click.option("--reason", help="with `mark`: why it was wrong; with `ack`: a note (default: looking into it)"),
+    _by(what="with `mark` and `ack`: who"),
     click.option("--false-positives", is_flag=True, help="the false-positive ledger per detector and kind"),
     _var(), _store(), _json(),
     description="\b\n"
     "gpumedic incidents                          the latest incidents\n"
     "gpumedic incidents ID                       one incident: cause, evidence, timeline, trace\n"
+    "gpumedic incidents ack ID [--reason NOTE]   say you are looking at it (the console and\n"
+    "                                            Alertmanager show who, and since when)\n"
     "gpumedic incidents mark ID --false-positive --reason TEXT\n"
     "                                            record that it was wrong (the ledger counts it)\n"
     "gpumedic incidents --false-positives        per detector and kind: how often it was wrong",

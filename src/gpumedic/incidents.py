@@ -58,7 +58,7 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
     if incident.silence_id:
         lines.append(f"  silenced by {incident.silence_id}: recorded, no action requested")
     for mark in marks:
-        lines.append(f"  marked {mark.verdict.replace('_', ' ')} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
+        lines.append(f"  {_said(mark.verdict)} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
     for n in notifications:
         when = fmt_time(n.finished_at) if n.finished_at else f"next try {fmt_time(n.due_at)}"
         lines.append(f"  notified {n.channel} ({n.event}): {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
@@ -102,12 +102,17 @@ def _diagnosis(incident) -> list[str]:
     return lines
 
 
-async def mark_false_positive_text(
-    store_url: str, id_prefix: str, *, reason: str, by: str, bus: Callable[[], NatsSettings], wait_s: float = 10.0
+def _said(verdict: str) -> str:
+    return "acknowledged" if verdict == "acknowledged" else f"marked {verdict.replace('_', ' ')}"
+
+
+async def mark_text(
+    store_url: str, id_prefix: str, *, verdict: str, reason: str, by: str, bus: Callable[[], NatsSettings], wait_s: float = 10.0
 ) -> tuple[bool, str]:
-    """Tell report-builder, the ledger's owner, that an incident was a false positive (an
-    IncidentMarked on the bus, as the operator), then wait for the ledger to show it; (done, what
-    to print). `bus` gives the operator's bus settings, asked only once the incident is found."""
+    """Tell report-builder, the marks' owner, that an incident was a false positive or that `by`
+    acknowledged it (an IncidentMarked on the bus, as the operator), then wait for the store to
+    show it; (done, what to print). `bus` gives the operator's bus settings, asked only once the
+    incident is found."""
     async with views.store_session(store_url) as session:
         try:
             incident = await views.find_incident(session, id_prefix=id_prefix)
@@ -115,17 +120,17 @@ async def mark_false_positive_text(
             return False, str(exc)
     if incident is None:
         return False, f"no incident whose id starts with {id_prefix!r}"
-    event = IncidentMarked(source=SOURCE, incident_id=uuid.UUID(incident.id), reason=reason, marked_by=by)
+    event = IncidentMarked(source=SOURCE, incident_id=uuid.UUID(incident.id), verdict=verdict, reason=reason, marked_by=by)
     await publish(bus(), event)
     what = f"incident {incident.id} ({incident.kind} on {incident.node_id})"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         async with views.store_session(store_url) as session:
             marks = await views.marks_of(session, incident_id=incident.id)
-        if any(m.marked_by == by and m.reason == reason for m in marks):
-            return True, f"{what} marked false positive by {by}: {reason}"
+        if any(m.verdict == verdict and m.marked_by == by and m.reason == reason for m in marks):
+            return True, f"{what} {_said(verdict)} by {by}: {reason}"
         await asyncio.sleep(0.2)
-    return True, f"{what}: the verdict is on the bus; report-builder has not recorded it within {wait_s:g}s and will when it runs"
+    return True, f"{what}: the mark is on the bus; report-builder has not recorded it within {wait_s:g}s and will when it runs"
 
 
 async def false_positives_text(store_url: str, *, as_json: bool = False) -> str:

@@ -99,14 +99,15 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
                     *await views.list_incidents(session, where=views.IncidentFilter(status="open"), limit=10_000)]
             trip = await breaker.open_trip(session=session)
             drained = sorted({d.node_id for d in await views.drains(session=session)})
+            acks = await views.acknowledgements(session, incident_ids=[r.id for r in rows])
         report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
     except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has
         cause = unreadable(exc) if isinstance(exc, DBAPIError) else str(exc).splitlines()[0]
         report.checks.append(Check("store", "fail", f"cannot be read: {hide(cause)}"))
-        rows, trip, drained = [], None, []
+        rows, trip, drained, acks = [], None, [], {}
     if node is not None:
         rows = [r for r in rows if r.node_id == node]
-    report.problems = [_problem(r, hide) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]
+    report.problems = [_problem(r, hide, acks.get(r.id)) for r in sorted(rows, key=lambda r: (r.node_id, r.opened_at))]
     report.fleet = {
         "nodes_in_inventory": len(nodes) if nodes is not None else None,
         "nodes_with_problems": sorted({r.node_id for r in rows}),
@@ -253,12 +254,14 @@ def _as_is(value):
     return value
 
 
-def _problem(row: Incident, hide: Callable) -> dict:
+def _problem(row: Incident, hide: Callable, ack=None) -> dict:
     return {
         "incident_id": row.id, "node_id": row.node_id, "gpu_index": row.gpu_index, "kind": row.kind, "status": row.status,
         "severity": row.severity, "detector": row.detector, "opened_at": row.opened_at.isoformat(timespec="seconds"),
         "summary": hide(row.summary), "recommended_action": hide(row.recommended_action),
         "silenced": row.silence_id is not None, "evidence": hide(row.evidence or {}),
+        "acknowledged_by": ack.marked_by if ack else None,
+        "acknowledged_at": ack.marked_at.isoformat(timespec="seconds") if ack else None,
     }
 
 
@@ -322,7 +325,8 @@ def _markdown(report: Report) -> str:
             node = p["node_id"]
             lines += ["", f"### {node}", ""]
         gpu = f" GPU {p['gpu_index']}" if p["gpu_index"] is not None else ""
-        lines.append(f"- `{p['incident_id'][:8]}` {p['kind']}{gpu}, {p['severity']}, {p['status']} since {p['opened_at']}: {p['summary']}")
+        acked = f", acknowledged by {p['acknowledged_by']} at {p['acknowledged_at']}" if p["acknowledged_by"] else ""
+        lines.append(f"- `{p['incident_id'][:8]}` {p['kind']}{gpu}, {p['severity']}, {p['status']} since {p['opened_at']}{acked}: {p['summary']}")
     if not report.problems:
         lines.append("none")
     return "\n".join(lines) + "\n"
@@ -337,7 +341,7 @@ def _html(report: Report) -> str:
     rows = "".join(f"<tr class='p{r.priority}'><td>{e(PRIORITIES[r.priority])}</td><td>{e(r.category)}</td><td>{e(r.issue)}</td>"
                    f"<td>{e(r.action)}</td></tr>" for r in report.recommendations) or "<tr><td colspan=4>nothing to do</td></tr>"
     checks = "".join(f"<tr class='{e(c.status)}'><td>{e(c.name)}</td><td>{e(c.status)}</td><td>{e(c.detail)}</td></tr>" for c in report.checks)
-    problems = "".join(f"<tr><td>{e(p['node_id'])}</td><td>{e(p['kind'])}</td><td>{e(p['severity'])}</td><td>{e(p['status'])}</td>"
+    problems = "".join(f"<tr><td>{e(p['node_id'])}</td><td>{e(p['kind'])}</td><td>{e(p['severity'])}</td><td>{e(p['status'])}{e(', acknowledged by ' + p['acknowledged_by']) if p['acknowledged_by'] else ''}</td>"
                        f"<td>{e(p['opened_at'])}</td><td>{e(p['summary'])}</td></tr>" for p in report.problems) or "<tr><td colspan=6>none</td></tr>"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpumedic report {report.generated_at:%Y-%m-%d %H:%M}Z</title>

@@ -16,9 +16,7 @@ import pytest
 
 from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentEscalated, IncidentOpened, SilenceAdded, SilenceRemoved, SpanRecord
 from gpumedic_events.base import json_examples
-from sqlalchemy import select
-
-from gpumedic_store import ActionRecord, Incident, IncidentMark, breaker, create_engine, session_factory, upgrade
+from gpumedic_store import ActionRecord, IncidentMark, breaker, create_engine, session_factory, upgrade
 from report_builder import repository
 from report_builder.console import Console, ConsoleConfig
 from report_builder.console.auth import LOGIN_COOKIE
@@ -496,10 +494,11 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
 
 
 async def test_an_escalated_incident_reads_the_same_on_every_surface(store, console, browser, tmp_path):
-    """Its severity and state as the detector and the escalation set them: on its page, its node's
-    tile, in `gpumedic report` and at Alertmanager; never promoted to critical, never 'closed'."""
+    """Its severity and state as the detector and the escalation set them, and who acknowledged it:
+    on its page, its node's tile, in `gpumedic report` and at Alertmanager; never promoted to
+    critical, never 'closed'."""
     from gpumedic.report import Sources, build_report
-    from report_builder.alertmanager import alert_of
+    from report_builder.alertmanager import AlertmanagerPush
 
     now = datetime.now(UTC)
     opened = _event(IncidentOpened, node_id="gpu-node-05", kind="node_silent", severity="warning", occurred_at=(now - timedelta(minutes=3)).isoformat())
@@ -514,9 +513,16 @@ async def test_an_escalated_incident_reads_the_same_on_every_surface(store, cons
     page = (await browser.client.get(f"/incidents/{opened.incident_id}")).text
     assert '<span class="pill escalated">escalated</span> <span class="pill warning">warning</span>' in page
     assert "<dt>escalated</dt>" in page and "<dt>closed</dt>" not in page
+
+    await browser.login()
+    csrf = await browser.hidden(f"/incidents/{opened.incident_id}", "csrf")
+    acked = await browser.client.post(f"/incidents/{opened.incident_id}/acknowledge", data={"csrf": csrf, "reason": ""})
+    assert acked.status_code == 303
+    page = (await browser.client.get(f"/incidents/{opened.incident_id}")).text
+    assert "acknowledged by alice at" in page and "looking into it" in page
     report = await build_report(Sources(store_url=f"sqlite+aiosqlite:///{tmp_path}/gpumedic.db"))
     (problem,) = report.problems
-    assert (problem["severity"], problem["status"]) == ("warning", "escalated")
-    async with store() as session:
-        (row,) = (await session.scalars(select(Incident))).all()
-    assert alert_of(row, now, console_url=None, every_s=30)["labels"]["severity"] == "warning"
+    assert (problem["severity"], problem["status"], problem["acknowledged_by"]) == ("warning", "escalated", "alice")
+    (alert,) = await AlertmanagerPush(store, ["http://127.0.0.1:9"]).alerts()
+    assert alert["labels"]["severity"] == "warning" and alert["annotations"]["acknowledged_by"] == "alice"
+    assert alert["annotations"]["acknowledged_note"] == "acknowledged; looking into it"

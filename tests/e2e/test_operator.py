@@ -123,6 +123,14 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
     code, out, _ = await _cli(capsys, "incidents", incident.id[:8], "--store", store_url)
     assert "marked false positive by bob" in out and "a checkpoint pause" in out
 
+    # Someone says they look at it: every surface shows who and since when.
+    code, out, _ = await _cli(capsys, "incidents", "ack", incident.id[:8], "--by", "carol", "--store", store_url)
+    assert code == 0 and "acknowledged by carol: acknowledged; looking into it" in out
+    code, out, _ = await _cli(capsys, "incidents", incident.id[:8], "--store", store_url)
+    assert "acknowledged by carol at" in out and "marked false positive by bob" in out
+    code, _, err = await _cli(capsys, "incidents", "ack", "--by", "carol", "--store", store_url)
+    assert code == 2 and "usage: gpumedic incidents ack ID" in err
+
 
 @pytest.mark.parametrize(
     ("argv", "message"),

@@ -20,7 +20,7 @@ async def test_two_marks_of_one_incident_at_once_are_one_row_and_a_later_mark_up
 
     async def mark(by: str, at: datetime) -> None:
         async with sessions() as session:
-            await repository.mark_false_positive(session, incident_id=incident, reason=f"{by} says so", by=by, now=at)
+            await repository.mark(session, incident_id=incident, verdict="false_positive", reason=f"{by} says so", by=by, now=at)
             await session.commit()
 
     await asyncio.gather(mark("alice", NOW), mark("bob", NOW))

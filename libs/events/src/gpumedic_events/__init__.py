@@ -55,7 +55,7 @@ from gpumedic_events.incident import (
     Severity,
     WHOLE_KINDS,
 )
-from gpumedic_events.silence import IncidentMarked, Matcher, SilenceAdded, SilenceRemoved
+from gpumedic_events.silence import ACKNOWLEDGED_NOTE, IncidentMarked, Matcher, SilenceAdded, SilenceRemoved
 from gpumedic_events.node import (
     ClockEventReason,
     ComputeMode,
@@ -109,6 +109,7 @@ __all__ = [
     "SshCause",
     "SilenceRemoved",
     "IncidentMarked",
+    "ACKNOWLEDGED_NOTE",
     "Matcher",
     "SilenceAdded",
     "Severity",

@@ -176,9 +176,14 @@ class SilenceRemoved(Event):
     removed_by: str = Field(min_length=1, max_length=128)
 
 
+ACKNOWLEDGED_NOTE = "acknowledged; looking into it"
+"""An acknowledgement's note when its author gives none."""
+
+
 class IncidentMarked(Event):
-    """An operator's verdict on a closed or open incident: it was a false positive. report-builder
-    keeps it in the false-positive ledger (how often each detector's rule was wrong); marking
+    """An operator's mark on a closed or open incident: it was a false positive (report-builder
+    keeps it in the false-positive ledger: how often each detector's rule was wrong), or someone
+    acknowledged it (they are looking at it; every surface shows who and since when). Marking
     again replaces the reason."""
 
     subject_prefix: ClassVar[str] = "gpumedic.v1.verdict.marked"
@@ -200,6 +205,6 @@ class IncidentMarked(Event):
     )
 
     incident_id: uuid.UUID
-    verdict: Literal["false_positive"] = "false_positive"
+    verdict: Literal["false_positive", "acknowledged"] = "false_positive"
     reason: str = Field(min_length=1, max_length=500)
     marked_by: str = Field(min_length=1, max_length=128)

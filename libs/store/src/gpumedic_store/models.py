@@ -19,7 +19,7 @@ from sqlalchemy.types import TypeDecorator
 
 INCIDENT_STATUSES = ("open", "resolved", "escalated")
 SEVERITIES = ("info", "warning", "critical")
-VERDICTS = ("false_positive",)
+VERDICTS = ("false_positive", "acknowledged")
 ACTION_STATUSES = ("executing", "succeeded", "failed", "blocked", "observed", "interrupted")
 NOTIFICATION_STATUSES = ("pending", "delivered", "skipped", "failed")
 

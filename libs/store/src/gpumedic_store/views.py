@@ -8,7 +8,7 @@ command that only reads opens one with `store_session`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -199,6 +199,15 @@ async def false_positive_counts(session: AsyncSession) -> list[RuleRecord]:
 async def marks_of(session: AsyncSession, *, incident_id: str) -> list[IncidentMark]:
     return list((await session.scalars(select(IncidentMark).where(IncidentMark.incident_id == incident_id))).all())
 
+
+async def acknowledgements(session: AsyncSession, *, incident_ids: Sequence[str]) -> dict[str, IncidentMark]:
+    """Who acknowledged each of these incidents (those nobody did are left out)."""
+    found: dict[str, IncidentMark] = {}
+    for at in range(0, len(incident_ids), 500):  # a bound on the statement's parameters
+        batch = incident_ids[at : at + 500]
+        found |= {m.incident_id: m for m in (await session.scalars(select(IncidentMark).where(
+            IncidentMark.verdict == "acknowledged", IncidentMark.incident_id.in_(batch)))).all()}
+    return found
 
 
 # --- notifications, the cluster log, capacity, drains ---------------------------------------------

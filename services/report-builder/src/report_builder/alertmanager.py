@@ -12,7 +12,7 @@ nothing and no state is kept here. An incident under one of gpumedic's own silen
 Labels identify an alert, so they hold what does not change during an incident: `alertname`
 (the kind), `node`, `gpu`, `severity`, `incident` (its id: a fault that comes back is a new
 alert) and `source="gpumedic"`. Annotations hold the rest: summary, status, the named cause, the
-next step and the console's page of the incident (also the alert's `generatorURL`).
+next step, who acknowledged it, and the console's page of the incident (also the alert's `generatorURL`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import httpx
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpumedic_store.models import Incident
+from gpumedic_store import views
+from gpumedic_store.models import Incident, IncidentMark
 from gpumedic_webhook import DeliveryError, host_of, post
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ RESOLVED_FOR = timedelta(minutes=10)
 """How long an incident's resolution is said again (an Alertmanager that was away hears it too)."""
 
 
-def alert_of(incident: Incident, now: datetime, *, console_url: str | None, every_s: float) -> dict:
-    """One incident as an alert of Alertmanager's API v2."""
+def alert_of(incident: Incident, now: datetime, *, console_url: str | None, every_s: float, acknowledged: IncidentMark | None = None) -> dict:
+    """One incident as an alert of Alertmanager's API v2 (an acknowledgement as annotations: who,
+    since when, their note)."""
     labels = {"alertname": incident.kind, "node": incident.node_id, "severity": incident.severity,
               "incident": incident.id, "source": "gpumedic"}
     if incident.gpu_index is not None:
@@ -54,6 +56,10 @@ def alert_of(incident: Incident, now: datetime, *, console_url: str | None, ever
         annotations["cause"] = str(cause)
     if incident.recommended_action:
         annotations["next_step"] = incident.recommended_action
+    if acknowledged is not None:
+        annotations["acknowledged_by"] = acknowledged.marked_by
+        annotations["acknowledged_at"] = _rfc3339(acknowledged.marked_at)
+        annotations["acknowledged_note"] = acknowledged.reason
     page = f"{console_url.rstrip('/')}/incidents/{incident.id}" if console_url else ""
     if page:
         annotations["console"] = page
@@ -104,7 +110,8 @@ class AlertmanagerPush:
                     or_(Incident.status != "resolved", Incident.closed_at >= now - RESOLVED_FOR),
                 ).order_by(Incident.opened_at)
             )).all()
-        return [alert_of(i, now, console_url=self.console_url, every_s=self.every_s) for i in incidents]
+            acks = await views.acknowledgements(session, incident_ids=[i.id for i in incidents])
+        return [alert_of(i, now, console_url=self.console_url, every_s=self.every_s, acknowledged=acks.get(i.id)) for i in incidents]
 
     async def round(self) -> int:
         """Post the alerts to every Alertmanager; how many it took."""

@@ -129,13 +129,16 @@ class ReportHandlers:
         self._changed()
 
     async def on_marked(self, event: IncidentMarked, delivery: Delivery) -> None:
-        """An operator's verdict from the CLI (the console keeps its own directly)."""
+        """An operator's mark from the CLI (the console keeps its own directly)."""
         async with self._sessions() as session:
-            await repository.mark_false_positive(
-                session, incident_id=str(event.incident_id), reason=event.reason, by=event.marked_by, now=event.occurred_at
+            await repository.mark(
+                session, incident_id=str(event.incident_id), verdict=event.verdict, reason=event.reason, by=event.marked_by,
+                now=event.occurred_at,
             )
             await session.commit()
         self._changed()
+        if event.verdict == "acknowledged":
+            self._incident_changed()  # Alertmanager shows who looks at it
 
     async def on_cluster_checked(self, event: ClusterChecked, delivery: Delivery) -> None:
         async with self._sessions() as session:

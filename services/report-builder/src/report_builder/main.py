@@ -44,6 +44,11 @@ def create_app(settings: Settings | None = None) -> FastStream:
     engine = create_engine(settings.store.url)
     sessions = session_factory(engine)
     channels = settings.channels()
+    push = None
+    if alertmanagers := settings.alertmanagers():
+        push = AlertmanagerPush(sessions, alertmanagers, console_url=settings.console_url, every_s=settings.alertmanager_every_s)
+        runtime.background(push.loop, one_instance="alertmanager")
+        log.info("report-builder: incidents go to Alertmanager at %s", ", ".join(alertmanagers))
     console = None
     if settings.console_port is not None:
         config = ConsoleConfig(
@@ -57,13 +62,9 @@ def create_app(settings: Settings | None = None) -> FastStream:
         console = Console(
             sessions, config, publish=lambda event: publish_event(runtime.broker, event),
             latest=lambda node: runtime.latest(NodeSampled, node), prometheus=prometheus,
+            incident_changed=push.poke if push else None,
         )
     pricing = Pricing(settings.inventory)
-    push = None
-    if alertmanagers := settings.alertmanagers():
-        push = AlertmanagerPush(sessions, alertmanagers, console_url=settings.console_url, every_s=settings.alertmanager_every_s)
-        runtime.background(push.loop, one_instance="alertmanager")
-        log.info("report-builder: incidents go to Alertmanager at %s", ", ".join(alertmanagers))
     handlers = ReportHandlers(
         sessions, runtime.tracer, notify=[c.name for c in channels], notify_wait_s=settings.notify_wait_s,
         changed=console.changes.bump if console else None, pricing=pricing,

@@ -262,19 +262,19 @@ async def record_silence(session: AsyncSession, *, event: SilenceAdded | Silence
     await session.flush()
 
 
-# --- the false-positive ledger ------------------------------------------------------------------
+# --- operators' marks: the false-positive ledger, acknowledgements ---------------------------------
 
 
-async def mark_false_positive(session: AsyncSession, *, incident_id: str, reason: str, by: str, now: datetime) -> IncidentMark:
-    """An operator's verdict that an incident was a false positive (marking again updates the reason).
-    One statement, so two marks of one incident handled at once cannot both insert."""
+async def mark(session: AsyncSession, *, incident_id: str, verdict: str, reason: str, by: str, now: datetime) -> IncidentMark:
+    """An operator's mark on an incident (a false positive, an acknowledgement); marking again
+    updates it. One statement, so two marks of one incident handled at once cannot both insert."""
     uuid.UUID(incident_id)
     values = {"reason": reason, "marked_by": by, "marked_at": now}
-    stmt = _insert(session, IncidentMark).values(incident_id=incident_id, verdict="false_positive", **values)
+    stmt = _insert(session, IncidentMark).values(incident_id=incident_id, verdict=verdict, **values)
     await session.execute(stmt.on_conflict_do_update(index_elements=["incident_id", "verdict"], set_=values))
-    mark = await session.get(IncidentMark, (incident_id, "false_positive"), populate_existing=True)
-    assert mark is not None
-    return mark
+    found = await session.get(IncidentMark, (incident_id, verdict), populate_existing=True)
+    assert found is not None
+    return found
 
 
 # --- notifications (the outbox the notifier delivers) --------------------------------------------

@@ -38,7 +38,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpumedic_bus.topology import FLEET_NODE
-from gpumedic_events import Event, EventDecodeError, IncidentKind, Matcher, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
+from gpumedic_events import ACKNOWLEDGED_NOTE, Event, EventDecodeError, IncidentKind, Matcher, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
@@ -117,10 +117,13 @@ class Console:
         publish: Callable[[Event], Awaitable[None]],
         latest: Callable[[str], Awaitable[NodeSampled | None]] | None = None,
         prometheus: PrometheusHistory | None = None,
+        incident_changed: Callable[[], None] | None = None,
     ) -> None:
         """`latest` reads a node's last sample from the samples stream (None: the node page shows
-        only what the store has); `prometheus`, where set, gives the GPU charts."""
+        only what the store has); `prometheus`, where set, gives the GPU charts; `incident_changed`
+        is told of an acknowledgement (Alertmanager shows it)."""
         self._db = sessions
+        self._incident_changed = incident_changed or (lambda: None)
         self._latest = latest
         self._prometheus = prometheus
         self.config = config
@@ -191,6 +194,7 @@ class Console:
             web.post("/silences", self.add_silence),
             web.post("/silences/{id}/remove", self.remove_silence),
             web.post("/incidents/{id}/false-positive", self.mark_false_positive),
+            web.post("/incidents/{id}/acknowledge", self.acknowledge),
             web.post("/breaker/reset", self.reset_breaker),
             web.static("/static", HERE / "static"),
         ])
@@ -542,10 +546,17 @@ class Console:
         return _back(form, "/ledger", f"silence {str(silence_id)[:8]} lifted")
 
     async def mark_false_positive(self, request: web.Request) -> web.Response:
+        return await self._mark(request, "false_positive")
+
+    async def acknowledge(self, request: web.Request) -> web.Response:
+        return await self._mark(request, "acknowledged")
+
+    async def _mark(self, request: web.Request, verdict: str) -> web.Response:
         form, who = await self._authorized(request)
-        reason = str(form.get("reason") or "").strip()
+        reason = str(form.get("reason") or "").strip() or (ACKNOWLEDGED_NOTE if verdict == "acknowledged" else "")
         if not reason or len(reason) > 1000:
-            raise _BadRequest("say why it was a false positive (1 to 1000 characters)")
+            raise _BadRequest("say why it was a false positive (1 to 1000 characters)" if verdict == "false_positive"
+                              else "a note of 1 to 1000 characters")
         incident_id = request.match_info["id"]
         async with self._db() as session:
             try:
@@ -554,11 +565,14 @@ class Console:
                 raise _BadRequest(f"{incident_id!r} is not an incident id") from None
             if incident is None:
                 raise web.HTTPNotFound(text=f"no incident {incident_id}")
-            await repository.mark_false_positive(session, incident_id=incident.id, reason=reason, by=who.name, now=datetime.now(UTC))
+            await repository.mark(session, incident_id=incident.id, verdict=verdict, reason=reason, by=who.name, now=datetime.now(UTC))
             await session.commit()
-        log.info("console: %s marked incident %s a false positive: %s", who.name, incident.id, reason)
+        said = verdict.replace("_", " ")
+        log.info("console: %s marked incident %s %s: %s", who.name, incident.id, said, reason)
         self.changes.bump()
-        return _back(form, f"/incidents/{incident.id}", "marked false positive")
+        if verdict == "acknowledged":
+            self._incident_changed()
+        return _back(form, f"/incidents/{incident.id}", "acknowledged" if verdict == "acknowledged" else f"marked {said}")
 
     async def reset_breaker(self, request: web.Request) -> web.Response:
         form, who = await self._authorized(request)
