@@ -298,18 +298,24 @@ def cmd_silence(args) -> int:
         if args.action == "add":
             if not args.reason:
                 raise operator_bus.OperatorError("say why with --reason (it is kept on every silenced incident)")
-            duration_s = parse_time(args.duration)
+            year = 366 * 86400.0  # a silence's times may reach this far
+            duration_s = parse_time(args.duration, limit_s=year)
             if duration_s <= 0:
                 raise operator_bus.OperatorError("--for must be longer than 0s")
-            starts_at = parse_start(args.starts, datetime.now(UTC))
+            starts_at = parse_start(args.starts, datetime.now(UTC), limit_s=year)
+            if (args.every is None) != (args.repeat_until is None):
+                raise operator_bus.OperatorError("a recurring window needs both --every and --repeat-until")
+            every_s = parse_time(args.every, limit_s=year) if args.every is not None else None
+            repeat_until = parse_start(args.repeat_until, starts_at, limit_s=year) if args.repeat_until is not None else None
             try:
                 event = silences.build(reason=args.reason, by=args.by, duration_s=duration_s, node_id=args.node, kind=args.kind,
-                                       gpu_index=args.gpu, matchers=args.match, starts_at=starts_at)
+                                       gpu_index=args.gpu, matchers=args.match, starts_at=starts_at, every_s=every_s,
+                                       repeat_until=repeat_until)
             except ValidationError as exc:  # one line: the field and what is wrong with it
                 error = exc.errors()[0]
-                where = ".".join(str(part) for part in error["loc"])
+                where = ".".join(str(part) for part in error["loc"]) or "the window"
                 hint = "; several nodes: --match 'node=~REGEX'" if where == "node_id" else ""
-                raise operator_bus.OperatorError(f"{where}: {error['msg']}{hint}") from None
+                raise operator_bus.OperatorError(f"{where}: {error['msg'].removeprefix('Value error, ')}{hint}") from None
             try:
                 store = _store_url(args)
             except NoStore:
@@ -830,6 +836,8 @@ command(
     click.option("--for", "duration", default="1h", show_default=True, help="how long, e.g. 30m, 4h"),
     click.option("--starts", default="now", show_default=True,
                  help="when it starts: now, a delay (30m, 2h) or a time with its zone (2026-12-01T02:00Z)"),
+    click.option("--every", metavar="PERIOD", help="a recurring window: again every PERIOD (1h to 31d, e.g. 7d), for as long"),
+    click.option("--repeat-until", metavar="WHEN", help="with --every: no window starts after this (a delay from the start, or a time)"),
     click.option("--reason", help="why (required for add)"),
     _by(what="who"),
     click.option("--all", is_flag=True, help="with `list`: also silences that ended or were lifted"),

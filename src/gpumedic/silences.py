@@ -35,9 +35,11 @@ def build(
     gpu_index: int | None = None,
     matchers: Sequence[str] = (),
     starts_at: datetime | None = None,
+    every_s: float | None = None,
+    repeat_until: datetime | None = None,
 ) -> SilenceAdded:
-    """A silence from `starts_at` (now if None) for `duration_s`; a matcher that does not parse
-    raises ValueError saying which and why."""
+    """A silence from `starts_at` (now if None) for `duration_s`, again every `every_s` until
+    `repeat_until` if given; a matcher that does not parse raises ValueError saying which and why."""
     starts_at = starts_at or datetime.now(UTC)
     return SilenceAdded(
         source=SOURCE,
@@ -48,6 +50,8 @@ def build(
         matchers=tuple(Matcher.parse(m) for m in matchers),
         starts_at=starts_at,
         ends_at=starts_at + timedelta(seconds=duration_s),
+        every_s=None if every_s is None else round(every_s),
+        repeat_until=repeat_until,
         reason=reason,
         created_by=by,
     )
@@ -137,11 +141,19 @@ async def list_text(store_url: str, *, include_past: bool = False, as_json: bool
     return table(
         ["SILENCE", "NODE", "KIND", "GPU", "MATCHERS", "FROM", "UNTIL", "BY", "REASON"],
         [[s.id, s.node_id or "any", s.kind or "any", "any" if s.gpu_index is None else s.gpu_index, " ".join(s.matchers or ()) or "-",
-          s.starts_at.strftime("%Y-%m-%d %H:%M:%SZ"), s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ"),
+          s.starts_at.strftime("%Y-%m-%d %H:%M:%SZ"), s.ends_at.strftime("%Y-%m-%d %H:%M:%SZ") + _recurring(s.every_s, s.last_ends_at),
           s.created_by, s.reason + (f" (lifted by {s.removed_by})" if s.removed_at else "")] for s in rows],
     )
 
 
+def _recurring(every_s: int | None, last_end: datetime | None) -> str:
+    if not every_s or last_end is None:
+        return ""
+    period = f"{every_s // 86400}d" if every_s % 86400 == 0 else f"{every_s // 3600}h" if every_s % 3600 == 0 else f"{every_s}s"
+    return f", again every {period}, the last window ending {last_end:%Y-%m-%d %H:%M:%S}Z"
+
+
 def describe(event: SilenceAdded) -> str:
     starts = f" from {event.starts_at:%Y-%m-%d %H:%M:%S}Z" if event.starts_at > datetime.now(UTC) else ""
-    return f"silence {event.silence_id} on {event.scope()}{starts} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z: {event.reason}"
+    return (f"silence {event.silence_id} on {event.scope()}{starts} until {event.ends_at:%Y-%m-%d %H:%M:%S}Z"
+            f"{_recurring(event.every_s, event.last_end)}: {event.reason}")

@@ -12,14 +12,14 @@ MAX_TIME_S = 7 * 86_400.0
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _DURATION = re.compile(
-    r"(?:(?P<h>\d+(?:\.\d+)?)h)?\s*(?:(?P<m>\d+(?:\.\d+)?)m)?\s*(?:(?P<s>\d+(?:\.\d+)?)s)?", re.IGNORECASE
+    r"(?:(?P<d>\d+(?:\.\d+)?)d)?\s*(?:(?P<h>\d+(?:\.\d+)?)h)?\s*(?:(?P<m>\d+(?:\.\d+)?)m)?\s*(?:(?P<s>\d+(?:\.\d+)?)s)?", re.IGNORECASE
 )
-_TIME_HELP = "use seconds (10, 2.5) or a duration such as 10s, 2m, 1m30s, 1h"
+_TIME_HELP = "use seconds (10, 2.5) or a duration such as 10s, 2m, 1m30s, 1h, 7d"
 
 
-def parse_time(value: object) -> float:
-    """Seconds from a number or a text such as "10", "2.5", "10s", "2m", "1m30s", "1h"; ValueError
-    (with a message fit for a person) for anything else, negative or beyond `MAX_TIME_S`."""
+def parse_time(value: object, *, limit_s: float = MAX_TIME_S) -> float:
+    """Seconds from a number or a text such as "10", "2.5", "10s", "2m", "1m30s", "1h", "7d";
+    ValueError (with a message fit for a person) for anything else, negative or beyond `limit_s`."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{show(value)} is not a time; {_TIME_HELP}")  # noqa: TRY004 - the contract is ValueError
     if isinstance(value, str):
@@ -32,15 +32,15 @@ def parse_time(value: object) -> float:
             m = _DURATION.fullmatch(text)
             if not text or m is None or not any(m.groupdict().values()):
                 raise ValueError(f"{value!r} is not a time; {_TIME_HELP}")
-            seconds = sum(float(m[unit] or 0) * scale for unit, scale in (("h", 3600), ("m", 60), ("s", 1)))
+            seconds = sum(float(m[unit] or 0) * scale for unit, scale in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
     else:
         seconds = float(value)
     if not math.isfinite(seconds):
         raise ValueError(f"{show(value)} is not a finite time")
     if seconds < 0:
         raise ValueError(f"{show(value)} is negative; times count from the start, 0 or later")
-    if seconds > MAX_TIME_S:
-        raise ValueError(f"{show(value)} is beyond the limit of {fmt_time(MAX_TIME_S)}")
+    if seconds > limit_s:
+        raise ValueError(f"{show(value)} is beyond the limit of {fmt_time(limit_s)}")
     return seconds
 
 
@@ -70,7 +70,7 @@ def parse_lookback(value: str) -> float:
     return seconds
 
 
-def parse_start(value: str, now: datetime) -> datetime:
+def parse_start(value: str, now: datetime, *, limit_s: float = MAX_TIME_S) -> datetime:
     """When something starts, from "now", a delay from now ("30m", "2h", as `parse_time` reads it)
     or a time with its zone ("2026-12-01T02:00Z", "2026-12-01T03:00+01:00"); ValueError says
     what a good one looks like, and refuses a time already past."""
@@ -78,7 +78,7 @@ def parse_start(value: str, now: datetime) -> datetime:
     if text.lower() == "now":
         return now
     try:
-        return now + timedelta(seconds=parse_time(text))
+        return now + timedelta(seconds=parse_time(text, limit_s=limit_s))
     except ValueError:
         pass
     try:

@@ -100,6 +100,26 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
     code, out, _ = await _cli(capsys, "silence", "remove", later[:8], "--by", "alice", "--store", store_url)
     assert code == 0
 
+    # A weekly window: an hour from 2 h on, every 7 days for four weeks; listed until its last window ends.
+    code, out, _ = await _cli(capsys, "silence", "add", "--node", "sim-node-02", "--starts", "2h", "--for", "1h", "--every", "7d",
+                              "--repeat-until", "28d", "--reason", "weekly patching", "--by", "alice", "--store", store_url)
+    assert code == 0 and "again every 7d" in out
+    weekly = out.split()[2]
+    for _ in range(50):
+        code, out, _ = await _cli(capsys, "silence", "list", "--json", "--store", store_url)
+        listed = {row["silence_id"]: row for row in json.loads(out)}
+        if weekly in listed:
+            break
+        await asyncio.sleep(0.1)
+    first = datetime.fromisoformat(listed[weekly]["starts_at"])
+    assert listed[weekly]["every_s"] == 7 * 86400
+    assert datetime.fromisoformat(listed[weekly]["last_ends_at"]) == first + timedelta(days=21, hours=1)
+    code, out, _ = await _cli(capsys, "silence", "remove", weekly[:8], "--by", "alice", "--store", store_url)
+    assert code == 0
+    code, _, err = await _cli(capsys, "silence", "add", "--node", "sim-node-02", "--for", "2h", "--every", "1h", "--repeat-until", "1d",
+                              "--reason", "x", "--store", store_url)
+    assert code == 2 and "every_s must be at least the window's length" in err
+
     # Lifted by the start of its id, as `silence list` and `incidents` show ids.
     code, out, _ = await _cli(capsys, "silence", "remove", silence_id[:8], "--by", "alice", "--store", store_url)
     assert code == 0 and f"silence {silence_id} lifted by alice" in out

@@ -291,6 +291,29 @@ def test_silences_match_as_alertmanager_matchers_do_every_one_holding():
     assert b.silence_for(ZOMBIE, "gpu-host", 0, at(0)) == not_n9
 
 
+def test_a_recurring_window_silences_in_each_window_and_never_after_its_last():
+    """Every 100 s for 20 s, from 0 until 250: windows [0, 20), [100, 120), [200, 220)."""
+    b = book()
+    weekly = SilenceAdded(source="gpumedic-cli", silence_id=uuid.uuid4(), node_id="n1", starts_at=at(0), ends_at=at(20),
+                          every_s=3600, repeat_until=at(250), reason="patching", created_by="alice")
+    weekly = weekly.model_copy(update={"every_s": 100})  # the model's floor is an hour; the arithmetic is the same
+    b.on_silence(weekly)
+    silenced = [t for t in range(-10, 400, 5) if b.silence_for(ZOMBIE, "n1", 0, at(t)) is not None]
+    assert silenced == [0, 5, 10, 15, 100, 105, 110, 115, 200, 205, 210, 215]
+    assert weekly.last_end == at(220) and weekly.window_at(at(205)) == (at(200), at(220))
+
+
+@pytest.mark.parametrize(("window", "says"), [
+    ({"every_s": 7200}, "needs both every_s and repeat_until"),
+    ({"every_s": 3600, "repeat_until": at(90_000), "ends_at": at(7200)}, "at least the window's length"),
+    ({"every_s": 3600, "repeat_until": at(10)}, "after the first window's end"),
+])
+def test_a_recurring_window_that_cannot_be_is_refused(window, says):
+    with pytest.raises(ValueError, match=says):
+        SilenceAdded(source="gpumedic-cli", silence_id=uuid.uuid4(), starts_at=at(0), reason="r", created_by="alice",
+                     **({"ends_at": at(20)} | window))
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("node=~gpu-0[34", "is not a regular expression"), ("host=gpu-01", "no label 'host'"), ("node", "is no matcher"),
 ])

@@ -260,7 +260,7 @@ def test_time_formats(value, seconds):
         ("nan", "is not a time"),
         (float("inf"), "not a finite time"),
         (float("nan"), "not a finite time"),
-        ("8d", "is not a time"),
+        ("8d", "is beyond the limit of 604800s"),
         (8 * 86_400, "beyond the limit"),
     ],
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -128,6 +129,11 @@ class SilenceAdded(Event):
     )
     starts_at: AwareDatetime
     ends_at: AwareDatetime
+    every_s: int | None = Field(
+        default=None, ge=3600, le=31 * 86400,
+        description="A recurring window: in force again every this many seconds after starts_at, for as long, until repeat_until.",
+    )
+    repeat_until: AwareDatetime | None = Field(default=None, description="With every_s: no window starts at or after it.")
     reason: str = Field(min_length=1, max_length=500, description="Why, for whoever reads the timeline.")
     created_by: str = Field(min_length=1, max_length=128)
 
@@ -135,10 +141,36 @@ class SilenceAdded(Event):
     def _window(self) -> SilenceAdded:
         if self.ends_at <= self.starts_at:
             raise ValueError("ends_at must be after starts_at")
+        if (self.every_s is None) != (self.repeat_until is None):
+            raise ValueError("a recurring window needs both every_s and repeat_until")
+        if self.every_s is not None and self.every_s < (self.ends_at - self.starts_at).total_seconds():
+            raise ValueError("every_s must be at least the window's length (the windows would overlap)")
+        if self.repeat_until is not None and self.repeat_until <= self.ends_at:
+            raise ValueError("repeat_until must be after the first window's end")
         return self
 
+    def window_at(self, now: datetime) -> tuple[datetime, datetime] | None:
+        """The window in force at `now` (start, end), if one is."""
+        if now < self.starts_at:
+            return None
+        if self.every_s is None or self.repeat_until is None:
+            return (self.starts_at, self.ends_at) if now < self.ends_at else None
+        if now >= self.repeat_until + (self.ends_at - self.starts_at):
+            return None
+        start = self.starts_at + timedelta(seconds=self.every_s * ((now - self.starts_at).total_seconds() // self.every_s))
+        end = start + (self.ends_at - self.starts_at)
+        return (start, end) if start < self.repeat_until and now < end else None
+
+    @property
+    def last_end(self) -> datetime:
+        """When its last window ends (it is over for good after it)."""
+        if self.every_s is None or self.repeat_until is None:
+            return self.ends_at
+        windows = -(-(self.repeat_until - self.starts_at).total_seconds() // self.every_s)  # those that start before repeat_until
+        return self.ends_at + timedelta(seconds=self.every_s * (windows - 1))
+
     def covers(self, kind: str, node_id: str, gpu_index: int | None) -> bool:
-        """Whether this silence matches an incident (in force or not: `starts_at` and `ends_at` say when)."""
+        """Whether this silence matches an incident (in force or not: `window_at` says when)."""
         if self.node_id not in (None, node_id) or self.kind not in (None, kind):
             return False
         if self.gpu_index is not None and self.gpu_index != gpu_index:

@@ -143,7 +143,7 @@ class IncidentBook:
 
     def silence_for(self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime) -> SilenceAdded | None:
         for silence in self.silences.values():
-            if silence.starts_at <= now < silence.ends_at and silence.covers(kind, node_id, gpu_index):
+            if silence.window_at(now) is not None and silence.covers(kind, node_id, gpu_index):
                 return silence
         return None
 

@@ -214,6 +214,8 @@ class Silence(Base):
     )
     starts_at: Mapped[datetime]
     ends_at: Mapped[datetime] = mapped_column(index=True)
+    every_s: Mapped[int | None] = mapped_column(Integer, comment="A recurring window's period; NULL: one window.")
+    last_ends_at: Mapped[datetime | None] = mapped_column(comment="When its last window ends; NULL: at ends_at.")
     reason: Mapped[str] = mapped_column(Text)
     created_by: Mapped[str] = mapped_column(String(128))
     removed_at: Mapped[datetime | None]

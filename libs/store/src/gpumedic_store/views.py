@@ -166,7 +166,7 @@ async def list_silences(session: AsyncSession, *, now: datetime, include_past: b
     """Silences in force (or every one), soonest to end first."""
     stmt = select(Silence).order_by(Silence.ends_at, Silence.id)
     if not include_past:
-        stmt = stmt.where(Silence.ends_at > now, Silence.removed_at.is_(None))
+        stmt = stmt.where(func.coalesce(Silence.last_ends_at, Silence.ends_at) > now, Silence.removed_at.is_(None))
     return list((await session.scalars(stmt)).all())
 
 

@@ -252,6 +252,8 @@ async def record_silence(session: AsyncSession, *, event: SilenceAdded | Silence
         silence.matchers = [str(m) for m in event.matchers] or None
         silence.starts_at = event.starts_at
         silence.ends_at = event.ends_at
+        silence.every_s = event.every_s
+        silence.last_ends_at = event.last_end if event.every_s else None
         silence.reason = event.reason
         silence.created_by = event.created_by
     elif silence is not None:
