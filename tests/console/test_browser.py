@@ -20,6 +20,39 @@ import pytest
 from gpumedic_sim.demo import run_demo
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+LEGIBILITY = """() => {
+  // The smallest text drawn (an SVG's text at the size its scaling draws it), the tallest table row,
+  // and every box whose content is wider than it without a scroll cue (a shadow at its edge).
+  let smallest = {px: 1e9, text: ""}, tallest = {px: 0, text: ""};
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode, el = node.parentElement;
+    if (!node.textContent.trim() || !el || el.closest("title, script, style") || !el.getClientRects().length) continue;
+    let px = parseFloat(getComputedStyle(el).fontSize);
+    if (el instanceof SVGElement) px *= el.getScreenCTM().a;
+    if (px < smallest.px) smallest = {px, text: node.textContent.trim().slice(0, 40)};
+  }
+  for (const row of document.querySelectorAll("tr")) {
+    const h = row.getBoundingClientRect().height;
+    if (h > tallest.px) tallest = {px: h, text: row.innerText.replace(/\\s+/g, " ").slice(0, 60)};
+  }
+  const uncued = [];
+  for (const el of document.querySelectorAll("main *")) {
+    const style = getComputedStyle(el);
+    if (el.scrollWidth > el.clientWidth + 1 && ["auto", "scroll"].includes(style.overflowX) && !style.backgroundImage.includes("gradient"))
+      uncued.push(el.tagName + "." + el.className);
+  }
+  return {smallest, tallest, uncued};
+}"""
+"""Read in the page at a phone's width: text smaller than 10 px, rows that wrap to a column of
+words, or a box that hides its width with nothing to say so fail the checks below."""
+
+
+def _legible(name: str, seen: dict) -> None:
+    assert seen["smallest"]["px"] >= 10, f"{name}: text drawn at {seen['smallest']['px']:.1f} px: {seen['smallest']['text']!r}"
+    assert seen["tallest"]["px"] <= 120, f"{name}: a table row {seen['tallest']['px']:.0f} px tall: {seen['tallest']['text']!r}"
+    assert not seen["uncued"], f"{name}: wider than its box with no scroll cue: {seen['uncued']}"
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "console-screenshots"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium; .ci/run does)")
@@ -94,6 +127,7 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
             for name, url in (("fleet-live", stack.console_url), ("incident-live", incident_url), ("node-live", stack.console_url + "nodes/sim-node-02")):
                 await page.goto(url)
                 seen[f"{name} at 390"] = await page.evaluate("document.documentElement.scrollWidth")
+                seen[f"{name} legible"] = await page.evaluate(LEGIBILITY)
                 await page.screenshot(path=SHOTS / f"{name}-390.png", full_page=True)
             await page.goto("about:blank")  # closes the live stream before the stack stops
 
@@ -114,6 +148,7 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
     assert "GPUs" in str(seen["node"]) and "Busiest processes now" in str(seen["node"]) and "No sample" not in str(seen["node"])
     for name in ("fleet-live", "incident-live", "node-live"):
         assert seen[f"{name} at 390"] <= 390, f"{name} is {seen[f'{name} at 390']} px wide on a 390 px screen"
+        _legible(name, seen[f"{name} legible"])
     assert "sim-node-01" in str(seen["silences"]) and "alice" in str(seen["silences"])
     assert errors == [], errors
     assert {p.name for p in SHOTS.glob("*.png")} >= {"capacity.png", "cluster.png", "fleet.png", "incident.png", "incidents.png", "ledger.png", "node-live.png"}
@@ -138,7 +173,7 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     at 390 px no page is wider than the screen. Screenshots: build/console-screenshots/."""
     from playwright.async_api import async_playwright
 
-    from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened
+    from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened, SpanRecord
     from gpumedic_events.base import json_examples
     from gpumedic_sim.fleet import node_ids_for
     from gpumedic_sim.history import backfill
@@ -148,6 +183,7 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     from report_builder.console import Console, ConsoleConfig
 
     SHOTS.mkdir(parents=True, exist_ok=True)
+    TRACE = "c0ffee" * 5 + "00"
     now = datetime.now(UTC)
     node_id = node_ids_for(200)[16]
     node = SimNode(node_id, 8, seed=17)
@@ -164,7 +200,14 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
                  occurred_at=(now - timedelta(minutes=20)).isoformat(), summary="container selfplay-gpu3 exited 137: host out of memory")
     async with sessions() as session, session.begin():
         await history.write(session, {node_id: minutes})
-        await repository.record_event(session, event=died, subject=died.subject, trace_id=None)
+        await repository.record_event(session, event=died, subject=died.subject, trace_id=TRACE)
+        t0 = now - timedelta(minutes=20)
+        await repository.record_spans(session, spans=[
+            SpanRecord(trace_id=TRACE, span_id=f"{i + 1:016x}", parent_span_id=None if i == 0 else f"{1:016x}", name=name,
+                       service=service, started_at=t0 + timedelta(milliseconds=40 * i), ended_at=t0 + timedelta(milliseconds=40 * i + 30),
+                       status="OK")
+            for i, (name, service) in enumerate((("detect container_died", "zombie-detector"), ("post-mortem", "zombie-detector"),
+                                                 ("record IncidentOpened", "report-builder")))])
         for m in range(0, 360, 5):
             await repository.record_cluster_check(session, event=event(
                 ClusterChecked, occurred_at=(now - timedelta(minutes=m)).isoformat(), leader=None if 100 < m < 130 else "peer-1"))
@@ -224,6 +267,7 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
                 await phone.goto(base + path)
                 await phone.wait_for_load_state("networkidle")
                 found[f"{name} at 390"] = await phone.evaluate("document.documentElement.scrollWidth")
+                found[f"{name} legible"] = await phone.evaluate(LEGIBILITY)
                 await phone.screenshot(path=SHOTS / f"{name}-390.png", full_page=True)
             await browser.close()
     finally:
@@ -243,3 +287,4 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     assert "Busiest processes from the hour before" in str(found["incident text"]) and "selfplay" in str(found["incident text"])
     for name in (*pages, "fleet", "incidents", "ledger", "cost"):
         assert found[f"{name} at 390"] <= 390, f"{name} is {found[f'{name} at 390']} px wide on a 390 px screen"
+        _legible(name, found[f"{name} legible"])
