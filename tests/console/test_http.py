@@ -471,6 +471,12 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
             assert [v for v in charts["gpu_util"]["series"][0]["values"] if v is not None] == [97.0] * 90  # the rest are gaps
             assert "390%" in text and "468.8 GiB" in text  # the busiest processes over the window
 
+            # 90 minutes of history and no window asked for: 6 h, not 24 h of mostly empty chart
+            fitted = (await client.get("/nodes/gpu-node-09")).text
+            assert "<option selected>6h</option>" in fitted
+            fitted_times = {c["id"]: c for c in _charts(fitted)}["gpu_util"]["times"]
+            assert fitted_times[-1] - fitted_times[0] <= 6 * 3600
+
             as_json = (await client.get("/nodes/gpu-node-09/history.json?window=1h")).json()
             assert as_json["step_s"] == 60 and as_json["top_processes"][0]["pid"] == 4242
             assert len(as_json["times"]) == 60

@@ -96,3 +96,25 @@ def test_the_list_filter_is_checked_and_says_what_is_wrong():
         views.incident_filter({"status": "closed"}, statuses)
     with pytest.raises(views.FilterError, match="until must be a date and time"):
         views.incident_filter({"until": "yesterday"}, statuses)
+
+
+def test_a_steady_series_breaks_where_nothing_was_checked():
+    """Checks every 10 s with a 60 s hole (a restart): a point with no value goes into the hole, so
+    the chart draws a gap there instead of a line across it; an irregular last step is no hole."""
+    times = [NOW + timedelta(seconds=s) for s in (0, 10, 20, 30, 90, 100, 125)]
+    chart = views.time_chart("peers", "Peers", "peers", times, {"answering": [3, 3, 3, 3, 2, 2, 2]}, breaks=True)
+    stamps = [t - int(NOW.timestamp()) for t in chart["times"]]
+    assert stamps == [0, 10, 20, 30, 40, 90, 100, 125]
+    assert chart["series"][0]["values"] == [3, 3, 3, 3, None, 2, 2, 2]
+    assert views.time_chart("peers", "Peers", "peers", times, {"answering": [3] * 7})["times"] == [int(t.timestamp()) for t in times]
+
+
+@pytest.mark.parametrize(("first_minutes_ago", "query", "fitted"), [
+    (20, {}, "1h"), (200, {}, "6h"), (600, {}, None), (20, {"window": "24h"}, None), (None, {}, None),
+])
+def test_a_young_nodes_page_fits_its_window_to_the_history_it_has(first_minutes_ago, query, fitted):
+    first = None if first_minutes_ago is None else NOW - timedelta(minutes=first_minutes_ago)
+    window = views.fitted_window(query, first, NOW)
+    assert (window.name if window else None) == fitted
+    if window is not None:
+        assert window.end == NOW and window.start <= first

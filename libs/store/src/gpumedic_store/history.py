@@ -359,6 +359,14 @@ class History:
     def chart(self, key: str) -> Chart | None:
         return next((c for c in self.charts if c.key == key), None)
 
+    @property
+    def first_at(self) -> datetime | None:
+        """The first point that has a figure (a young node's history starts late in its window)."""
+        for i, at in enumerate(self.times):
+            if any(series.values[i] is not None for chart in self.charts for series in chart.series if i < len(series.values)):
+                return datetime.fromtimestamp(at, UTC)
+        return None
+
     def replacing(self, charts: Sequence[Chart], source: str) -> History:
         """This history with `charts` in place of the store's charts of the same keys (or added
         before the others, in their order), over the same times."""

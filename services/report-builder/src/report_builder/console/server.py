@@ -247,6 +247,8 @@ class Console:
             actions = await read.list_actions(session, node_id=node, limit=20)
             drains = await read.drains(session, node_id=node)
             history = await node_history.read(session, node, window.start, window.end)
+            if (fitted := views.fitted_window(request.query, history.first_at, now)) is not None:
+                window, history = fitted, await node_history.read(session, node, fitted.start, fitted.end)
         history, history_error = await self._with_prometheus(node, history)
         reading = self.readings.get(node)
         if sample is None and reading is None and not incidents and not actions and history.empty and not sample_error:
@@ -375,7 +377,7 @@ class Console:
         charts = [views.time_chart("peers", "Peers", "peers", times, {
             "answering": [c.peers_answering for c in checks], "in all": [c.peers_total for c in checks],
             "with a leader": [1 if c.leader else 0 for c in checks],
-        })] if checks else []
+        }, breaks=True)] if checks else []
         return self._page(
             request, "cluster.html", "Cluster", names=names, chosen=chosen, checks=checks[-200:], summary=summary, hours=hours,
             charts=charts, leaders=_leader_stretches(checks),
@@ -391,12 +393,12 @@ class Console:
             if any(r.queued is not None or r.in_progress is not None for r in rows):
                 charts.append(views.time_chart("queue", "Tasks", "tasks", times, {
                     "queued": [r.queued for r in rows], "in progress": [r.in_progress for r in rows],
-                }))
+                }, breaks=True))
             charts.append(views.time_chart("gpus", "GPUs", "GPUs", times, {
                 "in service": [r.gpus_total for r in rows], "busy": [r.gpus_busy for r in rows], "wanted": [r.gpus_wanted for r in rows],
-            }))
+            }, breaks=True))
             if any(r.cost_per_h is not None for r in rows):
-                charts.append(views.time_chart("cost", "Cost of the billed workers", "$/h", times, {"$/h": [r.cost_per_h for r in rows]}))
+                charts.append(views.time_chart("cost", "Cost of the billed workers", "$/h", times, {"$/h": [r.cost_per_h for r in rows]}, breaks=True))
         return self._page(
             request, "capacity.html", "Capacity", rows=rows[-100:], hours=hours, last=rows[-1] if rows else None, charts=charts,
         )

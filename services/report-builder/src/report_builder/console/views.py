@@ -177,12 +177,26 @@ def _ms(delta: timedelta) -> float:
     return max(0.0, delta.total_seconds() * 1000)
 
 
-def time_chart(key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]]) -> dict:
+def time_chart(
+    key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]], *, breaks: bool = False,
+) -> dict:
     """One chart's data as the console's script draws it: times in seconds since the epoch. Labels
-    are masked here (the page does not mask chart data again: see server._chart_json)."""
+    are masked here (the page does not mask chart data again: see server._chart_json). With
+    `breaks`, checks taken at a steady pace have their gaps drawn as gaps: where two lie more than
+    three times their usual spacing apart (nothing checked meanwhile: a restart), a point with no
+    value goes between, so the line stops rather than claims what nobody saw."""
+    stamps = [int(t.timestamp()) for t in times]
+    values = {label: list(v) for label, v in series.items()}
+    if breaks and len(stamps) >= 3:
+        spacing = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))[(len(stamps) - 1) // 2]
+        gaps = [i for i in range(1, len(stamps)) if stamps[i] - stamps[i - 1] > 3 * max(spacing, 1)]
+        for i in reversed(gaps):
+            stamps.insert(i, stamps[i - 1] + max(spacing, 1))
+            for v in values.values():
+                v.insert(i, None)
     return {
-        "id": key, "title": title, "unit": unit, "times": [int(t.timestamp()) for t in times],
-        "series": [{"label": label, "values": list(values)} for label, values in series.items()], "marks": [],
+        "id": key, "title": title, "unit": unit, "times": stamps,
+        "series": [{"label": label, "values": v} for label, v in values.items()], "marks": [],
     }
 
 
@@ -237,6 +251,17 @@ def history_window(query: Mapping[str, str], now: datetime, *, default: str = "2
     if name not in WINDOWS:
         raise FilterError(f"window must be one of {', '.join(WINDOWS)}, not {name!r}")
     return Window(now - WINDOWS[name], now, name)
+
+
+def fitted_window(query: Mapping[str, str], first_at: datetime | None, now: datetime) -> Window | None:
+    """The shortest window that still holds all of a young node's history, where the person asked
+    for none (the default 24 h would draw a few minutes as dots at its right edge); None: keep it."""
+    if first_at is None or any(query.get(k) for k in ("window", "from", "to")):
+        return None
+    for name in ("1h", "6h"):
+        if first_at >= now - WINDOWS[name]:
+            return Window(now - WINDOWS[name], now, name)
+    return None
 
 
 class FilterError(ValueError):

@@ -29,6 +29,7 @@
       ctx.setLineDash([6, 4]);
       ctx.lineWidth = 1.5 * devicePixelRatio;
       ctx.font = (11 * devicePixelRatio) + "px sans-serif";
+      let textEnd = -Infinity, row = 0;
       marks.forEach(function (m) {
         const x = Math.round(u.valToPos(m.at, "x", true));
         if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) { return; }
@@ -36,7 +37,11 @@
         ctx.moveTo(x, u.bbox.top);
         ctx.lineTo(x, u.bbox.top + u.bbox.height);
         ctx.stroke();
-        ctx.fillText(m.label, x + 4 * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
+        // a label that would overlap the one before (an incident of a few seconds) goes a line lower
+        const left = x + 4 * devicePixelRatio;
+        row = left < textEnd ? row + 1 : 0;
+        ctx.fillText(m.label, left, u.bbox.top + (12 + 13 * row) * devicePixelRatio);
+        textEnd = Math.max(textEnd, left + ctx.measureText(m.label).width + 4 * devicePixelRatio);
       });
       ctx.restore();
     }] } };
