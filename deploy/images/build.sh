@@ -29,5 +29,5 @@ echo "wheels: $(ls "$OUT/wheels" | wc -l) in $OUT/wheels"
 compose=(docker compose)
 docker compose version >/dev/null 2>&1 || compose=(docker-compose)
 # every image, the GPU node's node-sampler and the demo fleet's included; then the build stages go
-"${compose[@]}" --env-file deploy/env.example -f compose.yaml -f deploy/compose.demo.yaml --profile node build
+"${compose[@]}" --env-file deploy/env.example -f compose.yaml -f deploy/compose.demo.yaml --profile node --profile monitoring build
 docker image prune --force --filter label=gpumedic.stage=build >/dev/null

@@ -1,8 +1,9 @@
 """compose brought up for real (`make compose-test`, which builds the images first): the control
 plane from compose.yaml with the demo fleet of deploy/compose.demo.yaml on a Docker engine, every
 health check waited for, one zombie job followed from detection to its verified fix, and the
-stack brought down leaving no container, network or volume behind. Once on one nats-server, once
-on the three-server cluster of deploy/compose.cluster.yaml with one of its servers killed first.
+stack brought down leaving no container, network or volume behind. Once on one nats-server with
+the `monitoring` profile (Prometheus and Alertmanager scraping and hearing everything), once on
+the three-server cluster of deploy/compose.cluster.yaml with one of its servers killed first.
 
 Jaeger is left out (its image can only be pulled, and no registry is reachable here): it is the
 profile `traces`, which this run does not enable, so the services export no spans.
@@ -53,12 +54,13 @@ def _free_port() -> int:
 class Compose:
     """One compose project in its own directory: the repository's compose files, this run's secrets."""
 
-    def __init__(self, directory: Path, overlays: list[str]) -> None:
+    def __init__(self, directory: Path, overlays: list[str], profiles: list[str] = ()) -> None:
         self.dir = directory
         self.project = f"gpumedic-test-{os.getpid()}"
+        self.profiles = list(profiles)
         files = [ROOT / "compose.yaml", *(ROOT / "deploy" / f"compose.{name}.yaml" for name in overlays)]
         self.base = [*_compose_command(), "-p", self.project, "--project-directory", str(directory),
-                     *(a for f in files for a in ("-f", str(f)))]
+                     *(a for f in files for a in ("-f", str(f))), *(a for name in profiles for a in ("--profile", name))]
 
     def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         done = subprocess.run([*self.base, *args], cwd=self.dir, capture_output=True, text=True, timeout=timeout)
@@ -114,7 +116,8 @@ def deployment(request, tmp_path: Path):
         pytest.fail("no Docker engine answers: start dockerd (make compose-test builds the images on it)")
     (tmp_path / "deploy" / "remediator").mkdir(parents=True)
     (tmp_path / "deploy" / "policy").mkdir()
-    for name in ("env.example", "nats.conf", "nats-cluster.conf"):
+    for name in ("env.example", "nats.conf", "nats-cluster.conf", "prometheus.yml", "prometheus-nodes.json", "prometheus-demo-nodes.json",
+                 "alertmanager.yml"):
         shutil.copy(ROOT / "deploy" / name, tmp_path / "deploy" / name)
     key = tmp_path / "deploy" / "remediator" / "id_ed25519"
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
@@ -124,10 +127,14 @@ def deployment(request, tmp_path: Path):
     assert init.returncode == 0, init.stderr
     # free host ports, so a stack already on 4222 or 8470 (or another run) does not collide
     ours = {"GPUMEDIC_NATS_PORT": _free_port(), "GPUMEDIC_CONSOLE_PORT": _free_port(), "GPUMEDIC_DEMO_ZOMBIE_AFTER_S": ZOMBIE_AFTER_S}
+    monitoring = request.param == "single"  # Prometheus and Alertmanager from the `monitoring` profile, once
+    if monitoring:
+        ours |= {"GPUMEDIC_PROMETHEUS_PORT": _free_port(), "GPUMEDIC_ALERTMANAGER_PORT": _free_port(),
+                 "GPUMEDIC_REPORTS_ALERTMANAGER_URL": "http://alertmanager:9093"}
     env_file = tmp_path / ".env"
     lines = [line for line in env_file.read_text().splitlines() if line.split("=", 1)[0] not in ours]
     env_file.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in ours.items())]) + "\n")
-    compose = Compose(tmp_path, ["demo", "cluster"] if request.param == "cluster" else ["demo"])
+    compose = Compose(tmp_path, ["demo", "cluster"] if request.param == "cluster" else ["demo"], ["monitoring"] if monitoring else [])
     compose.cluster = request.param == "cluster"
     yield compose
     compose.run("down", "--volumes", "--remove-orphans", "--timeout", "20", check=False)
@@ -194,8 +201,47 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
                 break
             await asyncio.sleep(1)
         assert "sim-node-02" in text and "resolved" in text.lower(), text[:2000]
+        if "monitoring" in deployment.profiles:
+            await _check_monitoring(deployment, env)
     finally:
         await nc.close()
+
+
+async def _check_monitoring(deployment: Compose, env: dict[str, str]) -> None:
+    """The `monitoring` profile as shipped: Prometheus scrapes every service and the (demo) GPU
+    nodes with every target up, NVIDIA's dashboard's series come one per GPU under the node ids,
+    and Alertmanager received the zombie's incident from report-builder, firing and then resolved."""
+    deployment.wait_healthy(["prometheus", "alertmanager"], within_s=120)
+    prometheus = f"http://127.0.0.1:{env['GPUMEDIC_PROMETHEUS_PORT']}"
+
+    def get(url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return json.loads(answer.read())
+
+    targets: list = []
+    for _ in range(60):  # a scrape every 15 s
+        targets = get(f"{prometheus}/api/v1/targets")["data"]["activeTargets"]
+        if targets and all(t["health"] == "up" for t in targets):
+            break
+        await asyncio.sleep(2)
+    health = {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
+    assert health and set(health.values()) == {"up"}, health
+    assert {job for job, _ in health} == {"gpumedic", "gpumedic-nodes"}, health
+    series = get(f"{prometheus}/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP")["data"]["result"]
+    assert sorted((s["metric"]["Hostname"], s["metric"]["gpu"]) for s in series) == [(n, g) for n in NODES for g in ("0", "1")]
+
+    alertmanager = f"http://127.0.0.1:{env['GPUMEDIC_ALERTMANAGER_PORT']}"
+    received: dict[str, float] = {}
+    for _ in range(30):  # report-builder posts within a second of an incident, and every 30 s
+        with urllib.request.urlopen(f"{alertmanager}/metrics", timeout=5) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("alertmanager_alerts_received_total{"):
+                    status = line.split('status="', 1)[1].split('"', 1)[0]
+                    received[status] = received.get(status, 0) + float(line.rsplit(" ", 1)[1])
+        if received.get("firing") and received.get("resolved"):
+            break
+        await asyncio.sleep(2)
+    assert received.get("firing") and received.get("resolved"), received
 
 
 async def _check_replicated_then_kill_one(deployment: Compose, env: dict[str, str]) -> None:

@@ -90,7 +90,7 @@ def cmd_fleet(args) -> int:
             serve_fleet(
                 args.dir, nodes=args.nodes, gpus=args.gpus, listen=args.listen, host=args.host or args.listen,
                 client_key_file=args.client_key, credentials=args.credentials, interval_s=args.interval,
-                zombie_after_s=args.zombie_after,
+                zombie_after_s=args.zombie_after, metrics_port=args.metrics_port,
             )
         )
     except (FleetSetupError, CannotStart) as exc:
@@ -202,6 +202,8 @@ def register() -> None:
         click.option("--credentials", type=PATH, required=True, help="the directory of per-node NATS logins that `gpumedic init` wrote (NODE.env)"),
         click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="seconds between a node's samples"),
         click.option("--zombie-after", type=click.FloatRange(min=0), help="inject one zombie job this many seconds after sampling starts"),
+        click.option("--metrics-port", type=click.IntRange(min=1, max=65535),
+                     help="serve every node's GPU series on /metrics here, as node-samplers do (dcgm-exporter's names, Hostname the node id)"),
         description="Simulated nodes that run the real node-sampler code over simulated NVML and /proc, answer SSH "
         "(accepting the remediator's key) and log in to NATS each as its own user, as real nodes would.",
     )

@@ -61,9 +61,11 @@ async def serve_fleet(
     credentials: Path,
     interval_s: float,
     zombie_after_s: float | None,
+    metrics_port: int | None = None,
     say=print,
 ) -> int:
-    """Run until cancelled (SIGTERM, Ctrl-C); 2 when the fleet cannot start."""
+    """Run until cancelled (SIGTERM, Ctrl-C); 2 when the fleet cannot start. With `metrics_port`,
+    every node's GPU series are served on `listen:metrics_port/metrics` for Prometheus."""
     try:
         key = asyncssh.read_private_key(client_key_file)
     except (OSError, asyncssh.KeyImportError) as exc:
@@ -79,6 +81,8 @@ async def serve_fleet(
             connections[node_id] = await connect(settings, f"sim-{node_id}")
         await fleet.start()
         say(f"fleet: {nodes} nodes x {gpus} GPUs on {host} ({listen}); inventory and known_hosts in {workdir}")
+        if metrics_port is not None:
+            say(f"fleet: the nodes' GPU series on http://{await fleet.serve_metrics(listen, metrics_port)}/metrics")
 
         async def publish(event: Event) -> None:
             await connections[event.node_id].jetstream().publish(
