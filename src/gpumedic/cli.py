@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -89,6 +91,12 @@ def _store_url(args, *, reading: bool = True) -> str:
 
 
 def cmd_up(args) -> int:
+    if args.listen != "127.0.0.1" and (args.demo or not args.nats_host or args.cluster > 1):
+        why = ("the demo's fleet runs on this machine: it needs no --listen" if args.demo
+               else "a NATS cluster listens on loopback only: for nodes elsewhere run one server, or compose" if args.cluster > 1
+               else "say by which name or address the nodes reach this machine: --nats-host NAME (it goes into the server certificate)")
+        print(f"gpumedic up: --listen {args.listen}: {why}", file=sys.stderr)
+        return 2
     if args.demo:
         if "up --demo" not in EXTENSIONS:
             print("gpumedic up --demo: the simulated fleet is not installed (the gpumedic-sim package)", file=sys.stderr)
@@ -101,8 +109,13 @@ def cmd_up(args) -> int:
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
             stack.env = remediator_files(args.var)
+            reach = {"listen": args.listen, "reached_as": list(args.nats_host)}
+            if args.listen != "127.0.0.1":
+                reach["port"] = args.nats_port or 4222
+            elif args.nats_port:
+                reach["port"] = args.nats_port
             stack.start_bus(cluster=args.cluster, nodes=_inventory_nodes(
-                {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]))
+                {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]), **reach)
             await stack.provision()
             stack.migrate()
             # This machine's own sampler runs even without a GPU: a node's silence is measured against
@@ -436,8 +449,13 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
         task = progress.add_task(f"{name} {len(nodes)} node(s)", total=len(nodes))
         outcomes = asyncio.run(enroll.for_each_node(executor, nodes, work, concurrency=args.concurrency,
                                                     advance=lambda outcome: progress.advance(task)))
+    said = outcomes
+    wait_s = getattr(args, "wait", 0) if not remove and not getattr(args, "check", False) else 0
+    if wait_s and (placed := [o.node_id for o in outcomes if o.ok]):
+        said = [o if not o.ok else enroll.seen_or_not(o, seen) for o, seen in
+                zip(outcomes, _first_samples(args.var, placed, wait_s, [o.node_id for o in outcomes]), strict=True)]
     width = max(len(n) for n in nodes)
-    for outcome in outcomes:
+    for outcome in said:
         shown = "\n".join(printable(part) for part in outcome.line.split("\n"))  # a node's words, never its terminal codes
         print(f"{outcome.node_id:<{width}}  {'ok  ' if outcome.ok else 'FAIL'}  {shown}")
     if not getattr(args, "check", False):  # the remediator restarts a node's services through what enroll started them under
@@ -453,9 +471,48 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
                     print(f"{inventory}: {outcome.node_id} {key}: {value or '(the default)'}")
                 except InventoryError as exc:
                     print(f"gpumedic {name}: {exc}; set {key}: {value} for {outcome.node_id} by hand", file=sys.stderr)
-    failed = sum(not o.ok for o in outcomes)
-    print(f"{len(outcomes)} node(s): {len(outcomes) - failed} ok, {failed} failed")
+    failed = sum(not o.ok for o in said)
+    print(f"{len(said)} node(s): {len(said) - failed} ok, {failed} failed")
     return 1 if failed else 0
+
+
+def _first_samples(var: Path, placed: list[str], wait_s: float, order: list[str]) -> list[float | str | None]:
+    """For each node of `order`: seconds until its first sample reached the bus, a reason none was
+    waited for, or None (none within `wait_s`). Only the nodes `placed` are waited for."""
+    from gpumedic import operator_bus
+    from gpumedic_bus import connect
+    from gpumedic_events import NodeSampled
+
+    try:
+        settings = operator_bus.operator_settings(var)
+    except operator_bus.OperatorError as exc:
+        return [f"not waited for: {exc}" if n in placed else None for n in order]
+
+    async def wait() -> dict[str, float]:
+        seen: dict[str, float] = {}
+        started = time.monotonic()
+        everyone = asyncio.Event()
+        nc = await connect(settings, "gpumedic-enroll", allow_reconnect=False, max_reconnect_attempts=0)
+        try:
+            async def on_sample(msg) -> None:
+                node = msg.subject.rsplit(".", 1)[-1]
+                seen.setdefault(node, time.monotonic() - started)
+                if set(placed) <= seen.keys():
+                    everyone.set()
+
+            for node in placed:
+                await nc.subscribe(NodeSampled.subject_for(node), cb=on_sample)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(everyone.wait(), wait_s)
+        finally:
+            await nc.close()
+        return seen
+
+    try:
+        seen = asyncio.run(wait())
+    except (OSError, TimeoutError, RuntimeError) as exc:  # the bus itself
+        return [f"not waited for: the bus did not answer ({exc})" if n in placed else None for n in order]
+    return [seen.get(n) for n in order]
 
 
 def cmd_inventory(args) -> int:
@@ -744,6 +801,13 @@ command(
     click.option("--demo", is_flag=True, help="also start a simulated fleet and inject a zombie job"),
     click.option("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"),
     cluster_option(),
+    click.option("--listen", default="127.0.0.1", show_default=True, metavar="ADDR",
+                 help="where nats-server listens: 0.0.0.0 or an address of this machine lets rented nodes elsewhere reach it"),
+    click.option("--nats-port", type=click.IntRange(min=1, max=65535), metavar="PORT",
+                 help="nats-server's port (default: 4222 with --listen, else a free one)"),
+    click.option("--nats-host", multiple=True, metavar="NAME",
+                 help="with --listen: a name or address the nodes reach this machine by; goes into the server certificate "
+                 "(repeatable; the first goes into the nodes' credentials)"),
 )
 command(
     "run", cmd_run, "run one service in the foreground (settings from GPUMEDIC_* variables)",
@@ -901,6 +965,8 @@ command(
     click.option("--secrets", type=PATH, help="nodes/NODE.env and tls/ca.pem: default deploy/secrets (gpumedic init), else VAR/secrets"),
     click.option("--nats-url", help="the NATS address the nodes reach, when not the one in their env file (tls://HOST:4222)"),
     click.option("--artifact", type=PATH, help="a node artifact built before (default: built here for each node's platform, kept in VAR/enroll)"),
+    click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+                 help="seconds to wait for each node's first sample on the bus (0: do not wait); none in time is a failure"),
     description="Over the remediator's SSH (the inventory's user, port, key and jump host; host keys checked), puts one artifact "
     "on each node, built here from uv.lock for the node's CPU, python3 (3.11+) and glibc: node-sampler, what it imports and a "
     "supervisor, under /workspace/.gpumedic (a pod's volume, kept across its restarts) or ~/.gpumedic of the login user, with "

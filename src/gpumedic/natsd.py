@@ -52,6 +52,7 @@ class NatsServer:
         data_dir: Path,
         *,
         port: int = -1,
+        host: str = "127.0.0.1",
         log_file: Path | None = None,
         extra_config: str = "",
         tls_config: str = "",
@@ -62,6 +63,8 @@ class NatsServer:
         self.extra_config = extra_config
         self.tls_config = tls_config
         self.port = port
+        self.host = host
+        """The address it listens on: loopback, or where nodes elsewhere reach it (0.0.0.0: every one)."""
         self.log_file = log_file or self.data_dir / "nats-server.log"
         self.url = ""
         self._proc: subprocess.Popen | None = None
@@ -75,7 +78,7 @@ class NatsServer:
         config.write_text(
             "\n".join(
                 [
-                    f"listen: 127.0.0.1:{self.port}",
+                    f"listen: {self.host}:{self.port}",
                     "max_payload: 1MB",
                     "jetstream {",
                     f"  store_dir: {json.dumps(str(self.data_dir / 'jetstream'))}",
@@ -108,11 +111,10 @@ class NatsServer:
                 except json.JSONDecodeError:
                     time.sleep(0.01)
                     continue
-                self.url = ports["nats"][0]
-                if self.tls_config:
-                    self.url = self.url.replace("nats://", "tls://", 1)
-                # A restart keeps the port: clients reconnect to the same address.
-                self.port = int(self.url.rsplit(":", 1)[1])
+                # listening on every address, this machine's services use loopback
+                self.port = int(ports["nats"][0].rsplit(":", 1)[1])  # a restart keeps it: clients reconnect to the same address
+                local = "127.0.0.1" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
+                self.url = f"{'tls' if self.tls_config else 'nats'}://{local}:{self.port}"
                 return self.url
             time.sleep(0.01)
         self.stop()

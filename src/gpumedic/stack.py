@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,13 +146,25 @@ class Stack:
             "GPUMEDIC_REPORTS_INVENTORY": env.get("GPUMEDIC_REPORTS_INVENTORY") or env.get("GPUMEDIC_REMEDIATOR_INVENTORY", ""),
         }
 
-    def start_bus(self, *, sim_fleet: bool = False, cluster: int = 1, nodes: Iterable[str] = ()) -> str:
+    def start_bus(
+        self, *, sim_fleet: bool = False, cluster: int = 1, nodes: Iterable[str] = (), listen: str = "127.0.0.1",
+        port: int | None = None, reached_as: Sequence[str] = (),
+    ) -> str:
         """Start nats-server with TLS and one user per service (and `sim-fleet` for a simulated fleet);
         with `cluster` > 1, that many servers in one JetStream cluster on loopback, every stream
         and bucket replicated on up to three of them (`provision`). Each of `nodes` (the inventory's)
-        gets its own user and `secrets/nodes/NODE.env`, what `gpumedic enroll` puts on the node."""
+        gets its own user and `secrets/nodes/NODE.env`, what `gpumedic enroll` puts on the node.
+
+        Nodes elsewhere (rented pods) reach a server that listens on `listen` (an address of this
+        machine, or 0.0.0.0) at `port`, by the names or addresses `reached_as`: the server
+        certificate names them, and the nodes' NODE.env gives the first."""
         if not 1 <= cluster <= 5:
             raise ValueError(f"a NATS cluster of {cluster} servers: use 1 to 5 (3 is the usual, surviving one loss)")
+        if listen != "127.0.0.1" and cluster > 1:
+            raise ValueError("a NATS cluster listens on loopback only: for nodes elsewhere run one server (or compose)")
+        if listen != "127.0.0.1" and not reached_as:
+            raise ValueError(f"nats-server listens on {listen}: say by which name or address the nodes reach this machine "
+                             "(--nats-host); it goes into the server certificate")
         self.logs.mkdir(parents=True, exist_ok=True)
         self.secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
         nodes = sorted(set(nodes) - {sampler_node_id(self.env)})
@@ -160,7 +172,7 @@ class Stack:
         if sim_fleet:
             users.append(SIM_FLEET)
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
-        self.tls = ensure_tls(self.secrets / "tls", ["localhost", "127.0.0.1"])
+        self.tls = ensure_tls(self.secrets / "tls", ["localhost", "127.0.0.1", *reached_as, *([listen] if listen != "0.0.0.0" else [])])
         accounts = render_accounts({u: self.passwords[u] for u in users})
         routes = [_free_port() for _ in range(cluster)] if cluster > 1 else []
         for n in range(cluster):
@@ -170,7 +182,7 @@ class Stack:
                 member = f"server_name: gpumedic-{n + 1}\ncluster {{\n  name: gpumedic\n  listen: 127.0.0.1:{routes[n]}\n  routes: [{others}]\n}}\n"
             self.servers.append(NatsServer(
                 self.var_dir / ("nats" if n == 0 else f"nats-{n + 1}"),
-                port=_free_port() if routes else -1,
+                port=_free_port() if routes else (port or -1), host=listen,
                 log_file=self.logs / f"{server_name(n)}.log",
                 extra_config=member + accounts,
                 tls_config=self.tls.server_config(),
@@ -178,11 +190,13 @@ class Stack:
         for server in self.servers:
             server.start()
         url = ",".join(server.url for server in self.servers)
+        nodes_url = f"tls://{reached_as[0]}:{self.servers[0].port}" if reached_as else url
         for node in nodes:
             write_private(self.secrets / "nodes" / f"{node}.env", node_env(
-                node, url=url, user=node_user(node), password=self.passwords[node_user(node)], ca_file=str(self.tls.ca.resolve())))
+                node, url=nodes_url, user=node_user(node), password=self.passwords[node_user(node)], ca_file=str(self.tls.ca.resolve())))
         shape = f"a cluster of {cluster} nats-servers, streams on {self.replicas}" if cluster > 1 else "nats-server"
-        self.say(f"  {shape} with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})")
+        self.say(f"  {shape} with JetStream on {url}: TLS, {len(users)} users (secrets in {self.secrets})"
+                 + (f"; nodes reach it at {nodes_url}" if reached_as else ""))
         return url
 
     @property

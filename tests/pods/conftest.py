@@ -32,7 +32,7 @@ cp /root/.ssh/authorized_keys /home/worker/.ssh/authorized_keys
 chown -R worker:worker /home/worker/.ssh
 chmod 700 /root/.ssh /home/worker/.ssh
 ssh-keygen -A >/dev/null
-exec /usr/sbin/sshd -D -e -p "$PORT" -o ListenAddress=127.0.0.1 -o PasswordAuthentication=no
+exec /usr/sbin/sshd -D -e -p "$PORT" -o ListenAddress="${LISTEN:-127.0.0.1}" -o PasswordAuthentication=no
 """
 
 
@@ -56,6 +56,10 @@ class Pod:
     port: int
     host_key_line: str
     """The pod's host key as a known_hosts line."""
+    address: str = "127.0.0.1"
+    """Where this machine reaches it."""
+    gateway: str = ""
+    """Where it reaches this machine, on a bridge network."""
 
     def sh(self, script: str, *, user: str = "root", check: bool = True) -> str:
         return _docker("exec", "-u", user, self.name, "sh", "-c", script, check=check).stdout
@@ -95,6 +99,33 @@ def pod(pod_image: str, tmp_path: Path, request) -> Iterator[Pod]:
             pytest.fail(f"the pod's sshd did not listen: {_docker('logs', name, check=False).stderr[-500:]}")
         host_key = _docker("exec", name, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()
         yield Pod(name, port, f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}")
+    finally:
+        _docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture
+def bridge_pod(pod_image: str, tmp_path: Path, request) -> Iterator[Pod]:
+    """A pod on the engine's bridge network, as a rented pod is on its own network: reached at its
+    own address (port 22), and reaching this machine only at the bridge's gateway, never at
+    127.0.0.1."""
+    key: Path = request.getfixturevalue("pod_client_key")
+    name = f"gpumedic-bridge-pod-{tmp_path.name[-12:].lower().replace('_', '-')}-{_free_port()}"
+    _docker("run", "-d", "--name", name, "-e", "PORT=22", "-e", "LISTEN=0.0.0.0",
+            "-e", f"AUTHORIZED={key.with_suffix('.pub').read_text().strip()}", pod_image, "sh", "-c", BOOT)
+    try:
+        network = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.Gateway}}{{end}}", name).stdout.split()
+        assert len(network) == 2, f"the pod has no bridge address: {network}"
+        address, gateway = network
+        for _ in range(100):
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((address, 22)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the pod's sshd did not listen: {_docker('logs', name, check=False).stderr[-500:]}")
+        host_key = _docker("exec", name, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()
+        yield Pod(name, 22, f"{address} {host_key[0]} {host_key[1]}", address, gateway)
     finally:
         _docker("rm", "-f", name, check=False)
 

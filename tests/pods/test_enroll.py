@@ -7,8 +7,10 @@ gap in the samples longer than one interval; `unenroll` leaving no file and no p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -181,3 +183,66 @@ async def test_root_on_a_pod_with_gpumedic_init_credentials_and_one_line_per_nod
     assert pod.processes() == processes_before
     assert pod.files() == files_before
     await observer.close()
+
+
+@pytest.mark.timeout(400)
+async def test_a_pod_on_its_own_network_enrolls_into_gpumedic_up_listening_for_it(bridge_pod, sshd, tmp_path):
+    """A small team's whole control plane on one machine, and a pod that reaches that machine only
+    at ADDR (the Docker bridge's gateway here, a VM's public name for a rented pod). While `gpumedic
+    up` listens on loopback, enrolling "works" but no sample comes: enroll says so and fails, and
+    `enroll --check` names the sampler's own error. With `up --listen 0.0.0.0 --nats-host ADDR` the
+    server certificate names ADDR, the node's credentials point there, and its first sample arrives."""
+    pod = bridge_pod
+    var = tmp_path / "var"
+    (var / "ssh").mkdir(parents=True)
+    shutil.copyfile(sshd.client_key, var / "ssh" / "id_ed25519")  # the key the pod accepts (pod_client_key above)
+    (var / "ssh" / "id_ed25519").chmod(0o600)
+    (var / "ssh" / "known_hosts").write_text(pod.host_key_line + "\n")
+    (var / "ssh" / "inventory.yaml").write_text(f"nodes:\n  {NODE}: {{host: {pod.address}, port: 22, user: root}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")}
+    refused = subprocess.run([GPUMEDIC, "up", "--listen", "0.0.0.0", "--var", str(var)], env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "--nats-host NAME" in refused.stderr, refused.stderr
+
+    # 1. the bus on loopback: the pod cannot reach it, and nothing pretends it can
+    async with _up(var, env) as said:
+        enrolled = await asyncio.to_thread(_gpumedic, "enroll", "--node", NODE, "--var", str(var), "--wait", "25")
+        assert enrolled.returncode == 1 and "but no sample reached the bus in time" in enrolled.stdout, enrolled.stdout
+        checked = await asyncio.to_thread(_gpumedic, "enroll", "--check", "--node", NODE, "--var", str(var))
+        assert checked.returncode == 1 and "failing: gpumedic-node-sampler: no NATS server answers at tls://127.0.0.1:" in checked.stdout, \
+            checked.stdout
+        removed = await asyncio.to_thread(_gpumedic, "unenroll", "--node", NODE, "--var", str(var))
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+
+    # 2. listening where the pod reaches this machine
+    port = _free_port()
+    async with _up(var, env, "--listen", "0.0.0.0", "--nats-host", pod.gateway, "--nats-port", str(port)) as said:
+        assert f"nodes reach it at tls://{pod.gateway}:{port}" in said, said
+        enrolled = await asyncio.to_thread(_gpumedic, "enroll", "--node", NODE, "--var", str(var))
+        assert enrolled.returncode == 0 and "first sample on the bus after" in enrolled.stdout, enrolled.stdout + enrolled.stderr
+        assert f"GPUMEDIC_NATS_URL=tls://{pod.gateway}:{port}" in pod.sh("cat /workspace/.gpumedic/node.env")
+        checked = await asyncio.to_thread(_gpumedic, "enroll", "--check", "--node", NODE, "--var", str(var))
+        assert checked.returncode == 0 and "failing" not in checked.stdout, checked.stdout
+
+
+@contextlib.asynccontextmanager
+async def _up(var: Path, env: dict[str, str], *args: str):
+    """`gpumedic up` until the block ends; what it said until it ran."""
+    up = subprocess.Popen([GPUMEDIC, "up", "--var", str(var), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said = []
+        for line in up.stdout:
+            said.append(line)
+            if line.startswith("[3/3] running"):
+                break
+        else:
+            pytest.fail("gpumedic up did not start:\n" + "".join(said[-20:]))
+        yield "".join(said)
+    finally:
+        up.terminate()
+        up.wait(timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -25,6 +25,7 @@ import asyncio
 import re
 import shlex
 from collections.abc import Awaitable, Callable, Iterable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,13 +308,29 @@ async def check_node(session: NodeSession) -> Outcome:
     found = dict(line.split("=", 1) for line in lines if not line.startswith("cannot="))
     cannot = [line.removeprefix("cannot=") for line in lines if line.startswith("cannot=")]
     state = found.get("state", "unknown")
-    running = state in ("active", "RUNNING")
+    failing = found.get("failing", "").strip()
+    running = state in ("active", "RUNNING") and not failing
     manager = found.get("manager") if found.get("manager") in ("systemd", "supervisor") else None
     line = f"{clip(found.get('version', '?'), 64)} {clip(state.lower(), 32)} under {manager or clip(found.get('manager', '?'), 32)}"
     if found.get("since"):
         line += f" since {clip(found['since'], 64)}"
+    if found.get("restarts", "0").strip() not in ("", "0"):
+        line += f", restarted {clip(found['restarts'].strip(), 8)} time(s)"
+    if failing:
+        line += f"\n    failing: {clip(failing, 300)}"
     line += "".join(f"\n    cannot see: {clip(what, 200)}" for what in cannot[:20])
     return Outcome(session.node_id, running, line, manager, _elsewhere(facts))
+
+
+def seen_or_not(outcome: Outcome, seen: float | str | None) -> Outcome:
+    """An enrolled node's line with what the bus saw of it: its first sample (seconds after the
+    wait began), a reason nobody looked, or none in time (a failure: "ok" means the node is seen)."""
+    if isinstance(seen, float):
+        return dataclasses.replace(outcome, line=f"{outcome.line}; first sample on the bus after {seen:.1f}s")
+    if isinstance(seen, str):
+        return dataclasses.replace(outcome, line=f"{outcome.line}; first sample {seen}")
+    return dataclasses.replace(outcome, ok=False, line=f"{outcome.line}\n    but no sample reached the bus in time: "
+                               f"`gpumedic enroll --check --node {outcome.node_id}` says why (the sampler's last error)")
 
 
 async def unenroll_node(session: NodeSession) -> Outcome:
