@@ -320,9 +320,19 @@ def cmd_silence(args) -> int:
                 raise operator_bus.OperatorError("a recurring window needs both --every and --repeat-until")
             every_s = parse_time(args.every, limit_s=year) if args.every is not None else None
             repeat_until = parse_start(args.repeat_until, starts_at, limit_s=year) if args.repeat_until is not None else None
+            matchers = list(args.match)
+            if any(m.lstrip().startswith("group") for m in matchers):  # an inventory group: its nodes
+                from gpumedic_nodes.inventory import InventoryError, load_inventory
+
+                inventory = remediator_file(None, "INVENTORY", "inventory.yaml", args.var)
+                try:
+                    groups = {node: address.group for node, address in load_inventory(inventory).items()}
+                except InventoryError as exc:
+                    raise operator_bus.OperatorError(f"a group matcher needs the remediator's inventory: {exc}") from None
+                matchers = silences.expand_groups(matchers, groups)
             try:
                 event = silences.build(reason=args.reason, by=args.by, duration_s=duration_s, node_id=args.node, kind=args.kind,
-                                       gpu_index=args.gpu, matchers=args.match, starts_at=starts_at, every_s=every_s,
+                                       gpu_index=args.gpu, matchers=matchers, starts_at=starts_at, every_s=every_s,
                                        repeat_until=repeat_until)
             except ValidationError as exc:  # one line: the field and what is wrong with it
                 error = exc.errors()[0]
@@ -895,7 +905,8 @@ command(
     click.option("--kind", type=click.Choice([k.value for k in IncidentKind]), metavar="KIND", help="only this incident kind"),
     click.option("--gpu", type=int, help="only this GPU index"),
     click.option("--match", multiple=True, metavar="MATCHER",
-                 help="a condition as Alertmanager writes it: node=~'gpu-0[34]', kind!=gpu_xid, gpu=~'.+' (repeatable; all must hold)"),
+                 help="a condition as Alertmanager writes it on node, kind, gpu, cluster or group: node=~'gpu-0[34]', kind!=gpu_xid, "
+                 "gpu=~'.+', cluster=selfplay, group=spot (the inventory group's nodes now) (repeatable; all must hold)"),
     click.option("--preview", is_flag=True, help="with `add`: show the nodes and the unresolved incidents it matches now, and add nothing"),
     click.option("--for", "duration", default="1h", show_default=True, help="how long, e.g. 30m, 4h"),
     click.option("--starts", default="now", show_default=True,

@@ -10,8 +10,9 @@ one runs there, else the one GPUMEDIC_NATS_* names (compose: the operator's pass
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -21,8 +22,37 @@ from gpumedic.operator_bus import SOURCE, OperatorError, publish
 from gpumedic.output import table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentKind, Matcher, SilenceAdded, SilenceRemoved
+from gpumedic_events.silence import MATCHER
 from gpumedic_store import views
 from gpumedic_store.models import Incident
+
+
+def expand_groups(matchers: Sequence[str], groups: Mapping[str, str | None]) -> list[str]:
+    """The matchers with each on an inventory group (`group=gpu-a`, `group!=spot`, `group=~"a|b"`)
+    turned into one on the nodes the inventory puts in it now (`groups`: node -> its group):
+    detectors know nodes, not groups, so the silence holds the nodes, and a node added to the group
+    later is not in it. A group with no node is refused, naming the groups there are."""
+    out = []
+    for text in matchers:
+        found = MATCHER.match(text)
+        if found is None or found["label"] != "group":
+            out.append(text)
+            continue
+        op, value = found["op"], found["value"].strip('"')
+        if op in ("=~", "!~"):
+            try:
+                pattern = re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"{text!r}: {value!r} is not a regular expression: {exc}") from None
+            named = {n for n, g in groups.items() if g is not None and pattern.fullmatch(g)}
+        else:
+            named = {n for n, g in groups.items() if g == value}
+        if not named:
+            known = sorted({g for g in groups.values() if g})
+            raise ValueError(f"{text!r}: no node of the inventory is in such a group (groups: {', '.join(known) or 'none'})")
+        nodes = "|".join(re.escape(n) for n in sorted(named))
+        out.append(f"node{'=~' if op in ('=', '=~') else '!~'}{nodes}")
+    return out
 
 
 def build(
@@ -107,9 +137,14 @@ async def preview(store_url: str, event: SilenceAdded) -> Preview:
         unresolved = (await session.scalars(select(Incident).where(Incident.status != "resolved"))).all()
     return Preview(
         nodes=sorted(n for n in known if _node_matches(event, n)),
-        incidents=sorted((i for i in unresolved if event.covers(i.kind, i.node_id, i.gpu_index)), key=lambda i: i.opened_at),
+        incidents=sorted((i for i in unresolved if event.covers(i.kind, i.node_id, i.gpu_index, _cluster_of(i))), key=lambda i: i.opened_at),
         known=known,
     )
+
+
+def _cluster_of(incident: Incident) -> str | None:
+    cluster = (incident.evidence or {}).get("cluster")
+    return cluster if isinstance(cluster, str) else None
 
 
 def check(event: SilenceAdded, seen: Preview) -> None:

@@ -291,6 +291,23 @@ def test_silences_match_as_alertmanager_matchers_do_every_one_holding():
     assert b.silence_for(ZOMBIE, "gpu-host", 0, at(0)) == not_n9
 
 
+def test_a_silence_on_a_peer_cluster_holds_its_incidents_while_they_stay_open():
+    """leader-health's findings name their cluster in the evidence; the incident keeps it, so the
+    silence holds at every tick and not only when it opened."""
+    from gpumedic_incidents import Finding as Found
+
+    b = book()
+    b.on_silence(selfplay := _silence(matchers=(Matcher.parse("cluster=selfplay"),)))
+    finding = Found(kind=IncidentKind.NO_LEADER, node_id="selfplay", evidence={"cluster": "selfplay"}, summary="no leader")
+    (opened,) = run(b, b.on_finding(finding, at(0)))
+    assert opened.silence_id == selfplay.silence_id
+    (state,) = b.incidents.values()
+    assert state.cluster == "selfplay" and b.silence_for(state.kind, state.node_id, None, at(5), cluster=state.cluster) == selfplay
+    other = Found(kind=IncidentKind.NO_LEADER, node_id="training", evidence={"cluster": "training"}, summary="no leader")
+    (opened,) = run(b, b.on_finding(other, at(0)))
+    assert opened.silence_id is None
+
+
 def test_a_recurring_window_silences_in_each_window_and_never_after_its_last():
     """Every 100 s for 20 s, from 0 until 250: windows [0, 20), [100, 120), [200, 220)."""
     b = book()

@@ -24,20 +24,23 @@ from gpumedic_events.incident import IncidentKind
 _SILENCE_ID = "8e9f0a1b-2c3d-4e5f-8a6b-7c8d9e0f1a2b"
 
 
-LABELS = ("node", "kind", "gpu")
+LABELS = ("node", "kind", "gpu", "cluster")
 MATCHER = re.compile(r"^\s*(?P<label>[a-z_]+)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*$")
 
 
 class Matcher(BaseModel):
     """One condition on an incident's labels, as Alertmanager's silences write them: `=` and `!=`
     compare, `=~` and `!~` match a regular expression against the whole value. An incident's
-    labels are `node`, `kind` and `gpu` (its index; empty when the incident is not a GPU's)."""
+    labels are `node`, `kind`, `gpu` (its index; empty when the incident is not a GPU's) and
+    `cluster` (the peer cluster a leader-health incident is about; else empty). An inventory
+    group is no label: the CLI turns `group=NAME` into the group's nodes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     label: Literal[LABELS]
     op: Literal["=", "!=", "=~", "!~"]
-    value: str = Field(max_length=200)
+    value: str = Field(max_length=4000)
+    """Long enough for an inventory group's nodes as one alternation."""
 
     @model_validator(mode="after")
     def _compiles(self) -> Matcher:
@@ -54,7 +57,7 @@ class Matcher(BaseModel):
         found = MATCHER.match(text)
         if found is None:
             raise ValueError(f"{text!r} is no matcher: write LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX "
-                             "(labels: node, kind, gpu)")
+                             f"(labels: {', '.join(LABELS)})")
         value = found["value"]
         if len(value) >= 2 and value[0] == value[-1] == '"':
             value = value[1:-1]
@@ -78,9 +81,9 @@ class Matcher(BaseModel):
         return f"{self.label}{self.op}{self.value}"
 
 
-def incident_labels(kind: str, node_id: str, gpu_index: int | None) -> dict[str, str]:
+def incident_labels(kind: str, node_id: str, gpu_index: int | None, cluster: str | None = None) -> dict[str, str]:
     """What a silence's matchers see of an incident (Alertmanager's labels of the same names)."""
-    return {"node": node_id, "kind": str(kind), "gpu": "" if gpu_index is None else str(gpu_index)}
+    return {"node": node_id, "kind": str(kind), "gpu": "" if gpu_index is None else str(gpu_index), "cluster": cluster or ""}
 
 
 class SilenceAdded(Event):
@@ -125,7 +128,7 @@ class SilenceAdded(Event):
     kind: IncidentKind | None = Field(default=None, description="Only this kind; None: every kind.")
     gpu_index: int | None = Field(default=None, ge=0, le=63, description="Only this GPU; None: every GPU.")
     matchers: tuple[Matcher, ...] = Field(
-        default=(), max_length=16, description="Conditions on the incident's labels (node, kind, gpu), all of which must hold.",
+        default=(), max_length=16, description="Conditions on the incident's labels (node, kind, gpu, cluster), all of which must hold.",
     )
     starts_at: AwareDatetime
     ends_at: AwareDatetime
@@ -169,13 +172,13 @@ class SilenceAdded(Event):
         windows = -(-(self.repeat_until - self.starts_at).total_seconds() // self.every_s)  # those that start before repeat_until
         return self.ends_at + timedelta(seconds=self.every_s * (windows - 1))
 
-    def covers(self, kind: str, node_id: str, gpu_index: int | None) -> bool:
+    def covers(self, kind: str, node_id: str, gpu_index: int | None, cluster: str | None = None) -> bool:
         """Whether this silence matches an incident (in force or not: `window_at` says when)."""
         if self.node_id not in (None, node_id) or self.kind not in (None, kind):
             return False
         if self.gpu_index is not None and self.gpu_index != gpu_index:
             return False
-        labels = incident_labels(kind, node_id, gpu_index)
+        labels = incident_labels(kind, node_id, gpu_index, cluster)
         return all(m.matches(labels) for m in self.matchers)
 
     def scope(self) -> str:

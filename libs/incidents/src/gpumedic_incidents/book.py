@@ -73,7 +73,7 @@ class IncidentBook:
         if state is not None:
             t = lifecycle.observe(state, finding, now, policy=self.policy)
             return [t] if t else []
-        silence = self.silence_for(finding.kind, finding.node_id, finding.gpu_index, now)
+        silence = self.silence_for(finding.kind, finding.node_id, finding.gpu_index, now, cluster=finding.cluster)
         if silence is not None:
             return [self._open(finding, now, silence_id=silence.silence_id)]
         return self._open_or_correlate(finding, now, found_with)
@@ -121,7 +121,7 @@ class IncidentBook:
                 if not any(i.related_incident_id == state.incident_id for i in self.incidents.values()):
                     transitions.append(lifecycle.close(state, now, "no node of the fleet incident shows the fault any more"))
                 continue
-            silenced = self.silence_for(state.kind, state.node_id, state.gpu_index, now) is not None
+            silenced = self.silence_for(state.kind, state.node_id, state.gpu_index, now, cluster=state.cluster) is not None
             t = lifecycle.tick(state, now, policy=self.policy, silenced=silenced)
             if t is not None:
                 transitions.append(t)
@@ -141,9 +141,11 @@ class IncidentBook:
         else:
             self.silences.pop(event.silence_id, None)
 
-    def silence_for(self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime) -> SilenceAdded | None:
+    def silence_for(
+        self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime, *, cluster: str | None = None,
+    ) -> SilenceAdded | None:
         for silence in self.silences.values():
-            if silence.window_at(now) is not None and silence.covers(kind, node_id, gpu_index):
+            if silence.window_at(now) is not None and silence.covers(kind, node_id, gpu_index, cluster):
                 return silence
         return None
 

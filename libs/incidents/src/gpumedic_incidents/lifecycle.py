@@ -106,6 +106,7 @@ def open_incident(
         node_id=finding.node_id,
         gpu_index=finding.gpu_index,
         key=finding.key,
+        cluster=finding.cluster,
         opened_at=now,
         last_seen_at=now,
         phase="held",

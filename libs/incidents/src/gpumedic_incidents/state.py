@@ -71,6 +71,8 @@ class IncidentState(BaseModel):
     gpu_index: int | None
     key: str | None = None
     """What tells apart several incidents of one kind on one node and GPU (a container)."""
+    cluster: str | None = None
+    """The peer cluster it is about (leader-health's), which a silence may match."""
     opened_at: datetime
     last_seen_at: datetime
     occurrences: int = 1
@@ -142,6 +144,12 @@ class Finding:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.node_id, self.kind, self.gpu_index, self.key)
+
+    @property
+    def cluster(self) -> str | None:
+        """The peer cluster it is about, where its evidence names one."""
+        cluster = self.evidence.get("cluster")
+        return cluster if isinstance(cluster, str) else None
 
 
 def masked(finding: Finding) -> Finding:
