@@ -64,7 +64,7 @@ async def test_the_detector_and_the_remediator_serve_what_they_did_as_prometheus
     assert value(acted, "gpumedic_service_info", service="remediator") == 1
     assert value(acted, "gpumedic_actions_total", operation="kill_gpu_processes", outcome="succeeded") == 1
     assert value(acted, "gpumedic_events_handled_total", event="ActionRequested", outcome="ok") == 1
-    assert value(acted, "gpumedic_breaker_open") == 0
+    assert value(acted, "gpumedic_breaker_open") == 0 and value(acted, "gpumedic_remediation_paused") == 0
     assert value(acted, "gpumedic_breaker_nodes_in_window") == 0  # the request itself is not counted
 
     # The shipped dashboard asks only for figures the services serve.
@@ -72,6 +72,28 @@ async def test_the_detector_and_the_remediator_serve_what_they_did_as_prometheus
     asked = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"\b(?:gpumedic|process)_\w+", t["expr"])}
     served = {name for name, _ in [*seen, *acted]} | {"gpumedic_incidents_open"}  # open incidents: the next test
     assert asked and asked <= served, asked - served
+
+
+async def test_a_pause_shows_on_the_remediators_metrics(nats_settings, store_url, fleet, apps, monkeypatch):
+    """`gpumedic pause` opens the breaker on purpose: a dashboard tells it from a trip."""
+    from datetime import UTC, datetime
+
+    from gpumedic_store import breaker, create_engine, session_factory
+
+    monkeypatch.setenv("GPUMEDIC_METRICS_PORT", "0")
+    monkeypatch.setenv("GPUMEDIC_METRICS_ADDR", "127.0.0.1")
+    engine = create_engine(store_url)
+    async with session_factory(engine)() as session:
+        await breaker.pause(session=session, reason="driver upgrade to 570", by="alice", now=datetime.now(UTC))
+        await session.commit()
+    await engine.dispose()
+    remediator = await apps.start(remediator_app(remediator_settings(nats_settings, store_url, fleet)))
+    for _ in range(50):
+        acted = scrape(remediator.runtime.metrics.port)
+        if value(acted, "gpumedic_remediation_paused") == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert value(acted, "gpumedic_remediation_paused") == 1 and value(acted, "gpumedic_breaker_open") == 1
 
 
 async def test_open_incidents_are_a_gauge_by_kind_and_phase(nats_settings, store_url, fleet, sampling, apps, monkeypatch):

@@ -25,6 +25,16 @@ async def _cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+async def _listed(capsys, store_url: str, silence_id: str) -> dict:
+    """The silence as `silence list --json` shows it, once report-builder has stored it."""
+    for _ in range(50):
+        _, out, _ = await _cli(capsys, "silence", "list", "--json", "--store", store_url)
+        if (found := {row["silence_id"]: row for row in json.loads(out)}.get(silence_id)) is not None:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"silence {silence_id} was not listed within 5s")
+
+
 async def _open_incident(store_url: str, timeout_s: float = 30.0):
     engine = create_engine(store_url)
     try:
@@ -88,15 +98,10 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
                               "--reason", "driver upgrade tonight", "--by", "alice", "--store", store_url)
     assert code == 0 and " from " in out and "driver upgrade tonight" in out
     later = out.split()[2]
-    for _ in range(50):
-        code, out, _ = await _cli(capsys, "silence", "list", "--json", "--store", store_url)
-        listed = {row["silence_id"]: row for row in json.loads(out)}
-        if later in listed:
-            break
-        await asyncio.sleep(0.1)
-    starts = datetime.fromisoformat(listed[later]["starts_at"])
+    listed = await _listed(capsys, store_url, later)
+    starts = datetime.fromisoformat(listed["starts_at"])
     assert timedelta(minutes=119) < starts - datetime.now(UTC) <= timedelta(hours=2)
-    assert datetime.fromisoformat(listed[later]["ends_at"]) - starts == timedelta(hours=1)
+    assert datetime.fromisoformat(listed["ends_at"]) - starts == timedelta(hours=1)
     code, out, _ = await _cli(capsys, "silence", "remove", later[:8], "--by", "alice", "--store", store_url)
     assert code == 0
 
@@ -105,15 +110,10 @@ async def test_a_silenced_zombie_is_recorded_not_killed_until_the_silence_is_lif
                               "--repeat-until", "28d", "--reason", "weekly patching", "--by", "alice", "--store", store_url)
     assert code == 0 and "again every 7d" in out
     weekly = out.split()[2]
-    for _ in range(50):
-        code, out, _ = await _cli(capsys, "silence", "list", "--json", "--store", store_url)
-        listed = {row["silence_id"]: row for row in json.loads(out)}
-        if weekly in listed:
-            break
-        await asyncio.sleep(0.1)
-    first = datetime.fromisoformat(listed[weekly]["starts_at"])
-    assert listed[weekly]["every_s"] == 7 * 86400
-    assert datetime.fromisoformat(listed[weekly]["last_ends_at"]) == first + timedelta(days=21, hours=1)
+    listed = await _listed(capsys, store_url, weekly)
+    first = datetime.fromisoformat(listed["starts_at"])
+    assert listed["every_s"] == 7 * 86400
+    assert datetime.fromisoformat(listed["last_ends_at"]) == first + timedelta(days=21, hours=1)
     code, out, _ = await _cli(capsys, "silence", "remove", weekly[:8], "--by", "alice", "--store", store_url)
     assert code == 0
     code, _, err = await _cli(capsys, "silence", "add", "--node", "sim-node-02", "--for", "2h", "--every", "1h", "--repeat-until", "1d",

@@ -66,15 +66,7 @@ async def test_a_pod_is_enrolled_through_a_jump_host_healed_through_its_supervis
     files_before, processes_before = pod.files(), pod.processes()
 
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")}, "GPUMEDIC_REMEDIATOR_MODE": "enforce"}
-    up = subprocess.Popen([GPUMEDIC, "up", "--var", str(var)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        said = []
-        for line in up.stdout:
-            said.append(line)
-            if line.startswith("[3/3] running"):
-                break
-        else:
-            pytest.fail("gpumedic up did not start:\n" + "".join(said[-20:]))
+    async with _up(var, env):
         nc = await connect(Stack.running(var, OBSERVER), "pod-test")
         samples: list[float] = []
 
@@ -134,9 +126,6 @@ async def test_a_pod_is_enrolled_through_a_jump_host_healed_through_its_supervis
         assert pod.processes() == processes_before
         assert pod.files() == files_before
         await nc.close()
-    finally:
-        up.terminate()
-        up.wait(timeout=60)
 
 
 @pytest.mark.timeout(300)

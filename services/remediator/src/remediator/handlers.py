@@ -128,6 +128,8 @@ class ActionHandler:
                                   "until a person resets it), else 0.", registry=registry)
         self._breaker_nodes = Gauge("gpumedic_breaker_nodes_in_window", "Nodes acted on within the breaker's window, "
                                     "as of the last request.", registry=registry)
+        self.paused = Gauge("gpumedic_remediation_paused", "1 while a person paused remediation fleet-wide (`gpumedic "
+                            "pause`: the breaker open on purpose), else 0.", registry=registry)
 
     async def handle(self, request: ActionRequested, delivery: Delivery) -> None:
         attributes = {
@@ -457,7 +459,9 @@ def register(
         while True:
             try:
                 async with sessions() as session:
-                    handler.breaker_open.set(0 if await breaker.open_trip(session=session) is None else 1)
+                    trip = await breaker.open_trip(session=session)
+                handler.breaker_open.set(0 if trip is None else 1)
+                handler.paused.set(1 if trip is not None and trip.reason.startswith(breaker.PAUSED_BY) else 0)
             except Exception as exc:  # the store may be down a moment; the gauge keeps its last value
                 log.debug("breaker gauge not refreshed: %r", exc)
             await asyncio.sleep(BREAKER_GAUGE_EVERY_S)
