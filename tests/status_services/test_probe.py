@@ -95,9 +95,9 @@ async def test_bad_answers_are_findings_with_their_reason(answer, reason):
     assert result.state == "bad_answer" and reason in result.detail and result.status is None
 
 
-async def test_a_daemon_that_answers_chunked_on_one_kept_alive_connection_is_read_whole():
+async def test_a_daemon_that_answers_chunked_and_keeps_its_connections_is_read_whole():
     """A real web framework may stream its JSON (Transfer-Encoding: chunked) and keep the connection
-    for the next request: both are HTTP/1.1 as RFC 9112 has it, not bad answers."""
+    for a next request: both are HTTP/1.1 as RFC 9112 has it, not bad answers."""
     body = json.dumps(GOOD).encode()
     chunks = b"".join(f"{len(body[i:i + 7]):x}\r\n".encode() + body[i:i + 7] + b"\r\n" for i in range(0, len(body), 7)) + b"0\r\n\r\n"
     connections = 0
@@ -121,7 +121,7 @@ async def test_a_daemon_that_answers_chunked_on_one_kept_alive_connection_is_rea
     finally:
         server.close()
     assert answer.state == "ok" and answer.status.leader == "p1", answer.detail
-    assert connections == 2  # the TCP layer's own connect, then one HTTP connection for both requests
+    assert connections == 3  # the TCP layer's own connect, then /health and /status asked together, each on its own
 
 
 async def test_a_url_that_is_not_plain_http_is_refused_without_a_connection():

@@ -36,6 +36,7 @@ class PeerAnswer:
     status: PeerStatus | None = None
     detail: str = ""
     took_ms: float = 0.0
+    """How long its `/status` took to answer (what the runbook's `curl` times), else the whole probe."""
 
 
 class _Refused(Exception):
@@ -61,10 +62,10 @@ async def probe(
         async with contextlib.AsyncExitStack() as stack:
             if client is None:
                 client = await stack.enter_async_context(http_client(concurrency=1))
-            status = await _layers(url, connect_timeout_s, http_timeout_s, reader, client)
+            status, status_ms = await _layers(url, connect_timeout_s, http_timeout_s, reader, client)
     except _Refused as verdict:
         return PeerAnswer(url, verdict.state, None, verdict.detail[:300], _ms(started))
-    return PeerAnswer(url, "ok", status, "", _ms(started))
+    return PeerAnswer(url, "ok", status, "", status_ms)
 
 
 async def probe_all(
@@ -83,24 +84,47 @@ async def probe_all(
 
 def http_client(*, concurrency: int) -> httpx.AsyncClient:
     """A plain-HTTP client for peers: no redirects followed, no proxy or netrc from the environment,
-    no TLS set up (status URLs are http://), a connection per peer kept for its two requests."""
+    no TLS set up (status URLs are http://), two connections per peer probed at once (its
+    `/health` and `/status` are asked together)."""
     return httpx.AsyncClient(
         follow_redirects=False, trust_env=False, verify=False, headers={"Accept": "application/json"},
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        limits=httpx.Limits(max_connections=2 * concurrency, max_keepalive_connections=2 * concurrency),
     )
 
 
-async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader, client: httpx.AsyncClient) -> PeerStatus:
+async def _layers(
+    url: str, connect_timeout_s: float, http_timeout_s: float, reader: StatusReader, client: httpx.AsyncClient,
+) -> tuple[PeerStatus, float]:
+    """The peer's status, and how long `/status` took to answer in ms."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise _Refused("bad_answer", f"only http://host:port/path status URLs are probed, not {url[:100]!r}")
     host, port = parts.hostname, parts.port or 80
     await _connect(host, port, connect_timeout_s)
     base = f"http://{parts.netloc}"
-    code, _, _ = await _get(client, base, "/health", connect_timeout_s, http_timeout_s)
-    if code != 404 and not 200 <= code < 300:
-        raise _Refused("unhealthy", f"/health answered HTTP {code}")
-    code, location, body = await _get(client, base, parts.path or "/", connect_timeout_s, http_timeout_s, query=parts.query)
+
+    async def timed_status() -> tuple[tuple[int, str, bytes], float]:
+        asked = time.monotonic()
+        answer = await _get(client, base, parts.path or "/", connect_timeout_s, http_timeout_s, query=parts.query)
+        return answer, _ms(asked)
+
+    # Both at once: a daemon whose event loop lags answers each late, and asked one after the other
+    # its lag would be counted twice (reported at 12 s for a 6 s lag) and the round stretched as much.
+    health = asyncio.ensure_future(_get(client, base, "/health", connect_timeout_s, http_timeout_s))
+    status = asyncio.ensure_future(timed_status())
+    try:
+        code, _, _ = await health
+        if code != 404 and not 200 <= code < 300:
+            raise _Refused("unhealthy", f"/health answered HTTP {code}")
+        (code, location, body), status_ms = await status
+    finally:
+        for task in (health, status):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, _Refused):
+                    await task
+            elif not task.cancelled():
+                task.exception()  # seen: the verdict raised above is the one that counts
     if 300 <= code < 400:
         raise _Refused("bad_answer", f"/status redirects to {location[:100]!r}; redirects are not followed")
     if code != 200:
@@ -110,7 +134,7 @@ async def _layers(url: str, connect_timeout_s: float, http_timeout_s: float, rea
     except ValueError as exc:
         raise _Refused("bad_answer", f"/status is not JSON ({exc.msg} at byte {exc.pos})") from None
     try:
-        return reader.read(document)
+        return reader.read(document), status_ms
     except StatusMismatch as exc:
         raise _Refused("bad_answer", f"/status does not fit the policy's peer_status: {exc}") from None
 
