@@ -17,6 +17,7 @@ from gpumedic.stack import service_command
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 from gpumedic_store.migrate import upgrade
+from tests.fixtures.apps import Apps
 
 
 @pytest.fixture
@@ -74,33 +75,6 @@ async def sampling(fleet, nats_url):
     async with samplers_running(fleet, publish):
         yield
     await nc.close()
-
-
-class Apps:
-    """Services started from their `create_app` in this event loop; all stopped at the end."""
-
-    def __init__(self) -> None:
-        self._running: list[tuple[object, asyncio.Task]] = []
-
-    async def start(self, app):
-        task = asyncio.create_task(app.run())
-        ready = asyncio.create_task(app.runtime.ready.wait())
-        done, _ = await asyncio.wait({task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
-        if ready not in done:
-            ready.cancel()
-            raise RuntimeError(f"{app.runtime.service} did not become ready: {task.exception() if task.done() else 'timeout'}")
-        self._running.append((app, task))
-        return app
-
-    def adopt(self, app, task: asyncio.Task) -> None:
-        """Stop an app started elsewhere (one that waits, such as a standby) with the others."""
-        self._running.append((app, task))
-
-    async def stop_all(self) -> None:
-        for app, task in reversed(self._running):
-            app.exit()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 15)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ stream keeps it once, by its Nats-Msg-Id), and the incident's trace continuing i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import nats
@@ -22,6 +21,7 @@ from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator.main import create_app
 
+from tests.fixtures.apps import Apps
 from tests.remediator.conftest import kill_request
 
 pytestmark = pytest.mark.sshd
@@ -57,10 +57,10 @@ async def start_service(make_settings, nats_settings):
         return started[-1]
 
     yield _start
+    apps = Apps()
     for service in started:
-        service.app.exit()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(service.task, 20)
+        apps.adopt(service.app, service.task)
+    await apps.stop_all()
 
 
 @pytest.fixture
