@@ -2,7 +2,8 @@
 # What the tests need from Debian: OpenSSH's server, PostgreSQL, gcc (the fake NVML library),
 # Node.js with npm (the Node example consumer), Chromium (the console's browser tests),
 # systemd-analyze (enroll's unit is verified with it; nothing here runs systemd), Prometheus (the
-# console reads GPU history from a real one) and Alertmanager (incidents are posted to a real one).
+# console reads GPU history from a real one), Alertmanager (incidents are posted to a real one) and
+# the time zones (the suite runs 14 hours ahead of UTC: tests/conftest.py).
 # Installed when missing if we are root with apt-get; otherwise stop at once with the one command
 # to run, rather than skip the tests that need them. `make test` runs this first.
 set -euo pipefail
@@ -16,6 +17,7 @@ command -v npm >/dev/null || need+=(nodejs npm)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+[ -e /usr/share/zoneinfo/Pacific/Kiritimati ] || need+=(tzdata)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$EUID" = 0 ] && command -v apt-get >/dev/null; then

@@ -37,7 +37,6 @@ async def test_the_shipped_config_scrapes_the_embedded_stacks_services(tmp_path)
     config = tmp_path / "deploy" / "prometheus.yml"
     shutil.copy(ROOT / "deploy" / "prometheus.yml", config)
     stack = Stack(tmp_path / "var", say=lambda *_: None)
-    port = _free_port()
     prometheus = None
     fleet = SimFleet(2, 2, tmp_path / "fleet")
     sampling = None
@@ -55,6 +54,7 @@ async def test_the_shipped_config_scrapes_the_embedded_stacks_services(tmp_path)
         sampling = asyncio.create_task(fleet.run_samplers(nowhere, 0.5))
         gpu_series = await fleet.serve_metrics()
         stack.add_targets(gpu_series, {"service": "node-sampler", "fleet": "simulated"})
+        port = _free_port()  # only now: the stack's services take free ports as they start
         prometheus = subprocess.Popen(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),

@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import json
 import re
+import subprocess
+import sys
+import uuid
 
 import pytest
 
@@ -161,10 +164,23 @@ async def test_process_pattern_counts_matching_command_lines():
 
 
 async def test_process_pattern_on_the_real_proc():
+    """Two processes started with a marker in their command line are counted, and only they: a scan
+    that found nothing would fail here, not pass."""
     from node_sampler.procs import ProcFsTable
 
-    reading = await ProcessPatternProbe(r"a-pattern-no-process-has-\d{40}", ProcFsTable()).observe()
-    assert reading.running == 0
+    marker = f"gpumedic-job-{uuid.uuid4().hex[:12]}"
+    pattern = rf"{marker}-(one|two)\b"
+    jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"{marker}-{n}"]) for n in ("one", "two")]
+    try:
+        assert (await ProcessPatternProbe(pattern, ProcFsTable()).observe()).running == 2
+        jobs[0].kill()
+        jobs[0].wait()
+        assert (await ProcessPatternProbe(pattern, ProcFsTable()).observe()).running == 1
+    finally:
+        for job in jobs:
+            job.kill()
+            job.wait()
+    assert (await ProcessPatternProbe(pattern, ProcFsTable()).observe()).running == 0
 
 
 async def test_output_growth_on_files(tmp_path):

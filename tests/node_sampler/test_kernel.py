@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -366,16 +367,25 @@ async def test_an_overrun_is_warned_once_with_the_records_lost(tmp_path, caplog)
 
 
 async def test_the_real_kmsg_reads_record_by_record():
+    """A marker written to the real /dev/kmsg comes back through the watcher, whole. Where it cannot
+    be written (not root, a container without the device) the test is skipped, but never under CI."""
+    marker = f"gpumedic-test-marker-{uuid.uuid4().hex}"
     try:
         os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+        writer = os.open("/dev/kmsg", os.O_WRONLY)
     except OSError as exc:
-        pytest.skip(f"/dev/kmsg unreadable here ({type(exc).__name__})")
-    watch = Watch(Path("/dev/kmsg"), skip_backlog=False)
-    with contextlib.suppress(AssertionError):
-        await watch.until(lambda: watch.watcher.records > 0, timeout=1.0)
-    await asyncio.sleep(0.2)
-    await watch.stop()
-    if watch.watcher.records == 0:
-        pytest.skip("the kernel log is empty")
-
+        if os.environ.get("CI"):
+            pytest.fail(f"/dev/kmsg cannot be read and written under CI ({type(exc).__name__}: {exc})")
+        pytest.skip(f"/dev/kmsg cannot be read and written here ({type(exc).__name__})")
+    watch = Watch(Path("/dev/kmsg"), skip_backlog=True)
+    messages: list[str] = []
+    feed = watch.watcher.parser.feed
+    watch.watcher.parser.feed = lambda message: (messages.append(message), feed(message))[1]
+    try:
+        await asyncio.sleep(0.2)  # the watcher is at the end of the log
+        os.write(writer, f"<6>{marker}\n".encode())
+        await watch.until(lambda: marker in messages, timeout=5.0)
+    finally:
+        os.close(writer)
+        await watch.stop()
     assert watch.watcher.bad_records == 0
