@@ -23,7 +23,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Policy
 from gpumedic_providers.base import Worker
-from tests.status_services.test_pool import H100, SCALING, T0, Pool
+from tests.autoscaler.test_pool import H100, SCALING, T0, Pool
 
 POLICY = Policy.model_validate({"actions": {"spawn_worker": {"gpu_types": [H100]}}, "kinds": {"burn_in": {"required": True, "within_s": 600}}})
 GIB = 2**30

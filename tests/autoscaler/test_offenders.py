@@ -27,7 +27,7 @@ from gpumedic_events import (
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import RepeatRule
 from gpumedic_providers.base import Worker
-from tests.status_services.test_pool import H100, POLICY, T0, Pool
+from tests.autoscaler.test_pool import H100, POLICY, T0, Pool
 
 DAY = timedelta(days=1)
 
