@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import click
 
+from gpumedic.remediator_paths import remediator_file
 from gpumedic.services import SERVICES
 from gpumedic_events import ACKNOWLEDGED_NOTE, IncidentKind
 
@@ -324,7 +325,7 @@ def cmd_silence(args) -> int:
             if any(m.lstrip().startswith("group") for m in matchers):  # an inventory group: its nodes
                 from gpumedic_nodes.inventory import InventoryError, load_inventory
 
-                inventory = remediator_file(None, "INVENTORY", "inventory.yaml", args.var)
+                inventory = remediator_file("INVENTORY", args.var)
                 try:
                     groups = {node: address.group for node, address in load_inventory(inventory).items()}
                 except InventoryError as exc:
@@ -397,20 +398,6 @@ def cmd_init(args) -> int:
     return 0
 
 
-def remediator_file(option: Path | None, name: str, default: str, var: Path | None = None) -> Path:
-    """The option, else the remediator's own setting (GPUMEDIC_REMEDIATOR_NAME), else the embedded
-    stack's under `var` where it exists (`gpumedic up`'s, else `up --demo`'s in VAR/demo), else the
-    compose default under /etc/gpumedic."""
-    if option:
-        return option
-    if setting := os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip():
-        return Path(setting)
-    for stack in ((var, var / "demo") if var is not None else ()):
-        if (stack / "ssh" / default).exists():
-            return stack / "ssh" / default
-    return Path(f"/etc/gpumedic/{default}")
-
-
 def cmd_enroll(args, *, remove: bool = False) -> int:
     """Put node-sampler on the chosen nodes over SSH (see gpumedic.enroll), check it, or remove it."""
     from rich.progress import Progress
@@ -422,7 +409,7 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
     from gpumedic_nodes.ssh import SshExecutor
 
     name = "unenroll" if remove else "enroll"
-    inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml", args.var)
+    inventory = remediator_file("INVENTORY", args.var, args.inventory)
     try:
         known = load_inventory(inventory)
     except InventoryError as exc:
@@ -439,8 +426,8 @@ def cmd_enroll(args, *, remove: bool = False) -> int:
         print(f"gpumedic {name}: {what}", file=sys.stderr)
         return 2
     executor = SshExecutor(
-        inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts", args.var),
-        client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519", args.var), connect_timeout_s=args.timeout,
+        inventory=inventory, known_hosts=remediator_file("KNOWN_HOSTS", args.var, args.known_hosts),
+        client_key=remediator_file("CLIENT_KEY", args.var, args.key), connect_timeout_s=args.timeout,
         command_timeout_s=args.timeout,
     )
     if remove:
@@ -530,7 +517,7 @@ def cmd_inventory(args) -> int:
     the provider's pods into the inventory (see gpumedic.inventory_sync)."""
     from gpumedic_nodes.inventory import InventoryError
 
-    inventory = remediator_file(args.inventory, "INVENTORY", "inventory.yaml")
+    inventory = remediator_file("INVENTORY", args.var, args.inventory)
     try:
         if args.action == "sync":
             return _inventory_sync(args, inventory)
@@ -538,8 +525,8 @@ def cmd_inventory(args) -> int:
         from gpumedic_nodes.ssh import SshExecutor
 
         executor = SshExecutor(
-            inventory=inventory, known_hosts=remediator_file(args.known_hosts, "KNOWN_HOSTS", "known_hosts"),
-            client_key=remediator_file(args.key, "CLIENT_KEY", "id_ed25519"), connect_timeout_s=args.timeout, command_timeout_s=args.timeout,
+            inventory=inventory, known_hosts=remediator_file("KNOWN_HOSTS", args.var, args.known_hosts),
+            client_key=remediator_file("CLIENT_KEY", args.var, args.key), connect_timeout_s=args.timeout, command_timeout_s=args.timeout,
         )
         checks = asyncio.run(check_inventory(executor, inventory))
     except InventoryError as exc:
@@ -938,9 +925,9 @@ command(
 command(
     "inventory", cmd_inventory, "check the remediator's inventory read-only, or sync the provider's pods into it",
     click.argument("action", type=click.Choice(["check", "sync"])),
-    click.option("--inventory", type=PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else /etc/gpumedic/inventory.yaml"),
-    click.option("--known-hosts", type=PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS"),
-    click.option("--key", type=PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY"),
+    click.option("--inventory", type=PATH, help="default: GPUMEDIC_REMEDIATOR_INVENTORY, else the embedded stack's, else /etc/gpumedic/inventory.yaml"),
+    click.option("--known-hosts", type=PATH, help="default: GPUMEDIC_REMEDIATOR_KNOWN_HOSTS, else as --inventory"),
+    click.option("--key", type=PATH, help="the client key; default: GPUMEDIC_REMEDIATOR_CLIENT_KEY, else as --inventory"),
     click.option("--timeout", type=float, default=10.0, show_default=True, help="check: seconds for each login and command"),
     click.option("--provider", type=click.Choice(["runpod"]), default="runpod", show_default=True,
                  help="sync: the provider, when GPUMEDIC_REMEDIATOR_PROVIDER does not name one"),
@@ -949,6 +936,7 @@ command(
     click.option("--group", help="sync: the inventory group of the pods (default: the provider's name)"),
     click.option("--user", default="root", show_default=True, help="sync: the SSH user of a new group (RunPod pods: root)"),
     click.option("--dry-run", is_flag=True, help="sync: say what would change, write nothing"),
+    _var(),
     description="\b\n"
     "gpumedic inventory check   for every node, an SSH login as the remediator makes it (user, port, key, jump host,\n"
     "                           host keys checked) and which catalogue tools it has; nothing else runs. Exits 1 if a\n"

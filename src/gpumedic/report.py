@@ -357,19 +357,13 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 
 
 def sources_from(store_url: str, var_dir: Path) -> Sources:
-    """The remediator's files from GPUMEDIC_REMEDIATOR_*, else the embedded stack's (var/ssh for
-    `gpumedic up`, var/fleet for a simulated fleet's); the bus from GPUMEDIC_NATS_URL, else the
-    embedded stack running under `var_dir`."""
+    """The remediator's files as every command finds them (`gpumedic.remediator_paths`), or none;
+    the bus from GPUMEDIC_NATS_URL, else the embedded stack running under `var_dir`."""
+    from gpumedic.remediator_paths import remediator_file
     from gpumedic.stack import Stack
     from gpumedic_bus import NatsSettings
     from gpumedic_bus.topology import OBSERVER
 
-    def path(name: str, *embedded: str) -> Path | None:
-        value = os.environ.get(f"GPUMEDIC_REMEDIATOR_{name}", "").strip()
-        if value:
-            return Path(value)
-        return next((var_dir / p for p in embedded if (var_dir / p).exists()), None)
-
     nats = NatsSettings() if os.environ.get("GPUMEDIC_NATS_URL") else Stack.running(var_dir, OBSERVER)
-    return Sources(store_url, path("INVENTORY", "ssh/inventory.yaml", "fleet/inventory.yaml"),
-                   path("KNOWN_HOSTS", "ssh/known_hosts", "fleet/known_hosts"), path("CLIENT_KEY", "ssh/id_ed25519", "fleet/client_key"), nats)
+    files = (remediator_file(name, var_dir, fallback=False) for name in ("INVENTORY", "KNOWN_HOSTS", "CLIENT_KEY"))
+    return Sources(store_url, *files, nats)
