@@ -590,6 +590,13 @@ def cmd_preflight(args) -> int:
         )
         settings = operator_bus.operator_settings(args.var, LAUNCHER)
         report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
+        # --wait: the runbook's "wait until the GPU is free" (a job ending, a leftover reaped), asked again every --every
+        deadline = time.monotonic() + args.wait
+        while not report.ready and not (report.error and not report.gpus) and time.monotonic() + args.every <= deadline:
+            why = "; ".join(f"GPU {g.index}: {'; '.join(g.problems)}" for g in report.gpus if not g.ready) or report.error
+            print(f"not ready yet ({why}); asking again in {args.every:g}s", file=sys.stderr)
+            time.sleep(args.every)
+            report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
     except (operator_bus.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
         print(f"gpumedic preflight: {exc}", file=sys.stderr)
         return 2
@@ -986,11 +993,15 @@ command(
     _by(default="launcher", what="who asks (kept with a clean in the audit log)"),
     click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer (--deep: a few minutes)"),
     click.option("--json", is_flag=True, help="print the report as JSON"),
+    click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                 help="seconds to keep asking until the GPUs are ready (a job ending, a leftover reaped); 0: ask once"),
+    click.option("--every", type=click.FloatRange(min=1), default=5.0, show_default=True, help="with --wait: seconds between checks"),
     _var(),
     description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute process, "
     "is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU are killed through "
     "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. With --deep, "
-    "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). Exit 0: ready; "
+    "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). With "
+    "--wait, it asks again every --every seconds until ready or the wait is over. Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",
 )
 command("provision", cmd_provision, "create the bus's streams, buckets and consumers (as the NATS admin, GPUMEDIC_NATS_*)")

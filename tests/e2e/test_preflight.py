@@ -1,10 +1,11 @@
 """`gpumedic preflight` end to end, as a job launcher runs it: the CLI asks over the real bus, the
 remediator service answers over real SSH against a simulated node. A GPU held by a process left
 behind by a dead container is refused with the reason; `--clean` removes it through the gate, and
-the GPU passes; the audit log shows who asked."""
+the GPU passes; the audit log shows who asked. `--wait` asks again until a job has ended."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from remediator.main import create_app as remediator_app
@@ -23,10 +24,18 @@ async def test_preflight_refuses_a_leftover_cleans_it_then_passes(nats_settings,
     assert code == 1 and f"compute process(es) on it: {job.pid} (python)" in out
     assert "so what holds it may be a live job" in out and node.process(job.pid).alive
 
-    node.finish_job(0)
-    code, out, err = await _cli(capsys, "preflight", "--node", "sim-node-01")
+    # --wait: the launcher waits for the job to end, asking again until the GPU is free
+    ending = asyncio.get_running_loop().call_later(2.5, node.finish_job, 0)
+    code, out, err = await _cli(capsys, "preflight", "--node", "sim-node-01", "--wait", "30", "--every", "1")
+    ending.cancel()
     assert code == 0, out + err
     assert out.splitlines()[1] == "  GPU 0: ready"
+    assert f"not ready yet (GPU 0: compute process(es) on it: {job.pid} (python)" in err and "asking again in 1s" in err
+    # a wait that ends first is not ready, with the reasons
+    leftover = node.inject_orphan(0)
+    code, out, err = await _cli(capsys, "preflight", "--node", "sim-node-01", "--gpus", "0", "--wait", "2", "--every", "1")
+    assert code == 1 and "NOT READY" in out and "asking again in 1s" in err
+    assert node.kill(leftover.pid)
 
     leftover = node.inject_orphan(0)
     code, out, _ = await _cli(capsys, "preflight", "--node", "sim-node-01", "--gpus", "0")
