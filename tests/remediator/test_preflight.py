@@ -118,6 +118,19 @@ async def test_clean_in_observe_mode_or_on_a_protected_node_kills_nothing(prefli
         assert report.cleaned[0].startswith(f"GPU 0: not cleaned ({status}): "), report.cleaned
 
 
+async def test_an_exclusive_process_gpu_with_a_holder_names_the_cuda_error_it_causes(preflight, sshd, sleeper, gpu_files):
+    """Runbook 003: in Exclusive_Process mode a leftover is why the next job dies with "CUDA-capable
+    device is busy or unavailable"; the report says so. A free GPU in that mode is ready."""
+    gpu_files("gpu0.mode", "Exclusive_Process\n")
+    gpu_files("gpu1.mode", "Exclusive_Process\n")
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    check, _ = preflight()
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0, 1)))
+    (held, free) = report.gpus
+    assert not held.ready and any("Exclusive_Process" in p and "CUDA-capable device is busy or unavailable" in p for p in held.problems)
+    assert free.ready and free.compute_mode == "Exclusive_Process"
+
+
 async def test_a_gpu_that_admits_no_job_or_is_missing_is_not_ready(preflight, sshd, gpu_files):
     gpu_files("gpu1.mode", "Prohibited\n")
     check, _ = preflight()

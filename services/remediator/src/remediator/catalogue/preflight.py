@@ -23,6 +23,8 @@ from remediator.catalogue.kill import cmdline_command, parse_cmdline, parse_stat
 
 GPU_STATE = "nvidia-smi --query-gpu=index,utilization.gpu,memory.used,compute_mode --format=csv,noheader,nounits"
 PROHIBITED = "Prohibited"
+EXCLUSIVE_PROCESS = "Exclusive_Process"
+"""One context at a time: whatever holds the GPU leaves the next job "CUDA-capable device is busy or unavailable"."""
 
 
 class NoGpuState(Exception):
@@ -96,6 +98,9 @@ async def _look(
         problems.append(f"compute process(es) on it: {_named(compute, comms)}")
     if holders:
         problems.append(f"/dev/nvidia{gpu} held open by {_named(holders, comms)} (a leftover NVML cannot see)")
+    if mode == EXCLUSIVE_PROCESS and (compute or holders):
+        problems.append("compute mode Exclusive_Process: while that process lives, the next job gets "
+                        "\"CUDA-capable device is busy or unavailable\"")
     if memory is not None and memory > policy.max_memory_mib:
         problems.append(f"{memory} MiB in use (max {policy.max_memory_mib})")
     readiness = GpuReadiness(
