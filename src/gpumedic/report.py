@@ -146,6 +146,8 @@ def _check_ssh(sources: Sources, checks: list[Check]) -> dict | None:
                                     "use ed25519 (ssh-keygen -t ed25519) or RSA of 3072 bits or more"))
             elif key.stat().st_mode & 0o077:
                 checks.append(Check("ssh key", "warn", f"{key} is readable by others (mode {oct(key.stat().st_mode & 0o777)}); chmod 600 it"))
+            elif (mismatch := _public_half_differs(key, private)) is not None:
+                checks.append(Check("ssh key", "fail", mismatch))
             else:
                 checks.append(Check("ssh key", "ok", f"{key}: {private.algorithm.decode()}, readable by its owner only"))
     if sources.inventory is None:
@@ -248,6 +250,24 @@ def _check_lag(beats: list) -> Check:
 
 
 # --- the fleet's problems ---------------------------------------------------------------------
+
+
+def _public_half_differs(key: Path, private) -> str | None:
+    """Runbook 001's check that the key pair is one: the `.pub` beside the key (what was put in the
+    nodes' authorized_keys) must be the private key's public half. None when it is, or there is none."""
+    import asyncssh
+
+    public = key.with_name(key.name + ".pub")
+    if not public.is_file():
+        return None
+    try:
+        given = asyncssh.read_public_key(str(public))
+    except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+        return f"{public} is not a public key ({type(exc).__name__})"
+    if given.public_data != private.public_data:
+        return (f"{public} is not {key.name}'s public half: the nodes authorized the key in {public.name}, but the remediator "
+                f"logs in with {key.name} (make it again: ssh-keygen -y -f {key} > {public})")
+    return None
 
 
 def _as_is(value):

@@ -13,7 +13,7 @@ import asyncssh
 import pytest
 
 from gpumedic.cli import main
-from gpumedic.report import Sources, build_report, render
+from gpumedic.report import Check, Sources, build_report, render
 from gpumedic_sim.scenario import parse_scenario
 from gpumedic_sim.simulate import run_simulation
 from gpumedic_store import create_engine, session_factory, upgrade
@@ -126,3 +126,27 @@ async def test_a_service_that_lost_a_consumer_is_a_p1_and_one_behind_its_samples
     report = Report(generated_at=datetime.now(UTC), store="x", checks=[check])
     [first] = _recommend(report, [], None, lambda v: v)
     assert first.priority == 1 and "gpumedic provision" in first.issue
+
+
+async def test_a_key_whose_public_half_is_another_keys_fails_the_check(tmp_path):
+    """Runbook 001: the nodes authorized the key in id_ed25519.pub; if that is not the private key's
+    own half, every login fails. A matching .pub, or none, passes."""
+    from gpumedic.report import _check_ssh
+
+    key = tmp_path / "id_ed25519"
+    private = asyncssh.generate_private_key("ssh-ed25519")
+    private.write_private_key(str(key))
+    key.chmod(0o600)
+
+    def checked() -> Check:
+        checks: list = []
+        _check_ssh(Sources("sqlite://", client_key=key), checks)
+        return {c.name: c for c in checks}["ssh key"]
+
+    assert checked().status == "ok"
+    private.write_public_key(str(key) + ".pub")
+    assert checked().status == "ok"
+    asyncssh.generate_private_key("ssh-ed25519").write_public_key(str(key) + ".pub")
+    mismatch = checked()
+    assert mismatch.status == "fail" and "id_ed25519.pub is not id_ed25519's public half" in mismatch.detail
+    assert "ssh-keygen -y -f" in mismatch.detail
