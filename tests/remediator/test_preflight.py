@@ -42,7 +42,7 @@ def gpu_files(sshd):
 async def preflight(make_settings):
     engines = []
 
-    def _make(**changes) -> tuple[Preflight, object]:
+    def _make(preflight_rules: dict | None = None, **changes) -> tuple[Preflight, object]:
         settings = make_settings(**changes)
         engine = create_engine(settings.store.url)
         engines.append(engine)
@@ -57,7 +57,10 @@ async def preflight(make_settings):
         actions = ActionHandler(
             settings=settings, gate=gate_of(settings, settings.policy.load()), runtime=SimpleNamespace(broker=None, metrics=ServiceMetrics("remediator")), sessions=session_factory(engine), executor=executor, tracer=tracer
         )
-        policy = Policy.model_validate({"actions": {"kill_gpu_processes": {"grace_s": 1}}})
+        # the node here is this machine: its real disk and memory count, so the headroom asked is
+        # only that they can be read (the test below asks for more than any machine has)
+        rules = {"min_free_disk_gib": 0.001, "min_available_memory_gib": 0.001} | (preflight_rules or {})
+        policy = Policy.model_validate({"actions": {"kill_gpu_processes": {"grace_s": 1}}, "preflight": rules})
         return Preflight(policy=policy, executor=executor, actions=actions, tracer=tracer, verify_timeout_s=5.0), engine
 
     yield _make
@@ -81,7 +84,7 @@ async def test_a_leftover_holding_a_gpu_is_reported_and_nothing_runs_but_reads(p
     assert gpu0.holder_pids == (sleeper.pid,) and gpu1.ready
     assert sleeper.alive()
     ran = sshd.commands()[before:]
-    assert all(c.startswith(("nvidia-smi --query", "fuser ", "cat /proc/")) for c in ran), ran
+    assert all(c.startswith(("nvidia-smi --query", "fuser ", "cat /proc/", "df --block-size=1 --output=avail", "grep MemAvailable:")) for c in ran), ran
 
 
 async def test_clean_kills_the_leftover_through_the_gate_and_then_the_gpu_is_ready(preflight, sshd, sleeper, gpu_files):
@@ -129,6 +132,20 @@ async def test_an_exclusive_process_gpu_with_a_holder_names_the_cuda_error_it_ca
     (held, free) = report.gpus
     assert not held.ready and any("Exclusive_Process" in p and "CUDA-capable device is busy or unavailable" in p for p in held.problems)
     assert free.ready and free.compute_mode == "Exclusive_Process"
+
+
+async def test_a_node_without_disk_or_memory_headroom_is_not_ready_and_says_how_much_it_has(preflight, sshd):
+    """Runbook 004's "before a run": df -h /var/lib/docker (else /) and free -h, read on the node."""
+    check, _ = preflight()
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,)))
+    assert report.ready and report.host_problems == (), report.summary()
+    check, _ = preflight({"min_free_disk_gib": 100_000, "min_available_memory_gib": 100_000})
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,)))
+    disk, memory = report.host_problems
+    assert not report.ready and report.gpus[0].ready
+    assert "GiB free on /" in disk and "(min 100000 GiB)" in disk and "No space left on device" in disk
+    assert "GiB of memory available (min 100000 GiB)" in memory
+    assert "  host: not ready: " in report.summary()
 
 
 async def test_a_gpu_that_admits_no_job_or_is_missing_is_not_ready(preflight, sshd, gpu_files):

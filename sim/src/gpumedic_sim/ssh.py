@@ -4,7 +4,8 @@ exact commands and changes the simulated state the way a Linux shell would.
 Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
 `cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
-reboot`, `docker system df` and the prunes, `df` on /var/lib/docker, and http_admin's curl POST
+reboot`, `docker system df` and the prunes, `df` on /var/lib/docker (used, and free beside /),
+the `MemAvailable` line of /proc/meminfo, and http_admin's curl POST
 to the node's own service (its token read from stdin, as curl's `-H @-` does). Anything else answers
 as a shell that lacks the command (exit 127) and changes nothing. Lines are split with shlex and
 matched; nothing is ever evaluated. Every line received is recorded, in order, in
@@ -99,6 +100,13 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             return CommandResult(0, stdout=f"Total reclaimed space: {_size(freed)}\n")
         case ["df", "--block-size=1", "--output=used", path] if path in node.machine.disks:
             return CommandResult(0, stdout=f"Used\n{node.machine.disks[path][1]}\n")
+        case ["df", "--block-size=1", "--output=avail,target", *paths]:
+            known = [p for p in paths if p in node.machine.disks]
+            rows = "".join(f"{node.machine.disks[p][0] - node.machine.disks[p][1]} {p}\n" for p in known)
+            missing = "".join(f"df: {p}: No such file or directory\n" for p in paths if p not in known)
+            return CommandResult(1 if missing else 0, stdout=f" Avail Mounted on\n{rows}", stderr=missing)
+        case ["grep", "MemAvailable:", "/proc/meminfo"]:
+            return CommandResult(0, stdout=f"MemAvailable:   {node.machine.memory_available_kib} kB\n")
         case [*options, body, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
             return _admin(node, loopback.group("path") or "/", stdin, body)
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")

@@ -82,6 +82,9 @@ class PreflightReport(_Message):
     node_id: NodeId
     ready: bool
     gpus: tuple[GpuReadiness, ...] = ()
+    host_problems: tuple[str, ...] = Field(
+        default=(), description="Why the node itself is not ready for a job (disk or memory headroom), one line each."
+    )
     cleaned: tuple[str, ...] = Field(default=(), description="What the clean did or why it did not, one line per GPU.")
     diagnostics: str = Field(default="", max_length=2000, description="With `deep`: what DCGM's diagnostics said, or why they did not run.")
     error: str = Field(default="", max_length=2000, description="Why the check could not be made (then not ready).")
@@ -95,6 +98,7 @@ class PreflightReport(_Message):
         for gpu in self.gpus:
             state = "ready" if gpu.ready else "not ready: " + "; ".join(gpu.problems)
             lines.append(f"  GPU {gpu.index}: {state}")
+        lines.extend(f"  host: not ready: {problem}" for problem in self.host_problems)
         lines.extend(f"  clean: {line}" for line in self.cleaned)
         if self.diagnostics:
             lines.append(f"  diagnostics: {self.diagnostics}")

@@ -748,6 +748,14 @@ class PreflightPolicy(_Strict):
         description="Daemons that keep /dev/nvidiaN open without blocking a job (by their 15-character comm); "
         "never counted, never killed.",
     )
+    min_free_disk_gib: float = Field(
+        default=10, ge=0, description="Less free than this on Docker's data directory (else /): not ready; 0: not checked "
+        "(runbook 004, before a run: df -h /var/lib/docker).",
+    )
+    min_available_memory_gib: float = Field(
+        default=2, ge=0, description="Less host memory available than this (MemAvailable): not ready; 0: not checked "
+        "(runbook 004, before a run: free -h).",
+    )
 
 
 class StatusFields(_Strict):

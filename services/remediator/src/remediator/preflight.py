@@ -62,12 +62,13 @@ class Preflight:
                     cleaned = await self._clean(request, check_id, looks)
                     looks = await self._look(request)
                 diagnostics = await self._diagnose(request, looks) if request.deep else None
+                host = await self._host(request)
             except (InventoryError, NodeError, preflight.NoGpuState) as exc:
                 return self._report(request, check_id, started, error=str(exc))
             except Exception as exc:
                 log.exception("pre-flight of %s failed unexpectedly", request.node_id)
                 return self._report(request, check_id, started, error=f"internal error: {exc!r}")
-            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned, diagnostics=diagnostics)
+            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned, diagnostics=diagnostics, host=host)
             span.set_attribute("gpumedic.preflight.ready", report.ready)
             log.info("pre-flight %s of %s for %s: %s", check_id, request.node_id, request.requested_by, "ready" if report.ready else "not ready")
             return report
@@ -76,6 +77,11 @@ class Preflight:
         async with self._executor.session(request.node_id) as session:
             node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
             return await preflight.inspect(node, request.gpus, self._policy.preflight)
+
+    async def _host(self, request: PreflightRequest) -> list[str]:
+        async with self._executor.session(request.node_id) as session:
+            node = Node(session.run, self._verify_timeout_s, asyncio.sleep, time.monotonic)
+            return await preflight.host_problems(node, self._policy.preflight)
 
     async def _diagnose(self, request: PreflightRequest, looks: list[preflight.GpuLook]) -> diag.Verdict:
         if not looks or any(not look.readiness.ready for look in looks):
@@ -131,6 +137,7 @@ class Preflight:
         looks: list[preflight.GpuLook] | None = None,
         cleaned: list[str] | None = None,
         diagnostics: diag.Verdict | None = None,
+        host: list[str] | None = None,
         error: str = "",
     ) -> PreflightReport:
         gpus = tuple(look.readiness for look in looks or ())
@@ -139,8 +146,10 @@ class Preflight:
         return PreflightReport(
             check_id=check_id,
             node_id=request.node_id,
-            ready=not error and all(g.ready for g in gpus) and not (diagnostics is not None and diagnostics.ran and not diagnostics.passed),
+            ready=not error and all(g.ready for g in gpus) and not host
+            and not (diagnostics is not None and diagnostics.ran and not diagnostics.passed),
             gpus=gpus,
+            host_problems=tuple(p[:300] for p in host or ()),
             cleaned=tuple(cleaned or ()),
             diagnostics=diagnostics.summary[:2000] if diagnostics is not None else "",
             error=error[:2000],

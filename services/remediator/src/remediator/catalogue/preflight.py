@@ -22,6 +22,9 @@ from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, 
 from remediator.catalogue.kill import cmdline_command, parse_cmdline, parse_stat, stat_command
 
 GPU_STATE = "nvidia-smi --query-gpu=index,utilization.gpu,memory.used,compute_mode --format=csv,noheader,nounits"
+DISK_FREE = "df --block-size=1 --output=avail,target /var/lib/docker /"
+"""Free bytes on Docker's data directory and on /: where a job's images and logs go (a node without Docker has only /)."""
+MEMORY = "grep MemAvailable: /proc/meminfo"
 PROHIBITED = "Prohibited"
 EXCLUSIVE_PROCESS = "Exclusive_Process"
 """One context at a time: whatever holds the GPU leaves the next job "CUDA-capable device is busy or unavailable"."""
@@ -114,6 +117,33 @@ async def _look(
         holder_pids=tuple(holders),
     )
     return GpuLook(readiness, {pid: comms[pid] for pid in [*compute, *holders]}, answers)
+
+
+async def host_problems(node: Node, policy: PreflightPolicy) -> list[str]:
+    """What keeps the node itself from taking a job: the runbook's "before a run" checks of disk
+    and memory headroom. A figure that cannot be read is said so, and is not ready."""
+    problems = []
+    if policy.min_free_disk_gib:
+        disks = await node.run(DISK_FREE)  # exits 1 where /var/lib/docker is missing, and still prints /
+        free = {}
+        for line in disks.stdout.splitlines()[1:]:
+            avail, _, target = line.strip().partition(" ")
+            if avail.isdigit():
+                free[target.strip()] = int(avail)
+        where = "/var/lib/docker" if "/var/lib/docker" in free else "/" if "/" in free else None
+        if where is None:
+            problems.append(f"its free disk cannot be read ({said(disks)})")
+        elif free[where] < policy.min_free_disk_gib * 2**30:
+            problems.append(f"{free[where] / 2**30:.1f} GiB free on {where} (min {policy.min_free_disk_gib:g} GiB): "
+                            "a job's images, checkpoints and logs fail with \"No space left on device\"")
+    if policy.min_available_memory_gib:
+        memory = await node.run(MEMORY)
+        fields = memory.stdout.split()
+        if memory.exit_status != 0 or len(fields) < 2 or not fields[1].isdigit():
+            problems.append(f"its available memory cannot be read ({said(memory)})")
+        elif int(fields[1]) * 1024 < policy.min_available_memory_gib * 2**30:
+            problems.append(f"{int(fields[1]) / 2**20:.1f} GiB of memory available (min {policy.min_available_memory_gib:g} GiB)")
+    return problems
 
 
 def refusal_to_clean(look: GpuLook, policy: PreflightPolicy) -> str:
