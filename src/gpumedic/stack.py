@@ -217,7 +217,9 @@ class Stack:
         if not ports or not (secrets / "nats-passwords.json").exists():
             return None
         try:
-            url = json.loads(ports[-1].read_text())["nats"][0]
+            urls = json.loads(ports[-1].read_text())["nats"]
+            # listening on every address (`up --listen 0.0.0.0`) it lists each; loopback is in its certificate
+            url = next((u for u in urls if "://127.0.0.1:" in u), urls[0])
             password = json.loads((secrets / "nats-passwords.json").read_text())[user]
         except (OSError, ValueError, KeyError, IndexError):
             return None
