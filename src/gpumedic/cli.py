@@ -110,13 +110,9 @@ def cmd_up(args) -> int:
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
             stack.env = remediator_files(args.var)
-            reach = {"listen": args.listen, "reached_as": list(args.nats_host)}
-            if args.listen != "127.0.0.1":
-                reach["port"] = args.nats_port or 4222
-            elif args.nats_port:
-                reach["port"] = args.nats_port
+            port = args.nats_port or (4222 if args.listen != "127.0.0.1" else None)  # nodes elsewhere need a port that stays
             stack.start_bus(cluster=args.cluster, nodes=_inventory_nodes(
-                {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]), **reach)
+                {**os.environ, **stack.env}["GPUMEDIC_REMEDIATOR_INVENTORY"]), listen=args.listen, port=port, reached_as=args.nats_host)
             await stack.provision()
             stack.migrate()
             # This machine's own sampler runs even without a GPU: a node's silence is measured against
@@ -322,7 +318,7 @@ def cmd_silence(args) -> int:
             every_s = parse_time(args.every, limit_s=year) if args.every is not None else None
             repeat_until = parse_start(args.repeat_until, starts_at, limit_s=year) if args.repeat_until is not None else None
             matchers = list(args.match)
-            if any(m.lstrip().startswith("group") for m in matchers):  # an inventory group: its nodes
+            if silences.names_a_group(matchers):  # an inventory group: its nodes
                 from gpumedic_nodes.inventory import InventoryError, load_inventory
 
                 inventory = remediator_file("INVENTORY", args.var)

@@ -13,6 +13,7 @@ from gpumedic.output import clip, fmt_time, table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentMarked
 from gpumedic_events.redact import redact
+from gpumedic_events.silence import mark_said
 from gpumedic_store import views
 
 
@@ -58,7 +59,7 @@ async def incident_text(store_url: str, id_prefix: str, *, as_json: bool = False
     if incident.silence_id:
         lines.append(f"  silenced by {incident.silence_id}: recorded, no action requested")
     for mark in marks:
-        lines.append(f"  {_said(mark.verdict)} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
+        lines.append(f"  {mark_said(mark.verdict)} by {mark.marked_by} at {fmt_time(mark.marked_at)}: {mark.reason}")
     for n in notifications:
         when = fmt_time(n.finished_at) if n.finished_at else f"next try {fmt_time(n.due_at)}"
         lines.append(f"  notified {n.channel} ({n.event}): {n.status} ({when}, {n.attempts} round(s)){': ' + n.detail if n.detail else ''}")
@@ -102,10 +103,6 @@ def _diagnosis(incident) -> list[str]:
     return lines
 
 
-def _said(verdict: str) -> str:
-    return "acknowledged" if verdict == "acknowledged" else f"marked {verdict.replace('_', ' ')}"
-
-
 async def mark_text(
     store_url: str, id_prefix: str, *, verdict: str, reason: str, by: str, bus: Callable[[], NatsSettings], wait_s: float = 10.0
 ) -> tuple[bool, str]:
@@ -128,7 +125,7 @@ async def mark_text(
         async with views.store_session(store_url) as session:
             marks = await views.marks_of(session, incident_id=incident.id)
         if any(m.verdict == verdict and m.marked_by == by and m.reason == reason for m in marks):
-            return True, f"{what} {_said(verdict)} by {by}: {reason}"
+            return True, f"{what} {mark_said(verdict)} by {by}: {reason}"
         await asyncio.sleep(0.2)
     return True, f"{what}: the mark is on the bus; report-builder has not recorded it within {wait_s:g}s and will when it runs"
 

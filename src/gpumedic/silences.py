@@ -22,7 +22,7 @@ from gpumedic.operator_bus import SOURCE, OperatorError, publish
 from gpumedic.output import table, to_json
 from gpumedic_bus import NatsSettings
 from gpumedic_events import IncidentKind, Matcher, SilenceAdded, SilenceRemoved
-from gpumedic_events.silence import MATCHER
+from gpumedic_events.silence import split_matcher
 from gpumedic_store import views
 from gpumedic_store.models import Incident
 
@@ -34,11 +34,10 @@ def expand_groups(matchers: Sequence[str], groups: Mapping[str, str | None]) -> 
     later is not in it. A group with no node is refused, naming the groups there are."""
     out = []
     for text in matchers:
-        found = MATCHER.match(text)
-        if found is None or found["label"] != "group":
+        label, op, value = split_matcher(text)
+        if label != "group":
             out.append(text)
             continue
-        op, value = found["op"], found["value"].strip('"')
         if op in ("=~", "!~"):
             try:
                 pattern = re.compile(value)
@@ -53,6 +52,11 @@ def expand_groups(matchers: Sequence[str], groups: Mapping[str, str | None]) -> 
         nodes = "|".join(re.escape(n) for n in sorted(named))
         out.append(f"node{'=~' if op in ('=', '=~') else '!~'}{nodes}")
     return out
+
+
+def names_a_group(matchers: Sequence[str]) -> bool:
+    """Whether any matcher is on an inventory group (which `expand_groups` turns into nodes)."""
+    return any(split_matcher(m)[0] == "group" for m in matchers)
 
 
 def build(

@@ -54,17 +54,11 @@ class Matcher(BaseModel):
     @classmethod
     def parse(cls, text: str) -> Matcher:
         """`label op value`, the value optionally in double quotes (`node=~"gpu-0[34]"`)."""
-        found = MATCHER.match(text)
-        if found is None:
-            raise ValueError(f"{text!r} is no matcher: write LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX "
-                             f"(labels: {', '.join(LABELS)})")
-        value = found["value"]
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1]
-        if found["label"] not in LABELS:
-            raise ValueError(f"{text!r}: no label {found['label']!r}; a silence matches {', '.join(LABELS)}")
+        label, op, value = split_matcher(text)
+        if label not in LABELS:
+            raise ValueError(f"{text!r}: no label {label!r}; a silence matches {', '.join(LABELS)}")
         try:
-            return cls(label=found["label"], op=found["op"], value=value)
+            return cls(label=label, op=op, value=value)
         except ValidationError as exc:  # one line, not pydantic's three
             raise ValueError(f"{text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
@@ -79,6 +73,18 @@ class Matcher(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.label}{self.op}{self.value}"
+
+
+def split_matcher(text: str) -> tuple[str, str, str]:
+    """(label, op, value) of `label op value`, the value's double quotes taken off; ValueError if it is none."""
+    found = MATCHER.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is no matcher: write LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX "
+                         f"(labels: {', '.join(LABELS)})")
+    value = found["value"]
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return found["label"], found["op"], value
 
 
 def incident_labels(kind: str, node_id: str, gpu_index: int | None, cluster: str | None = None) -> dict[str, str]:
@@ -213,6 +219,11 @@ class SilenceRemoved(Event):
 
 ACKNOWLEDGED_NOTE = "acknowledged; looking into it"
 """An acknowledgement's note when its author gives none."""
+
+
+def mark_said(verdict: str) -> str:
+    """A mark as a person reads it: "acknowledged", "marked false positive"."""
+    return "acknowledged" if verdict == "acknowledged" else f"marked {verdict.replace('_', ' ')}"
 
 
 class IncidentMarked(Event):

@@ -41,6 +41,7 @@ from gpumedic_bus.topology import FLEET_NODE
 from gpumedic_events import ACKNOWLEDGED_NOTE, Event, EventDecodeError, IncidentKind, Matcher, NodeSampled, ServiceHeartbeat, SilenceAdded, SilenceRemoved, TopProcess
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.redact import redact
+from gpumedic_events.silence import mark_said
 from gpumedic_store import INCIDENT_STATUSES, StoreUnavailable, breaker, clusterlog
 from gpumedic_store import cost
 from gpumedic_store import history as node_history
@@ -569,12 +570,11 @@ class Console:
                 raise web.HTTPNotFound(text=f"no incident {incident_id}")
             await repository.mark(session, incident_id=incident.id, verdict=verdict, reason=reason, by=who.name, now=datetime.now(UTC))
             await session.commit()
-        said = verdict.replace("_", " ")
-        log.info("console: %s marked incident %s %s: %s", who.name, incident.id, said, reason)
+        log.info("console: %s %s incident %s: %s", who.name, mark_said(verdict), incident.id, reason)
         self.changes.bump()
         if verdict == "acknowledged":
             self._incident_changed()
-        return _back(form, f"/incidents/{incident.id}", "acknowledged" if verdict == "acknowledged" else f"marked {said}")
+        return _back(form, f"/incidents/{incident.id}", mark_said(verdict))
 
     async def reset_breaker(self, request: web.Request) -> web.Response:
         form, who = await self._authorized(request)
