@@ -40,5 +40,7 @@ async def test_a_service_that_crashed_fails_the_teardown_after_every_other_stopp
 async def test_services_that_stop_cleanly_pass():
     apps = Apps()
     app = _App("report-builder")
-    apps.adopt(app, asyncio.create_task(app.run()))
+    task = asyncio.create_task(app.run())
+    apps.adopt(app, task)
     await apps.stop_all()
+    assert app._stop.is_set() and task.done() and task.exception() is None
