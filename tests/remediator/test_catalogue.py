@@ -353,3 +353,33 @@ async def test_a_gpu_whose_state_cannot_be_read_refuses_the_kill(answer, words):
     assert result.detail.startswith("refused: GPU 0's utilisation cannot be read on the node (")
     assert words in result.detail and result.detail.endswith("nothing is killed blind")
     assert node.commands == [GPU_QUERY]
+
+
+def test_the_operation_table_is_whole_and_the_gate_asks_it_not_the_types():
+    """Every operation an ActionRequested may carry has one entry, and the gate and the handler
+    read what differs between operations from that entry, never from an isinstance of their own."""
+    import ast
+    import typing
+    from pathlib import Path
+
+    from gpumedic_events import OPERATION_NAMES, Operation
+
+    carried = typing.get_args(typing.get_args(Operation)[0])
+    assert set(catalogue.OPERATIONS) == set(carried)
+    assert {kind.model_fields["operation"].default for kind in catalogue.OPERATIONS} == set(OPERATION_NAMES)
+    assert set(catalogue.NOT_FIXES) == {"drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended",
+                                        "restart_job", "accept_worker"}
+    names = set(OPERATION_NAMES) | {kind.__name__ for kind in carried}
+    package = Path(catalogue.__file__).parent.parent
+    # The incident's own course names two (an undrain after a drain's fix, a job's restart after a
+    # kill's), and the ledger looks up the verified kill a restart follows.
+    course = {"logic.py": {"undrain_node", "restart_job"}, "handlers.py": set(), "repository.py": {"kill_gpu_processes"}}
+    for module, named in course.items():
+        tree = ast.parse((package / module).read_text())
+        branches = [
+            ast.unparse(node) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"
+            and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.args[1]))
+        ]
+        strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in OPERATION_NAMES}
+        assert (branches, strings - named) == ([], set()), module

@@ -41,7 +41,8 @@ from gpumedic_incidents.policy import (
 from gpumedic_incidents.state import fingerprint
 from gpumedic_nodes.inventory import NodeAddress
 from remediator.leaders import ClusterLeaders
-from remediator.logic import RESET_HINT, Gate, KnownLeader, LedgerView, OwnFacts, Verdict, decide, refusal
+from remediator.catalogue.base import KnownLeader
+from remediator.logic import RESET_HINT, Gate, LedgerView, OwnFacts, Verdict, decide, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)

@@ -47,11 +47,7 @@ from gpumedic_events import (
     ClusterChecked,
     Event,
     EventDecodeError,
-    HttpAdmin,
-    MarkWorkerEnded,
     NodeRetired,
-    RestartJob,
-    TerminateWorker,
 )
 from gpumedic_incidents import IncidentState, IncidentStates
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
@@ -62,7 +58,7 @@ from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
-from remediator.catalogue.drain import Scheduler
+from remediator.catalogue.base import Scheduler
 from remediator.leaders import ClusterLeaders
 from remediator.logic import Decision, Gate, OwnFacts, Verdict, decide, refusal
 from remediator.scheduler import StoreScheduler
@@ -216,7 +212,7 @@ class ActionHandler:
     async def _own_facts(self, request: ActionRequested) -> OwnFacts:
         """What the gate checks the request against from the remediator's own sources."""
         killed = False
-        if isinstance(request.operation, RestartJob):
+        if catalogue.spec_of(request.operation).after_kill:
             async with self._sessions() as session:
                 killed = await repository.killed(session=session, incident_id=request.incident_id)
         return OwnFacts(leader=self.leaders.of(request.node_id), killed=killed)
@@ -295,7 +291,7 @@ class ActionHandler:
 
     def _admin_token(self, operation: object) -> str | None:
         """The admin endpoints' token, read only for http_admin (a token file may be rotated)."""
-        if not isinstance(operation, HttpAdmin):
+        if not catalogue.spec_of(operation).admin_token:
             return None
         try:
             return self._settings.admin_token()
@@ -389,15 +385,14 @@ def retired_events(request: ActionRequested, record: ActionRecord) -> list[NodeR
     """The workers a succeeded terminate_worker ended, or whose record mark_worker_ended closed: gone
     for good. The same events whenever re-published (their ids derive from the action's)."""
     operation = request.operation
-    if record.status != ActionOutcome.SUCCEEDED.value or not isinstance(operation, TerminateWorker | MarkWorkerEnded):
+    if record.status != ActionOutcome.SUCCEEDED.value:
         return []
-    ended = operation.worker_ids if isinstance(operation, TerminateWorker) else (operation.worker_id,)
     return [
         NodeRetired(
             event_id=uuid.uuid5(_COMPLETED_NAMESPACE, f"{answer_key(record)}:retired:{worker_id}"), source=SERVICE, node_id=worker_id,
             incident_id=request.incident_id, action_id=uuid.UUID(record.action_id), reason=f"{operation.operation}: {_clip(record.detail)}"[:1000],
         )
-        for worker_id in ended
+        for worker_id in catalogue.spec_of(operation).retires(operation)
     ]
 
 

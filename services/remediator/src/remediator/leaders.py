@@ -1,5 +1,5 @@
 """Which peer leads each cluster, as leader-health last reported it: where the gate sends an admin
-endpoint the policy calls on the leader (`logic.KnownLeader`).
+endpoint the policy calls on the leader (`KnownLeader`).
 
 A request names the leader it means (`HttpAdmin.at`, from its detector), but that is the
 detector's word: the remediator reads leader-health's checks itself (`ClusterChecked`, live, and
@@ -9,7 +9,7 @@ the newest stored one at start) and refuses a request that names another node.
 from __future__ import annotations
 
 from gpumedic_events import ClusterChecked
-from remediator.logic import KnownLeader
+from remediator.catalogue.base import KnownLeader
 
 
 class ClusterLeaders:

@@ -21,29 +21,16 @@ from enum import StrEnum
 from typing import Literal
 
 from gpumedic_bus.topology import owner_of
-from gpumedic_events import (
-    ActionRequested,
-    HttpAdmin,
-    IncidentKind,
-    KillGpuProcesses,
-    MarkWorkerEnded,
-    RestartJob,
-    RestartUnit,
-    TerminateWorker,
-    operation_gpu,
-)
+from gpumedic_events import ActionRequested, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
-from gpumedic_incidents.policy import Actions, Kinds, NodeScoped, NodeSelector, PreflightPolicy, selects
+from gpumedic_incidents.policy import Actions, Kinds, NodeSelector, PreflightPolicy, selects
 from gpumedic_nodes.inventory import NodeAddress
-from remediator.catalogue import InvalidParameter, logs_in, render
+from remediator.catalogue import Fit, InvalidParameter, render, spec_of
+from remediator.catalogue.base import KnownLeader
 
 Mode = Literal["observe", "enforce"]
 
 RESET_HINT = "reset with `gpumedic breaker reset`"
-NOT_FIXES = ("drain_node", "undrain_node", "spawn_worker", "requeue_tasks", "mark_worker_ended", "restart_job", "accept_worker")
-"""Operations that harm no job (move jobs away from a node or back, add a worker, put a gone
-worker's tasks back in the queue, mark its record ended, start a job again, check and accept a new
-worker): outside the per-node limit and the breaker's count (an open breaker still holds them)."""
 
 
 class Verdict(StrEnum):
@@ -93,16 +80,6 @@ class Gate:
 
     def protects(self, node_id: str, node: NodeAddress | None) -> bool:
         return selects(self.protected_nodes, node_id, node and node.group, node and node.labels)
-
-
-@dataclass(frozen=True)
-class KnownLeader:
-    """leader-health's latest check of the peer cluster a node is in (`ClusterChecked`)."""
-
-    cluster: str
-    leader: str | None
-    """The leader most peers named; None when the check found none."""
-    checked_at: datetime
 
 
 @dataclass(frozen=True)
@@ -186,7 +163,7 @@ def refusal(
         )
     if operation_digest(request.operation) != pending.operation_sha256:
         return f"refused: the operation differs from the one {incident.detector} decided for {where}"
-    if why := policy_refusal(request, incident, gate) or _derived_refusal(request, gate, facts, now):
+    if why := policy_refusal(request, incident, gate, facts, now):
         return f"refused: {why}"
     try:
         render(request.operation, gate.actions)
@@ -195,13 +172,14 @@ def refusal(
     return ""
 
 
-def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate) -> str:
+def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate, facts: OwnFacts, now: datetime) -> str:
     """Why the policy does not allow this operation for this incident now ('' when it does).
 
     The request only names a step: which operation the incident's ladder calls for at its current
     step, and every parameter that makes that operation safe (the kill's GPU state, signal and
-    grace, the unit, the endpoint, the workers), come from the policy file and the incident, so
-    nothing a request (or a state written by its detector) carries can loosen a check."""
+    grace, the unit, the endpoint and where it is called, the workers), come from the policy file,
+    the incident and the remediator's own sources (the catalogue's `fits`), so nothing a request
+    (or a state written by its detector) carries can loosen a check."""
     kind = incident.kind
     rules = gate.kinds.of(kind)
     name = request.operation.operation
@@ -215,69 +193,9 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
         return f"the policy's kinds.{kind.value}.ladder has no step {incident.step + 1}, so no action is due"
     if name != expected:
         return f"{rung} is {expected}, not {name}"
-    operation = request.operation
-    if isinstance(operation, KillGpuProcesses):
-        limit = getattr(rules, "idle_below_pct", None)
-        if limit is None:
-            return f"kinds.{kind.value} sets no idle_below_pct, the GPU state a kill is safe in"
-        if operation.max_gpu_utilization_pct is None or operation.max_gpu_utilization_pct >= limit:
-            return (
-                f"the kill would run on a GPU up to {operation.max_gpu_utilization_pct}% busy, not below the policy's "
-                f"kinds.{kind.value}.idle_below_pct ({limit}%)"
-            )
-        grace = gate.actions.kill_gpu_processes.grace_s
-        if (operation.signal, operation.grace_s) != ("TERM", grace):
-            return (
-                f"the kill asks SIG{operation.signal} with {operation.grace_s:g}s grace; the policy's "
-                f"actions.kill_gpu_processes is SIGTERM with {grace:g}s grace"
-            )
-    elif isinstance(operation, RestartUnit):
-        unit = getattr(rules, "sampler_unit", None) or getattr(rules, "daemon_unit", None)
-        if operation.unit != unit:
-            return f"kinds.{kind.value} restarts {unit or 'no unit'}, not {operation.unit}"
-    elif isinstance(operation, HttpAdmin):
-        endpoint = getattr(rules, "election_endpoint", None) or getattr(rules, "reset_endpoint", None)
-        if operation.endpoint != endpoint:
-            return f"kinds.{kind.value} calls the {endpoint or 'no'} endpoint, not {operation.endpoint}"
-    elif isinstance(operation, RestartJob):
-        job = getattr(rules, "restart_job", None)
-        if operation.job != job:
-            return f"kinds.{kind.value} restarts {f'the job {job}' if job else 'no job'}, not {operation.job}"
-    elif isinstance(operation, TerminateWorker) and kind is not IncidentKind.CAPACITY_SURPLUS:
-        # A worker's own incident ends that worker; only the pool's surplus picks which ones.
-        if operation.worker_ids != (incident.node_id,):
-            return f"a {kind.value} incident ends worker {incident.node_id} only, not {', '.join(operation.worker_ids)}"
-    elif isinstance(operation, MarkWorkerEnded) and operation.worker_id != incident.node_id:
-        return f"a {kind.value} incident marks worker {incident.node_id} ended only, not {operation.worker_id}"
-    return ""
-
-
-def _derived_refusal(request: ActionRequested, gate: Gate, facts: OwnFacts, now: datetime) -> str:
-    """Why the request's target or timing disagrees with what the remediator knows of its own ('' if
-    it agrees): an endpoint called on the cluster's leader goes to the leader leader-health last
-    reported for the node's cluster, and a job restarts only after a kill its own ledger verified."""
-    operation = request.operation
-    if isinstance(operation, HttpAdmin):
-        endpoint = gate.actions.http_admin.endpoints.get(operation.endpoint)
-        if endpoint is None or endpoint.target != "leader":
-            return ""
-        known = facts.leader
-        rule = f"actions.http_admin.endpoints.{operation.endpoint} is called on the leader leader-health reports"
-        if known is None:
-            return f"no check of leader-health names node {request.node_id}'s cluster, so its leader is not known ({rule})"
-        age_s = (now - known.checked_at).total_seconds()
-        if age_s > gate.max_request_age_s:
-            return (f"leader-health last checked cluster {known.cluster} {age_s:.0f}s ago (limit {gate.max_request_age_s:g}s), "
-                    f"so its leader is not known now ({rule})")
-        if known.leader is None:
-            return f"leader-health's check of cluster {known.cluster} at {_iso(known.checked_at)} found no leader ({rule})"
-        if operation.at != known.leader:
-            return (f"the request calls {operation.endpoint} on {operation.at}, but leader-health's check of cluster "
-                    f"{known.cluster} at {_iso(known.checked_at)} names {known.leader} as its leader ({rule})")
-    elif isinstance(operation, RestartJob) and not facts.killed:
-        return (f"the job restarts after a verified kill, and the remediator's ledger holds no succeeded kill_gpu_processes "
-                f"for incident {request.incident_id}")
-    return ""
+    fit = Fit(incident=incident, rules=rules, actions=gate.actions, now=now, max_age_s=gate.max_request_age_s,
+              leader=facts.leader, killed=facts.killed)
+    return spec_of(request.operation).fits(request.operation, fit)
 
 
 def decide(
@@ -303,10 +221,11 @@ def decide(
     if gate.protects(node, address):
         return Decision(Verdict.BLOCK, f"node {node} is protected; actions on it need a person")
     operation = request.operation
-    if not in_inventory and logs_in(operation):
+    spec = spec_of(operation)
+    if not in_inventory and spec.logs_in:
         return Decision(Verdict.BLOCK, f"node {node} is not in the remediator's inventory: nothing is run on a node it "
                                        "cannot name (add it to the inventory if it is one of yours)")
-    scoped = _scope(operation, gate.actions)
+    scoped = spec.scope(operation, gate.actions)
     if scoped is not None and not scoped[0].allowed_on(node, address and address.group, address and address.labels):
         rule, what, where = scoped
         return Decision(Verdict.BLOCK, f"{what} only on {', '.join(rule.nodes)} ({where}), not on node {node}")
@@ -316,7 +235,7 @@ def decide(
             f"action {ledger_view.executing_on_node[0]} is already executing on node {node}; one at a time",
         )
     name = operation.operation
-    if name not in NOT_FIXES and ledger_view.actions_on_node >= gate.max_actions_per_node:
+    if spec.fix and ledger_view.actions_on_node >= gate.max_actions_per_node:
         return Decision(
             Verdict.BLOCK,
             f"{ledger_view.actions_on_node} actions already ran on node {node} within {gate.node_window_s:g}s "
@@ -324,7 +243,7 @@ def decide(
         )
     # Moving jobs away from a node or back harms no job: not counted (an open breaker still holds
     # them, and a signal on much of the fleet never gets this far: it is one fleet incident).
-    nodes = ledger_view.nodes_in_window | ({node} if name not in NOT_FIXES else set())
+    nodes = ledger_view.nodes_in_window | ({node} if spec.fix else set())
     # Every node that acts is part of the fleet, whatever an out-of-date inventory says.
     fleet = max(ledger_view.fleet_size, len(nodes)) if ledger_view.fleet_size else 0
     limit, limit_why = breaker_limit(gate, fleet)
@@ -340,17 +259,6 @@ def decide(
         switch = "the remediator runs in observe mode" if gate.mode == "observe" else f"the policy's actions.{name}.mode is observe"
         return Decision(Verdict.OBSERVE, f"observe mode for {name} ({switch}): decided and recorded, not run")
     return Decision(Verdict.ALLOW)
-
-
-def _scope(operation: object, actions: Actions) -> tuple[NodeScoped, str, str] | None:
-    """The allow-list entry that limits an operation to some nodes, what it allows and where it is."""
-    if isinstance(operation, RestartUnit) and (unit := actions.restart_unit.units.get(operation.unit)):
-        return unit, f"{operation.unit} may be restarted", "actions.restart_unit.units"
-    if isinstance(operation, HttpAdmin) and (endpoint := actions.http_admin.endpoints.get(operation.endpoint)):
-        return endpoint, f"{operation.endpoint} may be called", "actions.http_admin.endpoints"
-    if isinstance(operation, RestartJob) and (job := actions.restart_job.jobs.get(operation.job)):
-        return job, f"the job {operation.job} may be restarted", "actions.restart_job.jobs"
-    return None
 
 
 def breaker_limit(gate: Gate, fleet_size: int) -> tuple[int, str]:

@@ -22,7 +22,8 @@ from gpumedic_events import ActionOutcome, ActionRequested
 from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store.breaker import open_trip
 from gpumedic_store.models import ActionRecord, BreakerTrip, NodeDrain
-from remediator.logic import NOT_FIXES, LedgerView
+from remediator.catalogue import NOT_FIXES
+from remediator.logic import LedgerView
 
 EXECUTING = "executing"
 FINISHED = ("succeeded", "failed", "blocked", "observed", "interrupted")

@@ -7,10 +7,13 @@ checks on the node that acting is still safe, acts, and verifies its own effect.
 node's SSH server interprets exactly these command forms, and a real Linux node runs them
 unchanged: changing a form here means changing the simulated fleet too.
 
-`OPERATIONS` is the one table of them: for each operation, how it renders, how it runs, and
-whether it logs in to the node. Adding one is an entry here and a module beside it. `render`
-validates everything (including the policy's allow-lists) before anything runs, and lists every
-command the operation may run, which observe mode reports as what it would do.
+`OPERATIONS` is the one table of them: for each operation, how it renders and runs, whether it
+logs in to the node, whether it counts as a fix, when it fits an incident, which nodes the policy
+limits it to, which workers it retires and whether it needs the admin token. The gate and the
+handler ask the table, never the operation's type. Adding one is an entry here and a module
+beside it. `render` validates everything (including the policy's allow-lists) before anything
+runs, and lists every command the operation may run, which observe mode reports as what it
+would do.
 """
 
 from __future__ import annotations
@@ -40,14 +43,29 @@ from gpumedic_events import (
     TerminateWorker,
     UndrainNode,
 )
-from gpumedic_incidents.policy import Actions
+from gpumedic_incidents.policy import Actions, NodeScoped
 from remediator.catalogue import accept, admin, docker, drain, gpu, jobs, kill, provider, taskdb, units
-from remediator.catalogue.base import CommandResult, ExecutionResult, InvalidParameter, Means, Node, Runner
+from remediator.catalogue.base import CommandResult, ExecutionResult, Fit, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
 
 Render = Callable[[Any, Actions], tuple[str, ...]]
 Run = Callable[[Any, Means], Awaitable[ExecutionResult]]
+Fits = Callable[[Any, Fit], str]
+Scope = Callable[[Any, Actions], "tuple[NodeScoped, str, str] | None"]
+Retires = Callable[[Any], tuple[str, ...]]
+
+
+def fits_any(operation: object, fit: Fit) -> str:
+    return ""
+
+
+def unscoped(operation: object, actions: Actions) -> None:
+    return None
+
+
+def retires_none(operation: object) -> tuple[str, ...]:
+    return ()
 
 
 def on_node(execute: Callable[[Any, Node, Means], Awaitable[ExecutionResult]]) -> Run:
@@ -67,25 +85,44 @@ class Spec:
     run: Run
     logs_in: bool
     """Whether it logs in to the node (its commands, or an undrain's check), so needs it in the inventory."""
+    fix: bool = True
+    """Whether it may harm a job, so counts towards the per-node limit and the breaker. Moving jobs
+    away from a node or back, adding a worker, requeueing a gone worker's tasks, marking its record
+    ended, starting a job again and accepting a new worker harm none (an open breaker still holds them)."""
+    fits: Fits = fits_any
+    """Why it does not fit the incident now ('' when it does), beyond the ladder naming it."""
+    scope: Scope = unscoped
+    """The policy's entry that limits it to some nodes, what that entry allows and where it is."""
+    retires: Retires = retires_none
+    """The workers it ends for good when it succeeds."""
+    admin_token: bool = False
+    """Whether it carries the admin endpoints' token (read only for it: a token file may be rotated)."""
+    after_kill: bool = False
+    """Whether it runs only after a kill the ledger verified (the handler looks up the ledger's kill)."""
 
 
 OPERATIONS: dict[type, Spec] = {
-    KillGpuProcesses: Spec(kill.render, on_node(kill.execute), logs_in=True),
-    RestartUnit: Spec(units.render_restart, on_node(units.restart), logs_in=True),
+    KillGpuProcesses: Spec(kill.render, on_node(kill.execute), logs_in=True, fits=kill.fits),
+    RestartUnit: Spec(units.render_restart, on_node(units.restart), logs_in=True, fits=units.fits_restart, scope=units.scope),
     GpuReset: Spec(gpu.render, on_node(gpu.execute), logs_in=True),
     DockerPrune: Spec(docker.render, on_node(docker.execute), logs_in=True),
     RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True),
-    HttpAdmin: Spec(admin.render, admin.execute, logs_in=True),
-    RestartJob: Spec(jobs.render, on_node(jobs.execute), logs_in=True),
-    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False),
-    UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True),
-    SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False),
-    TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False),
+    HttpAdmin: Spec(admin.render, admin.execute, logs_in=True, fits=admin.fits, scope=admin.scope, admin_token=True),
+    RestartJob: Spec(jobs.render, on_node(jobs.execute), logs_in=True, fix=False, fits=jobs.fits, scope=jobs.scope, after_kill=True),
+    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False, fix=False),
+    UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True, fix=False),
+    SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False, fix=False),
+    TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False, fits=provider.fits_terminate,
+                          retires=lambda operation: tuple(operation.worker_ids)),
     RestartWorker: Spec(provider.render, provider.carry_out, logs_in=False),
-    RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
-    MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False),
-    AcceptWorker: Spec(accept.render, on_node(accept.execute), logs_in=True),
+    RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False, fix=False),
+    MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False, fix=False, fits=taskdb.fits_mark_ended,
+                          retires=lambda operation: (operation.worker_id,)),
+    AcceptWorker: Spec(accept.render, on_node(accept.execute), logs_in=True, fix=False),
 }
+
+NOT_FIXES = tuple(sorted(kind.model_fields["operation"].default for kind, spec in OPERATIONS.items() if not spec.fix))
+"""The names of the operations that are no fix, as the ledger stores them (its breaker queries read them)."""
 
 
 def spec_of(operation: object) -> Spec:
@@ -100,10 +137,6 @@ def render(operation: object, actions: Actions = DEFAULT_ACTIONS) -> tuple[str, 
     what is wrong with it (nothing runs then)."""
     return spec_of(operation).render(operation, actions)
 
-
-def logs_in(operation: object) -> bool:
-    """Whether the operation logs in to the node (its commands, or an undrain's validation)."""
-    return spec_of(operation).logs_in
 
 
 async def perform(operation: object, means: Means) -> ExecutionResult:
@@ -137,5 +170,6 @@ async def execute(
 
 
 __all__ = [
-    "OPERATIONS", "CommandResult", "ExecutionResult", "InvalidParameter", "Means", "Node", "Runner", "execute", "logs_in", "perform", "render",
+    "NOT_FIXES", "OPERATIONS", "CommandResult", "ExecutionResult", "Fit", "InvalidParameter", "Means", "Node", "Runner", "Spec", "execute", "perform",
+    "render", "spec_of",
 ]

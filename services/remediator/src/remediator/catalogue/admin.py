@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, HttpAdmin
-from gpumedic_incidents.policy import Actions, AdminEndpoint
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, allowed_name, quoted, said, short
+from gpumedic_incidents.policy import Actions, AdminEndpoint, NodeScoped
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, allowed_name, quoted, said, short
 
 TIMEOUT_S = 10
 CURL = f"curl -fsS -m {TIMEOUT_S} -X POST -H @- -H 'Content-Type: application/json' -o /dev/null -w '%{{http_code}}' --data-raw"
@@ -47,6 +47,38 @@ def command(endpoint: AdminEndpoint, node_id: str) -> str:
 def render(operation: HttpAdmin, actions: Actions) -> tuple[str, ...]:
     """With the body's {node_id} as written: the node is the request's, filled in when it runs."""
     return (command(endpoint_of(operation, actions), "{node_id}"),)
+
+
+def fits(operation: HttpAdmin, fit: Fit) -> str:
+    """The endpoint is the kind's own; one called on the leader goes to the leader leader-health
+    last reported for the node's cluster, not to the one the request names."""
+    endpoint = getattr(fit.rules, "election_endpoint", None) or getattr(fit.rules, "reset_endpoint", None)
+    if operation.endpoint != endpoint:
+        return f"kinds.{fit.kind} calls the {endpoint or 'no'} endpoint, not {operation.endpoint}"
+    listed = fit.actions.http_admin.endpoints.get(operation.endpoint)
+    if listed is None or listed.target != "leader":
+        return ""
+    known = fit.leader
+    rule = f"actions.http_admin.endpoints.{operation.endpoint} is called on the leader leader-health reports"
+    if known is None:
+        return f"no check of leader-health names node {fit.incident.node_id}'s cluster, so its leader is not known ({rule})"
+    checked = known.checked_at.isoformat(timespec="seconds")
+    age_s = (fit.now - known.checked_at).total_seconds()
+    if age_s > fit.max_age_s:
+        return (f"leader-health last checked cluster {known.cluster} {age_s:.0f}s ago (limit {fit.max_age_s:g}s), "
+                f"so its leader is not known now ({rule})")
+    if known.leader is None:
+        return f"leader-health's check of cluster {known.cluster} at {checked} found no leader ({rule})"
+    if operation.at != known.leader:
+        return (f"the request calls {operation.endpoint} on {operation.at}, but leader-health's check of cluster "
+                f"{known.cluster} at {checked} names {known.leader} as its leader ({rule})")
+    return ""
+
+
+def scope(operation: HttpAdmin, actions: Actions) -> tuple[NodeScoped, str, str] | None:
+    if endpoint := actions.http_admin.endpoints.get(operation.endpoint):
+        return endpoint, f"{operation.endpoint} may be called", "actions.http_admin.endpoints"
+    return None
 
 
 def header(token: str | None) -> str:

@@ -7,16 +7,17 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpumedic_events import ActionOutcome, ActionRequested
+from gpumedic_incidents import IncidentState
 from gpumedic_incidents.policy import Actions, PreflightPolicy
 from gpumedic_nodes.ssh import CommandResult
 
 if TYPE_CHECKING:
     from gpumedic_providers.base import Provider
     from gpumedic_store import TaskDatabase
-    from remediator.catalogue.drain import Scheduler
 
 VERIFY_POLL_S = 0.5
 MAX_GPU_INDEX = 63
@@ -108,6 +109,24 @@ async def _unaudited(name: str, run: Callable[[], Awaitable[object]]) -> str:
     return ""
 
 
+class Scheduler(Protocol):
+    """Where drains are kept and told (the store, the hook, the bus): the remediator's side."""
+
+    async def holders(self, node_id: str) -> list[str]:
+        """The incidents holding the node drained."""
+        ...
+
+    async def hold(self, request: ActionRequested) -> None: ...
+
+    async def release(self, request: ActionRequested) -> None: ...
+
+    async def tell(self, request: ActionRequested, *, drained: bool) -> None:
+        """POST to the policy's hook; raises with the host (never the URL) if it did not take it."""
+        ...
+
+    async def publish(self, request: ActionRequested, *, drained: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class Means:
     """What an operation acts through; the handler hands it over with every step audited. Each
@@ -172,3 +191,35 @@ def said(result: CommandResult) -> str:
 def short(value: object, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+@dataclass(frozen=True)
+class KnownLeader:
+    """leader-health's latest check of the peer cluster a node is in (`ClusterChecked`)."""
+
+    cluster: str
+    leader: str | None
+    """The leader most peers named; None when the check found none."""
+    checked_at: datetime
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What an operation is checked against before it may run for an incident (each entry's `fits`):
+    only the policy and the remediator's own sources, never what the request or its detector says."""
+
+    incident: IncidentState
+    rules: Any
+    """The policy's rules for the incident's kind (`kinds.<kind>`): the thresholds that make its actions safe."""
+    actions: Actions
+    now: datetime
+    max_age_s: float
+    """How old a fact of leader-health's may be and still count (the gate's request age limit)."""
+    leader: KnownLeader | None = None
+    """leader-health's latest check of the cluster the request's node is in (None: no check names it)."""
+    killed: bool = False
+    """The remediator's own ledger holds a succeeded (verified) kill for the incident."""
+
+    @property
+    def kind(self) -> str:
+        return self.incident.kind.value

@@ -14,30 +14,10 @@ Each step runs through `step`, which records it in the ledger's steps and audit 
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from gpumedic_events import ActionOutcome, ActionRequested, DrainNode, UndrainNode
+from gpumedic_events import ActionOutcome, DrainNode, UndrainNode
 from gpumedic_incidents.policy import Actions
 from remediator.catalogue import diag
 from remediator.catalogue.base import ExecutionResult, Means, quoted, said, short
-
-
-class Scheduler(Protocol):
-    """Where drains are kept and told (the store, the hook, the bus): the remediator's side."""
-
-    async def holders(self, node_id: str) -> list[str]:
-        """The incidents holding the node drained."""
-        ...
-
-    async def hold(self, request: ActionRequested) -> None: ...
-
-    async def release(self, request: ActionRequested) -> None: ...
-
-    async def tell(self, request: ActionRequested, *, drained: bool) -> None:
-        """POST to the policy's hook; raises with the host (never the URL) if it did not take it."""
-        ...
-
-    async def publish(self, request: ActionRequested, *, drained: bool) -> None: ...
 
 
 def render_drain(operation: DrainNode, actions: Actions) -> tuple[str, ...]:

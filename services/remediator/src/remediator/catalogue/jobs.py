@@ -8,8 +8,8 @@ to an executable given as an absolute path, run without arguments, whose exit st
 from __future__ import annotations
 
 from gpumedic_events import ENDPOINT_PATTERN, ActionOutcome, RestartJob
-from gpumedic_incidents.policy import Actions, JobRestart
-from remediator.catalogue.base import ExecutionResult, Means, Node, allowed_name, quoted, said, short
+from gpumedic_incidents.policy import Actions, JobRestart, NodeScoped
+from remediator.catalogue.base import ExecutionResult, Fit, Means, Node, allowed_name, quoted, said, short
 
 
 def validate_job(value: object, actions: Actions) -> JobRestart:
@@ -24,6 +24,23 @@ def render(operation: RestartJob, actions: Actions) -> tuple[str, ...]:
     if job.unit is not None:
         return (f"systemctl restart {quoted(job.unit)}", f"systemctl is-active {quoted(job.unit)}")
     return (quoted(job.command),)
+
+
+def fits(operation: RestartJob, fit: Fit) -> str:
+    """The job is the kind's own, and it restarts only after a kill the remediator's ledger verified."""
+    job = getattr(fit.rules, "restart_job", None)
+    if operation.job != job:
+        return f"kinds.{fit.kind} restarts {f'the job {job}' if job else 'no job'}, not {operation.job}"
+    if not fit.killed:
+        return (f"the job restarts after a verified kill, and the remediator's ledger holds no succeeded kill_gpu_processes "
+                f"for incident {fit.incident.incident_id}")
+    return ""
+
+
+def scope(operation: RestartJob, actions: Actions) -> tuple[NodeScoped, str, str] | None:
+    if job := actions.restart_job.jobs.get(operation.job):
+        return job, f"the job {operation.job} may be restarted", "actions.restart_job.jobs"
+    return None
 
 
 async def execute(operation: RestartJob, node: Node, means: Means) -> ExecutionResult:

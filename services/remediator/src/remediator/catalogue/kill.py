@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gpumedic_events import ActionOutcome, KillGpuProcesses, ProcessTarget
 from gpumedic_events.redact import redact
 from gpumedic_incidents.policy import Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, quoted, said, short, validate_gpu_index
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Node, quoted, said, short, validate_gpu_index
 from remediator.catalogue.gpu import NO_PROCESS, apps_command, holders_command, parse_pids
 
 MIN_PID = 2
@@ -101,6 +101,25 @@ def render(operation: KillGpuProcesses, actions: Actions | None = None) -> tuple
         if escalates:
             commands.append(kill_command("KILL", pid))
     return tuple(commands)
+
+
+def fits(operation: KillGpuProcesses, fit: Fit) -> str:
+    """A kill runs only on a GPU below the kind's idle threshold, with the policy's signal and grace."""
+    limit = getattr(fit.rules, "idle_below_pct", None)
+    if limit is None:
+        return f"kinds.{fit.kind} sets no idle_below_pct, the GPU state a kill is safe in"
+    if operation.max_gpu_utilization_pct is None or operation.max_gpu_utilization_pct >= limit:
+        return (
+            f"the kill would run on a GPU up to {operation.max_gpu_utilization_pct}% busy, not below the policy's "
+            f"kinds.{fit.kind}.idle_below_pct ({limit}%)"
+        )
+    grace = fit.actions.kill_gpu_processes.grace_s
+    if (operation.signal, operation.grace_s) != ("TERM", grace):
+        return (
+            f"the kill asks SIG{operation.signal} with {operation.grace_s:g}s grace; the policy's "
+            f"actions.kill_gpu_processes is SIGTERM with {grace:g}s grace"
+        )
+    return ""
 
 
 def parse_utilization(text: str) -> int:

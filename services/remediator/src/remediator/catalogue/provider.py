@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gpumedic_events import ActionOutcome, ActionRequested, RestartWorker, SpawnWorker, TerminateWorker
+from gpumedic_events import ActionOutcome, ActionRequested, IncidentKind, RestartWorker, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions
 from gpumedic_providers.base import Provider, Worker
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Step
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Step
 
 
 def render(operation: SpawnWorker | TerminateWorker | RestartWorker, actions: Actions) -> tuple[str, ...]:
@@ -39,6 +39,14 @@ def render(operation: SpawnWorker | TerminateWorker | RestartWorker, actions: Ac
     if operation.count > rule.max_count:
         raise InvalidParameter(f"spawn_worker: {operation.count} workers is more than actions.spawn_worker.max_count ({rule.max_count})")
     return (f"provider: rent a worker with {operation.gpus} x {operation.gpu_type}",)
+
+
+def fits_terminate(operation: TerminateWorker, fit: Fit) -> str:
+    """A worker's own incident ends that worker; only the pool's surplus picks which ones."""
+    incident = fit.incident
+    if incident.kind is not IncidentKind.CAPACITY_SURPLUS and operation.worker_ids != (incident.node_id,):
+        return f"a {fit.kind} incident ends worker {incident.node_id} only, not {', '.join(operation.worker_ids)}"
+    return ""
 
 
 async def carry_out(operation: SpawnWorker | TerminateWorker | RestartWorker, means: Means) -> ExecutionResult:

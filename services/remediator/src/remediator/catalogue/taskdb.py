@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpumedic_events import ActionOutcome, MarkWorkerEnded, RequeueTasks
 from gpumedic_incidents.policy import Actions, TaskDbPolicy
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means
 
 
 def _rule(operation: RequeueTasks | MarkWorkerEnded, actions: Actions) -> TaskDbPolicy:
@@ -25,6 +25,12 @@ def render(operation: RequeueTasks | MarkWorkerEnded, actions: Actions) -> tuple
     if isinstance(operation, RequeueTasks):
         return (f"task database: actions.requeue_tasks.statement with {len(operation.task_ids)} task id(s)",)
     return (f"task database: actions.mark_worker_ended.statement for {operation.worker_id}",)
+
+
+def fits_mark_ended(operation: MarkWorkerEnded, fit: Fit) -> str:
+    if operation.worker_id != fit.incident.node_id:
+        return f"a {fit.kind} incident marks worker {fit.incident.node_id} ended only, not {operation.worker_id}"
+    return ""
 
 
 async def carry_out(operation: RequeueTasks | MarkWorkerEnded, means: Means) -> ExecutionResult:

@@ -15,8 +15,8 @@ unless changed). Its verification is the node's next samples: the SSH session en
 from __future__ import annotations
 
 from gpumedic_events import UNIT_PATTERN, ActionOutcome, RebootNode, RestartUnit
-from gpumedic_incidents.policy import HEALTH_URL, Actions
-from remediator.catalogue.base import ExecutionResult, InvalidParameter, Means, Node, allowed_name, quoted, said, short
+from gpumedic_incidents.policy import HEALTH_URL, Actions, NodeScoped
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Node, allowed_name, quoted, said, short
 
 SUPERVISED = '"$HOME"/.gpumedic/bin/gpumedic-node'
 """The control script `gpumedic enroll` puts on a node without systemd (in the login user's home
@@ -50,6 +50,20 @@ def render_restart(operation: RestartUnit, actions: Actions, manager: str = "sys
     if url := actions.restart_unit.units[unit].health_url:
         commands.append(health_command(url))
     return tuple(commands)
+
+
+def fits_restart(operation: RestartUnit, fit: Fit) -> str:
+    """The unit restarted is the one the kind's rules name (its sampler's or its daemon's)."""
+    unit = getattr(fit.rules, "sampler_unit", None) or getattr(fit.rules, "daemon_unit", None)
+    if operation.unit != unit:
+        return f"kinds.{fit.kind} restarts {unit or 'no unit'}, not {operation.unit}"
+    return ""
+
+
+def scope(operation: RestartUnit, actions: Actions) -> tuple[NodeScoped, str, str] | None:
+    if unit := actions.restart_unit.units.get(operation.unit):
+        return unit, f"{operation.unit} may be restarted", "actions.restart_unit.units"
+    return None
 
 
 RUNNING = {"systemd": "active", "supervisor": "active", "docker": "true"}
