@@ -12,8 +12,7 @@ from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
 from gpumedic_sim import SimFleet
-from gpumedic_sim.state import Fault
-from gpumedic_sim.scenario import GPU_FAULTS
+from gpumedic_sim.faults import FAULTS, Fault
 
 
 class Running:
@@ -193,12 +192,18 @@ async def test_nvml_going_missing_under_a_running_sampler_is_noted_every_sample(
     assert sample.gpus == ()
 
 
-async def test_every_fault_a_scenario_can_name_can_be_injected(tmp_path):
-    fleet = SimFleet(len(Fault), 2, tmp_path / "fleet")
+async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_records_it(tmp_path):
+    fleet = SimFleet(len(FAULTS), 2, tmp_path / "fleet")
     async with fleet:
-        for node_id, fault in zip(fleet.nodes, Fault, strict=True):
-            await fleet.inject(fault, node_id, 1 if fault in GPU_FAULTS else None)
-    assert [f.fault for f in fleet.injected] == list(Fault)
+        for node_id, (fault, entry) in zip(fleet.nodes, FAULTS.items(), strict=True):
+            await fleet.inject(fault, node_id, 1 if entry.gpu else None)
+        with pytest.raises(ValueError, match="no fault named 'melted'"):
+            await fleet.inject("melted", "sim-node-01")
+        with pytest.raises(ValueError, match="zombie_job needs a GPU"):
+            await fleet.inject("zombie_job", "sim-node-01")
+    assert [f.fault for f in fleet.injected] == list(FAULTS)
+    assert all(f.expect == FAULTS[f.fault].expect for f in fleet.injected if f.fault != Fault.XID)  # an XID's number decides
+    assert [f.node_id for f in fleet.injected if FAULTS[f.fault].whole_cluster] == ["sim"] * 4
 
 
 # --- benign behaviour, seen the same way ---------------------------------------------------

@@ -11,14 +11,8 @@ import yaml
 from gpumedic_sim.scenario import (
     CLI_EXAMPLE,
     CLI_SYNTAX,
-    DEFAULT_DISK_PATH,
-    DEFAULT_XID,
-    FAULT_DESCRIPTIONS,
-    FAULT_PARAMS,
-    GPU_FAULTS,
     MAX_FAULTS,
     SCRIPTED,
-    FaultKind,
     FaultSpec,
     ScenarioError,
     builtin_scenarios,
@@ -28,7 +22,8 @@ from gpumedic_sim.scenario import (
     resolve_scenario_path,
 )
 from gpumedic.times import parse_time
-from gpumedic_sim.state import APPLICATION_XIDS, CLUSTER_FAULTS, Benign
+from gpumedic_sim.faults import DEFAULT_DISK_PATH, DEFAULT_XID, FAULTS, Benign, Fault
+from gpumedic_sim.state import APPLICATION_XIDS
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 NODES_22 = [f"sim-node-{i:02d}" for i in range(1, 23)]
@@ -99,8 +94,8 @@ def test_builtin_faults_loads_for_22_nodes_with_8_gpus():
     assert s.name == "faults"
     assert s.description
     kinds = [f.fault for f in s.faults]
-    assert sorted(kinds) == sorted(FaultKind) and len(kinds) == len(FaultKind)  # one of each
-    on_nodes = [f for f in s.faults if f.fault not in CLUSTER_FAULTS]
+    assert sorted(kinds) == sorted(Fault) and len(kinds) == len(Fault)  # one of each
+    on_nodes = [f for f in s.faults if not FAULTS[f.fault].whole_cluster]
     assert len({(f.node, f.gpu) for f in on_nodes}) == len(on_nodes)  # each node fault on its own node or GPU
     node_wide = {f.node for f in on_nodes if f.gpu is None}
     assert all(sum(f.node == node for f in on_nodes) == 1 for node in node_wide)  # a node-wide fault alone on its node
@@ -109,7 +104,7 @@ def test_builtin_faults_loads_for_22_nodes_with_8_gpus():
     assert times == sorted(times) and 90 <= times[-1] <= 240
     assert s.duration_s is not None and s.duration_s >= times[-1]
     for f in s.faults:
-        assert (f.gpu is not None) == (f.fault in GPU_FAULTS)
+        assert (f.gpu is not None) == FAULTS[f.fault].gpu
         assert f.gpu is None or 0 <= f.gpu < 8
 
 
@@ -175,11 +170,11 @@ faults:
     s = load_scenario(path, node_ids=NODES_20, gpus_per_node=8)
     assert s.name == "mixed-faults" and s.description == "a bit of everything" and s.duration_s == 120.0
     assert [(f.at_s, f.fault, f.node, f.gpu) for f in s.faults] == [
-        (10.0, FaultKind.ZOMBIE_JOB, "sim-node-03", 2),  # ties keep file order
-        (10.0, FaultKind.NVML_MISSING, "sim-node-01", None),
-        (20.0, FaultKind.OOM_KILL, "sim-node-05", 1),
-        (30.0, FaultKind.XID, "sim-node-04", 0),
-        (40.0, FaultKind.DISK_FULL, "sim-node-07", None),
+        (10.0, Fault.ZOMBIE_JOB, "sim-node-03", 2),  # ties keep file order
+        (10.0, Fault.NVML_MISSING, "sim-node-01", None),
+        (20.0, Fault.OOM_KILL, "sim-node-05", 1),
+        (30.0, Fault.XID, "sim-node-04", 0),
+        (40.0, Fault.DISK_FULL, "sim-node-07", None),
     ]
     assert dict(s.faults[3].params) == {"xid": DEFAULT_XID}
     assert dict(s.faults[4].params) == {"path": "/data"}
@@ -379,9 +374,9 @@ def test_gpu_missing_for_a_gpu_fault():
 
 
 def test_every_kind_takes_a_gpu_or_refuses_one():
-    for kind in FaultKind:
+    for kind in Fault:
         entry = {"at": 1, "fault": kind.value, "node": 2, "gpu": 5}
-        if kind in GPU_FAULTS:
+        if FAULTS[kind].gpu:
             assert one(entry).gpu == 5
         else:
             with pytest.raises(ScenarioError, match=rf"faults\[0\]\.gpu: {kind.value} is a fault of the whole node"):
@@ -599,11 +594,11 @@ def opt_error(text: str, **kw) -> str:
 
 def test_fault_option_syntax():
     spec = opt(CLI_EXAMPLE)
-    assert (spec.at_s, spec.fault, spec.node, spec.gpu) == (10.0, FaultKind.ZOMBIE_JOB, "sim-node-03", 2)
+    assert (spec.at_s, spec.fault, spec.node, spec.gpu) == (10.0, Fault.ZOMBIE_JOB, "sim-node-03", 2)
     spec = opt(" fault = xid , at = 1m30s , node = sim-node-11 , gpu = 0 , xid = 48 ")
     assert (spec.at_s, spec.fault, spec.node, spec.gpu, dict(spec.params)) == (
         90.0,
-        FaultKind.XID,
+        Fault.XID,
         "sim-node-11",
         0,
         {"xid": 48},
@@ -641,14 +636,19 @@ def test_fault_option_random_is_reproducible_and_a_shared_rng_differs():
     assert len({(s.node, s.gpu) for s in drawn}) > 1
 
 
-# --- the tables agree -------------------------------------------------------------------------
+# --- the table ----------------------------------------------------------------------------------
 
 
-def test_tables_cover_every_kind():
-    assert set(FAULT_DESCRIPTIONS) == set(SCRIPTED)
-    assert set(FAULT_PARAMS) <= set(SCRIPTED)
-    assert set(GPU_FAULTS) <= set(SCRIPTED)
-    assert FaultKind.XID in GPU_FAULTS and FaultKind.DISK_FULL not in GPU_FAULTS
+def test_every_kind_is_in_the_table_and_sim_kinds_lists_it():
+    from gpumedic_sim.commands import kinds_text
+
+    assert set(SCRIPTED) == {*Fault, *Benign} == set(FAULTS)
+    assert FAULTS[Fault.XID].gpu and not FAULTS[Fault.DISK_FULL].gpu
+    lines = kinds_text().splitlines()
+    assert [line.split()[0] for line in lines] == [k.value for k in SCRIPTED]
+    xid = next(line for line in lines if line.startswith("xid "))
+    assert "gpu, xid (=79)" in xid and "[gpu_xid]" in xid
+    assert "[no incident]" in next(line for line in lines if line.startswith("short_dip "))
 
 
 # --- benign behaviour ---------------------------------------------------------------------------
@@ -670,7 +670,7 @@ def test_benign_behaviours_are_scripted_like_faults_with_their_own_fields():
     assert opt("fault=short_dip,at=1,node=1,gpu=0,for=20s").params["for"] == 20.0
     assert "for: must be longer than 0s" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=0")
     assert "for: 'soon' is not a time" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=soon")
-    assert "field 'for' applies to short_dip, checkpoint_pause, quorum_lost, split_brain, leader_flapping, peer_partitioned, planned_restart, not to zombie_job" in opt_error(
+    assert "field 'for' applies to quorum_lost, split_brain, leader_flapping, peer_partitioned, short_dip, checkpoint_pause, planned_restart, not to zombie_job" in opt_error(
         "fault=zombie_job,at=1,node=1,gpu=0,for=5s"
     )
     assert "missing field 'gpu'" in opt_error("fault=job_finished,at=1,node=1")
@@ -678,6 +678,6 @@ def test_benign_behaviours_are_scripted_like_faults_with_their_own_fields():
 
 def test_the_builtin_benign_scenario_is_benign_only():
     scenario = load_scenario(builtin_scenarios()["benign"], node_ids=NODES_20, gpus_per_node=8)
-    assert scenario.faults and all(f.fault in set(Benign) or f.fault is FaultKind.XID for f in scenario.faults)
-    assert {f.params["xid"] for f in scenario.faults if f.fault is FaultKind.XID} <= APPLICATION_XIDS
+    assert scenario.faults and all(f.fault in set(Benign) or f.fault is Fault.XID for f in scenario.faults)
+    assert {f.params["xid"] for f in scenario.faults if f.fault is Fault.XID} <= APPLICATION_XIDS
 

@@ -11,7 +11,8 @@ import pytest
 from gpumedic_events import IncidentKind, IncidentOpened
 
 from gpumedic_sim.scoring import Observed, Score, render, score
-from gpumedic_sim.state import EXPECTED, Benign, Fault, InjectedFault, NodeState
+from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault, expected
+from gpumedic_sim.state import NodeState
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 
@@ -21,7 +22,7 @@ def t(s: float) -> datetime:
 
 
 def inj(at: float, node: str, gpu: int | None, fault: str, expect: set[str] | None = None) -> InjectedFault:
-    return InjectedFault(t(at), node, gpu, fault, frozenset(EXPECTED[fault] if expect is None else expect))
+    return InjectedFault(t(at), node, gpu, fault, frozenset(expected(fault) if expect is None else expect))
 
 
 def incident(at: float, node: str, gpu: int | None, kind: str = "zombie_job", related_to: str | None = None) -> Observed:
@@ -37,10 +38,9 @@ def line(result: Score, kind: str):
 
 
 def test_every_scripted_kind_has_an_answer_and_benign_ones_expect_nothing():
-    assert set(EXPECTED) == {*Fault, *Benign}
-    known = {k.value for k in IncidentKind}
-    assert all(kinds <= known for kinds in EXPECTED.values())
-    assert all(EXPECTED[b] == frozenset() for b in Benign)
+    assert set(FAULTS) == {*Fault, *Benign}
+    assert all(isinstance(kind, IncidentKind) for entry in FAULTS.values() for kind in entry.expect)
+    assert all(FAULTS[f].expect for f in Fault) and not any(FAULTS[b].expect for b in Benign)
 
 
 def test_the_answer_for_an_xid_depends_on_the_xid():

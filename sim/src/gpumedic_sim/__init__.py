@@ -8,7 +8,8 @@ import importlib
 
 _WHERE = {
     "SSH_USER": "fleet", "SimFleet": "fleet", "SimNode": "node", "CommandResult": "ssh", "interpret": "ssh",
-    **dict.fromkeys(("CLK_TCK", "GPU_NAME", "GPU_TOTAL_MIB", "Fault", "InjectedFault", "SimGpu", "SimProcess"), "state"),
+    **dict.fromkeys(("CLK_TCK", "GPU_NAME", "GPU_TOTAL_MIB", "SimGpu", "SimProcess"), "state"),
+    **dict.fromkeys(("Benign", "FAULTS", "Fault", "InjectedFault"), "faults"),
 }
 
 
@@ -21,9 +22,11 @@ def __getattr__(name: str):
 
 __all__ = [
     "CLK_TCK",
+    "FAULTS",
     "GPU_NAME",
     "GPU_TOTAL_MIB",
     "SSH_USER",
+    "Benign",
     "CommandResult",
     "Fault",
     "InjectedFault",

@@ -98,8 +98,25 @@ def cmd_fleet(args) -> int:
         return 2
 
 
+def kinds_text() -> str:
+    """What a scenario may script, one kind a line: its fields besides at, fault and node (with their
+    defaults), what it does, and the incidents it must draw."""
+    from gpumedic_sim.faults import FAULTS
+
+    lines = []
+    for kind, entry in FAULTS.items():
+        fields = ", ".join([*(["gpu"] if entry.gpu else []), *(f"{name} (={value})" for name, value in entry.params.items())]) or "-"
+        draws = ", ".join(sorted(entry.expect)) or "no incident"
+        lines.append(f"{kind.value:<19} {fields:<26} {entry.description} [{draws}]")
+    return "\n".join(lines)
+
+
 def cmd_sim(args) -> int:
     import random
+
+    if args.kinds:
+        print(kinds_text())
+        return 0
 
     from gpumedic_sim.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
     from gpumedic_sim.simulate import run_simulation
@@ -167,6 +184,7 @@ def register() -> None:
         "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",
         *fleet_options(nodes=20, gpus=8, var=DEFAULT_VAR / "sim", throwaway=True),
         click.option("--scenario", help="a scenario file, or a built-in scenario's name (e.g. faults)"),
+        click.option("--kinds", is_flag=True, help="list the faults and benign behaviours a scenario may script, and exit"),
         click.option("--fault", multiple=True, metavar="FIELDS", help="one more fault, e.g. fault=zombie_job,at=10s,node=3,gpu=2 (repeatable)"),
         click.option("--duration", type=float, help="seconds to run (default: the scenario's, else until detection had time)"),
         click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,

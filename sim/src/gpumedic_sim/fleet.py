@@ -29,16 +29,9 @@ from prometheus_client.registry import Collector
 from gpumedic.credentials import write_private
 from gpumedic_sim.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.node import LOOPBACK, SimNode
-from gpumedic_sim.scenario import FAULT_PARAMS
-from gpumedic_sim.state import CLUSTER, CLUSTER_FAULTS, EXPECTED, GPU_CHANGES, Benign, Fault, InjectedFault
+from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
 
 log = logging.getLogger(__name__)
-
-_CLUSTER_SCRIPTS = frozenset({
-    Fault.NO_LEADER, Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEER_PARTITIONED, Fault.PEERS_NEVER_JOIN,
-    Benign.ELECTION, Benign.PEER_JOINING, Benign.PLANNED_RESTART,
-})
-"""What `_script_cluster` scripts."""
 
 SSH_USER = "gpumedic"
 
@@ -127,92 +120,68 @@ class SimFleet:
 
     async def inject(self, fault: str, node_id: str, gpu: int | None = None, **params: object) -> None:
         """Inject one fault, or script one benign behaviour, by name (the names of `Fault` and
-        `Benign`, as scenario files use them), with the scenario defaults for parameters not given."""
+        `Benign`, as scenario files use them), with the table's defaults for parameters not given:
+        its entry in `gpumedic_sim.faults.FAULTS` names the stand-in that makes it happen."""
+        entry = FAULTS.get(fault)
+        if entry is None:
+            raise ValueError(f"no fault named {fault!r}")
         node = self.node(node_id)
-        params = {**FAULT_PARAMS.get(fault, {}), **params}
-        needs_gpu = {
-            Fault.ZOMBIE_JOB: node.inject_zombie,
-            Fault.ORPHAN_GPU_HOLDER: node.inject_orphan,
-            Fault.GPU_STUCK: node.inject_gpu_stuck,
-            Fault.OOM_KILL: node.inject_oom_kill,
-            Fault.SEGFAULT: node.inject_segfault,
-            Fault.SIGTERM: node.inject_sigterm,
-            Fault.GPU_OOM: node.inject_gpu_oom,
-            Fault.XID: node.inject_xid,
-            Fault.GPU_LOST: node.inject_gpu_lost,
-            Fault.STUCK_PROCESS: node.inject_stuck,
-        }
-        node_wide = {
-            Fault.DISK_FULL: node.inject_disk_full,
-            Fault.SAMPLER_SILENT: node.inject_sampler_silent,
-            Fault.NVML_MISSING: node.inject_nvml_missing,
-            Fault.STATUS_BLOCKED: node.inject_status_blocked,
-            Fault.STATUS_SLOW: node.inject_status_slow,
-            Fault.PHANTOM_JOBS: node.inject_phantom_jobs,
-        }
-        if fault in needs_gpu:
-            needs_gpu[fault](self._gpu(fault, gpu), **params)
-        elif fault in GPU_CHANGES:
-            node.change_gpu(self._gpu(fault, gpu), fault)
-        elif fault in node_wide:
-            node_wide[fault](**params)
-        elif fault == Benign.JOB_FINISHED:
-            node.finish_job(self._gpu(fault, gpu))
-        elif fault == Benign.CONTAINER_STOPPED:
-            node.stop_job(self._gpu(fault, gpu))
-        elif fault in (Benign.SHORT_DIP, Benign.CHECKPOINT_PAUSE):
-            index = self._gpu(fault, gpu)
-            node.pause_job(index, checkpointing=fault == Benign.CHECKPOINT_PAUSE)
-            asyncio.get_running_loop().call_later(float(params["for"]), node.resume_job, index)
-        elif fault == Fault.DAEMON_DOWN:
-            await node.inject_daemon_down()
-        elif fault in _CLUSTER_SCRIPTS:
-            await self._script_cluster(fault, node, **params)
-        elif fault == Fault.SSH_REFUSES:
-            await node.inject_ssh_refuses()
-        elif fault == Fault.SSH_HANGS:
-            await node.inject_ssh_hangs()
+        arguments = {ARGUMENT.get(name, name): value for name, value in {**entry.params, **params}.items()}
+        if entry.by == "fleet":
+            done = getattr(self, entry.stand_in)(node, **arguments)
+        elif entry.gpu:
+            if gpu is None:
+                raise ValueError(f"{fault} needs a GPU")
+            done = getattr(node, entry.stand_in)(gpu, **arguments)
         else:
-            raise ValueError(f"no fault named {fault!r}")
+            done = getattr(node, entry.stand_in)(**arguments)
+        if asyncio.iscoroutine(done):
+            await done
+        if entry.whole_cluster:
+            self.injected.append(InjectedFault(datetime.now(UTC), CLUSTER, None, fault, expected(fault)))
 
-    async def _script_cluster(self, fault: str, node: SimNode, **params) -> None:
-        """What the peer cluster does: faults of the whole cluster (recorded on it, `CLUSTER`),
-        a peer seen by only some others, and the benign elections, joins and restarts."""
-        cluster, node_id = self.cluster, node.node_id
-        if fault == Fault.NO_LEADER:
-            cluster.leader = None
-            node.record(fault)  # the election is forced on this node, where the incident belongs
-        elif fault == Fault.QUORUM_LOST:
-            cluster.quorum_lost = True
-            self._later(params["for"], lambda: setattr(cluster, "quorum_lost", False))
-        elif fault == Fault.SPLIT_BRAIN:
-            cluster.rival, cluster.rival_followers = node_id, frozenset(self._nodes_from(node_id, params["count"]))
-            self._later(params["for"], lambda: setattr(cluster, "rival_followers", frozenset()))
-        elif fault == Fault.LEADER_FLAPPING:
-            self._timers.add(asyncio.create_task(self._flap(params["for"], params["every"])))
-        elif fault == Fault.PEER_PARTITIONED:
-            others = [n for n in self.nodes if n != node_id]
-            cluster.hidden[node_id] = frozenset(others[::2])  # behind NAT: every other peer cannot reach it
-            node.record(fault)
-            self._later(params["for"], lambda: cluster.hidden.pop(node_id, None))
-        elif fault == Fault.PEERS_NEVER_JOIN:
-            cluster.never_join(self._nodes_from(node_id, params["count"]))
-        elif fault == Benign.ELECTION:
-            cluster.leader = None
-            node.record(fault)
-            self._later(ELECTION_S, lambda: cluster.elect(node_id))
-        elif fault == Benign.PEER_JOINING:
-            cluster.join(node_id)
-            node.record(fault)
-        elif fault == Benign.PLANNED_RESTART:
-            leading = cluster.leader == node_id
-            await node.restart_daemon(params["for"])
-            if leading:
-                self._later(ELECTION_S, cluster.elect)
-        else:
-            raise ValueError(f"no fault named {fault!r}")
-        if fault in CLUSTER_FAULTS:
-            self.injected.append(InjectedFault(datetime.now(UTC), CLUSTER, None, fault, EXPECTED[fault]))
+    # The peer cluster's stand-ins: the fleet changes the cluster, and records on the node what it
+    # did with that node in mind, except for what is the whole cluster's (recorded on `CLUSTER`).
+
+    def lose_leader(self, node: SimNode) -> None:
+        self.cluster.leader = None
+        node.record(Fault.NO_LEADER)  # the election is forced on this node, where the incident belongs
+
+    def lose_quorum(self, node: SimNode, for_s: float) -> None:
+        self.cluster.quorum_lost = True
+        self._later(for_s, lambda: setattr(self.cluster, "quorum_lost", False))
+
+    def split_brain(self, node: SimNode, count: int, for_s: float) -> None:
+        cluster = self.cluster
+        cluster.rival, cluster.rival_followers = node.node_id, frozenset(self._nodes_from(node.node_id, count))
+        self._later(for_s, lambda: setattr(cluster, "rival_followers", frozenset()))
+
+    def flap_leader(self, node: SimNode, every_s: float, for_s: float) -> None:
+        self._timers.add(asyncio.create_task(self._flap(for_s, every_s)))
+
+    def partition_peer(self, node: SimNode, for_s: float) -> None:
+        others = [n for n in self.nodes if n != node.node_id]
+        self.cluster.hidden[node.node_id] = frozenset(others[::2])  # behind NAT: every other peer cannot reach it
+        node.record(Fault.PEER_PARTITIONED)
+        self._later(for_s, lambda: self.cluster.hidden.pop(node.node_id, None))
+
+    def keep_peers_out(self, node: SimNode, count: int) -> None:
+        self.cluster.never_join(self._nodes_from(node.node_id, count))
+
+    def hold_election(self, node: SimNode) -> None:
+        self.cluster.leader = None
+        node.record(Benign.ELECTION)
+        self._later(ELECTION_S, lambda: self.cluster.elect(node.node_id))
+
+    def join_peer(self, node: SimNode) -> None:
+        self.cluster.join(node.node_id)
+        node.record(Benign.PEER_JOINING)
+
+    async def restart_peer(self, node: SimNode, for_s: float) -> None:
+        leading = self.cluster.leader == node.node_id
+        await node.restart_daemon(for_s)
+        if leading:
+            self._later(ELECTION_S, self.cluster.elect)
 
     async def _flap(self, for_s: float, every_s: float) -> None:
         """The leader changes every `every_s` for `for_s`, round the voters."""
@@ -233,12 +202,6 @@ class SimFleet:
         ids = list(self.nodes)
         start = ids.index(node_id)
         return ids[start : start + count]
-
-    @staticmethod
-    def _gpu(fault: str, gpu: int | None) -> int:
-        if gpu is None:
-            raise ValueError(f"{fault} needs a GPU")
-        return gpu
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ from gpumedic_sim.kernel import SimKernelLog
 from gpumedic_sim.nvml import SimNvml
 from gpumedic_sim.procs import SimProcessTable
 from gpumedic_sim.ssh import SshEndpoint
-from gpumedic_sim.state import Benign, Fault, NodeState
+from gpumedic_sim.faults import Benign, Fault
+from gpumedic_sim.state import NodeState
 from gpumedic_sim.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
@@ -106,6 +107,16 @@ class SimNode(NodeState):
         task = asyncio.get_running_loop().create_task(back())
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def dip_job(self, gpu: int, for_s: float) -> None:
+        """The job on `gpu` stops computing for `for_s`, then goes on."""
+        self.pause_job(gpu, checkpointing=False)
+        asyncio.get_running_loop().call_later(for_s, self.resume_job, gpu)
+
+    def checkpoint_job(self, gpu: int, for_s: float) -> None:
+        """The GPU idles for `for_s` while the job writes a checkpoint (its output grows), then it goes on."""
+        self.pause_job(gpu, checkpointing=True)
+        asyncio.get_running_loop().call_later(for_s, self.resume_job, gpu)
 
     def _listen_again(self) -> None:
         task = asyncio.get_running_loop().create_task(self._status.start(self.listen, self._status.port or 0))

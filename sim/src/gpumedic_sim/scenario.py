@@ -8,7 +8,7 @@ A scenario is a YAML mapping::
                                       # (the command line may override it); no fault may come later
     faults:                           # required (may be empty): one mapping per fault
       - at: 10                        # seconds after start: 10, 2.5, "10s", "2m", "1m30s", "1h"
-        fault: zombie_job             # one of FaultKind (below)
+        fault: zombie_job             # a kind of gpumedic_sim.faults.FAULTS (below)
         node: 3                       # 1-based index into the fleet, a node id ("sim-node-03"),
                                       # or "random"
         gpu: 2                        # for the kinds that take a GPU: 0 .. GPUs per node - 1,
@@ -16,60 +16,12 @@ A scenario is a YAML mapping::
       - {at: 30s, fault: xid, node: random, gpu: 0, xid: 79}
       - {at: 40s, fault: disk_full, node: 7, path: /var/lib/docker}
 
-Fault kinds (`FaultKind`) and the fields each takes besides `at`, `fault` and `node`:
-
-==================  ===============  ======================================================
-kind                fields           what the node shows
-==================  ===============  ======================================================
-zombie_job          gpu              the job on the GPU hangs: memory held, 0 % busy, no output
-orphan_gpu_holder   gpu              a process left over from a container restart holds the GPU
-gpu_stuck           gpu              on a rented pod, a leftover no signal ends holds the GPU (runbook 003)
-oom_kill            gpu              the kernel's OOM killer ends the job: its lines, exit 137
-segfault            gpu              the job's container exits 139 (SIGSEGV)
-sigterm             gpu              the job's container exits 143 (SIGTERM)
-gpu_oom             gpu              "CUDA out of memory" in the container's logs, exit 1
-xid                 gpu, xid (=79)   the driver reports that XID on the GPU
-gpu_lost            gpu              the GPU falls off the bus
-disk_full           path             the file system of `path` (default /var/lib/docker) fills
-ssh_refuses         -                the node's SSH refuses connections
-ssh_hangs           -                the node's SSH accepts but never answers
-sampler_silent      -                the node's sampler stops publishing
-nvml_missing        -                the driver is gone: NVML cannot initialise
-status_blocked      -                the node's status endpoint accepts but never answers
-status_slow         -                the peer daemon's event loop lags: /status answers 6 s late
-phantom_jobs        -                the jobs' processes end, the daemons go on counting them (reset on the leader)
-stuck_process       gpu              the node's daemon gives no job count; a 3 h old process on the GPU stops computing
-daemon_down         -                the peer daemon crashes: its status port refuses connections
-no_leader           -                every peer loses the leader (quorum holds); give the
-                                     cluster's first node, where the election is forced
-quorum_lost         for (=60s)       the voters lose each other: no peer has quorum or a leader
-split_brain         count (=5),      the node and the next count-1 follow the node as a second
-                    for (=60s)       leader (give a node that is not the leader)
-leader_flapping     every (=5s),     the leader changes every `every`, round the voters
-                    for (=60s)
-peer_partitioned    for (=90s)       behind NAT: every other peer cannot see the node, which
-                                     sees them all
-peers_never_join    count (=5)       the node and the next count-1 never join the cluster
-==================  ===============  ======================================================
-
-The peer cluster's faults `quorum_lost`, `split_brain`, `leader_flapping` and `peers_never_join`
-concern the whole cluster and are scored on it (`sim`), whatever node they name.
-
-Benign behaviours (`Benign`) are scripted the same way (``fault: job_finished``); a healthy fleet
-does them all day and they must open no incident:
-
-==================  ===============  ======================================================
-kind                fields           what the node shows
-==================  ===============  ======================================================
-job_finished        gpu              the job is done: exit 0, its container with it, GPU free
-container_stopped   gpu              the node stops the job's container (docker stop): 143
-short_dip           gpu, for (=10s)  the job stops computing for `for`, then goes on
-checkpoint_pause    gpu, for (=60s)  the GPU idles for `for` while output still grows
-election            -                the leader steps down; 3s later the node (a voter) leads
-peer_joining        -                the node's peer daemon joins anew; the others meet it
-planned_restart     for (=3s)        the node's peer daemon stops for `for`, then rejoins (a
-                                     leader restarted: the cluster elects another)
-==================  ===============  ======================================================
+The kinds a scenario may script, faults (`Fault`) and benign behaviours (`Benign`, which a
+healthy fleet does all day and which must open no incident), and the fields each takes besides
+`at`, `fault` and `node`, with their defaults, are the entries of `gpumedic_sim.faults.FAULTS`;
+`gpumedic sim --kinds` prints them. The peer cluster's whole-cluster faults (`quorum_lost`,
+`split_brain`, `leader_flapping`, `peers_never_join`) are scored on the cluster (`sim`), whatever
+node they name.
 
 `gpu` is required for the kinds that take one and refused for the others. "random" (for `node`
 and `gpu`) is drawn from `random.Random(seed)` in file order, so a seed reproduces a run. The
@@ -111,7 +63,7 @@ from types import MappingProxyType
 import yaml
 from pydantic import ValidationError
 
-from gpumedic_sim.state import Benign, Fault
+from gpumedic_sim.faults import DEFAULT_DISK_PATH, FAULTS, Scripted
 from gpumedic.times import parse_time
 from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
@@ -122,9 +74,6 @@ SCENARIO_DIR = Path(__file__).parent / "scenarios"
 MAX_FAULTS = 10_000
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NAME = 200
-DEFAULT_XID = 79
-"""XID 79: the GPU has fallen off the bus."""
-DEFAULT_DISK_PATH = "/var/lib/docker"
 RANDOM = "random"
 
 CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME][,every=TIME][,count=N]"
@@ -132,108 +81,10 @@ MAX_COUNT = 1000
 CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
-FaultKind = Fault
-"""What a scenario can break: the simulation's own fault names (`gpumedic_sim.state.Fault`)."""
-Scripted = Fault | Benign
-"""What a scenario can script: a fault, or a benign behaviour that must open no incident."""
-SCRIPTED: tuple[Scripted, ...] = (*Fault, *Benign)
-
-
-GPU_FAULTS: frozenset[Scripted] = frozenset(
-    {
-        FaultKind.ZOMBIE_JOB,
-        FaultKind.ORPHAN_GPU_HOLDER,
-        FaultKind.GPU_STUCK,
-        FaultKind.OOM_KILL,
-        FaultKind.SEGFAULT,
-        FaultKind.SIGTERM,
-        FaultKind.GPU_OOM,
-        FaultKind.XID,
-        FaultKind.GPU_LOST,
-        FaultKind.STUCK_PROCESS,
-        FaultKind.GPU_THERMAL,
-        FaultKind.GPU_THROTTLED,
-        FaultKind.ECC_ERRORS,
-        FaultKind.ROW_REMAP,
-        FaultKind.PCIE_DEGRADED,
-        FaultKind.NVLINK_DEGRADED,
-        FaultKind.GPU_STRAGGLER,
-        Benign.HOT_BUT_FINE,
-        Benign.POWER_CAPPED,
-        Benign.RETIRED_PAGE,
-        Benign.JOB_FINISHED,
-        Benign.CONTAINER_STOPPED,
-        Benign.SHORT_DIP,
-        Benign.CHECKPOINT_PAUSE,
-    }
-)
-"""The kinds that happen to one GPU and so require `gpu`; the others are the node's and refuse it."""
-
-FAULT_PARAMS: Mapping[Scripted, Mapping[str, object]] = MappingProxyType(
-    {
-        FaultKind.XID: MappingProxyType({"xid": DEFAULT_XID}),
-        FaultKind.DISK_FULL: MappingProxyType({"path": DEFAULT_DISK_PATH}),
-        Benign.SHORT_DIP: MappingProxyType({"for": 10.0}),
-        Benign.CHECKPOINT_PAUSE: MappingProxyType({"for": 60.0}),
-        FaultKind.QUORUM_LOST: MappingProxyType({"for": 60.0}),
-        FaultKind.SPLIT_BRAIN: MappingProxyType({"count": 5, "for": 60.0}),
-        FaultKind.LEADER_FLAPPING: MappingProxyType({"every": 5.0, "for": 60.0}),
-        FaultKind.PEER_PARTITIONED: MappingProxyType({"for": 90.0}),
-        FaultKind.PEERS_NEVER_JOIN: MappingProxyType({"count": 5}),
-        Benign.PLANNED_RESTART: MappingProxyType({"for": 3.0}),
-    }
-)
-"""Extra fields a kind takes, with their defaults; kinds not listed take none."""
-
-FAULT_DESCRIPTIONS: Mapping[Scripted, str] = MappingProxyType(
-    {
-        FaultKind.ZOMBIE_JOB: "the job on the GPU hangs: memory held, 0 % busy, no output",
-        FaultKind.ORPHAN_GPU_HOLDER: "a process left over from a container restart holds the GPU",
-        FaultKind.GPU_STUCK: "on a rented pod, a leftover no signal ends holds the GPU; the pod's new run cannot start",
-        FaultKind.OOM_KILL: "the kernel's OOM killer ends the job (exit 137)",
-        FaultKind.SEGFAULT: "the job's container exits 139 (SIGSEGV)",
-        FaultKind.SIGTERM: "the job's container exits 143 (SIGTERM)",
-        FaultKind.DISK_FULL: "the file system of `path` fills up",
-        FaultKind.GPU_OOM: "CUDA out of memory in the container's logs, exit 1",
-        FaultKind.XID: "the driver reports XID `xid` on the GPU",
-        FaultKind.GPU_LOST: "the GPU falls off the bus",
-        FaultKind.SSH_REFUSES: "the node's SSH refuses connections",
-        FaultKind.SSH_HANGS: "the node's SSH accepts but never answers",
-        FaultKind.SAMPLER_SILENT: "the node's sampler stops publishing",
-        FaultKind.NVML_MISSING: "the driver is gone: NVML cannot initialise",
-        FaultKind.STATUS_BLOCKED: "the node's status endpoint accepts but never answers",
-        FaultKind.STATUS_SLOW: "the peer daemon's event loop lags: /status answers 6 s late",
-        FaultKind.PHANTOM_JOBS: "the jobs' processes end, the daemons go on counting them (reset on the leader)",
-        FaultKind.STUCK_PROCESS: "the node's daemon gives no job count; a 3 h old process on the GPU stops computing",
-        FaultKind.GPU_THERMAL: "the GPU runs 20 C hotter (a failed fan): busy, past its slowdown temperature",
-        FaultKind.GPU_THROTTLED: "the board's power brake holds the busy GPU's clocks down (HW slowdown, power brake)",
-        FaultKind.ECC_ERRORS: "the GPU counts a new uncorrectable (double-bit) ECC error",
-        FaultKind.ROW_REMAP: "a row remap waits for the GPU's reset",
-        FaultKind.PCIE_DEGRADED: "the GPU's PCIe link trains down to x8 of x16",
-        FaultKind.NVLINK_DEGRADED: "one of the GPU's 18 NVLinks goes down",
-        FaultKind.GPU_STRAGGLER: "the GPU reaches only 60 % of its clocks and power under load (a failing VRM)",
-        FaultKind.DAEMON_DOWN: "the peer daemon crashes: its status port refuses connections",
-        FaultKind.NO_LEADER: "every peer loses the leader while quorum holds (give the cluster's first node)",
-        FaultKind.QUORUM_LOST: "the voters lose each other: no peer has quorum or a leader, for `for`",
-        FaultKind.SPLIT_BRAIN: "the node and the next `count`-1 follow the node as a second leader, for `for`",
-        FaultKind.LEADER_FLAPPING: "the leader changes every `every`, round the voters, for `for`",
-        FaultKind.PEER_PARTITIONED: "behind NAT: every other peer cannot see the node, for `for`",
-        FaultKind.PEERS_NEVER_JOIN: "the node and the next `count`-1 never join the peer cluster",
-        Benign.JOB_FINISHED: "benign: the job is done, exit 0, the GPU free",
-        Benign.CONTAINER_STOPPED: "benign: the node stops the job's container (docker stop, exit 143)",
-        Benign.SHORT_DIP: "benign: the job stops computing for `for` (default 10s), then goes on",
-        Benign.CHECKPOINT_PAUSE: "benign: the GPU idles for `for` (default 60s) while output still grows",
-        Benign.ELECTION: "benign: the leader steps down; 3s later the node leads",
-        Benign.PEER_JOINING: "benign: the node's peer daemon joins the cluster anew",
-        Benign.PLANNED_RESTART: "benign: the node's peer daemon restarts (down for `for`, default 3s)",
-        Benign.HOT_BUT_FINE: "benign: the busy GPU runs at 83 C, below its 89 C slowdown temperature",
-        Benign.POWER_CAPPED: "benign: the operator caps the GPU at 400 W; busy, it runs slower under SW power cap",
-        Benign.RETIRED_PAGE: "benign: the GPU has one page retired long ago, and stays at one",
-    }
-)
+SCRIPTED: tuple[Scripted, ...] = tuple(FAULTS)
 
 _COMMON_FIELDS = ("fault", "at", "node", "gpu")
-_ALL_PARAMS = tuple(sorted({name for params in FAULT_PARAMS.values() for name in params}))
+_ALL_PARAMS = tuple(sorted({name for entry in FAULTS.values() for name in entry.params}))
 _TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool")
 
 
@@ -492,15 +343,15 @@ def _parse_fault(
             source, at("fault"), f"{_show(kind_value)} is not a fault kind nor a benign behaviour{hint}; known: {known}"
         ) from None
 
-    params = FAULT_PARAMS.get(kind, {})
-    allowed = ["fault", "at", "node", *(["gpu"] if kind in GPU_FAULTS else []), *params]
+    params = FAULTS[kind].params
+    allowed = ["fault", "at", "node", *(["gpu"] if FAULTS[kind].gpu else []), *params]
     for key in entry:
         if key in allowed:
             continue
         if key == "gpu":
             raise ScenarioError(source, at("gpu"), f"{kind.value} is a fault of the whole node and takes no GPU")
         if key in _ALL_PARAMS:
-            owners = ", ".join(k.value for k, p in FAULT_PARAMS.items() if key in p)
+            owners = ", ".join(k.value for k, e in FAULTS.items() if key in e.params)
             raise ScenarioError(source, where, f"field {key!r} applies to {owners}, not to {kind.value}")
         raise ScenarioError(
             source,
@@ -508,7 +359,7 @@ def _parse_fault(
             f"unknown field {_show(key)}{_suggest(key, [*_COMMON_FIELDS, *_ALL_PARAMS])}; "
             f"{kind.value} takes: {', '.join(allowed)}",
         )
-    required = ("at", "node", *(["gpu"] if kind in GPU_FAULTS else []))
+    required = ("at", "node", *(["gpu"] if FAULTS[kind].gpu else []))
     for name in required:
         if name not in entry:
             needs = ", ".join(required)
@@ -524,7 +375,7 @@ def _parse_fault(
         )
 
     node = _resolve_node(entry["node"], fleet, rng, source, at("node"))
-    gpu = _resolve_gpu(entry["gpu"], fleet, rng, source, at("gpu")) if kind in GPU_FAULTS else None
+    gpu = _resolve_gpu(entry["gpu"], fleet, rng, source, at("gpu")) if FAULTS[kind].gpu else None
 
     resolved: dict[str, object] = {}
     for name, default in params.items():
@@ -600,7 +451,7 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
         if seconds <= 0:
             raise ScenarioError(source, where, "must be longer than 0s")
         return seconds
-    raise AssertionError(f"no check for {kind.value}.{name}")  # pragma: no cover - FAULT_PARAMS and this agree
+    raise AssertionError(f"no check for {kind.value}.{name}")  # pragma: no cover - FAULTS and this agree
 
 
 # --- messages -----------------------------------------------------------------------------------

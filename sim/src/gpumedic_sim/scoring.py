@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpumedic_events import IncidentKind, IncidentOpened
 
-from gpumedic_sim.state import Benign, Fault, InjectedFault
+from gpumedic_sim.faults import Benign, Fault, InjectedFault
 
 DEFAULT_WINDOW_S = 120.0
 EARLY_S = 1.0

@@ -16,14 +16,12 @@ import json
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
-from types import MappingProxyType
-from typing import NamedTuple
 
 from gpumedic_sim.cluster import PeerCluster
+from gpumedic_sim.faults import Benign, Fault, InjectedFault, expected
 from gpumedic_sim.host import SimHost
 from gpumedic_sim.kernel import SimKernelLog
 
@@ -45,43 +43,6 @@ UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, JOB_UNIT, "docker.service", "ssh.ser
 """The systemd services a simulated node has."""
 
 
-class Fault(StrEnum):
-    """The faults the simulation can script: the names scenario files use and `injected` records."""
-
-    ZOMBIE_JOB = "zombie_job"
-    ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
-    GPU_STUCK = "gpu_stuck"
-    OOM_KILL = "oom_kill"
-    SEGFAULT = "segfault"
-    SIGTERM = "sigterm"
-    DISK_FULL = "disk_full"
-    GPU_OOM = "gpu_oom"
-    XID = "xid"
-    GPU_LOST = "gpu_lost"
-    SSH_REFUSES = "ssh_refuses"
-    SSH_HANGS = "ssh_hangs"
-    SAMPLER_SILENT = "sampler_silent"
-    NVML_MISSING = "nvml_missing"
-    STATUS_BLOCKED = "status_blocked"
-    STATUS_SLOW = "status_slow"
-    PHANTOM_JOBS = "phantom_jobs"
-    STUCK_PROCESS = "stuck_process"
-    GPU_THERMAL = "gpu_thermal"
-    GPU_THROTTLED = "gpu_throttled"
-    ECC_ERRORS = "ecc_errors"
-    ROW_REMAP = "row_remap"
-    PCIE_DEGRADED = "pcie_degraded"
-    NVLINK_DEGRADED = "nvlink_degraded"
-    GPU_STRAGGLER = "gpu_straggler"
-    NO_LEADER = "no_leader"
-    DAEMON_DOWN = "daemon_down"
-    QUORUM_LOST = "quorum_lost"
-    SPLIT_BRAIN = "split_brain"
-    LEADER_FLAPPING = "leader_flapping"
-    PEER_PARTITIONED = "peer_partitioned"
-    PEERS_NEVER_JOIN = "peers_never_join"
-
-
 DEVICE_BUSY = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
 CUDA_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
@@ -89,40 +50,10 @@ CUDA_OOM = (
 )
 
 
-class Benign(StrEnum):
-    """What a healthy fleet does, scripted like a fault: it must open no incident."""
-
-    JOB_FINISHED = "job_finished"
-    """The job is done: it exits 0, its container with it."""
-    CONTAINER_STOPPED = "container_stopped"
-    """The node stops a container on purpose (docker stop): SIGTERM from the engine, exit 143."""
-    SHORT_DIP = "short_dip"
-    """The job stops computing for a while, shorter than the zombie threshold, then goes on."""
-    CHECKPOINT_PAUSE = "checkpoint_pause"
-    """The GPU idles while the job writes a checkpoint: output grows, then it goes on."""
-    ELECTION = "election"
-    """The peer cluster's leader steps down and, a few seconds later, the node is elected."""
-    PEER_JOINING = "peer_joining"
-    """The node's peer daemon joins the cluster anew; the others meet it over a few seconds."""
-    PLANNED_RESTART = "planned_restart"
-    """The node's peer daemon is restarted on purpose: down for a few seconds, then it rejoins."""
-    HOT_BUT_FINE = "hot_but_fine"
-    """A busy GPU runs hot (83 C), below its 89 C slowdown temperature."""
-    POWER_CAPPED = "power_capped"
-    """The operator caps a GPU's power (400 W): busy, it runs at lower clocks under SW power cap."""
-    RETIRED_PAGE = "retired_page"
-    """A GPU has retired one memory page long ago, and stays at one."""
-
-
-CLUSTER = "sim"
-"""The simulated peer cluster's name: leader-health's incidents about the whole cluster are on it,
-and so are the cluster-wide faults' records."""
 STUCK_AGE_S = 3 * 3600.0
 """A stuck process's age: past the runbook's 2 hours."""
 STATUS_LAG_S = 6.0
 """A slow daemon's lag: past the runbook's 5 s, within leader-health's 10 s HTTP timeout."""
-CLUSTER_FAULTS = frozenset({Fault.QUORUM_LOST, Fault.SPLIT_BRAIN, Fault.LEADER_FLAPPING, Fault.PEERS_NEVER_JOIN})
-"""Faults of the whole peer cluster (scored on `CLUSTER`, not on the node the scenario names)."""
 
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
@@ -133,60 +64,6 @@ ADMIN_PATHS = frozenset({"/force_election", "/admin/reset_node_jobs"})
 which a simulated node's daemon offers on its status port."""
 REMAP_XIDS = frozenset({48, 63, 94, 95})
 """Uncorrectable memory errors after which, on Ampere and later, a row remap waits for a GPU reset."""
-
-EXPECTED: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        Fault.ZOMBIE_JOB: frozenset({"zombie_job"}),
-        Fault.ORPHAN_GPU_HOLDER: frozenset({"orphan_gpu_holder"}),
-        Fault.GPU_STUCK: frozenset({"orphan_gpu_holder"}),
-        Fault.OOM_KILL: frozenset({"container_died"}),
-        Fault.SEGFAULT: frozenset({"container_died"}),
-        Fault.SIGTERM: frozenset({"container_died"}),
-        Fault.GPU_OOM: frozenset({"container_died"}),
-        Fault.XID: frozenset({"gpu_xid"}),
-        Fault.GPU_LOST: frozenset({"gpu_lost"}),
-        Fault.DISK_FULL: frozenset({"disk_pressure"}),
-        Fault.SSH_REFUSES: frozenset({"ssh_unreachable"}),
-        Fault.SSH_HANGS: frozenset({"ssh_unreachable"}),
-        Fault.SAMPLER_SILENT: frozenset({"node_silent"}),
-        Fault.NVML_MISSING: frozenset({"nvml_unavailable"}),
-        Fault.STATUS_BLOCKED: frozenset({"peer_blocked"}),
-        Fault.STATUS_SLOW: frozenset({"slow_peer"}),
-        Fault.PHANTOM_JOBS: frozenset({"phantom_jobs"}),
-        Fault.STUCK_PROCESS: frozenset({"stuck_process"}),
-        Fault.GPU_THERMAL: frozenset({"gpu_thermal"}),
-        Fault.GPU_THROTTLED: frozenset({"gpu_throttled"}),
-        Fault.ECC_ERRORS: frozenset({"ecc_errors"}),
-        Fault.ROW_REMAP: frozenset({"row_remap"}),
-        Fault.PCIE_DEGRADED: frozenset({"pcie_degraded"}),
-        Fault.NVLINK_DEGRADED: frozenset({"nvlink_degraded"}),
-        Fault.GPU_STRAGGLER: frozenset({"gpu_straggler"}),
-        Fault.NO_LEADER: frozenset({"no_leader"}),
-        Fault.DAEMON_DOWN: frozenset({"peer_down"}),
-        Fault.QUORUM_LOST: frozenset({"quorum_lost"}),
-        Fault.SPLIT_BRAIN: frozenset({"split_brain"}),
-        Fault.LEADER_FLAPPING: frozenset({"leader_flapping"}),
-        Fault.PEER_PARTITIONED: frozenset({"peer_partitioned"}),
-        Fault.PEERS_NEVER_JOIN: frozenset({"peers_below_target"}),
-        **{b: frozenset() for b in Benign},
-    }
-)
-"""Ground truth: the incident kinds that rightly describe each scripted fault; empty for what
-must open no node incident (benign behaviour; a blocked status endpoint, which is the peer
-cluster's business, not a node fault). Written from what the simulation does, never from a
-detector's rules."""
-
-
-class InjectedFault(NamedTuple):
-    """Ground truth: what was broken (or done, for benign behaviour), where and when (UTC), and the
-    incident kinds that rightly describe it, to score detectors against."""
-
-    at: datetime
-    node_id: str
-    gpu: int | None
-    fault: str
-    expect: frozenset[str] = frozenset()
-
 
 NVLINKS = 18
 """An H100 SXM's NVLinks."""
@@ -244,38 +121,6 @@ class SimGpu:
     """None: no page retirement (Hopper remaps rows); a count: a GPU that retires pages."""
     pace: float = 1.0
     """The share of its clocks and power a busy GPU reaches (a failing VRM, a clock stuck low: below 1)."""
-
-
-def _hotter(gpu: SimGpu, degrees: int) -> None:
-    gpu.heat_c = degrees
-
-
-def _capped(gpu: SimGpu) -> None:
-    gpu.power_limit_w, gpu.power_capped = 400.0, True
-
-
-def _down(gpu: SimGpu) -> None:
-    gpu.nvlinks[3].up = False
-
-
-GPU_CHANGES: Mapping[str, Callable[[SimGpu], None]] = MappingProxyType(
-    {
-        # 74 C busy (34 idle + 40 for the load): +20 is 94 C, past the 89 C slowdown
-        Fault.GPU_THERMAL: lambda gpu: _hotter(gpu, 20),
-        Fault.GPU_THROTTLED: lambda gpu: setattr(gpu, "clock_event_reasons", gpu.clock_event_reasons | 0x8 | 0x80),
-        Fault.ECC_ERRORS: lambda gpu: setattr(gpu, "ecc_uncorrected", gpu.ecc_uncorrected + 1),
-        Fault.ROW_REMAP: lambda gpu: setattr(gpu, "remapped_rows_pending", True),
-        Fault.PCIE_DEGRADED: lambda gpu: setattr(gpu, "pcie_link_width", 8),
-        Fault.NVLINK_DEGRADED: _down,
-        Fault.GPU_STRAGGLER: lambda gpu: setattr(gpu, "pace", 0.6),
-        Benign.HOT_BUT_FINE: lambda gpu: _hotter(gpu, 9),  # 83 C busy
-        Benign.POWER_CAPPED: _capped,
-        Benign.RETIRED_PAGE: lambda gpu: setattr(gpu, "retired_pages", 1),
-    }
-)
-"""Faults and benign changes that are a change to one GPU's state, as NVML will then report it:
-the hardware's own behaviour (heat, a power brake, a memory error, a link trained down) follows in
-gpumedic_sim.nvml."""
 
 
 @dataclass
@@ -658,12 +503,44 @@ class NodeState:
             expect = None
         self._record(gpu, Fault.XID, expect)
 
-    def change_gpu(self, gpu: int, change: str) -> None:
-        """One of `GPU_CHANGES` on `gpu`, recorded as injected."""
+    # A change to one GPU's state, as NVML will then report it: the hardware's own behaviour (heat,
+    # a power brake, a memory error, a link trained down) follows in gpumedic_sim.nvml.
+
+    def inject_gpu_thermal(self, gpu: int) -> None:
+        self._change(gpu, Fault.GPU_THERMAL, lambda g: setattr(g, "heat_c", 20))  # 74 C busy + 20: past the 89 C slowdown
+
+    def inject_gpu_throttled(self, gpu: int) -> None:
+        self._change(gpu, Fault.GPU_THROTTLED, lambda g: setattr(g, "clock_event_reasons", g.clock_event_reasons | 0x8 | 0x80))
+
+    def inject_ecc_errors(self, gpu: int) -> None:
+        self._change(gpu, Fault.ECC_ERRORS, lambda g: setattr(g, "ecc_uncorrected", g.ecc_uncorrected + 1))
+
+    def inject_row_remap(self, gpu: int) -> None:
+        self._change(gpu, Fault.ROW_REMAP, lambda g: setattr(g, "remapped_rows_pending", True))
+
+    def inject_pcie_degraded(self, gpu: int) -> None:
+        self._change(gpu, Fault.PCIE_DEGRADED, lambda g: setattr(g, "pcie_link_width", 8))
+
+    def inject_nvlink_degraded(self, gpu: int) -> None:
+        self._change(gpu, Fault.NVLINK_DEGRADED, lambda g: setattr(g.nvlinks[3], "up", False))
+
+    def inject_gpu_straggler(self, gpu: int) -> None:
+        self._change(gpu, Fault.GPU_STRAGGLER, lambda g: setattr(g, "pace", 0.6))
+
+    def run_hot(self, gpu: int) -> None:
+        self._change(gpu, Benign.HOT_BUT_FINE, lambda g: setattr(g, "heat_c", 9))  # 83 C busy
+
+    def cap_power(self, gpu: int) -> None:
+        self._change(gpu, Benign.POWER_CAPPED, lambda g: (setattr(g, "power_limit_w", 400.0), setattr(g, "power_capped", True)))
+
+    def retire_page(self, gpu: int) -> None:
+        self._change(gpu, Benign.RETIRED_PAGE, lambda g: setattr(g, "retired_pages", 1))
+
+    def _change(self, gpu: int, fault: str, change: Callable[[SimGpu], object]) -> None:
         self._check_gpu(gpu)
         with self._lock:
-            GPU_CHANGES[change](self.gpus[gpu])
-        self._record(gpu, change)
+            change(self.gpus[gpu])
+        self._record(gpu, fault)
 
     def inject_sampler_silent(self) -> None:
         """The node's sampler hangs: it publishes nothing from now on."""
@@ -921,7 +798,7 @@ class NodeState:
             raise ValueError(f"{self.node_id} has no GPU {gpu}")
 
     def _record(self, gpu: int | None, fault: str, expect: frozenset[str] | None = None) -> None:
-        entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault, EXPECTED[fault] if expect is None else expect)
+        entry = InjectedFault(datetime.now(UTC), self.node_id, gpu, fault, expected(fault) if expect is None else expect)
         self.injected.append(entry)
         for listener in self.fault_listeners:
             listener(entry)

@@ -1,0 +1,193 @@
+"""Every fault and benign behaviour the simulated fleet can script, in one table: the answer key.
+
+`FAULTS` holds one entry per name a scenario may use: what it does (its description), the
+incident kinds that rightly describe it (empty for benign behaviour, which must open none),
+whether it happens to one GPU, its extra parameters with their defaults, and its stand-in: the
+method of the simulated node (or, for the peer cluster, of the fleet) that makes it happen.
+Injecting one is a lookup here and a call to that method. Adding one is an entry here and its
+stand-in; the scenario parser, the fleet and the scorer read everything else from the entry.
+
+The kinds are written from what the simulation does, never from a detector's rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Literal, NamedTuple
+
+from gpumedic_events import IncidentKind as K
+
+
+class Fault(StrEnum):
+    """The faults the simulation can script: the names scenario files use and `injected` records."""
+
+    ZOMBIE_JOB = "zombie_job"
+    ORPHAN_GPU_HOLDER = "orphan_gpu_holder"
+    GPU_STUCK = "gpu_stuck"
+    OOM_KILL = "oom_kill"
+    SEGFAULT = "segfault"
+    SIGTERM = "sigterm"
+    DISK_FULL = "disk_full"
+    GPU_OOM = "gpu_oom"
+    XID = "xid"
+    GPU_LOST = "gpu_lost"
+    SSH_REFUSES = "ssh_refuses"
+    SSH_HANGS = "ssh_hangs"
+    SAMPLER_SILENT = "sampler_silent"
+    NVML_MISSING = "nvml_missing"
+    STATUS_BLOCKED = "status_blocked"
+    STATUS_SLOW = "status_slow"
+    PHANTOM_JOBS = "phantom_jobs"
+    STUCK_PROCESS = "stuck_process"
+    GPU_THERMAL = "gpu_thermal"
+    GPU_THROTTLED = "gpu_throttled"
+    ECC_ERRORS = "ecc_errors"
+    ROW_REMAP = "row_remap"
+    PCIE_DEGRADED = "pcie_degraded"
+    NVLINK_DEGRADED = "nvlink_degraded"
+    GPU_STRAGGLER = "gpu_straggler"
+    NO_LEADER = "no_leader"
+    DAEMON_DOWN = "daemon_down"
+    QUORUM_LOST = "quorum_lost"
+    SPLIT_BRAIN = "split_brain"
+    LEADER_FLAPPING = "leader_flapping"
+    PEER_PARTITIONED = "peer_partitioned"
+    PEERS_NEVER_JOIN = "peers_never_join"
+
+
+class Benign(StrEnum):
+    """What a healthy fleet does, scripted like a fault: it must open no incident."""
+
+    JOB_FINISHED = "job_finished"
+    CONTAINER_STOPPED = "container_stopped"
+    SHORT_DIP = "short_dip"
+    CHECKPOINT_PAUSE = "checkpoint_pause"
+    ELECTION = "election"
+    PEER_JOINING = "peer_joining"
+    PLANNED_RESTART = "planned_restart"
+    HOT_BUT_FINE = "hot_but_fine"
+    POWER_CAPPED = "power_capped"
+    RETIRED_PAGE = "retired_page"
+
+
+Scripted = Fault | Benign
+"""What a scenario can script: a fault, or a benign behaviour that must open no incident."""
+
+CLUSTER = "sim"
+"""The simulated peer cluster's name: leader-health's incidents about the whole cluster are on it,
+and so are the whole-cluster faults' records."""
+DEFAULT_XID = 79
+"""XID 79: the GPU has fallen off the bus."""
+DEFAULT_DISK_PATH = "/var/lib/docker"
+
+ARGUMENT = MappingProxyType({"for": "for_s", "every": "every_s"})
+"""A parameter's name as its stand-in takes it, where the scenario's name is no Python name."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    description: str
+    """What happens, for `gpumedic sim --list` and a scenario's reader; `name` for a parameter."""
+    stand_in: str
+    """The method that makes it happen: the node's (`SimNode`, called with the GPU where `gpu`,
+    then the parameters), or the fleet's where `by` is "fleet" (called with the node, then the
+    parameters). The stand-in records it in the node's `injected`."""
+    expect: frozenset[K] = frozenset()
+    """The incident kinds that rightly describe it; empty for what must open no node incident."""
+    gpu: bool = False
+    """It happens to one GPU: a scenario must name the GPU (the others refuse one)."""
+    params: Mapping[str, object] = field(default_factory=dict)
+    """Extra fields a scenario may give, with their defaults."""
+    by: Literal["node", "fleet"] = "node"
+    """Who scripts it: the node, or the fleet (the peer cluster's changes)."""
+    whole_cluster: bool = False
+    """A fault of the whole peer cluster: scored on `CLUSTER`, not on the node the scenario names."""
+
+
+def _kinds(*kinds: K) -> frozenset[K]:
+    return frozenset(kinds)
+
+
+FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
+    Fault.ZOMBIE_JOB: Entry("the job on the GPU hangs: memory held, 0 % busy, no output", "inject_zombie",
+                            _kinds(K.ZOMBIE_JOB), gpu=True),
+    Fault.ORPHAN_GPU_HOLDER: Entry("a process left over from a container restart holds the GPU", "inject_orphan",
+                                   _kinds(K.ORPHAN_GPU_HOLDER), gpu=True),
+    Fault.GPU_STUCK: Entry("on a rented pod, a leftover no signal ends holds the GPU; the pod's new run cannot start",
+                           "inject_gpu_stuck", _kinds(K.ORPHAN_GPU_HOLDER), gpu=True),
+    Fault.OOM_KILL: Entry("the kernel's OOM killer ends the job (exit 137)", "inject_oom_kill", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.SEGFAULT: Entry("the job's container exits 139 (SIGSEGV)", "inject_segfault", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.SIGTERM: Entry("the job's container exits 143 (SIGTERM)", "inject_sigterm", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.DISK_FULL: Entry("the file system of `path` fills up", "inject_disk_full", _kinds(K.DISK_PRESSURE),
+                           params={"path": DEFAULT_DISK_PATH}),
+    Fault.GPU_OOM: Entry("CUDA out of memory in the container's logs, exit 1", "inject_gpu_oom", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.XID: Entry("the driver reports XID `xid` on the GPU", "inject_xid", _kinds(K.GPU_XID), gpu=True, params={"xid": DEFAULT_XID}),
+    Fault.GPU_LOST: Entry("the GPU falls off the bus", "inject_gpu_lost", _kinds(K.GPU_LOST), gpu=True),
+    Fault.SSH_REFUSES: Entry("the node's SSH refuses connections", "inject_ssh_refuses", _kinds(K.SSH_UNREACHABLE)),
+    Fault.SSH_HANGS: Entry("the node's SSH accepts but never answers", "inject_ssh_hangs", _kinds(K.SSH_UNREACHABLE)),
+    Fault.SAMPLER_SILENT: Entry("the node's sampler stops publishing", "inject_sampler_silent", _kinds(K.NODE_SILENT)),
+    Fault.NVML_MISSING: Entry("the driver is gone: NVML cannot initialise", "inject_nvml_missing", _kinds(K.NVML_UNAVAILABLE)),
+    Fault.STATUS_BLOCKED: Entry("the node's status endpoint accepts but never answers", "inject_status_blocked", _kinds(K.PEER_BLOCKED)),
+    Fault.STATUS_SLOW: Entry("the peer daemon's event loop lags: /status answers 6 s late", "inject_status_slow", _kinds(K.SLOW_PEER)),
+    Fault.PHANTOM_JOBS: Entry("the jobs' processes end, the daemons go on counting them (reset on the leader)", "inject_phantom_jobs",
+                              _kinds(K.PHANTOM_JOBS)),
+    Fault.STUCK_PROCESS: Entry("the node's daemon gives no job count; a 3 h old process on the GPU stops computing", "inject_stuck",
+                               _kinds(K.STUCK_PROCESS), gpu=True),
+    Fault.GPU_THERMAL: Entry("the GPU runs 20 C hotter (a failed fan): busy, past its slowdown temperature", "inject_gpu_thermal",
+                             _kinds(K.GPU_THERMAL), gpu=True),
+    Fault.GPU_THROTTLED: Entry("the board's power brake holds the busy GPU's clocks down (HW slowdown, power brake)",
+                               "inject_gpu_throttled", _kinds(K.GPU_THROTTLED), gpu=True),
+    Fault.ECC_ERRORS: Entry("the GPU counts a new uncorrectable (double-bit) ECC error", "inject_ecc_errors", _kinds(K.ECC_ERRORS), gpu=True),
+    Fault.ROW_REMAP: Entry("a row remap waits for the GPU's reset", "inject_row_remap", _kinds(K.ROW_REMAP), gpu=True),
+    Fault.PCIE_DEGRADED: Entry("the GPU's PCIe link trains down to x8 of x16", "inject_pcie_degraded", _kinds(K.PCIE_DEGRADED), gpu=True),
+    Fault.NVLINK_DEGRADED: Entry("one of the GPU's 18 NVLinks goes down", "inject_nvlink_degraded", _kinds(K.NVLINK_DEGRADED), gpu=True),
+    Fault.GPU_STRAGGLER: Entry("the GPU reaches only 60 % of its clocks and power under load (a failing VRM)", "inject_gpu_straggler",
+                               _kinds(K.GPU_STRAGGLER), gpu=True),
+    Fault.DAEMON_DOWN: Entry("the peer daemon crashes: its status port refuses connections", "inject_daemon_down", _kinds(K.PEER_DOWN)),
+    Fault.NO_LEADER: Entry("every peer loses the leader while quorum holds (give the cluster's first node)", "lose_leader",
+                           _kinds(K.NO_LEADER), by="fleet"),
+    Fault.QUORUM_LOST: Entry("the voters lose each other: no peer has quorum or a leader, for `for`", "lose_quorum",
+                             _kinds(K.QUORUM_LOST), params={"for": 60.0}, by="fleet", whole_cluster=True),
+    Fault.SPLIT_BRAIN: Entry("the node and the next `count`-1 follow the node as a second leader, for `for`", "split_brain",
+                             _kinds(K.SPLIT_BRAIN), params={"count": 5, "for": 60.0}, by="fleet", whole_cluster=True),
+    Fault.LEADER_FLAPPING: Entry("the leader changes every `every`, round the voters, for `for`", "flap_leader",
+                                 _kinds(K.LEADER_FLAPPING), params={"every": 5.0, "for": 60.0}, by="fleet", whole_cluster=True),
+    Fault.PEER_PARTITIONED: Entry("behind NAT: every other peer cannot see the node, for `for`", "partition_peer",
+                                  _kinds(K.PEER_PARTITIONED), params={"for": 90.0}, by="fleet"),
+    Fault.PEERS_NEVER_JOIN: Entry("the node and the next `count`-1 never join the peer cluster", "keep_peers_out",
+                                  _kinds(K.PEERS_BELOW_TARGET), params={"count": 5}, by="fleet", whole_cluster=True),
+    Benign.JOB_FINISHED: Entry("benign: the job is done, exit 0, the GPU free", "finish_job", gpu=True),
+    Benign.CONTAINER_STOPPED: Entry("benign: the node stops the job's container (docker stop, exit 143)", "stop_job", gpu=True),
+    Benign.SHORT_DIP: Entry("benign: the job stops computing for `for` (default 10s), then goes on", "dip_job", gpu=True,
+                            params={"for": 10.0}),
+    Benign.CHECKPOINT_PAUSE: Entry("benign: the GPU idles for `for` (default 60s) while output still grows", "checkpoint_job", gpu=True,
+                                   params={"for": 60.0}),
+    Benign.ELECTION: Entry("benign: the leader steps down; 3s later the node leads", "hold_election", by="fleet"),
+    Benign.PEER_JOINING: Entry("benign: the node's peer daemon joins the cluster anew", "join_peer", by="fleet"),
+    Benign.PLANNED_RESTART: Entry("benign: the node's peer daemon restarts (down for `for`, default 3s)", "restart_peer",
+                                  params={"for": 3.0}, by="fleet"),
+    Benign.HOT_BUT_FINE: Entry("benign: the busy GPU runs at 83 C, below its 89 C slowdown temperature", "run_hot", gpu=True),
+    Benign.POWER_CAPPED: Entry("benign: the operator caps the GPU at 400 W; busy, it runs slower under SW power cap", "cap_power", gpu=True),
+    Benign.RETIRED_PAGE: Entry("benign: the GPU has one page retired long ago, and stays at one", "retire_page", gpu=True),
+})
+
+
+class InjectedFault(NamedTuple):
+    """Ground truth: what was broken (or done, for benign behaviour), where and when (UTC), and the
+    incident kinds that rightly describe it, to score detectors against."""
+
+    at: datetime
+    node_id: str
+    gpu: int | None
+    fault: str
+    expect: frozenset[str] = frozenset()
+
+
+def expected(fault: str) -> frozenset[str]:
+    """The kinds that rightly describe `fault` as its entry gives them (a stand-in may know better:
+    an XID's number decides what it means)."""
+    return frozenset(FAULTS[fault].expect)
