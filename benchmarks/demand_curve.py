@@ -1,7 +1,7 @@
 """The autoscaler on a day's demand curve (a burst, a quiet night, a second burst), against a
 fixed fleet of `max_active_gpus` workers on the same arrivals, side by side in one run.
 
-Simulated time (`gpumedic_sim.pool`): the task queue, the simulated provider's workers (every 7th
+Simulated time (`gpumedic_sim.fleet.pool`): the task queue, the simulated provider's workers (every 7th
 spawn never comes up, two workers die with a task In Progress) and the autoscaler's real pool
 logic, whose requests are carried out as the remediator does. Figures: queue wait p95, GPU-hours
 billed, cost, idle GPU-hours, actions, reversals and flaps, requeues.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from autoscaler.scaling import ScalingPolicy
-from gpumedic_sim.pool import DAY, run_curve
+from gpumedic_sim.fleet.pool import DAY, run_curve
 
 KNOBS = ScalingPolicy(
     min_active_gpus=1, max_active_gpus=32, tasks_per_gpu=3, idle_timeout_s=600, cooldown_s=300, gpu_type="H100", gpus_per_worker=1,

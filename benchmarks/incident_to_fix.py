@@ -16,8 +16,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from gpumedic_sim.scenario import parse_scenario
-from gpumedic_sim.simulate import run_simulation
+from gpumedic_sim.runs.scenario import parse_scenario
+from gpumedic_sim.runs.simulate import run_simulation
 
 GPUS = 8
 GOAL_P99_S = 30.0

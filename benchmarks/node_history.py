@@ -24,8 +24,8 @@ from sqlalchemy import insert
 from benchmarks import node_sample, print_pages, time_pages
 from gpumedic_events import IncidentOpened
 from gpumedic_events.base import json_examples
-from gpumedic_sim.history import backfill
-from gpumedic_sim.node import SimNode
+from gpumedic_sim.fleet.history import backfill
+from gpumedic_sim.machine.node import SimNode
 from gpumedic_store import NodeHour, create_engine, session_factory, upgrade
 from gpumedic_store.history import Columns, MinuteFolder, hour_of, write
 from report_builder import repository

@@ -14,9 +14,9 @@ import asyncio
 import statistics
 import time
 
-from gpumedic_sim.cluster import PeerCluster
-from gpumedic_sim.state import NodeState
-from gpumedic_sim.status import StatusEndpoint
+from gpumedic_sim.machine.cluster import PeerCluster
+from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.status import StatusEndpoint
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
 

@@ -66,15 +66,17 @@ def _module_name(root: Path, source: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(tree: ast.Module) -> list[ast.ImportFrom | ast.Import]:
+def _runtime_imports(tree: ast.Module, *, typing_too: bool = False) -> list[ast.ImportFrom | ast.Import]:
     """Every import that runs, inside functions too (a circle dodged by a late import is still one);
-    not those under `if TYPE_CHECKING:`, which never run."""
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-               for inner in node.body for n in ast.walk(inner)}
+    not those under `if TYPE_CHECKING:`, which never run, unless `typing_too`."""
+    skipped = set() if typing_too else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for inner in node.body for n in ast.walk(inner)
+    }
     return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skipped]
 
 
-def _import_graph(package: Path) -> dict[str, set[str]]:
+def _import_graph(package: Path, *, typing_too: bool = False) -> dict[str, set[str]]:
     """module -> the modules of the same package it imports (a package's __init__ runs before any
     of its modules anyway, so importing the package itself is no edge)."""
     root = package.parent
@@ -82,7 +84,7 @@ def _import_graph(package: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, source in modules.items():
         targets = set()
-        for node in _runtime_imports(ast.parse(source.read_text())):
+        for node in _runtime_imports(ast.parse(source.read_text()), typing_too=typing_too):
             if isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names}
             elif node.module and node.level == 0:
@@ -114,3 +116,28 @@ def test_no_package_imports_itself_in_a_circle():
     packages = [*LIB_PACKAGES.values(), *SERVICE_PACKAGES.values(), CLI, SIM]
     found = {p.name: _circles(_import_graph(p)) for p in packages if p.is_dir()}
     assert not {name: circles for name, circles in found.items() if circles}
+
+
+SIM_WINGS = ("faults", "machine", "fleet", "runs", "commands")
+"""The simulated fleet's floors, bottom up: the fault table, what a node answers, the fleet, the
+scripted and scored runs, the command entry. Each imports only those below it."""
+
+
+def _wing(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_the_sims_wings_import_only_downwards_and_only_runs_use_the_clis_stack():
+    graph = _import_graph(SIM, typing_too=True)
+    modules = [m for m in graph if m != SIM.name]
+    assert {_wing(m) for m in modules} == set(SIM_WINGS)
+    upwards = sorted((m, t) for m in modules for t in graph[m] if SIM_WINGS.index(_wing(t)) > SIM_WINGS.index(_wing(m)))
+    assert upwards == []
+    assert _circles(graph) == []  # type-only imports included
+    stack_users = set()
+    for source in SIM.rglob("*.py"):
+        for node in _runtime_imports(ast.parse(source.read_text()), typing_too=True):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n.startswith(("gpumedic.stack", "gpumedic.cli")) for n in names):
+                stack_users.add(_module_name(SIM.parent, source))
+    assert stack_users and {_wing(m) for m in stack_users} <= {"runs", "commands"}

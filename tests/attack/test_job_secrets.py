@@ -19,7 +19,7 @@ import nats
 from gpumedic.actions import action_text
 from gpumedic.actions import list_text as actions_text
 from gpumedic.incidents import incident_text, list_text
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, NODE_EVENTS, SAMPLES
 from gpumedic_events import ActionRequested, Event, NodeSampled
 from gpumedic_events.base import json_examples

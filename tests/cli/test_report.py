@@ -14,8 +14,8 @@ import pytest
 
 from gpumedic.cli import main
 from gpumedic.report import Check, Sources, build_report, render
-from gpumedic_sim.scenario import parse_scenario
-from gpumedic_sim.simulate import run_simulation
+from gpumedic_sim.runs.scenario import parse_scenario
+from gpumedic_sim.runs.simulate import run_simulation
 from gpumedic_store import create_engine, session_factory, upgrade
 from gpumedic_store.models import Incident
 

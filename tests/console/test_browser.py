@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumedic_sim.demo import run_demo
+from gpumedic_sim.runs.demo import run_demo
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -175,9 +175,9 @@ async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
 
     from gpumedic_events import CapacityEvaluated, ClusterChecked, IncidentOpened, SpanRecord
     from gpumedic_events.base import json_examples
-    from gpumedic_sim.fleet import node_ids_for
-    from gpumedic_sim.history import backfill
-    from gpumedic_sim.node import SimNode
+    from gpumedic_sim.fleet.nodes import node_ids_for
+    from gpumedic_sim.fleet.history import backfill
+    from gpumedic_sim.machine.node import SimNode
     from gpumedic_store import create_engine, history, session_factory, upgrade
     from report_builder import repository
     from report_builder.console import Console, ConsoleConfig

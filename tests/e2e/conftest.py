@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic.stack import service_command
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event

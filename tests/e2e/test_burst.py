@@ -12,7 +12,7 @@ import nats
 import pytest
 from sqlalchemy import select
 
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_events import ActionCompleted, ActionRequested, Event, IncidentKind, IncidentOpened, NodeSampled
 from gpumedic_incidents.policy import FleetPolicy, SilentPolicy
 from gpumedic_store import BreakerTrip, create_engine, session_factory

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from gpumedic_bus.runtime import START_WITHIN_S
-from gpumedic_sim.chaos import run_chaos
+from gpumedic_sim.runs.chaos import run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

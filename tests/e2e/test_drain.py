@@ -16,8 +16,8 @@ import json
 import nats
 
 from gpumedic.actions import drained_text
-from gpumedic_sim.fleet import SimFleet
-from gpumedic_sim.pager import Pager
+from gpumedic_sim.fleet.nodes import SimFleet
+from gpumedic_sim.runs.pager import Pager
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import NodeDrained, NodeUndrained
 from gpumedic_incidents import Policy

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumedic_sim.demo import run_demo
+from gpumedic_sim.runs.demo import run_demo
 from gpumedic_bus.streams import INCIDENT_STATE, STREAMS
 from gpumedic_bus.topology import ADMIN
 

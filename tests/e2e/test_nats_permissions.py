@@ -21,7 +21,7 @@ from pydantic import SecretStr
 
 from gpumedic.deployment import IMAGE_UID, init_deployment
 from gpumedic.natsd import nats_server_binary
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_bus import connect
 from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, SAMPLES
 from gpumedic_bus.topology import (

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gpumedic.stack import Stack
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")

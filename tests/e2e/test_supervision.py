@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from gpumedic_sim.demo import run_demo
+from gpumedic_sim.runs.demo import run_demo
 
 
 # Slow: a whole-stack run of half a minute; `make test-slow` runs it with the machine to itself.

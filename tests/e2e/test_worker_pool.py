@@ -13,7 +13,7 @@ import nats
 
 from autoscaler.main import create_app as autoscaler_app
 from autoscaler.settings import Settings as AutoscalerSettings
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import dump_policy
 from remediator.main import create_app as remediator_app

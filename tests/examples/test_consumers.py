@@ -23,7 +23,7 @@ import pytest
 from gpumedic.natsd import NatsServer
 from gpumedic.stack import SERVICES, Stack, nvml_problem
 from gpumedic_bus.topology import OBSERVER
-from gpumedic_sim.demo import run_demo
+from gpumedic_sim.runs.demo import run_demo
 from tests.e2e.test_metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumedic_sim.docker import SimDockerEngine, new_container_id
-from gpumedic_sim.state import NodeState, SimContainer
+from gpumedic_sim.machine.docker import SimDockerEngine, new_container_id
+from gpumedic_sim.machine.state import NodeState, SimContainer
 from node_sampler.containers import DockerWatcher, LogTail, parse_engine_time, signal_name
 from node_sampler.logic import ContainerExitReading
 

@@ -8,8 +8,8 @@ import time
 import pynvml
 import pytest
 
-from gpumedic_sim.nvml import SimNvml
-from gpumedic_sim.state import NodeState
+from gpumedic_sim.machine.nvml import SimNvml
+from gpumedic_sim.machine.state import NodeState
 from node_sampler.logic import XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.sampler import Sampler

@@ -17,7 +17,7 @@ from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, Dra
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
 from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
-from gpumedic_sim.pager import Pager
+from gpumedic_sim.runs.pager import Pager
 from gpumedic_store import NodeDrain, create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository

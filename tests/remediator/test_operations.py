@@ -15,7 +15,7 @@ from threading import Thread
 import pytest
 from pydantic import ValidationError
 
-from gpumedic_sim.pager import Pager
+from gpumedic_sim.runs.pager import Pager
 from gpumedic_events import (
     ActionOutcome,
     ActionRequested,

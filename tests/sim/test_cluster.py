@@ -3,7 +3,7 @@ fault shows in the peers' /status as a real cluster's would."""
 
 from __future__ import annotations
 
-from gpumedic_sim.cluster import PeerCluster
+from gpumedic_sim.machine.cluster import PeerCluster
 
 NODES = [f"n{i:02d}" for i in range(1, 21)]
 

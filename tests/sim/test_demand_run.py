@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumedic_sim.scenario import Scenario
-from gpumedic_sim.workers import PoolFigures, PoolPlan, judge
-from gpumedic_sim.simulate import run_simulation
+from gpumedic_sim.runs.scenario import Scenario
+from gpumedic_sim.fleet.workers import PoolFigures, PoolPlan, judge
+from gpumedic_sim.runs.simulate import run_simulation
 
 PLAN = PoolPlan.model_validate({
     "demand": [{"for": "15s", "tasks_per_min": 80}, {"for": "25s", "tasks_per_min": 0}, {"for": "10s", "tasks_per_min": 40},

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from gpumedic_sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
-from gpumedic_sim.status import StatusEndpoint
+from gpumedic_sim.machine.status import StatusEndpoint
 
 
 def test_a_new_node_is_idle_and_start_job_loads_it():
@@ -183,7 +183,7 @@ async def test_a_stuck_gpu_outlives_every_signal_until_its_pod_is_restarted_thro
     """Runbook 003 on a rented pod: the leftover ignores TERM and KILL; the fleet's pods, served as
     RunPod's API, restart the node (everything on it ends) when the real provider code asks."""
     from gpumedic_providers.runpod import RunPodProvider
-    from gpumedic_sim.runpod import RentedFleet
+    from gpumedic_sim.fleet.runpod import RentedFleet
 
     node = fleet.node("sim-node-02")
     stuck = node.inject_gpu_stuck(0)

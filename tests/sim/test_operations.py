@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpumedic_sim import SimFleet, SimNode
-from gpumedic_sim.host import DOCKER_ROOT
+from gpumedic_sim.machine.host import DOCKER_ROOT
 from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, HttpAdmin, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
 from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, AdminPolicy
 from gpumedic_nodes.ssh import SshExecutor
@@ -225,7 +225,7 @@ async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passin
 
     from gpumedic_events import AcceptWorker, ActionRequested
     from gpumedic_incidents.policy import AcceptPolicy
-    from gpumedic_sim.workers import PROMOTE
+    from gpumedic_sim.fleet.workers import PROMOTE
     from gpumedic_store import TaskDatabase
     from remediator.catalogue.base import Means, Node
 

@@ -1,11 +1,11 @@
-"""The autoscaler's pool on a demand curve in simulated time (`gpumedic_sim.pool`): it follows a
+"""The autoscaler's pool on a demand curve in simulated time (`gpumedic_sim.fleet.pool`): it follows a
 burst, a quiet spell and a second burst within the knobs, replaces stuck and dead workers,
 requeues a dead worker's tasks exactly once, never flaps, and costs less than a fixed fleet."""
 
 from __future__ import annotations
 
 from autoscaler.scaling import ScalingPolicy
-from gpumedic_sim.pool import Phase, run_curve
+from gpumedic_sim.fleet.pool import Phase, run_curve
 
 CURVE = (Phase(0.5, 10), Phase(1, 90), Phase(2, 4), Phase(1, 70), Phase(0.5, 4))
 KNOBS = ScalingPolicy(min_active_gpus=1, max_active_gpus=12, tasks_per_gpu=3, idle_timeout_s=600, cooldown_s=300,

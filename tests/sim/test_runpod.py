@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_sim.runpod import SimRunPod
+from gpumedic_sim.fleet.runpod import SimRunPod
 from gpumedic_providers.base import ProviderError, SshDetails
 from gpumedic_providers.runpod import RunPodProvider
 from gpumedic_providers.sim import SimProvider

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpumedic_sim.scenario import (
+from gpumedic_sim.runs.scenario import (
     CLI_EXAMPLE,
     CLI_SYNTAX,
     MAX_FAULTS,
@@ -23,7 +23,7 @@ from gpumedic_sim.scenario import (
 )
 from gpumedic.times import parse_time
 from gpumedic_sim.faults import DEFAULT_DISK_PATH, DEFAULT_XID, FAULTS, Benign, Fault
-from gpumedic_sim.state import APPLICATION_XIDS
+from gpumedic_sim.machine.state import APPLICATION_XIDS
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 NODES_22 = [f"sim-node-{i:02d}" for i in range(1, 23)]

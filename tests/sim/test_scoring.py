@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from gpumedic_events import IncidentKind, IncidentOpened
 
-from gpumedic_sim.scoring import Observed, Score, render, score
+from gpumedic_sim.runs.scoring import Observed, Score, render, score
 from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault, expected
-from gpumedic_sim.state import NodeState
+from gpumedic_sim.machine.state import NodeState
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 

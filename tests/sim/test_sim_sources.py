@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpumedic_sim.host import SimHost
-from gpumedic_sim.kernel import SimKernelLog
-from gpumedic_sim.procs import SimProcessTable
-from gpumedic_sim.state import CLK_TCK, NodeState
+from gpumedic_sim.machine.host import SimHost
+from gpumedic_sim.machine.kernel import SimKernelLog
+from gpumedic_sim.machine.procs import SimProcessTable
+from gpumedic_sim.machine.state import CLK_TCK, NodeState
 from node_sampler.kernel import KernelLogWatcher, OomParser, split_kmsg_record
 from node_sampler.logic import HostReading, OomKillReading
 from node_sampler.procs import container_id_from_cgroup

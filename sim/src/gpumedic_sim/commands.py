@@ -52,7 +52,7 @@ def _afresh(var_dir: Path, what: str, command_name: str) -> bool:
 
 
 def cmd_demo(args) -> int:
-    from gpumedic_sim.demo import run_demo
+    from gpumedic_sim.runs.demo import run_demo
 
     if not _afresh(args.var, "demo", "demo"):
         return 2
@@ -65,7 +65,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_chaos(args) -> int:
-    from gpumedic_sim.chaos import run_chaos
+    from gpumedic_sim.runs.chaos import run_chaos
 
     async def run() -> int:
         result = await run_chaos(
@@ -82,7 +82,7 @@ def cmd_chaos(args) -> int:
 
 
 def cmd_fleet(args) -> int:
-    from gpumedic_sim.serve import FleetSetupError, serve_fleet
+    from gpumedic_sim.runs.serve import FleetSetupError, serve_fleet
     from gpumedic_bus.service import CannotStart
 
     try:
@@ -118,8 +118,8 @@ def cmd_sim(args) -> int:
         print(kinds_text())
         return 0
 
-    from gpumedic_sim.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
-    from gpumedic_sim.simulate import run_simulation
+    from gpumedic_sim.runs.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
+    from gpumedic_sim.runs.simulate import run_simulation
 
     def plan(node_ids: list[str], gpus: int) -> Scenario:
         if args.scenario:
@@ -134,7 +134,7 @@ def cmd_sim(args) -> int:
 
     try:
         # check the scenario before anything starts: a typo should cost a second, not a stack start
-        from gpumedic_sim.fleet import node_ids_for
+        from gpumedic_sim.fleet.nodes import node_ids_for
 
         plan(node_ids_for(args.nodes), args.gpus)
     except ScenarioError as exc:
@@ -157,7 +157,7 @@ def cmd_sim(args) -> int:
 
 def cmd_up_demo(args) -> int:
     """`gpumedic up --demo`: the demo's story, then the stack keeps running until --duration or Ctrl-C."""
-    from gpumedic_sim.demo import run_demo
+    from gpumedic_sim.runs.demo import run_demo
 
     story_s = 180.0 if args.duration is None else min(180.0, args.duration)
     var = args.var / "demo"

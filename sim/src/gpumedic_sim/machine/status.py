@@ -3,7 +3,7 @@ and `GET /health`.
 
 A tiny asyncio HTTP server, no framework: it answers one request per connection. The node's
 job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; the rest is
-the peer cluster as this node's daemon sees it (`gpumedic_sim.cluster`), which leader-health probes. With the "blocked event loop" fault the port still
+the peer cluster as this node's daemon sees it (`gpumedic_sim.machine.cluster`), which leader-health probes. With the "blocked event loop" fault the port still
 accepts TCP but never answers, which is the failure that fault stands for.
 """
 
@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 
-from gpumedic_sim.state import NodeState
+from gpumedic_sim.machine.state import NodeState
 
 log = logging.getLogger(__name__)
 

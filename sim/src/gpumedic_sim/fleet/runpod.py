@@ -22,7 +22,7 @@ from gpumedic_providers.base import ProviderError, Worker
 from gpumedic_providers.sim import SimProvider
 
 if TYPE_CHECKING:
-    from gpumedic_sim.fleet import SimFleet
+    from gpumedic_sim.fleet.nodes import SimFleet
 
 
 class RunPodServer:

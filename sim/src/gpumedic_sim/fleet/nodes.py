@@ -27,8 +27,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
-from gpumedic_sim.cluster import ELECTION_S, PeerCluster
-from gpumedic_sim.node import LOOPBACK, SimNode
+from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
+from gpumedic_sim.machine.node import LOOPBACK, SimNode
 from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
 
 log = logging.getLogger(__name__)

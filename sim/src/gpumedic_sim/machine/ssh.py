@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from gpumedic_sim.host import DOCKER_KINDS
-from gpumedic_sim.procs import cmdline_text, stat_line
-from gpumedic_sim.state import UNITS, NodeState
+from gpumedic_sim.machine.host import DOCKER_KINDS
+from gpumedic_sim.machine.procs import cmdline_text, stat_line
+from gpumedic_sim.machine.state import UNITS, NodeState
 from remediator.catalogue.admin import CURL
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pynvml
 
-from gpumedic_sim.state import NodeState, SimGpu
+from gpumedic_sim.machine.state import NodeState, SimGpu
 
 MIB = 1024 * 1024
 TEMPERATURE_RISE_AT_FULL_LOAD_C = 45

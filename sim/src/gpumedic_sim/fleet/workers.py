@@ -2,7 +2,7 @@
 user's side of the orchestrator runbook, which the stack's autoscaler and remediator manage
 through their real code paths.
 
-- **The provider**: a `SimProvider` served over RunPod's REST API (`gpumedic_sim.runpod`) on
+- **The provider**: a `SimProvider` served over RunPod's REST API (`gpumedic_sim.fleet.runpod`) on
   loopback, with its key in a file; the autoscaler lists from it, the remediator rents and ends.
   Every `never_ssh_every`-th worker never comes up (stuck spawning, billed).
 - **The task database**: SQLite, the runbook's `tasks` (Queued / In Progress / Complete) and
@@ -38,12 +38,12 @@ from gpumedic_providers.sim import SimProvider, machine_id
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpumedic.credentials import write_private
-from gpumedic_sim.node import SimNode
-from gpumedic_sim.runpod import SimRunPod
+from gpumedic_sim.machine.node import SimNode
+from gpumedic_sim.fleet.runpod import SimRunPod
 from gpumedic.times import parse_time  # the scenario's own time format ("20s", "2m")
 
 if TYPE_CHECKING:
-    from gpumedic_sim.fleet import SimFleet
+    from gpumedic_sim.fleet.nodes import SimFleet
 
 Seconds = Annotated[float, BeforeValidator(lambda v: _seconds(v)), Field(ge=0)]
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpumedic_sim.cluster import PeerCluster
+from gpumedic_sim.machine.cluster import PeerCluster
 from gpumedic_sim.faults import Benign, Fault, InjectedFault, expected
-from gpumedic_sim.host import SimHost
-from gpumedic_sim.kernel import SimKernelLog
+from gpumedic_sim.machine.host import SimHost
+from gpumedic_sim.machine.kernel import SimKernelLog
 
 CLK_TCK = 100
 """Clock ticks per second, as on Linux (sysconf(_SC_CLK_TCK)); start_ticks are in these."""
@@ -504,7 +504,7 @@ class NodeState:
         self._record(gpu, Fault.XID, expect)
 
     # A change to one GPU's state, as NVML will then report it: the hardware's own behaviour (heat,
-    # a power brake, a memory error, a link trained down) follows in gpumedic_sim.nvml.
+    # a power brake, a memory error, a link trained down) follows in gpumedic_sim.machine.nvml.
 
     def inject_gpu_thermal(self, gpu: int) -> None:
         self._change(gpu, Fault.GPU_THERMAL, lambda g: setattr(g, "heat_c", 20))  # 74 C busy + 20: past the 89 C slowdown

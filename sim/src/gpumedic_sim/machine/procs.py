@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from node_sampler.procs import ProcessInfo, ProcessUsage
 
-from gpumedic_sim.state import CLK_TCK, OUTPUT_BYTES_PER_S, NodeState, SimProcess
+from gpumedic_sim.machine.state import CLK_TCK, OUTPUT_BYTES_PER_S, NodeState, SimProcess
 
 BUSY_CPUS = 3.0
 """CPUs a computing job keeps busy (its data loaders); a hung job or a leftover keeps almost none."""

@@ -4,7 +4,7 @@ scenario injected on schedule, and a score of what the system saw against what w
 Every fault reaches the services through the interfaces a real node offers: samples and
 immediate events from the real node-sampler code (over simulated NVML, /proc, kernel log and
 Docker engine), SSH, and the peer status endpoint. The score compares the incidents detectors
-opened with each injection's answer key (`gpumedic_sim.scoring`): benign behaviour scripted beside
+opened with each injection's answer key (`gpumedic_sim.runs.scoring`): benign behaviour scripted beside
 the faults must open none.
 """
 
@@ -20,14 +20,14 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
-from gpumedic_sim.demo import demo_env
-from gpumedic_sim.fleet import SimFleet
-from gpumedic_sim.pager import Pager
-from gpumedic_sim.runpod import RentedFleet
-from gpumedic_sim.scenario import FaultSpec, Scenario
-from gpumedic_sim.scoring import Observed, render, score
-from gpumedic_sim.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
-from gpumedic_sim.workers import POOL_NODE, SimWorkerPool, judge
+from gpumedic_sim.runs.demo import demo_env
+from gpumedic_sim.fleet.nodes import SimFleet
+from gpumedic_sim.runs.pager import Pager
+from gpumedic_sim.fleet.runpod import RentedFleet
+from gpumedic_sim.runs.scenario import FaultSpec, Scenario
+from gpumedic_sim.runs.scoring import Observed, render, score
+from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
+from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool, judge
 from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (

@@ -40,8 +40,8 @@ from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, RepeatPolicy, Step, ZombiePolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.store import IncidentStates
-from gpumedic_sim.demo import demo_env
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.runs.demo import demo_env
+from gpumedic_sim.fleet.nodes import SimFleet
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
 SAMPLE_INTERVAL_S = 1.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from gpumedic_sim.host import GIB_KIB
-from gpumedic_sim.node import SimNode
+from gpumedic_sim.machine.host import GIB_KIB
+from gpumedic_sim.machine.node import SimNode
 from gpumedic_store.history import Minute, MinuteFolder, minute_of
 from node_sampler.sampler import Sampler
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpumedic.incidents import incident_text
-from gpumedic_sim.fleet import SimFleet
+from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic.stack import Stack, env_json, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_incidents import Policy

@@ -18,14 +18,14 @@ import asyncssh
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
 from node_sampler.sampler import Sampler
 
-from gpumedic_sim.docker import SimDockerEngine
-from gpumedic_sim.kernel import SimKernelLog
-from gpumedic_sim.nvml import SimNvml
-from gpumedic_sim.procs import SimProcessTable
-from gpumedic_sim.ssh import SshEndpoint
+from gpumedic_sim.machine.docker import SimDockerEngine
+from gpumedic_sim.machine.kernel import SimKernelLog
+from gpumedic_sim.machine.nvml import SimNvml
+from gpumedic_sim.machine.procs import SimProcessTable
+from gpumedic_sim.machine.ssh import SshEndpoint
 from gpumedic_sim.faults import Benign, Fault
-from gpumedic_sim.state import NodeState
-from gpumedic_sim.status import StatusEndpoint
+from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
 
