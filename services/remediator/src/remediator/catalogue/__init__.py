@@ -52,7 +52,7 @@ DEFAULT_ACTIONS = Actions()
 Render = Callable[[Any, Actions], tuple[str, ...]]
 Run = Callable[[Any, Means], Awaitable[ExecutionResult]]
 Fits = Callable[[Any, Fit], str]
-Scope = Callable[[Any, Actions], "tuple[NodeScoped, str, str] | None"]
+Scope = Callable[[Any, Actions], tuple[NodeScoped, str, str] | None]
 Retires = Callable[[Any], tuple[str, ...]]
 
 
