@@ -462,7 +462,7 @@ def test_a_param_of_another_kind_is_refused():
 def test_unknown_top_level_field():
     message = error_of({"faults": [], "fualts": []})
     assert message.startswith(f"{SRC}: unknown field 'fualts' (did you mean 'faults'?); ")
-    assert message.endswith("; a scenario has: name, description, duration_s, faults, pool")
+    assert message.endswith("; a scenario has: name, description, duration_s, faults, pool, expect")
 
 
 def test_missing_fields():
@@ -681,3 +681,11 @@ def test_the_builtin_benign_scenario_is_benign_only():
     assert scenario.faults and all(f.fault in set(Benign) or f.fault is Fault.XID for f in scenario.faults)
     assert {f.params["xid"] for f in scenario.faults if f.fault is Fault.XID} <= APPLICATION_XIDS
 
+
+
+def test_a_scenario_may_say_what_its_run_must_reach():
+    scenario = parse({"faults": [], "expect": {"recall": 1, "precision": 0.9, "false_positives": 0}})
+    assert (scenario.expect.recall, scenario.expect.precision, scenario.expect.false_positives) == (1.0, 0.9, 0)
+    assert parse({"faults": []}).expect is None
+    assert error_of({"faults": [], "expect": {"recall": 2}}) == f"{SRC}: expect.recall: Input should be less than or equal to 1"
+    assert error_of({"faults": [], "expect": {"recal": 1}}) == f"{SRC}: expect.recal: Extra inputs are not permitted"

@@ -108,15 +108,18 @@ def test_a_negative_window_is_refused():
         score([], [], window_s=-1)
 
 
-def test_another_gpu_does_not_match_but_a_node_wide_one_does():
-    faults = [inj(10, "n1", 2, Fault.ZOMBIE_JOB), inj(10, "n2", None, Fault.DISK_FULL)]
-    result = score(faults, [incident(30, "n1", 5), incident(30, "n2", 4, "disk_pressure")])
-    assert [o.detected for o in result.outcomes] == [False, True]
+def test_a_gpu_fault_is_found_only_by_an_incident_naming_its_gpu():
+    faults = [inj(10, "n1", 2, Fault.ZOMBIE_JOB), inj(10, "n2", None, Fault.DISK_FULL), inj(10, "n3", 1, Fault.XID)]
+    incidents = [incident(30, "n1", 5), incident(30, "n2", 4, "disk_pressure"), incident(20, "n3", None, "gpu_xid")]
+    result = score(faults, incidents)
+    assert [o.detected for o in result.outcomes] == [False, True, False]
+    assert [x.node_id for x in result.false_positives] == ["n3", "n1"]
+    assert "gpu_xid on n3  (for xid on n3 GPU 1, but it names no GPU)" in render(result)
 
 
-def test_a_node_wide_incident_matches_a_gpu_fault_of_its_kind():
-    result = score([inj(10, "n1", 2, Fault.NVML_MISSING)], [incident(20, "n1", None, "nvml_unavailable")])
-    assert result.outcomes[0].detected
+def test_a_containers_death_is_the_nodes_even_for_the_gpu_its_job_was_on():
+    result = score([inj(10, "n1", 2, Fault.OOM_KILL)], [incident(20, "n1", None, "container_died")])
+    assert result.outcomes[0].detected and result.precision == 1.0
 
 
 def test_two_faults_on_one_node_each_take_their_own_kind():
@@ -125,9 +128,13 @@ def test_two_faults_on_one_node_each_take_their_own_kind():
     assert (result.recall, result.precision) == (1.0, 1.0)
 
 
-def test_several_right_incidents_for_one_fault_are_all_right():
-    result = score([inj(10, "n1", 0, Fault.ZOMBIE_JOB)], [incident(40, "n1", 0), incident(90, "n1", 0)])
-    assert (result.detected, len(result.incidents), result.precision) == (1, 2, 1.0)
+def test_a_second_incident_of_one_kind_for_one_fault_is_a_duplicate_against_precision():
+    faults = [inj(10, "n1", 0, Fault.XID, {"gpu_xid", "row_remap"})]
+    incidents = [incident(40, "n1", 0, "gpu_xid"), incident(41, "n1", 0, "row_remap"), incident(90, "n1", 0, "gpu_xid")]
+    result = score(faults, incidents)
+    assert (result.detected, len(result.incidents), result.precision) == (1, 3, 2 / 3)
+    assert [x.kind for x in result.outcomes[0].right] == ["gpu_xid", "row_remap"]
+    assert "a second gpu_xid for xid on n1 GPU 0" in render(result)
 
 
 def test_a_fleet_incident_is_right_when_the_node_incidents_it_grouped_were():
@@ -238,3 +245,15 @@ def test_to_dict_is_json_with_every_injection_and_false_positive():
     assert by_kind["short_dip"]["expect"] == [] and by_kind["short_dip"]["false_positives"] == 1
     assert [i["injected"] for i in data["injections"]] == ["zombie_job", "oom_kill", "ssh_refuses", "short_dip", "xid"]
     assert {x["kind"] for x in data["false_positives"]} == {"zombie_job", "disk_pressure"}
+
+
+def test_expectations_say_what_a_run_fell_short_of():
+    from gpumedic_sim.runs.scoring import Expectations
+
+    result = score([inj(10, "n1", 0, Fault.ZOMBIE_JOB), inj(10, "n2", 0, Fault.ZOMBIE_JOB)], [incident(20, "n1", 0), incident(20, "n3", 0)])
+    assert (result.recall, result.precision) == (0.5, 0.5)
+    assert Expectations(recall=1.0, precision=0.5, false_positives=0).shortfalls(result) == [
+        "recall 50%, expected at least 100%", "1 false positive(s), expected at most 0",
+    ]
+    assert Expectations(recall=0.5).shortfalls(result) == []
+    assert Expectations(recall=1.0, precision=1.0).shortfalls(score([inj(10, "n1", 0, Benign.SHORT_DIP)], [])) == []  # nothing to measure

@@ -106,6 +106,9 @@ class Entry:
     """Who scripts it: the node, or the fleet (the peer cluster's changes)."""
     whole_cluster: bool = False
     """A fault of the whole peer cluster: scored on `CLUSTER`, not on the node the scenario names."""
+    whole_node: bool = False
+    """On one GPU, but the incident it draws is the node's (a container's death: a container may
+    hold several GPUs); otherwise an incident finds a GPU's fault only if it names that GPU."""
 
 
 def _kinds(*kinds: K) -> frozenset[K]:
@@ -119,12 +122,16 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                    _kinds(K.ORPHAN_GPU_HOLDER), gpu=True),
     Fault.GPU_STUCK: Entry("on a rented pod, a leftover no signal ends holds the GPU; the pod's new run cannot start",
                            "inject_gpu_stuck", _kinds(K.ORPHAN_GPU_HOLDER), gpu=True),
-    Fault.OOM_KILL: Entry("the kernel's OOM killer ends the job (exit 137)", "inject_oom_kill", _kinds(K.CONTAINER_DIED), gpu=True),
-    Fault.SEGFAULT: Entry("the job's container exits 139 (SIGSEGV)", "inject_segfault", _kinds(K.CONTAINER_DIED), gpu=True),
-    Fault.SIGTERM: Entry("the job's container exits 143 (SIGTERM)", "inject_sigterm", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.OOM_KILL: Entry("the kernel's OOM killer ends the job (exit 137)", "inject_oom_kill", _kinds(K.CONTAINER_DIED), gpu=True,
+                          whole_node=True),
+    Fault.SEGFAULT: Entry("the job's container exits 139 (SIGSEGV)", "inject_segfault", _kinds(K.CONTAINER_DIED), gpu=True,
+                          whole_node=True),
+    Fault.SIGTERM: Entry("the job's container exits 143 (SIGTERM)", "inject_sigterm", _kinds(K.CONTAINER_DIED), gpu=True,
+                         whole_node=True),
     Fault.DISK_FULL: Entry("the file system of `path` fills up", "inject_disk_full", _kinds(K.DISK_PRESSURE),
                            params={"path": DEFAULT_DISK_PATH}),
-    Fault.GPU_OOM: Entry("CUDA out of memory in the container's logs, exit 1", "inject_gpu_oom", _kinds(K.CONTAINER_DIED), gpu=True),
+    Fault.GPU_OOM: Entry("CUDA out of memory in the container's logs, exit 1", "inject_gpu_oom", _kinds(K.CONTAINER_DIED), gpu=True,
+                         whole_node=True),
     Fault.XID: Entry("the driver reports XID `xid` on the GPU", "inject_xid", _kinds(K.GPU_XID), gpu=True, params={"xid": DEFAULT_XID}),
     Fault.GPU_LOST: Entry("the GPU falls off the bus", "inject_gpu_lost", _kinds(K.GPU_LOST), gpu=True),
     Fault.SSH_REFUSES: Entry("the node's SSH refuses connections", "inject_ssh_refuses", _kinds(K.SSH_UNREACHABLE)),

@@ -44,6 +44,11 @@ rented from a simulated provider over RunPod's API, and the runbook's worker fau
       workers_die_at: [30s]           # the busiest worker dies silently, tasks In Progress
       scaling: {min_active_gpus: 2, max_active_gpus: 16, gpus_per_worker: 2, cooldown_s: 20}
 
+A scenario may say what a run must reach (`expect:`, see `gpumedic_sim.runs.scoring.Expectations`);
+`gpumedic sim` then exits 1 when the run falls short, or when a pool check fails::
+
+    expect: {recall: 1.0, precision: 1.0, false_positives: 0}
+
 Every problem raises `ScenarioError`, whose message names the file (or the option) and the place
 in it, e.g. ``faults.yaml: faults[3].gpu: 9 is beyond the fleet's 8 GPUs per node (0-7)``.
 `builtin_scenarios()` lists the scenarios shipped in this package's `scenarios/` folder, which
@@ -68,6 +73,7 @@ from gpumedic.times import parse_time
 from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
 from gpumedic_sim.fleet.workers import PoolPlan
+from gpumedic_sim.runs.scoring import Expectations
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -85,7 +91,7 @@ SCRIPTED: tuple[Scripted, ...] = tuple(FAULTS)
 
 _COMMON_FIELDS = ("fault", "at", "node", "gpu")
 _ALL_PARAMS = tuple(sorted({name for entry in FAULTS.values() for name in entry.params}))
-_TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool")
+_TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool", "expect")
 
 
 class ScenarioError(ValueError):
@@ -123,6 +129,8 @@ class Scenario:
     """Sorted by `at_s`; faults at the same time keep their order in the file."""
     pool: PoolPlan | None = None
     """A rented worker pool fed by a task queue, beside the fleet."""
+    expect: Expectations | None = None
+    """What a run must reach (with a pool, every pool check too); None: the run only reports."""
 
     @property
     def last_fault_s(self) -> float | None:
@@ -257,7 +265,16 @@ def parse_scenario(
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(part) for part in ("pool", *first["loc"]))
             raise ScenarioError(source, where, first["msg"].removeprefix("Value error, ")) from None
-    return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults), pool=pool)
+    expect = None
+    if data.get("expect") is not None:
+        try:
+            expect = Expectations.model_validate(data["expect"])
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in ("expect", *first["loc"]))
+            raise ScenarioError(source, where, first["msg"]) from None
+    return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults), pool=pool,
+                    expect=expect)
 
 
 def parse_fault_option(

@@ -5,10 +5,14 @@ incident kinds that rightly describe it, written from what the simulation does (
 never from a detector's rules. Empty means "must open no node incident": a job that finished, a
 container the node stopped on purpose, a checkpoint pause, an application's own XID.
 
-`score` matches incidents to injections on the same node (and GPU, when both name one) from 1 s
-before the injection to `window_s` after:
+`score` matches incidents to injections on the same node from 1 s before the injection to
+`window_s` after:
 
-- an incident of an expected kind detects its fault (several for one fault all count as right);
+- the first incident of each expected kind detects its fault; a fault on one GPU is found only by
+  an incident that names that GPU (unless its answer key says the incident is the node's,
+  `Entry.whole_node`), so a node-wide incident does not find a GPU's fault;
+- a second incident of the same kind for the same fault is a duplicate: a person was told twice,
+  so it counts against precision;
 - every other incident is a false positive, put down to the injection it came with (a wrong
   kind for a fault, or a benign behaviour that opened one), else to nothing at all;
 - a fleet incident (node "fleet") is right when a node incident linked to it was right.
@@ -25,8 +29,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from gpumedic_events import IncidentKind, IncidentOpened
+from pydantic import BaseModel, ConfigDict, Field
 
-from gpumedic_sim.faults import Benign, Fault, InjectedFault
+from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault
 
 DEFAULT_WINDOW_S = 120.0
 EARLY_S = 1.0
@@ -203,6 +208,28 @@ class Score:
         }
 
 
+class Expectations(BaseModel):
+    """What a run of a scenario must reach (its `expect:`); `gpumedic sim` exits 1 when it falls short."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    recall: float | None = Field(default=None, ge=0, le=1, description="At least this share of the faults found.")
+    precision: float | None = Field(default=None, ge=0, le=1, description="At least this share of the incidents right.")
+    false_positives: int | None = Field(default=None, ge=0, description="At most this many incidents that were not right.")
+
+    def shortfalls(self, result: Score) -> list[str]:
+        """What the run fell short of, one sentence each; empty when it met every expectation (a
+        share with nothing to measure, such as recall without a fault, is met)."""
+        short = []
+        for name in ("recall", "precision"):
+            wanted, got = getattr(self, name), getattr(result, name)
+            if wanted is not None and got is not None and got < wanted:
+                short.append(f"{name} {_pct(got)}, expected at least {_pct(wanted)}")
+        if self.false_positives is not None and len(result.false_positives) > self.false_positives:
+            short.append(f"{len(result.false_positives)} false positive(s), expected at most {self.false_positives}")
+        return short
+
+
 def score(injected: Sequence[InjectedFault], incidents: Sequence[Observed], *, window_s: float = DEFAULT_WINDOW_S) -> Score:
     if window_s < 0:
         raise ValueError("window_s must be 0 or more")
@@ -222,12 +249,16 @@ def score(injected: Sequence[InjectedFault], incidents: Sequence[Observed], *, w
         same_gpu = i.gpu is None or x.gpu is None or i.gpu == x.gpu
         return x.node_id == i.node_id and same_gpu and i.at - early <= x.at <= i.at + late
 
+    def found(i: InjectedFault, x: Observed) -> bool:
+        on_its_gpu = i.gpu is None or x.gpu == i.gpu or (i.fault in FAULTS and FAULTS[i.fault].whole_node)
+        return x.kind in i.expect and drew(i, x) and on_its_gpu
+
     right: dict[str, list[Observed]] = {}
     right_ids: set[str] = set()
     for i in ordered:
-        hits = [x for x in observed if x.kind in i.expect and drew(i, x)]
-        right[_key(i)] = hits
-        right_ids.update(x.incident_id for x in hits)
+        hits = [x for x in observed if found(i, x)]
+        right[_key(i)] = [x for n, x in enumerate(hits) if x.kind not in {h.kind for h in hits[:n]}]  # the first of each kind
+        right_ids.update(x.incident_id for x in right[_key(i)])
     # A fleet incident is right when it grouped node incidents that were right.
     right_ids.update(x.related_to for x in observed if x.incident_id in right_ids and x.related_to)
 
@@ -285,10 +316,9 @@ def render(result: Score) -> str:
         lines.append(f"missed: {i.fault} on {_where(i.node_id, i.gpu)} at {_iso(i.at)} (expected {'/'.join(sorted(i.expect))})")
     if result.false_positives:
         lines.append(f"false positives ({len(result.false_positives)}):")
-        causes = {x.incident_id: o.injection for o in result.outcomes for x in o.wrong}
+        causes = {x.incident_id: o for o in result.outcomes for x in o.wrong}
         for x in result.false_positives:
-            cause = causes.get(x.incident_id)
-            because = f"with {cause.fault} on {_where(cause.node_id, cause.gpu)}" if cause else "with nothing injected there"
+            because = _why_wrong(x, causes.get(x.incident_id))
             lines.append(f"  {_iso(x.at)}  {x.kind} on {_where(x.node_id, x.gpu)}  ({because})")
     else:
         lines.append("false positives: none")
@@ -300,6 +330,18 @@ def render(result: Score) -> str:
         f"positive{'' if len(result.false_positives) == 1 else 's'} (precision {_pct(result.precision)}); window {result.window_s:g}s"
     )
     return "\n".join(lines)
+
+
+def _why_wrong(x: Observed, cause: Outcome | None) -> str:
+    if cause is None:
+        return "with nothing injected there"
+    i = cause.injection
+    where = _where(i.node_id, i.gpu)
+    if x.kind not in i.expect:
+        return f"with {i.fault} on {where}"
+    if any(r.kind == x.kind for r in cause.right):
+        return f"a second {x.kind} for {i.fault} on {where}"
+    return f"for {i.fault} on {where}, but it names {'no GPU' if x.gpu is None else f'GPU {x.gpu}'}"
 
 
 def _where(node_id: str, gpu: int | None) -> str:

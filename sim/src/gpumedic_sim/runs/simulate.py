@@ -269,7 +269,8 @@ async def run_simulation(
     env: dict[str, str] | None = None,
     say=print,
 ) -> int:
-    """Run the fleet with the scenario's faults; print the score. 0 when the run completed."""
+    """Run the fleet with the scenario's faults; print the score. 0 when the run completed and met
+    what the scenario expects (`expect:`, and every pool check where it runs a pool), 1 when not."""
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
@@ -382,12 +383,18 @@ async def run_simulation(
             for ok, line in checks:
                 say(f"  {'ok  ' if ok else 'FAIL'} {line}")
             pool_document = {**asdict(figures), "checks": [{"ok": ok, "check": line} for ok, line in checks]}
+        shortfalls = None
+        if plan.expect is not None:
+            shortfalls = plan.expect.shortfalls(result) + [f"pool check failed: {line}" for ok, line in (checks if pool is not None else ()) if not ok]
+            say("")
+            say("expectations: " + ("met" if not shortfalls else "NOT met: " + "; ".join(shortfalls)))
         if json_path is not None:
             document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged),
-                        **({"pool": pool_document} if pool_document is not None else {})}
+                        **({"pool": pool_document} if pool_document is not None else {}),
+                        **({"expectations": shortfalls} if shortfalls is not None else {})}
             json_path.write_text(json.dumps(document, indent=2, default=str) + "\n")
             say(f"\nscore written to {json_path}")
-        return 0
+        return 1 if shortfalls else 0
     finally:
         say("stopping: sampling, services, bus, fleet")
         await wind_down(stack, tasks=tasks, connections=connections, parts=(fleet, pool, rented))
