@@ -77,7 +77,7 @@ async def _child(real_nvml: bool) -> dict:
     import pynvml
     from node_sampler import main as service_main  # noqa: F401  (FastStream, the bus, the events)
     from node_sampler.host import HostReader
-    from node_sampler.logic import top_processes
+    from node_sampler.readings import top_processes
     from node_sampler.procs import ProcFsTable
     from node_sampler.sampler import Sampler
 

@@ -20,7 +20,7 @@ def _what(record: ActionRecord) -> str:
         return str((record.operation or {}).get("operation", "?"))
 
 
-async def list_text(
+async def actions_text(
     store_url: str, *, node_id: str | None = None, incident: str | None = None, limit: int = 50, as_json: bool = False
 ) -> str:
     async with views.store_session(store_url) as session:

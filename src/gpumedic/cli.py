@@ -157,7 +157,7 @@ def cmd_run(args) -> int:
 
 def cmd_incidents(args) -> int:
     from gpumedic import operator_bus
-    from gpumedic.incidents import false_positives_text, incident_text, list_text, mark_text
+    from gpumedic.incidents import false_positives_text, incident_text, incidents_text, mark_text
 
     url = _store_url(args)
     words = args.words
@@ -190,20 +190,20 @@ def cmd_incidents(args) -> int:
         print(text, file=sys.stdout if found else sys.stderr)
         return 0 if found else 1
     else:
-        print(asyncio.run(list_text(url, status=args.status, limit=args.limit, as_json=args.json)))
+        print(asyncio.run(incidents_text(url, status=args.status, limit=args.limit, as_json=args.json)))
     return 0
 
 
 def cmd_actions(args) -> int:
     """The remediator's audit log: every decision, and what each action ran on its node."""
-    from gpumedic.actions import action_text, list_text
+    from gpumedic.actions import action_text, actions_text
 
     url = _store_url(args)
     if args.action_id:
         found, text = asyncio.run(action_text(url, args.action_id, as_json=args.json))
         print(text, file=sys.stdout if found else sys.stderr)
         return 0 if found else 1
-    print(asyncio.run(list_text(url, node_id=args.node, incident=args.incident, limit=args.limit, as_json=args.json)))
+    print(asyncio.run(actions_text(url, node_id=args.node, incident=args.incident, limit=args.limit, as_json=args.json)))
     return 0
 
 
@@ -301,7 +301,7 @@ def cmd_silence(args) -> int:
     from gpumedic.times import parse_start, parse_time
 
     if args.action == "list":
-        print(asyncio.run(silences.list_text(_store_url(args), include_past=args.all, as_json=args.json)))
+        print(asyncio.run(silences.silences_text(_store_url(args), include_past=args.all, as_json=args.json)))
         return 0
     try:
         settings = operator_bus.operator_settings(args.var)
@@ -683,7 +683,7 @@ def cmd_dead_letters(args) -> int:
     try:
         settings = operator_bus.operator_settings(args.var, ADMIN)
         if args.action == "list":
-            print(asyncio.run(deadletters.list_text(settings, service=args.service, limit=args.limit, as_json=args.json)))
+            print(asyncio.run(deadletters.dead_letters_text(settings, service=args.service, limit=args.limit, as_json=args.json)))
             return 0
         if not args.seq:
             print("gpumedic dead-letters: name the dead letters to replay by their SEQ (see `gpumedic dead-letters list`)", file=sys.stderr)

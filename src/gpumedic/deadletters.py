@@ -81,7 +81,7 @@ async def dead_letters(settings: NatsSettings, *, service: str | None = None, li
         await nc.close()
 
 
-async def list_text(settings: NatsSettings, *, service: str | None = None, limit: int = 50, as_json: bool = False) -> str:
+async def dead_letters_text(settings: NatsSettings, *, service: str | None = None, limit: int = 50, as_json: bool = False) -> str:
     letters = await dead_letters(settings, service=service, limit=limit)
     if as_json:
         return to_json([{"seq": d.seq, **d.record.model_dump(mode="json")} for d in letters])

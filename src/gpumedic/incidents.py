@@ -17,7 +17,7 @@ from gpumedic_events.silence import mark_said
 from gpumedic_store import views
 
 
-async def list_text(store_url: str, *, status: str | None = None, limit: int = 50, as_json: bool = False) -> str:
+async def incidents_text(store_url: str, *, status: str | None = None, limit: int = 50, as_json: bool = False) -> str:
     async with views.store_session(store_url) as session:
         rows = await views.list_incidents(session, where=views.IncidentFilter(status=status), limit=limit)
     if as_json:

@@ -170,7 +170,7 @@ def preview_text(event: SilenceAdded, seen: Preview) -> str:
     return "\n".join(lines)
 
 
-async def list_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:
+async def silences_text(store_url: str, *, include_past: bool = False, as_json: bool = False) -> str:
     async with views.store_session(store_url) as session:
         rows = await views.list_silences(session, now=datetime.now(UTC), include_past=include_past)
     if as_json:

@@ -17,8 +17,8 @@ import httpx
 import nats
 
 from gpumedic.actions import action_text
-from gpumedic.actions import list_text as actions_text
-from gpumedic.incidents import incident_text, list_text
+from gpumedic.actions import actions_text
+from gpumedic.incidents import incident_text, incidents_text
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, NODE_EVENTS, SAMPLES
 from gpumedic_events import ActionRequested, Event, NodeSampled
@@ -103,7 +103,7 @@ async def test_secrets_in_a_jobs_command_line_and_logs_are_nowhere_in_clear(nats
     for incident in incidents.values():
         shown[f"gpumedic incidents {incident.id}"] = (await incident_text(store_url, incident.id))[1]
         shown[f"gpumedic incidents {incident.id} --json"] = (await incident_text(store_url, incident.id, as_json=True))[1]
-    shown["gpumedic incidents --json"] = await list_text(store_url, as_json=True)
+    shown["gpumedic incidents --json"] = await incidents_text(store_url, as_json=True)
     shown["gpumedic actions --json"] = await actions_text(store_url, as_json=True)
     engine = create_engine(store_url)
     async with session_factory(engine)() as session:

@@ -13,7 +13,7 @@ from gpumedic_events import GpuSample, NodeSampled
 
 from autoscaler.demand import Demand, DemandUnavailable, HttpDemand, HttpDemandConfig, SqlDemand, SqlDemandConfig
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
-from autoscaler.logic import evaluate_demand
+from autoscaler.capacity import evaluate_demand
 from autoscaler.scaling import NodeLoad, Scaler, ScalingPolicy, Supply
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

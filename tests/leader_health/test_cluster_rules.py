@@ -21,7 +21,7 @@ from gpumedic_incidents.policy import (
     TargetPolicy,
     UnitRule,
 )
-from leader_health.logic import ClusterIncidents
+from leader_health.judge import ClusterIncidents
 from leader_health.probe import PeerAnswer
 from leader_health.status import PeerStatus
 

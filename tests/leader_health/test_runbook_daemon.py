@@ -31,11 +31,11 @@ from gpumedic_incidents.policy import (
     Step,
     UnitRule,
 )
-from leader_health.logic import ClusterIncidents, assess
+from leader_health.judge import ClusterIncidents, assess
 from leader_health.probe import probe_all
 from remediator import catalogue
 from remediator.catalogue.base import CommandResult
-from zombie_detector.logic import NodeIncidents
+from zombie_detector.node_incidents import NodeIncidents
 
 T0 = datetime(2026, 1, 24, 14, 5, tzinfo=UTC)
 POLICY = Policy(

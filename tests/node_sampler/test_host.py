@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from node_sampler.host import DOCKER_ROOT, HostReader, parse_loadavg, parse_meminfo, watched_disks
-from node_sampler.logic import RawDisk
+from node_sampler.readings import RawDisk
 
 MEMINFO = """\
 MemTotal:       2113431552 kB
@@ -161,7 +161,7 @@ async def test_the_sample_names_the_busiest_processes_from_two_looks():
     table = FakeProcessTable({1: info(1, "dataloader"), 2: info(2, "python serve.py --api-key=sk-abcdef0123456789"), 3: info(3, "idle")})
     table.usages = {pid: ProcessUsage(pid=pid, start_ticks=pid, cpu_s=10.0, rss_kib=kib) for pid, kib in ((1, 4096), (2, 8 << 20), (3, 1024))}
     clock = Clock()
-    host = SimpleNamespace(read=lambda: __import__("node_sampler.logic", fromlist=["HostReading"]).HostReading())
+    host = SimpleNamespace(read=lambda: __import__("node_sampler.readings", fromlist=["HostReading"]).HostReading())
     sampler = Sampler("n1", two_gpus(), table, [], 5.0, host=host, top_interval_s=30.0, holder_scan_interval_s=0, clock=clock)
 
     first = await sampler.sample()

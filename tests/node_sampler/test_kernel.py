@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from node_sampler.kernel import KernelLogWatcher, OomParser, parse_kmsg_record, split_kmsg_record
-from node_sampler.logic import OomKillReading
+from node_sampler.readings import OomKillReading
 
 CID = "9d3c1f0e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c1e2a3b_4d5e_6f70_8192_a3b4c5d6e7f8.slice"

@@ -14,7 +14,7 @@ import time
 import pynvml
 import pytest
 
-from node_sampler.logic import RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
+from node_sampler.readings import RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from tests.node_sampler.fake_nvml import GIB, FakeNvmlLib
 from tests.node_sampler.fakes import until

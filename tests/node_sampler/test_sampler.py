@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from node_sampler.logic import JobsReading
+from node_sampler.readings import JobsReading
 from node_sampler.sampler import PUBLISH_WAIT_MIN_S, Sampler
 from tests.node_sampler.fakes import FakeProcessTable, table_for_two_gpus, two_gpus
 

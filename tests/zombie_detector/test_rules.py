@@ -41,7 +41,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, RowRemapPolicy, ValidationPolicy
-from zombie_detector.logic import NodeIncidents
+from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.container import ContainerRule
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)

@@ -21,7 +21,7 @@ from gpumedic_incidents.detector import Detector
 from gpumedic_providers.base import Provider, ProviderError
 
 from autoscaler.demand import DemandSource, DemandUnavailable
-from autoscaler.logic import evaluate, evaluate_demand
+from autoscaler.capacity import evaluate, evaluate_demand
 from autoscaler.pool import SOURCE, FleetView, HostIncidents, PoolIncidents, Reading
 from autoscaler.scaling import NodeLoad, Scaler
 from autoscaler.settings import Settings

@@ -12,7 +12,7 @@ import logging
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_incidents.detector import Detector
-from leader_health.logic import ClusterIncidents, assess
+from leader_health.judge import ClusterIncidents, assess
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
 from leader_health.status import StatusReader

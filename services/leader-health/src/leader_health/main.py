@@ -16,8 +16,8 @@ from gpumedic_bus.service import run_service
 from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
 from leader_health.handlers import check_loop
-from leader_health.logic import SOURCE as SERVICE
-from leader_health.logic import ClusterIncidents
+from leader_health.judge import SOURCE as SERVICE
+from leader_health.judge import ClusterIncidents
 from leader_health.settings import Settings
 from leader_health.status import StatusReader
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from node_sampler.logic import HostReading, RawDisk
+from node_sampler.readings import HostReading, RawDisk
 
 DOCKER_ROOT = "/var/lib/docker"
 """Docker's data directory: images, container layers and logs fill it, not always `/`."""

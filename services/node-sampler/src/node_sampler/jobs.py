@@ -21,7 +21,7 @@ import jmespath
 from jmespath.exceptions import JMESPathError
 
 from node_sampler import http
-from node_sampler.logic import JobsReading
+from node_sampler.readings import JobsReading
 from node_sampler.procs import ProcessTable
 
 MAX_STATUS_BYTES = 1024 * 1024

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from node_sampler.logic import NvmlReading, RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
+from node_sampler.readings import NvmlReading, RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from gpumedic_events import Event, GpuHealth, NodeSampled
 from node_sampler.containers import MAX_LOG_LINES, DockerWatcher
 from node_sampler.jobs import JobProbe
 from node_sampler.kernel import KernelLogWatcher
-from node_sampler.logic import (
+from node_sampler.readings import (
     ContainerExitReading,
     HostReading,
     JobsReading,

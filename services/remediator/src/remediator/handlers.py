@@ -6,7 +6,7 @@ The order of steps is the safety argument.
    declared interrupted (a remediator died mid-action), never run again. A request is its action
    id and what it asks (`ActionRequested.request_sha256`): action ids can be predicted, so a
    forgery sent first under a real request's id is kept aside, not taken for the real one.
-2. The request is checked against itself and its incident (`logic.refusal`): its age by the
+2. The request is checked against itself and its incident (`gate.refusal`): its age by the
    server's clock, the open incident its fingerprint names (read from the detectors' state
    bucket, which only detectors may write), the exact action that incident waits for, and a
    full identity for every process. Forged, replayed and overtaken requests stop here.
@@ -60,7 +60,7 @@ from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.base import Scheduler
 from remediator.leaders import ClusterLeaders
-from remediator.logic import Decision, Gate, OwnFacts, Verdict, decide, refusal
+from remediator.gate import Decision, Gate, OwnFacts, Verdict, fleet_verdict, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 
@@ -265,7 +265,7 @@ class ActionHandler:
         view = dataclasses.replace(view, fleet_size=fleet_size)
         # An inventory that cannot be read (fleet_size 0) is no verdict on the node: the action then
         # fails on the same error when it connects.
-        decision: Decision = decide(
+        decision: Decision = fleet_verdict(
             request, gate=self._gate, ledger_view=view, now=now, address=address, in_inventory=address is not None or not fleet_size,
         )
         self.breaker_open.set(1 if view.breaker_open_since is not None or decision.trip_breaker else 0)

@@ -23,7 +23,7 @@ from gpumedic_store.engine import create_engine, ping, session_factory
 from gpumedic_webhook import read_token
 from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
-from remediator.logic import Gate
+from remediator.gate import Gate
 from remediator.preflight import Preflight
 from remediator.settings import Settings
 

@@ -23,7 +23,7 @@ from gpumedic_events.redact import redact, redact_tree
 from gpumedic_store.breaker import open_trip
 from gpumedic_store.models import ActionRecord, BreakerTrip, NodeDrain
 from remediator.catalogue import NOT_FIXES
-from remediator.logic import LedgerView
+from remediator.gate import LedgerView
 
 EXECUTING = "executing"
 FINISHED = ("succeeded", "failed", "blocked", "observed", "interrupted")

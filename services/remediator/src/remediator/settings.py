@@ -26,7 +26,7 @@ from gpumedic_nodes.inventory import InventoryError, load_inventory
 from gpumedic_providers.config import ProviderConfig
 from gpumedic_store.settings import StoreSettings
 from gpumedic_webhook import read_token
-from remediator.logic import Mode
+from remediator.gate import Mode
 
 _CONFIG_DIR = Path("/etc/gpumedic")
 

@@ -9,7 +9,7 @@ import asyncio
 from gpumedic_bus import Delivery, ServiceRuntime
 from gpumedic_events import Event
 from gpumedic_incidents.detector import Detector
-from zombie_detector.logic import SOURCE, NodeIncidents
+from zombie_detector.node_incidents import SOURCE, NodeIncidents
 
 OWN_LAG_EVERY_S = 1.0
 """How often the detector tells its rules how far behind its own samples it is (its published

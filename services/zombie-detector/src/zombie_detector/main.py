@@ -15,8 +15,8 @@ from gpumedic_bus.topology import NODE_INCIDENT_INPUTS
 from gpumedic_events import ServiceHeartbeat
 from gpumedic_incidents import Policy
 from zombie_detector.handlers import DetectorHandlers
-from zombie_detector.logic import SOURCE as SERVICE
-from zombie_detector.logic import NodeIncidents
+from zombie_detector.node_incidents import SOURCE as SERVICE
+from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.control_plane import SamplesLostRule
 from zombie_detector.settings import Settings
 

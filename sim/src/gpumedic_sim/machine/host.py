@@ -8,7 +8,7 @@ is a few attribute lookups.
 
 from __future__ import annotations
 
-from node_sampler.logic import HostReading, RawDisk
+from node_sampler.readings import HostReading, RawDisk
 
 GIB_KIB = 1024 * 1024
 """KiB in a GiB."""

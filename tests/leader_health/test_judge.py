@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from gpumedic_events import ClusterChecked
 from gpumedic_events.base import MAX_EVENT_BYTES
-from leader_health.logic import assess
+from leader_health.judge import assess
 from leader_health.probe import PeerAnswer
 from leader_health.status import PeerLoad, PeerStatus
 

@@ -26,7 +26,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Finding, Policy, operation_digest
 from gpumedic_incidents.policy import Actions, FleetPolicy, JobRestart, Kinds, RestartJobPolicy, Step, ZombiePolicy
-from zombie_detector.logic import NodeIncidents
+from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.zombie import ZombieRule
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -319,7 +319,7 @@ def test_a_failing_rule_or_finding_costs_only_itself(caplog):
             return [Finding(IncidentKind.STUCK_PROCESS, event.node_id, evidence={"pids": [1, 2]})]  # not a scalar
 
     det = NodeIncidents(POLICY, rules=[Broken(), Unrecordable(), ZombieRule(POLICY.kinds.zombie_job, POLICY.actions.kill_gpu_processes)])
-    with caplog.at_level("ERROR", logger="zombie_detector.logic"):
+    with caplog.at_level("ERROR", logger="zombie_detector.node_incidents"):
         opened, _ = open_incident(det)
         assert apply(det, det.on_tick(at(61))) == []
     assert opened.kind is IncidentKind.ZOMBIE_JOB

@@ -1,5 +1,5 @@
 """The gate's rules, one by one, in their order of precedence: the request itself first
-(`refusal`), then the fleet (`decide`)."""
+(`refusal`), then the fleet (`fleet_verdict`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from gpumedic_incidents.state import fingerprint
 from gpumedic_nodes.inventory import NodeAddress
 from remediator.leaders import ClusterLeaders
 from remediator.catalogue.base import KnownLeader
-from remediator.logic import RESET_HINT, Gate, LedgerView, OwnFacts, Verdict, decide, refusal
+from remediator.gate import RESET_HINT, Gate, LedgerView, OwnFacts, Verdict, fleet_verdict, refusal
 from tests.remediator.conftest import incident_waiting_for, kill_request
 
 NOW = datetime(2026, 11, 22, 10, 15, tzinfo=UTC)
@@ -62,13 +62,13 @@ def _request(node: str = "gpu-node-01", attempt: int = 1) -> ActionRequested:
 
 
 def test_enforce_with_a_clean_ledger_allows():
-    decision = decide(_request(), gate=ENFORCE, ledger_view=LedgerView(), now=NOW)
+    decision = fleet_verdict(_request(), gate=ENFORCE, ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.ALLOW
     assert not decision.trip_breaker
 
 
 def test_default_policy_is_observe():
-    decision = decide(_request(), gate=Gate(), ledger_view=LedgerView(), now=NOW)
+    decision = fleet_verdict(_request(), gate=Gate(), ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.OBSERVE
     assert "observe mode for kill_gpu_processes" in decision.reason
 
@@ -78,13 +78,13 @@ def test_an_operation_acts_only_when_the_switch_and_its_policy_mode_both_enforce
     cases = [("enforce", Actions(), Verdict.ALLOW), ("enforce", observe_kills, Verdict.OBSERVE), ("observe", Actions(), Verdict.OBSERVE)]
     for mode, actions, verdict in cases:
         gate = Gate(mode=mode, actions=actions)
-        assert decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is verdict, (mode, actions)
+        assert fleet_verdict(_request(), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is verdict, (mode, actions)
 
 
 def test_open_breaker_blocks_everything_and_says_how_to_reset():
     since = NOW - timedelta(hours=2)
     view = LedgerView(breaker_open_since=since, breaker_reason="6 distinct nodes needed action")
-    decision = decide(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
+    decision = fleet_verdict(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert "circuit breaker open since 2026-11-22T08:15:00+00:00" in decision.reason
     assert "6 distinct nodes" in decision.reason
@@ -95,15 +95,15 @@ def test_open_breaker_blocks_everything_and_says_how_to_reset():
 def test_open_breaker_comes_before_every_other_rule():
     gate = Gate(mode="observe", protected_nodes=frozenset({NodeSelector("gpu-node-01")}))
     view = LedgerView(breaker_open_since=NOW, executing_on_node=("other",), actions_on_node=9)
-    assert "circuit breaker open" in decide(_request(), gate=gate, ledger_view=view, now=NOW).reason
+    assert "circuit breaker open" in fleet_verdict(_request(), gate=gate, ledger_view=view, now=NOW).reason
 
 
 def test_protected_node_is_blocked():
     gate = Gate(mode="enforce", protected_nodes=frozenset({NodeSelector("gpu-node-01")}))
-    decision = decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW)
+    decision = fleet_verdict(_request(), gate=gate, ledger_view=LedgerView(), now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason.startswith("node gpu-node-01 is protected")
-    assert decide(_request("gpu-node-02"), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("gpu-node-02"), gate=gate, ledger_view=LedgerView(), now=NOW).verdict is Verdict.ALLOW
 
 
 def test_nodes_are_protected_by_their_inventory_group_or_label():
@@ -115,7 +115,7 @@ def test_nodes_are_protected_by_their_inventory_group_or_label():
         (None, Verdict.ALLOW),  # not in the inventory: the action fails when it connects
     ]
     for address, verdict in cases:
-        assert decide(_request(), gate=gate, ledger_view=LedgerView(), now=NOW, address=address).verdict is verdict, address
+        assert fleet_verdict(_request(), gate=gate, ledger_view=LedgerView(), now=NOW, address=address).verdict is verdict, address
 
 
 def test_a_unit_is_restarted_only_on_the_nodes_its_allow_list_names():
@@ -123,8 +123,8 @@ def test_a_unit_is_restarted_only_on_the_nodes_its_allow_list_names():
     gate = Gate(mode="enforce", actions=actions)
     request = _request().model_copy(update={"operation": RestartUnit(unit="p2p-node.service")})
     p2p, batch = NodeAddress(host="10.0.0.1", group="p2p"), NodeAddress(host="10.0.0.2", group="batch")
-    assert decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
-    blocked = decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=batch)
+    assert fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
+    blocked = fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=batch)
     assert blocked.verdict is Verdict.BLOCK
     assert blocked.reason == (
         "p2p-node.service may be restarted only on group:p2p, gpu-node-09 (actions.restart_unit.units), not on node gpu-node-01"
@@ -136,8 +136,8 @@ def test_an_admin_endpoint_is_called_only_on_the_nodes_its_entry_names():
     gate = Gate(mode="enforce", actions=Actions(http_admin=AdminPolicy(endpoints={"force_election": endpoint})))
     request = _request().model_copy(update={"operation": HttpAdmin(endpoint="force_election")})
     p2p = NodeAddress(host="10.0.0.1", labels={"role": "p2p"})
-    assert decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
-    blocked = decide(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=NodeAddress(host="10.0.0.2"))
+    assert fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=p2p).verdict is Verdict.ALLOW
+    blocked = fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, address=NodeAddress(host="10.0.0.2"))
     assert blocked.verdict is Verdict.BLOCK and blocked.reason.startswith("force_election may be called only on label:role=p2p")
 
 
@@ -149,14 +149,14 @@ def test_a_malformed_selector_is_refused(text):
 
 def test_another_action_executing_on_the_node_blocks():
     view = LedgerView(executing_on_node=("a-1",))
-    decision = decide(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
+    decision = fleet_verdict(_request(), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason == "action a-1 is already executing on node gpu-node-01; one at a time"
 
 
 def test_the_per_node_limit_blocks_at_the_maximum_not_before():
-    assert decide(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=2), now=NOW).verdict is Verdict.ALLOW
-    decision = decide(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=3), now=NOW)
+    assert fleet_verdict(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=2), now=NOW).verdict is Verdict.ALLOW
+    decision = fleet_verdict(_request(), gate=ENFORCE, ledger_view=LedgerView(actions_on_node=3), now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.reason == (
         "3 actions already ran on node gpu-node-01 within 3600s (max 3); a node that keeps needing fixes needs a person"
@@ -169,17 +169,17 @@ def test_drains_and_undrains_are_outside_the_per_node_limit_and_the_breakers_cou
     tripped = LedgerView(breaker_open_since=NOW, breaker_reason="4 distinct nodes")
     for operation in (DrainNode(), UndrainNode()):
         request = _request("n4").model_copy(update={"operation": operation})
-        assert decide(request, gate=ENFORCE, ledger_view=busy_node, now=NOW).verdict is Verdict.ALLOW
-        assert decide(request, gate=ENFORCE, ledger_view=three_others, now=NOW).verdict is Verdict.ALLOW
-        assert decide(request, gate=ENFORCE, ledger_view=tripped, now=NOW).verdict is Verdict.BLOCK
+        assert fleet_verdict(request, gate=ENFORCE, ledger_view=busy_node, now=NOW).verdict is Verdict.ALLOW
+        assert fleet_verdict(request, gate=ENFORCE, ledger_view=three_others, now=NOW).verdict is Verdict.ALLOW
+        assert fleet_verdict(request, gate=ENFORCE, ledger_view=tripped, now=NOW).verdict is Verdict.BLOCK
     kill = _request("n4")
-    assert decide(kill, gate=ENFORCE, ledger_view=three_others, now=NOW).trip_breaker
+    assert fleet_verdict(kill, gate=ENFORCE, ledger_view=three_others, now=NOW).trip_breaker
 
 
 def test_breaker_counts_this_node_and_trips_above_the_maximum():
     # Three other nodes plus this one is four, above the maximum of three.
     view = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    decision = decide(_request("n4"), gate=ENFORCE, ledger_view=view, now=NOW)
+    decision = fleet_verdict(_request("n4"), gate=ENFORCE, ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK
     assert decision.trip_breaker
     assert decision.trip_reason == "4 distinct nodes needed action within 600s (max 3)"
@@ -188,27 +188,27 @@ def test_breaker_counts_this_node_and_trips_above_the_maximum():
 
 def test_breaker_does_not_trip_at_the_maximum_or_for_a_node_already_counted():
     at_max = LedgerView(nodes_in_window=frozenset({"n1", "n2"}))
-    assert decide(_request("n3"), gate=ENFORCE, ledger_view=at_max, now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("n3"), gate=ENFORCE, ledger_view=at_max, now=NOW).verdict is Verdict.ALLOW
     full = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    assert decide(_request("n3"), gate=ENFORCE, ledger_view=full, now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("n3"), gate=ENFORCE, ledger_view=full, now=NOW).verdict is Verdict.ALLOW
 
 
 def test_breaker_trips_in_observe_mode_too():
     # Observe mode is a faithful preview of enforce: it shows when the breaker would open.
     view = LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"}))
-    decision = decide(_request("n4"), gate=Gate(mode="observe", breaker_max_nodes=3), ledger_view=view, now=NOW)
+    decision = fleet_verdict(_request("n4"), gate=Gate(mode="observe", breaker_max_nodes=3), ledger_view=view, now=NOW)
     assert decision.verdict is Verdict.BLOCK and decision.trip_breaker
 
 
 def test_tripped_breaker_stays_tripped_for_any_later_request():
-    tripped = decide(
+    tripped = fleet_verdict(
         _request("n4"), gate=ENFORCE, ledger_view=LedgerView(nodes_in_window=frozenset({"n1", "n2", "n3"})), now=NOW
     )
     assert tripped.trip_breaker
     # The next request sees the open trip, even for a node that would otherwise be fine.
     later = LedgerView(breaker_open_since=NOW, breaker_reason=tripped.trip_reason)
     for hours in (0, 1, 48):
-        decision = decide(_request("n1"), gate=ENFORCE, ledger_view=later, now=NOW + timedelta(hours=hours))
+        decision = fleet_verdict(_request("n1"), gate=ENFORCE, ledger_view=later, now=NOW + timedelta(hours=hours))
         assert decision.verdict is Verdict.BLOCK
         assert "circuit breaker open" in decision.reason
 
@@ -222,7 +222,7 @@ def test_tripped_breaker_stays_tripped_for_any_later_request():
     ],
 )
 def test_rules_apply_in_order(view, gate, expected):
-    assert expected in decide(_request("n9"), gate=gate, ledger_view=view, now=NOW).reason
+    assert expected in fleet_verdict(_request("n9"), gate=gate, ledger_view=view, now=NOW).reason
 
 
 # --- the request itself: refused before the fleet rules, whatever the ledger says -------------
@@ -321,25 +321,25 @@ def test_a_gpu_operation_for_another_gpu_or_a_unit_off_the_allow_list_is_refused
 def test_the_breaker_also_trips_on_a_share_of_the_fleet():
     gate = Gate(mode="enforce", breaker_max_nodes=5, breaker_max_share=0.25)
     two_acting = LedgerView(nodes_in_window=frozenset({"n1", "n2"}), fleet_size=8)
-    decision = decide(_request("n3"), gate=gate, ledger_view=two_acting, now=NOW)
+    decision = fleet_verdict(_request("n3"), gate=gate, ledger_view=two_acting, now=NOW)
     assert decision.trip_breaker and decision.trip_reason == (
         "3 distinct nodes needed action within 600s (max 25% of the 8 nodes in the inventory: 2)"
     )
     # A big fleet: the count is the smaller limit; an unknown fleet size: only the count.
-    assert decide(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window, fleet_size=200), now=NOW).verdict is Verdict.ALLOW
-    assert decide(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window), now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window, fleet_size=200), now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("n3"), gate=gate, ledger_view=LedgerView(nodes_in_window=two_acting.nodes_in_window), now=NOW).verdict is Verdict.ALLOW
     # A fleet of two: one node may still act.
-    assert decide(_request("n1"), gate=gate, ledger_view=LedgerView(fleet_size=2), now=NOW).verdict is Verdict.ALLOW
+    assert fleet_verdict(_request("n1"), gate=gate, ledger_view=LedgerView(fleet_size=2), now=NOW).verdict is Verdict.ALLOW
 
 
 def test_nothing_is_run_over_ssh_on_a_node_the_inventory_does_not_name():
     gate = ENFORCE
-    decision = decide(_request("not-ours"), gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False)
+    decision = fleet_verdict(_request("not-ours"), gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False)
     assert decision.verdict is Verdict.BLOCK and "not-ours is not in the remediator's inventory" in decision.reason
     # what does not log in to the node is not held back: ending a rented worker, a drain through the scheduler
     for operation in (TerminateWorker(worker_ids=["not-ours"]), DrainNode()):
         request = _request("not-ours").model_copy(update={"operation": operation})
-        assert decide(request, gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False).verdict is Verdict.ALLOW
+        assert fleet_verdict(request, gate=gate, ledger_view=LedgerView(fleet_size=4), now=NOW, in_inventory=False).verdict is Verdict.ALLOW
 
 
 # --- what the policy allows: the request names a step, the policy gives its safe parameters ---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from autoscaler.logic import evaluate
+from autoscaler.capacity import evaluate
 from autoscaler.scaling import NodeLoad
 from gpumedic_events import GpuSample, NodeSampled
 

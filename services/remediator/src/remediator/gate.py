@@ -4,11 +4,11 @@ Every side effect in the fleet passes this gate, so its rules are the fleet's sa
 in a fixed order. First the request itself (`refusal`): it must be young enough, name an
 incident that is open on that node and GPU and waits for exactly this action, and identify
 every process fully. A request that fails any of these was forged, replayed or overtaken by
-events; it is refused and counts for nothing. Then the fleet (`decide`): an open circuit
+events; it is refused and counts for nothing. Then the fleet (`fleet_verdict`): an open circuit
 breaker, a protected node, another action already running on the node, too many actions on the
 node lately, a burst across too many nodes (which trips the breaker: a sampler bug that
 reports every GPU idle must never kill the fleet's jobs), and finally the mode (observe
-records without acting). The handler takes `decide` one request at a time under a lock in
+records without acting). The handler takes `fleet_verdict` one request at a time under a lock in
 the store, so a burst of requests cannot slip past the breaker together.
 """
 
@@ -198,7 +198,7 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
     return spec_of(request.operation).fits(request.operation, fit)
 
 
-def decide(
+def fleet_verdict(
     request: ActionRequested,
     *,
     gate: Gate,
