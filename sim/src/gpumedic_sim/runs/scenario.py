@@ -64,9 +64,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpumedic_sim.faults import DEFAULT_DISK_PATH, FAULTS, Scripted
 from gpumedic.times import parse_time
@@ -81,6 +82,7 @@ MAX_FAULTS = 10_000
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NAME = 200
 RANDOM = "random"
+M = TypeVar("M", bound=BaseModel)
 
 CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME][,every=TIME][,count=N]"
 MAX_COUNT = 1000
@@ -257,24 +259,22 @@ def parse_scenario(
         for i, entry in enumerate(entries)
     ]
     faults.sort(key=lambda f: f.at_s)
-    pool = None
-    if data.get("pool") is not None:
-        try:
-            pool = PoolPlan.model_validate(data["pool"])
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in ("pool", *first["loc"]))
-            raise ScenarioError(source, where, first["msg"].removeprefix("Value error, ")) from None
-    expect = None
-    if data.get("expect") is not None:
-        try:
-            expect = Expectations.model_validate(data["expect"])
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in ("expect", *first["loc"]))
-            raise ScenarioError(source, where, first["msg"]) from None
+    pool = _section(PoolPlan, data, "pool", source)
+    expect = _section(Expectations, data, "expect", source)
     return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults), pool=pool,
                     expect=expect)
+
+
+def _section(model: type[M], data: Mapping, name: str, source: str) -> M | None:
+    """The scenario's section `name` as `model`, None when absent; ScenarioError names the first problem's place."""
+    if data.get(name) is None:
+        return None
+    try:
+        return model.model_validate(data[name])
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in (name, *first["loc"]))
+        raise ScenarioError(source, where, first["msg"].removeprefix("Value error, ")) from None
 
 
 def parse_fault_option(
