@@ -1,0 +1,5 @@
+import sys
+
+from gpumedic.cli import main
+
+sys.exit(main())
