@@ -12,6 +12,7 @@ time.tzset()
 pytest_plugins = [
     "tests.fixtures.nats",
     "tests.fixtures.postgres",
+    "tests.fixtures.real",
     "tests.fixtures.runpod",
     "tests.fixtures.sshd",
     "tests.fixtures.webhook",

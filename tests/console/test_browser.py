@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpumedic_sim.runs.demo import run_demo
+from tests.fixtures.real import needs
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -55,7 +56,7 @@ def _legible(name: str, seen: dict) -> None:
     assert not seen["uncued"], f"{name}: wider than its box with no scroll cue: {seen['uncued']}"
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "console-screenshots"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium; .ci/run does)")
+pytestmark = needs(Path(CHROMIUM).exists(), "Debian's chromium (apt-get install chromium; .ci/run does)")
 
 
 @pytest.mark.timeout(240)

@@ -21,11 +21,12 @@ from gpumedic_store import create_engine, history, session_factory, upgrade
 from node_sampler.metrics import GpuCollector
 from report_builder.console import Console, ConsoleConfig
 from report_builder.history import PrometheusHistory
+from tests.fixtures.real import needs
 
 PROMETHEUS = shutil.which("prometheus")
 NODE = "gpu-node-42"
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus; .ci/run does)")
+pytestmark = needs(PROMETHEUS, "Debian's prometheus (apt-get install prometheus; .ci/run does)")
 
 
 def _free_port() -> int:

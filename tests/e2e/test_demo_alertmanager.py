@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from tests.report_builder.test_alertmanager import ALERTMANAGER, _alertmanager, _until, hook_receiver
+from tests.fixtures.real import needs
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(ALERTMANAGER is None, reason="needs Debian's prometheus-alertmanager (.ci/run installs it)"),
+    needs(ALERTMANAGER, "Debian's prometheus-alertmanager (.ci/run installs it)"),
 ]
 
 

@@ -17,11 +17,12 @@ import pytest
 
 from gpumedic.stack import Stack
 from gpumedic_sim.fleet.nodes import SimFleet
+from tests.fixtures.real import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus; .ci/run does)")
+pytestmark = needs(PROMETHEUS, "Debian's prometheus (apt-get install prometheus; .ci/run does)")
 
 
 def _free_port() -> int:

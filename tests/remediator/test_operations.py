@@ -32,6 +32,7 @@ from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, Admi
 from gpumedic_nodes.ssh import SshExecutor
 from remediator import catalogue
 from remediator.catalogue.kill import parse_stat
+from tests.fixtures.real import needs
 
 pytestmark = pytest.mark.sshd
 
@@ -177,7 +178,7 @@ def health():
     server.shutdown()
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@needs(shutil.which("curl"), "curl")
 async def test_restart_unit_waits_for_the_health_endpoint_the_policy_names(sshd, health):
     unit = _unit(sshd, "active")
     result = await _run(sshd, RestartUnit(unit=unit), _allowing(unit, health))

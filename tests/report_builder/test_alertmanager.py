@@ -16,7 +16,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
-import pytest
 from aiohttp import web
 
 from gpumedic_events import IncidentOpened, IncidentResolved
@@ -24,11 +23,10 @@ from gpumedic_events.base import json_examples
 from gpumedic_store import create_engine, session_factory, upgrade
 from report_builder import repository
 from report_builder.alertmanager import AlertmanagerPush
+from tests.fixtures.real import needs
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-pytestmark = pytest.mark.skipif(
-    ALERTMANAGER is None, reason="needs Debian's prometheus-alertmanager (apt-get install prometheus-alertmanager; .ci/run does)"
-)
+pytestmark = needs(ALERTMANAGER, "Debian's prometheus-alertmanager (apt-get install prometheus-alertmanager; .ci/run does)")
 
 
 def _port() -> int:

@@ -25,6 +25,7 @@ from gpumedic_store.reliability import reliability
 from report_builder.handlers import ReportHandlers
 from report_builder.history import HistoryRecorder
 from report_builder.pricing import Pricing
+from tests.fixtures.real import needs
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
@@ -114,7 +115,7 @@ async def test_each_figure_is_the_arithmetic_of_what_was_kept(tmp_path):
     assert report.fleet.incident_count == 4 and report.fleet.gpu_minutes == 3000
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")
+@needs(Path(CHROMIUM).exists(), "Debian's chromium")
 async def test_gpumedic_report_reliability_writes_json_markdown_and_html_a_browser_renders(tmp_path, capsys):
     from playwright.async_api import async_playwright
 
