@@ -408,7 +408,7 @@ async def test_cookies_are_secure_whenever_the_console_is_reached_over_https(sto
 
 
 def test_durations_read_as_a_person_says_them():
-    from report_builder.console.server import duration
+    from report_builder.console.format import duration
 
     assert [duration(timedelta(seconds=s)) for s in (0, 12, 90.002, 252, 3600, 5400, 90061)] == [
         "0 s", "12 s", "1 min 30 s", "4 min 12 s", "1 h", "1 h 30 min", "1 d 1 h"]

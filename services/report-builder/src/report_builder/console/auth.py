@@ -10,12 +10,13 @@ process (a restart asks everyone to log in again).
 
 from __future__ import annotations
 
-import hmac
-import re
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
+
+import hmac
+import re
+import secrets
 
 SESSION_COOKIE = "gpumedic_console"
 LOGIN_COOKIE = "gpumedic_console_login"

@@ -181,7 +181,7 @@ def time_chart(
     key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]], *, breaks: bool = False,
 ) -> dict:
     """One chart's data as the console's script draws it: times in seconds since the epoch. Labels
-    are masked here (the page does not mask chart data again: see server._chart_json). With
+    are masked here (the page does not mask chart data again: see format.chart_json). With
     `breaks`, checks taken at a steady pace have their gaps drawn as gaps: where two lie more than
     three times their usual spacing apart (nothing checked meanwhile: a restart), a point with no
     value goes between, so the line stops rather than claims what nobody saw."""
