@@ -10,9 +10,9 @@ os.environ["TZ"] = "Pacific/Kiritimati"
 time.tzset()
 
 pytest_plugins = [
+    "tests.fixtures.real",
     "tests.fixtures.nats",
     "tests.fixtures.postgres",
-    "tests.fixtures.real",
     "tests.fixtures.runpod",
     "tests.fixtures.sshd",
     "tests.fixtures.webhook",

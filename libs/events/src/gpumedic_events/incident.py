@@ -98,6 +98,9 @@ class IncidentKind(StrEnum):
     REPEAT_OFFENDER = "repeat_offender"
     """A host (a rented worker's machine, or an owned node) with too many incidents of one kind
     within the policy's window: a bad machine, or a fix that does not hold (fixed, back, fixed)."""
+    BLACK_HOLE = "black_hole"
+    """A worker whose finished tasks fail far more often than the rest of the pool's, by the task
+    database: a bad image, a broken driver and CUDA pairing or a flaky host, however healthy its GPUs look."""
     CONTROL_PLANE_BEHIND = "control_plane_behind"
     """A control-plane service handles samples later than they come (its key names it): meanwhile it
     judges no node silent, and the autoscaler scales on no samples, rather than act on what they did not see."""

@@ -4,6 +4,8 @@ Two sources, chosen in the settings (`GPUMEDIC_AUTOSCALER_DEMAND`, JSON with a `
 
 - `sql`: a query on the user's task table that returns `(status, count)` rows; the runbook's
   statuses `Queued` and `In Progress` are the defaults, others (Complete, Failed) are ignored.
+  Optional queries read the worker records and the tasks in progress (the worker checks) and how
+  each worker's finished tasks ended (`outcomes_query`: black holes, `autoscaler.outcomes`).
   The database URL holds a password, so it is read from a file and never shown (errors name the
   host only).
 - `http`: a GET that answers JSON, and a dotted path to the queued count (and optionally one to
@@ -31,6 +33,7 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from autoscaler.outcomes import Outcomes
 from gpumedic_events import TASK_ID_PATTERN, WORKER_ID_PATTERN
 from gpumedic_store import TaskDatabase, TaskDatabaseError
 from gpumedic_webhook import read_token
@@ -58,6 +61,8 @@ class DemandSource(Protocol):
 
     async def records(self) -> tuple[list[WorkerRecord], list[TaskRecord]] | None: ...
 
+    async def outcomes(self) -> list[Outcomes] | None: ...
+
     async def close(self) -> None: ...
 
 
@@ -83,6 +88,12 @@ class SqlDemandConfig(_Config):
     in_progress_query: str | None = Field(
         default=None, min_length=1, max_length=4000, description="Returns (task_id, worker_id) rows of the tasks In Progress."
     )
+    outcomes_query: str | None = Field(
+        default=None, min_length=1, max_length=4000,
+        description="Returns (worker_id, status, count) rows of the tasks finished lately (its window is the query's, e.g. the "
+        "last hour): how each worker's tasks ended, for black holes.",
+    )
+    failed: tuple[str, ...] = ("Failed",)
 
 
 class HttpDemandConfig(_Config):
@@ -144,6 +155,22 @@ class SqlDemand:
             tasks.append(TaskRecord(str(row[0]), None if row[1] is None else str(row[1])))
         return workers, tasks
 
+    async def outcomes(self) -> list[Outcomes] | None:
+        """How each worker's finished tasks ended (`complete` and `failed` statuses; others are not
+        counted); None when no outcomes_query is set. DemandUnavailable when they cannot be trusted."""
+        if self.config.outcomes_query is None:
+            return None
+        counts: dict[str, list[int]] = {}
+        for i, row in enumerate(await self._rows(self.config.outcomes_query), 1):
+            if len(row) != 3 or not _id(row[0], WORKER_ID) or not isinstance(row[1], str) or not _count(row[2]):
+                raise DemandUnavailable(f"{self.name}: outcomes row {i} is not (worker_id, status, count): {tuple(row)!r:.100}")
+            done_failed = counts.setdefault(str(row[0]), [0, 0])
+            if row[1] in self.config.complete:
+                done_failed[0] += int(row[2])
+            elif row[1] in self.config.failed:
+                done_failed[1] += int(row[2])
+        return [Outcomes(worker, done, failed) for worker, (done, failed) in sorted(counts.items())]
+
     async def _rows(self, query: str) -> list[tuple[Any, ...]]:
         try:
             return await self.db.rows(query)
@@ -192,6 +219,10 @@ class HttpDemand:
         """An HTTP queue says nothing about worker records: the worker checks run on the provider only."""
         return None
 
+    async def outcomes(self) -> None:
+        """Nor about how each worker's tasks ended: no black holes are judged."""
+        return None
+
     async def close(self) -> None:
         await self._client.aclose()
 
@@ -219,6 +250,10 @@ class JetStreamDemand:
 
     async def records(self) -> None:
         """A work queue says nothing about worker records: the worker checks run on the provider only."""
+        return None
+
+    async def outcomes(self) -> None:
+        """Nor about how each worker's tasks ended: no black holes are judged."""
         return None
 
     async def close(self) -> None:

@@ -127,8 +127,9 @@ class CapacityHandlers:
             demand=await _read(self._demand.read()),
             workers=await _read(self._provider.workers()),
             records=await _read(self._demand.records()),
+            outcomes=await _read(self._demand.outcomes()),
         )
-        for failed in (reading.demand, reading.workers, reading.records):
+        for failed in (reading.demand, reading.workers, reading.records, reading.outcomes):
             if isinstance(failed, Exception):
                 log.warning("no decision on this: %s", failed)
         fleet = FleetView(

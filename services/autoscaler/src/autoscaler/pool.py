@@ -36,6 +36,7 @@ from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.burnin import Trials
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
+from autoscaler.outcomes import Outcomes, black_holes
 from autoscaler.offenders import RepeatOffenders
 from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
 
@@ -55,6 +56,8 @@ class Reading:
     workers: list[Worker] | ProviderError
     records: tuple[list[WorkerRecord], list[TaskRecord]] | DemandUnavailable | None = None
     """None: the demand source keeps no worker records."""
+    outcomes: list[Outcomes] | DemandUnavailable | None = None
+    """How each worker's finished tasks ended; None: the demand source does not say."""
 
 
 @dataclass
@@ -134,6 +137,10 @@ class PoolIncidents:
         found += offending + self.trials.round(workers, now, open_trials=trials, returned={f.node_id for f in offending},
                                                provider=self.provider)
         checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
+        if isinstance(reading.outcomes, list):
+            found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers}, now=now,
+                                 provider=self.provider)
+            checked.add(IncidentKind.BLACK_HOLE)
         transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
         on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()
@@ -213,7 +220,7 @@ class PoolIncidents:
 
     def _in_service(self, workers: list[Worker], found: list[Finding], fleet: FleetView, now: datetime) -> dict[str, Worker]:
         dead = {f.node_id for f in found if f.kind is IncidentKind.STALE_HEARTBEAT and not f.unsafe}
-        dead |= {f.node_id for f in found if f.kind is IncidentKind.REPEAT_OFFENDER} | self.trials.on_trial()
+        dead |= {f.node_id for f in found if f.kind in (IncidentKind.REPEAT_OFFENDER, IncidentKind.BLACK_HOLE)} | self.trials.on_trial()
         return {
             w.worker_id: w for w in workers
             if not lifecycle.stuck(w, now, self.policy) and w.worker_id not in dead and w.worker_id not in fleet.drained

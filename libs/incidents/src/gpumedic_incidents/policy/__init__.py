@@ -39,6 +39,7 @@ from gpumedic_incidents.policy.base import (
 )
 from gpumedic_incidents.policy.kinds import (
     BehindPolicy,
+    BlackHolePolicy,
     BurnInPolicy,
     ContainerPolicy,
     DiskPolicy,
@@ -239,6 +240,7 @@ __all__ = [
     "BODY_KEY",
     "BODY_TEXT",
     "BehindPolicy",
+    "BlackHolePolicy",
     "BurnInPolicy",
     "CHECK_COMMAND",
     "ContainerPolicy",

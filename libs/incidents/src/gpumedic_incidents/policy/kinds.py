@@ -272,6 +272,21 @@ class BurnInPolicy(KindPolicy):
     action_timeout_s: float = Field(default=1200.0, gt=0, description="DCGM's diagnostic takes minutes.")
 
 
+class BlackHolePolicy(KindPolicy):
+    """A worker whose tasks fail far more than the rest of the pool's (`autoscaler.outcomes`): read
+    from the task database's finished tasks (the demand's `outcomes_query`)."""
+
+    min_tasks: int = Field(default=10, ge=2, description="Tasks a worker finished in the query's window before it is judged.")
+    min_failed: int = Field(default=3, ge=1, description="And failed tasks among them, at least.")
+    min_ratio: float = Field(default=3.0, ge=1, description="Its failure rate at least this many times the rest of the pool's.")
+    alpha: float = Field(
+        default=0.001, gt=0, lt=1,
+        description="So many failures by chance (a one-sided binomial tail at the rest's rate) rarer than this, shared among "
+        "the workers tested (Bonferroni).",
+    )
+    ladder: tuple[Step, ...] = (Step(action="drain_node"), Step(action="terminate_worker", attempts=2, verify_within_s=120))
+
+
 HARDWARE_KINDS = (
     IncidentKind.GPU_XID, IncidentKind.GPU_LOST, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.PCIE_DEGRADED,
     IncidentKind.NVLINK_DEGRADED, IncidentKind.BURN_IN_FAILED,
@@ -358,6 +373,7 @@ class Kinds(Strict):
     burn_in: BurnInPolicy = BurnInPolicy()
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
+    black_hole: BlackHolePolicy = BlackHolePolicy()
     control_plane_behind: BehindPolicy = BehindPolicy()
     samples_lost: SamplesLostPolicy = SamplesLostPolicy()
 

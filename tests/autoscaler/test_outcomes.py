@@ -1,0 +1,119 @@
+"""Black holes from how tasks end: the binomial tail, the judgement over a pool, the task database's
+rows, and the pool's incident with its ladder."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from datetime import datetime, timedelta
+
+import pytest
+
+from autoscaler.demand import Demand, DemandUnavailable, SqlDemand
+from autoscaler.outcomes import Outcomes, black_holes, tail
+from autoscaler.pool import FleetView, Reading
+from gpumedic_events import DrainNode, IncidentKind, TerminateWorker
+from gpumedic_incidents.policy import BlackHolePolicy
+from tests.autoscaler.test_demand import _task_db
+from tests.autoscaler.test_pool import T0, Pool, _w
+
+POLICY = BlackHolePolicy()
+
+
+def _exact(n: int, k: int, p: float) -> float:
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+@pytest.mark.parametrize(("n", "k", "p"), [(10, 8, 0.5), (20, 3, 0.05), (200, 40, 0.1), (50, 0, 0.3), (30, 30, 0.9), (12, 1, 0.001)])
+def test_the_tail_is_the_binomials(n, k, p):
+    assert tail(n, k, p) == pytest.approx(_exact(n, k, p), rel=1e-9)
+    assert tail(10, 8, 0.5) == pytest.approx(56 / 1024)
+
+
+def test_the_tail_at_the_edges():
+    assert (tail(5, 0, 0.0), tail(5, 1, 0.0), tail(5, 6, 0.5), tail(5, 5, 1.0)) == (1.0, 0.0, 0.0, 1.0)
+    assert tail(10_000, 9_000, 0.01) == 0.0  # underflows to nothing, never an error
+
+
+def _pool(*rows: tuple[str, int, int]) -> list[Outcomes]:
+    return [Outcomes(w, done, failed) for w, done, failed in rows]
+
+
+CASES = [
+    # (what, the pool's outcomes, the black holes)
+    ("one worker fails most tasks among workers that rarely fail",
+     _pool(*((f"pod-{i}", 19, 1) for i in range(9)), ("pod-bad", 8, 12)), ["pod-bad"]),
+    ("failures spread evenly over the pool", _pool(*((f"pod-{i}", 17, 3 if i % 2 else 2) for i in range(10))), []),
+    ("a bad image fails most tasks everywhere: no one worker's doing", _pool(*((f"pod-{i}", 8, 12) for i in range(10))), []),
+    ("too few tasks to judge", _pool(*((f"pod-{i}", 20, 0) for i in range(9)), ("pod-new", 0, 4)), []),
+    ("a pool that never failed, and a worker that failed 3 of 10", _pool(*((f"pod-{i}", 20, 0) for i in range(9)), ("pod-x", 7, 3)), ["pod-x"]),
+    ("a little worse than the rest is chance", _pool(*((f"pod-{i}", 90, 10) for i in range(9)), ("pod-y", 84, 16)), []),
+    ("a worker alone is judged against nobody", _pool(("pod-only", 0, 50)), []),
+]
+
+
+@pytest.mark.parametrize(("what", "outcomes", "holes"), CASES, ids=[c[0] for c in CASES])
+def test_a_black_hole_is_a_worker_failing_far_more_than_the_rest(what, outcomes, holes):
+    found = black_holes(outcomes, POLICY, workers={}, now=T0)
+    assert [f.node_id for f in found] == holes
+    assert all(f.kind is IncidentKind.BLACK_HOLE for f in found)
+
+
+def test_the_finding_says_how_far_and_ends_a_rented_worker():
+    outcomes = _pool(*((f"pod-{i}", 19, 1) for i in range(9)), ("pod-bad", 8, 12))
+    (rented,) = black_holes(outcomes, POLICY, workers={"pod-bad": _w("pod-bad")}, now=T0, provider="runpod")
+    assert rented.summary.startswith("12 of 20 tasks failed on pod-bad (60%) against 5.2% on the rest of the pool: that many by chance")
+    assert (rented.evidence["tasks_failed"], rented.evidence["workers_tested"], rented.evidence["provider"]) == (12, 10, "runpod")
+    assert rented.evidence["chance"] < POLICY.alpha / 10
+    assert rented.operations == {"terminate_worker": TerminateWorker(worker_ids=("pod-bad",))}
+    (owned,) = black_holes(outcomes, POLICY, workers={}, now=T0)
+    assert owned.operations == {} and "rent elsewhere" not in owned.recommended_action
+
+
+async def test_the_task_database_says_how_each_workers_tasks_ended(tmp_path):
+    config = _task_db(tmp_path, [])
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:
+        conn.execute("ALTER TABLE tasks ADD COLUMN worker_id TEXT")
+        conn.executemany("INSERT INTO tasks (status, worker_id) VALUES (?, ?)",
+                         [("Complete", "pod-1")] * 5 + [("Failed", "pod-1")] + [("Failed", "pod-2")] * 3 + [("In Progress", "pod-2")])
+    query = "SELECT worker_id, status, COUNT(*) FROM tasks WHERE status IN ('Complete', 'Failed') GROUP BY worker_id, status"
+    source = SqlDemand(config.model_copy(update={"outcomes_query": query}))
+    hostile = SqlDemand(config.model_copy(update={"outcomes_query": "SELECT 'pod 1;', 'Failed', 2"}))
+    negative = SqlDemand(config.model_copy(update={"outcomes_query": "SELECT 'pod-1', 'Failed', -2"}))
+    try:
+        assert await source.outcomes() == [Outcomes("pod-1", 5, 1), Outcomes("pod-2", 0, 3)]
+        with pytest.raises(DemandUnavailable, match=r"outcomes row 1 is not \(worker_id, status, count\): \('pod 1;'"):
+            await hostile.outcomes()
+        with pytest.raises(DemandUnavailable, match="outcomes row 1"):
+            await negative.outcomes()
+        assert await SqlDemand(config).outcomes() is None  # no query: no black holes judged
+    finally:
+        for s in (source, hostile, negative):
+            await s.close()
+
+
+def _round(pool: Pool, at: datetime, workers, outcomes):
+    reading = Reading(demand=Demand(queued=0, in_progress=0), workers=workers, outcomes=outcomes)
+    evaluated, transitions = pool.logic.on_round(reading, FleetView(), at)
+    pool._commit(transitions)
+    return evaluated
+
+
+def test_the_pool_drains_a_black_hole_then_ends_it_and_counts_it_out_of_service():
+    pool = Pool()
+    workers = [_w(f"pod-{i}") for i in range(6)]
+    outcomes = [Outcomes(f"pod-{i}", 30, 1) for i in range(5)] + [Outcomes("pod-5", 5, 15)]
+    evaluated = _round(pool, T0, workers, outcomes)
+    assert evaluated.gpus_total == 5  # the black hole is no capacity from the round it is found
+    (opened,) = pool.of(IncidentKind.BLACK_HOLE)
+    assert opened.node_id == "pod-5" and opened.evidence["tasks_failed"] == 15
+    _round(pool, T0 + timedelta(seconds=5), workers, None)  # a round that could not read outcomes changes nothing
+    pool.tick(T0 + timedelta(seconds=20))
+    (drain,) = pool.requests()
+    assert isinstance(drain.operation, DrainNode) and drain.node_id == "pod-5"
+    pool.complete(drain, T0 + timedelta(seconds=21))
+    for at in (30, 100):
+        _round(pool, T0 + timedelta(seconds=at), workers, outcomes)
+        pool.tick(T0 + timedelta(seconds=at + 1))
+    assert pool.requests()[-1].operation == TerminateWorker(worker_ids=("pod-5",))
+    assert len(pool.of(IncidentKind.BLACK_HOLE)) == 1
