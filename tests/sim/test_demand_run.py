@@ -71,8 +71,32 @@ async def test_a_machine_that_breaks_again_is_returned_and_a_worker_failing_burn
     assert sum(pool["took"].values()) >= 1 and all(pool["machines"][w] not in ("sim-host-002",) for w in pool["took"]), "\n".join(lines)
 
 
+BLACK_HOLE = PoolPlan.model_validate({
+    "demand": [{"for": "40s", "tasks_per_min": 150}, {"for": "60s", "tasks_per_min": 0}],
+    "task": "3s", "spawn": "2s", "machines": 3, "bad_machines": [{"machine": 2, "fault": "fails_tasks"}],
+    "scaling": {"min_active_gpus": 6, "max_active_gpus": 8, "tasks_per_gpu": 1, "idle_timeout_s": 3, "cooldown_s": 8, "gpus_per_worker": 2},
+})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_machine_that_fails_every_task_with_healthy_gpus_is_a_black_hole_and_ended(tmp_path):
+    """Three machines rented in turn; every task a worker on machine 2 finishes fails, while its GPUs
+    sample as healthy as the others'. Only the task database's outcomes show it."""
+    lines: list[str] = []
+    plan = Scenario(name="black-hole", description="", duration_s=130, faults=(), pool=BLACK_HOLE)
+    await run_simulation(tmp_path / "var", nodes=12, gpus=1, scenario=lambda ids, gpus: plan, interval_s=1.0,
+                         json_path=tmp_path / "score.json", say=lines.append)
+    pool = json.loads((tmp_path / "score.json").read_text())["pool"]
+    (machine,) = [c for c in pool["checks"] if c["check"].startswith("machine sim-host-002")]
+    assert machine["ok"], "\n".join(lines)
+    unexplained = [c for c in pool["checks"] if "no fault explains" in c["check"]]
+    assert unexplained and unexplained[0]["ok"], "\n".join(lines)
+    assert pool["failed"] >= 10, "\n".join(lines)  # every task on machine 2 failed, however many it took
+
+
 def _figures(**update) -> PoolFigures:
-    base = dict(tasks=4, done=4, wait_p95_s=1.0, gpu_s=10, fixed_gpu_s=20, idle_gpu_s=1, cost=0.1, peak_gpus_billed=2,
+    base = dict(tasks=4, done=4, failed=0, wait_p95_s=1.0, gpu_s=10, fixed_gpu_s=20, idle_gpu_s=1, cost=0.1, peak_gpus_billed=2,
                 rented=["simw0001", "simw0002"], never_came_up=[], never_came_up_ended=0, died=[], died_ended=0,
                 ended_busy=[], orphaned=0, requeued={})
     return PoolFigures(**base | update)

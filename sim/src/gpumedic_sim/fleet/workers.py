@@ -53,6 +53,8 @@ PROMOTE = "UPDATE workers SET status = 'active' WHERE id = :worker_id AND status
 """The statements an operator of this task database writes into the policy."""
 WORKERS_QUERY = "SELECT id, status, heartbeat_at FROM workers"
 IN_PROGRESS_QUERY = "SELECT id, worker_id FROM tasks WHERE status = 'In Progress'"
+OUTCOMES_QUERY = ("SELECT worker_id, status, COUNT(*) FROM tasks WHERE status IN ('Complete', 'Failed') AND worker_id IS NOT NULL "
+                  "GROUP BY worker_id, status")
 STEP_S = 0.5
 
 
@@ -64,14 +66,16 @@ class Stretch(BaseModel):
 
 
 class BadMachine(BaseModel):
-    """One of the provider's machines with a broken GPU: every worker that lands on it has it."""
+    """One of the provider's machines with a broken GPU, or one that fails every task while its GPUs
+    look fine: every worker that lands on it has it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     machine: int = Field(ge=1, description="Which of the provider's machines (sim-host-001 is 1).")
     gpu: int = Field(default=0, ge=0, le=7)
-    fault: Literal["gpu_lost", "pcie_narrow"] = Field(
-        description="gpu_lost: the GPU falls off the bus `after` its worker came up; pcie_narrow: its PCIe link at x8 of x16."
+    fault: Literal["gpu_lost", "pcie_narrow", "fails_tasks"] = Field(
+        description="gpu_lost: the GPU falls off the bus `after` its worker came up; pcie_narrow: its PCIe link at x8 of x16; "
+        "fails_tasks: every task its workers finish fails (a broken driver and CUDA pairing), every GPU signal green."
     )
     after: Seconds = Field(default=0.0, description="How long after the worker came up the fault shows (0: from the start).")
 
@@ -132,12 +136,15 @@ class _Worker:
     fault: BadMachine | None = None
     """Its machine's broken GPU, until it shows (then None)."""
     fault_at: float = 0.0
+    fails_tasks: bool = False
+    """Every task it finishes fails (its machine's fault), though its GPUs look fine."""
 
 
 @dataclass
 class PoolFigures:
     tasks: int
     done: int
+    failed: int
     wait_p95_s: float
     gpu_s: float
     fixed_gpu_s: float
@@ -225,7 +232,8 @@ class SimWorkerPool:
                 "timeout_s": 5}
 
     def demand_config(self) -> dict:
-        return {"kind": "sql", "url_file": str(self.url_path), "workers_query": WORKERS_QUERY, "in_progress_query": IN_PROGRESS_QUERY}
+        return {"kind": "sql", "url_file": str(self.url_path), "workers_query": WORKERS_QUERY, "in_progress_query": IN_PROGRESS_QUERY,
+                "outcomes_query": OUTCOMES_QUERY}
 
     def env(self) -> dict[str, str]:
         """The autoscaler and the remediator, pointed at this pool (the stack's other settings stay)."""
@@ -351,8 +359,8 @@ class SimWorkerPool:
             self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
-                    self._db.execute("UPDATE tasks SET status = 'Complete', done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
-                                 (now, task_id, worker_id))
+                    self._db.execute("UPDATE tasks SET status = ?, done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
+                                     ("Failed" if worker.fails_tasks else "Complete", now, task_id, worker_id))
                     worker.node.finish_job(gpu)
                     del worker.running[gpu]
             if self.plan.burn_in and self._db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchone() != ("active",):
@@ -381,7 +389,9 @@ class SimWorkerPool:
         and it records itself as the runbook's workers do (`spawning` until promoted, with burn-in)."""
         worker = _Worker(SimNode(worker_id, gpus, seed=self._rng.randrange(1 << 30)))
         bad = next((b for b in self.plan.bad_machines if b.host_id == machine), None)
-        if bad is not None and bad.after == 0:
+        if bad is not None and bad.fault == "fails_tasks":
+            worker.fails_tasks = True
+        elif bad is not None and bad.after == 0:
             _break(worker.node, bad)
         elif bad is not None:
             worker.fault, worker.fault_at = bad, now + bad.after
@@ -417,7 +427,7 @@ class SimWorkerPool:
         never = [w for w, never_ssh in rented.items() if never_ssh]
         ended = self.provider.ended()
         return PoolFigures(
-            tasks=len(rows), done=sum(1 for r in rows if r[1] == "Complete"),
+            tasks=len(rows), done=sum(1 for r in rows if r[1] == "Complete"), failed=sum(1 for r in rows if r[1] == "Failed"),
             wait_p95_s=round(waits[max(0, math.ceil(0.95 * len(waits)) - 1)], 1) if waits else 0.0,
             gpu_s=round(self._gpu_s), fixed_gpu_s=round(self.plan.scaling.max_active_gpus * (time.monotonic() - self._t0)),
             idle_gpu_s=round(self._idle_gpu_s), cost=round(self._cost, 4), peak_gpus_billed=self._peak, rented=list(rented),
@@ -456,6 +466,7 @@ WORKER_KINDS_EXPECTED = {
     "stuck_spawning": ("never_came_up", "bad_machine"), "stale_heartbeat": ("died",), "orphaned_tasks": ("died", "ended_busy"),
     "node_silent": ("died",), "vanished_worker": ("ended",), "burn_in": ("ended",),
     "burn_in_failed": ("bad_machine",), "repeat_offender": ("bad_machine",), "gpu_lost": ("bad_machine",), "gpu_xid": ("bad_machine",),
+    "black_hole": ("bad_machine",),
 }
 """Which workers each kind may be about: the ones that never came up, died, were ended (every
 rented one, on trial when it came up), or were rented on a machine with a broken GPU."""
@@ -482,7 +493,8 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
     peak = max((gpus for _, _, gpus in decisions), default=0)
     s = plan.scaling
     return [
-        (figures.done == figures.tasks, f"{figures.done}/{figures.tasks} tasks done, queue wait p95 {figures.wait_p95_s:g}s"),
+        (figures.done + figures.failed == figures.tasks,
+         f"{figures.done + figures.failed}/{figures.tasks} tasks finished ({figures.failed} failed), queue wait p95 {figures.wait_p95_s:g}s"),
         (peak <= s.max_active_gpus and any(d == "scale_up" for _, d, _ in decisions),
          f"scaled within the knobs: up to {peak} GPUs in service (MAX {s.max_active_gpus}), {figures.peak_gpus_billed} billed at the peak"),
         (any(d == "scale_down" for _, d, _ in decisions), f"scaled down when the queue was quiet ({len(gaps)} reversal(s))"),
@@ -533,6 +545,13 @@ def _judge_machine(figures: PoolFigures, bad: BadMachine, incidents: list, grace
     and ended within its grace (a link at half width from the start)."""
     rentals = [w for w in figures.rented if figures.machines.get(w) == bad.host_id]
     up = [w for w in rentals if w in figures.came_up]
+    if bad.fault == "fails_tasks":
+        holes = sorted({i.node_id for i in incidents if i.kind == "black_hole" and i.node_id in rentals})
+        took = sum(figures.took.get(w, 0) for w in rentals)
+        return bool(holes) and all(w in figures.ended_at for w in holes), (
+            f"machine {bad.host_id} (every task fails, its GPUs fine): rented {len(rentals)} time(s), {took} task(s) taken; "
+            f"a black hole on {', '.join(holes) or 'none of its rentals'}"
+            + (f", {sum(1 for w in holes if w in figures.ended_at)} of them ended" if holes else ""))
     if bad.fault == "pcie_narrow":
         late = {w: figures.ended_at[w] - figures.came_up[w] for w in up if w in figures.ended_at}
         failed = {i.node_id for i in incidents if i.kind == "burn_in_failed"}
