@@ -30,6 +30,15 @@ def test_the_tail_is_the_binomials(n, k, p):
     assert tail(10, 8, 0.5) == pytest.approx(56 / 1024)
 
 
+def test_the_tail_of_a_big_count_stops_once_the_rest_is_negligible():
+    assert tail(2_000_000, 30_000, 0.01) == pytest.approx(_exact_log_free(2_000_000, 30_000, 0.01), abs=1e-300)
+    assert tail(1_000, 40, 0.02) == pytest.approx(_exact(1_000, 40, 0.02), rel=1e-9)
+
+
+def _exact_log_free(n: int, k: int, p: float) -> float:
+    return 0.0 if k > n * p + 40 * math.sqrt(n * p) else _exact(n, k, p)  # far past the mean: below any float
+
+
 def test_the_tail_at_the_edges():
     assert (tail(5, 0, 0.0), tail(5, 1, 0.0), tail(5, 6, 0.5), tail(5, 5, 1.0)) == (1.0, 0.0, 0.0, 1.0)
     assert tail(10_000, 9_000, 0.01) == 0.0  # underflows to nothing, never an error
@@ -54,20 +63,22 @@ CASES = [
 
 @pytest.mark.parametrize(("what", "outcomes", "holes"), CASES, ids=[c[0] for c in CASES])
 def test_a_black_hole_is_a_worker_failing_far_more_than_the_rest(what, outcomes, holes):
-    found = black_holes(outcomes, POLICY, workers={}, now=T0)
+    found = black_holes(outcomes, POLICY, workers={}, present={o.worker_id for o in outcomes}, now=T0)
     assert [f.node_id for f in found] == holes
     assert all(f.kind is IncidentKind.BLACK_HOLE for f in found)
 
 
 def test_the_finding_says_how_far_and_ends_a_rented_worker():
     outcomes = _pool(*((f"pod-{i}", 19, 1) for i in range(9)), ("pod-bad", 8, 12))
-    (rented,) = black_holes(outcomes, POLICY, workers={"pod-bad": _w("pod-bad")}, now=T0, provider="runpod")
+    others = {f"pod-{i}" for i in range(9)}
+    (rented,) = black_holes(outcomes, POLICY, workers={"pod-bad": _w("pod-bad")}, present=others, now=T0, provider="runpod")
     assert rented.summary.startswith("12 of 20 tasks failed on pod-bad (60%) against 5.2% on the rest of the pool: that many by chance")
     assert (rented.evidence["tasks_failed"], rented.evidence["workers_tested"], rented.evidence["provider"]) == (12, 10, "runpod")
     assert rented.evidence["chance"] < POLICY.alpha / 10
     assert rented.operations == {"terminate_worker": TerminateWorker(worker_ids=("pod-bad",))}
-    (owned,) = black_holes(outcomes, POLICY, workers={}, now=T0)
+    (owned,) = black_holes(outcomes, POLICY, workers={}, present=others | {"pod-bad"}, now=T0)
     assert owned.operations == {} and "rent elsewhere" not in owned.recommended_action
+    assert black_holes(outcomes, POLICY, workers={}, present=others, now=T0) == []  # gone: its tasks count in the rest's rate only
 
 
 async def test_the_task_database_says_how_each_workers_tasks_ended(tmp_path):

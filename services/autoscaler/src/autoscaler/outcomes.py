@@ -21,7 +21,7 @@ is one fleet incident through the book's correlation, never many drains.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -54,16 +54,25 @@ def tail(n: int, k: int, p: float) -> float:
     if p >= 1.0:
         return 1.0
     log_p, log_q = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q for i in range(k, n + 1)]
-    top = max(terms)
+    terms: list[float] = []
+    top = -math.inf
+    for i in range(k, n + 1):
+        term = math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+        terms.append(term)
+        top = max(top, term)
+        if i > n * p and term < top - 50:  # past the mode the terms only shrink: the rest is below e-50 of the sum
+            break
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def black_holes(
-    outcomes: Sequence[Outcomes], policy: BlackHolePolicy, *, workers: dict[str, Worker], now: datetime, provider: str = ""
+    outcomes: Sequence[Outcomes], policy: BlackHolePolicy, *, workers: dict[str, Worker], present: Collection[str] = (),
+    now: datetime, provider: str = "",
 ) -> list[Finding]:
-    """A finding on each worker whose failures stand far above the rest of the pool's (module docstring)."""
-    tested = [o for o in outcomes if o.finished >= policy.min_tasks]
+    """A finding on each worker whose failures stand far above the rest of the pool's (module
+    docstring): a rented worker the provider runs now (`workers`) or a node that sampled lately
+    (`present`). One that is gone still counts in the rest's rate, as its tasks did."""
+    tested = [o for o in outcomes if o.finished >= policy.min_tasks and (o.worker_id in workers or o.worker_id in present)]
     if len(outcomes) < 2 or not tested:
         return []
     all_finished = sum(o.finished for o in outcomes)

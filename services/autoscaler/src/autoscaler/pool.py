@@ -138,8 +138,8 @@ class PoolIncidents:
                                                provider=self.provider)
         checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
         if isinstance(reading.outcomes, list):
-            found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers}, now=now,
-                                 provider=self.provider)
+            found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
+                                 present=present, now=now, provider=self.provider)
             checked.add(IncidentKind.BLACK_HOLE)
         transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
