@@ -20,10 +20,10 @@ def test_the_shipped_file_is_the_documented_default_and_covers_every_kind():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (("attempts: 2", "attempts: 0"), r"policy.yaml:90: kinds.zombie_job.ladder.0.attempts: Input should be greater than or equal to 1"),
+        (("attempts: 2", "attempts: 0"), r"policy.yaml:{line}: kinds.zombie_job.ladder.0.attempts: Input should be greater than or equal to 1"),
         (("share: 0.3", "sharez: 0.3"), r"policy.yaml:9: fleet.sharez: Extra inputs are not permitted"),
         (("clear_below_pct: 90", "clear_below_pct: 99"), r"policy.yaml:\d+: kinds.disk_pressure: Value error, clear_below_pct \(99\) must be below open_at_pct \(95\)"),
-        (("action: kill_gpu_processes, attempts: 2, verify_within_s: 60", "action: rm_rf"), r"policy.yaml:90: kinds.zombie_job.ladder.0.action: Input should be 'kill_gpu_processes', 'restart_unit'"),
+        (("action: kill_gpu_processes, attempts: 2, verify_within_s: 60", "action: rm_rf"), r"policy.yaml:{line}: kinds.zombie_job.ladder.0.action: Input should be 'kill_gpu_processes', 'restart_unit'"),
         (("version: 1", "version: 2"), r"policy.yaml:4: version: Input should be 1"),
         (("gpumedic-node-sampler.service: {}", "sshd.service: {}"), r"policy.yaml:\d+: <file>: Value error, kinds.node_silent restarts gpumedic-node-sampler.service, which actions.restart_unit.units does not allow"),
         (("gpumedic-node-sampler.service: {}", "'rm -rf /.service': {}"), r"policy.yaml:28: actions.restart_unit.units: Value error, 'rm -rf /.service' is not a systemd service name"),
@@ -34,8 +34,10 @@ def test_the_shipped_file_is_the_documented_default_and_covers_every_kind():
 )
 def test_a_mistake_names_the_file_the_line_and_the_field(tmp_path, change, message):
     path = tmp_path / "policy.yaml"
-    path.write_text(DEFAULT_POLICY.read_text().replace(*change, 1))
-    with pytest.raises(PolicyError, match=message):
+    text = DEFAULT_POLICY.read_text().replace(*change, 1)
+    path.write_text(text)
+    line = text[: text.index(change[1])].count("\n") + 1  # where the mistake is: the message must name that line
+    with pytest.raises(PolicyError, match=message.replace("{line}", str(line))):
         load_policy(path)
 
 

@@ -4,7 +4,9 @@ the ledger and audit, and RunPod's REST API served on loopback."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,17 +23,19 @@ from gpumedic_events import (
     SpawnWorker,
     TerminateWorker,
 )
-from gpumedic_incidents.policy import Actions, Policy, RestartWorkerPolicy, SpawnPolicy, dump_policy
+from gpumedic_incidents.policy import Actions, Policy, RequeuePolicy, RestartWorkerPolicy, SpawnPolicy, TerminatePolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
-from remediator.main import executor_of, gate_of, provider_of
+from remediator.main import executor_of, gate_of, provider_of, task_db_of
 from tests.fixtures.runpod import KEY
 from tests.remediator.conftest import incident_waiting_for
 
 H100 = "NVIDIA H100 80GB HBM3"
+TASKS_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'In Progress'"
+REQUEUE = "UPDATE tasks SET status = 'Queued', worker_id = NULL WHERE id IN :task_ids AND status = 'In Progress'"
 
 
 class _Broker:
@@ -48,20 +52,26 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
     (tmp_path / "runpod-key").write_text(KEY + "\n")
     made = []
 
-    def _make(*, gpu_types=(H100,), mode="enforce", provider=True):
+    def _make(*, gpu_types=(H100,), mode="enforce", provider=True, task_db: Path | None = None):
+        """`task_db`: a SQLite task database whose tasks the terminations ask about and requeue."""
         policy_file = tmp_path / "policy.yaml"
         actions = Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8), restart_worker=RestartWorkerPolicy(back_within_s=1.5, poll_s=0.2))
+        if task_db is not None:
+            (tmp_path / "task-db-url").write_text(f"sqlite+aiosqlite:///{task_db}\n")
+            actions = actions.model_copy(update={"terminate_worker": TerminatePolicy(tasks_query=TASKS_QUERY),
+                                                 "requeue_tasks": RequeuePolicy(statement=REQUEUE)})
         dump_policy(Policy(actions=actions), policy_file)
         settings = make_settings(
             policy={"file": policy_file}, mode=mode,
             provider={"kind": "runpod", "api_key_file": tmp_path / "runpod-key", "image": "ghcr.io/acme/selfplay:7",
                       "base_url": base, "timeout_s": 2} if provider else None,
+            task_db_url_file=tmp_path / "task-db-url" if task_db is not None else None,
         )
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
             settings=settings, gate=gate_of(settings, settings.policy.load()), runtime=SimpleNamespace(broker=_Broker(), metrics=ServiceMetrics("remediator")), sessions=session_factory(engine),
             executor=executor_of(settings), tracer=TracerProvider().get_tracer("test"), incidents=incidents,
-            provider=provider_of(settings),
+            provider=provider_of(settings), task_db=task_db_of(settings),
         )
         made.append((engine, handler))
         return handler
@@ -70,6 +80,8 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
     for engine, handler in made:
         if handler.provider is not None:
             await handler.provider.close()
+        if handler.task_db is not None:
+            await handler.task_db.close()
         await engine.dispose()
 
 
@@ -114,6 +126,67 @@ async def test_a_worker_is_rented_and_ended_through_the_gate_with_every_call_aud
         f"provider: terminate worker {first}", f"provider: terminate worker {second}", "provider: list workers (verify)"
     ]
     assert all(a["exit_status"] == 0 for a in record.audit) and KEY not in str(record.audit)
+
+
+async def test_no_worker_is_ended_mid_task_and_what_an_ended_worker_ran_goes_back_to_the_queue(remediator, tmp_path):
+    """The runbook's task table, asked before each ending: the pool's idle workers are ended only if
+    none took a task since the autoscaler chose them; a worker ended for its own fault has its task
+    requeued at once (not a round later by orphaned_tasks)."""
+    fake, make = remediator
+    path = tmp_path / "tasks.db"
+
+    def tasks(*statements: str) -> list[tuple]:
+        with sqlite3.connect(path) as db:
+            for statement in statements:
+                db.execute(statement)
+            return db.execute("SELECT id, status, worker_id FROM tasks ORDER BY id").fetchall()
+
+    tasks("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT)")
+    handler = make(task_db=path)
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=1, count=3))
+    idle, raced, faulty = fake.pods
+    tasks(f"INSERT INTO tasks VALUES ('t1', 'In Progress', '{raced}'), ('t2', 'Complete', '{idle}')")
+    kept = await ask(handler, TerminateWorker(worker_ids=(idle, raced)))
+    assert (kept.outcome, kept.in_use) == (ActionOutcome.BLOCKED, True)
+    assert kept.detail == f"refused: no worker is ended mid-task; {raced} took 1 task(s) (t1) since it was chosen as idle"
+    assert set(fake.pods) == {idle, raced, faulty} and not any(".node.retired." in s for s, _ in handler._runtime.broker.published)
+
+    tasks("UPDATE tasks SET status = 'Complete' WHERE id = 't1'")  # its task done, the surplus asks again
+    ended = await ask(handler, TerminateWorker(worker_ids=(idle, raced)))
+    assert (ended.outcome, ended.detail) == (ActionOutcome.SUCCEEDED, f"terminated {idle}, {raced}")
+    assert set(fake.pods) == {faulty}
+    async with handler._sessions() as session:
+        record = await repository.get_action(session=session, action_id=ended.action_id)
+    asked = "task database: actions.terminate_worker.tasks_query for {}".format
+    assert [a["command"] for a in record.audit] == [
+        asked(idle), asked(raced), f"provider: terminate worker {idle}", asked(idle), f"provider: terminate worker {raced}", asked(raced),
+        "provider: list workers (verify)",
+    ]
+
+    tasks(f"INSERT INTO tasks VALUES ('t3', 'In Progress', '{faulty}')")
+    own = await ask(handler, TerminateWorker(worker_ids=(faulty,)), node=faulty)  # its own incident: ended busy or not
+    assert (own.outcome, own.detail) == (ActionOutcome.SUCCEEDED, f"terminated {faulty}; requeued 1 of the 1 task(s) (t3) {faulty} was running")
+    assert tasks() == [("t1", "Complete", raced), ("t2", "Complete", idle), ("t3", "Queued", None)]
+
+
+async def test_a_task_database_that_answers_nonsense_ends_no_worker(remediator, tmp_path):
+    fake, make = remediator
+    path = tmp_path / "tasks.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT)")
+    handler = make(task_db=path)
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=1))
+    (pod,) = fake.pods
+    with sqlite3.connect(path) as db:
+        db.execute(f"INSERT INTO tasks VALUES ('t1; DROP TABLE tasks', 'In Progress', '{pod}')")
+    hostile = await ask(handler, TerminateWorker(worker_ids=(pod,)))
+    assert hostile.outcome is ActionOutcome.FAILED and set(fake.pods) == {pod}
+    assert hostile.detail == f"nothing terminated: what {pod} runs could not be read: the tasks_query answered 't1; DROP TABLE tasks', which is no task id"
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE tasks")  # the table gone: the database says so, and nothing is ended
+    gone = await ask(handler, TerminateWorker(worker_ids=(pod,)))
+    assert gone.outcome is ActionOutcome.FAILED and "nothing terminated" in gone.detail and "no such table: tasks" in gone.detail
+    assert set(fake.pods) == {pod}
 
 
 async def test_what_the_policy_does_not_allow_is_refused_before_the_provider_is_called(remediator):

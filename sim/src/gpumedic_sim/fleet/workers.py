@@ -53,6 +53,7 @@ PROMOTE = "UPDATE workers SET status = 'active' WHERE id = :worker_id AND status
 """The statements an operator of this task database writes into the policy."""
 WORKERS_QUERY = "SELECT id, status, heartbeat_at FROM workers"
 IN_PROGRESS_QUERY = "SELECT id, worker_id FROM tasks WHERE status = 'In Progress'"
+TASKS_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'In Progress'"
 OUTCOMES_QUERY = ("SELECT worker_id, status, COUNT(*) FROM tasks WHERE status IN ('Complete', 'Failed') AND worker_id IS NOT NULL "
                   "GROUP BY worker_id, status")
 STEP_S = 0.5
@@ -158,8 +159,8 @@ class PoolFigures:
     died: list[str]
     died_ended: int
     ended_busy: list[str]
-    """Workers ended while running tasks: a task taken between the autoscaler's idle decision and the
-    termination (a race the stack answers with orphaned_tasks and a requeue)."""
+    """Workers ended while running tasks: for their own fault (a bad machine's), or by a scale-in
+    that ended a worker mid-task (which the remediator's tasks_query is there to prevent)."""
     orphaned: int
     """Tasks In Progress on a worker when it died or was ended."""
     requeued: dict[str, int]
@@ -254,6 +255,7 @@ class SimWorkerPool:
         policy = {
             "actions": {
                 "spawn_worker": {"gpu_types": [self.plan.gpu_type], "max_gpus": self.plan.scaling.gpus_per_worker},
+                "terminate_worker": {"tasks_query": TASKS_QUERY},
                 "requeue_tasks": {"statement": REQUEUE},
                 "mark_worker_ended": {"statement": MARK_ENDED},
             },
@@ -491,6 +493,7 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
     gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(turns, turns[1:], strict=False)]
     flaps = sum(1 for g in gaps if g < plan.scaling.cooldown_s)
     peak = max((gpus for _, _, gpus in decisions), default=0)
+    scaled_in_busy = [w for w in figures.ended_busy if w not in who["bad_machine"]]  # a bad machine's worker is ended busy on purpose
     s = plan.scaling
     return [
         (figures.done + figures.failed == figures.tasks,
@@ -503,8 +506,9 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
          f"{figures.never_came_up_ended}/{len(figures.never_came_up)} worker(s) stuck spawning ended and replaced"),
         (figures.died_ended == len(figures.died), f"{figures.died_ended}/{len(figures.died)} worker(s) that died silently ended and replaced"),
         (figures.requeued_once, f"{figures.orphaned} task(s) orphaned, {len(figures.requeued)} requeued, "
-         f"{sum(1 for n in figures.requeued.values() if n > 1)} more than once"
-         + (f" ({', '.join(figures.ended_busy)} took a task just before a scale-down ended it)" if figures.ended_busy else "")),
+         f"{sum(1 for n in figures.requeued.values() if n > 1)} more than once"),
+        (not scaled_in_busy, f"{len(scaled_in_busy)} worker(s) ended mid-task by a scale-in"
+         + (f": {', '.join(scaled_in_busy)}" if scaled_in_busy else "")),
         (not unexpected, f"{len(unexpected)} incident(s) on the pool that no fault explains" + (f": {', '.join(unexpected[:5])}" if unexpected else "")),
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),

@@ -219,8 +219,29 @@ class SpawnPolicy(ActionPolicy):
     max_count: int = Field(default=4, ge=1, le=16, description="Workers rented by one action, at most.")
 
 
+SQL_PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def bound_once(sql: str | None, parameter: str) -> None:
+    """The operator's SQL takes exactly one parameter, bound by the driver, never formatted in."""
+    if sql is not None and set(SQL_PARAM.findall(sql)) != {parameter}:
+        raise ValueError(f"the statement must use exactly one bound parameter, :{parameter}")
+
+
 class TerminatePolicy(ActionPolicy):
     max_count: int = Field(default=4, ge=1, le=16, description="Workers ended by one action, at most.")
+    tasks_query: str | None = Field(
+        default=None, max_length=2000,
+        description="SQL on the task database (GPUMEDIC_REMEDIATOR_TASK_DB_URL_FILE) that returns the ids of the tasks a worker "
+        "runs now, with one bound parameter :worker_id, e.g. SELECT id FROM tasks WHERE worker_id = :worker_id AND status = "
+        "'In Progress'. Set: when a worker the pool chose as idle took a task since, none is ended (the surplus asks again), "
+        "and what an ended worker still ran is requeued (actions.requeue_tasks.statement) once it is gone. Null: neither.",
+    )
+
+    @model_validator(mode="after")
+    def _one_bound_parameter(self) -> TerminatePolicy:
+        bound_once(self.tasks_query, "worker_id")
+        return self
 
 
 class RestartWorkerPolicy(ActionPolicy):
@@ -229,9 +250,6 @@ class RestartWorkerPolicy(ActionPolicy):
         description="How long the restarted pod has to be running again (the provider's start time past the request's).",
     )
     poll_s: float = Field(default=10.0, gt=0, le=300, description="How often the provider is asked meanwhile.")
-
-
-SQL_PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
 
 
 class TaskDbPolicy(ActionPolicy):
@@ -243,8 +261,7 @@ class TaskDbPolicy(ActionPolicy):
 
     @model_validator(mode="after")
     def _one_bound_parameter(self) -> TaskDbPolicy:
-        if self.statement is not None and set(SQL_PARAM.findall(self.statement)) != {self.parameter}:
-            raise ValueError(f"the statement must use exactly one bound parameter, :{self.parameter}")
+        bound_once(self.statement, self.parameter)
         return self
 
 

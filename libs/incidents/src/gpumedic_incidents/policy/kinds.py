@@ -363,7 +363,10 @@ class Kinds(Strict):
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
     capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))
-    capacity_surplus: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", verify_within_s=120),))
+    capacity_surplus: KindPolicy = KindPolicy(
+        # none is ended if a worker chosen as idle took a task since: the surplus asks again
+        ladder=(Step(action="terminate_worker", verify_within_s=120, wait_while_in_use_s=900, ask_again_every_s=60),)
+    )
     queue_stalled: StalledPolicy = StalledPolicy()
     stuck_spawning: WorkerPolicy = WorkerPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     stale_heartbeat: WorkerPolicy = WorkerPolicy(after_s=600, ladder=(Step(action="terminate_worker", verify_within_s=120),))

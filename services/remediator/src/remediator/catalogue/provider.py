@@ -4,7 +4,10 @@ drain's are, and errors name the provider and the HTTP status, never the API key
 
 Renting is limited to the policy's GPU types and size (`actions.spawn_worker`): with no GPU type
 listed, nothing is ever rented; one action rents or ends at most `max_count` workers. A
-termination is verified: the workers must be gone from the provider's list afterwards. A restart
+termination is verified: the workers must be gone from the provider's list afterwards. With the
+policy's `tasks_query`, no worker is ended mid-task unawares: if one the pool chose as idle took a
+task since, none is ended (refused as in use: the surplus asks again), and what an ended worker
+still ran is requeued at once. A restart
 is verified by the pod running again with a start time past the one before (a provider may
 answer a restart it did not carry out), within `actions.restart_worker.back_within_s`.
 """
@@ -12,12 +15,18 @@ answer a restart it did not carry out), within `actions.restart_worker.back_with
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
-from gpumedic_events import ActionOutcome, ActionRequested, IncidentKind, RestartWorker, SpawnWorker, TerminateWorker
+from gpumedic_events import TASK_ID_PATTERN, ActionOutcome, ActionRequested, IncidentKind, RestartWorker, SpawnWorker, TerminateWorker
 from gpumedic_incidents.policy import Actions
 from gpumedic_providers.base import Provider, Worker
-from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Step
+from remediator.catalogue import taskdb
+from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Step, short
+
+TASK_ID = re.compile(TASK_ID_PATTERN)
+MAX_TASKS = 500
+"""Tasks one requeue names (`RequeueTasks`); more are left to orphaned_tasks."""
 
 
 def render(operation: SpawnWorker | TerminateWorker | RestartWorker, actions: Actions) -> tuple[str, ...]:
@@ -29,7 +38,9 @@ def render(operation: SpawnWorker | TerminateWorker | RestartWorker, actions: Ac
                 f"terminate_worker: {len(operation.worker_ids)} workers is more than actions.terminate_worker.max_count "
                 f"({actions.terminate_worker.max_count})"
             )
-        return (*(f"provider: terminate worker {w}" for w in operation.worker_ids), "provider: list workers (verify)")
+        asks = actions.terminate_worker.tasks_query is not None
+        return (*(line for w in operation.worker_ids for line in ((_asked(w),) if asks else ()) + (_ending(w),)),
+                "provider: list workers (verify)")
     rule = actions.spawn_worker
     if operation.gpu_type not in rule.gpu_types:
         allowed = ", ".join(rule.gpu_types) or "none"
@@ -56,24 +67,94 @@ async def carry_out(operation: SpawnWorker | TerminateWorker | RestartWorker, me
         return await _restart(request.node_id, means.actions, commands, provider, step)
     if isinstance(operation, SpawnWorker):
         return await _spawn(request, operation, commands[0], provider, step)
+    return await _terminate(request, operation, means, commands[-1])
+
+
+async def _terminate(request: ActionRequested, operation: TerminateWorker, means: Means, verify_command: str) -> ExecutionResult:
+    """End the workers one by one, none mid-task unawares. With `tasks_query`: when the pool chose
+    them as idle (the request is the pool's, not a worker's own), none is ended if one took a task
+    since (the next round chooses again); and what an ended worker still ran (its work since its
+    last checkpoint lost) is requeued at once."""
+    provider, step = means.need("provider"), means.step
+    asks = means.actions.terminate_worker.tasks_query is not None
+    if asks and request.node_id not in operation.worker_ids:
+        busy = []
+        for worker_id in operation.worker_ids:
+            tasks, error = await _tasks_on(worker_id, means)
+            if error:
+                return ExecutionResult(ActionOutcome.FAILED, f"nothing terminated: what {worker_id} runs could not be read: {error}", [])
+            if tasks:
+                busy.append(f"{worker_id} took {_tasks(tasks)} since it was chosen as idle")
+        if busy:
+            return ExecutionResult(ActionOutcome.BLOCKED, f"refused: no worker is ended mid-task; {'; '.join(busy)}", [], in_use=True)
     ended: list[str] = []
-    for worker_id, command in zip(operation.worker_ids, commands, strict=False):
-        if error := await step(command, lambda w=worker_id: provider.terminate(w)):
+    notes: list[str] = []
+    for worker_id in operation.worker_ids:
+        if error := await step(_ending(worker_id), lambda w=worker_id: provider.terminate(w)):
             done = f" (terminated {', '.join(ended)})" if ended else ""
             return ExecutionResult(ActionOutcome.FAILED, f"{worker_id} not terminated: {error}{done}", [])
         ended.append(worker_id)
+        if asks:
+            notes += await _requeue_left(worker_id, means)
     listed: list[Worker] = []
 
     async def verify() -> None:
         listed.extend(await provider.workers())
 
     names = ", ".join(ended)
-    if error := await step(commands[-1], verify):
+    if error := await step(verify_command, verify):
         return ExecutionResult(ActionOutcome.FAILED, f"terminated {names}, but could not verify it: {error}", [])
     still = [w.worker_id for w in listed if w.worker_id in ended and w.status in ("spawning", "running")]
     if still:
         return ExecutionResult(ActionOutcome.FAILED, f"{', '.join(still)} still listed as running after termination", [])
-    return ExecutionResult(ActionOutcome.SUCCEEDED, f"terminated {names}", [])
+    return ExecutionResult(ActionOutcome.SUCCEEDED, "; ".join([f"terminated {names}", *notes]), [])
+
+
+async def _tasks_on(worker_id: str, means: Means) -> tuple[list[str], str]:
+    """The ids of the tasks the worker runs now, as the task database says (`tasks_query`); or what went wrong."""
+    db, rows = means.need("task_db"), []
+
+    async def read() -> None:
+        rows.extend(await db.rows(means.actions.terminate_worker.tasks_query, {"worker_id": worker_id}))
+
+    if error := await means.step(_asked(worker_id), read):
+        return [], error
+    ids = [row[0] if len(row) == 1 else row for row in rows]
+    wrong = [t for t in ids if not isinstance(t, str | int) or isinstance(t, bool) or not TASK_ID.match(str(t))]
+    if wrong:
+        return [], f"the tasks_query answered {short(wrong[0])}, which is no task id"
+    return [str(t) for t in ids][:MAX_TASKS], ""
+
+
+async def _requeue_left(worker_id: str, means: Means) -> list[str]:
+    """After its end: what the worker still ran goes back to the queue once (the runbook's
+    orphaned-task recovery), with the policy's requeue statement; without one, orphaned_tasks will."""
+    tasks, error = await _tasks_on(worker_id, means)
+    if error:
+        return [f"what {worker_id} ran could not be read ({error}); orphaned_tasks requeues it"]
+    if not tasks:
+        return []
+    statement = means.actions.requeue_tasks.statement
+    if statement is None:
+        return [f"{worker_id} left {_tasks(tasks)} In Progress (actions.requeue_tasks.statement is not set; orphaned_tasks reports them)"]
+    error, changed = await taskdb.write(means, f"task database: actions.requeue_tasks.statement for {worker_id}'s {len(tasks)} task(s)",
+                                        statement, {"task_ids": tasks})
+    if error:
+        return [f"{worker_id}'s {_tasks(tasks)} not requeued ({error}); orphaned_tasks requeues them"]
+    return [f"requeued {changed} of the {_tasks(tasks)} {worker_id} was running"]
+
+
+def _asked(worker_id: str) -> str:
+    return f"task database: actions.terminate_worker.tasks_query for {worker_id}"
+
+
+def _ending(worker_id: str) -> str:
+    return f"provider: terminate worker {worker_id}"
+
+
+def _tasks(tasks: list[str]) -> str:
+    shown = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
+    return f"{len(tasks)} task(s) ({shown})"
 
 
 async def _spawn(request: ActionRequested, operation: SpawnWorker, command: str, provider: Provider, step: Step) -> ExecutionResult:
