@@ -4,6 +4,7 @@ SSH (Debian's sshd on this machine, where /bin/true and /bin/false are what they
 
 from __future__ import annotations
 
+import re
 import uuid
 from types import SimpleNamespace
 
@@ -15,8 +16,9 @@ from gpumedic_bus import Delivery, publish_event
 from gpumedic_bus.topology import owner_of
 from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, DrainNode, HttpAdmin, IncidentKind, NodeDrained, UndrainNode
 from gpumedic_incidents import IncidentStates, PolicyError, load_policy
-from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, DrainPolicy, Policy, UndrainPolicy, dump_policy
+from gpumedic_incidents.policy import Actions, AdminEndpoint, AdminPolicy, CheckpointPolicy, DrainPolicy, Kinds, Policy, UndrainPolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
+from gpumedic_sim import SimFleet
 from gpumedic_sim.runs.pager import Pager
 from gpumedic_store import NodeDrain, create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
@@ -106,18 +108,22 @@ def hook():
 def remediator(make_settings, incidents, tmp_path, hook):
     made = []
 
-    def _make(check_command: str | None = None, **admin_endpoints: AdminEndpoint) -> _Remediator:
+    def _make(check_command: str | None = None, *, checkpoint: CheckpointPolicy | None = None, fleet: SimFleet | None = None,
+              **admin_endpoints: AdminEndpoint) -> _Remediator:
+        """`checkpoint`: gpu_xid's checkpoint step; `fleet`: the simulated nodes to act on, instead of this machine's sshd."""
         policy_file = tmp_path / "policy.yaml"
         actions = Actions(
             drain_node=DrainPolicy(hook_url=hook.url),
             undrain_node=UndrainPolicy(check_command=check_command),
             http_admin=AdminPolicy(endpoints=admin_endpoints),
         )
-        dump_policy(Policy(actions=actions), policy_file)
+        kinds = Kinds(gpu_xid=Kinds().gpu_xid.model_copy(update={"checkpoint": checkpoint}))
+        dump_policy(Policy(actions=actions, kinds=kinds), policy_file)
         (tmp_path / "token").write_text(TOKEN)
         (tmp_path / "admin-token").write_text("node-admin-token\n")
+        nodes = {"inventory": fleet.inventory_path, "known_hosts": fleet.known_hosts_path, "client_key": fleet.client_key_path} if fleet else {}
         settings = make_settings(
-            policy={"file": policy_file}, hook_token_file=tmp_path / "token", admin_token_file=tmp_path / "admin-token"
+            policy={"file": policy_file}, hook_token_file=tmp_path / "token", admin_token_file=tmp_path / "admin-token", **nodes
         )
         made.append(_Remediator(settings, incidents))
         return made[-1]
@@ -149,6 +155,56 @@ async def test_a_drain_holds_the_node_tells_the_hook_and_the_bus_and_an_undrain_
         "command -v dcgmi", "POST drained=false to the scheduler's hook", "release the node (node_drains)", "publish NodeUndrained"
     ]
     assert record.audit[0]["exit_status"] != 0 and all(a["exit_status"] == 0 for a in record.audit[1:])  # Debian's sshd: no DCGM
+
+
+@pytest.fixture
+async def fleet(tmp_path):
+    fleet = SimFleet(2, 2, tmp_path / "fleet")
+    await fleet.start()
+    yield fleet
+    await fleet.stop()
+
+
+async def test_jobs_are_asked_to_checkpoint_before_their_node_is_drained_and_one_that_ignores_it_only_costs_the_wait(remediator, hook, fleet):
+    """Over real SSH to simulated nodes: the jobs that save on SIGUSR1 do, and exit, and only then
+    is the node drained; on the other node they ignore it, and the drain goes ahead at the
+    deadline. The drain's answer (the incident's timeline) says which, and what the wait cost."""
+    r = remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=4, poll_s=0.25), fleet=fleet)
+    saving, ignoring = fleet.node("sim-node-01"), fleet.node("sim-node-02")
+    saving.checkpoint_s = 1.0
+    for node, answer in ((saving, "save"), (ignoring, "ignore")):
+        for job in node.live_processes():
+            job.on_checkpoint = answer
+    jobs = saving.live_processes()
+    pids = ", ".join(str(p.pid) for p in sorted(jobs, key=lambda p: p.gpu))
+
+    drained = await r.ask(DrainNode(), uuid.uuid4(), node="sim-node-01")
+    assert drained.outcome is ActionOutcome.SUCCEEDED, drained.detail
+    assert re.fullmatch(rf"asked pid\(s\) {pids} to checkpoint \(SIGUSR1\): done after [12]s; then drained sim-node-01", drained.detail)
+    assert all(not p.alive and p.killed_by is None for p in jobs)  # each saved, then exited of itself
+    steps = list(drained.steps)
+    assert steps[0] == "nvidia-smi --query-compute-apps=pid --format=csv,noheader"
+    assert max(i for i, s in enumerate(steps) if s.startswith("kill -s USR1")) < steps.index("hold the node drained (node_drains)")
+    assert hook.received[-1].body["node_id"] == "sim-node-01"
+
+    before = ignoring.live_processes()
+    late = await r.ask(DrainNode(), uuid.uuid4(), node="sim-node-02")
+    waited = ", ".join(str(p.pid) for p in sorted(before, key=lambda p: p.gpu))
+    assert (late.outcome, late.detail) == (
+        ActionOutcome.SUCCEEDED,
+        f"asked pid(s) {waited} to checkpoint (SIGUSR1): pid(s) {waited} not done after 4s, so the action went ahead; then drained sim-node-02",
+    )
+    assert all(p.alive for p in before) and hook.received[-1].body["node_id"] == "sim-node-02"
+
+
+async def test_a_node_the_checkpoint_cannot_reach_is_drained_all_the_same(remediator, hook):
+    """Debian's sshd has no nvidia-smi: the job's processes cannot be listed, nothing is asked, and
+    the drain (which harms no job) goes ahead, saying so."""
+    r = remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=4))
+    drained = await r.ask(DrainNode(), uuid.uuid4())
+    assert drained.outcome is ActionOutcome.SUCCEEDED
+    assert re.fullmatch(r"no checkpoint asked: the job's processes could not be listed \(.*nvidia-smi.*\); then drained gpu-node-01",
+                        drained.detail), drained.detail
 
 
 async def test_a_node_two_incidents_drained_stays_drained_until_the_last_is_validated(remediator, hook):

@@ -4,12 +4,14 @@ what the node's sampler sees afterwards."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpumedic_sim import SimFleet, SimNode
 from gpumedic_sim.machine.host import DOCKER_ROOT
 from gpumedic_events import ActionOutcome, DockerPrune, GpuReset, HttpAdmin, KillGpuProcesses, ProcessTarget, RebootNode, RestartUnit
-from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, AdminPolicy
+from gpumedic_incidents.policy import ActionPolicy, Actions, AdminEndpoint, AdminPolicy, CheckpointPolicy
 from gpumedic_nodes.ssh import SshExecutor
 from remediator import catalogue
 
@@ -24,9 +26,9 @@ def _executor(fleet: SimFleet) -> SshExecutor:
     )
 
 
-async def _run(fleet: SimFleet, node: SimNode, operation, actions: Actions = Actions(), verify_timeout_s: float = 3.0):
+async def _run(fleet: SimFleet, node: SimNode, operation, actions: Actions = Actions(), verify_timeout_s: float = 3.0, checkpoint=None):
     async with _executor(fleet).session(node.node_id) as session:
-        return await catalogue.execute(operation, session.run, actions=actions, verify_timeout_s=verify_timeout_s)
+        return await catalogue.execute(operation, session.run, actions=actions, verify_timeout_s=verify_timeout_s, checkpoint=checkpoint)
 
 
 def _target(process) -> ProcessTarget:
@@ -274,3 +276,40 @@ async def test_a_new_worker_is_accepted_only_with_every_gpu_free_and_dcgm_passin
     )
     assert status() == "active"
     assert f"fuser /dev/nvidia{len(node.gpus) - 1}" in node.ssh_commands and not any(c.startswith(("kill", "systemctl")) for c in node.ssh_commands)
+
+
+async def test_a_job_asked_with_a_file_saves_removes_the_file_and_goes_on_so_the_reset_still_waits_for_its_gpu(fleet):
+    """The checkpoint step's file: written in the job's working directory (/proc/PID/cwd), done
+    when the job removes it. The job saved and runs on, so the GPU reset after it is refused as
+    in use (asked again later by its ladder), and the job's work is safe either way."""
+    node = fleet.node("sim-node-01")
+    node.checkpoint_s = 1.0
+    (job,) = node.live_processes(0)
+    job.on_checkpoint = "save"
+    rule = CheckpointPolicy(how="file", file=".save-now", wait_s=10, poll_s=0.25)
+    result = await _run(fleet, node, GpuReset(gpu_index=0), checkpoint=rule)
+    assert result.outcome is ActionOutcome.BLOCKED and result.in_use, result.detail
+    assert re.fullmatch(rf"asked pid\(s\) {job.pid} to checkpoint \(a file \.save-now in its working directory\): done after [12]s; "
+                        rf"then refused: GPU 0 runs compute process\(es\) {job.pid}; not reset", result.detail), result.detail
+    assert job.alive and job.files == set() and job.producing  # saved, the file gone, computing again
+    touched = node.ssh_commands.index(f"touch -- /proc/{job.pid}/cwd/.save-now")
+    assert f"test -e /proc/{job.pid}/cwd/.save-now" in node.ssh_commands[touched:]
+    assert "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0" in node.ssh_commands[touched:]  # the reset's own check, after
+
+
+async def test_a_kill_s_idle_targets_are_not_asked_to_checkpoint_unless_the_policy_says_even_when_idle(fleet):
+    node = fleet.node("sim-node-02")
+    zombie = node.inject_zombie(1)
+    zombie.on_checkpoint = "save"
+    operation = KillGpuProcesses(gpu_index=1, targets=(_target(zombie),), signal="TERM", grace_s=1.0, max_gpu_utilization_pct=5)
+    skipped = await _run(fleet, node, operation, checkpoint=CheckpointPolicy(how="signal", wait_s=5, poll_s=0.25))
+    assert skipped.detail.startswith("no checkpoint asked: the job idled for the whole idle window (nothing to save); then sent TERM")
+    assert zombie.killed_by == "TERM" and not any(c.startswith("kill -s USR1") for c in node.ssh_commands)
+
+    other = node.inject_zombie(0)
+    other.on_checkpoint = "save"
+    operation = KillGpuProcesses(gpu_index=0, targets=(_target(other),), signal="TERM", grace_s=1.0, max_gpu_utilization_pct=5)
+    asked = await _run(fleet, node, operation, checkpoint=CheckpointPolicy(how="signal", wait_s=5, poll_s=0.25, even_when_idle=True))
+    # it saved and exited of itself: the kill finds nothing left to end
+    assert asked.detail.startswith(f"asked pid(s) {other.pid} to checkpoint (SIGUSR1): done after "), asked.detail
+    assert other.killed_by is None and not other.alive and f"kill -s USR1 {other.pid}" in node.ssh_commands

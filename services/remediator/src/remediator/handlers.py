@@ -50,6 +50,7 @@ from gpumedic_events import (
     NodeRetired,
 )
 from gpumedic_incidents import IncidentState, IncidentStates
+from gpumedic_incidents.policy import CheckpointPolicy
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
 from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_providers.base import Provider
@@ -153,6 +154,7 @@ class ActionHandler:
             if known is not None:
                 return await self._replay(session, known, delivery)
 
+        checkpoint = None
         try:
             incident = await self._incident(request)
         except ValidationError as exc:
@@ -161,16 +163,19 @@ class ActionHandler:
         else:
             facts = await self._own_facts(request)
             why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at, facts=facts)
-        return await self.run_gated(request, why_not, delivery.still_working)
+            checkpoint = self._gate.kinds.of(incident.kind).checkpoint if incident is not None else None
+        return await self.run_gated(request, why_not, delivery.still_working, checkpoint=checkpoint)
 
     async def run_gated(
-        self, request: ActionRequested, why_not: str, still_working: Callable[[], Awaitable[None]]
+        self, request: ActionRequested, why_not: str, still_working: Callable[[], Awaitable[None]],
+        *, checkpoint: CheckpointPolicy | None = None,
     ) -> ActionRecord:
         """Decide under the gate lock and record, then run only what was decided `executing`.
 
         `why_not` is the request's own refusal ('' when it passed); `still_working` is called
-        before each command (a JetStream delivery's keep-alive). Pre-flight's clean comes in
-        here too, so its kills obey the same breaker, locks, caps and modes as every action."""
+        before each command (a JetStream delivery's keep-alive); `checkpoint` is the incident's
+        kind's checkpoint step. Pre-flight's clean comes in here too, so its kills obey the same
+        breaker, locks, caps and modes as every action."""
         # Read before the lock, which serialises every instance's decisions.
         fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
@@ -191,7 +196,7 @@ class ActionHandler:
             log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, detail)
             return record
 
-        result = await self._execute(request, still_working)
+        result = await self._execute(request, still_working, checkpoint)
         log.info("action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail)
         async with self._sessions() as session:
             session.add(record)
@@ -298,7 +303,9 @@ class ActionHandler:
         except ValueError as exc:
             raise InvalidParameter(f"the admin token cannot be read: {exc}") from None
 
-    async def _execute(self, request: ActionRequested, still_working: Callable[[], Awaitable[None]]) -> ExecutionResult:
+    async def _execute(
+        self, request: ActionRequested, still_working: Callable[[], Awaitable[None]], checkpoint: CheckpointPolicy | None = None,
+    ) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.
 
         Every command that runs is audited: its exit status, a digest of its output (never the
@@ -340,7 +347,7 @@ class ActionHandler:
 
         means = Means(
             actions=self._gate.actions, node=node, request=request, step=step, admin_token=lambda: self._admin_token(request.operation),
-            provider=self.provider, task_db=self.task_db, scheduler=self.scheduler, preflight=self._gate.preflight,
+            provider=self.provider, task_db=self.task_db, scheduler=self.scheduler, preflight=self._gate.preflight, checkpoint=checkpoint,
         )
         try:
             catalogue.render(request.operation, means.actions)  # refuse bad parameters before connecting

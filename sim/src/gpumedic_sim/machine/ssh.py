@@ -31,7 +31,9 @@ from remediator.catalogue.admin import CURL
 log = logging.getLogger(__name__)
 
 _PROC_FILE = re.compile(r"^/proc/([^/]+)/(stat|cmdline)$")
-_SIGNALS = ("KILL", "TERM")
+_SIGNALS = ("KILL", "TERM", "INT", "USR1", "USR2")
+_CWD_FILE = re.compile(r"^/proc/([0-9]+)/cwd/([A-Za-z0-9._-]+)$")
+"""A file in a process's working directory (where a job is asked to checkpoint)."""
 _GPU_QUERIES = {"--query-gpu=utilization.gpu": "utilization", "--query-gpu=memory.used": "memory"}
 _DEVICE = re.compile(r"^/dev/nvidia([0-9]+)$")
 _GPU_STATE = "--query-gpu=index,utilization.gpu,memory.used,compute_mode"
@@ -105,6 +107,12 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             rows = "".join(f"{node.machine.disks[p][0] - node.machine.disks[p][1]} {p}\n" for p in known)
             missing = "".join(f"df: {p}: No such file or directory\n" for p in paths if p not in known)
             return CommandResult(1 if missing else 0, stdout=f" Avail Mounted on\n{rows}", stderr=missing)
+        case ["touch", "--", path] if (cwd := _CWD_FILE.match(path)):
+            if node.ask_file(int(cwd.group(1)), cwd.group(2)):
+                return CommandResult(0)
+            return CommandResult(1, stderr=f"touch: cannot touch '{path}': No such file or directory\n")
+        case ["test", "-e", path] if (cwd := _CWD_FILE.match(path)):
+            return CommandResult(0 if node.has_file(int(cwd.group(1)), cwd.group(2)) else 1)
         case ["grep", "MemAvailable:", "/proc/meminfo"]:
             return CommandResult(0, stdout=f"MemAvailable:   {node.machine.memory_available_kib} kB\n")
         case [*options, body, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
@@ -135,6 +143,8 @@ def _dcgm_diag(node: NodeState) -> CommandResult:
 def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     if args == [_GPU_STATE, "--format=csv,noheader,nounits"]:
         return _gpu_state(node)
+    if args == ["--query-compute-apps=pid", "--format=csv,noheader"]:
+        return _all_apps(node)
     match args:
         case [query, "--format=csv,noheader,nounits", index] if query in _GPU_QUERIES and index.startswith("--id="):
             what = _GPU_QUERIES[query]
@@ -162,6 +172,15 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     if what == "memory":
         return CommandResult(0, stdout=f"{node.memory_used_mib(gpu)}\n")
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
+
+
+def _all_apps(node: NodeState) -> CommandResult:
+    """Every GPU's compute processes, a pid per line (a lost GPU fails the whole query)."""
+    if node.nvml_missing:
+        return _NO_DRIVER
+    if any(g.lost for g in node.gpus):
+        return CommandResult(15, stdout="Unable to determine the device handle for GPU: GPU is lost.\n")
+    return CommandResult(0, stdout="".join(f"{pid}\n" for gpu in range(len(node.gpus)) for pid in node.compute_pids(gpu)))
 
 
 def _gpu_state(node: NodeState) -> CommandResult:

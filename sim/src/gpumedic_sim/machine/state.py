@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from gpumedic_sim.machine.cluster import PeerCluster
 from gpumedic_sim.faults import Benign, Fault, InjectedFault, expected
@@ -59,6 +60,9 @@ STATUS_LAG_S = 6.0
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 """XIDs NVIDIA documents as the application's fault (a bad kernel, a page fault, a job stopped),
 not the GPU's: one of these on a healthy GPU is no node fault."""
+CHECKPOINT_SIGNALS = frozenset({"USR1", "USR2", "INT"})
+"""Signals a job may handle to checkpoint; without a handler their default ends the process."""
+SIGNAL_NUMBERS = {"INT": 2, "USR1": 10, "USR2": 12, "TERM": 15}
 ADMIN_PATHS = frozenset({"/force_election", "/admin/reset_node_jobs"})
 """The runbooks' daemon's admin endpoints (`curl -X POST http://localhost:8770/force_election`),
 which a simulated node's daemon offers on its status port."""
@@ -153,6 +157,14 @@ class SimProcess:
     """Output written before `writing_since`."""
     writing_since: float | None = None
     """Since when it writes output (monotonic); None while it writes nothing."""
+    on_checkpoint: Literal["save", "ignore"] | None = None
+    """How it answers a request to checkpoint: saves (for its node's `checkpoint_s`), then exits
+    on a signal or removes the file; ignores it; None: it has no handler, so such a signal ends it."""
+    files: set[str] = field(default_factory=set)
+    """Files in its working directory (the checkpoint request's)."""
+    saved_at: float | None = None
+    """When the checkpoint it is writing is done (monotonic); then it exits (`exits`) or removes the file."""
+    exits: bool = False
 
     @property
     def command(self) -> str:
@@ -228,10 +240,12 @@ class NodeState:
         """The peer cluster its daemon belongs to (alone, until a fleet makes it a member of one)."""
         self.admin_token: str | None = None
         """The bearer token its service's admin endpoints want (None: they want none)."""
+        self.checkpoint_s = 3.0
+        """How long a job that saves on request takes to write its checkpoint."""
         self.admin_calls: list[str] = []
+        """Admin endpoints called and accepted, by path, in order."""
         self.reports_jobs = True
         """Whether its daemon gives a job count (a node outside the job cluster gives none)."""
-        """Admin endpoints called and accepted, by path, in order."""
         self.daemon_down = False
         """The peer daemon crashed: its status port refuses connections until its unit restarts."""
         self.on_daemon_start: Callable[[], None] | None = None
@@ -264,10 +278,16 @@ class NodeState:
         """The live process with this pid, or None."""
         with self._lock:
             p = self.processes.get(pid)
+            if p is not None and p.saved_at is not None:
+                self._saved(p, time.monotonic())
             return p if p is not None and p.alive else None
 
     def live_processes(self, gpu: int | None = None) -> list[SimProcess]:
         with self._lock:
+            now = time.monotonic()
+            for p in self.processes.values():
+                if p.saved_at is not None:
+                    self._saved(p, now)
             return [p for p in self.processes.values() if p.alive and (gpu is None or p.gpu == gpu)]
 
     @property
@@ -612,15 +632,56 @@ class NodeState:
             p = self.process(pid)
             if p is None:
                 return False
+            if signal in CHECKPOINT_SIGNALS and p.on_checkpoint is not None:
+                if p.on_checkpoint == "save" and p.saved_at is None:
+                    self._save(p, then_exit=True)
+                return True
             if (signal == "TERM" and p.ignores_term) or p.ignores_kill:
                 return True
-            p.alive = False
-            p.killed_by = signal
-            p.set_activity(time.monotonic(), producing=False)
-            container = self.containers.get(p.container_id)
-            if container is not None and container.running and not self._container_has_live(container.id):
-                self._exit_container(container, 137 if signal == "KILL" else 143)
+            self._stop(p, signal, 137 if signal == "KILL" else 128 + SIGNAL_NUMBERS[signal])
             return True
+
+    def ask_file(self, pid: int, name: str) -> bool:
+        """A file written in the process's working directory (a request to checkpoint): one that
+        saves on request starts to, and removes the file when done. False: no such process."""
+        with self._lock:
+            p = self.process(pid)
+            if p is None:
+                return False
+            p.files.add(name)
+            if p.on_checkpoint == "save" and p.saved_at is None:
+                self._save(p, then_exit=False)
+            return True
+
+    def has_file(self, pid: int, name: str) -> bool:
+        with self._lock:
+            p = self.process(pid)
+            return p is not None and name in p.files
+
+    def _save(self, p: SimProcess, *, then_exit: bool) -> None:
+        now = time.monotonic()
+        p.saved_at, p.exits = now + self.checkpoint_s, then_exit
+        p.set_activity(now, producing=False, checkpointing=True)
+
+    def _saved(self, p: SimProcess, now: float) -> None:
+        """A checkpoint due by now is written: the process exits, or removes the file and goes on."""
+        if p.saved_at is None or now < p.saved_at:
+            return
+        p.saved_at = None
+        if p.exits:
+            self._stop(p, None, 0)
+        else:
+            p.files.clear()
+            p.set_activity(now, producing=True)
+
+    def _stop(self, p: SimProcess, signal: str | None, exit_code: int) -> None:
+        """The process ends (by `signal`, or of itself: None); its container exits once nothing in it lives."""
+        p.alive = False
+        p.killed_by = signal
+        p.set_activity(time.monotonic(), producing=False)
+        container = self.containers.get(p.container_id)
+        if container is not None and container.running and not self._container_has_live(container.id):
+            self._exit_container(container, exit_code)
 
     # --- what systemd, nvidia-smi and the node's own service do -----------------------------
 

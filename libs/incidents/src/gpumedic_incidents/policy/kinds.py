@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gpumedic_events import ENDPOINT_PATTERN, UNIT_PATTERN, WHOLE_KINDS, IncidentKind
 from gpumedic_incidents.policy.base import Action, MAX_ASKS_WHILE_IN_USE, SAMPLER_UNIT, Strict
+
+FILE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+ACTION_ROOM_S = 60.0
+"""What an action needs of the kind's action_timeout_s once its checkpoint step has waited."""
+
 
 class Step(Strict):
     """One rung of a remediation ladder."""
@@ -30,14 +36,48 @@ class Step(Strict):
         return self
 
 
+class CheckpointPolicy(Strict):
+    """Before an action that ends a job's work, the job is told to save it, and waited for: a drain,
+    a GPU reset or a reboot asks every job on the node (the reset, its GPU's); a kill asks its
+    targets only with `even_when_idle` (they idled for the kind's window: nothing to save)."""
+
+    how: Literal["signal", "file"] = Field(
+        description="signal: `signal` to each of the job's processes, done when it exits (a process with no handler for it dies "
+        "of it); file: `file` written in each process's working directory, done when the job removes it (or exits).",
+    )
+    signal: Literal["USR1", "USR2", "INT", "TERM"] = "USR1"
+    file: str = Field(default=".gpumedic-checkpoint", max_length=64, description="A file name, no directory.")
+    wait_s: float = Field(default=120.0, gt=0, le=3600, description="How long the job may take; then the action goes ahead.")
+    poll_s: float = Field(default=2.0, ge=0.1, le=60, description="How often the job's answer is looked for meanwhile.")
+    even_when_idle: bool = Field(default=False, description="Ask a kill's targets too, though they idled for the whole window.")
+
+    @field_validator("file")
+    @classmethod
+    def _a_plain_name(cls, value: str) -> str:
+        if not FILE_NAME.match(value) or value in (".", ".."):
+            raise ValueError(f"file {value!r} is not a plain file name (letters, digits, . _ -; no directory)")
+        return value
+
+
 class KindPolicy(Strict):
-    """What every kind has: a ladder (empty: a person from the start) and when a quiet incident closes."""
+    """What every kind has: a ladder (empty: a person from the start), when a quiet incident closes,
+    and whether its jobs are asked to checkpoint before an action ends their work (off: not set)."""
 
     ladder: tuple[Step, ...] = ()
     action_timeout_s: float = Field(default=300.0, gt=0, description="How long to wait for the remediator's answer.")
     clear_after_s: float | None = Field(
         default=None, gt=0, description="Resolved 'cleared' (or, on a drained node, validated) after this long with the fault not seen: no new event, and no sample that still shows it."
     )
+    checkpoint: CheckpointPolicy | None = None
+
+    @model_validator(mode="after")
+    def _room_for_the_action(self) -> KindPolicy:
+        if self.checkpoint is not None and self.checkpoint.wait_s + ACTION_ROOM_S > self.action_timeout_s:
+            raise ValueError(
+                f"checkpoint.wait_s ({self.checkpoint.wait_s:g}) leaves the action less than {ACTION_ROOM_S:g}s of action_timeout_s "
+                f"({self.action_timeout_s:g}): the detector would stop waiting for its answer"
+            )
+        return self
 
     @property
     def attempts(self) -> int:

@@ -9,7 +9,8 @@ unchanged: changing a form here means changing the simulated fleet too.
 
 `OPERATIONS` is the one table of them: for each operation, how it renders and runs, whether it
 logs in to the node, whether it counts as a fix, when it fits an incident, which nodes the policy
-limits it to, which workers it retires and whether it needs the admin token. The gate and the
+limits it to, which workers it retires, whether it needs the admin token and whose work it ends
+(the checkpoint step asks them first). The gate and the
 handler ask the table, never the operation's type. Adding one is an entry here and a module
 beside it. `render` validates everything (including the policy's allow-lists) before anything
 runs, and lists every command the operation may run, which observe mode reports as what it
@@ -43,8 +44,8 @@ from gpumedic_events import (
     TerminateWorker,
     UndrainNode,
 )
-from gpumedic_incidents.policy import Actions, NodeScoped
-from remediator.catalogue import accept, admin, docker, drain, gpu, jobs, kill, provider, taskdb, units
+from gpumedic_incidents.policy import Actions, CheckpointPolicy, NodeScoped
+from remediator.catalogue import accept, admin, checkpoint, docker, drain, gpu, jobs, kill, provider, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, Fit, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -99,17 +100,19 @@ class Spec:
     """Whether it carries the admin endpoints' token (read only for it: a token file may be rotated)."""
     after_kill: bool = False
     """Whether it runs only after a kill the ledger verified (the handler looks up the ledger's kill)."""
+    ends_work: checkpoint.Jobs | None = None
+    """Whose work it ends: those the checkpoint step asks first, where the kind's policy sets one."""
 
 
 OPERATIONS: dict[type, Spec] = {
-    KillGpuProcesses: Spec(kill.render, on_node(kill.execute), logs_in=True, fits=kill.fits),
+    KillGpuProcesses: Spec(kill.render, on_node(kill.execute), logs_in=True, fits=kill.fits, ends_work=checkpoint.targets),
     RestartUnit: Spec(units.render_restart, on_node(units.restart), logs_in=True, fits=units.fits_restart, scope=units.scope),
-    GpuReset: Spec(gpu.render, on_node(gpu.execute), logs_in=True),
+    GpuReset: Spec(gpu.render, on_node(gpu.execute), logs_in=True, ends_work=checkpoint.one_gpu),
     DockerPrune: Spec(docker.render, on_node(docker.execute), logs_in=True),
-    RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True),
+    RebootNode: Spec(units.render_reboot, on_node(units.reboot), logs_in=True, ends_work=checkpoint.whole_node),
     HttpAdmin: Spec(admin.render, admin.execute, logs_in=True, fits=admin.fits, scope=admin.scope, admin_token=True),
     RestartJob: Spec(jobs.render, on_node(jobs.execute), logs_in=True, fix=False, fits=jobs.fits, scope=jobs.scope, after_kill=True),
-    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False, fix=False),
+    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False, fix=False, ends_work=checkpoint.whole_node),
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True, fix=False),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False, fix=False),
     TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False, fits=provider.fits_terminate,
@@ -144,7 +147,12 @@ async def perform(operation: object, means: Means) -> ExecutionResult:
     (the node's, provider's or store's errors) and InvalidParameter."""
     spec = spec_of(operation)
     spec.render(operation, means.actions)
-    return await spec.run(operation, means)
+    if spec.ends_work is None or means.checkpoint is None:
+        return await spec.run(operation, means)
+    asked = await checkpoint.first(spec.ends_work(operation), means.checkpoint, means)
+    result = await spec.run(operation, means)
+    result.detail = f"{asked}; then {result.detail}"
+    return result
 
 
 async def execute(
@@ -157,16 +165,18 @@ async def execute(
     verify_timeout_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    checkpoint: CheckpointPolicy | None = None,
 ) -> ExecutionResult:
     """Run one node operation through `run` (one SSH session's, also for an operation called `at`
-    another node), as `perform` does."""
+    another node), as `perform` does; `checkpoint`: the incident's kind's checkpoint step."""
     node = Node(run, verify_timeout_s, sleep, clock)
 
     @asynccontextmanager
     async def session(at: str | None = None) -> AsyncIterator[Node]:
         yield node  # `at` too: the one session given
 
-    return await perform(operation, Means(actions=actions, node=session, request=request, admin_token=lambda: admin_token))
+    return await perform(operation, Means(actions=actions, node=session, request=request, admin_token=lambda: admin_token,
+                                          checkpoint=checkpoint))
 
 
 __all__ = [

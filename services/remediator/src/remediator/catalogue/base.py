@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpumedic_events import ActionOutcome, ActionRequested
 from gpumedic_incidents import IncidentState
-from gpumedic_incidents.policy import Actions, PreflightPolicy
+from gpumedic_incidents.policy import Actions, CheckpointPolicy, PreflightPolicy
 from gpumedic_nodes.ssh import CommandResult
 
 if TYPE_CHECKING:
@@ -144,6 +144,8 @@ class Means:
     scheduler: Scheduler | None = None
     preflight: PreflightPolicy = PreflightPolicy()
     """When a GPU is free and healthy (the policy's `preflight`): a new worker's acceptance reads it."""
+    checkpoint: CheckpointPolicy | None = None
+    """The incident's kind's checkpoint step (`kinds.<kind>.checkpoint`): None, none is asked."""
 
     def need(self, what: str) -> Any:
         """One of request, provider, task_db or scheduler; InvalidParameter says which setting is missing."""

@@ -1,0 +1,140 @@
+"""The checkpoint step: before an action that ends a job's work, the job is told to save it, and
+waited for (the policy's `kinds.<kind>.checkpoint`; off unless set).
+
+How the job is told is one of a closed list, as every command on a node is:
+
+- `signal`: `kill -s USR1 PID` (or the signal named) to each of the job's processes; the job is
+  done when the process has exited (it saved and stopped, as jobs that checkpoint on preemption
+  do). A process with no handler for the signal dies of it: set it only for jobs that handle it.
+- `file`: a file of the policy's name in each process's working directory (`/proc/PID/cwd`);
+  the job is done when it removes the file (or exits).
+
+The job's processes are what the action will end: every GPU compute process on the node for a
+drain or a reboot, the GPU's for a reset, the targets for a kill. Each is checked against
+/proc/PID/stat before it is told (a pid gone or reused is not told). The wait ends early once
+every process told is done, and at `wait_s` regardless: the action then runs, and its detail
+says what was asked, what the job answered and what the wait cost. A kill's targets idled for
+the kind's idle window (that is what makes them a kill's), so they are not asked unless
+`even_when_idle`: there is nothing to save.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumedic_incidents.policy import CheckpointPolicy
+from remediator.catalogue.base import Means, Node, quoted, short
+from remediator.catalogue.gpu import apps_command, parse_pids
+from remediator.catalogue.kill import parse_stat, stat_command, validate_pid
+
+log = logging.getLogger(__name__)
+
+ALL_APPS = "nvidia-smi --query-compute-apps=pid --format=csv,noheader"
+"""NVML's compute processes on every GPU of the node: a pid per line."""
+
+
+@dataclass(frozen=True)
+class Whose:
+    """The processes whose work an action ends: those NVML lists (`apps`), or named ones (`pids`)."""
+
+    apps: str = ""
+    pids: tuple[int, ...] = ()
+    idle: bool = False
+    """They idled for the kind's idle window (a kill's targets): nothing to save."""
+
+
+Jobs = Callable[[object], Whose]
+"""An operation's entry in the catalogue: whose work it ends."""
+
+
+def whole_node(operation: object) -> Whose:
+    return Whose(apps=ALL_APPS)
+
+
+def one_gpu(operation: object) -> Whose:
+    return Whose(apps=apps_command(operation.gpu_index))
+
+
+def targets(operation: object) -> Whose:
+    return Whose(pids=tuple(validate_pid(t.pid) for t in operation.targets), idle=True)
+
+
+def signal_command(signal: str, pid: int) -> str:
+    return f"kill -s {quoted(signal)} {quoted(validate_pid(pid))}"
+
+
+def _path(pid: int, file: str) -> str:
+    return f"/proc/{validate_pid(pid)}/cwd/{file}"
+
+
+def touch_command(pid: int, file: str) -> str:
+    return f"touch -- {quoted(_path(pid, file))}"
+
+
+def exists_command(pid: int, file: str) -> str:
+    return f"test -e {quoted(_path(pid, file))}"
+
+
+async def first(whose: Whose, rule: CheckpointPolicy, means: Means) -> str:
+    """Ask the job to checkpoint, and wait: a sentence for the action's detail. Whatever keeps it
+    from being asked (the node unreachable, not in the inventory), the action goes on: this is a
+    courtesy to the job, never a condition of the fix."""
+    if whose.idle and not rule.even_when_idle:
+        return "no checkpoint asked: the job idled for the whole idle window (nothing to save)"
+    try:
+        async with means.node() as node:
+            return await _ask(node, whose, rule)
+    except Exception as exc:  # the node's session: the action does not depend on it
+        log.info("checkpoint on %s not asked: %s", means.request and means.request.node_id, exc)
+        return f"no checkpoint asked: {short(str(exc) or type(exc).__name__, 200)}"
+
+
+async def _ask(node: Node, whose: Whose, rule: CheckpointPolicy) -> str:
+    pids = whose.pids
+    if whose.apps:
+        listed = await node.run(whose.apps)
+        if listed.exit_status != 0:
+            return f"no checkpoint asked: the job's processes could not be listed ({short(listed.stderr.strip() or listed.stdout.strip())})"
+        pids = tuple(dict.fromkeys(parse_pids(listed.stdout)))
+    if not pids:
+        return "no checkpoint asked: no job runs on the GPUs"
+    how = f"SIG{rule.signal}" if rule.how == "signal" else f"a file {rule.file} in its working directory"
+    told: dict[int, int] = {}
+    for pid in pids:
+        stat = await node.run(stat_command(pid))
+        if stat.exit_status != 0:
+            continue  # gone meanwhile: nothing to tell
+        ask = signal_command(rule.signal, pid) if rule.how == "signal" else touch_command(pid, rule.file)
+        if (await node.run(ask)).exit_status == 0:
+            told[pid] = parse_stat(stat.stdout).start_ticks
+    if not told:
+        return f"no checkpoint asked: none of pid(s) {_pids(pids)} could be told ({how})"
+    started = node.clock()
+    waiting = dict(told)
+    while waiting and node.clock() - started < rule.wait_s:
+        await node.sleep(min(rule.poll_s, max(0.0, rule.wait_s - (node.clock() - started))))
+        for pid, ticks in list(waiting.items()):
+            if await _done(node, pid, ticks, rule):
+                del waiting[pid]
+    took = node.clock() - started
+    asked = f"asked pid(s) {_pids(told)} to checkpoint ({how})"
+    if not waiting:
+        return f"{asked}: done after {took:.0f}s"
+    return f"{asked}: pid(s) {_pids(waiting)} not done after {rule.wait_s:g}s, so the action went ahead"
+
+
+async def _done(node: Node, pid: int, ticks: int, rule: CheckpointPolicy) -> bool:
+    """The job said it is done: the process exited (or is another now), or removed the file."""
+    stat = await node.run(stat_command(pid))
+    if stat.exit_status != 0:
+        return True
+    now = parse_stat(stat.stdout)
+    if now.start_ticks != ticks or now.state == "Z":
+        return True
+    return rule.how == "file" and (await node.run(exists_command(pid, rule.file))).exit_status != 0
+
+
+def _pids(pids) -> str:
+    return ", ".join(str(p) for p in pids)
