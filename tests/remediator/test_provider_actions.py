@@ -23,7 +23,7 @@ from gpumedic_events import (
     SpawnWorker,
     TerminateWorker,
 )
-from gpumedic_incidents.policy import Actions, Policy, RequeuePolicy, RestartWorkerPolicy, SpawnPolicy, TerminatePolicy, dump_policy
+from gpumedic_incidents.policy import Actions, CheckpointPolicy, Kinds, Policy, RequeuePolicy, RestartWorkerPolicy, SpawnPolicy, TerminatePolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
@@ -52,15 +52,18 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
     (tmp_path / "runpod-key").write_text(KEY + "\n")
     made = []
 
-    def _make(*, gpu_types=(H100,), mode="enforce", provider=True, task_db: Path | None = None):
-        """`task_db`: a SQLite task database whose tasks the terminations ask about and requeue."""
+    def _make(*, gpu_types=(H100,), mode="enforce", provider=True, task_db: Path | None = None, checkpoint: CheckpointPolicy | None = None):
+        """`task_db`: a SQLite task database whose tasks the terminations ask about and requeue;
+        `checkpoint`: the checkpoint step of the pool's surplus and of a worker stuck spawning."""
         policy_file = tmp_path / "policy.yaml"
         actions = Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8), restart_worker=RestartWorkerPolicy(back_within_s=1.5, poll_s=0.2))
         if task_db is not None:
             (tmp_path / "task-db-url").write_text(f"sqlite+aiosqlite:///{task_db}\n")
             actions = actions.model_copy(update={"terminate_worker": TerminatePolicy(tasks_query=TASKS_QUERY),
                                                  "requeue_tasks": RequeuePolicy(statement=REQUEUE)})
-        dump_policy(Policy(actions=actions), policy_file)
+        kinds = Kinds(capacity_surplus=Kinds().capacity_surplus.model_copy(update={"checkpoint": checkpoint}),
+                      stuck_spawning=Kinds().stuck_spawning.model_copy(update={"checkpoint": checkpoint}))
+        dump_policy(Policy(actions=actions, kinds=kinds), policy_file)
         settings = make_settings(
             policy={"file": policy_file}, mode=mode,
             provider={"kind": "runpod", "api_key_file": tmp_path / "runpod-key", "image": "ghcr.io/acme/selfplay:7",
@@ -167,6 +170,22 @@ async def test_no_worker_is_ended_mid_task_and_what_an_ended_worker_ran_goes_bac
     own = await ask(handler, TerminateWorker(worker_ids=(faulty,)), node=faulty)  # its own incident: ended busy or not
     assert (own.outcome, own.detail) == (ActionOutcome.SUCCEEDED, f"terminated {faulty}; requeued 1 of the 1 task(s) (t3) {faulty} was running")
     assert tasks() == [("t1", "Complete", raced), ("t2", "Complete", idle), ("t3", "Queued", None)]
+
+
+async def test_a_worker_ended_for_its_own_fault_has_its_jobs_asked_to_checkpoint_and_the_pool_s_idle_ones_are_not(remediator):
+    fake, make = remediator
+    handler = make(checkpoint=CheckpointPolicy(how="signal", wait_s=5))
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=1, count=2))
+    idle, stuck = fake.pods
+    pool = await ask(handler, TerminateWorker(worker_ids=(idle,)))
+    assert (pool.outcome, pool.detail) == (
+        ActionOutcome.SUCCEEDED, f"no checkpoint asked: the pool chose the workers as idle (nothing to save); then terminated {idle}"
+    )
+    # Its own incident: its jobs would be asked over SSH, but this worker was never enrolled; it is ended all the same.
+    own = await ask(handler, TerminateWorker(worker_ids=(stuck,)), node=stuck)
+    assert own.outcome is ActionOutcome.SUCCEEDED and own.detail.endswith(f"; then terminated {stuck}"), own.detail
+    assert own.detail.startswith("no checkpoint asked: ") and stuck in own.detail and "inventory" in own.detail, own.detail
+    assert fake.pods == {}
 
 
 async def test_a_task_database_that_answers_nonsense_ends_no_worker(remediator, tmp_path):

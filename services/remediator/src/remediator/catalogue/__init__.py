@@ -116,8 +116,8 @@ OPERATIONS: dict[type, Spec] = {
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True, fix=False),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False, fix=False),
     TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False, fits=provider.fits_terminate,
-                          retires=lambda operation: tuple(operation.worker_ids)),
-    RestartWorker: Spec(provider.render, provider.carry_out, logs_in=False),
+                          retires=lambda operation: tuple(operation.worker_ids), ends_work=checkpoint.the_worker),
+    RestartWorker: Spec(provider.render, provider.carry_out, logs_in=False, ends_work=checkpoint.whole_node),
     RequeueTasks: Spec(taskdb.render, taskdb.carry_out, logs_in=False, fix=False),
     MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False, fix=False, fits=taskdb.fits_mark_ended,
                           retires=lambda operation: (operation.worker_id,)),
@@ -149,7 +149,7 @@ async def perform(operation: object, means: Means) -> ExecutionResult:
     spec.render(operation, means.actions)
     if spec.ends_work is None or means.checkpoint is None:
         return await spec.run(operation, means)
-    asked = await checkpoint.first(spec.ends_work(operation), means.checkpoint, means)
+    asked = await checkpoint.first(spec.ends_work(operation, means.request), means.checkpoint, means)
     result = await spec.run(operation, means)
     result.detail = f"{asked}; then {result.detail}"
     return result

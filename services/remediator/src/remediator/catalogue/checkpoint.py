@@ -10,7 +10,8 @@ How the job is told is one of a closed list, as every command on a node is:
   the job is done when it removes the file (or exits).
 
 The job's processes are what the action will end: every GPU compute process on the node for a
-drain or a reboot, the GPU's for a reset, the targets for a kill. Each is checked against
+drain, a reboot, or a rented worker's end or pod restart for its own incident, the GPU's for a
+reset, the targets for a kill. Each is checked against
 /proc/PID/stat before it is told (a pid gone or reused is not told). The wait ends early once
 every process told is done, and at `wait_s` regardless: the action then runs, and its detail
 says what was asked, what the job answered and what the wait cost. A kill's targets idled for
@@ -23,7 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from gpumedic_events import ActionRequested
 from gpumedic_incidents.policy import CheckpointPolicy
 from remediator.catalogue.base import Means, Node, quoted, short
 from remediator.catalogue.gpu import apps_command, parse_pids
@@ -41,24 +44,32 @@ class Whose:
 
     apps: str = ""
     pids: tuple[int, ...] = ()
-    idle: bool = False
-    """They idled for the kind's idle window (a kill's targets): nothing to save."""
+    idle: str = ""
+    """Why they have nothing to save ('' when they may): asked only with `even_when_idle`."""
 
 
-Jobs = Callable[[object], Whose]
-"""An operation's entry in the catalogue: whose work it ends."""
+Jobs = Callable[[Any, ActionRequested | None], Whose]
+"""An operation's entry in the catalogue: whose work it ends, for this request."""
 
 
-def whole_node(operation: object) -> Whose:
+def whole_node(operation: object, request: ActionRequested | None) -> Whose:
     return Whose(apps=ALL_APPS)
 
 
-def one_gpu(operation: object) -> Whose:
+def one_gpu(operation: Any, request: ActionRequested | None) -> Whose:
     return Whose(apps=apps_command(operation.gpu_index))
 
 
-def targets(operation: object) -> Whose:
-    return Whose(pids=tuple(validate_pid(t.pid) for t in operation.targets), idle=True)
+def targets(operation: Any, request: ActionRequested | None) -> Whose:
+    return Whose(pids=tuple(validate_pid(t.pid) for t in operation.targets),
+                 idle="the job idled for the whole idle window (nothing to save)")
+
+
+def the_worker(operation: Any, request: ActionRequested | None) -> Whose:
+    """A worker ended for its own incident: its jobs; the pool's idle ones have none."""
+    if request is not None and request.node_id not in operation.worker_ids:
+        return Whose(idle="the pool chose the workers as idle (nothing to save)")
+    return Whose(apps=ALL_APPS)
 
 
 def signal_command(signal: str, pid: int) -> str:
@@ -82,7 +93,9 @@ async def first(whose: Whose, rule: CheckpointPolicy, means: Means) -> str:
     from being asked (the node unreachable, not in the inventory), the action goes on: this is a
     courtesy to the job, never a condition of the fix."""
     if whose.idle and not rule.even_when_idle:
-        return "no checkpoint asked: the job idled for the whole idle window (nothing to save)"
+        return f"no checkpoint asked: {whose.idle}"
+    if not whose.apps and not whose.pids:
+        return "no checkpoint asked: no job to ask"
     try:
         async with means.node() as node:
             return await _ask(node, whose, rule)
