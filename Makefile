@@ -59,7 +59,7 @@ debian-packages: ## install what the tests need from Debian (as root), or say th
 test: debian-packages install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not compose and not pods"
 
-test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve, the NATS cluster, supervision, the chaos slice, a 50-node burst against the breaker), alone so their timing holds
+test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve, jobs asked to checkpoint, the NATS cluster, supervision, the chaos slice, a 50-node burst against the breaker), alone so their timing holds
 	$(PY) -m pytest -m slow
 
 fuzz: install ## property-based fuzzing of every consumer on a real nats-server, 100 batches per service (make test runs 3)

@@ -462,7 +462,7 @@ def test_a_param_of_another_kind_is_refused():
 def test_unknown_top_level_field():
     message = error_of({"faults": [], "fualts": []})
     assert message.startswith(f"{SRC}: unknown field 'fualts' (did you mean 'faults'?); ")
-    assert message.endswith("; a scenario has: name, description, duration_s, faults, pool, expect")
+    assert message.endswith("; a scenario has: name, description, duration_s, faults, pool, expect, policy")
 
 
 def test_missing_fields():
@@ -689,3 +689,12 @@ def test_a_scenario_may_say_what_its_run_must_reach():
     assert parse({"faults": []}).expect is None
     assert error_of({"faults": [], "expect": {"recall": 2}}) == f"{SRC}: expect.recall: Input should be less than or equal to 1"
     assert error_of({"faults": [], "expect": {"recal": 1}}) == f"{SRC}: expect.recal: Extra inputs are not permitted"
+
+
+def test_a_scenario_s_policy_is_checked_over_the_shipped_one_when_read():
+    good = parse_scenario({"faults": [], "policy": {"kinds": {"gpu_xid": {"checkpoint": {"how": "file"}}}}}, source=SRC,
+                          node_ids=["n1"], gpus_per_node=1)
+    assert good.policy == {"kinds": {"gpu_xid": {"checkpoint": {"how": "file"}}}}
+    assert error_of({"faults": [], "policy": {"kinds": {"gpu_xid": {"checkpoint": {"how": "shout"}}}}}).startswith(
+        f"{SRC}: policy.kinds.gpu_xid.checkpoint.how: Input should be 'signal' or 'file'")
+    assert error_of({"faults": [], "policy": ["kinds"]}) == f"{SRC}: policy: expected a mapping (a part of a policy file), got a list"

@@ -72,6 +72,8 @@ class Benign(StrEnum):
     HOT_BUT_FINE = "hot_but_fine"
     POWER_CAPPED = "power_capped"
     RETIRED_PAGE = "retired_page"
+    JOBS_SAVE_ON_REQUEST = "jobs_save_on_request"
+    JOBS_IGNORE_REQUESTS = "jobs_ignore_requests"
 
 
 Scripted = Fault | Benign
@@ -180,6 +182,10 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Benign.HOT_BUT_FINE: Entry("benign: the busy GPU runs at 83 C, below its 89 C slowdown temperature", "run_hot", gpu=True),
     Benign.POWER_CAPPED: Entry("benign: the operator caps the GPU at 400 W; busy, it runs slower under SW power cap", "cap_power", gpu=True),
     Benign.RETIRED_PAGE: Entry("benign: the GPU has one page retired long ago, and stays at one", "retire_page", gpu=True),
+    Benign.JOBS_SAVE_ON_REQUEST: Entry("benign: from now the node's jobs, asked to checkpoint, save (3s), then exit on the signal "
+                                       "or remove the file", "jobs_save_on_request"),
+    Benign.JOBS_IGNORE_REQUESTS: Entry("benign: from now the node's jobs ignore a request to checkpoint (they handle the signal "
+                                       "and do nothing)", "jobs_ignore_requests"),
 })
 
 

@@ -242,6 +242,8 @@ class NodeState:
         """The bearer token its service's admin endpoints want (None: they want none)."""
         self.checkpoint_s = 3.0
         """How long a job that saves on request takes to write its checkpoint."""
+        self.jobs_checkpoint: Literal["save", "ignore"] | None = None
+        """How its jobs, those running and those to come, answer a request to checkpoint (`SimProcess.on_checkpoint`)."""
         self.admin_calls: list[str] = []
         """Admin endpoints called and accepted, by path, in order."""
         self.reports_jobs = True
@@ -653,6 +655,20 @@ class NodeState:
                 self._save(p, then_exit=False)
             return True
 
+    def jobs_save_on_request(self) -> None:
+        self._answer_checkpoints("save", Benign.JOBS_SAVE_ON_REQUEST)
+
+    def jobs_ignore_requests(self) -> None:
+        self._answer_checkpoints("ignore", Benign.JOBS_IGNORE_REQUESTS)
+
+    def _answer_checkpoints(self, answer: Literal["save", "ignore"], benign: Benign) -> None:
+        with self._lock:
+            self.jobs_checkpoint = answer
+            for p in self.processes.values():
+                if p.is_job:
+                    p.on_checkpoint = answer
+        self._record(None, benign)
+
     def has_file(self, pid: int, name: str) -> bool:
         with self._lock:
             p = self.process(pid)
@@ -836,6 +852,7 @@ class NodeState:
                 producing=producing,
                 container_id=container.id if container else "",
                 devices=_devices(gpu) if gpu is not None else (),
+                on_checkpoint=self.jobs_checkpoint if is_job else None,
             )
             p.writing_since = p.started_at if producing else None
             self.processes[pid] = p

@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -75,6 +75,7 @@ from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
 from gpumedic_sim.fleet.workers import PoolPlan
 from gpumedic_sim.runs.scoring import Expectations
+from gpumedic_incidents import Policy
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the scenarios shipped with the package live."""
@@ -93,7 +94,7 @@ SCRIPTED: tuple[Scripted, ...] = tuple(FAULTS)
 
 _COMMON_FIELDS = ("fault", "at", "node", "gpu")
 _ALL_PARAMS = tuple(sorted({name for entry in FAULTS.values() for name in entry.params}))
-_TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool", "expect")
+_TOP_FIELDS = ("name", "description", "duration_s", "faults", "pool", "expect", "policy")
 
 
 class ScenarioError(ValueError):
@@ -133,6 +134,8 @@ class Scenario:
     """A rented worker pool fed by a task queue, beside the fleet."""
     expect: Expectations | None = None
     """What a run must reach (with a pool, every pool check too); None: the run only reports."""
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    """The operator's changes to the run's policy (a part of a policy file, over the sim's), checked when read."""
 
     @property
     def last_fault_s(self) -> float | None:
@@ -261,8 +264,31 @@ def parse_scenario(
     faults.sort(key=lambda f: f.at_s)
     pool = _section(PoolPlan, data, "pool", source)
     expect = _section(Expectations, data, "expect", source)
+    policy = _policy(data.get("policy"), source)
     return Scenario(name=name.strip(), description=description.strip(), duration_s=duration_s, faults=tuple(faults), pool=pool,
-                    expect=expect)
+                    expect=expect, policy=policy)
+
+
+def _policy(value: object, source: str) -> Mapping[str, Any]:
+    """The scenario's `policy:` (a part of a policy file), checked over the shipped policy now, not when the run starts."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ScenarioError(source, "policy", f"expected a mapping (a part of a policy file), got {_type_name(value)}")
+    try:
+        Policy.model_validate(merged(Policy().model_dump(mode="json"), dict(value)))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise ScenarioError(source, ".".join(str(p) for p in ("policy", *first["loc"])), first["msg"].removeprefix("Value error, ")) from None
+    return MappingProxyType(dict(value))
+
+
+def merged(base: dict, extra: Mapping) -> dict:
+    """`extra` over `base`, mapping by mapping (a kind's threshold keeps the kind's ladder)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(base[key], value) if isinstance(value, Mapping) and isinstance(base.get(key), dict) else value
+    return out
 
 
 def _section(model: type[M], data: Mapping, name: str, source: str) -> M | None:

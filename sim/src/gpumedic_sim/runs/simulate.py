@@ -15,16 +15,17 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from gpumedic_sim.runs.demo import demo_env
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
-from gpumedic_sim.runs.scenario import FaultSpec, Scenario
+from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
 from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
 from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool, judge
@@ -96,24 +97,16 @@ SPARE_PEERS = 3
 """The sim's peer target is the fleet less this many."""
 
 
-def sim_policy(interval_s: float, n_nodes: int = 0, pool: SimWorkerPool | None = None) -> Policy:
+def sim_policy(interval_s: float, n_nodes: int = 0, pool: SimWorkerPool | None = None, operator: Mapping[str, Any] | None = None) -> Policy:
     """The shipped policy with a run's seconds instead of the runbooks' minutes (a zombie after
     six sample intervals idle, so a short dip of a few intervals is not one), and what an operator
     of the simulated peer cluster would add: its daemon's unit, its election endpoint and its
     target (every node but a spare few: a peer restarting is no shortfall); with a worker pool,
-    its actions and its checks' thresholds."""
-    policy = _fleet_policy(interval_s, n_nodes)
-    if pool is None:
-        return policy
-    return Policy.model_validate(_merged(policy.model_dump(mode="json"), pool.policy()))
-
-
-def _merged(base: dict, extra: dict) -> dict:
-    """`extra` over `base`, mapping by mapping (a kind's threshold keeps the kind's ladder)."""
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return out
+    its actions and its checks' thresholds; and the scenario's own changes (`operator`) over all that."""
+    policy = _fleet_policy(interval_s, n_nodes).model_dump(mode="json")
+    if pool is not None:
+        policy = merged(policy, pool.policy())
+    return Policy.model_validate(merged(policy, operator or {}))
 
 
 def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
@@ -316,7 +309,7 @@ async def run_simulation(
             **(rented.env() if rented is not None else {}),
             **(env or {}),
         }
-        dump_policy(sim_policy(interval_s, len(fleet.nodes), pool), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
+        dump_policy(sim_policy(interval_s, len(fleet.nodes), pool, plan.policy), Path(stack.env["GPUMEDIC_POLICY_FILE"]))
         services, no_gpu = services_here()
         say(
             f"[3/5] starting the {'five' if no_gpu else 'six'} services (the remediator's breaker raised to "
