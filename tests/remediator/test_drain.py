@@ -5,6 +5,9 @@ SSH (Debian's sshd on this machine, where /bin/true and /bin/false are what they
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -197,14 +200,70 @@ async def test_jobs_are_asked_to_checkpoint_before_their_node_is_drained_and_one
     assert all(p.alive for p in before) and hook.received[-1].body["node_id"] == "sim-node-02"
 
 
-async def test_a_node_the_checkpoint_cannot_reach_is_drained_all_the_same(remediator, hook):
-    """Debian's sshd has no nvidia-smi: the job's processes cannot be listed, nothing is asked, and
-    the drain (which harms no job) goes ahead, saying so."""
-    r = remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=4))
-    drained = await r.ask(DrainNode(), uuid.uuid4())
-    assert drained.outcome is ActionOutcome.SUCCEEDED
-    assert re.fullmatch(r"no checkpoint asked: the job's processes could not be listed \(.*nvidia-smi.*\); then drained gpu-node-01",
-                        drained.detail), drained.detail
+JOB = """
+import os, pathlib, signal, sys, time
+def save(*_):
+    pathlib.Path("checkpoint.pt").write_text("saved on SIGUSR1")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+pathlib.Path("ready").write_text("")
+while True:
+    if os.path.exists(".gpumedic-checkpoint"):  # asked with a file: save, remove it, go on
+        pathlib.Path("checkpoint.pt").write_text("saved on the file")
+        os.remove(".gpumedic-checkpoint")
+    time.sleep(0.05)
+"""
+
+
+def _job(workdir) -> subprocess.Popen:
+    """A real process that checkpoints as a training job would: on SIGUSR1 (then exits), or when a
+    file appears in its working directory (then removes it and goes on)."""
+    workdir.mkdir()
+    job = subprocess.Popen([sys.executable, "-c", JOB], cwd=workdir)
+    for _ in range(200):
+        if (workdir / "ready").exists():
+            return job
+        time.sleep(0.05)
+    job.kill()
+    raise AssertionError("the job did not start")
+
+
+async def test_a_real_process_on_this_machine_is_asked_by_signal_and_by_file_before_the_drain(remediator, hook, sshd, tmp_path):
+    """Debian's sshd and real processes: `kill -s USR1` reaches the job's handler, which saves and
+    exits; `touch -- /proc/PID/cwd/...` creates the file in its real working directory, which it
+    saves on and removes; a node with no compute process is drained without asking anyone."""
+    nobody = await remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=5, poll_s=0.1)).ask(DrainNode(), uuid.uuid4())
+    assert (nobody.outcome, nobody.detail) == (ActionOutcome.SUCCEEDED, "no checkpoint asked: no job runs on the GPUs; then drained gpu-node-01")
+
+    signalled, asked_by_file = _job(tmp_path / "a"), _job(tmp_path / "b")
+    try:
+        sshd.computing(0, signalled.pid)
+        sshd.computing(1, asked_by_file.pid)
+        by_signal = remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=5, poll_s=0.1))
+        # (each drain here is another incident's: the node already was drained for the one before)
+        drained = await by_signal.ask(DrainNode(), uuid.uuid4())
+        assert re.fullmatch(rf"asked pid\(s\) {signalled.pid}, {asked_by_file.pid} to checkpoint \(SIGUSR1\): done after [01]s; "
+                            r"then drained gpu-node-01 \(it already was, .*\)", drained.detail), drained.detail
+        assert signalled.wait(5) == 0 and asked_by_file.wait(5) == 0
+        assert (tmp_path / "a" / "checkpoint.pt").read_text() == "saved on SIGUSR1"
+
+        filed = _job(tmp_path / "c")
+        sshd.computing(0, filed.pid)
+        sshd.computing(1)
+        by_file = remediator(checkpoint=CheckpointPolicy(how="file", wait_s=5, poll_s=0.1))
+        drained = await by_file.ask(DrainNode(), uuid.uuid4())
+        assert re.fullmatch(rf"asked pid\(s\) {filed.pid} to checkpoint \(a file \.gpumedic-checkpoint in its working directory\): "
+                            r"done after [01]s; then drained gpu-node-01 \(it already was, .*\)", drained.detail), drained.detail
+        assert (tmp_path / "c" / "checkpoint.pt").read_text() == "saved on the file"
+        assert filed.poll() is None and not (tmp_path / "c" / ".gpumedic-checkpoint").exists()  # saved, and runs on
+        assert f"touch -- /proc/{filed.pid}/cwd/.gpumedic-checkpoint" in sshd.commands()
+    finally:
+        sshd.computing(0)
+        sshd.computing(1)
+        for job in (signalled, asked_by_file, locals().get("filed")):
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.wait()
 
 
 async def test_a_node_two_incidents_drained_stays_drained_until_the_last_is_validated(remediator, hook):

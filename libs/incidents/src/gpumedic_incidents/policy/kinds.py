@@ -48,7 +48,7 @@ class CheckpointPolicy(Strict):
     signal: Literal["USR1", "USR2", "INT", "TERM"] = "USR1"
     file: str = Field(default=".gpumedic-checkpoint", max_length=64, description="A file name, no directory.")
     wait_s: float = Field(default=120.0, gt=0, le=3600, description="How long the job may take; then the action goes ahead.")
-    poll_s: float = Field(default=2.0, ge=0.1, le=60, description="How often the job's answer is looked for meanwhile.")
+    poll_s: float = Field(default=2.0, ge=0.1, le=10, description="How often the job's answer is looked for meanwhile (each look also tells the bus the action is still running).")
     even_when_idle: bool = Field(default=False, description="Ask a kill's targets too, though they idled for the whole window.")
 
     @field_validator("file")
