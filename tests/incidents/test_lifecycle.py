@@ -217,6 +217,28 @@ def test_half_the_fleet_at_once_is_one_fleet_incident_and_no_request():
     assert isinstance(closed, IncidentResolved) and closed.kind is IncidentKind.FLEET_ANOMALY and b.incidents == {}
 
 
+def test_a_fleet_incident_names_what_most_of_its_nodes_share_and_not_what_only_some_do():
+    """A bad image rolled out to a third of the fleet: its nodes' incidents carry the image they ran,
+    and the fleet incident says what changed with the fault, where a person would look first."""
+    b = book(nodes=20)
+    events = []
+    for i in range(7):
+        image = "registry.example/selfplay:2026.11" if i == 3 else "registry.example/selfplay:2026.12"
+        evidence = {"image": image, "driver_version": f"550.54.{i}", "provider": "runpod", "exit_code": 1}
+        events += run(b, b.on_finding(zombie(node=f"n{i + 1}", evidence=evidence), at(i * 0.5)))
+    (fleet,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    shared = "image registry.example/selfplay:2026.12 on 6 of 7; provider runpod on 7 of 7"
+    assert fleet.summary.endswith(f"; what they share: {shared}"), fleet.summary
+    assert fleet.evidence["shared_image"] == "registry.example/selfplay:2026.12" and fleet.evidence["shared_provider"] == "runpod"
+    assert "shared_driver_version" not in fleet.evidence  # every node its own: nothing shared
+    assert fleet.recommended_action.startswith(f"start with what they share ({shared})")
+    # nothing in common: the summary says no more than before
+    plain = book(nodes=20)
+    events = [e for i in range(7) for e in run(plain, plain.on_finding(zombie(node=f"n{i + 1}", evidence={"image": f"img:{i}"}), at(i)))]
+    (fleet,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert "share" not in fleet.summary.split("faults; no node action is taken")[-1] and "shared_image" not in fleet.evidence
+
+
 def test_much_of_the_fleet_found_in_one_round_is_one_fleet_incident_and_no_request():
     # A rule that looks at everything each round (repeat offenders, the pool's kinds) finds all
     # its nodes at once: decided one by one, each saw only the incidents committed before the

@@ -17,7 +17,8 @@ swaps one in after the handler persisted and published it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from gpumedic_bus.topology import FLEET_NODE
@@ -25,7 +26,7 @@ from gpumedic_events import ActionCompleted, IncidentKind, SilenceAdded, Silence
 from gpumedic_incidents import lifecycle
 from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
-from gpumedic_incidents.state import Finding, IncidentState, cleared, masked
+from gpumedic_incidents.state import TRAITS, Finding, IncidentState, cleared, masked, traits_of
 
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
@@ -188,12 +189,14 @@ class IncidentBook:
         if fleet is not None:
             return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
         since = now - timedelta(seconds=self.policy.fleet.window_s)
-        nodes = {i.node_id for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since}
-        nodes |= {finding.node_id, *found_with}
+        members = [i for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since]
+        nodes = {i.node_id for i in members} | {finding.node_id, *found_with}
         size = max(self.fleet_size(now), len(nodes))
         if len(nodes) < self.policy.fleet.min_nodes or len(nodes) / size <= self.policy.fleet.share:
             return [self._open(finding, now)]
         # Much of the fleet at once: one fleet incident; this node and every held one join it.
+        common = shared([*(i.traits for i in members), traits_of(finding.evidence)])
+        they_share = "; ".join(f"{key} {value} on {n} of {of}" for key, (value, n, of) in common.items())
         fleet_finding = Finding(
             kind=IncidentKind.FLEET_ANOMALY,
             node_id=FLEET_NODE,
@@ -201,11 +204,14 @@ class IncidentBook:
             summary=(
                 f"{finding.kind.value} on {len(nodes)} of {size} nodes within {self.policy.fleet.window_s:g}s: "
                 f"more likely one fleet-wide cause (a sampler, driver or network fault) than {len(nodes)} separate "
-                "faults; no node action is taken"
+                "faults; no node action is taken" + (f"; what they share: {they_share}" if common else "")
             ),
-            evidence={"kind": finding.kind.value, "nodes": len(nodes), "fleet_size": size, "share": round(len(nodes) / size, 3)},
+            evidence={"kind": finding.kind.value, "nodes": len(nodes), "fleet_size": size, "share": round(len(nodes) / size, 3),
+                      **{f"shared_{key}": value for key, (value, _, _) in common.items()}},
             severity="critical",
-            recommended_action="check what these nodes share (sampler version, driver, network, storage) before acting on any",
+            recommended_action=(f"start with what they share ({they_share}): a rollout, a driver update, one provider's machines"
+                                if common else "check what these nodes share (sampler version, driver, network, storage) before "
+                                "acting on any"),
         )
         opened = self._open(fleet_finding, now, reason="a fleet-wide signal needs a person before any node action")
         fleet_id = opened.state.incident_id
@@ -216,6 +222,23 @@ class IncidentBook:
                 if t is not None:
                     transitions.append(t)
         return transitions
+
+
+SHARED_SHARE = 0.8
+"""A trait is what a fleet incident's nodes share when one value of it is on this share of them."""
+
+
+def shared(traits: Sequence[Mapping[str, str]]) -> dict[str, tuple[str, int, int]]:
+    """What most of a fleet incident's nodes had in common when their incidents opened: for each
+    trait, the value on at least `SHARED_SHARE` of them (and two), with how many of how many said so."""
+    common = {}
+    for key in TRAITS:
+        counted = Counter(t[key] for t in traits if key in t)
+        if counted:
+            value, n = counted.most_common(1)[0]
+            if n >= 2 and n >= SHARED_SHARE * len(traits):
+                common[key] = (value, n, len(traits))
+    return common
 
 
 def _fleet_fingerprint(kind: IncidentKind) -> str:

@@ -49,7 +49,7 @@ from gpumedic_events import (
     action_id_for,
 )
 from gpumedic_incidents.policy import Policy, Step
-from gpumedic_incidents.state import Finding, IncidentState, PendingAction, operation_digest
+from gpumedic_incidents.state import Finding, IncidentState, PendingAction, operation_digest, traits_of
 
 SpanName = Literal["detect", "decide", "verify", "update"]
 UPDATE_AT = (2, 10, 100, 1000, 10_000)
@@ -115,6 +115,7 @@ def open_incident(
         summary=finding.summary,
         related_incident_id=related,
         silence_id=silence_id,
+        traits=traits_of(finding.evidence),
     )
     opened = IncidentOpened(
         source=detector,

@@ -109,10 +109,21 @@ class IncidentState(BaseModel):
     """Set once the fault is gone on a drained node: how the incident resolves after validation."""
     ready_samples: int = 0
     """While validating: samples in a row that showed the GPUs free and healthy."""
+    traits: dict[str, str] = Field(default_factory=dict)
+    """What its evidence said the node ran when it opened (`TRAITS`: the image, the driver, the
+    provider, the GPU type): a fleet incident names what most of its nodes share."""
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.node_id, self.kind, self.gpu_index, self.key)
+
+
+TRAITS = ("image", "driver_version", "cuda_version", "provider", "gpu_type")
+"""Evidence a fleet-wide fault may come with (a rollout, a driver update, one provider's machines)."""
+
+
+def traits_of(evidence: Evidence) -> dict[str, str]:
+    return {key: value[:200] for key in TRAITS if isinstance(value := evidence.get(key), str) and value}
 
 
 @dataclass(frozen=True)
