@@ -152,12 +152,29 @@ def test_nothing_safe_to_do_escalates_at_once():
     assert isinstance(escalated, IncidentEscalated) and escalated.reason == "pid 4242 cannot be identified"
 
 
-def test_a_kind_without_a_ladder_goes_to_a_person_with_the_recommended_action():
+def test_a_kind_without_a_ladder_goes_to_a_person_with_the_recommended_action_after_the_fleet_hold():
     b = book()
     finding = Finding(IncidentKind.GPU_LOST, "n3", 2, summary="GPU 2 lost", recommended_action="drain the node")
-    opened, escalated = run(b, b.on_finding(finding, at(0)))
+    (opened,) = run(b, b.on_finding(finding, at(0)))
     assert isinstance(opened, IncidentOpened) and opened.recommended_action == "drain the node"
-    assert escalated.reason == "no automatic fix for gpu_lost: drain the node"
+    assert run(b, b.on_tick(at(14))) == []  # held: were much of the fleet to follow, one page would do for all
+    (escalated,) = run(b, b.on_tick(at(15)))
+    assert isinstance(escalated, IncidentEscalated) and escalated.reason == "no automatic fix for gpu_lost: drain the node"
+
+
+def test_a_person_s_kind_on_much_of_the_fleet_at_once_is_one_page_for_the_fleet():
+    """Container deaths after a bad rollout, a few per tick: the ones held when the fleet incident
+    opens join it and call nobody themselves; only the fleet incident escalates."""
+    b = book(nodes=20)
+    events = []
+    for i in range(7):
+        died = Finding(IncidentKind.CONTAINER_DIED, f"n{i + 1}", None, key=f"c{i}", summary="exited 1", occurrence=True)
+        events += run(b, b.on_findings([died], at(i)))
+    events += [e for s in range(7, 40) for e in run(b, b.on_tick(at(s)))]
+    escalated = [e for e in events if isinstance(e, IncidentEscalated)]
+    fleet = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert len(fleet) == 1 and len(escalated) == 8  # the fleet incident, and each node's as part of it
+    assert all(e.node_id == FLEET_NODE or e.reason == f"part of fleet incident {fleet[0].incident_id}: no node action" for e in escalated)
 
 
 def test_repeats_count_and_publish_an_update_only_now_and_then():
@@ -172,6 +189,7 @@ def test_repeats_count_and_publish_an_update_only_now_and_then():
 def test_an_event_reported_incident_clears_after_a_quiet_while():
     b = book()
     run(b, b.on_finding(Finding(IncidentKind.GPU_XID, "n2", 0, occurrence=True), at(0)))
+    run(b, b.on_tick(at(15)))  # to a person, after the fleet hold
     assert run(b, b.on_tick(at(3599))) == []
     (resolved,) = run(b, b.on_tick(at(3600)))
     assert resolved.resolution == "cleared" and "not seen again for 3600s" in resolved.summary
@@ -184,6 +202,7 @@ def test_a_fault_every_sample_shows_is_seen_and_never_cleared_as_quiet_and_the_s
     b = book()
     lost = Finding(IncidentKind.GPU_LOST, "n3", 2, summary="GPU 2 lost")
     run(b, b.on_finding(lost, at(0)))
+    run(b, b.on_tick(at(4)) + b.on_tick(at(15)))  # to a person, after the fleet hold
     changes, events = 0, []
     for s in range(5, 1800, 5):
         transitions = b.on_finding(lost, at(s)) + b.on_tick(at(s + 1))
@@ -252,6 +271,20 @@ def test_much_of_the_fleet_found_in_one_round_is_one_fleet_incident_and_no_reque
     assert "zombie_job on 11 of 20 nodes" in fleet.summary
     node_incidents = [i for i in b.incidents.values() if i.kind is ZOMBIE]
     assert len(node_incidents) == 11 and {i.related_incident_id for i in node_incidents} == {fleet.incident_id}
+
+
+def test_findings_made_together_count_together_tick_after_tick():
+    """A rule that reports what settled by each tick (container deaths, a few at a time): three per
+    tick over five ticks is 15 of 45 nodes. Decided one by one, each tick's last saw 13 (under the
+    share) and no fleet incident ever opened; decided together, the fifth tick's findings are 15."""
+    b = book(nodes=45)
+    events = []
+    for tick in range(5):
+        found = [zombie(node=f"n{3 * tick + i + 1}") for i in range(3)]
+        events += run(b, b.on_findings(found, at(tick)))
+    (fleet,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
+    assert "zombie_job on 15 of 45 nodes" in fleet.summary
+    assert {i.related_incident_id for i in b.incidents.values() if i.kind is ZOMBIE} == {fleet.incident_id}
 
 
 def test_a_few_nodes_found_in_one_round_are_separate_incidents_that_each_act():

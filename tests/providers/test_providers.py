@@ -66,6 +66,7 @@ async def test_runpod_pods_are_created_listed_and_terminated_through_its_api(run
     (listed,) = await provider.workers()
     assert listed.status == "running" and listed.ssh == SshDetails(host="203.0.113.7", port=40122)
     assert listed.host_id == "s7p2rdx9ke1q"  # the machine it runs on (RunPod's machineId), for its reliability
+    assert listed.image == "ghcr.io/acme/selfplay:7"  # RunPod's `image`: what a fleet incident of its workers may share
     await provider.terminate(created.worker_id)
     assert await provider.workers() == []
     with pytest.raises(ProviderError, match="no such pod"):

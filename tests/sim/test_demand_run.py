@@ -174,11 +174,16 @@ def test_the_cost_of_a_worker_billed_for_nothing_is_checked_against_its_rental_e
 
     right = [costed("simw0003", "burn_in_failed", 46, 0.02, 0.05), costed("simw0005", "stuck_spawning", 110, 0.0278, 0.07),
              costed("simw0005", "vanished_worker", 120, None, None)]  # no GPU time counted: not judged
-    (ok, line), = [c for c in judge(figures, PLAN, [], [], costs=right) if "billed for nothing" in c[1]]
+    billed = [SimpleNamespace(kind="burn_in_failed", node_id="simw0003"), SimpleNamespace(kind="stuck_spawning", node_id="simw0005")]
+    (ok, line), = [c for c in judge(figures, PLAN, billed, [], costs=right) if "billed for nothing" in c[1]]
     assert ok and line == "2 cost(s) of workers billed for nothing match their rental, end and the provider's $2.49/GPU-h"
+    (ok, line), = [c for c in judge(figures, PLAN, billed, [], costs=[]) if "billed for nothing" in c[1]]
+    assert not ok, "two workers billed for nothing and no cost for them: " + line
+    (ok, line), = [c for c in judge(figures, PLAN, [], [], costs=[]) if "billed for nothing" in c[1]]
+    assert ok and line.startswith("no worker was billed for nothing"), line
     wrong = [costed("simw0003", "burn_in_failed", 46, 0.01, 0.02),  # the hours before it opened left out
              costed("simw0005", "stuck_spawning", 110, 0.0333, 0.08)]  # billed on after the provider ended it
-    (ok, line), = [c for c in judge(figures, PLAN, [], [], costs=wrong) if "billed for nothing" in c[1]]
+    (ok, line), = [c for c in judge(figures, PLAN, billed, [], costs=wrong) if "billed for nothing" in c[1]]
     assert not ok and "burn_in_failed on simw0003: 0.01 GPU-h $0.02, the arithmetic 0.0200 GPU-h $0.05" in line
     assert "stuck_spawning on simw0005: 0.0333 GPU-h $0.08, the arithmetic 0.0278 GPU-h $0.07" in line
     assert not [c for c in judge(figures, PLAN, [], []) if "billed for nothing" in c[1]], "not judged without the costs"

@@ -57,6 +57,7 @@ class Fault(StrEnum):
     LEADER_FLAPPING = "leader_flapping"
     PEER_PARTITIONED = "peer_partitioned"
     PEERS_NEVER_JOIN = "peers_never_join"
+    BAD_IMAGE = "bad_image"
 
 
 class Benign(StrEnum):
@@ -85,6 +86,7 @@ and so are the whole-cluster faults' records."""
 DEFAULT_XID = 79
 """XID 79: the GPU has fallen off the bus."""
 DEFAULT_DISK_PATH = "/var/lib/docker"
+DEFAULT_BAD_IMAGE = "registry.example/selfplay:2026.12"
 
 ARGUMENT = MappingProxyType({"for": "for_s", "every": "every_s"})
 """A parameter's name as its stand-in takes it, where the scenario's name is no Python name."""
@@ -169,6 +171,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                   _kinds(K.PEER_PARTITIONED), params={"for": 90.0}, by="fleet"),
     Fault.PEERS_NEVER_JOIN: Entry("the node and the next `count`-1 never join the peer cluster", "keep_peers_out",
                                   _kinds(K.PEERS_BELOW_TARGET), params={"count": 5}, by="fleet", whole_cluster=True),
+    Fault.BAD_IMAGE: Entry("a rollout: the job on the GPU is restarted on `image`, which fails at start (exit 1, an import error "
+                           "in its log)", "run_bad_image", _kinds(K.CONTAINER_DIED), gpu=True,
+                           params={"image": DEFAULT_BAD_IMAGE}, whole_node=True),
     Benign.JOB_FINISHED: Entry("benign: the job is done, exit 0, the GPU free", "finish_job", gpu=True),
     Benign.CONTAINER_STOPPED: Entry("benign: the node stops the job's container (docker stop, exit 143)", "stop_job", gpu=True),
     Benign.SHORT_DIP: Entry("benign: the job stops computing for `for` (default 10s), then goes on", "dip_job", gpu=True,

@@ -16,6 +16,7 @@ swaps one in after the handler persisted and published it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -27,6 +28,8 @@ from gpumedic_incidents import lifecycle
 from gpumedic_incidents.lifecycle import Transition
 from gpumedic_incidents.policy import Policy
 from gpumedic_incidents.state import TRAITS, Finding, IncidentState, cleared, masked, traits_of
+
+log = logging.getLogger(__name__)
 
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
@@ -83,10 +86,21 @@ class IncidentBook:
         """The findings of a rule that looks at everything each round: present ones into the book,
         and open incidents of the kinds `checked` that were not found again cleared."""
         checked = set(checked)
-        # A round finds its nodes all at once, so its new ones of a kind count together (decided one
-        # by one, each saw only those committed before the round: half the fleet found at once
-        # was half the fleet's node actions). They are decided on a scratch copy, each as if the
-        # ones before it were committed, so all join the one fleet incident the first opens.
+        transitions = self.on_findings(found, now)
+        present = {f.fingerprint for f in found}
+        for state in list(self.incidents.values()):
+            if state.kind in checked and state.fingerprint not in present:
+                transitions += self.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
+        return transitions
+
+    def on_findings(self, found: Sequence[Finding], now: datetime) -> list[Transition]:
+        """Findings made at one time (a round, a tick), decided together: their new nodes of a kind
+        count together (decided one by one, each saw only those committed before: half the fleet
+        found at once was half the fleet's node actions). They are decided on a scratch copy, each
+        as if the ones before it were committed, so all join the one fleet incident the first opens.
+        A finding that cannot become an incident (a rule's bug) is logged; the others still do."""
+        if len(found) <= 1:  # most samples: nothing to decide together, and no copy of the book
+            return self._guarded(found[0], now, ()) if found else []
         new: dict[IncidentKind, set[str]] = {}
         for f in found:
             if f.present and f.fingerprint not in self.incidents:
@@ -94,14 +108,17 @@ class IncidentBook:
         scratch = self._scratch()
         transitions = []
         for f in found:
-            for t in scratch.on_finding(f, now, found_with=new.get(f.kind, set()) - {f.node_id}):
+            for t in scratch._guarded(f, now, new.get(f.kind, set()) - {f.node_id}):
                 scratch.commit(t)
                 transitions.append(t)
-        present = {f.fingerprint for f in found}
-        for state in list(self.incidents.values()):
-            if state.kind in checked and state.fingerprint not in present:
-                transitions += self.on_finding(cleared(state.kind, state.node_id, state.gpu_index, state.key), now)
         return transitions
+
+    def _guarded(self, finding: Finding, now: datetime, found_with: Collection[str]) -> list[Transition]:
+        try:
+            return self.on_finding(finding, now, found_with=found_with)
+        except Exception:
+            log.exception("the %s finding on %s could not be recorded", finding.kind.value, finding.node_id)
+            return []
 
     def _scratch(self) -> IncidentBook:
         """A copy to decide on: its own incidents, the same silences and nodes."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from gpumedic_bus.topology import FLEET_NODE
 from gpumedic_events import (
     ActionCompleted,
     ActionOutcome,
@@ -140,6 +141,11 @@ def open_incident(
     ladder = policy.of(state.kind).ladder
     if not ladder:
         why = reason or f"no automatic fix for {state.kind.value}" + (f": {finding.recommended_action}" if finding.recommended_action else "")
+        if hold and policy.fleet.hold_s > 0 and state.node_id != FLEET_NODE:
+            # A person is called after the fleet hold too: much of the fleet at once is one page (the
+            # fleet incident's), not one per node.
+            held = state.model_copy(update={"deadline": now + timedelta(seconds=policy.fleet.hold_s), "unsafe": why[:1000]})
+            return Transition(None, held, (detect,))
         return _escalated(None, state, now, why, (detect,))
     if hold and policy.fleet.hold_s > 0:
         return Transition(None, state.model_copy(update={"deadline": now + timedelta(seconds=policy.fleet.hold_s)}), (detect,))
@@ -361,7 +367,10 @@ def _act(
     before: IncidentState | None, state: IncidentState, now: datetime, policy: Policy, reason: str, spans: tuple[Span, ...] = ()
 ) -> Transition:
     """Request the ladder's current step, or escalate when nothing safe can be requested."""
-    step = policy.of(state.kind).ladder[state.step]
+    ladder = policy.of(state.kind).ladder
+    if not ladder:  # a person's from the start, held only for the fleet hold
+        return _escalated(before, state, now, state.unsafe or f"no automatic fix for {state.kind.value}", spans)
+    step = ladder[state.step]
     if step.action == "drain_node" and not state.unsafe:  # needs nothing from the rule
         return _request(before, state, DrainNode(), now, policy, reason, spans)
     proposed = state.proposed if state.proposed is not None and state.proposed.operation == step.action else None

@@ -37,6 +37,7 @@ class Worker(BaseModel):
     ssh: SshDetails | None = Field(default=None, description="None until the provider gives them (and for some spawns, never).")
     created_at: datetime | None = None
     started_at: datetime | None = Field(default=None, description="When it last started (a restart moves it on).")
+    image: str | None = Field(default=None, max_length=512, description="The container image it runs, as the provider says (RunPod's `image`).")
     host_id: str | None = Field(
         default=None, max_length=128,
         description="The provider's id of the machine it runs on (RunPod's machineId): a machine is known again when a new worker lands on it.",

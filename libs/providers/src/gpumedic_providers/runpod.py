@@ -107,6 +107,7 @@ class RunPodProvider:
                 price_per_h=float(pod.get("costPerHr")), ssh=SshDetails(**ssh) if ssh else None,
                 created_at=_time(pod.get("lastStartedAt")), started_at=_time(pod.get("lastStartedAt")),
                 host_id=pod["machineId"][:128] if isinstance(pod.get("machineId"), str) and pod["machineId"] else None,
+                image=pod["image"][:512] if isinstance(pod.get("image"), str) and pod["image"] else None,
             )
         except (TypeError, ValueError, ValidationError) as exc:
             problem = exc.errors(include_url=False)[0]["msg"] if isinstance(exc, ValidationError) else str(exc)

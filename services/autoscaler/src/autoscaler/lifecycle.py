@@ -142,7 +142,7 @@ def _stuck(w: Worker, now: datetime, provider: str) -> Finding:
 def worker_evidence(w: Worker, now: datetime, provider: str) -> dict:
     """What a worker's incident carries: what it is, what it costs, and how long it has been billed."""
     return {"gpu_type": w.gpu_type, "gpus": w.gpus, "price_per_h": w.price_per_h, "status": w.status,
-            "billed_s": int(_age(w, now).total_seconds()), "provider": provider or None, "host_id": w.host_id}
+            "billed_s": int(_age(w, now).total_seconds()), "provider": provider or None, "host_id": w.host_id, "image": w.image}
 
 
 def _age(w: Worker, now: datetime) -> timedelta:

@@ -73,10 +73,4 @@ class NodeIncidents:
             return ()
 
     def _decide(self, findings: list[Finding], now: datetime) -> list[Transition]:
-        transitions = []
-        for finding in findings:
-            try:
-                transitions += self.book.on_finding(finding, now)
-            except Exception:  # a finding that cannot become an incident (a rule's bug): the others still do
-                log.exception("the %s finding on %s could not be recorded", finding.kind.value, finding.node_id)
-        return transitions
+        return self.book.on_findings(findings, now)

@@ -87,15 +87,18 @@ class SimRunPod(RunPodServer):
     def __init__(self, provider: SimProvider, key: str) -> None:
         super().__init__(key)
         self.provider = provider
+        self.images: dict[str, str] = {}
+        """The image each pod was created with (what RunPod lists as its `image`)."""
 
     async def answer(self, method: str, path: str, body: dict | None) -> tuple[int, object]:
         try:
             if method == "POST" and path == "/v1/pods" and isinstance(body, dict):
                 worker = await self.provider.create(str(body.get("name", "")), str((body.get("gpuTypeIds") or [""])[0]),
                                                     int(body.get("gpuCount") or 1))
-                return 201, pod(worker)
+                self.images[worker.worker_id] = str(body.get("imageName") or "")
+                return 201, pod(worker, self.images[worker.worker_id])
             if method == "GET" and path == "/v1/pods":
-                return 200, [pod(w) for w in await self.provider.workers()]
+                return 200, [pod(w, self.images.get(w.worker_id, "")) for w in await self.provider.workers()]
             if method == "POST" and path.startswith("/v1/pods/") and path.endswith("/restart"):
                 await self.provider.restart(path.split("/")[3])
                 return 200, None
@@ -107,8 +110,8 @@ class SimRunPod(RunPodServer):
         return 404, {"error": f"no route {method} {path}"}
 
 
-def pod(worker: Worker) -> dict:
-    """A worker as RunPod lists a pod."""
+def pod(worker: Worker, image: str = "") -> dict:
+    """A worker as RunPod lists a pod (`image`: what it was created with)."""
     return {
         "id": worker.worker_id, "name": worker.name, "desiredStatus": "RUNNING", "costPerHr": worker.price_per_h,
         "gpu": {"id": worker.gpu_type, "count": worker.gpus},
@@ -116,6 +119,7 @@ def pod(worker: Worker) -> dict:
         "publicIp": worker.ssh.host if worker.ssh else None,
         "portMappings": {"22": worker.ssh.port} if worker.ssh else {},
         **({"machineId": worker.host_id} if worker.host_id else {}),
+        **({"image": image} if image else {}),
     }
 
 

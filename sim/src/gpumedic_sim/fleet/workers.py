@@ -99,6 +99,7 @@ class PoolPlan(BaseModel):
     price_per_gpu_h: float = Field(default=2.49, gt=0)
     machines: int = Field(default=0, ge=0, le=1000, description="The provider's machines, rented in turn (0: each worker its own).")
     bad_machines: tuple[BadMachine, ...] = Field(default=(), max_length=100)
+    fail_share: float = Field(default=0.0, ge=0, lt=1, description="Ordinary failures: each task fails with this chance, on any worker.")
     burn_in: bool = Field(
         default=False, description="gpumedic accepts each new worker before it takes tasks (kinds.burn_in.required): its record "
         "is `spawning` until accept_worker promotes it to `active`.",
@@ -361,8 +362,9 @@ class SimWorkerPool:
             self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
+                    failed = worker.fails_tasks or self._rng.random() < self.plan.fail_share
                     self._db.execute("UPDATE tasks SET status = ?, done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
-                                     ("Failed" if worker.fails_tasks else "Complete", now, task_id, worker_id))
+                                     ("Failed" if failed else "Complete", now, task_id, worker_id))
                     worker.node.finish_job(gpu)
                     del worker.running[gpu]
             if self.plan.burn_in and self._db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchone() != ("active",):
@@ -513,7 +515,7 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
         *(_judge_machine(figures, bad, incidents, burn_in_within_s + 3 * interval_s) for bad in plan.bad_machines),
-        *([_judge_costs(figures, plan, costs)] if costs is not None else []),
+        *([_judge_costs(figures, plan, costs, incidents)] if costs is not None else []),
     ]
 
 
@@ -521,10 +523,12 @@ BILLED_FOR_NOTHING = ("stuck_spawning", "burn_in_failed")
 """A worker's incidents whose cost is its GPUs from its rental to its end (it never worked)."""
 
 
-def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list) -> tuple[bool, str]:
+def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list, incidents: list) -> tuple[bool, str]:
     """What report-builder said the workers billed for nothing cost, against the arithmetic: their
     GPUs from the rental until the provider ended them (its records) or the incident closed, if
-    that came first, at the provider's price."""
+    that came first, at the provider's price. A run with no such worker has nothing to check."""
+    if not any(i.kind in BILLED_FOR_NOTHING and i.node_id in figures.rented_at for i in incidents):
+        return True, "no worker was billed for nothing (none stuck spawning or failing its burn-in): no cost to check"
     checked, wrong = 0, []
     for c in costs:
         if c.kind not in BILLED_FOR_NOTHING or c.node_id not in figures.rented_at or figures.started_at is None or c.closed_at is None:

@@ -476,6 +476,23 @@ class NodeState:
         self._record(gpu, Benign.CONTAINER_STOPPED)
         return job
 
+    def run_bad_image(self, gpu: int, image: str) -> None:
+        """A rollout: the job on `gpu` is stopped (docker stop, exit 143) and started again on
+        `image`, which fails at once (exit 1, an import error in its log); the GPU is left free."""
+        job = self._job_on(gpu)
+        if job is not None:
+            with self._lock:
+                container = self.containers.get(job.container_id)
+                if container is not None:
+                    container.engine_signal = 15
+            self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
+        failed = self._new_container(f"selfplay-gpu{gpu}", image=image)
+        self._exit_container(failed, 1, logs=[
+            "Traceback (most recent call last):", '  File "/app/selfplay.py", line 3, in <module>',
+            "ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory",
+        ])
+        self._record(gpu, Fault.BAD_IMAGE)
+
     def pause_job(self, gpu: int, *, checkpointing: bool) -> SimProcess | None:
         """The job on `gpu` stops computing for a while (a short dip, or a checkpoint that still
         writes output); `resume_job` ends it. Neither is a zombie."""
@@ -784,9 +801,9 @@ class NodeState:
 
     # --- containers ---------------------------------------------------------------------------
 
-    def _new_container(self, name: str) -> SimContainer:
+    def _new_container(self, name: str, image: str = "") -> SimContainer:
         with self._lock:
-            container = SimContainer(id=f"{self._random.getrandbits(256):064x}", name=name)
+            container = SimContainer(id=f"{self._random.getrandbits(256):064x}", name=name, **({"image": image} if image else {}))
             self.containers[container.id] = container
         self._container_event("start", container)
         return container

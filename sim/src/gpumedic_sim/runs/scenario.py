@@ -69,7 +69,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpumedic_sim.faults import DEFAULT_DISK_PATH, FAULTS, Scripted
+from gpumedic_sim.faults import DEFAULT_BAD_IMAGE, DEFAULT_DISK_PATH, FAULTS, Scripted
 from gpumedic.times import parse_time
 from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
@@ -85,8 +85,10 @@ MAX_NAME = 200
 RANDOM = "random"
 M = TypeVar("M", bound=BaseModel)
 
-CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME][,every=TIME][,count=N]"
+CLI_SYNTAX = "fault=KIND,at=TIME,node=NODE[,gpu=GPU][,xid=N][,path=PATH][,for=TIME][,every=TIME][,count=N][,image=IMAGE]"
 MAX_COUNT = 1000
+IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,200}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+"""An image reference as Docker writes one (registry/name:tag, or @digest)."""
 CLI_EXAMPLE = "fault=zombie_job,at=10s,node=3,gpu=2"
 
 
@@ -485,6 +487,10 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
     if name == "count":
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
             raise ScenarioError(source, where, f"expected a number of nodes from 1 to {MAX_COUNT}, got {_show(value)}")
+        return value
+    if name == "image":
+        if not isinstance(value, str) or not IMAGE.match(value):
+            raise ScenarioError(source, where, f"expected an image reference such as {DEFAULT_BAD_IMAGE}, got {_show(value)}")
         return value
     if name in ("for", "every"):
         try:
