@@ -129,3 +129,20 @@ def test_the_pool_drains_a_black_hole_then_ends_it_and_counts_it_out_of_service(
         pool.tick(T0 + timedelta(seconds=at + 1))
     assert pool.requests()[-1].operation == TerminateWorker(worker_ids=("pod-5",))
     assert len(pool.of(IncidentKind.BLACK_HOLE)) == 1
+
+
+def test_how_tasks_ended_is_published_for_the_pool_and_kept_per_worker_and_host():
+    pool = Pool()
+    workers = [_w("pod-0").model_copy(update={"host_id": "m-1"}), _w("pod-1").model_copy(update={"host_id": "m-2"})]
+    evaluated = _round(pool, T0, workers, [Outcomes("pod-0", 30, 2), Outcomes("pod-1", 20, 1), Outcomes("gone-7", 4, 0)])
+    assert (evaluated.tasks_done, evaluated.tasks_failed) == (54, 3)  # the pool's, a worker gone since included
+    assert pool.logic.task_figures() == [
+        (("gone-7", "", "done"), 4), (("gone-7", "", "failed"), 0), (("pod-0", "m-1", "done"), 30), (("pod-0", "m-1", "failed"), 2),
+        (("pod-1", "m-2", "done"), 20), (("pod-1", "m-2", "failed"), 1),
+    ]
+    # pod-1 ended: its host is still known while its tasks are in the window; a round that read nothing keeps the figures
+    later = _round(pool, T0 + timedelta(seconds=5), workers[:1], [Outcomes("pod-0", 31, 2), Outcomes("pod-1", 20, 1)])
+    assert (later.tasks_done, later.tasks_failed) == (51, 3)
+    assert (("pod-1", "m-2", "failed"), 1) in pool.logic.task_figures()
+    unread = _round(pool, T0 + timedelta(seconds=10), workers[:1], None)
+    assert (unread.tasks_done, unread.tasks_failed) == (None, None) and len(pool.logic.task_figures()) == 4

@@ -280,10 +280,11 @@ def test_findings_made_together_count_together_tick_after_tick():
     b = book(nodes=45)
     events = []
     for tick in range(5):
-        found = [zombie(node=f"n{3 * tick + i + 1}") for i in range(3)]
+        found = [zombie(node=f"n{3 * tick + i + 1}", evidence={"image": "selfplay:2026.12"}) for i in range(3)]
         events += run(b, b.on_findings(found, at(tick)))
     (fleet,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.FLEET_ANOMALY]
     assert "zombie_job on 15 of 45 nodes" in fleet.summary
+    assert fleet.summary.endswith("what they share: image selfplay:2026.12 on 15 of 15")  # the tick's own three too
     assert {i.related_incident_id for i in b.incidents.values() if i.kind is ZOMBIE} == {fleet.incident_id}
 
 

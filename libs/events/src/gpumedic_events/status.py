@@ -208,3 +208,7 @@ class CapacityEvaluated(Event):
     cost_per_task: float | None = Field(
         default=None, ge=0, description="$ per task completed over the cost window (None: no task completed in it)."
     )
+    tasks_done: int | None = Field(
+        default=None, ge=0, description="Tasks the pool finished well over the task database's outcomes window (None: not read)."
+    )
+    tasks_failed: int | None = Field(default=None, ge=0, description="Tasks that failed over the same window.")

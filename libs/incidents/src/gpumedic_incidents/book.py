@@ -66,8 +66,8 @@ class IncidentBook:
 
     # --- inputs -----------------------------------------------------------------------------
 
-    def on_finding(self, finding: Finding, now: datetime, *, found_with: Collection[str] = ()) -> list[Transition]:
-        """`found_with`: other nodes newly found with the same kind in the same round (`reconcile`),
+    def on_finding(self, finding: Finding, now: datetime, *, found_with: Collection[Finding] = ()) -> list[Transition]:
+        """`found_with`: the same kind newly found on other nodes at the same time (`on_findings`),
         counted for fleet correlation as if already open."""
         state = self.incidents.get(finding.fingerprint)
         if not finding.present:
@@ -101,19 +101,19 @@ class IncidentBook:
         A finding that cannot become an incident (a rule's bug) is logged; the others still do."""
         if len(found) <= 1:  # most samples: nothing to decide together, and no copy of the book
             return self._guarded(found[0], now, ()) if found else []
-        new: dict[IncidentKind, set[str]] = {}
+        new: dict[IncidentKind, list[Finding]] = {}
         for f in found:
             if f.present and f.fingerprint not in self.incidents:
-                new.setdefault(f.kind, set()).add(f.node_id)
+                new.setdefault(f.kind, []).append(f)
         scratch = self._scratch()
         transitions = []
         for f in found:
-            for t in scratch._guarded(f, now, new.get(f.kind, set()) - {f.node_id}):
+            for t in scratch._guarded(f, now, [o for o in new.get(f.kind, ()) if o.node_id != f.node_id]):
                 scratch.commit(t)
                 transitions.append(t)
         return transitions
 
-    def _guarded(self, finding: Finding, now: datetime, found_with: Collection[str]) -> list[Transition]:
+    def _guarded(self, finding: Finding, now: datetime, found_with: Collection[Finding]) -> list[Transition]:
         try:
             return self.on_finding(finding, now, found_with=found_with)
         except Exception:
@@ -199,7 +199,7 @@ class IncidentBook:
     def _open(self, finding: Finding, now: datetime, **options) -> Transition:
         return lifecycle.open_incident(finding, now, detector=self.detector, policy=self.policy, **options)
 
-    def _open_or_correlate(self, finding: Finding, now: datetime, found_with: Collection[str] = ()) -> list[Transition]:
+    def _open_or_correlate(self, finding: Finding, now: datetime, found_with: Collection[Finding] = ()) -> list[Transition]:
         if finding.node_id == FLEET_NODE or finding.kind in ROUTINE:
             return [self._open(finding, now)]
         fleet = self.get(_fleet_fingerprint(finding.kind))
@@ -207,12 +207,13 @@ class IncidentBook:
             return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
         since = now - timedelta(seconds=self.policy.fleet.window_s)
         members = [i for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since]
-        nodes = {i.node_id for i in members} | {finding.node_id, *found_with}
+        nodes = {i.node_id for i in members} | {finding.node_id} | {f.node_id for f in found_with}
         size = max(self.fleet_size(now), len(nodes))
         if len(nodes) < self.policy.fleet.min_nodes or len(nodes) / size <= self.policy.fleet.share:
             return [self._open(finding, now)]
         # Much of the fleet at once: one fleet incident; this node and every held one join it.
-        common = shared([*(i.traits for i in members), traits_of(finding.evidence)])
+        others = {f.node_id: f for f in found_with if f.node_id not in {i.node_id for i in members}}  # one per node, as counted
+        common = shared([*(i.traits for i in members), traits_of(finding.evidence), *(traits_of(f.evidence) for f in others.values())])
         they_share = "; ".join(f"{key} {value} on {n} of {of}" for key, (value, n, of) in common.items())
         fleet_finding = Finding(
             kind=IncidentKind.FLEET_ANOMALY,

@@ -41,6 +41,9 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
         if provider is not None:
             log.warning("autoscaler: a provider without a demand source (GPUMEDIC_AUTOSCALER_DEMAND): decisions are published only")
         logic = HostIncidents(policy, stale_after_s=settings.stale_after_s)
+    if isinstance(logic, PoolIncidents):
+        runtime.metrics.gauge("gpumedic_worker_tasks", "Tasks each worker finished over the task database's outcomes window, "
+                              "by its host and how they ended (done, failed).", ["worker", "host", "outcome"], logic.task_figures)
     detector = Detector(runtime, logic, SERVICE)
     detector.attach("autoscaler-actions")
     handlers = CapacityHandlers(runtime, settings, detector, demand, provider, behind_after_s=policy.kinds.control_plane_behind.after_s)

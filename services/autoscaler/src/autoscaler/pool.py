@@ -115,6 +115,8 @@ class PoolIncidents:
         self._ledger = _Ledger()
         self.offenders = RepeatOffenders(policy.kinds.repeat_offender)
         self.trials = Trials(policy.kinds.burn_in)
+        self.outcomes: dict[str, tuple[str, Outcomes]] = {}
+        """Each worker's host and how its tasks ended, as the task database last said (`task_figures`)."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class PoolIncidents:
                                                provider=self.provider)
         checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
         if isinstance(reading.outcomes, list):
+            hosts = {w.worker_id: w.host_id or "" for w in workers} | {w: host for w, (host, _) in self.outcomes.items()}
+            self.outcomes = {o.worker_id: (hosts.get(o.worker_id, ""), o) for o in reading.outcomes}
             found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
                                  present=present, now=now, provider=self.provider)
             checked.add(IncidentKind.BLACK_HOLE)
@@ -158,6 +162,7 @@ class PoolIncidents:
             gpus_total=supply.total, gpus_busy=self._busy(fleet, in_service), decision=decided.decision, reason=decided.reason[:1000],
             queued=demand.queued, in_progress=demand.in_progress, gpus_wanted=decided.gpus_wanted, change_gpus=decided.change_gpus,
             release=decided.release[:100], **self._costs(workers, in_service), cost_per_task=None if per_task is None else round(per_task, 4),
+            **self._outcomes(reading),
         )
         return evaluated, transitions
 
@@ -242,6 +247,18 @@ class PoolIncidents:
             cost_per_h=sum(w.price_per_h for w in workers),
             gpu_price_per_h=typed[0].price_per_h / typed[0].gpus if typed else None,
         )
+
+    def task_figures(self) -> list[tuple[tuple[str, str, str], float]]:
+        """Each worker's finished tasks over the outcomes window, by host and how they ended (a gauge:
+        summed by host or over the pool, the failure rate and throughput each level shows)."""
+        return [((worker, host, ended), n) for worker, (host, o) in sorted(self.outcomes.items())
+                for ended, n in (("done", o.done), ("failed", o.failed))]
+
+    @staticmethod
+    def _outcomes(reading: Reading) -> dict:
+        if not isinstance(reading.outcomes, list):
+            return {}
+        return {"tasks_done": sum(o.done for o in reading.outcomes), "tasks_failed": sum(o.failed for o in reading.outcomes)}
 
     def _working(self, worker_id: str, fleet: FleetView, now: datetime) -> str:
         sample = fleet.latest.get(worker_id)
