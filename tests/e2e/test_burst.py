@@ -138,7 +138,9 @@ async def test_half_the_fleet_idle_at_once_is_one_fleet_incident_and_no_kill(nat
         await nc.close()
         await fleet.stop()
 
-    fleet_incidents = [o for o in opened if o.kind is IncidentKind.FLEET_ANOMALY]
+    # (a loaded machine may starve the in-process samplers for a while: the silent nodes of one
+    # tick are then a fleet incident of their own, node_silent's, counted apart from this one)
+    fleet_incidents = [o for o in opened if o.kind is IncidentKind.FLEET_ANOMALY and o.evidence.get("kind") == "zombie_job"]
     node_incidents = [o for o in opened if o.kind is IncidentKind.ZOMBIE_JOB]
     assert len(fleet_incidents) == 1 and len(node_incidents) == 10, [(o.kind, o.node_id) for o in opened]
     assert "zombie_job on" in fleet_incidents[0].summary and "no node action" in fleet_incidents[0].summary
