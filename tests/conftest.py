@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.nats",
     "tests.fixtures.postgres",
     "tests.fixtures.runpod",
+    "tests.fixtures.sim",
     "tests.fixtures.sshd",
     "tests.fixtures.webhook",
 ]

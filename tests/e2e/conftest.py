@@ -29,6 +29,7 @@ async def store_url(tmp_path) -> str:
 
 @pytest.fixture
 async def fleet(tmp_path):
+    """The shared fleet's two nodes with one GPU each (the end-to-end tests' shape)."""
     fleet = SimFleet(2, 1, tmp_path / "fleet")
     await fleet.start()
     yield fleet

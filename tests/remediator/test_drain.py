@@ -160,14 +160,6 @@ async def test_a_drain_holds_the_node_tells_the_hook_and_the_bus_and_an_undrain_
     assert record.audit[0]["exit_status"] != 0 and all(a["exit_status"] == 0 for a in record.audit[1:])  # Debian's sshd: no DCGM
 
 
-@pytest.fixture
-async def fleet(tmp_path):
-    fleet = SimFleet(2, 2, tmp_path / "fleet")
-    await fleet.start()
-    yield fleet
-    await fleet.stop()
-
-
 async def test_jobs_are_asked_to_checkpoint_before_their_node_is_drained_and_one_that_ignores_it_only_costs_the_wait(remediator, hook, fleet):
     """Over real SSH to simulated nodes: the jobs that save on SIGUSR1 do, and exit, and only then
     is the node drained; on the other node they ignore it, and the drain goes ahead at the

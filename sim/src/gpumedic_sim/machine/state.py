@@ -466,6 +466,11 @@ class NodeState:
 
     def stop_job(self, gpu: int) -> SimProcess | None:
         """The node stops the job's container on purpose (docker stop): SIGTERM from the engine, exit 143."""
+        job = self._stop_on_purpose(gpu)
+        self._record(gpu, Benign.CONTAINER_STOPPED)
+        return job
+
+    def _stop_on_purpose(self, gpu: int) -> SimProcess | None:
         job = self._job_on(gpu)
         if job is not None:
             with self._lock:
@@ -473,19 +478,12 @@ class NodeState:
                 if container is not None:
                     container.engine_signal = 15
             self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
-        self._record(gpu, Benign.CONTAINER_STOPPED)
         return job
 
     def run_bad_image(self, gpu: int, image: str) -> None:
         """A rollout: the job on `gpu` is stopped (docker stop, exit 143) and started again on
         `image`, which fails at once (exit 1, an import error in its log); the GPU is left free."""
-        job = self._job_on(gpu)
-        if job is not None:
-            with self._lock:
-                container = self.containers.get(job.container_id)
-                if container is not None:
-                    container.engine_signal = 15
-            self._end(job, exit_code=143, logs=["received SIGTERM, saving checkpoint", "checkpoint saved"])
+        self._stop_on_purpose(gpu)
         failed = self._new_container(f"selfplay-gpu{gpu}", image=image)
         self._exit_container(failed, 1, logs=[
             "Traceback (most recent call last):", '  File "/app/selfplay.py", line 3, in <module>',
