@@ -175,7 +175,7 @@ async def test_jobs_are_asked_to_checkpoint_before_their_node_is_drained_and_one
 
     drained = await r.ask(DrainNode(), uuid.uuid4(), node="sim-node-01")
     assert drained.outcome is ActionOutcome.SUCCEEDED, drained.detail
-    assert re.fullmatch(rf"asked pid\(s\) {pids} to checkpoint \(SIGUSR1\): done after [12]s; then drained sim-node-01", drained.detail)
+    assert re.fullmatch(rf"asked pid\(s\) {pids} to checkpoint \(SIGUSR1\): done after [1-3]s; then drained sim-node-01", drained.detail)
     assert all(not p.alive and p.killed_by is None for p in jobs)  # each saved, then exited of itself
     steps = list(drained.steps)
     assert steps[0] == "nvidia-smi --query-compute-apps=pid --format=csv,noheader"
@@ -234,7 +234,7 @@ async def test_a_real_process_on_this_machine_is_asked_by_signal_and_by_file_bef
         by_signal = remediator(checkpoint=CheckpointPolicy(how="signal", wait_s=5, poll_s=0.1))
         # (each drain here is another incident's: the node already was drained for the one before)
         drained = await by_signal.ask(DrainNode(), uuid.uuid4())
-        assert re.fullmatch(rf"asked pid\(s\) {signalled.pid}, {asked_by_file.pid} to checkpoint \(SIGUSR1\): done after [01]s; "
+        assert re.fullmatch(rf"asked pid\(s\) {signalled.pid}, {asked_by_file.pid} to checkpoint \(SIGUSR1\): done after [0-4]s; "
                             r"then drained gpu-node-01 \(it already was, .*\)", drained.detail), drained.detail
         assert signalled.wait(5) == 0 and asked_by_file.wait(5) == 0
         assert (tmp_path / "a" / "checkpoint.pt").read_text() == "saved on SIGUSR1"
@@ -245,7 +245,7 @@ async def test_a_real_process_on_this_machine_is_asked_by_signal_and_by_file_bef
         by_file = remediator(checkpoint=CheckpointPolicy(how="file", wait_s=5, poll_s=0.1))
         drained = await by_file.ask(DrainNode(), uuid.uuid4())
         assert re.fullmatch(rf"asked pid\(s\) {filed.pid} to checkpoint \(a file \.gpumedic-checkpoint in its working directory\): "
-                            r"done after [01]s; then drained gpu-node-01 \(it already was, .*\)", drained.detail), drained.detail
+                            r"done after [0-4]s; then drained gpu-node-01 \(it already was, .*\)", drained.detail), drained.detail
         assert (tmp_path / "c" / "checkpoint.pt").read_text() == "saved on the file"
         assert filed.poll() is None and not (tmp_path / "c" / ".gpumedic-checkpoint").exists()  # saved, and runs on
         assert f"touch -- /proc/{filed.pid}/cwd/.gpumedic-checkpoint" in sshd.commands()

@@ -289,7 +289,7 @@ async def test_a_job_asked_with_a_file_saves_removes_the_file_and_goes_on_so_the
     rule = CheckpointPolicy(how="file", file=".save-now", wait_s=10, poll_s=0.25)
     result = await _run(fleet, node, GpuReset(gpu_index=0), checkpoint=rule)
     assert result.outcome is ActionOutcome.BLOCKED and result.in_use, result.detail
-    assert re.fullmatch(rf"asked pid\(s\) {job.pid} to checkpoint \(a file \.save-now in its working directory\): done after [12]s; "
+    assert re.fullmatch(rf"asked pid\(s\) {job.pid} to checkpoint \(a file \.save-now in its working directory\): done after [1-4]s; "
                         rf"then refused: GPU 0 runs compute process\(es\) {job.pid}; not reset", result.detail), result.detail
     assert job.alive and job.files == set() and job.producing  # saved, the file gone, computing again
     touched = node.ssh_commands.index(f"touch -- /proc/{job.pid}/cwd/.save-now")
