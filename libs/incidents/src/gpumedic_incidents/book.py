@@ -207,12 +207,13 @@ class IncidentBook:
             return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
         since = now - timedelta(seconds=self.policy.fleet.window_s)
         members = [i for i in self.incidents.values() if i.kind is finding.kind and i.opened_at >= since]
-        nodes = {i.node_id for i in members} | {finding.node_id} | {f.node_id for f in found_with}
+        open_nodes = {i.node_id for i in members}
+        nodes = open_nodes | {finding.node_id} | {f.node_id for f in found_with}
         size = max(self.fleet_size(now), len(nodes))
         if len(nodes) < self.policy.fleet.min_nodes or len(nodes) / size <= self.policy.fleet.share:
             return [self._open(finding, now)]
         # Much of the fleet at once: one fleet incident; this node and every held one join it.
-        others = {f.node_id: f for f in found_with if f.node_id not in {i.node_id for i in members}}  # one per node, as counted
+        others = {f.node_id: f for f in found_with if f.node_id not in open_nodes}  # one per node, as counted
         common = shared([*(i.traits for i in members), traits_of(finding.evidence), *(traits_of(f.evidence) for f in others.values())])
         they_share = "; ".join(f"{key} {value} on {n} of {of}" for key, (value, n, of) in common.items())
         fleet_finding = Finding(

@@ -140,7 +140,8 @@ class PoolIncidents:
                                                provider=self.provider)
         checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
         if isinstance(reading.outcomes, list):
-            hosts = {w.worker_id: w.host_id or "" for w in workers} | {w: host for w, (host, _) in self.outcomes.items()}
+            # a worker gone since keeps the host it had; one listed now has the provider's word
+            hosts = {w: host for w, (host, _) in self.outcomes.items()} | {w.worker_id: w.host_id or "" for w in workers}
             self.outcomes = {o.worker_id: (hosts.get(o.worker_id, ""), o) for o in reading.outcomes}
             found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
                                  present=present, now=now, provider=self.provider)

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpumedic_events import ActionRequested
 from gpumedic_incidents.policy import CheckpointPolicy
+from remediator.catalogue import provider
 from remediator.catalogue.base import Means, Node, quoted, short
 from remediator.catalogue.gpu import apps_command, parse_pids
 from remediator.catalogue.kill import parse_stat, stat_command, validate_pid
@@ -52,7 +53,7 @@ Jobs = Callable[[Any, ActionRequested | None], Whose]
 """An operation's entry in the catalogue: whose work it ends, for this request."""
 
 
-def whole_node(operation: object, request: ActionRequested | None) -> Whose:
+def whole_node(operation: Any, request: ActionRequested | None) -> Whose:
     return Whose(apps=ALL_APPS)
 
 
@@ -67,7 +68,7 @@ def targets(operation: Any, request: ActionRequested | None) -> Whose:
 
 def the_worker(operation: Any, request: ActionRequested | None) -> Whose:
     """A worker ended for its own incident: its jobs; the pool's idle ones have none."""
-    if request is not None and request.node_id not in operation.worker_ids:
+    if provider.chosen_as_idle(operation, request):
         return Whose(idle="the pool chose the workers as idle (nothing to save)")
     return Whose(apps=ALL_APPS)
 

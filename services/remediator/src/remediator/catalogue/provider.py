@@ -77,7 +77,7 @@ async def _terminate(request: ActionRequested, operation: TerminateWorker, means
     last checkpoint lost) is requeued at once."""
     provider, step = means.need("provider"), means.step
     asks = means.actions.terminate_worker.tasks_query is not None
-    if asks and request.node_id not in operation.worker_ids:
+    if asks and chosen_as_idle(operation, request):
         busy = []
         for worker_id in operation.worker_ids:
             tasks, error = await _tasks_on(worker_id, means)
@@ -108,6 +108,12 @@ async def _terminate(request: ActionRequested, operation: TerminateWorker, means
     if still:
         return ExecutionResult(ActionOutcome.FAILED, f"{', '.join(still)} still listed as running after termination", [])
     return ExecutionResult(ActionOutcome.SUCCEEDED, "; ".join([f"terminated {names}", *notes]), [])
+
+
+def chosen_as_idle(operation: TerminateWorker, request: ActionRequested | None) -> bool:
+    """The pool's surplus chose these workers as idle (its request is the pool's; a worker's own
+    incident names that worker)."""
+    return request is not None and request.node_id not in operation.worker_ids
 
 
 async def _tasks_on(worker_id: str, means: Means) -> tuple[list[str], str]:
