@@ -258,6 +258,54 @@ async def test_a_real_process_on_this_machine_is_asked_by_signal_and_by_file_bef
                 job.wait()
 
 
+HOOKED_JOB = """
+import http.server, pathlib, sys, threading, time
+saved = threading.Event()
+def save():
+    time.sleep(0.5)
+    pathlib.Path("checkpoint.pt").write_text("saved on the hook")
+    saved.set()
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # asked: saving starts, answered at once
+        threading.Thread(target=save, daemon=True).start()
+        self.send_response(202); self.end_headers()
+    def do_GET(self):
+        self.send_response(200 if saved.is_set() else 202); self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+pathlib.Path("ready").write_text(str(server.server_port))
+server.serve_forever()
+"""
+
+
+async def test_a_real_job_is_asked_through_its_http_hook_with_curl_on_the_node_before_the_drain(remediator, hook, sshd, tmp_path):
+    """Debian's sshd, curl and a real process serving its hook: one POST asks (202: saving), the
+    GETs that follow answer 202 until the checkpoint is written, then 200; the drain comes after."""
+    workdir = tmp_path / "hooked"
+    workdir.mkdir()
+    job = subprocess.Popen([sys.executable, "-c", HOOKED_JOB], cwd=workdir)
+    try:
+        for _ in range(200):
+            if (workdir / "ready").exists() and (workdir / "ready").read_text():
+                break
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{(workdir / 'ready').read_text()}/checkpoint"
+        sshd.computing(0, job.pid)
+        drained = await remediator(checkpoint=CheckpointPolicy(how="http", url=url, wait_s=5, poll_s=0.1)).ask(DrainNode(), uuid.uuid4())
+        assert drained.outcome is ActionOutcome.SUCCEEDED, drained.detail
+        assert re.fullmatch(rf"asked pid\(s\) {job.pid} through {url} to checkpoint: done after [0-4]s; then drained gpu-node-01.*",
+                            drained.detail), drained.detail
+        assert (workdir / "checkpoint.pt").read_text() == "saved on the hook" and job.poll() is None  # saved, runs on
+        commands = sshd.commands()
+        asked = commands.index(f"curl -sS -m 10 -X POST -o /dev/null -w '%{{http_code}}' {url}")
+        assert f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' {url}" in commands[asked + 1:]
+    finally:
+        sshd.computing(0)
+        job.kill()
+        job.wait()
+
+
 async def test_a_node_two_incidents_drained_stays_drained_until_the_last_is_validated(remediator, hook):
     r = remediator()
     first, second = uuid.uuid4(), uuid.uuid4()

@@ -297,6 +297,45 @@ async def test_a_job_asked_with_a_file_saves_removes_the_file_and_goes_on_so_the
     assert "nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0" in node.ssh_commands[touched:]  # the reset's own check, after
 
 
+HOOK = "http://127.0.0.1:8765/checkpoint"
+
+
+async def test_a_job_asked_through_its_hook_saves_and_the_reboot_follows_one_that_ignores_it_costs_the_wait(fleet):
+    """The checkpoint step's HTTP hook: one POST on the node, then a GET each poll until it answers
+    200; a hook that keeps answering 202 costs the wait, and a node where nothing listens is
+    rebooted without waiting (nobody could be asked)."""
+    rule = CheckpointPolicy(how="http", url=HOOK, wait_s=4, poll_s=0.25)
+    saving = fleet.node("sim-node-01")
+    saving.checkpoint_s = 1.0
+    jobs = saving.live_processes()
+    for job in jobs:
+        job.on_checkpoint = "save"
+    pids = ", ".join(str(p.pid) for p in sorted(jobs, key=lambda p: p.gpu))
+    result = await _run(fleet, saving, RebootNode(), checkpoint=rule)
+    assert re.fullmatch(rf"asked pid\(s\) {pids} through {HOOK} to checkpoint: done after [1-3]s; then .*", result.detail), result.detail
+    posted = saving.ssh_commands.index(f"curl -sS -m 10 -X POST -o /dev/null -w '%{{http_code}}' {HOOK}")
+    assert f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' {HOOK}" in saving.ssh_commands[posted:]
+    assert saving.ssh_commands.index("systemctl reboot") > posted
+
+    other = fleet.node("sim-node-02")  # its jobs serve no hook: the reset is not held up
+    plain = await _run(fleet, other, GpuReset(gpu_index=0), checkpoint=rule)
+    assert plain.detail.startswith(f"no checkpoint asked: the hook {HOOK} did not accept it "
+                                   "('curl: (7) Failed to connect to 127.0.0.1 port 8765: Connection refused'); then refused: "), plain.detail
+
+    for job in other.live_processes():
+        job.on_checkpoint = "ignore"
+    late = await _run(fleet, other, RebootNode(), checkpoint=rule)
+    assert re.fullmatch(rf"asked pid\(s\) [0-9, ]+ through {HOOK} to checkpoint: not done after 4s, so the action went ahead; then .*",
+                        late.detail), late.detail
+    assert "systemctl reboot" in other.ssh_commands
+
+
+@pytest.mark.parametrize("url", [None, "http://10.0.0.5:8765/checkpoint", "http://127.0.0.1:8765/x;reboot", "http://127.0.0.1/x\n"])
+def test_an_http_checkpoint_needs_a_plain_loopback_hook(url):
+    with pytest.raises(ValueError, match="url"):
+        CheckpointPolicy(how="http", url=url)
+
+
 async def test_a_kill_s_idle_targets_are_not_asked_to_checkpoint_unless_the_policy_says_even_when_idle(fleet):
     node = fleet.node("sim-node-02")
     zombie = node.inject_zombie(1)

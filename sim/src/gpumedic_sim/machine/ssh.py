@@ -5,8 +5,9 @@ Only the catalogue's forms are interpreted (a real node runs the same lines unch
 `cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
 reboot`, `docker system df` and the prunes, `df` on /var/lib/docker (used, and free beside /),
-the `MemAvailable` line of /proc/meminfo, and http_admin's curl POST
-to the node's own service (its token read from stdin, as curl's `-H @-` does). Anything else answers
+the `MemAvailable` line of /proc/meminfo, http_admin's curl POST
+to the node's own service (its token read from stdin, as curl's `-H @-` does), the checkpoint
+step's `kill -s USR1|USR2|INT`, `touch`/`test -e` in /proc/PID/cwd and curl to the jobs' hook. Anything else answers
 as a shell that lacks the command (exit 127) and changes nothing. Lines are split with shlex and
 matched; nothing is ever evaluated. Every line received is recorded, in order, in
 `node.ssh_commands`, so tests and the demo can show exactly what the remediator did.
@@ -117,6 +118,9 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             return CommandResult(0, stdout=f"MemAvailable:   {node.machine.memory_available_kib} kB\n")
         case [*options, body, url] if options == _CURL and (loopback := _LOOPBACK_URL.match(url)):
             return _admin(node, loopback.group("path") or "/", stdin, body)
+        case ["curl", "-sS", "-m", _, *method, "-o", "/dev/null", "-w", "%{http_code}", url] if (
+                method in ([], ["-X", "POST"]) and (loopback := _LOOPBACK_URL.match(url))):
+            return _hook(node, loopback, ask=bool(method))
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
 
 
@@ -216,6 +220,15 @@ def _admin(node: NodeState, path: str, stdin: str, body: str) -> CommandResult:
     return CommandResult(0, stdout=str(status))
 
 
+def _hook(node: NodeState, url: re.Match, *, ask: bool) -> CommandResult:
+    """The jobs' checkpoint hook, as curl -sS -w '%{http_code}' shows it; none listening: curl's exit 7."""
+    status = node.checkpoint_hook(ask=ask)
+    if status is None:
+        port = (url.group(2) or ":80")[1:]
+        return CommandResult(7, stdout="000", stderr=f"curl: (7) Failed to connect to 127.0.0.1 port {port}: Connection refused\n")
+    return CommandResult(0, stdout=str(status))
+
+
 def _size(size: int) -> str:
     """Bytes the way docker prints them (decimal units)."""
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
@@ -310,7 +323,7 @@ class SshEndpoint:
             process.exit(1)
             return
         self.node.ssh_commands.append(command)
-        if command.startswith("curl "):  # reads its headers from stdin first
+        if command.startswith(CURL):  # http_admin's reads its headers from stdin first
             task = asyncio.get_running_loop().create_task(self._run_with_stdin(process, command))
             self._late.add(task)
             task.add_done_callback(self._late.discard)

@@ -684,6 +684,20 @@ class NodeState:
                     p.on_checkpoint = answer
         self._record(None, benign)
 
+    def checkpoint_hook(self, *, ask: bool) -> int | None:
+        """The jobs' checkpoint hook on the node (any loopback URL): None when no job serves one;
+        a POST (`ask`) starts every saving job's checkpoint. The answer: 200 once none is saving
+        and none ignores the hook, else 202."""
+        with self._lock:
+            jobs = [p for p in self.live_processes() if p.is_job and p.on_checkpoint is not None]
+            if not jobs:
+                return None
+            for p in jobs:
+                if ask and p.on_checkpoint == "save" and p.saved_at is None:
+                    self._save(p, then_exit=False)
+            pending = any(p.on_checkpoint == "ignore" or p.saved_at is not None for p in jobs)
+            return 202 if pending else 200
+
     def has_file(self, pid: int, name: str) -> bool:
         with self._lock:
             p = self.process(pid)

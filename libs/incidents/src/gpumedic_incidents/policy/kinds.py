@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gpumedic_events import ENDPOINT_PATTERN, UNIT_PATTERN, WHOLE_KINDS, IncidentKind
-from gpumedic_incidents.policy.base import Action, MAX_ASKS_WHILE_IN_USE, SAMPLER_UNIT, Strict
+from gpumedic_incidents.policy.base import HEALTH_URL, Action, MAX_ASKS_WHILE_IN_USE, SAMPLER_UNIT, Strict
 
 FILE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 ACTION_ROOM_S = 60.0
@@ -41,12 +41,17 @@ class CheckpointPolicy(Strict):
     a GPU reset or a reboot asks every job on the node (the reset, its GPU's); a kill asks its
     targets only with `even_when_idle` (they idled for the kind's window: nothing to save)."""
 
-    how: Literal["signal", "file"] = Field(
+    how: Literal["signal", "file", "http"] = Field(
         description="signal: `signal` to each of the job's processes, done when it exits (a process with no handler for it dies "
-        "of it); file: `file` written in each process's working directory, done when the job removes it (or exits).",
+        "of it); file: `file` written in each process's working directory, done when the job removes it (or exits); http: "
+        "`url` POSTed on the node, done when a GET of it answers 200 (or the job's processes exit).",
     )
     signal: Literal["USR1", "USR2", "INT", "TERM"] = "USR1"
     file: str = Field(default=".gpumedic-checkpoint", max_length=64, description="A file name, no directory.")
+    url: str | None = Field(
+        default=None, description="The job's hook on the node, for how: http, e.g. http://127.0.0.1:8765/checkpoint: a POST asks "
+        "(2xx: asked; 200: already saved), a GET says whether it is saved (200) or still saving (202).",
+    )
     wait_s: float = Field(default=120.0, gt=0, le=3600, description="How long the job may take; then the action goes ahead.")
     poll_s: float = Field(default=2.0, ge=0.1, le=10, description="How often the job's answer is looked for meanwhile (each look also tells the bus the action is still running).")
     even_when_idle: bool = Field(default=False, description="Ask a kill's targets too, though they idled for the whole window.")
@@ -57,6 +62,14 @@ class CheckpointPolicy(Strict):
         if not FILE_NAME.match(value) or value in (".", ".."):
             raise ValueError(f"file {value!r} is not a plain file name (letters, digits, . _ -; no directory)")
         return value
+
+    @model_validator(mode="after")
+    def _a_hook_for_http(self) -> CheckpointPolicy:
+        if self.how == "http" and self.url is None:
+            raise ValueError("how: http needs url: the job's hook on the node (http://127.0.0.1:PORT/PATH)")
+        if self.url is not None and not HEALTH_URL.fullmatch(self.url):
+            raise ValueError(f"url {self.url[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path] (the hook is called on the node)")
+        return self
 
 
 class KindPolicy(Strict):
