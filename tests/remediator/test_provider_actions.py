@@ -36,6 +36,9 @@ from tests.remediator.conftest import incident_waiting_for
 H100 = "NVIDIA H100 80GB HBM3"
 TASKS_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'In Progress'"
 REQUEUE = "UPDATE tasks SET status = 'Queued', worker_id = NULL WHERE id IN :task_ids AND status = 'In Progress'"
+FAILED_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'Failed'"
+REQUEUE_FAILED = ("UPDATE tasks SET status = 'Queued', worker_id = NULL, retried = 1 WHERE id IN :task_ids AND status = 'Failed' "
+                  "AND retried = 0")
 
 
 class _Broker:
@@ -59,8 +62,8 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
         actions = Actions(spawn_worker=SpawnPolicy(gpu_types=gpu_types, max_gpus=8), restart_worker=RestartWorkerPolicy(back_within_s=1.5, poll_s=0.2))
         if task_db is not None:
             (tmp_path / "task-db-url").write_text(f"sqlite+aiosqlite:///{task_db}\n")
-            actions = actions.model_copy(update={"terminate_worker": TerminatePolicy(tasks_query=TASKS_QUERY),
-                                                 "requeue_tasks": RequeuePolicy(statement=REQUEUE)})
+            actions = actions.model_copy(update={"terminate_worker": TerminatePolicy(tasks_query=TASKS_QUERY, failed_tasks_query=FAILED_QUERY),
+                                                 "requeue_tasks": RequeuePolicy(statement=REQUEUE, failed_statement=REQUEUE_FAILED)})
         kinds = Kinds(capacity_surplus=Kinds().capacity_surplus.model_copy(update={"checkpoint": checkpoint}),
                       stuck_spawning=Kinds().stuck_spawning.model_copy(update={"checkpoint": checkpoint}))
         dump_policy(Policy(actions=actions, kinds=kinds), policy_file)
@@ -88,7 +91,8 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
         await engine.dispose()
 
 
-async def ask(handler: ActionHandler, operation, *, node: str = "workers", incident_id: uuid.UUID | None = None) -> ActionCompleted:
+async def ask(handler: ActionHandler, operation, *, node: str = "workers", incident_id: uuid.UUID | None = None,
+              kind: IncidentKind | None = None) -> ActionCompleted:
     """A request as the autoscaler makes it, under the incident that waits for it."""
     incident_id = incident_id or uuid.uuid4()
     if isinstance(operation, SpawnWorker):
@@ -96,7 +100,7 @@ async def ask(handler: ActionHandler, operation, *, node: str = "workers", incid
     elif isinstance(operation, RestartWorker):  # a GPU that kills did not free, on a rented node
         kind = IncidentKind.ORPHAN_GPU_HOLDER
     else:  # the pool's surplus, or one worker's own incident
-        kind = IncidentKind.CAPACITY_SURPLUS if node == "workers" else IncidentKind.STUCK_SPAWNING
+        kind = kind or (IncidentKind.CAPACITY_SURPLUS if node == "workers" else IncidentKind.STUCK_SPAWNING)
     request = ActionRequested(
         source="zombie-detector" if isinstance(operation, RestartWorker) else "autoscaler", action_id=uuid.uuid4(), incident_id=incident_id, node_id=node, attempt=1,
         operation=operation, reason="queue backlog", fingerprint=fingerprint(node, kind, None),
@@ -170,6 +174,51 @@ async def test_no_worker_is_ended_mid_task_and_what_an_ended_worker_ran_goes_bac
     own = await ask(handler, TerminateWorker(worker_ids=(faulty,)), node=faulty)  # its own incident: ended busy or not
     assert (own.outcome, own.detail) == (ActionOutcome.SUCCEEDED, f"terminated {faulty}; requeued 1 of the 1 task(s) (t3) {faulty} was running")
     assert tasks() == [("t1", "Complete", raced), ("t2", "Complete", idle), ("t3", "Queued", None)]
+
+
+async def test_a_black_hole_s_failed_tasks_go_back_to_the_queue_once_when_it_is_ended(remediator, tmp_path):
+    """The policy's failed_tasks_query and guarded failed_statement: ending a black hole requeues
+    what failed on it (the host's fault), a task given another go before is not given a third, and
+    another kind's termination (stuck spawning) leaves failed tasks failed."""
+    fake, make = remediator
+    path = tmp_path / "tasks.db"
+
+    def tasks(*statements: str) -> list[tuple]:
+        with sqlite3.connect(path) as db:
+            for statement in statements:
+                db.execute(statement)
+            return db.execute("SELECT id, status, worker_id FROM tasks ORDER BY id").fetchall()
+
+    tasks("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT, retried INTEGER NOT NULL DEFAULT 0)")
+    handler = make(task_db=path)
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=1, count=2))
+    hole, stuck = fake.pods
+    tasks(f"INSERT INTO tasks VALUES ('f1', 'Failed', '{hole}', 0), ('f2', 'Failed', '{hole}', 0), ('f3', 'Failed', '{hole}', 1), "
+          f"('ok', 'Complete', '{hole}', 0), ('s1', 'Failed', '{stuck}', 0)")
+    ended = await ask(handler, TerminateWorker(worker_ids=(hole,)), node=hole, kind=IncidentKind.BLACK_HOLE)
+    assert (ended.outcome, ended.detail) == (
+        ActionOutcome.SUCCEEDED,
+        f"terminated {hole}; requeued 2 of the 3 task(s) (f1, f2, f3) that failed on {hole} (1 had been given another go before)",
+    )
+    async with handler._sessions() as session:
+        record = await repository.get_action(session=session, action_id=ended.action_id)
+    assert [a["command"] for a in record.audit] == [
+        f"provider: terminate worker {hole}", f"task database: actions.terminate_worker.tasks_query for {hole}",
+        f"task database: actions.terminate_worker.failed_tasks_query for {hole}",
+        f"task database: actions.requeue_tasks.failed_statement for the tasks that failed on {hole}", "provider: list workers (verify)",
+    ]
+    other = await ask(handler, TerminateWorker(worker_ids=(stuck,)), node=stuck)  # stuck spawning: its failures are its tasks' own
+    assert (other.outcome, other.detail) == (ActionOutcome.SUCCEEDED, f"terminated {stuck}")
+    assert tasks() == [("f1", "Queued", None), ("f2", "Queued", None), ("f3", "Failed", hole), ("ok", "Complete", hole), ("s1", "Failed", stuck)]
+
+
+@pytest.mark.parametrize("section, sql", [
+    ("terminate_worker", {"failed_tasks_query": "SELECT id FROM tasks WHERE worker_id = :worker AND status = 'Failed'"}),
+    ("requeue_tasks", {"failed_statement": "UPDATE tasks SET status = 'Queued' WHERE id = 't1'"}),
+])
+def test_the_failed_task_statements_take_exactly_their_bound_parameter(section, sql):
+    with pytest.raises(ValueError, match="exactly one bound parameter"):
+        Actions.model_validate({section: sql})
 
 
 async def test_a_worker_ended_for_its_own_fault_has_its_jobs_asked_to_checkpoint_and_the_pool_s_idle_ones_are_not(remediator):

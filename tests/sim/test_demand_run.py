@@ -92,7 +92,8 @@ async def test_a_machine_that_fails_every_task_with_healthy_gpus_is_a_black_hole
     assert machine["ok"], "\n".join(lines)
     unexplained = [c for c in pool["checks"] if "no fault explains" in c["check"]]
     assert unexplained and unexplained[0]["ok"], "\n".join(lines)
-    assert pool["failed"] >= 10, "\n".join(lines)  # every task on machine 2 failed, however many it took
+    # every task on machine 2 failed, however many it took, and went back to the queue once it was ended
+    assert sum(pool["failed_first_on"].values()) >= 10 and sum(pool["retried_from"].values()) >= 10, "\n".join(lines)
 
 
 def _figures(**update) -> PoolFigures:
@@ -155,6 +156,24 @@ def test_a_bad_machine_passes_when_found_by_its_second_rental_and_returned_after
     assert list(worked.values()) == [False, True]
     slow = _machine_lines(_figures(**{**figures.__dict__, "ended_at": {**figures.ended_at, "simw0005": 120}}), incidents)
     assert list(slow.values()) == [True, False]
+
+
+def test_a_black_hole_passes_once_ended_with_every_task_that_failed_on_it_given_another_go():
+    """The black hole's line: found, ended, and what failed there requeued (the remediator's
+    failed_tasks_query and guarded failed_statement); a failed task left failed fails the line."""
+    holes = BLACK_HOLE.model_copy(update={"bad_machines": (BLACK_HOLE.bad_machines[0],)})
+    figures = _figures(rented=["simw0001", "simw0002"], machines={"simw0001": "sim-host-001", "simw0002": "sim-host-002"},
+                       took={"simw0001": 20, "simw0002": 8}, ended_at={"simw0002": 40.0},
+                       failed_first_on={"simw0001": 1, "simw0002": 8}, retried_from={"simw0002": 8})
+    incident = SimpleNamespace(kind="black_hole", node_id="simw0002")
+
+    def line(figures) -> tuple[bool, str]:
+        (ok, what), = [(ok, what) for ok, what in judge(figures, holes, [incident], []) if what.startswith("machine ")]
+        return ok, what
+
+    assert line(figures) == (True, "machine sim-host-002 (every task fails, its GPUs fine): rented 1 time(s), 8 task(s) taken; a black "
+                                   "hole on simw0002, 1 of them ended, 8 of the 8 task(s) that failed there given another go")
+    assert line(_figures(**{**figures.__dict__, "retried_from": {"simw0002": 5}}))[0] is False
 
 
 def test_a_bad_machine_must_be_one_of_the_providers_on_a_gpu_a_worker_has():

@@ -25,6 +25,7 @@ import random
 import secrets
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -54,6 +55,9 @@ PROMOTE = "UPDATE workers SET status = 'active' WHERE id = :worker_id AND status
 WORKERS_QUERY = "SELECT id, status, heartbeat_at FROM workers"
 IN_PROGRESS_QUERY = "SELECT id, worker_id FROM tasks WHERE status = 'In Progress'"
 TASKS_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'In Progress'"
+FAILED_QUERY = "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'Failed'"
+REQUEUE_FAILED = ("UPDATE tasks SET status = 'Queued', worker_id = NULL, retried = 1 WHERE id IN :task_ids AND status = 'Failed' "
+                  "AND retried = 0")
 OUTCOMES_QUERY = ("SELECT worker_id, status, COUNT(*) FROM tasks WHERE status IN ('Complete', 'Failed') AND worker_id IS NOT NULL "
                   "GROUP BY worker_id, status")
 STEP_S = 0.5
@@ -166,6 +170,10 @@ class PoolFigures:
     """Tasks In Progress on a worker when it died or was ended."""
     requeued: dict[str, int]
     """Task id -> times requeued."""
+    failed_first_on: dict[str, int] = field(default_factory=dict)
+    """Worker -> tasks that failed there first."""
+    retried_from: dict[str, int] = field(default_factory=dict)
+    """Worker -> tasks that failed there first and were given another go (a black hole's, requeued)."""
     machines: dict[str, str] = field(default_factory=dict)
     """Worker -> the provider's machine it was rented on."""
     took: dict[str, int] = field(default_factory=dict)
@@ -256,8 +264,8 @@ class SimWorkerPool:
         policy = {
             "actions": {
                 "spawn_worker": {"gpu_types": [self.plan.gpu_type], "max_gpus": self.plan.scaling.gpus_per_worker},
-                "terminate_worker": {"tasks_query": TASKS_QUERY},
-                "requeue_tasks": {"statement": REQUEUE},
+                "terminate_worker": {"tasks_query": TASKS_QUERY, "failed_tasks_query": FAILED_QUERY},
+                "requeue_tasks": {"statement": REQUEUE, "failed_statement": REQUEUE_FAILED},
                 "mark_worker_ended": {"statement": MARK_ENDED},
             },
             "kinds": {
@@ -285,7 +293,8 @@ class SimWorkerPool:
         self._db = sqlite3.connect(self.db_path, timeout=5, isolation_level=None)
         self._db.execute("PRAGMA journal_mode = WAL")  # the autoscaler reads while the workers write
         self._db.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT, arrived_at REAL NOT NULL, "
-                         "first_started_at REAL, started_at REAL, done_at REAL, requeues INTEGER NOT NULL DEFAULT 0)")
+                         "first_started_at REAL, started_at REAL, done_at REAL, requeues INTEGER NOT NULL DEFAULT 0, "
+                         "first_failed_on TEXT, retried INTEGER NOT NULL DEFAULT 0)")
         self._db.execute("CREATE TABLE workers (id TEXT PRIMARY KEY, status TEXT NOT NULL, heartbeat_at TEXT)")
         write_private(self.key_path, self.api.key.encode())
         write_private(self.url_path, f"sqlite:///{self.db_path}\n".encode())
@@ -363,8 +372,9 @@ class SimWorkerPool:
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
                     failed = worker.fails_tasks or self._rng.random() < self.plan.fail_share
-                    self._db.execute("UPDATE tasks SET status = ?, done_at = ? WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
-                                     ("Failed" if failed else "Complete", now, task_id, worker_id))
+                    self._db.execute("UPDATE tasks SET status = ?, done_at = ?, first_failed_on = COALESCE(first_failed_on, ?) "
+                                     "WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
+                                     ("Failed" if failed else "Complete", now, worker_id if failed else None, task_id, worker_id))
                     worker.node.finish_job(gpu)
                     del worker.running[gpu]
             if self.plan.burn_in and self._db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchone() != ("active",):
@@ -425,8 +435,8 @@ class SimWorkerPool:
     # --- the figures -------------------------------------------------------------------------
 
     def figures(self) -> PoolFigures:
-        rows = self._db.execute("SELECT id, status, arrived_at, first_started_at, requeues FROM tasks").fetchall()
-        waits = sorted((started if started is not None else time.monotonic()) - arrived for _, _, arrived, started, _ in rows)
+        rows = self._db.execute("SELECT id, status, arrived_at, first_started_at, requeues, first_failed_on, retried FROM tasks").fetchall()
+        waits = sorted((started if started is not None else time.monotonic()) - arrived for _, _, arrived, started, *_ in rows)
         rented = self.provider.rented()
         never = [w for w, never_ssh in rented.items() if never_ssh]
         ended = self.provider.ended()
@@ -438,6 +448,7 @@ class SimWorkerPool:
             never_came_up=never, never_came_up_ended=sum(1 for w in never if w in ended),
             died=list(self._died), died_ended=sum(1 for w in self._died if w in ended), ended_busy=list(self._ended_busy),
             orphaned=len(self._orphaned), requeued={r[0]: r[4] for r in rows if r[4]},
+            failed_first_on=dict(Counter(r[5] for r in rows if r[5])), retried_from=dict(Counter(r[5] for r in rows if r[6])),
             machines=dict(self._machines), took=dict(self._took), came_up=dict(self._came_up), ended_at={w: round((at - self._started_at).total_seconds(), 1) for w, at in ended.items()},
             rented_at=dict(self._rented_at), started_at=self._started_at,
         )
@@ -556,10 +567,13 @@ def _judge_machine(figures: PoolFigures, bad: BadMachine, incidents: list, grace
     if bad.fault == "fails_tasks":
         holes = sorted({i.node_id for i in incidents if i.kind == "black_hole" and i.node_id in rentals})
         took = sum(figures.took.get(w, 0) for w in rentals)
-        return bool(holes) and all(w in figures.ended_at for w in holes), (
+        failed = sum(figures.failed_first_on.get(w, 0) for w in holes)
+        retried = sum(figures.retried_from.get(w, 0) for w in holes)
+        return bool(holes) and all(w in figures.ended_at for w in holes) and retried == failed, (
             f"machine {bad.host_id} (every task fails, its GPUs fine): rented {len(rentals)} time(s), {took} task(s) taken; "
             f"a black hole on {', '.join(holes) or 'none of its rentals'}"
-            + (f", {sum(1 for w in holes if w in figures.ended_at)} of them ended" if holes else ""))
+            + (f", {sum(1 for w in holes if w in figures.ended_at)} of them ended, {retried} of the {failed} task(s) that failed "
+               "there given another go" if holes else ""))
     if bad.fault == "pcie_narrow":
         late = {w: figures.ended_at[w] - figures.came_up[w] for w in up if w in figures.ended_at}
         failed = {i.node_id for i in incidents if i.kind == "burn_in_failed"}

@@ -237,10 +237,17 @@ class TerminatePolicy(ActionPolicy):
         "'In Progress'. Set: when a worker the pool chose as idle took a task since, none is ended (the surplus asks again), "
         "and what an ended worker still ran is requeued (actions.requeue_tasks.statement) once it is gone. Null: neither.",
     )
+    failed_tasks_query: str | None = Field(
+        default=None, max_length=2000,
+        description="SQL that returns the ids of the tasks that failed on a worker, with one bound parameter :worker_id, e.g. "
+        "SELECT id FROM tasks WHERE worker_id = :worker_id AND status = 'Failed'. Set, with actions.requeue_tasks.failed_statement: "
+        "a black hole's failed tasks go back to the queue once it is ended (they failed for the host, not for themselves).",
+    )
 
     @model_validator(mode="after")
     def _one_bound_parameter(self) -> TerminatePolicy:
         bound_once(self.tasks_query, "worker_id")
+        bound_once(self.failed_tasks_query, "worker_id")
         return self
 
 
@@ -267,6 +274,17 @@ class TaskDbPolicy(ActionPolicy):
 
 class RequeuePolicy(TaskDbPolicy):
     parameter: ClassVar[str] = "task_ids"
+    failed_statement: str | None = Field(
+        default=None, max_length=2000,
+        description="SQL that puts failed tasks back in the queue, with one bound parameter :task_ids, guarded so that a task "
+        "goes back once, e.g. UPDATE tasks SET status = 'Queued', worker_id = NULL, retried = 1 WHERE id IN :task_ids AND "
+        "status = 'Failed' AND retried = 0. Run for a black hole's failed tasks (terminate_worker.failed_tasks_query); null: never.",
+    )
+
+    @model_validator(mode="after")
+    def _failed_bound_once(self) -> RequeuePolicy:
+        bound_once(self.failed_statement, self.parameter)
+        return self
 
 
 class MarkEndedPolicy(TaskDbPolicy):

@@ -7,7 +7,9 @@ listed, nothing is ever rented; one action rents or ends at most `max_count` wor
 termination is verified: the workers must be gone from the provider's list afterwards. With the
 policy's `tasks_query`, no worker is ended mid-task unawares: if one the pool chose as idle took a
 task since, none is ended (refused as in use: the surplus asks again), and what an ended worker
-still ran is requeued at once. A restart
+still ran is requeued at once. With `failed_tasks_query` and `requeue_tasks.failed_statement`, a
+black hole's failed tasks go back to the queue when it is ended (the statement's guard keeps it
+to once per task): they failed for the host. A restart
 is verified by the pod running again with a start time past the one before (a provider may
 answer a restart it did not carry out), within `actions.restart_worker.back_within_s`.
 """
@@ -39,7 +41,9 @@ def render(operation: SpawnWorker | TerminateWorker | RestartWorker, actions: Ac
                 f"({actions.terminate_worker.max_count})"
             )
         asks = actions.terminate_worker.tasks_query is not None
-        return (*(line for w in operation.worker_ids for line in ((_asked(w),) if asks else ()) + (_ending(w),)),
+        retries = _retries_failed(actions)
+        return (*(line for w in operation.worker_ids
+                  for line in ((_asked(w),) if asks else ()) + (_ending(w),) + ((_asked_failed(w), _requeue_failed(w)) if retries else ())),
                 "provider: list workers (verify)")
     rule = actions.spawn_worker
     if operation.gpu_type not in rule.gpu_types:
@@ -96,6 +100,8 @@ async def _terminate(request: ActionRequested, operation: TerminateWorker, means
         ended.append(worker_id)
         if asks:
             notes += await _requeue_left(worker_id, means)
+        if _retries_failed(means.actions) and _kind(request) is IncidentKind.BLACK_HOLE:
+            notes += await _requeue_failed_on(worker_id, means)
     listed: list[Worker] = []
 
     async def verify() -> None:
@@ -116,20 +122,49 @@ def chosen_as_idle(operation: TerminateWorker, request: ActionRequested | None) 
     return request is not None and request.node_id not in operation.worker_ids
 
 
-async def _tasks_on(worker_id: str, means: Means) -> tuple[list[str], str]:
-    """The ids of the tasks the worker runs now, as the task database says (`tasks_query`); or what went wrong."""
+def _retries_failed(actions: Actions) -> bool:
+    return actions.terminate_worker.failed_tasks_query is not None and actions.requeue_tasks.failed_statement is not None
+
+
+def _kind(request: ActionRequested) -> IncidentKind | None:
+    """The incident's kind, from the request's fingerprint (node/kind/gpu)."""
+    try:
+        return IncidentKind((request.fingerprint or "").split("/")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+async def _tasks_on(worker_id: str, means: Means, query: str = "tasks_query") -> tuple[list[str], str]:
+    """The ids of the tasks the worker runs now (`tasks_query`), or failed on (`failed_tasks_query`),
+    as the task database says; or what went wrong."""
     db, rows = means.need("task_db"), []
 
     async def read() -> None:
-        rows.extend(await db.rows(means.actions.terminate_worker.tasks_query, {"worker_id": worker_id}))
+        rows.extend(await db.rows(getattr(means.actions.terminate_worker, query), {"worker_id": worker_id}))
 
-    if error := await means.step(_asked(worker_id), read):
+    if error := await means.step(_asked(worker_id) if query == "tasks_query" else _asked_failed(worker_id), read):
         return [], error
     ids = [row[0] if len(row) == 1 else row for row in rows]
     wrong = [t for t in ids if not isinstance(t, str | int) or isinstance(t, bool) or not TASK_ID.match(str(t))]
     if wrong:
-        return [], f"the tasks_query answered {short(wrong[0])}, which is no task id"
+        return [], f"the {query} answered {short(wrong[0])}, which is no task id"
     return [str(t) for t in ids][:MAX_TASKS], ""
+
+
+async def _requeue_failed_on(worker_id: str, means: Means) -> list[str]:
+    """After a black hole's end: the tasks that failed on it go back to the queue, through the
+    policy's guarded statement (a task already given another go is not given one again)."""
+    tasks, error = await _tasks_on(worker_id, means, "failed_tasks_query")
+    if error:
+        return [f"the tasks that failed on {worker_id} could not be read ({error}); none requeued"]
+    if not tasks:
+        return []
+    error, changed = await taskdb.write(means, _requeue_failed(worker_id), means.actions.requeue_tasks.failed_statement, {"task_ids": tasks})
+    if error:
+        return [f"the {_tasks(tasks)} that failed on {worker_id} not requeued ({error})"]
+    left = len(tasks) - changed
+    again = f" ({left} had been given another go before)" if left else ""
+    return [f"requeued {changed} of the {_tasks(tasks)} that failed on {worker_id}{again}"]
 
 
 async def _requeue_left(worker_id: str, means: Means) -> list[str]:
@@ -152,6 +187,14 @@ async def _requeue_left(worker_id: str, means: Means) -> list[str]:
 
 def _asked(worker_id: str) -> str:
     return f"task database: actions.terminate_worker.tasks_query for {worker_id}"
+
+
+def _asked_failed(worker_id: str) -> str:
+    return f"task database: actions.terminate_worker.failed_tasks_query for {worker_id}"
+
+
+def _requeue_failed(worker_id: str) -> str:
+    return f"task database: actions.requeue_tasks.failed_statement for the tasks that failed on {worker_id}"
 
 
 def _ending(worker_id: str) -> str:
