@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections import Counter
 from datetime import datetime, timedelta
 
 import pytest
 
 from autoscaler.demand import Demand, DemandUnavailable, SqlDemand
-from autoscaler.outcomes import Outcomes, black_holes, tail
+from autoscaler.outcomes import Outcomes, PoolHistory, PoolRate, black_holes, tail
 from autoscaler.pool import FleetView, Reading
 from gpumedic_events import DrainNode, IncidentKind, TerminateWorker
-from gpumedic_incidents.policy import BlackHolePolicy
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import BlackHolePolicy, FailureJumpPolicy
 from tests.autoscaler.test_demand import _task_db
 from tests.autoscaler.test_pool import T0, Pool, _w
 
@@ -146,3 +148,46 @@ def test_how_tasks_ended_is_published_for_the_pool_and_kept_per_worker_and_host(
     assert (("pod-1", "m-2", "failed"), 1) in pool.logic.task_figures()
     unread = _round(pool, T0 + timedelta(seconds=10), workers[:1], None)
     assert (unread.tasks_done, unread.tasks_failed) == (None, None) and len(pool.logic.task_figures()) == 4
+
+
+JUMP = FailureJumpPolicy(baseline_age_s=600)
+
+
+def _rate(at_s: float, finished: int, failed: int, image: str = "acme/selfplay:7", workers: int = 10) -> PoolRate:
+    return PoolRate(T0 + timedelta(seconds=at_s), finished, failed, {"image": Counter({image: workers}), "gpu_type": Counter({"H100": workers})})
+
+
+@pytest.mark.parametrize(("what", "now", "found"), [
+    ("the pool fails as it did", _rate(700, 200, 5), False),
+    ("a jump no worker explains", _rate(700, 200, 60), True),
+    ("too few tasks to judge", _rate(700, 15, 10), False),
+    ("worse, but not by min_ratio", _rate(700, 200, 12), False),
+])
+def test_a_pool_wide_jump_is_judged_against_the_pool_as_it_was(what, now, found):
+    history = PoolHistory(JUMP)
+    assert history.round(_rate(0, 200, 4), pool="workers") is None  # nothing to compare with yet
+    assert (history.round(now, pool="workers") is not None) is found, what
+
+
+def test_the_jump_names_what_changed_keeps_its_baseline_while_it_lasts_and_is_found_by_the_pool_once():
+    history = PoolHistory(JUMP)
+    history.round(_rate(0, 200, 4), pool="workers")
+    jump = history.round(_rate(700, 200, 90, image="acme/selfplay:8"), pool="workers")
+    assert jump.kind is IncidentKind.FAILURE_JUMP and jump.node_id == "workers"
+    assert jump.summary == ("90 of 200 tasks failed across the pool (45%) against 2.2% 700s before: that many by chance has probability "
+                            f"{jump.evidence['chance']:.1e}; what changed: image acme/selfplay:8 on 10 of 10 workers (was acme/selfplay:7 on 10 of 10)")
+    assert "gpu_type" not in str(jump.evidence) and jump.recommended_action.startswith("roll back what changed")
+    # an hour of the jump later: the baseline is still the round before it, not a jumped one
+    for at in range(1300, 4000, 600):
+        assert history.round(_rate(at, 200, 90, image="acme/selfplay:8"), pool="workers") is not None
+    assert history.before.at == T0
+
+    pool = Pool(policy=Policy.model_validate({"actions": {"spawn_worker": {"gpu_types": ["H100"]}},
+                                              "kinds": {"failure_jump": {"baseline_age_s": 600}}}))
+    old = [_w(f"pod-{i}").model_copy(update={"image": "acme/selfplay:7"}) for i in range(10)]
+    new = [w.model_copy(update={"image": "acme/selfplay:8"}) for w in old]
+    _round(pool, T0, old, [Outcomes(w.worker_id, 20, 0 if i % 3 else 1) for i, w in enumerate(old)])
+    _round(pool, T0 + timedelta(seconds=700), new, [Outcomes(w.worker_id, 10, 10) for w in new])
+    assert pool.of(IncidentKind.BLACK_HOLE) == []  # every worker alike: no worker stands out
+    (opened,) = pool.of(IncidentKind.FAILURE_JUMP)
+    assert opened.node_id == "workers" and opened.evidence["changed_image"].startswith("image acme/selfplay:8 on 10 of 10 workers")

@@ -101,6 +101,9 @@ class IncidentKind(StrEnum):
     BLACK_HOLE = "black_hole"
     """A worker whose finished tasks fail far more often than the rest of the pool's, by the task
     database: a bad image, a broken driver and CUDA pairing or a flaky host, however healthy its GPUs look."""
+    FAILURE_JUMP = "failure_jump"
+    """The whole pool's tasks fail far more often than they did (a bad image or driver rolled out to
+    every worker, so no worker stands out from the rest): one incident that names what changed."""
     CONTROL_PLANE_BEHIND = "control_plane_behind"
     """A control-plane service handles samples later than they come (its key names it): meanwhile it
     judges no node silent, and the autoscaler scales on no samples, rather than act on what they did not see."""
@@ -113,7 +116,7 @@ WHOLE_KINDS = frozenset({
     IncidentKind.FLEET_ANOMALY, IncidentKind.CAPACITY_SHORT, IncidentKind.CAPACITY_SURPLUS, IncidentKind.QUEUE_STALLED,
     IncidentKind.ORPHANED_TASKS, IncidentKind.NO_LEADER, IncidentKind.QUORUM_LOST, IncidentKind.SPLIT_BRAIN,
     IncidentKind.LEADER_FLAPPING, IncidentKind.PEERS_BELOW_TARGET, IncidentKind.CONTROL_PLANE_BEHIND,
-    IncidentKind.SAMPLES_LOST,
+    IncidentKind.SAMPLES_LOST, IncidentKind.FAILURE_JUMP,
 })
 """Kinds about the fleet, the worker pool, the peer cluster or gpumedic itself as a whole: no one host's doing."""
 

@@ -13,22 +13,26 @@ finished tasks ended over the window of the operator's query (the runbook's `Com
   of the pool's rate is estimated as (failed + 1/2) / (finished + 1), so a pool that never failed
   still gives a rate above 0.
 
-A rate that rises on most workers at once is no one worker's doing (a bad image rolled out to the
-pool): it leaves every worker's rate near the rest's, and what does fire on many workers at once
-is one fleet incident through the book's correlation, never many drains.
+A rate that rises on many workers at once is no one worker's doing (a bad image rolled out to
+part of the pool): what fires on many workers at once is one fleet incident through the book's
+correlation, never many drains. Rolled out to every worker, it leaves each worker's rate near the
+rest's, so the pool is compared with itself as it was (`failure_jump`): its rate now, black holes
+left out, against its rate `baseline_age_s` before (a round with no jump), by the same binomial
+tail; the incident names what changed between the two (the image, the GPU type the workers run).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from autoscaler.lifecycle import worker_evidence
 from gpumedic_events import IncidentKind, TerminateWorker
 from gpumedic_incidents import Finding
-from gpumedic_incidents.policy import BlackHolePolicy
+from gpumedic_incidents.policy import BlackHolePolicy, FailureJumpPolicy
 from gpumedic_providers.base import Worker
 
 
@@ -105,3 +109,88 @@ def black_holes(
                                 + "; its failed tasks' logs say why (an image, a driver, the host)"),
         ))
     return found
+
+
+WORKER_TRAITS = ("image", "gpu_type")
+"""What a rented worker runs, as its provider says: what a pool-wide jump may have come with."""
+
+
+@dataclass(frozen=True)
+class PoolRate:
+    """The pool's finished and failed tasks as one round read them, and what its workers ran then."""
+
+    at: datetime
+    finished: int
+    failed: int
+    traits: dict[str, Counter] = field(default_factory=dict)
+    jumped: bool = False
+    """A jump was found in this round: it is no baseline for later ones."""
+
+    @property
+    def rate(self) -> float:
+        return self.failed / self.finished if self.finished else 0.0
+
+
+def pool_rate(outcomes: Sequence[Outcomes], workers: Iterable[Worker], now: datetime, *, leave_out: Collection[str] = ()) -> PoolRate:
+    """The pool's outcomes this round, the workers in `leave_out` (black holes) left out."""
+    counted = [o for o in outcomes if o.worker_id not in leave_out]
+    running = [w for w in workers if w.worker_id not in leave_out]
+    traits = {key: Counter(str(v) for w in running if (v := getattr(w, key)) is not None) for key in WORKER_TRAITS}
+    return PoolRate(now, sum(o.finished for o in counted), sum(o.failed for o in counted), traits)
+
+
+def failure_jump(current: PoolRate, before: PoolRate | None, policy: FailureJumpPolicy, *, pool: str) -> Finding | None:
+    """One finding on the pool when its tasks fail far more than they did (module docstring)."""
+    if before is None or current.finished < policy.min_tasks or current.failed < policy.min_failed:
+        return None
+    was = (before.failed + 0.5) / (before.finished + 1)
+    chance = tail(current.finished, current.failed, was)
+    if current.rate < policy.min_ratio * was or chance >= policy.alpha:
+        return None
+    changed = _changed(current, before)
+    since = int((current.at - before.at).total_seconds())
+    return Finding(
+        kind=IncidentKind.FAILURE_JUMP, node_id=pool,
+        summary=(f"{current.failed} of {current.finished} tasks failed across the pool ({current.rate:.0%}) against {was:.1%} "
+                 f"{since}s before: that many by chance has probability {chance:.1e}"
+                 + (f"; what changed: {'; '.join(changed.values())}" if changed else "; nothing the provider lists changed")),
+        evidence={"tasks_finished": current.finished, "tasks_failed": current.failed, "failure_rate": round(current.rate, 4),
+                  "baseline_rate": round(was, 4), "baseline_finished": before.finished, "baseline_age_s": since,
+                  "chance": float(f"{chance:.3g}"), **{f"changed_{key}": text for key, text in changed.items()}},
+        recommended_action=("roll back what changed" if changed else "read the failed tasks' logs")
+        + "; no worker stands out, so none is ended: the pool's own change is the cause",
+    )
+
+
+def _changed(current: PoolRate, before: PoolRate) -> dict[str, str]:
+    """Each trait whose most common value differs now from the baseline's: 'image a on 9 of 10 workers (was b on 10 of 10)'."""
+    changed = {}
+    for key in WORKER_TRAITS:
+        now_counts, then_counts = current.traits.get(key, Counter()), before.traits.get(key, Counter())
+        if not now_counts or not then_counts:
+            continue
+        (value, n), (old, m) = now_counts.most_common(1)[0], then_counts.most_common(1)[0]
+        if value != old:
+            changed[key] = (f"{key} {value} on {n} of {sum(now_counts.values())} workers "
+                            f"(was {old} on {m} of {sum(then_counts.values())})")
+    return changed
+
+
+class PoolHistory:
+    """The pool's rate round by round, for `failure_jump`: the rounds younger than `baseline_age_s`,
+    and the newest older one in which no jump was found (the baseline, kept however long a jump
+    lasts). In memory: after a restart the pool is judged again once it is `baseline_age_s` old."""
+
+    def __init__(self, policy: FailureJumpPolicy) -> None:
+        self.policy = policy
+        self.recent: deque[PoolRate] = deque()
+        self.before: PoolRate | None = None
+
+    def round(self, current: PoolRate, *, pool: str) -> Finding | None:
+        while self.recent and (current.at - self.recent[0].at).total_seconds() >= self.policy.baseline_age_s:
+            old = self.recent.popleft()
+            if not old.jumped:
+                self.before = old
+        found = failure_jump(current, self.before, self.policy, pool=pool)
+        self.recent.append(replace(current, jumped=found is not None))
+        return found

@@ -36,7 +36,7 @@ from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.burnin import Trials
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
-from autoscaler.outcomes import Outcomes, black_holes
+from autoscaler.outcomes import Outcomes, PoolHistory, black_holes, pool_rate
 from autoscaler.offenders import RepeatOffenders
 from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
 
@@ -117,6 +117,7 @@ class PoolIncidents:
         self.trials = Trials(policy.kinds.burn_in)
         self.outcomes: dict[str, tuple[str, Outcomes]] = {}
         """Each worker's host and how its tasks ended, as the task database last said (`task_figures`)."""
+        self.history = PoolHistory(policy.kinds.failure_jump)
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -143,9 +144,11 @@ class PoolIncidents:
             # a worker gone since keeps the host it had; one listed now has the provider's word
             hosts = {w: host for w, (host, _) in self.outcomes.items()} | {w.worker_id: w.host_id or "" for w in workers}
             self.outcomes = {o.worker_id: (hosts.get(o.worker_id, ""), o) for o in reading.outcomes}
-            found += black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
-                                 present=present, now=now, provider=self.provider)
-            checked.add(IncidentKind.BLACK_HOLE)
+            holes = black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
+                                present=present, now=now, provider=self.provider)
+            jump = self.history.round(pool_rate(reading.outcomes, workers, now, leave_out={f.node_id for f in holes}), pool=self.pool)
+            found += holes + ([jump] if jump else [])
+            checked |= {IncidentKind.BLACK_HOLE, IncidentKind.FAILURE_JUMP}
         transitions = self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
         on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()

@@ -40,6 +40,7 @@ from gpumedic_incidents.policy.base import (
 from gpumedic_incidents.policy.kinds import (
     BehindPolicy,
     BlackHolePolicy,
+    FailureJumpPolicy,
     BurnInPolicy,
     CheckpointPolicy,
     ContainerPolicy,
@@ -242,6 +243,7 @@ __all__ = [
     "BODY_TEXT",
     "BehindPolicy",
     "BlackHolePolicy",
+    "FailureJumpPolicy",
     "BurnInPolicy",
     "CHECK_COMMAND",
     "CheckpointPolicy",

@@ -340,6 +340,21 @@ class BlackHolePolicy(KindPolicy):
     ladder: tuple[Step, ...] = (Step(action="drain_node"), Step(action="terminate_worker", attempts=2, verify_within_s=120))
 
 
+class FailureJumpPolicy(KindPolicy):
+    """The pool's failure rate now (black holes left out: they are their own incidents) against
+    its rate `baseline_age_s` before, from the same outcomes query: a rise no worker explains."""
+
+    baseline_age_s: float = Field(
+        default=3600.0, ge=10, le=7 * 86_400,
+        description="How old the rate compared with is: at least the outcomes query's window, so the two count different tasks.",
+    )
+    min_tasks: int = Field(default=20, ge=2, description="Tasks the pool finished in the window before it is judged.")
+    min_failed: int = Field(default=5, ge=1, description="And failed tasks among them, at least.")
+    min_ratio: float = Field(default=3.0, ge=1, description="Its failure rate at least this many times the baseline's.")
+    alpha: float = Field(default=0.001, gt=0, lt=1, description="So many failures at the baseline's rate rarer than this (a binomial tail).")
+    clear_after_s: float | None = Field(default=600.0, gt=0)
+
+
 HARDWARE_KINDS = (
     IncidentKind.GPU_XID, IncidentKind.GPU_LOST, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.PCIE_DEGRADED,
     IncidentKind.NVLINK_DEGRADED, IncidentKind.BURN_IN_FAILED,
@@ -430,6 +445,7 @@ class Kinds(Strict):
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
     black_hole: BlackHolePolicy = BlackHolePolicy()
+    failure_jump: FailureJumpPolicy = FailureJumpPolicy()
     control_plane_behind: BehindPolicy = BehindPolicy()
     samples_lost: SamplesLostPolicy = SamplesLostPolicy()
 
