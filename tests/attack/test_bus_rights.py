@@ -77,6 +77,12 @@ async def test_no_user_reaches_another_services_streams_consumers_or_buckets(sec
         await nc.close()
 
 
+def test_every_kind_has_exactly_one_detector_that_may_write_it():
+    """A kind no detector owns could never be stored: its detector's NATS user would be refused."""
+    owners = {kind: [d for d, kinds in OPENS.items() if kind in kinds] for kind in IncidentKind if kind is not IncidentKind.FLEET_ANOMALY}
+    assert {kind.value: who for kind, who in owners.items() if len(who) != 1} == {}
+
+
 @pytest.mark.parametrize("detector", sorted(OPENS))
 async def test_a_detector_writes_the_incident_state_of_its_own_kinds_only(secured, detector):
     nc, refusals = await as_user(secured, detector)

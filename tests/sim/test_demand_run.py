@@ -96,6 +96,29 @@ async def test_a_machine_that_fails_every_task_with_healthy_gpus_is_a_black_hole
     assert sum(pool["failed_first_on"].values()) >= 10 and sum(pool["retried_from"].values()) >= 10, "\n".join(lines)
 
 
+ROLLED_OUT = PoolPlan.model_validate({
+    "demand": [{"for": "90s", "tasks_per_min": 150}, {"for": "40s", "tasks_per_min": 0}],
+    "task": "3s", "spawn": "2s", "machines": 3, "rollout": {"at": "45s", "image": "acme/selfplay:8-bad", "fail_share": 0.6},
+    "scaling": {"min_active_gpus": 6, "max_active_gpus": 8, "tasks_per_gpu": 1, "idle_timeout_s": 3, "cooldown_s": 8, "gpus_per_worker": 2},
+})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_bad_image_rolled_out_to_the_whole_pool_is_one_failure_jump_naming_it_and_no_worker_s_incident(tmp_path):
+    """Every worker lists the new image from 45 s on and its tasks fail 60 % of the time: no worker
+    stands out from the rest, so only the pool against its own earlier rate shows it."""
+    lines: list[str] = []
+    plan = Scenario(name="rollout-everywhere", description="", duration_s=140, faults=(), pool=ROLLED_OUT)
+    await run_simulation(tmp_path / "var", nodes=12, gpus=1, scenario=lambda ids, gpus: plan, interval_s=1.0,
+                         json_path=tmp_path / "score.json", say=lines.append)
+    pool = json.loads((tmp_path / "score.json").read_text())["pool"]
+    (rollout,) = [c for c in pool["checks"] if c["check"].startswith("image acme/selfplay:8-bad")]
+    assert rollout["ok"], "\n".join(lines)
+    unexplained = [c for c in pool["checks"] if "no fault explains" in c["check"]]
+    assert unexplained and unexplained[0]["ok"], "\n".join(lines)  # no black hole, no other incident on the workers
+
+
 def _figures(**update) -> PoolFigures:
     base = dict(tasks=4, done=4, failed=0, wait_p95_s=1.0, gpu_s=10, fixed_gpu_s=20, idle_gpu_s=1, cost=0.1, peak_gpus_billed=2,
                 rented=["simw0001", "simw0002"], never_came_up=[], never_came_up_ended=0, died=[], died_ended=0,
@@ -174,6 +197,20 @@ def test_a_black_hole_passes_once_ended_with_every_task_that_failed_on_it_given_
     assert line(figures) == (True, "machine sim-host-002 (every task fails, its GPUs fine): rented 1 time(s), 8 task(s) taken; a black "
                                    "hole on simw0002, 1 of them ended, 8 of the 8 task(s) that failed there given another go")
     assert line(_figures(**{**figures.__dict__, "retried_from": {"simw0002": 5}}))[0] is False
+
+
+def test_a_rollout_to_the_whole_pool_passes_with_one_failure_jump_naming_the_image():
+    def line(*incidents) -> tuple[bool, str]:
+        (ok, what), = [(ok, what) for ok, what in judge(_figures(), ROLLED_OUT, list(incidents), []) if what.startswith("image ")]
+        return ok, what
+
+    named = SimpleNamespace(kind="failure_jump", node_id="workers", summary="... what changed: image acme/selfplay:8-bad on 4 of 4 workers")
+    assert line(named) == (True, "image acme/selfplay:8-bad rolled out to the whole pool at 45s (tasks fail 60%): 1 failure_jump "
+                                 "incident(s) on the pool, 1 naming the image")
+    assert line()[0] is False and line(named, named)[0] is False
+    assert line(SimpleNamespace(kind="failure_jump", node_id="workers", summary="nothing the provider lists changed"))[0] is False
+    unexplained = "1 incident(s) on the pool that no fault explains: failure_jump on workers"
+    assert (False, unexplained) in judge(_figures(), PLAN, [named], [])  # without a rollout it explains nothing
 
 
 def test_a_bad_machine_must_be_one_of_the_providers_on_a_gpu_a_worker_has():

@@ -205,7 +205,7 @@ OPENS: Mapping[str, tuple[IncidentKind, ...]] = {
     "autoscaler": (
         _K.CAPACITY_SHORT, _K.CAPACITY_SURPLUS, _K.QUEUE_STALLED, _K.STUCK_SPAWNING, _K.STALE_HEARTBEAT,
         _K.ORPHANED_TASKS, _K.UNRECORDED_WORKER, _K.VANISHED_WORKER, _K.BURN_IN, _K.BURN_IN_FAILED, _K.REPEAT_OFFENDER,
-        _K.BLACK_HOLE,
+        _K.BLACK_HOLE, _K.FAILURE_JUMP,
     ),
 }
 """Which detector opens which incident kind: each kind has exactly one owner. A detector's NATS

@@ -89,16 +89,18 @@ class SimRunPod(RunPodServer):
         self.provider = provider
         self.images: dict[str, str] = {}
         """The image each pod was created with (what RunPod lists as its `image`)."""
+        self.rolled_out: str | None = None
+        """An image rolled out to every pod (the scenario's), listed for each from then on."""
 
     async def answer(self, method: str, path: str, body: dict | None) -> tuple[int, object]:
         try:
             if method == "POST" and path == "/v1/pods" and isinstance(body, dict):
                 worker = await self.provider.create(str(body.get("name", "")), str((body.get("gpuTypeIds") or [""])[0]),
                                                     int(body.get("gpuCount") or 1))
-                self.images[worker.worker_id] = str(body.get("imageName") or "")
+                self.images[worker.worker_id] = self.rolled_out or str(body.get("imageName") or "")
                 return 201, pod(worker, self.images[worker.worker_id])
             if method == "GET" and path == "/v1/pods":
-                return 200, [pod(w, self.images.get(w.worker_id, "")) for w in await self.provider.workers()]
+                return 200, [pod(w, self.rolled_out or self.images.get(w.worker_id, "")) for w in await self.provider.workers()]
             if method == "POST" and path.startswith("/v1/pods/") and path.endswith("/restart"):
                 await self.provider.restart(path.split("/")[3])
                 return 200, None

@@ -104,6 +104,7 @@ class PoolPlan(BaseModel):
     machines: int = Field(default=0, ge=0, le=1000, description="The provider's machines, rented in turn (0: each worker its own).")
     bad_machines: tuple[BadMachine, ...] = Field(default=(), max_length=100)
     fail_share: float = Field(default=0.0, ge=0, lt=1, description="Ordinary failures: each task fails with this chance, on any worker.")
+    rollout: Rollout | None = Field(default=None, description="A bad image rolled out to every worker (a failure_jump on the pool).")
     burn_in: bool = Field(
         default=False, description="gpumedic accepts each new worker before it takes tasks (kinds.burn_in.required): its record "
         "is `spawning` until accept_worker promotes it to `active`.",
@@ -130,6 +131,17 @@ class PoolPlan(BaseModel):
     @property
     def demand_s(self) -> float:
         return sum(s.seconds for s in self.demand)
+
+
+class Rollout(BaseModel):
+    """A new image rolled out to the whole pool at `at` (every pod lists it from then on, new ones
+    too): from then, each task fails with `fail_share`, wherever it runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: Seconds
+    image: str = Field(pattern=r"^[A-Za-z0-9._/:@-]{1,200}$")
+    fail_share: float = Field(gt=0, lt=1)
 
 
 @dataclass
@@ -277,6 +289,8 @@ class SimWorkerPool:
                 "queue_stalled": {"for_s": 30 * i},
             },
         }
+        if self.plan.rollout is not None:  # the pool's own rate a few dozen intervals before (the outcomes query has no window)
+            policy["kinds"]["failure_jump"] = {"baseline_age_s": 15 * i}
         if self.plan.burn_in:
             policy["actions"]["accept_worker"] = {"statement": PROMOTE}
             policy["kinds"]["burn_in"] = {"required": True, "within_s": self.burn_in_within_s}
@@ -325,6 +339,8 @@ class SimWorkerPool:
             if deaths and since >= deaths[0]:
                 deaths.pop(0)
                 self._kill_busiest()
+            if self.plan.rollout is not None and since >= self.plan.rollout.at and self.api.rolled_out is None:
+                self.api.rolled_out = self.plan.rollout.image
             await self._step(publish, now, now - last)
             last = now
             if now >= end and (not self._open_tasks() or now >= end + drain_s):
@@ -371,7 +387,7 @@ class SimWorkerPool:
             self._db.execute("UPDATE workers SET heartbeat_at = ? WHERE id = ?", (stamp, worker_id))
             for gpu, (task_id, started) in list(worker.running.items()):
                 if now - started >= self.plan.task:
-                    failed = worker.fails_tasks or self._rng.random() < self.plan.fail_share
+                    failed = worker.fails_tasks or self._rng.random() < self._fail_share
                     self._db.execute("UPDATE tasks SET status = ?, done_at = ?, first_failed_on = COALESCE(first_failed_on, ?) "
                                      "WHERE id = ? AND worker_id = ? AND status = 'In Progress'",
                                      ("Failed" if failed else "Complete", now, worker_id if failed else None, task_id, worker_id))
@@ -431,6 +447,12 @@ class SimWorkerPool:
         victim.dead = True
         self._died.append(victim.node.node_id)
         self._orphaned.update(task_id for task_id, _ in victim.running.values())
+
+    @property
+    def _fail_share(self) -> float:
+        """A task's chance to fail wherever it runs: the plan's, or the rolled-out image's once it is out."""
+        rollout = self.plan.rollout
+        return rollout.fail_share if rollout is not None and self.api.rolled_out is not None else self.plan.fail_share
 
     # --- the figures -------------------------------------------------------------------------
 
@@ -496,8 +518,9 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
     bad_hosts = {b.host_id for b in plan.bad_machines}
     who = {"never_came_up": set(figures.never_came_up), "died": set(figures.died), "ended": set(figures.rented),
            "ended_busy": set(figures.ended_busy), "bad_machine": {w for w, m in figures.machines.items() if m in bad_hosts}}
+    on_pool = ("capacity_short", "capacity_surplus") + (("failure_jump",) if plan.rollout is not None else ())
     unexpected = [f"{i.kind} on {i.node_id}" for i in incidents
-                  if not (i.node_id == POOL_NODE and i.kind in ("capacity_short", "capacity_surplus"))
+                  if not (i.node_id == POOL_NODE and i.kind in on_pool)
                   and not any(i.node_id in who[w] for w in WORKER_KINDS_EXPECTED.get(i.kind, ()))]
     turns: list[tuple[datetime, str]] = []
     for at, decision, _ in decisions:
@@ -526,6 +549,7 @@ def judge(figures: PoolFigures, plan: PoolPlan, incidents: list, decisions: list
         (figures.gpu_s < figures.fixed_gpu_s, f"{figures.gpu_s:g} GPU-seconds billed against {figures.fixed_gpu_s:g} for a fixed fleet of "
          f"MAX ({figures.gpu_s / max(figures.fixed_gpu_s, 1):.2f}); {figures.idle_gpu_s:g} idle; ${figures.cost:.2f}"),
         *(_judge_machine(figures, bad, incidents, burn_in_within_s + 3 * interval_s) for bad in plan.bad_machines),
+        *([_judge_rollout(plan.rollout, incidents)] if plan.rollout is not None else []),
         *([_judge_costs(figures, plan, costs, incidents)] if costs is not None else []),
     ]
 
@@ -556,6 +580,15 @@ def _judge_costs(figures: PoolFigures, plan: PoolPlan, costs: list, incidents: l
             wrong.append(f"{c.kind} on {c.node_id}: {c.gpu_hours} GPU-h ${c.usd}, the arithmetic {gpu_hours:.4f} GPU-h ${usd:.2f}")
     return checked > 0 and not wrong, (f"{checked} cost(s) of workers billed for nothing match their rental, end and the provider's "
                                       f"${plan.price_per_gpu_h:g}/GPU-h" + (f"; {len(wrong)} do not: {'; '.join(wrong[:3])}" if wrong else ""))
+
+
+def _judge_rollout(rollout: Rollout, incidents: list) -> tuple[bool, str]:
+    """A bad image on every worker: one failure_jump on the pool, naming the image; no worker's."""
+    jumps = [i for i in incidents if i.kind == "failure_jump" and i.node_id == POOL_NODE]
+    named = [i for i in jumps if rollout.image in i.summary]
+    return len(jumps) == 1 and len(named) == 1, (
+        f"image {rollout.image} rolled out to the whole pool at {rollout.at:g}s (tasks fail {rollout.fail_share:.0%}): "
+        f"{len(jumps)} failure_jump incident(s) on the pool, {len(named)} naming the image")
 
 
 def _judge_machine(figures: PoolFigures, bad: BadMachine, incidents: list, grace_s: float) -> tuple[bool, str]:
