@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 import pytest
 
 from autoscaler.demand import Demand, DemandUnavailable, SqlDemand
-from autoscaler.outcomes import Outcomes, PoolHistory, PoolRate, black_holes, tail
+from autoscaler.outcomes import Outcomes, PoolHistory, PoolRate, black_holes
 from autoscaler.pool import FleetView, Reading
 from gpumedic_events import DrainNode, IncidentKind, TerminateWorker
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import BlackHolePolicy, FailureJumpPolicy
+from gpumedic_incidents.rates import tail
 from tests.autoscaler.test_demand import _task_db
 from tests.autoscaler.test_pool import T0, Pool, _w
 

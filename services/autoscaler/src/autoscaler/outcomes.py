@@ -5,13 +5,9 @@ samples healthy; only how its tasks end gives it away. The task database says ho
 finished tasks ended over the window of the operator's query (the runbook's `Complete` and
 `Failed`), and a worker is a `black_hole` when it fails far more than the rest of the pool:
 
-- it finished at least `min_tasks` tasks, `min_failed` of them failed, and its failure rate is at
-  least `min_ratio` times the rest of the pool's;
-- and so many failures would be rare by chance: if its tasks failed at the rate of every other
-  worker's together, as many failures or more among as many tasks (a one-sided binomial tail)
-  would have a probability below `alpha` shared among the workers tested (Bonferroni). The rest
-  of the pool's rate is estimated as (failed + 1/2) / (finished + 1), so a pool that never failed
-  still gives a rate above 0.
+it finished at least `min_tasks` tasks and its failures stand out from every other worker's
+together (`gpumedic_incidents.rates`: at least `min_failed`, `min_ratio` times the rest's rate,
+and rarer by chance than `alpha` shared among the workers tested, by a one-sided binomial tail).
 
 A rate that rises on many workers at once is no one worker's doing (a bad image rolled out to
 part of the pool): what fires on many workers at once is one fleet incident through the book's
@@ -23,7 +19,6 @@ tail; the incident names what changed between the two (the image, the GPU type t
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +28,7 @@ from autoscaler.lifecycle import worker_evidence
 from gpumedic_events import IncidentKind, TerminateWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BlackHolePolicy, FailureJumpPolicy
+from gpumedic_incidents.rates import stands_out
 from gpumedic_providers.base import Worker
 
 
@@ -47,26 +43,6 @@ class Outcomes:
     @property
     def finished(self) -> int:
         return self.done + self.failed
-
-
-def tail(n: int, k: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p): how likely k or more failures among n tasks are at rate p."""
-    if k <= 0:
-        return 1.0
-    if k > n or p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-    terms: list[float] = []
-    top = -math.inf
-    for i in range(k, n + 1):
-        term = math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
-        terms.append(term)
-        top = max(top, term)
-        if i > n * p and term < top - 50:  # past the mode the terms only shrink: the rest is below e-50 of the sum
-            break
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def black_holes(
@@ -85,11 +61,11 @@ def black_holes(
     found = []
     for o in sorted(tested, key=lambda o: o.worker_id):
         others_finished, others_failed = all_finished - o.finished, all_failed - o.failed
-        rest = (others_failed + 0.5) / (others_finished + 1)
-        rate = o.failed / o.finished
-        chance = tail(o.finished, o.failed, rest)
-        if o.failed < policy.min_failed or rate < policy.min_ratio * rest or chance >= alpha:
+        out = stands_out(o.failed, o.finished, others_failed, others_finished, min_failed=policy.min_failed,
+                         min_ratio=policy.min_ratio, alpha=alpha)
+        if out is None:
             continue
+        rate, rest, chance = out.rate, out.rest, out.chance
         evidence: dict = {
             "tasks_finished": o.finished, "tasks_failed": o.failed, "failure_rate": round(rate, 4),
             "rest_of_pool_rate": round(rest, 4), "rest_of_pool_finished": others_finished, "chance": float(f"{chance:.3g}"),
@@ -141,12 +117,13 @@ def pool_rate(outcomes: Sequence[Outcomes], workers: Iterable[Worker], now: date
 
 def failure_jump(current: PoolRate, before: PoolRate | None, policy: FailureJumpPolicy, *, pool: str) -> Finding | None:
     """One finding on the pool when its tasks fail far more than they did (module docstring)."""
-    if before is None or current.finished < policy.min_tasks or current.failed < policy.min_failed:
+    if before is None or current.finished < policy.min_tasks:
         return None
-    was = (before.failed + 0.5) / (before.finished + 1)
-    chance = tail(current.finished, current.failed, was)
-    if current.rate < policy.min_ratio * was or chance >= policy.alpha:
+    out = stands_out(current.failed, current.finished, before.failed, before.finished, min_failed=policy.min_failed,
+                     min_ratio=policy.min_ratio, alpha=policy.alpha)
+    if out is None:
         return None
+    was, chance = out.rest, out.chance
     changed = _changed(current, before)
     since = int((current.at - before.at).total_seconds())
     return Finding(
