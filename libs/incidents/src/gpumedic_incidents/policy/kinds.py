@@ -204,8 +204,23 @@ class StragglerPolicy(_BusyFrom):
     for_s: float = Field(default=60.0, ge=0, description="How long it stays slow.")
 
 
+class NodeRatePolicy(Strict):
+    """A node whose containers die far more often than the rest of the fleet's, judged like a black
+    hole's tasks (`gpumedic_incidents.rates`) where no task database says how work ends: each
+    container (by name) that ran on it within `window_s` is a try, one that died abnormally a failure."""
+
+    window_s: float = Field(default=3600.0, ge=60, le=7 * 86_400, description="How far back containers are counted.")
+    min_containers: int = Field(default=10, ge=2, description="Containers (by name) that ended on the node in the window before it is judged.")
+    min_died: int = Field(default=3, ge=1, description="And died abnormally among them, at least.")
+    min_ratio: float = Field(default=3.0, ge=1, description="Its rate at least this many times the rest of the fleet's.")
+    alpha: float = Field(default=0.001, gt=0, lt=1, description="Shared among the nodes judged (Bonferroni).")
+
+
 class ContainerPolicy(KindPolicy):
     settle_s: float = Field(default=10.0, ge=0, description="How long related facts may follow an exit.")
+    node_rate: NodeRatePolicy | None = Field(
+        default=NodeRatePolicy(), description="A node whose containers die far more than the fleet's (null: not judged)."
+    )
 
 
 class DiskPolicy(KindPolicy):

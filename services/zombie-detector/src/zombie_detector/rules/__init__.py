@@ -7,6 +7,7 @@ from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
 from zombie_detector.rules.control_plane import BehindRule, SamplesLostRule
 from zombie_detector.rules.container import ContainerRule
+from zombie_detector.rules.container_rate import ContainerRateRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
@@ -33,6 +34,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
         StragglerRule(kinds.gpu_straggler),
         ContainerRule(kinds.container_died),
+        ContainerRateRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable, behind=kinds.control_plane_behind),
         BehindRule(kinds.control_plane_behind),

@@ -134,10 +134,10 @@ class ContainerRule:
                     event.pid, event.process_name or "?", event.node_id, event.constraint or "no constraint",
                 )
             return ()
-        if event.exit_code == 0 or (event.exit_code == 143 and event.engine_signal == "SIGTERM"):
-            return ()  # a normal end, or a stop the node asked for
+        if ended_normally(event):
+            return ()
         settles_at = now + timedelta(seconds=self.policy.settle_s)
-        node.pending.append(_Pending(event, now, settles_at, self._part_of_an_action(event, incidents, now)))
+        node.pending.append(_Pending(event, now, settles_at, part_of_an_action(event, incidents, now)))
         return ()
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -196,18 +196,6 @@ class ContainerRule:
             cause, confidence, why = "exited_with_error", 0.5, f"exit code {exit_.exit_code}"
         return self._finding(exit_, cause, confidence, why, oom)
 
-    def _part_of_an_action(self, exit_: ContainerExited, incidents: Incidents, now: datetime) -> bool:
-        """gpumedic just killed GPU processes on this node, and this is a SIGKILL/SIGTERM exit without OOM."""
-        if exit_.exit_code not in (137, 143) or exit_.oom_killed:
-            return False
-        return any(
-            i.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER)
-            and i.attempt > 0
-            and i.phase in ("acting", "verifying")
-            and (i.pending_action is None or now - i.pending_action.requested_at <= OWN_ACTION)
-            for i in incidents.open_on(exit_.node_id)
-        )
-
     def _finding(self, exit_: ContainerExited, cause: str, confidence: float, why: str, oom: ProcessOomKilled | None) -> Finding:
         name = exit_.name or exit_.container_id[:12]
         last = " | ".join(exit_.last_log_lines[-3:])[:500]
@@ -234,6 +222,24 @@ class ContainerRule:
             recommended_action=REMEDIES[cause][0][:500],
             occurrence=True,
         )
+
+
+def ended_normally(exit_: ContainerExited) -> bool:
+    """Exit 0, or 143 after the engine itself sent SIGTERM (a stop the node asked for)."""
+    return exit_.exit_code == 0 or (exit_.exit_code == 143 and exit_.engine_signal == "SIGTERM")
+
+
+def part_of_an_action(exit_: ContainerExited, incidents: Incidents, now: datetime) -> bool:
+    """gpumedic just killed GPU processes on this node, and this is a SIGKILL/SIGTERM exit without OOM."""
+    if exit_.exit_code not in (137, 143) or exit_.oom_killed:
+        return False
+    return any(
+        i.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER)
+        and i.attempt > 0
+        and i.phase in ("acting", "verifying")
+        and (i.pending_action is None or now - i.pending_action.requested_at <= OWN_ACTION)
+        for i in incidents.open_on(exit_.node_id)
+    )
 
 
 def _holders(sample: NodeSampled | None) -> list:
