@@ -324,12 +324,16 @@ class SimWorkerPool:
     # --- the run ------------------------------------------------------------------------------
 
     async def run(self, publish: Callable[[Event], Awaitable[None]], *, drain_s: float) -> None:
-        """Arrivals on the demand curve, then up to `drain_s` for the queue to empty."""
+        """Arrivals on the demand curve, then up to `drain_s` for the queue to empty and stay quiet
+        long enough for an idle worker to be ended (the idle timeout and a cool-down after the last
+        change): the judge wants the pool scaled down once the queue was quiet."""
         self._t0, self._started_at = time.monotonic(), datetime.now(UTC)
         arrivals = self._arrivals()
         deaths = sorted(self.plan.workers_die_at)
         last = self._t0
         end = self._t0 + self.plan.demand_s
+        quiet_s = self.plan.scaling.idle_timeout_s + self.plan.scaling.cooldown_s + 3 * self.interval_s
+        emptied: float | None = None
         while True:
             now = time.monotonic()
             since = now - self._t0
@@ -343,7 +347,8 @@ class SimWorkerPool:
                 self.api.rolled_out = self.plan.rollout.image
             await self._step(publish, now, now - last)
             last = now
-            if now >= end and (not self._open_tasks() or now >= end + drain_s):
+            emptied = (emptied or now) if now >= end and not self._open_tasks() else None
+            if now >= end + drain_s or (emptied is not None and now - emptied >= quiet_s):
                 break
             await asyncio.sleep(STEP_S)
         # The curve is over, not the workers: those still rented go on beating until the pool stops

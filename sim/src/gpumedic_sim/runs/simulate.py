@@ -340,7 +340,7 @@ async def run_simulation(
         tasks.append(asyncio.create_task(_inject_on_schedule(fleet, plan.faults, time.monotonic(), say)))
         pool_run = None
         if pool is not None:
-            say(f"      worker pool: {pool.plan.demand_s:.0f}s of demand, then until the queue is empty (at most {duration:.0f}s in all)")
+            say(f"      worker pool: {pool.plan.demand_s:.0f}s of demand, then until the queue is empty and quiet a while (at most {duration:.0f}s in all)")
             pool_run = asyncio.create_task(pool.run(publish, drain_s=max(0.0, duration - pool.plan.demand_s)))
             tasks.append(pool_run)
         deadline = time.monotonic() + duration
