@@ -11,10 +11,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumedic_events import GpuHealth, GpuSample, NodeSampled, NvLinkSample
+from gpumedic_events import GpuHealth, GpuSample, HostSample, IbPort, NodeSampled, NvLinkSample
 
 from node_sampler.main import build_probes, create_app
-from node_sampler.metrics import SERIES, XID, GpuCollector
+from node_sampler.metrics import SERIES, XID, GpuCollector, IbCollector
 from node_sampler.settings import Settings
 from tests.node_sampler.fakes import table_for_two_gpus, two_gpus
 
@@ -133,6 +133,28 @@ def test_the_collector_serves_the_last_xid_and_nothing_for_a_lost_gpu_or_an_unre
     assert "DCGM_FI_DEV_PCIE_REPLAY_COUNTER" not in families or not families["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"].samples
     empty = CollectorRegistry()
     empty.register(GpuCollector(lambda: None, dict, "node-a"))  # before the first sample: no GPU series
+    assert not any(f.samples for f in text_string_to_metric_families(generate_latest(empty).decode()))
+
+
+def test_the_ib_ports_are_served_under_node_exporter_s_infiniband_names():
+    port = IbPort(device="mlx5_0", port=1, state="ACTIVE", phys_state="LinkUp", rate_gbps=400.0, link_layer="InfiniBand",
+                  link_downed=3, symbol_error=17)
+    down = IbPort(device="mlx5_1", port=1, state="DOWN", phys_state="Polling")
+    sample = NodeSampled(source="node-sampler", node_id="n1", interval_s=5, host=HostSample(ib_ports=(port, down)))
+    registry = CollectorRegistry()
+    registry.register(IbCollector(lambda: sample))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+    def served(name: str) -> list[tuple[str, str, float]]:
+        return [(s.labels["device"], s.labels["port"], s.value) for s in families[name].samples]
+
+    assert served("node_infiniband_state_id") == [("mlx5_0", "1", 4.0), ("mlx5_1", "1", 1.0)]
+    assert served("node_infiniband_physical_state_id") == [("mlx5_0", "1", 5.0), ("mlx5_1", "1", 2.0)]
+    assert served("node_infiniband_rate_bytes_per_second") == [("mlx5_0", "1", 5e10)]  # 400 Gb/s; none for a port with no rate
+    assert served("node_infiniband_link_downed_total") == [("mlx5_0", "1", 3.0)]
+    assert served("node_infiniband_symbol_error_total") == [("mlx5_0", "1", 17.0)]
+    empty = CollectorRegistry()
+    empty.register(IbCollector(lambda: None))
     assert not any(f.samples for f in text_string_to_metric_families(generate_latest(empty).decode()))
 
 

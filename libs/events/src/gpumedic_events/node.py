@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import IntFlag, StrEnum
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -242,6 +242,27 @@ class DiskUsage(BaseModel):
     used_pct: float = Field(ge=0, le=100, description="Share in use as `df` shows it: used / (used + available).")
 
 
+class IbPort(BaseModel):
+    """One InfiniBand or RoCE port as the kernel shows it under /sys/class/infiniband/<device>/ports/<port>
+    (Documentation/ABI/stable/sysfs-class-infiniband); None where the file was missing or odd."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    device: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="The RDMA device, e.g. mlx5_0.")
+    port: int = Field(ge=0, le=255)
+    state: str | None = Field(default=None, max_length=32, description="DOWN, INIT, ARMED, ACTIVE or ACTIVE_DEFER.")
+    phys_state: str | None = Field(default=None, max_length=32, description="Sleep, Polling, Disabled, LinkUp, LinkErrorRecovery, ...")
+    rate_gbps: float | None = Field(default=None, ge=0, le=100_000, description="The active rate, e.g. 400 for '400 Gb/sec (4X NDR)'.")
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = Field(default=None, description="Ethernet: RoCE.")
+    link_downed: int | None = Field(default=None, ge=0, description="Times the link training failed and the link went down.")
+    link_error_recovery: int | None = Field(default=None, ge=0, description="Times the link recovered from an error.")
+    symbol_error: int | None = Field(default=None, ge=0, description="Minor link errors on the physical lanes.")
+    port_rcv_errors: int | None = Field(default=None, ge=0, description="Packets received with an error.")
+    local_link_integrity_errors: int | None = Field(default=None, ge=0)
+    excessive_buffer_overrun_errors: int | None = Field(default=None, ge=0)
+    port_xmit_discards: int | None = Field(default=None, ge=0, description="Outbound packets dropped: the port down or congested.")
+
+
 class TopProcess(BaseModel):
     """One of the host's busiest processes by CPU or by memory, as `top` would rank them."""
 
@@ -277,6 +298,9 @@ class HostSample(BaseModel):
         description="The busiest processes by CPU and by resident memory (five of each, fewer where they "
         "overlap), from the sampler's look at every process: carried by the sample after each look (every "
         "30 s by default) and empty in the samples between.",
+    )
+    ib_ports: tuple[IbPort, ...] = Field(
+        default=(), max_length=32, description="Its InfiniBand and RoCE ports (none on a node without RDMA devices)."
     )
 
 

@@ -1,4 +1,4 @@
-"""The host beside the GPUs: memory, swap, load, CPUs and the configured disks.
+"""The host beside the GPUs: memory, swap, load, CPUs, the configured disks and the RDMA ports.
 
 A GPU job that dies of a full /var/lib/docker or a swapping host looks, from NVML alone, like
 a GPU problem; these readings tell the two apart. Read every second on real nodes, so each read
@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from node_sampler.nics import SYS_CLASS_INFINIBAND, NicReader
 from node_sampler.readings import HostReading, RawDisk
 
 DOCKER_ROOT = "/var/lib/docker"
@@ -90,12 +91,14 @@ class HostReader:
         disk_paths: Sequence[str] = (),
         *,
         statvfs: Callable[[str], Any] = os.statvfs,
+        ib_root: str | os.PathLike[str] = SYS_CLASS_INFINIBAND,
     ) -> None:
         root = os.fspath(proc_root).rstrip("/") or "/"
         self._meminfo = f"{root}/meminfo"
         self._loadavg = f"{root}/loadavg"
         self.disk_paths = tuple(os.fspath(p) for p in disk_paths)
         self._statvfs = statvfs
+        self.nics = NicReader(ib_root)
 
     def read(self) -> HostReading:
         errors: list[str] = []
@@ -112,6 +115,8 @@ class HostReader:
             load = parse_loadavg(text)
             if load is None:
                 errors.append(f"loadavg: malformed {text.strip()[:80]!r}")
+        nics = self.nics.read()
+        errors.extend(nics.errors)
         return HostReading(
             memory_total_kib=memory.get("MemTotal"),
             memory_available_kib=memory.get("MemAvailable"),
@@ -121,6 +126,7 @@ class HostReader:
             cpus=cpu_count(),
             disks=tuple(d for d in (self._disk(p, errors) for p in self.disk_paths) if d is not None),
             errors=tuple(errors),
+            ib_ports=nics.ports,
         )
 
     def _disk(self, path: str, errors: list[str]) -> RawDisk | None:

@@ -19,7 +19,7 @@ from gpumedic_events import Event
 
 from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
-from node_sampler.metrics import GpuCollector
+from node_sampler.metrics import GpuCollector, IbCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
 from node_sampler.sampler import Sampler
 from node_sampler.settings import Settings
@@ -63,7 +63,8 @@ def create_app(
         processes,
         build_probes(settings, processes) if probes is None else probes,
         settings.interval_s,
-        host=HostReader(settings.proc_root, watched_disks(None if settings.disk_paths is None else [str(p) for p in settings.disk_paths])),
+        host=HostReader(settings.proc_root, watched_disks(None if settings.disk_paths is None else [str(p) for p in settings.disk_paths]),
+                        ib_root=settings.ib_root),
         holder_scan_interval_s=settings.holder_scan_interval_s,
         health_interval_s=settings.health_interval_s,
         health_refresh_s=settings.health_refresh_s,
@@ -86,6 +87,7 @@ def create_app(
     # have. Their `Hostname` is the node id: the machine's own name is a container's id under
     # compose and a pod's under RunPod, and the console looks a node's GPU history up by its id.
     runtime.metrics.registry.register(GpuCollector.of(sampler, settings.node_id))
+    runtime.metrics.registry.register(IbCollector(lambda: sampler.last))
     runtime.background(sample_loop)
     app = runtime.app()
     app.after_shutdown(release_nvml)

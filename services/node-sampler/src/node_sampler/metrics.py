@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpumedic_events import GpuHealth, GpuSample, NodeSampled
+from gpumedic_events import GpuHealth, GpuSample, IbPort, NodeSampled
 
 LABELS = ("gpu", "UUID", "modelName", "Hostname")
 Value = float | int | bool | None
@@ -139,3 +139,49 @@ class GpuCollector(Collector):
 
     def _labels(self, gpu: GpuSample) -> dict[str, str]:
         return {"gpu": str(gpu.index), "UUID": gpu.uuid, "modelName": gpu.name, "Hostname": self._hostname}
+
+
+STATE_IDS = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+PHYS_STATE_IDS = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4, "LinkUp": 5, "LinkErrorRecovery": 6,
+                  "Phy Test": 7}
+"""The kernel's numbers for the names it prints ("4: ACTIVE"), as node_exporter serves them."""
+IB_SERIES: tuple[tuple[str, str, Callable[[IbPort], Value]], ...] = (
+    ("node_infiniband_state_id", "State of the InfiniBand port (1: down, 2: init, 3: armed, 4: active, 5: act defer)",
+     lambda p: STATE_IDS.get(p.state or "")),
+    ("node_infiniband_physical_state_id", "Physical state of the InfiniBand port (2: polling, 3: disable, 5: link up, ...)",
+     lambda p: PHYS_STATE_IDS.get(p.phys_state or "")),
+    ("node_infiniband_rate_bytes_per_second", "Maximum signal transfer rate", lambda p: None if p.rate_gbps is None else p.rate_gbps * 125_000_000),
+    ("node_infiniband_link_downed_total", "Number of times the link failed to recover from an error state and went down",
+     lambda p: p.link_downed),
+    ("node_infiniband_link_error_recovery_total", "Number of times the link successfully recovered from an error state",
+     lambda p: p.link_error_recovery),
+    ("node_infiniband_symbol_error_total", "Number of minor link errors detected on one or more physical lanes", lambda p: p.symbol_error),
+    ("node_infiniband_port_errors_received_total", "Number of packets containing an error that were received on this port",
+     lambda p: p.port_rcv_errors),
+    ("node_infiniband_local_link_integrity_errors_total", "Number of times that the count of local physical errors exceeded the threshold",
+     lambda p: p.local_link_integrity_errors),
+    ("node_infiniband_excessive_buffer_overrun_errors_total", "Number of times that OverrunErrors consecutive flow control update periods "
+     "occurred, each having at least one overrun error", lambda p: p.excessive_buffer_overrun_errors),
+    ("node_infiniband_port_discards_transmitted_total", "Number of outbound packets discarded by the port because the port is down or "
+     "congested", lambda p: p.port_xmit_discards),
+)
+"""node_exporter's infiniband collector's names and labels (device, port), from the same sample: the
+fabric dashboards built on node_exporter read them unchanged. Gauges, for the reason above."""
+
+
+class IbCollector(Collector):
+    """The latest sample's InfiniBand and RoCE ports at scrape time (none on a node without them)."""
+
+    def __init__(self, latest: Callable[[], NodeSampled | None]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterable[Metric]:
+        sample = self._latest()
+        ports = sample.host.ib_ports if sample is not None else ()
+        for name, help_text, read in IB_SERIES:
+            metric = Metric(name, help_text, "gauge")
+            for port in ports:
+                value = read(port)
+                if value is not None:
+                    metric.add_sample(name, {"device": port.device, "port": str(port.port)}, float(value))
+            yield metric

@@ -26,6 +26,7 @@ from gpumedic_events import (
     GpuSample,
     GpuXidReported,
     HostSample,
+    IbPort,
     JobsObservation,
     NodeSampled,
     NvLinkSample,
@@ -196,6 +197,8 @@ class HostReading:
     errors: tuple[str, ...] = ()
     top: tuple[TopReading, ...] = ()
     """The busiest processes, as of the sampler's last look at all of them."""
+    ib_ports: tuple[IbPort, ...] = ()
+    """The InfiniBand and RoCE ports (`node_sampler.nics`), already validated."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,7 @@ def host_sample(reading: HostReading) -> HostSample:
             for t in reading.top[:16]
             if 1 <= t.info.pid <= MAX_PID
         ),
+        ib_ports=reading.ib_ports[:32],
     )
 
 

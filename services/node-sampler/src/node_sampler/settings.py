@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     )
     interval_s: float = Field(default=5.0, gt=0, le=3600, description="Seconds between samples.")
     proc_root: Path = Field(default=Path("/proc"), description="Where the process table is mounted.")
+    ib_root: Path = Field(
+        default=Path("/sys/class/infiniband"), description="Where the kernel lists the RDMA devices (InfiniBand, RoCE) and their ports."
+    )
     status_url: str | None = Field(
         default=None, description="The node's own status endpoint (HTTP GET, JSON), probed for its job count."
     )

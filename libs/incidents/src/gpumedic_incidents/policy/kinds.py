@@ -196,6 +196,23 @@ class NvLinkPolicy(KindPolicy):
     )
 
 
+class NicDegradedPolicy(KindPolicy):
+    """A port that was up is down, or runs below the node's other ports of its link layer (or `min_rate_gbps`)."""
+
+    for_s: float = Field(default=60.0, ge=0, description="How long it stays so (a link retrains in seconds).")
+    min_rate_gbps: float | None = Field(default=None, gt=0, description="Below this rate a port is degraded even with no sibling to compare.")
+
+
+class NicFlappingPolicy(KindPolicy):
+    """A link that went down `link_downs` times within `window_s`, or counts errors faster than `errors_per_hour`."""
+
+    window_s: float = Field(default=3600.0, ge=60, le=86_400)
+    link_downs: int = Field(default=2, ge=1, description="Times the link went down (link_downed) within the window.")
+    errors_per_hour: float = Field(
+        default=1000.0, gt=0, description="Symbol, receive, link-recovery, link-integrity and buffer-overrun errors per hour.",
+    )
+
+
 class StragglerPolicy(_BusyFrom):
     below_share: float = Field(
         default=0.85, gt=0, lt=1, description="A GPU whose SM clock or power is below this share of its siblings' median is slow."
@@ -460,6 +477,8 @@ class Kinds(Strict):
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
     black_hole: BlackHolePolicy = BlackHolePolicy()
+    nic_degraded: NicDegradedPolicy = NicDegradedPolicy()
+    nic_flapping: NicFlappingPolicy = NicFlappingPolicy()
     failure_jump: FailureJumpPolicy = FailureJumpPolicy()
     control_plane_behind: BehindPolicy = BehindPolicy()
     samples_lost: SamplesLostPolicy = SamplesLostPolicy()

@@ -11,6 +11,7 @@ from zombie_detector.rules.container_rate import ContainerRateRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
+from zombie_detector.rules.nic import NicRule
 from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
 from zombie_detector.rules.phantom import PhantomRule
@@ -33,6 +34,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         GpuLostRule(),
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
         StragglerRule(kinds.gpu_straggler),
+        NicRule(kinds.nic_degraded, kinds.nic_flapping),
         ContainerRule(kinds.container_died),
         ContainerRateRule(kinds.container_died),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
