@@ -10,13 +10,15 @@ from gpumedic_sim.runs.scenario import builtin_scenarios, load_scenario
 from gpumedic_sim.runs.simulate import run_simulation
 
 SCENARIOS = sorted(set(builtin_scenarios()) - {"demand"})
-FLEETS = {"rollout": (40, 1)}
-"""Nodes and GPUs a scenario's file says it runs on, where not 22 of 8 (its rollout: 15 of 40 nodes)."""
+FLEETS = {"rollout": (40, 1), "faults": (23, 8)}
+"""Nodes and GPUs a scenario's file says it runs on, where not 22 of 8 (its rollout: 15 of 40 nodes;
+faults: one fault a node for its node-wide ones)."""
 
 
 def test_every_built_in_scenario_says_what_its_run_must_reach():
     for name, path in builtin_scenarios().items():
-        scenario = load_scenario(path, node_ids=[f"sim-node-{i:02d}" for i in range(1, 23)], gpus_per_node=8)
+        nodes, gpus = FLEETS.get(name, (22, 8))
+        scenario = load_scenario(path, node_ids=[f"sim-node-{i:02d}" for i in range(1, nodes + 1)], gpus_per_node=gpus)
         assert scenario.expect is not None, name
 
 

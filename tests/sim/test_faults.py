@@ -134,6 +134,24 @@ async def test_disk_full_reaches_the_host_part_of_the_sample(fleet):
     assert sample.host.memory_total_mib > sample.host.memory_available_mib > 0
 
 
+async def test_the_fabric_faults_reach_the_sample_as_the_kernel_would_show_them(fleet):
+    """A port up, then DOWN (Polling) once its cable is pulled; a flapping link's link_downed counting
+    up; a port nobody cabled DOWN (Disabled) from the start; a node without a fabric has no ports."""
+    async with Running(fleet, "sim-node-01") as run:
+        assert run.events[-1].host.ib_ports == ()
+        run.node.inject_nic_down(after=0.5)
+        up = await run.wait_for(NodeSampled, lambda e: len(e.host.ib_ports) == 4)
+        assert {(p.state, p.phys_state, p.rate_gbps) for p in up.host.ib_ports} == {("ACTIVE", "LinkUp", 400.0)}
+        down = await run.wait_for(NodeSampled, lambda e: any(p.state == "DOWN" for p in e.host.ib_ports))
+        assert [(p.device, p.phys_state) for p in down.host.ib_ports if p.state == "DOWN"] == [("mlx5_1", "Polling")]
+        run.node.inject_nic_flapping(every_s=0.2)
+        flapped = await run.wait_for(NodeSampled, lambda e: any((p.link_downed or 0) >= 2 for p in e.host.ib_ports))
+        assert [p.device for p in flapped.host.ib_ports if p.link_downed] == ["mlx5_2"]
+        run.node.cable_one_port_less()
+        uncabled = await run.wait_for(NodeSampled, lambda e: any(p.phys_state == "Disabled" for p in e.host.ib_ports))
+        assert [p.device for p in uncabled.host.ib_ports if p.phys_state == "Disabled"] == ["mlx5_3"]
+
+
 async def test_an_immediate_event_waits_for_nats_and_is_not_lost(fleet):
     async with Running(fleet, "sim-node-02") as run:
         run.failures_left = 3  # the next publishes fail: samples are dropped, the OOM event is retried

@@ -27,6 +27,7 @@ from gpumedic_sim.machine.state import APPLICATION_XIDS
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 NODES_22 = [f"sim-node-{i:02d}" for i in range(1, 23)]
+NODES_23 = [*NODES_22, "sim-node-23"]
 SRC = "test.yaml"
 
 
@@ -89,8 +90,8 @@ def test_a_bad_pool_section_says_where_and_what(pool, message):
     assert str(caught.value).startswith(message)
 
 
-def test_builtin_faults_loads_for_22_nodes_with_8_gpus():
-    s = load_scenario(resolve_scenario_path("faults"), node_ids=NODES_22, gpus_per_node=8)
+def test_builtin_faults_loads_for_23_nodes_with_8_gpus():
+    s = load_scenario(resolve_scenario_path("faults"), node_ids=NODES_23, gpus_per_node=8)
     assert s.name == "faults"
     assert s.description
     kinds = [f.fault for f in s.faults]
@@ -99,7 +100,7 @@ def test_builtin_faults_loads_for_22_nodes_with_8_gpus():
     assert len({(f.node, f.gpu) for f in on_nodes}) == len(on_nodes)  # each node fault on its own node or GPU
     node_wide = {f.node for f in on_nodes if f.gpu is None}
     assert all(sum(f.node == node for f in on_nodes) == 1 for node in node_wide)  # a node-wide fault alone on its node
-    assert all(f.node in NODES_22 for f in s.faults)
+    assert all(f.node in NODES_23 for f in s.faults)
     times = [f.at_s for f in s.faults]
     assert times == sorted(times) and 90 <= times[-1] <= 240
     assert s.duration_s is not None and s.duration_s >= times[-1]
@@ -111,7 +112,7 @@ def test_builtin_faults_loads_for_22_nodes_with_8_gpus():
 def test_builtin_faults_works_on_a_bigger_fleet_with_wider_ids():
     nodes = [f"sim-node-{i:03d}" for i in range(1, 101)]
     s = load_scenario(resolve_scenario_path("faults"), node_ids=nodes, gpus_per_node=8)
-    assert {f.node for f in s.faults} <= set(nodes[:22])
+    assert {f.node for f in s.faults} <= set(nodes[:23])
 
 
 def test_builtin_faults_fails_clearly_for_5_nodes():
@@ -125,7 +126,7 @@ def test_builtin_faults_fails_clearly_for_5_nodes():
 
 def test_builtin_faults_fails_clearly_for_4_gpus():
     with pytest.raises(ScenarioError, match=r"faults\[\d+\]\.gpu: \d is beyond the fleet's 4 GPUs per node \(0-3\)"):
-        load_scenario(resolve_scenario_path("faults"), node_ids=NODES_22, gpus_per_node=4)
+        load_scenario(resolve_scenario_path("faults"), node_ids=NODES_23, gpus_per_node=4)
 
 
 def test_resolve_scenario_path_prefers_an_existing_file(tmp_path):
@@ -696,5 +697,5 @@ def test_a_scenario_s_policy_is_checked_over_the_shipped_one_when_read():
                           node_ids=["n1"], gpus_per_node=1)
     assert good.policy == {"kinds": {"gpu_xid": {"checkpoint": {"how": "file"}}}}
     assert error_of({"faults": [], "policy": {"kinds": {"gpu_xid": {"checkpoint": {"how": "shout"}}}}}).startswith(
-        f"{SRC}: policy.kinds.gpu_xid.checkpoint.how: Input should be 'signal' or 'file'")
+        f"{SRC}: policy.kinds.gpu_xid.checkpoint.how: Input should be 'signal', 'file' or 'http'")
     assert error_of({"faults": [], "policy": ["kinds"]}) == f"{SRC}: policy: expected a mapping (a part of a policy file), got a list"

@@ -58,6 +58,8 @@ class Fault(StrEnum):
     PEER_PARTITIONED = "peer_partitioned"
     PEERS_NEVER_JOIN = "peers_never_join"
     BAD_IMAGE = "bad_image"
+    NIC_DOWN = "nic_down"
+    NIC_FLAPPING = "nic_flapping"
 
 
 class Benign(StrEnum):
@@ -75,6 +77,7 @@ class Benign(StrEnum):
     RETIRED_PAGE = "retired_page"
     JOBS_SAVE_ON_REQUEST = "jobs_save_on_request"
     JOBS_IGNORE_REQUESTS = "jobs_ignore_requests"
+    UNCABLED_PORT = "uncabled_port"
 
 
 Scripted = Fault | Benign
@@ -174,6 +177,10 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Fault.BAD_IMAGE: Entry("a rollout: the job on the GPU is restarted on `image`, which fails at start (exit 1, an import error "
                            "in its log)", "run_bad_image", _kinds(K.CONTAINER_DIED), gpu=True,
                            params={"image": DEFAULT_BAD_IMAGE}, whole_node=True),
+    Fault.NIC_DOWN: Entry("the node's InfiniBand fabric (four ports, up) loses one port `after` seconds on: its cable pulled",
+                          "inject_nic_down", _kinds(K.NIC_DEGRADED), params={"after": 15.0}),
+    Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
+                              "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
     Benign.JOB_FINISHED: Entry("benign: the job is done, exit 0, the GPU free", "finish_job", gpu=True),
     Benign.CONTAINER_STOPPED: Entry("benign: the node stops the job's container (docker stop, exit 143)", "stop_job", gpu=True),
     Benign.SHORT_DIP: Entry("benign: the job stops computing for `for` (default 10s), then goes on", "dip_job", gpu=True,
@@ -189,6 +196,8 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Benign.RETIRED_PAGE: Entry("benign: the GPU has one page retired long ago, and stays at one", "retire_page", gpu=True),
     Benign.JOBS_SAVE_ON_REQUEST: Entry("benign: from now the node's jobs, asked to checkpoint, save (3s), then exit on the signal "
                                        "or remove the file", "jobs_save_on_request"),
+    Benign.UNCABLED_PORT: Entry("benign: the node's InfiniBand fabric has a port nobody cabled (down from the start)",
+                                "cable_one_port_less"),
     Benign.JOBS_IGNORE_REQUESTS: Entry("benign: from now the node's jobs ignore a request to checkpoint (they handle the signal "
                                        "and do nothing)", "jobs_ignore_requests"),
 })

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import asyncssh
@@ -84,6 +85,22 @@ class SimNode(NodeState):
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
         await self._docker.start()
+
+    def inject_nic_down(self, after: float = 15.0) -> None:
+        """The node's fabric (four InfiniBand ports, up) loses mlx5_1 `after` seconds on: a cable pulled."""
+        self.machine.fabric()["mlx5_1"].down_at = time.monotonic() + after
+        self._record(None, Fault.NIC_DOWN)
+
+    def inject_nic_flapping(self, every_s: float = 20.0) -> None:
+        """mlx5_2 of the node's fabric goes down and back every `every_s` seconds from now, counting errors."""
+        port = self.machine.fabric()["mlx5_2"]
+        port.flaps_from, port.flap_every_s = time.monotonic() + every_s, every_s
+        self._record(None, Fault.NIC_FLAPPING)
+
+    def cable_one_port_less(self) -> None:
+        """The node's fabric has a port nobody cabled (mlx5_3: DOWN, Disabled, from the start); the rest are up."""
+        self.machine.fabric()["mlx5_3"].never_up = True
+        self.record(Benign.UNCABLED_PORT)
 
     async def inject_daemon_down(self) -> None:
         """The peer daemon crashes: its status port refuses connections until its unit restarts."""

@@ -492,7 +492,7 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
         if not isinstance(value, str) or not IMAGE.match(value):
             raise ScenarioError(source, where, f"expected an image reference such as {DEFAULT_BAD_IMAGE}, got {_show(value)}")
         return value
-    if name in ("for", "every"):
+    if name in ("for", "every", "after"):
         try:
             seconds = parse_time(value)
         except ValueError as exc:
