@@ -4,6 +4,7 @@ the ledger and audit, and RunPod's REST API served on loopback."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import uuid
 from pathlib import Path
@@ -135,18 +136,21 @@ async def test_a_worker_is_rented_and_ended_through_the_gate_with_every_call_aud
     assert all(a["exit_status"] == 0 for a in record.audit) and KEY not in str(record.audit)
 
 
+def _task_table(path: Path, *statements: str) -> list[tuple]:
+    """Run `statements` on the runbook's task table in `path`; then its rows (id, status, worker)."""
+    with sqlite3.connect(path) as db:
+        for statement in statements:
+            db.execute(statement)
+        return db.execute("SELECT id, status, worker_id FROM tasks ORDER BY id").fetchall()
+
+
 async def test_no_worker_is_ended_mid_task_and_what_an_ended_worker_ran_goes_back_to_the_queue(remediator, tmp_path):
     """The runbook's task table, asked before each ending: the pool's idle workers are ended only if
     none took a task since the autoscaler chose them; a worker ended for its own fault has its task
     requeued at once (not a round later by orphaned_tasks)."""
     fake, make = remediator
     path = tmp_path / "tasks.db"
-
-    def tasks(*statements: str) -> list[tuple]:
-        with sqlite3.connect(path) as db:
-            for statement in statements:
-                db.execute(statement)
-            return db.execute("SELECT id, status, worker_id FROM tasks ORDER BY id").fetchall()
+    tasks = functools.partial(_task_table, path)
 
     tasks("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT)")
     handler = make(task_db=path)
@@ -182,12 +186,7 @@ async def test_a_black_hole_s_failed_tasks_go_back_to_the_queue_once_when_it_is_
     another kind's termination (stuck spawning) leaves failed tasks failed."""
     fake, make = remediator
     path = tmp_path / "tasks.db"
-
-    def tasks(*statements: str) -> list[tuple]:
-        with sqlite3.connect(path) as db:
-            for statement in statements:
-                db.execute(statement)
-            return db.execute("SELECT id, status, worker_id FROM tasks ORDER BY id").fetchall()
+    tasks = functools.partial(_task_table, path)
 
     tasks("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT, retried INTEGER NOT NULL DEFAULT 0)")
     handler = make(task_db=path)
