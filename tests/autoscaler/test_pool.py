@@ -171,24 +171,3 @@ def test_a_worker_the_task_database_has_a_task_on_is_not_ended_however_idle_its_
     pool.tick(T0 + timedelta(seconds=376))
     (request,) = pool.requests()
     assert "a" not in request.operation.worker_ids
-
-
-def test_a_burst_that_outgrows_each_rental_rents_again_under_a_new_incident_and_pages_nobody():
-    """Each rental the remediator verified fixes its incident; the shortfall the burst grew since is
-    a new incident with its own ladder. Three rentals that each fell behind once paged a person and
-    stopped the pool mid-burst."""
-    pool = Pool(SCALING.model_copy(update={"max_active_gpus": 32}))
-    workers = [_w("w1")]
-    for n in range(3):  # 4 workers a rental (actions.spawn_worker.max_count): each time short again
-        at = T0 + timedelta(seconds=100 * n)
-        pool.round(at, queued=30 * (n + 1), workers=workers)
-        pool.tick(at + timedelta(seconds=16))
-        request = pool.requests()[-1]
-        assert isinstance(request.operation, SpawnWorker) and request.attempt == 1, request
-        pool.complete(request, at + timedelta(seconds=20))
-        workers = [*workers, *(_w(f"n{n}-{i}", "spawning", 5) for i in range(request.operation.count))]
-        pool.round(at + timedelta(seconds=25), queued=30 * (n + 2), workers=workers)  # still short: fixed all the same
-    opened = [e for e in pool.events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.CAPACITY_SHORT]
-    resolved = [e.resolution for e in pool.events if isinstance(e, IncidentResolved)]
-    assert len(opened) == 3 and resolved == ["fixed"] * 3 and len({r.incident_id for r in pool.requests()}) == 3
-    assert not [e for e in pool.events if type(e).__name__ == "IncidentEscalated"]

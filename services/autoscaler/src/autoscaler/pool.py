@@ -118,8 +118,6 @@ class PoolIncidents:
         self.outcomes: dict[str, tuple[str, Outcomes]] = {}
         """Each worker's host and how its tasks ended, as the task database last said (`task_figures`)."""
         self.history = PoolHistory(policy.kinds.failure_jump)
-        self._rented = False
-        """A rental for the capacity_short incident succeeded since the last round (its workers listed)."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -176,7 +174,6 @@ class PoolIncidents:
         state = self.book.by_id(event.incident_id)
         if state is not None and state.kind in SCALING_KINDS and event.outcome is ActionOutcome.SUCCEEDED:
             self.scaler.changed(now)
-            self._rented = state.kind is IncidentKind.CAPACITY_SHORT
         if state is not None and state.kind is IncidentKind.BURN_IN:
             if event.outcome is ActionOutcome.SUCCEEDED:
                 self.trials.accept(state.node_id)
@@ -196,11 +193,7 @@ class PoolIncidents:
         evidence = {"queued": demand.queued, "in_progress": demand.in_progress, "gpus_wanted": decided.gpus_wanted,
                     "gpus_in_service": supply.total, "cost_per_h": round(supply.cost_per_h, 2)}
         found = []
-        # A rental that did what it was asked (the remediator saw its workers listed) fixed its
-        # incident: a shortfall the burst grew meanwhile is the next round's incident, with a ladder
-        # of its own, rather than a person paged and the pool stopped mid-burst.
-        rented, self._rented = self._rented, False
-        if decided.decision == "scale_up" and not rented:
+        if decided.decision == "scale_up":
             workers = min(math.ceil(decided.change_gpus / s.gpus_per_worker), spawn.max_count)
             operations = {"spawn_worker": SpawnWorker(gpu_type=s.gpu_type, gpus=s.gpus_per_worker, count=workers)} if s.gpu_type else {}
             found.append(Finding(
