@@ -171,3 +171,27 @@ def test_a_worker_the_task_database_has_a_task_on_is_not_ended_however_idle_its_
     pool.tick(T0 + timedelta(seconds=376))
     (request,) = pool.requests()
     assert "a" not in request.operation.worker_ids
+
+
+def test_a_burst_that_outgrows_each_rental_rents_again_at_the_ladder_s_pace_and_pages_nobody():
+    """A rental still short of a growing burst most of its verification window later fixed its
+    incident (it did what it was asked); the next round's incident rents again. Three such rentals
+    used to exhaust the ladder, page a person and stop the pool mid-burst."""
+    pool = Pool(SCALING.model_copy(update={"max_active_gpus": 64}))
+    workers = [_w("w1")]
+    at = T0
+    for n in range(4):
+        pool.round(at, queued=60 * (n + 1), workers=workers)
+        pool.tick(at + timedelta(seconds=16))
+        request = pool.requests()[-1]
+        assert isinstance(request.operation, SpawnWorker) and request.attempt == 1, request
+        pool.complete(request, at + timedelta(seconds=20))
+        workers = [*workers, *(_w(f"n{n}-{i}", "spawning", 5) for i in range(request.operation.count))]
+        pool.round(at + timedelta(seconds=60), queued=60 * (n + 2), workers=workers)  # still short: verifying
+        pool.round(at + timedelta(seconds=130), queued=60 * (n + 2), workers=workers)  # 110 s after the rental: fixed
+        at += timedelta(seconds=135)
+    opened = [e for e in pool.events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.CAPACITY_SHORT]
+    short = {e.incident_id for e in opened}
+    assert len(short) == 4 and len({r.incident_id for r in pool.requests() if isinstance(r.operation, SpawnWorker)}) == 4
+    assert [e.resolution for e in pool.events if isinstance(e, IncidentResolved) and e.incident_id in short] == ["fixed"] * 4
+    assert not [e for e in pool.events if type(e).__name__ == "IncidentEscalated" and e.incident_id in short]

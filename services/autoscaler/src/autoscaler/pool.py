@@ -118,6 +118,8 @@ class PoolIncidents:
         self.outcomes: dict[str, tuple[str, Outcomes]] = {}
         """Each worker's host and how its tasks ended, as the task database last said (`task_figures`)."""
         self.history = PoolHistory(policy.kinds.failure_jump)
+        self._rented_at: datetime | None = None
+        """When the capacity_short incident's rental succeeded (its workers listed)."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -174,6 +176,8 @@ class PoolIncidents:
         state = self.book.by_id(event.incident_id)
         if state is not None and state.kind in SCALING_KINDS and event.outcome is ActionOutcome.SUCCEEDED:
             self.scaler.changed(now)
+            if state.kind is IncidentKind.CAPACITY_SHORT:
+                self._rented_at = now
         if state is not None and state.kind is IncidentKind.BURN_IN:
             if event.outcome is ActionOutcome.SUCCEEDED:
                 self.trials.accept(state.node_id)
@@ -193,7 +197,9 @@ class PoolIncidents:
         evidence = {"queued": demand.queued, "in_progress": demand.in_progress, "gpus_wanted": decided.gpus_wanted,
                     "gpus_in_service": supply.total, "cost_per_h": round(supply.cost_per_h, 2)}
         found = []
-        if decided.decision == "scale_up":
+        if decided.decision != "scale_up":
+            self._rented_at = None
+        elif not self._rental_in(now):
             workers = min(math.ceil(decided.change_gpus / s.gpus_per_worker), spawn.max_count)
             operations = {"spawn_worker": SpawnWorker(gpu_type=s.gpu_type, gpus=s.gpus_per_worker, count=workers)} if s.gpu_type else {}
             found.append(Finding(
@@ -213,6 +219,17 @@ class PoolIncidents:
             found.append(Finding(kind=IncidentKind.QUEUE_STALLED, node_id=self.pool, summary=stalled, evidence=evidence,
                                  recommended_action="check that the workers reach the queue (credentials, network, the worker loop)"))
         return found
+
+    def _rental_in(self, now: datetime) -> bool:
+        """The incident's rental succeeded most of its verification window ago and the queue still
+        wants more: a burst outgrowing each rental. Its incident is fixed now (the rental did what it
+        was asked), once, and the next round opens the next one; rentals keep the ladder's pace, and
+        a growing burst never pages a person and stops the pool after three rentals that each fell behind."""
+        ladder = self.policy.kinds.capacity_short.ladder
+        if self._rented_at is None or not ladder or now - self._rented_at < 0.9 * timedelta(seconds=ladder[0].verify_within_s):
+            return False
+        self._rented_at = None
+        return True
 
     def _stalled(self, demand: Demand, supply: Supply, now: datetime) -> str:
         """Tasks wait while every GPU in service has idled for `for_s` (and some are in service)."""
