@@ -35,15 +35,19 @@ def test_a_port_that_was_up_and_goes_down_is_degraded_after_for_s_and_resolved_w
     assert [e.resolution for e in d.events if isinstance(e, IncidentResolved)] == ["cleared"]
 
 
-def test_a_port_below_its_siblings_rate_is_degraded_and_one_never_up_is_nobody_s_cable():
+def test_a_port_that_trained_down_is_degraded_and_neither_a_slower_nic_nor_one_never_up_is():
+    """A port below the rate it ran at is degraded; a node's 100 Gb/s front-end NIC beside its
+    400 Gb/s fabric is how the node was built, and a port never up is nobody's cable."""
     d = Detector()
-    slow = [*HEALTHY[:3], ib("mlx5_3", rate=200.0), ib("mlx5_9", state="DOWN", phys="Disabled", rate=None),
-            ib("roce0", rate=100.0, layer="Ethernet")]
-    for s in (0, 30, 65):
+    built = [*HEALTHY, ib("mlx5_9", state="DOWN", phys="Disabled", rate=None), ib("roce0", rate=100.0, layer="Ethernet"),
+             ib("roce1", rate=400.0, layer="Ethernet")]
+    d.feed(with_ports(*built), 0)
+    slow = [*HEALTHY[:3], ib("mlx5_3", rate=200.0), *built[4:]]
+    for s in (30, 65, 100):
         d.feed(with_ports(*slow), s)
     (opened,) = d.opened(IncidentKind.NIC_DEGRADED)
-    assert opened.summary == "mlx5_3 port 1 runs at 200 Gb/s where the node's other InfiniBand ports run at 400"
-    assert opened.evidence["rate_gbps"] == 200.0  # the RoCE port at 100 is measured against RoCE ports only
+    assert opened.summary == "mlx5_3 port 1 runs at 200 Gb/s where it ran at 400"
+    assert opened.evidence["rate_gbps"] == 200.0
 
 
 def test_a_link_that_keeps_going_down_or_counting_errors_is_flapping_and_a_reset_is_not():

@@ -63,7 +63,7 @@ class IncidentKind(StrEnum):
     NVLINK_DEGRADED = "nvlink_degraded"
     """An NVLink down, or its errors rising faster than the policy allows."""
     NIC_DEGRADED = "nic_degraded"
-    """An InfiniBand or RoCE port that was up is down, or runs below its sibling ports' rate."""
+    """An InfiniBand or RoCE port that was up is down, or runs below the rate it ran at."""
     NIC_FLAPPING = "nic_flapping"
     """An InfiniBand or RoCE link keeps going down, or counts errors faster than the policy allows."""
     GPU_STRAGGLER = "gpu_straggler"

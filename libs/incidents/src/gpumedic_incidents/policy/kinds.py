@@ -197,7 +197,7 @@ class NvLinkPolicy(KindPolicy):
 
 
 class NicDegradedPolicy(KindPolicy):
-    """A port that was up is down, or runs below the node's other ports of its link layer (or `min_rate_gbps`)."""
+    """A port that was up is down, or runs below the highest rate it ran at (or `min_rate_gbps`)."""
 
     for_s: float = Field(default=60.0, ge=0, description="How long it stays so (a link retrains in seconds).")
     min_rate_gbps: float | None = Field(default=None, gt=0, description="Below this rate a port is degraded even with no sibling to compare.")

@@ -2,9 +2,10 @@
 over (`NodeSampled.host.ib_ports`, as node-sampler reads them from /sys/class/infiniband).
 
 - nic_degraded: a port that was up (ACTIVE, LinkUp) since the sampler first saw it is down, or
-  runs below the rate of the node's other ports of its link layer (a cable or transceiver that
-  trained down: 200 Gb/s beside 400) or below the policy's `min_rate_gbps`, for `for_s`. A port
-  never seen up is a port nobody cabled: nothing.
+  runs below the highest rate it ran at (a cable or transceiver that trained down: 200 Gb/s
+  where it ran 400) or below the policy's `min_rate_gbps`, for `for_s`. A port never seen up is
+  a port nobody cabled: nothing. Ports are not compared with each other: a node's front-end NIC
+  at 100 Gb/s beside its 400 Gb/s fabric is how it was built.
 - nic_flapping: within `window_s`, the port's link went down `link_downs` times or more
   (`link_downed`, the Port Training state machine giving up), or its error counters (symbol,
   receive, link recovery, local link integrity, buffer overrun) rose faster than
@@ -48,6 +49,8 @@ def is_up(port: IbPort) -> bool:
 @dataclass
 class _Port:
     seen_up: bool = False
+    top_rate: float = 0.0
+    """The highest rate it ran at while up."""
     bad_since: datetime | None = None
     counts: deque[tuple[datetime, int, int]] = field(default_factory=deque)
     """(when, link_downed, errors summed), a few over the window."""
@@ -65,17 +68,14 @@ class NicRule:
         ports = event.host.ib_ports
         if not ports:
             return ()
-        best: dict[str | None, float] = {}
-        for p in ports:
-            if is_up(p) and p.rate_gbps is not None:
-                best[p.link_layer] = max(best.get(p.link_layer, 0.0), p.rate_gbps)
         open_here = {(i.kind, i.key) for i in incidents.open_on(event.node_id) if i.kind in (DEGRADED, FLAPPING)}
         findings: list[Finding] = []
         for p in ports:
             key = port_key(p)
             state = self.ports.setdefault((event.node_id, key), _Port())
-            state.seen_up = state.seen_up or is_up(p)
-            why = self._why_degraded(p, best.get(p.link_layer), state)
+            if is_up(p):
+                state.seen_up, state.top_rate = True, max(state.top_rate, p.rate_gbps or 0.0)
+            why = self._why_degraded(p, state)
             if why:
                 state.bad_since = state.bad_since or now
                 if now - state.bad_since >= timedelta(seconds=self.degraded.for_s):
@@ -94,13 +94,13 @@ class NicRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _why_degraded(self, p: IbPort, best: float | None, state: _Port) -> str:
+    def _why_degraded(self, p: IbPort, state: _Port) -> str:
         if not state.seen_up:
             return ""  # never up since the sampler first saw it: not cabled, not in use
         if not is_up(p):
             return f"{_name(p)} is {p.state or 'in an unknown state'} ({p.phys_state or 'physical state unknown'}); it was up"
-        if p.rate_gbps is not None and best is not None and p.rate_gbps < best:
-            return f"{_name(p)} runs at {p.rate_gbps:g} Gb/s where the node's other {p.link_layer or ''} ports run at {best:g}"
+        if p.rate_gbps is not None and p.rate_gbps < state.top_rate:
+            return f"{_name(p)} runs at {p.rate_gbps:g} Gb/s where it ran at {state.top_rate:g}"
         floor = self.degraded.min_rate_gbps
         if p.rate_gbps is not None and floor is not None and p.rate_gbps < floor:
             return f"{_name(p)} runs at {p.rate_gbps:g} Gb/s, below the policy's {floor:g}"
