@@ -66,6 +66,10 @@ class IncidentKind(StrEnum):
     """An InfiniBand or RoCE port that was up is down, or runs below the rate it ran at."""
     NIC_FLAPPING = "nic_flapping"
     """An InfiniBand or RoCE link keeps going down, or counts errors faster than the policy allows."""
+    JOB_HUNG = "job_hung"
+    """Most ranks of a job across nodes idle together with no output (a hung collective): one incident
+    for the job, on the node that stopped where one is known (its ranks gone, its samples stopped, a
+    fault of its GPU, NIC or host), instead of a zombie per rank."""
     GPU_STRAGGLER = "gpu_straggler"
     """A GPU far slower (clocks or power) than its siblings on the same job, and than the fleet's GPUs of its model."""
     PHANTOM_JOBS = "phantom_jobs"

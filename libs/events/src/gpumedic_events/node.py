@@ -20,6 +20,7 @@ _EXAMPLE_PROCESS = {
     "container_id": "3f9c2a7d4b1e8f6a0c5d2e9b7a4f1c8d3e6b9a2f5c8e1d4a7b0c3f6e9d2a5b8c",
     "container_exists": True,
     "used_memory_mib": 20480,
+    "job": {"id": "torchelastic:llama-ft-0412", "rank": 3, "world_size": 16, "local_world_size": 8, "nodes": 2},
 }
 
 
@@ -50,6 +51,34 @@ class ProcessIdentity(BaseModel):
     )
 
 
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,199}$"
+
+
+class JobTag(BaseModel):
+    """What ties a GPU process to a job that may span nodes, as its launcher told the process
+    (torchrun's, Slurm's or MPI's environment, or a variable the operator names): the same `id` on
+    several nodes is one job, and `rank` says which of its processes this is."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(
+        pattern=JOB_ID_PATTERN,
+        description="The job, prefixed by where the id came from: label:<the operator's variable>, torchelastic:<TORCHELASTIC_RUN_ID>, "
+        "slurm:<SLURM_JOB_ID>[.<SLURM_STEP_ID>], or rendezvous:<MASTER_ADDR>:<MASTER_PORT> (never a loopback address).",
+    )
+    rank: int | None = Field(default=None, ge=0, le=1_000_000, description="The process's global rank (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).")
+    world_size: int | None = Field(default=None, ge=1, le=1_000_000, description="How many ranks the job has in all.")
+    local_world_size: int | None = Field(default=None, ge=1, le=1_000_000, description="How many of them run on this node.")
+    nodes: int | None = Field(default=None, ge=1, le=100_000, description="How many nodes the job runs on (GROUP_WORLD_SIZE, SLURM_JOB_NUM_NODES).")
+
+    @property
+    def spans_nodes(self) -> bool:
+        """The launcher says the job has ranks on other nodes too."""
+        if self.nodes is not None:
+            return self.nodes > 1
+        return self.world_size is not None and self.local_world_size is not None and self.world_size > self.local_world_size
+
+
 class GpuProcess(ProcessIdentity):
     """A process with a compute context on a GPU."""
 
@@ -62,6 +91,11 @@ class GpuProcess(ProcessIdentity):
         description="Bytes it has caused to be written to storage since it started (/proc/PID/io "
         "write_bytes); growth between samples is this process's own output. None if unreadable "
         "(the sampler needs root, or the same user, to read it).",
+    )
+    job: JobTag | None = Field(
+        default=None,
+        description="The job it is a rank of, from its environment (/proc/PID/environ, read only for these variables); "
+        "None when it carries none, or the sampler may not read it.",
     )
 
 

@@ -55,7 +55,7 @@ def create_app(
         import pynvml
 
         nvml = pynvml
-    processes = processes or ProcFsTable(settings.proc_root)
+    processes = processes or ProcFsTable(settings.proc_root, job_label=settings.job_label_env)
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus, spans_as=node_user(settings.node_id))
     sampler = Sampler(
         settings.node_id,

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from node_sampler.jobenv import MAX_ENVIRON_BYTES, JobEnv, parse_environ
+
 STAT_STARTTIME_FIELD = 22
 """1-based field number of `starttime` in /proc/PID/stat (see proc(5)); utime, stime and rss are 14, 15, 24."""
 OWNER_TTL_S = 60.0
@@ -44,6 +46,8 @@ class ProcessInfo:
     """Boot time + start ticks / CLK_TCK, in UTC."""
     write_bytes: int | None = None
     """/proc/PID/io write_bytes: what it has written to storage so far; None if unreadable."""
+    job: JobEnv | None = None
+    """The job it is a rank of, from its launcher's environment; None if none or unreadable."""
 
 
 class ProcessTable(Protocol):
@@ -220,18 +224,20 @@ class ProcFsTable:
     """
 
     def __init__(
-        self, root: Path | str = "/proc", *, boot_time: float | None = None, clk_tck: int | None = None
+        self, root: Path | str = "/proc", *, boot_time: float | None = None, clk_tck: int | None = None, job_label: str = ""
     ) -> None:
         self.root = Path(root)
         self._root = str(root).rstrip("/") or "/"
         self._boot_time = boot_time
         self._boot_time_read = boot_time is not None
         self._clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
+        self._job_label = job_label
         self._users: dict[int, str] = {}
-        self._owners: dict[tuple[int, int | None], tuple[float, str, str]] = {}
-        """(pid, start ticks) -> (read at, user, cgroup): a process keeps its user and cgroup (an
-        exec keeps both; its command line is read every time), so status and cgroup are read again
-        only after OWNER_TTL_S: 2 of the 5 files per GPU process and sample."""
+        self._owners: dict[tuple[int, int | None], tuple[float, str, str, JobEnv | None]] = {}
+        """(pid, start ticks) -> (read at, user, cgroup, job): a process keeps its user, cgroup and
+        launch environment (an exec keeps the first two, and a job's launcher sets the third once;
+        its command line is read every time), so status, cgroup and environ are read again only
+        after OWNER_TTL_S: 3 of the 6 files per GPU process and sample."""
 
     def describe(self, pid: int, errors: list[str] | None = None) -> ProcessInfo | None:
         base = f"{self._root}/{pid}"
@@ -248,7 +254,7 @@ class ProcFsTable:
         start_ticks = parse_start_ticks(stat)
         if start_ticks is None:
             _note(errors, f"pid {pid}: malformed stat line")
-        user, cgroup = self._owner(pid, start_ticks, base, errors)
+        user, cgroup, job = self._owner(pid, start_ticks, base, errors)
         return ProcessInfo(
             pid=pid,
             start_ticks=start_ticks,
@@ -258,14 +264,17 @@ class ProcFsTable:
             container_id=container_id_from_cgroup(cgroup),
             started_at=self._started_at(start_ticks, errors),
             write_bytes=self._write_bytes(base),
+            job=job,
         )
 
-    def _owner(self, pid: int, start_ticks: int | None, base: str, errors: list[str] | None) -> tuple[str, str]:
-        """The process's user and cgroup, read again after OWNER_TTL_S (only what read cleanly is kept)."""
+    def _owner(
+        self, pid: int, start_ticks: int | None, base: str, errors: list[str] | None
+    ) -> tuple[str, str, JobEnv | None]:
+        """The process's user, cgroup and job, read again after OWNER_TTL_S (only what read cleanly is kept)."""
         now = time.monotonic()
         known = self._owners.get((pid, start_ticks))
         if known is not None and now - known[0] < OWNER_TTL_S:
-            return known[1], known[2]
+            return known[1], known[2], known[3]
         user, cgroup = "", ""
         status = self._read_more(pid, base, "status", errors)
         if status is not None:
@@ -279,13 +288,23 @@ class ProcFsTable:
             cgroup = parse_cgroup(text)
             if not cgroup:
                 _note(errors, f"pid {pid}: malformed cgroup file")
+        job = self._job(base)
         clean = status is not None and text is not None and bool(user) and bool(cgroup)
         if clean and start_ticks is not None:
             if len(self._owners) >= MAX_OWNERS:  # processes come and go: forget the oldest reads
                 for key, _ in sorted(self._owners.items(), key=lambda item: item[1][0])[: MAX_OWNERS // 2]:
                     del self._owners[key]
-            self._owners[(pid, start_ticks)] = (now, user, cgroup)
-        return user, cgroup
+            self._owners[(pid, start_ticks)] = (now, user, cgroup, job)
+        return user, cgroup, job
+
+    def _job(self, base: str) -> JobEnv | None:
+        # Another user's environment needs root (ptrace read access), as its io counters do:
+        # None says "cannot tell", without a note per process and sample.
+        try:
+            with open(f"{base}/environ", "rb") as f:
+                return parse_environ(f.read(MAX_ENVIRON_BYTES), self._job_label)
+        except OSError:
+            return None
 
     @staticmethod
     def _write_bytes(base: str) -> int | None:

@@ -28,6 +28,7 @@ from gpumedic_events import (
     HostSample,
     IbPort,
     JobsObservation,
+    JobTag,
     NodeSampled,
     NvLinkSample,
     ProcessOomKilled,
@@ -501,6 +502,16 @@ class _Identity:
         info = self.processes.get(pid)
         return info.write_bytes if info is not None and info.write_bytes is not None and info.write_bytes >= 0 else None
 
+    def job(self, pid: int, notes: list[str]) -> JobTag | None:
+        info = self.processes.get(pid)
+        if info is None or info.job is None:
+            return None
+        try:
+            return JobTag(**asdict(info.job))
+        except ValidationError as exc:
+            notes.append(f"pid {pid}: its job {_first_error(exc)}, left out")
+            return None
+
     def fields(self, pid: int) -> dict:
         info = self.processes.get(pid)
         if info is None:
@@ -544,7 +555,10 @@ def _gpu_sample(raw: RawGpu, identity: _Identity, notes: list[str]) -> GpuSample
             notes.append(f"{where}: pid {p.pid} out of range, left out")
             continue
         procs.append(
-            GpuProcess(**identity.fields(p.pid), used_memory_mib=_mib(p.used_memory_bytes), write_bytes=identity.write_bytes(p.pid))
+            GpuProcess(
+                **identity.fields(p.pid), used_memory_mib=_mib(p.used_memory_bytes), write_bytes=identity.write_bytes(p.pid),
+                job=identity.job(p.pid, notes),
+            )
         )
     if raw.processes is not None and len(raw.processes) > MAX_PROCESSES_PER_GPU:
         notes.append(f"{where}: {len(raw.processes) - MAX_PROCESSES_PER_GPU} processes left out")

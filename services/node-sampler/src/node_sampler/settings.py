@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     job_process_pattern: str | None = Field(
         default=None, description="Regular expression: processes whose command line matches are jobs."
     )
+    job_label_env: str = Field(
+        default="",
+        pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,63})?$",
+        description="An environment variable of your jobs' processes whose value names the job across nodes (e.g. JOB_ID); "
+        "first before torchrun's, Slurm's and the rendezvous address. Only it and the launchers' variables are read.",
+    )
     watch_paths: list[Path] = Field(
         default_factory=list, description="Files or directories whose growth means the jobs produce output."
     )

@@ -145,6 +145,18 @@ class ZombiePolicy(_IdleBelow):
     )
 
 
+class JobHungPolicy(_IdleBelow):
+    """Most ranks of a job across nodes idle together, none writing, for `idle_for_s`."""
+
+    idle_for_s: float = Field(default=300.0, gt=0, description="How long most of the job's ranks idle together (NCCL's and "
+                              "PyTorch's own watchdogs wait 10 to 30 minutes, and name no node).")
+    idle_share: float = Field(default=0.75, gt=0.5, le=1, description="The share of the job's ranks seen that idle.")
+    restart_job: str | None = Field(
+        default=None, pattern=ENDPOINT_PATTERN,
+        description="Once its fix is verified, start this job of actions.restart_job.jobs again; null: a person restarts it.",
+    )
+
+
 class OrphanPolicy(_IdleBelow):
     held_for_s: float = Field(default=30.0, ge=0, description="How long a holder is seen before it is an orphan.")
 
@@ -477,6 +489,7 @@ class Kinds(Strict):
     burn_in_failed: KindPolicy = KindPolicy(ladder=(Step(action="terminate_worker", attempts=2, verify_within_s=120),))
     repeat_offender: RepeatPolicy = RepeatPolicy()
     black_hole: BlackHolePolicy = BlackHolePolicy()
+    job_hung: JobHungPolicy = JobHungPolicy(ladder=(Step(action="drain_node"),))
     nic_degraded: NicDegradedPolicy = NicDegradedPolicy()
     nic_flapping: NicFlappingPolicy = NicFlappingPolicy()
     failure_jump: FailureJumpPolicy = FailureJumpPolicy()

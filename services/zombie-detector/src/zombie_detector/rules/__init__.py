@@ -11,6 +11,7 @@ from zombie_detector.rules.container_rate import ContainerRateRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
+from zombie_detector.rules.job import JobRule
 from zombie_detector.rules.nic import NicRule
 from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
@@ -25,11 +26,13 @@ from zombie_detector.rules.zombie import ZombieRule
 def build_rules(policy: Policy) -> list[Rule]:
     """The node rules, each with its part of the policy."""
     kinds = policy.kinds
+    jobs = JobRule(kinds.job_hung)  # the ranks of a job across nodes are its, not the per-rank rules'
     return [
-        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes),
+        jobs,
+        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),
         OrphanRule(kinds.orphan_gpu_holder, policy.actions.kill_gpu_processes),
         PhantomRule(kinds.phantom_jobs, kinds.idle_jobs, policy.actions.http_admin),
-        StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes),
+        StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),

@@ -18,6 +18,7 @@ from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired, No
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
+from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 from zombie_detector.rules.zombie import MAX_GAP_INTERVALS, unidentified
 
 KIND = IncidentKind.STUCK_PROCESS
@@ -26,9 +27,10 @@ KIND = IncidentKind.STUCK_PROCESS
 class StuckRule:
     inputs = (NodeSampled, NodeRetired)
 
-    def __init__(self, policy: StuckPolicy, kill: KillPolicy) -> None:
+    def __init__(self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy
         self.kill = kill
+        self.wider = rank_of_wider_job
         self.idle_since: dict[tuple[str, int], tuple[datetime, datetime]] = {}
         """(node, GPU) -> (first, last) seen idle under an old process, by the detector's clock."""
 
@@ -64,7 +66,10 @@ class StuckRule:
         return ()
 
     def _old_holders(self, gpu: GpuSample) -> list[GpuProcess]:
-        return [p for p in gpu.processes if p.pid >= 2 and p.container_exists is not False and (p.age_s or 0) > self.policy.older_than_s]
+        return [
+            p for p in gpu.processes
+            if p.pid >= 2 and p.container_exists is not False and (p.age_s or 0) > self.policy.older_than_s and not self.wider(p.job)
+        ]
 
     def _finding(self, event: NodeSampled, gpu: GpuSample, old: list[GpuProcess], idle_s: float) -> Finding:
         oldest = max(old, key=lambda p: p.age_s or 0)

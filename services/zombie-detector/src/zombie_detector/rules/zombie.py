@@ -24,6 +24,7 @@ from gpumedic_events import GpuSample, IncidentKind, NodeSampled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
 from zombie_detector.rules.base import Incidents, kill_operation
+from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 
 KIND = IncidentKind.ZOMBIE_JOB
 MAX_GAP_INTERVALS = 3
@@ -57,20 +58,23 @@ class IdleStreak:
     last_seen: datetime
 
 
-def _idle_and_held(gpu: GpuSample, idle_below_pct: int) -> bool:
-    """Idle, and held by a process that belongs to a job: pid 1 is never a kill target, and a
-    holder whose container is gone is a leftover (orphan_gpu_holder), not a hung job."""
+def _idle_and_held(gpu: GpuSample, idle_below_pct: int, wider: RankOfWiderJob = spans_nodes) -> bool:
+    """Idle, and held by a process that belongs to a job of this node's: pid 1 is never a kill
+    target, a holder whose container is gone is a leftover (orphan_gpu_holder), and a rank of a job
+    across nodes is judged with its job's other ranks (job_hung), never alone."""
     return (
         gpu.utilization_gpu_pct is not None
         and gpu.utilization_gpu_pct < idle_below_pct
-        and any(p.pid >= 2 and p.container_exists is not False for p in gpu.processes)
+        and any(p.pid >= 2 and p.container_exists is not False and not wider(p.job) for p in gpu.processes)
     )
 
 
-def looks_zombie(gpu: GpuSample, sample: NodeSampled, idle_below_pct: int, wrote: bool | None = None) -> bool:
+def looks_zombie(
+    gpu: GpuSample, sample: NodeSampled, idle_below_pct: int, wrote: bool | None = None, wider: RankOfWiderJob = spans_nodes
+) -> bool:
     """Jobs claimed, this GPU held but idle, and no output growth it could be credited with.
     `wrote`: whether the GPU's own processes wrote since the last sample (None: cannot tell)."""
-    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_below_pct) or wrote:
+    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_below_pct, wider) or wrote:
         return False
     if sample.jobs.output_growing is not True:
         return True
@@ -93,9 +97,10 @@ def unidentified(gpu: GpuSample) -> str:
 class ZombieRule:
     inputs = (NodeSampled,)
 
-    def __init__(self, policy: ZombiePolicy, kill: KillPolicy) -> None:
+    def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy
         self.kill = kill
+        self.wider = rank_of_wider_job
         self.idle_since: dict[tuple[str, int], IdleStreak] = {}
         self.writes: dict[tuple[str, int], Writes] = {}
         """The write counters of the GPUs that looked idle in their node's last sample."""
@@ -111,11 +116,11 @@ class ZombieRule:
         for gpu in event.gpus:
             key = (event.node_id, gpu.index)
             wrote = wrote_since(self.writes.get(key), gpu)
-            if _idle_and_held(gpu, self.policy.idle_below_pct):
+            if _idle_and_held(gpu, self.policy.idle_below_pct, self.wider):
                 self.writes[key] = holder_writes(gpu)
             else:
                 self.writes.pop(key, None)
-            zombie = looks_zombie(gpu, event, self.policy.idle_below_pct, wrote)
+            zombie = looks_zombie(gpu, event, self.policy.idle_below_pct, wrote, self.wider)
             if gpu.index in open_here:
                 if gpu.processes and (gpu.utilization_gpu_pct is None or event.jobs.running is None):
                     continue  # this sample cannot tell; "could not read" must never count as "fixed"
@@ -146,7 +151,7 @@ class ZombieRule:
 
     def _may_hold_zombie(self, sample: NodeSampled) -> bool:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
-        return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct) for g in sample.gpus)
+        return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct, self.wider) for g in sample.gpus)
 
     def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)

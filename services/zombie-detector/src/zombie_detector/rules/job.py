@@ -1,0 +1,297 @@
+"""job_hung: a job across nodes whose ranks mostly idle together, none writing: a hung collective.
+
+When one rank of a multi-node job stops (its GPU fell off the bus, its NIC port went down, its
+process died or wedged), every other rank waits inside the collective at 0-few % GPU. Judged node
+by node, that is a zombie per rank; the fix is the one node that stopped. So the ranks of a job
+(`GpuProcess.job`: the same id from the launcher's environment on several nodes) are judged
+together: when at least `idle_share` of the ranks seen idle (below `idle_below_pct`) and none
+writes (its /proc/PID/io grows; where counters are unreadable, its node's watched output grows:
+a checkpoint is output) for `idle_for_s`, that is one incident for the job. The per-rank rules
+(zombie_job, stuck_process) stand aside for ranks of a job across nodes (`spans_nodes`).
+
+The incident is on the node that stopped, found from what is already known, in this order: the
+job's ranks exited there while the others waited; its samples stopped; an open incident of a
+fault that stops a rank (its GPU's, its NIC's, its host's); its ranks alone are busy while the
+rest wait (a rank spinning). None found: it is on the node of the lowest rank seen, and a person
+is called at once with what could not be learned. Its key is a digest of the job's id (the id
+itself, which may hold any launcher's characters, is in the evidence). Idleness is timed on the
+detector's clock; a rank whose utilisation is unreadable neither opens nor clears anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gpumedic_events import GpuProcess, IncidentKind, JobTag, NodeRetired, NodeSampled
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy.kinds import JobHungPolicy
+from gpumedic_incidents.state import fingerprint
+from zombie_detector.rules.base import Incidents
+
+KIND = IncidentKind.JOB_HUNG
+MAX_GAP_INTERVALS = 3
+"""A node of the job unseen for more than this many of its intervals has stopped sampling."""
+FORGET_AFTER_S = 3600.0
+"""A job none of whose nodes has shown a rank for this long is forgotten."""
+MAX_JOBS = 10_000
+MAX_NAMED = 16
+"""Nodes and ranks named in a summary; the evidence says how many there are."""
+STOPPING = frozenset({
+    IncidentKind.GPU_LOST, IncidentKind.GPU_XID, IncidentKind.ECC_ERRORS, IncidentKind.ROW_REMAP, IncidentKind.NVLINK_DEGRADED,
+    IncidentKind.PCIE_DEGRADED, IncidentKind.GPU_THERMAL, IncidentKind.GPU_THROTTLED, IncidentKind.NIC_DEGRADED,
+    IncidentKind.NIC_FLAPPING, IncidentKind.HOST_MEMORY_PRESSURE, IncidentKind.NVML_UNAVAILABLE, IncidentKind.NODE_SILENT,
+    IncidentKind.CONTAINER_DIED, IncidentKind.DISK_PRESSURE,
+})
+"""Open incidents that can stop a rank: one on a node of the hung job names that node (one of a GPU
+only when a rank runs on that GPU)."""
+
+
+def job_key(job_id: str) -> str:
+    """The incident key of a job: a digest, since a job's id may hold what a bus key may not."""
+    return "job-" + hashlib.blake2s(job_id.encode(), digest_size=8).hexdigest()
+
+
+RankOfWiderJob = Callable[[JobTag | None], bool]
+"""Whether a process's job tag makes it a rank of a job across nodes (the per-rank rules stand aside)."""
+
+
+def spans_nodes(tag: JobTag | None) -> bool:
+    """A rank of a job with ranks on other nodes too, by what its launcher told it."""
+    return tag is not None and tag.spans_nodes
+
+
+@dataclass(frozen=True)
+class Culprit:
+    node_id: str
+    cause: str
+    """Empty when no node is known to have stopped (the incident is then on the lowest rank's node)."""
+    why: str
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int | None
+    gpu: int
+    pid: int
+    utilization: int | None
+    wrote: bool
+
+
+@dataclass
+class Seat:
+    """The job's part on one node, as its latest sample showed it."""
+
+    ranks: tuple[Rank, ...]
+    seen_at: datetime
+    interval_s: float
+    writes: dict[tuple[int, int | None], int]
+    output_growing: bool | None
+
+    def stale(self, now: datetime) -> bool:
+        return (now - self.seen_at).total_seconds() > MAX_GAP_INTERVALS * self.interval_s
+
+
+@dataclass
+class Job:
+    tag: JobTag
+    seats: dict[str, Seat] = field(default_factory=dict)
+    left: dict[str, tuple[datetime, tuple[int | None, ...]]] = field(default_factory=dict)
+    """Nodes whose ranks exited while ranks elsewhere went on: when, and which ranks."""
+    idle_since: datetime | None = None
+    culprit: Culprit | None = None
+    """Once its incident is open: the node it is on, as first named (the incident stays there)."""
+
+    @property
+    def nodes(self) -> set[str]:
+        return set(self.seats) | set(self.left)
+
+    def spans(self) -> bool:
+        return len(self.nodes) >= 2 or self.tag.spans_nodes
+
+
+class JobRule:
+    inputs = (NodeSampled, NodeRetired)
+
+    def __init__(self, policy: JobHungPolicy) -> None:
+        self.policy = policy
+        self.jobs: dict[str, Job] = {}
+        self._on_node: dict[str, set[str]] = {}
+        """node -> the jobs it showed ranks of in its latest sample."""
+
+    def spans_nodes(self, tag: JobTag | None) -> bool:
+        """Whether a rank belongs to a job across nodes: its launcher says so, or its job was seen on
+        several nodes. The per-rank rules stand aside for those ranks."""
+        if tag is None:
+            return False
+        job = self.jobs.get(tag.id)
+        return tag.spans_nodes or (job is not None and len(job.nodes) >= 2)
+
+    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        node = event.node_id
+        here = self._ranks(event) if isinstance(event, NodeSampled) else {}
+        before = self._on_node.get(node, set())
+        if not here and not before:
+            return ()  # the hot path: a node with no rank of a tagged job, now or before
+        findings: list[Finding] = []
+        for job_id in before - set(here):
+            job = self.jobs.get(job_id)
+            if job is not None and (seat := job.seats.pop(node, None)) is not None:
+                if job.seats:  # the job goes on elsewhere: these ranks left it
+                    job.left[node] = (now, tuple(r.rank for r in seat.ranks))
+                else:
+                    findings += self._ended(job_id, job, incidents)
+        for job_id, (tag, ranks) in here.items():
+            job = self.jobs.get(job_id)
+            if job is None:
+                if len(self.jobs) >= MAX_JOBS:
+                    continue
+                job = self.jobs[job_id] = Job(tag)
+            job.tag = tag
+            job.left.pop(node, None)
+            previous = job.seats.get(node)
+            job.seats[node] = _seat(event, ranks, previous, now)
+        if here:
+            self._on_node[node] = set(here)
+        else:
+            self._on_node.pop(node, None)
+        for job_id in sorted(set(here) | before):
+            if (job := self.jobs.get(job_id)) is not None and job.seats:
+                findings += self._judge(job_id, job, now, incidents)
+        return findings
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        findings: list[Finding] = []
+        for job_id, job in list(self.jobs.items()):
+            if all((now - s.seen_at).total_seconds() > FORGET_AFTER_S for s in job.seats.values()):
+                findings += self._ended(job_id, job, incidents)
+        return findings
+
+    def _ranks(self, sample: NodeSampled) -> dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]]:
+        found: dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]] = {}
+        for gpu in sample.gpus:
+            for p in gpu.processes:
+                if p.job is not None and p.pid >= 2:
+                    found.setdefault(p.job.id, (p.job, []))[1].append((gpu.index, p))
+        return found
+
+    def _ended(self, job_id: str, job: Job, incidents: Incidents) -> list[Finding]:
+        """The job's ranks are gone everywhere: finished, stopped, or restarted under another id."""
+        del self.jobs[job_id]
+        for node in job.nodes:
+            self._on_node.get(node, set()).discard(job_id)
+        if job.culprit is not None and incidents.get(fingerprint(job.culprit.node_id, KIND, None, job_key(job_id))) is not None:
+            return [Finding(KIND, job.culprit.node_id, key=job_key(job_id), present=False,
+                            summary=f"the job {job_id} has no rank left on any node (ended, or stopped and restarted)")]
+        return []
+
+    def _judge(self, job_id: str, job: Job, now: datetime, incidents: Incidents) -> list[Finding]:
+        key = job_key(job_id)
+        if job.culprit is not None and incidents.get(fingerprint(job.culprit.node_id, KIND, None, key)) is None:
+            job.culprit = None  # resolved or closed: a new hang names its node anew
+        fresh = [s for s in job.seats.values() if not s.stale(now)]
+        ranks = [r for s in fresh for r in s.ranks]
+        known = [r for r in ranks if r.utilization is not None]
+        if not job.spans() or not known or len(known) * 2 < len(ranks):
+            return []  # not across nodes (the per-rank rules'), or too little to tell
+        idle = [r for r in known if r.utilization < self.policy.idle_below_pct and not r.wrote]
+        producing = any(r.wrote for r in ranks) or any(
+            s.output_growing and not s.writes for s in fresh
+        )
+        hung = not producing and len(idle) >= self.policy.idle_share * len(known)
+        if not hung:
+            job.idle_since = None
+            # a rank that left long before a hang is the job going on without it (elastic), not its cause
+            job.left = {n: gone for n, gone in job.left.items() if (now - gone[0]).total_seconds() < self.policy.idle_for_s}
+            if job.culprit is not None and len(known) == len(ranks):
+                return [Finding(KIND, job.culprit.node_id, key=key, present=False,
+                                summary=f"the job {job_id}'s ranks work again ({len(known) - len(idle)} of {len(known)} busy or writing)")]
+            return []
+        job.idle_since = job.idle_since or now
+        idle_s = (now - job.idle_since).total_seconds()
+        if job.culprit is None and idle_s < self.policy.idle_for_s:
+            return []
+        job.culprit = job.culprit or self._culprit(job, fresh, now, incidents)
+        return [self._finding(job_id, job, job.culprit, idle, known, idle_s)]
+
+    def _culprit(self, job: Job, fresh: list[Seat], now: datetime, incidents: Incidents) -> Culprit:
+        if job.left:
+            node, (at, gone) = max(job.left.items(), key=lambda item: item[1][0])
+            return Culprit(node, "rank_exited", f"rank(s) {_ranks(gone)} exited on {node} {(now - at).total_seconds():.0f}s ago "
+                           "while the others waited")
+        silent = sorted(n for n, s in job.seats.items() if s.stale(now))
+        if silent:
+            node = silent[0]
+            return Culprit(node, "node_stopped_sampling", f"{node} stopped sampling {(now - job.seats[node].seen_at).total_seconds():.0f}s ago")
+        for node in sorted(job.seats):
+            gpus = {r.gpu for r in job.seats[node].ranks}
+            for incident in sorted(incidents.open_on(node), key=lambda i: i.kind.value):
+                if incident.kind in STOPPING and (incident.gpu_index is None or incident.gpu_index in gpus):
+                    where = f"GPU {incident.gpu_index}" if incident.gpu_index is not None else node
+                    return Culprit(node, incident.kind.value, f"{where} has an open {incident.kind.value} incident: {incident.summary}"[:300])
+        busy = [n for n, s in job.seats.items() if s in fresh and all(
+            r.utilization is not None and r.utilization >= self.policy.idle_below_pct for r in s.ranks)]
+        if len(busy) == 1 and len(job.seats) >= 3:
+            node = busy[0]
+            return Culprit(node, "rank_spinning", f"the ranks on {node} alone are busy ({_ranks(r.rank for r in job.seats[node].ranks)}) "
+                           "while the rest wait")
+        first = min(job.seats, key=lambda n: min((r.rank for r in job.seats[n].ranks if r.rank is not None), default=1 << 30))
+        return Culprit(first, "", "")
+
+    def _finding(self, job_id: str, job: Job, culprit: Culprit, idle: list[Rank], known: list[Rank], idle_s: float) -> Finding:
+        nodes = sorted(job.nodes)
+        world = job.tag.world_size
+        seen = sum(len(s.ranks) for s in job.seats.values())
+        named = ", ".join(nodes[:MAX_NAMED]) + (f" and {len(nodes) - MAX_NAMED} more" if len(nodes) > MAX_NAMED else "")
+        summary = (f"job {job_id}: {len(idle)} of {len(known)} ranks idle for {idle_s:.0f}s with no output, across "
+                   f"{len(nodes)} nodes ({named})")
+        if culprit.why:
+            summary += f"; the node that stopped: {culprit.why}"
+        unsafe = "" if culprit.cause else (
+            "no node of the job is known to have stopped (no rank gone, no node silent, no fault open on its nodes, "
+            "and NCCL's RAS is not asked): a person must find it before anything is drained"
+        )
+        return Finding(
+            kind=KIND,
+            node_id=culprit.node_id,
+            key=job_key(job_id),
+            summary=summary[:1000],
+            evidence={
+                "job": job_id,
+                "nodes": len(nodes),
+                "node_list": " ".join(nodes)[:1000],
+                "ranks_seen": seen,
+                "world_size": world,
+                "ranks_idle": len(idle),
+                "idle_seconds": round(idle_s, 1),
+                "culprit": culprit.node_id if culprit.cause else None,
+                "cause": culprit.cause or None,
+            },
+            severity="critical",
+            recommended_action=(
+                f"drain {culprit.node_id}, stop the job's ranks on every node and restart it from its last checkpoint"
+                if culprit.cause else "find the rank that stopped (NCCL's RAS: ncclras on a node of the job), then drain its node"
+            ),
+            unsafe=unsafe,
+        )
+
+
+def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Seat | None, now: datetime) -> Seat:
+    utilization = {g.index: g.utilization_gpu_pct for g in sample.gpus}
+    writes: dict[tuple[int, int | None], int] = {}
+    seated = []
+    for gpu, p in ranks:
+        wrote = False
+        if p.write_bytes is not None:
+            writes[(p.pid, p.start_ticks)] = p.write_bytes
+            wrote = previous is not None and previous.writes.get((p.pid, p.start_ticks), p.write_bytes) < p.write_bytes
+        seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote))
+    return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing)
+
+
+def _ranks(ranks) -> str:
+    listed = sorted(r for r in ranks if r is not None)
+    text = " ".join(map(str, listed[:MAX_NAMED]))
+    return text + (f" and {len(listed) - MAX_NAMED} more" if len(listed) > MAX_NAMED else "") or "?"

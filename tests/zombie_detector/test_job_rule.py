@@ -1,0 +1,136 @@
+"""job_hung: the ranks of one job across four nodes judged together. A hung collective is one
+incident on the node that stopped (its rank gone, its samples stopped, its GPU's fault), never a
+zombie per rank; a checkpoint, a job that ends and a job on one node are not it."""
+
+from __future__ import annotations
+
+from gpumedic_events import (
+    ActionRequested,
+    DrainNode,
+    GpuLost,
+    GpuProcess,
+    GpuSample,
+    IncidentEscalated,
+    IncidentKind,
+    JobTag,
+    NodeSampled,
+    UndrainNode,
+)
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy
+from tests.zombie_detector.test_rules import Detector, sample, succeeded
+from zombie_detector.rules.job import job_key
+
+POLICY = Policy(fleet=FleetPolicy(hold_s=0))
+NODES = ("n1", "n2", "n3", "n4")
+RUN = "torchelastic:llama-ft-0412"
+
+
+def rank(node: int, local: int, *, job: str = RUN, wrote: int | None = None, nodes: int | None = 4) -> GpuProcess:
+    r = node * 2 + local
+    tag = JobTag(id=job, rank=r, world_size=2 * nodes if nodes else None, local_world_size=2, nodes=nodes)
+    return GpuProcess(pid=5000 + r, start_ticks=900 + r, command="python train.py", container_exists=True, write_bytes=wrote, job=tag)
+
+
+def node_sample(i: int, utils=(97, 96), *, ranks=True, lost: int | None = None, wrote: int | None = None, **kw) -> NodeSampled:
+    gpus = tuple(
+        GpuSample(index=g, utilization_gpu_pct=None if g == lost else utils[g], lost=g == lost, memory_used_mib=70_000 if ranks else 0,
+                  processes=(rank(i, g, wrote=wrote if i == 0 and g == 0 else None, **kw),) if ranks else ())
+        for g in (0, 1)
+    )
+    return sample(NODES[i], gpus=gpus).model_copy(update={"jobs": sample().jobs.model_copy(update={"output_growing": False})})
+
+
+def run(d: Detector, start: int, until: int, shape=lambda i, s: node_sample(i), nodes=range(4)) -> None:
+    for s in range(start, until, 5):
+        for i in nodes:
+            if (one := shape(i, s)) is not None:
+                d.feed(one, s + i * 0.5)
+        d.tick(s + 3)
+
+
+def idle_but(i: int, s: float) -> NodeSampled:
+    return node_sample(i, (0, 1))
+
+
+def kinds(d: Detector) -> list[tuple[str, str]]:
+    return sorted((e.kind.value, e.node_id) for e in d.opened())
+
+
+def test_a_job_hung_by_one_lost_gpu_is_one_incident_on_its_node_and_no_zombie_on_the_ranks_that_wait():
+    d = Detector(POLICY)
+    run(d, 0, 60)
+    d.feed(GpuLost(source="node-sampler", node_id="n3", gpu_index=1, reason="NVML: GPU is lost"), 61)
+    run(d, 65, 800, lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None))
+    assert kinds(d) == [("gpu_lost", "n3"), ("job_hung", "n3")]
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.fingerprint == f"n3/job_hung/node/{job_key(RUN)}"
+    assert hung.summary.startswith(f"job {RUN}: 7 of 7 ranks idle for 30")
+    assert "the node that stopped: GPU 1 has an open gpu_lost incident" in hung.summary
+    assert hung.evidence["culprit"] == "n3" and hung.evidence["cause"] == "gpu_lost" and hung.evidence["nodes"] == 4
+    drains = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, DrainNode)]
+    assert {e.node_id for e in drains} == {"n3"}  # the node that stopped, and only it
+
+
+def test_ranks_that_exited_on_one_node_name_it_while_the_rest_wait():
+    d = Detector(POLICY)
+    run(d, 0, 30)
+    run(d, 30, 400, lambda i, s: node_sample(i, (0, 0), ranks=i != 1))
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n2" and hung.evidence["cause"] == "rank_exited"
+    assert "rank(s) 2 3 exited on n2" in hung.summary and hung.evidence["ranks_idle"] == 6
+    assert d.opened(IncidentKind.ZOMBIE_JOB) == []
+
+
+def test_a_node_that_stopped_sampling_is_named_and_the_job_working_again_resolves_it():
+    d = Detector(POLICY)
+    run(d, 0, 30)
+    run(d, 30, 400, lambda i, s: idle_but(i, s) if i != 3 else None)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n4" and hung.evidence["cause"] == "node_stopped_sampling"
+    (drain,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, DrainNode)]
+    succeeded(d, drain, 401)
+    (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated) and e.kind is IncidentKind.JOB_HUNG]
+    assert "n4 is drained" in escalated.reason  # then a person restarts the job
+    run(d, 405, 600, lambda i, s: node_sample(i, (0, 0), ranks=False) if i == 3 else node_sample(i))  # restarted without n4
+    undrains = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, UndrainNode)]
+    assert [e.node_id for e in undrains] == ["n4"]  # the job works again: n4 validates and comes back
+
+
+def test_a_hang_with_no_node_known_to_have_stopped_goes_to_a_person_and_drains_nothing():
+    d = Detector(POLICY)
+    run(d, 0, 400, idle_but)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n1" and hung.evidence["culprit"] is None
+    (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
+    assert "no node of the job is known to have stopped" in escalated.reason
+    assert not [e for e in d.events if isinstance(e, ActionRequested)]
+
+
+def test_a_checkpoint_written_while_every_rank_idles_is_no_hang():
+    d = Detector(POLICY)
+    run(d, 0, 900, lambda i, s: node_sample(i, (0, 0), wrote=1_000_000 * s))
+    assert d.opened() == []
+
+
+def test_ranks_that_all_finish_together_open_nothing_and_the_job_is_forgotten():
+    d = Detector(POLICY)
+    run(d, 0, 60)
+    run(d, 60, 70, lambda i, s: idle_but(i, s) if s == 60 else node_sample(i, ranks=False))
+    run(d, 70, 700, lambda i, s: node_sample(i, ranks=False))
+    assert d.opened() == []
+    assert d.logic.rules[0].jobs == {}
+
+
+def test_a_rank_of_a_job_on_one_node_is_still_the_zombie_rules():
+    d = Detector(POLICY)
+    local = lambda i, s: node_sample(0, (0, 0), job="torchelastic:single", nodes=1) if i == 0 else None  # noqa: E731
+    run(d, 0, 700, local)
+    assert kinds(d) == [("zombie_job", "n1"), ("zombie_job", "n1")]
+
+
+def test_a_job_seen_on_two_nodes_spans_them_though_its_launcher_gave_no_node_count():
+    d = Detector(POLICY)
+    mpi = lambda i, s: node_sample(i, (0, 0), job="rendezvous:10.0.0.1:6000", nodes=None) if i < 2 else None  # noqa: E731
+    run(d, 0, 700, mpi)
+    assert kinds(d) == [("job_hung", "n1")]
