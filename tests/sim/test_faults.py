@@ -12,6 +12,7 @@ from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
 from gpumedic_sim import SimFleet
+from gpumedic_sim.fleet import jobs
 from gpumedic_sim.faults import FAULTS, Fault
 
 
@@ -212,6 +213,9 @@ async def test_nvml_going_missing_under_a_running_sampler_is_noted_every_sample(
 
 async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_records_it(tmp_path):
     fleet = SimFleet(len(FAULTS), 2, tmp_path / "fleet")
+    placed = dict(zip(fleet.nodes, FAULTS, strict=True))
+    hung_on = next(n for n, fault in placed.items() if fault == Fault.JOB_HUNG)
+    fleet.jobs.append(jobs.launch([fleet.node(hung_on), fleet.node("sim-node-01")], "t"))  # what job_hung stops
     async with fleet:
         for node_id, (fault, entry) in zip(fleet.nodes, FAULTS.items(), strict=True):
             await fleet.inject(fault, node_id, 1 if entry.gpu else None)
@@ -219,7 +223,8 @@ async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_rec
             await fleet.inject("melted", "sim-node-01")
         with pytest.raises(ValueError, match="zombie_job needs a GPU"):
             await fleet.inject("zombie_job", "sim-node-01")
-    assert [f.fault for f in fleet.injected] == list(FAULTS)
+    # each stand-in records its own kind (a job's hang records its lost GPU too, a job's end each rank's)
+    assert [f.fault for f in fleet.injected if f.node_id == "sim" or placed[f.node_id] == f.fault] == list(FAULTS)
     assert all(f.expect == FAULTS[f.fault].expect for f in fleet.injected if f.fault != Fault.XID)  # an XID's number decides
     assert [f.node_id for f in fleet.injected if FAULTS[f.fault].whole_cluster] == ["sim"] * 4
 

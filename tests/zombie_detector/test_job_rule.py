@@ -66,10 +66,20 @@ def test_a_job_hung_by_one_lost_gpu_is_one_incident_on_its_node_and_no_zombie_on
     (hung,) = d.opened(IncidentKind.JOB_HUNG)
     assert hung.fingerprint == f"n3/job_hung/node/{job_key(RUN)}"
     assert hung.summary.startswith(f"job {RUN}: 7 of 7 ranks idle for 30")
-    assert "the node that stopped: GPU 1 has an open gpu_lost incident" in hung.summary
+    assert "the node that stopped: GPU 1 of n3, where rank 5 ran, fell off the bus" in hung.summary
     assert hung.evidence["culprit"] == "n3" and hung.evidence["cause"] == "gpu_lost" and hung.evidence["nodes"] == 4
     drains = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, DrainNode)]
     assert {e.node_id for e in drains} == {"n3"}  # the node that stopped, and only it
+
+
+def test_a_rank_that_nvml_no_longer_lists_on_its_lost_gpu_is_not_taken_for_one_that_exited():
+    d = Detector(POLICY)
+    run(d, 0, 60)
+    gone = lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None).model_copy(  # noqa: E731
+        update={"gpus": tuple(g.model_copy(update={"processes": ()}) if g.lost else g for g in node_sample(i, (0, 0), lost=1 if i == 2 else None).gpus)})
+    run(d, 65, 800, gone)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n3" and hung.evidence["cause"] == "gpu_lost" and hung.evidence["ranks_seen"] == 8
 
 
 def test_ranks_that_exited_on_one_node_name_it_while_the_rest_wait():
@@ -97,14 +107,26 @@ def test_a_node_that_stopped_sampling_is_named_and_the_job_working_again_resolve
     assert [e.node_id for e in undrains] == ["n4"]  # the job works again: n4 validates and comes back
 
 
-def test_a_hang_with_no_node_known_to_have_stopped_goes_to_a_person_and_drains_nothing():
+def test_a_hang_with_no_node_known_to_have_stopped_goes_to_a_person_after_another_window_and_drains_nothing():
     d = Detector(POLICY)
-    run(d, 0, 400, idle_but)
+    run(d, 0, 580, idle_but)
+    assert d.opened() == []  # a cause may yet show itself
+    run(d, 580, 700, idle_but)
     (hung,) = d.opened(IncidentKind.JOB_HUNG)
     assert hung.node_id == "n1" and hung.evidence["culprit"] is None
     (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
     assert "no node of the job is known to have stopped" in escalated.reason
     assert not [e for e in d.events if isinstance(e, ActionRequested)]
+
+
+def test_one_rank_that_died_among_its_nodes_siblings_names_its_node():
+    d = Detector(POLICY)
+    run(d, 0, 30)
+    crashed = lambda i, s: node_sample(i, (0, 0)).model_copy(  # noqa: E731
+        update={"gpus": node_sample(i, (0, 0)).gpus[:1] if i == 2 else node_sample(i, (0, 0)).gpus})
+    run(d, 30, 400, crashed)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n3" and hung.evidence["cause"] == "rank_exited" and "rank(s) 5 exited on n3" in hung.summary
 
 
 def test_a_checkpoint_written_while_every_rank_idles_is_no_hang():

@@ -60,6 +60,7 @@ class Fault(StrEnum):
     BAD_IMAGE = "bad_image"
     NIC_DOWN = "nic_down"
     NIC_FLAPPING = "nic_flapping"
+    JOB_HUNG = "job_hung"
 
 
 class Benign(StrEnum):
@@ -78,6 +79,9 @@ class Benign(StrEnum):
     JOBS_SAVE_ON_REQUEST = "jobs_save_on_request"
     JOBS_IGNORE_REQUESTS = "jobs_ignore_requests"
     UNCABLED_PORT = "uncabled_port"
+    JOB_ACROSS_NODES = "job_across_nodes"
+    JOB_CHECKPOINT = "job_checkpoint"
+    JOB_ENDS_EVERYWHERE = "job_ends_everywhere"
 
 
 Scripted = Fault | Benign
@@ -90,6 +94,8 @@ DEFAULT_XID = 79
 """XID 79: the GPU has fallen off the bus."""
 DEFAULT_DISK_PATH = "/var/lib/docker"
 DEFAULT_BAD_IMAGE = "registry.example/selfplay:2026.12"
+JOB_CAUSES = ("gpu_lost", "rank_crash", "nic_flapping")
+"""What stops a rank of a job across nodes (`job_hung`'s `cause`)."""
 
 ARGUMENT = MappingProxyType({"for": "for_s", "every": "every_s"})
 """A parameter's name as its stand-in takes it, where the scenario's name is no Python name."""
@@ -181,6 +187,10 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                           "inject_nic_down", _kinds(K.NIC_DEGRADED), params={"after": 15.0}),
     Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
                               "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
+    Fault.JOB_HUNG: Entry("the node's ranks of its job across nodes stop, and every other rank waits in the collective; `cause`: "
+                          "gpu_lost (its GPU 0 falls off the bus), rank_crash (its rank on GPU 0 dies of SIGSEGV) or nic_flapping "
+                          "(a fabric link flaps every `every` s; the job hangs at the first flap)", "hang_job", _kinds(K.JOB_HUNG),
+                          params={"cause": "gpu_lost", "every": 10.0}, by="fleet"),
     Benign.JOB_FINISHED: Entry("benign: the job is done, exit 0, the GPU free", "finish_job", gpu=True),
     Benign.CONTAINER_STOPPED: Entry("benign: the node stops the job's container (docker stop, exit 143)", "stop_job", gpu=True),
     Benign.SHORT_DIP: Entry("benign: the job stops computing for `for` (default 10s), then goes on", "dip_job", gpu=True,
@@ -198,6 +208,12 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                        "or remove the file", "jobs_save_on_request"),
     Benign.UNCABLED_PORT: Entry("benign: the node's InfiniBand fabric has a port nobody cabled (down from the start)",
                                 "cable_one_port_less"),
+    Benign.JOB_ACROSS_NODES: Entry("benign: the node and the next `count`-1 run one torchrun job across nodes, a rank on every GPU",
+                                   "run_job_across", params={"count": 4}, by="fleet"),
+    Benign.JOB_CHECKPOINT: Entry("benign: the node's job across nodes checkpoints for `for`: rank 0 writes, every other rank waits",
+                                 "checkpoint_job_across", params={"for": 90.0}, by="fleet"),
+    Benign.JOB_ENDS_EVERYWHERE: Entry("benign: the node's job across nodes is done: every rank exits 0, on every node", "end_job_across",
+                                      by="fleet"),
     Benign.JOBS_IGNORE_REQUESTS: Entry("benign: from now the node's jobs ignore a request to checkpoint (they handle the signal "
                                        "and do nothing)", "jobs_ignore_requests"),
 })

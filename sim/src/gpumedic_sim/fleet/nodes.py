@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
+from gpumedic_sim.fleet import jobs
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
 from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
@@ -84,6 +85,8 @@ class SimFleet:
         for node in self.nodes.values():
             node.cluster = self.cluster
         self.cluster.loads = self._load_of
+        self.jobs: list[jobs.FleetJob] = []
+        """Jobs across nodes, as scripted (job_across_nodes)."""
         self.guests: dict[str, SimNode] = {}
         """Nodes that joined while the fleet runs (rented workers): reachable over SSH, not sampled here."""
         self._listen, self._host = listen, host or listen
@@ -189,6 +192,54 @@ class SimFleet:
         for turn in range(1, int(for_s // every_s) + 1):
             await asyncio.sleep(every_s)
             self.cluster.elect(voters[turn % len(voters)])
+
+    # Jobs across nodes (`gpumedic_sim.fleet.jobs`): the fleet launches them, and stops or saves
+    # their ranks together, as a collective does.
+
+    def run_job_across(self, node: SimNode, count: int) -> None:
+        members = [self.nodes[n] for n in self._nodes_from(node.node_id, count)]
+        if len(members) < 2:
+            raise ValueError(f"a job across nodes needs 2 nodes or more from {node.node_id}; the fleet has {len(members)}")
+        if any(self._job_of(n) is not None for n in members):
+            raise ValueError(f"{', '.join(m.node_id for m in members)}: a node there runs a job across nodes already")
+        self.jobs.append(jobs.launch(members, f"train-{node.node_id}"))
+        node.record(Benign.JOB_ACROSS_NODES)
+
+    def hang_job(self, node: SimNode, cause: str, every_s: float) -> None:
+        job = self._job_across(node)
+        if cause == "gpu_lost":
+            node.inject_gpu_lost(0)
+            jobs.wait(job)
+        elif cause == "rank_crash":
+            node.inject_segfault(0)
+            jobs.wait(job)
+        elif cause == "nic_flapping":
+            node.inject_nic_flapping(every_s)
+            self._later(every_s, lambda: jobs.wait(job))
+        else:
+            raise ValueError(f"no cause {cause!r} for job_hung")
+        node.record(Fault.JOB_HUNG)
+
+    def checkpoint_job_across(self, node: SimNode, for_s: float) -> None:
+        job = self._job_across(node)
+        jobs.checkpoint(job)
+        node.record(Benign.JOB_CHECKPOINT)
+        self._later(for_s, lambda: jobs.resume(job))
+
+    def end_job_across(self, node: SimNode) -> None:
+        job = self._job_across(node)
+        node.record(Benign.JOB_ENDS_EVERYWHERE)
+        jobs.finish(job)
+        self.jobs.remove(job)
+
+    def _job_of(self, node: SimNode) -> jobs.FleetJob | None:
+        return next((job for job in self.jobs if node in job.nodes), None)
+
+    def _job_across(self, node: SimNode) -> jobs.FleetJob:
+        job = self._job_of(node)
+        if job is None:
+            raise ValueError(f"{node.node_id} runs no job across nodes (script job_across_nodes first)")
+        return job
 
     def _later(self, delay_s: float, then: Callable[[], object]) -> None:
         async def after() -> None:

@@ -39,6 +39,7 @@ class SimProcessTable:
             container_id=p.container_id,
             started_at=self.boot_time + timedelta(seconds=p.start_ticks / CLK_TCK),
             write_bytes=p.output_bytes(time.monotonic()),
+            job=p.job,
         )
 
     def pids(self, errors: list[str] | None = None) -> list[int]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
+from node_sampler.jobenv import JobEnv
+
 from gpumedic_sim.machine.cluster import PeerCluster
 from gpumedic_sim.faults import Benign, Fault, InjectedFault, expected
 from gpumedic_sim.machine.host import SimHost
@@ -165,6 +167,8 @@ class SimProcess:
     saved_at: float | None = None
     """When the checkpoint it is writing is done (monotonic); then it exits (`exits`) or removes the file."""
     exits: bool = False
+    job: JobEnv | None = None
+    """The job across nodes it is a rank of, as its launcher's environment says (`gpumedic_sim.fleet.jobs`)."""
 
     @property
     def command(self) -> str:

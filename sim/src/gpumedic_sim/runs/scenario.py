@@ -69,7 +69,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpumedic_sim.faults import DEFAULT_BAD_IMAGE, DEFAULT_DISK_PATH, FAULTS, Scripted
+from gpumedic_sim.faults import DEFAULT_BAD_IMAGE, DEFAULT_DISK_PATH, FAULTS, JOB_CAUSES, Scripted
 from gpumedic.times import parse_time
 from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
@@ -491,6 +491,10 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
     if name == "image":
         if not isinstance(value, str) or not IMAGE.match(value):
             raise ScenarioError(source, where, f"expected an image reference such as {DEFAULT_BAD_IMAGE}, got {_show(value)}")
+        return value
+    if name == "cause":
+        if value not in JOB_CAUSES:
+            raise ScenarioError(source, where, f"expected one of {', '.join(JOB_CAUSES)}, got {_show(value)}")
         return value
     if name in ("for", "every", "after"):
         try:

@@ -12,8 +12,9 @@ a checkpoint is output) for `idle_for_s`, that is one incident for the job. The 
 The incident is on the node that stopped, found from what is already known, in this order: the
 job's ranks exited there while the others waited; its samples stopped; an open incident of a
 fault that stops a rank (its GPU's, its NIC's, its host's); its ranks alone are busy while the
-rest wait (a rank spinning). None found: it is on the node of the lowest rank seen, and a person
-is called at once with what could not be learned. Its key is a digest of the job's id (the id
+rest wait (a rank spinning). None found after another `idle_for_s` (a link's second flap, a late
+XID may yet name it): it is on the node of the lowest rank seen, and a person is called at once
+with what could not be learned. Its key is a digest of the job's id (the id
 itself, which may hold any launcher's characters, is in the evidence). Idleness is timed on the
 detector's clock; a rank whose utilisation is unreadable neither opens nor clears anything.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpumedic_events import GpuProcess, IncidentKind, JobTag, NodeRetired, NodeSampled
@@ -78,6 +79,8 @@ class Rank:
     pid: int
     utilization: int | None
     wrote: bool
+    lost: bool = False
+    """Its GPU fell off the bus: NVML lists no process there any more, so it is the one seen last."""
 
 
 @dataclass
@@ -135,6 +138,11 @@ class JobRule:
         before = self._on_node.get(node, set())
         if not here and not before:
             return ()  # the hot path: a node with no rank of a tagged job, now or before
+        lost = {g.index for g in event.gpus if g.lost} if isinstance(event, NodeSampled) else set()
+        for job_id in before - set(here) if lost else ():
+            job = self.jobs.get(job_id)
+            if job is not None and (seat := job.seats.get(node)) and any(r.gpu in lost for r in seat.ranks):
+                here[job_id] = (job.tag, [])  # its ranks there are on a GPU that fell off the bus, not gone
         findings: list[Finding] = []
         for job_id in before - set(here):
             job = self.jobs.get(job_id)
@@ -150,9 +158,12 @@ class JobRule:
                     continue
                 job = self.jobs[job_id] = Job(tag)
             job.tag = tag
-            job.left.pop(node, None)
             previous = job.seats.get(node)
-            job.seats[node] = _seat(event, ranks, previous, now)
+            seat = job.seats[node] = _seat(event, ranks, previous, now)
+            if previous is not None and (gone := _rank_ids(previous) - _rank_ids(seat)):
+                job.left[node] = (now, tuple(sorted(gone)))  # some of its ranks here ended, the rest went on
+            elif node in job.left and set(job.left[node][1]) <= _rank_ids(seat):
+                del job.left[node]  # they are back (restarted in place)
         if here:
             self._on_node[node] = set(here)
         else:
@@ -211,9 +222,13 @@ class JobRule:
             return []
         job.idle_since = job.idle_since or now
         idle_s = (now - job.idle_since).total_seconds()
-        if job.culprit is None and idle_s < self.policy.idle_for_s:
-            return []
-        job.culprit = job.culprit or self._culprit(job, fresh, now, incidents)
+        if job.culprit is None:
+            if idle_s < self.policy.idle_for_s:
+                return []
+            culprit = self._culprit(job, fresh, now, incidents)
+            if not culprit.cause and idle_s < 2 * self.policy.idle_for_s:
+                return []  # what stopped may yet show itself (a link's second flap, a late XID): one more window
+            job.culprit = culprit
         return [self._finding(job_id, job, job.culprit, idle, known, idle_s)]
 
     def _culprit(self, job: Job, fresh: list[Seat], now: datetime, incidents: Incidents) -> Culprit:
@@ -221,6 +236,10 @@ class JobRule:
             node, (at, gone) = max(job.left.items(), key=lambda item: item[1][0])
             return Culprit(node, "rank_exited", f"rank(s) {_ranks(gone)} exited on {node} {(now - at).total_seconds():.0f}s ago "
                            "while the others waited")
+        for node in sorted(job.seats):
+            if lost := [r for r in job.seats[node].ranks if r.lost]:
+                return Culprit(node, "gpu_lost", f"GPU {lost[0].gpu} of {node}, where rank {_ranks(r.rank for r in lost)} ran, "
+                               "fell off the bus")
         silent = sorted(n for n, s in job.seats.items() if s.stale(now))
         if silent:
             node = silent[0]
@@ -280,18 +299,25 @@ class JobRule:
 
 def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Seat | None, now: datetime) -> Seat:
     utilization = {g.index: g.utilization_gpu_pct for g in sample.gpus}
+    lost = {g.index for g in sample.gpus if g.lost}
     writes: dict[tuple[int, int | None], int] = {}
-    seated = []
+    listed = {p.pid for _, p in ranks}
+    seated = [replace(r, utilization=None, lost=True) for r in (previous.ranks if previous else ()) if r.gpu in lost and r.pid not in listed]
     for gpu, p in ranks:
         wrote = False
         if p.write_bytes is not None:
             writes[(p.pid, p.start_ticks)] = p.write_bytes
             wrote = previous is not None and previous.writes.get((p.pid, p.start_ticks), p.write_bytes) < p.write_bytes
-        seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote))
+        seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote, lost=gpu in lost))
     return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing)
+
+
+def _rank_ids(seat: Seat) -> set[int]:
+    """Its ranks by number (a process its launcher gave no rank: minus its pid)."""
+    return {r.rank if r.rank is not None else -r.pid for r in seat.ranks}
 
 
 def _ranks(ranks) -> str:
     listed = sorted(r for r in ranks if r is not None)
-    text = " ".join(map(str, listed[:MAX_NAMED]))
+    text = " ".join(str(r) if r >= 0 else f"pid {-r}" for r in listed[:MAX_NAMED])
     return text + (f" and {len(listed) - MAX_NAMED} more" if len(listed) > MAX_NAMED else "") or "?"
