@@ -419,7 +419,7 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
     """The node page reads the node's last sample (here handed in as the bus would), its history
     from the store, and its incidents; a hostile command line or disk path is text in the page and
     inert in the chart data; an unknown or malformed node is said to be so."""
-    from gpumedic_events import DiskUsage, GpuProcess, GpuSample, HostSample, NodeSampled, TopProcess
+    from gpumedic_events import DiskUsage, GpuProcess, GpuSample, HostSample, JobTag, NodeSampled, TopProcess
     from gpumedic_store import history
 
     now = datetime.now(UTC).replace(second=0, microsecond=0)
@@ -431,7 +431,8 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
             gpus=(GpuSample(index=0, name="NVIDIA H100 80GB HBM3", utilization_gpu_pct=97, memory_used_mib=70_000, memory_total_mib=81_559,
                             temperature_c=71, power_w=650.0, power_limit_w=700.0, sm_clock_mhz=1980,
                             processes=(GpuProcess(pid=4242, command=f"python train.py {HOSTILE}", user="ml", age_s=5400.0,
-                                                  container_id="ab" * 32, used_memory_mib=69_000),)),),
+                                                  container_id="ab" * 32, used_memory_mib=69_000,
+                                                  job=JobTag(id="torchelastic:run-7", rank=3, world_size=16, nodes=2)),)),),
             host=HostSample(memory_total_mib=512_000, memory_available_mib=12_000, swap_total_mib=0, swap_used_mib=0, load_1m=40.0,
                             load_5m=38.0, load_15m=30.0, cpus=64,
                             disks=(DiskUsage(path=hostile_disk, total_bytes=10, used_bytes=9, available_bytes=1, used_pct=90.0),),
@@ -462,6 +463,7 @@ async def test_a_node_page_shows_its_last_sample_history_incidents_and_actions(s
             text = page.text
             assert "NVIDIA H100 80GB HBM3" in text and "650 / 700 W" in text and "1980 MHz" in text
             assert "68.4 GiB of 79.6 GiB" in text and "1 h 30 min" in text and "abababababab" in text  # a process: memory, age, container
+            assert '<span title="job torchelastic:run-7">rank 3 of 16 on 2 nodes</span>' in text  # and the job it is a rank of
             assert "488.3 GiB used of 500.0 GiB" in text and "40.0, 38.0, 30.0 on 64 CPUs" in text
             assert HOSTILE not in text and "</script><script>alert(1)" not in text
             assert "1 container death(s)" in text and died.summary in text
