@@ -12,7 +12,7 @@ from gpumedic_incidents.policy import DEFAULT_POLICY
 def test_check_accepts_the_shipped_policy_and_names_file_line_and_field_of_a_bad_one(tmp_path, capsys):
     assert main(["policy", "check", str(DEFAULT_POLICY)]) == 0
     out = capsys.readouterr().out
-    assert "valid; 16 kinds act on their own; 8 more once you set no_leader: actions.http_admin.endpoints.force_election, phantom_jobs: actions.http_admin.endpoints.reset_job_count, " in out
+    assert "valid; 17 kinds act on their own; 8 more once you set no_leader: actions.http_admin.endpoints.force_election, phantom_jobs: actions.http_admin.endpoints.reset_job_count, " in out
     assert "capacity_short: actions.spawn_worker.gpu_types, orphaned_tasks: actions.requeue_tasks.statement" in out
     assert "peer_blocked: kinds.peer_blocked.daemon_unit, peer_down: kinds.peer_down.daemon_unit" in out
     bad = tmp_path / "policy.yaml"

@@ -20,7 +20,7 @@ _EXAMPLE_PROCESS = {
     "container_id": "3f9c2a7d4b1e8f6a0c5d2e9b7a4f1c8d3e6b9a2f5c8e1d4a7b0c3f6e9d2a5b8c",
     "container_exists": True,
     "used_memory_mib": 20480,
-    "job": {"id": "torchelastic:llama-ft-0412", "rank": 3, "world_size": 16, "local_world_size": 8, "nodes": 2},
+    "job": {"id": "torchelastic:llama-ft-0412", "rank": 3, "world_size": 8, "local_world_size": 8, "nodes": 1},
 }
 
 
