@@ -74,7 +74,13 @@ def test_a_job_hung_by_one_lost_gpu_is_one_incident_on_its_node_and_no_zombie_on
 
 def test_a_rank_that_nvml_no_longer_lists_on_its_lost_gpu_is_not_taken_for_one_that_exited():
     d = Detector(POLICY)
-    run(d, 0, 60)
+
+    def writing(i: int, s: float) -> NodeSampled:  # every rank computes and writes until its GPU is lost
+        base = node_sample(i)
+        return base.model_copy(update={"gpus": tuple(g.model_copy(update={"processes": tuple(
+            p.model_copy(update={"write_bytes": 1000 * int(s)}) for p in g.processes)}) for g in base.gpus)})
+
+    run(d, 0, 60, writing)
     gone = lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None).model_copy(  # noqa: E731
         update={"gpus": tuple(g.model_copy(update={"processes": ()}) if g.lost else g for g in node_sample(i, (0, 0), lost=1 if i == 2 else None).gpus)})
     run(d, 65, 800, gone)

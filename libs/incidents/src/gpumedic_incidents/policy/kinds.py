@@ -151,10 +151,6 @@ class JobHungPolicy(_IdleBelow):
     idle_for_s: float = Field(default=300.0, gt=0, description="How long most of the job's ranks idle together (NCCL's and "
                               "PyTorch's own watchdogs wait 10 to 30 minutes, and name no node).")
     idle_share: float = Field(default=0.75, gt=0.5, le=1, description="The share of the job's ranks seen that idle.")
-    restart_job: str | None = Field(
-        default=None, pattern=ENDPOINT_PATTERN,
-        description="Once its fix is verified, start this job of actions.restart_job.jobs again; null: a person restarts it.",
-    )
 
 
 class OrphanPolicy(_IdleBelow):

@@ -302,7 +302,7 @@ def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Se
     lost = {g.index for g in sample.gpus if g.lost}
     writes: dict[tuple[int, int | None], int] = {}
     listed = {p.pid for _, p in ranks}
-    seated = [replace(r, utilization=None, lost=True) for r in (previous.ranks if previous else ()) if r.gpu in lost and r.pid not in listed]
+    seated = [replace(r, utilization=None, wrote=False, lost=True) for r in (previous.ranks if previous else ()) if r.gpu in lost and r.pid not in listed]
     for gpu, p in ranks:
         wrote = False
         if p.write_bytes is not None:
