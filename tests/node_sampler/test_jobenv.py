@@ -96,8 +96,10 @@ def test_a_huge_or_broken_environment_costs_nothing_but_what_it_holds():
 
 def test_a_real_process_launched_as_a_rank_is_read_from_the_real_proc():
     env = {**os.environ, **TORCHRUN, **SECRETS}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], env=env,
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"  # exec'd: /proc shows its own environment
         info = ProcFsTable().describe(child.pid)
     finally:
         child.kill()
