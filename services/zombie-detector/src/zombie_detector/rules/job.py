@@ -148,7 +148,7 @@ class JobRule:
             job = self.jobs.get(job_id)
             if job is not None and (seat := job.seats.pop(node, None)) is not None:
                 if job.seats:  # the job goes on elsewhere: these ranks left it
-                    job.left[node] = (now, tuple(r.rank for r in seat.ranks))
+                    job.left[node] = (now, tuple(sorted(_rank_ids(seat))))
                 else:
                     findings += self._ended(job_id, job, incidents)
         for job_id, (tag, ranks) in here.items():
