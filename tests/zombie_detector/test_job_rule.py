@@ -13,7 +13,9 @@ from gpumedic_events import (
     IncidentEscalated,
     IncidentKind,
     JobTag,
+    NcclRasAnswer,
     NodeSampled,
+    RasRank,
     UndrainNode,
 )
 from gpumedic_incidents import Policy
@@ -123,6 +125,46 @@ def test_a_hang_with_no_node_known_to_have_stopped_goes_to_a_person_after_anothe
     (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
     assert "no node of the job is known to have stopped" in escalated.reason
     assert not [e for e in d.events if isinstance(e, ActionRequested)]
+
+
+def heard(answer_on: dict[int, NcclRasAnswer]):
+    """Every rank idles; each node in `answer_on` carries what NCCL's RAS told its sampler."""
+    return lambda i, s: idle_but(i, s).model_copy(update={"nccl_ras": answer_on.get(i)}) if s >= 150 else idle_but(i, s)
+
+
+def ras(*missing: RasRank, error: str | None = None) -> NcclRasAnswer:
+    return NcclRasAnswer(asked_at="2026-11-28T09:00:00Z", nccl_version=None if error else "2.29.1", output=None if error else "json",
+                         missing=missing, missing_count=len(missing), error=error)
+
+
+def test_a_rank_that_stopped_without_exiting_is_named_by_nccl_ras_and_only_its_node_drained():
+    d = Detector(POLICY)
+    wedged = RasRank(rank=5, communicator_size=8, host="10.0.0.3", pid=4242, gpu=1)
+    timed_out = ras(error="NCCL RAS on 127.0.0.1:28028 did not answer within 15s")  # n3's own RAS is in the stopped process
+    run(d, 0, 400, heard({0: ras(wedged), 1: ras(wedged), 2: timed_out, 3: ras(wedged)}))
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n3" and hung.evidence["cause"] == "rank_unresponsive"
+    assert "NCCL's RAS (2.29.1, asked on n1) finds rank 5 on n3 unresponsive (pid 4242, on 10.0.0.3, GPU 1)" in hung.summary
+    # opened by 400 s: named once idle_for_s passed, without the second window an unnamed hang waits
+    drains = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, DrainNode)]
+    assert {e.node_id for e in drains} == {"n3"}
+
+
+def test_ras_that_reaches_every_rank_or_cannot_be_asked_names_nobody_and_says_so():
+    for answers, said in (
+        ({0: ras(), 1: ras()}, "NCCL's RAS reaches every rank (2 node(s) asked)"),
+        ({0: ras(error="nothing listens on 127.0.0.1:28028: NCCL older than 2.24")}, "NCCL's RAS could not be asked: nothing listens"),
+        ({}, "NCCL's RAS was not heard from"),
+        # a rank missing from a pipeline stage's 2-rank communicator is not the job's world rank 5
+        ({0: ras(RasRank(rank=5, communicator_size=2))}, "NCCL's RAS cannot reach 1 rank(s)"),
+    ):
+        d = Detector(POLICY)
+        run(d, 0, 700, heard(answers))
+        (hung,) = d.opened(IncidentKind.JOB_HUNG)
+        assert hung.node_id == "n1" and hung.evidence["culprit"] is None
+        (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
+        assert said in escalated.reason, escalated.reason
+        assert not [e for e in d.events if isinstance(e, ActionRequested)]
 
 
 def test_one_rank_that_died_among_its_nodes_siblings_names_its_node():

@@ -69,9 +69,11 @@ from gpumedic_events.node import (
     JOB_ID_PATTERN,
     JobTag,
     JobsObservation,
+    NcclRasAnswer,
     NodeSampled,
     NvLinkSample,
     ProcessIdentity,
+    RasRank,
     TopProcess,
 )
 from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ConsumerLag, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
@@ -154,6 +156,8 @@ __all__ = [
     "JobsObservation",
     "JOB_ID_PATTERN",
     "JobTag",
+    "NcclRasAnswer",
+    "RasRank",
     "DockerPrune",
     "DrainNode",
     "ENDPOINT_PATTERN",

@@ -338,6 +338,49 @@ class HostSample(BaseModel):
     )
 
 
+RAS_HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.:%_-]{0,252}$"
+"""A host as NCCL's RAS names it: an address (IPv4, IPv6) or a name."""
+
+
+class RasRank(BaseModel):
+    """A rank NCCL's RAS got no answer from, as one query of it said (its JSON `missing_ranks`, or
+    its text's missing rank and process lines)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    rank: int | None = Field(default=None, ge=0, le=1_000_000, description="Its rank in the communicator; None where only "
+                             "its process was named.")
+    communicator_size: int | None = Field(default=None, ge=1, le=1_000_000, description="How many ranks that communicator has "
+                                          "(a job's whole-world communicator has its world size).")
+    host: str | None = Field(default=None, pattern=RAS_HOST_PATTERN, description="The node it runs on, as RAS names it "
+                             "(the address of NCCL's bootstrap interface).")
+    pid: int | None = Field(default=None, ge=1, le=4_194_304, description="Its process, as that process sees itself "
+                            "(a container's own pid namespace).")
+    gpu: int | None = Field(default=None, ge=0, le=63, description="Its GPU's NVML index (nvml_dev).")
+    dead: bool = Field(default=False, description="RAS gave up on it: unreachable for 60 s (considered dead); "
+                       "otherwise unresponsive to this query.")
+
+
+class NcclRasAnswer(BaseModel):
+    """What NCCL's RAS (NCCL 2.24 and later) said when the sampler asked it on the node's loopback
+    port: only while the ranks of a job here sit idle, and only the ranks it could not reach."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    asked_at: AwareDatetime = Field(description="When the sampler asked (the node's clock).")
+    nccl_version: str | None = Field(default=None, pattern=r"^[0-9][0-9A-Za-z.+~-]{0,31}$", description="The job's NCCL, "
+                                     "as RAS said it.")
+    output: Literal["json", "text"] | None = Field(default=None, description="The form RAS answered in: json from NCCL "
+                                                   "2.28.7, text before; None when it did not answer.")
+    communicators: int | None = Field(default=None, ge=0, description="Communicators it reported on.")
+    missing: tuple[RasRank, ...] = Field(default=(), max_length=64, description="The ranks (or processes) it could not "
+                                         "reach, the first 64.")
+    missing_count: int = Field(default=0, ge=0, description="How many it could not reach in all.")
+    error: str | None = Field(default=None, max_length=300, description="Why it could not be asked or read (nothing "
+                              "listening: NCCL older than 2.24, NCCL_RAS_ENABLE=0 or another NCCL_RAS_ADDR; no answer "
+                              "in time: the process holding the port is stopped itself).")
+
+
 class NodeSampled(Event):
     """One node's periodic sample: every GPU, its processes, and the job probes."""
 
@@ -465,4 +508,9 @@ class NodeSampled(Event):
         max_length=300,
         description="Why NVML could not be used at all this time (driver missing or broken): the sample has no "
         "GPUs then. None when NVML answered, whatever single queries failed.",
+    )
+    nccl_ras: NcclRasAnswer | None = Field(
+        default=None,
+        description="NCCL's RAS, asked while the ranks of a job on this node sit idle (the latest answer, in every "
+        "sample until they work again); None when not asked.",
     )

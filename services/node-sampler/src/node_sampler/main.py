@@ -21,6 +21,7 @@ from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
 from node_sampler.metrics import GpuCollector, IbCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
+from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
 from node_sampler.settings import Settings
 
@@ -72,6 +73,8 @@ def create_app(
         kernel_log=settings.kernel_log,
         docker_socket=settings.docker_socket,
         container_log_lines=settings.container_log_lines,
+        ras=RasWatch(settings.ras_host, settings.ras_port, after_s=settings.ras_after_s, every_s=settings.ras_every_s,
+                     timeout_s=settings.ras_timeout_s) if settings.ras_port else None,
     )
 
     async def publish(event: Event) -> None:

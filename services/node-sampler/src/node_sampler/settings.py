@@ -50,6 +50,14 @@ class Settings(BaseSettings):
         description="An environment variable of your jobs' processes whose value names the job across nodes (e.g. JOB_ID); "
         "first before torchrun's, Slurm's and the rendezvous address. Only it and the launchers' variables are read.",
     )
+    ras_port: int = Field(
+        default=28028, ge=0, le=65535, description="NCCL's RAS client port on this node (NCCL_RAS_ADDR's; 0: never ask): asked, "
+        "read-only, which ranks a job misses once a job's ranks here idle for ras_after_s.",
+    )
+    ras_host: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:_-]{1,253}$", description="Where RAS listens (NCCL_RAS_ADDR's host).")
+    ras_after_s: float = Field(default=120.0, ge=0, le=86400, description="How long a job's ranks here idle before RAS is asked.")
+    ras_every_s: float = Field(default=60.0, gt=0, le=86400, description="How often RAS is asked again while they stay idle.")
+    ras_timeout_s: float = Field(default=15.0, gt=0, le=300, description="Deadline for one RAS answer (a hung job's takes seconds).")
     watch_paths: list[Path] = Field(
         default_factory=list, description="Files or directories whose growth means the jobs produce output."
     )

@@ -10,11 +10,13 @@ a checkpoint is output) for `idle_for_s`, that is one incident for the job. The 
 (zombie_job, stuck_process) stand aside for ranks of a job across nodes (`spans_nodes`).
 
 The incident is on the node that stopped, found from what is already known, in this order: the
-job's ranks exited there while the others waited; its samples stopped; an open incident of a
-fault that stops a rank (its GPU's, its NIC's, its host's); its ranks alone are busy while the
-rest wait (a rank spinning). None found after another `idle_for_s` (a link's second flap, a late
+job's ranks exited there while the others waited; a rank's GPU fell off the bus; NCCL's RAS
+(asked by the samplers of the idle nodes, `NodeSampled.nccl_ras`) cannot reach the job's ranks
+there (a rank stopped without exiting, which nothing else shows); its samples stopped; an open
+incident of a fault that stops a rank (its GPU's, its NIC's, its host's); its ranks alone are
+busy while the rest wait (a rank spinning). None found after another `idle_for_s` (a link's second flap, a late
 XID may yet name it): it is on the node of the lowest rank seen, and a person is called at once
-with what could not be learned. Its key is a digest of the job's id (the id
+with what could not be learned (what RAS said, or why it could not be asked). Its key is a digest of the job's id (the id
 itself, which may hold any launcher's characters, is in the evidence). Idleness is timed on the
 detector's clock; a rank whose utilisation is unreadable neither opens nor clears anything.
 """
@@ -26,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, IncidentKind, JobTag, NodeRetired, NodeSampled
+from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RasRank
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy.kinds import JobHungPolicy
 from gpumedic_incidents.state import fingerprint
@@ -92,6 +94,8 @@ class Seat:
     interval_s: float
     writes: dict[tuple[int, int | None], int]
     output_growing: bool | None
+    ras: NcclRasAnswer | None = None
+    """What NCCL's RAS told this node's sampler while its ranks idled."""
 
     def stale(self, now: datetime) -> bool:
         return (now - self.seen_at).total_seconds() > MAX_GAP_INTERVALS * self.interval_s
@@ -240,6 +244,8 @@ class JobRule:
             if lost := [r for r in job.seats[node].ranks if r.lost]:
                 return Culprit(node, "gpu_lost", f"GPU {lost[0].gpu} of {node}, where rank {_ranks(r.rank for r in lost)} ran, "
                                "fell off the bus")
+        if (unreachable := _ras_culprit(job, fresh)) is not None:
+            return unreachable
         silent = sorted(n for n, s in job.seats.items() if s.stale(now))
         if silent:
             node = silent[0]
@@ -257,7 +263,7 @@ class JobRule:
             return Culprit(node, "rank_spinning", f"the ranks on {node} alone are busy ({_ranks(r.rank for r in job.seats[node].ranks)}) "
                            "while the rest wait")
         first = min(job.seats, key=lambda n: min((r.rank for r in job.seats[n].ranks if r.rank is not None), default=1 << 30))
-        return Culprit(first, "", "")
+        return Culprit(first, "", _ras_said(fresh))
 
     def _finding(self, job_id: str, job: Job, culprit: Culprit, idle: list[Rank], known: list[Rank], idle_s: float) -> Finding:
         nodes = sorted(job.nodes)
@@ -266,11 +272,11 @@ class JobRule:
         named = ", ".join(nodes[:MAX_NAMED]) + (f" and {len(nodes) - MAX_NAMED} more" if len(nodes) > MAX_NAMED else "")
         summary = (f"job {job_id}: {len(idle)} of {len(known)} ranks idle for {idle_s:.0f}s with no output, across "
                    f"{len(nodes)} nodes ({named})")
-        if culprit.why:
+        if culprit.cause:
             summary += f"; the node that stopped: {culprit.why}"
         unsafe = "" if culprit.cause else (
-            "no node of the job is known to have stopped (no rank gone, no node silent, no fault open on its nodes, "
-            "and NCCL's RAS is not asked): a person must find it before anything is drained"
+            f"no node of the job is known to have stopped (no rank gone, no node silent, no fault open on its nodes; {culprit.why}): "
+            "a person must find it before anything is drained"
         )
         return Finding(
             kind=KIND,
@@ -287,6 +293,7 @@ class JobRule:
                 "idle_seconds": round(idle_s, 1),
                 "culprit": culprit.node_id if culprit.cause else None,
                 "cause": culprit.cause or None,
+                "nccl_ras": _ras_said([s for s in job.seats.values()])[:300],
             },
             severity="critical",
             recommended_action=(
@@ -309,7 +316,47 @@ def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Se
             writes[(p.pid, p.start_ticks)] = p.write_bytes
             wrote = previous is not None and previous.writes.get((p.pid, p.start_ticks), p.write_bytes) < p.write_bytes
         seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote, lost=gpu in lost))
-    return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing)
+    return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing, sample.nccl_ras)
+
+
+def _ras_culprit(job: Job, fresh: list[Seat]) -> Culprit | None:
+    """The node whose ranks of the job's whole communicator (its world size) RAS cannot reach, as
+    the idle nodes' samplers asked it; the node with most of them where several are named."""
+    where = {r.rank: node for node, seat in job.seats.items() for r in seat.ranks if r.rank is not None}
+    for node, (_, gone) in job.left.items():
+        where.update((r, node) for r in gone if r >= 0)
+    world = job.tag.world_size or len(where)
+    found: dict[str, dict[int, tuple[str, NcclRasAnswer, RasRank]]] = {}
+    for asked_on, seat in sorted(job.seats.items()):
+        if seat not in fresh or seat.ras is None:
+            continue
+        for missing in seat.ras.missing:
+            node = where.get(missing.rank) if missing.rank is not None and missing.communicator_size in (None, world) else None
+            if node is not None:
+                found.setdefault(node, {}).setdefault(missing.rank, (asked_on, seat.ras, missing))
+    if not found:
+        return None
+    node = max(sorted(found), key=lambda n: len(found[n]))
+    asked_on, answer, first = next(iter(sorted(found[node].items())))[1]
+    state = "dead (unreachable for a minute)" if first.dead else "unresponsive"
+    process = ", ".join(f"{label} {value}" for label, value in (("pid", first.pid), ("on", first.host), ("GPU", first.gpu)) if value is not None)
+    more = f" and {len(found[node]) - 1} more of its ranks" if len(found[node]) > 1 else ""
+    others = f"; it also cannot reach ranks on {', '.join(n for n in sorted(found) if n != node)}" if len(found) > 1 else ""
+    return Culprit(node, "rank_unresponsive", f"NCCL's RAS ({answer.nccl_version or 'version not said'}, asked on {asked_on}) finds rank "
+                   f"{first.rank}{more} on {node} {state}{f' ({process})' if process else ''}{others}")
+
+
+def _ras_said(seats: list[Seat]) -> str:
+    """What the job's nodes heard from NCCL's RAS, for a person when no node is named."""
+    answers = [s.ras for s in seats if s.ras is not None]
+    if not answers:
+        return "NCCL's RAS was not heard from: no node's sampler asked it (its ranks idle for less than ras_after_s, or asking is off)"
+    read = [a for a in answers if a.error is None]
+    if not read:
+        return f"NCCL's RAS could not be asked: {answers[0].error}"
+    if all(a.missing_count == 0 for a in read):
+        return f"NCCL's RAS reaches every rank ({len(read)} node(s) asked): the ranks wait, none stopped"
+    return f"NCCL's RAS cannot reach {max(a.missing_count for a in read)} rank(s) ({len(read)} node(s) asked)"
 
 
 def _rank_ids(seat: Seat) -> set[int]:
