@@ -700,3 +700,13 @@ def test_a_scenario_s_policy_is_checked_over_the_shipped_one_when_read():
     assert error_of({"faults": [], "policy": {"kinds": {"gpu_xid": {"checkpoint": {"how": "shout"}}}}}).startswith(
         f"{SRC}: policy.kinds.gpu_xid.checkpoint.how: Input should be 'signal', 'file' or 'http'")
     assert error_of({"faults": [], "policy": ["kinds"]}) == f"{SRC}: policy: expected a mapping (a part of a policy file), got a list"
+
+
+def test_a_jobs_nccl_is_a_version_or_none():
+    assert one({"at": 1, "fault": "job_across_nodes", "node": 1}).params["nccl"] == "2.29.1"
+    assert one({"at": 1, "fault": "job_across_nodes", "node": 1, "nccl": "2.26.5"}).params["nccl"] == "2.26.5"
+    assert one({"at": 1, "fault": "job_across_nodes", "node": 1, "nccl": "none"}).params["nccl"] is None
+    for bad in (2.26, "latest", "2.29.1; reboot"):
+        message = error_of({"faults": [{"at": 1, "fault": "job_across_nodes", "node": 1, "nccl": bad}]})
+        assert message.startswith(f"{SRC}: faults[0].nccl: expected an NCCL version such as 2.29.1, or none"), message
+    assert "rank_stopped" in error_of({"faults": [{"at": 1, "fault": "job_hung", "node": 1, "cause": "meltdown"}]})

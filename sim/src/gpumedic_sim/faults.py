@@ -94,7 +94,7 @@ DEFAULT_XID = 79
 """XID 79: the GPU has fallen off the bus."""
 DEFAULT_DISK_PATH = "/var/lib/docker"
 DEFAULT_BAD_IMAGE = "registry.example/selfplay:2026.12"
-JOB_CAUSES = ("gpu_lost", "rank_crash", "nic_flapping")
+JOB_CAUSES = ("gpu_lost", "rank_crash", "rank_stopped", "nic_flapping")
 """What stops a rank of a job across nodes (`job_hung`'s `cause`)."""
 
 ARGUMENT = MappingProxyType({"for": "for_s", "every": "every_s"})
@@ -188,8 +188,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
                               "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
     Fault.JOB_HUNG: Entry("the node's ranks of its job across nodes stop, and every other rank waits in the collective; `cause`: "
-                          "gpu_lost (its GPU 0 falls off the bus), rank_crash (its rank on GPU 0 dies of SIGSEGV) or nic_flapping "
-                          "(a fabric link flaps every `every` s; the job hangs at the first flap)", "hang_job", _kinds(K.JOB_HUNG),
+                          "gpu_lost (its GPU 0 falls off the bus), rank_crash (its rank on GPU 0 dies of SIGSEGV), rank_stopped (its rank "
+                          "on GPU 0 stops without exiting: only NCCL's RAS tells) or nic_flapping (a fabric link flaps every `every` s; "
+                          "the job hangs at the first flap)", "hang_job", _kinds(K.JOB_HUNG),
                           params={"cause": "gpu_lost", "every": 10.0}, by="fleet"),
     Benign.JOB_FINISHED: Entry("benign: the job is done, exit 0, the GPU free", "finish_job", gpu=True),
     Benign.CONTAINER_STOPPED: Entry("benign: the node stops the job's container (docker stop, exit 143)", "stop_job", gpu=True),
@@ -208,8 +209,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                        "or remove the file", "jobs_save_on_request"),
     Benign.UNCABLED_PORT: Entry("benign: the node's InfiniBand fabric has a port nobody cabled (down from the start)",
                                 "cable_one_port_less"),
-    Benign.JOB_ACROSS_NODES: Entry("benign: the node and the next `count`-1 run one torchrun job across nodes, a rank on every GPU",
-                                   "run_job_across", params={"count": 4}, by="fleet"),
+    Benign.JOB_ACROSS_NODES: Entry("benign: the node and the next `count`-1 run one torchrun job across nodes, a rank on every GPU, "
+                                   "linking NCCL `nccl` (its RAS answers JSON from 2.28.7, text before; none: RAS off)",
+                                   "run_job_across", params={"count": 4, "nccl": "2.29.1"}, by="fleet"),
     Benign.JOB_CHECKPOINT: Entry("benign: the node's job across nodes checkpoints for `for`: rank 0 writes, every other rank waits",
                                  "checkpoint_job_across", params={"for": 90.0}, by="fleet"),
     Benign.JOB_ENDS_EVERYWHERE: Entry("benign: the node's job across nodes is done: every rank exits 0, on every node", "end_job_across",

@@ -64,7 +64,7 @@ async def ask(host: str, port: int, timeout_s: float) -> NcclRasAnswer:
                                  "its port may be stopped itself)")
     except ConnectionRefusedError:
         return _failed(asked_at, f"nothing listens on {host}:{port}: NCCL older than 2.24, RAS off (NCCL_RAS_ENABLE=0), "
-                                 "or another NCCL_RAS_ADDR")
+                                 "another NCCL_RAS_ADDR, or the sampler outside the jobs' network namespace")
     except (OSError, RasError) as e:
         return _failed(asked_at, f"NCCL RAS on {host}:{port}: {e}")
     try:

@@ -33,11 +33,13 @@ class FleetJob:
                     yield node, p
 
 
-def launch(nodes: Sequence[SimNode], run_id: str) -> FleetJob:
-    """The busy job on each GPU of `nodes` becomes one rank of one job (a job starts where a GPU has none)."""
+def launch(nodes: Sequence[SimNode], run_id: str, *, nccl: str | None = "2.29.1") -> FleetJob:
+    """The busy job on each GPU of `nodes` becomes one rank of one job (a job starts where a GPU has
+    none), linking NCCL `nccl` (its RAS answers on each node; None: RAS off, or NCCL before 2.24)."""
     per_node = len(nodes[0].gpus)
     job = FleetJob(f"torchelastic:{run_id}", tuple(nodes))
     for i, node in enumerate(nodes):
+        node.ras.nccl_version = nccl
         for gpu in range(per_node):
             process = next((p for p in node.live_processes(gpu) if p.is_job), None) or node.start_job(gpu)
             process.job = JobEnv(
@@ -52,6 +54,16 @@ def wait(job: FleetJob, *, but: SimNode | None = None) -> None:
     now = time.monotonic()
     for node, p in job.ranks():
         if node is not but:
+            p.set_activity(now, producing=False)
+
+
+def stop_rank(job: FleetJob, node: SimNode) -> None:
+    """The rank on `node`'s GPU 0 stops without exiting (SIGSTOP, stuck in the kernel): it holds
+    its GPU, idles and answers nothing; no fault of its GPU, NIC or host shows it."""
+    now = time.monotonic()
+    for where, p in job.ranks():
+        if where is node and p.gpu == 0:
+            p.stopped = True
             p.set_activity(now, producing=False)
 
 

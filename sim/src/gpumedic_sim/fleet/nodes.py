@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from gpumedic.credentials import write_private
 from gpumedic_sim.fleet import jobs
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
+from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
 from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
 
@@ -82,8 +83,10 @@ class SimFleet:
             self.nodes[node.node_id] = node
         self.cluster = PeerCluster(list(self.nodes))
         """The peer cluster every node's daemon belongs to; its first node leads."""
+        ras = RasNetwork(list(self.nodes.values()))
         for node in self.nodes.values():
             node.cluster = self.cluster
+            node.ras.network = ras  # a job's RAS threads reach each other across its nodes
         self.cluster.loads = self._load_of
         self.jobs: list[jobs.FleetJob] = []
         """Jobs across nodes, as scripted (job_across_nodes)."""
@@ -196,13 +199,13 @@ class SimFleet:
     # Jobs across nodes (`gpumedic_sim.fleet.jobs`): the fleet launches them, and stops or saves
     # their ranks together, as a collective does.
 
-    def run_job_across(self, node: SimNode, count: int) -> None:
+    def run_job_across(self, node: SimNode, count: int, nccl: str | None) -> None:
         members = [self.nodes[n] for n in self._nodes_from(node.node_id, count)]
         if len(members) < 2:
             raise ValueError(f"a job across nodes needs 2 nodes or more from {node.node_id}; the fleet has {len(members)}")
         if any(self._job_of(n) is not None for n in members):
             raise ValueError(f"{', '.join(m.node_id for m in members)}: a node there runs a job across nodes already")
-        self.jobs.append(jobs.launch(members, f"train-{node.node_id}"))
+        self.jobs.append(jobs.launch(members, f"train-{node.node_id}", nccl=nccl))
         node.record(Benign.JOB_ACROSS_NODES)
 
     def hang_job(self, node: SimNode, cause: str, every_s: float) -> None:
@@ -212,6 +215,9 @@ class SimFleet:
             jobs.wait(job)
         elif cause == "rank_crash":
             node.inject_segfault(0)
+            jobs.wait(job)
+        elif cause == "rank_stopped":
+            jobs.stop_rank(job, node)
             jobs.wait(job)
         elif cause == "nic_flapping":
             node.inject_nic_flapping(every_s)

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import asyncssh
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
+from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
 
 from gpumedic_sim.machine.docker import SimDockerEngine
 from gpumedic_sim.machine.kernel import SimKernelLog
+from gpumedic_sim.machine.nccl import RasEndpoint
 from gpumedic_sim.machine.nvml import SimNvml
 from gpumedic_sim.machine.procs import SimProcessTable
 from gpumedic_sim.machine.ssh import SshEndpoint
@@ -43,6 +45,8 @@ class SimNode(NodeState):
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self._ssh = SshEndpoint(self, self.host_key)
         self._status = StatusEndpoint(self)
+        self.ras = RasEndpoint(self)
+        """NCCL's RAS client port, answering for the jobs across nodes whose ranks run here."""
         self._restarts: set[asyncio.Task] = set()
         self.on_daemon_start = self._listen_again
         self._docker: SimDockerEngine | None = None
@@ -81,6 +85,7 @@ class SimNode(NodeState):
         """Start the SSH server (accepting `client_public_key` for any user) and the status endpoint."""
         await self._ssh.start(client_public_key, self.listen)
         await self._status.start(self.listen)
+        await self.ras.start(self.listen)
         self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
@@ -145,6 +150,7 @@ class SimNode(NodeState):
             task.cancel()
         await self._ssh.stop()
         await self._status.stop()
+        await self.ras.stop()
         if self._docker is not None:
             await self._docker.stop()
             self._docker = None
@@ -183,7 +189,8 @@ class SimNode(NodeState):
 
     def sampler(self, interval_s: float = 5.0, probes: list[JobProbe] | None = None) -> Sampler:
         """The real node-sampler's Sampler over this node, with every source and watcher a real
-        node's has (the kernel log and the engine only once the node has started)."""
+        node's has (the kernel log, the engine and NCCL's RAS only once the node has started). RAS
+        is asked at the pace of the sampling (the detector's windows are scaled to it too)."""
         return Sampler(
             self.node_id,
             self.nvml(),
@@ -195,4 +202,6 @@ class SimNode(NodeState):
             xid_events=True,
             kernel_log=self.kernel_log_path,
             docker_socket=self.docker_socket,
+            ras=RasWatch(self.host, self.ras.port, after_s=3 * interval_s, every_s=2 * interval_s, timeout_s=max(2.0, interval_s))
+            if self.ras.port is not None else None,
         )

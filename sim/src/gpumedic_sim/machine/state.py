@@ -169,6 +169,8 @@ class SimProcess:
     exits: bool = False
     job: JobEnv | None = None
     """The job across nodes it is a rank of, as its launcher's environment says (`gpumedic_sim.fleet.jobs`)."""
+    stopped: bool = False
+    """Stopped without exiting (SIGSTOP, stuck in the kernel): it keeps its GPU and answers nothing, not even NCCL's RAS."""
 
     @property
     def command(self) -> str:

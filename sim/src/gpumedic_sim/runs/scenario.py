@@ -496,6 +496,12 @@ def _check_param(kind: Scripted, name: str, value: object, source: str, where: s
         if value not in JOB_CAUSES:
             raise ScenarioError(source, where, f"expected one of {', '.join(JOB_CAUSES)}, got {_show(value)}")
         return value
+    if name == "nccl":
+        if value == "none":
+            return None  # RAS off, or NCCL before 2.24: nothing answers on its port
+        if not isinstance(value, str) or not re.fullmatch(r"2\.\d{1,3}\.\d{1,3}", value):
+            raise ScenarioError(source, where, f"expected an NCCL version such as 2.29.1, or none, got {_show(value)}")
+        return value
     if name in ("for", "every", "after"):
         try:
             seconds = parse_time(value)
