@@ -35,13 +35,20 @@ async def _until(store_url: str, done, timeout_s: float = 20.0) -> list[ClusterC
     raise AssertionError(f"not in the log within {timeout_s}s: {[(r.leader, r.summary) for r in rows]}")
 
 
+def _leaderless_s(rows: list[ClusterCheck]) -> float:
+    times = [r.checked_at for r in rows if r.leader is None]
+    return (max(times) - min(times)).total_seconds() if len(times) >= 2 else 0.0
+
+
 async def test_every_check_is_kept_and_the_log_shows_the_leaderless_stretch(nats_settings, store_url, fleet, apps):
     peers = [n.status_url for n in fleet.nodes.values()]
     await apps.start(reports_app(ReportSettings(nats=nats_settings, store={"url": store_url})))
     await apps.start(leader_app(LeaderSettings(nats=nats_settings, cluster="sim", peers=peers, interval_s=0.2, http_timeout_s=2.0)))
     await _until(store_url, lambda rows: len(rows) >= 3)
     fleet.set_leader(None)  # quorum holds, nobody leads: the classic stuck cluster
-    await _until(store_url, lambda rows: sum(r.leader is None for r in rows) >= 3)
+    # leaderless for a second and a half at least, so the log's whole seconds show a stretch (three
+    # checks 0.2 s apart could round down to 0 s)
+    await _until(store_url, lambda rows: _leaderless_s(rows) >= 1.5)
     fleet.set_leader("sim-node-02")  # a new leader is elected
     await _until(store_url, lambda rows: rows[-1].leader == "sim-node-02")
     await apps.stop_all()
