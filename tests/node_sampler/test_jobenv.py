@@ -95,7 +95,7 @@ def test_a_huge_or_broken_environment_costs_nothing_but_what_it_holds():
 
 
 def test_a_real_process_launched_as_a_rank_is_read_from_the_real_proc():
-    env = {**os.environ, **TORCHRUN, **SECRETS}
+    env = {**os.environ, **TORCHRUN, **SECRETS, "NCCL_RAS_ADDR": "localhost:12345"}
     child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], env=env,
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -104,7 +104,8 @@ def test_a_real_process_launched_as_a_rank_is_read_from_the_real_proc():
     finally:
         child.kill()
         child.wait()
-    assert info is not None and info.job == JobEnv(id="torchelastic:llama-ft-0412", rank=11, world_size=16, local_world_size=8, nodes=2)
+    assert info is not None and info.job == JobEnv(id="torchelastic:llama-ft-0412", rank=11, world_size=16, local_world_size=8, nodes=2,
+                                                   ras_port=12345)
 
 
 def test_the_sample_carries_the_rank_and_no_other_variable():
@@ -118,3 +119,23 @@ def test_the_sample_carries_the_rank_and_no_other_variable():
     assert process.job == JobTag(id="torchelastic:llama-ft-0412", rank=11, world_size=16, local_world_size=8, nodes=2)
     body = sample.model_dump_json()
     assert not any(secret in body for secret in SECRETS.values()) and "MASTER_ADDR" not in body
+
+
+@pytest.mark.parametrize("address, port", [
+    ("localhost:12345", 12345), ("127.0.0.1:12346", 12346), ("[::1]:28029", 28029), ("0.0.0.0:28030", 28030), (":28031", 28031),
+    ("10.0.4.17:28028", None),  # another interface: the sampler asks only its own loopback
+    ("evil.example:28028", None), ("localhost:0", None), ("localhost:99999", None), ("localhost", None), ("localhost:12a", None),
+])
+def test_the_jobs_own_ras_address_is_kept_only_when_it_is_this_nodes_loopback(address, port):
+    job = parse_environ(environ(**TORCHRUN, NCCL_RAS_ADDR=address))
+    assert job is not None and job.ras_port == port
+
+
+def test_the_ras_port_stays_on_the_node():
+    job = parse_environ(environ(**TORCHRUN, NCCL_RAS_ADDR="localhost:12345"))
+    raw = RawGpu(0, "GPU-1", "H100", 0, 0, 1, 2, (RawProcess(41230, 1024 * 1024),))
+    sample = assemble_sample(
+        node_id="gpu-node-07", interval_s=5.0, occurred_at=datetime(2026, 11, 28, tzinfo=UTC), nvml=NvmlReading((raw,)),
+        processes={41230: ProcessInfo(41230, 88, "python train.py", job=job)}, jobs=(), errors=(),
+    )
+    assert "12345" not in sample.model_dump_json() and sample.gpus[0].processes[0].job.rank == 11

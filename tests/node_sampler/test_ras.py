@@ -259,3 +259,16 @@ async def test_the_sampler_carries_what_ras_said_once_its_ranks_idle():
     assert second.nccl_ras is not None and second.nccl_ras.missing[0].rank == 30
     assert NodeSampled.model_validate_json(second.model_dump_json()) == second  # it crosses the bus as it is
     sampler.close()
+
+
+async def test_the_port_a_jobs_nccl_ras_addr_names_is_asked():
+    asked: list[int] = []
+
+    async def fake_ask(host: str, port: int, timeout_s: float) -> NcclRasAnswer:
+        asked.append(port)
+        return NcclRasAnswer(asked_at=AT)
+
+    watch = RasWatch(port=28028, after_s=0, ask=fake_ask, clock=Clock())
+    watch.observe(sample(0, 0), {100: 12346, 101: 12345, 999: 1})  # pid 999 is no rank here
+    await asyncio.sleep(0)
+    assert asked == [12345]

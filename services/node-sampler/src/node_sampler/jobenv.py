@@ -5,7 +5,9 @@ the launcher put in their environment: torchrun's `TORCHELASTIC_RUN_ID`, `RANK`,
 `LOCAL_WORLD_SIZE`, `GROUP_WORLD_SIZE`, `MASTER_ADDR`/`MASTER_PORT` (PyTorch's "torchrun (Elastic
 Launch)", environment variables); Slurm's `SLURM_JOB_ID`, `SLURM_STEP_ID`, `SLURM_PROCID`,
 `SLURM_NTASKS`, `SLURM_JOB_NUM_NODES` (sbatch/srun's output environment); Open MPI's
-`OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_SIZE`; or a variable the operator names. Only these are
+`OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_SIZE`; or a variable the operator names; and NCCL's
+`NCCL_RAS_ADDR`, where the job's RAS listens (jobs sharing a node each take their own port, as
+NCCL's guide advises), kept on the node for asking it. Only these are
 read out of /proc/PID/environ (the rest of a job's environment holds its secrets and never leaves
 this module), and a value that is not a plain id or number is dropped, never sent.
 """
@@ -28,7 +30,7 @@ LOCAL_SIZES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_P
 NODE_COUNTS = ("GROUP_WORLD_SIZE", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 READ = frozenset((
     *RANKS, *WORLD_SIZES, *LOCAL_SIZES, *NODE_COUNTS,
-    "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR", "MASTER_PORT", "NCCL_RAS_ADDR",
 ))
 
 
@@ -41,6 +43,9 @@ class JobEnv:
     world_size: int | None = None
     local_world_size: int | None = None
     nodes: int | None = None
+    ras_port: int | None = None
+    """Where its NCCL's RAS listens on this node's loopback (NCCL_RAS_ADDR), when the job moved it;
+    only a loopback or any-address listener counts (the sampler asks nothing elsewhere). Not sent."""
 
 
 def parse_environ(raw: bytes, label: str = "") -> JobEnv | None:
@@ -65,7 +70,20 @@ def parse_environ(raw: bytes, label: str = "") -> JobEnv | None:
         world_size=_first_int(env, WORLD_SIZES, 1),
         local_world_size=_first_int(env, LOCAL_SIZES, 1),
         nodes=_first_int(env, NODE_COUNTS, 1),
+        ras_port=_ras_port(env.get("NCCL_RAS_ADDR", "")),
     )
+
+
+def _ras_port(address: str) -> int | None:
+    """NCCL_RAS_ADDR's port (`localhost:12345`, `127.0.0.1:12345`, `[::1]:12345`, `0.0.0.0:12345`),
+    when its host is this node's loopback or every address; None otherwise."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or len(port) > 5:
+        return None
+    if host in ("", "0.0.0.0", "::") or _loopback(host):
+        return int(port)
+    return None
 
 
 def _job_id(env: dict[str, str], label: str) -> str | None:

@@ -23,7 +23,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,7 +64,7 @@ async def ask(host: str, port: int, timeout_s: float) -> NcclRasAnswer:
                                  "its port may be stopped itself)")
     except ConnectionRefusedError:
         return _failed(asked_at, f"nothing listens on {host}:{port}: NCCL older than 2.24, RAS off (NCCL_RAS_ENABLE=0), "
-                                 "another NCCL_RAS_ADDR, or the sampler outside the jobs' network namespace")
+                                 "NCCL_RAS_ADDR on another interface, or the sampler outside the jobs' network namespace")
     except (OSError, RasError) as e:
         return _failed(asked_at, f"NCCL RAS on {host}:{port}: {e}")
     try:
@@ -249,9 +249,12 @@ class RasWatch:
         self._query: asyncio.Task[NcclRasAnswer] | None = None
         self.answer: NcclRasAnswer | None = None
 
-    def observe(self, sample: NodeSampled) -> NodeSampled:
-        """The sample with the latest answer in it, while the node's ranks idle; and a query started when one is due."""
+    def observe(self, sample: NodeSampled, ports: Mapping[int, int] | None = None) -> NodeSampled:
+        """The sample with the latest answer in it, while the node's ranks idle; and a query started
+        when one is due. `ports`: per pid, the port its job's NCCL_RAS_ADDR names (the lowest of the
+        idle ranks' is asked; none: the configured one)."""
         now = self._clock()
+        ranks = [p.pid for gpu in sample.gpus for p in gpu.processes if p.job is not None]
         utilizations = [gpu.utilization_gpu_pct for gpu in sample.gpus for p in gpu.processes if p.job is not None]
         if not utilizations or any(u is None or u >= self.idle_below_pct for u in utilizations):
             if self._query is not None:
@@ -265,7 +268,8 @@ class RasWatch:
         due = now - self._idle_since >= self.after_s and (self._asked_at is None or now - self._asked_at >= self.every_s)
         if due and self._query is None:
             self._asked_at = now
-            self._query = asyncio.get_running_loop().create_task(self._ask(self.host, self.port, self.timeout_s))
+            named = sorted({ports[pid] for pid in ranks if pid in ports}) if ports else []
+            self._query = asyncio.get_running_loop().create_task(self._ask(self.host, named[0] if named else self.port, self.timeout_s))
         return sample.model_copy(update={"nccl_ras": self.answer}) if self.answer is not None else sample
 
     async def close(self) -> None:

@@ -160,7 +160,8 @@ class Sampler:
         if any(gpu.health is not None for gpu in self.last.gpus):
             self.last = self._unchanged_health_left_out(self.last)
         if self.ras is not None:
-            self.last = self.ras.observe(self.last)
+            ports = {pid: info.job.ras_port for pid, info in processes.items() if info.job is not None and info.job.ras_port}
+            self.last = self.ras.observe(self.last, ports)
         return self.last
 
     def _unchanged_health_left_out(self, sample: NodeSampled) -> NodeSampled:
