@@ -47,10 +47,11 @@ async def test_samples_land_in_the_samples_stream(nats_settings, js):
 
 def test_probes_follow_the_settings(tmp_path):
     settings = Settings(
-        node_id="n1", status_url="http://127.0.0.1:1/status", job_process_pattern="selfplay", watch_paths=[tmp_path]
+        node_id="n1", status_url="http://127.0.0.1:1/status", job_process_pattern="selfplay", watch_paths=[tmp_path],
+        watch_rows=[f"{tmp_path}/selfplay.db:games"],
     )
     kinds = [type(p).__name__ for p in build_probes(settings, table_for_two_gpus())]
-    assert kinds == ["StatusEndpointProbe", "ProcessPatternProbe", "OutputGrowthProbe"]
+    assert kinds == ["StatusEndpointProbe", "ProcessPatternProbe", "OutputGrowthProbe", "RowGrowthProbe"]
     assert build_probes(Settings(node_id="n1"), table_for_two_gpus()) == []
 
 

@@ -153,7 +153,7 @@ async def test_probes_are_merged_in_order_and_a_raising_probe_is_a_note():
         _Probe(JobsReading(running=9, output_growing=True)),
     ]
     sample = await Sampler("n1", two_gpus(), table_for_two_gpus(), probes, 5.0).sample()
-    assert (sample.jobs.running, sample.jobs.output_growing) == (2, False)
+    assert (sample.jobs.running, sample.jobs.output_growing) == (2, True)  # the first count; output grew by one measure
     assert sample.errors == ("status probe http://x/status: HTTP 503", "_Probe: RuntimeError")
 
 

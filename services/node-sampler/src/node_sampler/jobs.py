@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,6 +126,72 @@ class OutputGrowthProbe:
         last, self._last = self._last, total
         growing = None if last is None else total > last
         return JobsReading(output_growing=growing, errors=tuple(f"output probe: {n}" for n in notes))
+
+
+ROWS_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+ROWS_TIMEOUT_S = 1.0
+"""How long a read waits on a writer's lock before the sample says it could not tell."""
+
+
+class RowGrowthProbe:
+    """Whether a job's SQLite tables gained rows since the previous sample (runbook 000's
+    `sqlite3 data/games/selfplay.db "SELECT COUNT(*) FROM games"`). A database reuses its free pages,
+    so a job writing rows into them grows no file: bytes alone would call it a zombie. Read-only,
+    by the table's highest rowid (new rows take higher ones; cheap at any size), its row count
+    for a table without rowids. The first sample has no baseline."""
+
+    def __init__(self, tables: Sequence[tuple[Path, str]]) -> None:
+        for path, table in tables:
+            if not path.is_absolute() or not ROWS_TABLE.fullmatch(table):
+                raise ValueError(f"{path}:{table}: give an absolute database path and a table name (letters, digits, _)")
+        self.tables = list(tables)
+        self._last: dict[tuple[Path, str], int] = {}
+
+    @classmethod
+    def parse(cls, entries: Sequence[str]) -> RowGrowthProbe:
+        """From `PATH:TABLE` entries, e.g. /data/games/selfplay.db:games; ValueError names a bad one."""
+        tables = []
+        for entry in entries:
+            path, sep, table = entry.rpartition(":")
+            if not sep:
+                raise ValueError(f"{entry!r}: give PATH:TABLE, e.g. /data/games/selfplay.db:games")
+            tables.append((Path(path), table))
+        return cls(tables)
+
+    async def observe(self) -> JobsReading:
+        counts, notes = await asyncio.to_thread(self._read)
+        grew: bool | None = None
+        for where, count in counts.items():
+            last, self._last[where] = self._last.get(where), count
+            if last is not None:
+                grew = grew or count > last
+        return JobsReading(output_growing=grew, errors=tuple(f"rows probe: {n}" for n in notes))
+
+    def _read(self) -> tuple[dict[tuple[Path, str], int], list[str]]:
+        counts: dict[tuple[Path, str], int] = {}
+        notes: list[str] = []
+        for path, table in self.tables:
+            try:
+                counts[(path, table)] = _rows(path, table)
+            except sqlite3.Error as exc:
+                notes.append(f"{path}:{table}: {str(exc)[:120] or type(exc).__name__}")
+        return counts, notes
+
+
+def _rows(path: Path, table: str) -> int:
+    if not path.is_file():
+        raise sqlite3.OperationalError("no such database")
+    connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=ROWS_TIMEOUT_S)
+    try:
+        try:
+            (value,) = connection.execute(f'SELECT MAX(rowid) FROM "{table}"').fetchone()
+        except sqlite3.OperationalError as exc:
+            if "rowid" not in str(exc):
+                raise
+            (value,) = connection.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()  # a WITHOUT ROWID table
+        return int(value or 0)
+    finally:
+        connection.close()
 
 
 def paths_size(paths: Sequence[Path]) -> tuple[int, list[str]]:

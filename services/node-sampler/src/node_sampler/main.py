@@ -18,7 +18,7 @@ from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
 from node_sampler.host import HostReader, watched_disks
-from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, StatusEndpointProbe
+from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, RowGrowthProbe, StatusEndpointProbe
 from node_sampler.metrics import GpuCollector, IbCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
 from node_sampler.ras import RasWatch
@@ -41,6 +41,8 @@ def build_probes(settings: Settings, processes: ProcessTable) -> list[JobProbe]:
         probes.append(ProcessPatternProbe(re.compile(settings.job_process_pattern), processes))
     if settings.watch_paths:
         probes.append(OutputGrowthProbe.for_paths(settings.watch_paths))
+    if settings.watch_rows:
+        probes.append(RowGrowthProbe.parse(settings.watch_rows))
     return probes
 
 

@@ -461,11 +461,13 @@ def clean_text(text: str, limit: int = MAX_LINE) -> str:
 
 def merge_jobs(readings: Sequence[JobsReading]) -> JobsObservation:
     """One observation from several probes: the first probe (in configured order) that
-    measured a field gives it. The status endpoint is configured before the process count, so
-    the node's own claim wins and the count stands in when the endpoint cannot be read; the
-    failure stays visible in `errors`."""
+    measured the job count gives it. The status endpoint is configured before the process
+    count, so the node's own claim wins and the count stands in when the endpoint cannot be
+    read; the failure stays visible in `errors`. Output grows when any measure of it grew (bytes
+    or rows), stands still when the others that measured it say so."""
     running = next((r.running for r in readings if r.running is not None), None)
-    growing = next((r.output_growing for r in readings if r.output_growing is not None), None)
+    measured = [r.output_growing for r in readings if r.output_growing is not None]
+    growing = any(measured) if measured else None
     if running is not None and running < 0:
         running = None
     return JobsObservation(running=running, output_growing=growing)

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_sampler.containers import MAX_LOG_LINES
-from node_sampler.jobs import compile_jobs_path
+from node_sampler.jobs import RowGrowthProbe, compile_jobs_path
 
 
 class Settings(BaseSettings):
@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     watch_paths: list[Path] = Field(
         default_factory=list, description="Files or directories whose growth means the jobs produce output."
     )
+    watch_rows: list[str] = Field(
+        default_factory=list,
+        description="SQLite tables whose new rows mean the jobs produce output, as PATH:TABLE, e.g. /data/games/selfplay.db:games "
+        "(runbook 000's game count: rows written into a database's free pages grow no file).",
+    )
     disk_paths: list[Path] | None = Field(
         default=None,
         description="Paths whose file system use goes into every sample, e.g. data directories. Unset: / and, where Docker "
@@ -103,6 +108,12 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_off(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("watch_rows")
+    @classmethod
+    def _tables(cls, value: list[str]) -> list[str]:
+        RowGrowthProbe.parse(value)
+        return value
 
     @field_validator("status_jobs_path")
     @classmethod
