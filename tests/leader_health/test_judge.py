@@ -71,3 +71,16 @@ def test_a_large_clusters_check_fits_one_event_keeping_the_telling_rows():
     assert checked.peers_total == 3020 and checked.peers_answering == 3000  # the counts stay whole
     assert 0 < len(checked.peers) < 3020 and [row.state for row in checked.peers[:20]] == ["blocked"] * 20
     assert 0 < len(checked.leader_view) and all(p.jobs == 1 for p in checked.leader_view[:300])
+
+
+def test_with_no_leader_the_jobs_are_counted_from_the_peer_that_counts_the_most():
+    def counting(node: str, leader: str | None, **jobs: int) -> PeerAnswer:
+        loads = {peer: PeerLoad(jobs=count, gpu_percent=0.0) for peer, count in jobs.items()}
+        return PeerAnswer(f"http://{node}/status", "ok", PeerStatus(node_id=node, leader=leader, peers=("n1", "n2", "n3"), loads=loads))
+
+    stuck = assess("c", [counting("n1", None, n2=2), counting("n2", None, n1=0, n3=2), counting("n3", None, n1=0, n2=2)])
+    assert stuck.leader is None and stuck.view_by == "n2"  # two peers counted by n2 and by n3: the lower id
+    assert {(p.node_id, p.jobs) for p in stuck.leader_view} == {("n1", 0), ("n3", 2)}
+    led = assess("c", [counting("n1", "n3", n2=2), counting("n2", "n3", n1=0, n3=2), counting("n3", "n3", n1=1)])
+    assert led.view_by == "n3" and [(p.node_id, p.jobs) for p in led.leader_view] == [("n1", 1)]  # a leader's view first
+    assert assess("c", [answer(None), answer(None)]).view_by is None  # nobody counts jobs

@@ -127,3 +127,32 @@ def test_a_retired_node_is_forgotten_and_a_new_one_of_that_id_starts_its_count_a
     assert det.logic.rules and not any("n1" in getattr(rule, "nodes", {}) for rule in det.logic.rules)
     assert opened(run(det, idle_sample, 1150, start_s=600)) == []  # 550 s of the new node: not yet
     assert opened(det.feed(idle_sample(), 1200))
+
+
+def test_with_no_leader_a_peers_count_still_finds_idle_jobs_and_a_phantom_goes_to_a_person():
+    det = Detector(POLICY)
+    events = []
+    leaderless = ClusterChecked(source="leader-health", cluster="selfplay", peers_total=3, peers_answering=3, leader=None,
+                                healthy=False, summary="no leader with quorum", view_by="peer-2",
+                                leader_view=(PeerJobs(node_id="n2", jobs=2, gpu_percent=0.0), PeerJobs(node_id="n1", jobs=2, gpu_percent=0.0)))
+    for s in range(0, 601, 30):
+        events += det.feed(leaderless, s)
+        events += det.feed(idle_sample("n1", jobs=None), s + 1)
+    (idle,) = opened(events, IDLE)
+    assert idle.node_id == "n2" and "the peer peer-2 (the cluster has no leader) counts 2 job(s)" in idle.summary
+    assert idle.evidence["counted_by"] == "peer-2" and idle.evidence["leader"] is None
+    (phantom,) = opened(events)
+    assert phantom.node_id == "n1" and phantom.evidence["jobs_by_leader"] == 2
+    assert "on the cluster's leader once it has one" in phantom.recommended_action
+    assert not [e for e in events if e.__class__.__name__ == "ActionRequested"]  # no leader to reset on: a person
+
+
+def test_the_leaders_own_phantom_count_is_reset_on_itself():
+    det = Detector(POLICY)
+    events = []
+    for s in range(0, 601, 30):
+        events += det.feed(check(PeerJobs(node_id="n2", jobs=0, gpu_percent=0.0), leader="n1"), s)  # no row of its own
+        events += det.feed(idle_sample("n1", jobs=2), s + 1)  # its sampler reads its own status: 2 jobs, no process
+    (incident,) = opened(events)
+    (request,) = [e for e in events if e.__class__.__name__ == "ActionRequested"]
+    assert incident.node_id == "n1" and request.operation == HttpAdmin(endpoint="reset_job_count", at="n1")

@@ -152,9 +152,12 @@ class ClusterChecked(Event):
     )
     leader_view: tuple[PeerJobs, ...] = Field(
         default=(), max_length=4096,
-        description="Each peer's jobs and GPU % as the answering leader reports them (empty without one, or when its "
-        "status gives none): the runbooks' own zombie view, which zombie-detector checks against the nodes' samples.",
+        description="Each peer's jobs and GPU % as the answering leader reports them, or with no leader as the answering "
+        "peer that reports the most peers does (`view_by` names whose; the runbooks' daemons each list every peer's; empty "
+        "when none gives them): the runbooks' own zombie view, which zombie-detector checks against the nodes' samples.",
     )
+    view_by: str | None = Field(default=None, max_length=256, description="The peer whose view `leader_view` is: the leader, "
+                                "or with none, the answering peer that counts the most peers.")
 
 
 class CapacityEvaluated(Event):

@@ -49,8 +49,13 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
     if unseen:
         summary += f"; seen by no peer: {', '.join(unseen[:5])}"
     problems = tuple(PeerProblem(url=a.url[:512], state=a.state, detail=a.detail) for a in answers if a.status is None)
-    # The leader's count of each peer's jobs (the runbooks' zombie view), for zombie-detector.
+    # The leader's count of each peer's jobs (the runbooks' zombie view), for zombie-detector; with
+    # no leader (the runbooks' usual stuck state, for hours) any daemon's `peers` count them too:
+    # the answering peer that counts the most peers.
     by_leader = next((s for s in answering if s.node_id == leader), None) if leader is not None else None
+    if by_leader is None:
+        counting = [s for s in answering if any(load.jobs is not None for load in s.loads.values())]
+        by_leader = min(counting, key=lambda s: (-sum(load.jobs is not None for load in s.loads.values()), s.node_id), default=None)
     loads = by_leader.loads if by_leader is not None else {}
     voters = view.voter_ids()
     # the table lists the peers in trouble first, the leader's view the peers it counts jobs on:
@@ -77,6 +82,7 @@ def assess(cluster: str, answers: list[PeerAnswer]) -> ClusterChecked:
         unseen=tuple(unseen[:MAX_PROBLEMS]),
         peers=peers[:4096],
         leader_view=leader_view[:4096],
+        view_by=by_leader.node_id[:256] if by_leader is not None and leader_view else None,
     ))
 
 

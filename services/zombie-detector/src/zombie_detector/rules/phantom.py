@@ -1,14 +1,16 @@
 """phantom_jobs and idle_jobs: a job count with no work behind it.
 
 Two views count a node's jobs: its own status (the sampler's job probe, `jobs.running`) and the
-peer cluster's leader (`ClusterChecked.leader_view`, the runbooks' `.peers[id].selfplay_jobs`).
+peer cluster's leader (`ClusterChecked.leader_view`, the runbooks' `.peers[id].selfplay_jobs`), or
+with no leader (the runbooks' usual stuck state) the peer whose `peers` count the most (`view_by`).
 
 - phantom_jobs: jobs are counted, by either view, while no process holds any of the node's GPUs
   and every GPU idles below `idle_below_pct`, for `idle_for_s`: the processes are gone (killed,
   crashed) and the count stayed. The runbook's fix resets the count on the leader
   (`POST /admin/reset_node_jobs {"node_id": ...}`): the policy's `reset_endpoint`, called where
-  that endpoint's `target` says, on the leader the last cluster check named. It is fixed when
-  no view counts a job any more, or work is back on a GPU.
+  that endpoint's `target` says, on the leader the last cluster check named (the leader's own
+  count too: it has no row of its own in `peers`, its sampler counts it). It is fixed when no
+  view counts a job any more, or work is back on a GPU. With no leader, nobody can reset: a person.
 - idle_jobs: the leader counts jobs on a peer whose GPU it reports below `idle_below_pct`, for
   `idle_for_s`, and no sample from that node says more (no sampler there): the runbook's own
   zombie view. Whether a hung job or a stale count, only the node can tell: a person looks.
@@ -53,9 +55,15 @@ class NodeView:
 @dataclass(frozen=True)
 class LeaderView:
     cluster: str
-    leader: str
+    by: str
+    """The peer that counts them: the leader, or with none, the peer whose view the check took."""
+    leads: bool
     jobs: PeerJobs
     at: datetime
+
+    @property
+    def said(self) -> str:
+        return f"the leader {self.by}" if self.leads else f"the peer {self.by} (the cluster has no leader)"
 
 
 class PhantomRule:
@@ -68,6 +76,8 @@ class PhantomRule:
         self.nodes: dict[str, NodeView] = {}
         """The nodes whose last sample counted jobs or whose jobs the leader counts (only those matter)."""
         self.leader_view: dict[str, LeaderView] = {}
+        self.leaders: dict[str, str | None] = {}
+        """Per cluster, the leader its last check named."""
         self.since: dict[tuple[str, IncidentKind], tuple[datetime, datetime]] = {}
         """(node, kind) -> (first, last) seen so, by the detector's clock."""
 
@@ -100,12 +110,14 @@ class PhantomRule:
     def _cluster(self, check: ClusterChecked, now: datetime, incidents: Incidents) -> list[Finding]:
         findings: list[Finding] = []
         listed = set()
+        self.leaders[check.cluster] = check.leader
+        by = check.view_by or check.leader
         for peer in check.leader_view:
             if not is_subject_token(peer.node_id):
                 continue  # a daemon's id that cannot be a node of ours (dots, odd characters): no incident can name it
             listed.add(peer.node_id)
-            if check.leader is not None:
-                self.leader_view[peer.node_id] = LeaderView(check.cluster, check.leader, peer, now)
+            if by is not None:
+                self.leader_view[peer.node_id] = LeaderView(check.cluster, by, by == check.leader, peer, now)
         for node, seen in list(self.leader_view.items()):
             if seen.cluster == check.cluster and node not in listed:
                 del self.leader_view[node]  # the leader no longer lists it
@@ -163,21 +175,29 @@ class PhantomRule:
         if by_node:
             seen.append(f"the node's own status counts {by_node}")
         if by_leader:
-            seen.append(f"the leader {leader.leader} counts {by_leader}")
+            seen.append(f"{leader.said} counts {by_leader}")
+        # the reset goes to the leader whose view counted them; a leader's own count (it has no row
+        # of its own in `peers`) is reset on itself; a leaderless cluster's, nowhere
+        if leader is not None:
+            reset_at = leader.by if leader.leads else None
+        else:
+            reset_at = node if node in self.leaders.values() else None
         endpoint = self.admin.endpoints.get(self.phantom.reset_endpoint)
         operations = {}
         if endpoint is not None and endpoint.target == "node":
             operations["http_admin"] = HttpAdmin(endpoint=self.phantom.reset_endpoint)
-        elif endpoint is not None and leader is not None and is_subject_token(leader.leader):
-            operations["http_admin"] = HttpAdmin(endpoint=self.phantom.reset_endpoint, at=leader.leader)
-        where = f"on the leader {leader.leader}" if leader is not None else "on the cluster's leader"
+        elif endpoint is not None and reset_at is not None and is_subject_token(reset_at):
+            operations["http_admin"] = HttpAdmin(endpoint=self.phantom.reset_endpoint, at=reset_at)
+        where = f"on the leader {reset_at}" if reset_at is not None else "on the cluster's leader"
+        if leader is not None and not leader.leads:
+            where += " once it has one"
         return Finding(
             kind=PHANTOM,
             node_id=node,
             summary=f"{' and '.join(seen)} job(s), but no process holds any of its GPUs and they idle "
             f"(at most {own.gpu_max_pct} %) for {lasted:.0f}s",
             evidence={
-                "jobs_by_node": by_node, "jobs_by_leader": by_leader, "leader": leader.leader if leader else None,
+                "jobs_by_node": by_node, "jobs_by_leader": by_leader, "leader": reset_at, "counted_by": leader.by if leader else None,
                 "cluster": leader.cluster if leader else None, "gpu_max_pct": own.gpu_max_pct, "idle_s": round(lasted, 1),
             },
             recommended_action=f"reset the node's job count {where} (POST /admin/reset_node_jobs with its node_id)"
@@ -189,11 +209,12 @@ class PhantomRule:
         return Finding(
             kind=IDLE,
             node_id=node,
-            summary=f"the leader {leader.leader} counts {leader.jobs.jobs} job(s) on it at {leader.jobs.gpu_percent:g} % GPU "
+            summary=f"{leader.said} counts {leader.jobs.jobs} job(s) on it at {leader.jobs.gpu_percent:g} % GPU "
             f"for {lasted:.0f}s; no sampler runs there to tell a hung job from a stale count",
             evidence={
                 "jobs_by_leader": leader.jobs.jobs, "gpu_percent_by_leader": leader.jobs.gpu_percent,
-                "leader": leader.leader, "cluster": leader.cluster, "idle_s": round(lasted, 1),
+                "leader": leader.by if leader.leads else None, "counted_by": leader.by, "cluster": leader.cluster,
+                "idle_s": round(lasted, 1),
             },
             recommended_action="look on the node (nvidia-smi, ps): kill a hung job, or reset the count on the leader "
             "if no process is left; run gpumedic's node-sampler there to have it judged",
