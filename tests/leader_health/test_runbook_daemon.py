@@ -329,3 +329,24 @@ async def test_a_phantom_count_the_leader_keeps_is_reset_on_the_leader_naming_th
     events = feed(assess("selfplay", await _round(urls)), 630)
     (resolved,) = [e for e in events if isinstance(e, IncidentResolved) and e.incident_id == opened.incident_id]
     assert resolved.resolution == "fixed"
+
+
+async def test_with_no_leader_for_hours_a_peer_with_jobs_on_an_idle_gpu_is_still_found(cluster):
+    """The runbooks' usual state: "Leader: None" while every daemon's `.peers` still counts each peer's
+    jobs (`select(.value.selfplay_jobs > 0 and .value.gpu_percent < 5)` on any node). No sampler
+    runs on the lambda nodes: it is idle_jobs for a person, counted by an answering peer."""
+    c, urls = cluster
+    await c.state(ANSWERING, leader=None, voters_alive=6)
+    detector = NodeIncidents(Policy(fleet=FleetPolicy(hold_s=0)))
+    events = []
+    for at_s in range(0, 601, 30):
+        checked = assess("selfplay", await _round(urls))
+        assert checked.leader is None and checked.view_by in ANSWERING
+        for t in detector.on_event(checked, T0 + timedelta(seconds=at_s)):
+            detector.book.commit(t)
+            events += t.events
+    idle = sorted(e.node_id for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.IDLE_JOBS)
+    # the one lambda node whose daemon answers (2 jobs at 3.5 %); the others' daemons are down, which
+    # the daemons say (alive: false) and which is peer_down's, not a count to trust
+    assert idle == ["lambda-gh200-2"]
+    assert not [e for e in events if isinstance(e, ActionRequested)]
