@@ -388,3 +388,37 @@ async def test_the_real_kmsg_reads_record_by_record():
         os.close(writer)
         await watch.stop()
     assert watch.watcher.bad_records == 0
+
+
+async def test_an_oom_kill_of_a_gpu_process_names_its_gpu_and_command(tmp_path):
+    """Through the real sampler and its kernel-log watcher: the killed pid computed on GPU 0 in the
+    last sample (a job outside any container, killed by the host's OOM killer)."""
+    from gpumedic_events import ProcessOomKilled
+
+    from node_sampler.sampler import Sampler
+    from tests.node_sampler.fakes import table_for_two_gpus, two_gpus
+
+    log_file = tmp_path / "kmsg.log"
+    log_file.write_text("")
+    published: list = []
+
+    async def publish(event) -> None:
+        published.append(event)
+
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 0.2, kernel_log=log_file)
+    task = asyncio.create_task(sampler.run(publish))
+    try:
+        deadline = time.monotonic() + 5
+        while not published and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        with log_file.open("a") as f:  # pid 41230 is the job on GPU 0 of two_gpus()
+            f.write(kmsg(1, GLOBAL_SUMMARY.replace("pid=4242", "pid=41230")) + kmsg(2, GLOBAL_KILLED.replace("process 4242", "process 41230")))
+        while not any(isinstance(e, ProcessOomKilled) for e in published) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sampler.close()
+    (oom,) = [e for e in published if isinstance(e, ProcessOomKilled)]
+    assert (oom.pid, oom.gpu_index, oom.command, oom.container_id) == (41230, 0, "python train.py --epochs 90", "")

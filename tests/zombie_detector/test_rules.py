@@ -702,3 +702,16 @@ def test_samples_the_bus_did_not_take_on_many_nodes_are_one_control_plane_incide
     assert [e for e in d.tick(70) if isinstance(e, IncidentResolved)]  # no loss for a minute: resolved
     restarted = sample("n1").model_copy(update={"unacknowledged": 0})  # a sampler that restarted counts from 0
     assert d.feed(restarted, 71) == [] and d.logic.rules and not [e for e in d.feed(sample("n1"), 72) if isinstance(e, IncidentOpened)]
+
+
+def test_a_job_outside_any_container_killed_by_the_oom_killer_is_a_death_at_once():
+    """Runbook 002's jobs "failing with exit code -9": no engine reports the exit; the kernel's line
+    and the sampler's last look (it computed on GPU 3) are all there is."""
+    d = Detector()
+    d.feed(ProcessOomKilled(source="node-sampler", node_id="n1", pid=7001, process_name="python", constraint="CONSTRAINT_NONE",
+                            cgroup="/user.slice/user-1000.slice/session-2.scope", gpu_index=3,
+                            command="python selfplay.py --gpu 3", kernel_lines=("Out of memory: Killed process 7001 (python)",)), 0)
+    (died,) = d.opened(IncidentKind.CONTAINER_DIED)
+    assert died.node_id == "n1" and died.diagnosis.cause == "host_oom" and died.evidence["gpu_index"] == 3
+    assert died.summary.startswith("the job python selfplay.py --gpu 3 (pid 7001, no container) was killed (SIGKILL, exit -9): host oom")
+    assert died.fingerprint.endswith("/pid-7001")

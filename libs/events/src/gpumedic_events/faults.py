@@ -122,6 +122,9 @@ class ProcessOomKilled(Event):
     kernel_lines: tuple[LogLine, ...] = Field(
         default=(), max_length=16, description=f"The kernel's own lines about this kill (each cut at {MAX_LINE} characters)."
     )
+    gpu_index: int | None = Field(default=None, ge=0, le=63, description="The GPU it computed on in the sampler's last look "
+                                  "(a job's process); None when it held none.")
+    command: str = Field(default="", max_length=256, description="Its command line from that look (a GPU process's only).")
 
 
 class ContainerExited(Event):

@@ -260,6 +260,9 @@ class Sampler:
         if event is None:
             log.warning("%s: OOM kill with impossible pid %d in the kernel log, not reported", self.node_id, reading.pid)
             return
+        gpu = next(((g.index, p.command) for g in (self.last.gpus if self.last else ()) for p in g.processes if p.pid == event.pid), None)
+        if gpu is not None:  # a job's process: which GPU it computed on (a job outside any container has no other trace)
+            event = event.model_copy(update={"gpu_index": gpu[0], "command": gpu[1]})
         log.warning("%s: OOM killer ended pid %d (%s)", self.node_id, event.pid, event.process_name)
         self.emit(event)
 

@@ -1,4 +1,6 @@
-"""container_died: a container exited abnormally, and the post-mortem names one cause.
+"""container_died: a container exited abnormally, and the post-mortem names one cause; or a job's
+process outside any container (a GPU process in the sampler's last look) was killed by the
+kernel's OOM killer, which leaves no other trace (runbook 002's jobs "failing with exit code -9").
 
 An exit waits `settle_s` (the facts of one death arrive apart: the engine's exit, the kernel's
 OOM lines, the next sample showing a leftover process), then is judged once:
@@ -128,9 +130,11 @@ class ContainerRule:
         node = self.nodes.setdefault(event.node_id, _Node())
         if isinstance(event, ProcessOomKilled):
             node.ooms.append((now, event))
+            if not event.container_id and event.gpu_index is not None:
+                return (_bare_job_killed(event),)
             if not event.container_id:
                 log.info(
-                    "OOM kill of pid %d (%s) on %s outside any container (%s): recorded in the node's events",
+                    "OOM kill of pid %d (%s) on %s outside any container (%s): no GPU process, recorded in the node's events",
                     event.pid, event.process_name or "?", event.node_id, event.constraint or "no constraint",
                 )
             return ()
@@ -222,6 +226,31 @@ class ContainerRule:
             recommended_action=REMEDIES[cause][0][:500],
             occurrence=True,
         )
+
+
+def _bare_job_killed(oom: ProcessOomKilled) -> Finding:
+    """A job's process outside any container ended by the OOM killer: the same post-mortem, at once
+    (no engine will report an exit to wait for)."""
+    host = oom.constraint == "CONSTRAINT_NONE"
+    cause = "host_oom" if host else "cgroup_oom"
+    where = "the host ran out of memory" if host else "its memory cgroup reached its limit"
+    name = oom.command or oom.process_name or "?"
+    why = f"{where}: the kernel's OOM killer ended pid {oom.pid} ({oom.process_name or '?'}), which computed on GPU {oom.gpu_index}"
+    return Finding(
+        kind=KIND,
+        node_id=oom.node_id,
+        key=f"pid-{oom.pid}",
+        summary=f"the job {name[:120]} (pid {oom.pid}, no container) was killed (SIGKILL, exit -9): {cause.replace('_', ' ')} ({why})",
+        evidence={
+            "pid": oom.pid, "command": name[:256], "gpu_index": oom.gpu_index, "oom_constraint": oom.constraint or None,
+            "cgroup": oom.cgroup or None, "anon_rss_kib": oom.anon_rss_kib,
+            "oom_kernel_line": (oom.kernel_lines[-1] if oom.kernel_lines else "")[:300] or None,
+        },
+        severity="warning",
+        diagnosis=Diagnosis(cause=cause, confidence=0.9, explanation=why[:1000], remedies=REMEDIES[cause]),
+        recommended_action=REMEDIES[cause][0][:500],
+        occurrence=True,
+    )
 
 
 def ended_normally(exit_: ContainerExited) -> bool:
