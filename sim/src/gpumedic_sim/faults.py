@@ -61,6 +61,7 @@ class Fault(StrEnum):
     NIC_DOWN = "nic_down"
     NIC_FLAPPING = "nic_flapping"
     JOB_HUNG = "job_hung"
+    BARE_OOM_KILL = "bare_oom_kill"
 
 
 class Benign(StrEnum):
@@ -137,6 +138,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                            "inject_gpu_stuck", _kinds(K.ORPHAN_GPU_HOLDER), gpu=True),
     Fault.OOM_KILL: Entry("the kernel's OOM killer ends the job (exit 137)", "inject_oom_kill", _kinds(K.CONTAINER_DIED), gpu=True,
                           whole_node=True),
+    Fault.BARE_OOM_KILL: Entry("the GPU's job runs on the host, outside any container, and 15 s on the host's OOM killer ends it "
+                               "(exit -9): only the kernel's lines tell", "inject_bare_oom_kill", _kinds(K.CONTAINER_DIED), gpu=True,
+                               whole_node=True),
     Fault.SEGFAULT: Entry("the job's container exits 139 (SIGSEGV)", "inject_segfault", _kinds(K.CONTAINER_DIED), gpu=True,
                           whole_node=True),
     Fault.SIGTERM: Entry("the job's container exits 143 (SIGTERM)", "inject_sigterm", _kinds(K.CONTAINER_DIED), gpu=True,

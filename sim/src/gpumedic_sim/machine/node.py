@@ -27,10 +27,12 @@ from gpumedic_sim.machine.nvml import SimNvml
 from gpumedic_sim.machine.procs import SimProcessTable
 from gpumedic_sim.machine.ssh import SshEndpoint
 from gpumedic_sim.faults import Benign, Fault
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
+BARE_OOM_AFTER_S = 15.0
+"""How long a job launched on the host runs before the OOM killer ends it: a few samples see it on its GPU."""
 
 
 class SimNode(NodeState):
@@ -129,6 +131,25 @@ class SimNode(NodeState):
         task = asyncio.get_running_loop().create_task(back())
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def inject_bare_oom_kill(self, gpu: int) -> SimProcess:
+        """The GPU's job runs on the host itself, outside any container (a launcher's bare `python`),
+        and `BARE_OOM_AFTER_S` on the host's OOM killer ends it: exit -9, and the kernel's lines are
+        all that tell (runbook 002's jobs "failing with exit code -9")."""
+        self._check_gpu(gpu)
+        with self._lock:
+            if (old := self._job_on(gpu)) is not None:
+                self._end(old, exit_code=0)  # its containerised run ended well; the next runs on the host
+            bare = self._spawn(("python", "selfplay.py", "--gpu", str(gpu)), gpu, JOB_MEMORY_MIB, is_job=True, producing=True)
+        self._record(gpu, Fault.BARE_OOM_KILL)
+        asyncio.get_running_loop().call_later(BARE_OOM_AFTER_S, self._killed_by_host_oom, bare)
+        return bare
+
+    def _killed_by_host_oom(self, p: SimProcess) -> None:
+        if p.alive:
+            if self.kernel is not None:
+                self.kernel.oom_kill(p.pid, p.comm, 1000, "", 31_457_280)
+            self._end(p, exit_code=137)
 
     def dip_job(self, gpu: int, for_s: float) -> None:
         """The job on `gpu` stops computing for `for_s`, then goes on."""
