@@ -10,6 +10,7 @@ from gpumedic_events import (
     GpuLost,
     GpuProcess,
     GpuSample,
+    HostSample,
     IncidentEscalated,
     IncidentKind,
     JobTag,
@@ -148,6 +149,21 @@ def test_a_rank_that_stopped_without_exiting_is_named_by_nccl_ras_and_only_its_n
     # opened by 400 s: named once idle_for_s passed, without the second window an unnamed hang waits
     drains = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, DrainNode)]
     assert {e.node_id for e in drains} == {"n3"}
+
+
+def test_what_is_known_of_the_node_ras_names_is_said_beside_it():
+    d = Detector(POLICY)
+    wedged = RasRank(rank=5, communicator_size=8, host="10.0.0.3", pid=4242, gpu=1)
+    starved = HostSample(memory_total_mib=100_000, memory_available_mib=1_000)  # a rank stuck in the kernel for want of memory
+
+    def shape(i: int, s: float) -> NodeSampled:
+        sample = heard({0: ras(wedged)})(i, s)
+        return sample.model_copy(update={"host": starved}) if i == 2 else sample
+
+    run(d, 0, 400, shape)
+    assert ("host_memory_pressure", "n3") in kinds(d)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.node_id == "n3" and hung.summary.endswith("; n3 also has open host_memory_pressure")
 
 
 def test_ras_that_reaches_every_rank_or_cannot_be_asked_names_nobody_and_says_so():

@@ -245,6 +245,9 @@ class JobRule:
                 return Culprit(node, "gpu_lost", f"GPU {lost[0].gpu} of {node}, where rank {_ranks(r.rank for r in lost)} ran, "
                                "fell off the bus")
         if (unreachable := _ras_culprit(job, fresh)) is not None:
+            known = sorted({i.kind.value for i in incidents.open_on(unreachable.node_id) if i.kind in STOPPING})
+            if known:  # what gpumedic already knows of that node, beside RAS's word
+                return replace(unreachable, why=f"{unreachable.why}; {unreachable.node_id} also has open {', '.join(known)}")
             return unreachable
         silent = sorted(n for n, s in job.seats.items() if s.stale(now))
         if silent:
