@@ -461,3 +461,41 @@ def test_the_known_leader_is_the_newest_check_that_names_the_node():
     assert leaders.of("elsewhere") is None
     leaders.observe(check.model_copy(update={"cluster": "other", "leader": "peer-9", "occurred_at": NOW + timedelta(seconds=5)}))
     assert leaders.of("gpu-node-07").leader == "peer-9"  # a node in two clusters: the newest check
+
+
+def test_a_jobs_stop_is_held_to_every_node_it_acts_on_and_counts_once_for_the_breaker():
+    from gpumedic_events import RankTarget, StopJob
+
+    ranks = tuple(RankTarget(node_id=f"gpu-node-0{i}", gpu_index=0, pid=4000 + i, start_ticks=1, command="python train.py") for i in range(1, 9))
+    request = _request().model_copy(update={"operation": StopJob(job="slurm:77.0", ranks=ranks, max_gpu_utilization_pct=4)})
+    entries = {f"gpu-node-0{i}": NodeAddress(host=f"10.0.0.{i}") for i in range(2, 9)}
+    gate = Gate(mode="enforce", protected_nodes=frozenset({NodeSelector("label:tier=critical")}), breaker_max_nodes=3)
+    assert fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, reached=entries).verdict is Verdict.ALLOW
+    critical = {**entries, "gpu-node-05": NodeAddress(host="10.0.0.5", labels={"tier": "critical"})}
+    decision = fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, reached=critical)
+    assert decision.verdict is Verdict.BLOCK and decision.reason.startswith("node gpu-node-05, which stop_job would act on too, is protected")
+    stranger = {**entries, "gpu-node-06": None}
+    decision = fleet_verdict(request, gate=gate, ledger_view=LedgerView(), now=NOW, reached=stranger)
+    assert decision.verdict is Verdict.BLOCK and "gpu-node-06, which stop_job would act on too, is not in the remediator's inventory" in decision.reason
+
+
+def test_a_jobs_stop_fits_only_its_jobs_incident_below_the_idle_line_with_the_policys_grace():
+    from gpumedic_events import RankTarget, StopJob
+    from gpumedic_events.node import job_key
+    from gpumedic_incidents.policy import JobHungPolicy, Kinds, Step
+
+    job = "torchelastic:llama-ft-0412"
+    kinds = Kinds(job_hung=JobHungPolicy(ladder=(Step(action="drain_node"), Step(action="stop_job"))))
+    gate = Gate(mode="enforce", kinds=kinds)
+    rank = RankTarget(node_id="gpu-node-01", gpu_index=0, pid=4242, start_ticks=1, command="python train.py")
+
+    def verdict(**operation) -> str:
+        stop = StopJob(**{"job": job, "ranks": (rank,), "max_gpu_utilization_pct": 4, **operation})
+        request = _request().model_copy(update={"operation": stop, "fingerprint": f"gpu-node-01/job_hung/node/{job_key(job)}"})
+        incident = incident_waiting_for(request, step=1)
+        return refusal(request, incident=incident, gate=gate, now=request.occurred_at, stored_at=request.occurred_at)
+
+    assert verdict() == ""
+    assert "is not about the job slurm:1" in verdict(job="slurm:1")
+    assert "not below kinds.job_hung.idle_below_pct (5%)" in verdict(max_gpu_utilization_pct=5)
+    assert "actions.stop_job.grace_s is 10s" in verdict(grace_s=1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gpumedic_events import (
     ActionRequested,
+    ContainerExited,
     DrainNode,
     GpuLost,
     GpuProcess,
@@ -17,10 +18,11 @@ from gpumedic_events import (
     NcclRasAnswer,
     NodeSampled,
     RasRank,
+    StopJob,
     UndrainNode,
 )
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy
+from gpumedic_incidents.policy import FleetPolicy, JobHungPolicy, Kinds, Step
 from tests.zombie_detector.test_rules import Detector, sample, succeeded
 from zombie_detector.rules.job import job_key
 
@@ -220,3 +222,34 @@ def test_a_job_seen_on_two_nodes_spans_them_though_its_launcher_gave_no_node_cou
     mpi = lambda i, s: node_sample(i, (0, 0), job="rendezvous:10.0.0.1:6000", nodes=None) if i < 2 else None  # noqa: E731
     run(d, 0, 700, mpi)
     assert kinds(d) == [("job_hung", "n1")]
+
+
+def test_with_stop_job_in_the_ladder_the_culprit_is_drained_then_every_rank_stopped_and_the_job_working_again_resolves_it():
+    policy = Policy(fleet=FleetPolicy(hold_s=0), kinds=Kinds(job_hung=JobHungPolicy(
+        ladder=(Step(action="drain_node"), Step(action="stop_job", verify_within_s=120)))))
+    d = Detector(policy)
+    run(d, 0, 60)
+    run(d, 65, 400, lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None))
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    (drain,) = [e for e in d.events if isinstance(e, ActionRequested) and e.incident_id == hung.incident_id]
+    assert drain.node_id == "n3" and isinstance(drain.operation, DrainNode)
+    succeeded(d, drain, 401)
+    run(d, 405, 480, lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None))  # drained, still hung: the next step
+    (stop,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, StopJob)]
+    op = stop.operation
+    assert stop.node_id == "n3" and op.job == RUN and op.max_gpu_utilization_pct == 4 and op.grace_s == 10.0
+    # every rank seen, but the one on n3's lost GPU (NVML no longer lists it to be checked against)
+    assert sorted((r.node_id, r.gpu_index, r.pid) for r in op.ranks) == sorted(
+        (NODES[i], g, 5000 + i * 2 + g) for i in range(4) for g in (0, 1) if (i, g) != (2, 1))
+    assert all(r.start_ticks is not None and r.command == "python train.py" for r in op.ranks)
+    # the stop's SIGTERM ends the ranks' containers: gpumedic's own doing, no container_died
+    d.feed(ContainerExited(source="node-sampler", node_id="n1", container_id="c0ffee" * 4, name="rank-2", exit_code=143), 481)
+    d.tick(481 + 30)
+    assert d.opened(IncidentKind.CONTAINER_DIED) == []
+    before = len(d.events)
+    succeeded(d, stop, 481)
+    # its launcher starts it again without n3 (its GPU 1 lost, its rank there beyond NVML's sight): the ranks work elsewhere
+    run(d, 485, 700, lambda i, s: node_sample(i) if i != 2 else node_sample(i, (0, 0), ranks=False, lost=1))
+    after = [e for e in d.events[before:] if getattr(e, "incident_id", None) == hung.incident_id]
+    assert [type(e).__name__ for e in after] == ["IncidentUpdated"]  # fixed: n3 is validated before it comes back
+    assert "ranks work again" in after[0].summary and "the node stays drained" in after[0].summary

@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, NodeId
+from gpumedic_events.node import JOB_ID_PATTERN
 
 _ACTION_NAMESPACE = uuid.UUID("6c1f0a3e-9b1d-4e55-a2f4-0d3c2b1a9e8f")
 _INCIDENT_ID = "3b9a1d52-8f3e-4c1a-9d7e-5a0b6c2d4e11"
@@ -151,6 +152,35 @@ class HttpAdmin(BaseModel):
         return f"call the {self.endpoint} endpoint on {self.at}" if self.at else f"call the node's {self.endpoint} endpoint"
 
 
+class RankTarget(ProcessTarget):
+    """One rank of a job across nodes: where it runs (node and GPU) and the process as it was seen."""
+
+    node_id: NodeId
+    gpu_index: int = Field(ge=0, le=63, strict=True, description="A JSON integer; `true` is not GPU 1.")
+
+
+class StopJob(BaseModel):
+    """Stop a hung job's ranks on every node of the job, so that its launcher (torchrun's agents, a
+    scheduler's requeue) starts it again from its last checkpoint without the node that stopped.
+
+    Nothing is signalled unless every rank's GPU is still idle (at most `max_gpu_utilization_pct`)
+    and every node but the incident's answers; each rank is checked to be the process seen (start
+    time, command line) right before its signal: SIGTERM, SIGKILL after `grace_s`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["stop_job"] = "stop_job"
+    job: str = Field(pattern=JOB_ID_PATTERN, description="The job's id, as its ranks' launcher named it.")
+    ranks: tuple[RankTarget, ...] = Field(min_length=1, max_length=512)
+    grace_s: float = Field(default=10.0, ge=0, le=300, description="After SIGTERM: how long a rank may take to exit before SIGKILL.")
+    max_gpu_utilization_pct: int = Field(ge=0, le=100, description="The state the hang was judged in: a rank's GPU busier than "
+                                         "this means the job works again, and nothing is stopped.")
+
+    def describe(self) -> str:
+        nodes = len({r.node_id for r in self.ranks})
+        return f"stop the {len(self.ranks)} rank(s) of the job {self.job} on {nodes} node(s)"
+
+
 class RestartJob(BaseModel):
     """Start the work again after a verified kill (the runbook's `--cleanup-zombies`): one job of the
     policy's allow-list, by name (a systemd unit, or an absolute path run without arguments)."""
@@ -278,14 +308,14 @@ class AcceptWorker(BaseModel):
 
 Operation = Annotated[
     KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | RestartJob | DrainNode | UndrainNode
-    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded | AcceptWorker,
+    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded | AcceptWorker | StopJob,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
 
 OPERATION_NAMES: tuple[str, ...] = (
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "restart_job", "drain_node", "undrain_node",
-    "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "accept_worker",
+    "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "accept_worker", "stop_job",
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from enum import IntFlag, StrEnum
 from typing import ClassVar, Literal
 
@@ -52,6 +53,11 @@ class ProcessIdentity(BaseModel):
 
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,199}$"
+
+
+def job_key(job_id: str) -> str:
+    """A job's key among incidents (job_hung's): a digest, since its id may hold what a bus key may not."""
+    return "job-" + hashlib.blake2s(job_id.encode(), digest_size=8).hexdigest()
 
 
 class JobTag(BaseModel):

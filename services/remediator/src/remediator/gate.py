@@ -15,6 +15,7 @@ the store, so a burst of requests cannot slip past the breaker together.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -206,11 +207,14 @@ def fleet_verdict(
     now: datetime,
     address: NodeAddress | None = None,
     in_inventory: bool = True,
+    reached: Mapping[str, NodeAddress | None] | None = None,
 ) -> Decision:
     """The fleet's verdict on one request that passed `refusal`, with the rule that decided it.
 
     `address` is the node's inventory entry (its group and labels), None when the inventory lacks
-    it; `in_inventory` is False only when the inventory was read and does not name the node."""
+    it; `in_inventory` is False only when the inventory was read and does not name the node;
+    `reached`: the other nodes the operation logs in to (a job's ranks), with their entries (None:
+    the inventory, read, lacks it), each held to the same protection and inventory rules."""
     node = request.node_id
     if ledger_view.breaker_open_since is not None:
         why = f" ({ledger_view.breaker_reason})" if ledger_view.breaker_reason else ""
@@ -225,6 +229,12 @@ def fleet_verdict(
     if not in_inventory and spec.logs_in:
         return Decision(Verdict.BLOCK, f"node {node} is not in the remediator's inventory: nothing is run on a node it "
                                        "cannot name (add it to the inventory if it is one of yours)")
+    for other, entry in sorted((reached or {}).items()):
+        if gate.protects(other, entry):
+            return Decision(Verdict.BLOCK, f"node {other}, which {operation.operation} would act on too, is protected; actions on it need a person")
+        if entry is None:
+            return Decision(Verdict.BLOCK, f"node {other}, which {operation.operation} would act on too, is not in the remediator's "
+                                           "inventory: nothing is run on a node it cannot name")
     scoped = spec.scope(operation, gate.actions)
     if scoped is not None and not scoped[0].allowed_on(node, address and address.group, address and address.labels):
         rule, what, where = scoped

@@ -272,6 +272,7 @@ class ActionHandler:
         # fails on the same error when it connects.
         decision: Decision = fleet_verdict(
             request, gate=self._gate, ledger_view=view, now=now, address=address, in_inventory=address is not None or not fleet_size,
+            reached=self._reached(request),
         )
         self.breaker_open.set(1 if view.breaker_open_since is not None or decision.trip_breaker else 0)
         self._breaker_nodes.set(len(view.nodes_in_window))
@@ -293,6 +294,18 @@ class ActionHandler:
         except InventoryError:
             return 0, None
         return len(nodes), nodes.get(node_id)
+
+    def _reached(self, request: ActionRequested) -> dict[str, NodeAddress | None]:
+        """The other nodes the operation logs in to, with their inventory entries (none when the
+        inventory cannot be read: the action then fails on the same error when it connects)."""
+        others = [n for n in catalogue.spec_of(request.operation).reaches(request.operation) if n != request.node_id]
+        if not others:
+            return {}
+        try:
+            nodes = load_inventory(self._settings.inventory)
+        except InventoryError:
+            return {}
+        return {n: nodes.get(n) for n in others}
 
     def _admin_token(self, operation: object) -> str | None:
         """The admin endpoints' token, read only for http_admin (a token file may be rotated)."""

@@ -67,6 +67,14 @@ def stop_rank(job: FleetJob, node: SimNode) -> None:
             p.set_activity(now, producing=False)
 
 
+def stopped_without(job: FleetJob, culprit: SimNode) -> bool:
+    """Every rank on the other nodes has ended, some of them by a signal from outside (a stop, not
+    the job's own end); the node that stopped may hold what no one could stop (a lost GPU's rank)."""
+    ranks = [(node, p) for node in job.nodes for p in list(node.processes.values()) if p.job is not None and p.job.id == job.id]
+    others = [p for node, p in ranks if node is not culprit]
+    return bool(others) and not any(p.alive for p in others) and any(p.killed_by in ("TERM", "KILL") for p in others)
+
+
 def checkpoint(job: FleetJob) -> None:
     """Rank 0 writes the checkpoint while every other rank waits for it; `resume` ends it."""
     now = time.monotonic()

@@ -50,6 +50,10 @@ def node_ids_for(n_nodes: int) -> list[str]:
     return [f"sim-node-{i:0{width}d}" for i in range(1, n_nodes + 1)]
 
 
+RELAUNCH_S = 3.0
+"""How long a job's launcher takes to start it again once its ranks were stopped."""
+
+
 class SimFleet:
     def __init__(
         self,
@@ -225,6 +229,19 @@ class SimFleet:
         else:
             raise ValueError(f"no cause {cause!r} for job_hung")
         node.record(Fault.JOB_HUNG)
+        self._timers.add(asyncio.create_task(self._relaunch_when_stopped(job, node)))
+
+    async def _relaunch_when_stopped(self, job: jobs.FleetJob, culprit: SimNode) -> None:
+        """The job's launcher (torchrun's agents) starts it again under its run id once its ranks were
+        stopped from outside, on its nodes but the one that stopped (its rendezvous no longer admits it)."""
+        while not jobs.stopped_without(job, culprit):
+            if job not in self.jobs:
+                return
+            await asyncio.sleep(1.0)
+        await asyncio.sleep(RELAUNCH_S)
+        self.jobs.remove(job)
+        run_id = job.id.removeprefix("torchelastic:")
+        self.jobs.append(jobs.launch([n for n in job.nodes if n is not culprit], run_id, nccl=culprit.ras.nccl_version))
 
     def checkpoint_job_across(self, node: SimNode, for_s: float) -> None:
         job = self._job_across(node)

@@ -650,7 +650,7 @@ class NodeState:
 
     def kill(self, pid: int, signal: str = "KILL") -> bool:
         """Deliver a signal; False if no such live process. KILL always ends the process, TERM
-        unless it ignores TERM. A dead process frees its GPU memory and stops counting as a job."""
+        unless it ignores TERM or is stopped. A dead process frees its GPU memory and stops counting as a job."""
         with self._lock:
             p = self.process(pid)
             if p is None:
@@ -659,8 +659,8 @@ class NodeState:
                 if p.on_checkpoint == "save" and p.saved_at is None:
                     self._save(p, then_exit=True)
                 return True
-            if (signal == "TERM" and p.ignores_term) or p.ignores_kill:
-                return True
+            if (signal == "TERM" and p.ignores_term) or p.ignores_kill or (p.stopped and signal != "KILL"):
+                return True  # a stopped process's signals wait for it to run again; SIGKILL does not
             self._stop(p, signal, 137 if signal == "KILL" else 128 + SIGNAL_NUMBERS[signal])
             return True
 

@@ -52,6 +52,7 @@ from gpumedic_incidents.policy import (
     IdleJobsPolicy,
     JobHungPolicy,
     JobRestart,
+    KillPolicy,
     Kinds,
     NoLeaderPolicy,
     OrphanPolicy,
@@ -117,6 +118,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
             restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit=JOB_UNIT)}),
             restart_worker=RestartWorkerPolicy(back_within_s=12 * interval_s, poll_s=interval_s),
+            stop_job=KillPolicy(grace_s=2.0),
             http_admin=AdminPolicy(endpoints={
                 "force_election": AdminEndpoint(url="http://127.0.0.1:8770/force_election"),
                 "reset_job_count": AdminEndpoint(
@@ -138,7 +140,9 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             ),
             phantom_jobs=PhantomPolicy(idle_for_s=6 * interval_s, ladder=(Step(action="http_admin", verify_within_s=6 * interval_s),)),
             idle_jobs=IdleJobsPolicy(idle_for_s=6 * interval_s),
-            job_hung=JobHungPolicy(idle_for_s=8 * interval_s, ladder=(Step(action="drain_node"),)),
+            # the node that stopped drained, then the job's ranks stopped everywhere: its launcher starts it again without it
+            job_hung=JobHungPolicy(idle_for_s=8 * interval_s, ladder=(Step(action="drain_node", verify_within_s=4 * interval_s),
+                                                                      Step(action="stop_job", verify_within_s=12 * interval_s))),
             stuck_process=StuckPolicy(idle_for_s=6 * interval_s),
             no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
             peer_blocked=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),

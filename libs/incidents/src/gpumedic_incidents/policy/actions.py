@@ -317,6 +317,8 @@ class Actions(Strict):
     requeue_tasks: RequeuePolicy = RequeuePolicy()
     mark_worker_ended: MarkEndedPolicy = MarkEndedPolicy()
     accept_worker: AcceptPolicy = AcceptPolicy()
+    stop_job: KillPolicy = KillPolicy()
+    """A hung job's ranks on every node of the job (job_hung's ladder, when it names it)."""
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)

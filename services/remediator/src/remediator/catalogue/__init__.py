@@ -41,11 +41,12 @@ from gpumedic_events import (
     RestartUnit,
     RestartWorker,
     SpawnWorker,
+    StopJob,
     TerminateWorker,
     UndrainNode,
 )
 from gpumedic_incidents.policy import Actions, CheckpointPolicy, NodeScoped
-from remediator.catalogue import accept, admin, checkpoint, docker, drain, gpu, jobs, kill, provider, taskdb, units
+from remediator.catalogue import accept, admin, checkpoint, docker, drain, gpu, jobs, kill, provider, stop, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, Fit, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -55,6 +56,7 @@ Run = Callable[[Any, Means], Awaitable[ExecutionResult]]
 Fits = Callable[[Any, Fit], str]
 Scope = Callable[[Any, Actions], tuple[NodeScoped, str, str] | None]
 Retires = Callable[[Any], tuple[str, ...]]
+Reaches = Callable[[Any], tuple[str, ...]]
 
 
 def fits_any(operation: object, fit: Fit) -> str:
@@ -66,6 +68,10 @@ def unscoped(operation: object, actions: Actions) -> None:
 
 
 def retires_none(operation: object) -> tuple[str, ...]:
+    return ()
+
+
+def reaches_its_own(operation: object) -> tuple[str, ...]:
     return ()
 
 
@@ -102,6 +108,9 @@ class Spec:
     """Whether it runs only after a kill the ledger verified (the handler looks up the ledger's kill)."""
     ends_work: checkpoint.Jobs | None = None
     """Whose work it ends: those the checkpoint step asks first, where the kind's policy sets one."""
+    reaches: Reaches = reaches_its_own
+    """Every node it logs in to beyond the request's (a job's ranks): each must be in the inventory and unprotected.
+    It counts once for the breaker: one decision about one incident."""
 
 
 OPERATIONS: dict[type, Spec] = {
@@ -122,6 +131,7 @@ OPERATIONS: dict[type, Spec] = {
     MarkWorkerEnded: Spec(taskdb.render, taskdb.carry_out, logs_in=False, fix=False, fits=taskdb.fits_mark_ended,
                           retires=lambda operation: (operation.worker_id,)),
     AcceptWorker: Spec(accept.render, on_node(accept.execute), logs_in=True, fix=False),
+    StopJob: Spec(stop.render, stop.execute, logs_in=True, fits=stop.fits, reaches=stop.reaches),
 }
 
 NOT_FIXES = tuple(sorted(kind.model_fields["operation"].default for kind, spec in OPERATIONS.items() if not spec.fix))

@@ -161,6 +161,24 @@ async def execute(operation: KillGpuProcesses, node: Node, means: Means) -> Exec
     return await _KillRun(operation, node).go()
 
 
+async def gpu_state_refusal(node: Node, operation: KillGpuProcesses) -> str:
+    """Why the GPU is not in the state the incident describes ('' when it is): nothing is killed then."""
+    gpu, limit = operation.gpu_index, operation.max_gpu_utilization_pct
+    result = await node.run(gpu_utilization_command(gpu))
+    try:
+        if result.exit_status != 0:
+            raise ValueError(said(result))
+        utilization = parse_utilization(result.stdout)
+    except ValueError as exc:
+        return f"refused: GPU {gpu}'s utilisation cannot be read on the node ({exc}); nothing is killed blind"
+    if limit is not None and utilization > limit:
+        return (
+            f"refused: GPU {gpu} is busy again ({utilization}% > {limit}%), so the job is not the zombie the "
+            "incident describes; nothing was killed"
+        )
+    return ""
+
+
 class _KillRun:
     """One kill_gpu_processes action: check and signal each target in turn, escalate, then verify."""
 
@@ -209,21 +227,7 @@ class _KillRun:
         return self._result()
 
     async def _gpu_state_refusal(self) -> str:
-        """Why the GPU is not in the state the incident describes ('' when it is): nothing is killed then."""
-        gpu, limit = self._op.gpu_index, self._op.max_gpu_utilization_pct
-        result = await self._node.run(gpu_utilization_command(gpu))
-        try:
-            if result.exit_status != 0:
-                raise ValueError(said(result))
-            utilization = parse_utilization(result.stdout)
-        except ValueError as exc:
-            return f"refused: GPU {gpu}'s utilisation cannot be read on the node ({exc}); nothing is killed blind"
-        if limit is not None and utilization > limit:
-            return (
-                f"refused: GPU {gpu} is busy again ({utilization}% > {limit}%), so the job is not the zombie the "
-                "incident describes; nothing was killed"
-            )
-        return ""
+        return await gpu_state_refusal(self._node, self._op)
 
     async def _holders(self) -> tuple[set[int] | None, str]:
         """The pids holding the GPU (NVML's compute processes and the device file's holders), and

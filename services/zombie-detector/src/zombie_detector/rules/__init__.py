@@ -26,7 +26,7 @@ from zombie_detector.rules.zombie import ZombieRule
 def build_rules(policy: Policy) -> list[Rule]:
     """The node rules, each with its part of the policy."""
     kinds = policy.kinds
-    jobs = JobRule(kinds.job_hung)  # the ranks of a job across nodes are its, not the per-rank rules'
+    jobs = JobRule(kinds.job_hung, policy.actions.stop_job)  # the ranks of a job across nodes are its, not the per-rank rules'
     return [
         jobs,
         ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),
@@ -38,8 +38,8 @@ def build_rules(policy: Policy) -> list[Rule]:
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
         StragglerRule(kinds.gpu_straggler),
         NicRule(kinds.nic_degraded, kinds.nic_flapping),
-        ContainerRule(kinds.container_died),
-        ContainerRateRule(kinds.container_died),
+        ContainerRule(kinds.container_died, stopping=jobs.stopping),
+        ContainerRateRule(kinds.container_died, stopping=jobs.stopping),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),
         NodeRule(kinds.node_silent, kinds.ssh_unreachable, behind=kinds.control_plane_behind),
         BehindRule(kinds.control_plane_behind),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -42,6 +42,9 @@ OOM_MEMORY = timedelta(minutes=5)
 OWN_ACTION = timedelta(seconds=60)
 """An exit this soon after gpumedic acted on the node's GPU processes is that action's doing."""
 DISK_FULL_PCT = 98.0
+
+Stopping = Callable[[str, Incidents], bool]
+"""Whether gpumedic is stopping a job with ranks on that node (the job rule's `stopping`)."""
 
 _DEVICE_BUSY = re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable|all CUDA-capable devices are busy", re.IGNORECASE)
 _GPU_OOM = re.compile(
@@ -113,8 +116,9 @@ class _Node:
 class ContainerRule:
     inputs = (ContainerExited, ProcessOomKilled, NodeSampled)
 
-    def __init__(self, policy: ContainerPolicy) -> None:
+    def __init__(self, policy: ContainerPolicy, stopping: Stopping | None = None) -> None:
         self.policy = policy
+        self.stopping = stopping
         self.nodes: dict[str, _Node] = {}
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -141,7 +145,7 @@ class ContainerRule:
         if ended_normally(event):
             return ()
         settles_at = now + timedelta(seconds=self.policy.settle_s)
-        node.pending.append(_Pending(event, now, settles_at, part_of_an_action(event, incidents, now)))
+        node.pending.append(_Pending(event, now, settles_at, part_of_an_action(event, incidents, now, self.stopping)))
         return ()
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -258,10 +262,13 @@ def ended_normally(exit_: ContainerExited) -> bool:
     return exit_.exit_code == 0 or (exit_.exit_code == 143 and exit_.engine_signal == "SIGTERM")
 
 
-def part_of_an_action(exit_: ContainerExited, incidents: Incidents, now: datetime) -> bool:
-    """gpumedic just killed GPU processes on this node, and this is a SIGKILL/SIGTERM exit without OOM."""
+def part_of_an_action(exit_: ContainerExited, incidents: Incidents, now: datetime, stopping: Stopping | None = None) -> bool:
+    """gpumedic just killed GPU processes on this node, or is stopping a hung job with ranks on it,
+    and this is a SIGKILL/SIGTERM exit without OOM."""
     if exit_.exit_code not in (137, 143) or exit_.oom_killed:
         return False
+    if stopping is not None and stopping(exit_.node_id, incidents):
+        return True
     return any(
         i.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER)
         and i.attempt > 0

@@ -23,7 +23,7 @@ from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import ContainerPolicy
 from gpumedic_incidents.rates import stands_out
 from zombie_detector.rules.base import Incidents
-from zombie_detector.rules.container import ended_normally, part_of_an_action
+from zombie_detector.rules.container import Stopping, ended_normally, part_of_an_action
 
 KEY = "node_rate"
 JUDGE_EVERY = timedelta(seconds=10)
@@ -36,14 +36,15 @@ REMEDIES = (
 class ContainerRateRule:
     inputs = (ContainerExited,)
 
-    def __init__(self, policy: ContainerPolicy) -> None:
+    def __init__(self, policy: ContainerPolicy, stopping: Stopping | None = None) -> None:
         self.policy = policy.node_rate
+        self.stopping = stopping
         self.ended: dict[str, deque[tuple[datetime, str, bool]]] = {}
         """Per node: (when, container name, died) of each exit counted."""
         self.judged_at: datetime | None = None
 
     def observe(self, event: ContainerExited, now: datetime, incidents: Incidents) -> Sequence[Finding]:
-        if self.policy is None or (event.engine_signal and not ended_normally(event)) or part_of_an_action(event, incidents, now):
+        if self.policy is None or (event.engine_signal and not ended_normally(event)) or part_of_an_action(event, incidents, now, self.stopping):
             return ()  # asked for, or gpumedic's own doing: no try of the node's
         name = event.name or event.container_id[:12]
         self.ended.setdefault(event.node_id, deque()).append((now, name, not ended_normally(event)))

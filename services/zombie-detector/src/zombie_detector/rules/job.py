@@ -23,13 +23,14 @@ detector's clock; a rank whose utilisation is unreadable neither opens nor clear
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RasRank
+from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RankTarget, RasRank, StopJob
+from gpumedic_events.node import job_key
 from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import KillPolicy
 from gpumedic_incidents.policy.kinds import JobHungPolicy
 from gpumedic_incidents.state import fingerprint
 from zombie_detector.rules.base import Incidents
@@ -40,6 +41,8 @@ MAX_GAP_INTERVALS = 3
 FORGET_AFTER_S = 3600.0
 """A job none of whose nodes has shown a rank for this long is forgotten."""
 MAX_JOBS = 10_000
+MAX_STOPPED = 512
+"""Ranks one stop may name (a bigger job's stop is a person's)."""
 MAX_NAMED = 16
 """Nodes and ranks named in a summary; the evidence says how many there are."""
 STOPPING = frozenset({
@@ -50,11 +53,6 @@ STOPPING = frozenset({
 })
 """Open incidents that can stop a rank: one on a node of the hung job names that node (one of a GPU
 only when a rank runs on that GPU)."""
-
-
-def job_key(job_id: str) -> str:
-    """The incident key of a job: a digest, since a job's id may hold what a bus key may not."""
-    return "job-" + hashlib.blake2s(job_id.encode(), digest_size=8).hexdigest()
 
 
 RankOfWiderJob = Callable[[JobTag | None], bool]
@@ -83,6 +81,8 @@ class Rank:
     wrote: bool
     lost: bool = False
     """Its GPU fell off the bus: NVML lists no process there any more, so it is the one seen last."""
+    start_ticks: int | None = None
+    command: str = ""
 
 
 @dataclass
@@ -122,8 +122,9 @@ class Job:
 class JobRule:
     inputs = (NodeSampled, NodeRetired)
 
-    def __init__(self, policy: JobHungPolicy) -> None:
+    def __init__(self, policy: JobHungPolicy, stop: KillPolicy | None = None) -> None:
         self.policy = policy
+        self.stop = stop or KillPolicy()
         self.jobs: dict[str, Job] = {}
         self._on_node: dict[str, set[str]] = {}
         """node -> the jobs it showed ranks of in its latest sample."""
@@ -135,6 +136,19 @@ class JobRule:
             return False
         job = self.jobs.get(tag.id)
         return tag.spans_nodes or (job is not None and len(job.nodes) >= 2)
+
+    def stopping(self, node_id: str, incidents: Incidents) -> bool:
+        """Whether a job with ranks on the node is being stopped by its incident's ladder (its ranks'
+        exits are gpumedic's doing, not deaths to judge)."""
+        for job_id, job in self.jobs.items():
+            if job.culprit is None or node_id not in job.nodes:
+                continue
+            incident = incidents.get(fingerprint(job.culprit.node_id, KIND, None, job_key(job_id)))
+            ladder = self.policy.ladder
+            if incident is not None and incident.phase in ("acting", "verifying") and incident.step < len(ladder) \
+                    and ladder[incident.step].action == "stop_job":
+                return True
+        return False
 
     def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
@@ -220,7 +234,7 @@ class JobRule:
             job.idle_since = None
             # a rank that left long before a hang is the job going on without it (elastic), not its cause
             job.left = {n: gone for n, gone in job.left.items() if (now - gone[0]).total_seconds() < self.policy.idle_for_s}
-            if job.culprit is not None and len(known) == len(ranks):
+            if job.culprit is not None and len(known) == sum(1 for r in ranks if not r.lost):  # a lost GPU's rank never reads again
                 return [Finding(KIND, job.culprit.node_id, key=key, present=False,
                                 summary=f"the job {job_id}'s ranks work again ({len(known) - len(idle)} of {len(known)} busy or writing)")]
             return []
@@ -299,12 +313,26 @@ class JobRule:
                 "nccl_ras": _ras_said([s for s in job.seats.values()])[:300],
             },
             severity="critical",
+            operations=self._stop(job_id, job) if culprit.cause else {},
             recommended_action=(
                 f"drain {culprit.node_id}, stop the job's ranks on every node and restart it from its last checkpoint"
                 if culprit.cause else "find the rank that stopped (NCCL's RAS: ncclras on a node of the job), then drain its node"
             ),
             unsafe=unsafe,
         )
+
+
+    def _stop(self, job_id: str, job: Job) -> dict[str, StopJob]:
+        """The ladder's stop: every rank seen, where it was seen (none on a lost GPU: NVML no longer
+        lists it to be checked against); none when a rank cannot be identified (a person then)."""
+        ranks = [(node, r) for node, seat in sorted(job.seats.items()) for r in seat.ranks if not r.lost]
+        if not ranks or len(ranks) > MAX_STOPPED or any(r.start_ticks is None or not r.command.strip() or r.pid < 2 for _, r in ranks):
+            return {}
+        return {"stop_job": StopJob(
+            job=job_id, grace_s=self.stop.grace_s, max_gpu_utilization_pct=max(0, int(self.policy.idle_below_pct) - 1),
+            ranks=tuple(RankTarget(node_id=node, gpu_index=r.gpu, pid=r.pid, start_ticks=r.start_ticks, command=r.command[:4096])
+                        for node, r in ranks),
+        )}
 
 
 def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Seat | None, now: datetime) -> Seat:
@@ -318,7 +346,8 @@ def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Se
         if p.write_bytes is not None:
             writes[(p.pid, p.start_ticks)] = p.write_bytes
             wrote = previous is not None and previous.writes.get((p.pid, p.start_ticks), p.write_bytes) < p.write_bytes
-        seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote, lost=gpu in lost))
+        seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote, lost=gpu in lost,
+                           start_ticks=p.start_ticks, command=p.command))
     return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing, sample.nccl_ras)
 
 
