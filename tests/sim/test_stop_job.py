@@ -58,8 +58,8 @@ async def test_every_rank_is_stopped_the_stopped_one_by_sigkill(four):
     result = await perform(four, stop_of(four))
     assert result.outcome is ActionOutcome.SUCCEEDED, result.detail
     assert alive(four) == [] and stopped.killed_by == "KILL"
-    assert result.detail.startswith(f"stopped the job {four.jobs[0].id}'s ranks on 4 of 4 node(s): sim-node-01: GPU 0: sent TERM")
-    assert f"sent KILL after 1s to {stopped.pid}" in result.detail
+    assert result.detail.startswith(f"stopped the job {four.jobs[0].id}'s ranks on 4 of 4 node(s): sim-node-01: 2 GPU(s)' ranks gone on SIGTERM;")
+    assert f"sim-node-03: 1 GPU(s)' ranks gone on SIGTERM | GPU 0: sent TERM to {stopped.pid}; sent KILL after 1s to {stopped.pid}" in result.detail
 
 
 async def test_a_rank_working_again_stops_nothing(four):

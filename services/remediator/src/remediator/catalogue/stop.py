@@ -103,4 +103,8 @@ async def _stop_on(means: Means, node_id: str, kills: dict[int, KillGpuProcesses
     except NodeError as exc:
         return False, f"lost mid-stop ({exc})"
     ok = all(r.outcome is ActionOutcome.SUCCEEDED for r in results)
-    return ok, " | ".join(f"GPU {gpu}: {r.detail}" for gpu, r in zip(kills, results, strict=True))
+    # a GPU whose ranks went on SIGTERM is counted; one that needed SIGKILL, or failed, is told
+    told = [(gpu, r) for gpu, r in zip(kills, results, strict=True) if r.outcome is not ActionOutcome.SUCCEEDED or "KILL" in r.detail]
+    quiet = len(kills) - len(told)
+    parts = ([f"{quiet} GPU(s)' ranks gone on SIGTERM"] if quiet else []) + [f"GPU {gpu}: {r.detail}" for gpu, r in told]
+    return ok, " | ".join(parts)
