@@ -23,7 +23,7 @@ def fixture(name: str) -> str:
 
 def test_a_healthy_job_misses_no_rank():
     answer = parse_text(fixture("healthy.txt"), AT)
-    assert (answer.nccl_version, answer.output, answer.communicators) == ("2.26.5+cuda12.8", "text", 1)
+    assert (answer.nccl_version, answer.output, answer.communicators) == ("2.26.5+cuda12.8", "text", 8)  # one group of 8
     assert answer.missing == () and answer.missing_count == 0 and answer.error is None
 
 
@@ -40,7 +40,7 @@ def test_a_process_unreachable_for_a_minute_is_dead():
 
 def test_newer_text_lists_each_missing_rank_with_its_process_and_nvml_index():
     answer = parse_text(fixture("ranks-listed.txt"), AT)
-    assert answer.nccl_version == "2.27.7+cuda12.9" and answer.communicators == 2
+    assert answer.nccl_version == "2.27.7+cuda12.9" and answer.communicators == 9  # groups of 1 and 8
     assert answer.missing == (
         RasRank(rank=10, communicator_size=16, host="fd00:0:0:12::5", pid=7781, gpu=2),
         RasRank(rank=12, communicator_size=16, host="fd00:0:0:12::5", pid=7783, gpu=4),
@@ -207,8 +207,11 @@ async def test_asks_only_after_the_ranks_idle_long_enough_then_every_interval():
 
 
 async def test_untagged_or_unreadable_never_asks():
+    asked: list[int] = []
+
     async def fake_ask(host: str, port: int, timeout_s: float) -> NcclRasAnswer:
-        raise AssertionError("asked")
+        asked.append(port)
+        return NcclRasAnswer(asked_at=AT)
 
     clock = Clock()
     watch = RasWatch(after_s=0, ask=fake_ask, clock=clock)
@@ -217,6 +220,24 @@ async def test_untagged_or_unreadable_never_asks():
         assert watch.observe(sample(0, 0, tagged=False)).nccl_ras is None
         assert watch.observe(sample(0, None)).nccl_ras is None
         await asyncio.sleep(0)
+    assert asked == []
+
+
+async def test_a_query_that_breaks_is_said_in_the_sample_never_raised_from_it():
+    async def broken_ask(host: str, port: int, timeout_s: float) -> NcclRasAnswer:
+        raise RuntimeError("a bug")
+
+    clock = Clock()
+    watch = RasWatch(after_s=0, ask=broken_ask, clock=clock)
+    watch.observe(sample(0))
+    await asyncio.sleep(0)
+    answer = watch.observe(sample(0)).nccl_ras
+    assert answer is not None and answer.error == "asking NCCL's RAS failed: RuntimeError"
+
+
+def test_a_version_line_longer_than_a_version_is_dropped_not_raised():
+    text = fixture("healthy.txt").replace("2.26.5+cuda12.8", "2.26.5+" + "x" * 200)
+    assert parse_text(text, AT).nccl_version is None
 
 
 async def test_a_slow_answer_does_not_hold_the_sample_and_a_query_of_a_hang_that_ended_is_dropped():

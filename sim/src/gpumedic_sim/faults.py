@@ -95,6 +95,8 @@ DEFAULT_XID = 79
 """XID 79: the GPU has fallen off the bus."""
 DEFAULT_DISK_PATH = "/var/lib/docker"
 DEFAULT_BAD_IMAGE = "registry.example/selfplay:2026.12"
+DEFAULT_NCCL = "2.29.1"
+"""The NCCL a job across nodes links unless its scenario says: its RAS answers in JSON."""
 JOB_CAUSES = ("gpu_lost", "rank_crash", "rank_stopped", "nic_flapping")
 """What stops a rank of a job across nodes (`job_hung`'s `cause`)."""
 
@@ -215,7 +217,7 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                 "cable_one_port_less"),
     Benign.JOB_ACROSS_NODES: Entry("benign: the node and the next `count`-1 run one torchrun job across nodes, a rank on every GPU, "
                                    "linking NCCL `nccl` (its RAS answers JSON from 2.28.7, text before; none: RAS off)",
-                                   "run_job_across", params={"count": 4, "nccl": "2.29.1"}, by="fleet"),
+                                   "run_job_across", params={"count": 4, "nccl": DEFAULT_NCCL}, by="fleet"),
     Benign.JOB_CHECKPOINT: Entry("benign: the node's job across nodes checkpoints for `for`: rank 0 writes, every other rank waits",
                                  "checkpoint_job_across", params={"for": 90.0}, by="fleet"),
     Benign.JOB_ENDS_EVERYWHERE: Entry("benign: the node's job across nodes is done: every rank exits 0, on every node", "end_job_across",

@@ -137,10 +137,13 @@ def parse_text(text: str, asked_at: datetime) -> NcclRasAnswer:
     missing rank: 21`), the size from the communicators' table, and the processes listed
     unresponsive or DEAD (where no rank was named, the process stands for it)."""
     lines = text.splitlines()
-    version = next((m.group(1) for line in lines[:5] if (m := _VERSION.match(line))), None)
-    if version is None and not any(line.startswith(("Job summary", "Communicators")) for line in lines):
+    found = next((m.group(1) for line in lines[:5] if (m := _VERSION.match(line))), None)
+    version = _version(found)
+    if found is None and not any(line.startswith(("Job summary", "Communicators")) for line in lines):
         raise RasError("neither a version line nor a job summary")
     sizes: dict[int, int] = {}
+    """Per group of the communicators' table: the ranks each of its communicators has."""
+    communicators = 0
     missing: list[RasRank] = []
     processes: list[tuple[RasRank, bool]] = []
     section, block, group, counted = "", "", None, 0
@@ -148,6 +151,7 @@ def parse_text(text: str, asked_at: datetime) -> NcclRasAnswer:
         if m := _GROUP_ROW.match(line):
             if section == "":
                 sizes[int(m.group(1))] = int(m.group(5))
+                communicators += int(m.group(2))
             continue
         if line in ("Errors", "Warnings"):
             section, block = line, ""
@@ -177,7 +181,7 @@ def parse_text(text: str, asked_at: datetime) -> NcclRasAnswer:
         missing = [missing[0].model_copy(update={"host": process.host, "pid": process.pid, "gpu": process.gpu, "dead": process.dead})]
     elif not missing:
         missing = [p for p, _ in processes if (p.host, p.pid) not in named]
-    return _answer(asked_at, version, "text", len(sizes) or None, missing, counted)
+    return _answer(asked_at, version, "text", communicators if sizes else None, missing, counted)
 
 
 def _answer(asked_at: datetime, version: str | None, output: str, communicators: int | None, missing: list[RasRank],
@@ -254,23 +258,28 @@ class RasWatch:
         when one is due. `ports`: per pid, the port its job's NCCL_RAS_ADDR names (the lowest of the
         idle ranks' is asked; none: the configured one)."""
         now = self._clock()
-        ranks = [p.pid for gpu in sample.gpus for p in gpu.processes if p.job is not None]
-        utilizations = [gpu.utilization_gpu_pct for gpu in sample.gpus for p in gpu.processes if p.job is not None]
-        if not utilizations or any(u is None or u >= self.idle_below_pct for u in utilizations):
+        ranks = [(p.pid, gpu.utilization_gpu_pct) for gpu in sample.gpus for p in gpu.processes if p.job is not None]
+        if not ranks or any(u is None or u >= self.idle_below_pct for _, u in ranks):
             if self._query is not None:
                 self._query.cancel()  # asked about a hang that is over
             self._idle_since = self._asked_at = self.answer = self._query = None
             return sample
         self._idle_since = self._idle_since if self._idle_since is not None else now
         if self._query is not None and self._query.done():
-            self.answer = None if self._query.cancelled() else self._query.result()
+            self.answer = None if self._query.cancelled() else self._answered(self._query)
             self._query = None
         due = now - self._idle_since >= self.after_s and (self._asked_at is None or now - self._asked_at >= self.every_s)
         if due and self._query is None:
             self._asked_at = now
-            named = sorted({ports[pid] for pid in ranks if pid in ports}) if ports else []
+            named = sorted({ports[pid] for pid, _ in ranks if pid in ports}) if ports else []
             self._query = asyncio.get_running_loop().create_task(self._ask(self.host, named[0] if named else self.port, self.timeout_s))
         return sample.model_copy(update={"nccl_ras": self.answer}) if self.answer is not None else sample
+
+    def _answered(self, query: asyncio.Task[NcclRasAnswer]) -> NcclRasAnswer:
+        if (failure := query.exception()) is not None:  # `ask` says what went wrong; anything else is a bug, never a lost sample
+            log.error("asking NCCL's RAS failed: %r", failure)
+            return _failed(datetime.now(UTC), f"asking NCCL's RAS failed: {type(failure).__name__}")
+        return query.result()
 
     async def close(self) -> None:
         if self._query is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from node_sampler.jobenv import JobEnv
 
+from gpumedic_sim.faults import DEFAULT_NCCL
 from gpumedic_sim.machine.node import SimNode
 from gpumedic_sim.machine.state import SimProcess
 
@@ -33,7 +34,7 @@ class FleetJob:
                     yield node, p
 
 
-def launch(nodes: Sequence[SimNode], run_id: str, *, nccl: str | None = "2.29.1") -> FleetJob:
+def launch(nodes: Sequence[SimNode], run_id: str, *, nccl: str | None = DEFAULT_NCCL) -> FleetJob:
     """The busy job on each GPU of `nodes` becomes one rank of one job (a job starts where a GPU has
     none), linking NCCL `nccl` (its RAS answers on each node; None: RAS off, or NCCL before 2.24)."""
     per_node = len(nodes[0].gpus)

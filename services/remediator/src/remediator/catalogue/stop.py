@@ -85,10 +85,10 @@ async def execute(operation: StopJob, means: Means) -> ExecutionResult:
             if node_id != stopped_at:
                 return ExecutionResult(ActionOutcome.FAILED, f"{node_id} does not answer ({exc}); no rank of the job was stopped")
             skipped[node_id] = f"not reached ({exc}): its ranks are left as they are"
-    accounts = await asyncio.gather(*(_stop_on(means, node_id, kills) for node_id, kills in plan.items() if node_id not in skipped))
-    failed = [node for node, (ok, _) in zip((n for n in plan if n not in skipped), accounts, strict=True) if not ok]
-    said = [f"{node}: {text[:MAX_SAID]}" for node, (_, text) in zip((n for n in plan if n not in skipped), accounts, strict=True)]
-    said += [f"{node}: {why}" for node, why in skipped.items()]
+    reached = [node for node in plan if node not in skipped]
+    accounts = dict(zip(reached, await asyncio.gather(*(_stop_on(means, node, plan[node]) for node in reached)), strict=True))
+    failed = [node for node, (ok, _) in accounts.items() if not ok]
+    said = [f"{node}: {text[:MAX_SAID]}" for node, (_, text) in accounts.items()] + [f"{node}: {why}" for node, why in skipped.items()]
     outcome = ActionOutcome.FAILED if failed else ActionOutcome.SUCCEEDED
     head = (f"stopped the job {operation.job}'s ranks on {len(plan) - len(skipped) - len(failed)} of {len(plan)} node(s)"
             + (f"; not on {', '.join(failed)}" if failed else ""))

@@ -310,7 +310,7 @@ class JobRule:
                 "idle_seconds": round(idle_s, 1),
                 "culprit": culprit.node_id if culprit.cause else None,
                 "cause": culprit.cause or None,
-                "nccl_ras": _ras_said([s for s in job.seats.values()])[:300],
+                "nccl_ras": _ras_said(list(job.seats.values()))[:300],
             },
             severity="critical",
             operations=self._stop(job_id, job) if culprit.cause else {},
@@ -321,10 +321,12 @@ class JobRule:
             unsafe=unsafe,
         )
 
-
     def _stop(self, job_id: str, job: Job) -> dict[str, StopJob]:
         """The ladder's stop: every rank seen, where it was seen (none on a lost GPU: NVML no longer
-        lists it to be checked against); none when a rank cannot be identified (a person then)."""
+        lists it to be checked against); none when a rank cannot be identified (a person then), or
+        the ladder has no stop (it is not built for every sample of a hung job for nothing)."""
+        if not any(step.action == "stop_job" for step in self.policy.ladder):
+            return {}
         ranks = [(node, r) for node, seat in sorted(job.seats.items()) for r in seat.ranks if not r.lost]
         if not ranks or len(ranks) > MAX_STOPPED or any(r.start_ticks is None or not r.command.strip() or r.pid < 2 for _, r in ranks):
             return {}
