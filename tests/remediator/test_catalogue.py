@@ -372,8 +372,8 @@ def test_the_operation_table_is_whole_and_the_gate_asks_it_not_the_types():
     names = set(OPERATION_NAMES) | {kind.__name__ for kind in carried}
     package = Path(catalogue.__file__).parent.parent
     # The incident's own course names two (an undrain after a drain's fix, a job's restart after a
-    # kill's), and the ledger looks up the verified kill a restart follows.
-    course = {"gate.py": {"undrain_node", "restart_job"}, "handlers.py": set(), "repository.py": {"kill_gpu_processes"}}
+    # kill's), and the ledger looks up the verified kill or job stop a restart follows.
+    course = {"gate.py": {"undrain_node", "restart_job"}, "handlers.py": set(), "repository.py": {"kill_gpu_processes", "stop_job"}}
     for module, named in course.items():
         tree = ast.parse((package / module).read_text())
         branches = [

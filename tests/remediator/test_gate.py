@@ -407,7 +407,7 @@ def test_a_job_restart_is_due_only_after_the_fix_and_only_the_job_the_kind_names
     jobs = RestartJobPolicy(jobs={"selfplay": JobRestart(unit="selfplay.service"), "other": JobRestart(command="/opt/other/restart")})
     gate = dataclasses.replace(ENFORCE, kinds=kinds, actions=Actions(restart_job=jobs))
     fixed = incident_waiting_for(restart, resolution="fixed")
-    assert _refusal(restart, fixed, gate=gate, facts=OwnFacts(killed=True)) == ""
+    assert _refusal(restart, fixed, gate=gate, facts=OwnFacts(killed=frozenset({restart.node_id}))) == ""
     # the state's word that the fix is in is not enough: the remediator's own ledger must hold the kill
     assert _refusal(restart, fixed, gate=gate) == (
         "refused: the job restarts after a verified kill, and the remediator's ledger holds no succeeded kill_gpu_processes "
@@ -499,3 +499,28 @@ def test_a_jobs_stop_fits_only_its_jobs_incident_below_the_idle_line_with_the_po
     assert "is not about the job slurm:1" in verdict(job="slurm:1")
     assert "not below kinds.job_hung.idle_below_pct (5%)" in verdict(max_gpu_utilization_pct=5)
     assert "actions.stop_job.grace_s is 10s" in verdict(grace_s=1.0)
+
+
+def test_a_hung_jobs_restart_runs_only_where_the_ledger_verified_its_stop_and_never_on_the_node_that_stopped():
+    from gpumedic_events.node import job_key
+    from gpumedic_incidents.policy import JobHungPolicy, Kinds, Step
+
+    job = "torchelastic:llama-ft-0412"
+    kinds = Kinds(job_hung=JobHungPolicy(restart_job="train", ladder=(Step(action="drain_node"), Step(action="stop_job"))))
+    gate = Gate(mode="enforce", kinds=kinds, actions=Actions(restart_job=RestartJobPolicy(jobs={"train": JobRestart(unit="train.service")})))
+
+    def verdict(nodes: tuple[str, ...], stopped_on: frozenset[str]) -> str:
+        request = _request().model_copy(update={"operation": RestartJob(job="train", nodes=nodes),
+                                                "fingerprint": f"{_request().node_id}/job_hung/node/{job_key(job)}"})
+        incident = incident_waiting_for(request, step=1, drained=True, resolution="fixed", restarting=True)
+        return refusal(request, incident=incident, gate=gate, now=request.occurred_at, stored_at=request.occurred_at,
+                       facts=OwnFacts(killed=stopped_on))
+
+    culprit = _request().node_id
+    stopped = frozenset({culprit, "gpu-node-02", "gpu-node-03"})
+    assert verdict(("gpu-node-02", "gpu-node-03"), stopped) == ""
+    assert verdict((culprit, "gpu-node-02"), stopped) == (
+        f"refused: the job train starts again on its other nodes, never on {culprit}, the node that stopped")
+    assert "never on" in verdict((), stopped)
+    assert verdict(("gpu-node-02", "gpu-node-09"), stopped).endswith("it holds none on gpu-node-09")
+    assert "holds no succeeded stop_job" in verdict(("gpu-node-02",), frozenset())

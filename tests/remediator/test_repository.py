@@ -195,3 +195,23 @@ async def test_a_node_is_drained_while_any_incident_holds_it(sessions):
         await session.commit()
     async with sessions() as session:
         assert [r.incident_id for r in await views.drains(session=session)] == [str(second.incident_id)]
+
+
+async def test_the_nodes_killed_for_an_incident_are_those_of_its_succeeded_kills_and_job_stops(sessions):
+    from gpumedic_events import RankTarget, StopJob
+
+    incident = uuid.uuid4()
+    ranks = tuple(RankTarget(node_id=n, gpu_index=0, pid=4242, start_ticks=1, command="python") for n in ("n2", "n3"))
+    stop = _request("n3", incident).model_copy(update={"action_id": uuid.uuid4(), "attempt": 2,
+                                                      "operation": StopJob(job="slurm:7", ranks=ranks, max_gpu_utilization_pct=4)})
+    failed_kill = _request("n4", incident)
+    for request, status in ((_request("n1", incident), "succeeded"), (stop, "succeeded"), (failed_kill, "failed"),
+                            (_request("n5"), "succeeded")):
+        await _claim(sessions, request)
+        async with sessions() as session:
+            record = await repository.get_action(session=session, action_id=request.action_id)
+            await repository.finish(session=session, record=record, status=status, detail="", steps=[], now=NOW)
+            await session.commit()
+    async with sessions() as session:
+        assert await repository.killed(session=session, incident_id=incident) == {"n1", "n2", "n3"}
+        assert await repository.killed(session=session, incident_id=uuid.uuid4()) == frozenset()

@@ -4,6 +4,8 @@ test_demand_run's shorter curves, which check the same pool."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from gpumedic_sim.runs.scenario import builtin_scenarios, load_scenario
@@ -35,3 +37,12 @@ async def test_a_built_in_scenario_meets_its_own_expectations(name, tmp_path):
     )
     assert code == 0, "\n".join(lines)
     assert any(line.startswith("expectations: met") for line in lines), "\n".join(lines)
+    if name == "jobs":  # each hung job's ladder ran whole over SSH: its node drained, its ranks stopped, the job restarted
+        with sqlite3.connect(tmp_path / "var" / "gpumedic.db") as db:
+            hung = [row[0] for row in db.execute("SELECT id FROM incidents WHERE kind = 'job_hung'")]
+            ladders = {incident: [f"{op}:{status}" for op, status in db.execute(
+                "SELECT json_extract(operation, '$.operation'), status FROM actions WHERE incident_id = ? ORDER BY started_at",
+                (incident,))] for incident in hung}
+        assert len(hung) == 4 and all(
+            steps[:3] == ["drain_node:succeeded", "stop_job:succeeded", "restart_job:succeeded"] for steps in ladders.values()
+        ), ladders

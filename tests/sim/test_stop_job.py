@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from gpumedic_events import ActionOutcome, ActionRequested, RankTarget, StopJob
-from gpumedic_incidents.policy import Actions
+from gpumedic_events import ActionOutcome, ActionRequested, RankTarget, RestartJob, StopJob
+from gpumedic_incidents.policy import Actions, JobRestart, RestartJobPolicy
 from gpumedic_nodes.ssh import SshExecutor
 from gpumedic_sim import SimFleet
 from remediator import catalogue
@@ -34,7 +34,10 @@ def stop_of(fleet: SimFleet) -> StopJob:
         for node, p in job.ranks()))
 
 
-async def perform(fleet: SimFleet, operation: StopJob, on: str = "sim-node-03"):
+TRAIN = Actions(restart_job=RestartJobPolicy(jobs={"train": JobRestart(unit="train.service")}))
+
+
+async def perform(fleet: SimFleet, operation: StopJob | RestartJob, on: str = "sim-node-03"):
     executor = SshExecutor(inventory=fleet.inventory_path, known_hosts=fleet.known_hosts_path, client_key=fleet.client_key_path,
                            connect_timeout_s=2.0, command_timeout_s=5.0)
     request = ActionRequested(source="zombie-detector", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=on, attempt=1,
@@ -45,7 +48,7 @@ async def perform(fleet: SimFleet, operation: StopJob, on: str = "sim-node-03"):
         async with executor.session(at or on) as session:
             yield Node(session.run, 3.0, asyncio.sleep, time.monotonic)
 
-    return await catalogue.perform(operation, Means(actions=Actions(), node=node, request=request))
+    return await catalogue.perform(operation, Means(actions=TRAIN, node=node, request=request))
 
 
 def alive(fleet: SimFleet) -> list[int]:
@@ -60,6 +63,24 @@ async def test_every_rank_is_stopped_the_stopped_one_by_sigkill(four):
     assert alive(four) == [] and stopped.killed_by == "KILL"
     assert result.detail.startswith(f"stopped the job {four.jobs[0].id}'s ranks on 4 of 4 node(s): sim-node-01: 2 GPU(s)' ranks gone on SIGTERM;")
     assert f"sim-node-03: 1 GPU(s)' ranks gone on SIGTERM | GPU 0: sent TERM to {stopped.pid}; sent KILL after 1s to {stopped.pid}" in result.detail
+
+
+async def test_the_stopped_job_starts_again_without_the_node_that_stopped_once_its_agents_restarted_on_the_others(four):
+    four.hang_job(four.node("sim-node-03"), "rank_stopped", 10.0)
+    assert (await perform(four, stop_of(four))).outcome is ActionOutcome.SUCCEEDED
+    others = ("sim-node-01", "sim-node-02", "sim-node-04")
+    result = await perform(four, RestartJob(job="train", nodes=others))
+    assert result.outcome is ActionOutcome.SUCCEEDED and result.detail == "the job train started on 3 of 3 node(s)", result.detail
+    for _ in range(50):
+        if four.jobs and alive(four):
+            break
+        await asyncio.sleep(0.2)
+    (job,) = four.jobs
+    assert tuple(n.node_id for n in job.nodes) == others and {p.job.world_size for _, p in job.ranks()} == {6}
+    # a node that does not answer: the rest still start, and the restart says where it did not
+    await four.node("sim-node-02").inject_ssh_refuses()
+    result = await perform(four, RestartJob(job="train", nodes=others))
+    assert result.outcome is ActionOutcome.FAILED and result.detail.startswith("the job train started on 2 of 3 node(s); not on sim-node-02: ")
 
 
 async def test_a_rank_working_again_stops_nothing(four):

@@ -14,15 +14,18 @@ from gpumedic_events import (
     HostSample,
     IncidentEscalated,
     IncidentKind,
+    IncidentOpened,
+    IncidentUpdated,
     JobTag,
     NcclRasAnswer,
     NodeSampled,
     RasRank,
+    RestartJob,
     StopJob,
     UndrainNode,
 )
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy, JobHungPolicy, Kinds, Step
+from gpumedic_incidents.policy import Actions, FleetPolicy, JobHungPolicy, JobRestart, Kinds, RestartJobPolicy, Step
 from tests.zombie_detector.test_rules import Detector, sample, succeeded
 from zombie_detector.rules.job import job_key
 
@@ -253,3 +256,85 @@ def test_with_stop_job_in_the_ladder_the_culprit_is_drained_then_every_rank_stop
     after = [e for e in d.events[before:] if getattr(e, "incident_id", None) == hung.incident_id]
     assert [type(e).__name__ for e in after] == ["IncidentUpdated"]  # fixed: n3 is validated before it comes back
     assert "ranks work again" in after[0].summary and "the node stays drained" in after[0].summary
+    # the run under the same id idles a while (loading its checkpoint): judged afresh, not the fault come back
+    run(d, 700, 800, lambda i, s: node_sample(i, (0, 0)) if i != 2 else node_sample(i, (0, 0), ranks=False, lost=1))
+    assert not [e for e in d.events[before:] if isinstance(e, IncidentEscalated)]
+
+
+def restarting_policy(on: str = "every_node") -> Policy:
+    return Policy(
+        fleet=FleetPolicy(hold_s=0),
+        actions=Actions(restart_job=RestartJobPolicy(jobs={"train": JobRestart(unit="train.service")})),
+        kinds=Kinds(job_hung=JobHungPolicy(restart_job="train", restart_on=on,
+                                           ladder=(Step(action="drain_node"), Step(action="stop_job", verify_within_s=120)))),
+    )
+
+
+def stopped(d: Detector) -> tuple[IncidentOpened, ActionRequested]:
+    """n3's GPU 1 lost hangs the job; the ladder drains n3 and asks for the stop."""
+    run(d, 0, 60)
+    run(d, 65, 400, lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None))
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    (drain,) = [e for e in d.events if isinstance(e, ActionRequested) and e.incident_id == hung.incident_id]
+    succeeded(d, drain, 401)
+    run(d, 405, 420, lambda i, s: node_sample(i, (0, 0), lost=1 if i == 2 else None))
+    (stop,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, StopJob)]
+    return hung, stop
+
+
+def gone(i: int, s: float) -> NodeSampled:
+    """No rank anywhere; n3's GPU 1 still off the bus (its rank there beyond NVML's sight)."""
+    return node_sample(i, (0, 0), ranks=False, lost=1 if i == 2 else None)
+
+
+def test_with_a_restart_in_the_policy_the_stopped_job_starts_again_on_its_other_nodes_then_the_culprit_is_validated():
+    d = Detector(restarting_policy())
+    hung, stop = stopped(d)
+    # the ranks end while the stop's answer is awaited (a clear then is not heard): the rule says it again
+    run(d, 425, 440, gone)
+    assert not [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob)]
+    succeeded(d, stop, 441)
+    d.tick(442)
+    (restart,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob)]
+    assert restart.node_id == "n3" and restart.operation == RestartJob(job="train", nodes=("n1", "n2", "n4"))
+    assert "no rank left on any node" in restart.reason and "restart the job train on 3 node(s)" in restart.reason
+    before = len(d.events)
+    succeeded(d, restart, 445)
+    (validating,) = [e for e in d.events[before:] if getattr(e, "incident_id", None) == hung.incident_id]
+    assert isinstance(validating, IncidentUpdated) and "restarted" in validating.summary and "the node stays drained" in validating.summary
+    # the job starts again under its id without n3, idle while it loads: a new run, judged afresh, not the fault back
+    run(d, 450, 600, lambda i, s: node_sample(i, (0, 0)) if i != 2 else gone(i, s))
+    run(d, 600, 700, lambda i, s: node_sample(i) if i != 2 else gone(i, s))
+    assert not [e for e in d.events[before:] if isinstance(e, IncidentEscalated)]
+    assert kinds(d) == [("gpu_lost", "n3"), ("job_hung", "n3")]
+
+
+def test_a_job_started_by_one_command_restarts_once_on_its_lowest_rank_but_never_on_the_node_that_stopped():
+    d = Detector(restarting_policy("first_node"))
+    _, stop = stopped(d)
+    succeeded(d, stop, 421)
+    run(d, 425, 440, gone)
+    (restart,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob)]
+    assert restart.operation.nodes == ("n1",)
+
+
+def test_a_job_that_runs_again_by_itself_after_the_stop_is_not_restarted():
+    d = Detector(restarting_policy())
+    hung, stop = stopped(d)
+    succeeded(d, stop, 421)
+    run(d, 425, 480, lambda i, s: node_sample(i) if i != 2 else gone(i, s))  # its own launcher was quicker
+    assert not [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob)]
+    assert any(isinstance(e, IncidentUpdated) and e.incident_id == hung.incident_id and "ranks work again" in e.summary for e in d.events)
+
+
+def test_the_node_that_stopped_being_free_does_not_verify_the_stop_while_ranks_run_elsewhere():
+    d = Detector(restarting_policy())
+    hung, stop = stopped(d)
+    succeeded(d, stop, 421)
+    before = len(d.events)
+    # n3's GPUs are free at once (readiness would say so); the ranks elsewhere take a while to go
+    run(d, 425, 445, lambda i, s: node_sample(i, (0, 0), ranks=False) if i == 2 else node_sample(i, (0, 0)))
+    assert [e for e in d.events[before:] if getattr(e, "incident_id", None) == hung.incident_id] == []
+    run(d, 445, 460, lambda i, s: node_sample(i, (0, 0), ranks=False))
+    (restart,) = [e for e in d.events[before:] if isinstance(e, ActionRequested)]
+    assert restart.operation == RestartJob(job="train", nodes=("n1", "n2", "n4"))

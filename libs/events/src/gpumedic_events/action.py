@@ -10,7 +10,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpumedic_events.base import Event, NodeId
 from gpumedic_events.node import JOB_ID_PATTERN
@@ -182,16 +182,28 @@ class StopJob(BaseModel):
 
 
 class RestartJob(BaseModel):
-    """Start the work again after a verified kill (the runbook's `--cleanup-zombies`): one job of the
-    policy's allow-list, by name (a systemd unit, or an absolute path run without arguments)."""
+    """Start the work again after a verified kill (the runbook's `--cleanup-zombies`) or a hung job's
+    verified stop: one job of the policy's allow-list, by name (a systemd unit, or an absolute path
+    run without arguments), on the incident's node or, for a job across nodes, on `nodes`."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     operation: Literal["restart_job"] = "restart_job"
     job: str = Field(pattern=ENDPOINT_PATTERN, description="The job's name in actions.restart_job.jobs.")
+    nodes: tuple[NodeId, ...] = Field(
+        default=(), max_length=512, description="Where a job across nodes starts again (never the node that stopped, the "
+        "incident's); empty: on the incident's node."
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _each_once(cls, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("a node is listed twice")
+        return nodes
 
     def describe(self) -> str:
-        return f"restart the job {self.job}"
+        return f"restart the job {self.job} on {len(self.nodes)} node(s)" if self.nodes else f"restart the job {self.job}"
 
 
 class DrainNode(BaseModel):

@@ -15,9 +15,10 @@ step (or to a person, when it was the last). A drained incident never resolves o
 away alone: it is `validating` until `validation.ready_samples` samples in a row show its GPUs
 free and healthy, then asks for `undrain_node`, and resolves once that succeeded. A fault that
 comes back, validation that does not come within `validation.within_s`, or an undrain that does
-not succeed, escalate with the node still drained. Likewise, a kind whose policy names a
-`restart_job` asks for that job's restart once its fix is verified, and resolves "fixed" when the
-restart succeeded (else a person: fixed, but the work did not start again).
+not succeed, escalate with the node still drained. A kind whose policy names a `restart_job` asks
+for that job's restart once its fix is verified (a hung job across nodes: on its other nodes,
+before the drained one's validation), and resolves "fixed" when the restart succeeded (else a
+person: fixed, but the work did not start again).
 
 Every function takes plain values and returns a `Transition` (or None: nothing changed): the new
 state (None when the incident closed) and the events to publish, grouped in the steps of the
@@ -206,12 +207,20 @@ def clear(state: IncidentState, finding: Finding, now: datetime, *, policy: Poli
         return None  # not ready is no news about a fault that is not gone yet
     fixed = state.phase == "verifying"
     summary = finding.summary or ("the fault is gone after the action" if fixed else "the fault went away by itself")
+    rules = policy.of(state.kind)
+    job = getattr(rules, "restart_job", None)
+    if fixed and job is not None:
+        # The work starts again before the incident ends (the runbook's --cleanup-zombies), then
+        # validation: a node's job on its node; a job across nodes where its rule proposes (its
+        # nodes but the one that stopped), and not at all when it runs again by itself.
+        restart = finding.operations.get("restart_job")
+        if restart is None and not hasattr(rules, "restart_on"):
+            restart = RestartJob(job=job)
+        if isinstance(restart, RestartJob) and restart.job == job:
+            restarting = state.model_copy(update={"resolution": "fixed", "restarting": True, "summary": summary[:1000]})
+            return _request(state, restarting, restart, now, policy, f"{summary}; {restart.describe()} again"[:1000])
     if state.drained:
         return _start_validation(state, "fixed" if fixed else "cleared", summary, now, policy, ready=bool(finding.ready))
-    job = getattr(policy.of(state.kind), "restart_job", None)
-    if fixed and job is not None:  # the work starts again before the incident ends (the runbook's --cleanup-zombies)
-        restarting = state.model_copy(update={"resolution": "fixed", "summary": summary[:1000]})
-        return _request(state, restarting, RestartJob(job=job), now, policy, f"{summary}; start the job {job} again")
     event = IncidentResolved(source=state.detector, resolution="fixed" if fixed else "cleared", summary=summary[:1000], **_ids(state))
     return Transition(state, None, (Span("verify", (event,)),))
 
@@ -229,12 +238,18 @@ def action_completed(
     before, state = state, state.model_copy(update={
         "traceparent": traceparent or state.traceparent, "pending_action": None, "waiting_since": state.waiting_since if waits else None,
     })
-    if state.resolution is not None:  # after the fix: the undrain (after validation), or the job's restart
+    if state.resolution is not None:  # after the fix: the job's restart, or the undrain (after validation)
         outcome = f"{result.outcome.value}: {result.detail}"
-        if state.drained:
-            done, failed = "validated", f"validated, but the undrain was {outcome}; the node stays drained"
-        else:
+        if state.restarting or not state.drained:
             done, failed = "restarted", f"fixed, but the job's restart was {outcome}"
+            if state.drained:
+                failed += "; the node stays drained"
+                if result.outcome is ActionOutcome.SUCCEEDED:  # the job runs again; the node waits for validation
+                    summary = f"{state.summary}; restarted, {result.detail}"
+                    return _start_validation(before, state.resolution, summary, now, policy, ready=False,
+                                             update={"restarting": False})
+        else:
+            done, failed = "validated", f"validated, but the undrain was {outcome}; the node stays drained"
         if result.outcome is ActionOutcome.SUCCEEDED:
             event = IncidentResolved(
                 source=state.detector,
@@ -436,7 +451,7 @@ def _next_attempt(
 
 
 def _start_validation(
-    state: IncidentState, resolution: str, summary: str, now: datetime, policy: Policy, *, ready: bool
+    state: IncidentState, resolution: str, summary: str, now: datetime, policy: Policy, *, ready: bool, update: dict | None = None
 ) -> Transition:
     """The fault is gone on a node this incident drained: wait for healthy samples before the undrain."""
     validating = state.model_copy(
@@ -447,6 +462,7 @@ def _start_validation(
             "ready_samples": 0,
             "deadline": now + timedelta(seconds=policy.validation.within_s),
             "pending_action": None,
+            **(update or {}),
         }
     )
     update = IncidentUpdated(
@@ -483,7 +499,7 @@ def _escalated(
     before: IncidentState | None, state: IncidentState, now: datetime, reason: str, spans: tuple[Span, ...] = ()
 ) -> Transition:
     after = state.model_copy(
-        update={"phase": "escalated", "deadline": None, "pending_action": None, "resolution": None, "ready_samples": 0}
+        update={"phase": "escalated", "deadline": None, "pending_action": None, "resolution": None, "restarting": False, "ready_samples": 0}
     )
     event = IncidentEscalated(source=state.detector, reason=reason[:1000], **_ids(state))
     if spans and spans[-1].name == "verify":

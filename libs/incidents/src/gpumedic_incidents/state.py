@@ -106,7 +106,10 @@ class IncidentState(BaseModel):
     """A drain_node step of its ladder succeeded: the node stays drained until this incident is
     validated and undrained (or a person steps in)."""
     resolution: Literal["fixed", "cleared"] | None = None
-    """Set once the fault is gone on a drained node: how the incident resolves after validation."""
+    """Set once the fault is gone (and a job's restart or a drained node's validation is still to
+    come): how the incident resolves."""
+    restarting: bool = False
+    """While the kind's job restart after the fix is asked for (before validation, on a drained node)."""
     ready_samples: int = 0
     """While validating: samples in a row that showed the GPUs free and healthy."""
     traits: dict[str, str] = Field(default_factory=dict)

@@ -90,8 +90,9 @@ class OwnFacts:
 
     leader: KnownLeader | None = None
     """leader-health's latest check of the cluster the request's node is in (None: no check names it)."""
-    killed: bool = False
-    """The remediator's own ledger holds a succeeded (verified) kill for the request's incident."""
+    killed: frozenset[str] = frozenset()
+    """The nodes where the remediator's own ledger holds a succeeded (verified) kill or job stop for
+    the request's incident."""
 
 
 @dataclass(frozen=True)
@@ -184,10 +185,10 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
     kind = incident.kind
     rules = gate.kinds.of(kind)
     name = request.operation.operation
-    if incident.drained and incident.resolution is not None:
-        expected, rung = "undrain_node", "validation (the incident drained its node)"
-    elif incident.resolution is not None:
+    if incident.resolution is not None and (incident.restarting or not incident.drained):
         expected, rung = "restart_job", f"the restart after the fix (kinds.{kind.value}.restart_job)"
+    elif incident.resolution is not None:
+        expected, rung = "undrain_node", "validation (the incident drained its node)"
     elif incident.step < len(rules.ladder):
         expected, rung = rules.ladder[incident.step].action, f"kinds.{kind.value}.ladder step {incident.step + 1}"
     else:

@@ -216,7 +216,7 @@ class ActionHandler:
 
     async def _own_facts(self, request: ActionRequested) -> OwnFacts:
         """What the gate checks the request against from the remediator's own sources."""
-        killed = False
+        killed: frozenset[str] = frozenset()
         if catalogue.spec_of(request.operation).after_kill:
             async with self._sessions() as session:
                 killed = await repository.killed(session=session, incident_id=request.incident_id)

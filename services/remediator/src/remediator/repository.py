@@ -53,13 +53,20 @@ async def find_request(*, session: AsyncSession, request: ActionRequested) -> Ac
     return await get_action(session=session, action_id=aside_id(request.action_id, request.request_sha256))
 
 
-async def killed(*, session: AsyncSession, incident_id: uuid.UUID) -> bool:
-    """Whether this ledger holds a succeeded kill for the incident (a kill succeeds only once the
-    processes were verified gone)."""
-    rows = await session.scalars(
-        select(ActionRecord.operation).where(ActionRecord.incident_id == str(incident_id), ActionRecord.status == ActionOutcome.SUCCEEDED.value)
+async def killed(*, session: AsyncSession, incident_id: uuid.UUID) -> frozenset[str]:
+    """The nodes where this ledger holds a succeeded kill for the incident, or a succeeded stop of
+    its job's ranks (each succeeds only once its processes were verified gone)."""
+    rows = await session.execute(
+        select(ActionRecord.node_id, ActionRecord.operation)
+        .where(ActionRecord.incident_id == str(incident_id), ActionRecord.status == ActionOutcome.SUCCEEDED.value)
     )
-    return any(operation.get("operation") == "kill_gpu_processes" for operation in rows)
+    nodes: set[str] = set()
+    for node_id, operation in rows:
+        if operation.get("operation") == "kill_gpu_processes":
+            nodes.add(node_id)
+        elif operation.get("operation") == "stop_job":
+            nodes.update(str(rank.get("node_id")) for rank in operation.get("ranks", ()) if isinstance(rank, dict))
+    return frozenset(nodes)
 
 
 async def claim(*, session: AsyncSession, request: ActionRequested) -> tuple[uuid.UUID, str]:

@@ -31,6 +31,7 @@ from gpumedic_sim.fleet import jobs
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
+from gpumedic_sim.machine.state import TRAIN_UNIT
 from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def node_ids_for(n_nodes: int) -> list[str]:
 
 
 RELAUNCH_S = 3.0
-"""How long a job's launcher takes to start it again once its ranks were stopped."""
+"""How long a job's agents take to start it again once restarted on its nodes."""
 
 
 class SimFleet:
@@ -229,12 +230,15 @@ class SimFleet:
         else:
             raise ValueError(f"no cause {cause!r} for job_hung")
         node.record(Fault.JOB_HUNG)
-        self._timers.add(asyncio.create_task(self._relaunch_when_stopped(job, node)))
+        self._timers.add(asyncio.create_task(self._relaunch_when_restarted(job, node)))
 
-    async def _relaunch_when_stopped(self, job: jobs.FleetJob, culprit: SimNode) -> None:
-        """The job's launcher (torchrun's agents) starts it again under its run id once its ranks were
-        stopped from outside, on its nodes but the one that stopped (its rendezvous no longer admits it)."""
-        while not jobs.stopped_without(job, culprit):
+    async def _relaunch_when_restarted(self, job: jobs.FleetJob, culprit: SimNode) -> None:
+        """The job's agents (torchrun's, a systemd unit on each node) start it again under its run id
+        once its ranks were stopped from outside and the agent was restarted on each of its nodes but
+        the one that stopped (drained: its rendezvous no longer admits it)."""
+        others = [n for n in job.nodes if n is not culprit]
+        before = {n.node_id: n.unit_restarts.get(TRAIN_UNIT, 0) for n in others}
+        while not (jobs.stopped_without(job, culprit) and all(n.unit_restarts.get(TRAIN_UNIT, 0) > before[n.node_id] for n in others)):
             if job not in self.jobs:
                 return
             await asyncio.sleep(1.0)

@@ -42,7 +42,10 @@ PEER_UNIT = "selfplay-p2p.service"
 """The peer daemon that serves the node's /status: restarting it unblocks a blocked event loop."""
 JOB_UNIT = "selfplay.service"
 """The node's job launcher: restarting it starts a job on every GPU that has none."""
-UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, JOB_UNIT, "docker.service", "ssh.service"})
+TRAIN_UNIT = "train.service"
+"""The node's agent of jobs across nodes (torchrun's): a stopped job starts again once every node
+of it but the one that stopped restarted it (`gpumedic_sim.fleet`)."""
+UNITS = frozenset({SAMPLER_UNIT, PEER_UNIT, JOB_UNIT, TRAIN_UNIT, "docker.service", "ssh.service"})
 """The systemd services a simulated node has."""
 
 

@@ -27,7 +27,7 @@ from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
 from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
-from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT
+from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
 from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool, judge
 from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
@@ -116,7 +116,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
         fleet=FleetPolicy(hold_s=2 * interval_s),
         actions=Actions(
             restart_unit=RestartPolicy(units={SAMPLER_UNIT: UnitRule(), PEER_UNIT: UnitRule()}),
-            restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit=JOB_UNIT)}),
+            restart_job=RestartJobPolicy(jobs={"selfplay": JobRestart(unit=JOB_UNIT), "train": JobRestart(unit=TRAIN_UNIT)}),
             restart_worker=RestartWorkerPolicy(back_within_s=12 * interval_s, poll_s=interval_s),
             stop_job=KillPolicy(grace_s=2.0),
             http_admin=AdminPolicy(endpoints={
@@ -140,9 +140,11 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             ),
             phantom_jobs=PhantomPolicy(idle_for_s=6 * interval_s, ladder=(Step(action="http_admin", verify_within_s=6 * interval_s),)),
             idle_jobs=IdleJobsPolicy(idle_for_s=6 * interval_s),
-            # the node that stopped drained, then the job's ranks stopped everywhere: its launcher starts it again without it
-            job_hung=JobHungPolicy(idle_for_s=8 * interval_s, ladder=(Step(action="drain_node", verify_within_s=4 * interval_s),
-                                                                      Step(action="stop_job", verify_within_s=12 * interval_s))),
+            # the node that stopped drained, the job's ranks stopped everywhere, then its agents restarted on
+            # its other nodes: it starts again without that node
+            job_hung=JobHungPolicy(idle_for_s=8 * interval_s, restart_job="train",
+                                   ladder=(Step(action="drain_node", verify_within_s=4 * interval_s),
+                                           Step(action="stop_job", verify_within_s=12 * interval_s))),
             stuck_process=StuckPolicy(idle_for_s=6 * interval_s),
             no_leader=NoLeaderPolicy(grace_s=2 * interval_s, ladder=(Step(action="http_admin", attempts=2, verify_within_s=6 * interval_s),)),
             peer_blocked=PeerPolicy(after_checks=2, daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),

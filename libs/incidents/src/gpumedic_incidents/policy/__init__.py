@@ -155,9 +155,10 @@ class Policy(Strict):
                 raise ValueError(
                     f"kinds.{name}: undrain_node follows validation (the validation section), never a ladder step"
                 )
-        job = self.kinds.zombie_job.restart_job
-        if job is not None and job not in self.actions.restart_job.jobs:
-            raise ValueError(f"kinds.zombie_job restarts the job {job}, which actions.restart_job.jobs does not list; add it there")
+        for name in ("zombie_job", "job_hung"):
+            job = getattr(self.kinds, name).restart_job
+            if job is not None and job not in self.actions.restart_job.jobs:
+                raise ValueError(f"kinds.{name} restarts the job {job}, which actions.restart_job.jobs does not list; add it there")
         units = {"node_silent": self.kinds.node_silent.sampler_unit}
         units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down", "slow_peer")}
         for name, unit in units.items():

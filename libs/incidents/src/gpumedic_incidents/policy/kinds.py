@@ -151,6 +151,18 @@ class JobHungPolicy(_IdleBelow):
     idle_for_s: float = Field(default=300.0, gt=0, description="How long most of the job's ranks idle together (NCCL's and "
                               "PyTorch's own watchdogs wait 10 to 30 minutes, and name no node).")
     idle_share: float = Field(default=0.75, gt=0.5, le=1, description="The share of the job's ranks seen that idle.")
+    restart_job: str | None = Field(
+        default=None, pattern=ENDPOINT_PATTERN,
+        description="Once stop_job is verified (no rank of the job left on any node), start this job of "
+        "actions.restart_job.jobs again without the node that stopped; null: the job's own launcher starts it again "
+        "(torchrun's agents, a scheduler's requeue), or a person.",
+    )
+    restart_on: Literal["every_node", "first_node"] = Field(
+        default="every_node",
+        description="every_node: the restart runs on each node of the job but the one that stopped (a launcher agent per "
+        "node, such as torchrun's in a systemd unit); first_node: once, on the node of the job's lowest rank but the one "
+        "that stopped (one command starts the whole job: a scheduler's requeue, a head node's launch script).",
+    )
 
 
 class OrphanPolicy(_IdleBelow):

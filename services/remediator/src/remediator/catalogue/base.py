@@ -219,8 +219,8 @@ class Fit:
     """How old a fact of leader-health's may be and still count (the gate's request age limit)."""
     leader: KnownLeader | None = None
     """leader-health's latest check of the cluster the request's node is in (None: no check names it)."""
-    killed: bool = False
-    """The remediator's own ledger holds a succeeded (verified) kill for the incident."""
+    killed: frozenset[str] = frozenset()
+    """The nodes where the remediator's own ledger holds a succeeded (verified) kill or job stop for the incident."""
 
     @property
     def kind(self) -> str:

@@ -17,7 +17,12 @@ incident of a fault that stops a rank (its GPU's, its NIC's, its host's); its ra
 busy while the rest wait (a rank spinning). None found after another `idle_for_s` (a link's second flap, a late
 XID may yet name it): it is on the node of the lowest rank seen, and a person is called at once
 with what could not be learned (what RAS said, or why it could not be asked). Its key is a digest of the job's id (the id
-itself, which may hold any launcher's characters, is in the evidence). Idleness is timed on the
+itself, which may hold any launcher's characters, is in the evidence).
+
+Once the ladder's stop leaves no rank of the job anywhere (a lost GPU's rank cannot be seen to end),
+the incident hears so on every tick until it moves on, with the restart the policy names
+(`restart_job`: on the nodes the stop reached but the one that stopped, or on the lowest rank's); a
+run under the same id after that is judged afresh. Idleness is timed on the
 detector's clock; a rank whose utilisation is unreadable neither opens nor clears anything.
 """
 
@@ -27,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RankTarget, RasRank, StopJob
+from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RankTarget, RasRank, RestartJob, StopJob
 from gpumedic_events.node import job_key
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy
@@ -110,13 +115,29 @@ class Job:
     idle_since: datetime | None = None
     culprit: Culprit | None = None
     """Once its incident is open: the node it is on, as first named (the incident stays there)."""
+    stop_reaches: dict[str, int] = field(default_factory=dict)
+    """Every node the ladder's stop was proposed on since the hang was judged, with its lowest rank
+    there: where the job starts again, but the node that stopped (nodes only join it, as ranks end)."""
 
     @property
     def nodes(self) -> set[str]:
         return set(self.seats) | set(self.left)
 
+    def gone(self) -> bool:
+        """No rank of it runs on any node (a rank on a GPU off the bus cannot be seen to end)."""
+        return all(r.lost for seat in self.seats.values() for r in seat.ranks)
+
     def spans(self) -> bool:
         return len(self.nodes) >= 2 or self.tag.spans_nodes
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A judged job whose ranks are gone everywhere: its incident hears so until it moved on."""
+
+    culprit: str
+    restart: RestartJob | None
+    summary: str
 
 
 class JobRule:
@@ -128,6 +149,9 @@ class JobRule:
         self.jobs: dict[str, Job] = {}
         self._on_node: dict[str, set[str]] = {}
         """node -> the jobs it showed ranks of in its latest sample."""
+        self.ended: dict[str, Ended] = {}
+        """Judged jobs whose ranks are gone (stopped, or ended): told to their incident on every tick
+        until it leaves the ladder (a clear that comes while the stop's answer is awaited is not heard)."""
 
     def spans_nodes(self, tag: JobTag | None) -> bool:
         """Whether a rank belongs to a job across nodes: its launcher says so, or its job was seen on
@@ -165,7 +189,7 @@ class JobRule:
         for job_id in before - set(here):
             job = self.jobs.get(job_id)
             if job is not None and (seat := job.seats.pop(node, None)) is not None:
-                if job.seats:  # the job goes on elsewhere: these ranks left it
+                if not job.gone():  # the job goes on elsewhere: these ranks left it
                     job.left[node] = (now, tuple(sorted(_rank_ids(seat))))
                 else:
                     findings += self._ended(job_id, job, incidents)
@@ -196,6 +220,12 @@ class JobRule:
         for job_id, job in list(self.jobs.items()):
             if all((now - s.seen_at).total_seconds() > FORGET_AFTER_S for s in job.seats.values()):
                 findings += self._ended(job_id, job, incidents)
+        for job_id, ended in list(self.ended.items()):
+            incident = incidents.get(fingerprint(ended.culprit, KIND, None, job_key(job_id)))
+            if incident is None or incident.resolution is not None or incident.phase not in ("acting", "verifying"):
+                del self.ended[job_id]  # it moved on: restarted, validating, closed, or a person's
+            else:
+                findings.append(self._gone(job_id, ended))
         return findings
 
     def _ranks(self, sample: NodeSampled) -> dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]]:
@@ -207,19 +237,35 @@ class JobRule:
         return found
 
     def _ended(self, job_id: str, job: Job, incidents: Incidents) -> list[Finding]:
-        """The job's ranks are gone everywhere: finished, stopped, or restarted under another id."""
+        """The job's ranks are gone everywhere: finished, stopped, or restarted under another id. Its
+        incident hears so, with the restart the policy names where the ladder stopped the ranks."""
         del self.jobs[job_id]
         for node in job.nodes:
             self._on_node.get(node, set()).discard(job_id)
-        if job.culprit is not None and incidents.get(fingerprint(job.culprit.node_id, KIND, None, job_key(job_id))) is not None:
-            return [Finding(KIND, job.culprit.node_id, key=job_key(job_id), present=False,
-                            summary=f"the job {job_id} has no rank left on any node (ended, or stopped and restarted)")]
-        return []
+        if job.culprit is None or incidents.get(fingerprint(job.culprit.node_id, KIND, None, job_key(job_id))) is None:
+            return []
+        restart = None
+        reached = sorted((n for n in job.stop_reaches if n != job.culprit.node_id), key=lambda n: (job.stop_reaches[n], n))
+        if self.policy.restart_job is not None and job.culprit.cause and reached:
+            nodes = reached if self.policy.restart_on == "every_node" else reached[:1]
+            restart = RestartJob(job=self.policy.restart_job, nodes=tuple(sorted(nodes)))
+        self.ended[job_id] = Ended(job.culprit.node_id, restart, f"the job {job_id} has no rank left on any node (stopped, or ended)")
+        return [self._gone(job_id, self.ended[job_id])]
+
+    @staticmethod
+    def _gone(job_id: str, ended: Ended) -> Finding:
+        return Finding(KIND, ended.culprit, key=job_key(job_id), present=False, summary=ended.summary,
+                       operations={"restart_job": ended.restart} if ended.restart else {})
 
     def _judge(self, job_id: str, job: Job, now: datetime, incidents: Incidents) -> list[Finding]:
         key = job_key(job_id)
-        if job.culprit is not None and incidents.get(fingerprint(job.culprit.node_id, KIND, None, key)) is None:
-            job.culprit = None  # resolved or closed: a new hang names its node anew
+        if job.culprit is not None:
+            incident = incidents.get(fingerprint(job.culprit.node_id, KIND, None, key))
+            if incident is None or incident.resolution is not None:
+                # resolved or closed, or past its fix (restarting, its node validating): what runs
+                # under the job's id now is a new run, and a new hang names its node anew
+                job.culprit, job.idle_since, job.left, job.stop_reaches = None, None, {}, {}
+                job.seats = {n: s for n, s in job.seats.items() if not all(r.lost for r in s.ranks)}
         fresh = [s for s in job.seats.values() if not s.stale(now)]
         ranks = [r for s in fresh for r in s.ranks]
         known = [r for r in ranks if r.utilization is not None]
@@ -330,6 +376,8 @@ class JobRule:
         ranks = [(node, r) for node, seat in sorted(job.seats.items()) for r in seat.ranks if not r.lost]
         if not ranks or len(ranks) > MAX_STOPPED or any(r.start_ticks is None or not r.command.strip() or r.pid < 2 for _, r in ranks):
             return {}
+        for node, r in ranks:
+            job.stop_reaches[node] = min(job.stop_reaches.get(node, 1 << 30), 1 << 30 if r.rank is None else r.rank)
         return {"stop_job": StopJob(
             job=job_id, grace_s=self.stop.grace_s, max_gpu_utilization_pct=max(0, int(self.policy.idle_below_pct) - 1),
             ranks=tuple(RankTarget(node_id=node, gpu_index=r.gpu, pid=r.pid, start_ticks=r.start_ticks, command=r.command[:4096])

@@ -7,7 +7,9 @@ daemons pre-flight ignores, has at most `preflight.max_memory_mib` in use, admit
 mode not Prohibited) and has no row remap or page retirement waiting for a reset. A GPU reset
 that worked is verified by exactly this, and the lifecycle undrains the node only after
 `validation.ready_samples` such samples in a row. A value NVML could not read counts as not
-ready: capacity returns on evidence, never on its absence.
+ready: capacity returns on evidence, never on its absence. A hung job's stop is verified by its own
+rule (no rank of the job left on any node), never by the node that stopped being free: readiness
+speaks for `job_hung` only once it validates.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import ComputeMode, NodeSampled
+from gpumedic_events import ComputeMode, IncidentKind, NodeSampled
 from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import PreflightPolicy
 from zombie_detector.rules.base import Incidents
@@ -31,6 +33,8 @@ class ReadinessRule:
         findings = []
         for incident in incidents.open_on(event.node_id):
             if not incident.drained or incident.phase not in ("verifying", "validating"):
+                continue
+            if incident.kind is IncidentKind.JOB_HUNG and incident.phase == "verifying":
                 continue
             why = not_ready(event, incident.gpu_index, self.preflight)
             findings.append(_verdict(incident, why))
