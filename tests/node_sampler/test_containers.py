@@ -170,7 +170,29 @@ async def test_container_removed_before_inspect_still_exits_with_the_event_code(
     assert reading.name == "oneshot" and reading.image == c.image  # from the event's attributes
     assert reading.oom_killed is True  # from the engine's `oom` event
     assert reading.last_log_lines == ()
+    assert reading.logs_lost == "the engine had removed the container before its log could be read (docker run --rm, or removed at once)"
     assert reading.finished_at is not None and abs((reading.finished_at - datetime.now(UTC)).total_seconds()) < 5
+
+
+async def test_a_container_whose_logging_driver_keeps_nothing_says_its_log_is_lost_and_why(engine, node, sock, rng) -> None:
+    async with watching(sock) as (watcher, exits):
+        await connected(watcher)
+        c = start(node, rng, "selfplay-0", logs=["never kept"])
+        c.log_driver = "none"
+        die(node, c, 139)
+        reading = await next_exit(exits)
+    assert reading.last_log_lines == () and reading.exit_code == 139
+    assert reading.logs_lost == "the engine cannot give its log (none logging driver: HTTP 501, configured logging driver does not support reading)"
+
+
+async def test_logs_not_asked_for_are_never_called_lost(engine, node, sock, rng) -> None:
+    async with watching(sock, log_lines=0) as (watcher, exits):
+        await connected(watcher)
+        c = start(node, rng, "oneshot")
+        die(node, c, 1)
+        destroy(node, c)
+        reading = await next_exit(exits)
+    assert reading.logs_lost is None
 
 
 async def test_exits_without_on_exit_are_only_tracked(engine, node, sock, rng) -> None:
@@ -401,6 +423,25 @@ async def test_hostile_inspect_fields_are_cleaned_and_cut_to_the_event_limits(so
     assert reading.oom_killed is None  # "yes" is not a boolean
     assert reading.finished_at == datetime.fromtimestamp(1_790_000_000, UTC).replace(microsecond=123456)  # the event's
     assert reading.last_log_lines == ("err one", "err two")
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (json.dumps({"message": "\x1b[2Jno log here\x00" + "x" * 2000}).encode(), "HTTP 500, no log here" + "x" * 149),
+    (json.dumps({"message": "x" * 5000}).encode(), "HTTP 500"),  # cut at 4 KiB: no JSON left to read
+    (b"<html>" + b"a" * 50, "HTTP 500"),
+])
+async def test_a_hostile_refusal_of_a_log_is_said_cleaned_and_short(sock, rng, body, said) -> None:
+    cid = new_container_id(rng)
+    inspected = {"Id": cid, "State": {"Running": False, "ExitCode": 1}, "Config": {"Tty": False},
+                 "HostConfig": {"LogConfig": {"Type": "\x1b]0;pwned\x07" + "d" * 100}}}
+    async with RawEngine(sock) as raw:
+        raw.routes[f"/containers/{cid}/json"] = _answer(json.dumps(inspected).encode())
+        raw.routes[f"/containers/{cid}/logs"] = f"HTTP/1.1 500 Internal Server Error\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        raw.event_lines = [_die(cid, "1")]
+        async with watching(sock) as (_watcher, exits):
+            reading = await next_exit(exits)
+    assert reading.logs_lost is not None and len(reading.logs_lost) <= 300
+    assert reading.logs_lost.endswith(f" logging driver: {said})") and "\x1b" not in reading.logs_lost and "\x07" not in reading.logs_lost
 
 
 # --- logs ------------------------------------------------------------------------------------

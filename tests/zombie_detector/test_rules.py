@@ -715,3 +715,14 @@ def test_a_job_outside_any_container_killed_by_the_oom_killer_is_a_death_at_once
     assert died.node_id == "n1" and died.diagnosis.cause == "host_oom" and died.evidence["gpu_index"] == 3
     assert died.summary.startswith("the job python selfplay.py --gpu 3 (pid 7001, no container) was killed (SIGKILL, exit -9): host oom")
     assert died.fingerprint.endswith("/pid-7001")
+
+
+def test_a_death_whose_log_was_lost_says_so_and_how_to_keep_logs():
+    lost = "the engine had removed the container before its log could be read (docker run --rm, or removed at once)"
+    opened = postmortem(exited(139).model_copy(update={"logs_lost": lost}))
+    assert opened.diagnosis.cause == "segfault"  # the cause is judged as before, from the exit
+    assert opened.summary.endswith(f"; its log is lost: {lost}") and opened.evidence["logs_lost"] == lost
+    assert opened.diagnosis.remedies[-1].startswith("keep job containers' logs after they die")
+    assert "setup-docker-logging.sh" in opened.diagnosis.remedies[-1]
+    read = postmortem(exited(139, lines=("Segmentation fault",)))
+    assert "log is lost" not in read.summary and not any("keep job containers' logs" in r for r in read.diagnosis.remedies)

@@ -173,3 +173,10 @@ class ContainerExited(Event):
         description="The signal the engine itself sent just before the exit (docker stop, kill or restart), e.g. "
         "SIGTERM: an exit somebody asked for. None when the engine sent none or it is unknown.",
     )
+    logs_lost: str | None = Field(
+        default=None,
+        max_length=300,
+        description="Why its last log lines are missing where they were asked for: the engine had removed the "
+        "container (docker run --rm), or it cannot give the log (logging driver none, or a remote driver without "
+        "its local cache). None: read, or not asked.",
+    )

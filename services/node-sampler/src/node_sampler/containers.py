@@ -65,8 +65,16 @@ _HEADERS = {"User-Agent": "gpumedic-node-sampler", "Accept": "application/json"}
 _EVENTS_TARGET = "/events?filters=" + quote(json.dumps({"type": ["container"]}, separators=(",", ":")), safe="")
 
 
+MAX_ERROR_BYTES = 4096
+"""Of an engine's error answer to a log read (its JSON `message`)."""
+
+
 class DockerError(Exception):
     """The engine's answer could not be used; the message says why."""
+
+
+class LogsRefused(DockerError):
+    """The engine answered the log read with an error status: it cannot give this container's log."""
 
 
 class DockerWatcher:
@@ -346,6 +354,8 @@ class DockerWatcher:
         """Look up how the container ended (it may already be gone: `docker run --rm`)."""
         inspected: dict[str, Any] | None = None
         lines: tuple[str, ...] = ()
+        lost: str | None = None
+        """Why its log is gone (the runbook's "container logs are empty after death"); not a read that timed out."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 status, _headers, body = await self._get(f"/containers/{quote(cid, safe='')}/json", max_bytes=MAX_JSON_BYTES)
@@ -354,6 +364,8 @@ class DockerWatcher:
                 inspected = document if isinstance(document, dict) else None
             else:
                 log.debug("container %s: inspect answered HTTP %d (removed already?)", cid[:12], status)
+                if status == 404 and self.log_lines:
+                    lost = "the engine had removed the container before its log could be read (docker run --rm, or removed at once)"
         except Exception as exc:
             log.debug("container %s: inspect failed (%s)", cid[:12], _describe(exc))
         if inspected is not None and self.log_lines:
@@ -361,9 +373,11 @@ class DockerWatcher:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     lines = await self._logs(cid, tty=config.get("Tty") is True)
+            except LogsRefused as exc:
+                lost = f"the engine cannot give its log ({_log_driver(inspected)} logging driver: {exc})"
             except Exception as exc:
                 log.debug("container %s: logs unread (%s)", cid[:12], _describe(exc))
-        self._deliver(_reading(cid, attributes, nano, oom_event, inspected, lines))
+        self._deliver(_reading(cid, attributes, nano, oom_event, inspected, lines, lost))
 
     def _deliver(self, reading: ContainerExitReading | None) -> None:
         if reading is None or self.on_exit is None:
@@ -378,7 +392,18 @@ class DockerWatcher:
         target = f"/containers/{quote(cid, safe='')}/logs?stdout=1&stderr=1&tail={2 * self.log_lines}"
         async with http.stream(self._http, _URL + target, error=DockerError) as (status, headers, pieces):
             if status != 200:
-                raise DockerError(f"HTTP {status}")
+                message = b""
+                async with contextlib.aclosing(pieces):
+                    async for piece in pieces:  # an engine's error is a short JSON object: 4 KiB at most is read
+                        message += piece[: MAX_ERROR_BYTES - len(message)]
+                        if len(message) >= MAX_ERROR_BYTES:
+                            break
+                try:
+                    said = json.loads(message)
+                except (ValueError, RecursionError):
+                    said = None  # an answer that is no JSON error says only its status
+                why = said.get("message") if isinstance(said, dict) and isinstance(said.get("message"), str) else ""
+                raise LogsRefused(f"HTTP {status}" + (f", {clean_text(why, 160)}" if why else ""))
             content_type = headers.get("content-type", "")
             if "multiplexed-stream" in content_type:
                 tty = False
@@ -494,6 +519,7 @@ def _reading(
     oom_event: bool,
     inspected: dict[str, Any] | None,
     lines: tuple[str, ...],
+    logs_lost: str | None = None,
 ) -> ContainerExitReading | None:
     """The exit, from the `die` event and, when the engine still had it, its inspect answer."""
     exit_code = _as_int(attributes.get("exitCode"))
@@ -529,7 +555,16 @@ def _reading(
         finished_at=finished,
         last_log_lines=lines,
         engine_signal=attributes.get("_engine_signal"),
+        logs_lost=logs_lost,
     )
+
+
+def _log_driver(inspected: dict[str, Any]) -> str:
+    """The container's logging driver as its inspect answer names it (HostConfig.LogConfig.Type)."""
+    host = inspected.get("HostConfig") if isinstance(inspected.get("HostConfig"), dict) else {}
+    config = host.get("LogConfig") if isinstance(host.get("LogConfig"), dict) else {}
+    driver = config.get("Type")
+    return clean_text(driver, 32) if isinstance(driver, str) and driver else "its"
 
 
 def signal_name(value: Any) -> str:

@@ -268,6 +268,8 @@ class ContainerExitReading:
     last_log_lines: tuple[str, ...] = ()
     engine_signal: str | None = None
     """The signal the engine itself sent before the exit (docker stop, kill, restart), if it did."""
+    logs_lost: str | None = None
+    """Why its last log lines could not be read (the container removed, a driver that keeps none)."""
 
 
 @dataclass(frozen=True)
@@ -445,6 +447,7 @@ def container_event(node_id: str, reading: ContainerExitReading, occurred_at: da
         finished_at=reading.finished_at if reading.finished_at and reading.finished_at.tzinfo else None,
         last_log_lines=tuple(clean_text(redact(line)) for line in reading.last_log_lines[-50:]),
         engine_signal=_clip(reading.engine_signal, 16) if reading.engine_signal else None,
+        logs_lost=_clip(reading.logs_lost, 300) if reading.logs_lost else None,
     )
 
 

@@ -41,7 +41,7 @@ _CHUNK = 4096
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 _VERSIONED = re.compile(r"/v1\.\d+(/.*)")
 _CONTAINER_PATH = re.compile(r"/containers/([^/]+)/(json|logs)")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 501: "Not Implemented"}
 
 
 def new_container_id(rng: random.Random) -> str:
@@ -189,6 +189,9 @@ class SimDockerEngine:
         if not (stdout or stderr):
             writer.write(_json(400, {"message": "Bad parameters: you must choose at least one stream"}))
             return
+        if container.log_driver == "none":  # moby's ErrReadLogsNotSupported, a NotImplemented error
+            writer.write(_json(501, {"message": "configured logging driver does not support reading"}))
+            return
         lines = list(container.logs) if stdout else []  # everything the sim logs is stdout
         tail = _param(query, "tail") or "all"
         if tail.isdigit():
@@ -261,6 +264,7 @@ class SimDockerEngine:
             "Driver": "overlay2",
             "Platform": "linux",
             "Config": {"Hostname": c.id[:12], "Image": c.image, "Tty": _tty(c), "Labels": {}},
+            "HostConfig": {"NetworkMode": "host", "LogConfig": {"Type": c.log_driver, "Config": {}}},
         }
 
 

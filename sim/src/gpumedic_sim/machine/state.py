@@ -216,6 +216,8 @@ class SimContainer:
     logs: list[str] = field(default_factory=list)
     engine_signal: int | None = None
     """The signal the engine itself sent before the exit (docker stop: 15); it reports a `kill` event."""
+    log_driver: str = "json-file"
+    """Its logging driver (HostConfig.LogConfig.Type): with `none` the engine keeps no log to read."""
 
 
 class NodeState:

@@ -90,6 +90,12 @@ REMEDIES: dict[str, tuple[str, ...]] = {
     "stopped_by_engine": ("the engine killed it on request (docker kill, or a docker stop that timed out)",),
     "exited_with_error": ("read the job's last log lines; the exit code is the job's own",),
 }
+KEEP_LOGS = (
+    "keep job containers' logs after they die: the engine's local or json-file logging driver with rotation "
+    "(log-opts max-size, compress) in /etc/docker/daemon.json, as the runbook's setup-docker-logging.sh sets, "
+    "and no --rm on job containers"
+)
+"""The remedy for an exit whose log was lost (the runbook's "container logs are empty after death")."""
 
 
 @dataclass(frozen=True)
@@ -216,17 +222,23 @@ class ContainerRule:
             "oom_killed": exit_.oom_killed,
             "engine_signal": exit_.engine_signal,
             "last_lines": last or None,
+            "logs_lost": exit_.logs_lost,
         }
         if oom is not None:
             evidence |= {"oom_pid": oom.pid, "oom_constraint": oom.constraint or None, "oom_kernel_line": (oom.kernel_lines[-1] if oom.kernel_lines else "")[:300] or None}
+        summary = f"container {name} exited {exit_.exit_code}: {cause.replace('_', ' ')} ({why})"
+        remedies = REMEDIES[cause]
+        if exit_.logs_lost:
+            summary += f"; its log is lost: {exit_.logs_lost}"
+            remedies += (KEEP_LOGS,)
         return Finding(
             kind=KIND,
             node_id=exit_.node_id,
             key=exit_.container_id[:12],
-            summary=f"container {name} exited {exit_.exit_code}: {cause.replace('_', ' ')} ({why})",
+            summary=summary[:1000],
             evidence=evidence,
             severity="info" if cause in ("stopped_by_engine", "sigterm") else "warning",
-            diagnosis=Diagnosis(cause=cause, confidence=confidence, explanation=why[:1000], remedies=REMEDIES[cause]),
+            diagnosis=Diagnosis(cause=cause, confidence=confidence, explanation=why[:1000], remedies=remedies),
             recommended_action=REMEDIES[cause][0][:500],
             occurrence=True,
         )
