@@ -195,3 +195,38 @@ async def test_deep_runs_dcgm_diagnostics_only_on_free_gpus_and_a_failed_test_is
         assert not any("dcgmi" in c for c in sshd.commands()[before:])
     finally:
         dcgmi.unlink()
+
+
+async def test_memory_no_process_owns_is_offered_a_reset_and_reset_through_the_gate_when_asked(preflight, sshd, gpu_files):
+    gpu_files("gpu0.memory", "6144\n")  # runbook 003: a restarted container left the driver's state behind
+    (sshd.directory / "gpu0.resets").unlink(missing_ok=True)
+    check, engine = preflight()
+    offered = await check.check(PreflightRequest(node_id=sshd.node_id))
+    assert not offered.ready and offered.resettable == (0,) and offered.reset == ()
+    assert offered.gpus[0].problems == ("6144 MiB in use (max 1024)",)
+    assert f"a reset through the gate may clear it (gpumedic preflight --node {sshd.node_id} --gpus 0 --reset)" in offered.summary()
+    assert not (sshd.directory / "gpu0.resets").exists()  # offered, never done unasked
+
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, reset=True, requested_by="ci-launcher"))
+    assert report.ready, report.summary()
+    assert (sshd.directory / "gpu0.resets").read_text() == "reset\n" and report.resettable == ()
+    (line,) = report.reset
+    assert line.startswith("GPU 0: reset: ")
+    record = await _ledger(engine, line.rsplit("[action ", 1)[1].rstrip("]"))
+    assert (record.status, record.incident_id, record.operation) == ("succeeded", str(report.check_id), {"operation": "gpu_reset", "gpu_index": 0})
+    assert record.reason == "pre-flight --reset by ci-launcher: 6144 MiB in use on GPU 0 with nothing using or holding it"
+
+
+async def test_a_reset_never_touches_a_gpu_something_holds_nor_runs_in_observe_mode(preflight, sshd, sleeper, gpu_files):
+    gpu_files("gpu0.memory", "6144\n")
+    gpu_files("holders0", f"{sleeper.pid}\n")
+    (sshd.directory / "gpu0.resets").unlink(missing_ok=True)
+    check, _ = preflight()
+    report = await check.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,), reset=True))
+    assert not report.ready and report.resettable == ()
+    assert report.reset == (f"GPU 0: not reset: {sleeper.pid} (sleep) use or hold it (clean first)",)
+    (sshd.directory / "holders0").unlink()
+    observing, _ = preflight(mode="observe")
+    report = await observing.check(PreflightRequest(node_id=sshd.node_id, gpus=(0,), reset=True))
+    assert not report.ready and report.reset[0].startswith("GPU 0: not reset (observed): ")
+    assert not (sshd.directory / "gpu0.resets").exists() and sleeper.alive()

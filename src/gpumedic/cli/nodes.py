@@ -203,7 +203,8 @@ def cmd_preflight(args) -> int:
 
     try:
         request = PreflightRequest(
-            node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, deep=args.deep, requested_by=args.by
+            node_id=args.node, gpus=preflight.parse_gpus(args.gpus), clean=args.clean, reset=args.reset, deep=args.deep,
+            requested_by=args.by,
         )
         settings = operator_bus.operator_settings(args.var, LAUNCHER)
         report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
@@ -301,6 +302,7 @@ command(
     click.option("--node", required=True, help="the node, as the inventory names it"),
     click.option("--gpus", help="GPU indexes, e.g. 0,1 (default: every GPU)"),
     click.option("--clean", is_flag=True, help="kill leftovers on idle GPUs, through the gate, then check again"),
+    click.option("--reset", is_flag=True, help="reset a GPU nothing uses or holds that still has memory in use, through the gate"),
     click.option("--deep", is_flag=True, help="then DCGM's diagnostics (dcgmi diag -r 1) where the node has DCGM; give --timeout room"),
     by_option(default="launcher", what="who asks (kept with a clean in the audit log)"),
     click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer (--deep: a few minutes)"),
@@ -311,7 +313,9 @@ command(
     var_option(),
     description="Checks, read-only over the remediator's SSH, that each GPU answers, admits jobs, runs no compute process, "
     "is held open by no leftover and has little memory in use. With --clean, leftovers on an idle GPU are killed through "
-    "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. With --deep, "
+    "the remediator's gate (breaker, protected nodes, caps, observe mode) and the GPUs are checked again. With --reset, a GPU "
+    "that nothing uses or holds but that keeps memory in use (a container restart's leftover driver state) is reset through the "
+    "same gate, its node checked again first; without it, such a GPU is offered the reset. With --deep, "
     "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). With "
     "--wait, it asks again every --every seconds until ready or the wait is over. Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",

@@ -44,6 +44,11 @@ class PreflightRequest(_Message):
         default=None, max_length=MAX_GPUS, description="GPU indexes to check; None: every GPU of the node."
     )
     clean: bool = Field(default=False, description="Kill leftover processes on idle GPUs, through the remediator's gate.")
+    reset: bool = Field(
+        default=False, description="Reset (nvidia-smi --gpu-reset), through the remediator's gate, a GPU that nothing uses or "
+        "holds (after a clean, when asked too) but that still has memory in use: the driver state a container restart can leave "
+        "(runbook 003). The reset checks again on the node that nothing uses it.",
+    )
     deep: bool = Field(
         default=False, description="Also run DCGM's diagnostics (dcgmi diag) once the GPUs are free: a minute or more, the GPUs loaded."
     )
@@ -86,6 +91,11 @@ class PreflightReport(_Message):
         default=(), description="Why the node itself is not ready for a job (disk or memory headroom), one line each."
     )
     cleaned: tuple[str, ...] = Field(default=(), description="What the clean did or why it did not, one line per GPU.")
+    reset: tuple[str, ...] = Field(default=(), description="What the reset did or why it did not, one line per GPU not ready.")
+    resettable: tuple[int, ...] = Field(
+        default=(), description="GPUs not ready that nothing uses or holds, with memory in use: a reset may clear them (ask "
+        "again with reset).",
+    )
     diagnostics: str = Field(default="", max_length=2000, description="With `deep`: what DCGM's diagnostics said, or why they did not run.")
     error: str = Field(default="", max_length=2000, description="Why the check could not be made (then not ready).")
     took_ms: float = 0.0
@@ -100,6 +110,11 @@ class PreflightReport(_Message):
             lines.append(f"  GPU {gpu.index}: {state}")
         lines.extend(f"  host: not ready: {problem}" for problem in self.host_problems)
         lines.extend(f"  clean: {line}" for line in self.cleaned)
+        lines.extend(f"  reset: {line}" for line in self.reset)
+        if self.resettable:
+            gpus = ", ".join(map(str, self.resettable))
+            lines.append(f"  offer: nothing uses or holds GPU {gpus}, yet memory is in use: a reset through the gate may clear it "
+                         f"(gpumedic preflight --node {self.node_id} --gpus {gpus.replace(' ', '')} --reset)")
         if self.diagnostics:
             lines.append(f"  diagnostics: {self.diagnostics}")
         return "\n".join(lines)

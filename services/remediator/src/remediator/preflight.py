@@ -1,5 +1,5 @@
 """Pre-flight for job launchers: are a node's GPUs ready for the next job, and if only leftovers are
-in the way, clean them through the gate.
+in the way, clean them through the gate; if only memory no process owns, reset the GPU through it.
 
 The remediator answers because it alone may log in to nodes. The check is read-only
 (`catalogue.preflight`); with `deep`, DCGM's diagnostics run too (`catalogue.diag`), and only once
@@ -7,7 +7,10 @@ every GPU checked is free: they load the GPUs. A clean is one `kill_gpu_processe
 shows now (never from what the asker says: an asker names a node and GPUs, not pids), only on a
 GPU that is idle, and run through `ActionHandler.run_gated`: the breaker, protected nodes, one
 action per node, the per-node cap and observe mode all apply, and the ledger records it under the
-check's id (`gpumedic actions`). Then the GPUs are looked at again, and that look is the answer.
+check's id (`gpumedic actions`). Then the GPUs are looked at again, and that look is the answer. A
+reset (`reset`, runbook 003's "GPU state not reset" between container restarts) goes the same way,
+one `gpu_reset` per GPU that nothing uses or holds yet keeps memory in use; not asked, the report
+offers it for such a GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import uuid
 
 from opentelemetry.trace import Tracer
 
-from gpumedic_events import ActionOutcome, ActionRequested, EventDecodeError, KillGpuProcesses, PreflightReport, PreflightRequest
+from gpumedic_events import ActionOutcome, ActionRequested, EventDecodeError, GpuReset, KillGpuProcesses, PreflightReport, PreflightRequest
 from gpumedic_incidents.policy import Policy
 from gpumedic_nodes.inventory import InventoryError
 from gpumedic_nodes.ssh import NodeError, SshExecutor
@@ -61,6 +64,10 @@ class Preflight:
                 if request.clean and any(not look.readiness.ready for look in looks):
                     cleaned = await self._clean(request, check_id, looks)
                     looks = await self._look(request)
+                reset: list[str] = []
+                if request.reset and any(not look.readiness.ready for look in looks):
+                    reset = await self._reset(request, check_id, looks)
+                    looks = await self._look(request)
                 diagnostics = await self._diagnose(request, looks) if request.deep else None
                 host = await self._host(request)
             except (InventoryError, NodeError, preflight.NoGpuState) as exc:
@@ -68,7 +75,7 @@ class Preflight:
             except Exception as exc:
                 log.exception("pre-flight of %s failed unexpectedly", request.node_id)
                 return self._report(request, check_id, started, error=f"internal error: {exc!r}")
-            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned, diagnostics=diagnostics, host=host)
+            report = self._report(request, check_id, started, looks=looks, cleaned=cleaned, reset=reset, diagnostics=diagnostics, host=host)
             span.set_attribute("gpumedic.preflight.ready", report.ready)
             log.info("pre-flight %s of %s for %s: %s", check_id, request.node_id, request.requested_by, "ready" if report.ready else "not ready")
             return report
@@ -128,6 +135,27 @@ class Preflight:
             lines.append(f"GPU {gpu.index}: {outcome}: {record.detail} [action {record.action_id}]")
         return lines
 
+    async def _reset(self, request: PreflightRequest, check_id: uuid.UUID, looks: list[preflight.GpuLook]) -> list[str]:
+        """One gated reset per GPU that nothing uses or holds but that keeps memory in use; a line per GPU not ready."""
+        lines = []
+        for look in looks:
+            if look.readiness.ready:
+                continue
+            if why_not := preflight.refusal_to_reset(look, self._policy.preflight):
+                lines.append(why_not)
+                continue
+            index = look.readiness.index
+            action = ActionRequested(
+                source=SERVICE, action_id=uuid.uuid4(), incident_id=check_id, node_id=request.node_id, attempt=1,
+                operation=GpuReset(gpu_index=index),
+                reason=f"pre-flight --reset by {request.requested_by}: {look.readiness.memory_used_mib} MiB in use on GPU {index} "
+                "with nothing using or holding it",
+            )
+            record = await self._actions.run_gated(action, "", _keep_going)
+            outcome = "reset" if record.status == ActionOutcome.SUCCEEDED else f"not reset ({record.status})"
+            lines.append(f"GPU {index}: {outcome}: {record.detail} [action {record.action_id}]")
+        return lines
+
     def _report(
         self,
         request: PreflightRequest,
@@ -136,6 +164,7 @@ class Preflight:
         *,
         looks: list[preflight.GpuLook] | None = None,
         cleaned: list[str] | None = None,
+        reset: list[str] | None = None,
         diagnostics: diag.Verdict | None = None,
         host: list[str] | None = None,
         error: str = "",
@@ -151,6 +180,11 @@ class Preflight:
             gpus=gpus,
             host_problems=tuple(p[:300] for p in host or ()),
             cleaned=tuple(cleaned or ()),
+            reset=tuple(reset or ()),
+            resettable=() if reset else tuple(
+                look.readiness.index for look in looks or () if not look.readiness.ready
+                and not preflight.refusal_to_reset(look, self._policy.preflight)
+            ),
             diagnostics=diagnostics.summary[:2000] if diagnostics is not None else "",
             error=error[:2000],
             took_ms=round((time.monotonic() - started) * 1000, 1),

@@ -161,6 +161,20 @@ def refusal_to_clean(look: GpuLook, policy: PreflightPolicy) -> str:
     return ""
 
 
+def refusal_to_reset(look: GpuLook, policy: PreflightPolicy) -> str:
+    """Why a reset must leave this GPU alone ('' when one may make it ready: it answers, admits
+    jobs, nothing uses or holds it, and what keeps it from a job is memory in use with no owner,
+    the state a restarted container can leave behind: runbook 003)."""
+    gpu = look.readiness
+    if not look.answers or gpu.compute_mode == PROHIBITED:
+        return f"GPU {gpu.index}: not reset: a GPU that does not answer or admits no job needs a person"
+    if look.processes:
+        return f"GPU {gpu.index}: not reset: {_named(list(look.processes), look.processes)} use or hold it (clean first)"
+    if len(gpu.problems) != 1 or gpu.memory_used_mib is None or gpu.memory_used_mib <= policy.max_memory_mib:
+        return f"GPU {gpu.index}: not reset: a reset does not clear what is in the way ({'; '.join(gpu.problems)})"
+    return ""
+
+
 async def identify(node: Node, pids: list[int]) -> list[ProcessTarget]:
     """Each pid as a full identity (pid, start time, command line), read now; one that exited is left out."""
     targets = []
