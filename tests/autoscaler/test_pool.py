@@ -195,3 +195,21 @@ def test_a_burst_that_outgrows_each_rental_rents_again_at_the_ladder_s_pace_and_
     assert len(short) == 4 and len({r.incident_id for r in pool.requests() if isinstance(r.operation, SpawnWorker)}) == 4
     assert [e.resolution for e in pool.events if isinstance(e, IncidentResolved) and e.incident_id in short] == ["fixed"] * 4
     assert not [e for e in pool.events if type(e).__name__ == "IncidentEscalated" and e.incident_id in short]
+
+
+def test_each_round_carries_runbook_001s_workers_table():
+    from gpumedic_providers.base import SshDetails
+
+    pool = Pool()
+    workers = [_w("stuck", "spawning", age_s=400), _w("w1", price=3.5).model_copy(update={"ssh": SshDetails(host="203.0.113.7", port=22041)})]
+    records = ([WorkerRecord("w1", "active", T0 - timedelta(seconds=95))], [TaskRecord("task-9", "w1"), TaskRecord("t-orphan", None)])
+    rows = {r.worker_id: r for r in pool.round(T0, queued=1, in_progress=1, workers=workers, records=records).worker_rows}
+    w1, stuck = rows["w1"], rows["stuck"]
+    assert (w1.status, w1.record_status, w1.heartbeat_age_s, w1.host, w1.price_per_h, w1.task, w1.in_service) == (
+        "running", "active", 95.0, "203.0.113.7:22041", 3.5, "task-9", True)
+    assert (stuck.status, stuck.record_status, stuck.heartbeat_age_s, stuck.host, stuck.task, stuck.in_service) == (
+        "spawning", None, None, None, None, False)  # stuck spawning: no capacity, and no record in the task database
+    # a queue that cannot be read makes no decision, and the table is still kept
+    held = pool.round(T0 + timedelta(seconds=30), workers=workers, records=records, demand=DemandUnavailable("the queue times out"))
+    assert held.decision == "hold" and [r.worker_id for r in held.worker_rows] == ["stuck", "w1"]
+    assert pool.round(T0 + timedelta(seconds=60), workers=ProviderError("HTTP 502")).worker_rows == ()

@@ -83,7 +83,10 @@ async def seeded(store):
         for minutes, queued in ((20, 12), (10, 3)):
             await repository.record_capacity_check(session, event=_event(
                 CapacityEvaluated, occurred_at=(now - timedelta(minutes=minutes)).isoformat(), queued=queued, in_progress=2,
-                cost_per_h=1.5, workers=2,
+                cost_per_h=1.5, workers=2, worker_rows=[
+                    {"worker_id": f"pod-{minutes}", "status": "running", "record_status": "active", "heartbeat_age_s": 42.0,
+                     "host": "203.0.113.7:22041", "gpu_type": "H100", "gpus": 1, "price_per_h": 1.5, "task": HOSTILE, "in_service": True},
+                ],
             ))
         await breaker.trip(session=session, reason="6 nodes needed action within 600s", now=now)
         await session.commit()
@@ -160,6 +163,10 @@ async def test_every_page_answers_with_what_the_store_holds(seeded, console, bro
     assert [(c["id"], c["unit"]) for c in _charts(capacity.text)] == [("queue", "tasks"), ("gpus", "GPUs"), ("cost", "$/h")]
     assert "3 queued, 2 in progress" in capacity.text and "?" not in capacity.text.split("<h1>Capacity</h1>")[1].split("<form")[0]
     assert "no provider is configured" not in capacity.text
+    # the latest round's workers table (runbook 001's): the worker, its heartbeat, host and task, escaped
+    workers = capacity.text.split('id="workers"')[1].split("</table>")[0]
+    assert "pod-10" in workers and "pod-20" not in workers and "42s ago" in workers and "203.0.113.7:22041" in workers
+    assert "&lt;script&gt;" in workers and "<script>" not in workers
     ledger = await get("/ledger")
     assert "OPEN" in ledger.text and "6 nodes needed action within 600s" in ledger.text
     assert "reset the breaker" not in ledger.text  # no session: no operation offered

@@ -118,6 +118,14 @@ def cmd_drained(args) -> int:
     return 0
 
 
+def cmd_workers(args) -> int:
+    """The worker pool's table from the store (the autoscaler's latest round, kept by report-builder)."""
+    from gpumedic.workers import workers_text
+
+    print(asyncio.run(workers_text(store_url(args), status=args.status, as_json=args.json)))
+    return 0
+
+
 def cmd_cluster(args) -> int:
     """The cluster monitoring log from the store (leader-health's checks, kept by report-builder)."""
     from datetime import timedelta
@@ -289,6 +297,16 @@ command(
     click.option("--node", help="only this node"), var_option(), store_option(), json_option(),
     description="A node is drained (takes no new jobs) while an incident holds it: it comes back once every incident "
     "holding it is fixed and its GPUs were validated on the next samples.",
+)
+
+
+command(
+    "workers", cmd_workers, "the rented workers: provider status, task database status, heartbeat age, host, $/h, task",
+    click.option("--status", help="only workers with this status (the provider's or the task database's), e.g. spawning"),
+    var_option(), store_option(), json_option(),
+    description="Runbook 001's workers table, as of the autoscaler's latest round: each live worker the provider bills, beside "
+    "what the task database says of it (its status, how long since its heartbeat, the task it has In Progress), and whether "
+    "gpumedic counts it as capacity.",
 )
 
 

@@ -78,7 +78,7 @@ from gpumedic_events.node import (
     RasRank,
     TopProcess,
 )
-from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ConsumerLag, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat
+from gpumedic_events.status import CapacityEvaluated, ClusterChecked, ConsumerLag, PeerJobs, PeerProblem, PeerRow, ServiceHeartbeat, WorkerRow
 from gpumedic_events.telemetry import SpanRecord, SpansExported
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -197,6 +197,7 @@ __all__ = [
     "ProcessOomKilled",
     "ProcessTarget",
     "ServiceHeartbeat",
+    "WorkerRow",
     "ConsumerLag",
     "SpanRecord",
     "SpansExported",

@@ -160,6 +160,24 @@ class ClusterChecked(Event):
                                 "or with none, the answering peer that counts the most peers.")
 
 
+class WorkerRow(BaseModel):
+    """One worker as the autoscaler's round saw it: the provider's word and the task database's
+    (runbook 001's workers table: id, status, heartbeat age, host, $/h, task)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    worker_id: str = Field(min_length=1, max_length=128)
+    status: str = Field(max_length=32, description="The provider's: spawning, running, ...")
+    record_status: str | None = Field(default=None, max_length=64, description="The task database's worker status; None: no record.")
+    heartbeat_age_s: float | None = Field(default=None, ge=0, description="Since its last heartbeat in the task database; None: none.")
+    host: str | None = Field(default=None, max_length=253, description="Its SSH host and port, once the provider gives them.")
+    gpu_type: str = Field(default="", max_length=128)
+    gpus: int = Field(default=0, ge=0, le=64)
+    price_per_h: float = Field(default=0.0, ge=0, description="What it costs an hour ($), all its GPUs together.")
+    task: str | None = Field(default=None, max_length=128, description="A task the task database has In Progress on it.")
+    in_service: bool = Field(description="Counted as capacity (not stuck spawning, not drained, nothing a person must look at).")
+
+
 class CapacityEvaluated(Event):
     """The autoscaler's periodic view of demand and supply, and what it decided."""
 
@@ -215,3 +233,6 @@ class CapacityEvaluated(Event):
         default=None, ge=0, description="Tasks the pool finished well over the task database's outcomes window (None: not read)."
     )
     tasks_failed: int | None = Field(default=None, ge=0, description="Tasks that failed over the same window.")
+    worker_rows: tuple[WorkerRow, ...] = Field(
+        default=(), max_length=1000, description="Each live worker this round (the first 1000): `gpumedic workers`."
+    )

@@ -236,6 +236,11 @@ async def capacity_checks(session: AsyncSession, *, since: datetime) -> list[Cap
     return list((await session.scalars(stmt)).all())
 
 
+async def latest_capacity_check(session: AsyncSession) -> CapacityCheck | None:
+    """The autoscaler's latest round (its workers' table: `gpumedic workers`)."""
+    return (await session.scalars(select(CapacityCheck).order_by(CapacityCheck.checked_at.desc()).limit(1))).first()
+
+
 async def drained_nodes(session: AsyncSession) -> set[str]:
     """Nodes the remediator holds out of service (a drain_node not yet undone)."""
     return set((await session.scalars(select(NodeDrain.node_id).distinct())).all())

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, SpawnWorker, TerminateWorker
+from gpumedic_events import ActionCompleted, ActionOutcome, CapacityEvaluated, IncidentKind, SpawnWorker, TerminateWorker, WorkerRow
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from gpumedic_providers.base import ProviderError, Worker
 
@@ -158,7 +158,8 @@ class PoolIncidents:
         idle_gpus = sum(g for w, g in supply.gpus.items() if w in supply.idle_since)
         if isinstance(reading.demand, DemandUnavailable):
             self._ledger.advance(now, supply.cost_per_h, idle_gpus, None)
-            return self._no_decision(fleet, demand_error=str(reading.demand), workers=workers, in_service=in_service), transitions
+            return self._no_decision(fleet, demand_error=str(reading.demand), workers=workers, in_service=in_service,
+                                     records=records, now=now), transitions
         demand = reading.demand
         decided = self.scaler.decide(demand, supply, now)
         transitions += self.book.reconcile(self._pool_findings(decided, demand, supply, now), set(POOL_KINDS), now)
@@ -168,7 +169,7 @@ class PoolIncidents:
             gpus_total=supply.total, gpus_busy=self._busy(fleet, in_service), decision=decided.decision, reason=decided.reason[:1000],
             queued=demand.queued, in_progress=demand.in_progress, gpus_wanted=decided.gpus_wanted, change_gpus=decided.change_gpus,
             release=decided.release[:100], **self._costs(workers, in_service), cost_per_task=None if per_task is None else round(per_task, 4),
-            **self._outcomes(reading),
+            **self._outcomes(reading), worker_rows=worker_rows(workers, in_service, records, now),
         )
         return evaluated, transitions
 
@@ -302,7 +303,8 @@ class PoolIncidents:
         }
 
     def _no_decision(self, fleet: FleetView, *, provider_error: str | None = None, demand_error: str | None = None,
-                     workers: list[Worker] | None = None, in_service: dict[str, Worker] | None = None) -> CapacityEvaluated:
+                     workers: list[Worker] | None = None, in_service: dict[str, Worker] | None = None,
+                     records: Records | None = None, now: datetime | None = None) -> CapacityEvaluated:
         """Hold, saying which reading failed; the workers' figures when the provider answered."""
         in_service = in_service or {}
         return CapacityEvaluated(
@@ -310,6 +312,7 @@ class PoolIncidents:
             gpus_busy=self._busy(fleet, in_service), decision="hold", reason=f"no decision: {provider_error or demand_error}"[:1000],
             provider_error=provider_error and provider_error[:500], demand_error=demand_error and demand_error[:500],
             **(self._costs(workers, in_service) if workers is not None else {}),
+            worker_rows=worker_rows(workers, in_service, records, now) if workers is not None and now is not None else (),
         )
 
 
@@ -332,6 +335,31 @@ class HostIncidents:
 
     def on_tick(self, now: datetime) -> list[Transition]:
         return self.book.on_tick(now)
+
+
+Records = tuple[list[WorkerRecord], list[TaskRecord]]
+
+
+def worker_rows(workers: list[Worker], in_service: dict[str, Worker], records: Records | None, now: datetime) -> tuple[WorkerRow, ...]:
+    """The round's workers as runbook 001's table shows them: the provider's status, host and price
+    beside the task database's status, heartbeat age and task (what it lacks stays None)."""
+    rows = {r.worker_id: r for r in records[0]} if records is not None else {}
+    tasks: dict[str, str] = {}
+    for task in records[1] if records is not None else ():
+        if task.worker_id:
+            tasks.setdefault(task.worker_id, task.task_id)
+    out = []
+    for w in workers[:1000]:
+        record = rows.get(w.worker_id)
+        beat = record.heartbeat_at if record is not None else None
+        out.append(WorkerRow(
+            worker_id=w.worker_id, status=w.status, record_status=record.status[:64] if record is not None else None,
+            heartbeat_age_s=round(max(0.0, (now - beat).total_seconds()), 1) if beat is not None else None,
+            host=f"{w.ssh.host}:{w.ssh.port}"[:253] if w.ssh is not None else None, gpu_type=w.gpu_type, gpus=w.gpus,
+            price_per_h=round(w.price_per_h, 4), task=(tasks.get(w.worker_id) or None) and tasks[w.worker_id][:128],
+            in_service=w.worker_id in in_service,
+        ))
+    return tuple(out)
 
 
 def _present(fleet: FleetView, now: datetime, stale_after_s: float) -> set[str]:
