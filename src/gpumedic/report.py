@@ -67,13 +67,68 @@ class Report:
     fleet: dict = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
+    since: dict | None = None
+    """What changed since the last kept report (`compare`); None: none was kept, or none asked."""
 
     def to_dict(self) -> dict:
         return {
             "generated_at": self.generated_at.isoformat(timespec="seconds"), "store": self.store,
             "checks": [asdict(c) for c in self.checks], "fleet": self.fleet, "problems": self.problems,
             "recommendations": [asdict(r) | {"priority_name": PRIORITIES[r.priority]} for r in self.recommendations],
+            **({"since": self.since} if self.since is not None else {}),
         }
+
+
+# --- reports kept to compare over time (the runbook's --save-report, "keep historical data") ---
+
+KEPT = "report-*.json"
+
+
+def keep(report: Report, directory: Path) -> Path:
+    """Write the report (as JSON, masked as printed) into `directory`, readable by its owner only."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"report-{report.generated_at:%Y%m%dT%H%M%SZ}.json"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        json.dump(report.to_dict(), out, indent=2)
+    return path
+
+
+def last_kept(directory: Path) -> tuple[Path, dict] | None:
+    """The newest report kept in `directory` that can be read (a damaged one is passed over)."""
+    for path in sorted(directory.glob(KEPT), reverse=True) if directory.is_dir() else ():
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(kept, dict) and isinstance(kept.get("recommendations"), list):
+            return path, kept
+    return None
+
+
+def compare(report: Report, before: dict) -> dict:
+    """What changed since `before` (a kept report): recommendations new and gone (an incident's by
+    its id, others by what they say), checks whose status moved, and the fleet's counts."""
+    def key(r: dict) -> tuple:
+        return (r.get("incident_id"),) if r.get("incident_id") else (r.get("category"), r.get("node"), r.get("issue"))
+
+    now = [asdict(r) for r in report.recommendations]
+    then = [r for r in before.get("recommendations", []) if isinstance(r, dict)]
+    then_keys, now_keys = {key(r) for r in then}, {key(r) for r in now}
+    old_checks = {c.get("name"): c.get("status") for c in before.get("checks", []) if isinstance(c, dict)}
+    fleet = before.get("fleet") if isinstance(before.get("fleet"), dict) else {}
+
+    def count(value) -> int | None:
+        return len(value) if isinstance(value, list) else None
+
+    return {
+        "previous_at": str(before.get("generated_at", "?")),
+        "new": [r for r in now if key(r) not in then_keys],
+        "gone": [r for r in then if key(r) not in now_keys],
+        "checks": [f"{c.name}: {old_checks[c.name]} -> {c.status}" for c in report.checks
+                   if c.name in old_checks and old_checks[c.name] != c.status],
+        "nodes_with_problems": [count(fleet.get("nodes_with_problems")), len(report.fleet.get("nodes_with_problems", []))],
+        "drained": [count(fleet.get("drained")), len(report.fleet.get("drained", []))],
+    }
 
 
 @dataclass(frozen=True)
@@ -333,6 +388,17 @@ def _markdown(report: Report) -> str:
         lines += [f"| {PRIORITIES[r.priority]} | {r.category} | {_cell(r.issue)} | {_cell(r.action)} |" for r in report.recommendations]
     else:
         lines.append("nothing to do: no open problem, every check passed")
+    if (s := report.since) is not None:
+        lines += ["", f"## Since the last kept report ({s['previous_at']})", ""]
+        lines += [f"- new: {PRIORITIES.get(r['priority'], r['priority'])} {_cell(r['issue'])}" for r in s["new"]]
+        lines += [f"- gone: {PRIORITIES.get(r.get('priority'), r.get('priority'))} {_cell(str(r.get('issue', '')))}" for r in s["gone"]]
+        lines += [f"- check {_cell(c)}" for c in s["checks"]]
+        for name in ("nodes_with_problems", "drained"):
+            before, after = s[name]
+            if before != after:
+                lines.append(f"- {name.replace('_', ' ')}: {before if before is not None else '?'} -> {after}")
+        if lines[-1] == "":
+            lines.append("nothing changed")
     lines += ["", "## Checks", "", "| check | status | detail |", "|---|---|---|"]
     lines += [f"| {c.name} | {c.status} | {_cell(c.detail)} |" for c in report.checks]
     breaker = f"OPEN since {f['breaker']['since']}: {f['breaker']['reason']}" if f["breaker"]["open"] else "closed"
@@ -370,10 +436,21 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 .p2 td:first-child,.warn td:nth-child(2){{color:#b60}}</style></head><body>
 <h1>gpumedic report, {report.generated_at:%Y-%m-%d %H:%M}Z</h1><p>store: {e(report.store)}</p>
 <h2>Recommendations</h2><table><tr><th>priority</th><th>category</th><th>issue</th><th>action</th></tr>{rows}</table>
+{_html_since(report)}
 <h2>Checks</h2><table><tr><th>check</th><th>status</th><th>detail</th></tr>{checks}</table>
 <h2>Open problems</h2><table><tr><th>node</th><th>kind</th><th>severity</th><th>status</th><th>since</th><th>summary</th></tr>{problems}</table>
 </body></html>
 """
+
+
+def _html_since(report: Report) -> str:
+    if (s := report.since) is None:
+        return ""
+    e = html.escape
+    items = [f"<li>new: {e(PRIORITIES.get(r['priority'], ''))} {e(r['issue'])}</li>" for r in s["new"]]
+    items += [f"<li>gone: {e(str(PRIORITIES.get(r.get('priority'), '')))} {e(str(r.get('issue', '')))}</li>" for r in s["gone"]]
+    items += [f"<li>check {e(c)}</li>" for c in s["checks"]]
+    return f"<h2>Since the last kept report ({e(s['previous_at'])})</h2><ul>{''.join(items) or '<li>nothing changed</li>'}</ul>"
 
 
 def sources_from(store_url: str, var_dir: Path) -> Sources:

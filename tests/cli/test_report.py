@@ -150,3 +150,37 @@ async def test_a_key_whose_public_half_is_another_keys_fails_the_check(tmp_path)
     mismatch = checked()
     assert mismatch.status == "fail" and "id_ed25519.pub is not id_ed25519's public half" in mismatch.detail
     assert "ssh-keygen -y -f" in mismatch.detail
+
+
+async def test_kept_reports_say_what_changed_since_the_last_one(tmp_path, capsys):
+    var = tmp_path / "var"
+    store = f"sqlite+aiosqlite:///{tmp_path}/store.db"
+    upgrade(store)
+    engine = create_engine(store)
+    first = _incident(node_id="gpu-node-07", summary="first", status="escalated", severity="critical")
+    async with session_factory(engine)() as session:
+        session.add(first)
+        await session.commit()
+    argv = ["report", "--var", str(var), "--store", store, "--format", "json", "--keep"]
+    assert await _cli(argv) == 1
+    out = capsys.readouterr()
+    assert "since" not in json.loads(out.out)  # nothing kept before it
+    (kept,) = (var / "reports").glob("report-*.json")
+    assert oct(kept.stat().st_mode & 0o777) == "0o600" and "report kept as" in out.err
+    assert json.loads(kept.read_text())["recommendations"][0]["incident_id"] == first.id
+
+    # a person closed the first; a second problem opened; a damaged file beside the kept one is passed over
+    async with session_factory(engine)() as session:
+        (await session.get(Incident, first.id)).status = "resolved"
+        second = _incident(node_id="gpu-node-09", kind="gpu_lost", summary="second", status="escalated", severity="critical")
+        session.add(second)
+        await session.commit()
+    await engine.dispose()
+    (var / "reports" / "report-29991231T000000Z.json").write_text("{not json")
+    await asyncio.sleep(1.1)  # a kept report is named by the second it was made
+    assert await _cli(argv[:-2] + ["md", "--keep"]) == 1
+    text = capsys.readouterr().out
+    since = text.split("## Since the last kept report (")[1].split("## Checks")[0]
+    new, gone = [line for line in since.splitlines() if line.startswith("- new:")], [line for line in since.splitlines() if line.startswith("- gone:")]
+    assert len(new) == 1 and "gpu_lost" in new[0] and len(gone) == 1 and "zombie_job" in gone[0]
+    assert len([p for p in (var / "reports").glob("report-*.json") if p.name != "report-29991231T000000Z.json"]) == 2

@@ -70,15 +70,20 @@ def cmd_report(args) -> int:
     report of every host and provider over `--since`."""
     if args.what == "reliability":
         return _reliability_report(args)
-    from gpumedic.report import build_report, render, sources_from
+    from gpumedic.report import build_report, compare, keep, last_kept, render, sources_from
 
     report = asyncio.run(build_report(sources_from(store_url(args), args.var), node=args.node, show_secrets=args.show_secrets))
+    kept = args.var / "reports"
+    if args.keep and (before := last_kept(kept)) is not None:
+        report.since = compare(report, before[1])
     text = render(report, args.format)
     if args.output:
         args.output.write_text(text)
         print(f"report written to {args.output} ({len(report.recommendations)} recommendation(s))")
     else:
         print(text, end="" if text.endswith("\n") else "\n")
+    if args.keep:
+        print(f"report kept as {keep(report, kept)}", file=sys.stderr)
     return 1 if any(r.priority == 1 for r in report.recommendations) else 0
 
 
@@ -319,10 +324,12 @@ command(
                  help="markdown, JSON or a standalone HTML page"),
     click.option("--output", "-o", type=PATH, help="write it to this file instead of printing it"),
     click.option("--show-secrets", is_flag=True, help="do not mask passwords and tokens"),
+    click.option("--keep", is_flag=True, help="keep this report in VAR/reports (JSON, owner-only) and say what changed since the last one kept"),
     var_option(), store_option(),
     description="Checks the remediator's SSH key and known_hosts against the inventory, the bus and the store, then lists "
     "every open or escalated incident by node and what to do, most urgent first (P1 now .. P4 note). Secrets are masked "
-    "unless --show-secrets. `gpumedic report reliability --since 30d`: per host and provider, incidents per 100 GPU-days by "
+    "unless --show-secrets. With --keep, the report is kept (VAR/reports) and says what changed since the last one kept: "
+    "recommendations new and gone, checks that moved, nodes with problems and drained. `gpumedic report reliability --since 30d`: per host and provider, incidents per 100 GPU-days by "
     "kind, mean time to detect and to repair, availability, goodput and the GPU time lost: evidence to send a provider.",
 )
 
