@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -135,7 +136,7 @@ class Stack:
         with a token made once under var/secrets/."""
         if not self.console_token_file.exists():
             write_private(self.console_token_file, new_password() + "\n")
-        port = os.environ.get("GPUMEDIC_REPORTS_CONSOLE_PORT") or str(_free_port())
+        port = os.environ.get("GPUMEDIC_REPORTS_CONSOLE_PORT") or str(free_port())
         self.console_url = f"http://127.0.0.1:{port}/"
         env = {**os.environ, **self.env}
         return {
@@ -174,7 +175,7 @@ class Stack:
         self.passwords = load_or_create_passwords(self.secrets / "nats-passwords.json", users)
         self.tls = ensure_tls(self.secrets / "tls", ["localhost", "127.0.0.1", *reached_as, *([listen] if listen != "0.0.0.0" else [])])
         accounts = render_accounts({u: self.passwords[u] for u in users})
-        routes = [_free_port() for _ in range(cluster)] if cluster > 1 else []
+        routes = [free_port() for _ in range(cluster)] if cluster > 1 else []
         for n in range(cluster):
             member = ""
             if routes:  # the servers find each other over routes on loopback
@@ -182,7 +183,7 @@ class Stack:
                 member = f"server_name: gpumedic-{n + 1}\ncluster {{\n  name: gpumedic\n  listen: 127.0.0.1:{routes[n]}\n  routes: [{others}]\n}}\n"
             self.servers.append(NatsServer(
                 self.var_dir / ("nats" if n == 0 else f"nats-{n + 1}"),
-                port=_free_port() if routes else (port or -1), host=listen,
+                port=free_port() if routes else (port or -1), host=listen,
                 log_file=self.logs / f"{server_name(n)}.log",
                 extra_config=member + accounts,
                 tls_config=self.tls.server_config(),
@@ -288,7 +289,7 @@ class Stack:
         assert self.servers, "start the bus first"
         base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
         for service in services or list(SERVICES):
-            self.metrics_ports[service] = _free_port()
+            self.metrics_ports[service] = free_port()
         self._write_targets()
         for service in services or list(SERVICES):
             metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
@@ -493,10 +494,35 @@ def env_json(value) -> str:
     return json.dumps(value)
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now, chosen below the kernel's ephemeral range where it can be read:
+    a port from that range may be taken by any outgoing connection between this check and the bind
+    it is for ("Address already in use", seen when many stacks start at once)."""
+    low = _ephemeral_low()
+    if low > FIRST_PORT + 1000:
+        chance = random.SystemRandom()
+        for _ in range(64):
+            port = chance.randrange(FIRST_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+FIRST_PORT = 10_000
+"""The lowest port `free_port` picks (above the well-known and most registered services')."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 async def wind_down(stack: Stack, *, tasks: Iterable[asyncio.Task] = (), connections: Iterable[nats.NATS] = (),

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -27,6 +26,7 @@ import nats
 import pytest
 
 from gpumedic.deployment import read_env
+from gpumedic.stack import free_port
 from gpumedic_bus.topology import CONTROL_PLANE_NODE
 from gpumedic_events import ActionCompleted, ActionOutcome, IncidentKind, IncidentOpened, IncidentResolved
 
@@ -44,12 +44,6 @@ def _compose_command() -> list[str]:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
     pytest.fail("neither `docker compose` nor `docker-compose` is installed (Debian: apt-get install docker-compose)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Compose:
@@ -127,10 +121,10 @@ def deployment(request, tmp_path: Path):
                            *(a for n in NODES for a in ("--node", n))], capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
     # free host ports, so a stack already on 4222 or 8470 (or another run) does not collide
-    ours = {"GPUMEDIC_NATS_PORT": _free_port(), "GPUMEDIC_CONSOLE_PORT": _free_port(), "GPUMEDIC_DEMO_ZOMBIE_AFTER_S": ZOMBIE_AFTER_S}
+    ours = {"GPUMEDIC_NATS_PORT": free_port(), "GPUMEDIC_CONSOLE_PORT": free_port(), "GPUMEDIC_DEMO_ZOMBIE_AFTER_S": ZOMBIE_AFTER_S}
     monitoring = request.param == "single"  # Prometheus and Alertmanager from the `monitoring` profile, once
     if monitoring:
-        ours |= {"GPUMEDIC_PROMETHEUS_PORT": _free_port(), "GPUMEDIC_ALERTMANAGER_PORT": _free_port(),
+        ours |= {"GPUMEDIC_PROMETHEUS_PORT": free_port(), "GPUMEDIC_ALERTMANAGER_PORT": free_port(),
                  "GPUMEDIC_REPORTS_ALERTMANAGER_URL": "http://alertmanager:9093"}
     env_file = tmp_path / ".env"
     lines = [line for line in env_file.read_text().splitlines() if line.split("=", 1)[0] not in ours]

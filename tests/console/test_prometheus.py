@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +15,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpumedic.stack import free_port
 from gpumedic_events import GpuSample, HostSample, NodeSampled
 from gpumedic_store import create_engine, history, session_factory, upgrade
 from node_sampler.metrics import GpuCollector
@@ -27,12 +27,6 @@ PROMETHEUS = shutil.which("prometheus")
 NODE = "gpu-node-42"
 
 pytestmark = needs(PROMETHEUS, "Debian's prometheus (apt-get install prometheus; .ci/run does)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sample(util: int) -> NodeSampled:
@@ -57,10 +51,10 @@ async def test_gpu_charts_from_prometheus_and_the_rest_from_the_store(tmp_path):
     app.add_routes([web.get("/metrics", metrics)])
     runner = web.AppRunner(app)
     await runner.setup()
-    exporter = _free_port()
+    exporter = free_port()
     await web.TCPSite(runner, "127.0.0.1", exporter).start()
 
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -146,7 +140,7 @@ def test_a_prometheus_that_answers_nonsense_is_said_so(tmp_path):
         app.add_routes([web.get("/bad/api/v1/query_range", refuses), web.get("/odd/api/v1/query_range", garbles)])
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         said = []
         try:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gpumedic.stack import Stack
+from gpumedic.stack import Stack, free_port
 from gpumedic_sim.fleet.nodes import SimFleet
 from tests.fixtures.real import needs
 
@@ -23,12 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 
 pytestmark = needs(PROMETHEUS, "Debian's prometheus (apt-get install prometheus; .ci/run does)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(120)
@@ -55,7 +48,7 @@ async def test_the_shipped_config_scrapes_the_embedded_stacks_services(tmp_path)
         sampling = asyncio.create_task(fleet.run_samplers(nowhere, 0.5))
         gpu_series = await fleet.serve_metrics()
         stack.add_targets(gpu_series, {"service": "node-sampler", "fleet": "simulated"})
-        port = _free_port()  # only now: the stack's services take free ports as they start
+        port = free_port()  # only now: the stack's services take free ports as they start
         prometheus = subprocess.Popen(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+from gpumedic.stack import free_port
 
 IMAGE = "gpumedic-pod-test:bookworm"
 PACKAGES = "python3,openssh-server,procps,ca-certificates"
@@ -75,18 +76,12 @@ class Pod:
         return sorted(found.splitlines())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def pod(pod_image: str, tmp_path: Path, request) -> Iterator[Pod]:
     """A fresh pod whose root and worker accept the key of the `pod_client_key` fixture."""
     key: Path = request.getfixturevalue("pod_client_key")
-    name = f"gpumedic-pod-{tmp_path.name[-12:].lower().replace('_', '-')}-{_free_port()}"
-    port = _free_port()
+    name = f"gpumedic-pod-{tmp_path.name[-12:].lower().replace('_', '-')}-{free_port()}"
+    port = free_port()
     _docker("run", "-d", "--name", name, "--network", "host", "-e", f"PORT={port}",
             "-e", f"AUTHORIZED={key.with_suffix('.pub').read_text().strip()}", pod_image, "sh", "-c", BOOT)
     try:
@@ -109,7 +104,7 @@ def bridge_pod(pod_image: str, tmp_path: Path, request) -> Iterator[Pod]:
     own address (port 22), and reaching this machine only at the bridge's gateway, never at
     127.0.0.1."""
     key: Path = request.getfixturevalue("pod_client_key")
-    name = f"gpumedic-bridge-pod-{tmp_path.name[-12:].lower().replace('_', '-')}-{_free_port()}"
+    name = f"gpumedic-bridge-pod-{tmp_path.name[-12:].lower().replace('_', '-')}-{free_port()}"
     _docker("run", "-d", "--name", name, "-e", "PORT=22", "-e", "LISTEN=0.0.0.0",
             "-e", f"AUTHORIZED={key.with_suffix('.pub').read_text().strip()}", pod_image, "sh", "-c", BOOT)
     try:

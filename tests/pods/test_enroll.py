@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpumedic.enroll.artifact import Platform, build_artifact
-from gpumedic.stack import Stack
+from gpumedic.stack import Stack, free_port
 from gpumedic_bus import connect
 from gpumedic_bus.topology import OBSERVER
 from gpumedic_events import NodeSampled
@@ -203,7 +202,7 @@ async def test_a_pod_on_its_own_network_enrolls_into_gpumedic_up_listening_for_i
         assert removed.returncode == 0, removed.stdout + removed.stderr
 
     # 2. listening where the pod reaches this machine
-    port = _free_port()
+    port = free_port()
     async with _up(var, env, "--listen", "0.0.0.0", "--nats-host", pod.gateway, "--nats-port", str(port)) as said:
         assert f"nodes reach it at tls://{pod.gateway}:{port}" in said, said
         enrolled = await asyncio.to_thread(_gpumedic, "enroll", "--node", NODE, "--var", str(var))
@@ -231,7 +230,3 @@ async def _up(var: Path, env: dict[str, str], *args: str):
         up.wait(timeout=60)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
