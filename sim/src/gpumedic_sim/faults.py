@@ -59,6 +59,7 @@ class Fault(StrEnum):
     PEERS_NEVER_JOIN = "peers_never_join"
     BAD_IMAGE = "bad_image"
     NIC_DOWN = "nic_down"
+    MODEL_MISSING = "model_missing"
     NIC_FLAPPING = "nic_flapping"
     JOB_HUNG = "job_hung"
     BARE_OOM_KILL = "bare_oom_kill"
@@ -191,6 +192,8 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                            params={"image": DEFAULT_BAD_IMAGE}, whole_node=True),
     Fault.NIC_DOWN: Entry("the node's InfiniBand fabric (four ports, up) loses one port `after` seconds on: its cable pulled",
                           "inject_nic_down", _kinds(K.NIC_DEGRADED), params={"after": 15.0}),
+    Fault.MODEL_MISSING: Entry("the node's copy of the model every node must have is gone (a sync that never reached it)",
+                               "inject_model_missing", _kinds(K.FILE_MISSING)),
     Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
                               "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
     Fault.JOB_HUNG: Entry("the node's ranks of its job across nodes stop, and every other rank waits in the collective; `cause`: "

@@ -115,6 +115,9 @@ class IncidentKind(StrEnum):
     CONTROL_PLANE_BEHIND = "control_plane_behind"
     """A control-plane service handles samples later than they come (its key names it): meanwhile it
     judges no node silent, and the autoscaler scales on no samples, rather than act on what they did not see."""
+    FILE_MISSING = "file_missing"
+    """A file every node must have (node-sampler's expected files: the canonical models) is missing on
+    a node, or differs from the copy most nodes have."""
     SAMPLES_LOST = "samples_lost"
     """Samples of many nodes were not acknowledged by the bus (dropped at ingest, or the bus away), as
     the nodes say in their next samples: one incident for the control plane, none for the nodes."""

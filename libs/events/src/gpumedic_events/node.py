@@ -367,6 +367,20 @@ class RasRank(BaseModel):
                        "otherwise unresponsive to this query.")
 
 
+class FileFact(BaseModel):
+    """A file the node must have (node-sampler's GPUMEDIC_SAMPLER_EXPECT_FILES: the canonical models
+    every node needs, runbook 002), as the sampler found it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    path: str = Field(min_length=1, max_length=4096)
+    present: bool | None = Field(description="Whether it is there as a regular file; None: it could not be told (`error`).")
+    size: int | None = Field(default=None, ge=0)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="Its digest, once read (a file is read "
+                               "again only when its size or modification time changed); None until then.")
+    error: str | None = Field(default=None, max_length=300, description="Why it could not be told (permission, not a file).")
+
+
 class NcclRasAnswer(BaseModel):
     """What NCCL's RAS (NCCL 2.24 and later) said when the sampler asked it on the node's loopback
     port: only while the ranks of a job here sit idle, and only the ranks it could not reach."""
@@ -519,4 +533,7 @@ class NodeSampled(Event):
         default=None,
         description="NCCL's RAS, asked while the ranks of a job on this node sit idle (the latest answer, in every "
         "sample until they work again); None when not asked.",
+    )
+    files: tuple[FileFact, ...] = Field(
+        default=(), max_length=64, description="The files the node must have, as found (none when none are expected)."
     )

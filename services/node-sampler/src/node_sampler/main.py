@@ -17,6 +17,7 @@ from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
+from node_sampler.files import ExpectedFiles
 from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, RowGrowthProbe, StatusEndpointProbe
 from node_sampler.metrics import GpuCollector, IbCollector
@@ -77,6 +78,7 @@ def create_app(
         container_log_lines=settings.container_log_lines,
         ras=RasWatch(settings.ras_host, settings.ras_port, after_s=settings.ras_after_s, every_s=settings.ras_every_s,
                      timeout_s=settings.ras_timeout_s) if settings.ras_port else None,
+        files=ExpectedFiles(settings.expect_files) if settings.expect_files else None,
     )
 
     async def publish(event: Event) -> None:

@@ -48,6 +48,7 @@ from node_sampler.readings import (
 )
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.procs import ProcessInfo, ProcessTable, ProcessUsage
+from node_sampler.files import ExpectedFiles
 from node_sampler.ras import RasWatch
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Sampler:
         docker_socket: Path | str | None = None,
         container_log_lines: int = MAX_LOG_LINES,
         ras: RasWatch | None = None,
+        files: ExpectedFiles | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -94,7 +96,8 @@ class Sampler:
         scanned for /dev/nvidia* holders (0: never), `top_interval_s` how often every process's CPU
         and memory are read for the busiest ones (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
         `docker_socket` turn on the watchers for the immediate events; a container's exit carries its
-        last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle."""
+        last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle;
+        `files` are the files the node must have."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -117,6 +120,7 @@ class Sampler:
         self.skipped_ticks = 0
         self.dropped_events = 0
         self.ras = ras
+        self.files = files
         self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
         self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
         self.containers = (DockerWatcher(docker_socket, self._container_exit, log_lines=container_log_lines)
@@ -162,6 +166,8 @@ class Sampler:
         if self.ras is not None:
             ports = {pid: info.job.ras_port for pid, info in processes.items() if info.job is not None and info.job.ras_port}
             self.last = self.ras.observe(self.last, ports)
+        if self.files is not None:
+            self.last = self.last.model_copy(update={"files": self.files.observe()})
         return self.last
 
     def _unchanged_health_left_out(self, sample: NodeSampled) -> NodeSampled:
@@ -196,6 +202,8 @@ class Sampler:
             await stop_tasks(helpers)
             if self.ras is not None:
                 await self.ras.close()
+            if self.files is not None:
+                await self.files.close()
             if self.xid_watcher is not None:
                 await asyncio.to_thread(self.xid_watcher.stop)
 

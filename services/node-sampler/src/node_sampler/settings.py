@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         description="SQLite tables whose new rows mean the jobs produce output, as PATH:TABLE, e.g. /data/games/selfplay.db:games "
         "(runbook 000's game count: rows written into a database's free pages grow no file).",
     )
+    expect_files: list[Path] = Field(
+        default_factory=list, max_length=64,
+        description="Files every node must have, by absolute path (runbook 002's canonical models): each sample says whether "
+        "each is there and its SHA-256 (read again only when it changed); the detector compares them across the fleet.",
+    )
     disk_paths: list[Path] | None = Field(
         default=None,
         description="Paths whose file system use goes into every sample, e.g. data directories. Unset: / and, where Docker "

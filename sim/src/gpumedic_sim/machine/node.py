@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import asyncssh
+from node_sampler.files import ExpectedFiles
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
@@ -31,6 +32,9 @@ from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
+MODEL_NAME = "selfplay-canonical.safetensors"
+MODEL_BYTES = bytes(range(256)) * 256
+"""The model every simulated node must have: 64 KiB, the same on every node."""
 BARE_OOM_AFTER_S = 15.0
 """How long a job launched on the host runs before the OOM killer ends it: a few samples see it on its GPU."""
 
@@ -55,6 +59,11 @@ class SimNode(NodeState):
         self._rundir: Path | None = None
         """Where the node's kernel-log FIFO and engine socket live: short, under /tmp, since a
         unix socket path may not exceed 107 bytes."""
+
+    @property
+    def model_path(self) -> Path | None:
+        """The model every node must have (node-sampler's expected file): the same bytes on every node."""
+        return self._rundir / "models" / MODEL_NAME if self._rundir else None
 
     @property
     def kernel_log_path(self) -> Path | None:
@@ -89,9 +98,17 @@ class SimNode(NodeState):
         await self._status.start(self.listen)
         await self.ras.start(self.listen)
         self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
+        self.model_path.parent.mkdir()
+        self.model_path.write_bytes(MODEL_BYTES)
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
         await self._docker.start()
+
+    def inject_model_missing(self) -> None:
+        """The node's copy of the model every node must have is gone."""
+        if self.model_path is not None:
+            self.model_path.unlink(missing_ok=True)
+        self._record(None, Fault.MODEL_MISSING)
 
     def inject_nic_down(self, after: float = 15.0) -> None:
         """The node's fabric (four InfiniBand ports, up) loses mlx5_1 `after` seconds on: a cable pulled."""
@@ -225,4 +242,5 @@ class SimNode(NodeState):
             docker_socket=self.docker_socket,
             ras=RasWatch(self.host, self.ras.port, after_s=3 * interval_s, every_s=2 * interval_s, timeout_s=max(2.0, interval_s))
             if self.ras.port is not None else None,
+            files=ExpectedFiles([self.model_path]) if self.model_path is not None else None,
         )

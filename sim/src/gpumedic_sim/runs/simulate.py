@@ -48,6 +48,7 @@ from gpumedic_incidents.policy import (
     AdminEndpoint,
     AdminPolicy,
     FlappingPolicy,
+    FileMissingPolicy,
     FleetPolicy,
     IdleJobsPolicy,
     JobHungPolicy,
@@ -152,6 +153,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             slow_peer=SlowPeerPolicy(daemon_unit=PEER_UNIT, ladder=(Step(action="restart_unit", verify_within_s=6 * interval_s),)),
             leader_flapping=FlappingPolicy(max_changes=4, window_s=12 * interval_s),
             peer_partitioned=PartitionPolicy(for_s=4 * interval_s),
+            file_missing=FileMissingPolicy(for_s=4 * interval_s),
             peers_below_target=TargetPolicy(target=max(0, n_nodes - SPARE_PEERS), for_s=3 * interval_s),
         ),
     )

@@ -223,6 +223,12 @@ class NicDegradedPolicy(KindPolicy):
     min_rate_gbps: float | None = Field(default=None, gt=0, description="Below this rate a port is degraded even with no sibling to compare.")
 
 
+class FileMissingPolicy(KindPolicy):
+    """An expected file missing on a node, or differing from the copy most nodes have, for `for_s`."""
+
+    for_s: float = Field(default=300.0, ge=0, description="How long it stays so (a sync in progress takes a while).")
+
+
 class NicFlappingPolicy(KindPolicy):
     """A link that went down `link_downs` times within `window_s`, or counts errors faster than `errors_per_hour`."""
 
@@ -500,6 +506,7 @@ class Kinds(Strict):
     job_hung: JobHungPolicy = JobHungPolicy(ladder=(Step(action="drain_node"),))
     nic_degraded: NicDegradedPolicy = NicDegradedPolicy()
     nic_flapping: NicFlappingPolicy = NicFlappingPolicy()
+    file_missing: FileMissingPolicy = FileMissingPolicy()
     failure_jump: FailureJumpPolicy = FailureJumpPolicy()
     control_plane_behind: BehindPolicy = BehindPolicy()
     samples_lost: SamplesLostPolicy = SamplesLostPolicy()

@@ -8,6 +8,7 @@ from zombie_detector.rules.base import Incidents, Rule
 from zombie_detector.rules.control_plane import BehindRule, SamplesLostRule
 from zombie_detector.rules.container import ContainerRule
 from zombie_detector.rules.container_rate import ContainerRateRule
+from zombie_detector.rules.files import FileRule
 from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
@@ -38,6 +39,7 @@ def build_rules(policy: Policy) -> list[Rule]:
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),
         StragglerRule(kinds.gpu_straggler),
         NicRule(kinds.nic_degraded, kinds.nic_flapping),
+        FileRule(kinds.file_missing),
         ContainerRule(kinds.container_died, stopping=jobs.stopping),
         ContainerRateRule(kinds.container_died, stopping=jobs.stopping),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),

@@ -1,0 +1,115 @@
+"""file_missing: a file every node must have (node-sampler's expected files: runbook 002's
+"canonical models not synced to all nodes") is missing on a node, or its copy differs from the
+one most nodes have.
+
+Per node and file, from each sample's `files`, for `for_s`: absent, or a digest other than the
+fleet's. The fleet's copy is the digest most nodes that read the file report, and only when more
+than half of them agree and at least two do: with no majority (a new model being rolled out, a
+fleet that disagrees) nobody is called stale. A node that cannot tell (the file unreadable) or
+has not read its copy yet opens and clears nothing. One incident per node and file (key: its name
+and a digest of its path); a person's by default: copying a model from a node that has it is the
+operator's. Missing on much of the fleet at once, the fleet hold makes it one fleet incident.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from gpumedic_events import FileFact, IncidentKind, NodeRetired, NodeSampled
+from gpumedic_incidents import Finding
+from gpumedic_incidents.policy import FileMissingPolicy
+from zombie_detector.rules.base import Incidents
+
+KIND = IncidentKind.FILE_MISSING
+
+
+def file_key(path: str) -> str:
+    """A file as a fingerprint part: its name's safe characters and a digest of its whole path."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", path.rsplit("/", 1)[-1]).strip("-_")[:40] or "file"
+    return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:10]}"
+
+
+class FileRule:
+    inputs = (NodeSampled, NodeRetired)
+
+    def __init__(self, policy: FileMissingPolicy) -> None:
+        self.policy = policy
+        self.copies: dict[str, dict[str, str]] = {}
+        """path -> node -> the digest of its copy (nodes that read one)."""
+        self.bad_since: dict[tuple[str, str], datetime] = {}
+        self._expects: dict[str, set[str]] = {}
+        """node -> the paths its sampler looks for."""
+
+    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        node = event.node_id
+        facts = event.files if isinstance(event, NodeSampled) else ()
+        before = self._expects.get(node, set())
+        if not facts and not before:
+            return ()  # the hot path: a node that expects no file
+        findings: list[Finding] = []
+        for path in before - {f.path for f in facts}:  # no longer expected (or the node retired)
+            self.copies.get(path, {}).pop(node, None)
+            if self.bad_since.pop((node, path), None) is not None:
+                findings.append(Finding(KIND, node, key=file_key(path), present=False, summary=f"{path} is no longer expected there"))
+        if facts:
+            self._expects[node] = {f.path for f in facts}
+        else:
+            self._expects.pop(node, None)
+        for fact in facts:
+            copies = self.copies.setdefault(fact.path, {})
+            if fact.sha256 is not None:
+                copies[node] = fact.sha256
+            elif fact.present is False:
+                copies.pop(node, None)
+        for fact in facts:
+            why = self._why(fact, node)
+            if why is None:
+                continue  # cannot tell yet
+            key = (node, fact.path)
+            if why:
+                since = self.bad_since.setdefault(key, now)
+                if now - since >= timedelta(seconds=self.policy.for_s):
+                    findings.append(self._finding(node, fact, why))
+            elif self.bad_since.pop(key, None) is not None:
+                findings.append(Finding(KIND, node, key=file_key(fact.path), present=False, summary=f"{fact.path} is there as the fleet has it"))
+        return findings
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return ()
+
+    def _why(self, fact: FileFact, node: str) -> str | None:
+        """What is wrong with the node's copy ('' nothing), None when it cannot be told."""
+        if fact.present is False:
+            fleet = sum(1 for n, _ in self.copies.get(fact.path, {}).items() if n != node)
+            return f"{fact.path} is missing" + (f" ({fleet} other node(s) have it)" if fleet else "")
+        if fact.present is None or fact.sha256 is None:
+            return None
+        canonical = self._fleet_copy(fact.path)
+        if canonical is None or canonical[0] == fact.sha256:
+            return ""
+        digest, agree, of = canonical
+        return (f"{fact.path} differs from the copy {agree} of {of} nodes have (sha256 {fact.sha256[:12]}, theirs {digest[:12]}): "
+                "a partial or stale copy")
+
+    def _fleet_copy(self, path: str) -> tuple[str, int, int] | None:
+        """(the digest most nodes have, how many, of how many that read it); None with no clear majority."""
+        copies = self.copies.get(path, {})
+        if not copies:
+            return None
+        digest, agree = Counter(copies.values()).most_common(1)[0]
+        if agree < 2 or agree * 2 <= len(copies):
+            return None
+        return digest, agree, len(copies)
+
+    @staticmethod
+    def _finding(node: str, fact: FileFact, why: str) -> Finding:
+        return Finding(
+            kind=KIND, node_id=node, key=file_key(fact.path), summary=why[:1000], severity="warning",
+            evidence={"path": fact.path[:1000], "present": fact.present, "size": fact.size, "sha256": fact.sha256},
+            recommended_action=f"copy {fact.path[:300]} from a node that has the fleet's copy (rsync, or the job's model sync), "
+                               "then check its SHA-256; a job started here would load no model, or another one",
+        )
