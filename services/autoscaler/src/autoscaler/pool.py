@@ -350,13 +350,13 @@ def worker_rows(workers: list[Worker], in_service: dict[str, Worker], records: R
             tasks.setdefault(task.worker_id, task.task_id)
     out = []
     for w in workers[:1000]:
-        record = rows.get(w.worker_id)
+        record, task = rows.get(w.worker_id), tasks.get(w.worker_id)
         beat = record.heartbeat_at if record is not None else None
         out.append(WorkerRow(
             worker_id=w.worker_id, status=w.status, record_status=record.status[:64] if record is not None else None,
             heartbeat_age_s=round(max(0.0, (now - beat).total_seconds()), 1) if beat is not None else None,
             host=f"{w.ssh.host}:{w.ssh.port}"[:253] if w.ssh is not None else None, gpu_type=w.gpu_type, gpus=w.gpus,
-            price_per_h=round(w.price_per_h, 4), task=(tasks.get(w.worker_id) or None) and tasks[w.worker_id][:128],
+            price_per_h=round(w.price_per_h, 4), task=task[:128] if task else None,
             in_service=w.worker_id in in_service,
         ))
     return tuple(out)
