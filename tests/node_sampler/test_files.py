@@ -45,6 +45,16 @@ async def test_a_file_is_hashed_once_per_change_and_a_missing_or_odd_one_says_so
     await files.close()
 
 
+async def test_files_are_read_under_the_node_root_and_named_as_the_node_names_them(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "v7.bin").write_bytes(b"w")  # a container's view of the host, mounted at tmp_path
+    files = ExpectedFiles([Path("/models/v7.bin"), Path("/models/v8.bin")], root=tmp_path)
+    _, (v7, v8) = await settled(files)
+    assert (v7.path, v7.present, v7.sha256) == ("/models/v7.bin", True, hashlib.sha256(b"w").hexdigest())
+    assert (v8.path, v8.present) == ("/models/v8.bin", False)
+    await files.close()
+
+
 def test_an_expected_file_is_named_by_an_absolute_path():
     with pytest.raises(ValueError, match="absolute path"):
         ExpectedFiles([Path("models/x.bin")])

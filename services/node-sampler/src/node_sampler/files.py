@@ -21,13 +21,17 @@ CHUNK = 1 << 20
 
 
 class ExpectedFiles:
-    def __init__(self, paths: list[Path]) -> None:
+    """`paths` as the node names them, read under `root` (where the node's file system is mounted for
+    the sampler: / on the host, /host in a container that mounts it there)."""
+
+    def __init__(self, paths: list[Path], root: Path = Path("/")) -> None:
         if len(paths) > MAX_FILES:
             raise ValueError(f"at most {MAX_FILES} expected files, not {len(paths)}")
         for path in paths:
             if not path.is_absolute():
                 raise ValueError(f"an expected file is named by an absolute path, not {str(path)!r}")
         self.paths = list(dict.fromkeys(paths))
+        self.root = root
         self._digests: dict[Path, tuple[tuple[int, int], str]] = {}
         """path -> ((size, mtime_ns) when read, its SHA-256)."""
         self._reading: asyncio.Task | None = None
@@ -37,7 +41,7 @@ class ExpectedFiles:
         facts = []
         for path in self.paths:
             try:
-                info = path.stat()
+                info = (self.root / path.relative_to("/")).stat()
             except FileNotFoundError:
                 facts.append(FileFact(path=str(path), present=False))
                 continue
@@ -57,7 +61,7 @@ class ExpectedFiles:
 
     async def _read(self, path: Path, seen: tuple[int, int]) -> None:
         try:
-            digest = await asyncio.to_thread(_sha256, path)
+            digest = await asyncio.to_thread(_sha256, self.root / path.relative_to("/"))
             self._digests[path] = (seen, digest)
         except OSError:
             self._digests.pop(path, None)  # said by the next look: gone, or unreadable

@@ -78,7 +78,7 @@ def create_app(
         container_log_lines=settings.container_log_lines,
         ras=RasWatch(settings.ras_host, settings.ras_port, after_s=settings.ras_after_s, every_s=settings.ras_every_s,
                      timeout_s=settings.ras_timeout_s) if settings.ras_port else None,
-        files=ExpectedFiles(settings.expect_files) if settings.expect_files else None,
+        files=ExpectedFiles(settings.expect_files, settings.files_root) if settings.expect_files else None,
     )
 
     async def publish(event: Event) -> None:

@@ -71,6 +71,10 @@ class Settings(BaseSettings):
         description="Files every node must have, by absolute path (runbook 002's canonical models): each sample says whether "
         "each is there and its SHA-256 (read again only when it changed); the detector compares them across the fleet.",
     )
+    files_root: Path = Field(
+        default=Path("/"), description="Where the node's file system is mounted for the sampler (/host in a container that "
+        "mounts it there): the expected files are read under it, and named as the node names them.",
+    )
     disk_paths: list[Path] | None = Field(
         default=None,
         description="Paths whose file system use goes into every sample, e.g. data directories. Unset: / and, where Docker "

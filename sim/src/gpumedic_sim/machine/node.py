@@ -32,7 +32,7 @@ from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
-MODEL_NAME = "selfplay-canonical.safetensors"
+MODEL = Path("/models/selfplay-canonical.safetensors")
 MODEL_BYTES = bytes(range(256)) * 256
 """The model every simulated node must have: 64 KiB, the same on every node."""
 BARE_OOM_AFTER_S = 15.0
@@ -62,8 +62,9 @@ class SimNode(NodeState):
 
     @property
     def model_path(self) -> Path | None:
-        """The model every node must have (node-sampler's expected file): the same bytes on every node."""
-        return self._rundir / "models" / MODEL_NAME if self._rundir else None
+        """The model every node must have, where this node keeps it: the same bytes on every node, and
+        the same path as the node names it (`MODEL`, under the node's own root: its run directory)."""
+        return self._rundir / MODEL.relative_to("/") if self._rundir else None
 
     @property
     def kernel_log_path(self) -> Path | None:
@@ -98,7 +99,7 @@ class SimNode(NodeState):
         await self._status.start(self.listen)
         await self.ras.start(self.listen)
         self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
-        self.model_path.parent.mkdir()
+        self.model_path.parent.mkdir(parents=True)
         self.model_path.write_bytes(MODEL_BYTES)
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
@@ -242,5 +243,5 @@ class SimNode(NodeState):
             docker_socket=self.docker_socket,
             ras=RasWatch(self.host, self.ras.port, after_s=3 * interval_s, every_s=2 * interval_s, timeout_s=max(2.0, interval_s))
             if self.ras.port is not None else None,
-            files=ExpectedFiles([self.model_path]) if self.model_path is not None else None,
+            files=ExpectedFiles([MODEL], root=self._rundir) if self._rundir is not None else None,
         )
