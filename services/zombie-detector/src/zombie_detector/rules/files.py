@@ -40,6 +40,9 @@ class FileRule:
         self.policy = policy
         self.copies: dict[str, dict[str, str]] = {}
         """path -> node -> the digest of its copy (nodes that read one)."""
+        self.counts: dict[str, Counter[str]] = {}
+        """path -> digest -> how many nodes have it: kept as copies change, so that judging a sample
+        never counts the whole fleet's copies."""
         self.bad_since: dict[tuple[str, str], datetime] = {}
         self._expects: dict[str, set[str]] = {}
         """node -> the paths its sampler looks for."""
@@ -52,7 +55,7 @@ class FileRule:
             return ()  # the hot path: a node that expects no file
         findings: list[Finding] = []
         for path in before - {f.path for f in facts}:  # no longer expected (or the node retired)
-            self.copies.get(path, {}).pop(node, None)
+            self._copy(path, node, None)
             if self.bad_since.pop((node, path), None) is not None:
                 findings.append(Finding(KIND, node, key=file_key(path), present=False, summary=f"{path} is no longer expected there"))
         if facts:
@@ -60,11 +63,8 @@ class FileRule:
         else:
             self._expects.pop(node, None)
         for fact in facts:
-            copies = self.copies.setdefault(fact.path, {})
-            if fact.sha256 is not None:
-                copies[node] = fact.sha256
-            elif fact.present is False:
-                copies.pop(node, None)
+            if fact.sha256 is not None or fact.present is False:
+                self._copy(fact.path, node, fact.sha256)
         for fact in facts:
             why = self._why(fact, node)
             if why is None:
@@ -81,10 +81,25 @@ class FileRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
+    def _copy(self, path: str, node: str, digest: str | None) -> None:
+        """The node's copy of `path` is now `digest` (None: it has none)."""
+        copies, counts = self.copies.setdefault(path, {}), self.counts.setdefault(path, Counter())
+        old = copies.get(node)
+        if old == digest:
+            return
+        if old is not None:
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+            del copies[node]
+        if digest is not None:
+            copies[node] = digest
+            counts[digest] += 1
+
     def _why(self, fact: FileFact, node: str) -> str | None:
         """What is wrong with the node's copy ('' nothing), None when it cannot be told."""
         if fact.present is False:
-            fleet = sum(1 for n, _ in self.copies.get(fact.path, {}).items() if n != node)
+            fleet = len(self.copies.get(fact.path, {}))  # its own copy is gone from them
             return f"{fact.path} is missing" + (f" ({fleet} other node(s) have it)" if fleet else "")
         if fact.present is None or fact.sha256 is None:
             return None
@@ -97,13 +112,14 @@ class FileRule:
 
     def _fleet_copy(self, path: str) -> tuple[str, int, int] | None:
         """(the digest most nodes have, how many, of how many that read it); None with no clear majority."""
-        copies = self.copies.get(path, {})
-        if not copies:
+        counts = self.counts.get(path)
+        if not counts:
             return None
-        digest, agree = Counter(copies.values()).most_common(1)[0]
-        if agree < 2 or agree * 2 <= len(copies):
+        digest, agree = counts.most_common(1)[0]
+        of = len(self.copies[path])
+        if agree < 2 or agree * 2 <= of:
             return None
-        return digest, agree, len(copies)
+        return digest, agree, of
 
     @staticmethod
     def _finding(node: str, fact: FileFact, why: str) -> Finding:
