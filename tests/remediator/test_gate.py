@@ -31,11 +31,15 @@ from gpumedic_incidents.policy import (
     Actions,
     AdminEndpoint,
     AdminPolicy,
+    CheckFailedPolicy,
+    CheckPolicy,
     JobRestart,
+    Kinds,
     KillPolicy,
     NodeSelector,
     RestartJobPolicy,
     RestartPolicy,
+    Step,
     UnitRule,
 )
 from gpumedic_incidents.state import fingerprint
@@ -316,6 +320,21 @@ def test_a_gpu_operation_for_another_gpu_or_a_unit_off_the_allow_list_is_refused
     assert _refusal(request, incident) == "refused: kinds.node_silent restarts gpumedic-node-sampler.service, not sshd.service"
     request, incident = _node_request(DockerPrune(volumes=True), IncidentKind.DISK_PRESSURE, "var-lib-docker")
     assert "prune volumes, which the policy does not allow" in _refusal(request, incident)
+
+
+def test_an_operators_check_restarts_only_the_unit_its_own_ladder_names():
+    nfs = CheckPolicy(unit="remount-data.service", ladder=(Step(action="restart_unit"),))
+    gate = dataclasses.replace(
+        ENFORCE, kinds=Kinds(check_failed=CheckFailedPolicy(checks={"nfs-mounted": nfs})),
+        actions=Actions(restart_unit=RestartPolicy(units={"remount-data.service": UnitRule(), "p2p-node.service": UnitRule()})),
+    )
+    request, incident = _node_request(RestartUnit(unit="remount-data.service"), IncidentKind.CHECK_FAILED, "nfs-mounted")
+    assert _refusal(request, incident, gate=gate) == ""
+    other, incident = _node_request(RestartUnit(unit="p2p-node.service"), IncidentKind.CHECK_FAILED, "nfs-mounted")
+    assert _refusal(other, incident, gate=gate) == "refused: kinds.check_failed restarts remount-data.service, not p2p-node.service"
+    # another check has the kind's own ladder: a person's, so no step is due
+    request, incident = _node_request(RestartUnit(unit="remount-data.service"), IncidentKind.CHECK_FAILED, "gpu-fabric")
+    assert _refusal(request, incident, gate=gate) == "refused: the policy's kinds.check_failed.ladder has no step 1, so no action is due"
 
 
 def test_the_breaker_also_trips_on_a_share_of_the_fleet():

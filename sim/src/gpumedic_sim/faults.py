@@ -63,6 +63,8 @@ class Fault(StrEnum):
     NIC_FLAPPING = "nic_flapping"
     JOB_HUNG = "job_hung"
     BARE_OOM_KILL = "bare_oom_kill"
+    CHECK_FAILING = "check_failing"
+    LOG_ERRORS = "log_errors"
 
 
 class Benign(StrEnum):
@@ -84,6 +86,9 @@ class Benign(StrEnum):
     JOB_ACROSS_NODES = "job_across_nodes"
     JOB_CHECKPOINT = "job_checkpoint"
     JOB_ENDS_EVERYWHERE = "job_ends_everywhere"
+    CHECK_UNKNOWN = "check_unknown"
+    CHECKPOINT_REWRITTEN = "checkpoint_rewritten"
+    LOG_ERROR_ONCE = "log_error_once"
 
 
 Scripted = Fault | Benign
@@ -194,6 +199,11 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                           "inject_nic_down", _kinds(K.NIC_DEGRADED), params={"after": 15.0}),
     Fault.MODEL_MISSING: Entry("the node's copy of the model every node must have is gone (a sync that never reached it)",
                                "inject_model_missing", _kinds(K.FILE_MISSING)),
+    Fault.CHECK_FAILING: Entry("the node's job checkpoint directory is emptied: the operator's own check of it (runbook 002's "
+                               "missing network checkpoints) says 'problem'", "inject_check_failing", _kinds(K.CHECK_FAILED)),
+    Fault.LOG_ERRORS: Entry("the node's worker logs `count` (default 5) lines of runbook 001's recurring errors (SSH connection "
+                            "failed, failed to reset orphaned tasks) at once: the operator's log pattern counts them", "inject_log_errors",
+                            _kinds(K.LOG_PATTERN), params={"count": 5}),
     Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
                               "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
     Fault.JOB_HUNG: Entry("the node's ranks of its job across nodes stop, and every other rank waits in the collective; `cause`: "
@@ -225,6 +235,12 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                  "checkpoint_job_across", params={"for": 90.0}, by="fleet"),
     Benign.JOB_ENDS_EVERYWHERE: Entry("benign: the node's job across nodes is done: every rank exits 0, on every node", "end_job_across",
                                       by="fleet"),
+    Benign.CHECK_UNKNOWN: Entry("benign: the node has no checkpoint directory at all, so the operator's check of it cannot tell "
+                                "(exit 2)", "unset_checkpoints"),
+    Benign.CHECKPOINT_REWRITTEN: Entry("benign: the job writes its checkpoint anew: the old one is gone for `for` (default 6s), "
+                                       "shorter than the check's interval", "rewrite_checkpoint", params={"for": 6.0}),
+    Benign.LOG_ERROR_ONCE: Entry("benign: the worker logs one authentication failure among its ordinary lines, and retries",
+                                 "log_error_once"),
     Benign.JOBS_IGNORE_REQUESTS: Entry("benign: from now the node's jobs ignore a request to checkpoint (they handle the signal "
                                        "and do nothing)", "jobs_ignore_requests"),
 })

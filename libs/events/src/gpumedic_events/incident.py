@@ -118,6 +118,12 @@ class IncidentKind(StrEnum):
     FILE_MISSING = "file_missing"
     """A file every node must have (node-sampler's expected files: the canonical models) is missing on
     a node, or differs from the copy most nodes have."""
+    CHECK_FAILED = "check_failed"
+    """One of the operator's own check scripts on a node says there is a problem (exit 1) for its
+    check's `for_s` (its key names the check); each check may have its own ladder in the policy."""
+    LOG_PATTERN = "log_pattern"
+    """One of the operator's log patterns matched `count` lines on a node within its `window_s`
+    (its key names the pattern); each pattern may have its own ladder in the policy."""
     SAMPLES_LOST = "samples_lost"
     """Samples of many nodes were not acknowledged by the bus (dropped at ingest, or the bus away), as
     the nodes say in their next samples: one incident for the control plane, none for the nodes."""

@@ -381,6 +381,36 @@ class FileFact(BaseModel):
     error: str | None = Field(default=None, max_length=300, description="Why it could not be told (permission, not a file).")
 
 
+CHECK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+"""An operator's check is named by its script's file name without its extension (`nfs-mounted.sh`
+is `nfs-mounted`): no directory, no hidden file, and a part of an incident's fingerprint."""
+
+
+class CheckFact(BaseModel):
+    """The last result of one of the operator's own check scripts on the node (node-sampler's
+    GPUMEDIC_SAMPLER_CHECKS_DIR), under node-problem-detector's contract: exit 0 ok, 1 a problem,
+    anything else (2, a timeout, a script that cannot run) unknown; the first line it prints says why."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(pattern=CHECK_NAME)
+    status: Literal["ok", "problem", "unknown"]
+    message: str = Field(default="", max_length=256, description="The first line the script printed (masked), or why it did not run.")
+    ran_at: AwareDatetime = Field(description="When this result was taken (the node's clock).")
+
+
+class LogMatches(BaseModel):
+    """One of the operator's log patterns (node-sampler's GPUMEDIC_SAMPLER_LOG_PATTERNS): how many
+    lines of its sources matched since the sampler started, and the last one (masked)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(pattern=CHECK_NAME)
+    count: int = Field(ge=0, description="Matching lines since the sampler started: a smaller count than before is a restart.")
+    last_line: str = Field(default="", max_length=256)
+    error: str | None = Field(default=None, max_length=300, description="Which of its sources cannot be read now, and why.")
+
+
 class NcclRasAnswer(BaseModel):
     """What NCCL's RAS (NCCL 2.24 and later) said when the sampler asked it on the node's loopback
     port: only while the ranks of a job here sit idle, and only the ranks it could not reach."""
@@ -536,4 +566,10 @@ class NodeSampled(Event):
     )
     files: tuple[FileFact, ...] = Field(
         default=(), max_length=64, description="The files the node must have, as found (none when none are expected)."
+    )
+    checks: tuple[CheckFact, ...] = Field(
+        default=(), max_length=64, description="The operator's own checks on the node, each its last result (none when none are set)."
+    )
+    logs: tuple[LogMatches, ...] = Field(
+        default=(), max_length=32, description="The operator's log patterns on the node, each its count (none when none are set)."
     )

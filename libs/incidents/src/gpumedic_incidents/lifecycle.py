@@ -139,7 +139,7 @@ def open_incident(
         return Transition(None, state.model_copy(update={"phase": "silenced"}), (detect,))
     if fleet_incident_id is not None:
         return _escalated(None, state, now, reason or f"part of fleet incident {fleet_incident_id}: no node action", (detect,))
-    ladder = policy.of(state.kind).ladder
+    ladder = policy.of(state.kind, state.key).ladder
     if not ladder:
         why = reason or f"no automatic fix for {state.kind.value}" + (f": {finding.recommended_action}" if finding.recommended_action else "")
         if hold and policy.fleet.hold_s > 0 and state.node_id != FLEET_NODE:
@@ -161,7 +161,7 @@ def observe(state: IncidentState, finding: Finding, now: datetime, *, policy: Po
     # A level finding (a lost GPU in every sample) is the fault seen too, or a kind that clears when
     # quiet would clear while it is there. It refreshes `last_seen_at` a few times per quiet period,
     # not every sample: each change is a state write.
-    quiet_s = policy.of(state.kind).clear_after_s
+    quiet_s = policy.of(state.kind, state.key).clear_after_s
     refresh = quiet_s is not None and now - state.last_seen_at >= timedelta(seconds=quiet_s / 4)
     changes = {
         "occurrences": occurrences,
@@ -207,7 +207,7 @@ def clear(state: IncidentState, finding: Finding, now: datetime, *, policy: Poli
         return None  # not ready is no news about a fault that is not gone yet
     fixed = state.phase == "verifying"
     summary = finding.summary or ("the fault is gone after the action" if fixed else "the fault went away by itself")
-    rules = policy.of(state.kind)
+    rules = policy.of(state.kind, state.key)
     job = getattr(rules, "restart_job", None)
     if fixed and job is not None:
         # The work starts again before the incident ends (the runbook's --cleanup-zombies), then
@@ -259,7 +259,7 @@ def action_completed(
             )
             return Transition(before, None, (Span("verify", (event,)),))
         return _escalated(before, state, now, failed)
-    ladder = policy.of(state.kind).ladder
+    ladder = policy.of(state.kind, state.key).ladder
     step = ladder[min(state.step, len(ladder) - 1)]
     if step.action == "drain_node" and result.outcome is not ActionOutcome.SUCCEEDED:
         # A failed or interrupted drain may have half-happened: count the node as drained, so that
@@ -302,7 +302,7 @@ def _wait_until_free(before: IncidentState, state: IncidentState, step: Step, re
 def tick(state: IncidentState, now: datetime, *, policy: Policy, silenced: bool) -> Transition | None:
     """What time alone changes: a hold or a silence that ended, a remediator that never answered,
     a step waiting for its target to be free, an event-reported incident that stayed quiet."""
-    kind = policy.of(state.kind)
+    kind = policy.of(state.kind, state.key)
     if state.phase == "waiting" and state.deadline is not None and now >= state.deadline:
         return _act(state, state, now, policy, f"asking again whether {_where(state)} is free for {kind.ladder[state.step].action}")
     if state.phase == "held" and not silenced and state.deadline is not None and now >= state.deadline:
@@ -371,7 +371,7 @@ def close(state: IncidentState, now: datetime, summary: str) -> Transition:
 
 def _proposal(finding: Finding, policy: Policy, *, step: int):
     """What the rule proposes for the first step from `step` on that needs the rule (a drain does not)."""
-    ladder = policy.of(finding.kind).ladder
+    ladder = policy.of(finding.kind, finding.key).ladder
     for rung in ladder[min(step, len(ladder) - 1) :]:
         if rung.action != "drain_node":
             return finding.operations.get(rung.action)
@@ -382,7 +382,7 @@ def _act(
     before: IncidentState | None, state: IncidentState, now: datetime, policy: Policy, reason: str, spans: tuple[Span, ...] = ()
 ) -> Transition:
     """Request the ladder's current step, or escalate when nothing safe can be requested."""
-    ladder = policy.of(state.kind).ladder
+    ladder = policy.of(state.kind, state.key).ladder
     if not ladder:  # a person's from the start, held only for the fleet hold
         return _escalated(before, state, now, state.unsafe or f"no automatic fix for {state.kind.value}", spans)
     step = ladder[state.step]
@@ -424,7 +424,7 @@ def _request(
             "phase": "acting",
             "attempt": attempt,
             "step_attempts": state.step_attempts + 1,
-            "deadline": now + timedelta(seconds=policy.of(state.kind).action_timeout_s),
+            "deadline": now + timedelta(seconds=policy.of(state.kind, state.key).action_timeout_s),
             "pending_action": PendingAction(
                 action_id=action_id, attempt=attempt, operation_sha256=operation_digest(operation), requested_at=now,
                 request_sha256=request.request_sha256,
@@ -439,7 +439,7 @@ def _next_attempt(
 ) -> Transition:
     """Another attempt of the step, or the next step; `finding` (the fault seen again) proposes that
     step's operation (a rule offers each rung's own: a kill, then a pod restart)."""
-    ladder = policy.of(state.kind).ladder
+    ladder = policy.of(state.kind, state.key).ladder
     if state.step_attempts < ladder[state.step].attempts:
         nxt = state
     elif state.step + 1 < len(ladder):

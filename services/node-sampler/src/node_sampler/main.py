@@ -17,7 +17,9 @@ from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
+from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
+from node_sampler.logwatch import LogPatterns
 from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, RowGrowthProbe, StatusEndpointProbe
 from node_sampler.metrics import GpuCollector, IbCollector
@@ -79,6 +81,10 @@ def create_app(
         ras=RasWatch(settings.ras_host, settings.ras_port, after_s=settings.ras_after_s, every_s=settings.ras_every_s,
                      timeout_s=settings.ras_timeout_s) if settings.ras_port else None,
         files=ExpectedFiles(settings.expect_files, settings.files_root) if settings.expect_files else None,
+        checks=CheckScripts(settings.checks_dir, interval_s=settings.checks_interval_s, timeout_s=settings.checks_timeout_s,
+                            root=settings.files_root) if settings.checks_dir else None,
+        logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root)
+        if settings.log_patterns else None,
     )
 
     async def publish(event: Event) -> None:

@@ -48,7 +48,9 @@ from node_sampler.readings import (
 )
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.procs import ProcessInfo, ProcessTable, ProcessUsage
+from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
+from node_sampler.logwatch import LogPatterns
 from node_sampler.ras import RasWatch
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class Sampler:
         container_log_lines: int = MAX_LOG_LINES,
         ras: RasWatch | None = None,
         files: ExpectedFiles | None = None,
+        checks: CheckScripts | None = None,
+        logs: LogPatterns | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -97,7 +101,8 @@ class Sampler:
         and memory are read for the busiest ones (0: never); `xid_events`, `kernel_log` (/dev/kmsg) and
         `docker_socket` turn on the watchers for the immediate events; a container's exit carries its
         last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle;
-        `files` are the files the node must have."""
+        `files` are the files the node must have, `checks` the operator's own check scripts, `logs`
+        their log patterns."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -121,6 +126,8 @@ class Sampler:
         self.dropped_events = 0
         self.ras = ras
         self.files = files
+        self.checks = checks
+        self.logs = logs
         self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
         self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
         self.containers = (DockerWatcher(docker_socket, self._container_exit, log_lines=container_log_lines)
@@ -166,8 +173,10 @@ class Sampler:
         if self.ras is not None:
             ports = {pid: info.job.ras_port for pid, info in processes.items() if info.job is not None and info.job.ras_port}
             self.last = self.ras.observe(self.last, ports)
-        if self.files is not None:
-            self.last = self.last.model_copy(update={"files": self.files.observe()})
+        operators = {name: watch.observe() for name, watch in (("files", self.files), ("checks", self.checks), ("logs", self.logs))
+                     if watch is not None}
+        if operators:  # what the operator asked to watch: files, their own checks, their log patterns
+            self.last = self.last.model_copy(update=operators)
         return self.last
 
     def _unchanged_health_left_out(self, sample: NodeSampled) -> NodeSampled:
@@ -202,8 +211,9 @@ class Sampler:
             await stop_tasks(helpers)
             if self.ras is not None:
                 await self.ras.close()
-            if self.files is not None:
-                await self.files.close()
+            for watch in (self.files, self.checks, self.logs):
+                if watch is not None:
+                    await watch.close()
             if self.xid_watcher is not None:
                 await asyncio.to_thread(self.xid_watcher.stop)
 

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_sampler.containers import MAX_LOG_LINES
 from node_sampler.jobs import RowGrowthProbe, compile_jobs_path
+from node_sampler.logwatch import MAX_PATTERNS, LogPattern
 
 
 class Settings(BaseSettings):
@@ -75,6 +76,18 @@ class Settings(BaseSettings):
         default=Path("/"), description="Where the node's file system is mounted for the sampler (/host in a container that "
         "mounts it there): the expected files are read under it, and named as the node names them.",
     )
+    checks_dir: Path | None = Field(
+        default=None, description="A directory of the operator's own check scripts (node-problem-detector's contract: exit 0 "
+        "ok, 1 a problem, 2 unknown; the first line printed says why), each executable file a check; empty: none.",
+    )
+    checks_interval_s: float = Field(default=60.0, gt=0, le=86400, description="How often the checks run, one after another.")
+    checks_timeout_s: float = Field(default=10.0, gt=0, le=600, description="How long one check may take; then its process group is killed.")
+    log_patterns: list[LogPattern] = Field(
+        default_factory=list, max_length=MAX_PATTERNS,
+        description="Your log patterns, each counted over its sources: {\"name\": \"worker-errors\", \"regex\": "
+        "\"Authentication failed|SSH connection failed\", \"sources\": [\"/var/log/worker.log\", \"journal:worker.service\"]} "
+        "(a file, read under files_root; journal; journal:UNIT). The policy's kinds.log_pattern says how many matches make an incident.",
+    )
     disk_paths: list[Path] | None = Field(
         default=None,
         description="Paths whose file system use goes into every sample, e.g. data directories. Unset: / and, where Docker "
@@ -113,7 +126,7 @@ class Settings(BaseSettings):
     )
     trace_to_bus: bool = Field(default=False, description="Send finished spans over the bus (embedded mode).")
 
-    @field_validator("kernel_log", "docker_socket", mode="before")
+    @field_validator("kernel_log", "docker_socket", "checks_dir", mode="before")
     @classmethod
     def _empty_is_off(cls, value: object) -> object:
         return None if value == "" else value

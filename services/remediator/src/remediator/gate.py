@@ -183,7 +183,7 @@ def policy_refusal(request: ActionRequested, incident: IncidentState, gate: Gate
     the incident and the remediator's own sources (the catalogue's `fits`), so nothing a request
     (or a state written by its detector) carries can loosen a check."""
     kind = incident.kind
-    rules = gate.kinds.of(kind)
+    rules = gate.kinds.of(kind, incident.key)
     name = request.operation.operation
     if incident.resolution is not None and (incident.restarting or not incident.drained):
         expected, rung = "restart_job", f"the restart after the fix (kinds.{kind.value}.restart_job)"

@@ -163,7 +163,7 @@ class ActionHandler:
         else:
             facts = await self._own_facts(request)
             why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at, facts=facts)
-            checkpoint = self._gate.kinds.of(incident.kind).checkpoint if incident is not None else None
+            checkpoint = self._gate.kinds.of(incident.kind, incident.key).checkpoint if incident is not None else None
         return await self.run_gated(request, why_not, delivery.still_working, checkpoint=checkpoint)
 
     async def run_gated(

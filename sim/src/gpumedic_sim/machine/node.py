@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 
 import asyncssh
+import node_sampler
+from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
+from node_sampler.logwatch import LogPattern, LogPatterns
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
@@ -32,9 +35,19 @@ from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
+EXAMPLE_CHECKS = Path(node_sampler.__file__).with_name("example_checks")
 MODEL = Path("/models/selfplay-canonical.safetensors")
 MODEL_BYTES = bytes(range(256)) * 256
 """The model every simulated node must have: 64 KiB, the same on every node."""
+CHECKPOINTS = Path("/data/checkpoints")
+"""Where the node's job keeps its network's checkpoint: runbook 002's own check (node-sampler's
+shipped `nn-checkpoint`) looks there, the one operator's check every simulated node runs."""
+OPERATOR_CHECKS = ("nn-checkpoint",)
+WORKER_LOG = Path("/var/log/selfplay-worker.log")
+WORKER_ERRORS = LogPattern(
+    name="worker-errors", regex="Authentication failed|Failed to reset orphaned tasks|SSH connection failed", sources=(str(WORKER_LOG),)
+)
+"""Runbook 001's recurring error patterns, counted in the worker's log: the operator's one log pattern on every simulated node."""
 BARE_OOM_AFTER_S = 15.0
 """How long a job launched on the host runs before the OOM killer ends it: a few samples see it on its GPU."""
 
@@ -65,6 +78,14 @@ class SimNode(NodeState):
         """The model every node must have, where this node keeps it: the same bytes on every node, and
         the same path as the node names it (`MODEL`, under the node's own root: its run directory)."""
         return self._rundir / MODEL.relative_to("/") if self._rundir else None
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        return self._rundir / CHECKPOINTS.relative_to("/") if self._rundir else None
+
+    @property
+    def worker_log(self) -> Path | None:
+        return self._rundir / WORKER_LOG.relative_to("/") if self._rundir else None
 
     @property
     def kernel_log_path(self) -> Path | None:
@@ -101,6 +122,15 @@ class SimNode(NodeState):
         self._rundir = Path(tempfile.mkdtemp(prefix="gpumedic-sim-"))
         self.model_path.parent.mkdir(parents=True)
         self.model_path.write_bytes(MODEL_BYTES)
+        self.checkpoint_dir.mkdir(parents=True)
+        (self.checkpoint_dir / "selfplay-latest.pt").write_bytes(MODEL_BYTES)
+        self.worker_log.parent.mkdir(parents=True)
+        self.worker_log.write_text("INFO worker started\n")
+        checks = self._rundir / "checks"  # the operator's checks, as a node keeps them: root's, writable by nobody else
+        checks.mkdir(mode=0o755)
+        for name in OPERATOR_CHECKS:
+            shutil.copyfile(EXAMPLE_CHECKS / name, checks / name)
+            (checks / name).chmod(0o755)
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
         await self._docker.start()
@@ -110,6 +140,48 @@ class SimNode(NodeState):
         if self.model_path is not None:
             self.model_path.unlink(missing_ok=True)
         self._record(None, Fault.MODEL_MISSING)
+
+    def inject_check_failing(self) -> None:
+        """The job's checkpoint directory is emptied: the operator's check of it says 'problem'."""
+        for path in self._checkpoints():
+            path.unlink(missing_ok=True)
+        self._record(None, Fault.CHECK_FAILING)
+
+    def unset_checkpoints(self) -> None:
+        """The node is not set up for the job: no checkpoint directory, so the check cannot tell (exit 2)."""
+        if self.checkpoint_dir is not None:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        self.record(Benign.CHECK_UNKNOWN)
+
+    def rewrite_checkpoint(self, for_s: float = 6.0) -> None:
+        """The job saves its checkpoint anew: the old one is gone for `for_s` before the new one is there."""
+        for path in self._checkpoints():
+            path.unlink(missing_ok=True)
+        asyncio.get_running_loop().call_later(for_s, self._write_checkpoint)
+        self.record(Benign.CHECKPOINT_REWRITTEN)
+
+    def _checkpoints(self) -> list[Path]:
+        return list(self.checkpoint_dir.iterdir()) if self.checkpoint_dir is not None and self.checkpoint_dir.is_dir() else []
+
+    def _write_checkpoint(self) -> None:
+        if self.checkpoint_dir is not None and self.checkpoint_dir.is_dir():
+            (self.checkpoint_dir / "selfplay-latest.pt").write_bytes(MODEL_BYTES)
+
+    def inject_log_errors(self, count: int = 5) -> None:
+        """The node's worker logs `count` lines of runbook 001's recurring errors at once."""
+        errors = ("ERROR SSH connection failed: worker gpu-7 did not answer in 30s", "ERROR Failed to reset orphaned tasks: 3 tasks")
+        self._log([errors[i % 2] for i in range(count)])
+        self._record(None, Fault.LOG_ERRORS)
+
+    def log_error_once(self) -> None:
+        """The worker logs one such error among its ordinary lines: below the pattern's count."""
+        self._log(["INFO claimed task 4711", "WARN Authentication failed once, retrying with the refreshed key"])
+        self.record(Benign.LOG_ERROR_ONCE)
+
+    def _log(self, lines: list[str]) -> None:
+        if self.worker_log is not None:
+            with self.worker_log.open("a") as f:
+                f.writelines(f"{line}\n" for line in lines)
 
     def inject_nic_down(self, after: float = 15.0) -> None:
         """The node's fabric (four InfiniBand ports, up) loses mlx5_1 `after` seconds on: a cable pulled."""
@@ -244,4 +316,7 @@ class SimNode(NodeState):
             ras=RasWatch(self.host, self.ras.port, after_s=3 * interval_s, every_s=2 * interval_s, timeout_s=max(2.0, interval_s))
             if self.ras.port is not None else None,
             files=ExpectedFiles([MODEL], root=self._rundir) if self._rundir is not None else None,
+            checks=CheckScripts(self._rundir / "checks", interval_s=2 * interval_s, timeout_s=10.0, root=self._rundir)
+            if self._rundir is not None else None,
+            logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
         )

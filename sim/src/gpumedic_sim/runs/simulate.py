@@ -48,7 +48,9 @@ from gpumedic_incidents.policy import (
     AdminEndpoint,
     AdminPolicy,
     FlappingPolicy,
+    CheckFailedPolicy,
     FileMissingPolicy,
+    LogPatternPolicy,
     FleetPolicy,
     IdleJobsPolicy,
     JobHungPolicy,
@@ -154,6 +156,8 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             leader_flapping=FlappingPolicy(max_changes=4, window_s=12 * interval_s),
             peer_partitioned=PartitionPolicy(for_s=4 * interval_s),
             file_missing=FileMissingPolicy(for_s=4 * interval_s),
+            check_failed=CheckFailedPolicy(for_s=5 * interval_s),  # the checks run every 2 intervals: a blip is one run
+            log_pattern=LogPatternPolicy(count=3, window_s=12 * interval_s),
             peers_below_target=TargetPolicy(target=max(0, n_nodes - SPARE_PEERS), for_s=3 * interval_s),
         ),
     )

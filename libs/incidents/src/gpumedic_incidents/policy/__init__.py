@@ -42,7 +42,11 @@ from gpumedic_incidents.policy.kinds import (
     BlackHolePolicy,
     FailureJumpPolicy,
     NicDegradedPolicy,
+    CheckFailedPolicy,
+    CheckPolicy,
     FileMissingPolicy,
+    LogPatternPolicy,
+    PatternPolicy,
     NicFlappingPolicy,
     BurnInPolicy,
     CheckpointPolicy,
@@ -126,8 +130,8 @@ class Policy(Strict):
     peer_status: PeerStatusPolicy = PeerStatusPolicy()
     kinds: Kinds = Kinds()
 
-    def of(self, kind: IncidentKind | str) -> KindPolicy:
-        return self.kinds.of(kind)
+    def of(self, kind: IncidentKind | str, key: str | None = None) -> KindPolicy:
+        return self.kinds.of(kind, key)
 
     def unconfigured(self) -> dict[str, str]:
         """Kinds whose ladder needs something only the operator knows, and what: until it is set,
@@ -160,10 +164,15 @@ class Policy(Strict):
             job = getattr(self.kinds, name).restart_job
             if job is not None and job not in self.actions.restart_job.jobs:
                 raise ValueError(f"kinds.{name} restarts the job {job}, which actions.restart_job.jobs does not list; add it there")
-        units = {"node_silent": self.kinds.node_silent.sampler_unit}
-        units |= {name: getattr(self.kinds, name).daemon_unit for name in ("peer_blocked", "peer_down", "slow_peer")}
-        for name, unit in units.items():
-            restarts = any(step.action == "restart_unit" for step in getattr(self.kinds, name).ladder)
+        restarted = [("node_silent", self.kinds.node_silent.sampler_unit, self.kinds.node_silent.ladder)]
+        restarted += [(name, getattr(self.kinds, name).daemon_unit, getattr(self.kinds, name).ladder)
+                      for name in ("peer_blocked", "peer_down", "slow_peer")]
+        checks, patterns = self.kinds.check_failed, self.kinds.log_pattern
+        restarted += [("check_failed", checks.unit, checks.ladder), ("log_pattern", patterns.unit, patterns.ladder)]
+        restarted += [(f"check_failed.checks.{name}", check.unit, check.ladder) for name, check in checks.checks.items()]
+        restarted += [(f"log_pattern.patterns.{name}", rule.unit, rule.ladder) for name, rule in patterns.patterns.items()]
+        for name, unit, ladder in restarted:
+            restarts = any(step.action == "restart_unit" for step in ladder)
             if unit is not None and restarts and unit not in self.actions.restart_unit.units:
                 raise ValueError(f"kinds.{name} restarts {unit}, which actions.restart_unit.units does not allow; add it there")
         return self
@@ -250,6 +259,10 @@ __all__ = [
     "BlackHolePolicy",
     "FailureJumpPolicy",
     "NicDegradedPolicy",
+    "CheckFailedPolicy",
+    "CheckPolicy",
+    "LogPatternPolicy",
+    "PatternPolicy",
     "FileMissingPolicy",
     "NicFlappingPolicy",
     "BurnInPolicy",

@@ -53,8 +53,8 @@ def render_restart(operation: RestartUnit, actions: Actions, manager: str = "sys
 
 
 def fits_restart(operation: RestartUnit, fit: Fit) -> str:
-    """The unit restarted is the one the kind's rules name (its sampler's or its daemon's)."""
-    unit = getattr(fit.rules, "sampler_unit", None) or getattr(fit.rules, "daemon_unit", None)
+    """The unit restarted is the one the kind's rules name (its sampler's, its daemon's, an operator's check's)."""
+    unit = getattr(fit.rules, "sampler_unit", None) or getattr(fit.rules, "daemon_unit", None) or getattr(fit.rules, "unit", None)
     if operation.unit != unit:
         return f"kinds.{fit.kind} restarts {unit or 'no unit'}, not {operation.unit}"
     return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpumedic_incidents import Policy
 from zombie_detector.rules.base import Incidents, Rule
+from zombie_detector.rules.checks import CheckRule
 from zombie_detector.rules.control_plane import BehindRule, SamplesLostRule
 from zombie_detector.rules.container import ContainerRule
 from zombie_detector.rules.container_rate import ContainerRateRule
@@ -13,6 +14,7 @@ from zombie_detector.rules.gpu_health import GpuHealthRule
 from zombie_detector.rules.gpu_lost import GpuLostRule
 from zombie_detector.rules.host import HostRule
 from zombie_detector.rules.job import JobRule
+from zombie_detector.rules.logs import LogRule
 from zombie_detector.rules.nic import NicRule
 from zombie_detector.rules.node import NodeRule
 from zombie_detector.rules.orphan import OrphanRule
@@ -40,6 +42,8 @@ def build_rules(policy: Policy) -> list[Rule]:
         StragglerRule(kinds.gpu_straggler),
         NicRule(kinds.nic_degraded, kinds.nic_flapping),
         FileRule(kinds.file_missing),
+        CheckRule(kinds.check_failed),
+        LogRule(kinds.log_pattern),
         ContainerRule(kinds.container_died, stopping=jobs.stopping),
         ContainerRateRule(kinds.container_died, stopping=jobs.stopping),
         HostRule(kinds.disk_pressure, kinds.host_memory_pressure),

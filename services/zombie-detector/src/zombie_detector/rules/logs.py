@@ -1,0 +1,106 @@
+"""log_pattern: one of the operator's log patterns matched too many lines on a node.
+
+node-sampler counts each pattern's matching lines in its files and the journal (runbook 001's
+"Authentication failed", "Failed to reset orphaned tasks", "SSH connection failed"); each sample
+carries the counts since the sampler started. `count` matches within `window_s` opens one incident
+per node and pattern (key: the pattern's name) with the last matching line; fewer clears it. A
+count lower than the one before is a sampler that restarted: counting goes on from there. Only the
+points where a count changed are kept, so a quiet pattern costs nothing per sample. Each pattern
+may have its own settings and ladder in the policy (`kinds.log_pattern.patterns.<name>`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpumedic_events import IncidentKind, LogMatches, NodeRetired, NodeSampled, RestartUnit
+from gpumedic_incidents import Finding, fingerprint
+from gpumedic_incidents.policy import LogPatternPolicy
+from zombie_detector.rules.base import Incidents
+
+KIND = IncidentKind.LOG_PATTERN
+
+
+@dataclass
+class _Seen:
+    raw: int
+    """The sampler's count in the last sample."""
+    total: int
+    """The count across sampler restarts."""
+    changes: deque[tuple[datetime, int]] = field(default_factory=deque)
+    """(when, total) where the total changed, the oldest at or before the window's start."""
+    firing: bool = False
+
+
+class LogRule:
+    inputs = (NodeSampled, NodeRetired)
+
+    def __init__(self, policy: LogPatternPolicy) -> None:
+        self.policy = policy
+        self._seen: dict[str, dict[str, _Seen]] = {}
+        """node -> pattern -> its counts."""
+
+    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        node = event.node_id
+        facts = event.logs if isinstance(event, NodeSampled) else ()
+        seen = self._seen.get(node)
+        if not facts and not seen:
+            return ()  # the hot path: a node with no patterns of its own
+        seen = self._seen.setdefault(node, {})
+        findings = [
+            self._gone(node, name, incidents, f"the log pattern {name} is no longer counted on {node}")
+            for name in set(seen) - {f.name for f in facts}
+        ]
+        for name in set(seen) - {f.name for f in facts}:
+            del seen[name]
+        for fact in facts:
+            findings.append(self._judge(node, fact, seen, now, incidents))
+        if not seen:
+            del self._seen[node]
+        return [f for f in findings if f is not None]
+
+    def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        return ()
+
+    def _judge(self, node: str, fact: LogMatches, seen: dict[str, _Seen], now: datetime, incidents: Incidents) -> Finding | None:
+        rule = self.policy.of(fact.name)
+        counts = seen.get(fact.name)
+        if counts is None:
+            counts = seen[fact.name] = _Seen(raw=fact.count, total=0)
+            counts.changes.append((now, 0))  # what it counted before this detector saw it is history
+        elif fact.count != counts.raw:
+            counts.total += fact.count - counts.raw if fact.count > counts.raw else fact.count  # lower: the sampler restarted
+            counts.raw = fact.count
+            counts.changes.append((now, counts.total))
+        start = now - timedelta(seconds=rule.window_s)
+        while len(counts.changes) > 1 and counts.changes[1][0] <= start:
+            counts.changes.popleft()
+        matched = counts.total - counts.changes[0][1]
+        if matched >= rule.count:
+            counts.firing = True
+            return self._finding(node, fact, matched, rule.window_s)
+        if counts.firing or incidents.get(fingerprint(node, KIND, None, fact.name)) is not None:
+            counts.firing = False
+            return Finding(KIND, node, key=fact.name, present=False,
+                           summary=f"the log pattern {fact.name} matched {matched} line(s) within {rule.window_s:g}s, fewer than {rule.count}")
+        return None
+
+    def _gone(self, node: str, name: str, incidents: Incidents, summary: str) -> Finding | None:
+        firing = self._seen[node][name].firing
+        if not firing and incidents.get(fingerprint(node, KIND, None, name)) is None:
+            return None
+        return Finding(KIND, node, key=name, present=False, summary=summary)
+
+    def _finding(self, node: str, fact: LogMatches, matched: int, window_s: float) -> Finding:
+        rule = self.policy.of(fact.name)
+        advice = rule.advice or f"read the lines that match {fact.name} in its logs on {node} (the pattern is the operator's own)"
+        return Finding(
+            kind=KIND, node_id=node, key=fact.name, severity=rule.severity,
+            summary=f"{matched} line(s) matched the log pattern {fact.name} on {node} within {window_s:g}s; the last: {fact.last_line}"[:1000],
+            evidence={"pattern": fact.name, "matched": matched, "window_s": window_s, "last_line": fact.last_line, "error": fact.error},
+            recommended_action=advice,
+            operations={"restart_unit": RestartUnit(unit=rule.unit)} if rule.unit is not None else {},
+        )
