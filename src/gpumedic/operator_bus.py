@@ -22,6 +22,10 @@ class OperatorError(RuntimeError):
     """The operator's command cannot be carried out; the message says why and what to do."""
 
 
+class NoAnswer(OperatorError):
+    """The bus took the request but no service answered in time."""
+
+
 def operator_settings(var_dir: Path, user: str = OPERATOR) -> NatsSettings:
     """The embedded stack's bus under `var_dir` as `user` if one runs there, else GPUMEDIC_NATS_*."""
     if os.environ.get("GPUMEDIC_NATS_URL"):
@@ -43,3 +47,19 @@ async def publish(settings: NatsSettings, event: Event) -> None:
                                      stream=stream_of(type(event)).name)
     finally:
         await nc.close()
+
+
+async def ask(settings: NatsSettings, subject: str, body: bytes, *, timeout_s: float, source: str = SOURCE) -> bytes:
+    """The reply to one core-NATS request (`topology.REQUESTS`); NoAnswer when none comes within `timeout_s`."""
+    import nats.errors
+
+    nc = await connect(settings, source, allow_reconnect=False, max_reconnect_attempts=0)
+    try:
+        reply = await nc.request(subject, body, timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        raise NoAnswer("no remediator is running to answer (no responders on the bus)") from None
+    except nats.errors.TimeoutError:
+        raise NoAnswer(f"no answer from the remediator within {timeout_s:g}s") from None
+    finally:
+        await nc.close()
+    return reply.data

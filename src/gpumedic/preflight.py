@@ -7,30 +7,17 @@ sends a PreflightRequest and prints the PreflightReport; the exit status is the 
 
 from __future__ import annotations
 
-from gpumedic_bus import NatsSettings, connect
+from gpumedic.operator_bus import ask as ask_bus
+from gpumedic_bus import NatsSettings
 from gpumedic_events import PREFLIGHT_SUBJECT, PreflightReport, PreflightRequest
 
 SOURCE = "gpumedic-preflight"
 
 
-class NoAnswer(RuntimeError):
-    """The bus took the request but no remediator answered in time."""
-
-
 async def ask(settings: NatsSettings, request: PreflightRequest, *, timeout_s: float) -> PreflightReport:
-    """The remediator's report; NoAnswer when none comes within `timeout_s`."""
-    import nats.errors
-
-    nc = await connect(settings, SOURCE, allow_reconnect=False, max_reconnect_attempts=0)
-    try:
-        reply = await nc.request(PREFLIGHT_SUBJECT, request.to_json(), timeout=timeout_s)
-    except nats.errors.NoRespondersError:
-        raise NoAnswer("no remediator is running to answer (no responders on the bus)") from None
-    except nats.errors.TimeoutError:
-        raise NoAnswer(f"no answer from the remediator within {timeout_s:g}s") from None
-    finally:
-        await nc.close()
-    return PreflightReport.from_json(reply.data)
+    """The remediator's report; operator_bus.NoAnswer when none comes within `timeout_s`."""
+    reply = await ask_bus(settings, PREFLIGHT_SUBJECT, request.to_json(), timeout_s=timeout_s, source=SOURCE)
+    return PreflightReport.from_json(reply)
 
 
 def parse_gpus(text: str | None) -> tuple[int, ...] | None:

@@ -39,7 +39,7 @@ from gpumedic_bus.topology import (
     permissions_for,
 )
 from gpumedic.preflight import ask
-from gpumedic_events import PREFLIGHT_SUBJECT, PreflightRequest, SilenceAdded
+from gpumedic_events import PREFLIGHT_SUBJECT, ROLLOUT_SUBJECT, PreflightRequest, SilenceAdded
 from gpumedic_events import ActionRequested, Event, NodeSampled
 from gpumedic_events.base import json_examples
 from remediator.main import create_app as remediator_app
@@ -243,7 +243,8 @@ async def test_a_launcher_may_ask_for_preflight_and_nothing_else(secured):
     launcher, refusals = await as_user(secured, LAUNCHER)
     try:
         silence = SilenceAdded.model_validate(json_examples(SilenceAdded)[0])
-        for subject in (ACTION.subject, silence.subject, f"$JS.API.STREAM.INFO.{ACTIONS.name}", "_INBOX.remediator.x"):
+        # a fleet operation is the operator's alone
+        for subject in (ACTION.subject, silence.subject, f"$JS.API.STREAM.INFO.{ACTIONS.name}", "_INBOX.remediator.x", ROLLOUT_SUBJECT):
             await launcher.publish(subject, b"{}")
             await launcher.flush()
             assert await refusals.refused(f'publish to "{subject}"'), subject

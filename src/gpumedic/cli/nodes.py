@@ -215,13 +215,37 @@ def cmd_preflight(args) -> int:
             print(f"not ready yet ({why}); asking again in {args.every:g}s", file=sys.stderr)
             time.sleep(args.every)
             report = asyncio.run(preflight.ask(settings, request, timeout_s=args.timeout))
-    except (operator_bus.OperatorError, preflight.NoAnswer, ValueError) as exc:  # ValidationError is a ValueError
+    except (operator_bus.OperatorError, ValueError) as exc:  # NoAnswer is an OperatorError, ValidationError a ValueError
         print(f"gpumedic preflight: {exc}", file=sys.stderr)
         return 2
     except (OSError, TimeoutError) as exc:
         print(f"gpumedic preflight: cannot reach the bus: {exc}", file=sys.stderr)
         return 2
     code = 2 if report.error and not report.gpus else 0 if report.ready else 1
+    print(report.model_dump_json(indent=2) if args.json else report.summary(), file=sys.stderr if code == 2 and not args.json else sys.stdout)
+    return code
+
+
+def cmd_rollout(args) -> int:
+    """One operation on many nodes through the gate, batch by batch. Exit 0 done, 1 stopped or a node failed, 2 nothing ran."""
+    from gpumedic import operator_bus
+    from gpumedic_events import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest
+
+    try:
+        request = RolloutRequest(
+            operation=args.operation.replace("-", "_"), unit=args.unit, nodes=tuple(args.nodes), batch=args.batch,
+            dry_run=args.dry_run, requested_by=args.by,
+        )
+        settings = operator_bus.operator_settings(args.var)
+        reply = asyncio.run(operator_bus.ask(settings, ROLLOUT_SUBJECT, request.to_json(), timeout_s=args.timeout))
+        report = RolloutReport.from_json(reply)
+    except (operator_bus.OperatorError, ValueError) as exc:
+        print(f"gpumedic rollout: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as exc:
+        print(f"gpumedic rollout: cannot reach the bus: {exc}", file=sys.stderr)
+        return 2
+    code = 2 if report.error else 0 if report.ok else 1
     print(report.model_dump_json(indent=2) if args.json else report.summary(), file=sys.stderr if code == 2 and not args.json else sys.stdout)
     return code
 
@@ -319,6 +343,27 @@ command(
     "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). With "
     "--wait, it asks again every --every seconds until ready or the wait is over. Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",
+)
+
+
+command(
+    "rollout", cmd_rollout, "one operation on many nodes, batch by batch, through the gate (a rolling restart, a drain before maintenance)",
+    click.argument("operation", type=click.Choice(["restart-unit", "drain-node", "undrain-node"])),
+    click.option("--unit", help="restart-unit: the unit, on the policy's actions.restart_unit.units (e.g. the peer daemon's)"),
+    click.option("--nodes", multiple=True, required=True, help="which nodes: NODE, group:NAME or label:KEY=VALUE (repeat for more)"),
+    click.option("--batch", type=click.IntRange(1, 1000), default=1, show_default=True, help="nodes acted on at once"),
+    click.option("--dry-run", is_flag=True, help="list the batches and the commands; run nothing"),
+    by_option(what="who asks (kept with each action in the audit log)"),
+    click.option("--timeout", type=float, default=1800.0, show_default=True, help="seconds to wait for the whole rollout"),
+    click.option("--json", is_flag=True, help="print the report as JSON"),
+    var_option(),
+    description="The remediator takes the inventory's nodes the selectors name, in node-id order, BATCH at a time. Each node's "
+    "action goes through its gate (protected nodes, the unit's allow-list, one action per node, the per-node cap, observe mode, "
+    "the breaker) and into the audit log under the rollout's id (gpumedic actions); each is verified as the catalogue verifies "
+    "it (a restarted unit active, and healthy where its entry has a health_url). The next batch starts only once every node of "
+    "this one succeeded: after a batch with a failure it stops and says which nodes were not reached. It also stops before a "
+    "batch that would take the breaker past its limit, rather than trip it. --dry-run runs nothing. Exit 0: every batch "
+    "succeeded; 1: it stopped, or a node's action did not succeed; 2: nothing ran (the reason is printed).",
 )
 
 

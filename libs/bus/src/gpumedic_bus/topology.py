@@ -49,6 +49,7 @@ from gpumedic_events import (
     SubjectToken,
 )
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
+from gpumedic_events.rollout import ROLLOUT_SUBJECT
 from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, stream_of
 
 SERVICES: tuple[str, ...] = (
@@ -325,7 +326,10 @@ LAUNCHER = "launcher"
 """Job launchers: may ask for a pre-flight check of a node's GPUs and read the answer, nothing else."""
 NODE_USER_PREFIX = "node-"
 
-REQUESTS: tuple[Request, ...] = (Request(PREFLIGHT_SUBJECT, "remediator", (LAUNCHER, OPERATOR)),)
+REQUESTS: tuple[Request, ...] = (
+    Request(PREFLIGHT_SUBJECT, "remediator", (LAUNCHER, OPERATOR)),
+    Request(ROLLOUT_SUBJECT, "remediator", (OPERATOR,)),  # acting on many nodes is the operator's alone
+)
 """Request-reply subjects. The answering service subscribes; NATS lets it reply to the asker's
 inbox (`allow_responses`) without any other publish right."""
 

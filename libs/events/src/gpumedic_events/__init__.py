@@ -44,6 +44,7 @@ from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
 from gpumedic_events.drain import NodeDrained, NodeRetired, NodeUndrained
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
+from gpumedic_events.rollout import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest, RolloutStep
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
 from gpumedic_events.incident import (
     Diagnosis,
@@ -113,6 +114,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 
 __all__ = [
     "PREFLIGHT_SUBJECT",
+    "ROLLOUT_SUBJECT",
+    "RolloutReport",
+    "RolloutRequest",
+    "RolloutStep",
     "GpuReadiness",
     "PreflightReport",
     "PreflightRequest",

@@ -8,7 +8,7 @@ answers, since it alone may log in to nodes; with `clean` it removes leftovers t
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Self
+from typing import Annotated, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
@@ -19,7 +19,10 @@ MAX_GPUS = 64
 
 
 class _Message(BaseModel):
+    """A request or reply over core NATS request-reply, on `SUBJECT`."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
+    SUBJECT: ClassVar[str] = PREFLIGHT_SUBJECT
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()
@@ -28,11 +31,11 @@ class _Message(BaseModel):
     def from_json(cls, data: bytes | str) -> Self:
         """Parse one message; EventDecodeError says what was wrong and where."""
         if len(data) > MAX_EVENT_BYTES:
-            raise EventDecodeError(PREFLIGHT_SUBJECT, f"payload of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+            raise EventDecodeError(cls.SUBJECT, f"payload of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
         try:
             return cls.model_validate_json(data)
         except ValidationError as exc:
-            raise EventDecodeError(PREFLIGHT_SUBJECT, _describe(exc)) from None
+            raise EventDecodeError(cls.SUBJECT, _describe(exc)) from None
 
 
 class PreflightRequest(_Message):

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import Counter, Gauge
@@ -61,7 +62,7 @@ from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.base import Scheduler
 from remediator.leaders import ClusterLeaders
-from remediator.gate import Decision, Gate, OwnFacts, Verdict, fleet_verdict, refusal
+from remediator.gate import RESET_HINT, Decision, Gate, OwnFacts, Verdict, breaker_limit, fleet_verdict, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 
@@ -284,6 +285,31 @@ class ActionHandler:
         if decision.verdict is Verdict.OBSERVE:
             return ActionOutcome.OBSERVED.value, f"{decision.reason}; {_would_run(request, self._gate)}"
         return ActionOutcome.BLOCKED.value, decision.reason
+
+    @property
+    def inventory_path(self) -> Path:
+        return self._settings.inventory
+
+    async def breaker_room(self, nodes: set[str], operation: object) -> str:
+        """Why acting on `nodes` now would take the breaker past its limit or meet it open ('' when
+        it would not): a fleet operation asks before each batch, and stops rather than trip it."""
+        now = self._now()
+        probe = ActionRequested(source=SERVICE, action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=sorted(nodes)[0],
+                                attempt=1, operation=operation, reason="breaker room")
+        async with self._sessions() as session:
+            view = await repository.ledger_view(session=session, request=probe, now=now, window_s=self._gate.breaker_window_s,
+                                                node_window_s=self._gate.node_window_s)
+        if view.breaker_open_since is not None:
+            return f"the circuit breaker is open ({view.breaker_reason or 'tripped'}), {RESET_HINT}"
+        if not catalogue.spec_of(operation).fix:
+            return ""  # moving jobs harms none: the breaker does not count it
+        fleet_size, _ = self._inventory_facts(probe.node_id)
+        limit, why = breaker_limit(self._gate, fleet_size)
+        after = view.nodes_in_window | nodes
+        if len(after) > limit:
+            return (f"it would take the breaker to {len(after)} distinct nodes acted on within {self._gate.breaker_window_s:g}s "
+                    f"({len(view.nodes_in_window)} already; {why}): wait for the window, or act on fewer nodes at once")
+        return ""
 
     def _inventory_facts(self, node_id: str) -> tuple[int, NodeAddress | None]:
         """Nodes in the inventory (for the breaker's share) and this node's entry (for its group and

@@ -12,7 +12,7 @@ from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
-from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT
+from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT, ROLLOUT_SUBJECT
 from gpumedic_incidents import IncidentStates, Policy
 from gpumedic_incidents.policy import NodeSelector
 from gpumedic_nodes.ssh import SshExecutor
@@ -25,6 +25,7 @@ from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
 from remediator.gate import Gate
 from remediator.preflight import Preflight
+from remediator.rollout import Rollout
 from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         verify_timeout_s=settings.verify_timeout_s,
     )
     runtime.respond(PREFLIGHT_SUBJECT, preflight.handle)
+    runtime.respond(ROLLOUT_SUBJECT, Rollout(policy=policy, actions=handler, tracer=runtime.tracer).handle)
 
     async def _check() -> None:
         settings.check_files()

@@ -1,0 +1,98 @@
+"""Fleet operations: an operator asks the remediator to act on many nodes, batch by batch, through
+its gate (runbook 002's restart of the daemon across the fleet; a rolling restart; draining a
+group before maintenance).
+
+A request and its reply over core NATS (request-reply on `ROLLOUT_SUBJECT`): the operator waits
+for the answer. The remediator runs one batch at a time, each node's action verified before the
+next batch starts, and stops after the first batch in which a node's action did not succeed, or
+before a batch that would take the breaker past its limit. Each action is in the audit log under
+the rollout's id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpumedic_events.action import UNIT_PATTERN
+from gpumedic_events.base import NodeId, SubjectToken
+from gpumedic_events.preflight import _Message
+
+ROLLOUT_SUBJECT = "gpumedic.v1.rollout.run"
+ROLLOUT_OPERATIONS = ("restart_unit", "drain_node", "undrain_node")
+MAX_ROLLOUT_NODES = 10_000
+
+
+class RolloutRequest(_Message):
+    """Run `operation` on every node the selectors name (`gpu-node-07`, `group:NAME`, `label:KEY=VALUE`),
+    `batch` nodes at a time; with `dry_run`, only say what would run."""
+
+    SUBJECT: ClassVar[str] = ROLLOUT_SUBJECT
+
+    operation: Literal["restart_unit", "drain_node", "undrain_node"]
+    unit: str | None = Field(default=None, pattern=UNIT_PATTERN, description="The unit restart_unit restarts (on the policy's allow-list).")
+    nodes: tuple[str, ...] = Field(min_length=1, max_length=64, description="Node selectors: a node, group:NAME or label:KEY=VALUE.")
+    batch: int = Field(default=1, ge=1, le=1000, description="Nodes acted on at once; the next batch starts once all of them are verified.")
+    dry_run: bool = False
+    requested_by: SubjectToken = "operator"
+
+    @field_validator("nodes")
+    @classmethod
+    def _selectors(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # their grammar is the policy's NodeSelector, which the remediator applies; here only their shape
+        for text in value:
+            if not text or len(text) > 200 or any(c.isspace() for c in text):
+                raise ValueError(f"{text[:100]!r} is not a node selector (NODE, group:NAME or label:KEY=VALUE)")
+        return value
+
+    @model_validator(mode="after")
+    def _a_unit_to_restart(self) -> RolloutRequest:
+        if (self.operation == "restart_unit") != (self.unit is not None):
+            raise ValueError("restart_unit needs unit, and only restart_unit takes one")
+        return self
+
+
+class RolloutStep(_Message):
+    """One node's action in the rollout, as the gate decided it and the node answered."""
+
+    SUBJECT: ClassVar[str] = ROLLOUT_SUBJECT
+
+    batch: int = Field(ge=1)
+    node_id: NodeId
+    status: str = Field(max_length=32, description="succeeded, failed, blocked, observed, interrupted; planned in a dry run.")
+    detail: str = Field(default="", max_length=2000)
+    action_id: uuid.UUID | None = None
+
+
+class RolloutReport(_Message):
+    SUBJECT: ClassVar[str] = ROLLOUT_SUBJECT
+
+    rollout_id: uuid.UUID
+    operation: str = Field(max_length=32)
+    dry_run: bool = False
+    batches: tuple[tuple[NodeId, ...], ...] = Field(default=(), max_length=MAX_ROLLOUT_NODES, description="The plan, batch by batch.")
+    steps: tuple[RolloutStep, ...] = Field(default=(), max_length=MAX_ROLLOUT_NODES)
+    stopped: str = Field(default="", max_length=2000, description="Why it stopped before the last batch ('' when it did not).")
+    error: str = Field(default="", max_length=2000, description="Why nothing ran (no node selected, a unit off the allow-list).")
+    took_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not self.stopped and all(s.status in ("succeeded", "planned") for s in self.steps)
+
+    def summary(self) -> str:
+        nodes = sum(len(b) for b in self.batches)
+        head = f"rollout {self.rollout_id}: {self.operation} on {nodes} node(s) in {len(self.batches)} batch(es)"
+        if self.error:
+            return f"{head}: nothing ran: {self.error}"
+        lines = [head + (" (dry run: nothing ran)" if self.dry_run else "")]
+        for step in self.steps:
+            action = f" [action {step.action_id}]" if step.action_id else ""
+            lines.append(f"  batch {step.batch}  {step.node_id}  {step.status}: {step.detail}{action}")
+        if self.stopped:
+            lines.append(f"stopped: {self.stopped}")
+        elif not self.dry_run:
+            lines.append("done: every batch ran" + ("" if self.ok else ", not every node's action succeeded"))
+        return "\n".join(lines)

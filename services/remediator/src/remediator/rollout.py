@@ -1,0 +1,125 @@
+"""Fleet operations: one operation on many nodes, batch by batch, each action through the gate.
+
+The operator names the nodes by selectors over the inventory (a node, `group:NAME`,
+`label:KEY=VALUE`); they are taken in node-id order, `batch` at a time. Every node's action is an
+`ActionRequested` of its own run through `ActionHandler.run_gated`: protected nodes, the unit's
+allow-list and node scope, one action per node, the per-node cap, observe mode and the breaker all
+apply, and the ledger records it under the rollout's id (`gpumedic actions`). A batch's actions
+run at once; each is verified as the catalogue verifies it (a restarted unit active and healthy,
+a drain the scheduler's), and the next batch starts only when all of them succeeded. Before each
+batch the rollout checks that it would not take the breaker past its limit, and stops if it
+would: a rollout never trips the breaker itself. A dry run resolves the nodes and renders each
+command, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from opentelemetry.trace import Tracer
+
+from gpumedic_events import (
+    ActionOutcome,
+    ActionRequested,
+    DrainNode,
+    EventDecodeError,
+    RestartUnit,
+    RolloutReport,
+    RolloutRequest,
+    RolloutStep,
+    UndrainNode,
+)
+from gpumedic_incidents.policy import NodeSelector, Policy, selects
+from gpumedic_nodes.inventory import InventoryError, load_inventory
+from gpumedic_telemetry import NODE_ID
+from remediator.catalogue import render
+from remediator.catalogue.base import InvalidParameter
+from remediator.handlers import SERVICE, ActionHandler
+
+
+class Rollout:
+    def __init__(self, *, policy: Policy, actions: ActionHandler, tracer: Tracer) -> None:
+        self._policy = policy
+        self._actions = actions
+        self._tracer = tracer
+
+    async def handle(self, body: bytes) -> bytes:
+        """One request's bytes in, the report's bytes out; a malformed request gets a report that says why."""
+        try:
+            request = RolloutRequest.from_json(body)
+        except EventDecodeError as exc:
+            return RolloutReport(rollout_id=uuid.uuid4(), operation="invalid", error=f"invalid rollout request: {exc.reason}").to_json()
+        return (await self.run(request)).to_json()
+
+    async def run(self, request: RolloutRequest) -> RolloutReport:
+        rollout_id = uuid.uuid4()
+        started = time.monotonic()
+        report = RolloutReport(rollout_id=rollout_id, operation=request.operation, dry_run=request.dry_run)
+        with self._tracer.start_as_current_span("rollout", attributes={"gpumedic.rollout.operation": request.operation}) as span:
+            try:
+                nodes = self._nodes(request)
+                operation = _operation(request)
+                render(operation, self._policy.actions)  # a unit off the allow-list is said before anything runs
+            except (InventoryError, InvalidParameter, ValueError) as exc:
+                return report.model_copy(update={"error": str(exc)[:2000], "took_ms": _ms(started)})
+            batches = tuple(tuple(nodes[i : i + request.batch]) for i in range(0, len(nodes), request.batch))
+            report = report.model_copy(update={"batches": batches})
+            if request.dry_run:
+                commands = "; ".join(render(operation, self._policy.actions)) or "the scheduler's drain"
+                steps = tuple(RolloutStep(batch=n, node_id=node, status="planned", detail=commands[:2000])
+                              for n, batch in enumerate(batches, 1) for node in batch)
+                return report.model_copy(update={"steps": steps, "took_ms": _ms(started)})
+            steps: list[RolloutStep] = []
+            stopped = ""
+            for n, batch in enumerate(batches, 1):
+                if why := await self._actions.breaker_room(set(batch), operation):
+                    stopped = f"before batch {n} of {len(batches)}: {why}; {_left(batches, n - 1)}"
+                    break
+                records = await asyncio.gather(*(self._act(rollout_id, request, operation, node, n) for node in batch))
+                steps += [RolloutStep(batch=n, node_id=r.node_id, status=r.status, detail=(r.detail or "")[:2000],
+                                      action_id=uuid.UUID(r.action_id)) for r in records]
+                failed = [r.node_id for r in records if r.status != ActionOutcome.SUCCEEDED]
+                if failed:
+                    stopped = f"batch {n} of {len(batches)} did not succeed on {', '.join(failed)}; {_left(batches, n)}"
+                    break
+            span.set_attribute("gpumedic.rollout.nodes", len(steps))
+            return report.model_copy(update={"steps": tuple(steps), "stopped": stopped, "took_ms": _ms(started)})
+
+    def _nodes(self, request: RolloutRequest) -> list[str]:
+        """The inventory's nodes the selectors name, in node-id order."""
+        selectors = tuple(NodeSelector(text) for text in request.nodes)
+        inventory = load_inventory(self._actions.inventory_path)
+        chosen = sorted(node for node, address in inventory.items() if selects(selectors, node, address.group, address.labels))
+        if not chosen:
+            raise ValueError(f"no node of the inventory matches {', '.join(request.nodes)}")
+        return chosen
+
+    async def _act(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int):
+        action = ActionRequested(
+            source=SERVICE, action_id=uuid.uuid4(), incident_id=rollout_id, node_id=node, attempt=1, operation=operation,
+            reason=f"rollout {request.operation} by {request.requested_by}, batch {batch}",
+        )
+        with self._tracer.start_as_current_span("rollout.node", attributes={NODE_ID: node}):
+            return await self._actions.run_gated(action, "", _keep_going)
+
+
+def _operation(request: RolloutRequest) -> RestartUnit | DrainNode | UndrainNode:
+    if request.operation == "restart_unit":
+        assert request.unit is not None  # the request's own check
+        return RestartUnit(unit=request.unit)
+    return DrainNode() if request.operation == "drain_node" else UndrainNode()
+
+
+def _left(batches: tuple[tuple[str, ...], ...], done: int) -> str:
+    rest = [node for batch in batches[done:] for node in batch]
+    return f"{len(rest)} node(s) not acted on: {', '.join(rest[:20])}{' ...' if len(rest) > 20 else ''}" if rest else "no node left"
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+async def _keep_going() -> None:
+    """No JetStream delivery to keep alive: the operator waits for the answer."""
