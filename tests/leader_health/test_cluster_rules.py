@@ -56,9 +56,9 @@ class Cluster:
         self.logic = ClusterIncidents("selfplay", policy)
         self.events: list = []
 
-    def round(self, s: float, answers: list[PeerAnswer]) -> list:
+    def round(self, s: float, answers: list[PeerAnswer], inventory: frozenset[str] | None = None) -> list:
         out = []
-        for t in self.logic.on_round(answers, T0 + timedelta(seconds=s)):
+        for t in self.logic.on_round(answers, T0 + timedelta(seconds=s), inventory):
             self.logic.book.commit(t)
             out += t.events
         self.events += out
@@ -200,3 +200,32 @@ def test_a_flapping_leader_and_too_few_peers_open_their_incidents():
         c.round(s, four)
     (below,) = c.opened()
     assert below.kind is IncidentKind.PEERS_BELOW_TARGET and "the cluster has 4 peers, below the target of 5" in below.summary
+
+
+def test_a_member_no_inventory_names_is_a_stranger_after_its_rounds_and_clears_once_gone():
+    c = Cluster()
+    inventory = frozenset({"p1", "p2", "p3", "p4", "10.0.0.5"})  # p5 answers under its own name, at an address the inventory has
+    with_test = [ok(n, peers=[*NODES, "test"]) for n in NODES]
+    for s in (0, 10):
+        c.round(s, with_test, inventory)
+    assert c.opened() == []  # after_checks: 3 rounds
+    c.round(20, with_test, inventory)
+    (opened,) = c.opened()
+    assert opened.kind is IncidentKind.UNKNOWN_PEER and opened.node_id == "selfplay"
+    assert opened.summary.startswith("5 peer(s) of cluster selfplay count 'test' as a member, which no inventory names (listed by p1, p2")
+    assert not [e for e in c.events if isinstance(e, ActionRequested)]  # a person's
+    c.round(30, [ok(n) for n in NODES], inventory)
+    assert [e.incident_id for e in c.events if isinstance(e, IncidentResolved)] == [opened.incident_id]
+    # without an inventory, nobody is a stranger: a watched peer that never answered could not be told from one
+    blind = Cluster()
+    for s in range(0, 100, 10):
+        blind.round(s, with_test)
+    assert blind.opened() == []
+
+
+def test_a_daemon_that_lists_thousands_of_made_up_members_makes_a_bounded_number_of_incidents():
+    c = Cluster()
+    flood = [ok(n, peers=[*NODES, *(f"ghost-{i}" for i in range(500))]) for n in NODES]
+    for s in (0, 10, 20):
+        c.round(s, flood, frozenset(NODES))
+    assert len(c.opened()) == 20 and {e.kind for e in c.opened()} == {IncidentKind.UNKNOWN_PEER}

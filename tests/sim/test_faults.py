@@ -226,7 +226,7 @@ async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_rec
     # each stand-in records its own kind (a job's hang records its lost GPU too, a job's end each rank's)
     assert [f.fault for f in fleet.injected if f.node_id == "sim" or placed[f.node_id] == f.fault] == list(FAULTS)
     assert all(f.expect == FAULTS[f.fault].expect for f in fleet.injected if f.fault != Fault.XID)  # an XID's number decides
-    assert [f.node_id for f in fleet.injected if FAULTS[f.fault].whole_cluster] == ["sim"] * 4
+    assert [f.node_id for f in fleet.injected if FAULTS[f.fault].whole_cluster] == ["sim"] * sum(e.whole_cluster for e in FAULTS.values())
 
 
 # --- benign behaviour, seen the same way ---------------------------------------------------

@@ -65,6 +65,7 @@ class Fault(StrEnum):
     BARE_OOM_KILL = "bare_oom_kill"
     CHECK_FAILING = "check_failing"
     LOG_ERRORS = "log_errors"
+    UNKNOWN_PEER = "unknown_peer"
 
 
 class Benign(StrEnum):
@@ -192,6 +193,8 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                   _kinds(K.PEER_PARTITIONED), params={"for": 90.0}, by="fleet"),
     Fault.PEERS_NEVER_JOIN: Entry("the node and the next `count`-1 never join the peer cluster", "keep_peers_out",
                                   _kinds(K.PEERS_BELOW_TARGET), params={"count": 5}, by="fleet", whole_cluster=True),
+    Fault.UNKNOWN_PEER: Entry("a daemon named test (runbook 002's) that no inventory names joins the peer cluster, and every "
+                              "member counts it", "admit_stranger", _kinds(K.UNKNOWN_PEER), by="fleet", whole_cluster=True),
     Fault.BAD_IMAGE: Entry("a rollout: the job on the GPU is restarted on `image`, which fails at start (exit 1, an import error "
                            "in its log)", "run_bad_image", _kinds(K.CONTAINER_DIED), gpu=True,
                            params={"image": DEFAULT_BAD_IMAGE}, whole_node=True),
@@ -201,9 +204,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                                "inject_model_missing", _kinds(K.FILE_MISSING)),
     Fault.CHECK_FAILING: Entry("the node's job checkpoint directory is emptied: the operator's own check of it (runbook 002's "
                                "missing network checkpoints) says 'problem'", "inject_check_failing", _kinds(K.CHECK_FAILED)),
-    Fault.LOG_ERRORS: Entry("the node's worker logs `count` (default 5) lines of runbook 001's recurring errors (SSH connection "
-                            "failed, failed to reset orphaned tasks) at once: the operator's log pattern counts them", "inject_log_errors",
-                            _kinds(K.LOG_PATTERN), params={"count": 5}),
+    Fault.LOG_ERRORS: Entry("the node's worker logs 5 lines of runbook 001's recurring errors (SSH connection failed, failed to "
+                            "reset orphaned tasks) at once: the operator's log pattern counts them", "inject_log_errors",
+                            _kinds(K.LOG_PATTERN)),
     Fault.NIC_FLAPPING: Entry("one of the node's InfiniBand links goes down and back every `every` seconds, counting errors",
                               "inject_nic_flapping", _kinds(K.NIC_FLAPPING), params={"every": 20.0}),
     Fault.JOB_HUNG: Entry("the node's ranks of its job across nodes stop, and every other rank waits in the collective; `cause`: "

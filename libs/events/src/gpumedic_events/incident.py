@@ -121,6 +121,9 @@ class IncidentKind(StrEnum):
     CHECK_FAILED = "check_failed"
     """One of the operator's own check scripts on a node says there is a problem (exit 1) for its
     check's `for_s` (its key names the check); each check may have its own ladder in the policy."""
+    UNKNOWN_PEER = "unknown_peer"
+    """A peer the cluster's daemons count as a member is in no inventory (runbook 002's `test`): a
+    stray daemon, a test instance, a node renamed; its key names it."""
     LOG_PATTERN = "log_pattern"
     """One of the operator's log patterns matched `count` lines on a node within its `window_s`
     (its key names the pattern); each pattern may have its own ladder in the policy."""

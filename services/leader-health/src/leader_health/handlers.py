@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_incidents.detector import Detector
+from gpumedic_nodes.inventory import InventoryError, load_inventory
 from leader_health.judge import ClusterIncidents, assess
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
@@ -21,6 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, logic: ClusterIncidents, reader: StatusReader):
+    inventory = Inventory(settings.inventory)
+
     async def check_cluster() -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -40,9 +44,36 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
             except Exception as exc:
                 log.warning("cluster check not published (%r); the bus may be reconnecting", exc)
             try:
-                await detector.decide(lambda now: logic.on_round(answers, now))
+                known = await asyncio.to_thread(inventory.names)
+                await detector.decide(lambda now: logic.on_round(answers, now, known))
             except Exception:  # the bus or the state bucket; the next round decides again
                 log.exception("the round's incidents were not applied; the next round decides again")
             await asyncio.sleep(max(0.0, started + settings.interval_s - loop.time()))
 
     return check_cluster
+
+
+class Inventory:
+    """The node ids and hosts the fleet's inventory names, read again when the file changes (enroll
+    adds nodes); None when none is set or it cannot be read (said once): then no member is a stranger."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._read: tuple[tuple[int, int], frozenset[str]] | None = None
+        self._said = False
+
+    def names(self) -> frozenset[str] | None:
+        if self.path is None:
+            return None
+        try:
+            info = self.path.stat()
+            if self._read is None or self._read[0] != (info.st_mtime_ns, info.st_size):
+                nodes = load_inventory(self.path)
+                self._read = ((info.st_mtime_ns, info.st_size), frozenset(nodes) | {a.host for a in nodes.values()})
+                self._said = False
+        except (OSError, InventoryError) as exc:
+            if not self._said:
+                log.warning("the inventory %s cannot be read (%s): no peer is judged a stranger meanwhile", self.path, exc)
+                self._said = True
+            return None
+        return self._read[1]

@@ -124,10 +124,10 @@ class ClusterIncidents:
         self.book = IncidentBook(SOURCE, policy)
         self.rules = ClusterRules(cluster, policy)
 
-    def on_round(self, answers: list[PeerAnswer], now: datetime) -> list[Transition]:
+    def on_round(self, answers: list[PeerAnswer], now: datetime, inventory: frozenset[str] | None = None) -> list[Transition]:
         for answer in answers:
             self.book.saw_node(self.rules.node(answer.url), now)
-        findings = self.rules.observe(answers, now, self.book)
+        findings = self.rules.observe(answers, now, self.book, inventory)
         return [t for finding in findings for t in self.book.on_finding(finding, now)]
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:

@@ -29,6 +29,7 @@ Cluster-wide incidents other than `no_leader` are on a node named after the clus
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ from leader_health.probe import PeerAnswer
 from leader_health.status import PeerStatus
 
 NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+MAX_STRANGERS = 20
+"""Strangers judged at once: a daemon that lists thousands of made-up members makes 20 incidents, not thousands."""
 """Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
 PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
 
@@ -130,8 +133,14 @@ class ClusterRules:
         self._changes: deque[datetime] = deque()
         self._split: tuple[frozenset[str], int] = (frozenset(), 0)
         """The leaders the last rounds named, when more than one, and for how many rounds in a row."""
+        self._strangers: dict[str, int] = {}
+        """Members no inventory names -> rounds in a row they were counted."""
 
-    def observe(self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents) -> list[Finding]:
+    def observe(
+        self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents, inventory: frozenset[str] | None = None
+    ) -> list[Finding]:
+        """One probe round's findings; `inventory`: the node ids and hosts the fleet's inventory names
+        (None: not known, and no member is judged a stranger)."""
         for a in answers:
             if a.status is not None:
                 self.node_of[a.url] = a.status.node_id
@@ -141,6 +150,8 @@ class ClusterRules:
         view = leadership(answers)
         statuses = view.statuses
         findings += self._partitioned(statuses, incidents, now)
+        if inventory is not None:
+            findings += self._unknown(statuses, answers, inventory, incidents)
         if not view.has_quorum:
             if view.voters is not None:
                 why = f"{view.voters_text()}: fewer than a majority ({view.quorum}) of the voters are alive"
@@ -257,6 +268,38 @@ class ClusterRules:
         for gone in set(self._unseen_since) - set(joined):
             del self._unseen_since[gone]
         return findings
+
+    def _unknown(self, statuses: Sequence[PeerStatus], answers: Sequence[PeerAnswer], inventory: frozenset[str],
+                 incidents: Incidents) -> list[Finding]:
+        """Members the answering daemons count that neither the inventory nor the watched peers name
+        (runbook 002: the leader lists `test`, a stray daemon nobody runs on purpose)."""
+        rule = self.policy.kinds.unknown_peer
+        known = inventory | set(self.node_of.values()) | {urlsplit(a.url).hostname or "" for a in answers}
+        listed: dict[str, list[str]] = {}
+        for status in statuses:
+            for peer in status.peers:
+                if peer not in known:
+                    listed.setdefault(peer, []).append(status.node_id)
+        findings: list[Finding] = []
+        for gone in set(self._strangers) - set(listed):
+            del self._strangers[gone]
+            findings.append(cleared(IncidentKind.UNKNOWN_PEER, self._key, key=self._stranger_key(gone)))
+        for peer, by in sorted(listed.items())[:MAX_STRANGERS]:
+            rounds = self._strangers[peer] = self._strangers.get(peer, 0) + 1
+            if rounds < rule.after_checks:
+                continue
+            findings.append(Finding(
+                kind=IncidentKind.UNKNOWN_PEER, node_id=self._key, key=self._stranger_key(peer),
+                summary=f"{len(by)} peer(s) of cluster {self.cluster} count {peer[:100]!r} as a member, which no inventory names "
+                        f"(listed by {', '.join(sorted(by)[:5])}): a stray daemon, a test instance or a renamed node",
+                evidence={"cluster": self.cluster, "peer": peer[:256], "listed_by": " ".join(sorted(by)[:20])},
+                severity="warning",
+                recommended_action=f"find where {peer[:100]!r} runs and stop it, or add it to the inventory if it belongs",
+            ))
+        return findings
+
+    def _stranger_key(self, peer: str) -> str:
+        return f"{self._safe(peer)[:40]}-{hashlib.sha256(peer.encode()).hexdigest()[:8]}"
 
     # --- the cluster ------------------------------------------------------------------------
 

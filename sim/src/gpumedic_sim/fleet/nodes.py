@@ -179,6 +179,10 @@ class SimFleet:
     def keep_peers_out(self, node: SimNode, count: int) -> None:
         self.cluster.never_join(self._nodes_from(node.node_id, count))
 
+    def admit_stranger(self, node: SimNode) -> None:
+        """A daemon nobody listed joins the cluster (runbook 002's `test`): every member counts it."""
+        self.cluster.join("test")
+
     def hold_election(self, node: SimNode) -> None:
         self.cluster.leader = None
         node.record(Benign.ELECTION)

@@ -64,6 +64,7 @@ def demo_env(fleet: SimFleet) -> dict[str, str]:
         "GPUMEDIC_LEADER_CLUSTER": "sim",
         "GPUMEDIC_LEADER_PEERS": env_json([n.status_url for n in fleet.nodes.values()]),
         "GPUMEDIC_LEADER_INTERVAL_S": "5",
+        "GPUMEDIC_LEADER_INVENTORY": str(fleet.inventory_path),
         "GPUMEDIC_AUTOSCALER_INTERVAL_S": "5",
         **{f"GPUMEDIC_{svc}_TRACE_TO_BUS": "true" for svc in ("SAMPLER", "DETECTOR", "LEADER", "AUTOSCALER", "REMEDIATOR", "REPORTS")},
     }

@@ -419,6 +419,10 @@ class SlowPeerPolicy(PeerPolicy):
     )
 
 
+class UnknownPeerPolicy(KindPolicy):
+    after_checks: int = Field(default=3, ge=1, description="Probe rounds in a row a stranger is counted before an incident.")
+
+
 class PartitionPolicy(KindPolicy):
     max_unseen_share: float = Field(
         default=0.25, ge=0, lt=1, description="Share of the other answering peers that may not see a peer."
@@ -561,6 +565,7 @@ class Kinds(Strict):
     stuck_process: StuckPolicy = StuckPolicy()
     peer_partitioned: PartitionPolicy = PartitionPolicy()
     peers_below_target: TargetPolicy = TargetPolicy()
+    unknown_peer: UnknownPeerPolicy = UnknownPeerPolicy()
     capacity_short: KindPolicy = KindPolicy(ladder=(Step(action="spawn_worker", attempts=3, verify_within_s=120),))
     capacity_surplus: KindPolicy = KindPolicy(
         # none is ended if a worker chosen as idle took a task since: the surplus asks again
