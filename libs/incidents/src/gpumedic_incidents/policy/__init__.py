@@ -42,15 +42,10 @@ from gpumedic_incidents.policy.kinds import (
     BlackHolePolicy,
     FailureJumpPolicy,
     NicDegradedPolicy,
-    CheckFailedPolicy,
-    CheckPolicy,
     FileMissingPolicy,
-    LogPatternPolicy,
-    PatternPolicy,
     UnknownPeerPolicy,
     NicFlappingPolicy,
     BurnInPolicy,
-    CheckpointPolicy,
     ContainerPolicy,
     DiskPolicy,
     EccPolicy,
@@ -58,7 +53,6 @@ from gpumedic_incidents.policy.kinds import (
     HARDWARE_KINDS,
     IdleJobsPolicy,
     JobHungPolicy,
-    KindPolicy,
     Kinds,
     MemoryPolicy,
     NoLeaderPolicy,
@@ -77,7 +71,6 @@ from gpumedic_incidents.policy.kinds import (
     SplitPolicy,
     SshPolicy,
     StalledPolicy,
-    Step,
     StragglerPolicy,
     StuckPolicy,
     TargetPolicy,
@@ -87,6 +80,8 @@ from gpumedic_incidents.policy.kinds import (
     XidPolicy,
     ZombiePolicy,
 )
+from gpumedic_incidents.policy.ladder import CheckpointPolicy, KindPolicy, Step
+from gpumedic_incidents.policy.operator import CheckFailedPolicy, CheckPolicy, LogPatternPolicy, PatternPolicy
 from gpumedic_incidents.policy.gate import FleetPolicy, GatePolicy, PreflightPolicy, ValidationPolicy
 from gpumedic_incidents.policy.actions import (
     AcceptPolicy,
