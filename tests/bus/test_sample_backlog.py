@@ -69,5 +69,8 @@ async def test_a_backlog_of_samples_is_handled_whole_without_holding_the_service
         app.exit()
         await task
     assert len(handled) == BACKLOG
-    assert longest_wait < 0.5, f"a request waited {longest_wait:.2f}s for its answer behind the samples"
+    # The stall this guards against holds the loop for the whole backlog (3,000 x 1 ms: 3 s and more);
+    # a loop that yields answers within a few tenths even on a busy machine (0.54 s seen with six
+    # suites on two cores), so the bound sits between the two rather than timing the machine.
+    assert longest_wait < 1.5, f"a request waited {longest_wait:.2f}s for its answer behind the samples"
     assert lease_lost == []
