@@ -5,12 +5,14 @@ allow (runbook 002: "restart P2P on cluster nodes")."""
 
 from __future__ import annotations
 
+import uuid
 from types import SimpleNamespace
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from gpumedic_events import RolloutReport, RolloutRequest
+from gpumedic_events import RolloutReport, RolloutRequest, RolloutStep
+from gpumedic_events.base import MAX_EVENT_BYTES
 from gpumedic_incidents.policy import SAMPLER_UNIT, Actions, Policy, RestartPolicy, UnitRule
 from gpumedic_sim import SimFleet
 from gpumedic_sim.machine.state import PEER_UNIT
@@ -39,8 +41,8 @@ async def rollout(twelve, tmp_path):
 
     def _make(**changes) -> Rollout:
         settings = Settings(store=StoreSettings(url=url), inventory=twelve.inventory_path, known_hosts=twelve.known_hosts_path,
-                            client_key=twelve.client_key_path, mode="enforce", connect_timeout_s=2.0, command_timeout_s=5.0,
-                            verify_timeout_s=3.0, breaker_max_share=1.0, **({"breaker_max_nodes": 20} | changes))
+                            client_key=twelve.client_key_path, connect_timeout_s=2.0, command_timeout_s=5.0, verify_timeout_s=3.0,
+                            breaker_max_share=1.0, **({"mode": "enforce", "breaker_max_nodes": 20} | changes))
         tracer = TracerProvider().get_tracer("test")
         actions = ActionHandler(settings=settings, gate=gate_of(settings, POLICY), sessions=session_factory(engine),
                                 runtime=SimpleNamespace(broker=None, metrics=ServiceMetrics("remediator")),
@@ -83,10 +85,13 @@ async def test_a_rolling_restart_stops_after_the_batch_in_which_a_node_failed(ro
     assert RolloutReport.from_json(report.to_json()) == report
 
 
-async def test_a_dry_run_lists_the_batches_and_commands_and_runs_nothing(rollout, twelve):
-    report = await rollout().run(request(dry_run=True))
-    assert report.ok and len(report.steps) == 12 and {s.status for s in report.steps} == {"planned"}
+async def test_a_dry_run_lists_the_batches_and_commands_and_where_the_gate_would_refuse_and_runs_nothing(rollout, twelve):
+    report = await rollout(protected_nodes={"sim-node-02"}).run(request(dry_run=True))
+    assert len(report.steps) == 12 and [s.status for s in report.steps].count("planned") == 11
     assert report.steps[0].detail == f"systemctl restart {PEER_UNIT}; systemctl is-active {PEER_UNIT}"
+    assert (report.steps[1].status, report.steps[1].detail) == ("blocked", "node sim-node-02 is protected; actions on it need a person")
+    observing = await rollout(mode="observe").run(request(dry_run=True))
+    assert {s.status for s in observing.steps} == {"observed"}
     assert restarts(twelve) == {} and await ledger(rollout.engine, report.rollout_id) == []
 
 
@@ -104,3 +109,14 @@ async def test_a_unit_off_the_allow_list_or_no_matching_node_runs_nothing(rollou
     report = await rollout().run(request(nodes=("group:nowhere",)))
     assert report.error == "no node of the inventory matches group:nowhere"
     assert restarts(twelve) == {}
+
+
+def test_a_report_of_thousands_of_nodes_fits_one_message_and_keeps_every_node_that_failed():
+    steps = tuple(RolloutStep(batch=i // 50 + 1, node_id=f"gpu-node-{i:05d}", status="failed" if i % 997 == 5 else "succeeded",
+                              detail="restarted selfplay-p2p.service (systemd); active " + "x" * 300, action_id=uuid.uuid4())
+                  for i in range(5000))
+    report = RolloutReport(rollout_id=uuid.uuid4(), operation="restart_unit", steps=steps).fitted()
+    assert len(report.to_json()) <= MAX_EVENT_BYTES - 8 * 1024
+    assert [s.node_id for s in report.steps if s.status == "failed"] == [f"gpu-node-{i:05d}" for i in range(5000) if i % 997 == 5]
+    assert report.left_out == 5000 - len(report.steps) > 0 and f"and {report.left_out} more that succeeded" in report.summary()
+    assert RolloutReport.from_json(report.to_json()) == report

@@ -352,7 +352,7 @@ command(
     click.option("--unit", help="restart-unit: the unit, on the policy's actions.restart_unit.units (e.g. the peer daemon's)"),
     click.option("--nodes", multiple=True, required=True, help="which nodes: NODE, group:NAME or label:KEY=VALUE (repeat for more)"),
     click.option("--batch", type=click.IntRange(1, 1000), default=1, show_default=True, help="nodes acted on at once"),
-    click.option("--dry-run", is_flag=True, help="list the batches and the commands; run nothing"),
+    click.option("--dry-run", is_flag=True, help="list the batches, the commands and where the gate would refuse; run nothing"),
     by_option(what="who asks (kept with each action in the audit log)"),
     click.option("--timeout", type=float, default=1800.0, show_default=True, help="seconds to wait for the whole rollout"),
     click.option("--json", is_flag=True, help="print the report as JSON"),

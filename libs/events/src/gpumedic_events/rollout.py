@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gpumedic_events.action import UNIT_PATTERN
-from gpumedic_events.base import NodeId, SubjectToken
+from gpumedic_events.base import MAX_EVENT_BYTES, NodeId, SubjectToken
 from gpumedic_events.preflight import _Message
 
 ROLLOUT_SUBJECT = "gpumedic.v1.rollout.run"
@@ -75,8 +75,25 @@ class RolloutReport(_Message):
     batches: tuple[tuple[NodeId, ...], ...] = Field(default=(), max_length=MAX_ROLLOUT_NODES, description="The plan, batch by batch.")
     steps: tuple[RolloutStep, ...] = Field(default=(), max_length=MAX_ROLLOUT_NODES)
     stopped: str = Field(default="", max_length=2000, description="Why it stopped before the last batch ('' when it did not).")
+    left_out: int = Field(default=0, ge=0, description="Steps that succeeded (or were planned) left out to keep the reply "
+                          "within a message's size; `gpumedic actions` lists every action.")
     error: str = Field(default="", max_length=2000, description="Why nothing ran (no node selected, a unit off the allow-list).")
     took_ms: float = 0.0
+
+    def fitted(self, budget: int = MAX_EVENT_BYTES - 8 * 1024) -> RolloutReport:
+        """This report within `budget` bytes of JSON: first each step's detail is cut short, then
+        steps that succeeded (or were planned) are left out, the last first; those that did not stay."""
+        report = self
+        if len(report.to_json()) > budget:
+            report = report.model_copy(update={"steps": tuple(s.model_copy(update={"detail": s.detail[:120]}) for s in report.steps)})
+        while len(report.to_json()) > budget:
+            fine = [i for i, s in enumerate(report.steps) if s.status in ("succeeded", "planned")]
+            if not fine:
+                break
+            drop = set(fine[-max(1, len(fine) // 4):])
+            report = report.model_copy(update={"steps": tuple(s for i, s in enumerate(report.steps) if i not in drop),
+                                               "left_out": report.left_out + len(drop)})
+        return report
 
     @property
     def ok(self) -> bool:
@@ -91,6 +108,8 @@ class RolloutReport(_Message):
         for step in self.steps:
             action = f" [action {step.action_id}]" if step.action_id else ""
             lines.append(f"  batch {step.batch}  {step.node_id}  {step.status}: {step.detail}{action}")
+        if self.left_out:
+            lines.append(f"  ... and {self.left_out} more that succeeded (gpumedic actions lists them)")
         if self.stopped:
             lines.append(f"stopped: {self.stopped}")
         elif not self.dry_run:

@@ -62,7 +62,7 @@ from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.base import Scheduler
 from remediator.leaders import ClusterLeaders
-from remediator.gate import RESET_HINT, Decision, Gate, OwnFacts, Verdict, breaker_limit, fleet_verdict, refusal
+from remediator.gate import RESET_HINT, Decision, Gate, LedgerView, OwnFacts, Verdict, breaker_limit, fleet_verdict, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 
@@ -289,6 +289,14 @@ class ActionHandler:
     @property
     def inventory_path(self) -> Path:
         return self._settings.inventory
+
+    def standing_verdict(self, request: ActionRequested) -> Decision:
+        """The gate's verdict on `request` from what does not change from one moment to the next:
+        protected nodes, the operation's node scope, the inventory and observe mode (a dry run's;
+        the breaker, caps and actions in flight are judged when it runs)."""
+        fleet_size, address = self._inventory_facts(request.node_id)
+        return fleet_verdict(request, gate=self._gate, ledger_view=LedgerView(fleet_size=fleet_size), now=self._now(),
+                             address=address, in_inventory=address is not None or not fleet_size)
 
     async def breaker_room(self, nodes: set[str], operation: object) -> str:
         """Why acting on `nodes` now would take the breaker past its limit or meet it open ('' when

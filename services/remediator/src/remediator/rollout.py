@@ -9,7 +9,8 @@ run at once; each is verified as the catalogue verifies it (a restarted unit act
 a drain the scheduler's), and the next batch starts only when all of them succeeded. Before each
 batch the rollout checks that it would not take the breaker past its limit, and stops if it
 would: a rollout never trips the breaker itself. A dry run resolves the nodes and renders each
-command, and runs nothing.
+command, says where the gate would refuse (a protected node, the unit's node scope, observe
+mode), and runs nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpumedic_nodes.inventory import InventoryError, load_inventory
 from gpumedic_telemetry import NODE_ID
 from remediator.catalogue import render
 from remediator.catalogue.base import InvalidParameter
+from remediator.gate import Verdict
 from remediator.handlers import SERVICE, ActionHandler
 
 
@@ -46,12 +48,13 @@ class Rollout:
         self._tracer = tracer
 
     async def handle(self, body: bytes) -> bytes:
-        """One request's bytes in, the report's bytes out; a malformed request gets a report that says why."""
+        """One request's bytes in, the report's bytes out (within a message's size); a malformed
+        request gets a report that says why."""
         try:
             request = RolloutRequest.from_json(body)
         except EventDecodeError as exc:
             return RolloutReport(rollout_id=uuid.uuid4(), operation="invalid", error=f"invalid rollout request: {exc.reason}").to_json()
-        return (await self.run(request)).to_json()
+        return (await self.run(request)).fitted().to_json()
 
     async def run(self, request: RolloutRequest) -> RolloutReport:
         rollout_id = uuid.uuid4()
@@ -68,7 +71,7 @@ class Rollout:
             report = report.model_copy(update={"batches": batches})
             if request.dry_run:
                 commands = "; ".join(render(operation, self._policy.actions)) or "the scheduler's drain"
-                steps = tuple(RolloutStep(batch=n, node_id=node, status="planned", detail=commands[:2000])
+                steps = tuple(self._plan(rollout_id, request, operation, node, n, commands)
                               for n, batch in enumerate(batches, 1) for node in batch)
                 return report.model_copy(update={"steps": steps, "took_ms": _ms(started)})
             steps: list[RolloutStep] = []
@@ -96,13 +99,25 @@ class Rollout:
             raise ValueError(f"no node of the inventory matches {', '.join(request.nodes)}")
         return chosen
 
+    def _plan(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int, commands: str) -> RolloutStep:
+        """A dry run's step: what would run, or why the gate would not let it (a protected node, the
+        unit's node scope, observe mode)."""
+        decision = self._actions.standing_verdict(_request(rollout_id, request, operation, node, batch))
+        if decision.verdict is Verdict.ALLOW:
+            return RolloutStep(batch=batch, node_id=node, status="planned", detail=commands[:2000])
+        status = "observed" if decision.verdict is Verdict.OBSERVE else "blocked"
+        return RolloutStep(batch=batch, node_id=node, status=status, detail=decision.reason[:2000])
+
     async def _act(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int):
-        action = ActionRequested(
-            source=SERVICE, action_id=uuid.uuid4(), incident_id=rollout_id, node_id=node, attempt=1, operation=operation,
-            reason=f"rollout {request.operation} by {request.requested_by}, batch {batch}",
-        )
         with self._tracer.start_as_current_span("rollout.node", attributes={NODE_ID: node}):
-            return await self._actions.run_gated(action, "", _keep_going)
+            return await self._actions.run_gated(_request(rollout_id, request, operation, node, batch), "", _keep_going)
+
+
+def _request(rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int) -> ActionRequested:
+    return ActionRequested(
+        source=SERVICE, action_id=uuid.uuid4(), incident_id=rollout_id, node_id=node, attempt=1, operation=operation,
+        reason=f"rollout {request.operation} by {request.requested_by}, batch {batch}",
+    )
 
 
 def _operation(request: RolloutRequest) -> RestartUnit | DrainNode | UndrainNode:
