@@ -19,18 +19,20 @@ from gpumedic_events import (
     ActionOutcome,
     ActionRequested,
     IncidentKind,
+    RolloutRequest,
     NodeRetired,
     RestartWorker,
     SpawnWorker,
     TerminateWorker,
 )
-from gpumedic_incidents.policy import Actions, CheckpointPolicy, Kinds, Policy, RequeuePolicy, RestartWorkerPolicy, SpawnPolicy, TerminatePolicy, dump_policy
+from gpumedic_incidents.policy import Actions, CheckpointPolicy, Kinds, Policy, RequeuePolicy, RestartWorkerPolicy, SpawnPolicy, TerminatePolicy, dump_policy, load_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_store import create_engine, session_factory
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator import repository
 from remediator.handlers import ActionHandler
 from remediator.main import executor_of, gate_of, provider_of, task_db_of
+from remediator.rollout import Rollout
 from tests.fixtures.runpod import KEY
 from tests.remediator.conftest import incident_waiting_for
 
@@ -56,7 +58,8 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
     (tmp_path / "runpod-key").write_text(KEY + "\n")
     made = []
 
-    def _make(*, gpu_types=(H100,), mode="enforce", provider=True, task_db: Path | None = None, checkpoint: CheckpointPolicy | None = None):
+    def _make(*, gpu_types=(H100,), mode="enforce", provider=True, task_db: Path | None = None, checkpoint: CheckpointPolicy | None = None,
+              **settings):
         """`task_db`: a SQLite task database whose tasks the terminations ask about and requeue;
         `checkpoint`: the checkpoint step of the pool's surplus and of a worker stuck spawning."""
         policy_file = tmp_path / "policy.yaml"
@@ -72,7 +75,7 @@ async def remediator(make_settings, incidents, tmp_path, runpod_api):
             policy={"file": policy_file}, mode=mode,
             provider={"kind": "runpod", "api_key_file": tmp_path / "runpod-key", "image": "ghcr.io/acme/selfplay:7",
                       "base_url": base, "timeout_s": 2} if provider else None,
-            task_db_url_file=tmp_path / "task-db-url" if task_db is not None else None,
+            task_db_url_file=tmp_path / "task-db-url" if task_db is not None else None, **settings,
         )
         engine = create_engine(settings.store.url)
         handler = ActionHandler(
@@ -317,3 +320,36 @@ async def test_a_restart_the_provider_answers_but_does_not_carry_out_fails_and_a
     owned = await ask(handler, RestartWorker(), node="gpu-node-01")  # one of your own machines
     assert owned.outcome is ActionOutcome.FAILED
     assert owned.detail == "node gpu-node-01 is no worker RunPod rents (no pod has it as its id or name): a person must restart it"
+
+
+async def test_the_emergency_stop_ends_every_live_worker_batch_by_batch_through_the_gate_and_requeues_their_tasks(remediator, tmp_path):
+    """Runbook 001, "If Workers are Stuck": terminate all workers, and the pool scales up again from
+    the queue. A rollout of terminate_worker over the provider's live workers, what each ran requeued."""
+    fake, make = remediator
+    path = tmp_path / "tasks.db"
+    tasks = functools.partial(_task_table, path)
+    tasks("CREATE TABLE tasks (id TEXT PRIMARY KEY, status TEXT NOT NULL, worker_id TEXT)")
+    inventory = tmp_path / "inventory.yaml"  # the pool's workers, as `gpumedic inventory sync` writes them
+    handler = make(task_db=path, inventory=inventory, breaker_max_nodes=10)
+    await ask(handler, SpawnWorker(gpu_type=H100, gpus=1, count=4))
+    pods = sorted(fake.pods)
+    inventory.write_text("nodes:\n" + "".join(f"  {pod}: {{host: 10.0.0.{i}, group: runpod}}\n" for i, pod in enumerate(pods, 1)))
+    tasks(f"INSERT INTO tasks VALUES ('t1', 'In Progress', '{pods[1]}'), ('t2', 'In Progress', '{pods[3]}')")
+    rollout = Rollout(policy=load_policy(tmp_path / "policy.yaml"), actions=handler, tracer=TracerProvider().get_tracer("test"))
+
+    planned = await rollout.run(RolloutRequest(operation="terminate_worker", workers=("all",), batch=2, dry_run=True))
+    assert [s.node_id for s in planned.steps] == pods and {s.status for s in planned.steps} == {"planned"}
+    assert sorted(fake.pods) == pods  # a dry run ends nothing
+
+    report = await rollout.run(RolloutRequest(operation="terminate_worker", workers=("all",), batch=2, requested_by="ops-alice"))
+    assert report.ok, report.summary()
+    assert [(s.batch, s.node_id, s.status) for s in report.steps] == [
+        (1, pods[0], "succeeded"), (1, pods[1], "succeeded"), (2, pods[2], "succeeded"), (2, pods[3], "succeeded")]
+    assert report.steps[1].detail == f"terminated {pods[1]}; requeued 1 of the 1 task(s) (t1) {pods[1]} was running"
+    assert not fake.pods
+    assert tasks() == [("t1", "Queued", None), ("t2", "Queued", None)]
+
+    nothing = await rollout.run(RolloutRequest(operation="terminate_worker", workers=("all",)))
+    assert nothing.error == "the provider has no live worker" and nothing.steps == ()
+    with pytest.raises(ValueError, match="terminate_worker names workers"):
+        RolloutRequest(operation="terminate_worker", nodes=("group:runpod",))

@@ -233,8 +233,8 @@ def cmd_rollout(args) -> int:
 
     try:
         request = RolloutRequest(
-            operation=args.operation.replace("-", "_"), unit=args.unit, nodes=tuple(args.nodes), batch=args.batch,
-            dry_run=args.dry_run, requested_by=args.by,
+            operation=args.operation.replace("-", "_"), unit=args.unit, nodes=tuple(args.nodes), workers=tuple(args.workers),
+            batch=args.batch, dry_run=args.dry_run, requested_by=args.by,
         )
         settings = operator_bus.operator_settings(args.var)
         reply = asyncio.run(operator_bus.ask(settings, ROLLOUT_SUBJECT, request.to_json(), timeout_s=args.timeout))
@@ -348,16 +348,19 @@ command(
 
 command(
     "rollout", cmd_rollout, "one operation on many nodes, batch by batch, through the gate (a rolling restart, a drain before maintenance)",
-    click.argument("operation", type=click.Choice(["restart-unit", "drain-node", "undrain-node"])),
+    click.argument("operation", type=click.Choice(["restart-unit", "drain-node", "undrain-node", "terminate-worker"])),
     click.option("--unit", help="restart-unit: the unit, on the policy's actions.restart_unit.units (e.g. the peer daemon's)"),
-    click.option("--nodes", multiple=True, required=True, help="which nodes: NODE, group:NAME or label:KEY=VALUE (repeat for more)"),
+    click.option("--nodes", multiple=True, help="which nodes: NODE, group:NAME or label:KEY=VALUE (repeat for more)"),
+    click.option("--workers", multiple=True, help="terminate-worker: the provider's worker ids, or all (runbook 001's emergency stop)"),
     click.option("--batch", type=click.IntRange(1, 1000), default=1, show_default=True, help="nodes acted on at once"),
     click.option("--dry-run", is_flag=True, help="list the batches, the commands and where the gate would refuse; run nothing"),
     by_option(what="who asks (kept with each action in the audit log)"),
     click.option("--timeout", type=float, default=1800.0, show_default=True, help="seconds to wait for the whole rollout"),
     click.option("--json", is_flag=True, help="print the report as JSON"),
     var_option(),
-    description="The remediator takes the inventory's nodes the selectors name, in node-id order, BATCH at a time. Each node's "
+    description="The remediator takes the inventory's nodes the selectors name, in node-id order (terminate-worker: the provider's "
+    "live workers --workers names, all of them for runbook 001's emergency stop; what they ran is requeued where the policy "
+    "has requeue_tasks), BATCH at a time. Each node's "
     "action goes through its gate (protected nodes, the unit's allow-list, one action per node, the per-node cap, observe mode, "
     "the breaker) and into the audit log under the rollout's id (gpumedic actions); each is verified as the catalogue verifies "
     "it (a restarted unit active, and healthy where its entry has a health_url). The next batch starts only once every node of "

@@ -1,6 +1,6 @@
 """Fleet operations: an operator asks the remediator to act on many nodes, batch by batch, through
 its gate (runbook 002's restart of the daemon across the fleet; a rolling restart; draining a
-group before maintenance).
+group before maintenance; runbook 001's "terminate all workers" when workers are stuck).
 
 A request and its reply over core NATS (request-reply on `ROLLOUT_SUBJECT`): the operator waits
 for the answer. The remediator runs one batch at a time, each node's action verified before the
@@ -16,24 +16,28 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpumedic_events.action import UNIT_PATTERN
+from gpumedic_events.action import UNIT_PATTERN, WorkerId
 from gpumedic_events.base import MAX_EVENT_BYTES, NodeId, SubjectToken
 from gpumedic_events.preflight import _Message
 
 ROLLOUT_SUBJECT = "gpumedic.v1.rollout.run"
-ROLLOUT_OPERATIONS = ("restart_unit", "drain_node", "undrain_node")
+ROLLOUT_OPERATIONS = ("restart_unit", "drain_node", "undrain_node", "terminate_worker")
 MAX_ROLLOUT_NODES = 10_000
 
 
 class RolloutRequest(_Message):
     """Run `operation` on every node the selectors name (`gpu-node-07`, `group:NAME`, `label:KEY=VALUE`),
-    `batch` nodes at a time; with `dry_run`, only say what would run."""
+    or, for terminate_worker, on the provider's workers `workers` names (`all`: every live one),
+    `batch` at a time; with `dry_run`, only say what would run."""
 
     SUBJECT: ClassVar[str] = ROLLOUT_SUBJECT
 
-    operation: Literal["restart_unit", "drain_node", "undrain_node"]
+    operation: Literal["restart_unit", "drain_node", "undrain_node", "terminate_worker"]
     unit: str | None = Field(default=None, pattern=UNIT_PATTERN, description="The unit restart_unit restarts (on the policy's allow-list).")
-    nodes: tuple[str, ...] = Field(min_length=1, max_length=64, description="Node selectors: a node, group:NAME or label:KEY=VALUE.")
+    nodes: tuple[str, ...] = Field(default=(), max_length=64, description="Node selectors: a node, group:NAME or label:KEY=VALUE.")
+    workers: tuple[WorkerId | Literal["all"], ...] = Field(
+        default=(), max_length=1000, description="terminate_worker: the provider's worker ids, or all (every live worker)."
+    )
     batch: int = Field(default=1, ge=1, le=1000, description="Nodes acted on at once; the next batch starts once all of them are verified.")
     dry_run: bool = False
     requested_by: SubjectToken = "operator"
@@ -48,9 +52,14 @@ class RolloutRequest(_Message):
         return value
 
     @model_validator(mode="after")
-    def _a_unit_to_restart(self) -> RolloutRequest:
+    def _its_targets(self) -> RolloutRequest:
         if (self.operation == "restart_unit") != (self.unit is not None):
             raise ValueError("restart_unit needs unit, and only restart_unit takes one")
+        if self.operation == "terminate_worker":
+            if not self.workers or self.nodes:
+                raise ValueError("terminate_worker names workers (their ids, or all), not nodes")
+        elif not self.nodes or self.workers:
+            raise ValueError(f"{self.operation} names nodes (NODE, group:NAME or label:KEY=VALUE), not workers")
         return self
 
 

@@ -30,10 +30,12 @@ from gpumedic_events import (
     RolloutReport,
     RolloutRequest,
     RolloutStep,
+    TerminateWorker,
     UndrainNode,
 )
 from gpumedic_incidents.policy import NodeSelector, Policy, selects
 from gpumedic_nodes.inventory import InventoryError, load_inventory
+from gpumedic_providers.base import ProviderError
 from gpumedic_telemetry import NODE_ID
 from remediator.catalogue import render
 from remediator.catalogue.base import InvalidParameter
@@ -62,16 +64,15 @@ class Rollout:
         report = RolloutReport(rollout_id=rollout_id, operation=request.operation, dry_run=request.dry_run)
         with self._tracer.start_as_current_span("rollout", attributes={"gpumedic.rollout.operation": request.operation}) as span:
             try:
-                nodes = self._nodes(request)
-                operation = _operation(request)
+                nodes = await self._workers(request) if request.operation == "terminate_worker" else self._nodes(request)
+                operation = _operation(request, nodes[0])
                 render(operation, self._policy.actions)  # a unit off the allow-list is said before anything runs
-            except (InventoryError, InvalidParameter, ValueError) as exc:
+            except (InventoryError, InvalidParameter, ProviderError, ValueError) as exc:
                 return report.model_copy(update={"error": str(exc)[:2000], "took_ms": _ms(started)})
             batches = tuple(tuple(nodes[i : i + request.batch]) for i in range(0, len(nodes), request.batch))
             report = report.model_copy(update={"batches": batches})
             if request.dry_run:
-                commands = "; ".join(render(operation, self._policy.actions)) or "the scheduler's drain"
-                steps = tuple(self._plan(rollout_id, request, operation, node, n, commands)
+                steps = tuple(self._plan(rollout_id, request, _operation(request, node), node, n)
                               for n, batch in enumerate(batches, 1) for node in batch)
                 return report.model_copy(update={"steps": steps, "took_ms": _ms(started)})
             steps: list[RolloutStep] = []
@@ -80,7 +81,7 @@ class Rollout:
                 if why := await self._actions.breaker_room(set(batch), operation):
                     stopped = f"before batch {n} of {len(batches)}: {why}; {_left(batches, n - 1)}"
                     break
-                records = await asyncio.gather(*(self._act(rollout_id, request, operation, node, n) for node in batch))
+                records = await asyncio.gather(*(self._act(rollout_id, request, _operation(request, node), node, n) for node in batch))
                 steps += [RolloutStep(batch=n, node_id=r.node_id, status=r.status, detail=(r.detail or "")[:2000],
                                       action_id=uuid.UUID(r.action_id)) for r in records]
                 failed = [r.node_id for r in records if r.status != ActionOutcome.SUCCEEDED]
@@ -99,14 +100,32 @@ class Rollout:
             raise ValueError(f"no node of the inventory matches {', '.join(request.nodes)}")
         return chosen
 
-    def _plan(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int, commands: str) -> RolloutStep:
+    def _plan(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int) -> RolloutStep:
         """A dry run's step: what would run, or why the gate would not let it (a protected node, the
         unit's node scope, observe mode)."""
         decision = self._actions.standing_verdict(_request(rollout_id, request, operation, node, batch))
         if decision.verdict is Verdict.ALLOW:
+            commands = "; ".join(render(operation, self._policy.actions)) or "the scheduler's drain"
             return RolloutStep(batch=batch, node_id=node, status="planned", detail=commands[:2000])
         status = "observed" if decision.verdict is Verdict.OBSERVE else "blocked"
         return RolloutStep(batch=batch, node_id=node, status=status, detail=decision.reason[:2000])
+
+    async def _workers(self, request: RolloutRequest) -> list[str]:
+        """The provider's live workers the request names (`all`: every one), in id order."""
+        provider = self._actions.provider
+        if provider is None:
+            raise ValueError("no provider is configured (GPUMEDIC_REMEDIATOR_PROVIDER): there are no workers to end")
+        live = sorted(w.worker_id for w in await provider.workers() if w.status not in ("terminated", "stopped"))
+        if "all" in request.workers:
+            chosen = live
+        else:
+            unknown = sorted(set(request.workers) - set(live))
+            if unknown:
+                raise ValueError(f"the provider has no live worker {', '.join(unknown[:10])}")
+            chosen = sorted(set(request.workers))
+        if not chosen:
+            raise ValueError("the provider has no live worker")
+        return chosen
 
     async def _act(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int):
         with self._tracer.start_as_current_span("rollout.node", attributes={NODE_ID: node}):
@@ -120,10 +139,13 @@ def _request(rollout_id: uuid.UUID, request: RolloutRequest, operation, node: st
     )
 
 
-def _operation(request: RolloutRequest) -> RestartUnit | DrainNode | UndrainNode:
+def _operation(request: RolloutRequest, target: str) -> RestartUnit | DrainNode | UndrainNode | TerminateWorker:
+    """The operation on one node (or, for terminate_worker, one worker)."""
     if request.operation == "restart_unit":
         assert request.unit is not None  # the request's own check
         return RestartUnit(unit=request.unit)
+    if request.operation == "terminate_worker":
+        return TerminateWorker(worker_ids=(target,))
     return DrainNode() if request.operation == "drain_node" else UndrainNode()
 
 
