@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from node_sampler.kernel import KernelLogWatcher, OomParser, parse_kmsg_record, split_kmsg_record
-from node_sampler.readings import OomKillReading
+from node_sampler.immediate import OomKillReading
 from tests.fixtures.real import missing
 
 CID = "9d3c1f0e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"

@@ -10,7 +10,7 @@ import pytest
 
 from gpumedic_sim.machine.nvml import SimNvml
 from gpumedic_sim.machine.state import NodeState
-from node_sampler.readings import XidReading
+from node_sampler.immediate import XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.sampler import Sampler
 from tests.node_sampler.fakes import MIB, FakeNvml, FakeProcessTable, table_for_two_gpus, two_gpus, until

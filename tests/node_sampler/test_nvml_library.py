@@ -14,7 +14,8 @@ import time
 import pynvml
 import pytest
 
-from node_sampler.readings import RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
+from node_sampler.immediate import XidReading
+from node_sampler.readings import RawGpu, RawHealth, RawNvLink, RawProcess
 from node_sampler.nvml import NvmlReader, XidWatcher
 from tests.node_sampler.fake_nvml import GIB, FakeNvmlLib
 from tests.node_sampler.fakes import until

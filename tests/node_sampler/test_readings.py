@@ -105,7 +105,7 @@ def test_next_tick(now, last, expected):
 
 
 def test_immediate_events_carry_node_text_cleaned_and_capped():
-    from node_sampler.readings import ContainerExitReading, OomKillReading, container_event, oom_event
+    from node_sampler.immediate import ContainerExitReading, OomKillReading, container_event, oom_event
 
     hostile = "\x1b[31mred\x1b[0m\x00 tab\there\x07" + "x" * 2000
     exit_ = container_event("n1", ContainerExitReading("c1", 139, last_log_lines=(hostile,)), AT)

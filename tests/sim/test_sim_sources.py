@@ -15,7 +15,8 @@ from gpumedic_sim.machine.kernel import SimKernelLog
 from gpumedic_sim.machine.procs import SimProcessTable
 from gpumedic_sim.machine.state import CLK_TCK, NodeState
 from node_sampler.kernel import KernelLogWatcher, OomParser, split_kmsg_record
-from node_sampler.readings import HostReading, OomKillReading
+from node_sampler.immediate import OomKillReading
+from node_sampler.readings import HostReading
 from node_sampler.procs import container_id_from_cgroup
 
 CID = "c0ffee" + "0123456789abcdef" * 3 + "0123456789"

@@ -32,7 +32,8 @@ from typing import Any
 from urllib.parse import quote
 
 from node_sampler import http
-from node_sampler.readings import ContainerExitReading, clean_text
+from node_sampler.immediate import ContainerExitReading
+from node_sampler.readings import clean_text
 
 log = logging.getLogger(__name__)
 

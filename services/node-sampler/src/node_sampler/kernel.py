@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from node_sampler.readings import OomKillReading
+from node_sampler.immediate import OomKillReading
 from node_sampler.procs import container_id_from_cgroup
 
 log = logging.getLogger(__name__)

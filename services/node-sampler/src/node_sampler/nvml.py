@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from node_sampler.readings import NvmlReading, RawGpu, RawHealth, RawNvLink, RawProcess, XidReading
+from node_sampler.immediate import XidReading
+from node_sampler.readings import NvmlReading, RawGpu, RawHealth, RawNvLink, RawProcess
 
 log = logging.getLogger(__name__)
 

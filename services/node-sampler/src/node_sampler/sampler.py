@@ -26,32 +26,26 @@ from typing import Any, Protocol
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event, GpuHealth, NodeSampled
 
+from node_sampler.checks import CheckScripts
 from node_sampler.containers import MAX_LOG_LINES, DockerWatcher
-from node_sampler.jobs import JobProbe
-from node_sampler.kernel import KernelLogWatcher
-from node_sampler.readings import (
+from node_sampler.files import ExpectedFiles
+from node_sampler.immediate import (
     ContainerExitReading,
-    HostReading,
-    JobsReading,
-    NvmlReading,
     OomKillReading,
-    TopReading,
     XidReading,
-    assemble_sample,
     container_event,
     gpu_lost_event,
     lost_gpus,
-    next_tick,
     oom_event,
-    top_processes,
     xid_event,
 )
+from node_sampler.jobs import JobProbe
+from node_sampler.kernel import KernelLogWatcher
+from node_sampler.logwatch import LogPatterns
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.procs import ProcessInfo, ProcessTable, ProcessUsage
-from node_sampler.checks import CheckScripts
-from node_sampler.files import ExpectedFiles
-from node_sampler.logwatch import LogPatterns
 from node_sampler.ras import RasWatch
+from node_sampler.readings import HostReading, JobsReading, NvmlReading, TopReading, assemble_sample, next_tick, top_processes
 
 log = logging.getLogger(__name__)
 
