@@ -16,7 +16,8 @@ import pytest
 
 from gpumedic_sim.machine.docker import SimDockerEngine, new_container_id
 from gpumedic_sim.machine.state import NodeState, SimContainer
-from node_sampler.containers import DockerWatcher, LogTail, parse_engine_time, signal_name
+from node_sampler.containers import DockerWatcher, parse_engine_time, signal_name
+from node_sampler.docker_logs import LogTail
 from node_sampler.immediate import ContainerExitReading
 
 FAST = {"retry_s": 0.05, "backoff_s": 0.01, "timeout_s": 1.0}
