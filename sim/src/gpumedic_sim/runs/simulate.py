@@ -28,7 +28,8 @@ from gpumedic_sim.fleet.runpod import RentedFleet
 from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
 from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
-from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool, judge
+from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool
+from gpumedic_sim.runs.pool_judge import judge
 from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import (
