@@ -43,6 +43,15 @@ CHECKPOINTS = Path("/data/checkpoints")
 """Where the node's job keeps its network's checkpoint: runbook 002's own check (node-sampler's
 shipped `nn-checkpoint`) looks there, the one operator's check every simulated node runs."""
 OPERATOR_CHECKS = ("nn-checkpoint",)
+
+
+def checks_every_s(interval_s: float) -> float:
+    """How often a simulated node runs its checks: every two samples, but not more often than every
+    10 s (a test's fleet samples every 0.2 s, and a shell per node five times a second is load no
+    node has)."""
+    return max(2 * interval_s, 10.0)
+
+
 WORKER_LOG = Path("/var/log/selfplay-worker.log")
 WORKER_ERRORS = LogPattern(
     name="worker-errors", regex="Authentication failed|Failed to reset orphaned tasks|SSH connection failed", sources=(str(WORKER_LOG),)
@@ -316,7 +325,7 @@ class SimNode(NodeState):
             ras=RasWatch(self.host, self.ras.port, after_s=3 * interval_s, every_s=2 * interval_s, timeout_s=max(2.0, interval_s))
             if self.ras.port is not None else None,
             files=ExpectedFiles([MODEL], root=self._rundir) if self._rundir is not None else None,
-            checks=CheckScripts(self._rundir / "checks", interval_s=2 * interval_s, timeout_s=10.0, root=self._rundir)
+            checks=CheckScripts(self._rundir / "checks", interval_s=checks_every_s(interval_s), timeout_s=10.0, root=self._rundir)
             if self._rundir is not None else None,
             logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
         )

@@ -27,6 +27,7 @@ from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
 from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
+from gpumedic_sim.machine.node import checks_every_s
 from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
 from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool
 from gpumedic_sim.runs.pool_judge import judge
@@ -157,7 +158,7 @@ def _fleet_policy(interval_s: float, n_nodes: int) -> Policy:
             leader_flapping=FlappingPolicy(max_changes=4, window_s=12 * interval_s),
             peer_partitioned=PartitionPolicy(for_s=4 * interval_s),
             file_missing=FileMissingPolicy(for_s=4 * interval_s),
-            check_failed=CheckFailedPolicy(for_s=5 * interval_s),  # the checks run every 2 intervals: a blip is one run
+            check_failed=CheckFailedPolicy(for_s=2.5 * checks_every_s(interval_s)),  # a blip is one run of the check
             log_pattern=LogPatternPolicy(count=3, window_s=12 * interval_s),
             peers_below_target=TargetPolicy(target=max(0, n_nodes - SPARE_PEERS), for_s=3 * interval_s),
         ),
