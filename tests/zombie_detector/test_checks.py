@@ -26,6 +26,7 @@ from gpumedic_incidents.policy import (
     UnitRule,
 )
 from tests.zombie_detector.test_rules import Detector, sample
+from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.logs import LogRule
 
 NFS = CheckPolicy(for_s=10, severity="critical", unit="remount-data.service", advice="mount /data again",
@@ -170,3 +171,24 @@ def test_a_pattern_of_its_own_opens_on_one_line_and_a_pattern_no_longer_counted_
         quiet.feed(logged("n2", worker_errors=7), at)
     (rule,) = [r for r in quiet.logic.rules if isinstance(r, LogRule)]
     assert quiet.opened() == [] and len(rule._seen["n2"]["worker-errors"].changes) == 1  # a quiet count keeps one point
+
+
+def test_a_detector_that_restarted_clears_an_incident_its_rules_no_longer_remember():
+    """Rule memory is not persisted, the incident store is: a check or pattern seen first after a
+    restart with an incident still open clears it once it passes."""
+    d = Detector(POLICY)
+    d.feed(checked(gpu_fabric="problem: down"), 0)
+    d.feed(checked(gpu_fabric="problem: down"), 61)
+    logs = Detector(PATTERNS)
+    logs.feed(logged(worker_errors=0), 0)
+    logs.feed(logged(worker_errors=3), 5)
+    for detector in (d, logs):
+        assert len(detector.opened()) == 1
+        restarted = NodeIncidents(detector.logic.book.policy)  # fresh rules, the same incident store
+        restarted.book = detector.logic.book
+        detector.logic = restarted
+    d.feed(checked(gpu_fabric="ok"), 70)
+    logs.feed(logged(worker_errors=3), 100)  # nothing new within the window
+    for detector in (d, logs):
+        (resolved,) = [e for e in detector.events if isinstance(e, IncidentResolved)]
+        assert resolved.incident_id == detector.opened()[0].incident_id

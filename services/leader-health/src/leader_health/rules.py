@@ -45,9 +45,9 @@ from leader_health.probe import PeerAnswer
 from leader_health.status import PeerStatus
 
 NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+"""Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
 MAX_STRANGERS = 20
 """Strangers judged at once: a daemon that lists thousands of made-up members makes 20 incidents, not thousands."""
-"""Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
 PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
 
 

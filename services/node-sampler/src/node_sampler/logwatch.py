@@ -103,7 +103,7 @@ class LogPatterns:
         """Each pattern's count so far; the first call starts following the sources."""
         if not self._tasks:
             loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._follow_files(), name="log-files")]
+            self._tasks = [loop.create_task(self._follow_files(), name="log-files")] if self._files else []
             self._tasks += [loop.create_task(self._follow_journal(source), name=f"log-{source}") for source in self._journals]
         return tuple(
             LogMatches(name=c.pattern.name, count=c.count, last_line=c.last, error="; ".join(c.errors.values())[:300] or None)

@@ -44,26 +44,25 @@ class CheckRule:
             self._checks[node] = names
         else:
             self._checks.pop(node, None)
-        findings = [
-            self._gone(node, name, incidents, f"the check {name} no longer runs on {node}") for name in before - names
-        ]
+        for name in names - before:  # first seen (a detector that restarted): an incident still open counts as failing
+            if incidents.get(fingerprint(node, KIND, None, name)) is not None:
+                self.failing_since.setdefault((node, name), now)
+        findings = [self._gone(node, name, f"the check {name} no longer runs on {node}") for name in before - names]
         for fact in facts:
             if fact.status == "problem":
                 since = self.failing_since.setdefault((node, fact.name), now)
                 if now - since >= timedelta(seconds=self.policy.of(fact.name).for_s):
                     findings.append(self._finding(node, fact))
             elif fact.status == "ok":
-                findings.append(self._gone(node, fact.name, incidents, f"the check {fact.name} passes again"))
+                findings.append(self._gone(node, fact.name, f"the check {fact.name} passes again"))
         return [f for f in findings if f is not None]
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _gone(self, node: str, name: str, incidents: Incidents, summary: str) -> Finding | None:
-        """The check's problem is over: a finding only where one was seen or an incident is open
-        (a detector that restarted remembers no `failing_since`, the incident store does)."""
-        seen = self.failing_since.pop((node, name), None) is not None
-        if not seen and incidents.get(fingerprint(node, KIND, None, name)) is None:
+    def _gone(self, node: str, name: str, summary: str) -> Finding | None:
+        """The check's problem is over: a finding only where one was seen."""
+        if self.failing_since.pop((node, name), None) is None:
             return None
         return Finding(KIND, node, key=name, present=False, summary=summary)
 

@@ -51,7 +51,7 @@ class LogRule:
             return ()  # the hot path: a node with no patterns of its own
         seen = self._seen.setdefault(node, {})
         findings = [
-            self._gone(node, name, incidents, f"the log pattern {name} is no longer counted on {node}")
+            self._gone(node, name, f"the log pattern {name} is no longer counted on {node}")
             for name in set(seen) - {f.name for f in facts}
         ]
         for name in set(seen) - {f.name for f in facts}:
@@ -68,9 +68,10 @@ class LogRule:
     def _judge(self, node: str, fact: LogMatches, seen: dict[str, _Seen], now: datetime, incidents: Incidents) -> Finding | None:
         rule = self.policy.of(fact.name)
         counts = seen.get(fact.name)
-        if counts is None:
-            counts = seen[fact.name] = _Seen(raw=fact.count, total=0)
-            counts.changes.append((now, 0))  # what it counted before this detector saw it is history
+        if counts is None:  # what it counted before this detector saw it is history; an incident still open is not
+            counts = seen[fact.name] = _Seen(raw=fact.count, total=0,
+                                             firing=incidents.get(fingerprint(node, KIND, None, fact.name)) is not None)
+            counts.changes.append((now, 0))
         elif fact.count != counts.raw:
             counts.total += fact.count - counts.raw if fact.count > counts.raw else fact.count  # lower: the sampler restarted
             counts.raw = fact.count
@@ -82,17 +83,14 @@ class LogRule:
         if matched >= rule.count:
             counts.firing = True
             return self._finding(node, fact, matched, rule.window_s)
-        if counts.firing or incidents.get(fingerprint(node, KIND, None, fact.name)) is not None:
+        if counts.firing:
             counts.firing = False
             return Finding(KIND, node, key=fact.name, present=False,
                            summary=f"the log pattern {fact.name} matched {matched} line(s) within {rule.window_s:g}s, fewer than {rule.count}")
         return None
 
-    def _gone(self, node: str, name: str, incidents: Incidents, summary: str) -> Finding | None:
-        firing = self._seen[node][name].firing
-        if not firing and incidents.get(fingerprint(node, KIND, None, name)) is None:
-            return None
-        return Finding(KIND, node, key=name, present=False, summary=summary)
+    def _gone(self, node: str, name: str, summary: str) -> Finding | None:
+        return Finding(KIND, node, key=name, present=False, summary=summary) if self._seen[node][name].firing else None
 
     def _finding(self, node: str, fact: LogMatches, matched: int, window_s: float) -> Finding:
         rule = self.policy.of(fact.name)
