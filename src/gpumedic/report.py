@@ -1,7 +1,8 @@
 """`gpumedic report`: the orchestrator runbook's comprehensive check as one command.
 
 It checks the configuration (the remediator's SSH key present, private and of a usable type; its
-known_hosts covering every node of the inventory; the bus and the store reachable), reads the
+known_hosts covering every node of the inventory; the bus and the store reachable; the provider's
+API and the task queue as the autoscaler's latest round found them), reads the
 fleet's state from the store (open and escalated incidents, drained nodes, the breaker), and ends
 with recommendations, most urgent first:
 
@@ -39,6 +40,9 @@ from gpumedic_store.settings import mask_url
 
 PRIORITIES = {1: "P1 now", 2: "P2 today", 3: "P3 watch", 4: "P4 note"}
 CATEGORY_OF_DETECTOR = {"zombie-detector": "node", "leader-health": "cluster", "autoscaler": "capacity"}
+POOL_CHECKS = ("provider", "task queue")
+POOL_ROUND_STALE_S = 600.0
+"""A capacity round older than this is an autoscaler that stopped (its rounds come every minute or so)."""
 _USABLE_KEYS = {b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ecdsa-sha2-nistp521", b"ssh-rsa"}
 
 
@@ -155,7 +159,9 @@ async def build_report(sources: Sources, *, node: str | None = None, show_secret
             trip = await breaker.open_trip(session=session)
             drained = sorted({d.node_id for d in await views.drains(session=session)})
             acks = await views.acknowledgements(session, incident_ids=[r.id for r in rows])
+            pool = await views.latest_capacity_check(session)
         report.checks.append(Check("store", "ok", f"{report.store} answers ({len(rows)} open or escalated incident(s))"))
+        report.checks += [Check(c.name, c.status, hide(c.detail)) for c in _check_pool(pool, now)]
     except Exception as exc:  # down, or never migrated: the report says so and goes on with what it has
         cause = unreadable(exc) if isinstance(exc, DBAPIError) else str(exc).splitlines()[0]
         report.checks.append(Check("store", "fail", f"cannot be read: {hide(cause)}"))
@@ -226,6 +232,33 @@ def _check_ssh(sources: Sources, checks: list[Check]) -> dict | None:
     else:
         checks.append(Check("known_hosts", "ok", f"{sources.known_hosts} covers all {len(nodes)} node(s)"))
     return nodes
+
+
+def _check_pool(round_, now: datetime) -> list[Check]:
+    """Runbook 001's checks of the provider's API (with its key) and of the task database, as the
+    autoscaler made them in its latest round: it holds their credentials, and the report does not
+    (least privilege). Nothing when no round was ever recorded (no autoscaler, or no provider)."""
+    if round_ is None:
+        return []
+    at = round_.checked_at if round_.checked_at.tzinfo else round_.checked_at.replace(tzinfo=UTC)
+    age_s = (now - at).total_seconds()
+    when = f"the autoscaler's round at {at.isoformat(timespec='seconds')}"
+    checks = []
+    if age_s > POOL_ROUND_STALE_S:
+        checks.append(Check("autoscaler", "warn", f"its latest round was {age_s / 60:.0f} min ago ({when}): is it running? "
+                            "The provider and task-queue checks below are as old"))
+    if round_.provider_error:
+        checks.append(Check("provider", "fail", f"{when} could not list the workers: {round_.provider_error} "
+                            "(if the API refuses the key, check the key file the autoscaler reads)"))
+    elif round_.workers is not None:
+        checks.append(Check("provider", "ok", f"{when} listed {round_.workers} worker(s), "
+                            f"{round_.workers_in_service or 0} in service, ${round_.cost_per_h or 0:.2f}/h"))
+    if round_.demand_error:
+        checks.append(Check("task queue", "fail", f"{when} could not read the task queue: {round_.demand_error}"))
+    elif round_.queued is not None:
+        running = f", {round_.in_progress} in progress" if round_.in_progress is not None else ""
+        checks.append(Check("task queue", "ok", f"{when} read it: {round_.queued} queued{running}"))
+    return checks
 
 
 async def _check_bus(sources: Sources, checks: list[Check]) -> None:
@@ -351,8 +384,9 @@ def _recommend(report: Report, rows: list[Incident], trip, hide: Callable) -> li
     for check in report.checks:
         if check.status == "fail":
             urgent = check.name in ("store", "bus", "consumers")
-            out.append(Recommendation(1 if urgent else 2, "config", f"{check.name}: {check.detail}",
-                                      "fix it: gpumedic " + ("cannot record or decide" if urgent else "cannot act on the nodes") + " until then"))
+            cannot = "cannot record or decide" if urgent else "cannot scale the worker pool" if check.name in POOL_CHECKS \
+                else "cannot act on the nodes"
+            out.append(Recommendation(1 if urgent else 2, "config", f"{check.name}: {check.detail}", f"fix it: gpumedic {cannot} until then"))
     for row in rows:
         category = "fleet" if row.kind == "fleet_anomaly" else CATEGORY_OF_DETECTOR.get(row.detector, "node")
         where = row.node_id + (f" GPU {row.gpu_index}" if row.gpu_index is not None else "")

@@ -184,3 +184,55 @@ async def test_kept_reports_say_what_changed_since_the_last_one(tmp_path, capsys
     new, gone = [line for line in since.splitlines() if line.startswith("- new:")], [line for line in since.splitlines() if line.startswith("- gone:")]
     assert len(new) == 1 and "gpu_lost" in new[0] and len(gone) == 1 and "zombie_job" in gone[0]
     assert len([p for p in (var / "reports").glob("report-*.json") if p.name != "report-29991231T000000Z.json"]) == 2
+
+
+async def test_the_provider_and_task_queue_checks_are_the_autoscalers_latest_round_as_report_builder_kept_it(tmp_path):
+    """Runbook 001 checks the provider's API with its key and the task database: the report reads
+    how the autoscaler's latest round (which holds both credentials) fared, as report-builder stored
+    it, and says which failed, with secrets masked; a good round is ok; an old one is said to be old."""
+    from datetime import timedelta
+
+    from gpumedic_events import CapacityEvaluated
+    from report_builder.repository import record_capacity_check
+
+    store = f"sqlite+aiosqlite:///{tmp_path}/store.db"
+    upgrade(store)
+
+    async def keep(ago_s: float, **fields) -> None:
+        event = CapacityEvaluated(source="autoscaler", occurred_at=datetime.now(UTC) - timedelta(seconds=ago_s), nodes_seen=4,
+                                  gpus_total=32, gpus_busy=20, decision="hold", reason="r", **fields)
+        engine = create_engine(store)
+        async with session_factory(engine)() as session:
+            await record_capacity_check(session, event=event)
+            await session.commit()
+        await engine.dispose()
+
+    assert not [c for c in (await build_report(Sources(store))).checks if c.name in ("provider", "task queue")], "no round: no check"
+    await keep(30, workers=3, workers_in_service=2, cost_per_h=4.5, queued=17, in_progress=5)
+    checks = {c.name: c for c in (await build_report(Sources(store))).checks}
+    assert checks["provider"].status == "ok" and "listed 3 worker(s), 2 in service, $4.50/h" in checks["provider"].detail
+    assert checks["task queue"].status == "ok" and "17 queued, 5 in progress" in checks["task queue"].detail
+    assert "autoscaler" not in checks
+
+    await keep(5, provider_error="GET https://rest.runpod.io/v1/pods?api_key=rpa_SECRET123: HTTP 401 Unauthorized",
+               demand_error="task database postgresql://tasks:hunter2@db:5432/q: connection refused")
+    report = await build_report(Sources(store))
+    checks = {c.name: c for c in report.checks}
+    assert checks["provider"].status == "fail" and "HTTP 401 Unauthorized" in checks["provider"].detail
+    assert checks["task queue"].status == "fail" and "connection refused" in checks["task queue"].detail
+    text = render(report, "json")
+    assert "rpa_SECRET123" not in text and "hunter2" not in text
+    pool = [r for r in report.recommendations if r.issue.startswith(("provider", "task queue"))]
+    assert [(r.priority, r.action) for r in pool] == [(2, "fix it: gpumedic cannot scale the worker pool until then")] * 2
+
+    await keep(-1, workers=3)  # the autoscaler stopped long ago: its last round is an hour old
+    engine = create_engine(store)
+    async with session_factory(engine)() as session:
+        from sqlalchemy import update
+
+        from gpumedic_store.models import CapacityCheck
+        await session.execute(update(CapacityCheck).values(checked_at=datetime.now(UTC) - timedelta(hours=1)))
+        await session.commit()
+    await engine.dispose()
+    checks = {c.name: c for c in (await build_report(Sources(store))).checks}
+    assert checks["autoscaler"].status == "warn" and "60 min ago" in checks["autoscaler"].detail

@@ -325,6 +325,10 @@ class CapacityCheck(Base):
     cost_per_h: Mapped[float | None] = mapped_column(Float)
     cost_total: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text, comment="Why no decision was made (demand source or provider).")
+    provider_error: Mapped[str | None] = mapped_column(Text, comment="Why the provider's workers could not be listed this round.")
+    demand_error: Mapped[str | None] = mapped_column(
+        Text, comment="Why the task database (the demand source) could not be read this round."
+    )
     worker_rows: Mapped[list[dict[str, Any]]] = mapped_column(
         JSON, default=list, server_default="[]",
         comment="Each live worker: provider status, host, $/h, the task database's status, heartbeat age and task.",

@@ -392,6 +392,8 @@ async def record_capacity_check(session: AsyncSession, *, event: CapacityEvaluat
         cost_per_h=event.cost_per_h,
         cost_total=event.cost_total,
         error=event.demand_error or event.provider_error,
+        provider_error=event.provider_error,
+        demand_error=event.demand_error,
         worker_rows=[w.model_dump(mode="json") for w in event.worker_rows],
     ).on_conflict_do_nothing(index_elements=["event_id"])
     return (await session.execute(stmt)).rowcount == 1
