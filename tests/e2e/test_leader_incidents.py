@@ -19,6 +19,7 @@ from gpumedic_incidents.policy import dump_policy
 from leader_health.main import create_app as leader_app
 from leader_health.settings import Settings as LeaderSettings
 from remediator.main import create_app as remediator_app
+from tests.e2e.conftest import samplers_running
 from tests.e2e.test_thin_path import remediator_settings
 
 INTERVAL_S = 0.3
@@ -96,5 +97,30 @@ async def test_a_crashed_peer_daemon_is_restarted_and_its_port_answers_again(nat
         await _until(lambda: _resolved(seen, "peer_down"), 30)
     (opened,) = [e for s, e in seen if ".incident.opened." in s]
     assert (opened["kind"], opened["node_id"]) == ("peer_down", "sim-node-02") and "refuses connections" in opened["summary"]
-    assert _resolved(seen, "peer_down")["resolution"] == "fixed" and not crashed.daemon_down
+    assert _resolved(seen, "peer_down")["resolution"] == "fixed" and not crashed.listens_on_restart
     assert f"systemctl restart {PEER_UNIT}" in crashed.ssh_commands
+
+
+async def test_a_peer_whose_loop_accepts_nothing_is_told_by_its_own_node_and_restarted(nats_settings, store_url, apps, tmp_path):
+    """Runbook 002's blocked daemon as the kernel shows it: connections pile up unaccepted in the
+    port's queue. The node's real sampler reads the queue and says so on the bus; leader-health
+    opens peer_blocked with the count at its first blocked round; the restart empties the queue."""
+    async with cluster(nats_settings, store_url, apps, tmp_path) as (fleet, seen):
+        nc = await nats.connect(nats_settings.url)
+        js = nc.jetstream()
+
+        async def publish(event) -> None:
+            await js.publish(event.subject, event.to_json())
+
+        try:
+            async with samplers_running(fleet, publish):
+                stuck = fleet.node("sim-node-02")
+                await fleet.inject("status_backlog", "sim-node-02")
+                await _until(lambda: _resolved(seen, "peer_blocked"), 40)
+        finally:
+            await nc.close()
+    (opened,) = [e for s, e in seen if ".incident.opened." in s]
+    assert (opened["kind"], opened["node_id"]) == ("peer_blocked", "sim-node-02"), opened["summary"]
+    assert "connections waiting unaccepted on port" in opened["summary"] and opened["evidence"]["waiting"] >= 8
+    assert _resolved(seen, "peer_blocked")["resolution"] == "fixed"
+    assert f"systemctl restart {PEER_UNIT}" in stuck.ssh_commands and not stuck.listens_on_restart

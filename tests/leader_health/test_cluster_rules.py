@@ -5,12 +5,24 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, HttpAdmin, IncidentEscalated, IncidentKind, IncidentOpened, IncidentResolved, RestartUnit
+from gpumedic_events import (
+    ActionCompleted,
+    ActionOutcome,
+    ActionRequested,
+    HttpAdmin,
+    IncidentEscalated,
+    IncidentKind,
+    IncidentOpened,
+    IncidentResolved,
+    ListenBacklogReported,
+    RestartUnit,
+)
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import (
     Actions,
     AdminEndpoint,
     AdminPolicy,
+    BlockedPeerPolicy,
     FleetPolicy,
     Kinds,
     NoLeaderPolicy,
@@ -35,7 +47,7 @@ POLICY = Policy(
     ),
     kinds=Kinds(
         no_leader=NoLeaderPolicy(grace_s=30, ladder=(Step(action="http_admin", verify_within_s=30),)),
-        peer_blocked=PeerPolicy(after_checks=3, daemon_unit=DAEMON, ladder=(Step(action="restart_unit"),)),
+        peer_blocked=BlockedPeerPolicy(after_checks=3, daemon_unit=DAEMON, ladder=(Step(action="restart_unit"),)),
         peer_down=PeerPolicy(after_checks=2, daemon_unit=DAEMON, ladder=(Step(action="restart_unit"),)),
         peers_below_target=TargetPolicy(target=5, for_s=60),
     ),
@@ -107,6 +119,50 @@ def test_a_blocked_peer_is_an_incident_on_it_after_three_rounds_and_its_daemon_i
     opened, request = c.round(40, rounds[2])
     assert (opened.kind, opened.node_id) == (IncidentKind.PEER_BLOCKED, "p5") and "event loop is blocked" in opened.summary
     assert request.operation == RestartUnit(unit=DAEMON) and request.node_id == "p5"
+
+
+def backlog(node: str, waiting: int, limit: int = 128) -> ListenBacklogReported:
+    return ListenBacklogReported(source="node-sampler", node_id=node, port=8770, waiting=waiting, limit=limit)
+
+
+def test_a_blocked_peer_whose_own_node_counts_its_unaccepted_connections_is_an_incident_at_the_first_round():
+    """Runbook 002: TCP accepted, HTTP silent, and 26-33 connections pending on the daemon's port.
+    With the node's own word on its queue, one blocked round is enough; without it, three."""
+    c = Cluster()
+    for s in (0, 10):
+        c.round(s, [ok(n) for n in NODES])
+    c.logic.on_backlog(backlog("p5", 29), T0 + timedelta(seconds=15))
+    c.logic.on_backlog(backlog("p4", 3), T0 + timedelta(seconds=15))  # under backlog_from (8): the three rounds stand
+    opened, request = c.round(20, [ok(n) for n in NODES[:3]] + [bad("p4", "blocked"), bad("p5", "blocked")])
+    assert (opened.kind, opened.node_id) == (IncidentKind.PEER_BLOCKED, "p5") and request.operation == RestartUnit(unit=DAEMON)
+    assert "its own node counts 29 connections waiting unaccepted on port 8770 (of 128" in opened.summary
+    assert (opened.evidence["waiting"], opened.evidence["limit"], opened.evidence["port"]) == (29, 128, 8770)
+    assert [e.node_id for e in c.round(30, [ok(n) for n in NODES[:3]] + [bad("p4", "blocked"), bad("p5", "blocked")])
+            if isinstance(e, IncidentOpened)] == []
+    assert [e.node_id for e in c.round(40, [ok(n) for n in NODES[:3]] + [bad("p4", "blocked"), bad("p5", "blocked")])
+            if isinstance(e, IncidentOpened)] == ["p4"]
+
+
+def test_a_peer_whose_full_queue_drops_connections_is_a_blocked_daemon_to_restart_not_a_host_that_is_down():
+    """A full accept queue drops new SYNs, so the probe gets no TCP answer; the node's own sampler
+    still reports, so the host is up and the daemon is what to restart."""
+    c = Cluster()
+    for s in (0, 10):
+        c.round(s, [ok(n) for n in NODES])
+    c.logic.on_backlog(backlog("p5", 128), T0 + timedelta(seconds=18))
+    opened, request = c.round(20, [ok(n) for n in NODES[:4]] + [bad("p5", "unreachable")])
+    assert opened.kind is IncidentKind.PEER_BLOCKED and request.operation == RestartUnit(unit=DAEMON)
+    assert opened.evidence["state"] == "blocked" and "128 connections waiting" in opened.summary
+
+
+def test_a_drained_or_old_backlog_no_longer_counts():
+    c = Cluster()
+    for s in (0, 10):
+        c.round(s, [ok(n) for n in NODES])
+    c.logic.on_backlog(backlog("p5", 40), T0)
+    c.logic.on_backlog(backlog("p5", 0), T0 + timedelta(seconds=5))  # drained: the sampler's all-clear
+    c.logic.on_backlog(backlog("p4", 40), T0 - timedelta(seconds=120))  # its sampler said nothing since
+    assert c.round(20, [ok(n) for n in NODES[:3]] + [bad("p4", "blocked"), bad("p5", "blocked")]) == []
 
 
 def test_a_refusing_daemon_is_restarted_but_a_silent_host_goes_to_a_person():

@@ -40,6 +40,7 @@ class Fault(StrEnum):
     SAMPLER_SILENT = "sampler_silent"
     NVML_MISSING = "nvml_missing"
     STATUS_BLOCKED = "status_blocked"
+    STATUS_BACKLOG = "status_backlog"
     STATUS_SLOW = "status_slow"
     PHANTOM_JOBS = "phantom_jobs"
     STUCK_PROCESS = "stuck_process"
@@ -165,6 +166,8 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Fault.SAMPLER_SILENT: Entry("the node's sampler stops publishing", "inject_sampler_silent", _kinds(K.NODE_SILENT)),
     Fault.NVML_MISSING: Entry("the driver is gone: NVML cannot initialise", "inject_nvml_missing", _kinds(K.NVML_UNAVAILABLE)),
     Fault.STATUS_BLOCKED: Entry("the node's status endpoint accepts but never answers", "inject_status_blocked", _kinds(K.PEER_BLOCKED)),
+    Fault.STATUS_BACKLOG: Entry("the peer daemon's event loop blocks before it accepts: connections pile up in its port's queue "
+                                "until it is full (runbook 002's 26-33 pending)", "inject_status_backlog", _kinds(K.PEER_BLOCKED)),
     Fault.STATUS_SLOW: Entry("the peer daemon's event loop lags: /status answers 6 s late", "inject_status_slow", _kinds(K.SLOW_PEER)),
     Fault.PHANTOM_JOBS: Entry("the jobs' processes end, the daemons go on counting them (reset on the leader)", "inject_phantom_jobs",
                               _kinds(K.PHANTOM_JOBS)),

@@ -38,6 +38,7 @@ from gpumedic_events import (
     NodeRetired,
     NodeSshChecked,
     NodeUndrained,
+    ListenBacklogReported,
     ProcessOomKilled,
     ServiceHeartbeat,
     IncidentMarked,
@@ -98,12 +99,16 @@ SAMPLES = Stream(
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",
-    events=(GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeDrained, NodeUndrained, NodeRetired),
+    events=(
+        GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, ListenBacklogReported, NodeSshChecked, NodeDrained, NodeUndrained,
+        NodeRetired,
+    ),
     storage=StorageType.FILE,
     max_age_s=30 * _DAY,
     max_bytes=512 * 1024 * 1024,
     duplicate_window_s=10 * _MINUTE,
-    description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit), and the "
+    description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit, a daemon's accept "
+    "queue backing up), and the "
     "remediator's SSH checks of them, the drains it made and the workers it ended; durable.",
 )
 INCIDENTS = Stream(

@@ -41,6 +41,7 @@ from gpumedic_events import (
     NodeRetired,
     NodeSshChecked,
     NodeUndrained,
+    ListenBacklogReported,
     ProcessOomKilled,
     ServiceHeartbeat,
     SilenceAdded,
@@ -61,7 +62,7 @@ SERVICES: tuple[str, ...] = (
     "report-builder",
 )
 
-NODE_FACTS: tuple[type[Event], ...] = (NodeSampled, GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited)
+NODE_FACTS: tuple[type[Event], ...] = (NodeSampled, GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, ListenBacklogReported)
 """What a node reports about itself, routed by its node id."""
 
 
@@ -98,6 +99,9 @@ DURABLES: tuple[Durable, ...] = (
     Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
     *(Durable(f"zombie-detector-{event.__name__}", "zombie-detector", event) for event in NODE_INCIDENT_INPUTS),
     Durable("leader-health-actions", "leader-health", ActionCompleted),
+    # a peer daemon's accept queue as its own node sees it: a blocked event loop, and one whose
+    # full queue makes its host look down
+    Durable("leader-health-ListenBacklogReported", "leader-health", ListenBacklogReported),
     Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
     Durable("autoscaler-actions", "autoscaler", ActionCompleted),
     Durable("remediator-actions", "remediator", ActionRequested),
@@ -163,6 +167,7 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     GpuLost: ("node-sampler",),
     ProcessOomKilled: ("node-sampler",),
     ContainerExited: ("node-sampler",),
+    ListenBacklogReported: ("node-sampler",),
     NodeSshChecked: ("remediator",),
     NodeDrained: ("remediator",),
     NodeUndrained: ("remediator",),

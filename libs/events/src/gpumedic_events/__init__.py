@@ -45,7 +45,7 @@ from gpumedic_events.deadletter import MessageRejected
 from gpumedic_events.drain import NodeDrained, NodeRetired, NodeUndrained
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.rollout import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest, RolloutStep
-from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ProcessOomKilled
+from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ListenBacklogReported, ProcessOomKilled
 from gpumedic_events.incident import (
     Diagnosis,
     Evidence,
@@ -91,6 +91,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GpuLost,
     ProcessOomKilled,
     ContainerExited,
+    ListenBacklogReported,
     NodeSshChecked,
     NodeDrained,
     NodeRetired,
@@ -206,6 +207,7 @@ __all__ = [
     "NvLinkSample",
     "ProcessIdentity",
     "ProcessOomKilled",
+    "ListenBacklogReported",
     "ProcessTarget",
     "ServiceHeartbeat",
     "WorkerRow",

@@ -180,3 +180,34 @@ class ContainerExited(Event):
         "container (docker run --rm), or it cannot give the log (logging driver none, or a remote driver without "
         "its local cache). None: read, or not asked.",
     )
+
+
+class ListenBacklogReported(Event):
+    """Connections wait in the accept queue of the node's own peer daemon (runbook 002: "TCP
+    connections succeed, HTTP requests time out, connection backlog grows (26-33 pending
+    connections)": an event loop that accepts nothing). Sent while at least two wait, and once
+    with `waiting` 0 when the queue drained; leader-health reads it beside its probes."""
+
+    subject_prefix: ClassVar[str] = "gpumedic.v1.node.listen_backlog"
+    subject_key: ClassVar[str | None] = "node_id"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f",
+                    "schema_version": 1,
+                    "occurred_at": "2026-11-22T10:17:45Z",
+                    "source": "node-sampler",
+                    "node_id": "gpu-node-07",
+                    "port": 8770,
+                    "waiting": 29,
+                    "limit": 128,
+                }
+            ]
+        }
+    )
+
+    node_id: NodeId
+    port: int = Field(ge=1, le=65535, description="The listening port (the status endpoint's).")
+    waiting: int = Field(ge=0, description="Connections the kernel completed that the daemon has not accepted yet (ss -ltn's Recv-Q).")
+    limit: int = Field(ge=0, description="How many may wait before new ones are dropped (the listen backlog, ss -ltn's Send-Q).")

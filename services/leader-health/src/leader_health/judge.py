@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from gpumedic_events import ActionCompleted, ClusterChecked, PeerJobs, PeerProblem, PeerRow
+from gpumedic_events import ActionCompleted, ClusterChecked, ListenBacklogReported, PeerJobs, PeerProblem, PeerRow
 from gpumedic_events.base import MAX_EVENT_BYTES, is_subject_token
 from gpumedic_incidents import IncidentBook, Policy, Transition
 from leader_health.probe import PeerAnswer
@@ -129,6 +129,11 @@ class ClusterIncidents:
             self.book.saw_node(self.rules.node(answer.url), now)
         findings = self.rules.observe(answers, now, self.book, inventory)
         return [t for finding in findings for t in self.book.on_finding(finding, now)]
+
+    def on_backlog(self, event: ListenBacklogReported, now: datetime) -> list[Transition]:
+        """Kept for the next round, which judges it beside its probe of the node's daemon."""
+        self.rules.on_backlog(event, now)
+        return []
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)

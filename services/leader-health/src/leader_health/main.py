@@ -1,7 +1,8 @@
 """leader-health's composition root: `create_app` builds everything; `run` is the console script.
 
-The service probes one peer cluster and is its incident detector: each round's answers go
-through the cluster rules into the shared incident lifecycle, and the fixes (an election through
+The service probes one peer cluster and is its incident detector: each round's answers (beside what
+the peers' own nodes say of their daemons' accept queues) go through the cluster rules into the
+shared incident lifecycle, and the fixes (an election through
 a peer's admin endpoint, a restart of a peer's daemon) through the remediator's gate.
 """
 
@@ -11,8 +12,9 @@ import logging
 
 from faststream import FastStream
 
-from gpumedic_bus import ServiceRuntime
+from gpumedic_bus import Delivery, ServiceRuntime
 from gpumedic_bus.service import run_service
+from gpumedic_events import ListenBacklogReported
 from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
 from leader_health.handlers import check_loop
@@ -37,6 +39,11 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     logic = ClusterIncidents(settings.cluster, policy)
     detector = Detector(runtime, logic, SERVICE)
     detector.attach("leader-health-actions")
+
+    async def on_backlog(event: ListenBacklogReported, delivery: Delivery) -> None:
+        await detector.decide(lambda now: logic.on_backlog(event, now))
+
+    runtime.consume("leader-health-ListenBacklogReported", on_backlog)
     reader = StatusReader(policy.peer_status.expressions())
     runtime.background(check_loop(runtime, settings, detector, logic, reader))
     return runtime.app()

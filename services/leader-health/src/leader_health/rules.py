@@ -5,7 +5,10 @@ shared lifecycle's business.
 - `peer_blocked` (TCP accepted, HTTP silent) and `peer_down` (connection refused, or no TCP answer
   at all) per peer, after `after_checks` rounds in a row; the fix for a daemon that is blocked or
   not running is a restart of its unit (where the policy names one), never for a host that does
-  not answer (SSH would not reach it either);
+  not answer (SSH would not reach it either). When the peer's own node-sampler says `backlog_from`
+  connections wait unaccepted on its daemon's port (runbook 002's "connection backlog grows"), the
+  first such round is enough, and no TCP answer is a blocked daemon whose full queue drops new
+  connections, not a host that is down;
 - `slow_peer` per peer that answers, but slower than `slower_than_s` (5 s: the runbook restarts a
   daemon whose event loop lags that much), `after_checks` rounds in a row: a restart of its unit;
 - `peer_partitioned` per answering peer that sees others but more than `max_unseen_share` of the
@@ -38,7 +41,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from gpumedic_events import HttpAdmin, IncidentKind, RestartUnit, Severity
+from gpumedic_events import HttpAdmin, IncidentKind, ListenBacklogReported, RestartUnit, Severity
 from gpumedic_incidents import Finding, IncidentState, Policy, cleared, fingerprint
 from gpumedic_incidents.policy import PartitionPolicy, PeerPolicy, SlowPeerPolicy
 from leader_health.probe import PeerAnswer
@@ -48,6 +51,8 @@ NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 """Fingerprints allow letters, digits, '_' and '-' (a host's dots become '-')."""
 MAX_STRANGERS = 20
 """Strangers judged at once: a daemon that lists thousands of made-up members makes 20 incidents, not thousands."""
+BACKLOG_FRESH = timedelta(seconds=60)
+"""How long a node's word on its daemon's accept queue counts (its sampler says it every sample while it lasts)."""
 PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
 
 
@@ -135,6 +140,22 @@ class ClusterRules:
         """The leaders the last rounds named, when more than one, and for how many rounds in a row."""
         self._strangers: dict[str, int] = {}
         """Members no inventory names -> rounds in a row they were counted."""
+        self.backlogs: dict[str, tuple[ListenBacklogReported, datetime]] = {}
+        """node -> its daemon's accept queue as its own node-sampler last said it, and when it arrived."""
+
+    def on_backlog(self, event: ListenBacklogReported, now: datetime) -> None:
+        """A node-sampler's word on its daemon's accept queue (0: drained)."""
+        if event.waiting:
+            self.backlogs[event.node_id] = (event, now)
+        else:
+            self.backlogs.pop(event.node_id, None)
+
+    def _backlog(self, node: str, now: datetime) -> ListenBacklogReported | None:
+        """The node's waiting connections when they are recent and at least the policy's `backlog_from`."""
+        seen = self.backlogs.get(node)
+        if seen is None or now - seen[1] > BACKLOG_FRESH:
+            return None
+        return seen[0] if seen[0].waiting >= self.policy.kinds.peer_blocked.backlog_from else None
 
     def observe(
         self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents, inventory: frozenset[str] | None = None
@@ -144,7 +165,7 @@ class ClusterRules:
         for a in answers:
             if a.status is not None:
                 self.node_of[a.url] = a.status.node_id
-        findings = [f for a in answers for f in self._peer(a, incidents)]
+        findings = [f for a in answers for f in self._peer(a, incidents, now)]
         if not answers:
             return findings
         view = leadership(answers)
@@ -181,35 +202,44 @@ class ClusterRules:
 
     # --- per peer ---------------------------------------------------------------------------
 
-    def _peer(self, answer: PeerAnswer, incidents: Incidents) -> list[Finding]:
+    def _peer(self, answer: PeerAnswer, incidents: Incidents, now: datetime) -> list[Finding]:
         node = self.node(answer.url)
-        kind = PEER_KINDS.get(answer.state)
+        state = answer.state
+        backlog = self._backlog(node, now) if state in ("blocked", "unreachable") else None
+        if backlog is not None:  # its node is up and says the daemon leaves connections unaccepted: a full queue drops SYNs
+            state = "blocked"
+        kind = PEER_KINDS.get(state)
         if kind is None:  # answering (or answering badly): neither blocked nor down
             self._streaks.pop(answer.url, None)
             gone = [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
             return gone + self._slow(answer, node, incidents)
         self._slow_streaks.pop(answer.url, None)
-        state, count = self._streaks.get(answer.url, (kind.value, 0))
-        count = count + 1 if state == kind.value else 1
+        streak, count = self._streaks.get(answer.url, (kind.value, 0))
+        count = count + 1 if streak == kind.value else 1
         self._streaks[answer.url] = (kind.value, count)
         other = IncidentKind.PEER_DOWN if kind is IncidentKind.PEER_BLOCKED else IncidentKind.PEER_BLOCKED
         findings = [cleared(other, node)] if incidents.get(fingerprint(node, other, None)) else []
         rule: PeerPolicy = self.policy.of(kind)
-        if count < rule.after_checks:
+        if count < rule.after_checks and backlog is None:
             return findings
         restart = {}
-        if rule.daemon_unit and answer.state != "unreachable":
+        if rule.daemon_unit and state != "unreachable":
             restart = {"restart_unit": RestartUnit(unit=rule.daemon_unit)}
         what = {
             "blocked": "its port accepts TCP but HTTP never answers: the daemon's event loop is blocked",
             "down": "it refuses connections: the daemon is not running",
             "unreachable": "its host does not answer at all: the machine or its network is down",
-        }[answer.state]
+        }[state]
+        evidence = {"url": answer.url, "state": state, "detail": answer.detail, "checks": count, "cluster": self.cluster}
+        if backlog is not None:
+            what = (f"{what}; its own node counts {backlog.waiting} connections waiting unaccepted on port {backlog.port} "
+                    f"(of {backlog.limit} before new ones are dropped)")
+            evidence |= {"waiting": backlog.waiting, "limit": backlog.limit, "port": backlog.port}
         return findings + [Finding(
             kind=kind,
             node_id=node,
             summary=f"peer {node} of cluster {self.cluster}: {what} ({count} checks in a row)",
-            evidence={"url": answer.url, "state": answer.state, "detail": answer.detail, "checks": count, "cluster": self.cluster},
+            evidence=evidence,
             severity="warning",
             recommended_action=f"restart the peer daemon ({rule.daemon_unit})" if restart
             else "check the machine and its network, then the peer daemon",

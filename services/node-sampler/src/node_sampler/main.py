@@ -22,6 +22,7 @@ from node_sampler.files import ExpectedFiles
 from node_sampler.logwatch import LogPatterns
 from node_sampler.host import HostReader, watched_disks
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, ProcessPatternProbe, RowGrowthProbe, StatusEndpointProbe
+from node_sampler.listen import ListenQueue
 from node_sampler.metrics import GpuCollector, IbCollector
 from node_sampler.procs import ProcessTable, ProcFsTable
 from node_sampler.ras import RasWatch
@@ -85,6 +86,8 @@ def create_app(
                             root=settings.files_root) if settings.checks_dir else None,
         logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root)
         if settings.log_patterns else None,
+        listen=(ListenQueue(settings.listen_port) if settings.listen_port else None) if settings.listen_port is not None
+        else ListenQueue.of_status_url(settings.status_url),
     )
 
     async def publish(event: Event) -> None:

@@ -41,6 +41,7 @@ from node_sampler.immediate import (
 )
 from node_sampler.jobs import JobProbe
 from node_sampler.kernel import KernelLogWatcher
+from node_sampler.listen import ListenQueue
 from node_sampler.logwatch import LogPatterns
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.procs import ProcessInfo, ProcessTable, ProcessUsage
@@ -87,6 +88,7 @@ class Sampler:
         files: ExpectedFiles | None = None,
         checks: CheckScripts | None = None,
         logs: LogPatterns | None = None,
+        listen: ListenQueue | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -96,7 +98,7 @@ class Sampler:
         `docker_socket` turn on the watchers for the immediate events; a container's exit carries its
         last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle;
         `files` are the files the node must have, `checks` the operator's own check scripts, `logs`
-        their log patterns."""
+        their log patterns; `listen` the accept queue of the node's own daemon."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -122,6 +124,7 @@ class Sampler:
         self.files = files
         self.checks = checks
         self.logs = logs
+        self.listen = listen
         self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
         self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
         self.containers = (DockerWatcher(docker_socket, self._container_exit, log_lines=container_log_lines)
@@ -171,6 +174,8 @@ class Sampler:
                      if watch is not None}
         if operators:  # what the operator asked to watch: files, their own checks, their log patterns
             self.last = self.last.model_copy(update=operators)
+        if self.listen is not None and (backlog := self.listen.report(self.node_id, self.listen.read(), occurred_at)) is not None:
+            self.emit(backlog)
         return self.last
 
     def _unchanged_health_left_out(self, sample: NodeSampled) -> NodeSampled:

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
         "e.g. selfplay_jobs or p2p.jobs[0].count.",
     )
     status_timeout_s: float = Field(default=2.0, gt=0, le=60, description="Deadline for the status probe.")
+    listen_port: int | None = Field(
+        default=None, ge=0, le=65535, description="The local port whose accept queue is watched (runbook 002: a blocked "
+        "daemon's connections pile up unaccepted); unset: the status URL's port when it is a loopback URL; 0: none.",
+    )
     job_process_pattern: str | None = Field(
         default=None, description="Regular expression: processes whose command line matches are jobs."
     )

@@ -21,6 +21,7 @@ from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
 from node_sampler.logwatch import LogPattern, LogPatterns
 from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
+from node_sampler.listen import ListenQueue
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
 
@@ -211,9 +212,17 @@ class SimNode(NodeState):
     async def inject_daemon_down(self) -> None:
         """The peer daemon crashes: its status port refuses connections until its unit restarts."""
         await self._status.stop()
-        self.daemon_down = True
+        self.listens_on_restart = True
         self.cluster.leave(self.node_id)
         self._record(None, Fault.DAEMON_DOWN)
+
+    async def inject_status_backlog(self) -> None:
+        """The peer daemon's event loop blocks before it accepts: connections pile up in its port's
+        queue (runbook 002's "connection backlog grows") until its unit restarts."""
+        await self._status.stop_accepting(self.listen)
+        self.status_blocked = self.listens_on_restart = True
+        self.cluster.leave(self.node_id)
+        self._record(None, Fault.STATUS_BACKLOG)
 
     async def restart_daemon(self, down_s: float) -> None:
         """A planned restart of the peer daemon: its port refuses for `down_s`, then it listens
@@ -328,4 +337,5 @@ class SimNode(NodeState):
             checks=CheckScripts(self._rundir / "checks", interval_s=checks_every_s(interval_s), timeout_s=10.0, root=self._rundir)
             if self._rundir is not None else None,
             logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
+            listen=ListenQueue(self._status.port) if self._status.port else None,
         )

@@ -259,10 +259,11 @@ class NodeState:
         """Admin endpoints called and accepted, by path, in order."""
         self.reports_jobs = True
         """Whether its daemon gives a job count (a node outside the job cluster gives none)."""
-        self.daemon_down = False
-        """The peer daemon crashed: its status port refuses connections until its unit restarts."""
+        self.listens_on_restart = False
+        """The peer daemon's server is gone (it crashed: the port refuses) or accepts nothing (its
+        loop blocked before accept): a restart of its unit listens again."""
         self.on_daemon_start: Callable[[], None] | None = None
-        """What a restart of the peer unit does when the daemon was down: listen again."""
+        """What a restart of the peer unit does then: listen again."""
         self.injected: list[InjectedFault] = []
         self.fault_listeners: list[Callable[[InjectedFault], None]] = []
         self.ssh_commands: list[str] = []
@@ -782,10 +783,10 @@ class NodeState:
                 for gpu in range(len(self.gpus)):
                     if not self.live_processes(gpu):
                         self.start_job(gpu)
-            if unit == PEER_UNIT and (self.status_blocked or self.daemon_down):
+            if unit == PEER_UNIT and (self.status_blocked or self.listens_on_restart):
                 self.status_blocked = False
-                if self.daemon_down and self.on_daemon_start is not None:
-                    self.daemon_down = False
+                if self.listens_on_restart and self.on_daemon_start is not None:
+                    self.listens_on_restart = False
                     self.on_daemon_start()
                 self.cluster.join(self.node_id)
         return True

@@ -3,8 +3,9 @@ and `GET /health`.
 
 A tiny asyncio HTTP server, no framework: it answers one request per connection. The node's
 job count appears as `selfplay_jobs`, which the node-sampler's status probe reads; the rest is
-the peer cluster as this node's daemon sees it (`gpumedic_sim.machine.cluster`), which leader-health probes. With the "blocked event loop" fault the port still
-accepts TCP but never answers, which is the failure that fault stands for.
+the peer cluster as this node's daemon sees it (`gpumedic_sim.machine.cluster`), which leader-health probes. With the "blocked event loop" faults the port still
+accepts TCP but never answers: in one the daemon takes the connection and says nothing, in the
+other it never accepts it, and connections pile up in the kernel's queue.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 
 from gpumedic_sim.machine.state import NodeState
 
 log = logging.getLogger(__name__)
 
 _READ_TIMEOUT_S = 5.0
+UNACCEPTED_BACKLOG = 128
+"""The listen backlog of a daemon that stopped accepting (aiohttp's default): how many connections
+wait before new ones are dropped."""
 
 
 class StatusEndpoint:
@@ -28,6 +33,8 @@ class StatusEndpoint:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task] = set()
+        self._unaccepting: socket.socket | None = None
+        """The port's socket while the daemon's loop accepts nothing (`stop_accepting`)."""
 
     def document(self) -> dict:
         """The runbooks' daemon's shape: `peers` keyed by node id (every member it knows, with
@@ -49,11 +56,32 @@ class StatusEndpoint:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `port` (0: any free one; a restarted daemon takes its old one back)."""
+        self._close_unaccepting()
         self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
+    async def stop_accepting(self, host: str) -> None:
+        """The daemon's event loop blocks before it calls accept() (runbook 002): the kernel still
+        completes each handshake, so the port "accepts", and the connection waits in the socket's
+        queue (ss -ltn's Recv-Q) until it is full and new ones are dropped. A restart listens again."""
+        port = self.port
+        await self.stop()
+        plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        plain.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        plain.bind((host, port or 0))
+        plain.listen(UNACCEPTED_BACKLOG)
+        self._unaccepting = plain
+        self.port = plain.getsockname()[1]
+
+    def _close_unaccepting(self) -> None:
+        """Its waiting connections are reset with it, as when a blocked daemon's process ends."""
+        if self._unaccepting is not None:
+            self._unaccepting.close()
+            self._unaccepting = None
+
     async def stop(self) -> None:
+        self._close_unaccepting()
         if self._server is None:
             return
         self._server.close()

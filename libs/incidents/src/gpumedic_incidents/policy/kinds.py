@@ -256,6 +256,14 @@ class PeerPolicy(KindPolicy):
     )
 
 
+class BlockedPeerPolicy(PeerPolicy):
+    backlog_from: int = Field(
+        default=8, ge=1, description="Connections waiting unaccepted on the peer daemon's port, as its own node-sampler "
+        "reads them (runbook 002: 26-33 on a blocked daemon), from which the first blocked round is enough, and a peer "
+        "whose probe gets no TCP answer (its queue full) is a blocked daemon, not a host that is down.",
+    )
+
+
 class SlowPeerPolicy(PeerPolicy):
     slower_than_s: float = Field(
         default=5.0, gt=0, description="A /status answer slower than this is slow (the runbook restarts a daemon lagging > 5 s)."
@@ -400,7 +408,7 @@ class Kinds(Strict):
     quorum_lost: KindPolicy = KindPolicy()
     split_brain: SplitPolicy = SplitPolicy()
     leader_flapping: FlappingPolicy = FlappingPolicy()
-    peer_blocked: PeerPolicy = PeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
+    peer_blocked: BlockedPeerPolicy = BlockedPeerPolicy(after_checks=2, ladder=(Step(action="restart_unit", verify_within_s=120),))
     peer_down: PeerPolicy = PeerPolicy(ladder=(Step(action="restart_unit", verify_within_s=120),))
     slow_peer: SlowPeerPolicy = SlowPeerPolicy(after_checks=3, ladder=(Step(action="restart_unit", verify_within_s=120),))
     phantom_jobs: PhantomPolicy = PhantomPolicy(ladder=(Step(action="http_admin", verify_within_s=120),))
