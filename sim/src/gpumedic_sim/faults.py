@@ -67,6 +67,7 @@ class Fault(StrEnum):
     CHECK_FAILING = "check_failing"
     LOG_ERRORS = "log_errors"
     UNKNOWN_PEER = "unknown_peer"
+    ROWS_STOPPED = "rows_stopped"
 
 
 class Benign(StrEnum):
@@ -76,6 +77,7 @@ class Benign(StrEnum):
     CONTAINER_STOPPED = "container_stopped"
     SHORT_DIP = "short_dip"
     CHECKPOINT_PAUSE = "checkpoint_pause"
+    ROWS_IN_FREE_PAGES = "rows_in_free_pages"
     ELECTION = "election"
     PEER_JOINING = "peer_joining"
     PLANNED_RESTART = "planned_restart"
@@ -166,6 +168,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
     Fault.SAMPLER_SILENT: Entry("the node's sampler stops publishing", "inject_sampler_silent", _kinds(K.NODE_SILENT)),
     Fault.NVML_MISSING: Entry("the driver is gone: NVML cannot initialise", "inject_nvml_missing", _kinds(K.NVML_UNAVAILABLE)),
     Fault.STATUS_BLOCKED: Entry("the node's status endpoint accepts but never answers", "inject_status_blocked", _kinds(K.PEER_BLOCKED)),
+    Fault.ROWS_STOPPED: Entry("the job records its games as rows in the node's SQLite database (into free pages: no file grows); "
+                              "20 s on it hangs: its GPU idles and no row is added (runbook 000's game count)", "inject_rows_stopped",
+                              _kinds(K.ZOMBIE_JOB), gpu=True),
     Fault.STATUS_BACKLOG: Entry("the peer daemon's event loop blocks before it accepts: connections pile up in its port's queue "
                                 "until it is full (runbook 002's 26-33 pending)", "inject_status_backlog", _kinds(K.PEER_BLOCKED)),
     Fault.STATUS_SLOW: Entry("the peer daemon's event loop lags: /status answers 6 s late", "inject_status_slow", _kinds(K.SLOW_PEER)),
@@ -223,6 +228,9 @@ FAULTS: Mapping[Scripted, Entry] = MappingProxyType({
                             params={"for": 10.0}),
     Benign.CHECKPOINT_PAUSE: Entry("benign: the GPU idles for `for` (default 60s) while output still grows", "checkpoint_job", gpu=True,
                                    params={"for": 60.0}),
+    Benign.ROWS_IN_FREE_PAGES: Entry("benign: the job records its games as rows and its GPU idles for `for` (default 60s) in a CPU "
+                                     "phase while games still go into the database's free pages: no byte grows, only the rows",
+                                     "rows_cpu_phase", gpu=True, params={"for": 60.0}),
     Benign.ELECTION: Entry("benign: the leader steps down; 3s later the node leads", "hold_election", by="fleet"),
     Benign.PEER_JOINING: Entry("benign: the node's peer daemon joins the cluster anew", "join_peer", by="fleet"),
     Benign.PLANNED_RESTART: Entry("benign: the node's peer daemon restarts (down for `for`, default 3s)", "restart_peer",

@@ -10,7 +10,9 @@ the real leader-health probe all run unchanged against it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ import node_sampler
 from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
 from node_sampler.logwatch import LogPattern, LogPatterns
-from node_sampler.jobs import JobProbe, OutputGrowthProbe, StatusEndpointProbe
+from node_sampler.jobs import JobProbe, OutputGrowthProbe, RowGrowthProbe, StatusEndpointProbe
 from node_sampler.listen import ListenQueue
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
@@ -53,6 +55,15 @@ def checks_every_s(interval_s: float) -> float:
     return max(2 * interval_s, 10.0)
 
 
+GAMES = Path("/data/games/selfplay.db")
+"""Runbook 000's game database (`SELECT COUNT(*) FROM games`), under the node's root: a job that
+records its games here writes rows into the database's free pages, so the file does not grow."""
+GAMES_EVERY_S = 0.5
+"""How often a job that records games adds one."""
+GAME_PAGE_BYTES = 4096
+"""What one game dirties in the database (a page): the job's /proc/PID/io counts it, the file's size does not."""
+ROWS_HANG_AFTER_S = 20.0
+"""How long the job of the rows_stopped fault records games before it hangs."""
 WORKER_LOG = Path("/var/log/selfplay-worker.log")
 WORKER_ERRORS = LogPattern(
     name="worker-errors", regex="Authentication failed|Failed to reset orphaned tasks|SSH connection failed", sources=(str(WORKER_LOG),)
@@ -92,6 +103,10 @@ class SimNode(NodeState):
     @property
     def checkpoint_dir(self) -> Path | None:
         return self._rundir / CHECKPOINTS.relative_to("/") if self._rundir else None
+
+    @property
+    def games_db(self) -> Path | None:
+        return self._rundir / GAMES.relative_to("/") if self._rundir else None
 
     @property
     def worker_log(self) -> Path | None:
@@ -141,9 +156,58 @@ class SimNode(NodeState):
         for name in OPERATOR_CHECKS:
             shutil.copyfile(EXAMPLE_CHECKS / name, checks / name)
             (checks / name).chmod(0o755)
+        _games_with_free_pages(self.games_db)
         self.kernel = SimKernelLog(self._rundir / "kmsg")
         self._docker = SimDockerEngine(self, self._rundir / "docker.sock")
         await self._docker.start()
+        self._keep(self._record_games())
+
+    async def _record_games(self) -> None:
+        """The jobs that record games as rows add one each, while they compute (or in a CPU phase)."""
+        games = sqlite3.connect(self.games_db, check_same_thread=False)
+        try:
+            while True:
+                await asyncio.sleep(GAMES_EVERY_S)
+                with self._lock:
+                    playing = [p for pid, cpu in self.row_writers.items()
+                               if (p := self.processes.get(pid)) is not None and p.alive and (cpu or p.producing)]
+                    for p in playing:
+                        p.rows_bytes += GAME_PAGE_BYTES
+                if playing:
+                    with games:
+                        games.executemany("INSERT INTO games (played_at) VALUES (?)", [(time.time(),)] * len(playing))
+        finally:
+            games.close()
+
+    def _keep(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    def inject_rows_stopped(self, gpu: int) -> None:
+        """The job on `gpu` records its games as rows in the node's database (its output grows no
+        file), and ROWS_HANG_AFTER_S later hangs: its GPU idles and no row is added."""
+        job = self._job_on(gpu) or self.start_job(gpu)
+        with self._lock:
+            self.row_writers[job.pid] = False
+        self._record(gpu, Fault.ROWS_STOPPED)
+        asyncio.get_running_loop().call_later(ROWS_HANG_AFTER_S, self._hang_quietly, job)
+
+    def _hang_quietly(self, job: SimProcess) -> None:
+        with self._lock:
+            if job.alive:
+                job.set_activity(time.monotonic(), producing=False)
+
+    def rows_cpu_phase(self, gpu: int, for_s: float = 60.0) -> None:
+        """The job on `gpu` records its games as rows and spends `for_s` in a CPU phase: its GPU
+        idles while games still go into the database's free pages (no byte grows), then it computes again."""
+        job = self._job_on(gpu) or self.start_job(gpu)
+        with self._lock:
+            self.row_writers[job.pid] = True
+            job.set_activity(time.monotonic(), producing=False)
+            job.paused = True
+        self.record(Benign.ROWS_IN_FREE_PAGES)
+        asyncio.get_running_loop().call_later(for_s, self.resume_job, gpu)
 
     def inject_model_missing(self) -> None:
         """The node's copy of the model every node must have is gone."""
@@ -236,9 +300,7 @@ class SimNode(NodeState):
             await self._status.start(self.listen, self._status.port or 0)
             self.cluster.join(self.node_id)
 
-        task = asyncio.get_running_loop().create_task(back())
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        self._keep(back())
 
     def inject_bare_oom_kill(self, gpu: int) -> SimProcess:
         """The GPU's job runs on the host itself, outside any container (a launcher's bare `python`),
@@ -270,9 +332,7 @@ class SimNode(NodeState):
         asyncio.get_running_loop().call_later(for_s, self.resume_job, gpu)
 
     def _listen_again(self) -> None:
-        task = asyncio.get_running_loop().create_task(self._status.start(self.listen, self._status.port or 0))
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        self._keep(self._status.start(self.listen, self._status.port or 0))
 
     async def stop(self) -> None:
         for task in list(self._restarts):
@@ -314,6 +374,7 @@ class SimNode(NodeState):
         return [
             StatusEndpointProbe(self.status_url, "selfplay_jobs", timeout_s=status_timeout_s),
             OutputGrowthProbe(lambda: (self.output_bytes(), [])),
+            *([RowGrowthProbe([(self.games_db, "games")])] if self.games_db is not None else []),
         ]
 
     def sampler(self, interval_s: float = 5.0, probes: list[JobProbe] | None = None) -> Sampler:
@@ -339,3 +400,13 @@ class SimNode(NodeState):
             logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
             listen=ListenQueue(self._status.port) if self._status.port else None,
         )
+
+
+def _games_with_free_pages(path: Path) -> None:
+    """The games database as a long-running job leaves it: its old games deleted, so new ones go
+    into free pages and the file keeps its size."""
+    path.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(path)) as games, games:
+        games.execute("CREATE TABLE games (id INTEGER PRIMARY KEY, played_at REAL NOT NULL)")
+        games.executemany("INSERT INTO games (played_at) VALUES (?)", [(0.0,)] * 4000)
+        games.execute("DELETE FROM games")

@@ -38,7 +38,7 @@ class SimProcessTable:
             cgroup=p.cgroup,
             container_id=p.container_id,
             started_at=self.boot_time + timedelta(seconds=p.start_ticks / CLK_TCK),
-            write_bytes=p.output_bytes(time.monotonic()),
+            write_bytes=p.output_bytes(time.monotonic()) + p.rows_bytes,
             job=p.job,
         )
 

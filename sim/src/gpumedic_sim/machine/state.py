@@ -162,6 +162,8 @@ class SimProcess:
     """Output written before `writing_since`."""
     writing_since: float | None = None
     """Since when it writes output (monotonic); None while it writes nothing."""
+    rows_bytes: int = 0
+    """What the games it recorded as rows dirtied (a page each): its /proc/PID/io counts them though no file grows."""
     on_checkpoint: Literal["save", "ignore"] | None = None
     """How it answers a request to checkpoint: saves (for its node's `checkpoint_s`), then exits
     on a signal or removes the file; ignores it; None: it has no handler, so such a signal ends it."""
@@ -235,6 +237,9 @@ class NodeState:
             SimGpu(index=i, uuid=f"GPU-{uuid.UUID(int=self._random.getrandbits(128), version=4)}") for i in range(gpus)
         ]
         self.processes: dict[int, SimProcess] = {}
+        self.row_writers: dict[int, bool] = {}
+        """Jobs that record their games as rows in the node's database, not as bytes (pid -> whether
+        they write rows while their GPU idles, in a CPU phase)."""
         self.nvml_missing = False
         self.status_blocked = False
         self.status_lag_s = 0.0
@@ -328,7 +333,7 @@ class NodeState:
         """Total output the node's jobs have written; grows only while a job produces."""
         now = time.monotonic()
         with self._lock:
-            return sum(p.output_bytes(now) for p in self.processes.values() if p.is_job)
+            return sum(p.output_bytes(now) for p in self.processes.values() if p.is_job and p.pid not in self.row_writers)
 
     def utilization(self, gpu: int) -> tuple[int, int]:
         """(kernel busy %, memory controller busy %) of one GPU now."""
