@@ -153,7 +153,7 @@ def test_removed_union_member_object() -> None:
     kill_only = _changed(ActionRequested, operation=(KillGpuProcesses, Field()))
     assert _breaks(ActionRequested, kill_only) == [
         f"ActionRequested: $.operation: union member {name} removed"
-        for name in ("RestartUnit", "GpuReset", "DockerPrune", "RebootNode", "HttpAdmin", "RestartJob", "DrainNode", "UndrainNode", "SpawnWorker", "TerminateWorker", "RestartWorker", "RequeueTasks", "MarkWorkerEnded", "AcceptWorker", "StopJob")
+        for name in ("RestartUnit", "GpuReset", "DockerPrune", "RebootNode", "HttpAdmin", "RestartJob", "DrainNode", "UndrainNode", "SpawnWorker", "TerminateWorker", "RestartWorker", "RequeueTasks", "MarkWorkerEnded", "AcceptWorker", "StopJob", "KillPattern")
     ]
     assert _breaks(kill_only, ActionRequested) == [], "a new operation in the catalogue is additive"
 

@@ -543,3 +543,27 @@ def test_a_hung_jobs_restart_runs_only_where_the_ledger_verified_its_stop_and_ne
     assert "never on" in verdict((), stopped)
     assert verdict(("gpu-node-02", "gpu-node-09"), stopped).endswith("it holds none on gpu-node-09")
     assert "holds no succeeded stop_job" in verdict(("gpu-node-02",), frozenset())
+
+
+def test_a_pattern_kill_fits_only_the_pattern_the_kinds_policy_names_below_its_idle_line_with_the_policys_grace():
+    """Runbook 000's pkill -f, as a zombie's next step: the gate holds it to the pattern
+    kinds.zombie_job.kill_pattern names, on the node's allow-list entry, like every kill."""
+    from gpumedic_events import KillPattern
+    from gpumedic_incidents.policy import Kinds, PatternKillPolicy, ProcessPattern, Step, ZombiePolicy
+
+    actions = Actions(kill_pattern=PatternKillPolicy(patterns={
+        "selfplay": ProcessPattern(regex="python.*selfplay"), "eval": ProcessPattern(regex="python.*eval", nodes=("gpu-node-09",)),
+    }))
+    kinds = Kinds(zombie_job=ZombiePolicy(kill_pattern="selfplay", ladder=(Step(action="kill_gpu_processes"), Step(action="kill_pattern"))))
+    gate = Gate(mode="enforce", kinds=kinds, actions=actions)
+
+    def verdict(**operation) -> str:
+        kill = KillPattern(**{"pattern": "selfplay", "grace_s": 10.0, "max_gpu_utilization_pct": 4, **operation})
+        request = _request(attempt=3).model_copy(update={"operation": kill, "fingerprint": "gpu-node-01/zombie_job/0"})
+        incident = incident_waiting_for(request, step=1)
+        return refusal(request, incident=incident, gate=gate, now=request.occurred_at, stored_at=request.occurred_at)
+
+    assert verdict() == ""
+    assert "kinds.zombie_job ends the pattern selfplay, not eval" in verdict(pattern="eval")
+    assert "not below the policy's kinds.zombie_job.idle_below_pct (5%)" in verdict(max_gpu_utilization_pct=5)
+    assert "actions.kill_pattern is 10s" in verdict(grace_s=1.0)

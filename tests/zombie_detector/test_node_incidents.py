@@ -351,3 +351,30 @@ def test_a_verified_kill_restarts_the_job_the_policy_names_before_the_incident_e
         assert det.book.incidents == {}
     else:
         assert isinstance(end, IncidentEscalated) and "fixed, but the job's restart was failed: done" in end.reason
+
+
+def test_when_the_launcher_starts_the_killed_job_again_the_ladder_ends_its_pattern_as_the_runbook_does():
+    """Runbook 000: the GPU's holders are killed, but a new hung process takes the GPU again (the
+    launcher respawned it): the next step is the policy's pattern kill (pkill -f 'python.*selfplay')."""
+    from gpumedic_events import KillPattern
+    from gpumedic_incidents.policy import PatternKillPolicy, ProcessPattern
+
+    policy = Policy(
+        fleet=FleetPolicy(hold_s=0),
+        actions=Actions(kill_pattern=PatternKillPolicy(grace_s=5, patterns={"selfplay": ProcessPattern(regex="python.*selfplay")})),
+        kinds=Kinds(zombie_job=ZombiePolicy(idle_for_s=60, kill_pattern="selfplay", ladder=(
+            Step(action="kill_gpu_processes", verify_within_s=30), Step(action="kill_pattern", verify_within_s=30)))),
+    )
+    det = NodeIncidents(policy, rules=[ZombieRule(policy.kinds.zombie_job, policy.actions.kill_gpu_processes,
+                                                  pattern_kill=policy.actions.kill_pattern)])
+    asked = []
+    respawned = HOLDER.model_copy(update={"pid": 5151, "start_ticks": 901})
+    for s in range(0, 200, 5):
+        for event in apply(det, det.on_event(sample(s, procs=(HOLDER,) if s < 70 else (respawned,)), at(s))):
+            if isinstance(event, ActionRequested):
+                asked.append(event.operation)
+                apply(det, det.on_action_completed(ActionCompleted(
+                    source="remediator", action_id=event.action_id, incident_id=event.incident_id, node_id="n1",
+                    attempt=event.attempt, outcome=ActionOutcome.SUCCEEDED, detail="done"), at(s + 1), None))
+    assert [o.operation for o in asked] == ["kill_gpu_processes", "kill_pattern"]
+    assert asked[1] == KillPattern(pattern="selfplay", grace_s=5, max_gpu_utilization_pct=4)

@@ -181,6 +181,27 @@ class StopJob(BaseModel):
         return f"stop the {len(self.ranks)} rank(s) of the job {self.job} on {nodes} node(s)"
 
 
+class KillPattern(BaseModel):
+    """End every process on the node whose command line matches one of the policy's allow-listed
+    patterns, named (runbook 000's `pkill -f 'python.*selfplay'`, when a job's launcher starts its
+    killed processes again): a request names the pattern, never carries one.
+
+    Nothing is signalled unless every GPU of the node still idles (at most `max_gpu_utilization_pct`:
+    the pattern would end the work of a busy one too); each match is checked to be the process
+    listed (start time, command line still matching) right before SIGTERM, SIGKILL after `grace_s`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    operation: Literal["kill_pattern"] = "kill_pattern"
+    pattern: str = Field(pattern=ENDPOINT_PATTERN, description="The pattern's name in actions.kill_pattern.patterns.")
+    grace_s: float = Field(default=10.0, ge=0, le=300, description="After SIGTERM: how long a process may take to exit before SIGKILL.")
+    max_gpu_utilization_pct: int = Field(ge=0, le=100, description="The state the node was judged in: a GPU busier than this "
+                                         "means work the pattern would end too, and nothing is signalled.")
+
+    def describe(self) -> str:
+        return f"end the processes matching {self.pattern} (SIGTERM, SIGKILL after {self.grace_s:g}s)"
+
+
 class RestartJob(BaseModel):
     """Start the work again after a verified kill (the runbook's `--cleanup-zombies`) or a hung job's
     verified stop: one job of the policy's allow-list, by name (a systemd unit, or an absolute path
@@ -320,7 +341,7 @@ class AcceptWorker(BaseModel):
 
 Operation = Annotated[
     KillGpuProcesses | RestartUnit | GpuReset | DockerPrune | RebootNode | HttpAdmin | RestartJob | DrainNode | UndrainNode
-    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded | AcceptWorker | StopJob,
+    | SpawnWorker | TerminateWorker | RestartWorker | RequeueTasks | MarkWorkerEnded | AcceptWorker | StopJob | KillPattern,
     Field(discriminator="operation"),
 ]
 """The closed catalogue: every operation an ActionRequested may carry, told apart by `operation`."""
@@ -328,6 +349,7 @@ Operation = Annotated[
 OPERATION_NAMES: tuple[str, ...] = (
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "restart_job", "drain_node", "undrain_node",
     "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "accept_worker", "stop_job",
+    "kill_pattern",
 )
 
 

@@ -2,7 +2,7 @@
 exact commands and changes the simulated state the way a Linux shell would.
 
 Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
-`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, the `nvidia-smi` queries and
+`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, `pgrep -f -a`, the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
 reboot`, `docker system df` and the prunes, `df` on /var/lib/docker (used, and free beside /),
 the `MemAvailable` line of /proc/meminfo, http_admin's curl POST
@@ -83,6 +83,8 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             return CommandResult(0, stdout=f"{node.boot_id}\n")
         case ["nvidia-smi", *args]:
             return _nvidia_smi(node, args)
+        case ["pgrep", "-f", "-a", "--", regex]:
+            return _pgrep(node, regex)
         case ["fuser", path] if (device := _DEVICE.match(path)):
             return _fuser(node, path, int(device.group(1)))
         case ["systemctl", "reboot"]:
@@ -176,6 +178,17 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     if what == "memory":
         return CommandResult(0, stdout=f"{node.memory_used_mib(gpu)}\n")
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
+
+
+def _pgrep(node: NodeState, regex: str) -> CommandResult:
+    """procps's `pgrep -f -a`: `PID COMMAND LINE` of each live process whose command line matches;
+    exit 1 when none does, 2 for a pattern it cannot read."""
+    try:
+        pattern = re.compile(regex)
+    except re.error as exc:
+        return CommandResult(2, stderr=f"pgrep: invalid regular expression: {exc}\n")
+    lines = [f"{p.pid} {' '.join(p.argv)}\n" for p in node.live_processes() if pattern.search(" ".join(p.argv))]
+    return CommandResult(0 if lines else 1, stdout="".join(lines))
 
 
 def _all_apps(node: NodeState) -> CommandResult:

@@ -96,6 +96,8 @@ from gpumedic_incidents.policy.actions import (
     DrainPolicy,
     JobRestart,
     KillPolicy,
+    PatternKillPolicy,
+    ProcessPattern,
     MarkEndedPolicy,
     NodeScoped,
     PrunePolicy,
@@ -161,6 +163,12 @@ class Policy(Strict):
             job = getattr(self.kinds, name).restart_job
             if job is not None and job not in self.actions.restart_job.jobs:
                 raise ValueError(f"kinds.{name} restarts the job {job}, which actions.restart_job.jobs does not list; add it there")
+        zombie = self.kinds.zombie_job
+        if zombie.kill_pattern is not None and zombie.kill_pattern not in self.actions.kill_pattern.patterns:
+            raise ValueError(f"kinds.zombie_job ends the pattern {zombie.kill_pattern}, which actions.kill_pattern.patterns does "
+                             "not list; add it there")
+        if any(step.action == "kill_pattern" for step in zombie.ladder) and zombie.kill_pattern is None:
+            raise ValueError("kinds.zombie_job's ladder has kill_pattern, but kinds.zombie_job.kill_pattern names no pattern")
         restarted = [("node_silent", self.kinds.node_silent.sampler_unit, self.kinds.node_silent.ladder)]
         restarted += [(name, getattr(self.kinds, name).daemon_unit, getattr(self.kinds, name).ladder)
                       for name in ("peer_blocked", "peer_down", "slow_peer")]
@@ -281,6 +289,8 @@ __all__ = [
     "JobHungPolicy",
     "JobRestart",
     "KillPolicy",
+    "PatternKillPolicy",
+    "ProcessPattern",
     "KindPolicy",
     "Kinds",
     "MAX_ASKS_WHILE_IN_USE",

@@ -171,6 +171,43 @@ class RestartJobPolicy(ActionPolicy):
         return value
 
 
+PROCESS_PATTERN = re.compile(r"[A-Za-z0-9 ._/:=*+?()|^$\[\]-]{3,200}")
+"""A command-line pattern as pgrep -f reads it (POSIX extended) and Python alike: letters, digits,
+spaces and the plain operators; no quote, backslash or back-reference, so it means the same to both."""
+
+
+class ProcessPattern(NodeScoped):
+    regex: str = Field(description="Matched anywhere in a process's command line, as `pgrep -f` does, e.g. python.*selfplay.")
+    max_processes: int = Field(default=64, ge=1, le=1024, description="More matches than this is refused: a pattern too wide.")
+
+    @field_validator("regex")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        if not PROCESS_PATTERN.fullmatch(value):
+            raise ValueError(f"{value[:100]!r}: 3-200 letters, digits, spaces and . _ / : = * + ? ( ) | ^ $ [ ] -, nothing else")
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value[:100]!r} is not a regular expression: {exc}") from None
+        if compiled.search(""):
+            raise ValueError(f"{value[:100]!r} matches an empty command line, so every process")
+        return value
+
+
+class PatternKillPolicy(KillPolicy):
+    patterns: dict[str, ProcessPattern] = Field(
+        default_factory=dict, description="The allow-list, by name: a request names one of these, never a regular expression.",
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _names(cls, value: dict[str, ProcessPattern]) -> dict[str, ProcessPattern]:
+        for name in value:
+            if not re.match(ENDPOINT_PATTERN, name):
+                raise ValueError(f"{name[:100]!r} is not a pattern name (lower-case letters, digits and _)")
+        return value
+
+
 class PrunePolicy(ActionPolicy):
     volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
 
@@ -319,6 +356,8 @@ class Actions(Strict):
     accept_worker: AcceptPolicy = AcceptPolicy()
     stop_job: KillPolicy = KillPolicy()
     """A hung job's ranks on every node of the job (job_hung's ladder, when it names it)."""
+    kill_pattern: PatternKillPolicy = PatternKillPolicy()
+    """Every process matching an allow-listed pattern (zombie_job's ladder, when it names one)."""
 
     def of(self, operation: str) -> ActionPolicy:
         return getattr(self, operation)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 Action = Literal[
     "kill_gpu_processes", "restart_unit", "gpu_reset", "docker_prune", "reboot_node", "http_admin", "drain_node",
     "undrain_node", "spawn_worker", "terminate_worker", "restart_worker", "requeue_tasks", "mark_worker_ended", "restart_job",
-    "accept_worker", "stop_job",
+    "accept_worker", "stop_job", "kill_pattern",
 ]
 """The catalogue's operations a ladder may name."""
 Mode = Literal["observe", "enforce"]

@@ -59,6 +59,11 @@ class ZombiePolicy(_IdleBelow):
         description="After a verified kill, start this job of actions.restart_job.jobs again (the runbook's "
         "--cleanup-zombies restarts the work); null: the kill is the fix.",
     )
+    kill_pattern: str | None = Field(
+        default=None, pattern=ENDPOINT_PATTERN,
+        description="The pattern of actions.kill_pattern.patterns that a kill_pattern step of the ladder ends (runbook 000's "
+        "pkill -f 'python.*selfplay', when the job's launcher starts its killed processes again); null: none.",
+    )
 
 
 class JobHungPolicy(_IdleBelow):

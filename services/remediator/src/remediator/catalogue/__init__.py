@@ -34,6 +34,7 @@ from gpumedic_events import (
     GpuReset,
     HttpAdmin,
     KillGpuProcesses,
+    KillPattern,
     MarkWorkerEnded,
     RebootNode,
     RequeueTasks,
@@ -46,7 +47,7 @@ from gpumedic_events import (
     UndrainNode,
 )
 from gpumedic_incidents.policy import Actions, CheckpointPolicy, NodeScoped
-from remediator.catalogue import accept, admin, checkpoint, docker, drain, gpu, jobs, kill, provider, stop, taskdb, units
+from remediator.catalogue import accept, admin, checkpoint, docker, drain, gpu, jobs, kill, pattern, provider, stop, taskdb, units
 from remediator.catalogue.base import CommandResult, ExecutionResult, Fit, InvalidParameter, Means, Node, Runner
 
 DEFAULT_ACTIONS = Actions()
@@ -133,6 +134,8 @@ OPERATIONS: dict[type, Spec] = {
                           retires=lambda operation: (operation.worker_id,)),
     AcceptWorker: Spec(accept.render, on_node(accept.execute), logs_in=True, fix=False),
     StopJob: Spec(stop.render, stop.execute, logs_in=True, fits=stop.fits, reaches=stop.reaches),
+    KillPattern: Spec(pattern.render, on_node(pattern.execute), logs_in=True, fits=pattern.fits, scope=pattern.scope,
+                      ends_work=checkpoint.idle_node),
 }
 
 NOT_FIXES = tuple(sorted(kind.model_fields["operation"].default for kind, spec in OPERATIONS.items() if not spec.fix))

@@ -61,6 +61,11 @@ def whole_node(operation: Any, request: ActionRequested | None) -> Whose:
     return Whose(apps=ALL_APPS)
 
 
+def idle_node(operation: Any, request: ActionRequested | None) -> Whose:
+    """Every job of a node whose GPUs all idle (a pattern kill runs only then)."""
+    return Whose(apps=ALL_APPS, idle="every GPU of the node idled (nothing to save)")
+
+
 def one_gpu(operation: Any, request: ActionRequested | None) -> Whose:
     return Whose(apps=apps_command(operation.gpu_index))
 

@@ -32,7 +32,8 @@ def build_rules(policy: Policy) -> list[Rule]:
     jobs = JobRule(kinds.job_hung, policy.actions.stop_job)  # the ranks of a job across nodes are its, not the per-rank rules'
     return [
         jobs,
-        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),
+        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, pattern_kill=policy.actions.kill_pattern,
+                   rank_of_wider_job=jobs.spans_nodes),
         OrphanRule(kinds.orphan_gpu_holder, policy.actions.kill_gpu_processes),
         PhantomRule(kinds.phantom_jobs, kinds.idle_jobs, policy.actions.http_admin),
         StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),

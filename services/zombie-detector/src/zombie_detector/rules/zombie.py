@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import GpuSample, IncidentKind, NodeSampled
+from gpumedic_events import GpuSample, IncidentKind, KillPattern, NodeSampled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -97,9 +97,11 @@ def unidentified(gpu: GpuSample) -> str:
 class ZombieRule:
     inputs = (NodeSampled,)
 
-    def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
+    def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, pattern_kill: KillPolicy | None = None,
+                 rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy
         self.kill = kill
+        self.pattern_grace_s = (pattern_kill or kill).grace_s
         self.wider = rank_of_wider_job
         self.idle_since: dict[tuple[str, int], IdleStreak] = {}
         self.writes: dict[tuple[str, int], Writes] = {}
@@ -157,6 +159,10 @@ class ZombieRule:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
         operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)
+        operations = {"kill_gpu_processes": operation} if operation else {}
+        if operation and self.policy.kill_pattern:  # the ladder's next step when the job's launcher starts them again
+            operations["kill_pattern"] = KillPattern(pattern=self.policy.kill_pattern, grace_s=self.pattern_grace_s,
+                                                     max_gpu_utilization_pct=self.policy.idle_below_pct - 1)
         return Finding(
             kind=KIND,
             node_id=sample.node_id,
@@ -176,7 +182,7 @@ class ZombieRule:
                 "holder_pids": pids,
             },
             recommended_action=f"kill the hung job's processes on GPU {gpu.index} (pid {pids}) so the GPU can be used again",
-            operations={"kill_gpu_processes": operation} if operation else {},
+            operations=operations,
             unsafe=unsafe,
         )
 
