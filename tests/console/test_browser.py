@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumedic_incidents.policy import SAMPLER_UNIT
 from gpumedic_sim.runs.demo import run_demo
 from tests.fixtures.real import needs
 
@@ -114,6 +115,14 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
             seen["silences"] = await page.inner_text("#silences")
             seen["detector"] = await _line_in(stack.logs / "zombie-detector.log", "driver upgrade", timeout_s=20)
             await page.screenshot(path=SHOTS / "ledger.png", full_page=True)
+            # a fleet operation from its form, asked over the bus as report-builder's own user (a dry run: the box is ticked)
+            await page.select_option("#rollout-form select[name=operation]", "restart_unit")
+            await page.fill("#rollout-form input[name=unit]", SAMPLER_UNIT)
+            await page.fill("#rollout-form input[name=nodes]", "sim-node-01 sim-node-02")
+            await page.click("#rollout-form button")
+            await page.wait_for_selector("h1:has-text('a dry run')", timeout=30_000)
+            seen["rollout"] = await page.inner_text("main")
+            await page.screenshot(path=SHOTS / "rollout.png", full_page=True)
 
             for path, name in (("cluster", "cluster"), ("capacity", "capacity")):
                 await page.goto(stack.console_url + path)
@@ -151,6 +160,8 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
         assert seen[f"{name} at 390"] <= 390, f"{name} is {seen[f'{name} at 390']} px wide on a 390 px screen"
         _legible(name, seen[f"{name} legible"])
     assert "sim-node-01" in str(seen["silences"]) and "alice" in str(seen["silences"])
+    assert "restart_unit on 2 node(s) in 2 batch(es): a dry run, nothing ran" in str(seen["rollout"])
+    assert str(seen["rollout"]).count("planned") == 2 and "asked by alice" in str(seen["rollout"])
     assert errors == [], errors
     assert {p.name for p in SHOTS.glob("*.png")} >= {"capacity.png", "cluster.png", "fleet.png", "incident.png", "incidents.png", "ledger.png", "node-live.png"}
 

@@ -541,3 +541,45 @@ async def test_an_escalated_incident_reads_the_same_on_every_surface(store, cons
     (alert,) = await AlertmanagerPush(store, ["http://127.0.0.1:9"]).alerts()
     assert alert["labels"]["severity"] == "warning" and alert["annotations"]["acknowledged_by"] == "alice"
     assert alert["annotations"]["acknowledged_note"] == "acknowledged; looking into it"
+
+
+async def test_a_fleet_operation_is_asked_of_the_remediator_behind_the_token_and_its_report_shown(seeded, console, browser):
+    """The console's button for `gpumedic rollout`: nothing without a session, bad input refused
+    before the bus, the request as the form says it, the report as the remediator answers (the bus
+    and the remediator are the edge here; tests/e2e/test_rollout.py runs them for real)."""
+    from gpumedic_events import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest, RolloutStep
+
+    form = {"operation": "restart_unit", "unit": "p2p-node.service", "nodes": "gpu-node-07, group:lambda", "batch": "2", "dry_run": "on"}
+    refused = await browser.client.post("/rollouts", data={"csrf": "guess", **form})
+    assert refused.status_code == 403 and "log in" in refused.text
+    assert (await browser.login(name="alice smith")).status_code == 303
+    csrf = await browser.hidden("/ledger", "csrf")
+    assert 'id="rollout-form"' in (await browser.client.get("/ledger")).text
+    unwired = await browser.client.post("/rollouts", data={"csrf": csrf, **form})
+    assert unwired.status_code == 503 and "gpumedic rollout" in unwired.text
+
+    asked: list[RolloutRequest] = []
+
+    async def remediator(subject: str, body: bytes, timeout_s: float) -> bytes:
+        assert subject == ROLLOUT_SUBJECT and timeout_s >= 600
+        request = RolloutRequest.from_json(body)
+        asked.append(request)
+        steps = (RolloutStep(batch=1, node_id="gpu-node-07", status="succeeded", detail=f"restarted {HOSTILE}"),
+                 RolloutStep(batch=2, node_id="gpu-node-08", status="failed", detail="is failed, not active"))
+        return RolloutReport(rollout_id=uuid.uuid4(), operation=request.operation, dry_run=request.dry_run,
+                             batches=(("gpu-node-07",), ("gpu-node-08",)), steps=steps,
+                             stopped="after batch 2 of 2: gpu-node-08 failed").to_json()
+
+    console._ask = remediator
+    page = await browser.client.post("/rollouts", data={"csrf": csrf, **form})
+    assert page.status_code == 200, page.text
+    (request,) = asked
+    assert (request.operation, request.unit, request.nodes, request.batch, request.dry_run, request.requested_by) == (
+        "restart_unit", "p2p-node.service", ("gpu-node-07", "group:lambda"), 2, True, "alice-smith")
+    assert "restart_unit on 2 node(s) in 2 batch(es): a dry run, nothing ran" in page.text
+    assert "stopped</strong>: after batch 2 of 2: gpu-node-08 failed" in page.text and HOSTILE not in page.text
+    for bad, why in (({"operation": "reboot_everything"}, "operation"), ({"unit": ""}, "restart_unit needs unit"),
+                     ({"nodes": "n" * 201}, "not a node selector"), ({"batch": "many"}, "")):
+        wrong = await browser.client.post("/rollouts", data={"csrf": csrf, **form, **bad})
+        assert wrong.status_code == 400 and "nothing ran" in wrong.text and why in wrong.text, bad
+    assert len(asked) == 1 and console.published == []

@@ -127,6 +127,9 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
         replays = {e.subject_filter() for e in REPLAYS.get(user, ())}
         assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers | live | replays, user
         assert rules.responds == bool(answers), user
+        # and it asks what it is an asker of (report-builder: a rollout, for the console's fleet operations)
+        asked = {r.subject for r in REQUESTS}
+        assert {p for p in rules.publish if p in asked} == {r.subject for r in REQUESTS if user in r.askers}, user
         durables = {p.split(".")[-1] for p in rules.publish if p.startswith("$JS.API.CONSUMER.INFO.GPUMEDIC_")}
         assert bool(durables) == (user in consumed) == (user in CONSUMING_SERVICES), user
         assert not any(".STREAM.CREATE" in p or ".STREAM.UPDATE" in p or ".STREAM.DELETE" in p for p in rules.publish), user
@@ -243,7 +246,7 @@ async def test_a_launcher_may_ask_for_preflight_and_nothing_else(secured):
     launcher, refusals = await as_user(secured, LAUNCHER)
     try:
         silence = SilenceAdded.model_validate(json_examples(SilenceAdded)[0])
-        # a fleet operation is the operator's alone
+        # a fleet operation is a person's (the operator's tools, the console behind its token)
         for subject in (ACTION.subject, silence.subject, f"$JS.API.STREAM.INFO.{ACTIONS.name}", "_INBOX.remediator.x", ROLLOUT_SUBJECT):
             await launcher.publish(subject, b"{}")
             await launcher.flush()

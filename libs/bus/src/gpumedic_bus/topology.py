@@ -333,7 +333,8 @@ NODE_USER_PREFIX = "node-"
 
 REQUESTS: tuple[Request, ...] = (
     Request(PREFLIGHT_SUBJECT, "remediator", (LAUNCHER, OPERATOR)),
-    Request(ROLLOUT_SUBJECT, "remediator", (OPERATOR,)),  # acting on many nodes is the operator's alone
+    # acting on many nodes is a person's: the operator's tools, and the console behind its token
+    Request(ROLLOUT_SUBJECT, "remediator", (OPERATOR, "report-builder")),
 )
 """Request-reply subjects. The answering service subscribes; NATS lets it reply to the asker's
 inbox (`allow_responses`) without any other publish right."""
@@ -438,6 +439,7 @@ def _service(service: str) -> Permissions:
     subscribe += [event.subject_filter() for event in REPLAYS.get(service, ())]  # woken up by new ones
     answers = [r.subject for r in REQUESTS if r.service == service]
     subscribe += answers
+    publish += _asks(service)  # its replies come to its own inbox
     leases = [service] if service in ONE_ACTIVE else [f"{service}.{loop}" for loop in ONE_INSTANCE_LOOPS.get(service, ())]
     if leases:  # its own lease keys, and reading who holds them
         stream = f"KV_{LEASES.bucket}"

@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
             sessions, config, publish=lambda event: publish_event(runtime.broker, event),
             latest=lambda node: runtime.latest(NodeSampled, node), prometheus=prometheus,
             incident_changed=push.poke if push else None,
+            ask=lambda subject, body, timeout_s: _ask(runtime, subject, body, timeout_s),
         )
     pricing = Pricing(settings.inventory)
     handlers = ReportHandlers(
@@ -110,6 +111,12 @@ def create_app(settings: Settings | None = None) -> FastStream:
         app.after_shutdown(console.stop)
     app.after_shutdown(engine.dispose)
     return app
+
+
+async def _ask(runtime: ServiceRuntime, subject: str, body: bytes, timeout_s: float) -> bytes:
+    """One request to the remediator over the service's own connection (its inbox, its rights:
+    `topology.REQUESTS` lets report-builder ask for a rollout, for the console's fleet operations)."""
+    return (await runtime.broker.connection.request(subject, body, timeout=timeout_s)).data
 
 
 def run() -> None:

@@ -1,16 +1,19 @@
-"""The writes: logging in and out, silences, a false positive or an acknowledgement, the breaker's reset.
-Each needs a session and its CSRF token, and a same-origin request."""
+"""The writes: logging in and out, silences, a false positive or an acknowledgement, the breaker's
+reset, a fleet operation (through the remediator's gate). Each needs a session and its CSRF token,
+and a same-origin request."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import nats.errors
 from aiohttp import web
 
-from gpumedic_events import ACKNOWLEDGED_NOTE, Matcher, SilenceAdded, SilenceRemoved
+from gpumedic_events import ACKNOWLEDGED_NOTE, ROLLOUT_SUBJECT, EventDecodeError, Matcher, RolloutReport, RolloutRequest, SilenceAdded, SilenceRemoved
 from gpumedic_events.silence import mark_said
 from gpumedic_store import breaker
 from gpumedic_store import views as read
@@ -21,10 +24,17 @@ from report_builder.console.forms import BadRequest, back_to, first_error, same_
 log = logging.getLogger(__name__)
 
 SOURCE = "report-builder-console"
+ROLLOUT_WAIT_S = 1800.0
+"""How long the page waits for a fleet operation (each batch's actions are verified before the next)."""
+
+
+def _token(name: str) -> str:
+    """Who asks, as the audit log keeps it (a subject token)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", name).strip("-_")[:63] or "console"
 
 
 class Operations:
-    """Mixed into `Console`: the writes: logging in and out, silences, a false positive or an acknowledgement, the breaker's reset."""
+    """Mixed into `Console`: the writes (see the module)."""
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -151,6 +161,30 @@ class Operations:
         self._breaker_read_at = float("-inf")  # read again at once: the banner goes
         self.changes.bump()
         return back_to(form, "/ledger", "breaker reset" if trips else "the breaker was closed; nothing to reset")
+
+    async def run_rollout(self, request: web.Request) -> web.Response:
+        """One operation on many nodes (or the provider's workers), batch by batch, as `gpumedic
+        rollout` runs it: asked of the remediator, whose gate decides each node's action."""
+        form, who = await self._authorized(request)
+        if self._ask is None:
+            raise web.HTTPServiceUnavailable(text="this console is not connected to the bus: use `gpumedic rollout`")
+        listed = lambda name: tuple(w for w in re.split(r"[\s,]+", str(form.get(name) or "")) if w)  # noqa: E731
+        try:
+            ask = RolloutRequest(
+                operation=str(form.get("operation") or ""), unit=str(form.get("unit") or "").strip() or None,
+                nodes=listed("nodes"), workers=listed("workers"), batch=int(str(form.get("batch") or "1")),
+                dry_run=form.get("dry_run") == "on", requested_by=_token(who.name),
+            )
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise BadRequest(f"nothing ran: {first_error(exc)}") from None
+        log.info("console: %s asks the remediator for a %s%s", who.name, ask.operation, " (dry run)" if ask.dry_run else "")
+        try:
+            report = RolloutReport.from_json(await self._ask(ROLLOUT_SUBJECT, ask.to_json(), ROLLOUT_WAIT_S))
+        except (TimeoutError, nats.errors.Error, EventDecodeError) as exc:
+            raise web.HTTPServiceUnavailable(text=f"no answer from the remediator ({type(exc).__name__}: {exc}); "
+                                             "`gpumedic actions` lists what ran") from None
+        self.changes.bump()
+        return self._page(request, "rollout.html", "Fleet operation", report=report, asked=ask)
 
     async def _authorized(self, request: web.Request) -> tuple:
         form = await same_origin_form(request)

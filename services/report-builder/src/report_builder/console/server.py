@@ -116,10 +116,13 @@ class Console(FleetPages, IncidentPages, RecordPages, Operations):
         latest: Callable[[str], Awaitable[NodeSampled | None]] | None = None,
         prometheus: PrometheusHistory | None = None,
         incident_changed: Callable[[], None] | None = None,
+        ask: Callable[[str, bytes, float], Awaitable[bytes]] | None = None,
     ) -> None:
         """`latest` reads a node's last sample from the samples stream (None: the node page shows
         only what the store has); `prometheus`, where set, gives the GPU charts; `incident_changed`
-        is told of an acknowledgement (Alertmanager shows it)."""
+        is told of an acknowledgement (Alertmanager shows it); `ask` sends a request to the
+        remediator and returns its reply (a fleet operation; None: the console runs none)."""
+        self._ask = ask
         self._db = sessions
         self._incident_changed = incident_changed or (lambda: None)
         self._latest = latest
@@ -194,6 +197,7 @@ class Console(FleetPages, IncidentPages, RecordPages, Operations):
             web.post("/incidents/{id}/false-positive", self.mark_false_positive),
             web.post("/incidents/{id}/acknowledge", self.acknowledge),
             web.post("/breaker/reset", self.reset_breaker),
+            web.post("/rollouts", self.run_rollout),
             web.static("/static", HERE / "static"),
         ])
         return app
