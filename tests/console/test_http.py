@@ -583,3 +583,23 @@ async def test_a_fleet_operation_is_asked_of_the_remediator_behind_the_token_and
         wrong = await browser.client.post("/rollouts", data={"csrf": csrf, **form, **bad})
         assert wrong.status_code == 400 and "nothing ran" in wrong.text and why in wrong.text, bad
     assert len(asked) == 1 and console.published == []
+
+
+async def test_the_cluster_page_draws_who_sees_whom_and_marks_a_pair_seen_one_way(store, console, browser):
+    """Runbook 002's asymmetric connectivity: lambda-1 sees the Hetzner peers, they do not see it."""
+    rows = [
+        {"url": "http://h1:8770/status", "state": "ok", "node_id": "hetzner-1", "answer_ms": 9.0, "sees": ["hetzner-2"]},
+        {"url": "http://h2:8770/status", "state": "ok", "node_id": "hetzner-2", "answer_ms": 9.0, "sees": ["hetzner-1"]},
+        {"url": "http://l1:8770/status", "state": "ok", "node_id": "lambda-1", "answer_ms": 9.0, "sees": ["hetzner-1", "hetzner-2"]},
+        {"url": "http://l2:8770/status", "state": "blocked", "answer_ms": 3000.0},
+    ]
+    async with store() as session:
+        await repository.record_cluster_check(session, event=_event(ClusterChecked, occurred_at=datetime.now(UTC).isoformat(), peers=rows))
+        await session.commit()
+    page = (await browser.client.get("/cluster")).text
+    assert "Who sees whom" in page
+    matrix = page[page.index("Who sees whom"):page.index("<h2>Leaders")]
+    lambda_row = re.search(r"<tr><th>lambda-1</th>(.*?)</tr>", matrix).group(1)
+    assert lambda_row.count('class="warning">&rarr;') == 2  # it sees both, neither sees it
+    hetzner_row = re.search(r"<tr><th>hetzner-1</th>(.*?)</tr>", matrix).group(1)
+    assert "&#10003;" in hetzner_row and "&middot;" in hetzner_row and "&rarr;" not in hetzner_row

@@ -235,6 +235,7 @@ def test_a_peer_much_of_the_cluster_cannot_see_is_partitioned_after_membership_h
     (opened,) = c.opened()
     assert (opened.kind, opened.node_id) == (IncidentKind.PEER_PARTITIONED, "p1")
     assert "4 of the 4 other answering peers do not see it" in opened.summary
+    assert (opened.evidence["not_seen_by"], opened.evidence["does_not_see"]) == ("p2 p3 p4 p5", "")  # its column and row
     assert any(isinstance(e, IncidentEscalated) for e in c.events)  # the network is a person's
     (resolved,) = c.round(40, [ok(n) for n in NODES])
     assert isinstance(resolved, IncidentResolved)

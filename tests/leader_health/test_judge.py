@@ -53,6 +53,8 @@ def test_the_view_from_every_peer_finds_one_way_pairs_and_peers_nobody_sees():
                            PeerAnswer("http://d/status", "down", None, "refused")])
     assert checked.one_way == ("c>a", "c>b") and checked.unseen == ("c",)
     assert "2 one-way pair(s); seen by no peer: c" in checked.summary
+    # each answering peer's row says whom it sees (the console draws the who-sees-whom matrix from them)
+    assert {p.node_id: p.sees for p in checked.peers} == {"a": ("b",), "b": ("a",), "c": ("a", "b"), None: ()}
     whole = assess("c", [sees("a", "b", "c"), sees("b", "a", "c"), sees("c", "a", "b")])
     assert whole.one_way == () and whole.unseen == () and whole.healthy
 

@@ -93,6 +93,8 @@ class PeerRow(BaseModel):
     answer_ms: float = Field(default=0.0, ge=0, description="How long its probe took.")
     jobs: int | None = Field(default=None, ge=0, description="Its jobs as the leader counts them.")
     gpu_percent: float | None = Field(default=None, ge=0, le=100, description="Its GPU % as the leader reports it.")
+    sees: tuple[str, ...] = Field(default=(), max_length=256, description="The peers its answer lists alive (runbook 002's "
+                                  "who-sees-whom: a pair seen one way only is NAT or a firewall); empty when it did not answer.")
 
 
 class ClusterChecked(Event):

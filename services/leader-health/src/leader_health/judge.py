@@ -104,6 +104,7 @@ def _row(answer: PeerAnswer, loads: dict, voters: set[str]) -> PeerRow:
         url=answer.url[:512], state="ok" if status is not None else answer.state, node_id=node, role=status.role if status else None,
         voter=(node in voters) if node is not None and voters else None, answer_ms=round(answer.took_ms, 1),
         jobs=load.jobs if load is not None else None, gpu_percent=load.gpu_percent if load is not None else None,
+        sees=tuple(sorted(p[:253] for p in status.peers if p != node))[:256] if status is not None else (),
     )
 
 

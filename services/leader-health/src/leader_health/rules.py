@@ -291,7 +291,10 @@ class ClusterRules:
                 node_id=node,
                 summary=f"peer {peer} of cluster {self.cluster} sees {len(joined[peer])} peers, but {len(missing)} of the "
                 f"{len(others)} other answering peers do not see it (for {(now - since).total_seconds():.0f}s): NAT or a firewall",
-                evidence={"cluster": self.cluster, "unseen_by": len(missing), "answering": len(others), "examples": " ".join(missing[:5])},
+                evidence={"cluster": self.cluster, "unseen_by": len(missing), "answering": len(others), "examples": " ".join(missing[:5]),
+                          # its row and column of the who-sees-whom matrix: whom it does not see, who does not see it
+                          "not_seen_by": " ".join(missing[:50]),
+                          "does_not_see": " ".join(sorted(n for n in others if n not in joined[peer])[:50])},
                 severity="warning",
                 recommended_action="check the network between the peers (NAT, firewall, advertised address)",
             ))

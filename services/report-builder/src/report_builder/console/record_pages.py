@@ -49,7 +49,7 @@ class RecordPages:
         }, breaks=True)] if checks else []
         return self._page(
             request, "cluster.html", "Cluster", names=names, chosen=chosen, checks=checks[-200:], summary=summary, hours=hours,
-            charts=charts, leaders=leader_stretches(checks),
+            charts=charts, leaders=leader_stretches(checks), matrix=views.reachability(checks[-1].peers or []) if checks else None,
         )
 
     async def capacity_page(self, request: web.Request) -> web.Response:

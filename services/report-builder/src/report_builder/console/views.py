@@ -177,6 +177,38 @@ def _ms(delta: timedelta) -> float:
     return max(0.0, delta.total_seconds() * 1000)
 
 
+MATRIX_PEERS = 64
+"""Peers the who-sees-whom matrix shows at most (a larger cluster: its one-way pairs are in the check's summary)."""
+
+
+@dataclass(frozen=True)
+class Reachability:
+    """Runbook 002's who-sees-whom: for each peer that answered (a row), whether it lists each peer (a
+    column) alive; a pair seen one way only is marked, and so is a peer that did not answer."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, tuple[str, ...]], ...]
+    """(peer, per column: 'self', 'sees', 'one-way' (it sees the column, which answered and does not see it), 'no', or '' unknown)."""
+
+
+def reachability(peers: Sequence[Mapping]) -> Reachability | None:
+    """From a stored check's peer rows; None when no answering peer says whom it sees (an older check)."""
+    sees = {p["node_id"]: set(p.get("sees") or ()) for p in peers if p.get("node_id") and p.get("sees")}
+    if not sees:
+        return None
+    names = sorted({p.get("node_id") or p.get("url", "?") for p in peers} | {n for seen in sees.values() for n in seen})[:MATRIX_PEERS]
+
+    def cell(row: str, column: str) -> str:
+        if row == column:
+            return "self"
+        if column in sees[row]:
+            return "one-way" if column in sees and row not in sees[column] else "sees"
+        return "no"
+
+    rows = tuple((row, tuple(cell(row, column) for column in names)) for row in sorted(sees)[:MATRIX_PEERS])
+    return Reachability(columns=tuple(names), rows=rows)
+
+
 def time_chart(
     key: str, title: str, unit: str, times: Sequence[datetime], series: Mapping[str, Sequence[float | None]], *, breaks: bool = False,
 ) -> dict:
