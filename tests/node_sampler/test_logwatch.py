@@ -102,11 +102,62 @@ async def test_the_journal_is_followed_with_journalctl_for_its_unit(tmp_path, mo
 def test_a_pattern_names_its_sources_plainly():
     with pytest.raises(ValidationError, match="not a regular expression"):
         LogPattern(name="x", regex="(", sources=("/var/log/x.log",))
-    with pytest.raises(ValidationError, match="give an absolute file path, journal, or journal:UNIT.service"):
+    with pytest.raises(ValidationError, match="give an absolute file path, journal, journal:UNIT.service or container:NAME"):
         LogPattern(name="x", regex="x", sources=("journal:docker; rm -rf /",))
+    with pytest.raises(ValidationError, match="container:NAME"):
+        LogPattern(name="x", regex="x", sources=("container:../../etc",))
     with pytest.raises(ValidationError, match="give an absolute file path"):
         LogPattern(name="x", regex="x", sources=("var/log/x.log",))
     with pytest.raises(ValidationError):
         LogPattern(name="../x", regex="x", sources=("journal",))
     with pytest.raises(ValueError, match="two log patterns have one name"):
         LogPatterns([LogPattern(name="x", regex="a", sources=("journal",)), LogPattern(name="x", regex="b", sources=("journal",))])
+
+
+async def test_a_containers_log_is_followed_by_name_through_the_engine_and_its_replacement_too(tmp_path):
+    """Runbook 004's `docker logs`, as a pattern source: the lines a running container logs from now
+    on (the simulated engine speaks the Engine API's multiplexed log stream), and after the container
+    stops, those of the new one under its name."""
+    from gpumedic_sim.machine.docker import SimDockerEngine
+    from gpumedic_sim.machine.state import NodeState
+
+    node = NodeState("gpu-node-07", 1, seed=3)
+    node.start_job(0)  # its container: selfplay-gpu0
+    engine = SimDockerEngine(node, tmp_path / "docker.sock")
+    await engine.start()
+    container = next(c for c in node.containers.values() if c.running)
+    container.logs.append("CUDA out of memory. Tried to allocate 2.00 GiB (before the sampler: not counted)")
+    logs = LogPatterns([LogPattern(name="gpu-oom", regex="CUDA out of memory", sources=(f"container:{container.name}",))],
+                       interval_s=0.1, docker_socket=tmp_path / "docker.sock")
+
+    async def until(count: int) -> tuple[int, str, str | None]:
+        for _ in range(100):
+            seen = counts(logs)["gpu-oom"]
+            if seen[0] >= count:
+                return seen
+            await asyncio.sleep(0.05)
+        return counts(logs)["gpu-oom"]
+
+    try:
+        assert counts(logs)["gpu-oom"][0] == 0
+        await asyncio.sleep(0.3)  # the stream is open
+        container.logs.extend(["step 100 loss 0.3", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB"])
+        assert (await until(1))[:2] == (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB")
+        node._end(node._job_on(0), exit_code=1, logs=["RuntimeError: CUDA out of memory"])  # it dies saying so
+        assert (await until(2))[0] == 2
+        node.start_job(0)  # the next run, a new container under the same name
+        replacement = next(c for c in node.containers.values() if c.running)
+        assert replacement.name == container.name and replacement.id != container.id
+        await asyncio.sleep(0.5)
+        replacement.logs.append("CUDA out of memory again")
+        assert (await until(3))[:2] == (3, "CUDA out of memory again")
+    finally:
+        await logs.close()
+        await engine.stop()
+    nowhere = LogPatterns([LogPattern(name="x", regex="x", sources=("container:trainer",))], interval_s=0.1, docker_socket=tmp_path / "none.sock")
+    try:
+        nowhere.observe()
+        await asyncio.sleep(0.2)
+        assert "container:trainer: " in (counts(nowhere)["x"][2] or "")
+    finally:
+        await nowhere.close()

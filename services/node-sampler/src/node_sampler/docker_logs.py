@@ -55,6 +55,12 @@ class LogTail:
             self._frame_left -= len(piece)
             self._text(self._stream, piece)
 
+    def take(self) -> tuple[str, ...]:
+        """The whole lines assembled since the last take (a followed log: a line still arriving stays)."""
+        lines = tuple(self._lines)
+        self._lines.clear()
+        return lines
+
     def lines(self) -> tuple[str, ...]:
         """The kept lines, oldest first, including a last line without a newline."""
         for stream in sorted(self._partial):

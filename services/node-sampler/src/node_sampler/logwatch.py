@@ -1,12 +1,15 @@
-"""The operator's log patterns: regular expressions counted over named log files and the systemd
-journal, each pattern's count a fact in every sample (runbook 001: "look for recurring error
-patterns": "Authentication failed", "Failed to reset orphaned tasks", "SSH connection failed").
+"""The operator's log patterns: regular expressions counted over named log files, the systemd
+journal and containers' logs, each pattern's count a fact in every sample (runbook 001: "look for
+recurring error patterns": "Authentication failed", "Failed to reset orphaned tasks", "SSH
+connection failed"; runbook 004: "check with docker stats and docker logs").
 
 Only lines written since the sampler started count. A file is followed as `tail -F` does: from
 its end, again from its start when it was rotated (another inode) or truncated, at most
 `MAX_READ` bytes a round, so a log that floods costs a bounded read. The journal is followed
-with `journalctl --follow` (of one unit, or all), one process per journal source. The detector
-judges the counts: so many matches within a window is an incident of the pattern.
+with `journalctl --follow` (of one unit, or all), one process per journal source. A container's
+log is followed through the Docker engine (`logs?follow=1`), by name, so the container that
+replaces a stopped one of that name is followed too. The detector judges the counts: so many
+matches within a window is an incident of the pattern.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import os
 import re
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +31,25 @@ from gpumedic_events.node import CHECK_NAME
 from gpumedic_events.redact import redact
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from node_sampler import http
+from node_sampler.docker_logs import LogTail
+
 MAX_PATTERNS = 32
 MAX_READ = 1 << 20
 MAX_LINE = 65536
+MAX_CONTAINER_LINES = 4096
+"""Lines of a container's log held between two reads of its stream (a flood beyond that is not counted whole)."""
 JOURNAL = "journal"
+CONTAINER = "container"
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
+"""A container name as the engine allows them."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class LogPattern(BaseModel):
     """One pattern: its name (as the policy's `kinds.log_pattern.patterns` names it), the regular
     expression a line must contain a match of, and where to look: absolute file paths, `journal`
-    (the whole journal) or `journal:UNIT` (one systemd unit's)."""
+    (the whole journal), `journal:UNIT` (one systemd unit's) or `container:NAME` (a container's log)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,8 +73,10 @@ class LogPattern(BaseModel):
             unit = source.removeprefix(f"{JOURNAL}:")
             if source == JOURNAL or (source.startswith(f"{JOURNAL}:") and re.fullmatch(UNIT_PATTERN, unit)):
                 continue
+            if source.startswith(f"{CONTAINER}:") and CONTAINER_NAME.fullmatch(source.partition(":")[2]):
+                continue
             if not source.startswith("/") or "\x00" in source:
-                raise ValueError(f"{source[:100]!r}: give an absolute file path, journal, or journal:UNIT.service")
+                raise ValueError(f"{source[:100]!r}: give an absolute file path, journal, journal:UNIT.service or container:NAME")
         return value
 
 
@@ -87,7 +101,8 @@ class LogPatterns:
     """Counts `patterns` over their sources, every `interval_s` for the files, as lines come for the
     journal; files are read under `root` (where the node's file system is mounted for the sampler)."""
 
-    def __init__(self, patterns: Sequence[LogPattern], *, interval_s: float = 5.0, root: Path = Path("/")) -> None:
+    def __init__(self, patterns: Sequence[LogPattern], *, interval_s: float = 5.0, root: Path = Path("/"),
+                 docker_socket: Path | None = None) -> None:
         if len(patterns) > MAX_PATTERNS:
             raise ValueError(f"at most {MAX_PATTERNS} log patterns, not {len(patterns)}")
         if len({p.name for p in patterns}) != len(patterns):
@@ -96,7 +111,9 @@ class LogPatterns:
         self.root = root
         self.counts = [_Count(p, re.compile(p.regex)) for p in patterns]
         self._files: dict[str, _File] = {s: _File() for p in patterns for s in p.sources if s.startswith("/")}
-        self._journals = sorted({s for p in patterns for s in p.sources if not s.startswith("/")})
+        self._journals = sorted({s for p in patterns for s in p.sources if s.startswith(JOURNAL)})
+        self._containers = sorted({s for p in patterns for s in p.sources if s.startswith(f"{CONTAINER}:")})
+        self.docker_socket = docker_socket
         self._tasks: list[asyncio.Task] = []
 
     def observe(self) -> tuple[LogMatches, ...]:
@@ -105,6 +122,7 @@ class LogPatterns:
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._follow_files(), name="log-files")] if self._files else []
             self._tasks += [loop.create_task(self._follow_journal(source), name=f"log-{source}") for source in self._journals]
+            self._tasks += [loop.create_task(self._follow_container(source), name=f"log-{source}") for source in self._containers]
         return tuple(
             LogMatches(name=c.pattern.name, count=c.count, last_line=c.last, error="; ".join(c.errors.values())[:300] or None)
             for c in self.counts
@@ -185,6 +203,41 @@ class LogPatterns:
                 await process.wait()
             self._error(source, f"journalctl ended (exit {process.returncode})")
             await asyncio.sleep(self.interval_s)
+
+
+    async def _follow_container(self, source: str) -> None:
+        """A container's log through the engine, from now; again, from where it left off, once the
+        container (or the one that replaced it under its name) runs again."""
+        if self.docker_socket is None:
+            self._error(source, "no Docker engine socket configured")
+            return
+        name = source.partition(":")[2]
+        client = http.client(socket_path=str(self.docker_socket), headers={"User-Agent": "gpumedic-node-sampler"})
+        since = time.time()
+        try:
+            while True:
+                target = f"http://docker/containers/{name}/logs?follow=1&stdout=1&stderr=1&tail=0&since={since:.6f}"
+                try:
+                    async with http.stream(client, target, error=LogSourceError) as (status, headers, pieces):
+                        if status != 200:
+                            raise LogSourceError("no such container" if status == 404 else f"the engine answers HTTP {status}")
+                        self._error(source, None)
+                        tail = LogTail(MAX_CONTAINER_LINES, multiplexed="raw-stream" not in headers.get("content-type", ""))
+                        async for piece in pieces:
+                            tail.feed(piece)
+                            if lines := tail.take():
+                                self.feed(source, lines)
+                    self._error(source, "the container stopped; followed again when it runs")
+                except (OSError, TimeoutError, LogSourceError) as exc:
+                    self._error(source, str(exc) or type(exc).__name__)
+                since = time.time()
+                await asyncio.sleep(self.interval_s)
+        finally:
+            await client.aclose()
+
+
+class LogSourceError(Exception):
+    """A log source answered something that cannot be read; the message says why."""
 
 
 async def _line(stream: asyncio.StreamReader | None) -> str | None:

@@ -84,8 +84,8 @@ def create_app(
         files=ExpectedFiles(settings.expect_files, settings.files_root) if settings.expect_files else None,
         checks=CheckScripts(settings.checks_dir, interval_s=settings.checks_interval_s, timeout_s=settings.checks_timeout_s,
                             root=settings.files_root) if settings.checks_dir else None,
-        logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root)
-        if settings.log_patterns else None,
+        logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root,
+                         docker_socket=settings.docker_socket) if settings.log_patterns else None,
         listen=(ListenQueue(settings.listen_port) if settings.listen_port else None) if settings.listen_port is not None
         else ListenQueue.of_status_url(settings.status_url),
     )

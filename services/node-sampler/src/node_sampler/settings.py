@@ -90,7 +90,8 @@ class Settings(BaseSettings):
         default_factory=list, max_length=MAX_PATTERNS,
         description="Your log patterns, each counted over its sources: {\"name\": \"worker-errors\", \"regex\": "
         "\"Authentication failed|SSH connection failed\", \"sources\": [\"/var/log/worker.log\", \"journal:worker.service\"]} "
-        "(a file, read under files_root; journal; journal:UNIT). The policy's kinds.log_pattern says how many matches make an incident.",
+        "(a file, read under files_root; journal; journal:UNIT; container:NAME, through the Docker engine). The policy's "
+        "kinds.log_pattern says how many matches make an incident.",
     )
     disk_paths: list[Path] | None = Field(
         default=None,

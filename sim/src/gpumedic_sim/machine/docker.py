@@ -3,7 +3,7 @@
 An asyncio HTTP/1.1 server on a unix socket, one request per connection, answering from
 `NodeState.containers` in the real engine's JSON shapes: `/_ping`, `/version`,
 `/containers/json`, `/containers/{id}/json`, `/containers/{id}/logs` (multiplexed frames, or
-raw for a container with a TTY) and a streaming `/events` (chunked, one JSON object a line;
+raw for a container with a TTY; with `follow`, the lines logged from then on until it stops) and a streaming `/events` (chunked, one JSON object a line;
 `since` replays the few recent events kept). Paths may carry an API version (`/v1.47/...`).
 
 The simulation reports container changes through `NodeState.container_listeners`, possibly
@@ -38,6 +38,8 @@ ENGINE_VERSION = "27.3.1"
 _HISTORY = 64
 _READ_TIMEOUT_S = 5.0
 _CHUNK = 4096
+_FOLLOW_EVERY_S = 0.2
+"""How often a followed log looks for new lines."""
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 _VERSIONED = re.compile(r"/v1\.\d+(/.*)")
 _CONTAINER_PATH = re.compile(r"/containers/([^/]+)/(json|logs)")
@@ -173,6 +175,8 @@ class SimDockerEngine:
                     writer.write(_json(404, {"message": f"No such container: {match.group(1)}"}))
                 elif match.group(2) == "json":
                     writer.write(_json(200, self._inspect(container)))
+                elif _flag(query, "follow"):
+                    await self._follow(reader, writer, container, query)
                 else:
                     self._logs(writer, container, query)
             else:
@@ -208,16 +212,45 @@ class SimDockerEngine:
             writer.write(_chunk(bytes(body[i : i + _CHUNK])))
         writer.write(b"0\r\n\r\n")
 
+    async def _follow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, container: SimContainer, query: dict) -> None:
+        """`logs?follow=1&tail=0`: the lines the container logs from now on, as they come, until it
+        stops (then the stream ends) or the client goes."""
+        if not (_flag(query, "stdout") or _flag(query, "stderr")) or container.log_driver == "none":
+            self._logs(writer, container, query)  # the same refusals
+            return
+        tty = _tty(container)
+        writer.write(_head(200, "application/vnd.docker.raw-stream" if tty else "application/vnd.docker.multiplexed-stream", chunked=True))
+        sent = len(container.logs)
+        gone = asyncio.ensure_future(reader.read())
+        try:
+            while not gone.done():
+                lines, sent = container.logs[sent:], len(container.logs)
+                for line in lines:
+                    data = _bytes(line)
+                    data = data if data.endswith(b"\n") else data + b"\n"
+                    writer.write(_chunk(data if tty else b"\x01\0\0\0" + len(data).to_bytes(4, "big") + data))
+                if not container.running:
+                    writer.write(b"0\r\n\r\n")
+                    return
+                await writer.drain()
+                await asyncio.wait([gone], timeout=_FOLLOW_EVERY_S)
+        finally:
+            gone.cancel()
+
     # --- the engine's view of the containers -----------------------------------------------
 
     def _containers(self) -> list[SimContainer]:
         return list(self.node.containers.values())  # one C call: safe against other threads
 
     def _find(self, ref: str) -> SimContainer | None:
-        """By id, name or unique id prefix, as the engine resolves them."""
+        """By id, name or unique id prefix, as the engine resolves them. A name is the newest
+        container's: the engine keeps a name unique, and a job's next run takes its name."""
         containers = self._containers()
         for c in containers:
-            if c.id == ref or c.name == ref.lstrip("/"):
+            if c.id == ref:
+                return c
+        for c in reversed(containers):
+            if c.name == ref.lstrip("/"):
                 return c
         matches = [c for c in containers if ref and c.id.startswith(ref)]
         return matches[0] if len(matches) == 1 else None
