@@ -156,6 +156,7 @@ async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_i
     assert "zombie_job on sim-node-02 GPU 0" in str(seen["incident"]) and "kill_gpu_processes" in str(seen["incident"])
     assert "sim-node-01" in str(seen["fleet"]) and "sim-node-02" in str(seen["fleet"])
     assert "GPUs" in str(seen["node"]) and "Busiest processes now" in str(seen["node"]) and "No sample" not in str(seen["node"])
+    assert "Containers now" in str(seen["node"]) and "64.0 GiB (9% used)" in str(seen["node"])  # docker stats, from the cgroups
     for name in ("fleet-live", "incident-live", "node-live"):
         assert seen[f"{name} at 390"] <= 390, f"{name} is {seen[f'{name} at 390']} px wide on a 390 px screen"
         _legible(name, seen[f"{name} legible"])

@@ -616,6 +616,35 @@ def test_each_death_names_one_cause_with_its_evidence_and_remedies(events, cause
     assert opened.evidence["exit_code"] == events[-1].exit_code if isinstance(events[-1], ContainerExited) else True
 
 
+def test_a_cgroup_oom_says_how_full_the_container_was_at_the_last_look_before_it_died():
+    """Runbook 004's docker stats beside the death: the sampler's last look (every 30 s) at the
+    dying container's memory against its limit, timed by the node's own clock."""
+    from datetime import timedelta
+
+    from gpumedic_events import ContainerUsage
+
+    looked = sample().model_copy(update={"occurred_at": datetime(2026, 11, 23, 10, 0, tzinfo=UTC)})
+    usage = (ContainerUsage(container_id=CID, cpu_pct=310.0, memory_mib=31_800, memory_limit_mib=32_768),
+             ContainerUsage(container_id="f" * 64, cpu_pct=5.0, memory_mib=100))
+    looked = looked.model_copy(update={"host": looked.host.model_copy(update={"containers": usage})})
+    died = exited(137, oom=True).model_copy(update={"occurred_at": looked.occurred_at + timedelta(seconds=12)})
+    d = Detector()
+    d.feed(looked, 0)
+    d.feed(died, 1)
+    d.tick(12)
+    (opened,) = d.opened(IncidentKind.CONTAINER_DIED)
+    assert opened.diagnosis.cause == "cgroup_oom"
+    assert "12s before, it used 31800 of its 32768 MiB limit (97%)" in opened.diagnosis.explanation
+    assert (opened.evidence["memory_mib_before"], opened.evidence["memory_limit_mib"], opened.evidence["seconds_before"]) == (31_800, 32_768, 12)
+    late = exited(137, oom=True).model_copy(update={"occurred_at": looked.occurred_at + timedelta(minutes=5)})
+    d = Detector()
+    d.feed(looked, 0)
+    d.feed(late, 1)
+    d.tick(12)
+    (stale,) = d.opened(IncidentKind.CONTAINER_DIED)
+    assert "memory_mib_before" not in stale.evidence  # a look 5 minutes old says little of the death
+
+
 def test_a_full_disk_at_the_time_is_the_cause_of_an_otherwise_plain_error():
     opened = postmortem(exited(1), disks=(disk(99),))
     assert opened.diagnosis.cause == "disk_full"

@@ -318,6 +318,17 @@ class TopProcess(BaseModel):
     memory_rss_mib: int = Field(ge=0, description="Resident memory, MiB.")
 
 
+class ContainerUsage(BaseModel):
+    """One running container's CPU and memory, as `docker stats` shows them: its cgroup's counters."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    container_id: str = Field(min_length=12, max_length=128, description="The engine's id of the container.")
+    cpu_pct: float = Field(ge=0, description="CPU use over the sampler's last look, percent of one CPU (400 is four CPUs busy).")
+    memory_mib: int = Field(ge=0, description="Memory charged to it now (memory.current: its processes' and its page cache), MiB.")
+    memory_limit_mib: int | None = Field(default=None, ge=0, description="Its memory limit (memory.max), MiB; None: none.")
+
+
 class HostSample(BaseModel):
     """The host around the GPUs: memory, swap, load and the disks the jobs write to."""
 
@@ -338,6 +349,10 @@ class HostSample(BaseModel):
         description="The busiest processes by CPU and by resident memory (five of each, fewer where they "
         "overlap), from the sampler's look at every process: carried by the sample after each look (every "
         "30 s by default) and empty in the samples between.",
+    )
+    containers: tuple[ContainerUsage, ...] = Field(
+        default=(), max_length=64, description="Each running container's CPU and memory (runbook 004's `docker stats`), the "
+        "busiest by memory first: carried with the busiest processes after each look, empty in the samples between.",
     )
     ib_ports: tuple[IbPort, ...] = Field(
         default=(), max_length=32, description="Its InfiniBand and RoCE ports (none on a node without RDMA devices)."

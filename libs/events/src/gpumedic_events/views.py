@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from gpumedic_events.node import DiskUsage, GpuSample, HostSample, JobsObservation, NodeSampled, TopProcess
+from gpumedic_events.node import ContainerUsage, DiskUsage, GpuSample, HostSample, JobsObservation, NodeSampled, TopProcess
 
 _VIEW = ConfigDict(frozen=True, extra="ignore")
 
@@ -34,12 +34,12 @@ GpuFigures = view_of(
 )
 HostFigures = view_of(
     HostSample, "HostFigures",
-    ("memory_total_mib", "memory_available_mib", "swap_used_mib", "load_1m", "cpus", "disks", "top_processes"),
-    disks=tuple[DiskUsage, ...], top_processes=tuple[TopProcess, ...],
+    ("memory_total_mib", "memory_available_mib", "swap_used_mib", "load_1m", "cpus", "disks", "top_processes", "containers"),
+    disks=tuple[DiskUsage, ...], top_processes=tuple[TopProcess, ...], containers=tuple[ContainerUsage, ...],
 )
 SampleFigures = view_of(
     NodeSampled, "SampleFigures", ("node_id", "occurred_at", "gpus", "host", "jobs"),
     gpus=tuple[GpuFigures, ...], host=HostFigures, jobs=JobsObservation,
 )
-"""What report-builder keeps of a sample (the console's tiles and top processes, each node's minute
+"""What report-builder keeps of a sample (the console's tiles, top processes and containers, each node's minute
 of history, its GPU count): about half the cost of decoding the whole sample."""

@@ -17,6 +17,7 @@ from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
 
+from node_sampler.cgroups import ContainerCgroups
 from node_sampler.checks import CheckScripts
 from node_sampler.files import ExpectedFiles
 from node_sampler.logwatch import LogPatterns
@@ -86,6 +87,7 @@ def create_app(
                             root=settings.files_root) if settings.checks_dir else None,
         logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root,
                          docker_socket=settings.docker_socket) if settings.log_patterns else None,
+        cgroups=ContainerCgroups(settings.files_root / "sys/fs/cgroup"),
         listen=(ListenQueue(settings.listen_port) if settings.listen_port else None) if settings.listen_port is not None
         else ListenQueue.of_status_url(settings.status_url),
     )

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from gpumedic_events import (
     ComputeMode,
+    ContainerUsage,
     DeviceHolder,
     DiskUsage,
     GpuHealth,
@@ -172,6 +173,8 @@ class HostReading:
     """The busiest processes, as of the sampler's last look at all of them."""
     ib_ports: tuple[IbPort, ...] = ()
     """The InfiniBand and RoCE ports (`node_sampler.nics`), already validated."""
+    containers: tuple[ContainerUsage, ...] = ()
+    """Each running container's CPU and memory, as of the sampler's last look (`node_sampler.cgroups`)."""
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ def host_sample(reading: HostReading) -> HostSample:
             if 1 <= t.info.pid <= MAX_PID
         ),
         ib_ports=reading.ib_ports[:32],
+        containers=reading.containers[:64],
     )
 
 

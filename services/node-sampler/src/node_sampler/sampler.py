@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_events import Event, GpuHealth, NodeSampled
+from gpumedic_events import ContainerUsage, Event, GpuHealth, NodeSampled
 
+from node_sampler.cgroups import ContainerCgroups
 from node_sampler.checks import CheckScripts
 from node_sampler.containers import MAX_LOG_LINES, DockerWatcher
 from node_sampler.files import ExpectedFiles
@@ -89,6 +90,7 @@ class Sampler:
         checks: CheckScripts | None = None,
         logs: LogPatterns | None = None,
         listen: ListenQueue | None = None,
+        cgroups: ContainerCgroups | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -98,7 +100,8 @@ class Sampler:
         `docker_socket` turn on the watchers for the immediate events; a container's exit carries its
         last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle;
         `files` are the files the node must have, `checks` the operator's own check scripts, `logs`
-        their log patterns; `listen` the accept queue of the node's own daemon."""
+        their log patterns; `listen` the accept queue of the node's own daemon; `cgroups` each
+        container's CPU and memory, looked at with the busiest processes."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -125,6 +128,8 @@ class Sampler:
         self.checks = checks
         self.logs = logs
         self.listen = listen
+        self.cgroups = cgroups
+        self._cgroups_read_at: float | None = None
         self.xid_watcher = XidWatcher(self.nvml, self._xid_from_thread) if xid_events else None
         self.kernel_watcher = KernelLogWatcher(kernel_log, self._oom) if kernel_log else None
         self.containers = (DockerWatcher(docker_socket, self._container_exit, log_lines=container_log_lines)
@@ -359,8 +364,19 @@ class Sampler:
                 log.exception("%s: host read failed", self.node_id)
                 notes.append(f"host: {type(exc).__name__}")
             else:
-                host = replace(host, top=self._top_processes(notes))
+                host = replace(host, top=self._top_processes(notes), containers=self._container_usage(notes))
         return reading, processes, host, holders, notes
+
+    def _container_usage(self, notes: list[str]) -> tuple[ContainerUsage, ...]:
+        """Each container's CPU and memory, at the busiest processes' pace and in the same samples."""
+        if self.cgroups is None or self.top_interval_s <= 0:
+            return ()
+        now = self._clock()
+        if self._cgroups_read_at is not None and now - self._cgroups_read_at < self.top_interval_s:
+            return ()
+        elapsed = now - self._cgroups_read_at if self._cgroups_read_at is not None else 0.0
+        self._cgroups_read_at = now
+        return self.cgroups.read(elapsed, notes)
 
     def _top_processes(self, notes: list[str]) -> tuple[TopReading, ...]:
         """The busiest processes, from two looks at every process `top_interval_s` apart (a look

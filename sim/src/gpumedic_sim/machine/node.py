@@ -31,7 +31,7 @@ from gpumedic_sim.machine.docker import SimDockerEngine
 from gpumedic_sim.machine.kernel import SimKernelLog
 from gpumedic_sim.machine.nccl import RasEndpoint
 from gpumedic_sim.machine.nvml import SimNvml
-from gpumedic_sim.machine.procs import SimProcessTable
+from gpumedic_sim.machine.procs import SimContainerCgroups, SimProcessTable
 from gpumedic_sim.machine.ssh import SshEndpoint
 from gpumedic_sim.faults import Benign, Fault
 from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
@@ -399,6 +399,7 @@ class SimNode(NodeState):
             if self._rundir is not None else None,
             logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
             listen=ListenQueue(self._status.port) if self._status.port else None,
+            cgroups=SimContainerCgroups(self),
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+from gpumedic_events import ContainerUsage
 from node_sampler.procs import ProcessInfo, ProcessUsage
 
 from gpumedic_sim.machine.state import CLK_TCK, OUTPUT_BYTES_PER_S, NodeState, SimProcess
@@ -100,3 +101,27 @@ def stat_line(p: SimProcess) -> str:
 def cmdline_text(p: SimProcess) -> str:
     """/proc/PID/cmdline: each argument NUL-terminated."""
     return "".join(f"{arg}\0" for arg in p.argv)
+
+
+CONTAINER_MEMORY_MIB = 6144
+"""What a job's container holds in host memory (its data loaders, the page cache of its games)."""
+CONTAINER_LIMIT_MIB = 65536
+"""Its memory limit (docker run --memory 64g)."""
+
+
+class SimContainerCgroups:
+    """Each running container's cgroup counters, behind the node-sampler's `ContainerCgroups.read`:
+    a computing job's container keeps BUSY_CPUS busy, an idle or hung one next to none."""
+
+    def __init__(self, node: NodeState) -> None:
+        self._node = node
+
+    def read(self, elapsed_s: float, notes: list[str] | None = None) -> tuple[ContainerUsage, ...]:
+        with self._node._lock:
+            busy = {p.container_id for p in self._node.live_processes() if p.container_id and p.producing}
+            running = [c for c in self._node.containers.values() if c.running]
+        return tuple(
+            ContainerUsage(container_id=c.id, cpu_pct=BUSY_CPUS * 100 if c.id in busy and elapsed_s else 0.5,
+                           memory_mib=CONTAINER_MEMORY_MIB, memory_limit_mib=CONTAINER_LIMIT_MIB)
+            for c in running
+        )

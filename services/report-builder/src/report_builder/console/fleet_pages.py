@@ -53,12 +53,14 @@ class FleetPages:
         deaths = [i for i in incidents if i.kind == IncidentKind.CONTAINER_DIED.value]
         # the sampler sends its busiest processes every 30 s: between, the last ones seen stand
         top_at, top = (sample.occurred_at, sample.host.top_processes) if sample and sample.host.top_processes else self.tops.get(node, (None, ()))
+        usage_at, usage = ((sample.occurred_at, sample.host.containers) if sample and sample.host.containers
+                           else self.container_usage.get(node, (None, ())))
         containers = sorted({p.container_id for g in sample.gpus for p in g.processes if p.container_id}
                             | {p.container_id for p in top if p.container_id}) if sample else []
         return self._page(
             request, "node.html", node, node=node, sample=sample, sample_error=sample_error, reading=reading,
             incidents=incidents, actions=actions, drains=drains, deaths=deaths, containers=containers, window=window, history_error=history_error,
-            top=top, top_at=top_at,
+            top=top, top_at=top_at, usage=usage, usage_at=usage_at,
             windows=views.WINDOWS, history=history, charts=views.history_charts(history),
             retention_h=self.config.history_retention_h,
         )

@@ -34,7 +34,7 @@ import jinja2
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpumedic_events import Event, NodeSampled, ServiceHeartbeat, TopProcess
+from gpumedic_events import ContainerUsage, Event, NodeSampled, ServiceHeartbeat, TopProcess
 from gpumedic_store import StoreUnavailable, breaker
 from gpumedic_store import views as read
 from report_builder.console import views
@@ -133,6 +133,8 @@ class Console(FleetPages, IncidentPages, RecordPages, Operations):
         self.throttle = LoginThrottle()
         self.readings: dict[str, views.NodeReading] = {}
         self.tops: dict[str, tuple[datetime, tuple[TopProcess, ...]]] = {}
+        self.container_usage: dict[str, tuple[datetime, tuple[ContainerUsage, ...]]] = {}
+        """Each node's containers' CPU and memory as its sampler last sent them (every 30 s), for its page."""
         """Each node's busiest processes as its sampler last sent them (every 30 s), for its page."""
         self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
@@ -159,6 +161,8 @@ class Console(FleetPages, IncidentPages, RecordPages, Operations):
         self.readings[sample.node_id] = views.NodeReading.of(sample)
         if sample.host.top_processes:
             self.tops[sample.node_id] = (sample.occurred_at, sample.host.top_processes)
+        if sample.host.containers:
+            self.container_usage[sample.node_id] = (sample.occurred_at, sample.host.containers)
         self.changes.bump()
 
     async def on_heartbeat(self, beat: ServiceHeartbeat) -> None:

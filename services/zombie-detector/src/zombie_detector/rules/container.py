@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import ContainerExited, Diagnosis, IncidentKind, NodeSampled, ProcessOomKilled
+from gpumedic_events import ContainerExited, ContainerUsage, Diagnosis, IncidentKind, NodeSampled, ProcessOomKilled
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import ContainerPolicy
 from zombie_detector.rules.base import Incidents
@@ -42,6 +42,8 @@ OOM_MEMORY = timedelta(minutes=5)
 OWN_ACTION = timedelta(seconds=60)
 """An exit this soon after gpumedic acted on the node's GPU processes is that action's doing."""
 DISK_FULL_PCT = 98.0
+USAGE_FRESH = timedelta(seconds=120)
+"""A container's usage older than this before its death says little of it (the sampler looks every 30 s)."""
 
 Stopping = Callable[[str, Incidents], bool]
 """Whether gpumedic is stopping a job with ranks on that node (the job rule's `stopping`)."""
@@ -126,9 +128,14 @@ class ContainerRule:
         self.policy = policy
         self.stopping = stopping
         self.nodes: dict[str, _Node] = {}
+        self.usage: dict[str, tuple[datetime, dict[str, ContainerUsage]]] = {}
+        """node -> its containers' memory and CPU at the sampler's last look (every 30 s), by the node's clock: what a
+        death (by the same clock) is read against."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeSampled):
+            if event.host.containers:
+                self.usage[event.node_id] = (event.occurred_at, {c.container_id[:12]: c for c in event.host.containers})
             node = self.nodes.get(event.node_id)
             if node is not None:  # only nodes with an exit settling or an OOM kill waiting are remembered
                 node.last_sample, node.last_sample_at = event, now
@@ -224,6 +231,14 @@ class ContainerRule:
             "last_lines": last or None,
             "logs_lost": exit_.logs_lost,
         }
+        before = self._usage_before(exit_)
+        if before is not None:  # runbook 004's docker stats, the last look before it died
+            usage, ago = before
+            evidence |= {"memory_mib_before": usage.memory_mib, "memory_limit_mib": usage.memory_limit_mib,
+                         "cpu_pct_before": usage.cpu_pct, "seconds_before": round(ago)}
+            if usage.memory_limit_mib:
+                why += (f"; {ago:.0f}s before, it used {usage.memory_mib} of its {usage.memory_limit_mib} MiB limit "
+                        f"({100 * usage.memory_mib / usage.memory_limit_mib:.0f}%)")
         if oom is not None:
             evidence |= {"oom_pid": oom.pid, "oom_constraint": oom.constraint or None, "oom_kernel_line": (oom.kernel_lines[-1] if oom.kernel_lines else "")[:300] or None}
         summary = f"container {name} exited {exit_.exit_code}: {cause.replace('_', ' ')} ({why})"
@@ -242,6 +257,17 @@ class ContainerRule:
             recommended_action=REMEDIES[cause][0][:500],
             occurrence=True,
         )
+
+
+    def _usage_before(self, exit_: ContainerExited) -> tuple[ContainerUsage, float] | None:
+        """The dying container's usage at the last look, and how long before its exit; None when
+        none was seen within USAGE_FRESH."""
+        seen = self.usage.get(exit_.node_id)
+        usage = seen[1].get(exit_.container_id[:12]) if seen is not None else None
+        if usage is None:
+            return None
+        ago = (exit_.occurred_at - seen[0]).total_seconds()
+        return (usage, max(0.0, ago)) if ago <= USAGE_FRESH.total_seconds() else None
 
 
 def _bare_job_killed(oom: ProcessOomKilled) -> Finding:
