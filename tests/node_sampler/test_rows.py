@@ -79,3 +79,45 @@ def test_a_bad_entry_is_refused_at_start_with_what_to_give(entry):
     with pytest.raises(ValidationError, match="PATH:TABLE|absolute database path"):
         Settings(watch_rows=[entry])
     assert Settings(watch_rows=["/data/games/selfplay.db:games"]).watch_rows == ["/data/games/selfplay.db:games"]
+
+
+async def test_a_postgresql_tables_inserts_are_output_read_from_the_servers_own_counter(postgres_database, tmp_path, monkeypatch):
+    """The same game count where the games go to PostgreSQL: the table's insert counter grows with
+    every row, whatever the table's size on disk; the URL carries no password (libpq's ~/.pgpass)."""
+    import asyncio
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    from node_sampler.pgrows import PostgresRowsProbe
+
+    server = make_url(postgres_database)
+    url = f"postgresql://{server.username}@{server.host}:{server.port}/{server.database}"
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute("CREATE TABLE games (id bigserial PRIMARY KEY, moves bytea NOT NULL)")
+        (probe,) = RowGrowthProbe.parse([f"{url}:games"])
+        assert isinstance(probe, PostgresRowsProbe)
+
+        async def look() -> bool | None:
+            await asyncio.sleep(1.2)  # the server publishes its table statistics about a second after a commit
+            return (await probe.observe()).output_growing
+
+        assert await look() is None  # no baseline yet
+        await admin.executemany("INSERT INTO games (moves) VALUES ($1)", [(b"x" * 100,)] * 10)
+        assert await look() is True
+        await admin.execute("DELETE FROM games")  # rows gone, none added: nothing was played
+        assert await look() is False
+        await admin.execute("INSERT INTO games (moves) VALUES ($1)", b"y")
+        assert await look() is True
+    finally:
+        await admin.close()
+    unreachable = (await PostgresRowsProbe([("postgresql://nobody@127.0.0.1:1/nope", "games")]).observe())
+    assert unreachable.output_growing is None and "rows probe: 127.0.0.1:1/nope:games: " in unreachable.errors[0]
+    with pytest.raises(ValueError, match="put no password in the URL"):
+        RowGrowthProbe.parse(["postgresql://selfplay:hunter2@db:5432/games:games"])
+    with pytest.raises(ValidationError) as refused:
+        Settings(watch_rows=["postgresql://selfplay:hunter2@db:5432/games:games"])
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(ValueError, match="postgresql://USER@HOST"):
+        RowGrowthProbe.parse(["postgresql:///games:games"])

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import jmespath
 from jmespath.exceptions import JMESPathError
 
-from node_sampler import http
+from node_sampler import http, pgrows
 from node_sampler.readings import JobsReading
 from node_sampler.procs import ProcessTable
 
@@ -148,15 +148,22 @@ class RowGrowthProbe:
         self._last: dict[tuple[Path, str], int] = {}
 
     @classmethod
-    def parse(cls, entries: Sequence[str]) -> RowGrowthProbe:
-        """From `PATH:TABLE` entries, e.g. /data/games/selfplay.db:games; ValueError names a bad one."""
-        tables = []
+    def parse(cls, entries: Sequence[str]) -> list[JobProbe]:
+        """From `PATH:TABLE` entries, e.g. /data/games/selfplay.db:games, and PostgreSQL ones
+        (`node_sampler.pgrows`): one probe for each kind there is; ValueError names a bad entry."""
+        tables, postgres = [], []
         for entry in entries:
+            if pgrows.is_postgres(entry):
+                url, table = pgrows.parse(entry)
+                if not ROWS_TABLE.fullmatch(table):
+                    raise ValueError(f"{table!r}: give a table name (letters, digits, _)")
+                postgres.append((url, table))
+                continue
             path, sep, table = entry.rpartition(":")
             if not sep:
                 raise ValueError(f"{entry!r}: give PATH:TABLE, e.g. /data/games/selfplay.db:games")
             tables.append((Path(path), table))
-        return cls(tables)
+        return [*([cls(tables)] if tables else []), *([pgrows.PostgresRowsProbe(postgres)] if postgres else [])]
 
     async def observe(self) -> JobsReading:
         counts, notes = await asyncio.to_thread(self._read)

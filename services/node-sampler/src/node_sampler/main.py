@@ -47,7 +47,7 @@ def build_probes(settings: Settings, processes: ProcessTable) -> list[JobProbe]:
     if settings.watch_paths:
         probes.append(OutputGrowthProbe.for_paths(settings.watch_paths))
     if settings.watch_rows:
-        probes.append(RowGrowthProbe.parse(settings.watch_rows))
+        probes += RowGrowthProbe.parse(settings.watch_rows)
     return probes
 
 

@@ -69,7 +69,8 @@ class Settings(BaseSettings):
     watch_rows: list[str] = Field(
         default_factory=list,
         description="SQLite tables whose new rows mean the jobs produce output, as PATH:TABLE, e.g. /data/games/selfplay.db:games "
-        "(runbook 000's game count: rows written into a database's free pages grow no file).",
+        "(runbook 000's game count: rows written into a database's free pages grow no file), or PostgreSQL ones as "
+        "postgresql://USER@HOST[:PORT]/DATABASE:TABLE (its insert counter; the password in ~/.pgpass or PGPASSFILE, never here).",
     )
     expect_files: list[Path] = Field(
         default_factory=list, max_length=64,
