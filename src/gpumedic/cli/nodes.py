@@ -250,6 +250,32 @@ def cmd_rollout(args) -> int:
     return code
 
 
+def cmd_logs(args) -> int:
+    """A node's log the policy names, read by the remediator. Exit 0 read, 2 not."""
+    from gpumedic import operator_bus
+    from gpumedic_events import LOGS_SUBJECT, LogReport, LogRequest
+
+    try:
+        request = LogRequest(node_id=args.node, log=args.log, lines=args.lines, requested_by=args.by)
+        settings = operator_bus.operator_settings(args.var)
+        report = LogReport.from_json(asyncio.run(operator_bus.ask(settings, LOGS_SUBJECT, request.to_json(), timeout_s=args.timeout)))
+    except (operator_bus.OperatorError, ValueError) as exc:
+        print(f"gpumedic logs: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as exc:
+        print(f"gpumedic logs: cannot reach the bus: {exc}", file=sys.stderr)
+        return 2
+    if report.error:
+        print(f"gpumedic logs: {report.error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(f"{report.node_id}:{report.path}, its last {len(report.lines)} line(s)", file=sys.stderr)
+        print("\n".join(report.lines))
+    return 0
+
+
 def cmd_provision(args) -> int:
     """Provision the bus as its admin: `gpumedic-provision` under another name."""
     from gpumedic_bus.provision import main as provision_main
@@ -343,6 +369,21 @@ command(
     "DCGM's diagnostics run once every GPU checked is free (a node without DCGM says so; a failed test is not ready). With "
     "--wait, it asks again every --every seconds until ready or the wait is over. Exit 0: ready; "
     "1: not ready (the reasons are printed); 2: the check could not be made.",
+)
+
+
+command(
+    "logs", cmd_logs, "a node's log the policy names, read over the remediator's SSH (runbook 001's fetch_worker_logs)",
+    click.argument("node"),
+    click.argument("log"),
+    click.option("--lines", type=click.IntRange(1, 1000), default=200, show_default=True, help="the last this many lines"),
+    by_option(what="who asks (in the remediator's log)"),
+    click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds to wait for the answer"),
+    click.option("--json", is_flag=True, help="print the report as JSON"),
+    var_option(),
+    description="LOG is a name in the policy's logs.files (e.g. worker: {path: /workspace/logs/worker.log}): a person names "
+    "a log, never a path, and needs no SSH key of their own. Read-only: the last MiB of the file, of which the last --lines "
+    "lines are printed, control characters out and what looks like a secret masked. Exit 0: read; 2: not (why is printed).",
 )
 
 

@@ -50,6 +50,7 @@ from gpumedic_events import (
     SubjectToken,
 )
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
+from gpumedic_events.logs import LOGS_SUBJECT
 from gpumedic_events.rollout import ROLLOUT_SUBJECT
 from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, stream_of
 
@@ -335,6 +336,7 @@ REQUESTS: tuple[Request, ...] = (
     Request(PREFLIGHT_SUBJECT, "remediator", (LAUNCHER, OPERATOR)),
     # acting on many nodes is a person's: the operator's tools, and the console behind its token
     Request(ROLLOUT_SUBJECT, "remediator", (OPERATOR, "report-builder")),
+    Request(LOGS_SUBJECT, "remediator", (OPERATOR,)),  # a node's log, for a person: runbook 001's fetch_worker_logs
 )
 """Request-reply subjects. The answering service subscribes; NATS lets it reply to the asker's
 inbox (`allow_responses`) without any other publish right."""

@@ -44,6 +44,7 @@ from gpumedic_events.base import (
 from gpumedic_events.checks import NodeSshChecked, SshCause
 from gpumedic_events.deadletter import MessageRejected
 from gpumedic_events.drain import NodeDrained, NodeRetired, NodeUndrained
+from gpumedic_events.logs import LOGS_SUBJECT, LogReport, LogRequest
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.rollout import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest, RolloutStep
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ListenBacklogReported, ProcessOomKilled
@@ -117,6 +118,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 
 __all__ = [
     "PREFLIGHT_SUBJECT",
+    "LOGS_SUBJECT",
+    "LogReport",
+    "LogRequest",
     "ROLLOUT_SUBJECT",
     "RolloutReport",
     "RolloutRequest",

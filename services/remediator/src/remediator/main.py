@@ -12,7 +12,7 @@ from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.service import run_service
-from gpumedic_events import OPERATION_NAMES, PREFLIGHT_SUBJECT, ROLLOUT_SUBJECT
+from gpumedic_events import LOGS_SUBJECT, OPERATION_NAMES, PREFLIGHT_SUBJECT, ROLLOUT_SUBJECT
 from gpumedic_incidents import IncidentStates, Policy
 from gpumedic_incidents.policy import NodeSelector
 from gpumedic_nodes.ssh import SshExecutor
@@ -24,6 +24,7 @@ from gpumedic_webhook import read_token
 from remediator.handlers import SERVICE, register
 from remediator.health import SshHealth
 from remediator.gate import Gate
+from remediator.logs import LogReader
 from remediator.preflight import Preflight
 from remediator.rollout import Rollout
 from remediator.settings import Settings
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     )
     runtime.respond(PREFLIGHT_SUBJECT, preflight.handle)
     runtime.respond(ROLLOUT_SUBJECT, Rollout(policy=policy, actions=handler, tracer=runtime.tracer).handle)
+    runtime.respond(LOGS_SUBJECT, LogReader(policy=policy, executor=executor, inventory=settings.inventory).handle)
 
     async def _check() -> None:
         settings.check_files()

@@ -105,6 +105,11 @@ class SimNode(NodeState):
         return self._rundir / CHECKPOINTS.relative_to("/") if self._rundir else None
 
     @property
+    def file_root(self) -> Path | None:
+        """Where the node's own files are (its run directory stands for its /)."""
+        return self._rundir
+
+    @property
     def games_db(self) -> Path | None:
         return self._rundir / GAMES.relative_to("/") if self._rundir else None
 

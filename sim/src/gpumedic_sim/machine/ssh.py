@@ -2,7 +2,7 @@
 exact commands and changes the simulated state the way a Linux shell would.
 
 Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
-`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, `pgrep -f -a`, the `nvidia-smi` queries and
+`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, `pgrep -f -a`, `tail -c` of a file, the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
 reboot`, `docker system df` and the prunes, `df` on /var/lib/docker (used, and free beside /),
 the `MemAvailable` line of /proc/meminfo, http_admin's curl POST
@@ -85,6 +85,8 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
             return _nvidia_smi(node, args)
         case ["pgrep", "-f", "-a", "--", regex]:
             return _pgrep(node, regex)
+        case ["tail", "-c", size, "--", path] if size.isdigit() and path.startswith("/"):
+            return _tail(node, path, int(size))
         case ["fuser", path] if (device := _DEVICE.match(path)):
             return _fuser(node, path, int(device.group(1)))
         case ["systemctl", "reboot"]:
@@ -178,6 +180,22 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     if what == "memory":
         return CommandResult(0, stdout=f"{node.memory_used_mib(gpu)}\n")
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
+
+
+def _tail(node: NodeState, path: str, size: int) -> CommandResult:
+    """coreutils' `tail -c`: the last `size` bytes of a file of the node (under its run directory, its root)."""
+    root = getattr(node, "file_root", None)
+    where = root / path.lstrip("/") if root is not None and ".." not in path.split("/") else None
+    try:
+        if where is None:
+            raise FileNotFoundError
+        with open(where, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - size))
+            return CommandResult(0, stdout=f.read().decode("utf-8", "replace"))
+    except FileNotFoundError:
+        return CommandResult(1, stderr=f"tail: cannot open '{path}' for reading: No such file or directory\n")
+    except IsADirectoryError:
+        return CommandResult(1, stderr=f"tail: error reading '{path}': Is a directory\n")
 
 
 def _pgrep(node: NodeState, regex: str) -> CommandResult:

@@ -97,6 +97,8 @@ from gpumedic_incidents.policy.actions import (
     JobRestart,
     KillPolicy,
     PatternKillPolicy,
+    LogFile,
+    LogsPolicy,
     ProcessPattern,
     MarkEndedPolicy,
     NodeScoped,
@@ -125,6 +127,7 @@ class Policy(Strict):
     gate: GatePolicy = GatePolicy()
     actions: Actions = Actions()
     preflight: PreflightPolicy = PreflightPolicy()
+    logs: LogsPolicy = LogsPolicy()
     validation: ValidationPolicy = ValidationPolicy()
     peer_status: PeerStatusPolicy = PeerStatusPolicy()
     kinds: Kinds = Kinds()
@@ -290,6 +293,8 @@ __all__ = [
     "JobRestart",
     "KillPolicy",
     "PatternKillPolicy",
+    "LogFile",
+    "LogsPolicy",
     "ProcessPattern",
     "KindPolicy",
     "Kinds",

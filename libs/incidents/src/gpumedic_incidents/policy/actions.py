@@ -208,6 +208,36 @@ class PatternKillPolicy(KillPolicy):
         return value
 
 
+LOG_PATH = re.compile(r"(/[A-Za-z0-9_.@-]+)+")
+"""A log's absolute path: plain characters, no `..` (checked apart), no glob, no option."""
+
+
+class LogFile(NodeScoped):
+    path: str = Field(description="The log's absolute path on the node, e.g. /workspace/logs/worker.log.")
+
+    @field_validator("path")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        if not LOG_PATH.fullmatch(value) or "/../" in f"{value}/" or len(value) > 512:
+            raise ValueError(f"{value[:100]!r}: an absolute path of letters, digits and _ . @ -, without ..")
+        return value
+
+
+class LogsPolicy(Strict):
+    """What `gpumedic logs` may read on a node for a person (runbook 001's fetch_worker_logs): the
+    allow-list, by name; a request names one, never a path."""
+
+    files: dict[str, LogFile] = Field(default_factory=dict)
+
+    @field_validator("files")
+    @classmethod
+    def _names(cls, value: dict[str, LogFile]) -> dict[str, LogFile]:
+        for name in value:
+            if not re.match(ENDPOINT_PATTERN, name):
+                raise ValueError(f"{name[:100]!r} is not a log name (lower-case letters, digits and _)")
+        return value
+
+
 class PrunePolicy(ActionPolicy):
     volumes: bool = Field(default=False, description="Whether a prune may remove unused volumes (data!).")
 
