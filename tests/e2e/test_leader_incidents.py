@@ -26,12 +26,15 @@ INTERVAL_S = 0.3
 
 
 @contextlib.asynccontextmanager
-async def cluster(nats_settings, store_url, apps, tmp_path):
+async def cluster(nats_settings, store_url, apps, tmp_path, *, blocked_after_checks: int | None = None):
     """A 3-peer simulated cluster watched by leader-health, the remediator acting on it, and the
     incident and action events seen on the bus: (fleet, seen)."""
     fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
     await fleet.start()
     policy = sim_policy(INTERVAL_S)
+    if blocked_after_checks is not None:
+        blocked = policy.kinds.peer_blocked.model_copy(update={"after_checks": blocked_after_checks})
+        policy = policy.model_copy(update={"kinds": policy.kinds.model_copy(update={"peer_blocked": blocked})})
     dump_policy(policy, tmp_path / "policy.yaml")
     base = remediator_settings(nats_settings, store_url, fleet)
     remediator = type(base)(**{**base.model_dump(exclude={"policy"}), "policy": {"file": tmp_path / "policy.yaml"}, "breaker_max_share": 1.0})
@@ -104,8 +107,9 @@ async def test_a_crashed_peer_daemon_is_restarted_and_its_port_answers_again(nat
 async def test_a_peer_whose_loop_accepts_nothing_is_told_by_its_own_node_and_restarted(nats_settings, store_url, apps, tmp_path):
     """Runbook 002's blocked daemon as the kernel shows it: connections pile up unaccepted in the
     port's queue. The node's real sampler reads the queue and says so on the bus; leader-health
-    opens peer_blocked with the count at its first blocked round; the restart empties the queue."""
-    async with cluster(nats_settings, store_url, apps, tmp_path) as (fleet, seen):
+    opens peer_blocked with the count at its first blocked round after the count passes
+    `backlog_from` (its probes alone would take a thousand rounds here); the restart empties the queue."""
+    async with cluster(nats_settings, store_url, apps, tmp_path, blocked_after_checks=1000) as (fleet, seen):
         nc = await nats.connect(nats_settings.url)
         js = nc.jetstream()
 

@@ -121,3 +121,9 @@ async def test_a_postgresql_tables_inserts_are_output_read_from_the_servers_own_
     assert "hunter2" not in str(refused.value)
     with pytest.raises(ValueError, match="postgresql://USER@HOST"):
         RowGrowthProbe.parse(["postgresql:///games:games"])
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
+    with pytest.raises(ValueError, match=r"install gpumedic-node-sampler\[postgres\]"):  # a node without the extra: said at start
+        RowGrowthProbe.parse([f"{url}:games"])

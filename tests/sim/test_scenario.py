@@ -27,7 +27,7 @@ from gpumedic_sim.machine.state import APPLICATION_XIDS
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 NODES_22 = [f"sim-node-{i:02d}" for i in range(1, 23)]
-NODES_26 = [*NODES_22, "sim-node-23", "sim-node-24", "sim-node-25", "sim-node-26"]
+NODES_27 = [*NODES_22, "sim-node-23", "sim-node-24", "sim-node-25", "sim-node-26", "sim-node-27"]
 SRC = "test.yaml"
 
 
@@ -90,8 +90,8 @@ def test_a_bad_pool_section_says_where_and_what(pool, message):
     assert str(caught.value).startswith(message)
 
 
-def test_builtin_faults_loads_for_26_nodes_with_8_gpus():
-    s = load_scenario(resolve_scenario_path("faults"), node_ids=NODES_26, gpus_per_node=8)
+def test_builtin_faults_loads_for_27_nodes_with_8_gpus():
+    s = load_scenario(resolve_scenario_path("faults"), node_ids=NODES_27, gpus_per_node=8)
     assert s.name == "faults"
     assert s.description
     kinds = [f.fault for f in s.faults]
@@ -101,7 +101,7 @@ def test_builtin_faults_loads_for_26_nodes_with_8_gpus():
     assert len({(f.node, f.gpu) for f in on_nodes}) == len(on_nodes)  # each node fault on its own node or GPU
     node_wide = {f.node for f in on_nodes if f.gpu is None}
     assert all(sum(f.node == node for f in on_nodes) == 1 for node in node_wide)  # a node-wide fault alone on its node
-    assert all(f.node in NODES_26 for f in s.faults)
+    assert all(f.node in NODES_27 for f in s.faults)
     times = [f.at_s for f in s.faults]
     assert times == sorted(times) and 90 <= times[-1] <= 240
     assert s.duration_s is not None and s.duration_s >= times[-1]
@@ -113,7 +113,7 @@ def test_builtin_faults_loads_for_26_nodes_with_8_gpus():
 def test_builtin_faults_works_on_a_bigger_fleet_with_wider_ids():
     nodes = [f"sim-node-{i:03d}" for i in range(1, 101)]
     s = load_scenario(resolve_scenario_path("faults"), node_ids=nodes, gpus_per_node=8)
-    assert {f.node for f in s.faults} <= set(nodes[:26])
+    assert {f.node for f in s.faults} <= set(nodes[:27])
 
 
 def test_builtin_faults_fails_clearly_for_5_nodes():
@@ -127,7 +127,7 @@ def test_builtin_faults_fails_clearly_for_5_nodes():
 
 def test_builtin_faults_fails_clearly_for_4_gpus():
     with pytest.raises(ScenarioError, match=r"faults\[\d+\]\.gpu: \d is beyond the fleet's 4 GPUs per node \(0-3\)"):
-        load_scenario(resolve_scenario_path("faults"), node_ids=NODES_26, gpus_per_node=4)
+        load_scenario(resolve_scenario_path("faults"), node_ids=NODES_27, gpus_per_node=4)
 
 
 def test_resolve_scenario_path_prefers_an_existing_file(tmp_path):
@@ -672,7 +672,7 @@ def test_benign_behaviours_are_scripted_like_faults_with_their_own_fields():
     assert opt("fault=short_dip,at=1,node=1,gpu=0,for=20s").params["for"] == 20.0
     assert "for: must be longer than 0s" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=0")
     assert "for: 'soon' is not a time" in opt_error("fault=short_dip,at=1,node=1,gpu=0,for=soon")
-    assert "field 'for' applies to quorum_lost, split_brain, leader_flapping, peer_partitioned, short_dip, checkpoint_pause, planned_restart, job_checkpoint, checkpoint_rewritten, not to zombie_job" in opt_error(
+    assert "field 'for' applies to quorum_lost, split_brain, leader_flapping, peer_partitioned, short_dip, checkpoint_pause, rows_in_free_pages, planned_restart, job_checkpoint, checkpoint_rewritten, not to zombie_job" in opt_error(
         "fault=zombie_job,at=1,node=1,gpu=0,for=5s"
     )
     assert "missing field 'gpu'" in opt_error("fault=job_finished,at=1,node=1")

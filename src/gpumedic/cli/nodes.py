@@ -7,7 +7,9 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -226,24 +228,32 @@ def cmd_preflight(args) -> int:
     return code
 
 
-def cmd_rollout(args) -> int:
-    """One operation on many nodes through the gate, batch by batch. Exit 0 done, 1 stopped or a node failed, 2 nothing ran."""
+def _ask_remediator(command: str, build: Callable[[], Any], report_type: type, args) -> Any:
+    """The remediator's report on the request `build` makes, asked over the bus as the operator;
+    None once it said why there is none (a bad request, no bus, no answer)."""
     from gpumedic import operator_bus
-    from gpumedic_events import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest
 
     try:
-        request = RolloutRequest(
-            operation=args.operation.replace("-", "_"), unit=args.unit, nodes=tuple(args.nodes), workers=tuple(args.workers),
-            batch=args.batch, dry_run=args.dry_run, requested_by=args.by,
-        )
-        settings = operator_bus.operator_settings(args.var)
-        reply = asyncio.run(operator_bus.ask(settings, ROLLOUT_SUBJECT, request.to_json(), timeout_s=args.timeout))
-        report = RolloutReport.from_json(reply)
-    except (operator_bus.OperatorError, ValueError) as exc:
-        print(f"gpumedic rollout: {exc}", file=sys.stderr)
-        return 2
+        request = build()
+        reply = asyncio.run(operator_bus.ask(operator_bus.operator_settings(args.var), request.SUBJECT, request.to_json(),
+                                             timeout_s=args.timeout))
+        return report_type.from_json(reply)
+    except (operator_bus.OperatorError, ValueError) as exc:  # NoAnswer is an OperatorError, ValidationError a ValueError
+        print(f"gpumedic {command}: {exc}", file=sys.stderr)
     except (OSError, TimeoutError) as exc:
-        print(f"gpumedic rollout: cannot reach the bus: {exc}", file=sys.stderr)
+        print(f"gpumedic {command}: cannot reach the bus: {exc}", file=sys.stderr)
+    return None
+
+
+def cmd_rollout(args) -> int:
+    """One operation on many nodes through the gate, batch by batch. Exit 0 done, 1 stopped or a node failed, 2 nothing ran."""
+    from gpumedic_events import RolloutReport, RolloutRequest
+
+    report = _ask_remediator("rollout", lambda: RolloutRequest(
+        operation=args.operation.replace("-", "_"), unit=args.unit, nodes=tuple(args.nodes), workers=tuple(args.workers),
+        batch=args.batch, dry_run=args.dry_run, requested_by=args.by,
+    ), RolloutReport, args)
+    if report is None:
         return 2
     code = 2 if report.error else 0 if report.ok else 1
     print(report.model_dump_json(indent=2) if args.json else report.summary(), file=sys.stderr if code == 2 and not args.json else sys.stdout)
@@ -252,18 +262,11 @@ def cmd_rollout(args) -> int:
 
 def cmd_logs(args) -> int:
     """A node's log the policy names, read by the remediator. Exit 0 read, 2 not."""
-    from gpumedic import operator_bus
-    from gpumedic_events import LOGS_SUBJECT, LogReport, LogRequest
+    from gpumedic_events import LogReport, LogRequest
 
-    try:
-        request = LogRequest(node_id=args.node, log=args.log, lines=args.lines, requested_by=args.by)
-        settings = operator_bus.operator_settings(args.var)
-        report = LogReport.from_json(asyncio.run(operator_bus.ask(settings, LOGS_SUBJECT, request.to_json(), timeout_s=args.timeout)))
-    except (operator_bus.OperatorError, ValueError) as exc:
-        print(f"gpumedic logs: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, TimeoutError) as exc:
-        print(f"gpumedic logs: cannot reach the bus: {exc}", file=sys.stderr)
+    report = _ask_remediator("logs", lambda: LogRequest(node_id=args.node, log=args.log, lines=args.lines, requested_by=args.by),
+                             LogReport, args)
+    if report is None:
         return 2
     if report.error:
         print(f"gpumedic logs: {report.error}", file=sys.stderr)

@@ -6,11 +6,13 @@ counts rows: cheap on a table of any size, and it grows with every row written, 
 the table grows on disk. The server publishes its statistics within about a second of a commit,
 well inside a sample's interval. The URL carries no password (the entry is configuration a
 process list may show): libpq's own ways give it, `~/.pgpass` or `PGPASSFILE`. The driver,
-asyncpg, is imported only when such an entry is configured.
+asyncpg, is an extra of node-sampler (`gpumedic-node-sampler[postgres]`): a GPU node needs no
+database driver unless it watches such a table.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -27,6 +29,8 @@ def is_postgres(entry: str) -> bool:
 
 def parse(entry: str) -> tuple[str, str]:
     """(database URL, table) of a `postgresql://USER@HOST[:PORT]/DB:TABLE` entry; ValueError says what is wrong."""
+    if importlib.util.find_spec("asyncpg") is None:
+        raise ValueError(f"{_shown(entry)}: a PostgreSQL table needs the driver: install gpumedic-node-sampler[postgres]")
     url, sep, table = entry.rpartition(":")
     parts = urlsplit(url)
     if not sep or not parts.hostname or not parts.path.strip("/"):

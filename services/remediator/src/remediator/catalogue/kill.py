@@ -285,40 +285,18 @@ class _KillRun:
         return True
 
     async def _signal(self, pid: int, signal: str) -> bool:
-        result = await self._node.run(kill_command(signal, pid))
-        if result.exit_status == 0:
-            return True
-        after = await self._stat(pid)
-        if after is None or after.state == "Z":
+        problem = await send_signal(self._node, pid, signal)
+        if problem is None:
             self._gone.append(pid)
-        else:
-            self._problems.append(f"kill -s {signal} {pid} failed: {short(result.stderr.strip() or f'exit status {result.exit_status}')}")
-        return False
+        elif problem:
+            self._problems.append(problem)
+        return problem == ""
 
     async def _stat(self, pid: int) -> ProcStat | None:
-        """The process's stat, or None when it no longer exists."""
-        result = await self._node.run(stat_command(pid))
-        if result.exit_status != 0:
-            return None
-        return parse_stat(result.stdout)
+        return await read_stat(self._node, pid)
 
     async def _wait_gone(self, pids: list[int], timeout_s: float) -> list[int]:
-        """The pids still alive (and not zombies) when they all died or `timeout_s` passed."""
-        alive = list(pids)
-
-        async def all_gone() -> bool:
-            nonlocal alive
-            still = []
-            for pid in alive:
-                stat = await self._stat(pid)
-                if stat is not None and stat.state != "Z":
-                    still.append(pid)
-            alive = still
-            return not alive
-
-        if alive:
-            await self._node.poll(all_gone, timeout_s)
-        return alive
+        return await still_alive(self._node, pids, timeout_s)
 
     def _result(self) -> ExecutionResult:
         parts = []
@@ -333,3 +311,45 @@ class _KillRun:
         parts.extend(self._problems)
         outcome = ActionOutcome.FAILED if self._problems else ActionOutcome.SUCCEEDED
         return self._node.result(outcome, "; ".join(parts))
+
+
+# --- what every kill does to one process (kill_gpu_processes, stop_job's ranks, kill_pattern) ------
+
+
+async def read_stat(node: Node, pid: int) -> ProcStat | None:
+    """The process's stat, or None when it no longer exists."""
+    result = await node.run(stat_command(pid))
+    if result.exit_status != 0:
+        return None
+    return parse_stat(result.stdout)
+
+
+async def send_signal(node: Node, pid: int, signal: str) -> str | None:
+    """'' when sent; None when the process is gone (or a zombie); else why the signal failed."""
+    result = await node.run(kill_command(signal, pid))
+    if result.exit_status == 0:
+        return ""
+    after = await read_stat(node, pid)
+    if after is None or after.state == "Z":
+        return None
+    return f"kill -s {signal} {pid} failed: {short(result.stderr.strip() or f'exit status {result.exit_status}')}"
+
+
+async def still_alive(node: Node, pids: list[int], timeout_s: float, started: dict[int, int] | None = None) -> list[int]:
+    """The pids still alive (not zombies, and where `started` gives their start time, still that
+    process) when they all died or `timeout_s` passed."""
+    alive = list(pids)
+
+    async def all_gone() -> bool:
+        nonlocal alive
+        still = []
+        for pid in alive:
+            stat = await read_stat(node, pid)
+            if stat is not None and stat.state != "Z" and (started is None or stat.start_ticks == started[pid]):
+                still.append(pid)
+        alive = still
+        return not alive
+
+    if alive:
+        await node.poll(all_gone, timeout_s)
+    return alive

@@ -23,7 +23,7 @@ from gpumedic_events.redact import redact
 from gpumedic_incidents.policy import Actions, NodeScoped, ProcessPattern
 from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Node, quoted, said, short
 from remediator.catalogue.preflight import GPU_STATE
-from remediator.catalogue.kill import MIN_PID, ProcStat, cmdline_command, kill_command, parse_cmdline, parse_stat, stat_command
+from remediator.catalogue.kill import MIN_PID, ProcStat, cmdline_command, parse_cmdline, read_stat, send_signal, still_alive
 
 NO_MATCH = 1
 """pgrep's exit status when nothing matches."""
@@ -172,36 +172,18 @@ class _PatternKill:
         return stat
 
     async def _signal(self, pid: int, signal: str) -> bool:
-        result = await self._node.run(kill_command(signal, pid))
-        if result.exit_status == 0:
-            return True
-        after = await self._stat(pid)
-        if after is not None and after.state != "Z":
+        problem = await send_signal(self._node, pid, signal)
+        if problem:
             self._refused.add(pid)
-            self._problems.append(f"kill -s {signal} {pid} failed: {short(result.stderr.strip() or f'exit status {result.exit_status}')}")
-        return False
+            self._problems.append(problem)
+        return problem == ""
 
     async def _stat(self, pid: int) -> ProcStat | None:
-        result = await self._node.run(stat_command(pid))
-        return parse_stat(result.stdout) if result.exit_status == 0 else None
+        return await read_stat(self._node, pid)
 
     async def _alive(self, pids: list[int], timeout_s: float) -> list[int]:
-        """Those of `pids` still the process signalled (same start time, not a zombie) after `timeout_s` or once none is."""
-        alive = list(pids)
-
-        async def all_gone() -> bool:
-            nonlocal alive
-            still = []
-            for pid in alive:
-                stat = await self._stat(pid)
-                if stat is not None and stat.state != "Z" and stat.start_ticks == self._signalled[pid]:
-                    still.append(pid)
-            alive = still
-            return not alive
-
-        if alive:
-            await self._node.poll(all_gone, timeout_s)
-        return alive
+        """Those of `pids` still the process signalled after `timeout_s`, or once none is."""
+        return await still_alive(self._node, pids, timeout_s, self._signalled)
 
     def _result(self, matches: dict[int, str]) -> ExecutionResult:
         parts = [f"{len(matches)} process(es) matched {self._op.pattern} ({self._rule.regex})"]
