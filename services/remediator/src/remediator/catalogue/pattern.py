@@ -22,8 +22,8 @@ from gpumedic_events import ActionOutcome, KillPattern
 from gpumedic_events.redact import redact
 from gpumedic_incidents.policy import Actions, NodeScoped, ProcessPattern
 from remediator.catalogue.base import ExecutionResult, Fit, InvalidParameter, Means, Node, quoted, said, short
-from remediator.catalogue.preflight import GPU_STATE
 from remediator.catalogue.kill import MIN_PID, ProcStat, cmdline_command, parse_cmdline, read_stat, send_signal, still_alive
+from remediator.catalogue.preflight import GPU_STATE
 
 NO_MATCH = 1
 """pgrep's exit status when nothing matches."""
