@@ -103,6 +103,39 @@ async def test_the_breaker_stops_a_rollout_before_a_batch_that_would_take_it_pas
     assert len(restarts(twelve)) == 3
 
 
+async def test_a_node_a_person_silenced_whole_is_left_alone_and_said_so(rollout, twelve):
+    """A maintenance window (`gpumedic silence --node N`, or matchers on the node alone) holds a
+    node out of a fleet operation; a silence of one kind, one that ended, or one of everything does not."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpumedic_store.models import Silence
+
+    now = datetime.now(UTC)
+
+    def silence(**fields) -> Silence:
+        return Silence(**{"id": str(uuid.uuid4()), "node_id": None, "kind": None, "gpu_index": None, "matchers": None,
+                          "starts_at": now - timedelta(hours=1), "ends_at": now + timedelta(hours=1), "every_s": None,
+                          "last_ends_at": None, "reason": "driver upgrade", "created_by": "alice", "removed_at": None,
+                          "removed_by": None} | fields)
+
+    async with session_factory(rollout.engine)() as session:
+        session.add_all([
+            silence(node_id="sim-node-05"),
+            silence(matchers=["node=~sim-node-1[01]"], reason="rack rewiring", created_by="bob"),
+            silence(node_id="sim-node-07", kind="gpu_xid"),  # one kind: the node may be acted on
+            silence(node_id="sim-node-08", ends_at=now - timedelta(minutes=1)),  # over
+            silence(),  # everything, fleet-wide: alarms muted, a person's own fleet operation still runs
+        ])
+        await session.commit()
+    planned = await rollout().run(request(dry_run=True))
+    assert {s.node_id: s.status for s in planned.steps if s.status != "planned"} == dict.fromkeys(("sim-node-05", "sim-node-10", "sim-node-11"), "silenced")
+    report = await rollout().run(request())
+    held = {s.node_id: s.detail for s in report.steps if s.status == "silenced"}
+    assert set(held) == {"sim-node-05", "sim-node-10", "sim-node-11"} and "silenced by bob (rack rewiring)" in held["sim-node-10"]
+    assert report.ok and not report.stopped
+    assert set(restarts(twelve)) == {f"sim-node-{i:02d}" for i in range(1, 13)} - set(held)
+
+
 async def test_a_unit_off_the_allow_list_or_no_matching_node_runs_nothing(rollout, twelve):
     report = await rollout().run(RolloutRequest(operation="restart_unit", unit="sshd.service", nodes=("sim-node-01",)))
     assert report.error and "sshd.service" in report.error and report.steps == ()

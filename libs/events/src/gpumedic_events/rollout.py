@@ -23,6 +23,8 @@ from gpumedic_events.preflight import _Message
 ROLLOUT_SUBJECT = "gpumedic.v1.rollout.run"
 ROLLOUT_OPERATIONS = ("restart_unit", "drain_node", "undrain_node", "terminate_worker")
 MAX_ROLLOUT_NODES = 10_000
+FINE = ("succeeded", "planned", "silenced")
+"""A step's statuses that are no failure: done, to be done, or left alone on purpose (a person's maintenance window)."""
 
 
 class RolloutRequest(_Message):
@@ -70,7 +72,8 @@ class RolloutStep(_Message):
 
     batch: int = Field(ge=1)
     node_id: NodeId
-    status: str = Field(max_length=32, description="succeeded, failed, blocked, observed, interrupted; planned in a dry run.")
+    status: str = Field(max_length=32, description="succeeded, failed, blocked, observed, interrupted; planned in a dry run; "
+                        "silenced: a person's silence of the whole node holds it out, and it was left alone.")
     detail: str = Field(default="", max_length=2000)
     action_id: uuid.UUID | None = None
 
@@ -96,7 +99,7 @@ class RolloutReport(_Message):
         if len(report.to_json()) > budget:
             report = report.model_copy(update={"steps": tuple(s.model_copy(update={"detail": s.detail[:120]}) for s in report.steps)})
         while len(report.to_json()) > budget:
-            fine = [i for i, s in enumerate(report.steps) if s.status in ("succeeded", "planned")]
+            fine = [i for i, s in enumerate(report.steps) if s.status in FINE]
             if not fine:
                 break
             drop = set(fine[-max(1, len(fine) // 4):])
@@ -106,7 +109,7 @@ class RolloutReport(_Message):
 
     @property
     def ok(self) -> bool:
-        return not self.error and not self.stopped and all(s.status in ("succeeded", "planned") for s in self.steps)
+        return not self.error and not self.stopped and all(s.status in FINE for s in self.steps)
 
     def summary(self) -> str:
         nodes = sum(len(b) for b in self.batches)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
 from gpumedic_bus.topology import owner_of
-from gpumedic_events import ActionRequested, operation_gpu
+from gpumedic_events import ActionRequested, Matcher, operation_gpu
 from gpumedic_incidents import IncidentState, operation_digest
 from gpumedic_incidents.policy import Actions, Kinds, NodeSelector, PreflightPolicy, selects
 from gpumedic_nodes.inventory import NodeAddress
@@ -290,3 +290,31 @@ def _where(incident: IncidentState) -> str:
 
 def _iso(moment: datetime) -> str:
     return moment.isoformat(timespec="seconds")
+
+
+def maintenance(silence, node_id: str, now: datetime) -> bool:
+    """Whether a stored silence holds `node_id` out of a fleet operation now: it is in force, and it
+    silences everything of that node (no kind, no GPU; its matchers, if any, only about the node):
+    a person's maintenance window there, as `gpumedic silence --node N --for 2h` sets it."""
+    if silence.kind is not None or silence.gpu_index is not None or silence.node_id not in (None, node_id):
+        return False
+    try:
+        matchers = [Matcher.parse(text) for text in silence.matchers or ()]
+    except ValueError:
+        return False
+    if any(m.label != "node" for m in matchers) or not all(m.matches({"node": node_id}) for m in matchers):
+        return False
+    if silence.node_id is None and not matchers:
+        return False  # a silence of everything mutes the fleet's alarms; a fleet operation is a person's own deliberate act
+    starts, ends = _aware(silence.starts_at), _aware(silence.ends_at)
+    if now < starts:
+        return False
+    if not silence.every_s:
+        return now < ends
+    start = starts + timedelta(seconds=silence.every_s * ((now - starts).total_seconds() // silence.every_s))
+    last = _aware(silence.last_ends_at or silence.ends_at)
+    return now < start + (ends - starts) and start + (ends - starts) <= last
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

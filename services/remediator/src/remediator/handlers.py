@@ -55,14 +55,14 @@ from gpumedic_incidents.policy import CheckpointPolicy
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
 from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_providers.base import Provider
-from gpumedic_store import StoreUnavailable, TaskDatabase, breaker
+from gpumedic_store import StoreUnavailable, TaskDatabase, breaker, views
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
 from remediator.catalogue import CommandResult, ExecutionResult, InvalidParameter, Means, Node
 from remediator.catalogue.base import Scheduler
 from remediator.leaders import ClusterLeaders
-from remediator.gate import RESET_HINT, Decision, Gate, LedgerView, OwnFacts, Verdict, breaker_limit, fleet_verdict, refusal
+from remediator.gate import RESET_HINT, Decision, Gate, LedgerView, OwnFacts, Verdict, breaker_limit, fleet_verdict, maintenance, refusal
 from remediator.scheduler import StoreScheduler
 from remediator.settings import Settings
 
@@ -297,6 +297,18 @@ class ActionHandler:
         fleet_size, address = self._inventory_facts(request.node_id)
         return fleet_verdict(request, gate=self._gate, ledger_view=LedgerView(fleet_size=fleet_size), now=self._now(),
                              address=address, in_inventory=address is not None or not fleet_size)
+
+    async def in_maintenance(self, nodes: list[str]) -> dict[str, str]:
+        """The nodes a person's silence holds out of a fleet operation now (`gate.maintenance`), each
+        with the silence that does."""
+        now = self._now()
+        async with self._sessions() as session:
+            silences = await views.list_silences(session, now=now)
+        held: dict[str, str] = {}
+        for node in nodes:
+            if (silence := next((s for s in silences if maintenance(s, node, now)), None)) is not None:
+                held[node] = f"silenced by {silence.created_by} ({silence.reason}), silence {silence.id[:8]}: left alone"
+        return held
 
     async def breaker_room(self, nodes: set[str], operation: object) -> str:
         """Why acting on `nodes` now would take the breaker past its limit or meet it open ('' when

@@ -8,7 +8,8 @@ apply, and the ledger records it under the rollout's id (`gpumedic actions`). A 
 run at once; each is verified as the catalogue verifies it (a restarted unit active and healthy,
 a drain the scheduler's), and the next batch starts only when all of them succeeded. Before each
 batch the rollout checks that it would not take the breaker past its limit, and stops if it
-would: a rollout never trips the breaker itself. A dry run resolves the nodes and renders each
+would: a rollout never trips the breaker itself. A node a person silenced whole (a maintenance
+window: `gpumedic silence --node N`) is left alone and said so. A dry run resolves the nodes and renders each
 command, says where the gate would refuse (a protected node, the unit's node scope, observe
 mode), and runs nothing.
 """
@@ -71,13 +72,19 @@ class Rollout:
                 return report.model_copy(update={"error": str(exc)[:2000], "took_ms": _ms(started)})
             batches = tuple(tuple(nodes[i : i + request.batch]) for i in range(0, len(nodes), request.batch))
             report = report.model_copy(update={"batches": batches})
+            held = await self._actions.in_maintenance(nodes) if request.operation != "terminate_worker" else {}
             if request.dry_run:
-                steps = tuple(self._plan(rollout_id, request, _operation(request, node), node, n)
+                steps = tuple(RolloutStep(batch=n, node_id=node, status="silenced", detail=held[node][:2000]) if node in held
+                              else self._plan(rollout_id, request, _operation(request, node), node, n)
                               for n, batch in enumerate(batches, 1) for node in batch)
                 return report.model_copy(update={"steps": steps, "took_ms": _ms(started)})
             steps: list[RolloutStep] = []
             stopped = ""
             for n, batch in enumerate(batches, 1):
+                steps += [RolloutStep(batch=n, node_id=node, status="silenced", detail=held[node][:2000]) for node in batch if node in held]
+                batch = tuple(node for node in batch if node not in held)  # a person's maintenance window: left alone
+                if not batch:
+                    continue
                 if why := await self._actions.breaker_room(set(batch), operation):
                     stopped = f"before batch {n} of {len(batches)}: {why}; {_left(batches, n - 1)}"
                     break
