@@ -13,7 +13,7 @@ import json
 import nats
 
 from gpumedic_sim.fleet.nodes import SimFleet
-from gpumedic_sim.machine.state import PEER_UNIT
+from gpumedic_sim.machine.parts import PEER_UNIT
 from gpumedic_sim.runs.simulate import sim_policy
 from gpumedic_incidents.policy import dump_policy
 from leader_health.main import create_app as leader_app

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpumedic_sim.machine.docker import SimDockerEngine, new_container_id
-from gpumedic_sim.machine.state import NodeState, SimContainer
+from gpumedic_sim.machine.parts import SimContainer
+from gpumedic_sim.machine.state import NodeState
 from node_sampler.containers import DockerWatcher, parse_engine_time, signal_name
 from node_sampler.docker_logs import LogTail
 from node_sampler.immediate import ContainerExitReading

@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from gpumedic_sim.machine.nvml import SimNvml
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.scripted import ScriptedNode
 from node_sampler.immediate import XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.sampler import Sampler
@@ -333,7 +333,7 @@ def test_xid_watcher_without_nvml_says_so_once_and_starts_when_it_loads(watchers
 
 
 def test_the_same_watcher_and_reader_over_a_simulated_node(watchers):
-    node = NodeState("sim-node-03", 2, seed=7)
+    node = ScriptedNode("sim-node-03", 2, seed=7)
     node.start_job(0)
     node.gpus[1].ecc_corrected, node.gpus[1].remapped_rows_pending, node.gpus[1].compute_mode = 4, True, 3
     nvml = SimNvml(node)

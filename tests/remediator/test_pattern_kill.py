@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gpumedic_events import ActionOutcome, KillPattern
 from gpumedic_incidents.policy import Actions, FleetPolicy, Kinds, PatternKillPolicy, Policy, ProcessPattern, Step, ZombiePolicy
 from gpumedic_sim.machine.ssh import interpret
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.scripted import ScriptedNode
 from remediator import catalogue
 from remediator.catalogue import InvalidParameter, render
 
@@ -19,10 +19,10 @@ ACTIONS = Actions(kill_pattern=PatternKillPolicy(grace_s=2, patterns={"selfplay"
 LAUNCHER = ("python", "scripts/run_selfplay.py", "--workers", "2")
 
 
-def stuck_node(workers: int = 2) -> NodeState:
+def stuck_node(workers: int = 2) -> ScriptedNode:
     """A launcher on the host and its workers on GPUs 0..workers-1, all hung (GPUs at 0 %), and a
     process of someone else's that must stay."""
-    node = NodeState("gpu-node-07", 4, seed=1)
+    node = ScriptedNode("gpu-node-07", 4, seed=1)
     node._spawn(LAUNCHER, None, 0, is_job=False, producing=False)
     for gpu in range(workers):
         node.inject_zombie(gpu)
@@ -30,7 +30,7 @@ def stuck_node(workers: int = 2) -> NodeState:
     return node
 
 
-async def run(node: NodeState, operation: KillPattern, actions: Actions = ACTIONS):
+async def run(node: ScriptedNode, operation: KillPattern, actions: Actions = ACTIONS):
     async def shell(command: str, **_) -> catalogue.CommandResult:
         r = interpret(node, command)
         return catalogue.CommandResult(r.exit_status, r.stdout, r.stderr)
@@ -46,7 +46,7 @@ def op(**fields) -> KillPattern:
     return KillPattern(**{"pattern": "selfplay", "grace_s": 2, "max_gpu_utilization_pct": 4} | fields)
 
 
-def alive(node: NodeState) -> list[str]:
+def alive(node: ScriptedNode) -> list[str]:
     return sorted(" ".join(p.argv) for p in node.live_processes())
 
 
@@ -77,7 +77,7 @@ async def test_a_pattern_wider_than_its_limit_is_refused():
 
 
 async def test_nothing_matching_is_nothing_to_end():
-    node = NodeState("gpu-node-07", 2, seed=1)
+    node = ScriptedNode("gpu-node-07", 2, seed=1)
     result = await run(node, op())
     assert result.outcome is ActionOutcome.SUCCEEDED and "nothing to end" in result.detail
 

@@ -15,7 +15,7 @@ from gpumedic_events import RolloutReport, RolloutRequest, RolloutStep
 from gpumedic_events.base import MAX_EVENT_BYTES
 from gpumedic_incidents.policy import SAMPLER_UNIT, Actions, Policy, RestartPolicy, UnitRule
 from gpumedic_sim import SimFleet
-from gpumedic_sim.machine.state import PEER_UNIT
+from gpumedic_sim.machine.parts import PEER_UNIT
 from gpumedic_store import StoreSettings, create_engine, session_factory, upgrade, views
 from gpumedic_telemetry.metrics import ServiceMetrics
 from remediator.handlers import ActionHandler

@@ -23,7 +23,7 @@ from gpumedic_sim.runs.scenario import (
 )
 from gpumedic.times import parse_time
 from gpumedic_sim.faults import DEFAULT_DISK_PATH, DEFAULT_XID, FAULTS, Benign, Fault
-from gpumedic_sim.machine.state import APPLICATION_XIDS
+from gpumedic_sim.machine.parts import APPLICATION_XIDS
 
 NODES_20 = [f"sim-node-{i:02d}" for i in range(1, 21)]
 NODES_22 = [f"sim-node-{i:02d}" for i in range(1, 23)]

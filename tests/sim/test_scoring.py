@@ -12,7 +12,7 @@ from gpumedic_events import IncidentKind, IncidentOpened
 
 from gpumedic_sim.runs.scoring import Observed, Score, render, score
 from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault, expected
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.scripted import ScriptedNode
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 
@@ -44,7 +44,7 @@ def test_every_scripted_kind_has_an_answer_and_benign_ones_expect_nothing():
 
 
 def test_the_answer_for_an_xid_depends_on_the_xid():
-    node = NodeState("sim-node-01", 2)
+    node = ScriptedNode("sim-node-01", 2)
     node.inject_xid(0, 79)
     node.inject_xid(1, 13)
     node.inject_xid(1, 48)

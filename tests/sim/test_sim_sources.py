@@ -13,7 +13,8 @@ import pytest
 from gpumedic_sim.machine.host import SimHost
 from gpumedic_sim.machine.kernel import SimKernelLog
 from gpumedic_sim.machine.procs import SimProcessTable
-from gpumedic_sim.machine.state import CLK_TCK, NodeState
+from gpumedic_sim.machine.parts import CLK_TCK
+from gpumedic_sim.machine.state import NodeState
 from node_sampler.kernel import KernelLogWatcher, OomParser, split_kmsg_record
 from node_sampler.immediate import OomKillReading
 from node_sampler.readings import HostReading

@@ -15,7 +15,7 @@ import importlib
 
 _WHERE = {
     "SSH_USER": "fleet.nodes", "SimFleet": "fleet.nodes", "SimNode": "machine.node", "CommandResult": "machine.ssh", "interpret": "machine.ssh",
-    **dict.fromkeys(("CLK_TCK", "GPU_NAME", "GPU_TOTAL_MIB", "SimGpu", "SimProcess"), "machine.state"),
+    **dict.fromkeys(("CLK_TCK", "GPU_NAME", "GPU_TOTAL_MIB", "SimGpu", "SimProcess"), "machine.parts"),
     **dict.fromkeys(("Benign", "FAULTS", "Fault", "InjectedFault"), "faults"),
 }
 

@@ -18,7 +18,7 @@ from node_sampler.jobenv import JobEnv
 
 from gpumedic_sim.faults import DEFAULT_NCCL
 from gpumedic_sim.machine.node import SimNode
-from gpumedic_sim.machine.state import SimProcess
+from gpumedic_sim.machine.parts import SimProcess
 
 
 @dataclass(frozen=True)

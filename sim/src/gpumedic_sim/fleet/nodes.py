@@ -31,7 +31,7 @@ from gpumedic_sim.fleet import jobs
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
-from gpumedic_sim.machine.state import TRAIN_UNIT
+from gpumedic_sim.machine.parts import TRAIN_UNIT
 from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gpumedic_sim.machine.state import NodeState, SimContainer
+from gpumedic_sim.machine.parts import SimContainer
+from gpumedic_sim.machine.state import NodeState
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from gpumedic_sim.machine.state import NodeState, SimProcess
+from gpumedic_sim.machine.parts import SimProcess
+from gpumedic_sim.machine.state import NodeState
 
 DEAD_AFTER_S = 60.0
 """How long RAS keeps trying to reach a process before it declares it dead."""

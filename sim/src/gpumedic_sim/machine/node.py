@@ -34,7 +34,8 @@ from gpumedic_sim.machine.nvml import SimNvml
 from gpumedic_sim.machine.procs import SimContainerCgroups, SimProcessTable
 from gpumedic_sim.machine.ssh import SshEndpoint
 from gpumedic_sim.faults import Benign, Fault
-from gpumedic_sim.machine.state import JOB_MEMORY_MIB, NodeState, SimProcess
+from gpumedic_sim.machine.parts import JOB_MEMORY_MIB, SimProcess
+from gpumedic_sim.machine.scripted import ScriptedNode
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
@@ -73,7 +74,7 @@ BARE_OOM_AFTER_S = 15.0
 """How long a job launched on the host runs before the OOM killer ends it: a few samples see it on its GPU."""
 
 
-class SimNode(NodeState):
+class SimNode(ScriptedNode):
     """`SimNode("sim-node-01", gpus=8)`: a node with 8 idle GPUs; `start_job(gpu)` to load one."""
 
     def __init__(self, node_id: str, gpus: int, *, seed: int | None = None) -> None:

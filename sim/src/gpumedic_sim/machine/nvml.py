@@ -22,7 +22,8 @@ from typing import Any
 
 import pynvml
 
-from gpumedic_sim.machine.state import NodeState, SimGpu
+from gpumedic_sim.machine.parts import SimGpu
+from gpumedic_sim.machine.state import NodeState
 
 MIB = 1024 * 1024
 TEMPERATURE_RISE_AT_FULL_LOAD_C = 45

@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 from gpumedic_events import ContainerUsage
 from node_sampler.procs import ProcessInfo, ProcessUsage
 
-from gpumedic_sim.machine.state import CLK_TCK, OUTPUT_BYTES_PER_S, NodeState, SimProcess
+from gpumedic_sim.machine.parts import CLK_TCK, OUTPUT_BYTES_PER_S, SimProcess
+from gpumedic_sim.machine.state import NodeState
 
 BUSY_CPUS = 3.0
 """CPUs a computing job keeps busy (its data loaders); a hung job or a leftover keeps almost none."""

@@ -26,7 +26,8 @@ import asyncssh
 
 from gpumedic_sim.machine.host import DOCKER_KINDS
 from gpumedic_sim.machine.procs import cmdline_text, stat_line
-from gpumedic_sim.machine.state import UNITS, NodeState
+from gpumedic_sim.machine.parts import UNITS
+from gpumedic_sim.machine.state import NodeState
 from remediator.catalogue.admin import CURL
 
 log = logging.getLogger(__name__)

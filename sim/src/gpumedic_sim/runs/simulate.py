@@ -28,7 +28,7 @@ from gpumedic_sim.fleet.runpod import RentedFleet
 from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
 from gpumedic_sim.machine.node import checks_every_s
-from gpumedic_sim.machine.state import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
+from gpumedic_sim.machine.parts import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
 from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool
 from gpumedic_sim.runs.pool_judge import judge
 from gpumedic.stack import Stack, services_here, wind_down
