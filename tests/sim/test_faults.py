@@ -13,7 +13,7 @@ from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSample
 
 from gpumedic_sim import SimFleet
 from gpumedic_sim.fleet import jobs
-from gpumedic_sim.faults import FAULTS, Fault
+from gpumedic_sim.faults import FAULTS, PARAMETERS, Entry, Fault
 
 
 class Running:
@@ -228,6 +228,17 @@ async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_rec
     assert all(f.expect == FAULTS[f.fault].expect for f in fleet.injected if f.fault != Fault.XID)  # an XID's number decides
     assert [f.node_id for f in fleet.injected if FAULTS[f.fault].whole_cluster] == ["sim"] * sum(e.whole_cluster for e in FAULTS.values())
 
+
+
+def test_every_parameter_has_one_check_its_default_passes_and_an_unchecked_one_fails_at_once():
+    for kind, entry in FAULTS.items():
+        for name, default in entry.params.items():
+            assert PARAMETERS[name](default) == default or (name, default) == ("nccl", "none"), (kind, name)
+    assert PARAMETERS["for"]("90s") == 90.0
+    with pytest.raises(ValueError, match="longer than 0s"):
+        PARAMETERS["every"](0)
+    with pytest.raises(ValueError, match="no check in PARAMETERS for melt_rate"):
+        Entry("a GPU melts", "inject_melt", params={"melt_rate": 1.0})
 
 # --- benign behaviour, seen the same way ---------------------------------------------------
 

@@ -12,13 +12,15 @@ The kinds are written from what the simulation does, never from a detector's rul
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from gpumedic.times import parse_time, show
 from gpumedic_events import IncidentKind as K
 
 
@@ -112,6 +114,67 @@ JOB_CAUSES = ("gpu_lost", "rank_crash", "rank_stopped", "nic_flapping")
 
 ARGUMENT = MappingProxyType({"for": "for_s", "every": "every_s"})
 """A parameter's name as its stand-in takes it, where the scenario's name is no Python name."""
+MAX_COUNT = 1000
+IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,200}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+"""An image reference as Docker writes one (registry/name:tag, or @digest)."""
+
+
+def _xid(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an XID number, got {show(value)}")
+    if not 0 <= value <= 2**32 - 1:
+        raise ValueError(f"{value} is not an XID (0 to 4294967295)")
+    return value
+
+
+def _path(value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError(f"expected an absolute path such as {DEFAULT_DISK_PATH}, got {show(value)}")
+    if len(value) > 256 or "\x00" in value or "\n" in value:
+        raise ValueError("a path of at most 256 characters, without NUL or newline")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise ValueError(f"expected a number of nodes from 1 to {MAX_COUNT}, got {show(value)}")
+    return value
+
+
+def _image(value: object) -> str:
+    if not isinstance(value, str) or not IMAGE.match(value):
+        raise ValueError(f"expected an image reference such as {DEFAULT_BAD_IMAGE}, got {show(value)}")
+    return value
+
+
+def _cause(value: object) -> str:
+    if value not in JOB_CAUSES:
+        raise ValueError(f"expected one of {', '.join(JOB_CAUSES)}, got {show(value)}")
+    return value
+
+
+def _nccl(value: object) -> str | None:
+    if value == "none":
+        return None  # RAS off, or NCCL before 2.24: nothing answers on its port
+    if not isinstance(value, str) or not re.fullmatch(r"2\.\d{1,3}\.\d{1,3}", value):
+        raise ValueError(f"expected an NCCL version such as 2.29.1, or none, got {show(value)}")
+    return value
+
+
+def _seconds(value: object) -> float:
+    seconds = parse_time(value)
+    if seconds <= 0:
+        raise ValueError("must be longer than 0s")
+    return seconds
+
+
+PARAMETERS: Mapping[str, Callable[[object], object]] = MappingProxyType({
+    "xid": _xid, "path": _path, "count": _count, "image": _image, "cause": _cause, "nccl": _nccl,
+    "for": _seconds, "every": _seconds, "after": _seconds,
+})
+"""Every parameter a fault may take, by name, with its check: the value its stand-in gets, or
+ValueError saying what a scenario should have written. An entry naming another parameter fails
+at import."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +198,11 @@ class Entry:
     whole_node: bool = False
     """On one GPU, but the incident it draws is the node's (a container's death: a container may
     hold several GPUs); otherwise an incident finds a GPU's fault only if it names that GPU."""
+
+    def __post_init__(self) -> None:
+        unchecked = set(self.params) - set(PARAMETERS)
+        if unchecked:
+            raise ValueError(f"{self.stand_in}: no check in PARAMETERS for {', '.join(sorted(unchecked))}")
 
 
 def _kinds(*kinds: K) -> frozenset[K]:
