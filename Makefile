@@ -81,8 +81,10 @@ pods-test: install ## enroll on a container shaped like a rented pod (no systemd
 chaos: install ## 1,000 zombie jobs on a 3-server NATS cluster while a service is SIGKILLed every 4 s and a nats-server restarted every 5 s; prints lost, doubled, missing
 	$(VENV)/bin/gpumedic chaos --var var/chaos
 
-test-fast: install ## the tests that need no server (pure logic and contracts)
-	$(PY) -m pytest tests/zombie_detector tests/contract -q
+FAST_TIER := tests/zombie_detector tests/node_sampler tests/remediator tests/autoscaler tests/leader_health tests/report_builder tests/incidents tests/contract
+
+test-fast: install ## every service's tests that start no server (handlers on the in-memory bus, logic, contracts), in about a minute
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not servers and not slow" $(FAST_TIER)
 
 bench: install ## benchmarks; each prints ratios measured side by side in one run
 	$(PY) -m benchmarks

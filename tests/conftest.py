@@ -18,3 +18,14 @@ pytest_plugins = [
     "tests.fixtures.sshd",
     "tests.fixtures.webhook",
 ]
+
+SERVERS = frozenset({"nats_server", "secured", "sshd", "postgres_url", "postgres_of_its_own", "fleet"})
+"""Fixtures that start a real server process: a test that uses one (directly or through another
+fixture), or is marked as needing PostgreSQL or sshd, is in the server tier (marked `servers`);
+`make test-fast` runs every service's other tests."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVERS & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("postgres") or item.get_closest_marker("sshd"):
+            item.add_marker("servers")

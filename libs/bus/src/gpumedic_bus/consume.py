@@ -356,7 +356,7 @@ class PushConsumer(Generic[E]):
             self._event_type.subject_filter(),
             durable=self.durable.name,
             stream=self.durable.stream,
-            cb=self._on_message,
+            cb=self.on_message,
             manual_ack=True,
             pending_msgs_limit=16 * self._ack_every,
         )
@@ -391,7 +391,8 @@ class PushConsumer(Generic[E]):
         """What the server says waits (consumer info), for a stall in which no message tells it."""
         self._pending = pending
 
-    async def _on_message(self, msg) -> None:
+    async def on_message(self, msg) -> None:
+        """One message, as nats-py's push subscription hands it."""
         try:
             meta = msg.metadata
             self._pending, self._newest_stored = meta.num_pending, meta.timestamp.timestamp()

@@ -227,10 +227,8 @@ class ServiceRuntime:
             raise ValueError(f"{self.service} answers no requests on {subject!r} (see gpumedic_bus.topology.REQUESTS)")
 
         @self.broker.subscriber(subject, queue=self.service, decoder=undecoded, title=f"{self.service}:{subject}")
-        async def _on_request(msg: NatsMessage) -> None:
-            reply = await handler(msg.body)
-            if msg.reply_to:
-                await msg.raw_message.respond(reply)
+        async def _on_request(msg: NatsMessage) -> bytes:
+            return await handler(msg.body)  # FastStream sends it to the asker's reply subject
 
     def background(self, loop: BackgroundLoop, *, one_instance: str | None = None) -> None:
         """Run `loop` while the service runs (periodic probes, evaluations). With `one_instance`
