@@ -49,6 +49,7 @@ def test_a_scenario_is_injected_seen_and_scored(tmp_path):
     assert kinds["xid"]["detected"] == 1 and kinds["xid"]["expect"] == ["gpu_lost"]
     assert kinds["job_finished"]["false_positives"] == kinds["short_dip"]["false_positives"] == 0
     assert score["totals"]["precision"] == 1.0 and score["totals"]["recall"] == 1.0, score["false_positives"]
+    assert isinstance(score["ticks_skipped"], int)  # the fleet's samplers' missed ticks, said beside the score past 1 %
     if nvml_problem():  # this machine has no GPU: it is no node of the simulated fleet, and the run says so
         assert "not this machine's node-sampler: it has no usable NVIDIA driver" in out
     # The zombie killed and its job started again (the sim's policy restarts it), and the node

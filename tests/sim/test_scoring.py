@@ -11,6 +11,7 @@ import pytest
 from gpumedic_events import IncidentKind, IncidentOpened
 
 from gpumedic_sim.runs.scoring import Observed, Score, render, score
+from gpumedic_sim.runs.simulate import fell_behind
 from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault, expected
 from gpumedic_sim.machine.scripted import ScriptedNode
 
@@ -257,3 +258,10 @@ def test_expectations_say_what_a_run_fell_short_of():
     ]
     assert Expectations(recall=0.5).shortfalls(result) == []
     assert Expectations(recall=1.0, precision=1.0).shortfalls(score([inj(10, "n1", 0, Benign.SHORT_DIP)], [])) == []  # nothing to measure
+
+
+def test_a_fleet_that_could_not_keep_its_sampling_interval_says_so_beside_the_score():
+    assert fell_behind(0, 12_000, 200) is None and fell_behind(120, 12_000, 200) is None and fell_behind(5, 0, 1) is None
+    said = fell_behind(5_181, 12_000, 200)
+    assert said is not None and "5,181 of about 12,000 sampling ticks (43%)" in said and "200 simulated nodes" in said
+    assert "fewer --nodes" in said

@@ -22,6 +22,7 @@ from aiohttp import web
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
 from node_sampler.metrics import GpuCollector
+from node_sampler.sampler import Sampler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -105,6 +106,8 @@ class SimFleet:
         self._started = False
         self.gpu_series: dict[str, GpuCollector] = {}
         """Each sampling node's GPU series, as its node-sampler's /metrics serves them."""
+        self.samplers: dict[str, Sampler] = {}
+        """Each sampling node's sampler (its `skipped_ticks`: the machine running the fleet could not keep up)."""
         self._metrics: web.AppRunner | None = None
 
     @property
@@ -355,7 +358,7 @@ class SimFleet:
                 await publish(event)
 
         await asyncio.sleep(offset_s)
-        sampler = node.sampler(interval_s)
+        sampler = self.samplers[node.node_id] = node.sampler(interval_s)
         self.gpu_series[node.node_id] = GpuCollector.of(sampler, node.node_id)
         await sampler.run(publish_unless_silent)
 

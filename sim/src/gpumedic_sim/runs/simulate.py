@@ -103,6 +103,18 @@ nodes and a quarter of the fleet."""
 
 SPARE_PEERS = 3
 """The sim's peer target is the fleet less this many."""
+FELL_BEHIND_SHARE = 0.01
+"""Above this share of sampling ticks skipped, the fleet (every simulated node's sampler in this one
+process) could not keep up on this machine, and the run says so beside its score."""
+
+
+def fell_behind(skipped: int, ticks: float, nodes: int) -> str | None:
+    """What to say when the fleet's samplers skipped more than FELL_BEHIND_SHARE of their ticks."""
+    if ticks <= 0 or skipped <= FELL_BEHIND_SHARE * ticks:
+        return None
+    return (f"the simulated fleet fell behind: its samplers skipped {skipped:,} of about {ticks:,.0f} sampling ticks "
+            f"({skipped / ticks:.0%}). This machine does not run {nodes} simulated nodes in time, so a miss above may be "
+            "the fleet's, not a detector's: run fewer --nodes")
 
 
 def sim_policy(interval_s: float, n_nodes: int = 0, pool: SimWorkerPool | None = None, operator: Mapping[str, Any] | None = None) -> Policy:
@@ -350,6 +362,7 @@ async def run_simulation(
             await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
 
         tasks.append(asyncio.create_task(fleet.run_samplers(publish, interval_s)))
+        sampling_since = time.monotonic()
         say(
             f"[4/5] scenario {plan.name!r}: {len(plan.faults)} injection(s) over {duration:.0f}s, "
             f"samples every {interval_s:g}s"
@@ -374,9 +387,13 @@ async def run_simulation(
         result = score(fleet.injected, [i for i in observer.incidents.values() if i.node_id not in on_pool])
         paged = pager.incidents() & observer.incidents.keys()
         outcomes = observer.outcomes(paged)
+        skipped = sum(s.skipped_ticks for s in fleet.samplers.values())
+        behind = fell_behind(skipped, nodes * (time.monotonic() - sampling_since) / interval_s, nodes)
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
         say("")
         say(render(result))
+        if behind:
+            say(behind)
         say(observer.actions_line())
         say("")
         say(render_outcomes(outcomes))
@@ -400,6 +417,7 @@ async def run_simulation(
             say("expectations: " + ("met" if not shortfalls else "NOT met: " + "; ".join(shortfalls)))
         if json_path is not None:
             document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged),
+                        "ticks_skipped": skipped,
                         **({"pool": pool_document} if pool_document is not None else {}),
                         **({"expectations": shortfalls} if shortfalls is not None else {})}
             json_path.write_text(json.dumps(document, indent=2, default=str) + "\n")
