@@ -83,8 +83,8 @@ chaos: install ## 1,000 zombie jobs on a 3-server NATS cluster while a service i
 
 FAST_TIER := tests/zombie_detector tests/node_sampler tests/remediator tests/autoscaler tests/leader_health tests/report_builder tests/incidents tests/contract
 
-test-fast: install ## every service's tests that start no server (handlers on the in-memory bus, logic, contracts), in about a minute
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not servers and not slow" $(FAST_TIER)
+test-fast: install ## every service's tests that start no server (handlers on the in-memory bus, logic, contracts): under a minute on two cores
+	$(PY) -m pytest -n auto -m "not servers and not slow" $(FAST_TIER)  # one worker a core: the tier is all CPU
 
 bench: install ## benchmarks; each prints ratios measured side by side in one run
 	$(PY) -m benchmarks
