@@ -2,14 +2,17 @@
 (`sim/`, the one composer of services), the tests and the benchmarks import services; no service
 imports another; no lib imports a service, the CLI or the simulated fleet; the operator's CLI
 imports neither a service nor the simulated fleet (which adds its commands through an entry
-point); no package imports itself in a circle. node-sampler (on every GPU node) installs without
-a database or SSH stack."""
+point); no package imports itself in a circle, nor stacks its modules deeper than its floors.
+node-sampler (on every GPU node) installs without a database or SSH stack."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_PACKAGES = {p.name: p for p in ROOT.glob("services/*/src/*") if p.is_dir()}
@@ -119,7 +122,7 @@ def test_no_package_imports_itself_in_a_circle():
 
 
 SIM_WINGS = ("faults", "machine", "fleet", "runs", "commands")
-"""The simulated fleet's floors, bottom up: the fault table, what a node answers, the fleet, the
+"""The simulated fleet's wings, bottom up: the fault table, what a node answers, the fleet, the
 scripted and scored runs, the command entry. Each imports only those below it."""
 
 
@@ -141,3 +144,23 @@ def test_the_sims_wings_import_only_downwards_and_only_runs_use_the_clis_stack()
             if any(n.startswith(("gpumedic.stack", "gpumedic.cli")) for n in names):
                 stack_users.add(_module_name(SIM.parent, source))
     assert stack_users and {_wing(m) for m in stack_users} <= {"runs", "commands"}
+
+
+def _deepest(graph: dict[str, set[str]]) -> list[str]:
+    """The longest chain of imports in a package (it has no circle): its floors, top down."""
+    @functools.cache
+    def down(module: str) -> tuple[str, ...]:
+        return max(((module, *down(t)) for t in graph[module]), key=len, default=(module,))
+
+    return list(max((down(m) for m in graph), key=len))
+
+
+FLOORS = {SIM: 6, CLI: 5, **dict.fromkeys(SERVICE_PACKAGES.values(), 7), **dict.fromkeys(LIB_PACKAGES.values(), 5)}
+"""How deep each package may stack its modules, type-only and late imports counted: a newcomer
+reads a module's floors below it to know what it stands on."""
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS), ids=lambda p: p.name)
+def test_no_package_stacks_its_modules_deeper_than_its_floors(package):
+    chain = _deepest(_import_graph(package, typing_too=True))
+    assert len(chain) <= FLOORS[package], " -> ".join(chain)

@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from gpumedic_sim.machine.nvml import SimNvml
-from gpumedic_sim.machine.scripted import ScriptedNode
+from gpumedic_sim.machine.node import ScriptedNode
 from node_sampler.immediate import XidReading
 from node_sampler.nvml import NvmlReader, XidWatcher
 from node_sampler.sampler import Sampler

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gpumedic_events import ActionOutcome, KillPattern
 from gpumedic_incidents.policy import Actions, FleetPolicy, Kinds, PatternKillPolicy, Policy, ProcessPattern, Step, ZombiePolicy
 from gpumedic_sim.machine.ssh import interpret
-from gpumedic_sim.machine.scripted import ScriptedNode
+from gpumedic_sim.machine.node import ScriptedNode
 from remediator import catalogue
 from remediator.catalogue import InvalidParameter, render
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpumedic_sim.runs.scenario import Scenario
-from gpumedic_sim.fleet.workers import PoolFigures, PoolPlan
+from gpumedic_sim.fleet.plan import PoolFigures, PoolPlan
 from gpumedic_sim.runs.pool_judge import judge
 from gpumedic_sim.runs.simulate import run_simulation
 

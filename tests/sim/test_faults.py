@@ -12,7 +12,7 @@ from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import ContainerExited, GpuLost, GpuXidReported, NodeSampled, ProcessOomKilled
 
 from gpumedic_sim import SimFleet
-from gpumedic_sim.fleet import jobs
+from gpumedic_sim.fleet.nodes import FleetJob
 from gpumedic_sim.faults import FAULTS, PARAMETERS, Entry, Fault
 
 
@@ -215,7 +215,7 @@ async def test_every_kind_a_scenario_can_name_is_one_lookup_and_its_stand_in_rec
     fleet = SimFleet(len(FAULTS), 2, tmp_path / "fleet")
     placed = dict(zip(fleet.nodes, FAULTS, strict=True))
     hung_on = next(n for n, fault in placed.items() if fault == Fault.JOB_HUNG)
-    fleet.jobs.append(jobs.launch([fleet.node(hung_on), fleet.node("sim-node-01")], "t"))  # what job_hung stops
+    fleet.jobs.append(FleetJob.launch([fleet.node(hung_on), fleet.node("sim-node-01")], "t"))  # what job_hung stops
     async with fleet:
         for node_id, (fault, entry) in zip(fleet.nodes, FAULTS.items(), strict=True):
             await fleet.inject(fault, node_id, 1 if entry.gpu else None)

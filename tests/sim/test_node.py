@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 
 import httpx
@@ -10,7 +11,41 @@ import pynvml
 import pytest
 
 from gpumedic_sim import GPU_NAME, GPU_TOTAL_MIB, Fault, SimNode, interpret
-from gpumedic_sim.machine.status import StatusEndpoint
+from gpumedic_sim.fleet.nodes import SimFleet
+from gpumedic_sim.fleet.workers import Hosts
+from gpumedic_sim.machine.docker import EngineNode
+from gpumedic_sim.machine.nccl import RasNode
+from gpumedic_sim.machine.nvml import NvmlNode
+from gpumedic_sim.machine.procs import ProcNode
+from gpumedic_sim.machine.ssh import ShellNode
+from gpumedic_sim.machine.status import DaemonNode, StatusEndpoint
+
+
+def _members(protocol: type) -> set[str]:
+    calls = {name for name in vars(protocol) if not name.startswith(("__", "_abc_", "_is_"))}
+    return calls | set(inspect.get_annotations(protocol))
+
+
+@pytest.mark.parametrize(
+    ("protocol", "real"),
+    [(p, SimNode) for p in (DaemonNode, EngineNode, NvmlNode, ProcNode, RasNode, ShellNode)] + [(Hosts, SimFleet)],
+    ids=lambda p: p.__name__,
+)
+def test_each_interface_reads_what_the_node_has_as_the_node_has_it(protocol, real):
+    """Each interface names what it reads of a node (a Protocol, so the machine's interfaces stand
+    beside the node's state, not on it): every name is the real class's, every call its signature."""
+    made = real("sim-node-01", 1) if real is SimNode else None
+    members = _members(protocol)
+    assert members
+    for name in sorted(members):
+        if name in inspect.get_annotations(protocol):
+            assert hasattr(made, name) if made is not None else name in inspect.get_annotations(real), name
+        else:
+            ours, theirs = getattr(protocol, name), getattr(real, name)
+            if isinstance(ours, property):
+                assert isinstance(theirs, property), name
+            else:
+                assert inspect.signature(ours) == inspect.signature(theirs), name
 
 
 def test_a_new_node_is_idle_and_start_job_loads_it():
@@ -189,7 +224,7 @@ async def test_a_stuck_gpu_outlives_every_signal_until_its_pod_is_restarted_thro
     stuck = node.inject_gpu_stuck(0)
     assert node.running_jobs == 0 and node.live_processes() == [stuck]  # the run stopped; only the leftover holds a GPU
     assert interpret(node, f"kill -s KILL {stuck.pid}").exit_status == 0 and node.process(stuck.pid) is not None
-    rented = RentedFleet(fleet, tmp_path / "rented")
+    rented = RentedFleet(fleet.nodes, tmp_path / "rented")
     await rented.start()
     provider = RunPodProvider(rented.api.key, image="x", base_url=rented.api.base_url)
     try:

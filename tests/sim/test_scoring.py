@@ -13,7 +13,7 @@ from gpumedic_events import IncidentKind, IncidentOpened
 from gpumedic_sim.runs.scoring import Observed, Score, render, score
 from gpumedic_sim.runs.simulate import fell_behind
 from gpumedic_sim.faults import FAULTS, Benign, Fault, InjectedFault, expected
-from gpumedic_sim.machine.scripted import ScriptedNode
+from gpumedic_sim.machine.node import ScriptedNode
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 

@@ -11,9 +11,12 @@ is the ground truth of scripted faults, to score detection against.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import asyncssh
 from aiohttp import web
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import Event
+from node_sampler.jobenv import JobEnv
 from node_sampler.metrics import GpuCollector
 from node_sampler.sampler import Sampler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -28,12 +32,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
-from gpumedic_sim.fleet import jobs
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
-from gpumedic_sim.machine.parts import TRAIN_UNIT
-from gpumedic_sim.faults import ARGUMENT, CLUSTER, FAULTS, Benign, Fault, InjectedFault, expected
+from gpumedic_sim.machine.parts import TRAIN_UNIT, SimProcess
+from gpumedic_sim.faults import ARGUMENT, CLUSTER, DEFAULT_NCCL, FAULTS, Benign, Fault, InjectedFault, expected
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,84 @@ def node_ids_for(n_nodes: int) -> list[str]:
 
 RELAUNCH_S = 3.0
 """How long a job's agents take to start it again once restarted on its nodes."""
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """One training job whose ranks run on several nodes. `launch` makes the busy job on every GPU
+    of a run of nodes one torchrun job: each process gets the launcher's variables (`JobEnv`: the
+    run's id, its rank, the world size, the ranks per node, the node count), as the sampler reads
+    them from /proc/PID/environ on a real node. What happens to such a job is what happens to a
+    collective: when one rank stops, every other rank waits in it, its GPU idle and nothing written
+    (`wait`); a checkpoint is rank 0 writing while the rest wait (`checkpoint`); a job that ends
+    ends on every node (`finish`)."""
+
+    id: str
+    """As the sampler reports it: torchelastic:<the run's id>."""
+    nodes: tuple[SimNode, ...]
+
+    @classmethod
+    def launch(cls, nodes: Sequence[SimNode], run_id: str, *, nccl: str | None = DEFAULT_NCCL) -> FleetJob:
+        """The busy job on each GPU of `nodes` becomes one rank of one job (a job starts where a GPU has
+        none), linking NCCL `nccl` (its RAS answers on each node; None: RAS off, or NCCL before 2.24)."""
+        per_node = len(nodes[0].gpus)
+        job = cls(f"torchelastic:{run_id}", tuple(nodes))
+        for i, node in enumerate(nodes):
+            node.ras.nccl_version = nccl
+            for gpu in range(per_node):
+                process = next((p for p in node.live_processes(gpu) if p.is_job), None) or node.start_job(gpu)
+                process.job = JobEnv(
+                    id=job.id, rank=i * per_node + gpu, world_size=per_node * len(nodes), local_world_size=per_node, nodes=len(nodes)
+                )
+        return job
+
+    def ranks(self) -> Iterator[tuple[SimNode, SimProcess]]:
+        for node in self.nodes:
+            for p in node.live_processes():
+                if p.job is not None and p.job.id == self.id:
+                    yield node, p
+
+    def wait(self, *, but: SimNode | None = None) -> None:
+        """Every rank (but those on `but`, whose own fault is what stopped) waits in the collective: its
+        GPU idles, it writes nothing, it still runs and holds its memory."""
+        now = time.monotonic()
+        for node, p in self.ranks():
+            if node is not but:
+                p.set_activity(now, producing=False)
+
+    def stop_rank(self, node: SimNode) -> None:
+        """The rank on `node`'s GPU 0 stops without exiting (SIGSTOP, stuck in the kernel): it holds
+        its GPU, idles and answers nothing; no fault of its GPU, NIC or host shows it."""
+        now = time.monotonic()
+        for where, p in self.ranks():
+            if where is node and p.gpu == 0:
+                p.stopped = True
+                p.set_activity(now, producing=False)
+
+    def stopped_without(self, culprit: SimNode) -> bool:
+        """Every rank on the other nodes has ended, some of them by a signal from outside (a stop, not
+        the job's own end); the node that stopped may hold what no one could stop (a lost GPU's rank)."""
+        ranks = [(node, p) for node in self.nodes for p in list(node.processes.values()) if p.job is not None and p.job.id == self.id]
+        others = [p for node, p in ranks if node is not culprit]
+        return bool(others) and not any(p.alive for p in others) and any(p.killed_by in ("TERM", "KILL") for p in others)
+
+    def checkpoint(self) -> None:
+        """Rank 0 writes the checkpoint while every other rank waits for it; `resume` ends it."""
+        now = time.monotonic()
+        for _, p in self.ranks():
+            p.set_activity(now, producing=False, checkpointing=p.job is not None and p.job.rank == 0)
+            p.paused = True
+
+    def resume(self) -> None:
+        for node in self.nodes:
+            for gpu in range(len(node.gpus)):
+                node.resume_job(gpu)
+
+    def finish(self) -> None:
+        """The job is done: every rank exits 0, on every node."""
+        for node in self.nodes:
+            for gpu in range(len(node.gpus)):
+                node.finish_job(gpu)
 
 
 class SimFleet:
@@ -94,7 +175,7 @@ class SimFleet:
             node.cluster = self.cluster
             node.ras.network = ras  # a job's RAS threads reach each other across its nodes
         self.cluster.loads = self._load_of
-        self.jobs: list[jobs.FleetJob] = []
+        self.jobs: list[FleetJob] = []
         """Jobs across nodes, as scripted (job_across_nodes)."""
         self.guests: dict[str, SimNode] = {}
         """Nodes that joined while the fleet runs (rented workers): reachable over SSH, not sampled here."""
@@ -109,6 +190,18 @@ class SimFleet:
         self.samplers: dict[str, Sampler] = {}
         """Each sampling node's sampler (its `skipped_ticks`: the machine running the fleet could not keep up)."""
         self._metrics: web.AppRunner | None = None
+
+    def control_plane_env(self) -> dict[str, str]:
+        """Where a control plane on this machine finds the fleet: the remediator's inventory, known
+        hosts and key, and leader-health's cluster of peers (every node's status URL)."""
+        return {
+            "GPUMEDIC_REMEDIATOR_INVENTORY": str(self.inventory_path),
+            "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(self.known_hosts_path),
+            "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(self.client_key_path),
+            "GPUMEDIC_LEADER_CLUSTER": "sim",
+            "GPUMEDIC_LEADER_PEERS": json.dumps([n.status_url for n in self.nodes.values()]),
+            "GPUMEDIC_LEADER_INVENTORY": str(self.inventory_path),
+        }
 
     @property
     def inventory_path(self) -> Path:
@@ -208,7 +301,7 @@ class SimFleet:
             await asyncio.sleep(every_s)
             self.cluster.elect(voters[turn % len(voters)])
 
-    # Jobs across nodes (`gpumedic_sim.fleet.jobs`): the fleet launches them, and stops or saves
+    # Jobs across nodes (`FleetJob`): the fleet launches them, and stops or saves
     # their ranks together, as a collective does.
 
     def run_job_across(self, node: SimNode, count: int, nccl: str | None) -> None:
@@ -217,59 +310,59 @@ class SimFleet:
             raise ValueError(f"a job across nodes needs 2 nodes or more from {node.node_id}; the fleet has {len(members)}")
         if any(self._job_of(n) is not None for n in members):
             raise ValueError(f"{', '.join(m.node_id for m in members)}: a node there runs a job across nodes already")
-        self.jobs.append(jobs.launch(members, f"train-{node.node_id}", nccl=nccl))
+        self.jobs.append(FleetJob.launch(members, f"train-{node.node_id}", nccl=nccl))
         node.record(Benign.JOB_ACROSS_NODES)
 
     def hang_job(self, node: SimNode, cause: str, every_s: float) -> None:
         job = self._job_across(node)
         if cause == "gpu_lost":
             node.inject_gpu_lost(0)
-            jobs.wait(job)
+            job.wait()
         elif cause == "rank_crash":
             node.inject_segfault(0)
-            jobs.wait(job)
+            job.wait()
         elif cause == "rank_stopped":
-            jobs.stop_rank(job, node)
-            jobs.wait(job)
+            job.stop_rank(node)
+            job.wait()
         elif cause == "nic_flapping":
             node.inject_nic_flapping(every_s)
-            self._later(every_s, lambda: jobs.wait(job))
+            self._later(every_s, job.wait)
         else:
             raise ValueError(f"no cause {cause!r} for job_hung")
         node.record(Fault.JOB_HUNG)
         self._timers.add(asyncio.create_task(self._relaunch_when_restarted(job, node)))
 
-    async def _relaunch_when_restarted(self, job: jobs.FleetJob, culprit: SimNode) -> None:
+    async def _relaunch_when_restarted(self, job: FleetJob, culprit: SimNode) -> None:
         """The job's agents (torchrun's, a systemd unit on each node) start it again under its run id
         once its ranks were stopped from outside and the agent was restarted on each of its nodes but
         the one that stopped (drained: its rendezvous no longer admits it)."""
         others = [n for n in job.nodes if n is not culprit]
         before = {n.node_id: n.unit_restarts.get(TRAIN_UNIT, 0) for n in others}
-        while not (jobs.stopped_without(job, culprit) and all(n.unit_restarts.get(TRAIN_UNIT, 0) > before[n.node_id] for n in others)):
+        while not (job.stopped_without(culprit) and all(n.unit_restarts.get(TRAIN_UNIT, 0) > before[n.node_id] for n in others)):
             if job not in self.jobs:
                 return
             await asyncio.sleep(1.0)
         await asyncio.sleep(RELAUNCH_S)
         self.jobs.remove(job)
         run_id = job.id.removeprefix("torchelastic:")
-        self.jobs.append(jobs.launch([n for n in job.nodes if n is not culprit], run_id, nccl=culprit.ras.nccl_version))
+        self.jobs.append(FleetJob.launch([n for n in job.nodes if n is not culprit], run_id, nccl=culprit.ras.nccl_version))
 
     def checkpoint_job_across(self, node: SimNode, for_s: float) -> None:
         job = self._job_across(node)
-        jobs.checkpoint(job)
+        job.checkpoint()
         node.record(Benign.JOB_CHECKPOINT)
-        self._later(for_s, lambda: jobs.resume(job))
+        self._later(for_s, job.resume)
 
     def end_job_across(self, node: SimNode) -> None:
         job = self._job_across(node)
         node.record(Benign.JOB_ENDS_EVERYWHERE)
-        jobs.finish(job)
+        job.finish()
         self.jobs.remove(job)
 
-    def _job_of(self, node: SimNode) -> jobs.FleetJob | None:
+    def _job_of(self, node: SimNode) -> FleetJob | None:
         return next((job for job in self.jobs if node in job.nodes), None)
 
-    def _job_across(self, node: SimNode) -> jobs.FleetJob:
+    def _job_across(self, node: SimNode) -> FleetJob:
         job = self._job_of(node)
         if job is None:
             raise ValueError(f"{node.node_id} runs no job across nodes (script job_across_nodes first)")

@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpumedic.credentials import write_private
 from gpumedic_providers.base import ProviderError, Worker
 from gpumedic_providers.sim import SimProvider
 
-if TYPE_CHECKING:
-    from gpumedic_sim.fleet.nodes import SimFleet
+from gpumedic_sim.machine.state import NodeState
 
 
 class RunPodServer:
@@ -134,11 +133,11 @@ class RentedFleet:
     ids are RunPod-shaped): what the remediator restarts a node's whole pod through
     (`restart_worker`). A restart ends everything on the node, as a pod restart does."""
 
-    def __init__(self, fleet: SimFleet, workdir: Path) -> None:
+    def __init__(self, nodes: Mapping[str, NodeState], workdir: Path) -> None:
         self.workdir = Path(workdir)
         self._names: dict[str, str] = {}
-        self.provider = SimProvider(spawn_s=0, on_restart=lambda pod_id: fleet.node(self._names[pod_id]).restart_pod())
-        for n, (node_id, node) in enumerate(fleet.nodes.items(), 1):
+        self.provider = SimProvider(spawn_s=0, on_restart=lambda pod_id: nodes[self._names[pod_id]].restart_pod())
+        for n, (node_id, node) in enumerate(nodes.items(), 1):
             pod_id = f"simpod{n:05d}"
             self._names[pod_id] = node_id
             self.provider.adopt(pod_id, node_id, "H100", len(node.gpus))

@@ -1,12 +1,12 @@
 """The simulated node's Docker engine: the slice of the Engine HTTP API the node-sampler uses.
 
 An asyncio HTTP/1.1 server on a unix socket, one request per connection, answering from
-`NodeState.containers` in the real engine's JSON shapes: `/_ping`, `/version`,
+`EngineNode.containers` in the real engine's JSON shapes: `/_ping`, `/version`,
 `/containers/json`, `/containers/{id}/json`, `/containers/{id}/logs` (multiplexed frames, or
 raw for a container with a TTY; with `follow`, the lines logged from then on until it stops) and a streaming `/events` (chunked, one JSON object a line;
 `since` replays the few recent events kept). Paths may carry an API version (`/v1.47/...`).
 
-The simulation reports container changes through `NodeState.container_listeners`, possibly
+The simulation reports container changes through `EngineNode.container_listeners`, possibly
 from another thread; each is handed to the loop and written to every open event stream. An
 `oom` event precedes the `die` of an OOM-killed container, as with the real engine. Hundreds
 of nodes run one of these in a process, so it keeps nothing but open streams and a short
@@ -26,11 +26,11 @@ import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gpumedic_sim.machine.parts import SimContainer
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.parts import SimContainer, SimProcess
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,18 @@ def new_container_id(rng: random.Random) -> str:
     return f"{rng.getrandbits(256):064x}"
 
 
+class EngineNode(Protocol):
+    """What the engine reads of its node (`NodeState`'s)."""
+
+    node_id: str
+    containers: dict[str, SimContainer]
+    container_listeners: list[Callable[[str, SimContainer], None]]
+
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]: ...
+
+
 class SimDockerEngine:
-    def __init__(self, node: NodeState, socket_path: Path) -> None:
+    def __init__(self, node: EngineNode, socket_path: Path) -> None:
         self.node = node
         self.socket_path = Path(socket_path)
         self._server: asyncio.Server | None = None

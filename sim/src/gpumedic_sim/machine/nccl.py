@@ -21,9 +21,9 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpumedic_sim.machine.parts import SimProcess
-from gpumedic_sim.machine.state import NodeState
 
 DEAD_AFTER_S = 60.0
 """How long RAS keeps trying to reach a process before it declares it dead."""
@@ -37,16 +37,25 @@ def fabric_address(node_id: str) -> str:
     return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n % 250 + 2}"
 
 
+class RasNode(Protocol):
+    """What NCCL's RAS reads of a node (`NodeState`'s)."""
+
+    node_id: str
+    processes: dict[int, SimProcess]
+
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]: ...
+
+
 @dataclass
 class RasNetwork:
     """The RAS threads of the fleet's ranks: what one query learns about a job."""
 
-    nodes: list[NodeState] = field(default_factory=list)
+    nodes: list[RasNode] = field(default_factory=list)
     _missing_since: dict[tuple[str, int], float] = field(default_factory=dict)
 
-    def ranks(self, job_id: str) -> dict[int, tuple[NodeState, SimProcess]]:
+    def ranks(self, job_id: str) -> dict[int, tuple[RasNode, SimProcess]]:
         """Each rank of the job, by number: its newest process (a restarted rank's)."""
-        found: dict[int, tuple[NodeState, SimProcess]] = {}
+        found: dict[int, tuple[RasNode, SimProcess]] = {}
         for node in self.nodes:
             for p in list(node.processes.values()):
                 if p.job is not None and p.job.id == job_id and p.job.rank is not None:
@@ -64,7 +73,7 @@ class RasNetwork:
 
 
 class RasEndpoint:
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: RasNode) -> None:
         self.node = node
         self.network = RasNetwork([node])
         """Every node's, once it is part of a fleet."""
@@ -151,7 +160,7 @@ def _version(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in parts if p.isdigit())
 
 
-def _where(node: NodeState | None, p: SimProcess | None) -> dict:
+def _where(node: RasNode | None, p: SimProcess | None) -> dict:
     return {"host": fabric_address(node.node_id) if node else "0.0.0.0", "pid": p.pid if p else 0,
             "cuda_dev": p.gpu if p and p.gpu is not None else -1, "nvml_dev": p.gpu if p and p.gpu is not None else -1}
 

@@ -35,7 +35,8 @@ from gpumedic_sim.machine.procs import SimContainerCgroups, SimProcessTable
 from gpumedic_sim.machine.ssh import SshEndpoint
 from gpumedic_sim.faults import Benign, Fault
 from gpumedic_sim.machine.parts import JOB_MEMORY_MIB, SimProcess
-from gpumedic_sim.machine.scripted import ScriptedNode
+from gpumedic_sim.machine.scripted import ScriptedFaults
+from gpumedic_sim.machine.state import NodeState
 from gpumedic_sim.machine.status import StatusEndpoint
 
 LOOPBACK = "127.0.0.1"
@@ -72,6 +73,10 @@ WORKER_ERRORS = LogPattern(
 """Runbook 001's recurring error patterns, counted in the worker's log: the operator's one log pattern on every simulated node."""
 BARE_OOM_AFTER_S = 15.0
 """How long a job launched on the host runs before the OOM killer ends it: a few samples see it on its GPU."""
+
+
+class ScriptedNode(ScriptedFaults, NodeState):
+    """A node's truth with its scripted faults, and no servers: what a test of one interface needs."""
 
 
 class SimNode(ScriptedNode):

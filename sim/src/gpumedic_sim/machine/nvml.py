@@ -18,12 +18,11 @@ import queue
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import pynvml
 
-from gpumedic_sim.machine.parts import SimGpu
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.parts import SimGpu, SimProcess
 
 MIB = 1024 * 1024
 TEMPERATURE_RISE_AT_FULL_LOAD_C = 45
@@ -57,12 +56,24 @@ class SimEventSet:
         self.freed = False
 
 
+class NvmlNode(Protocol):
+    """What NVML reads of its node (`NodeState`'s)."""
+
+    gpus: list[SimGpu]
+    nvml_missing: bool
+    xid_queue: queue.Queue[tuple[int, int]]
+
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]: ...
+    def utilization(self, gpu: int) -> tuple[int, int]: ...
+    def memory_used_mib(self, gpu: int) -> int: ...
+
+
 class SimNvml:
     """The NVML of one simulated node."""
 
     NVMLError = pynvml.NVMLError
 
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: NvmlNode) -> None:
         self._node = node
         self._init_count = 0
         self._init_lock = threading.Lock()

@@ -156,7 +156,7 @@ class SimProcess:
     """When the checkpoint it is writing is done (monotonic); then it exits (`exits`) or removes the file."""
     exits: bool = False
     job: JobEnv | None = None
-    """The job across nodes it is a rank of, as its launcher's environment says (`gpumedic_sim.fleet.jobs`)."""
+    """The job across nodes it is a rank of, as its launcher's environment says (`gpumedic_sim.fleet.nodes.FleetJob`)."""
     stopped: bool = False
     """Stopped without exiting (SIGSTOP, stuck in the kernel): it keeps its GPU and answers nothing, not even NCCL's RAS."""
 
@@ -185,6 +185,43 @@ class SimProcess:
             self.written_bytes += max(0.0, now - self.writing_since) * OUTPUT_BYTES_PER_S
         self.producing, self.checkpointing = producing, checkpointing
         self.writing_since = now if self.alive and (producing or checkpointing) else None
+
+    def proc_stat(self) -> str:
+        """/proc/PID/stat as Linux writes it: 52 fields, starttime (field 22) = the start ticks."""
+        fields = [
+            str(self.pid),  # 1 pid
+            f"({self.comm})",  # 2 comm
+            "R" if self.producing else "S",  # 3 state
+            "1",  # 4 ppid
+            str(self.pid),  # 5 pgrp
+            str(self.pid),  # 6 session
+            "0",  # 7 tty_nr
+            "-1",  # 8 tpgid
+            "4194560",  # 9 flags
+            "81234",  # 10 minflt
+            "0",  # 11 cminflt
+            "12",  # 12 majflt
+            "0",  # 13 cmajflt
+            "52310",  # 14 utime
+            "8712",  # 15 stime
+            "0",  # 16 cutime
+            "0",  # 17 cstime
+            "20",  # 18 priority
+            "0",  # 19 nice
+            "24",  # 20 num_threads
+            "0",  # 21 itrealvalue
+            str(self.start_ticks),  # 22 starttime
+            "38105403392",  # 23 vsize
+            "1048576",  # 24 rss
+            "18446744073709551615",  # 25 rsslim
+        ]
+        # 26..52: addresses, signals and accounting nobody here reads
+        fields += ["0"] * (52 - len(fields))
+        return " ".join(fields) + "\n"
+
+    def proc_cmdline(self) -> str:
+        """/proc/PID/cmdline: each argument NUL-terminated."""
+        return "".join(f"{arg}\0" for arg in self.argv)
 
 
 @dataclass

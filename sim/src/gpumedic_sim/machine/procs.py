@@ -1,26 +1,38 @@
-"""The simulated node's process table, behind the node-sampler's `ProcessTable` interface.
-
-It also renders the two /proc files the remediator reads over SSH, in the kernel's formats, so
-the sampler's view and the shell's view of a process are the same by construction.
+"""The simulated node's process table, behind the node-sampler's `ProcessTable` interface. The
+/proc files a shell reads over SSH are `SimProcess`'s own, so the sampler's view and the shell's
+view of a process are the same by construction.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from gpumedic_events import ContainerUsage
 from node_sampler.procs import ProcessInfo, ProcessUsage
 
-from gpumedic_sim.machine.parts import CLK_TCK, OUTPUT_BYTES_PER_S, SimProcess
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.parts import CLK_TCK, OUTPUT_BYTES_PER_S, SimContainer, SimProcess
 
 BUSY_CPUS = 3.0
 """CPUs a computing job keeps busy (its data loaders); a hung job or a leftover keeps almost none."""
 
 
+class ProcNode(Protocol):
+    """What /proc and the cgroups read of their node (`NodeState`'s)."""
+
+    containers: dict[str, SimContainer]
+    _boot: float
+    """The node's boot on the monotonic clock."""
+    _lock: threading.RLock
+
+    def process(self, pid: int) -> SimProcess | None: ...
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]: ...
+
+
 class SimProcessTable:
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: ProcNode) -> None:
         self._node = node
         # the node's boot as a wall-clock time, fixed once (as /proc/stat's btime is): start
         # times are then boot + start_ticks / CLK_TCK, the same arithmetic as on a real node
@@ -65,45 +77,6 @@ class SimProcessTable:
         }
 
 
-def stat_line(p: SimProcess) -> str:
-    """/proc/PID/stat as Linux writes it: 52 fields, starttime (field 22) = the start ticks."""
-    fields = [
-        str(p.pid),  # 1 pid
-        f"({p.comm})",  # 2 comm
-        "R" if p.producing else "S",  # 3 state
-        "1",  # 4 ppid
-        str(p.pid),  # 5 pgrp
-        str(p.pid),  # 6 session
-        "0",  # 7 tty_nr
-        "-1",  # 8 tpgid
-        "4194560",  # 9 flags
-        "81234",  # 10 minflt
-        "0",  # 11 cminflt
-        "12",  # 12 majflt
-        "0",  # 13 cmajflt
-        "52310",  # 14 utime
-        "8712",  # 15 stime
-        "0",  # 16 cutime
-        "0",  # 17 cstime
-        "20",  # 18 priority
-        "0",  # 19 nice
-        "24",  # 20 num_threads
-        "0",  # 21 itrealvalue
-        str(p.start_ticks),  # 22 starttime
-        "38105403392",  # 23 vsize
-        "1048576",  # 24 rss
-        "18446744073709551615",  # 25 rsslim
-    ]
-    # 26..52: addresses, signals and accounting nobody here reads
-    fields += ["0"] * (52 - len(fields))
-    return " ".join(fields) + "\n"
-
-
-def cmdline_text(p: SimProcess) -> str:
-    """/proc/PID/cmdline: each argument NUL-terminated."""
-    return "".join(f"{arg}\0" for arg in p.argv)
-
-
 CONTAINER_MEMORY_MIB = 6144
 """What a job's container holds in host memory (its data loaders, the page cache of its games)."""
 CONTAINER_LIMIT_MIB = 65536
@@ -114,7 +87,7 @@ class SimContainerCgroups:
     """Each running container's cgroup counters, behind the node-sampler's `ContainerCgroups.read`:
     a computing job's container keeps BUSY_CPUS busy, an idle or hung one next to none."""
 
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: ProcNode) -> None:
         self._node = node
 
     def read(self, elapsed_s: float, notes: list[str] | None = None) -> tuple[ContainerUsage, ...]:

@@ -1,5 +1,9 @@
 """The faults and benign behaviour scripted into one node's GPUs and processes: the stand-ins that
-`gpumedic_sim.faults` names for them (the node's network and files are `SimNode`'s own)."""
+`gpumedic_sim.faults` names for them (the node's network and files are `SimNode`'s own).
+
+`ScriptedFaults` is mixed in over `NodeState` (`gpumedic_sim.machine.node.ScriptedNode`): each
+stand-in changes the node's truth through NodeState's own members, under its lock, so what a
+fault does is seen through every interface of the node at once."""
 
 from __future__ import annotations
 
@@ -12,11 +16,10 @@ from gpumedic_sim.machine.parts import (
     APPLICATION_XIDS, CLK_TCK, CUDA_OOM, DEVICE_BUSY, JOB_MEMORY_MIB, ORPHAN_MEMORY_MIB, REMAP_XIDS, STATUS_LAG_S, STUCK_AGE_S,
     SimGpu, SimProcess, job_argv,
 )
-from gpumedic_sim.machine.state import NodeState
 
 
-class ScriptedNode(NodeState):
-    """A node's state with its faults' stand-ins: `ScriptedNode("sim-node-01", 8).inject_zombie(3)`."""
+class ScriptedFaults:
+    """The stand-ins, over a `NodeState`: `ScriptedNode("sim-node-01", 8).inject_zombie(3)`."""
 
     def inject_zombie(self, gpu: int, *, ignore_term: bool = False) -> SimProcess:
         """The job on `gpu` hangs: it keeps its GPU memory and counts as running, but its GPU

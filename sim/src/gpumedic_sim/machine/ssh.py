@@ -21,13 +21,12 @@ import logging
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Protocol
 
 import asyncssh
 
-from gpumedic_sim.machine.host import DOCKER_KINDS
-from gpumedic_sim.machine.procs import cmdline_text, stat_line
-from gpumedic_sim.machine.parts import UNITS
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.host import DOCKER_KINDS, SimHost
+from gpumedic_sim.machine.parts import UNITS, SimGpu, SimProcess
 from remediator.catalogue.admin import CURL
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,34 @@ _PRUNES = {"container": "Containers", "image": "Images", "builder": "Build Cache
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
+class ShellNode(Protocol):
+    """What a shell on the node reads and does to it (`NodeState`'s): the commands below are all
+    that SSH can reach of a simulated node."""
+
+    node_id: str
+    boot_id: str
+    gpus: list[SimGpu]
+    machine: SimHost
+    nvml_missing: bool
+    ssh_commands: list[str]
+    ssh_stalls: dict[str, float]
+
+    def process(self, pid: int) -> SimProcess | None: ...
+    def live_processes(self, gpu: int | None = None) -> list[SimProcess]: ...
+    def utilization(self, gpu: int) -> tuple[int, int]: ...
+    def memory_used_mib(self, gpu: int) -> int: ...
+    def compute_pids(self, gpu: int) -> list[int]: ...
+    def device_holders(self, path: str) -> list[int]: ...
+    def kill(self, pid: int, signal: str = "KILL") -> bool: ...
+    def ask_file(self, pid: int, name: str) -> bool: ...
+    def has_file(self, pid: int, name: str) -> bool: ...
+    def checkpoint_hook(self, *, ask: bool) -> int | None: ...
+    def admin(self, path: str, authorization: str | None, body: str = "{}") -> int: ...
+    def restart_unit(self, unit: str) -> bool: ...
+    def reset_gpu(self, gpu: int) -> str: ...
+    def reboot(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_status: int
@@ -57,7 +84,7 @@ class CommandResult:
 _NO_DRIVER = CommandResult(9, stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
 
 
-def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
+def interpret(node: ShellNode, command: str, stdin: str = "") -> CommandResult:
     """Run one command line against the node's state, as its shell would; `stdin` is what the
     client sent on the command's standard input."""
     try:
@@ -129,7 +156,7 @@ def interpret(node: NodeState, command: str, stdin: str = "") -> CommandResult:
     return CommandResult(127, stderr=f"sh: 1: {words[0]}: not found\n")
 
 
-def _dcgm_diag(node: NodeState) -> CommandResult:
+def _dcgm_diag(node: ShellNode) -> CommandResult:
     """`dcgmi diag -j` as DCGM 4.x prints it ("DCGM Diagnostic" > test_categories > tests > results,
     one per GPU): the memory test fails on a GPU with an uncorrectable error or a remap pending, every
     test on a GPU off the bus; dcgmi then exits non-zero, as it does."""
@@ -149,7 +176,7 @@ def _dcgm_diag(node: NodeState) -> CommandResult:
     return CommandResult(226 if failed else 0, stdout=json.dumps(document, indent=1) + "\n")
 
 
-def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
+def _nvidia_smi(node: ShellNode, args: list[str]) -> CommandResult:
     if args == [_GPU_STATE, "--format=csv,noheader,nounits"]:
         return _gpu_state(node)
     if args == ["--query-compute-apps=pid", "--format=csv,noheader"]:
@@ -183,7 +210,7 @@ def _nvidia_smi(node: NodeState, args: list[str]) -> CommandResult:
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
 
 
-def _tail(node: NodeState, path: str, size: int) -> CommandResult:
+def _tail(node: ShellNode, path: str, size: int) -> CommandResult:
     """coreutils' `tail -c`: the last `size` bytes of a file of the node (under its run directory, its root)."""
     root = getattr(node, "file_root", None)
     where = root / path.lstrip("/") if root is not None and ".." not in path.split("/") else None
@@ -199,7 +226,7 @@ def _tail(node: NodeState, path: str, size: int) -> CommandResult:
         return CommandResult(1, stderr=f"tail: error reading '{path}': Is a directory\n")
 
 
-def _pgrep(node: NodeState, regex: str) -> CommandResult:
+def _pgrep(node: ShellNode, regex: str) -> CommandResult:
     """procps's `pgrep -f -a`: `PID COMMAND LINE` of each live process whose command line matches;
     exit 1 when none does, 2 for a pattern it cannot read."""
     try:
@@ -210,7 +237,7 @@ def _pgrep(node: NodeState, regex: str) -> CommandResult:
     return CommandResult(0 if lines else 1, stdout="".join(lines))
 
 
-def _all_apps(node: NodeState) -> CommandResult:
+def _all_apps(node: ShellNode) -> CommandResult:
     """Every GPU's compute processes, a pid per line (a lost GPU fails the whole query)."""
     if node.nvml_missing:
         return _NO_DRIVER
@@ -219,7 +246,7 @@ def _all_apps(node: NodeState) -> CommandResult:
     return CommandResult(0, stdout="".join(f"{pid}\n" for gpu in range(len(node.gpus)) for pid in node.compute_pids(gpu)))
 
 
-def _gpu_state(node: NodeState) -> CommandResult:
+def _gpu_state(node: ShellNode) -> CommandResult:
     """Every GPU's index, utilisation, memory used and compute mode, one line each (pre-flight's query)."""
     if node.nvml_missing:
         return _NO_DRIVER
@@ -233,7 +260,7 @@ def _gpu_state(node: NodeState) -> CommandResult:
     return CommandResult(0, stdout="".join(f"{line}\n" for line in lines))
 
 
-def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:
+def _fuser(node: ShellNode, path: str, gpu: int) -> CommandResult:
     """Like psmisc's fuser: pids on stdout, the file name on stderr, exit 1 when nobody holds it."""
     if gpu >= len(node.gpus):
         return CommandResult(1, stderr=f"Cannot stat file {path}: No such file or directory\n")
@@ -243,7 +270,7 @@ def _fuser(node: NodeState, path: str, gpu: int) -> CommandResult:
     return CommandResult(0, stdout="".join(f" {pid}" for pid in pids), stderr=f"{path}:")
 
 
-def _admin(node: NodeState, path: str, stdin: str, body: str) -> CommandResult:
+def _admin(node: ShellNode, path: str, stdin: str, body: str) -> CommandResult:
     """curl -f -w '%{http_code}': the status on stdout, and exit 22 with curl's words for 4xx/5xx."""
     headers = dict(line.split(": ", 1) for line in stdin.splitlines() if ": " in line)
     status = node.admin(path, headers.get("Authorization"), body)
@@ -252,7 +279,7 @@ def _admin(node: NodeState, path: str, stdin: str, body: str) -> CommandResult:
     return CommandResult(0, stdout=str(status))
 
 
-def _hook(node: NodeState, url: re.Match, *, ask: bool) -> CommandResult:
+def _hook(node: ShellNode, url: re.Match, *, ask: bool) -> CommandResult:
     """The jobs' checkpoint hook, as curl -sS -w '%{http_code}' shows it; none listening: curl's exit 7."""
     status = node.checkpoint_hook(ask=ask)
     if status is None:
@@ -269,14 +296,14 @@ def _size(size: int) -> str:
     return f"{size}B"
 
 
-def _cat_proc(node: NodeState, path: str, pid_word: str, name: str) -> CommandResult:
+def _cat_proc(node: ShellNode, path: str, pid_word: str, name: str) -> CommandResult:
     p = node.process(int(pid_word)) if pid_word.isdigit() else None
     if p is None:
         return CommandResult(1, stderr=f"cat: {path}: No such file or directory\n")
-    return CommandResult(0, stdout=stat_line(p) if name == "stat" else cmdline_text(p))
+    return CommandResult(0, stdout=p.proc_stat() if name == "stat" else p.proc_cmdline())
 
 
-def _kill(node: NodeState, signal: str, pids: list[int]) -> CommandResult:
+def _kill(node: ShellNode, signal: str, pids: list[int]) -> CommandResult:
     # like procps kill: every pid is tried; one that is missing makes the exit status 1
     missing = [pid for pid in pids if not node.kill(pid, signal)]
     stderr = "".join(f"kill: ({pid}) - No such process\n" for pid in missing)
@@ -296,7 +323,7 @@ class _Server(asyncssh.SSHServer):
 class SshEndpoint:
     """One node's SSH server on loopback, with its own ed25519 host key."""
 
-    def __init__(self, node: NodeState, host_key: asyncssh.SSHKey) -> None:
+    def __init__(self, node: ShellNode, host_key: asyncssh.SSHKey) -> None:
         self.node = node
         self.host_key = host_key
         self.port: int | None = None

@@ -15,8 +15,9 @@ import contextlib
 import json
 import logging
 import socket
+from typing import Protocol
 
-from gpumedic_sim.machine.state import NodeState
+from gpumedic_sim.machine.cluster import PeerCluster
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,20 @@ UNACCEPTED_BACKLOG = 128
 wait before new ones are dropped."""
 
 
+class DaemonNode(Protocol):
+    """What the daemon's status endpoint reads of its node (`NodeState`'s)."""
+
+    node_id: str
+    cluster: PeerCluster
+    status_blocked: bool
+    status_lag_s: float
+
+    @property
+    def counted_jobs(self) -> int | None: ...
+
+
 class StatusEndpoint:
-    def __init__(self, node: NodeState) -> None:
+    def __init__(self, node: DaemonNode) -> None:
         self.node = node
         self.port: int | None = None
         self._server: asyncio.Server | None = None

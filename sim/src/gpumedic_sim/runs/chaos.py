@@ -40,7 +40,7 @@ from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import FleetPolicy, GatePolicy, Kinds, RepeatPolicy, Step, ZombiePolicy, dump_policy
 from gpumedic_incidents.state import fingerprint
 from gpumedic_incidents.store import IncidentStates
-from gpumedic_sim.runs.demo import demo_env
+from gpumedic_sim.runs.pace import demo_env
 from gpumedic_sim.fleet.nodes import SimFleet
 
 CONTROL_PLANE = ["zombie-detector", "leader-health", "autoscaler", "remediator", "report-builder"]
@@ -157,7 +157,7 @@ async def run_chaos(
         stack.migrate()
         await fleet.start()
         stack.env = {
-            **demo_env(fleet),
+            **demo_env(fleet.control_plane_env(), fleet.workdir),
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_NODES": str(nodes),
             "GPUMEDIC_REMEDIATOR_BREAKER_MAX_SHARE": "1.0",
             "GPUMEDIC_REMEDIATOR_SSH_CHECK_INTERVAL_S": "0",  # a thousand kills, not a login storm

@@ -16,11 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpumedic.incidents import incident_text
-from gpumedic_sim.fleet.nodes import SimFleet
-from gpumedic.stack import Stack, env_json, services_here, wind_down
+from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
-from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import FleetPolicy, Kinds, Step, ZombiePolicy, dump_policy
 from gpumedic_events import (
     ActionCompleted,
     ActionRequested,
@@ -30,44 +27,10 @@ from gpumedic_events import (
     IncidentResolved,
 )
 
+from gpumedic_sim.fleet.nodes import SimFleet
+from gpumedic_sim.runs.pace import ZOMBIE_AFTER_S, demo_env
+
 SAMPLE_INTERVAL_S = 1.0
-ZOMBIE_AFTER_S = 5.0
-
-
-DEMO_POLICY = Policy(
-    fleet=FleetPolicy(hold_s=2),
-    kinds=Kinds(
-        zombie_job=ZombiePolicy(
-            idle_for_s=ZOMBIE_AFTER_S,
-            action_timeout_s=60,
-            ladder=(Step(action="kill_gpu_processes", attempts=2, verify_within_s=10),),
-        )
-    ),
-)
-"""The shipped policy with the demo's seconds instead of the runbooks' minutes."""
-
-
-def demo_env(fleet: SimFleet) -> dict[str, str]:
-    """Settings that make the demo's story take seconds instead of the production minutes; the
-    policy file goes beside the fleet's files."""
-    policy_file = fleet.workdir / "policy.yaml"
-    fleet.workdir.mkdir(parents=True, exist_ok=True)
-    dump_policy(DEMO_POLICY, policy_file)
-    return {
-        "GPUMEDIC_SAMPLER_INTERVAL_S": "5",
-        "GPUMEDIC_POLICY_FILE": str(policy_file),
-        "GPUMEDIC_REMEDIATOR_MODE": "enforce",
-        "GPUMEDIC_REMEDIATOR_SSH_CHECK_INTERVAL_S": "10",
-        "GPUMEDIC_REMEDIATOR_INVENTORY": str(fleet.inventory_path),
-        "GPUMEDIC_REMEDIATOR_KNOWN_HOSTS": str(fleet.known_hosts_path),
-        "GPUMEDIC_REMEDIATOR_CLIENT_KEY": str(fleet.client_key_path),
-        "GPUMEDIC_LEADER_CLUSTER": "sim",
-        "GPUMEDIC_LEADER_PEERS": env_json([n.status_url for n in fleet.nodes.values()]),
-        "GPUMEDIC_LEADER_INTERVAL_S": "5",
-        "GPUMEDIC_LEADER_INVENTORY": str(fleet.inventory_path),
-        "GPUMEDIC_AUTOSCALER_INTERVAL_S": "5",
-        **{f"GPUMEDIC_{svc}_TRACE_TO_BUS": "true" for svc in ("SAMPLER", "DETECTOR", "LEADER", "AUTOSCALER", "REMEDIATOR", "REPORTS")},
-    }
 
 
 def _line(event: Event) -> str | None:
@@ -119,7 +82,7 @@ async def run_demo(
         stack.migrate()
         say(f"[2/5] starting a simulated fleet: {nodes} nodes x {gpus} GPUs (SSH and /status on loopback)")
         await fleet.start()
-        stack.env = demo_env(fleet)
+        stack.env = demo_env(fleet.control_plane_env(), fleet.workdir)
         if (theirs := os.environ.get("GPUMEDIC_POLICY_FILE")) and theirs != stack.env["GPUMEDIC_POLICY_FILE"]:
             say(f"      your GPUMEDIC_POLICY_FILE ({theirs}) is set aside: the demo runs its own policy, in seconds instead of "
                 f"minutes ({stack.env['GPUMEDIC_POLICY_FILE']}); `gpumedic up` without --demo uses yours")

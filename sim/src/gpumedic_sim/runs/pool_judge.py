@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from gpumedic_sim.fleet.workers import POOL_NODE, BadMachine, PoolFigures, PoolPlan, Rollout
+from gpumedic_sim.fleet.plan import POOL_NODE, BadMachine, PoolFigures, PoolPlan, Rollout
 
 WORKER_KINDS_EXPECTED = {
     "stuck_spawning": ("never_came_up", "bad_machine"), "stale_heartbeat": ("died",), "orphaned_tasks": ("died", "ended_busy"),

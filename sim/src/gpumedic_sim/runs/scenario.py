@@ -34,7 +34,7 @@ On the command line one fault is a comma-separated list of the same fields as `k
     --fault fault=disk_full,at=40,node=sim-node-07,path=/data
 
 A scenario may also run a rented worker pool beside the fleet (`pool:`, see
-`gpumedic_sim.fleet.workers.PoolPlan`): tasks arriving on a demand curve into a task database, workers
+`gpumedic_sim.fleet.plan.PoolPlan`): tasks arriving on a demand curve into a task database, workers
 rented from a simulated provider over RunPod's API, and the runbook's worker faults::
 
     pool:
@@ -73,7 +73,7 @@ from gpumedic_sim.faults import FAULTS, PARAMETERS, Scripted
 from gpumedic.times import parse_time
 from gpumedic.times import fmt_time as _fmt_time
 from gpumedic.times import show as _show
-from gpumedic_sim.fleet.workers import PoolPlan
+from gpumedic_sim.fleet.plan import PoolPlan
 from gpumedic_sim.runs.scoring import Expectations
 from gpumedic_incidents import Policy
 

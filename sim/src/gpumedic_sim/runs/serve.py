@@ -23,7 +23,7 @@ from gpumedic_bus.streams import stream_of
 from gpumedic_events import Event
 from gpumedic_incidents.policy import dump_policy
 
-from gpumedic_sim.runs.demo import DEMO_POLICY
+from gpumedic_sim.runs.pace import DEMO_POLICY
 from gpumedic.deployment import read_env
 from gpumedic_sim.fleet.nodes import SimFleet
 

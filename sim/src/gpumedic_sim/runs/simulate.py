@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpumedic_sim.runs.demo import demo_env
+from gpumedic_sim.runs.pace import demo_env
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
@@ -29,7 +29,8 @@ from gpumedic_sim.runs.scenario import FaultSpec, Scenario, merged
 from gpumedic_sim.runs.scoring import Observed, render, score
 from gpumedic_sim.machine.node import checks_every_s
 from gpumedic_sim.machine.parts import JOB_UNIT, PEER_UNIT, SAMPLER_UNIT, TRAIN_UNIT
-from gpumedic_sim.fleet.workers import POOL_NODE, SimWorkerPool
+from gpumedic_sim.fleet.plan import POOL_NODE
+from gpumedic_sim.fleet.workers import SimWorkerPool
 from gpumedic_sim.runs.pool_judge import judge
 from gpumedic.stack import Stack, services_here, wind_down
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
@@ -300,7 +301,7 @@ async def run_simulation(
     pool = SimWorkerPool(plan.pool, var_dir / "pool", interval_s=interval_s, fleet=fleet) if plan.pool else None
     # Without a worker pool the fleet's nodes are rented pods (restart_worker restarts them); with
     # one, the pool's provider is the remediator's.
-    rented = RentedFleet(fleet, var_dir / "fleet") if pool is None else None
+    rented = RentedFleet(fleet.nodes, var_dir / "fleet") if pool is None else None
     duration = duration_s if duration_s is not None else (plan.duration_s or _default_duration(plan, interval_s))
     stack = Stack(var_dir, say=say)
     pager = Pager()
@@ -324,7 +325,7 @@ async def run_simulation(
                 f"at {pool.api.base_url} (RunPod's API)")
         pager.start()
         stack.env = {
-            **demo_env(fleet),
+            **demo_env(fleet.control_plane_env(), fleet.workdir),
             "GPUMEDIC_SAMPLER_INTERVAL_S": str(interval_s),
             # The on-call person is a webhook receiver on loopback: every escalation should reach it.
             "GPUMEDIC_REPORTS_WEBHOOK_URL": pager.url,
