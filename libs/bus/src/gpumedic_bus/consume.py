@@ -303,8 +303,9 @@ class PushConsumer(Generic[E]):
     Measured on the sample path (`make bench`): FastStream's per-message dispatch and pull
     fetching cost far more than the validation itself, so this path takes messages straight
     from nats-py's push subscription on the broker's own connection, validates each into its
-    event class, and acknowledges once every `ack_every` messages (the consumer acks all up to
-    the last). Invalid messages are dead-lettered like anywhere else; a handler error is logged
+    event class (or only into the fields a `view` of it names: `gpumedic_events.views`), and
+    acknowledges once every `ack_every` messages (the consumer acks all up to the last). Invalid
+    messages are dead-lettered like anywhere else; a handler error is logged
     and the stream moves on, since the node's next sample supersedes this one.
 
     A consumer behind by its 2,048 unacknowledged samples (12 MB) must not hold its service
@@ -327,12 +328,14 @@ class PushConsumer(Generic[E]):
         metrics: ServiceMetrics,
         ack_every: int = PUSH_ACK_EVERY,
         ack_interval_s: float = 0.2,
+        view: type | None = None,
     ) -> None:
         self._broker = broker
         self._connect = connect
         self._nc: NATS | None = None
         self.durable = durable
         self._event_type: type[E] = durable.event
+        self._view = view or durable.event
         self._handler = handler
         self._service = service
         self._counts = _Counts(metrics, durable.event.__name__)
@@ -399,7 +402,7 @@ class PushConsumer(Generic[E]):
         except Exception:  # noqa: BLE001 (not a JetStream message: nothing to learn from it)
             pass
         try:
-            event = self._event_type.from_json(msg.data, subject=msg.subject)
+            event = self._event_type.decode_as(self._view, msg.data, subject=msg.subject)
         except EventDecodeError as exc:
             self._counts.invalid()
             try:

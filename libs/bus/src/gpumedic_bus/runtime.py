@@ -153,10 +153,11 @@ class ServiceRuntime:
         self._consumers.append(consumer)
         return consumer
 
-    def consume_fast(self, durable: str, handler: EventHandler) -> PushConsumer:
-        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer."""
+    def consume_fast(self, durable: str, handler: EventHandler, *, view: type | None = None) -> PushConsumer:
+        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer.
+        With a `view` (`gpumedic_events.views`), only the fields it names are decoded and handed on."""
         consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics,
-                                connect=lambda: connect(self.nats, f"{self.service}.{durable}"))
+                                connect=lambda: connect(self.nats, f"{self.service}.{durable}"), view=view)
         self._push_consumers.append(consumer)
         return consumer
 

@@ -43,3 +43,13 @@ SampleFigures = view_of(
 )
 """What report-builder keeps of a sample (the console's tiles, top processes and containers, each node's minute
 of history, its GPU count): about half the cost of decoding the whole sample."""
+
+GpuLoad = view_of(
+    GpuSample, "GpuLoad",
+    ("index", "utilization_gpu_pct", "lost", "ecc_uncorrected_volatile", "remapped_rows_pending", "remapped_rows_failed", "health"),
+)
+HostRoom = view_of(HostSample, "HostRoom", ("memory_total_mib", "memory_available_mib", "disks"), disks=tuple[DiskUsage, ...])
+SampleLoad = view_of(NodeSampled, "SampleLoad", ("node_id", "occurred_at", "gpus", "host"), gpus=tuple[GpuLoad, ...], host=HostRoom)
+"""What the autoscaler reads of a sample: each GPU's load, and what a new worker's burn-in judges
+(a lost GPU, ECC errors, row remaps, the health figures where the sample carries them, the host's
+memory and disks); none of the processes, holders, jobs or node facts."""

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from autoscaler.lifecycle import worker_evidence
-from gpumedic_events import AcceptWorker, GpuHealth, IncidentKind, NodeSampled, TerminateWorker
+from gpumedic_events import AcceptWorker, GpuHealth, IncidentKind, TerminateWorker
+from gpumedic_events.views import SampleLoad
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BurnInPolicy
 from gpumedic_providers.base import Worker
@@ -66,7 +67,7 @@ class Trials:
 
     # --- inputs --------------------------------------------------------------------------------
 
-    def on_sample(self, sample: NodeSampled) -> None:
+    def on_sample(self, sample: SampleLoad) -> None:
         """A sample of a worker on trial or coming up (any other node's is not kept)."""
         if sample.node_id not in self.started and sample.node_id not in self._coming:
             return
@@ -157,7 +158,7 @@ class Trials:
         return "; ".join(problems[:8])
 
 
-def faults(sample: NodeSampled, health: Mapping[int, GpuHealth], policy: BurnInPolicy) -> list[str]:
+def faults(sample: SampleLoad, health: Mapping[int, GpuHealth], policy: BurnInPolicy) -> list[str]:
     """What in one sample (with each GPU's last health figures) disqualifies a new worker."""
     out = []
     for g in sample.gpus:

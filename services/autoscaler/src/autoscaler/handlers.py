@@ -15,7 +15,8 @@ import logging
 from datetime import UTC, datetime
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_events import CapacityEvaluated, IncidentOpened, NodeDrained, NodeSampled, NodeUndrained
+from gpumedic_events import CapacityEvaluated, IncidentOpened, NodeDrained, NodeUndrained
+from gpumedic_events.views import SampleLoad
 from gpumedic_incidents import FLEET_NODE
 from gpumedic_incidents.detector import Detector
 from gpumedic_providers.base import Provider, ProviderError
@@ -54,7 +55,7 @@ class CapacityHandlers:
         self._behind_after_s = behind_after_s
         self._was_behind = False
 
-    async def on_sample(self, sample: NodeSampled) -> None:
+    async def on_sample(self, sample: SampleLoad) -> None:
         if isinstance(self._detector.logic, PoolIncidents):
             self._detector.logic.trials.on_sample(sample)
         load = self.latest[sample.node_id] = NodeLoad.of(sample)

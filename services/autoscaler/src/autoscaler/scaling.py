@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from gpumedic_events import NodeSampled
+from gpumedic_events.views import SampleLoad
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoscaler.demand import Demand
@@ -40,7 +40,7 @@ class NodeLoad:
     """Each GPU's utilization in percent (0 where NVML gave none)."""
 
     @classmethod
-    def of(cls, sample: NodeSampled) -> NodeLoad:
+    def of(cls, sample: SampleLoad) -> NodeLoad:
         return cls(sample.node_id, sample.occurred_at, tuple(g.utilization_gpu_pct or 0 for g in sample.gpus))
 
     def busy(self, above_pct: int) -> list[int]:

@@ -1,0 +1,84 @@
+"""The views of a sample (`gpumedic_events.views`) read what the event reads, as it reads it.
+
+A consumer that decodes a view instead of the whole sample must get the same values for every
+field the view names, and be refused what the event refuses in those fields; what the view does
+not name is not read at all (the detector, which decodes everything, dead-letters such a sample).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from benchmarks import node_sample
+from gpumedic_events import EventDecodeError, NodeSampled
+from gpumedic_events.views import SampleFigures, SampleLoad
+
+VIEWS = (SampleFigures, SampleLoad)
+
+
+def _read_by(view: type[BaseModel], dumped: object) -> object:
+    """`dumped` (the whole event's dump) cut to the fields `view` names, nested views included."""
+    if isinstance(dumped, list):
+        return [_read_by(view, item) for item in dumped]
+    if not isinstance(dumped, dict):
+        return dumped
+    out = {}
+    for name, field in view.model_fields.items():
+        inner = field.annotation
+        args = getattr(inner, "__args__", ())
+        nested = next((a for a in (inner, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        out[name] = _read_by(nested, dumped[name]) if nested is not None and dumped[name] is not None else dumped[name]
+    return out
+
+
+def _bodies(proto_dir: Path) -> list[bytes]:
+    golden = (proto_dir / "examples" / "NodeSampled.json").read_bytes()
+    return [golden, node_sample("gpu-node-07", health=True).to_json(), node_sample("gpu-node-08", zombie=True).to_json()]
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=lambda v: v.__name__)
+def test_a_view_reads_each_field_it_names_as_the_event_does(proto_dir, view):
+    for body in _bodies(proto_dir):
+        event = NodeSampled.from_json(body)
+        seen = NodeSampled.decode_as(view, body, subject=event.subject)
+        assert seen.model_dump(mode="json") == _read_by(view, event.model_dump(mode="json"))
+        assert set(view.model_fields) < set(NodeSampled.model_fields)  # a view, not the event again
+
+
+def _broken(body: bytes, change) -> bytes:
+    document = json.loads(body)
+    change(document)
+    return json.dumps(document).encode()
+
+
+REFUSED_BY_BOTH = {
+    "a GPU's utilization over 100 %": (lambda d: d["gpus"][0].update(utilization_gpu_pct=101), "gpus.0.utilization_gpu_pct"),
+    "a node id that is no subject token": (lambda d: d.update(node_id="gpu node"), "node_id"),
+    "a time without its zone": (lambda d: d.update(occurred_at="2026-11-22T10:00:00"), "occurred_at"),
+    "host memory below zero": (lambda d: d["host"].update(memory_total_mib=-1), "host.memory_total_mib"),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=lambda v: v.__name__)
+@pytest.mark.parametrize("case", sorted(REFUSED_BY_BOTH))
+def test_a_view_refuses_what_the_event_refuses_in_the_fields_it_reads(proto_dir, view, case):
+    change, where = REFUSED_BY_BOTH[case]
+    body = _broken(_bodies(proto_dir)[1], change)
+    with pytest.raises(EventDecodeError) as whole:
+        NodeSampled.from_json(body)
+    with pytest.raises(EventDecodeError) as viewed:
+        NodeSampled.decode_as(view, body)
+    assert where in whole.value.reason and where in viewed.value.reason
+
+
+def test_a_view_skips_what_it_does_not_read_and_still_checks_the_subject(proto_dir):
+    body = _broken(_bodies(proto_dir)[1], lambda d: d["gpus"][0]["processes"][0].update(pid=0))
+    with pytest.raises(EventDecodeError, match="gpus.0.processes.0.pid"):
+        NodeSampled.from_json(body)
+    assert NodeSampled.decode_as(SampleLoad, body).node_id == "gpu-node-07"  # a load view reads no process
+    with pytest.raises(EventDecodeError, match="belongs on gpumedic.v1.node.sampled.gpu-node-07"):
+        NodeSampled.decode_as(SampleLoad, node_sample("gpu-node-07").to_json(), subject=NodeSampled.subject_for("gpu-node-08"))
