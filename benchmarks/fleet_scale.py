@@ -1,15 +1,18 @@
 """The sample path at fleet scale, through the whole embedded stack: `--scale-nodes` (10,000) nodes
 of 8 GPUs each sample every `--scale-interval` (5) seconds for `--scale-duration` (60) s, replayed into the
-samples stream as the simulated fleet's user, while the five control-plane services run as their
-own processes (nats-server with TLS, SQLite, the remediator observing). Meanwhile `--scale-zombies`
-(20) nodes, one every few seconds, turn into zombie jobs (GPU 0 held at 0 % while the node claims
-its jobs).
+samples stream as the simulated fleet's user from `--scale-publishers` processes (by default one
+per 2,000 samples a second, each a share of the nodes with their bodies encoded once), while the
+five control-plane services run as their own processes (nats-server with TLS, SQLite, the
+remediator observing). Meanwhile `--scale-zombies` (20) nodes, one every few seconds, turn into
+zombie jobs (GPU 0 held at 0 % while the node claims its jobs).
 
 Printed: the detection latency past the threshold (from the publish of the first sample that is
 `idle_for_s` past the zombie's first idle sample, to the observer's receipt of its
 `IncidentOpened`), p50/p99; each service's CPU (share of one core over the replay) and resident
 memory (now and peak); the samples dropped: published minus what each sample consumer handled,
-once the stream is drained; and the incidents no fault explains (anything but the zombies' own).
+once the stream is drained; the incidents no fault explains (anything but the zombies' own); and
+each sample consumer's capacity: the samples it handled a second, its CPU per sample (until
+drained), and from that the nodes one process of it carries and the processes 50,000 nodes need.
 Goals: none dropped, p99 under 1 s, no incident unexplained, detector under 200 MB.
 """
 
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
+import multiprocessing
 import os
 import re
 import tempfile
@@ -25,6 +30,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,6 +38,7 @@ import asyncssh
 
 from benchmarks import HEALTH_EVERY, node_sample, percentile
 from gpumedic.stack import Stack
+from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import OBSERVER, SIM_FLEET
 from gpumedic_events import IncidentOpened, NodeSampled
 from gpumedic_incidents import Policy
@@ -57,10 +64,13 @@ def _sample(node: str, *, zombie: bool = False, health: bool = False) -> NodeSam
 
 class Replay:
     """Every node's sample once per interval, spread evenly over it, each with a fresh id and time
-    (the bodies are encoded once: only those two fields are written per message)."""
+    (the bodies are encoded once: only those two fields are written per message). The nodes of
+    `zombies_at` turn into zombie jobs that many seconds into the run."""
 
-    def __init__(self, nodes: list[str], interval_s: float) -> None:
+    def __init__(self, nodes: list[str], interval_s: float, *, zombies_at: Mapping[str, float] | None = None) -> None:
         self.interval_s = interval_s
+        self.due = sorted((at, node) for node, at in (zombies_at or {}).items())
+        """(seconds into the run, node) of the zombies still to turn."""
         self.bodies = {n: (s.subject, s.to_json()) for n, s in ((n, _sample(n)) for n in nodes)}
         self.health = {n: (s.subject, s.to_json()) for n, s in ((n, _sample(n, health=True)) for n in nodes)}
         """Each node's sample with its health figures: every HEALTH_EVERY-th of its samples."""
@@ -79,6 +89,8 @@ class Replay:
         start = time.perf_counter()
         i = 0
         while time.perf_counter() - start < duration_s:
+            while self.due and self.due[0][0] <= time.perf_counter() - start:
+                self.make_zombie(self.due.pop(0)[1])
             node = self.order[i % len(self.order)]
             # one of each node's HEALTH_EVERY samples carries its health figures, the nodes out of step
             with_health = (i // len(self.order) + i % len(self.order)) % HEALTH_EVERY == 0 and node not in self.zombie_publishes
@@ -95,6 +107,54 @@ class Replay:
             if delay > 0:
                 await asyncio.sleep(delay)
         await nc.flush()
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` (nats-server's too) on `cores`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
+def offer(settings: NatsSettings, nodes: list[str], interval_s: float, duration_s: float, *, zombies_at: Mapping[str, float],
+          delay_s: float = 0.0, cores: set[int] | None = None) -> tuple[int, dict[str, list[float]]]:
+    """One publisher process (optionally on `cores`): every node's sample once an interval, from
+    `delay_s` on; what it published, and when each zombie sample went out (monotonic, which every
+    process on the machine shares)."""
+    if cores is not None:
+        pin(os.getpid(), cores)
+
+    async def run() -> tuple[int, dict[str, list[float]]]:
+        nc = await connect(settings, "gpumedic-bench-publisher")
+        try:
+            replay = Replay(nodes, interval_s, zombies_at={n: max(0.0, at - delay_s) for n, at in zombies_at.items()})
+            await asyncio.sleep(delay_s)
+            await replay.run(nc, duration_s)
+            return replay.published, replay.zombie_publishes
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+async def offer_from_processes(settings: NatsSettings, shares: list[tuple[list[str], float]], interval_s: float, duration_s: float, *,
+                               zombies_at: Mapping[str, float], cores: set[int] | None = None) -> tuple[int, dict[str, list[float]]]:
+    """Samples from one publisher process per share (its nodes, and how late it starts): one Python
+    publisher offers only a few thousand samples a second. What all published, and when each
+    zombie sample went out."""
+    loop = asyncio.get_running_loop()
+    with multiprocessing.get_context("spawn").Pool(len(shares)) as pool:
+        offers = []
+        for nodes, delay_s in shares:
+            theirs = {n: at for n, at in zombies_at.items() if n in set(nodes)}
+            offers.append(loop.run_in_executor(None, pool.apply, offer, (settings, nodes, interval_s, duration_s),
+                                               {"zombies_at": theirs, "delay_s": delay_s, "cores": cores}))
+        done = await asyncio.gather(*offers)
+    zombie_publishes: dict[str, list[float]] = {}
+    for _, times in done:
+        for node, at in times.items():
+            zombie_publishes.setdefault(node, []).extend(at)
+    return sum(published for published, _ in done), zombie_publishes
 
 
 def _cpu_s(pid: int) -> float:
@@ -171,24 +231,39 @@ def print_services(cpu: dict[str, float], memory: dict[str, tuple[float, float]]
               + ("   (goal < 200 MiB)" if service == "zombie-detector" else ""))
 
 
+PUBLISHER_RATE = 2_000
+"""Samples a second one publisher process is asked to offer (one Python publisher offers 2,700 to
+3,900 here, and less beside the stack on a small machine)."""
+TARGET_NODES = 50_000
+"""The fleet the capacity line sizes for, at the same interval."""
+CORE_SHARE = 0.7
+"""How much of a core one consumer process may use steadily: the rest is headroom for bursts."""
+
+
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.fleet_scale")
     parser.add_argument("--scale-nodes", dest="nodes", type=int, default=10_000)
     parser.add_argument("--scale-interval", dest="interval", type=float, default=5.0)
     parser.add_argument("--scale-duration", dest="duration", type=float, default=60.0)
     parser.add_argument("--scale-zombies", dest="zombies", type=int, default=20)
+    parser.add_argument("--scale-publishers", dest="publishers", type=int, default=0,
+                        help=f"publisher processes (0: one per {PUBLISHER_RATE:,} samples/s)")
     args, _ = parser.parse_known_args(argv)
     nodes = [f"node-{i:05d}" for i in range(args.nodes)]
-    replay = Replay(nodes, args.interval)
+    rate = args.nodes / args.interval
+    publishers = args.publishers or max(1, math.ceil(rate / PUBLISHER_RATE))
+    # the zombies turn one by one over the first half, so each has time to be detected while the load runs
+    spacing = (args.duration / 2) / max(1, args.zombies)
+    zombies_at = {nodes[(i * 7919) % len(nodes)]: (i + 1) * spacing for i in range(args.zombies)}
     idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
 
-    async with embedded_stack(idle_for_s) as (stack, fleet, observer):
+    async with embedded_stack(idle_for_s) as (stack, _fleet, observer):
         opened: dict[str, float] = {}
         unexplained: list[IncidentOpened] = []
 
         async def on_opened(msg) -> None:
             event = IncidentOpened.from_json(msg.data, subject=msg.subject)
-            if event.kind == "zombie_job" and event.node_id in replay.zombie_publishes:
+            if event.kind == "zombie_job" and event.node_id in zombies_at:
                 opened.setdefault(event.node_id, time.monotonic())
             else:
                 unexplained.append(event)
@@ -196,19 +271,11 @@ async def main(argv: list[str]) -> None:
         await observer.subscribe(IncidentOpened.subject_filter(), cb=on_opened)
         pids = processes(stack)
         before = {s: _cpu_s(p) for s, p in pids.items()}
-
-        async def turn_zombies() -> None:
-            # spread over the first half, so each has time to be detected while the load runs
-            spacing = (args.duration / 2) / max(1, args.zombies)
-            for i in range(args.zombies):
-                await asyncio.sleep(spacing)
-                replay.make_zombie(nodes[(i * 7919) % len(nodes)])
-
         started = time.monotonic()
-        zombies = asyncio.create_task(turn_zombies())
-        await replay.run(fleet, args.duration)
+        shares = [(nodes[k::publishers], 0.0) for k in range(publishers)]
+        published, zombie_publishes = await offer_from_processes(stack.nats_settings(SIM_FLEET), shares, args.interval, args.duration,
+                                                                 zombies_at=zombies_at)
         elapsed = time.monotonic() - started
-        await zombies
         cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}
         memory = {s: _memory_mib(p) for s, p in pids.items()}
 
@@ -216,31 +283,31 @@ async def main(argv: list[str]) -> None:
         handled: dict[str, int] = {}
         for _ in range(60):
             now = handled_counts(stack)
-            if now == handled or all(v >= replay.published for v in now.values()):
+            if now == handled or all(v >= published for v in now.values()):
                 handled = now
                 break
             handled = now
             await asyncio.sleep(1)
+        drained = time.monotonic() - started
+        cpu_s = {s: _cpu_s(pids[s]) - before[s] for s in SAMPLE_CONSUMERS}  # the drain's work too
         await asyncio.sleep(idle_for_s)  # the last zombies' incidents
 
     latencies = []
     missed = []
-    for node, times in replay.zombie_publishes.items():
-        if not times:
-            continue
-        due = next((t for t in times if t >= times[0] + idle_for_s), None)
+    for node, times in zombie_publishes.items():
+        due = next((t for t in sorted(times) if t >= min(times) + idle_for_s), None)
         if due is None:
             continue  # turned too late to cross the threshold within the run
         if node not in opened:
             missed.append(node)
             continue
         latencies.append(max(0.0, opened[node] - due))
-    rate = args.nodes / args.interval
+    size = len(Replay(nodes[:1], args.interval).bodies[nodes[0]][1])
     print(f"fleet scale: {args.nodes:,} nodes x {GPUS} GPUs every {args.interval:g}s ({rate:,.0f} samples/s, "
-          f"{len(next(iter(replay.bodies.values()))[1]):,} B each) for {args.duration:g}s through the embedded stack")
-    print(f"  samples published                          {replay.published:>10,}")
+          f"{size:,} B each) for {args.duration:g}s through the embedded stack, from {publishers} publisher process(es)")
+    print(f"  samples published                          {published:>10,}   ({published / elapsed:,.0f}/s)")
     for service in SAMPLE_CONSUMERS:
-        dropped = replay.published - handled.get(service, 0)
+        dropped = published - handled.get(service, 0)
         print(f"  {service + ' handled':<42} {handled.get(service, 0):>10,}   dropped {dropped:,}")
     if latencies:
         print(f"  detection past the threshold ({len(latencies)} zombies)   p50 {percentile(latencies, 0.5) * 1000:6.0f} ms"
@@ -250,3 +317,18 @@ async def main(argv: list[str]) -> None:
     print(f"  incidents no fault explains                {len(unexplained):>10}   (goal 0)"
           + (f"   {', '.join(f'{k} {n}' for k, n in kinds.most_common())}" if kinds else ""))
     print_services(cpu, memory)
+    print_capacity(handled, cpu_s, drained, args.interval)
+
+
+def print_capacity(handled: dict[str, int], cpu_s: dict[str, float], seconds: float, interval_s: float) -> None:
+    """Each sample consumer's measured rate and CPU per sample, and the processes of it that
+    TARGET_NODES nodes at the same interval would need at CORE_SHARE of a core each."""
+    target = TARGET_NODES / interval_s
+    print(f"  {'capacity':<24} {'handled/s':>10} {'CPU/sample':>11} {'nodes/process':>14}   processes for {TARGET_NODES:,} nodes")
+    for service, count in handled.items():
+        if not count:
+            continue
+        per_sample = cpu_s[service] / count
+        per_process = CORE_SHARE / per_sample  # samples a second at CORE_SHARE of a core
+        print(f"  {service:<24} {count / seconds:>10,.0f} {per_sample * 1e6:>8.0f} us {per_process * interval_s:>14,.0f}"
+              f"   {math.ceil(target / per_process):>3}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import time
 from collections import Counter
@@ -37,21 +36,15 @@ from benchmarks.fleet_scale import (
     _memory_mib,
     embedded_stack,
     handled_counts,
+    offer_from_processes,
+    pin,
     print_services,
     processes,
 )
-from gpumedic_bus import NatsSettings, connect
 from gpumedic_bus.topology import CONTROL_PLANE_NODE, SIM_FLEET
 from gpumedic_events import ActionRequested, IncidentOpened, IncidentResolved, IncidentUpdated
 
 BEHIND = "control_plane_behind"
-
-
-def _pin(pid: int, cores: set[int]) -> None:
-    """Every thread of process `pid` (nats-server's too) on `cores`."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task.name), cores)
 
 
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
@@ -91,26 +84,6 @@ def _cpu_quota(pids: list[int], cores: float):
                 parent.write_text(task)
         with contextlib.suppress(OSError):
             group.rmdir()
-
-
-def _offer(settings: NatsSettings, nodes: list[str], zombies: list[str], interval_s: float, delay_s: float, duration_s: float,
-           cores: set[int]) -> int:
-    """One publisher process on `cores`: every node's sample once an interval, starting `delay_s` late."""
-    _pin(os.getpid(), cores)
-
-    async def run() -> int:
-        nc = await connect(settings, "gpumedic-overload")
-        try:
-            replay = Replay(nodes, interval_s)
-            for node in zombies:
-                replay.make_zombie(node)
-            await asyncio.sleep(delay_s)
-            await replay.run(nc, duration_s)
-            return replay.published
-        finally:
-            await nc.close()
-
-    return asyncio.run(run())
 
 
 async def main(argv: list[str]) -> None:
@@ -168,21 +141,16 @@ async def main(argv: list[str]) -> None:
             cores = sorted(publisher_cores)
             stack_cores, publisher_cores = set(cores[: max(1, len(cores) // 2)]), set(cores[len(cores) // 2:])
             for service in CONTROL_PLANE:
-                _pin(pids[service], stack_cores)
+                pin(pids[service], stack_cores)
             for server in stack.servers:
-                _pin(server.pid, publisher_cores)
+                pin(server.pid, publisher_cores)
             placed = f"the services on cores {sorted(stack_cores)}, nats-server and the publishers on {sorted(publisher_cores)}"
 
-        settings = stack.nats_settings(SIM_FLEET)
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        with multiprocessing.get_context("spawn").Pool(args.factor) as pool:
-            offers = [
-                loop.run_in_executor(None, pool.apply, _offer,
-                                    (settings, nodes, zombies, args.interval, i * args.interval / args.factor, args.duration, publisher_cores))
-                for i in range(args.factor)
-            ]
-            offered = sum(await asyncio.gather(*offers))
+        # each process offers the whole fleet, a fraction of an interval after the one before
+        shares = [(nodes, i * args.interval / args.factor) for i in range(args.factor)]
+        offered, _ = await offer_from_processes(stack.nats_settings(SIM_FLEET), shares, args.interval, args.duration,
+                                                zombies_at=dict.fromkeys(zombies, 0.0), cores=publisher_cores)
         dropped_at = time.monotonic()
         elapsed = dropped_at - started
         cpu = {s: (_cpu_s(p) - before[s]) / elapsed for s, p in pids.items()}

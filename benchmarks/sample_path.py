@@ -4,7 +4,9 @@ into NodeSampled, the zombie rules, ack) against raw nats-py reading the same me
 same server without decoding them. Rounds alternate so both see the same machine load; the
 figure is the ratio of the medians. Goal: the detector at least half of raw nats-py. A third
 figure is the detector's ceiling for any faster decoder: the same app with each body mapped to
-its already-decoded event, so decoding costs nothing and the rules, dispatch and acks remain."""
+its already-decoded event, so decoding costs nothing and the rules, dispatch and acks remain.
+Last, what decoding one sample costs each consumer: the whole event (zombie-detector) against the
+views report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved rounds."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import contextlib
 import statistics
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 import nats
@@ -24,6 +27,7 @@ from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
 from gpumedic_events import NodeSampled
+from gpumedic_events.views import SampleFigures, SampleLoad
 from zombie_detector.main import create_app
 from zombie_detector.settings import Settings
 
@@ -129,6 +133,20 @@ async def _detector(js, url: str, count: int) -> float:
         await js.delete_consumer(SAMPLES.name, "zombie-detector-samples")
 
 
+def decode_costs(rounds: int, number: int = 2_000) -> dict[str, float]:
+    """Microseconds to decode one 8-GPU sample (one in HEALTH_EVERY with health figures, as sent),
+    whole and through each view; the median of `rounds` interleaved rounds."""
+    bodies = [node_sample(f"node-{n:04d}", health=n % HEALTH_EVERY == 0).to_json() for n in range(HEALTH_EVERY)]
+    readers = {"whole sample (zombie-detector)": NodeSampled, "SampleFigures (report-builder)": SampleFigures,
+               "SampleLoad (autoscaler)": SampleLoad}
+    took: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(rounds):
+        for name, model in readers.items():
+            each = iter(bodies * (number // len(bodies) + 1))
+            took[name].append(timeit.timeit(lambda model=model: NodeSampled.decode_as(model, next(each)), number=number) / number * 1e6)
+    return {name: statistics.median(values) for name, values in took.items()}
+
+
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--messages", type=int, default=20_000)
@@ -165,3 +183,7 @@ async def main(argv: list[str]) -> None:
     print(f"  ratio detector / raw + validation              {detector / statistics.median(validated):>10.2f}   (the cost of the detector beyond validating)")
     print(f"  detector with a decoder that costs nothing    {statistics.median(free):>10,.0f} msg/s")
     print(f"  ratio of that / best raw                       {statistics.median(free) / best_raw:>10.2f}   (the most any faster decoder could give)")
+    costs = decode_costs(args.rounds)
+    whole = costs["whole sample (zombie-detector)"]
+    for name, us in costs.items():
+        print(f"  decoding one sample: {name:<31} {us:6.1f} us" + ("" if us == whole else f"   ({us / whole:.2f} of the whole)"))
