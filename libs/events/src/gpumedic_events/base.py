@@ -56,7 +56,7 @@ class EventDecodeError(ValueError):
         self.reason = reason
 
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")
 
 
 class Event(BaseModel):
@@ -92,7 +92,7 @@ class Event(BaseModel):
         return self._subject_of(self)
 
     @classmethod
-    def _subject_of(cls, item: BaseModel) -> str:
+    def _subject_of(cls, item: object) -> str:
         """The subject of this event's fields in `item` (the event, or a view of it)."""
         return cls.subject_prefix if cls.subject_key is None else f"{cls.subject_prefix}.{getattr(item, cls.subject_key)}"
 
@@ -126,10 +126,13 @@ class Event(BaseModel):
         where = subject or cls.subject_filter()
         if len(data) > MAX_EVENT_BYTES:
             raise EventDecodeError(where, f"payload of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+        decode_body = getattr(model, "decode_body", None)  # a view's own decoder (gpumedic_events.views)
         try:
-            item = model.model_validate_json(data)
+            item = decode_body(data) if decode_body is not None else model.model_validate_json(data)
         except ValidationError as exc:
             raise EventDecodeError(where, _describe(exc)) from None
+        except ValueError as exc:  # the view's decoder said what was wrong and where, in one line
+            raise EventDecodeError(where, str(exc)) from None
         belongs = cls._subject_of(item)
         if subject and subject != belongs:
             raise EventDecodeError(where, f"payload belongs on {belongs}, not {subject}")
