@@ -87,6 +87,15 @@ def test_a_view_refuses_what_the_event_refuses_in_the_fields_it_reads(proto_dir,
     assert where in whole.value.reason and where in viewed.value.reason
 
 
+@pytest.mark.parametrize("view", VIEWS, ids=lambda v: v.__name__)
+@pytest.mark.parametrize("body", [b'{"a":' * 5_000 + b"1" + b"}" * 5_000, b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe\x00\x01", b"null"],
+                         ids=["nested objects", "nested arrays", "bytes", "null"])
+def test_a_body_that_breaks_a_decoder_is_refused_with_its_reason(view, body):
+    with pytest.raises(EventDecodeError) as refused:
+        NodeSampled.decode_as(view, body)
+    assert refused.value.reason.startswith("<body>: ")
+
+
 def test_a_view_skips_what_it_does_not_read_and_still_checks_the_subject(proto_dir):
     body = _broken(_bodies(proto_dir)[1], lambda d: d["gpus"][0]["processes"][0].update(pid=0))
     with pytest.raises(EventDecodeError, match="gpus.0.processes.0.pid"):

@@ -335,7 +335,8 @@ class PushConsumer(Generic[E]):
         self._nc: NATS | None = None
         self.durable = durable
         self._event_type: type[E] = durable.event
-        self._view = view or durable.event
+        self.view: type = view or durable.event
+        """What each message is decoded into: the event, or a view of it."""
         self._handler = handler
         self._service = service
         self._counts = _Counts(metrics, durable.event.__name__)
@@ -402,7 +403,7 @@ class PushConsumer(Generic[E]):
         except Exception:  # noqa: BLE001 (not a JetStream message: nothing to learn from it)
             pass
         try:
-            event = self._event_type.decode_as(self._view, msg.data, subject=msg.subject)
+            event = self._event_type.decode_as(self.view, msg.data, subject=msg.subject)
         except EventDecodeError as exc:
             self._counts.invalid()
             try:

@@ -169,6 +169,14 @@ class ServiceRuntime:
             raise ValueError(f"{self.service} reads {[e.__name__ for e in LIVE.get(self.service, ())]} live, not {event_type.__name__}")
         self._live.append((event_type, handler, view))
 
+    def reads(self, event_type: type[Event]) -> type:
+        """What this service decodes `event_type` into: the event itself, or the view its push
+        consumer or live reader names (a message invalid only where the view does not read is
+        handled, not refused)."""
+        views = [c.view for c in self._push_consumers if c.durable.event is event_type]
+        views += [view for live, _, view in self._live if live is event_type and view is not None]
+        return next((v for v in views if v is not event_type), event_type)
+
     async def _follow(self, event_type: type[Event], handler: EventHandler, view: type | None) -> None:
         skipped = 0
         ok, skip = (self.metrics.handled.labels(event_type.__name__, outcome).inc for outcome in ("ok", "skipped"))

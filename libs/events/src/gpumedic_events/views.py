@@ -133,6 +133,8 @@ def view_of(model: type[BaseModel], name: str, fields: tuple[str, ...], **nested
             raise ValueError(_where(str(exc))) from None
         except msgspec.DecodeError as exc:
             raise ValueError(f"<body>: {exc}") from None
+        except RecursionError:  # msgspec's own, past its nesting limit
+            raise ValueError("<body>: nested deeper than any event is") from None
 
     view.decode_body = staticmethod(decode_body)
     return view
