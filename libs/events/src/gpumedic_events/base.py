@@ -130,7 +130,7 @@ class Event(BaseModel):
         try:
             item = decode_body(data) if decode_body is not None else model.model_validate_json(data)
         except ValidationError as exc:
-            raise EventDecodeError(where, _describe(exc)) from None
+            raise EventDecodeError(where, describe(exc)) from None
         except ValueError as exc:  # the view's decoder said what was wrong and where, in one line
             raise EventDecodeError(where, str(exc)) from None
         belongs = cls._subject_of(item)
@@ -139,7 +139,7 @@ class Event(BaseModel):
         return item
 
 
-def _describe(exc: ValidationError) -> str:
+def describe(exc: ValidationError) -> str:
     """One line per problem, naming the field path, without echoing large input values."""
     parts = []
     for err in exc.errors(include_url=False, include_input=False)[:5]:

@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
-from gpumedic_events.base import MAX_EVENT_BYTES, EventDecodeError, NodeId, SubjectToken, _describe
+from gpumedic_events.base import MAX_EVENT_BYTES, EventDecodeError, NodeId, SubjectToken, describe
 
 PREFLIGHT_SUBJECT = "gpumedic.v1.preflight.check"
 MAX_GPUS = 64
@@ -35,7 +35,7 @@ class _Message(BaseModel):
         try:
             return cls.model_validate_json(data)
         except ValidationError as exc:
-            raise EventDecodeError(cls.SUBJECT, _describe(exc)) from None
+            raise EventDecodeError(cls.SUBJECT, describe(exc)) from None
 
 
 class PreflightRequest(_Message):

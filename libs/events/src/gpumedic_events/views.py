@@ -23,10 +23,11 @@ from typing import Annotated, Any, Literal
 
 import annotated_types
 import msgspec
-from pydantic import AwareDatetime, BaseModel
+from pydantic import AwareDatetime, BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from gpumedic_events.base import Event, describe
 from gpumedic_events.node import ContainerUsage, DiskUsage, GpuSample, HostSample, JobsObservation, NodeSampled, TopProcess
 
 _CONSTRAINTS = {
@@ -121,20 +122,31 @@ def _struct(model: type[BaseModel], fields: tuple[str, ...], name: str | None = 
 
 def view_of(model: type[BaseModel], name: str, fields: tuple[str, ...], **nested: Any) -> type[msgspec.Struct]:
     """A struct of `fields` of `model`, each as defined there; `nested` replaces a field's type (a
-    view of its own, or a tuple of one). It reads a body with `decode_body`."""
+    view of its own, or a tuple of one). A view of an event reads its envelope too (id, schema
+    version, time, source): a body of another schema version, or from no valid source, is refused
+    by every reader alike. It reads a body with `decode_body`."""
+    if issubclass(model, Event):
+        fields = tuple(dict.fromkeys((*Event.model_fields, *fields)))
     view = _struct(model, fields, name, **nested)
     decoder = msgspec.json.Decoder(view, strict=False)  # pydantic's lax mode: "5" is an int too
 
     def decode_body(data: bytes | str) -> msgspec.Struct:
-        """The view of one body; ValueError says what was wrong and where, in one line."""
+        """The view of one body; ValueError says what was wrong and where, in one line: the
+        event's own words where the event refuses the body too (refusals are rare, so the whole
+        body is decoded again only then), msgspec's otherwise."""
         try:
             return decoder.decode(data)
         except msgspec.ValidationError as exc:
-            raise ValueError(_where(str(exc))) from None
+            said = _where(str(exc))
         except msgspec.DecodeError as exc:
-            raise ValueError(f"<body>: {exc}") from None
+            said = f"<body>: Invalid JSON: {str(exc).removeprefix('JSON is malformed: ')}"
         except RecursionError:  # msgspec's own, past its nesting limit
-            raise ValueError("<body>: nested deeper than any event is") from None
+            said = "<body>: nested deeper than any event is"
+        try:
+            model.model_validate_json(data)
+        except ValidationError as exc:
+            said = describe(exc)
+        raise ValueError(said)
 
     view.decode_body = staticmethod(decode_body)
     return view
