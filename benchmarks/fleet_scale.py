@@ -146,7 +146,8 @@ async def offer_from_processes(settings: NatsSettings, shares: list[tuple[list[s
     with multiprocessing.get_context("spawn").Pool(len(shares)) as pool:
         offers = []
         for nodes, delay_s in shares:
-            theirs = {n: at for n, at in zombies_at.items() if n in set(nodes)}
+            mine = set(nodes)
+            theirs = {n: at for n, at in zombies_at.items() if n in mine}
             offers.append(loop.run_in_executor(None, pool.apply, offer, (settings, nodes, interval_s, duration_s),
                                                {"zombies_at": theirs, "delay_s": delay_s, "cores": cores}))
         done = await asyncio.gather(*offers)

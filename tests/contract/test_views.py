@@ -103,3 +103,25 @@ def test_a_view_skips_what_it_does_not_read_and_still_checks_the_subject(proto_d
     assert NodeSampled.decode_as(SampleLoad, body).node_id == "gpu-node-07"  # a load view reads no process
     with pytest.raises(EventDecodeError, match="belongs on gpumedic.v1.node.sampled.gpu-node-07"):
         NodeSampled.decode_as(SampleLoad, node_sample("gpu-node-07").to_json(), subject=NodeSampled.subject_for("gpu-node-08"))
+
+
+def test_a_view_of_what_it_cannot_check_as_the_event_does_is_refused_at_import():
+    from pydantic import BaseModel, Field, field_validator
+
+    from gpumedic_events.views import view_of
+
+    class Even(BaseModel):
+        n: int = Field(multiple_of=2)
+
+    class Trimmed(BaseModel):
+        text: str
+
+        @field_validator("text", mode="before")
+        @classmethod
+        def _trim(cls, value):
+            return value.strip()
+
+    with pytest.raises(TypeError, match="MultipleOf"):
+        view_of(Even, "EvenView", ("n",))
+    with pytest.raises(TypeError, match="before validator"):
+        view_of(Trimmed, "TrimmedView", ("text",))
