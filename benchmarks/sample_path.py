@@ -1,12 +1,12 @@
 """The sample path: node samples (one message per node, 8 GPUs each) drained from the samples
 stream by zombie-detector's real consumer (its app from `create_app`: push consumer, validation
-into NodeSampled, the zombie rules, ack) against raw nats-py reading the same messages from the
-same server without decoding them. Rounds alternate so both see the same machine load; the
+into the whole sample as msgspec reads it, the rules, ack) against raw nats-py reading the same
+messages from the same server without decoding them. Rounds alternate so both see the same machine load; the
 figure is the ratio of the medians. Goal: the detector at least half of raw nats-py. A third
 figure is the detector's ceiling for any faster decoder: the same app with each body mapped to
 its already-decoded event, so decoding costs nothing and the rules, dispatch and acks remain.
-Last, what decoding one sample costs each consumer: the whole event (zombie-detector) against the
-views report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved rounds."""
+Last, what decoding one sample costs each consumer, against the whole event in pydantic: the views
+zombie-detector, report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved rounds."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
 from gpumedic_events import NodeSampled
-from gpumedic_events.views import SampleFigures, SampleLoad
+from gpumedic_events.views import Sample, SampleFigures, SampleLoad
 from zombie_detector.main import create_app
 from zombie_detector.settings import Settings
 
@@ -64,8 +64,8 @@ async def _raw_pull(js, count: int, name: str) -> float:
 
 
 async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
-    """nats-py's own push subscription; with `validate`, also parse each body into NodeSampled
-    (the floor under any consumer that validates what it receives)."""
+    """nats-py's own push subscription; with `validate`, also read each body as the detector does
+    (the floor under a consumer that validates what it receives)."""
     done = asyncio.Event()
     seen = 0
     start = 0.0
@@ -75,7 +75,7 @@ async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
         if seen == 0:
             start = time.perf_counter()
         if validate:
-            NodeSampled.from_json(msg.data, subject=msg.subject)
+            NodeSampled.decode_as(Sample, msg.data, subject=msg.subject)
         seen += 1
         if seen >= count:
             done.set()
@@ -89,22 +89,22 @@ async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
 
 @contextlib.contextmanager
 def _free_decoding():
-    """NodeSampled.from_json answering each subject's first decoded event again (the preloaded
+    """NodeSampled.decode_as answering each subject's first decoded sample again (the preloaded
     stream repeats one sample per node): a decoder that costs nothing."""
-    real = NodeSampled.from_json.__func__  # Event's, which NodeSampled inherits
-    decoded: dict[str, NodeSampled] = {}
+    real = NodeSampled.decode_as.__func__  # Event's, which NodeSampled inherits
+    decoded: dict[str, object] = {}
 
-    def from_json(cls, data, *, subject: str = ""):
+    def decode_as(cls, model, data, *, subject: str = ""):
         event = decoded.get(subject)
         if event is None:
-            event = decoded[subject] = real(cls, data, subject=subject)
+            event = decoded[subject] = real(cls, model, data, subject=subject)
         return event
 
-    NodeSampled.from_json = classmethod(from_json)
+    NodeSampled.decode_as = classmethod(decode_as)
     try:
         yield
     finally:
-        del NodeSampled.from_json  # inherited again
+        del NodeSampled.decode_as  # inherited again
 
 
 async def _detector(js, url: str, count: int) -> float:
@@ -135,10 +135,10 @@ async def _detector(js, url: str, count: int) -> float:
 
 def decode_costs(rounds: int, number: int = 2_000) -> dict[str, float]:
     """Microseconds to decode one 8-GPU sample (one in HEALTH_EVERY with health figures, as sent),
-    whole and through each view; the median of `rounds` interleaved rounds."""
+    whole in pydantic and through each view; the median of `rounds` interleaved rounds."""
     bodies = [node_sample(f"node-{n:04d}", health=n % HEALTH_EVERY == 0).to_json() for n in range(HEALTH_EVERY)]
-    readers = {"whole sample (zombie-detector)": NodeSampled, "SampleFigures (report-builder)": SampleFigures,
-               "SampleLoad (autoscaler)": SampleLoad}
+    readers = {"NodeSampled (pydantic, whole)": NodeSampled, "Sample (zombie-detector)": Sample,
+               "SampleFigures (report-builder)": SampleFigures, "SampleLoad (autoscaler)": SampleLoad}
     took: dict[str, list[float]] = {name: [] for name in readers}
     for _ in range(rounds):
         for name, model in readers.items():
@@ -184,6 +184,6 @@ async def main(argv: list[str]) -> None:
     print(f"  detector with a decoder that costs nothing    {statistics.median(free):>10,.0f} msg/s")
     print(f"  ratio of that / best raw                       {statistics.median(free) / best_raw:>10.2f}   (the most any faster decoder could give)")
     costs = decode_costs(args.rounds)
-    whole = costs["whole sample (zombie-detector)"]
+    whole = costs["NodeSampled (pydantic, whole)"]
     for name, us in costs.items():
         print(f"  decoding one sample: {name:<31} {us:6.1f} us" + ("" if us == whole else f"   ({us / whole:.2f} of the whole)"))

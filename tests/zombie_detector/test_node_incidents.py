@@ -26,6 +26,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Finding, Policy, operation_digest
 from gpumedic_incidents.policy import Actions, FleetPolicy, JobRestart, Kinds, RestartJobPolicy, Step, ZombiePolicy
+from gpumedic_events.views import Sample
 from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.zombie import ZombieRule
 
@@ -306,7 +307,7 @@ def test_a_policy_with_the_old_idle_util_pct_says_what_it_is_now():
 
 def test_a_failing_rule_or_finding_costs_only_itself(caplog):
     class Broken:
-        inputs = (NodeSampled,)
+        inputs = (Sample,)
 
         def observe(self, event, now, incidents):
             raise RuntimeError("a bug")

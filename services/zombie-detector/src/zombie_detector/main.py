@@ -13,6 +13,7 @@ from gpumedic_bus import ServiceRuntime
 from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import NODE_INCIDENT_INPUTS
 from gpumedic_events import ServiceHeartbeat
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Policy
 from zombie_detector.handlers import DetectorHandlers
 from zombie_detector.node_incidents import SOURCE as SERVICE
@@ -31,7 +32,7 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
         if isinstance(rule, SamplesLostRule):
             runtime.metrics.gauge("gpumedic_samples_unacknowledged", "Samples the nodes said the bus did not acknowledge "
                                   "(NodeSampled.unacknowledged), since this detector started.", [], lambda rule=rule: [((), float(rule.total))])
-    runtime.consume_fast("zombie-detector-samples", handlers.on_event)
+    runtime.consume_fast("zombie-detector-samples", handlers.on_event, view=Sample)  # all of it, decoded by msgspec
     runtime.follow(ServiceHeartbeat, handlers.on_event)  # how far behind each sample consumer is
     runtime.background(handlers.watch_own_lag)
     for event_type in NODE_INCIDENT_INPUTS:

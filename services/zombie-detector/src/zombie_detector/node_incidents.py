@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from gpumedic_events import ActionCompleted, Event, NodeRetired, NodeSampled
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
 
@@ -39,7 +40,11 @@ class NodeIncidents:
     def inputs(self) -> set[type[Event]]:
         return set(self._routes)
 
-    def on_event(self, event: Event, now: datetime) -> list[Transition]:
+    def on_event(self, event: Event | Sample, now: datetime) -> list[Transition]:
+        """A node fact (a sample as the detector reads it off the bus: `Sample`; one given as the
+        event, by a test or a tool, is read the same way first), a heartbeat or a silence."""
+        if isinstance(event, NodeSampled):
+            event = Sample.decode_body(event.to_json())
         node_id = getattr(event, "node_id", None)
         closed: list[Transition] = []
         if isinstance(event, NodeRetired):
@@ -50,7 +55,7 @@ class NodeIncidents:
             if event.occurred_at <= self._retired[node_id]:
                 return []  # sent before the node was ended, delivered after: not a node coming back
             del self._retired[node_id]  # a new node of that id
-        if isinstance(event, NodeSampled):
+        if isinstance(event, Sample):
             self.book.saw_node(event.node_id, now)
         findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, now)]
         return closed + self._decide(findings, now)
@@ -68,7 +73,7 @@ class NodeIncidents:
         try:
             return rule.observe(event, now, self.book) if step == "observe" else rule.tick(now, self.book)
         except Exception:
-            where = f"{type(event).__name__} from {getattr(event, 'node_id', None) or '-'}" if event is not None else "a tick"
+            where = f"{getattr(type(event), 'viewed', type(event)).__name__} from {getattr(event, 'node_id', None) or '-'}" if event is not None else "a tick"
             log.exception("rule %s failed on %s; the other rules went on", type(rule).__name__, where)
             return ()
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import CheckFact, IncidentKind, NodeRetired, NodeSampled, RestartUnit
+from gpumedic_events import CheckFact, IncidentKind, NodeRetired, RestartUnit
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import CheckFailedPolicy
 from zombie_detector.rules.base import Incidents
@@ -24,7 +25,7 @@ KIND = IncidentKind.CHECK_FAILED
 
 
 class CheckRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: CheckFailedPolicy) -> None:
         self.policy = policy
@@ -33,9 +34,9 @@ class CheckRule:
         self._checks: dict[str, frozenset[str]] = {}
         """node -> the checks its sampler runs."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
-        facts = event.checks if isinstance(event, NodeSampled) else ()
+        facts = event.checks if isinstance(event, Sample) else ()
         before = self._checks.get(node, frozenset())
         if not facts and not before:
             return ()  # the hot path: a node with no checks of its own

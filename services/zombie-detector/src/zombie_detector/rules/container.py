@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import ContainerExited, ContainerUsage, Diagnosis, IncidentKind, NodeSampled, ProcessOomKilled
+from gpumedic_events import ContainerExited, ContainerUsage, Diagnosis, IncidentKind, ProcessOomKilled
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import ContainerPolicy
 from zombie_detector.rules.base import Incidents
@@ -116,13 +117,13 @@ class _Node:
 
     pending: list[_Pending] = field(default_factory=list)
     ooms: list[tuple[datetime, ProcessOomKilled]] = field(default_factory=list)
-    last_sample: NodeSampled | None = None
+    last_sample: Sample | None = None
     last_sample_at: datetime | None = None
     disk_full_at: datetime | None = None
 
 
 class ContainerRule:
-    inputs = (ContainerExited, ProcessOomKilled, NodeSampled)
+    inputs = (ContainerExited, ProcessOomKilled, Sample)
 
     def __init__(self, policy: ContainerPolicy, stopping: Stopping | None = None) -> None:
         self.policy = policy
@@ -133,7 +134,7 @@ class ContainerRule:
         death (by the same clock) is read against."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
-        if isinstance(event, NodeSampled):
+        if isinstance(event, Sample):
             if event.host.containers:
                 self.usage[event.node_id] = (event.occurred_at, {c.container_id[:12]: c for c in event.host.containers})
             node = self.nodes.get(event.node_id)
@@ -316,19 +317,19 @@ def part_of_an_action(exit_: ContainerExited, incidents: Incidents, now: datetim
     )
 
 
-def _holders(sample: NodeSampled | None) -> list:
+def _holders(sample: Sample | None) -> list:
     if sample is None:
         return []
     return [p for g in sample.gpus for p in g.processes] + list(sample.device_holders)
 
 
-def _left_a_process_behind(exit_: ContainerExited, after: NodeSampled | None) -> bool:
+def _left_a_process_behind(exit_: ContainerExited, after: Sample | None) -> bool:
     """A sample taken after the exit shows the container's process still holding a GPU: a restart's
     leftover (orphan_gpu_holder's story), not a death."""
     return any(p.container_id and exit_.container_id.startswith(p.container_id[:12]) for p in _holders(after))
 
 
-def _orphan_in(after: NodeSampled | None) -> bool:
+def _orphan_in(after: Sample | None) -> bool:
     return any(p.container_exists is False for p in _holders(after))
 
 

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from gpumedic_bus.topology import CONTROL_PLANE_NODE
-from gpumedic_events import ConsumerLag, IncidentKind, NodeSampled, ServiceHeartbeat
+from gpumedic_events import ConsumerLag, IncidentKind, ServiceHeartbeat
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import BehindPolicy, SamplesLostPolicy
 from zombie_detector.rules.base import Incidents
@@ -101,7 +102,7 @@ HEARD_WITHIN_S = 30.0
 
 
 class SamplesLostRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, policy: SamplesLostPolicy) -> None:
         self.policy = policy
@@ -112,7 +113,7 @@ class SamplesLostRule:
         self.total = 0
         """Samples the nodes said the bus did not take, since this detector started."""
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         before = self.counts.get(event.node_id)
         self.counts[event.node_id] = event.unacknowledged
         if before is None or event.unacknowledged <= before:

@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import FileFact, IncidentKind, NodeRetired, NodeSampled
+from gpumedic_events import FileFact, IncidentKind, NodeRetired
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import FileMissingPolicy
 from zombie_detector.rules.base import Incidents
@@ -34,7 +35,7 @@ def file_key(path: str) -> str:
 
 
 class FileRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: FileMissingPolicy) -> None:
         self.policy = policy
@@ -47,9 +48,9 @@ class FileRule:
         self._expects: dict[str, set[str]] = {}
         """node -> the paths its sampler looks for."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
-        facts = event.files if isinstance(event, NodeSampled) else ()
+        facts = event.files if isinstance(event, Sample) else ()
         before = self._expects.get(node, set())
         if not facts and not before:
             return ()  # the hot path: a node that expects no file

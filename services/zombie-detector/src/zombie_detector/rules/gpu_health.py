@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import ClockEventReason, GpuHealth, GpuReset, GpuSample, IncidentKind, NodeRetired, NodeSampled
+from gpumedic_events import ClockEventReason, GpuHealth, GpuReset, GpuSample, IncidentKind, NodeRetired
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import EccPolicy, NvLinkPolicy, PciePolicy, RowRemapPolicy, ThermalPolicy, ThrottlePolicy
 from zombie_detector.rules.base import Incidents
@@ -99,7 +100,7 @@ class _Gpu:
 
 
 class GpuHealthRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(
         self,
@@ -116,7 +117,7 @@ class GpuHealthRule:
         """One object per distinct set of health figures, shared by every GPU that reports it (a
         fleet's GPUs mostly report the same: kept per GPU, 80,000 copies cost tens of MB)."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):
             self.gpus.pop(event.node_id, None)
             return ()

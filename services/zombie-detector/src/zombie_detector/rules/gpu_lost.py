@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import GpuLost, GpuXidReported, IncidentKind, NodeSampled
+from gpumedic_events import GpuLost, GpuXidReported, IncidentKind
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from zombie_detector.rules.base import Incidents
 
@@ -31,7 +32,7 @@ def lost(node_id: str, gpu: int, why: str) -> Finding:
 
 
 class GpuLostRule:
-    inputs = (GpuLost, GpuXidReported, NodeSampled)
+    inputs = (GpuLost, GpuXidReported, Sample)
 
     def __init__(self) -> None:
         self._reported: dict[tuple[str, int], datetime] = {}

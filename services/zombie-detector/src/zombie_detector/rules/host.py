@@ -11,7 +11,8 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import DockerPrune, IncidentKind, NodeSampled
+from gpumedic_events import DockerPrune, IncidentKind
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import DiskPolicy, MemoryPolicy
 from zombie_detector.rules.base import Incidents
@@ -28,13 +29,13 @@ def path_key(path: str) -> str:
 
 
 class HostRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, disk: DiskPolicy, memory: MemoryPolicy) -> None:
         self.disk = disk
         self.memory = memory
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         host = event.host
         findings: list[Finding] = []
         open_here: set[tuple[IncidentKind, str | None]] | None = None
@@ -60,7 +61,7 @@ class HostRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _disk(self, sample: NodeSampled, path: str, key: str, used_pct: float, available: int) -> Finding:
+    def _disk(self, sample: Sample, path: str, key: str, used_pct: float, available: int) -> Finding:
         docker = path == DOCKER_ROOT
         return Finding(
             kind=DISK,
@@ -79,7 +80,7 @@ class HostRule:
             unsafe="" if docker else f"only a person can say what on {path} may go; docker_prune frees {DOCKER_ROOT} only",
         )
 
-    def _memory(self, sample: NodeSampled, pct: float, available: int, total: int) -> Finding:
+    def _memory(self, sample: Sample, pct: float, available: int, total: int) -> Finding:
         return Finding(
             kind=MEMORY,
             node_id=sample.node_id,
@@ -90,5 +91,5 @@ class HostRule:
         )
 
 
-def _open(sample: NodeSampled, incidents: Incidents) -> set[tuple[IncidentKind, str | None]]:
+def _open(sample: Sample, incidents: Incidents) -> set[tuple[IncidentKind, str | None]]:
     return {(i.kind, i.key) for i in incidents.open_on(sample.node_id) if i.kind in (DISK, MEMORY)}

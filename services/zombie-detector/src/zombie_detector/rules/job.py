@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, NodeSampled, RankTarget, RasRank, RestartJob, StopJob
+from gpumedic_events import GpuProcess, IncidentKind, JobTag, NcclRasAnswer, NodeRetired, RankTarget, RasRank, RestartJob, StopJob
 from gpumedic_events.node import job_key
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy
 from gpumedic_incidents.policy.kinds import JobHungPolicy
@@ -141,7 +142,7 @@ class Ended:
 
 
 class JobRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: JobHungPolicy, stop: KillPolicy | None = None) -> None:
         self.policy = policy
@@ -174,13 +175,13 @@ class JobRule:
                 return True
         return False
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
-        here = self._ranks(event) if isinstance(event, NodeSampled) else {}
+        here = self._ranks(event) if isinstance(event, Sample) else {}
         before = self._on_node.get(node, set())
         if not here and not before:
             return ()  # the hot path: a node with no rank of a tagged job, now or before
-        lost = {g.index for g in event.gpus if g.lost} if isinstance(event, NodeSampled) else set()
+        lost = {g.index for g in event.gpus if g.lost} if isinstance(event, Sample) else set()
         for job_id in before - set(here) if lost else ():
             job = self.jobs.get(job_id)
             if job is not None and (seat := job.seats.get(node)) and any(r.gpu in lost for r in seat.ranks):
@@ -228,7 +229,7 @@ class JobRule:
                 findings.append(self._gone(job_id, ended))
         return findings
 
-    def _ranks(self, sample: NodeSampled) -> dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]]:
+    def _ranks(self, sample: Sample) -> dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]]:
         found: dict[str, tuple[JobTag, list[tuple[int, GpuProcess]]]] = {}
         for gpu in sample.gpus:
             for p in gpu.processes:
@@ -385,7 +386,7 @@ class JobRule:
         )}
 
 
-def _seat(sample: NodeSampled, ranks: list[tuple[int, GpuProcess]], previous: Seat | None, now: datetime) -> Seat:
+def _seat(sample: Sample, ranks: list[tuple[int, GpuProcess]], previous: Seat | None, now: datetime) -> Seat:
     utilization = {g.index: g.utilization_gpu_pct for g in sample.gpus}
     lost = {g.index for g in sample.gpus if g.lost}
     writes: dict[tuple[int, int | None], int] = {}

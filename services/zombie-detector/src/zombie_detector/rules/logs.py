@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import IncidentKind, LogMatches, NodeRetired, NodeSampled, RestartUnit
+from gpumedic_events import IncidentKind, LogMatches, NodeRetired, RestartUnit
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import LogPatternPolicy
 from zombie_detector.rules.base import Incidents
@@ -36,16 +37,16 @@ class _Seen:
 
 
 class LogRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: LogPatternPolicy) -> None:
         self.policy = policy
         self._seen: dict[str, dict[str, _Seen]] = {}
         """node -> pattern -> its counts."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
-        facts = event.logs if isinstance(event, NodeSampled) else ()
+        facts = event.logs if isinstance(event, Sample) else ()
         seen = self._seen.get(node)
         if not facts and not seen:
             return ()  # the hot path: a node with no patterns of its own

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpumedic_events import IbPort, IncidentKind, NodeSampled
+from gpumedic_events import IbPort, IncidentKind
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import NicDegradedPolicy, NicFlappingPolicy
 from zombie_detector.rules.base import Incidents
@@ -57,14 +58,14 @@ class _Port:
 
 
 class NicRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, degraded: NicDegradedPolicy, flapping: NicFlappingPolicy) -> None:
         self.degraded = degraded
         self.flapping = flapping
         self.ports: dict[tuple[str, str], _Port] = {}
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         ports = event.host.ib_ports
         if not ports:
             return ()
@@ -128,7 +129,7 @@ class NicRule:
         return ""
 
     @staticmethod
-    def _finding(kind: IncidentKind, event: NodeSampled, p: IbPort, key: str, why: str) -> Finding:
+    def _finding(kind: IncidentKind, event: Sample, p: IbPort, key: str, why: str) -> Finding:
         evidence = {"device": p.device, "port": p.port, "state": p.state, "phys_state": p.phys_state, "rate_gbps": p.rate_gbps,
                     "link_layer": p.link_layer, "link_downed": p.link_downed,
                     **{name: getattr(p, name) for name in ERRORS}}

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSampled, NodeSshChecked, RestartUnit, ServiceHeartbeat
+from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSshChecked, RestartUnit, ServiceHeartbeat
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
 from zombie_detector.rules.base import Incidents
@@ -46,7 +47,7 @@ SSH_STEPS = {
 
 
 class NodeRule:
-    inputs = (NodeSampled, NodeSshChecked, NodeRetired, ServiceHeartbeat)
+    inputs = (Sample, NodeSshChecked, NodeRetired, ServiceHeartbeat)
 
     def __init__(self, silent: SilentPolicy, ssh: SshPolicy, *, behind: BehindPolicy | None = None, service: str = "zombie-detector") -> None:
         self.silent = silent

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import IncidentKind, NodeSampled, ProcessIdentity, RestartWorker
+from gpumedic_events import IncidentKind, ProcessIdentity, RestartWorker
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, OrphanPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -42,7 +43,7 @@ class Orphan:
     why: str
 
 
-def orphans(sample: NodeSampled, idle_below_pct: int) -> list[Orphan]:
+def orphans(sample: Sample, idle_below_pct: int) -> list[Orphan]:
     found: list[Orphan] = []
     for gpu in sample.gpus:
         for p in gpu.processes:
@@ -65,7 +66,7 @@ def orphans(sample: NodeSampled, idle_below_pct: int) -> list[Orphan]:
 
 
 class OrphanRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, policy: OrphanPolicy, kill: KillPolicy) -> None:
         self.policy = policy
@@ -73,7 +74,7 @@ class OrphanRule:
         self.seen_since: dict[tuple[str, int | None, int], datetime] = {}
         """(node, gpu, pid) -> since when the detector has seen this holder as an orphan."""
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
         found = orphans(event, self.policy.idle_below_pct)
         if not found and not open_here and not any(k[0] == event.node_id for k in self.seen_since):
@@ -106,7 +107,7 @@ class OrphanRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _finding(self, sample: NodeSampled, gpu: int | None, held: list[Orphan], *, restart: bool, held_s: float) -> Finding:
+    def _finding(self, sample: Sample, gpu: int | None, held: list[Orphan], *, restart: bool, held_s: float) -> Finding:
         pids = " ".join(str(o.holder.pid) for o in held)
         where = "a GPU" if gpu is None else f"GPU {gpu}"
         unidentified = [o.holder.pid for o in held if o.holder.start_ticks is None or not o.holder.command.strip()]

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeRetired, NodeSampled, PeerJobs
+from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeRetired, PeerJobs
 from gpumedic_events.base import is_subject_token
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import AdminPolicy, IdleJobsPolicy, PhantomPolicy
 from zombie_detector.rules.base import Incidents
@@ -67,7 +68,7 @@ class LeaderView:
 
 
 class PhantomRule:
-    inputs = (NodeSampled, ClusterChecked, NodeRetired)
+    inputs = (Sample, ClusterChecked, NodeRetired)
 
     def __init__(self, phantom: PhantomPolicy, idle: IdleJobsPolicy, admin: AdminPolicy) -> None:
         self.phantom = phantom
@@ -96,7 +97,7 @@ class PhantomRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _sample(self, sample: NodeSampled, now: datetime, incidents: Incidents) -> list[Finding]:
+    def _sample(self, sample: Sample, now: datetime, incidents: Incidents) -> list[Finding]:
         node = sample.node_id
         if not (sample.jobs.running or node in self.leader_view or node in self.nodes or _open(incidents, node, PHANTOM)):
             return []  # the hot path: a node that counts no jobs and the leader does not list

@@ -17,19 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import ComputeMode, IncidentKind, NodeSampled
+from gpumedic_events import ComputeMode, IncidentKind
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import PreflightPolicy
 from zombie_detector.rules.base import Incidents
 
 
 class ReadinessRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, preflight: PreflightPolicy) -> None:
         self.preflight = preflight
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         findings = []
         for incident in incidents.open_on(event.node_id):
             if not incident.drained or incident.phase not in ("verifying", "validating"):
@@ -44,7 +45,7 @@ class ReadinessRule:
         return ()
 
 
-def not_ready(sample: NodeSampled, gpu_index: int | None, preflight: PreflightPolicy) -> str:
+def not_ready(sample: Sample, gpu_index: int | None, preflight: PreflightPolicy) -> str:
     """Why the GPU (every GPU when None) may not take a job now, '' when it may."""
     if sample.nvml_error:
         return f"NVML does not answer ({sample.nvml_error[:200]})"

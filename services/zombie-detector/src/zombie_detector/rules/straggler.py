@@ -20,7 +20,8 @@ from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import ClockEventReason, GpuSample, IncidentKind, NodeRetired, NodeSampled
+from gpumedic_events import ClockEventReason, GpuSample, IncidentKind, NodeRetired
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import StragglerPolicy
 from zombie_detector.rules.base import Incidents
@@ -44,7 +45,7 @@ EXPLAINED = int(
 
 
 class StragglerRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: StragglerPolicy) -> None:
         self.policy = policy
@@ -54,7 +55,7 @@ class StragglerRule:
         self.judged: dict[str, datetime] = {}
         """When each node was last judged."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):
             self._forget(event.node_id)
             return ()

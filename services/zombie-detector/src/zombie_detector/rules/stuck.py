@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired, NodeSampled
+from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -25,7 +26,7 @@ KIND = IncidentKind.STUCK_PROCESS
 
 
 class StuckRule:
-    inputs = (NodeSampled, NodeRetired)
+    inputs = (Sample, NodeRetired)
 
     def __init__(self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy
@@ -34,7 +35,7 @@ class StuckRule:
         self.idle_since: dict[tuple[str, int], tuple[datetime, datetime]] = {}
         """(node, GPU) -> (first, last) seen idle under an old process, by the detector's clock."""
 
-    def observe(self, event: NodeSampled | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):  # a worker the pool ended: forget it
             self.idle_since = {key: seen for key, seen in self.idle_since.items() if key[0] != event.node_id}
             return ()
@@ -71,7 +72,7 @@ class StuckRule:
             if p.pid >= 2 and p.container_exists is not False and (p.age_s or 0) > self.policy.older_than_s and not self.wider(p.job)
         ]
 
-    def _finding(self, event: NodeSampled, gpu: GpuSample, old: list[GpuProcess], idle_s: float) -> Finding:
+    def _finding(self, event: Sample, gpu: GpuSample, old: list[GpuProcess], idle_s: float) -> Finding:
         oldest = max(old, key=lambda p: p.age_s or 0)
         why_not = unidentified(gpu)
         kill = None if why_not else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)

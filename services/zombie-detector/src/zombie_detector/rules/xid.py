@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import GpuReset, GpuXidReported, IncidentKind, NodeSampled
+from gpumedic_events import GpuReset, GpuXidReported, IncidentKind
 from gpumedic_events.xid import MAX_KNOWN_XID, XID_CATALOGUE, XidInfo
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import XidPolicy
 from zombie_detector.rules.base import Incidents
@@ -49,7 +50,7 @@ Entry = tuple[datetime, int, str]
 
 
 class XidRule:
-    inputs = (GpuXidReported, NodeSampled)
+    inputs = (GpuXidReported, Sample)
 
     def __init__(self, policy: XidPolicy) -> None:
         self.policy = policy
@@ -58,7 +59,7 @@ class XidRule:
         """Per node with XID history, the job on each GPU at its last sample."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
-        if isinstance(event, NodeSampled):
+        if isinstance(event, Sample):
             if event.node_id in self._holders:  # only nodes with XID history are remembered
                 self._holders[event.node_id] = _jobs(event)
             return ()
@@ -141,7 +142,7 @@ class XidRule:
         )
 
 
-def _jobs(sample: NodeSampled) -> dict[int, str]:
+def _jobs(sample: Sample) -> dict[int, str]:
     """A name for the job on each GPU: its main process's pid and start time."""
     jobs = {}
     for gpu in sample.gpus:

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpumedic_events import GpuSample, IncidentKind, KillPattern, NodeSampled
+from gpumedic_events import GpuSample, IncidentKind, KillPattern
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
 from zombie_detector.rules.base import Incidents, kill_operation
@@ -70,7 +71,7 @@ def _idle_and_held(gpu: GpuSample, idle_below_pct: int, wider: RankOfWiderJob = 
 
 
 def looks_zombie(
-    gpu: GpuSample, sample: NodeSampled, idle_below_pct: int, wrote: bool | None = None, wider: RankOfWiderJob = spans_nodes
+    gpu: GpuSample, sample: Sample, idle_below_pct: int, wrote: bool | None = None, wider: RankOfWiderJob = spans_nodes
 ) -> bool:
     """Jobs claimed, this GPU held but idle, and no output growth it could be credited with.
     `wrote`: whether the GPU's own processes wrote since the last sample (None: cannot tell)."""
@@ -95,7 +96,7 @@ def unidentified(gpu: GpuSample) -> str:
 
 
 class ZombieRule:
-    inputs = (NodeSampled,)
+    inputs = (Sample,)
 
     def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, pattern_kill: KillPolicy | None = None,
                  rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
@@ -109,7 +110,7 @@ class ZombieRule:
         self._watched: set[str] = set()
         """Nodes with an idle streak: the only ones a healthy-looking sample concerns."""
 
-    def observe(self, event: NodeSampled, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         open_here = {i.gpu_index: i for i in incidents.open_on(event.node_id) if i.kind is KIND}
         # The hot path: most samples come from nodes whose GPUs all work; nothing to do there.
         if not open_here and event.node_id not in self._watched and not self._may_hold_zombie(event):
@@ -151,11 +152,11 @@ class ZombieRule:
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _may_hold_zombie(self, sample: NodeSampled) -> bool:
+    def _may_hold_zombie(self, sample: Sample) -> bool:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
         return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct, self.wider) for g in sample.gpus)
 
-    def _finding(self, sample: NodeSampled, gpu: GpuSample, idle_s: float) -> Finding:
+    def _finding(self, sample: Sample, gpu: GpuSample, idle_s: float) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
         operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)
