@@ -6,7 +6,8 @@ figure is the ratio of the medians. Goal: the detector at least half of raw nats
 figure is the detector's ceiling for any faster decoder: the same app with each body mapped to
 its already-decoded event, so decoding costs nothing and the rules, dispatch and acks remain.
 Last, what decoding one sample costs each consumer, against the whole event in pydantic: the views
-zombie-detector, report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved rounds."""
+zombie-detector, report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved
+rounds; and what the detector's rules cost a sample alone (its logic fed decoded samples, no bus)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import statistics
 import tempfile
 import time
 import timeit
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
@@ -28,7 +30,9 @@ from gpumedic_bus import NatsSettings, provision
 from gpumedic_bus.streams import SAMPLES
 from gpumedic_events import NodeSampled
 from gpumedic_events.views import Sample, SampleFigures, SampleLoad
+from gpumedic_incidents import Policy
 from zombie_detector.main import create_app
+from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.settings import Settings
 
 NODES = 200
@@ -147,6 +151,31 @@ def decode_costs(rounds: int, number: int = 2_000) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in took.items()}
 
 
+def rules_cost(rounds: int, nodes: int = 2_000, interval_s: float = 5.0) -> float:
+    """Microseconds a sample costs the detector's rules and book alone (its shipped policy, every node
+    busy as `node_sample` makes it, the per-second tick included), the median of `rounds` rounds of
+    two intervals each, after three intervals that let every rule see each node."""
+    decoded = [[NodeSampled.decode_as(Sample, node_sample(f"node-{n:04d}", health=health).to_json()) for n in range(nodes)]
+               for health in (False, True)]
+    logic = NodeIncidents(Policy())
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def intervals(first: int, count: int) -> None:
+        for turn in range(first, first + count):
+            for n in range(nodes):
+                logic.on_event(decoded[(turn + n) % HEALTH_EVERY == 0][n], start + timedelta(seconds=(turn + n / nodes) * interval_s))
+            for second in range(int(interval_s)):
+                logic.on_tick(start + timedelta(seconds=turn * interval_s + second + 1))
+
+    intervals(0, 3)
+    took = []
+    for r in range(rounds):
+        began = time.perf_counter()
+        intervals(3 + 2 * r, 2)
+        took.append((time.perf_counter() - began) / (2 * nodes) * 1e6)
+    return statistics.median(took)
+
+
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--messages", type=int, default=20_000)
@@ -187,3 +216,4 @@ async def main(argv: list[str]) -> None:
     whole = costs["NodeSampled (pydantic, whole)"]
     for name, us in costs.items():
         print(f"  decoding one sample: {name:<31} {us:6.1f} us" + ("" if us == whole else f"   ({us / whole:.2f} of the whole)"))
+    print(f"  the detector's rules alone, a sample            {rules_cost(args.rounds):6.1f} us   (its logic fed decoded samples, no bus)")
