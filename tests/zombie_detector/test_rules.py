@@ -71,6 +71,10 @@ class Detector:
         self.events: list = []
 
     def feed(self, event, s: float) -> list:
+        """An event made without a time of its own was taken as it is fed: the node's clock is the
+        detector's here, as rules that order a node's facts by the node's clock assume."""
+        if "occurred_at" not in event.model_fields_set:
+            event = event.model_copy(update={"occurred_at": at(s)})
         return self._commit(self.logic.on_event(event, at(s)))
 
     def tick(self, s: float) -> list:
@@ -691,6 +695,19 @@ def test_a_restart_that_leaves_its_process_behind_is_the_orphans_story_not_two_d
     for s in range(15, 50, 5):
         d.feed(sample(gpus=(orphaned_gpu(),)), s)
     assert len(d.opened(IncidentKind.ORPHAN_GPU_HOLDER)) == 1
+
+
+def test_a_sample_begun_before_the_death_and_delivered_after_it_does_not_hide_the_death():
+    """A sample whose read spanned the exit (or whose publish was held up) arrives after the exit
+    and still shows the dead container's process: by the node's clock it was taken before the
+    death, so it is no restart's leftover, and the segfault is a death of its own."""
+    d = Detector()
+    d.feed(sample(), 0)
+    d.feed(exited(139, lines=("Fatal Python error: Segmentation fault",)).model_copy(update={"occurred_at": at(2)}), 2)
+    d.feed(sample().model_copy(update={"occurred_at": at(1.5)}), 3)  # the process as it was half a second before
+    d.tick(14)
+    (opened,) = d.opened(IncidentKind.CONTAINER_DIED)
+    assert opened.diagnosis.cause == "segfault"
 
 
 def test_a_kernel_oom_line_for_a_process_never_seen_is_logged_and_kept_nowhere_else(caplog):

@@ -104,7 +104,6 @@ KEEP_LOGS = (
 @dataclass(frozen=True)
 class _Pending:
     exit: ContainerExited
-    arrived_at: datetime
     settles_at: datetime
     own_action: bool
     """gpumedic was acting on the node's GPU processes when the exit arrived (by the time it
@@ -118,7 +117,6 @@ class _Node:
     pending: list[_Pending] = field(default_factory=list)
     ooms: list[tuple[datetime, ProcessOomKilled]] = field(default_factory=list)
     last_sample: Sample | None = None
-    last_sample_at: datetime | None = None
     disk_full_at: datetime | None = None
 
 
@@ -139,11 +137,11 @@ class ContainerRule:
                 self.usage[event.node_id] = (event.occurred_at, {c.container_id[:12]: c for c in event.host.containers})
             node = self.nodes.get(event.node_id)
             if node is not None:  # only nodes with an exit settling or an OOM kill waiting are remembered
-                node.last_sample, node.last_sample_at = event, now
+                node.last_sample = event
                 if any(d.used_pct >= DISK_FULL_PCT for d in event.host.disks):
                     node.disk_full_at = now
             elif any(d.used_pct >= DISK_FULL_PCT for d in event.host.disks):
-                self.nodes[event.node_id] = _Node(last_sample=event, last_sample_at=now, disk_full_at=now)
+                self.nodes[event.node_id] = _Node(last_sample=event, disk_full_at=now)
             return ()
         node = self.nodes.setdefault(event.node_id, _Node())
         if isinstance(event, ProcessOomKilled):
@@ -159,7 +157,7 @@ class ContainerRule:
         if ended_normally(event):
             return ()
         settles_at = now + timedelta(seconds=self.policy.settle_s)
-        node.pending.append(_Pending(event, now, settles_at, part_of_an_action(event, incidents, now, self.stopping)))
+        node.pending.append(_Pending(event, settles_at, part_of_an_action(event, incidents, now, self.stopping)))
         return ()
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -184,7 +182,11 @@ class ContainerRule:
     def _judge(self, pending: _Pending, node: _Node, now: datetime, incidents: Incidents) -> Finding | None:
         exit_ = pending.exit
         lines = exit_.last_log_lines
-        after = node.last_sample if node.last_sample_at is not None and node.last_sample_at > pending.arrived_at else None
+        # A sample the node took after the death, by the node's own clock: one it began reading
+        # before (its read spanning the exit, or its publish held up) still shows the dead
+        # container's process and is no restart's leftover, however late it arrives.
+        died_at = exit_.finished_at or exit_.occurred_at
+        after = node.last_sample if node.last_sample is not None and node.last_sample.occurred_at > died_at else None
         if pending.own_action or _left_a_process_behind(exit_, after):
             return None
         oom = next((o for _, o in node.ooms if _same_container(o, exit_)), None)
