@@ -24,9 +24,9 @@ from gpumedic_events import (
     NodeSampled,
     RestartJob,
 )
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, Policy, operation_digest
 from gpumedic_incidents.policy import Actions, FleetPolicy, JobRestart, Kinds, RestartJobPolicy, Step, ZombiePolicy
-from gpumedic_events.views import Sample
 from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules.zombie import ZombieRule
 

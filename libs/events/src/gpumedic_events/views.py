@@ -91,6 +91,11 @@ def _after_validators(model: type[BaseModel], fields: tuple[str, ...]) -> dict[s
     return out
 
 
+def _whole(model: type[BaseModel], fields: tuple[str, ...], nested: dict[str, Any]) -> bool:
+    """Whether a view names every field of its model, each as the model has it."""
+    return set(fields) == set(model.model_fields) and not nested
+
+
 @functools.cache
 def _struct(model: type[BaseModel], fields: tuple[str, ...], name: str | None = None, **nested: Any) -> type[msgspec.Struct]:
     definitions = []
@@ -116,8 +121,7 @@ def _struct(model: type[BaseModel], fields: tuple[str, ...], name: str | None = 
             msgspec.structs.force_setattr(self, field, value)
 
     namespace = {"__post_init__": __post_init__} if validators else {}
-    whole = set(fields) == set(model.model_fields) and not nested
-    if whole:  # the model's own properties read the same fields on the struct
+    if _whole(model, fields, nested):  # the model's own properties read the same fields on the struct
         namespace |= {k: v for k, v in vars(model).items() if isinstance(v, property)}
     struct = msgspec.defstruct(name or f"{model.__name__}View", definitions, kw_only=True, frozen=True, namespace=namespace)
     struct.__doc__ = f"A view of {model.__name__}: {', '.join(fields)}."
@@ -132,7 +136,7 @@ def view_of(model: type[BaseModel], name: str, fields: tuple[str, ...], **nested
     if issubclass(model, Event):
         fields = tuple(dict.fromkeys((*Event.model_fields, *fields)))
     view = _struct(model, fields, name, **nested)
-    whole = set(fields) == set(model.model_fields) and not nested
+    whole = _whole(model, fields, nested)
     strict = msgspec.json.Decoder(view)
     lax = msgspec.json.Decoder(view, strict=False)  # pydantic's lax mode: "5" is an int too
 
