@@ -34,7 +34,7 @@ from nats.js.errors import NotFoundError
 
 from gpumedic.output import clip, table, to_json
 from gpumedic_bus import NatsSettings, connect
-from gpumedic_bus.streams import DEAD_LETTERS
+from gpumedic_bus.streams import DEAD_LETTERS, stream_of
 from gpumedic_bus.topology import durable_reading
 from gpumedic_events import EventDecodeError, MessageRejected
 from gpumedic_store import replays, views
@@ -137,7 +137,8 @@ async def _replay_one(js, session, seq: int, by: str) -> str:
         return f"dead letter {seq}: {letter}"
     record = letter.record
     original = None
-    if record.stream is not None and record.stream_sequence is not None and durable_reading(record.service, record.original_subject):
+    durable = durable_reading(record.service, record.original_subject)
+    if record.stream is not None and record.stream_sequence is not None and durable is not None:
         try:
             original = await js.get_msg(record.stream, seq=record.stream_sequence)
         except NotFoundError:
@@ -154,7 +155,8 @@ async def _replay_one(js, session, seq: int, by: str) -> str:
     headers = {k: v for k, v in (original.headers or {}).items() if k.lower() != "nats-msg-id"}
     headers["Nats-Msg-Id"] = f"replay:{stream}:{stored_seq}"
     try:
-        ack = await js.publish(original.subject, original.data or b"", stream=stream, headers=headers)
+        # as first published: a partitioned stream stores it under its node's partition again
+        ack = await js.publish(stream_of(durable.event).as_published(original.subject), original.data or b"", stream=stream, headers=headers)
     except Exception:
         # Unacknowledged: maybe stored, maybe not. The claim stays, saying so, rather than risk a second copy.
         await replays.finish(session=session, stream=stream, seq=stored_seq, result="")

@@ -172,7 +172,7 @@ async def test_a_hostile_nodes_unmasked_secrets_stay_in_what_it_sent(nats_server
                 break
         request = ActionRequested.from_json((await sub.next_msg(timeout=5)).data)
         assert request.operation.targets[0].command.startswith("python -m selfplay --password=*** --api-key ***")
-        kept = await js.get_last_msg(SAMPLES.name, raw.subject)  # what it sent is kept as sent (in memory)
+        kept = await js.get_last_msg(SAMPLES.name, SAMPLES.stored_subject(NodeSampled, raw.node_id))  # kept as sent (in memory)
         assert secret["password"].encode() in kept.data
     finally:
         await apps.stop_all()

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpumedic_bus.streams import STREAMS, Stream, stream_of
+from gpumedic_bus.streams import PARTITIONS, STREAMS, Stream, stream_of
 from gpumedic_bus.topology import PRODUCERS, consumers
 from gpumedic_events import EVENT_TYPES, Event
 from gpumedic_events.base import json_examples
@@ -99,6 +99,8 @@ def _stream_entry(stream: Stream) -> dict[str, Any]:
         "max_age_s": float(stream.max_age_s),
         "max_bytes": stream.max_bytes,
         "duplicate_window_s": float(stream.duplicate_window_s),
+        "stored_as": [stream.stored_filter(e) for e in stream.events],
+        "partitions": PARTITIONS if stream.partitioned else None,
     }
 
 
@@ -112,6 +114,7 @@ def subjects_catalogue() -> dict[str, Any]:
                 "event": event.__name__,
                 "subject": subject_pattern(event),
                 "filter": event.subject_filter(),
+                "stream_filter": stream.stored_filter(event),
                 "routing_key": event.subject_key,
                 "stream": stream.name,
                 "storage": stream.storage.value,
@@ -153,17 +156,18 @@ def subjects_markdown() -> str:
         "",
         "# gpumedic v1 subjects",
         "",
-        "Subscribe with the filter; `{key}` in a subject is the value of the routing key field.",
+        "Subscribe with the filter (a JetStream consumer of the stream: with the stream's filter); `{key}` in a subject is "
+        "the value of the routing key field.",
         "",
-        "| event | subject | subscribe with | routing key | stream | storage | retention | de-dup window "
+        "| event | subject | subscribe with | stream's filter | routing key | stream | storage | retention | de-dup window "
         "| what it says |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for event in EVENT_TYPES:
         s = stream_of(event)
         lines.append(
             f"| [{event.__name__}](schemas/{event.__name__}.json) | `{subject_pattern(event)}` "
-            f"| `{event.subject_filter()}` | {f'`{event.subject_key}`' if event.subject_key else '(none)'} "
+            f"| `{event.subject_filter()}` | `{s.stored_filter(event)}` | {f'`{event.subject_key}`' if event.subject_key else '(none)'} "
             f"| `{s.name}` | {s.storage.value} | limits, {_duration(s.max_age_s)}, {_size(s.max_bytes)} "
             f"| {_duration(s.duplicate_window_s)} | {summary_of(event)} |"
         )
@@ -211,7 +215,8 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
   strict validator compiles it as it is (see "Validating" below). The subject it is published on
   and the stream that stores it are in `subjects.json`.
 - `subjects.json`, `subjects.md`: the subjects catalogue: subject, the filter to subscribe with,
-  routing key field, stream, storage, retention, de-duplication window, one-line description.
+  the filter a JetStream consumer of its stream uses, routing key field, stream, storage,
+  retention, de-duplication window, one-line description.
 - `asyncapi.yaml`: an AsyncAPI 3.0.0 document: the NATS server, one channel per event, which
   service sends and which receives each.
 - `examples/<Event>.json`: a golden example per event, exactly as the models emit it. It
@@ -220,9 +225,14 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
 
 ## Consuming events from any language
 
-1. Subscribe (a JetStream consumer on the stream, or a core NATS subscription) with the event's
-   filter from `subjects.json`, e.g. `gpumedic.v1.node.sampled.*`; the last token is the routing
-   key (a node id, a service name). Messages are UTF-8 JSON, at most 256 KiB.
+1. Subscribe with the event's filter from `subjects.json` (a core NATS subscription), e.g.
+   `gpumedic.v1.node.sampled.*`, where the last token is the routing key (a node id, a service
+   name); or make a JetStream consumer on its stream with its `stream_filter`. The samples stream
+   stores each sample with one more token, its node's partition (`gpumedic.v1.node.sampled.<node>.<p>`,
+   p = FNV-1a 32 of the node id modulo the stream's `partitions`, as NATS's `partition()` subject
+   mapping computes it), so its `stream_filter` is `gpumedic.v1.node.sampled.*.*`, and a consumer
+   can take one share of the fleet with `gpumedic.v1.node.sampled.*.<p>`, every node's samples in
+   one partition, in order. Messages are UTF-8 JSON, at most 256 KiB.
 2. Validate the payload with the event's schema; a message that does not validate is a bug of the
    producer: log it (and dead-letter it), do not crash.
 3. Ignore fields you do not know: v1 may add optional fields at any time, and the schemas do not

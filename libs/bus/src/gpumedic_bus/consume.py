@@ -27,6 +27,7 @@ from opentelemetry.context import Context
 
 from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.publish import publish_event
+from gpumedic_bus.streams import stream_of
 from gpumedic_bus.topology import Durable
 from gpumedic_bus.tracing import trace_context
 from gpumedic_events import Event, EventDecodeError, MessageRejected
@@ -116,7 +117,7 @@ class EventConsumer(Generic[E]):
         deliveries = _deliveries(raw)
         headers = dict(raw.headers or {})
         try:
-            event = self._event_type.from_json(raw.data, subject=subject)
+            event = self._event_type.from_json(raw.data, subject=self.durable.published_subject(subject))
         except EventDecodeError as exc:
             await self._dead_letter(msg, exc.reason, deliveries, cause="invalid")
             self._counts.invalid()
@@ -261,7 +262,7 @@ def subscribe(
     consumer: EventConsumer[E] = EventConsumer(broker, durable, handler, service=service, metrics=metrics, waits_on=waits_on)
 
     @broker.subscriber(
-        durable.event.subject_filter(),
+        durable.filter_subject,
         stream=JStream(durable.stream, declare=False),
         durable=durable.name,
         pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
@@ -336,6 +337,7 @@ class PushConsumer(Generic[E]):
         self.durable = durable
         self._event_type: type[E] = durable.event
         self.view: type = view or durable.event
+        self._published = stream_of(durable.event).as_published  # looked up once: the path is hot
         """What each message is decoded into: the event, or a view of it."""
         self._handler = handler
         self._service = service
@@ -357,7 +359,7 @@ class PushConsumer(Generic[E]):
         js = self._nc.jetstream()
         # Binds to the provisioned consumer and its deliver subject (never creates one).
         self._sub = await js.subscribe(
-            self._event_type.subject_filter(),
+            self.durable.filter_subject,
             durable=self.durable.name,
             stream=self.durable.stream,
             cb=self.on_message,
@@ -403,7 +405,7 @@ class PushConsumer(Generic[E]):
         except Exception:  # noqa: BLE001 (not a JetStream message: nothing to learn from it)
             pass
         try:
-            event = self._event_type.decode_as(self.view, msg.data, subject=msg.subject)
+            event = self._event_type.decode_as(self.view, msg.data, subject=self._published(msg.subject))
         except EventDecodeError as exc:
             self._counts.invalid()
             try:

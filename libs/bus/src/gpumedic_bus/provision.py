@@ -34,7 +34,7 @@ def consumer_config(item: Durable, settings: NatsSettings) -> ConsumerConfig:
     """The consumer as provisioned. Pull consumers redeliver one more time than their service acts,
     so the service dead-letters the last failure instead of the server dropping it; push
     consumers carry disposable samples (see `PushConsumer`)."""
-    common = {"durable_name": item.name, "filter_subject": item.event.subject_filter(), "ack_wait": settings.ack_wait_s}
+    common = {"durable_name": item.name, "filter_subject": item.filter_subject, "ack_wait": settings.ack_wait_s}
     if item.delivery == "push":
         return ConsumerConfig(
             **common,

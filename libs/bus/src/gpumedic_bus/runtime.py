@@ -205,11 +205,12 @@ class ServiceRuntime:
         if event_type not in LOOKUPS.get(self.service, ()):
             raise ValueError(f"{self.service} looks up {[e.__name__ for e in LOOKUPS.get(self.service, ())]}, not {event_type.__name__}")
         try:
-            subject = event_type.subject_filter() if key is None else event_type.subject_for(key)
-            msg = await self.broker.connection.jetstream().get_last_msg(stream_of(event_type).name, subject)
+            stream = stream_of(event_type)
+            subject = stream.stored_filter(event_type) if key is None else stream.stored_subject(event_type, key)
+            msg = await self.broker.connection.jetstream().get_last_msg(stream.name, subject)
         except NotFoundError:
             return None
-        return event_type.from_json(msg.data, subject=msg.subject)
+        return event_type.from_json(msg.data, subject=stream.as_published(msg.subject))
 
     def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
         """Read every event of these types from the start of their stream when the service starts,

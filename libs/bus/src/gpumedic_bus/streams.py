@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig, SubjectTransform
 
 from gpumedic_events import (
     ActionCompleted,
@@ -50,6 +50,22 @@ from gpumedic_events import (
 _MINUTE = 60.0
 _DAY = 86_400.0
 
+PARTITIONS = 16
+"""How many partitions a partitioned stream spreads its nodes over: each stored subject gains a
+last token, the node's partition (`partition_of`), so a consumer can read one share of the fleet
+(`gpumedic.v1.node.sampled.*.3`) with every node's messages in one partition, in order. Fixed:
+another count moves every node to another partition."""
+
+
+def partition_of(node_id: str, partitions: int = PARTITIONS) -> int:
+    """The partition NATS stores a node's messages under: what the stream's `{{partition(n,1)}}`
+    transform computes, FNV-1a (32 bit) of the node id modulo n (nats-server's subject_transform.go),
+    so any process can tell which partition a node is in."""
+    digest = 0x811C9DC5
+    for byte in node_id.encode():
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return digest % partitions
+
 
 @dataclass(frozen=True)
 class Stream:
@@ -62,12 +78,41 @@ class Stream:
     description: str
     replaceable: bool = False
     """What it holds is replaced within an interval (samples): provisioning may drop and make it again."""
+    partitioned: bool = False
+    """Each message is stored under its subject and the node's partition (`PARTITIONS`): one event
+    type, routed by node id. Publishers and live subscribers see the subject as published."""
+
+    def __post_init__(self) -> None:
+        if self.partitioned and (len(self.events) != 1 or self.events[0].subject_key is None):
+            raise ValueError(f"{self.name}: only a stream of one event type keyed by node can be partitioned")
 
     @property
     def subjects(self) -> list[str]:
         return [e.subject_filter() for e in self.events]
 
+    def stored_filter(self, event: type[Event]) -> str:
+        """What matches every stored message of `event` (a consumer's filter)."""
+        return f"{event.subject_filter()}.*" if self.partitioned else event.subject_filter()
+
+    def stored_subject(self, event: type[Event], key: str) -> str:
+        """What matches the stored messages of one key (a node), for a last-message lookup."""
+        return f"{event.subject_for(key)}.*" if self.partitioned else event.subject_for(key)
+
+    def partition_filter(self, event: type[Event], partition: int) -> str:
+        """What matches the stored messages of one partition's nodes."""
+        if not self.partitioned or not 0 <= partition < PARTITIONS:
+            raise ValueError(f"{self.name} has no partition {partition!r}")
+        return f"{event.subject_filter()}.{partition}"
+
+    def as_published(self, stored: str) -> str:
+        """The subject a stored message was published on (its partition token taken off)."""
+        return stored.rsplit(".", 1)[0] if self.partitioned and stored.count(".") > self.events[0].subject_filter().count(".") else stored
+
     def config(self, replicas: int = 1) -> StreamConfig:
+        transform = None
+        if self.partitioned:
+            source = self.events[0].subject_filter()
+            transform = SubjectTransform(src=source, dest=source.replace("*", f"{{{{wildcard(1)}}}}.{{{{partition({PARTITIONS},1)}}}}"))
         return StreamConfig(
             name=self.name,
             description=self.description,
@@ -79,6 +124,7 @@ class Stream:
             max_bytes=self.max_bytes,
             duplicate_window=self.duplicate_window_s,
             num_replicas=replicas,
+            subject_transform=transform,
         )
 
 
@@ -94,8 +140,9 @@ SAMPLES = Stream(
     max_age_s=SAMPLES_MAX_AGE_S,
     max_bytes=-1,  # bounded by age: a byte cap would be a time bound that shrinks as the fleet grows
     duplicate_window_s=5,  # samples need no de-duplication; 0 would mean the server's 2 minutes
-    description="Node samples: many, replaced every interval; a minute in memory, never fsynced.",
+    description="Node samples: many, replaced every interval; a minute in memory, never fsynced; stored by partition.",
     replaceable=True,
+    partitioned=True,
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",

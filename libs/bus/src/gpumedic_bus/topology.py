@@ -81,6 +81,15 @@ class Durable:
         return stream_of(self.event).name
 
     @property
+    def filter_subject(self) -> str:
+        """What it reads of its stream: every stored message of its event."""
+        return stream_of(self.event).stored_filter(self.event)
+
+    def published_subject(self, stored: str) -> str:
+        """The subject a message it reads was published on (a partitioned stream stores it with its partition)."""
+        return stream_of(self.event).as_published(stored)
+
+    @property
     def deliver_subject(self) -> str | None:
         """Where a push consumer delivers; only its own service may subscribe to it."""
         return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
@@ -290,7 +299,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 def durable_reading(service: str, subject: str) -> Durable | None:
     """The durable consumer of `service` that reads `subject`, if it has one."""
-    return next((d for d in DURABLES if d.service == service and subject_matches(d.event.subject_filter(), subject)), None)
+    return next((d for d in DURABLES if d.service == service and subject_matches(d.filter_subject, subject)), None)
 
 
 def consumers() -> dict[str, tuple[type[Event], ...]]:

@@ -321,7 +321,8 @@ async def _bounce_servers(stack: Stack, rng: random.Random, every_s: float, how:
 async def _read_all(js, event_type: type[Event]) -> list:
     """Every stored event of this type, from the start of its (replicated) stream: read until
     the consumer has nothing left (its pending count plus what it delivered already)."""
-    sub = await js.subscribe(event_type.subject_filter(), stream=stream_of(event_type).name, ordered_consumer=True,
+    stream = stream_of(event_type)
+    sub = await js.subscribe(stream.stored_filter(event_type), stream=stream.name, ordered_consumer=True,
                              deliver_policy=DeliverPolicy.ALL)
     events = []
     try:
