@@ -11,7 +11,9 @@ import asyncio
 import pytest
 
 from gpumedic_bus.streams import INCIDENT_STATE, KV_BUCKETS, LEASES, STREAMS
-from gpumedic_bus.topology import DURABLES, LAUNCHER, OBSERVER, OBSERVER_STREAMS, OPENS, OPERATOR, SERVICES, node_user, owner_of
+from gpumedic_bus.topology import (
+    DURABLES, LAUNCHER, OBSERVER, OBSERVER_STREAMS, OPENS, OPERATOR, SERVICES, SHARED_LOOPS, node_user, owner_of,
+)
 from gpumedic_events import IncidentKind
 from tests.fixtures.nats import SECURED_NODE, as_user
 
@@ -54,6 +56,9 @@ def _foreign_calls(user: str) -> dict[str, str]:
     for service in SERVICES:
         if service != user:
             calls[f"$KV.{LEASES.bucket}.{service}"] = f"taking {service}'s lease"
+            for work in SHARED_LOOPS.get(service, ()):
+                calls[f"$KV.{LEASES.bucket}.{service}.{work}.p00"] = f"taking a partition of {service}'s {work}"
+                calls[f"$KV.{LEASES.bucket}.{service}.{work}.member.spy"] = f"posing as an instance of {service}'s {work}"
     return calls
 
 

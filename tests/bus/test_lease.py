@@ -126,14 +126,14 @@ async def test_a_one_instance_loop_runs_in_one_instance_and_waits_out_a_bus_that
     ran: list[str] = []
     apps = {}
     for name in ("a", "b"):
-        runtime = ServiceRuntime("remediator", nats_settings)
+        runtime = ServiceRuntime("report-builder", nats_settings)
 
-        async def check_ssh(name=name) -> None:
+        async def write_history(name=name) -> None:
             while True:
                 ran.append(name)
                 await asyncio.sleep(0.05)
 
-        runtime.background(check_ssh, one_instance="ssh-health")
+        runtime.background(write_history, one_instance="history")
         app = runtime.app()
         apps[name] = (app, asyncio.create_task(app.run()))
         await asyncio.wait_for(runtime.ready.wait(), 20)
@@ -145,7 +145,7 @@ async def test_a_one_instance_loop_runs_in_one_instance_and_waits_out_a_bus_that
         await asyncio.sleep(1.0)
         first = set(ran)
         assert len(first) == 1, ran  # one instance checks; the other stands by
-        assert len(misses) == 2 and {key for key, _ in misses} == {"remediator.ssh-health"}
+        assert len(misses) == 2 and {key for key, _ in misses} == {"report-builder.history"}
         waited = [r.getMessage() for r in caplog.records if "waits for its lease bucket" in r.getMessage()]
         assert len(waited) == len({instance for _, instance in misses})  # a line per instance, not per try
         assert all("the bus did not answer (no response from stream)" in line for line in waited)

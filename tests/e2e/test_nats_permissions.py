@@ -23,7 +23,8 @@ from gpumedic.deployment import IMAGE_UID, init_deployment
 from gpumedic.natsd import nats_server_binary
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_bus import connect
-from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, SAMPLES
+from gpumedic_bus.shares import Shares
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, PARTITIONS, SAMPLES
 from gpumedic_bus.topology import (
     ADMIN,
     CONSUMING_SERVICES,
@@ -223,6 +224,19 @@ async def test_the_remediator_reads_the_incident_state_and_cannot_write_it(secur
             await kv.put("gpu-node-07.zombie_job.0", b"{}")
         assert await refusals.refused(f'publish to "$kv.{INCIDENT_STATE.bucket.lower()}.gpu-node-07.zombie_job.0"')
     finally:
+        await nc.close()
+
+
+async def test_the_remediator_holds_its_share_of_the_ssh_round_on_its_own_user(secured):
+    nc, refusals = await as_user(secured, "remediator")
+    shares = Shares("remediator.ssh-health", "instance-1")
+    running = asyncio.create_task(shares.run(nc))
+    try:
+        await asyncio.wait_for(shares.settled.wait(), 10)
+        assert len(shares.held) == PARTITIONS and not refusals.errors  # alone, it holds them all
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
         await nc.close()
 
 

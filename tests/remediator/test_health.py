@@ -10,6 +10,7 @@ import socket
 import asyncssh
 import pytest
 
+from gpumedic_bus.streams import partition_of
 from gpumedic_nodes.ssh import SshExecutor
 from remediator.health import Checked, SshHealth, next_check
 
@@ -76,3 +77,25 @@ async def test_each_way_a_login_fails_has_its_cause(sshd, tmp_path):
         assert not any(c for e in published for c in ("BEGIN", "PRIVATE") if c in e.detail)  # no key material
     finally:
         silent.close()
+
+
+async def test_an_instance_checks_only_the_nodes_of_its_partitions_and_a_node_handed_back_starts_afresh(sshd, tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  n{i}: {{host: 127.0.0.1, port: {sshd.port}, user: root}}\n" for i in range(6)))
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=2.0,
+                           command_timeout_s=2.0)
+    health = SshHealth(executor, inventory, interval_s=60, concurrency=4)
+    published = []
+
+    async def publish(event) -> None:
+        published.append(event.node_id)
+
+    held = {partition_of(n) for n in ("n0", "n1", "n2")}
+    mine = [f"n{i}" for i in range(6) if partition_of(f"n{i}") in held]
+    await health.check_all(publish, mine=lambda node: partition_of(node) in held)
+    assert sorted(published) == mine and set(health.states) == set(mine)
+    published.clear()
+    await health.check_all(publish, mine=lambda node: False)  # all handed to another instance
+    assert published == [] and health.states == {}
+    await health.check_all(publish, mine=lambda node: True)  # and back: each reachable node said again
+    assert sorted(published) == [f"n{i}" for i in range(6)]

@@ -35,9 +35,10 @@ from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
+from gpumedic_bus.shares import Shares
 from gpumedic_bus.streams import stream_of
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS
+from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS, SHARED_LOOPS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat
@@ -254,6 +255,21 @@ class ServiceRuntime:
 
             loop.__name__ = getattr(inner, "__name__", one_instance)
         self._loops.append(loop)
+
+    def shares(self, work: str) -> Shares:
+        """This instance's share of per-node work `work` (a name in `topology.SHARED_LOOPS`) among the
+        service's live instances, by the nodes' partitions (`gpumedic_bus.shares`): its loop asks
+        `holds(node)` each round, and waits for `settled` before the first."""
+        if work not in SHARED_LOOPS.get(self.service, ()):
+            raise ValueError(f"{self.service} shares no work {work!r} by partition (topology.SHARED_LOOPS)")
+        shares = Shares(f"{self.service}.{work}", str(self.instance_id))
+
+        async def hold() -> None:
+            await shares.run(self.broker.connection)
+
+        hold.__name__ = f"{work}-shares"
+        self._loops.append(hold)
+        return shares
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
         said = False

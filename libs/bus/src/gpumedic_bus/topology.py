@@ -260,13 +260,18 @@ they decide from what they hold in memory. The remediator and report-builder sha
 all their instances instead (shared durable consumers, the gate's lock, rows keyed by event)."""
 
 ONE_INSTANCE_LOOPS: Mapping[str, tuple[str, ...]] = {
-    # every node's SSH login checked once a round, not once per instance
-    "remediator": ("ssh-health",),
     # every node's minute of history written once, and incidents posted to Alertmanager once a round
     "report-builder": ("history", "alertmanager"),
 }
 """Background loops of a shared service that run in one of its instances at a time, each on a
 lease of its own (key `<service>.<loop>`)."""
+
+SHARED_LOOPS: Mapping[str, tuple[str, ...]] = {
+    # every node's SSH login checked once a round, each instance checking the nodes of its partitions
+    "remediator": ("ssh-health",),
+}
+"""Per-node work of a shared service that its live instances split by the nodes' partitions
+(`gpumedic_bus.shares`: keys `<service>.<work>.p<k>` and `<service>.<work>.member.<instance>`)."""
 
 
 @dataclass(frozen=True)
@@ -452,6 +457,7 @@ def _service(service: str) -> Permissions:
     subscribe += answers
     publish += _asks(service)  # its replies come to its own inbox
     leases = [service] if service in ONE_ACTIVE else [f"{service}.{loop}" for loop in ONE_INSTANCE_LOOPS.get(service, ())]
+    leases += [f"{service}.{work}.>" for work in SHARED_LOOPS.get(service, ())]  # its partitions' keys and its instances'
     if leases:  # its own lease keys, and reading who holds them
         stream = f"KV_{LEASES.bucket}"
         publish += [

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpumedic_bus.shares import Shares
 from gpumedic_events import NodeSshChecked
 from gpumedic_nodes.check import failure_of
 from gpumedic_nodes.inventory import InventoryError, load_inventory
@@ -50,20 +51,29 @@ class SshHealth:
         self._limit = asyncio.Semaphore(concurrency)
         self.states: dict[str, Checked] = {}
 
-    def loop(self, publish: Callable[[NodeSshChecked], Awaitable[None]]):
+    def loop(self, publish: Callable[[NodeSshChecked], Awaitable[None]], shares: Shares | None = None):
+        """Check every node each round; with `shares`, the nodes of the partitions this instance
+        holds (the service's instances split the inventory), from when its share is settled."""
         async def check_ssh() -> None:
+            if shares is not None:
+                await shares.settled.wait()
             while True:
-                await self.check_all(publish)
+                await self.check_all(publish, mine=shares.holds if shares is not None else None)
                 await asyncio.sleep(self.interval_s)
 
         return check_ssh
 
-    async def check_all(self, publish: Callable[[NodeSshChecked], Awaitable[None]]) -> None:
+    async def check_all(self, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None = None) -> None:
         try:
             nodes = sorted(load_inventory(self._inventory))
         except InventoryError as exc:
             log.warning("SSH checks skipped: %s", exc)
             return
+        if mine is not None:
+            nodes = [n for n in nodes if mine(n)]
+            # A node checked by another instance meanwhile starts afresh here: what this one last
+            # saw of it may be older than what the other published.
+            self.states = {n: s for n, s in self.states.items() if mine(n)}
         results = await asyncio.gather(*(self._check(node) for node in nodes))
         for node, (cause, detail) in zip(nodes, results, strict=True):
             state, event = next_check(self.states.get(node), node, cause, detail)

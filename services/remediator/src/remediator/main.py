@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         async def _publish(event) -> None:
             await publish_event(runtime.broker, event)
 
-        runtime.background(health.loop(_publish), one_instance="ssh-health")
+        runtime.background(health.loop(_publish, runtime.shares("ssh-health")))
     app = runtime.app()
     app.after_shutdown(engine.dispose)
     return app
