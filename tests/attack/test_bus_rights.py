@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from gpumedic_bus.streams import INCIDENT_STATE, KV_BUCKETS, LEASES, STREAMS
+from gpumedic_bus.streams import INCIDENT_STATE, KV_BUCKETS, LEASES, RULE_MEMORY, STREAMS
 from gpumedic_bus.topology import (
     DURABLES, LAUNCHER, OBSERVER, OBSERVER_STREAMS, OPENS, OPERATOR, SERVICES, SHARED_LOOPS, node_user, owner_of,
 )
@@ -53,6 +53,8 @@ def _foreign_calls(user: str) -> dict[str, str]:
         if kind is not IncidentKind.FLEET_ANOMALY and owner_of(kind) != user:
             calls[f"$KV.{INCIDENT_STATE.bucket}.some-node.{kind.value}.0"] = f"writing a {kind.value} incident state"
             calls[f"$KV.{INCIDENT_STATE.bucket}.fleet.fleet_anomaly.node.{kind.value}"] = f"writing the fleet incident of {kind.value}"
+    if user != "zombie-detector":
+        calls[f"$KV.{RULE_MEMORY.bucket}.zombie-detector.p00"] = "writing what zombie-detector's rules remember"
     for service in SERVICES:
         if service != user:
             calls[f"$KV.{LEASES.bucket}.{service}"] = f"taking {service}'s lease"

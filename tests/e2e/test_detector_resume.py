@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from datetime import UTC, datetime
 
 from gpumedic_bus.streams import ACTIONS
-from gpumedic_events import ActionCompleted, ActionRequested, IncidentOpened, ServiceHeartbeat
+from gpumedic_events import (
+    ActionCompleted, ActionRequested, GpuProcess, GpuSample, IncidentOpened, JobsObservation, NodeSampled, ServiceHeartbeat,
+)
 from gpumedic_events.base import json_examples
+from gpumedic_incidents import Policy
+from gpumedic_incidents.policy import FleetPolicy, Kinds, ZombiePolicy
 from gpumedic_incidents.store import IncidentStates
 from gpumedic_incidents.state import IncidentState, Unpublished
 from tests.e2e.test_thin_path import detector
@@ -103,3 +108,34 @@ def _collect(event_type, into: list):
         into.append(event_type.from_json(msg.data, subject=msg.subject))
 
     return on_message
+
+
+async def test_a_zombie_streak_outlives_the_detector_that_began_it(nats_settings, js, apps):
+    """The active detector stops six seconds into a GPU's twelve idle ones; the next instance takes
+    its rules' memory back and opens the zombie at twelve seconds from the start, not twelve after it."""
+    policy = Policy(fleet=FleetPolicy(hold_s=0), kinds=Kinds(zombie_job=ZombiePolicy(idle_for_s=12.0)))
+    example = NodeSampled.model_validate(json_examples(NodeSampled)[0])
+    hung = example.model_copy(update={
+        "node_id": "resumed-01", "interval_s": 1.0, "jobs": JobsObservation(running=1, output_growing=False),
+        "gpus": (GpuSample(index=0, utilization_gpu_pct=0, processes=(GpuProcess(pid=4242, start_ticks=7, command="python train.py"),)),),
+    })
+    opened: list[IncidentOpened] = []
+    await js.subscribe(IncidentOpened.subject_filter(), cb=_collect(IncidentOpened, opened), ordered_consumer=True)
+
+    async def idle_for(seconds: float) -> None:
+        for _ in range(int(seconds)):
+            await js.publish(hung.subject, hung.model_copy(update={"event_id": uuid.uuid4(), "occurred_at": datetime.now(UTC)}).to_json())
+            await asyncio.sleep(1.0)
+
+    first = await apps.start(detector(nats_settings, policy))
+    began = time.monotonic()
+    await idle_for(6)  # a checkpoint is written at 5 s, and again as it stops
+    first.exit()
+    await asyncio.sleep(1.0)
+    await apps.start(detector(nats_settings, policy))
+    while not opened and time.monotonic() - began < 30:
+        await idle_for(1)
+    assert [e.fingerprint for e in opened] == ["resumed-01/zombie_job/0"]
+    found_after_s = time.monotonic() - began
+    print(f"zombie found {found_after_s:.1f}s after its first idle sample")
+    assert found_after_s < 12 + 6, found_after_s  # a fresh start would need 12 s from its own first sample

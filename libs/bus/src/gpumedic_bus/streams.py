@@ -239,7 +239,15 @@ LEASES = KeyValueConfig(
     storage=StorageType.FILE,
     direct=False,  # as INCIDENT_STATE: a holder is read from the leader
 )
-KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE, LEASES)
+RULE_MEMORY = KeyValueConfig(
+    bucket="GPUMEDIC_RULE_MEMORY",
+    description="What a detector's rules remember of each node (idle streaks, when each node last sampled), one key per "
+    "detector and partition, so the instance that takes over goes on from it.",
+    history=1,
+    storage=StorageType.FILE,
+    direct=False,  # as INCIDENT_STATE: the instance that takes over reads the latest, from the leader
+)
+KV_BUCKETS: tuple[KeyValueConfig, ...] = (INCIDENT_STATE, LEASES, RULE_MEMORY)
 
 
 def stream_of(event_type: type[Event]) -> Stream:

@@ -52,7 +52,7 @@ from gpumedic_events import (
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
 from gpumedic_events.logs import LOGS_SUBJECT
 from gpumedic_events.rollout import ROLLOUT_SUBJECT
-from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, stream_of
+from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, RULE_MEMORY, stream_of
 
 SERVICES: tuple[str, ...] = (
     "node-sampler",
@@ -246,13 +246,14 @@ def owner_of(kind: IncidentKind | str, key: str | None = None) -> str | None:
 
 
 KV_ACCESS: Mapping[str, Mapping[str, Literal["read", "write"]]] = {
-    "zombie-detector": {INCIDENT_STATE.bucket: "write"},
+    "zombie-detector": {INCIDENT_STATE.bucket: "write", RULE_MEMORY.bucket: "write"},
     "leader-health": {INCIDENT_STATE.bucket: "write"},
     "autoscaler": {INCIDENT_STATE.bucket: "write"},
     "remediator": {INCIDENT_STATE.bucket: "read"},
 }
 """Which service may read or write which key-value bucket. Detectors own the incident state;
-the remediator's gate reads it and can change nothing in it."""
+the remediator's gate reads it and can change nothing in it. zombie-detector alone keeps its
+rules' memory."""
 
 ONE_ACTIVE = frozenset({"zombie-detector", "leader-health", "autoscaler"})
 """Services of which one instance acts at a time, the others standing by (gpumedic_bus.lease):

@@ -1,19 +1,32 @@
 """zombie-detector's adapter: node facts (samples over the push consumer, node events over pull
 consumers) and the services' heartbeats (how far behind their samples each is) go to the
-node-incident logic through the shared detector (`gpumedic_incidents.detector`)."""
+node-incident logic through the shared detector (`gpumedic_incidents.detector`); the rules'
+memory goes to and comes back from its bucket (`zombie_detector.memory`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime
+
+from nats.js.errors import KeyNotFoundError
 
 from gpumedic_bus import Delivery, ServiceRuntime
+from gpumedic_bus.outage import nats_reason
+from gpumedic_bus.streams import PARTITIONS, RULE_MEMORY
 from gpumedic_events import Event
 from gpumedic_incidents.detector import Detector
+from zombie_detector import memory
 from zombie_detector.node_incidents import SOURCE, NodeIncidents
+
+log = logging.getLogger(__name__)
 
 OWN_LAG_EVERY_S = 1.0
 """How often the detector tells its rules how far behind its own samples it is (its published
 heartbeat says so every 5 s; silence is judged each second)."""
+LAST_WRITE_WITHIN_S = 2.0
+"""How long a stopping instance gives its last write of the rules' memory."""
 
 
 class DetectorHandlers(Detector):
@@ -33,3 +46,44 @@ class DetectorHandlers(Detector):
             beat = self._runtime.heartbeat_event("ready")
             if beat.lag:  # a standby consumes nothing
                 await self.on_event(beat)
+
+    async def recall_memory(self) -> None:
+        """Before anything is consumed: what the rules of the instance before this one remembered."""
+        kv = await self._runtime.broker.connection.jetstream().key_value(RULE_MEMORY.bucket)
+        stored = {}
+        for partition in range(PARTITIONS):
+            try:
+                stored[memory.key(partition)] = (await kv.get(memory.key(partition))).value or b""
+            except KeyNotFoundError:
+                continue
+        if stored:
+            lines = memory.recall(self.logic.rules, stored, datetime.now(UTC))
+            log.info("%s: the rules' memory: %s", SOURCE, "; ".join(lines))
+
+    async def keep_memory(self) -> None:
+        """Write the rules' memory every `memory.CHECKPOINT_S`, and once more as the service stops
+        (the instance that takes over then knows all of it); a bus that does not answer costs a
+        line, and the next round writes it all again."""
+        kv = await self._runtime.broker.connection.jetstream().key_value(RULE_MEMORY.bucket)
+        failing = False
+        try:
+            while True:
+                await asyncio.sleep(memory.CHECKPOINT_S)
+                try:
+                    await self._write_memory(kv)
+                except Exception as exc:  # noqa: BLE001 (the bus is away; a takeover meanwhile learns a little again)
+                    if not failing:
+                        log.warning("%s: the rules' memory was not kept (%s); trying again every %gs", SOURCE, nats_reason(exc),
+                                    memory.CHECKPOINT_S)
+                    failing = True
+                else:
+                    failing = False
+        finally:
+            lease = self._runtime.lease
+            if lease is None or lease.held:  # an instance that lost its lease leaves the memory to the one that has it
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._write_memory(kv), LAST_WRITE_WITHIN_S)
+
+    async def _write_memory(self, kv) -> None:
+        for key, value in memory.snapshot(self.logic.rules, datetime.now(UTC)).items():
+            await kv.put(key, value)

@@ -28,6 +28,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     runtime = ServiceRuntime(SERVICE, settings.nats, trace_to_bus=settings.trace_to_bus)
     handlers = DetectorHandlers(runtime, NodeIncidents(policy or settings.policy.load()))
     handlers.attach("zombie-detector-actions")
+    runtime.on_startup(handlers.recall_memory)  # after the lease and the open incidents, before any input
+    runtime.background(handlers.keep_memory)
     for rule in handlers.logic.rules:
         if isinstance(rule, SamplesLostRule):
             runtime.metrics.gauge("gpumedic_samples_unacknowledged", "Samples the nodes said the bus did not acknowledge "

@@ -4,7 +4,9 @@ A rule reads some kinds of event (`inputs`) and says, per fingerprint, whether a
 (`Finding`) or gone (`cleared`). It may look at the open incidents (`Incidents`), never change
 them: what a finding does (open, update, retry, resolve, escalate, join a fleet incident) is the
 shared lifecycle's business (`gpumedic_incidents`). A rule may keep memory of its own (how long a
-GPU has been idle); it is not persisted, and after a restart a rule learns again. Rules are pure
+GPU has been idle); one whose memory spans minutes gives it to the detector to keep
+(`zombie_detector.memory.Remembers`), so a takeover goes on from it; the others learn again after
+a restart. Rules are pure
 in every other way: no bus, no clock (`now` comes in), no I/O, so tests drive them directly.
 """
 
@@ -12,11 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Annotated, Protocol
+
+import msgspec
 
 from gpumedic_events import Event, GpuProcess, KillGpuProcesses, ProcessIdentity, ProcessTarget
 from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import KillPolicy
+
+
+NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
+"""A node id as a rule's memory holds it (`zombie_detector.memory`): a subject token."""
+
+
+class Streak(msgspec.Struct, frozen=True):
+    """Since when one GPU has looked as a rule looks for, by the detector's clock (a rule's memory)."""
+
+    node: NodeId
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=63)]
+    since: datetime
 
 
 class Incidents(Protocol):

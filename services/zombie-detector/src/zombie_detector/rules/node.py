@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSshChecked, RestartUnit, ServiceHeartbeat
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 from zombie_detector.rules.control_plane import LOST_FINGERPRINT
 
 SILENT = IncidentKind.NODE_SILENT
@@ -46,8 +49,17 @@ SSH_STEPS = {
 }
 
 
+class LastSample(msgspec.Struct, frozen=True):
+    """When a node last sampled, by the detector's clock, and its interval (the rule's memory)."""
+
+    node: NodeId
+    at: datetime
+    interval_s: Annotated[float, msgspec.Meta(gt=0)]
+
+
 class NodeRule:
     inputs = (Sample, NodeSshChecked, NodeRetired, ServiceHeartbeat)
+    entry = LastSample
 
     def __init__(self, silent: SilentPolicy, ssh: SshPolicy, *, behind: BehindPolicy | None = None, service: str = "zombie-detector") -> None:
         self.silent = silent
@@ -127,6 +139,16 @@ class NodeRule:
                     )
                 )
         return findings
+
+    def remember(self) -> list[LastSample]:
+        return [LastSample(node, at, interval) for node, (at, interval) in self.last_sample.items()]
+
+    def recall(self, entries: Sequence[LastSample], now: datetime) -> None:
+        """The nodes an earlier instance saw, so one that fell silent before the takeover is still
+        judged; every count starts from the takeover, as after the bus was away."""
+        for entry in entries:
+            self.last_sample.setdefault(entry.node, (min(entry.at, now), entry.interval_s))
+        self.resumed_at = now
 
     def _ssh(self, event: NodeSshChecked, incidents: Incidents) -> list[Finding]:
         if event.reachable:

@@ -18,7 +18,7 @@ from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
-from zombie_detector.rules.base import Incidents, kill_operation
+from zombie_detector.rules.base import Incidents, Streak, kill_operation
 from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 from zombie_detector.rules.zombie import MAX_GAP_INTERVALS, unidentified
 
@@ -27,6 +27,7 @@ KIND = IncidentKind.STUCK_PROCESS
 
 class StuckRule:
     inputs = (Sample, NodeRetired)
+    entry = Streak
 
     def __init__(self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy
@@ -65,6 +66,13 @@ class StuckRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[Streak]:
+        return [Streak(node, gpu, first) for (node, gpu), (first, _) in self.idle_since.items()]
+
+    def recall(self, entries: Sequence[Streak], now: datetime) -> None:
+        for entry in entries:
+            self.idle_since[(entry.node, entry.gpu)] = (min(entry.since, now), now)
 
     def _old_holders(self, gpu: GpuSample) -> list[GpuProcess]:
         return [

@@ -24,7 +24,7 @@ from gpumedic_events import GpuSample, IncidentKind, KillPattern
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
-from zombie_detector.rules.base import Incidents, kill_operation
+from zombie_detector.rules.base import Incidents, Streak, kill_operation
 from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 
 KIND = IncidentKind.ZOMBIE_JOB
@@ -97,6 +97,7 @@ def unidentified(gpu: GpuSample) -> str:
 
 class ZombieRule:
     inputs = (Sample,)
+    entry = Streak
 
     def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, pattern_kill: KillPolicy | None = None,
                  rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
@@ -151,6 +152,14 @@ class ZombieRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[Streak]:
+        return [Streak(node, gpu, streak.since) for (node, gpu), streak in self.idle_since.items()]
+
+    def recall(self, entries: Sequence[Streak], now: datetime) -> None:
+        for entry in entries:
+            self.idle_since[(entry.node, entry.gpu)] = IdleStreak(since=min(entry.since, now), last_seen=now)
+            self._watched.add(entry.node)
 
     def _may_hold_zombie(self, sample: Sample) -> bool:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
