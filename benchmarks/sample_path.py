@@ -57,7 +57,7 @@ async def _preload(js, count: int) -> int:
 
 
 async def _raw_pull(js, count: int, name: str) -> float:
-    sub = await js.pull_subscribe(NodeSampled.subject_filter(), durable=name, config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+    sub = await js.pull_subscribe(SAMPLES.stored_filter(NodeSampled), durable=name, stream=SAMPLES.name, config=ConsumerConfig(ack_policy=AckPolicy.NONE))
     seen = 0
     start = time.perf_counter()
     while seen < count:
@@ -79,12 +79,12 @@ async def _raw_subscribe(js, count: int, *, validate: bool = False) -> float:
         if seen == 0:
             start = time.perf_counter()
         if validate:
-            NodeSampled.decode_as(Sample, msg.data, subject=msg.subject)
+            NodeSampled.decode_as(Sample, msg.data, subject=SAMPLES.as_published(msg.subject))
         seen += 1
         if seen >= count:
             done.set()
 
-    sub = await js.subscribe(NodeSampled.subject_filter(), cb=_on, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, pending_msgs_limit=-1)
+    sub = await js.subscribe(SAMPLES.stored_filter(NodeSampled), stream=SAMPLES.name, cb=_on, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, pending_msgs_limit=-1)
     await asyncio.wait_for(done.wait(), 120)
     elapsed = time.perf_counter() - start
     await sub.unsubscribe()

@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpumedic_bus.streams import SAMPLES, partition_of
 from gpumedic_events import GpuHealth, GpuSample, HostSample, IbPort, NodeSampled, NvLinkSample
 
 from node_sampler.main import build_probes, create_app
@@ -23,7 +24,7 @@ async def test_samples_land_in_the_samples_stream(nats_settings, js):
     nvml = two_gpus()
     settings = Settings(nats=nats_settings, node_id="gpu-node-07", interval_s=0.2)
     app = create_app(settings, nvml=nvml, processes=table_for_two_gpus())
-    sub = await js.pull_subscribe(NodeSampled.subject_for("gpu-node-07"), stream="GPUMEDIC_SAMPLES")
+    sub = await js.pull_subscribe(SAMPLES.stored_subject(NodeSampled, "gpu-node-07"), stream=SAMPLES.name)
 
     await app.start()
     try:
@@ -34,8 +35,8 @@ async def test_samples_land_in_the_samples_stream(nats_settings, js):
     finally:
         await app.stop()
 
-    assert messages[0].subject == "gpumedic.v1.node.sampled.gpu-node-07"
-    events = [NodeSampled.from_json(m.data, subject=m.subject) for m in messages]
+    assert messages[0].subject == f"gpumedic.v1.node.sampled.gpu-node-07.{partition_of('gpu-node-07')}"  # stored by partition
+    events = [NodeSampled.from_json(m.data, subject=SAMPLES.as_published(m.subject)) for m in messages]
     assert events[0].source == "node-sampler" and events[0].interval_s == 0.2
     assert [p.pid for p in events[0].gpus[0].processes] == [41230]
     assert events[0].gpus[0].processes[0].start_ticks == 8812345
