@@ -337,8 +337,8 @@ class PushConsumer(Generic[E]):
         self.durable = durable
         self._event_type: type[E] = durable.event
         self.view: type = view or durable.event
-        self._published = stream_of(durable.event).as_published  # looked up once: the path is hot
         """What each message is decoded into: the event, or a view of it."""
+        self._published = stream_of(durable.event).as_published  # looked up once: the path is hot
         self._handler = handler
         self._service = service
         self._counts = _Counts(metrics, durable.event.__name__)

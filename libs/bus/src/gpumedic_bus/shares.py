@@ -41,7 +41,7 @@ class Shares:
         self.held: dict[int, int] = {}
         """The partitions this instance holds now, with their keys' revisions."""
         self.settled = asyncio.Event()
-        """Set once the first round is done: what this instance holds is its share (or all it could take)."""
+        """Set once a round went through: what this instance holds is its share (or all it could take)."""
         self.ttl_s = LEASE_TTL_S
         self._kv: KeyValue | None = None
         self._js = None
@@ -78,7 +78,8 @@ class Shares:
                     await self.round()
                 except Exception as exc:  # noqa: BLE001 (the bus is away: hold on while it may still be ours)
                     self._let_go_if_stale(exc)
-                self.settled.set()
+                else:
+                    self.settled.set()
                 await asyncio.sleep(self.ttl_s / 4)
         finally:
             await self.release()

@@ -6,8 +6,8 @@ them: what a finding does (open, update, retry, resolve, escalate, join a fleet 
 shared lifecycle's business (`gpumedic_incidents`). A rule may keep memory of its own (how long a
 GPU has been idle); one whose memory spans minutes gives it to the detector to keep
 (`zombie_detector.memory.Remembers`), so a takeover goes on from it; the others learn again after
-a restart. Rules are pure
-in every other way: no bus, no clock (`now` comes in), no I/O, so tests drive them directly.
+a restart. Rules are pure in every other way: no bus, no clock (`now` comes in), no I/O, so tests
+drive them directly.
 """
 
 from __future__ import annotations
