@@ -80,6 +80,10 @@ class Shares:
                     self._let_go_if_stale(exc)
                 else:
                     self.settled.set()
+                if asyncio.current_task().cancelling():
+                    # Python 3.11's wait_for (under nats-py's requests) can swallow a cancellation that
+                    # lands as its answer does; a stopped service's share must not be renewed on.
+                    raise asyncio.CancelledError
                 await asyncio.sleep(self.ttl_s / 4)
         finally:
             await self.release()
