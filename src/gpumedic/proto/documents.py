@@ -227,11 +227,13 @@ the models or when a change breaks v1 compatibility. Edit the models, never thes
 
 1. Subscribe with the event's filter from `subjects.json` (a core NATS subscription), e.g.
    `gpumedic.v1.node.sampled.*`, where the last token is the routing key (a node id, a service
-   name); or make a JetStream consumer on its stream with its `stream_filter`. The samples stream
-   stores each sample with one more token, its node's partition (`gpumedic.v1.node.sampled.<node>.<p>`,
-   p = FNV-1a 32 of the node id modulo the stream's `partitions`, as NATS's `partition()` subject
-   mapping computes it), so its `stream_filter` is `gpumedic.v1.node.sampled.*.*`, and a consumer
-   can take one share of the fleet with `gpumedic.v1.node.sampled.*.<p>`, every node's samples in
+   name); or make a JetStream consumer on its stream with its `stream_filter`. The streams with
+   `partitions` (the samples and the node events) store each message with one more token, its
+   node's partition (`gpumedic.v1.node.sampled.<node>.<p>`, p = FNV-1a 32 of the node id modulo
+   the stream's `partitions`, as NATS's `partition()` subject mapping computes it), so their
+   `stream_filter` is `<prefix>.>` (it also matches a message stored before the stream had
+   partitions), and a consumer can take one share of the fleet with `<prefix>.*.<p>`
+   (`gpumedic.v1.node.sampled.*.3`), every node's messages in
    one partition, in order. Messages are UTF-8 JSON, at most 256 KiB.
 2. Validate the payload with the event's schema; a message that does not validate is a bug of the
    producer: log it (and dead-letter it), do not crash.

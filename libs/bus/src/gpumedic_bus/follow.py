@@ -33,12 +33,16 @@ class StreamFollower:
     """Every message of `subjects` in one stream, in stream order, each handed once to `on_message`."""
 
     def __init__(
-        self, nc: Client, stream: str, subjects: Sequence[str], on_message: Callable[[RawStreamMsg], Awaitable[None]]
+        self, nc: Client, stream: str, subjects: Sequence[str], on_message: Callable[[RawStreamMsg], Awaitable[None]],
+        *, published: Sequence[str] | None = None,
     ) -> None:
+        """`subjects` as the stream stores them; `published`, where those differ (a partitioned
+        stream), the subjects they are published on, which wake it up."""
         self._nc = nc
         self._js = nc.jetstream(timeout=GET_TIMEOUT_S)
         self._stream = stream
         self._subjects = tuple(subjects)
+        self._published = tuple(published or subjects)
         self._on_message = on_message
         self._next_seq = 1
         self._wake = asyncio.Event()
@@ -61,7 +65,7 @@ class StreamFollower:
 
     async def listen(self) -> None:
         """Be woken up by new messages on the subjects (core subscriptions)."""
-        for subject in self._subjects:
+        for subject in self._published:
             self._subs.append(await self._nc.subscribe(subject, cb=self._woken))
 
     async def follow(self) -> None:

@@ -394,11 +394,12 @@ class ServiceRuntime:
         """Read the events from their stream's start, then follow new ones in a task of their own
         (`gpumedic_bus.follow`: no consumer is created, so no service needs consumer rights)."""
         await self.broker.connect()
+        stream = stream_of(events[0])
 
         async def on_message(msg) -> None:
             event_type = next((e for e in events if msg.subject == e.subject_prefix or msg.subject.startswith(e.subject_prefix + ".")), None)
             try:
-                event = event_type.from_json(msg.data or b"", subject=msg.subject) if event_type else None
+                event = event_type.from_json(msg.data or b"", subject=stream.as_published(msg.subject)) if event_type else None
             except EventDecodeError as exc:
                 log.warning("%s: skipped a replayed message on %s: %s", self.service, msg.subject, exc.reason)
                 return
@@ -409,7 +410,8 @@ class ServiceRuntime:
             except Exception:  # one bad fact must not stop the service from following the rest
                 log.exception("%s: handling replayed %s failed", self.service, event_type.__name__)
 
-        follower = StreamFollower(self.broker.connection, stream_of(events[0]).name, [e.subject_filter() for e in events], on_message)
+        follower = StreamFollower(self.broker.connection, stream.name, [stream.stored_filter(e) for e in events], on_message,
+                                  published=[e.subject_filter() for e in events])
         await follower.listen()  # woken by what comes while it catches up, too
         try:
             replayed = await follower.catch_up()
@@ -417,7 +419,7 @@ class ServiceRuntime:
             await follower.close()
             raise
         self._followers.append(follower)
-        self._tasks.append(asyncio.create_task(follower.follow(), name=f"{self.service}-follow-{stream_of(events[0]).name}"))
+        self._tasks.append(asyncio.create_task(follower.follow(), name=f"{self.service}-follow-{stream.name}"))
         log.info("%s: replayed %d %s", self.service, replayed, "/".join(e.__name__ for e in events))
 
     async def _started(self) -> None:

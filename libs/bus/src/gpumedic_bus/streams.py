@@ -49,6 +49,8 @@ from gpumedic_events import (
 )
 
 _MINUTE = 60.0
+_ROOT = "gpumedic.v1"
+"""What every subject of the contract starts with."""
 _DAY = 86_400.0
 
 PARTITIONS = 16
@@ -80,20 +82,24 @@ class Stream:
     replaceable: bool = False
     """What it holds is replaced within an interval (samples): provisioning may drop and make it again."""
     partitioned: bool = False
-    """Each message is stored under its subject and the node's partition (`PARTITIONS`): one event
-    type, routed by node id. Publishers and live subscribers see the subject as published."""
+    """Each message is stored under its subject and its node's partition (`PARTITIONS`): the stream's
+    events are keyed by node, their subjects of one shape. Publishers and live subscribers see the
+    subject as published."""
 
     def __post_init__(self) -> None:
-        if self.partitioned and (len(self.events) != 1 or self.events[0].subject_key is None):
-            raise ValueError(f"{self.name}: only a stream of one event type keyed by node can be partitioned")
+        shapes = {e.subject_filter().count(".") for e in self.events}
+        if self.partitioned and (any(e.subject_key is None for e in self.events) or len(shapes) != 1):
+            raise ValueError(f"{self.name}: only a stream of events keyed by node, on subjects of one shape, can be partitioned")
 
     @property
     def subjects(self) -> list[str]:
         return [e.subject_filter() for e in self.events]
 
     def stored_filter(self, event: type[Event]) -> str:
-        """What matches every stored message of `event` (a consumer's filter)."""
-        return f"{event.subject_filter()}.*" if self.partitioned else event.subject_filter()
+        """What matches every stored message of `event` (a consumer's filter). In a partitioned
+        stream: with its partition token, or without one (stored before the stream had partitions:
+        a durable stream keeps them)."""
+        return f"{event.subject_prefix}.>" if self.partitioned else event.subject_filter()
 
     def stored_subject(self, event: type[Event], key: str) -> str:
         """What matches the stored messages of one key (a node), for a last-message lookup."""
@@ -117,8 +123,11 @@ class Stream:
     def config(self, replicas: int = 1) -> StreamConfig:
         transform = None
         if self.partitioned:
-            source = self.events[0].subject_filter()
-            transform = SubjectTransform(src=source, dest=source.replace("*", f"{{{{wildcard(1)}}}}.{{{{partition({PARTITIONS},1)}}}}"))
+            # One transform for all the stream's subjects (gpumedic.v1.<noun>.<verb>.<node>): each
+            # token kept, the partition of the last (the node) appended.
+            tokens = self.events[0].subject_filter().removeprefix(f"{_ROOT}.").count(".") + 1
+            kept = ".".join(f"{{{{wildcard({i})}}}}" for i in range(1, tokens + 1))
+            transform = SubjectTransform(src=_ROOT + ".*" * tokens, dest=f"{_ROOT}.{kept}.{{{{partition({PARTITIONS},{tokens})}}}}")
         return StreamConfig(
             name=self.name,
             description=self.description,
@@ -162,7 +171,8 @@ NODE_EVENTS = Stream(
     duplicate_window_s=10 * _MINUTE,
     description="What nodes report the moment it happens (XID, GPU lost, OOM kill, container exit, a daemon's accept "
     "queue backing up), and the "
-    "remediator's SSH checks of them, the drains it made and the workers it ended; durable.",
+    "remediator's SSH checks of them, the drains it made and the workers it ended; durable; stored by partition.",
+    partitioned=True,
 )
 INCIDENTS = Stream(
     name="GPUMEDIC_INCIDENTS",
