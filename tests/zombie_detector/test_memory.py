@@ -1,7 +1,9 @@
 """The rules' memory across a takeover, through the node-incident logic: what one instance wrote
-(`memory.snapshot`) another takes back (`memory.recall`), so a zombie's ten minutes and a silent
-node are not lost to a failover, and memory the samples stream no longer covers, or that does not
-read, is left for the rules to learn again."""
+(`memory.snapshot`) another takes back (`memory.recall`), so a zombie's ten minutes, a silent
+node, a failing check, a GPU's XIDs and a node's container deaths are not lost to a failover;
+memory of samples the samples stream no longer covers, or memory that does not read, is left for
+the rules to learn again, while memory of node events (kept by their stream) is taken back at any
+age."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ import msgspec
 
 from gpumedic_bus.streams import PARTITIONS, SAMPLES_MAX_AGE_S, partition_of
 from gpumedic_events import GpuProcess, GpuSample, IncidentKind, JobsObservation
+from gpumedic_incidents import Policy
 from zombie_detector import memory
-from tests.zombie_detector.test_rules import Detector, at, sample
+from zombie_detector.rules.xid import XidRule
+from tests.zombie_detector import test_checks, test_container_rate
+from tests.zombie_detector.test_rules import JOB, Detector, at, sample, xid
 
 HUNG = GpuProcess(pid=4242, start_ticks=777, command="python -m selfplay", container_exists=True)
 IDLE = (GpuSample(index=0, utilization_gpu_pct=0, memory_used_mib=8192, processes=(HUNG,)),)
@@ -22,10 +27,10 @@ def hung(node: str = "n1"):
     return sample(node, gpus=IDLE).model_copy(update={"jobs": JobsObservation(running=1, output_growing=False)})
 
 
-def _took_over(before: Detector, s: float, *, written_at: float | None = None) -> tuple[Detector, list[str]]:
+def _took_over(before: Detector, s: float, *, written_at: float | None = None, policy: Policy | None = None) -> tuple[Detector, list[str]]:
     """A new instance at `s`, from what `before` wrote at `written_at` (by default, `s`)."""
-    after = Detector()
-    stored = memory.snapshot(before.logic.rules, at(s if written_at is None else written_at))
+    after = Detector(policy) if policy is not None else Detector()
+    stored, _ = memory.snapshot(before.logic.rules, at(s if written_at is None else written_at))
     return after, memory.recall(after.logic.rules, stored, at(s))
 
 
@@ -73,7 +78,7 @@ def test_memory_older_than_the_samples_stream_is_left_and_the_rules_learn_again(
         before.feed(hung("n1"), s)
     after, lines = _took_over(before, 300 + SAMPLES_MAX_AGE_S + 1, written_at=300)
     assert lines[0] == "0 entries taken back, written up to 0s ago"
-    assert all("its rules learn again" in line for line in lines[1:]) and len(lines) == 1 + PARTITIONS
+    assert all("its rules of samples learn again" in line for line in lines[1:]) and len(lines) == 1 + PARTITIONS
     assert after.logic.rules[1].idle_since == {}
 
 
@@ -82,7 +87,7 @@ def test_each_partition_holds_its_own_nodes_and_an_unreadable_one_costs_only_its
     nodes = [f"gpu-node-{i:03d}" for i in range(40)]
     for node in nodes:
         before.feed(hung(node), 0)
-    stored = memory.snapshot(before.logic.rules, at(0))
+    stored, _ = memory.snapshot(before.logic.rules, at(0))
     assert set(stored) == {memory.key(p) for p in range(PARTITIONS)}
     for node in nodes:
         part = msgspec.json.decode(stored[memory.key(partition_of(node))])
@@ -94,3 +99,83 @@ def test_each_partition_holds_its_own_nodes_and_an_unreadable_one_costs_only_its
     assert any(line.startswith(f"{memory.key(broken)}: ZombieRule's memory unreadable") and "$[0]" in line for line in lines), lines
     kept = {node for node, _ in after.logic.rules[1].idle_since}
     assert kept == {n for n in nodes if partition_of(n) != broken}
+
+
+def test_a_failing_check_goes_on_counting_its_for_s_after_a_takeover():
+    before = Detector(test_checks.POLICY)
+    for s in (0, 30):
+        before.feed(test_checks.checked(gpu_fabric="problem: NVSwitch 2 is missing"), s)
+    after, _ = _took_over(before, 45, written_at=40, policy=test_checks.POLICY)
+    after.feed(test_checks.checked(gpu_fabric="problem: NVSwitch 2 is missing"), 61)
+    assert [o.node_id for o in after.opened(IncidentKind.CHECK_FAILED)] == ["n1"]  # its 60 s counted from 0, not from 45
+
+
+def _on(pid: int):
+    return sample(gpus=(GpuSample(index=2, utilization_gpu_pct=90, processes=(JOB.model_copy(update={"pid": pid}),)),))
+
+
+def test_a_gpus_xids_under_earlier_jobs_count_after_a_takeover_however_long_it_took():
+    before = Detector()
+    before.feed(xid(13), 0)  # the node's first XID: its job is not known yet
+    before.feed(_on(1001), 1)
+    before.feed(xid(13), 2)  # an application XID under one job: the job's fault, so far
+    # the instance dies; the next takes over five minutes later (a day of XIDs is the rule's window,
+    # and the XIDs meanwhile wait in their stream)
+    after, lines = _took_over(before, 301, written_at=3)
+    assert lines[0] == "2 entries taken back, written up to 298s ago"  # the XIDs; the node's last sample is too old to take
+    after.feed(_on(2002), 302)
+    after.feed(xid(13), 303)  # the same GPU under a second job: the GPU is the common factor
+    (opened,) = after.opened(IncidentKind.GPU_XID)
+    assert "under 2 different jobs" in opened.summary
+    fresh = Detector()
+    fresh.feed(_on(2002), 302)
+    fresh.feed(xid(13), 303)
+    assert fresh.opened() == []  # without the memory: one job, the job's fault
+
+
+def test_xids_older_than_the_rules_window_are_not_taken_back():
+    before = Detector()
+    before.feed(_on(1001), 0)
+    before.feed(xid(13), 1)
+    after, _ = _took_over(before, 2 * 86_400, written_at=86_400 + 100)
+    assert next(r for r in after.logic.rules if isinstance(r, XidRule)).history == {}
+
+
+def _node_rate(d: Detector) -> list[str]:
+    return [o.node_id for o in d.opened(IncidentKind.CONTAINER_DIED) if o.fingerprint.endswith("/node_rate")]
+
+
+def test_a_nodes_container_deaths_count_after_a_takeover():
+    before = Detector(test_container_rate.POLICY)
+    test_container_rate.fleet_day(before, bad={"n3": [(f"job-{j}", 139) for j in range(2)]})  # two: under min_died
+    assert _node_rate(before) == []  # not yet enough of n3's containers died
+    after, _ = _took_over(before, 200, written_at=20, policy=test_container_rate.POLICY)
+    for j in range(2, 8):
+        after.feed(test_container_rate.ended("n3", f"job-{j}", 1), 201 + j)
+    after.tick(230)
+    assert _node_rate(after) == ["n3"]
+    fresh = Detector(test_container_rate.POLICY)
+    for j in range(2, 8):
+        fresh.feed(test_container_rate.ended("n3", f"job-{j}", 1), 201 + j)
+    fresh.tick(230)
+    assert _node_rate(fresh) == []  # one node's exits alone: nothing to compare with
+
+
+def test_a_partition_over_its_budget_leaves_out_its_largest_rule_and_says_so():
+    before = Detector()
+    nodes = [n for n in (f"gpu-node-{i:03d}" for i in range(200)) if partition_of(n) == 5][:8]
+    for node in nodes:
+        before.feed(hung(node), 0)
+        before.feed(xid(13, gpu=1, node=node), 1)
+    for i in range(900):  # a storm on one GPU: its history is the partition's largest memory
+        before.feed(xid(13, gpu=2, node=nodes[0]), 2 + i * 0.01)
+    full, left_out = memory.snapshot(before.logic.rules, at(20))
+    assert left_out == []
+    size = len(full[memory.key(5)])
+    stored, left_out = memory.snapshot(before.logic.rules, at(20), budget=size // 2)
+    assert [line.split(" (")[0] for line in left_out] == [f"{memory.key(5)}: XidRule's memory"]
+    assert len(stored[memory.key(5)]) <= size // 2
+    after = Detector()
+    memory.recall(after.logic.rules, stored, at(25))
+    assert {node for node, _ in after.logic.rules[1].idle_since} == set(nodes)  # the rest of the partition kept
+    assert next(r for r in after.logic.rules if isinstance(r, XidRule)).history == {}

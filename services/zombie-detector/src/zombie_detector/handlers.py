@@ -32,6 +32,8 @@ LAST_WRITE_WITHIN_S = 2.0
 class DetectorHandlers(Detector):
     def __init__(self, runtime: ServiceRuntime, logic: NodeIncidents) -> None:
         super().__init__(runtime, logic, SOURCE)
+        self._left_out: set[str] = set()
+        """The rules' parts of partitions the last write of the memory left out (said once)."""
 
     async def on_event(self, event: Event, delivery: Delivery | None = None) -> None:
         """A sample (push consumer, no delivery) or a node event (pull consumer). A node event is
@@ -85,5 +87,11 @@ class DetectorHandlers(Detector):
                     await asyncio.wait_for(self._write_memory(kv), LAST_WRITE_WITHIN_S)
 
     async def _write_memory(self, kv) -> None:
-        for key, value in memory.snapshot(self.logic.rules, datetime.now(UTC)).items():
+        values, left_out = memory.snapshot(self.logic.rules, datetime.now(UTC))
+        said = {line.split(" (", 1)[0] for line in left_out}  # which rule of which partition, without its size
+        if said != self._left_out:
+            for line in left_out:
+                log.warning("%s: %s", SOURCE, line)
+            self._left_out = said
+        for key, value in values.items():
             await kv.put(key, value)

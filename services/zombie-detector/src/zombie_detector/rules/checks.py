@@ -14,18 +14,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import CheckFact, IncidentKind, NodeRetired, RestartUnit
+from gpumedic_events.node import CHECK_NAME
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import CheckFailedPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 KIND = IncidentKind.CHECK_FAILED
 
 
+class Failing(msgspec.Struct, frozen=True):
+    """Since when a node's check has said "problem" (the rule's memory: `zombie_detector.memory`)."""
+
+    node: NodeId
+    check: Annotated[str, msgspec.Meta(pattern=CHECK_NAME)]
+    since: datetime
+
+
 class CheckRule:
     inputs = (Sample, NodeRetired)
+    entry = Failing
+    of_events = False
 
     def __init__(self, policy: CheckFailedPolicy) -> None:
         self.policy = policy
@@ -60,6 +74,13 @@ class CheckRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[Failing]:
+        return [Failing(node, check, since) for (node, check), since in self.failing_since.items()]
+
+    def recall(self, entries: Sequence[Failing], now: datetime) -> None:
+        for entry in entries:
+            self.failing_since[(entry.node, entry.check)] = min(entry.since, now)
 
     def _gone(self, node: str, name: str, summary: str) -> Finding | None:
         """The check's problem is over: a finding only where one was seen."""

@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import ContainerExited, Diagnosis, IncidentKind
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import ContainerPolicy
 from gpumedic_incidents.rates import stands_out
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 from zombie_detector.rules.container import Stopping, ended_normally, part_of_an_action
 
 KEY = "node_rate"
@@ -33,8 +36,19 @@ REMEDIES = (
 )
 
 
+class Exit(msgspec.Struct, frozen=True):
+    """One container's end counted on a node (the rule's memory: `zombie_detector.memory`)."""
+
+    node: NodeId
+    at: datetime
+    name: Annotated[str, msgspec.Meta(max_length=256)]
+    died: bool
+
+
 class ContainerRateRule:
     inputs = (ContainerExited,)
+    entry = Exit
+    of_events = True  # the window's exits: the node-events stream keeps them
 
     def __init__(self, policy: ContainerPolicy, stopping: Stopping | None = None) -> None:
         self.policy = policy.node_rate
@@ -49,6 +63,13 @@ class ContainerRateRule:
         name = event.name or event.container_id[:12]
         self.ended.setdefault(event.node_id, deque()).append((now, name, not ended_normally(event)))
         return ()
+
+    def remember(self) -> list[Exit]:
+        return [Exit(node, at, name, died) for node, ended in self.ended.items() for at, name, died in ended]
+
+    def recall(self, entries: Sequence[Exit], now: datetime) -> None:
+        for entry in sorted(entries, key=lambda e: e.at):
+            self.ended.setdefault(entry.node, deque()).append((min(entry.at, now), entry.name, entry.died))  # the window's end drops the old
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         policy = self.policy

@@ -60,6 +60,7 @@ class LastSample(msgspec.Struct, frozen=True):
 class NodeRule:
     inputs = (Sample, NodeSshChecked, NodeRetired, ServiceHeartbeat)
     entry = LastSample
+    of_events = False
 
     def __init__(self, silent: SilentPolicy, ssh: SshPolicy, *, behind: BehindPolicy | None = None, service: str = "zombie-detector") -> None:
         self.silent = silent

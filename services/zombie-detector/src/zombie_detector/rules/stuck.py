@@ -28,6 +28,7 @@ KIND = IncidentKind.STUCK_PROCESS
 class StuckRule:
     inputs = (Sample, NodeRetired)
     entry = Streak
+    of_events = False
 
     def __init__(self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
         self.policy = policy

@@ -22,13 +22,16 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import GpuReset, GpuXidReported, IncidentKind
 from gpumedic_events.xid import MAX_KNOWN_XID, XID_CATALOGUE, XidInfo
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import XidPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,16 @@ Entry = tuple[datetime, int, str]
 """(when, xid, the job that held the GPU then)."""
 
 
+class XidSeen(msgspec.Struct, frozen=True):
+    """One XID in a GPU's history (the rule's memory: `zombie_detector.memory`)."""
+
+    node: NodeId
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=63)] | None
+    at: datetime
+    xid: Annotated[int, msgspec.Meta(ge=0)]
+    job: Annotated[str, msgspec.Meta(max_length=64)]
+
+
 class XidRule:
     inputs = (GpuXidReported, Sample)
 
@@ -67,6 +80,19 @@ class XidRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    entry = XidSeen
+    of_events = True  # a day of XIDs: the node-events stream keeps them
+
+    def remember(self) -> list[XidSeen]:
+        return [XidSeen(node, gpu, at, xid, job) for (node, gpu), history in self.history.items() for at, xid, job in history]
+
+    def recall(self, entries: Sequence[XidSeen], now: datetime) -> None:
+        kept = timedelta(seconds=self.policy.history_s)
+        for entry in sorted(entries, key=lambda e: e.at):
+            if now - entry.at <= kept:
+                self.history.setdefault((entry.node, entry.gpu), deque(maxlen=1000)).append((min(entry.at, now), entry.xid, entry.job))
+                self._holders.setdefault(entry.node, {})  # its next sample names the jobs on its GPUs
 
     def _xid(self, event: GpuXidReported, now: datetime) -> list[Finding]:
         key = (event.node_id, event.gpu_index)

@@ -98,6 +98,7 @@ def unidentified(gpu: GpuSample) -> str:
 class ZombieRule:
     inputs = (Sample,)
     entry = Streak
+    of_events = False
 
     def __init__(self, policy: ZombiePolicy, kill: KillPolicy, *, pattern_kill: KillPolicy | None = None,
                  rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
