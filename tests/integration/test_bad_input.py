@@ -12,7 +12,7 @@ import json
 import pytest
 
 from gpumedic.proto import CONSUMERS
-from gpumedic_bus.streams import DEAD_LETTERS, SAMPLES
+from gpumedic_bus.streams import DEAD_LETTERS, STREAMS
 from gpumedic_bus.topology import LIVE, ONE_ACTIVE, REQUESTS
 from gpumedic_events import MAX_EVENT_BYTES, MessageRejected
 from gpumedic_events.base import json_examples
@@ -39,7 +39,9 @@ def _bad_payloads(event_type) -> dict[str, tuple[str, bytes, str]]:
 
 
 def _consumed(app) -> set[str]:
-    subjects = {s._resolved_subject_string for s in app.broker.subscribers}
+    """The subjects the service reads, as published (a partitioned stream's consumer filters `<prefix>.>`)."""
+    subjects = {s._resolved_subject_string.removesuffix(".>") + ".*" if s._resolved_subject_string.endswith(".>")
+                else s._resolved_subject_string for s in app.broker.subscribers}
     subjects |= {c._event_type.subject_filter() for c in app.runtime._push_consumers}
     subjects |= {event_type.subject_filter() for event_type, *_ in app.runtime._live}
     return subjects
@@ -80,8 +82,9 @@ async def test_every_kind_of_bad_input_is_dead_lettered_and_the_service_lives_on
 
         assert len(records) == len(sent)
         assert {r.service for r in records} == {service}
-        for event, kind, subject, reason in sent:  # (a record names the subject as stored: a sample's with its partition)
-            assert any((SAMPLES.as_published(r.original_subject) if r.stream == SAMPLES.name else r.original_subject) == subject
+        streams = {stream.name: stream for stream in STREAMS}
+        for event, kind, subject, reason in sent:  # (a record names the subject as stored: a node's fact with its partition)
+            assert any((streams[r.stream].as_published(r.original_subject) if r.stream in streams else r.original_subject) == subject
                        and reason in r.reason for r in records), (event, kind, reason)
         oversize = [r for r in records if r.payload_bytes > MAX_EVENT_BYTES]
         assert oversize and all(r.payload_truncated for r in oversize)
