@@ -32,8 +32,15 @@ from gpumedic_bus import NatsSettings, connect, provision
 from gpumedic_bus.provision import wait_for_jetstream
 from gpumedic_bus.streams import INCIDENTS
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, SIM_FLEET, node_user
+from gpumedic_bus.topology import ADMIN, CONTROL_USERS, OBSERVER, ONE_ACTIVE, SHARED_LOOPS, SIM_FLEET, node_user
 from gpumedic_events import NodeSampled, ServiceHeartbeat
+
+
+REPLICABLE = tuple(sorted(ONE_ACTIVE | set(SHARED_LOOPS)))
+"""The services that may run as several processes here: one acts and the others stand by
+(`topology.ONE_ACTIVE`), or they share the work (the remediator: its action requests, and its SSH
+round by partition). Not the node-sampler (this machine's) nor report-builder (its console has
+one port)."""
 
 
 def service_command(service: str) -> list[str]:
@@ -98,6 +105,10 @@ class Stack:
     servers: list[NatsServer] = field(default_factory=list)
     """The nats-server, or the cluster's servers."""
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    """Each service process by its name: the service's, then `<service>-2` and on for its replicas."""
+    instances: dict[str, int] = field(default_factory=dict)
+    """How many processes of a service run (1 unless named; `REPLICABLE` only): a one-active
+    service's standbys, or instances that share its per-node work (`topology.SHARED_LOOPS`)."""
     passwords: dict[str, str] = field(default_factory=dict)
     tls: TlsFiles | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)
@@ -109,6 +120,8 @@ class Stack:
     restarts: dict[str, _Restart] = field(default_factory=dict)
     """What the supervisor restarted (nats-server and services), and when it may try again."""
     _envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    _service_of: dict[str, str] = field(default_factory=dict)
+    """A process's service, by the process's name."""
     _supervisor: asyncio.Task | None = None
     _stopping: bool = False
     _provision_due: bool = False
@@ -282,29 +295,40 @@ class Stack:
 
     def _write_targets(self) -> None:
         # Prometheus' file_sd format: point a scrape job's file_sd_configs at it.
-        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": s}} for s, port in self.metrics_ports.items()]
+        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": self._service_of.get(name, name)}}
+                   for name, port in self.metrics_ports.items()]
         (self.var_dir / "prometheus-targets.json").write_text(json.dumps(targets + self._more_targets, indent=2) + "\n")
 
     def start_services(self, services: list[str] | None = None) -> None:
         assert self.servers, "start the bus first"
+        for service, count in self.instances.items():
+            if count != 1 and service not in REPLICABLE:
+                raise ValueError(f"{service} runs one process here, not {count} (replicas: {', '.join(REPLICABLE)})")
         base = {**os.environ, "GPUMEDIC_STORE_URL": self.store_url, "PYTHONUNBUFFERED": "1", **self.env}
+        names = {}
         for service in services or list(SERVICES):
-            self.metrics_ports[service] = free_port()
+            for n in range(1, self.instances.get(service, 1) + 1):
+                names[service if n == 1 else f"{service}-{n}"] = service
+        self._service_of |= names
+        if more := [f"{service} x{self.instances[service]}" for service in dict.fromkeys(names.values()) if self.instances.get(service, 1) > 1]:
+            self.say(f"  replicas: {', '.join(more)} (logs and metrics per process: <service>-2 and on)")
+        for name in names:
+            self.metrics_ports[name] = free_port()
         self._write_targets()
-        for service in services or list(SERVICES):
-            metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[service]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
+        for name, service in names.items():
+            metrics = {"GPUMEDIC_METRICS_PORT": str(self.metrics_ports[name]), "GPUMEDIC_METRICS_ADDR": "127.0.0.1"}
             console = self._console_env() if service == "report-builder" else {}
             # Kept for restarts; the instance id too, so a restarted one-active service takes its
             # own lease back at once instead of waiting out the TTL (gpumedic_bus.lease).
             instance = {"GPUMEDIC_INSTANCE_ID": str(uuid.uuid4())}
-            self._envs[service] = {**base, **self.service_env(service), **metrics, **console, **instance}
-            self._spawn(service)
+            self._envs[name] = {**base, **self.service_env(service), **metrics, **console, **instance}
+            self._spawn(name)
 
-    def _spawn(self, service: str) -> None:
-        log = open(self.logs / f"{service}.log", "ab")  # noqa: SIM115 (the child owns it)
-        self.processes[service] = subprocess.Popen(
-            service_command(service),
-            env=self._envs[service],
+    def _spawn(self, name: str) -> None:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        self.processes[name] = subprocess.Popen(
+            service_command(self._service_of[name]),
+            env=self._envs[name],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -385,12 +409,13 @@ class Stack:
         sample, since its node's login speaks only for its node), showing which are up."""
         nc = await self.connect(OBSERVER)
         ready: set[str] = set()
+        started = set(self._service_of.values())  # a service's standbys beat once they take over
         arrived = asyncio.Event()
 
         def _up(service: str) -> None:
-            if service in self.processes and service not in ready:
+            if service in started and service not in ready:
                 ready.add(service)
-                self.say(f"  ready: {service} ({len(ready)}/{len(self.processes)})")
+                self.say(f"  ready: {service} ({len(ready)}/{len(started)})")
                 arrived.set()
 
         async def _on_heartbeat(msg) -> None:
@@ -403,15 +428,15 @@ class Stack:
             _up("node-sampler")
 
         await nc.subscribe(ServiceHeartbeat.subject_filter(), cb=_on_heartbeat)
-        if "node-sampler" in self.processes:
+        if "node-sampler" in started:
             await nc.subscribe(NodeSampled.subject_for(sampler_node_id(self.env)), cb=_on_sample)
         deadline = time.monotonic() + timeout_s
         try:
-            while len(ready) < len(self.processes):
+            while len(ready) < len(started):
                 self.check_alive()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = sorted(set(self.processes) - ready)
+                    missing = sorted(started - ready)
                     raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.logs})")
                 arrived.clear()
                 with contextlib.suppress(TimeoutError):

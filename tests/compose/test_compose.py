@@ -139,9 +139,8 @@ def deployment(request, tmp_path: Path):
 
 async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deployment: Compose):
     env = {k: v for k, v, _ in read_env(deployment.dir / ".env") if k}
-    # on the cluster, two instances of the detector (one active, one standby) and of the remediator (sharing)
-    scaled = ["--scale", "zombie-detector=2", "--scale", "remediator=2"] if deployment.cluster else []
-    deployment.run("up", "-d", "--no-build", *scaled, timeout=600)
+    # two instances of the detector (one active, one standby) and of the remediator (sharing)
+    deployment.run("up", "-d", "--no-build", "--scale", "zombie-detector=2", "--scale", "remediator=2", timeout=600)
     deployment.wait_healthy(["nats"], within_s=120)
 
     # The story, as an operator's own consumer would read it: the observer user, over TLS.
@@ -212,7 +211,7 @@ async def test_compose_stack_fixes_a_zombie_from_detection_to_verified_fix(deplo
 
 
 async def _check_monitoring(deployment: Compose, env: dict[str, str]) -> None:
-    """The `monitoring` profile as shipped: Prometheus scrapes every service and the (demo) GPU
+    """The `monitoring` profile as shipped: Prometheus scrapes every service, each replica, and the (demo) GPU
     nodes with every target up, NVIDIA's dashboard's series come one per GPU under the node ids,
     and Alertmanager received the zombie's incident from report-builder, firing and then resolved."""
     deployment.wait_healthy(["prometheus", "alertmanager"], within_s=120)
@@ -225,12 +224,14 @@ async def _check_monitoring(deployment: Compose, env: dict[str, str]) -> None:
     targets: list = []
     for _ in range(60):  # a scrape every 15 s
         targets = get(f"{prometheus}/api/v1/targets")["data"]["activeTargets"]
-        if targets and all(t["health"] == "up" for t in targets):
+        replicas = [t for t in targets if t["labels"]["job"] == "gpumedic"]  # found by DNS, one per container
+        if targets and all(t["health"] == "up" for t in targets) and len(replicas) == 7:
             break
         await asyncio.sleep(2)
     health = {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
     assert health and set(health.values()) == {"up"}, health
     assert {job for job, _ in health} == {"gpumedic", "gpumedic-nodes"}, health
+    assert len([job for job, _ in health if job == "gpumedic"]) == 7, health  # five services, two of them twice
     series = get(f"{prometheus}/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP")["data"]["result"]
     assert sorted((s["metric"]["Hostname"], s["metric"]["gpu"]) for s in series) == [(n, g) for n in NODES for g in ("0", "1")]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from gpumedic.cli import DEFAULT_VAR, EXTENSIONS, PATH, cluster_option, command, fleet_options, run_until_done
+from gpumedic.cli import DEFAULT_VAR, EXTENSIONS, PATH, cluster_option, command, fleet_options, replicas_option, run_until_done
 
 THROWAWAY = ".gpumedic-throwaway"
 """Marks a directory that a demo or a simulation made for itself, and empties at its next start."""
@@ -59,7 +59,7 @@ def cmd_demo(args) -> int:
     return run_until_done(
         run_demo(
             args.var, nodes=args.nodes, gpus=args.gpus, duration_s=args.duration,
-            keep_running=args.keep_running, stop_after_s=args.duration, cluster=args.cluster,
+            keep_running=args.keep_running, stop_after_s=args.duration, cluster=args.cluster, replicas=args.replicas,
         )
     )
 
@@ -166,7 +166,7 @@ def cmd_up_demo(args) -> int:
     return run_until_done(
         run_demo(
             var, nodes=args.nodes, gpus=args.gpus, duration_s=story_s, keep_running=True, stop_after_s=args.duration,
-            cluster=args.cluster,
+            cluster=args.cluster, replicas=args.replicas,
         )
     )
 
@@ -179,6 +179,7 @@ def register() -> None:
         click.option("--duration", type=float, default=180.0, show_default=True, help="give up after this many seconds"),
         click.option("--keep-running", is_flag=True, help="keep the stack up after the story, until --duration or Ctrl-C"),
         cluster_option(),
+        replicas_option(),
     )
     command(
         "sim", cmd_sim, "the embedded stack on a simulated fleet with scripted faults, scored against ground truth",

@@ -8,6 +8,6 @@ dead-letters). Installed packages add theirs through the `gpumedic.commands` ent
 """
 
 from gpumedic.cli import control, nodes, records, stack  # noqa: F401  (each registers its commands)
-from gpumedic.cli.core import DEFAULT_VAR, EXTENSIONS, PATH, cluster_option, command, fleet_options, main, run_until_done
+from gpumedic.cli.core import DEFAULT_VAR, EXTENSIONS, PATH, cluster_option, command, fleet_options, main, replicas_option, run_until_done
 
-__all__ = ["DEFAULT_VAR", "EXTENSIONS", "PATH", "cluster_option", "command", "fleet_options", "main", "run_until_done"]
+__all__ = ["DEFAULT_VAR", "EXTENSIONS", "PATH", "cluster_option", "command", "fleet_options", "main", "replicas_option", "run_until_done"]

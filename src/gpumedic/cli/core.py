@@ -144,6 +144,28 @@ def cluster_option():
                         help="nats-servers in one JetStream cluster on loopback, streams replicated on up to 3 (3 survives one loss)")
 
 
+def replicas_option():
+    return click.option("--replicas", multiple=True, metavar="SERVICE=N", callback=_replicas,
+                        help="run N processes of a service (repeatable; zombie-detector, leader-health, autoscaler: one "
+                        "acts, the others take over; the remediator: they share the work)")
+
+
+def _replicas(_ctx, _param, value: tuple[str, ...]) -> dict[str, int]:
+    if not value:
+        return {}
+    from gpumedic.stack import REPLICABLE
+
+    counts = {}
+    for item in value:
+        service, _, count = item.partition("=")
+        if service not in REPLICABLE:
+            raise click.BadParameter(f"{item!r}: {service or 'a service'} does not run as replicas; these do: {', '.join(REPLICABLE)}")
+        if not count.isdigit() or not 1 <= int(count) <= 16:
+            raise click.BadParameter(f"{item!r}: N is 1 to 16 (16 partitions: more would have nothing to share)")
+        counts[service] = int(count)
+    return counts
+
+
 def by_option(default: str = "operator", what: str = "who (kept in the audit)"):
     return click.option("--by", default=os.environ.get("USER", default), show_default="$USER", help=what)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpumedic.cli.core import EXTENSIONS, PATH, cluster_option, command, fleet_options, run_until_done, store_option, store_url, var_option
+from gpumedic.cli.core import EXTENSIONS, PATH, cluster_option, command, fleet_options, replicas_option, run_until_done, store_option, store_url, var_option
 from gpumedic.services import SERVICES
 
 
@@ -29,7 +29,7 @@ def cmd_up(args) -> int:
     from gpumedic.stack import Stack, remediator_files
 
     async def _up() -> int:
-        stack = Stack(args.var)
+        stack = Stack(args.var, instances=args.replicas)
         try:
             print(f"[1/3] starting the bus and the store under {args.var}/")
             stack.env = remediator_files(args.var)
@@ -146,6 +146,7 @@ command(
     click.option("--demo", is_flag=True, help="also start a simulated fleet and inject a zombie job"),
     click.option("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"),
     cluster_option(),
+    replicas_option(),
     click.option("--listen", default="127.0.0.1", show_default=True, metavar="ADDR",
                  help="where nats-server listens: 0.0.0.0 or an address of this machine lets rented nodes elsewhere reach it"),
     click.option("--nats-port", type=click.IntRange(min=1, max=65535), metavar="PORT",

@@ -60,6 +60,7 @@ async def run_demo(
     on_ready: Callable[[Stack], Awaitable[None]] | None = None,
     on_done: Callable[[Stack], Awaitable[None]] | None = None,
     cluster: int = 1,
+    replicas: dict[str, int] | None = None,
 ) -> int:
     """Run the story; return 0 when the injected zombie was fixed and recorded, 1 otherwise.
 
@@ -67,12 +68,12 @@ async def run_demo(
     `stop_after_s` from the start, or until Ctrl-C when that is None. `on_ready` is awaited once
     the stack is up, before the zombie is injected (where a test starts its own consumers);
     `on_done` once the story is told, while the stack is still up. `cluster`: that many
-    nats-servers in one JetStream cluster.
+    nats-servers in one JetStream cluster; `replicas`, processes per service (`Stack.instances`).
     """
     started = time.monotonic()
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet")
-    stack = Stack(var_dir, say=say)
+    stack = Stack(var_dir, say=say, instances=dict(replicas or {}))
     connections = []
     sampling = None
     try:
