@@ -351,6 +351,9 @@ class PushConsumer(Generic[E]):
         self._pending = 0
         self._newest_stored: float | None = None
         """When the stream stored the newest message handled (epoch seconds, the server's clock)."""
+        self._newest = None
+        """The newest message handled, its metadata not read yet: read only when the lag is asked
+        for (about once a second), not for each of thousands of samples a second."""
         self._turn_began = time.perf_counter()
 
     async def start(self) -> None:
@@ -387,6 +390,7 @@ class PushConsumer(Generic[E]):
         """How far behind it is now (`now`: epoch seconds; the stream's stored time is the server's
         clock, so a skew between the two machines adds to it)."""
         now = time.time() if now is None else now
+        self._read_newest()
         # Delivered but not yet handled counts too: a handler held up (by a lock, a slow write) has
         # its samples queue on the connection while the server says none waits.
         waiting = self._pending + (self._sub.pending_msgs if self._sub is not None else 0)
@@ -395,15 +399,22 @@ class PushConsumer(Generic[E]):
 
     def saw_pending(self, pending: int) -> None:
         """What the server says waits (consumer info), for a stall in which no message tells it."""
+        self._read_newest()  # older than the server's answer
         self._pending = pending
 
-    async def on_message(self, msg) -> None:
-        """One message, as nats-py's push subscription hands it."""
+    def _read_newest(self) -> None:
+        msg, self._newest = self._newest, None
+        if msg is None:
+            return
         try:
             meta = msg.metadata
             self._pending, self._newest_stored = meta.num_pending, meta.timestamp.timestamp()
         except Exception:  # noqa: BLE001 (not a JetStream message: nothing to learn from it)
             pass
+
+    async def on_message(self, msg) -> None:
+        """One message, as nats-py's push subscription hands it."""
+        self._newest = msg
         try:
             event = self._event_type.decode_as(self.view, msg.data, subject=self._published(msg.subject))
         except EventDecodeError as exc:
