@@ -111,7 +111,8 @@ def recall(rules: Iterable[object], stored: Mapping[str, bytes], now: datetime) 
                 continue
             gathered.setdefault(rule_name, []).extend(entries)
             taken += len(entries)
-            oldest_s = max(oldest_s, age_s) if entries else oldest_s
+            if entries:
+                oldest_s = max(oldest_s, age_s)
     for rule_name, entries in gathered.items():
         remembering[rule_name].recall(entries, now)
     return [f"{taken} entries taken back, written up to {oldest_s:.0f}s ago", *lines]
