@@ -338,3 +338,15 @@ def test_the_node_that_stopped_being_free_does_not_verify_the_stop_while_ranks_r
     run(d, 445, 460, lambda i, s: node_sample(i, (0, 0), ranks=False))
     (restart,) = [e for e in d.events[before:] if isinstance(e, ActionRequested)]
     assert restart.operation == RestartJob(job="train", nodes=("n1", "n2", "n4"))
+
+
+def test_the_stopped_job_ends_when_the_node_that_stopped_is_the_last_to_say_its_ranks_are_gone():
+    # As above, but n3 (its GPU 1 off the bus) samples last after the stop: its rank on the lost GPU
+    # cannot be seen to end, and the job has no other rank left, so it has ended there too.
+    d = Detector(restarting_policy())
+    hung, stop = stopped(d)
+    succeeded(d, stop, 421)
+    run(d, 425, 440, gone, nodes=(0, 1, 3, 2))
+    d.tick(442)
+    (restart,) = [e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob)]
+    assert restart.incident_id == hung.incident_id and restart.operation == RestartJob(job="train", nodes=("n1", "n2", "n4"))

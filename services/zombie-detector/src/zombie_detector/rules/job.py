@@ -212,7 +212,12 @@ class JobRule:
         else:
             self._on_node.pop(node, None)
         for job_id in sorted(set(here) | before):
-            if (job := self.jobs.get(job_id)) is not None and job.seats:
+            if (job := self.jobs.get(job_id)) is None or not job.seats:
+                continue
+            if job.culprit is not None and job.gone():
+                # what is left of it is a rank on a GPU off the bus: ended there too, whichever node said so last
+                findings += self._ended(job_id, job, incidents)
+            else:
                 findings += self._judge(job_id, job, now, incidents)
         return findings
 
