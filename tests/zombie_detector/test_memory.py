@@ -1,6 +1,7 @@
 """The rules' memory across a takeover, through the node-incident logic: what one instance wrote
 (`memory.snapshot`) another takes back (`memory.recall`), so a zombie's ten minutes, a silent
-node, a failing check, a GPU's XIDs and a node's container deaths are not lost to a failover;
+node, a failing check, a phantom job count, a log pattern's lines, a port's rate, a GPU's XIDs and
+a node's container deaths are not lost to a failover;
 memory of samples the samples stream no longer covers, or memory that does not read, is left for
 the rules to learn again, while memory of node events (kept by their stream) is taken back at any
 age."""
@@ -14,7 +15,8 @@ from gpumedic_events import GpuProcess, GpuSample, IncidentKind, JobsObservation
 from gpumedic_incidents import Policy
 from zombie_detector import memory
 from zombie_detector.rules.xid import XidRule
-from tests.zombie_detector import test_checks, test_container_rate
+from zombie_detector.rules.nic import NicRule
+from tests.zombie_detector import test_checks, test_container_rate, test_nic_rule, test_phantom
 from tests.zombie_detector.test_rules import JOB, Detector, at, sample, xid
 
 HUNG = GpuProcess(pid=4242, start_ticks=777, command="python -m selfplay", container_exists=True)
@@ -108,6 +110,66 @@ def test_a_failing_check_goes_on_counting_its_for_s_after_a_takeover():
     after, _ = _took_over(before, 45, written_at=40, policy=test_checks.POLICY)
     after.feed(test_checks.checked(gpu_fabric="problem: NVSwitch 2 is missing"), 61)
     assert [o.node_id for o in after.opened(IncidentKind.CHECK_FAILED)] == ["n1"]  # its 60 s counted from 0, not from 45
+
+
+def test_a_phantom_job_count_goes_on_counting_its_ten_minutes_after_a_takeover():
+    before = Detector(test_phantom.POLICY)
+    test_phantom.run(before, test_phantom.idle_sample, 480)  # eight of its ten minutes counted on idle GPUs
+    after, _ = _took_over(before, 495, written_at=480, policy=test_phantom.POLICY)
+    found = [s for s in range(510, 1200, 30) if test_phantom.opened(after.feed(test_phantom.idle_sample(), s))]
+    assert found[0] == 600, found  # ten minutes from the first idle sample, not from the takeover
+    fresh = Detector(test_phantom.POLICY)
+    assert test_phantom.opened(test_phantom.run(fresh, test_phantom.idle_sample, 1080, start_s=510)) == []
+
+
+def test_a_log_patterns_lines_before_a_takeover_count_within_its_window():
+    before = Detector(test_checks.PATTERNS)
+    before.feed(test_checks.logged(worker_errors=40), 0)
+    before.feed(test_checks.logged(worker_errors=42), 10)  # 2 lines in the window, 3 open it
+    after, _ = _took_over(before, 15, policy=test_checks.PATTERNS)
+    after.feed(test_checks.logged(worker_errors=43), 20)
+    (opened,) = after.opened(IncidentKind.LOG_PATTERN)
+    assert opened.summary.startswith("3 line(s) matched the log pattern worker-errors")
+    fresh = Detector(test_checks.PATTERNS)
+    fresh.feed(test_checks.logged(worker_errors=43), 20)
+    assert fresh.opened() == []  # what was counted before it saw the node is history
+
+
+def test_a_port_that_trains_down_while_the_detector_changes_hands_is_judged_against_the_rate_it_ran_at():
+    before = Detector()
+    for s in range(0, 60, 5):
+        before.feed(test_nic_rule.with_ports(*test_nic_rule.HEALTHY), s)
+    after, _ = _took_over(before, 70, written_at=55)
+    slow = [*test_nic_rule.HEALTHY[:3], test_nic_rule.ib("mlx5_3", rate=200.0)]
+    fresh = Detector()
+    for detector in (after, fresh):
+        for s in range(75, 150, 5):
+            detector.feed(test_nic_rule.with_ports(*slow), s)
+    (opened,) = after.opened(IncidentKind.NIC_DEGRADED)
+    assert opened.summary == "mlx5_3 port 1 runs at 200 Gb/s where it ran at 400"
+    assert fresh.opened() == []  # the first rate it saw is the one it knows
+
+
+def test_a_links_downs_before_a_takeover_count_within_its_window():
+    before = Detector()
+    for s, downs in ((0, 5), (60, 5), (120, 6)):
+        before.feed(test_nic_rule.with_ports(*test_nic_rule.HEALTHY[:3], test_nic_rule.ib("mlx5_3", downs=downs)), s)
+    after, _ = _took_over(before, 130, written_at=125)
+    after.feed(test_nic_rule.with_ports(*test_nic_rule.HEALTHY[:3], test_nic_rule.ib("mlx5_3", downs=7)), 180)
+    (flap,) = after.opened(IncidentKind.NIC_FLAPPING)
+    assert flap.summary.startswith("mlx5_3 port 1 went down 2 time(s) in 3m00s (link_downed 5 -> 7)")
+
+
+def test_a_steady_port_is_remembered_by_its_rate_alone_and_the_others_in_full():
+    d = Detector()
+    never_up = test_nic_rule.ib("mlx5_9", state="DOWN", phys="Disabled", rate=None)
+    d.feed(test_nic_rule.with_ports(*test_nic_rule.HEALTHY, never_up), 0)
+    d.feed(test_nic_rule.with_ports(*test_nic_rule.HEALTHY[:3], test_nic_rule.ib("mlx5_3", downs=2), never_up), 60)
+    (entry,) = next(r for r in d.logic.rules if isinstance(r, NicRule)).remember()
+    assert entry.rates == {"mlx5_0-p1": 400.0, "mlx5_1-p1": 400.0, "mlx5_2-p1": 400.0}
+    (downs,) = entry.ports  # not the port never up: its next sample says as much
+    assert (downs.port, downs.counts[0][1:]) == ("mlx5_3-p1", (0, 0))  # where its downs rose from, within the window
+    assert msgspec.json.encode(entry).startswith(b'{"node":"n1","rates":{"mlx5_0-p1":400.0,')
 
 
 def _on(pid: int):

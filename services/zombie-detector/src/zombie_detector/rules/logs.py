@@ -15,12 +15,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import IncidentKind, LogMatches, NodeRetired, RestartUnit
+from gpumedic_events.node import CHECK_NAME
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import LogPatternPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 KIND = IncidentKind.LOG_PATTERN
 
@@ -36,8 +40,21 @@ class _Seen:
     firing: bool = False
 
 
+class Counts(msgspec.Struct, frozen=True):
+    """One node's counts of one pattern within its window (the rule's memory: `zombie_detector.memory`)."""
+
+    node: NodeId
+    pattern: Annotated[str, msgspec.Meta(pattern=CHECK_NAME)]
+    raw: Annotated[int, msgspec.Meta(ge=0)]
+    total: Annotated[int, msgspec.Meta(ge=0)]
+    changes: list[tuple[datetime, int]]
+    firing: bool
+
+
 class LogRule:
     inputs = (Sample, NodeRetired)
+    entry = Counts
+    of_events = False
 
     def __init__(self, policy: LogPatternPolicy) -> None:
         self.policy = policy
@@ -65,6 +82,16 @@ class LogRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[Counts]:
+        return [Counts(node, name, c.raw, c.total, list(c.changes), c.firing) for node, seen in self._seen.items() for name, c in seen.items()]
+
+    def recall(self, entries: Sequence[Counts], now: datetime) -> None:
+        """The lines matched before the takeover still count within their window; the sampler's
+        count in the next sample adds those matched meanwhile."""
+        for entry in entries:
+            changes = deque((min(at, now), total) for at, total in entry.changes) or deque([(now, entry.total)])
+            self._seen.setdefault(entry.node, {})[entry.pattern] = _Seen(entry.raw, entry.total, changes, entry.firing)
 
     def _judge(self, node: str, fact: LogMatches, seen: dict[str, _Seen], now: datetime, incidents: Incidents) -> Finding | None:
         rule = self.policy.of(fact.name)

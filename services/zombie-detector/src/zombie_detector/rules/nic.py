@@ -22,12 +22,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import IbPort, IncidentKind
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import NicDegradedPolicy, NicFlappingPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 DEGRADED = IncidentKind.NIC_DEGRADED
 FLAPPING = IncidentKind.NIC_FLAPPING
@@ -55,15 +58,51 @@ class _Port:
     bad_since: datetime | None = None
     counts: deque[tuple[datetime, int, int]] = field(default_factory=deque)
     """(when, link_downed, errors summed), a few over the window."""
+    latest: tuple[int, int] | None = None
+    """(link_downed, errors summed) in the last sample."""
+
+    @property
+    def moved(self) -> bool:
+        """Whether its downs or errors rose within the window (what its next sample cannot tell)."""
+        return bool(self.counts) and self.latest != self.counts[0][1:]
+
+
+PortKey = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,72}$")]
+
+
+class PortMemory(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A port that looks degraded, or whose downs or errors rose within the window, or that was
+    never up: what its next sample cannot tell."""
+
+    port: PortKey
+    top_rate: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    seen_up: bool = True
+    bad_since: datetime | None = None
+    counts: list[tuple[datetime, int, int]] = []
+
+
+class NodePorts(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What the rule knew of one node's ports (its memory: `zombie_detector.memory`): the rate each
+    steady port ran at (one that trains down while the detector changes hands is still judged
+    against it) and the others in full."""
+
+    node: NodeId
+    rates: dict[PortKey, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    ports: list[PortMemory] = []
 
 
 class NicRule:
     inputs = (Sample,)
+    entry = NodePorts
+    of_events = False
 
     def __init__(self, degraded: NicDegradedPolicy, flapping: NicFlappingPolicy) -> None:
         self.degraded = degraded
         self.flapping = flapping
-        self.ports: dict[tuple[str, str], _Port] = {}
+        self.ports: dict[str, dict[str, _Port]] = {}
+        """node -> port key -> what it knows of the port."""
+        self._remembered: dict[str, NodePorts] = {}
+        """Each node's memory as last given, until one of its ports changes (most never do)."""
 
     def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         ports = event.host.ib_ports
@@ -71,29 +110,63 @@ class NicRule:
             return ()
         open_here = {(i.kind, i.key) for i in incidents.open_on(event.node_id) if i.kind in (DEGRADED, FLAPPING)}
         findings: list[Finding] = []
+        known = self.ports.setdefault(event.node_id, {})
+        changed = False
         for p in ports:
             key = port_key(p)
-            state = self.ports.setdefault((event.node_id, key), _Port())
-            if is_up(p):
-                state.seen_up, state.top_rate = True, max(state.top_rate, p.rate_gbps or 0.0)
+            state = known.get(key) or known.setdefault(key, _Port())
+            if is_up(p) and (not state.seen_up or (p.rate_gbps or 0.0) > state.top_rate):
+                state.seen_up, state.top_rate, changed = True, max(state.top_rate, p.rate_gbps or 0.0), True
             why = self._why_degraded(p, state)
             if why:
-                state.bad_since = state.bad_since or now
+                if state.bad_since is None:
+                    state.bad_since, changed = now, True
                 if now - state.bad_since >= timedelta(seconds=self.degraded.for_s):
                     findings.append(self._finding(DEGRADED, event, p, key, why))
             else:
-                state.bad_since = None
+                if state.bad_since is not None:
+                    state.bad_since, changed = None, True
                 if (DEGRADED, key) in open_here:
                     findings.append(Finding(DEGRADED, event.node_id, key=key, present=False, summary=f"{_name(p)} is up at full rate again"))
+            latest, first = state.latest, state.counts[0] if state.counts else None
             flaps = self._why_flapping(p, state, now)
+            if state.latest != latest or (state.counts[0] if state.counts else None) is not first:
+                changed = True
             if flaps:
                 findings.append(self._finding(FLAPPING, event, p, key, flaps))
             elif (FLAPPING, key) in open_here and len(state.counts) >= 2:
                 findings.append(Finding(FLAPPING, event.node_id, key=key, present=False, summary=f"{_name(p)} is steady again"))
+        if changed:
+            self._remembered.pop(event.node_id, None)
         return findings
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[NodePorts]:
+        return [self._remembered.get(node) or self._remember(node, known) for node, known in self.ports.items()]
+
+    def _remember(self, node: str, known: dict[str, _Port]) -> NodePorts:
+        rates, others = {}, []
+        for key, p in known.items():
+            moved = p.moved
+            if p.seen_up and p.bad_since is None and not moved:
+                rates[key] = p.top_rate
+            elif p.seen_up or moved:  # a port never up and counting nothing: its next sample says as much
+                others.append(PortMemory(key, p.top_rate, p.seen_up, p.bad_since, list(p.counts) if moved else []))
+        entry = self._remembered[node] = NodePorts(node, rates, others)
+        return entry
+
+    def recall(self, entries: Sequence[NodePorts], now: datetime) -> None:
+        for entry in entries:
+            known = self.ports.setdefault(entry.node, {})
+            for key, rate in entry.rates.items():
+                known[key] = _Port(seen_up=True, top_rate=rate)
+            for port in entry.ports:
+                known[port.port] = _Port(
+                    port.seen_up, port.top_rate, port.bad_since and min(port.bad_since, now),
+                    deque((min(at, now), downs, errors) for at, downs, errors in port.counts[-KEPT - 1:]),
+                )
 
     def _why_degraded(self, p: IbPort, state: _Port) -> str:
         if not state.seen_up:
@@ -111,6 +184,7 @@ class NicRule:
         if p.link_downed is None:
             return ""
         errors = sum(getattr(p, name) or 0 for name in ERRORS)
+        state.latest = (p.link_downed, errors)
         if state.counts and (p.link_downed < state.counts[-1][1] or errors < state.counts[-1][2]):
             state.counts.clear()  # the counters went back: a reset or a reboot
         window = timedelta(seconds=self.flapping.window_s)

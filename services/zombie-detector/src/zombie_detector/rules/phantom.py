@@ -25,13 +25,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
+
+import msgspec
 
 from gpumedic_events import ClusterChecked, HttpAdmin, IncidentKind, NodeRetired, PeerJobs
 from gpumedic_events.base import is_subject_token
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import AdminPolicy, IdleJobsPolicy, PhantomPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 PHANTOM = IncidentKind.PHANTOM_JOBS
 IDLE = IncidentKind.IDLE_JOBS
@@ -67,8 +70,19 @@ class LeaderView:
         return f"the leader {self.by}" if self.leads else f"the peer {self.by} (the cluster has no leader)"
 
 
+class Counted(msgspec.Struct, frozen=True):
+    """Since when a node's jobs have been counted on idle GPUs, as one kind (the rule's memory:
+    `zombie_detector.memory`)."""
+
+    node: NodeId
+    kind: Literal["phantom_jobs", "idle_jobs"]
+    since: datetime
+
+
 class PhantomRule:
     inputs = (Sample, ClusterChecked, NodeRetired)
+    entry = Counted
+    of_events = False  # its streaks follow samples and cluster checks, both seen again within the minute
 
     def __init__(self, phantom: PhantomPolicy, idle: IdleJobsPolicy, admin: AdminPolicy) -> None:
         self.phantom = phantom
@@ -96,6 +110,15 @@ class PhantomRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def remember(self) -> list[Counted]:
+        return [Counted(node, kind.value, first) for (node, kind), (first, _) in self.since.items()]
+
+    def recall(self, entries: Sequence[Counted], now: datetime) -> None:
+        """Each streak goes on from its start, as if last seen now (the next sample or check, within
+        `STALE_S`, continues it; the views themselves come back with them)."""
+        for entry in entries:
+            self.since[(entry.node, IncidentKind(entry.kind))] = (min(entry.since, now), now)
 
     def _sample(self, sample: Sample, now: datetime, incidents: Incidents) -> list[Finding]:
         node = sample.node_id
