@@ -8,14 +8,16 @@ age."""
 
 from __future__ import annotations
 
+import uuid
+
 import msgspec
 
 from gpumedic_bus.streams import PARTITIONS, SAMPLES_MAX_AGE_S, partition_of
-from gpumedic_events import GpuProcess, GpuSample, IncidentKind, JobsObservation
+from gpumedic_events import GpuProcess, GpuSample, IncidentKind, JobsObservation, NodeRetired
 from gpumedic_incidents import Policy
 from zombie_detector import memory
-from zombie_detector.rules.xid import XidRule
 from zombie_detector.rules.nic import NicRule
+from zombie_detector.rules.xid import XidRule
 from tests.zombie_detector import test_checks, test_container_rate, test_nic_rule, test_phantom
 from tests.zombie_detector.test_rules import JOB, Detector, at, sample, xid
 
@@ -170,6 +172,8 @@ def test_a_steady_port_is_remembered_by_its_rate_alone_and_the_others_in_full():
     (downs,) = entry.ports  # not the port never up: its next sample says as much
     assert (downs.port, downs.counts[0][1:]) == ("mlx5_3-p1", (0, 0))  # where its downs rose from, within the window
     assert msgspec.json.encode(entry).startswith(b'{"node":"n1","rates":{"mlx5_0-p1":400.0,')
+    d.feed(NodeRetired(source="remediator", node_id="n1", incident_id=uuid.uuid4(), action_id=uuid.uuid4(), reason="worker ended"), 70)
+    assert next(r for r in d.logic.rules if isinstance(r, NicRule)).remember() == []  # a worker the pool ended is forgotten
 
 
 def _on(pid: int):

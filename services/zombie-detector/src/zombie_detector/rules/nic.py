@@ -26,7 +26,7 @@ from typing import Annotated
 
 import msgspec
 
-from gpumedic_events import IbPort, IncidentKind
+from gpumedic_events import IbPort, IncidentKind, NodeRetired
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import NicDegradedPolicy, NicFlappingPolicy
@@ -92,7 +92,7 @@ class NodePorts(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class NicRule:
-    inputs = (Sample,)
+    inputs = (Sample, NodeRetired)
     entry = NodePorts
     of_events = False
 
@@ -104,7 +104,11 @@ class NicRule:
         self._remembered: dict[str, NodePorts] = {}
         """Each node's memory as last given, until one of its ports changes (most never do)."""
 
-    def observe(self, event: Sample, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+    def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
+        if isinstance(event, NodeRetired):  # a worker the pool ended: forget its ports (the book closes its incidents)
+            self.ports.pop(event.node_id, None)
+            self._remembered.pop(event.node_id, None)
+            return ()
         ports = event.host.ib_ports
         if not ports:
             return ()
@@ -128,9 +132,9 @@ class NicRule:
                     state.bad_since, changed = None, True
                 if (DEGRADED, key) in open_here:
                     findings.append(Finding(DEGRADED, event.node_id, key=key, present=False, summary=f"{_name(p)} is up at full rate again"))
-            latest, first = state.latest, state.counts[0] if state.counts else None
+            latest, first, kept = state.latest, state.counts[0] if state.counts else None, len(state.counts)
             flaps = self._why_flapping(p, state, now)
-            if state.latest != latest or (state.counts[0] if state.counts else None) is not first:
+            if state.latest != latest or len(state.counts) != kept or (state.counts[0] if state.counts else None) is not first:
                 changed = True
             if flaps:
                 findings.append(self._finding(FLAPPING, event, p, key, flaps))
