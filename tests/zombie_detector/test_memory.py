@@ -1,7 +1,7 @@
 """The rules' memory across a takeover, through the node-incident logic: what one instance wrote
 (`memory.snapshot`) another takes back (`memory.recall`), so a zombie's ten minutes, a silent
-node, a failing check, a phantom job count, a log pattern's lines, a port's rate, a GPU's XIDs and
-a node's container deaths are not lost to a failover;
+node, a failing check, a phantom job count, a log pattern's lines, a port's rate, a stale model
+copy, a GPU's XIDs and a node's container deaths are not lost to a failover;
 memory of samples the samples stream no longer covers, or memory that does not read, is left for
 the rules to learn again, while memory of node events (kept by their stream) is taken back at any
 age."""
@@ -18,7 +18,7 @@ from gpumedic_incidents import Policy
 from zombie_detector import memory
 from zombie_detector.rules.nic import NicRule
 from zombie_detector.rules.xid import XidRule
-from tests.zombie_detector import test_checks, test_container_rate, test_nic_rule, test_phantom
+from tests.zombie_detector import test_checks, test_container_rate, test_files, test_nic_rule, test_phantom
 from tests.zombie_detector.test_rules import JOB, Detector, at, sample, xid
 
 HUNG = GpuProcess(pid=4242, start_ticks=777, command="python -m selfplay", container_exists=True)
@@ -174,6 +174,21 @@ def test_a_steady_port_is_remembered_by_its_rate_alone_and_the_others_in_full():
     assert msgspec.json.encode(entry).startswith(b'{"node":"n1","rates":{"mlx5_0-p1":400.0,')
     d.feed(NodeRetired(source="remediator", node_id="n1", incident_id=uuid.uuid4(), action_id=uuid.uuid4(), reason="worker ended"), 70)
     assert next(r for r in d.logic.rules if isinstance(r, NicRule)).remember() == []  # a worker the pool ended is forgotten
+
+
+def test_a_stale_copy_is_judged_against_the_fleets_copy_at_once_after_a_takeover():
+    fleet = {"n1": {}, "n2": {}, "n3": {"present": False}, "n4": {"sha": test_files.OLD}}
+    before = Detector(test_files.POLICY)
+    for s in (0, 30):
+        test_files.feed(before, s, fleet)
+    after, _ = _took_over(before, 40, written_at=35, policy=test_files.POLICY)
+    stale_first = {"n4": fleet["n4"], "n3": fleet["n3"], "n1": {}, "n2": {}}  # before the fleet's copies come in again
+    test_files.feed(after, 61, stale_first)
+    assert sorted(o.node_id for o in after.opened(IncidentKind.FILE_MISSING)) == ["n3", "n4"]  # their 60 s counted from 0
+    fresh = Detector(test_files.POLICY)
+    for s in (61, 91, 121):
+        test_files.feed(fresh, s, stale_first)
+    assert [o.node_id for o in fresh.opened(IncidentKind.FILE_MISSING)] == ["n3"]  # n4 is first counted at 91, when the vote is in
 
 
 def _on(pid: int):

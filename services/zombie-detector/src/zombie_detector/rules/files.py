@@ -18,12 +18,15 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Annotated
+
+import msgspec
 
 from gpumedic_events import FileFact, IncidentKind, NodeRetired
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import FileMissingPolicy
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import Incidents, NodeId
 
 KIND = IncidentKind.FILE_MISSING
 
@@ -34,8 +37,24 @@ def file_key(path: str) -> str:
     return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:10]}"
 
 
+Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class NodeFiles(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One node's copies and since when each of its files has looked missing or stale (the rule's
+    memory: `zombie_detector.memory`). The copies are the fleet's vote: a takeover that had to
+    wait for every node's next sample to know the fleet's copy would start each stale copy's
+    `for_s` again meanwhile."""
+
+    node: NodeId
+    copies: dict[Path, Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]] = {}
+    bad_since: dict[Path, datetime] = {}
+
+
 class FileRule:
     inputs = (Sample, NodeRetired)
+    entry = NodeFiles
+    of_events = False
 
     def __init__(self, policy: FileMissingPolicy) -> None:
         self.policy = policy
@@ -47,6 +66,8 @@ class FileRule:
         self.bad_since: dict[tuple[str, str], datetime] = {}
         self._expects: dict[str, set[str]] = {}
         """node -> the paths its sampler looks for."""
+        self._remembered: dict[str, NodeFiles] = {}
+        """Each node's memory as last given, until its copies or streaks change (most never do)."""
 
     def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         node = event.node_id
@@ -55,7 +76,8 @@ class FileRule:
         if not facts and not before:
             return ()  # the hot path: a node that expects no file
         findings: list[Finding] = []
-        for path in before - {f.path for f in facts}:  # no longer expected (or the node retired)
+        gone = before - {f.path for f in facts}
+        for path in gone:  # no longer expected (or the node retired)
             self._copy(path, node, None)
             if self.bad_since.pop((node, path), None) is not None:
                 findings.append(Finding(KIND, node, key=file_key(path), present=False, summary=f"{path} is no longer expected there"))
@@ -63,31 +85,55 @@ class FileRule:
             self._expects[node] = {f.path for f in facts}
         else:
             self._expects.pop(node, None)
+        changed = bool(gone) or len(facts) != len(before)
         for fact in facts:
             if fact.sha256 is not None or fact.present is False:
-                self._copy(fact.path, node, fact.sha256)
+                changed = self._copy(fact.path, node, fact.sha256) or changed
         for fact in facts:
             why = self._why(fact, node)
             if why is None:
                 continue  # cannot tell yet
             key = (node, fact.path)
             if why:
-                since = self.bad_since.setdefault(key, now)
+                since = self.bad_since.get(key)
+                if since is None:
+                    since = self.bad_since[key] = now
+                    changed = True
                 if now - since >= timedelta(seconds=self.policy.for_s):
                     findings.append(self._finding(node, fact, why))
             elif self.bad_since.pop(key, None) is not None:
+                changed = True
                 findings.append(Finding(KIND, node, key=file_key(fact.path), present=False, summary=f"{fact.path} is there as the fleet has it"))
+        if changed:
+            self._remembered.pop(node, None)
         return findings
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
 
-    def _copy(self, path: str, node: str, digest: str | None) -> None:
-        """The node's copy of `path` is now `digest` (None: it has none)."""
+    def remember(self) -> list[NodeFiles]:
+        return [self._remembered.get(node) or self._remember(node, paths) for node, paths in self._expects.items()]
+
+    def _remember(self, node: str, paths: set[str]) -> NodeFiles:
+        copies = {path: self.copies[path][node] for path in paths if node in self.copies.get(path, ())}
+        bad = {path: self.bad_since[(node, path)] for path in paths if (node, path) in self.bad_since}
+        entry = self._remembered[node] = NodeFiles(node, copies, bad)
+        return entry
+
+    def recall(self, entries: Sequence[NodeFiles], now: datetime) -> None:
+        for entry in entries:
+            self._expects[entry.node] = set(entry.copies) | set(entry.bad_since)
+            for path, digest in entry.copies.items():
+                self._copy(path, entry.node, digest)
+            for path, since in entry.bad_since.items():
+                self.bad_since[(entry.node, path)] = min(since, now)
+
+    def _copy(self, path: str, node: str, digest: str | None) -> bool:
+        """The node's copy of `path` is now `digest` (None: it has none); whether that changed it."""
         copies, counts = self.copies.setdefault(path, {}), self.counts.setdefault(path, Counter())
         old = copies.get(node)
         if old == digest:
-            return
+            return False
         if old is not None:
             counts[old] -= 1
             if not counts[old]:
@@ -96,6 +142,7 @@ class FileRule:
         if digest is not None:
             copies[node] = digest
             counts[digest] += 1
+        return True
 
     def _why(self, fact: FileFact, node: str) -> str | None:
         """What is wrong with the node's copy ('' nothing), None when it cannot be told."""
