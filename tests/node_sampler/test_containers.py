@@ -317,6 +317,23 @@ async def test_cut_stream_replays_missed_events_once(engine, node, sock, rng) ->
     assert exits.empty()  # `first` was replayed by `since` too, and dropped as seen
 
 
+async def test_an_exit_before_the_first_connection_is_still_reported(engine, node, sock, rng) -> None:
+    """A sampler starting on a busy node may take seconds to reach its engine: what exited since
+    the watcher was made is replayed by `since` on the first connection too."""
+    exits: asyncio.Queue[ContainerExitReading] = asyncio.Queue()
+    watcher = DockerWatcher(sock, exits.put_nowait, **FAST)
+    early = start(node, rng, "early")
+    die(node, early, 139)  # before the watcher ever connects
+    task = asyncio.create_task(watcher.run())
+    try:
+        reading = await next_exit(exits)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert (reading.container_id, reading.exit_code) == (early.id, 139)
+
+
 # --- what no engine should send -------------------------------------------------------------
 
 

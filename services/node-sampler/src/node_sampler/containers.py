@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -111,7 +112,9 @@ class DockerWatcher:
         """Containers with an `oom` event and no `die` yet (oldest first, bounded)."""
         self._seen: dict[tuple[str, str, int], None] = {}
         """Recent events, to drop the ones replayed by `since` after a reconnect."""
-        self._last_nano: int | None = None
+        self._last_nano: int = time.time_ns()
+        """Where the next connection's replay (`since`) starts: the newest event seen, or when the
+        watcher was made (an exit while the engine is slow to answer the first time is not missed)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._up = False
         """The current connection got as far as a container list."""
@@ -187,10 +190,9 @@ class DockerWatcher:
         status, _headers, _body = await self._get("/_ping", max_bytes=1024)
         if status != 200:
             raise DockerError(f"/_ping: HTTP {status}")
-        target = _EVENTS_TARGET
-        if self._last_nano is not None:
-            # events since the last one seen, so a cut stream loses nothing the engine still holds
-            target += f"&since={self._last_nano // 10**9}.{self._last_nano % 10**9:09d}"
+        # events since the last one seen (or since the watcher was made), so neither a cut stream
+        # nor a slow first connection loses what the engine still holds
+        target = _EVENTS_TARGET + f"&since={self._last_nano // 10**9}.{self._last_nano % 10**9:09d}"
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.timeout_s):
                 status, _headers, pieces = await stack.enter_async_context(http.stream(self._http, _URL + target, error=DockerError))
@@ -319,7 +321,7 @@ class DockerWatcher:
             self._seen[key] = None
             if len(self._seen) > _SEEN_EVENTS:
                 del self._seen[next(iter(self._seen))]
-            self._last_nano = nano if self._last_nano is None else max(self._last_nano, nano)
+            self._last_nano = max(self._last_nano, nano)
         if action in ("create", "start", "destroy"):
             if self._known is not None:
                 _apply(self._known, action, cid)
