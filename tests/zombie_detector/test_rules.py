@@ -711,7 +711,7 @@ def test_a_sample_begun_before_the_death_and_delivered_after_it_does_not_hide_th
 
 
 def test_a_kernel_oom_line_for_a_process_never_seen_is_logged_and_kept_nowhere_else(caplog):
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="zombie_detector.rules.container")  # on the rule's own logger, whatever another test left on its parents
     d = Detector()
     d.feed(ProcessOomKilled(source="node-sampler", node_id="n1", pid=31337, process_name="stray", constraint="CONSTRAINT_NONE"), 0)
     assert "OOM kill of pid 31337 (stray) on n1 outside any container" in caplog.text
