@@ -96,6 +96,15 @@ def test_without_a_leader_to_reset_on_a_person_is_called_and_the_incident_closes
     assert resolved.resolution == "cleared" and not det.logic.book.open_on("n1")
 
 
+def test_work_back_on_a_gpu_clears_a_phantom_and_its_count_starts_again():
+    det = Detector(POLICY)
+    (incident,) = opened(run(det, idle_sample, 600))
+    (resolved,) = [e for e in det.feed(idle_sample(held=True), 630) if isinstance(e, IncidentResolved)]
+    assert resolved.incident_id == incident.incident_id and resolved.resolution == "cleared"
+    assert opened(run(det, idle_sample, 1200, start_s=660)) == []  # idle again from 660 s: its ten minutes start there
+    assert opened(det.feed(idle_sample(), 1260))
+
+
 def test_a_leader_alone_counting_jobs_on_an_idle_peer_is_idle_jobs_for_a_person():
     det = Detector(POLICY)
     events = []

@@ -124,8 +124,10 @@ class PhantomRule:
         node = sample.node_id
         if not (sample.jobs.running or node in self.leader_view or node in self.nodes or _open(incidents, node, PHANTOM)):
             return []  # the hot path: a node that counts no jobs and the leader does not list
-        known_util = [g.utilization_gpu_pct for g in sample.gpus if g.utilization_gpu_pct is not None]
         held = any(p.pid >= 2 for g in sample.gpus for p in g.processes)
+        if held and node not in self.leader_view:
+            return self._busy(node, incidents)  # the other hot path: a node at work that no leader counts
+        known_util = [g.utilization_gpu_pct for g in sample.gpus if g.utilization_gpu_pct is not None]
         idle = None if len(known_util) < len(sample.gpus) or not sample.gpus else max(known_util) < self.phantom.idle_below_pct
         view = NodeView(sample.jobs.running, held, idle, max(known_util, default=None), now, sample.interval_s)
         self.nodes[node] = view
@@ -150,6 +152,21 @@ class PhantomRule:
         return findings
 
     # --- judging ----------------------------------------------------------------------------------
+
+    def _busy(self, node: str, incidents: Incidents) -> list[Finding]:
+        """What `_judge` finds for a node whose own sample shows a process on a GPU and that no
+        leader lists: no phantom (work holds a GPU), no idle count (the sampler's view decides);
+        its view is not kept (a leader that lists it later is judged with its next sample)."""
+        self.nodes.pop(node, None)
+        self.since.pop((node, PHANTOM), None)
+        self.since.pop((node, IDLE), None)
+        open_kinds = {i.kind for i in incidents.open_on(node)}
+        findings = []
+        if IDLE in open_kinds:
+            findings.append(Finding(IDLE, node, present=False, summary="the node's sampler reports it now"))
+        if PHANTOM in open_kinds:
+            findings.append(Finding(PHANTOM, node, present=False, summary="jobs are no longer counted on idle GPUs"))
+        return findings
 
     def _judge(self, node: str, now: datetime, incidents: Incidents) -> list[Finding]:
         own = self.nodes.get(node)
