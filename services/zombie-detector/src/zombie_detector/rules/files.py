@@ -37,7 +37,7 @@ def file_key(path: str) -> str:
     return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:10]}"
 
 
-Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+FilePath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 
 class NodeFiles(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -47,8 +47,8 @@ class NodeFiles(msgspec.Struct, frozen=True, omit_defaults=True):
     `for_s` again meanwhile."""
 
     node: NodeId
-    copies: dict[Path, Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]] = {}
-    bad_since: dict[Path, datetime] = {}
+    copies: dict[FilePath, Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]] = {}
+    bad_since: dict[FilePath, datetime] = {}
 
 
 class FileRule:
