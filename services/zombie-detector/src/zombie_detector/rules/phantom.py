@@ -42,6 +42,9 @@ STALE_S = 120.0
 """A view older than this (a sample, a cluster check) says nothing about now."""
 SAMPLES_KEPT_INTERVALS = 3
 """A node whose last sample is older than this many of its intervals has no sampler view."""
+SAMPLER_REPORTS = "the node's sampler reports it now"
+NO_LONGER_COUNTED = "jobs are no longer counted on idle GPUs"
+"""Why an idle-jobs and a phantom incident clear (said by `_judge` and by its busy-node shortcut, `_busy`)."""
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,9 @@ class PhantomRule:
         open_kinds = {i.kind for i in incidents.open_on(node)}
         findings = []
         if IDLE in open_kinds:
-            findings.append(Finding(IDLE, node, present=False, summary="the node's sampler reports it now"))
+            findings.append(Finding(IDLE, node, present=False, summary=SAMPLER_REPORTS))
         if PHANTOM in open_kinds:
-            findings.append(Finding(PHANTOM, node, present=False, summary="jobs are no longer counted on idle GPUs"))
+            findings.append(Finding(PHANTOM, node, present=False, summary=NO_LONGER_COUNTED))
         return findings
 
     def _judge(self, node: str, now: datetime, incidents: Incidents) -> list[Finding]:
@@ -181,7 +184,7 @@ class PhantomRule:
         if own is not None:
             self.since.pop((node, IDLE), None)  # the sampler's view decides now
             if _open(incidents, node, IDLE):
-                findings.append(Finding(IDLE, node, present=False, summary="the node's sampler reports it now"))
+                findings.append(Finding(IDLE, node, present=False, summary=SAMPLER_REPORTS))
             if own.idle is None and not own.held:
                 return findings  # a GPU's utilisation unread: cannot tell either way
             phantom = counted and not own.held and own.idle is True
@@ -200,7 +203,7 @@ class PhantomRule:
         key = (node, kind)
         if not present:
             self.since.pop(key, None)
-            return [Finding(kind, node, present=False, summary="jobs are no longer counted on idle GPUs")] if _open(incidents, node, kind) else []
+            return [Finding(kind, node, present=False, summary=NO_LONGER_COUNTED)] if _open(incidents, node, kind) else []
         first, last = self.since.get(key, (now, now))
         if (now - last).total_seconds() > STALE_S:
             first = now  # not watched in between: start again
