@@ -33,6 +33,29 @@ def sample(at: datetime, *, util: int, mem_avail_mib: int = 100_000, temp: int =
     )
 
 
+def test_a_minute_is_each_figure_s_mean_or_peak_over_the_samples_that_had_it():
+    folder = history.MinuteFolder(T0)
+    first = sample(T0, util=10, temp=70)
+    folder.add(first)
+    # GPU 0 without utilisation or power (a read that failed), a GPU 2 that appeared; host memory down
+    folder.add(NodeSampled(
+        source="test", occurred_at=T0 + timedelta(seconds=5), node_id="n1", interval_s=5.0,
+        gpus=(GpuSample(index=0, memory_used_mib=500, memory_total_mib=81_920, temperature_c=65),
+              GpuSample(index=2, utilization_gpu_pct=40, temperature_c=33)),
+        host=HostSample(memory_total_mib=200_000, memory_available_mib=50_000, load_1m=9.0),
+    ))
+    folder.add(sample(T0 + timedelta(seconds=10), util=30, temp=60))
+    minute = folder.minute_figures()
+    f = minute.figures
+    assert minute.samples == 3
+    assert (f["gpu0.util_pct"], f["gpu0.power_w"]) == (20.0, 120.0)  # the mean of the two that had them
+    assert (f["gpu0.memory_used_mib"], f["gpu0.temperature_c"], f["gpu0.processes"]) == (1030, 70, 0)  # peaks
+    assert (f["gpu2.util_pct"], f["gpu2.temperature_c"]) == (40.0, 33)
+    assert "gpu2.power_w" not in f and "gpu2.memory_used_mib" not in f  # no sample had them
+    assert (f["host.memory_used_mib"], f["host.load_1m"]) == (150_000, 9.0)
+    assert list(f) == sorted(f)
+
+
 class Clock:
     def __init__(self, at: datetime) -> None:
         self.at = at

@@ -82,31 +82,42 @@ class Minute:
 
 class MinuteFolder:
     """One node's samples of one minute, folded as they arrive: a comparison or two additions per
-    figure, with each GPU's figure names made once (this runs for every sample of the fleet)."""
+    figure, each GPU's figures by position, named once the minute ends (this runs for every sample
+    of the fleet)."""
 
     def __init__(self, minute: datetime) -> None:
         self.minute = minute
         self._n = 0
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
-        """Per mean figure, its sum and count (numbers, not a list each: 10,000 nodes' minutes of
-        lists kept Python's garbage collector busy)."""
+        self._gpus: dict[int, list] = {}
+        """Per GPU index, its figures in `_gpu_names`' order: each mean's sum and count (numbers,
+        not a list each: 10,000 nodes' minutes of lists kept Python's garbage collector busy), then
+        each peak (None until a sample has it). Named only when the minute ends."""
         self._peaks: dict[str, float] = {}
+        """The host's peaks, by name."""
         self._top: dict[tuple[int, str], ProcessPeak] = {}
 
     def add(self, sample: NodeSampled) -> None:
         self._n += 1
-        sums, counts, peaks = self._sums, self._counts, self._peaks
-        for gpu in sample.gpus:
-            util, power, clock, used, total, temperature, processes = _gpu_names(gpu.index)
-            for name, value in ((util, gpu.utilization_gpu_pct), (power, gpu.power_w), (clock, gpu.sm_clock_mhz)):
-                if value is not None:
-                    sums[name] = sums.get(name, 0) + value
-                    counts[name] = counts.get(name, 0) + 1
-            _peak(peaks, used, gpu.memory_used_mib)
-            _peak(peaks, total, gpu.memory_total_mib)
-            _peak(peaks, temperature, gpu.temperature_c)
-            _peak(peaks, processes, len(gpu.processes))
+        peaks, gpus = self._peaks, self._gpus
+        for gpu in sample.gpus:  # inline, no call per figure: at 10,000 nodes this loop runs 16,000 times a second
+            acc = gpus.get(gpu.index)
+            if acc is None:
+                acc = gpus[gpu.index] = [0, 0, 0, 0, 0, 0, None, None, None, None]
+            value = gpu.utilization_gpu_pct
+            if value is not None:
+                acc[0] += value
+                acc[1] += 1
+            value = gpu.power_w
+            if value is not None:
+                acc[2] += value
+                acc[3] += 1
+            value = gpu.sm_clock_mhz
+            if value is not None:
+                acc[4] += value
+                acc[5] += 1
+            for i, value in ((6, gpu.memory_used_mib), (7, gpu.memory_total_mib), (8, gpu.temperature_c), (9, len(gpu.processes))):
+                if value is not None and (acc[i] is None or value > acc[i]):
+                    acc[i] = value
         host = sample.host
         if host.memory_total_mib is not None and host.memory_available_mib is not None:
             _peak(peaks, "host.memory_used_mib", max(0, host.memory_total_mib - host.memory_available_mib))
@@ -127,7 +138,15 @@ class MinuteFolder:
                 known.last_seen = max(known.last_seen, sample.occurred_at)
 
     def minute_figures(self) -> Minute:
-        figures: dict[str, float | None] = {name: round(total / self._counts[name], 2) for name, total in self._sums.items()}
+        figures: dict[str, float | None] = {}
+        for index, acc in self._gpus.items():
+            names = _gpu_names(index)
+            for i, name in enumerate(names[: len(GPU_MEANS)]):
+                if acc[2 * i + 1]:
+                    figures[name] = round(acc[2 * i] / acc[2 * i + 1], 2)
+            for name, peak in zip(names[len(GPU_MEANS):], acc[2 * len(GPU_MEANS):], strict=True):
+                if peak is not None:
+                    figures[name] = peak
         figures.update(self._peaks)
         return Minute(self.minute, self._n, dict(sorted(figures.items())), busiest(self._top.values(), TOP_KEEP))
 

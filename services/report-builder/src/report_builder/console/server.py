@@ -133,9 +133,9 @@ class Console(FleetPages, IncidentPages, RecordPages, Operations):
         self.throttle = LoginThrottle()
         self.readings: dict[str, views.NodeReading] = {}
         self.tops: dict[str, tuple[datetime, tuple[TopProcess, ...]]] = {}
+        """Each node's busiest processes as its sampler last sent them (every 30 s), for its page."""
         self.container_usage: dict[str, tuple[datetime, tuple[ContainerUsage, ...]]] = {}
         """Each node's containers' CPU and memory as its sampler last sent them (every 30 s), for its page."""
-        """Each node's busiest processes as its sampler last sent them (every 30 s), for its page."""
         self.heartbeats: dict[uuid.UUID, ServiceHeartbeat] = {}
         self.changes = Changes()
         self._breaker_trip = None
