@@ -43,3 +43,38 @@ def test_an_old_process_on_an_idle_gpu_without_a_job_count_goes_to_a_person_afte
 def test_not_stuck(kwargs):
     det = Detector(POLICY)
     assert [e for e in run(det, 1200, **kwargs) if isinstance(e, IncidentOpened) and e.kind is IncidentKind.STUCK_PROCESS] == []
+
+
+def test_a_hung_job_on_a_node_whose_job_count_is_read_only_now_and_then_is_a_zombie_not_stuck():
+    """A status endpoint that answers every other probe (a loaded daemon): the node does count its
+    jobs, so the hung job is the zombie rule's. Its streak goes on over the samples that cannot
+    tell; the stuck rule's, kept over the same samples, would have called it stuck_process (as a
+    200-node simulation on a loaded machine did)."""
+    det = Detector(POLICY)
+    for s in range(0, 901, 30):
+        det.feed(sample(jobs=None if (s // 30) % 2 else 1), s)
+    assert det.opened(IncidentKind.STUCK_PROCESS) == []
+    (zombie,) = det.opened(IncidentKind.ZOMBIE_JOB)
+    assert zombie.gpu_index == 0 and zombie.evidence["idle_seconds"] == 600  # counted from the first sample, across the unread ones
+
+
+def test_a_job_count_unread_for_longer_than_the_gap_starts_the_zombie_count_again():
+    det = Detector(POLICY)
+    for s in range(0, 301, 30):
+        det.feed(sample(jobs=1), s)
+    for s in range(330, 481, 30):  # six samples that cannot tell: more than MAX_GAP_INTERVALS
+        det.feed(sample(jobs=None), s)
+    for s in range(510, 901, 30):
+        det.feed(sample(jobs=1), s)
+    assert det.opened(IncidentKind.ZOMBIE_JOB) == []  # 390 s since the count came back: under 600
+    assert det.opened(IncidentKind.STUCK_PROCESS) == []  # the node counts its jobs
+
+
+def test_a_gpu_busy_again_while_the_job_count_is_unread_ends_the_zombie_count():
+    det = Detector(POLICY)
+    for s in range(0, 301, 30):
+        det.feed(sample(jobs=1), s)
+    det.feed(sample(jobs=None, util=90), 330)  # working: whatever the count, no hung job now
+    for s in range(360, 901, 30):
+        det.feed(sample(jobs=1), s)
+    assert det.opened(IncidentKind.ZOMBIE_JOB) == []  # 540 s since it idled again

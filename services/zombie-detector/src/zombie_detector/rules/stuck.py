@@ -34,32 +34,38 @@ class StuckRule:
         self.policy = policy
         self.kill = kill
         self.wider = rank_of_wider_job
-        self.idle_since: dict[tuple[str, int], tuple[datetime, datetime]] = {}
-        """(node, GPU) -> (first, last) seen idle under an old process, by the detector's clock."""
+        self.idle_since: dict[str, dict[int, tuple[datetime, datetime]]] = {}
+        """node -> GPU -> (first, last) seen idle under an old process, by the detector's clock."""
 
     def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):  # a worker the pool ended: forget it
-            self.idle_since = {key: seen for key, seen in self.idle_since.items() if key[0] != event.node_id}
+            self.idle_since.pop(event.node_id, None)
             return ()
         open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
         if event.jobs.running is not None and not open_here:
-            return ()  # the node counts its jobs: the zombie rule's
+            # The node counts its jobs: the zombie rule's. Its count missing from some samples (a
+            # status endpoint that answers now and then) adds nothing up here.
+            self.idle_since.pop(event.node_id, None)
+            return ()
         findings: list[Finding] = []
         for gpu in event.gpus:
-            key = (event.node_id, gpu.index)
             old = self._old_holders(gpu)
             if gpu.utilization_gpu_pct is None:
                 continue  # cannot tell
+            streaks = self.idle_since.get(event.node_id)
             stuck = event.jobs.running is None and bool(old) and gpu.utilization_gpu_pct < self.policy.idle_below_pct
             if not stuck:
-                self.idle_since.pop(key, None)
+                if streaks is not None:
+                    streaks.pop(gpu.index, None)
                 if gpu.index in open_here:
                     findings.append(Finding(KIND, event.node_id, gpu.index, present=False, summary="the GPU works again, or its old processes are gone"))
                 continue
-            first, last = self.idle_since.get(key, (now, now))
+            if streaks is None:
+                streaks = self.idle_since[event.node_id] = {}
+            first, last = streaks.get(gpu.index, (now, now))
             if (now - last).total_seconds() > MAX_GAP_INTERVALS * event.interval_s:
                 first = now  # not watched in between
-            self.idle_since[key] = (first, now)
+            streaks[gpu.index] = (first, now)
             idle_s = (now - first).total_seconds()
             if idle_s >= self.policy.idle_for_s or gpu.index in open_here:
                 findings.append(self._finding(event, gpu, old, idle_s))
@@ -69,11 +75,11 @@ class StuckRule:
         return ()
 
     def remember(self) -> list[Streak]:
-        return [Streak(node, gpu, first) for (node, gpu), (first, _) in self.idle_since.items()]
+        return [Streak(node, gpu, first) for node, streaks in self.idle_since.items() for gpu, (first, _) in streaks.items()]
 
     def recall(self, entries: Sequence[Streak], now: datetime) -> None:
         for entry in entries:
-            self.idle_since[(entry.node, entry.gpu)] = (min(entry.since, now), now)
+            self.idle_since.setdefault(entry.node, {})[entry.gpu] = (min(entry.since, now), now)
 
     def _old_holders(self, gpu: GpuSample) -> list[GpuProcess]:
         return [

@@ -10,7 +10,8 @@ phase (a checkpoint, an evaluation), not hung. Idleness is timed on the detector
 clock, never on the sample's timestamps (a sender chooses those), and only across samples at
 the node's interval: a burst of samples proves nothing, and a gap of more than
 `MAX_GAP_INTERVALS` intervals starts the count again. A sample that cannot tell (an unknown job
-count, an unreadable utilisation on a held GPU) neither opens nor clears anything. A GPU held only
+count, an unreadable utilisation on a held GPU) neither opens nor clears anything, nor ends a
+count under way (one that runs past the gap starts again). A GPU held only
 by processes whose container is gone is the orphan rule's (a leftover, not a hung job).
 """
 
@@ -135,6 +136,12 @@ class ZombieRule:
                     findings.append(_gone(event.node_id, gpu, verifying=open_here[gpu.index].phase == "verifying"))
                 continue
             if not zombie:
+                if gpu.processes and (gpu.utilization_gpu_pct is None
+                                      or (event.jobs.running is None and _idle_and_held(gpu, self.policy.idle_below_pct, self.wider))):
+                    # Held and idle as far as this sample tells, which is not far enough: the count
+                    # goes on (a status endpoint that answers every other probe must not keep a hung
+                    # job from ever counting up); its gap counts this sample as not watched.
+                    continue
                 self.idle_since.pop(key, None)
                 continue
             streak = self.idle_since.get(key)
