@@ -21,7 +21,7 @@ from gpumedic_sim.runs.pager import Pager
 from gpumedic_bus.tasks import stop_tasks
 from gpumedic_events import NodeDrained, NodeUndrained
 from gpumedic_incidents import Policy
-from gpumedic_incidents.policy import Actions, DrainPolicy, FleetPolicy, Kinds, Step, ValidationPolicy, XidPolicy, dump_policy
+from gpumedic_incidents.policy import Actions, DrainPolicy, FleetPolicy, Kinds, RowRemapPolicy, Step, ValidationPolicy, XidPolicy, dump_policy
 from gpumedic_store import NodeDrain, create_engine, session_factory
 from remediator.main import create_app as remediator_app
 from sqlalchemy import select
@@ -36,6 +36,10 @@ def policy(hook_url: str) -> Policy:
         validation=ValidationPolicy(ready_samples=3, within_s=30),
         actions=Actions(drain_node=DrainPolicy(hook_url=hook_url)),
         kinds=Kinds(
+            # The XID's ladder alone: the row remap that comes with XID 48 stands aside for an open
+            # XID incident, but on a loaded machine its two samples can be judged before the XID
+            # event is, and two ladders then ask to drain one node at once (one is refused).
+            row_remap=RowRemapPolicy(after_samples=1_000_000),
             gpu_xid=XidPolicy(
                 action_timeout_s=30,
                 ladder=(Step(action="drain_node"), Step(action="gpu_reset", verify_within_s=10)),
