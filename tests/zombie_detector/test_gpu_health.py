@@ -192,6 +192,22 @@ def test_the_memory_fault_of_an_open_xid_incident_opens_nothing_more():
     assert {e.kind for e in opened(det.events)} == {K.GPU_XID} and opened(events) == []
 
 
+def test_a_memory_xid_after_the_remap_opened_is_the_remaps_fault_and_opens_nothing_more():
+    """XID events and samples come over different consumers: a lagging one shows the remap first.
+    One memory fault, one incident, one drain (two would ask to drain the node twice at once)."""
+    det = Detector(POLICY)
+    run(det, 0, 0)
+    run(det, 5, 10, pending=True, dbe=1, processes=(), util=0, reasons=int(R.GPU_IDLE))
+    events = det.feed(GpuXidReported(source="node-sampler", node_id="n1", gpu_index=0, xid=48), 11)
+    events += det.feed(GpuXidReported(source="node-sampler", node_id="n1", gpu_index=0, xid=95), 12)
+    assert [e.kind for e in opened(det.events)] == [K.ROW_REMAP] and opened(events) == []
+    assert [e.operation.operation for e in det.events if isinstance(e, ActionRequested)] == ["drain_node"]
+    # on another GPU the XID is its own fault, and a GPU's other XIDs are not the remap's
+    other = det.feed(GpuXidReported(source="node-sampler", node_id="n1", gpu_index=1, xid=48), 13)
+    hung = det.feed(GpuXidReported(source="node-sampler", node_id="n1", gpu_index=0, xid=79), 14)
+    assert [(e.kind, e.gpu_index) for e in opened(other + hung)] == [(K.GPU_XID, 1), (K.GPU_LOST, 0)]
+
+
 # --- pcie_degraded and nvlink_degraded -----------------------------------------------------
 
 

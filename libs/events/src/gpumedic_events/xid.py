@@ -256,5 +256,8 @@ def _catalogue() -> Mapping[int, XidInfo]:
 
 XID_CATALOGUE: Mapping[int, XidInfo] = _catalogue()
 
+MEMORY_XIDS = frozenset({48, 63, 64, 92, 94, 95, 140, 171, 172})
+"""The XIDs of GPU memory errors: what a GPU's ECC counts and row remapping also show."""
+
 MAX_KNOWN_XID = 1000
 """Codes run to the low hundreds; one far above is a malformed report more likely than a new XID."""

@@ -24,7 +24,8 @@ the last one per GPU):
 
 A memory error is one fault however many signs it shows: an XID 48 comes with a new double-bit
 error and a pending remap. While a gpu_xid incident is open on the GPU, ecc_errors and row_remap
-stay quiet; a pending remap is row_remap's, not ecc_errors'.
+stay quiet; a pending remap is row_remap's, not ecc_errors'. The other way round (the samples
+showed the remap before the XID came), the XID rule leaves a memory XID to the open row_remap.
 """
 
 from __future__ import annotations

@@ -13,7 +13,13 @@ Every XID is remembered per GPU for `history_s`, with the job that held the GPU 
 - XID 45 after other errors on the GPU (within a minute) is their consequence: noise. Alone, it
   is the application's;
 - an unknown code opens an incident for a person, never dropped; a code far out of range is
-  also logged as probably malformed.
+  also logged as probably malformed;
+- a memory error's XID (48, 64, 95, ...) on a GPU whose row_remap incident is already open is that
+  incident's fault, seen once more: it opens nothing of its own. XIDs and samples come over
+  different consumers, so a lagging one may show the pending remap first; the two ladders are the
+  same (drain, reset once nothing holds the GPU), and two incidents would ask for two drains of one
+  node at once, the second refused and paged. The other way round, row_remap stands aside for an
+  open gpu_xid (`gpu_health`).
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from typing import Annotated
 import msgspec
 
 from gpumedic_events import GpuReset, GpuXidReported, IncidentKind
-from gpumedic_events.xid import MAX_KNOWN_XID, XID_CATALOGUE, XidInfo
+from gpumedic_events.xid import MAX_KNOWN_XID, MEMORY_XIDS, XID_CATALOGUE, XidInfo
 from gpumedic_events.views import Sample
-from gpumedic_incidents import Finding
+from gpumedic_incidents import Finding, fingerprint
 from gpumedic_incidents.policy import XidPolicy
 from zombie_detector.rules.base import Incidents, NodeId
 
@@ -76,7 +82,7 @@ class XidRule:
             if event.node_id in self._holders:  # only nodes with XID history are remembered
                 self._holders[event.node_id] = _jobs(event)
             return ()
-        return self._xid(event, now)
+        return self._xid(event, now, incidents)
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
@@ -94,7 +100,7 @@ class XidRule:
                 self.history.setdefault((entry.node, entry.gpu), deque(maxlen=1000)).append((min(entry.at, now), entry.xid, entry.job))
                 self._holders.setdefault(entry.node, {})  # its next sample names the jobs on its GPUs
 
-    def _xid(self, event: GpuXidReported, now: datetime) -> list[Finding]:
+    def _xid(self, event: GpuXidReported, now: datetime, incidents: Incidents) -> list[Finding]:
         key = (event.node_id, event.gpu_index)
         job = self._holders.setdefault(event.node_id, {}).get(event.gpu_index, "") if event.gpu_index is not None else ""
         history = self.history.setdefault(key, deque(maxlen=1000))
@@ -108,6 +114,8 @@ class XidRule:
             return [self._unknown(event)]
         if info.bucket in QUIET:
             return []  # a consequence of the errors before it, or nothing to do (NVIDIA's IGNORE)
+        if event.xid in MEMORY_XIDS and incidents.get(fingerprint(event.node_id, IncidentKind.ROW_REMAP, event.gpu_index, None)):
+            return []  # the memory fault row_remap's open incident already drains and resets for
         if info.bucket == "application":
             jobs = {j for _, xid, j in history if j and XID_CATALOGUE.get(xid, info).bucket == "application"}
             if len(jobs) < self.policy.repeat_jobs:
