@@ -57,6 +57,8 @@ class StuckRule:
             if not stuck:
                 if streaks is not None:
                     streaks.pop(gpu.index, None)
+                    if not streaks:
+                        del self.idle_since[event.node_id]
                 if gpu.index in open_here:
                     findings.append(Finding(KIND, event.node_id, gpu.index, present=False, summary="the GPU works again, or its old processes are gone"))
                 continue

@@ -122,7 +122,8 @@ class ZombieRule:
         for gpu in event.gpus:
             key = (event.node_id, gpu.index)
             wrote = wrote_since(self.writes.get(key), gpu)
-            if _idle_and_held(gpu, self.policy.idle_below_pct, self.wider):
+            idle_and_held = _idle_and_held(gpu, self.policy.idle_below_pct, self.wider)
+            if idle_and_held:
                 self.writes[key] = holder_writes(gpu)
             else:
                 self.writes.pop(key, None)
@@ -136,8 +137,7 @@ class ZombieRule:
                     findings.append(_gone(event.node_id, gpu, verifying=open_here[gpu.index].phase == "verifying"))
                 continue
             if not zombie:
-                if gpu.processes and (gpu.utilization_gpu_pct is None
-                                      or (event.jobs.running is None and _idle_and_held(gpu, self.policy.idle_below_pct, self.wider))):
+                if gpu.processes and (gpu.utilization_gpu_pct is None or (event.jobs.running is None and idle_and_held)):
                     # Held and idle as far as this sample tells, which is not far enough: the count
                     # goes on (a status endpoint that answers every other probe must not keep a hung
                     # job from ever counting up); its gap counts this sample as not watched.
@@ -152,7 +152,7 @@ class ZombieRule:
             if idle_s >= self.policy.idle_for_s:
                 del self.idle_since[key]
                 findings.append(self._finding(event, gpu, idle_s))
-        if any(n == event.node_id for n, _ in self.idle_since):
+        if any((event.node_id, gpu.index) in self.idle_since for gpu in event.gpus):
             self._watched.add(event.node_id)
         else:
             self._watched.discard(event.node_id)
