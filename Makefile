@@ -16,7 +16,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 MANIFESTS := pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: help install examples debian-packages demo up test test-slow fuzz chaos test-fast bench proto proto-check lock clean images compose-test pods-test
+.PHONY: help install examples debian-packages demo up test test-long test-slow fuzz chaos test-fast bench proto proto-check lock clean images compose-test pods-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,12 +52,17 @@ up: install ## the embedded stack (nats-server, SQLite, six services) until Ctrl
 # The suite mostly waits on real servers and subprocesses, so more workers than cores pay off;
 # each worker starts its own nats-server, PostgreSQL and sshd on free ports.
 TEST_WORKERS ?= 6
+# The long runs are each a whole stack busy with work: fewer at once, or they starve each other.
+LONG_WORKERS ?= 4
 
 debian-packages: ## install what the tests need from Debian (as root), or say the one command to run
 	@tests/debian-packages.sh
 
-test: debian-packages install examples ## every test but the slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not compose and not pods"
+test: debian-packages install examples ## every test but the long and slow ones: unit, contract, store on SQLite and PostgreSQL, real sshd, end to end; about 5 minutes
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not long and not slow and not compose and not pods"
+
+test-long: debian-packages install examples ## the whole-stack runs of half a minute or more each: the demo, gpumedic up, a scored scenario, the benchmarks' short mode, the console over the demo in a browser
+	$(PY) -m pytest -n $(LONG_WORKERS) -m "long and not slow"
 
 test-slow: install ## the slow whole-stack runs (the worker pool on a demand curve, jobs asked to checkpoint, the NATS cluster, supervision, the chaos slice, a 50-node burst against the breaker), alone so their timing holds
 	$(PY) -m pytest -m slow

@@ -36,6 +36,7 @@ def test_every_benchmark_has_its_short_mode():
     assert set(SMALL) == {_name(b) for b in ALL}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("benchmark", ALL, ids=lambda m: _name(m))
 def test_the_benchmark_runs_to_its_end_in_its_short_mode(benchmark, capsys):

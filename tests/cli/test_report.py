@@ -26,6 +26,7 @@ FAULTS = {"name": "report-check", "duration_s": 30, "faults": [
 ]}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_after_the_faults_every_open_problem_is_listed_by_priority_and_no_healthy_node(tmp_path, capsys):
     var = tmp_path / "var"

@@ -60,6 +60,7 @@ SHOTS = Path(__file__).resolve().parents[2] / "build" / "console-screenshots"
 pytestmark = needs(Path(CHROMIUM).exists(), "Debian's chromium (apt-get install chromium; .ci/run does)")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 async def test_the_console_follows_the_demo_live_and_an_operator_silences_from_it(tmp_path):
     from playwright.async_api import async_playwright
@@ -179,6 +180,7 @@ async def _line_in(path: Path, text: str, *, timeout_s: float) -> str:
     return ""
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 async def test_charts_a_person_can_read_on_a_desk_and_on_a_phone(tmp_path):
     """A day of a 200-node sim's node, made by the real node-sampler over the simulated node; a

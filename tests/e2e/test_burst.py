@@ -100,6 +100,7 @@ async def test_without_correlation_fifty_idle_nodes_get_at_most_the_breakers_lim
     assert len(trips) == 1 and trips[0].reset_at is None
 
 
+@pytest.mark.long
 async def test_half_the_fleet_idle_at_once_is_one_fleet_incident_and_no_kill(nats_settings, store_url, apps, tmp_path):
     fleet = SimFleet(20, 1, tmp_path / "fleet")
     await fleet.start()

@@ -14,6 +14,8 @@ import pytest
 
 from gpumedic.stack import nvml_problem
 
+pytestmark = pytest.mark.long  # each runs the whole embedded stack for half a minute or more
+
 
 def _processes_mentioning(text: str) -> list[str]:
     """Live processes whose command line or environment names `text` (our var dir)."""
@@ -45,6 +47,7 @@ def _story(out: str) -> list[str]:
             for line in out.splitlines() if line.startswith("      +") and " on " in line]
 
 
+@pytest.mark.timeout(330)  # two demos, each given 150 s
 def test_demo_fixes_the_injected_zombie_and_stops_cleanly_and_tells_the_same_story_again(tmp_path):
     var = tmp_path / "var"
     gpumedic = Path(sys.executable).parent / "gpumedic"

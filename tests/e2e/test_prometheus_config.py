@@ -24,6 +24,7 @@ PROMETHEUS = shutil.which("prometheus")
 pytestmark = needs(PROMETHEUS, "Debian's prometheus (apt-get install prometheus; .ci/run does)")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 async def test_the_shipped_config_scrapes_the_embedded_stacks_services(tmp_path):
     # A checkout's layout: deploy/prometheus.yml as shipped, the stack under var/.

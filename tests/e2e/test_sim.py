@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpumedic.stack import nvml_problem
 from tests.e2e.test_demo import _processes_mentioning
 
@@ -17,6 +19,7 @@ GPUMEDIC = Path(sys.executable).parent / "gpumedic"
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")}
 
 
+@pytest.mark.long
 def test_a_scenario_is_injected_seen_and_scored(tmp_path):
     scenario = tmp_path / "two.yaml"
     scenario.write_text(

@@ -48,6 +48,7 @@ async def _ready(proc: asyncio.subprocess.Process, lines: list[dict]) -> None:
             return
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_both_example_consumers_receive_and_validate_the_demo_incident(tmp_path):
     commands = _consumers()
