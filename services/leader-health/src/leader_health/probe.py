@@ -118,13 +118,11 @@ async def _layers(
             raise _Refused("unhealthy", f"/health answered HTTP {code}")
         (code, location, body), status_ms = await status
     finally:
-        for task in (health, status):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, _Refused):
-                    await task
-            elif not task.cancelled():
-                task.exception()  # seen: the verdict raised above is the one that counts
+        health.cancel()  # nothing for one already done
+        status.cancel()
+        # Each one's end taken (the verdict raised above is the one that counts); a cancellation
+        # of this probe itself, even one that comes while they end, still goes through.
+        await asyncio.gather(health, status, return_exceptions=True)
     if 300 <= code < 400:
         raise _Refused("bad_answer", f"/status redirects to {location[:100]!r}; redirects are not followed")
     if code != 200:

@@ -284,7 +284,4 @@ class RasWatch:
     async def close(self) -> None:
         if self._query is not None:
             self._query.cancel()
-            try:
-                await self._query
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.gather(self._query, return_exceptions=True)  # waits for its end; a cancellation of close itself goes through
