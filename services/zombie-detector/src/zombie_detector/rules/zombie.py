@@ -58,6 +58,8 @@ class IdleStreak:
 
     since: datetime
     last_seen: datetime
+    jobs: int | None = None
+    """The node's job count when last read (None: not read since a takeover)."""
 
 
 def _idle_and_held(gpu: GpuSample, idle_below_pct: int, wider: RankOfWiderJob = spans_nodes) -> bool:
@@ -71,12 +73,13 @@ def _idle_and_held(gpu: GpuSample, idle_below_pct: int, wider: RankOfWiderJob = 
     )
 
 
-def looks_zombie(
+def idle_without_output(
     gpu: GpuSample, sample: Sample, idle_below_pct: int, wrote: bool | None = None, wider: RankOfWiderJob = spans_nodes
 ) -> bool:
-    """Jobs claimed, this GPU held but idle, and no output growth it could be credited with.
-    `wrote`: whether the GPU's own processes wrote since the last sample (None: cannot tell)."""
-    if (sample.jobs.running or 0) < 1 or not _idle_and_held(gpu, idle_below_pct, wider) or wrote:
+    """This GPU held but idle, and no output growth it could be credited with: a zombie where the
+    node claims jobs. `wrote`: whether the GPU's own processes wrote since the last sample (None:
+    cannot tell)."""
+    if not _idle_and_held(gpu, idle_below_pct, wider) or wrote:
         return False
     if sample.jobs.output_growing is not True:
         return True
@@ -122,36 +125,38 @@ class ZombieRule:
         for gpu in event.gpus:
             key = (event.node_id, gpu.index)
             wrote = wrote_since(self.writes.get(key), gpu)
-            idle_and_held = _idle_and_held(gpu, self.policy.idle_below_pct, self.wider)
-            if idle_and_held:
+            if _idle_and_held(gpu, self.policy.idle_below_pct, self.wider):
                 self.writes[key] = holder_writes(gpu)
             else:
                 self.writes.pop(key, None)
-            zombie = looks_zombie(gpu, event, self.policy.idle_below_pct, wrote, self.wider)
+            idle = idle_without_output(gpu, event, self.policy.idle_below_pct, wrote, self.wider)
+            zombie = idle and (event.jobs.running or 0) >= 1
             if gpu.index in open_here:
                 if gpu.processes and (gpu.utilization_gpu_pct is None or event.jobs.running is None):
                     continue  # this sample cannot tell; "could not read" must never count as "fixed"
                 if zombie:
-                    findings.append(self._finding(event, gpu, 0.0))
+                    findings.append(self._finding(event, gpu, 0.0, event.jobs.running))
                 else:
                     findings.append(_gone(event.node_id, gpu, verifying=open_here[gpu.index].phase == "verifying"))
                 continue
             if not zombie:
-                if gpu.processes and (gpu.utilization_gpu_pct is None or (event.jobs.running is None and idle_and_held)):
-                    # Held and idle as far as this sample tells, which is not far enough: the count
-                    # goes on (a status endpoint that answers every other probe must not keep a hung
-                    # job from ever counting up); its gap counts this sample as not watched.
-                    continue
-                self.idle_since.pop(key, None)
-                continue
+                if gpu.processes and gpu.utilization_gpu_pct is None:
+                    continue  # cannot tell whether it idles: the count goes on, this sample not watched
             streak = self.idle_since.get(key)
             watched = streak is not None and (now - streak.last_seen).total_seconds() <= MAX_GAP_INTERVALS * event.interval_s
+            if not zombie and not (idle and event.jobs.running is None and watched):
+                self.idle_since.pop(key, None)
+                continue
+            # Here: a zombie as this sample shows, or seen idle without output with only the node's
+            # job count unread (a loaded status endpoint answers some probes, not all): a count
+            # under way, begun by a sample with jobs claimed, goes on. An unread count never starts one.
             since = streak.since if watched else now
-            self.idle_since[key] = IdleStreak(since=since, last_seen=now)
+            jobs = streak.jobs if event.jobs.running is None and streak is not None else event.jobs.running
+            self.idle_since[key] = IdleStreak(since=since, last_seen=now, jobs=jobs)
             idle_s = (now - since).total_seconds()
             if idle_s >= self.policy.idle_for_s:
                 del self.idle_since[key]
-                findings.append(self._finding(event, gpu, idle_s))
+                findings.append(self._finding(event, gpu, idle_s, jobs))
         if any((event.node_id, gpu.index) in self.idle_since for gpu in event.gpus):
             self._watched.add(event.node_id)
         else:
@@ -173,7 +178,7 @@ class ZombieRule:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
         return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct, self.wider) for g in sample.gpus)
 
-    def _finding(self, sample: Sample, gpu: GpuSample, idle_s: float) -> Finding:
+    def _finding(self, sample: Sample, gpu: GpuSample, idle_s: float, jobs: int | None) -> Finding:
         pids = " ".join(str(p.pid) for p in gpu.processes)
         unsafe = unidentified(gpu)
         operation = None if unsafe else kill_operation(gpu.index, gpu.processes, self.policy.idle_below_pct - 1, self.kill)
@@ -187,7 +192,8 @@ class ZombieRule:
             gpu_index=gpu.index,
             summary=(
                 f"GPU {gpu.index} at {gpu.utilization_gpu_pct}% for {idle_s:.0f}s while the node reports "
-                f"{sample.jobs.running} job(s) and "
+                + (f"{jobs} job(s)" if sample.jobs.running is not None else f"{jobs or 'some'} job(s) when its count was last read")
+                + " and "
                 + ("its output grows only from its busy GPUs" if sample.jobs.output_growing else "no output grows")
                 + f"; held by pid {pids}"
             ),
@@ -195,7 +201,7 @@ class ZombieRule:
                 "idle_seconds": round(idle_s, 1),
                 "utilization_gpu_pct": gpu.utilization_gpu_pct,
                 "memory_used_mib": gpu.memory_used_mib,
-                "jobs_running": sample.jobs.running,
+                "jobs_running": jobs,
                 "output_growing": sample.jobs.output_growing,
                 "holder_pids": pids,
             },
