@@ -85,6 +85,14 @@ def test_a_zombie_whose_count_went_unread_opens_at_its_window_and_says_the_count
     assert "while the node reports 2 job(s) when its count was last read" in zombie.summary
 
 
+def test_a_count_unread_for_the_whole_window_after_jobs_were_claimed_is_one_zombie_not_also_stuck():
+    det = Detector(POLICY)
+    det.feed(sample(jobs=1), 0)
+    for s in range(30, 1801, 30):  # never read again: the zombie opens at 600, stuck's window would end at 630
+        det.feed(sample(jobs=None), s)
+    assert [e.kind for e in det.opened()] == [IncidentKind.ZOMBIE_JOB]
+
+
 def test_a_job_count_unread_never_starts_the_zombie_count():
     det = Detector(POLICY)
     for s in range(0, 571, 30):

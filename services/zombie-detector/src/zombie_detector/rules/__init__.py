@@ -30,13 +30,14 @@ def build_rules(policy: Policy) -> list[Rule]:
     """The node rules, each with its part of the policy."""
     kinds = policy.kinds
     jobs = JobRule(kinds.job_hung, policy.actions.stop_job)  # the ranks of a job across nodes are its, not the per-rank rules'
+    zombie = ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, pattern_kill=policy.actions.kill_pattern,
+                        rank_of_wider_job=jobs.spans_nodes)
     return [
         jobs,
-        ZombieRule(kinds.zombie_job, policy.actions.kill_gpu_processes, pattern_kill=policy.actions.kill_pattern,
-                   rank_of_wider_job=jobs.spans_nodes),
+        zombie,
         OrphanRule(kinds.orphan_gpu_holder, policy.actions.kill_gpu_processes),
         PhantomRule(kinds.phantom_jobs, kinds.idle_jobs, policy.actions.http_admin),
-        StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes),
+        StuckRule(kinds.stuck_process, policy.actions.kill_gpu_processes, rank_of_wider_job=jobs.spans_nodes, zombie_counting=zombie.counting),
         XidRule(kinds.gpu_xid),
         GpuLostRule(),
         GpuHealthRule(kinds.gpu_thermal, kinds.gpu_throttled, kinds.ecc_errors, kinds.row_remap, kinds.pcie_degraded, kinds.nvlink_degraded),

@@ -6,12 +6,14 @@ one that cannot be read), this rule holds for a GPU whose utilisation stays belo
 `idle_below_pct` for `idle_for_s` while a process older than `older_than_s` holds it (not a
 leftover whose container is gone: that is an orphan). Nothing says whether the work is hung or
 between phases, so the policy observes by default: the incident names the processes, and a kill
-step may be added to the kind's ladder.
+step may be added to the kind's ladder. A GPU the zombie rule counts (its node claimed jobs when
+the count began, and its job count went unread since) or has an open incident for is the zombie
+rule's: one hung job, one incident.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired
@@ -23,6 +25,7 @@ from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 from zombie_detector.rules.zombie import MAX_GAP_INTERVALS, unidentified
 
 KIND = IncidentKind.STUCK_PROCESS
+ZOMBIE = IncidentKind.ZOMBIE_JOB
 
 
 class StuckRule:
@@ -30,10 +33,14 @@ class StuckRule:
     entry = Streak
     of_events = False
 
-    def __init__(self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes) -> None:
+    def __init__(
+        self, policy: StuckPolicy, kill: KillPolicy, *, rank_of_wider_job: RankOfWiderJob = spans_nodes,
+        zombie_counting: Callable[[str, int], bool] = lambda node_id, gpu_index: False,
+    ) -> None:
         self.policy = policy
         self.kill = kill
         self.wider = rank_of_wider_job
+        self.zombie_counting = zombie_counting
         self.idle_since: dict[str, dict[int, tuple[datetime, datetime]]] = {}
         """node -> GPU -> (first, last) seen idle under an old process, by the detector's clock."""
 
@@ -41,7 +48,13 @@ class StuckRule:
         if isinstance(event, NodeRetired):  # a worker the pool ended: forget it
             self.idle_since.pop(event.node_id, None)
             return ()
-        open_here = {i.gpu_index for i in incidents.open_on(event.node_id) if i.kind is KIND}
+        open_here: set[int | None] = set()
+        zombies: set[int | None] = set()
+        for incident in incidents.open_on(event.node_id):
+            if incident.kind is KIND:
+                open_here.add(incident.gpu_index)
+            elif incident.kind is ZOMBIE:
+                zombies.add(incident.gpu_index)
         if event.jobs.running is not None and not open_here:
             # The node counts its jobs: the zombie rule's. Its count missing from some samples (a
             # status endpoint that answers now and then) adds nothing up here.
@@ -53,14 +66,16 @@ class StuckRule:
             if gpu.utilization_gpu_pct is None:
                 continue  # cannot tell
             streaks = self.idle_since.get(event.node_id)
-            stuck = event.jobs.running is None and bool(old) and gpu.utilization_gpu_pct < self.policy.idle_below_pct
+            zombie = gpu.index in zombies or self.zombie_counting(event.node_id, gpu.index)
+            stuck = event.jobs.running is None and bool(old) and gpu.utilization_gpu_pct < self.policy.idle_below_pct and not zombie
             if not stuck:
                 if streaks is not None:
                     streaks.pop(gpu.index, None)
                     if not streaks:
                         del self.idle_since[event.node_id]
                 if gpu.index in open_here:
-                    findings.append(Finding(KIND, event.node_id, gpu.index, present=False, summary="the GPU works again, or its old processes are gone"))
+                    why = "the zombie rule judges it: its node claims jobs" if zombie else "the GPU works again, or its old processes are gone"
+                    findings.append(Finding(KIND, event.node_id, gpu.index, present=False, summary=why))
                 continue
             if streaks is None:
                 streaks = self.idle_since[event.node_id] = {}

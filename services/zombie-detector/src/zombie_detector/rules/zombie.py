@@ -174,6 +174,10 @@ class ZombieRule:
             self.idle_since[(entry.node, entry.gpu)] = IdleStreak(since=min(entry.since, now), last_seen=now)
             self._watched.add(entry.node)
 
+    def counting(self, node_id: str, gpu_index: int) -> bool:
+        """Whether this GPU's idle count is under way here (begun by a sample with jobs claimed)."""
+        return (node_id, gpu_index) in self.idle_since
+
     def _may_hold_zombie(self, sample: Sample) -> bool:
         """The cheap test every sample gets: jobs claimed and some GPU held but idle."""
         return (sample.jobs.running or 0) >= 1 and any(_idle_and_held(g, self.policy.idle_below_pct, self.wider) for g in sample.gpus)
