@@ -114,7 +114,8 @@ class XidRule:
             return [self._unknown(event)]
         if info.bucket in QUIET:
             return []  # a consequence of the errors before it, or nothing to do (NVIDIA's IGNORE)
-        if event.xid in MEMORY_XIDS and incidents.get(fingerprint(event.node_id, IncidentKind.ROW_REMAP, event.gpu_index, None)):
+        remap = fingerprint(event.node_id, IncidentKind.ROW_REMAP, event.gpu_index, None)
+        if event.xid in MEMORY_XIDS and incidents.get(remap) is not None:
             return []  # the memory fault row_remap's open incident already drains and resets for
         if info.bucket == "application":
             jobs = {j for _, xid, j in history if j and XID_CATALOGUE.get(xid, info).bucket == "application"}

@@ -9,10 +9,13 @@ among busy ones is still found, and a node whose GPUs all idle while output grow
 phase (a checkpoint, an evaluation), not hung. Idleness is timed on the detector's own
 clock, never on the sample's timestamps (a sender chooses those), and only across samples at
 the node's interval: a burst of samples proves nothing, and a gap of more than
-`MAX_GAP_INTERVALS` intervals starts the count again. A sample that cannot tell (an unknown job
-count, an unreadable utilisation on a held GPU) neither opens nor clears anything, nor ends a
-count under way (one that runs past the gap starts again). A GPU held only
-by processes whose container is gone is the orphan rule's (a leftover, not a hung job).
+`MAX_GAP_INTERVALS` intervals starts the count again. A sample with an unreadable utilisation on
+a held GPU tells nothing: it neither opens nor clears anything, nor ends a count under way, and
+is not counted as watched. A sample whose job count is unread (a loaded status endpoint answers
+some probes, not all) but that shows the GPU idle without output keeps a count under way, begun
+by a sample with jobs claimed, and may open it at its window; it never starts one, nor clears an
+open incident. A GPU held only by processes whose container is gone is the orphan rule's (a
+leftover, not a hung job).
 """
 
 from __future__ import annotations
