@@ -192,3 +192,31 @@ def test_the_jump_names_what_changed_keeps_its_baseline_while_it_lasts_and_is_fo
     assert pool.of(IncidentKind.BLACK_HOLE) == []  # every worker alike: no worker stands out
     (opened,) = pool.of(IncidentKind.FAILURE_JUMP)
     assert opened.node_id == "workers" and opened.evidence["changed_image"].startswith("image acme/selfplay:8 on 10 of 10 workers")
+
+
+def test_while_the_pool_jumps_a_worker_that_runs_what_the_pool_runs_is_no_black_hole():
+    """The outcomes query counts each worker's tasks over its window: a worker rented after a bad
+    image went out has only tasks that ran under it, while the rest still count theirs from before.
+    It stands out for the pool's own change, and so would the worker rented to replace it."""
+    policy = Policy.model_validate({"kinds": {"failure_jump": {"baseline_age_s": 600}}})
+    old = [_w(f"pod-{i}").model_copy(update={"image": "acme/selfplay:7"}) for i in range(10)]
+    before = [Outcomes(w.worker_id, 60, 0 if i % 3 else 1) for i, w in enumerate(old)]
+    # 700 s on: nine of the ten run the new image, 12 of their 20 tasks since failed; pod-9 still runs
+    # the old one and fails three in four; pod-new was rented after the change
+    pool_now = [w.model_copy(update={"image": "acme/selfplay:8"}) for w in old[:9]] + [old[9]]
+    new = _w("pod-new", age_s=300).model_copy(update={"image": "acme/selfplay:8"})
+    after = ([Outcomes(o.worker_id, o.done + 8, o.failed + 12) for o in before[:9]] + [Outcomes("pod-9", 10, 30)]
+             + [Outcomes("pod-new", 5, 15)])
+
+    pool = Pool(policy=policy)
+    _round(pool, T0, old, before)
+    _round(pool, T0 + timedelta(seconds=700), [*pool_now, new], after)
+    (jump,) = pool.of(IncidentKind.FAILURE_JUMP)
+    assert jump.evidence["changed_image"].startswith("image acme/selfplay:8 on 10 of 10 workers")
+    # pod-new fails as the pool does now; pod-9, on what the pool ran before, still stands out
+    assert [s.node_id for s in pool.of(IncidentKind.BLACK_HOLE)] == ["pod-9"]
+
+    unjudged = Pool(policy=policy)  # the same round with no earlier one to find the jump against
+    _round(unjudged, T0 + timedelta(seconds=700), [*pool_now, new], after)
+    assert unjudged.of(IncidentKind.FAILURE_JUMP) == []
+    assert sorted(s.node_id for s in unjudged.of(IncidentKind.BLACK_HOLE)) == ["pod-9", "pod-new"]

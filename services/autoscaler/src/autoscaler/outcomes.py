@@ -15,6 +15,10 @@ correlation, never many drains. Rolled out to every worker, it leaves each worke
 rest's, so the pool is compared with itself as it was (`failure_jump`): its rate now, black holes
 left out, against its rate `baseline_age_s` before (a round with no jump), by the same binomial
 tail; the incident names what changed between the two (the image, the GPU type the workers run).
+While the pool's rate jumps, a worker that runs what most of the pool runs is no black hole
+(`runs_as_the_pool`): the outcomes query counts each worker's tasks over its window, so a worker
+rented after the change has only tasks that ran under it while the rest still count tasks from
+before, and it would stand out for the pool's own change (the next one rented would too).
 """
 
 from __future__ import annotations
@@ -139,6 +143,18 @@ def failure_jump(current: PoolRate, before: PoolRate | None, policy: FailureJump
     )
 
 
+def runs_as_the_pool(worker: Worker | None, pool: PoolRate) -> bool:
+    """Whether a worker runs what most of the pool runs now (each trait the provider lists); a
+    node the provider does not list could run anything, so it is counted as running the same."""
+    if worker is None:
+        return True
+    for key in WORKER_TRAITS:
+        value, counts = getattr(worker, key), pool.traits.get(key)
+        if value is not None and counts and str(value) != counts.most_common(1)[0][0]:
+            return False
+    return True
+
+
 def _changed(current: PoolRate, before: PoolRate) -> dict[str, str]:
     """Each trait whose most common value differs now from the baseline's: 'image a on 9 of 10 workers (was b on 10 of 10)'."""
     changed = {}
@@ -163,11 +179,15 @@ class PoolHistory:
         self.recent: deque[PoolRate] = deque()
         self.before: PoolRate | None = None
 
-    def round(self, current: PoolRate, *, pool: str) -> Finding | None:
+    def judge(self, current: PoolRate, *, pool: str) -> Finding | None:
+        """The jump `current` shows against the baseline, without keeping `current`."""
         while self.recent and (current.at - self.recent[0].at).total_seconds() >= self.policy.baseline_age_s:
             old = self.recent.popleft()
             if not old.jumped:
                 self.before = old
-        found = failure_jump(current, self.before, self.policy, pool=pool)
+        return failure_jump(current, self.before, self.policy, pool=pool)
+
+    def round(self, current: PoolRate, *, pool: str) -> Finding | None:
+        found = self.judge(current, pool=pool)
         self.recent.append(replace(current, jumped=found is not None))
         return found

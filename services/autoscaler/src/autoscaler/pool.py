@@ -36,7 +36,7 @@ from autoscaler import lifecycle
 from autoscaler.demand import Demand, DemandUnavailable
 from autoscaler.burnin import Trials
 from autoscaler.lifecycle import TaskRecord, WorkerRecord
-from autoscaler.outcomes import Outcomes, PoolHistory, black_holes, pool_rate
+from autoscaler.outcomes import Outcomes, PoolHistory, black_holes, pool_rate, runs_as_the_pool
 from autoscaler.offenders import RepeatOffenders
 from autoscaler.scaling import Decision, NodeLoad, Scaler, ScalingPolicy, Supply
 
@@ -146,9 +146,15 @@ class PoolIncidents:
             # a worker gone since keeps the host it had; one listed now has the provider's word
             hosts = {w: host for w, (host, _) in self.outcomes.items()} | {w.worker_id: w.host_id or "" for w in workers}
             self.outcomes = {o.worker_id: (hosts.get(o.worker_id, ""), o) for o in reading.outcomes}
-            holes = black_holes(reading.outcomes, self.policy.kinds.black_hole, workers={w.worker_id: w for w in workers},
-                                present=present, now=now, provider=self.provider)
-            jump = self.history.round(pool_rate(reading.outcomes, workers, now, leave_out={f.node_id for f in holes}), pool=self.pool)
+            listed = {w.worker_id: w for w in workers}
+            holes = black_holes(reading.outcomes, self.policy.kinds.black_hole, workers=listed, present=present, now=now,
+                                provider=self.provider)
+            rate = pool_rate(reading.outcomes, workers, now, leave_out={f.node_id for f in holes})
+            if holes and (self._jump_open() or self.history.judge(rate, pool=self.pool) is not None):
+                # the pool's own change, not theirs (`autoscaler.outcomes`): they count in its rate
+                holes = [f for f in holes if not runs_as_the_pool(listed.get(f.node_id), rate)]
+                rate = pool_rate(reading.outcomes, workers, now, leave_out={f.node_id for f in holes})
+            jump = self.history.round(rate, pool=self.pool)
             found += holes + ([jump] if jump else [])
             checked |= {IncidentKind.BLACK_HOLE, IncidentKind.FAILURE_JUMP}
         transitions = self.book.reconcile(found, checked, now)
@@ -220,6 +226,11 @@ class PoolIncidents:
             found.append(Finding(kind=IncidentKind.QUEUE_STALLED, node_id=self.pool, summary=stalled, evidence=evidence,
                                  recommended_action="check that the workers reach the queue (credentials, network, the worker loop)"))
         return found
+
+    def _jump_open(self) -> bool:
+        """A failure_jump on the pool is still open: a round whose rate dips below the jump's bar
+        does not end it, nor does a restart that forgot the pool's history."""
+        return any(s.kind is IncidentKind.FAILURE_JUMP and s.node_id == self.pool for s in self.book.incidents.values())
 
     def _rental_in(self, now: datetime) -> bool:
         """The incident's rental succeeded most of its verification window ago and the queue still
