@@ -201,7 +201,8 @@ class ZombieRule:
                 f"GPU {gpu.index} at {gpu.utilization_gpu_pct}% for {idle_s:.0f}s while the node reports "
                 + (f"{jobs} job(s)" if sample.jobs.running is not None else f"{jobs or 'some'} job(s) when its count was last read")
                 + " and "
-                + ("its output grows only from its busy GPUs" if sample.jobs.output_growing else "no output grows")
+                + {True: "its output grows only from its busy GPUs", False: "no output grows"}.get(
+                    sample.jobs.output_growing, "its output could not be read")
                 + f"; held by pid {pids}"
             ),
             evidence={
