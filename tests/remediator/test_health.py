@@ -99,3 +99,41 @@ async def test_an_instance_checks_only_the_nodes_of_its_partitions_and_a_node_ha
     assert published == [] and health.states == {}
     await health.check_all(publish, mine=lambda node: True)  # and back: each reachable node said again
     assert sorted(published) == [f"n{i}" for i in range(6)]
+
+
+async def test_a_node_that_begins_failing_is_checked_again_alone_a_quarter_of_an_interval_on(sshd, tmp_path):
+    """Its incident waits for two failures in a row: the second comes from a check of that node
+    alone, not from the next round over the whole inventory (which may take the interval itself)."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        f"  ok-node: {{host: 127.0.0.1, port: {sshd.port}, user: root}}\n"
+        f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
+    )
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=2.0,
+                           command_timeout_s=2.0)
+    health = SshHealth(executor, inventory, interval_s=8, concurrency=4)
+    checked: list[str] = []
+    login = executor.check
+
+    async def counted(node: str) -> None:
+        checked.append(node)
+        await login(node)
+
+    executor.check = counted
+    failures = asyncio.Queue()
+
+    async def publish(event) -> None:
+        if not event.reachable:
+            failures.put_nowait((asyncio.get_running_loop().time(), event.failures))
+
+    loop = asyncio.create_task(health.loop(publish)())
+    try:
+        first_at, first = await asyncio.wait_for(failures.get(), 10)
+        second_at, second = await asyncio.wait_for(failures.get(), 7)  # a round apart, it would be 8 s and more
+        assert (first, second) == (1, 2)
+        assert 2 <= second_at - first_at < 8
+        assert sorted(checked) == ["ok-node", "refusing", "refusing"]  # the reachable node waits for the next round
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

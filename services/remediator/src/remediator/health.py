@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,17 +58,31 @@ class SshHealth:
             if shares is not None:
                 await shares.settled.wait()
             while True:
-                await self.check_all(publish, mine=shares.holds if shares is not None else None)
+                mine = shares.holds if shares is not None else None
+                await self.check_all(publish, mine=mine)
+                # A node that just began failing is checked again alone, a quarter of an interval
+                # on, not a whole round later: the incident waits for failures in a row (the policy's
+                # after_checks), and a round over a big inventory can take as long as the interval.
+                if starting := {n for n, s in self.states.items() if s.failures == 1}:
+                    await asyncio.sleep(self.interval_s / 4)
+                    await self.check_all(publish, mine=mine, only=starting)
                 await asyncio.sleep(self.interval_s)
 
         return check_ssh
 
-    async def check_all(self, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None = None) -> None:
+    async def check_all(
+        self, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None = None,
+        only: Collection[str] | None = None,
+    ) -> None:
+        """One round over the inventory's nodes (those this instance holds, with `mine`; of them,
+        those in `only`, when given)."""
         try:
             nodes = sorted(load_inventory(self._inventory))
         except InventoryError as exc:
             log.warning("SSH checks skipped: %s", exc)
             return
+        if only is not None:
+            nodes = [n for n in nodes if n in only]
         if mine is not None:
             nodes = [n for n in nodes if mine(n)]
             # A node checked by another instance meanwhile starts afresh here: what this one last
