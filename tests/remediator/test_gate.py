@@ -404,6 +404,21 @@ def test_the_operation_must_be_the_ladder_step_the_incident_is_at():
     assert _refusal(undrain, not_drained) == "refused: kinds.gpu_xid.ladder step 1 is drain_node, not undrain_node"
 
 
+def test_an_open_fleet_incident_stops_a_fault_step_of_its_kind_but_not_an_undrain_after_the_fix():
+    xid = kill_request(_GOOD).model_copy(update={"operation": DrainNode(), "fingerprint": fingerprint("gpu-node-01", IncidentKind.GPU_XID, 0)})
+    waiting = incident_waiting_for(xid)
+    fleet = waiting.model_copy(update={"incident_id": uuid.uuid4(), "node_id": "fleet", "kind": IncidentKind.FLEET_ANOMALY,
+                                       "gpu_index": None, "key": "gpu_xid", "summary": "gpu_xid on 9 of 20 nodes"})
+
+    def refused(request, incident):
+        return refusal(request, incident=incident, gate=ENFORCE, now=request.occurred_at, stored_at=None, fleet=fleet)
+    assert refused(xid, waiting) == f"refused: fleet incident {fleet.incident_id} is open for gpu_xid (gpu_xid on 9 of 20 nodes); no node's fault step runs while it is"
+    assert refusal(xid, incident=waiting, gate=ENFORCE, now=xid.occurred_at, stored_at=None) == ""
+    # A node the fix drained and that validated healthy comes back: that fixes nothing, it returns capacity.
+    undrain = xid.model_copy(update={"operation": UndrainNode()})
+    assert refused(undrain, incident_waiting_for(undrain)) == ""
+
+
 def test_the_endpoint_and_the_workers_come_from_the_incident_and_the_policy():
     election = ActionRequested(
         source="leader-health", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id="peer-1", attempt=1,

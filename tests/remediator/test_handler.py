@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpumedic_bus import Delivery
-from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, ProcessTarget
-from gpumedic_incidents import PolicySettings, load_policy
+from gpumedic_events import ActionCompleted, ActionOutcome, ActionRequested, IncidentKind, ProcessTarget
+from gpumedic_incidents import FLEET_NODE, IncidentState, PolicySettings, fleet_fingerprint, load_policy
 from gpumedic_incidents.policy import KillPolicy, dump_policy
 from gpumedic_nodes.inventory import NodeAddress
 from gpumedic_nodes.ssh import NodeUnreachable
@@ -24,7 +24,7 @@ from remediator import repository
 from remediator.catalogue import CommandResult
 from remediator.handlers import INTERRUPTED_DETAIL, completed_event
 from tests.remediator.conftest import Harness as _Harness
-from tests.remediator.conftest import inventory_naming, kill_request
+from tests.remediator.conftest import incident_waiting_for, inventory_naming, kill_request
 
 GPU_QUERY = "nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits --id=0"
 HOLDERS = ("nvidia-smi --query-compute-apps=pid --format=csv,noheader --id=0", "fuser /dev/nvidia0")
@@ -283,6 +283,49 @@ async def test_a_request_for_a_closed_incident_is_refused(harness, sshd, sleeper
     completed = await _refused(h, sshd, request)
     assert completed.detail == f"refused: incident {request.incident_id} is escalated, not waiting for an action"
     assert sleeper.alive()
+
+
+def _fleet_incident_over(request: ActionRequested) -> IncidentState:
+    """The fleet incident a detector keeps over the kind of `request`'s incident (escalated: a person's)."""
+    node = incident_waiting_for(request)
+    return node.model_copy(update={
+        "incident_id": uuid.uuid4(), "kind": IncidentKind.FLEET_ANOMALY, "node_id": FLEET_NODE, "gpu_index": None,
+        "key": node.kind.value, "phase": "escalated", "pending_action": None, "step": 0,
+        "summary": "zombie_job on 40 of 100 nodes within 300s",
+    })
+
+
+async def test_no_fault_step_runs_while_a_fleet_incident_over_its_kind_is_open(harness, sshd, sleeper):
+    """A node incident already acting when much of the fleet showed its kind, or decided by a
+    detector that sees part of the fleet, still reaches the gate: the fleet incident's state stops it."""
+    h = harness(mode="enforce")
+    request = await h.open(kill_request(sleeper.target()))
+    fleet = _fleet_incident_over(request)
+    await h.incidents.save(fleet)
+    assert fleet.fingerprint == fleet_fingerprint(IncidentKind.ZOMBIE_JOB)
+    completed = await _refused(h, sshd, request)
+    assert completed.detail.startswith(f"refused: fleet incident {fleet.incident_id} is open for zombie_job (zombie_job on 40 of 100 nodes")
+    assert sleeper.alive()
+    # Once a person closed it, the next attempt runs.
+    await h.incidents.delete(fleet)
+    retry = await h.open(kill_request(sleeper.target(), attempt=2, incident_id=request.incident_id))
+    completed = await h.handle(retry)
+    assert completed.outcome is ActionOutcome.SUCCEEDED, completed.detail
+    assert sleeper.killed()
+
+
+async def test_a_fleet_incident_over_another_kind_or_a_state_that_does_not_parse(harness, sshd, sleeper):
+    h = harness(mode="enforce")
+    request = await h.open(kill_request(sleeper.target()))
+    await h.incidents.save(_fleet_incident_over(request).model_copy(update={"key": IncidentKind.STUCK_PROCESS.value}))
+    stored_under = fleet_fingerprint(IncidentKind.ZOMBIE_JOB)
+    await h.incidents._kv.put(stored_under.replace("/", "."), b'{"incident_id": "not a uuid"}')
+    completed = await _refused(h, sshd, request)
+    assert completed.detail.startswith(f"refused: the state stored under {stored_under} is not an incident state")
+    assert sleeper.alive()
+    await h.incidents._kv.delete(stored_under.replace("/", "."))
+    retry = await h.open(kill_request(sleeper.target(), attempt=2, incident_id=request.incident_id))
+    assert (await h.handle(retry)).outcome is ActionOutcome.SUCCEEDED  # the stuck-process fleet incident is no reason
 
 
 async def test_a_request_older_than_the_limit_is_refused(harness, sshd, sleeper):

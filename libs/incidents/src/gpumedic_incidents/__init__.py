@@ -7,7 +7,7 @@
 - `store`: the JetStream KV bucket the detector writes and the remediator's gate reads.
 """
 
-from gpumedic_incidents.book import FLEET_NODE, IncidentBook
+from gpumedic_incidents.book import FLEET_NODE, IncidentBook, fleet_fingerprint
 from gpumedic_incidents.lifecycle import Span, Transition
 from gpumedic_incidents.policy import Policy, PolicyError, PolicySettings, load_policy
 from gpumedic_incidents.state import (
@@ -38,6 +38,7 @@ __all__ = [
     "Transition",
     "cleared",
     "fingerprint",
+    "fleet_fingerprint",
     "load_policy",
     "operation_digest",
     "state_key",

@@ -202,7 +202,7 @@ class IncidentBook:
     def _open_or_correlate(self, finding: Finding, now: datetime, found_with: Collection[Finding] = ()) -> list[Transition]:
         if finding.node_id == FLEET_NODE or finding.kind in ROUTINE:
             return [self._open(finding, now)]
-        fleet = self.get(_fleet_fingerprint(finding.kind))
+        fleet = self.get(fleet_fingerprint(finding.kind))
         if fleet is not None:
             return [self._open(finding, now, fleet_incident_id=fleet.incident_id)]
         since = now - timedelta(seconds=self.policy.fleet.window_s)
@@ -260,5 +260,6 @@ def shared(traits: Sequence[Mapping[str, str]]) -> dict[str, tuple[str, int, int
     return common
 
 
-def _fleet_fingerprint(kind: IncidentKind) -> str:
+def fleet_fingerprint(kind: IncidentKind) -> str:
+    """Where the one fleet incident over `kind` is kept (its node is `FLEET_NODE`, its key the kind)."""
     return f"{FLEET_NODE}/{IncidentKind.FLEET_ANOMALY.value}/node/{kind.value}"

@@ -119,13 +119,15 @@ def refusal(
     now: datetime,
     stored_at: datetime | None,
     facts: OwnFacts = OwnFacts(),
+    fleet: IncidentState | None = None,
 ) -> str:
     """Why this request must be refused whatever the fleet looks like ('' when it may go on).
 
     `incident` is the open incident stored under the request's fingerprint (None if none);
     `stored_at` is when the stream stored the request, by the server's clock: a sender can
     choose `occurred_at`, not that, so the older of the two counts; `facts` what the remediator
-    knows of its own (the cluster's leader, its ledger's kills).
+    knows of its own (the cluster's leader, its ledger's kills); `fleet` the open fleet incident
+    over the incident's kind (`gpumedic_incidents.fleet_fingerprint`; None if none).
     """
     oldest = min(request.occurred_at, stored_at) if stored_at is not None else request.occurred_at
     age_s = (now - oldest).total_seconds()
@@ -165,6 +167,13 @@ def refusal(
         )
     if operation_digest(request.operation) != pending.operation_sha256:
         return f"refused: the operation differs from the one {incident.detector} decided for {where}"
+    if fleet is not None and incident.resolution is None:
+        # The detector links only incidents still held; one already acting when much of the fleet
+        # showed the same kind stops here, as does one decided by a detector that sees part of the fleet.
+        return (
+            f"refused: fleet incident {fleet.incident_id} is open for {incident.kind.value} ({fleet.summary[:200]}); "
+            "no node's fault step runs while it is"
+        )
     if why := policy_refusal(request, incident, gate, facts, now):
         return f"refused: {why}"
     try:

@@ -50,7 +50,7 @@ from gpumedic_events import (
     EventDecodeError,
     NodeRetired,
 )
-from gpumedic_incidents import IncidentState, IncidentStates
+from gpumedic_incidents import FLEET_NODE, IncidentState, IncidentStates, fleet_fingerprint
 from gpumedic_incidents.policy import CheckpointPolicy
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
 from gpumedic_nodes.ssh import NodeError, SshExecutor
@@ -156,14 +156,21 @@ class ActionHandler:
                 return await self._replay(session, known, delivery)
 
         checkpoint = None
+        stored_under = request.fingerprint
         try:
             incident = await self._incident(request)
+            if incident is not None and incident.node_id != FLEET_NODE:
+                stored_under = fleet_fingerprint(incident.kind)
+                fleet = await self.incidents.get(stored_under)
+            else:
+                fleet = None
         except ValidationError as exc:
-            # Only its detector can write the key, but a state that does not parse is no permission.
-            why_not = f"refused: the state stored under {request.fingerprint} is not an incident state ({_first_error(exc)})"
+            # Only a detector can write the key, but a state that does not parse is no permission.
+            why_not = f"refused: the state stored under {stored_under} is not an incident state ({_first_error(exc)})"
         else:
             facts = await self._own_facts(request)
-            why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at, facts=facts)
+            why_not = refusal(request, incident=incident, gate=self._gate, now=self._now(), stored_at=delivery.stored_at,
+                              facts=facts, fleet=fleet)
             checkpoint = self._gate.kinds.of(incident.kind, incident.key).checkpoint if incident is not None else None
         return await self.run_gated(request, why_not, delivery.still_working, checkpoint=checkpoint)
 
