@@ -101,6 +101,37 @@ async def test_an_instance_checks_only_the_nodes_of_its_partitions_and_a_node_ha
     assert sorted(published) == [f"n{i}" for i in range(6)]
 
 
+async def test_a_node_s_answer_is_published_as_it_comes_not_at_the_round_s_end(sshd, tmp_path):
+    """A round over a large inventory takes about as long as the interval (a wedged node alone holds
+    it for the connect timeout): a failure found early in it is not held back until the round ends."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
+        f"  wedged: {{host: 127.0.0.1, port: {silent.sockets[0].getsockname()[1]}, user: root}}\n"
+    )
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=3.0,
+                           command_timeout_s=3.0)
+    health = SshHealth(executor, inventory, interval_s=60, concurrency=4)
+    published: asyncio.Queue = asyncio.Queue()
+
+    async def publish(event) -> None:
+        published.put_nowait(event)
+
+    round_ = asyncio.create_task(health.check_all(publish))
+    try:
+        first = await asyncio.wait_for(published.get(), 2.5)  # well before the wedged node's 3 s timeout ends the round
+        assert (first.node_id, first.cause) == ("refusing", "refused") and not round_.done()
+        await asyncio.wait_for(round_, 10)
+        assert (await published.get()).cause == "timeout"
+        assert {n: s.failures for n, s in health.states.items()} == {"refusing": 1, "wedged": 1}
+    finally:
+        round_.cancel()
+        silent.close()
+        await asyncio.gather(round_, return_exceptions=True)
+
+
 async def test_a_node_that_begins_failing_is_checked_again_alone_a_quarter_of_an_interval_on(sshd, tmp_path):
     """Its incident waits for two failures in a row: the second comes from a check of that node
     alone, not from the next round over the whole inventory (which may take the interval itself)."""

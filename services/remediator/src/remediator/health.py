@@ -75,7 +75,8 @@ class SshHealth:
         only: Collection[str] | None = None,
     ) -> None:
         """One round over the inventory's nodes (those this instance holds, with `mine`; of them,
-        those in `only`, when given)."""
+        those in `only`, when given). Each node's answer is published as soon as it comes, not
+        at the round's end: a round over a large inventory takes about as long as the interval."""
         try:
             nodes = sorted(load_inventory(self._inventory))
         except InventoryError as exc:
@@ -88,18 +89,20 @@ class SshHealth:
             # A node checked by another instance meanwhile starts afresh here: what this one last
             # saw of it may be older than what the other published.
             self.states = {n: s for n, s in self.states.items() if mine(n)}
-        results = await asyncio.gather(*(self._check(node) for node in nodes))
-        for node, (cause, detail) in zip(nodes, results, strict=True):
-            state, event = next_check(self.states.get(node), node, cause, detail)
-            if event is not None:
-                try:
-                    await publish(event)
-                except Exception as exc:  # the next round tries again: keep the old state
-                    log.warning("SSH check of %s not published (%r)", node, exc)
-                    continue
-                if not event.reachable:
-                    log.warning("SSH to %s fails (%s, %d in a row): %s", node, cause, state.failures, detail)
-            self.states[node] = state
+        await asyncio.gather(*(self._check_one(node, publish) for node in nodes))
+
+    async def _check_one(self, node: str, publish: Callable[[NodeSshChecked], Awaitable[None]]) -> None:
+        cause, detail = await self._check(node)
+        state, event = next_check(self.states.get(node), node, cause, detail)
+        if event is not None:
+            try:
+                await publish(event)
+            except Exception as exc:  # the next round tries again: keep the old state
+                log.warning("SSH check of %s not published (%r)", node, exc)
+                return
+            if not event.reachable:
+                log.warning("SSH to %s fails (%s, %d in a row): %s", node, cause, state.failures, detail)
+        self.states[node] = state
 
     async def _check(self, node: str) -> tuple[str, str]:
         async with self._limit:
