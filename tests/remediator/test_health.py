@@ -132,6 +132,35 @@ async def test_a_node_s_answer_is_published_as_it_comes_not_at_the_round_s_end(s
         await asyncio.gather(round_, return_exceptions=True)
 
 
+async def test_the_check_again_follows_the_node_s_own_failure_not_the_round_s_end(sshd, tmp_path):
+    """A wedged node holds its round for the connect timeout; the node that began failing early in
+    that round is checked again a quarter of an interval after its own failure, round or not."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
+        f"  wedged: {{host: 127.0.0.1, port: {silent.sockets[0].getsockname()[1]}, user: root}}\n"
+    )
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=6.0,
+                           command_timeout_s=6.0)
+    health = SshHealth(executor, inventory, interval_s=4, concurrency=4)
+    published: asyncio.Queue = asyncio.Queue()
+
+    async def publish(event) -> None:
+        published.put_nowait((event.node_id, event.failures))
+
+    loop = asyncio.create_task(health.loop(publish)())
+    try:
+        seen = [await asyncio.wait_for(published.get(), 10) for _ in range(3)]
+        # the second check of the refusing node (1 s after its first) comes before the wedged node's first answer (6 s)
+        assert seen == [("refusing", 1), ("refusing", 2), ("wedged", 1)]
+    finally:
+        loop.cancel()
+        silent.close()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
 async def test_a_node_that_begins_failing_is_checked_again_alone_a_quarter_of_an_interval_on(sshd, tmp_path):
     """Its incident waits for two failures in a row: the second comes from a check of that node
     alone, not from the next round over the whole inventory (which may take the interval itself)."""

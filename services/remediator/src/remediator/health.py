@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,8 @@ class SshHealth:
         self.interval_s = interval_s
         self._limit = asyncio.Semaphore(concurrency)
         self.states: dict[str, Checked] = {}
+        self._again: set[asyncio.Task] = set()
+        """Nodes that began failing, each to be checked again alone (`_check_again`)."""
 
     def loop(self, publish: Callable[[NodeSshChecked], Awaitable[None]], shares: Shares | None = None):
         """Check every node each round; with `shares`, the nodes of the partitions this instance
@@ -57,41 +59,38 @@ class SshHealth:
         async def check_ssh() -> None:
             if shares is not None:
                 await shares.settled.wait()
-            while True:
-                mine = shares.holds if shares is not None else None
-                await self.check_all(publish, mine=mine)
-                # A node that just began failing is checked again alone, a quarter of an interval
-                # on, not a whole round later: the incident waits for failures in a row (the policy's
-                # after_checks), and a round over a big inventory can take as long as the interval.
-                if starting := {n for n, s in self.states.items() if s.failures == 1}:
-                    await asyncio.sleep(self.interval_s / 4)
-                    await self.check_all(publish, mine=mine, only=starting)
-                await asyncio.sleep(self.interval_s)
+            try:
+                while True:
+                    await self.check_all(publish, mine=shares.holds if shares is not None else None, again=True)
+                    await asyncio.sleep(self.interval_s)
+            finally:
+                for task in self._again:
+                    task.cancel()
 
         return check_ssh
 
     async def check_all(
-        self, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None = None,
-        only: Collection[str] | None = None,
+        self, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None = None, *, again: bool = False,
     ) -> None:
-        """One round over the inventory's nodes (those this instance holds, with `mine`; of them,
-        those in `only`, when given). Each node's answer is published as soon as it comes, not
-        at the round's end: a round over a large inventory takes about as long as the interval."""
+        """One round over the inventory's nodes (those this instance holds, with `mine`). Each
+        node's answer is published as soon as it comes, not at the round's end: a round over a
+        large inventory takes about as long as the interval. With `again` (the loop), a node that
+        begins failing is checked again alone a quarter of an interval on (`_check_again`)."""
         try:
             nodes = sorted(load_inventory(self._inventory))
         except InventoryError as exc:
             log.warning("SSH checks skipped: %s", exc)
             return
-        if only is not None:
-            nodes = [n for n in nodes if n in only]
         if mine is not None:
             nodes = [n for n in nodes if mine(n)]
             # A node checked by another instance meanwhile starts afresh here: what this one last
             # saw of it may be older than what the other published.
             self.states = {n: s for n, s in self.states.items() if mine(n)}
-        await asyncio.gather(*(self._check_one(node, publish) for node in nodes))
+        await asyncio.gather(*(self._check_one(node, publish, mine, again=again) for node in nodes))
 
-    async def _check_one(self, node: str, publish: Callable[[NodeSshChecked], Awaitable[None]]) -> None:
+    async def _check_one(
+        self, node: str, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None, *, again: bool,
+    ) -> None:
         cause, detail = await self._check(node)
         state, event = next_check(self.states.get(node), node, cause, detail)
         if event is not None:
@@ -103,6 +102,18 @@ class SshHealth:
             if not event.reachable:
                 log.warning("SSH to %s fails (%s, %d in a row): %s", node, cause, state.failures, detail)
         self.states[node] = state
+        if again and state.failures == 1:
+            task = asyncio.create_task(self._check_again(node, publish, mine), name=f"ssh-again-{node}")
+            self._again.add(task)
+            task.add_done_callback(self._again.discard)
+
+    async def _check_again(self, node: str, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None) -> None:
+        """A node that began failing, checked again alone a quarter of an interval on, not a round
+        later: its incident waits for failures in a row (the policy's after_checks), and a round
+        over a large inventory takes about as long as the interval."""
+        await asyncio.sleep(self.interval_s / 4)
+        if (mine is None or mine(node)) and node in self.states:  # still this instance's node
+            await self._check_one(node, publish, mine, again=False)
 
     async def _check(self, node: str) -> tuple[str, str]:
         async with self._limit:
