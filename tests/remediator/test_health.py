@@ -133,8 +133,9 @@ async def test_a_node_s_answer_is_published_as_it_comes_not_at_the_round_s_end(s
 
 
 async def test_the_check_again_follows_the_node_s_own_failure_not_the_round_s_end(sshd, tmp_path):
-    """A wedged node holds its round for the connect timeout; the node that began failing early in
-    that round is checked again a quarter of an interval after its own failure, round or not."""
+    """A wedged node holds its round for the connect timeout (and, one login at a time, the round's
+    only slot); the node that began failing early in that round is checked again a quarter of an
+    interval after its own failure, round or not."""
     silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
@@ -144,7 +145,7 @@ async def test_the_check_again_follows_the_node_s_own_failure_not_the_round_s_en
     )
     executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=6.0,
                            command_timeout_s=6.0)
-    health = SshHealth(executor, inventory, interval_s=4, concurrency=4)
+    health = SshHealth(executor, inventory, interval_s=4, concurrency=1)
     published: asyncio.Queue = asyncio.Queue()
 
     async def publish(event) -> None:

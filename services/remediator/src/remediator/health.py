@@ -49,6 +49,9 @@ class SshHealth:
         self._inventory = inventory
         self.interval_s = interval_s
         self._limit = asyncio.Semaphore(concurrency)
+        self._again_limit = asyncio.Semaphore(concurrency)
+        """Checks again have slots of their own: behind a round's queue over a large inventory they
+        would wait for most of the round."""
         self.states: dict[str, Checked] = {}
         self._again: set[asyncio.Task] = set()
         """Nodes that began failing, each to be checked again alone (`_check_again`)."""
@@ -90,8 +93,9 @@ class SshHealth:
 
     async def _check_one(
         self, node: str, publish: Callable[[NodeSshChecked], Awaitable[None]], mine: Callable[[str], bool] | None, *, again: bool,
+        limit: asyncio.Semaphore | None = None,
     ) -> None:
-        cause, detail = await self._check(node)
+        cause, detail = await self._check(node, limit or self._limit)
         state, event = next_check(self.states.get(node), node, cause, detail)
         if event is not None:
             try:
@@ -113,10 +117,10 @@ class SshHealth:
         over a large inventory takes about as long as the interval."""
         await asyncio.sleep(self.interval_s / 4)
         if (mine is None or mine(node)) and node in self.states:  # still this instance's node
-            await self._check_one(node, publish, mine, again=False)
+            await self._check_one(node, publish, mine, again=False, limit=self._again_limit)
 
-    async def _check(self, node: str) -> tuple[str, str]:
-        async with self._limit:
+    async def _check(self, node: str, limit: asyncio.Semaphore) -> tuple[str, str]:
+        async with limit:
             try:
                 await self._executor.check(node)
             except Exception as exc:  # never let one node stop the round
