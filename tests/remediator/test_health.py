@@ -101,19 +101,25 @@ async def test_an_instance_checks_only_the_nodes_of_its_partitions_and_a_node_ha
     assert sorted(published) == [f"n{i}" for i in range(6)]
 
 
-async def test_a_node_s_answer_is_published_as_it_comes_not_at_the_round_s_end(sshd, tmp_path):
-    """A round over a large inventory takes about as long as the interval (a wedged node alone holds
-    it for the connect timeout): a failure found early in it is not held back until the round ends."""
-    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
+async def _refusing_and_wedged(sshd, tmp_path, *, timeout_s: float, interval_s: float, concurrency: int):
+    """A node whose SSH port refuses and one that accepts TCP and never says a word (it holds its
+    login for the whole connect timeout); the silent server, and the checks of both."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
         "nodes:\n"
         f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
         f"  wedged: {{host: 127.0.0.1, port: {silent.sockets[0].getsockname()[1]}, user: root}}\n"
     )
-    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=3.0,
-                           command_timeout_s=3.0)
-    health = SshHealth(executor, inventory, interval_s=60, concurrency=4)
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key,
+                           connect_timeout_s=timeout_s, command_timeout_s=timeout_s)
+    return silent, SshHealth(executor, inventory, interval_s=interval_s, concurrency=concurrency)
+
+
+async def test_a_node_s_answer_is_published_as_it_comes_not_at_the_round_s_end(sshd, tmp_path):
+    """A round over a large inventory takes about as long as the interval (a wedged node alone holds
+    it for the connect timeout): a failure found early in it is not held back until the round ends."""
+    silent, health = await _refusing_and_wedged(sshd, tmp_path, timeout_s=3.0, interval_s=60, concurrency=4)
     published: asyncio.Queue = asyncio.Queue()
 
     async def publish(event) -> None:
@@ -136,16 +142,7 @@ async def test_the_check_again_follows_the_node_s_own_failure_not_the_round_s_en
     """A wedged node holds its round for the connect timeout (and, one login at a time, the round's
     only slot); the node that began failing early in that round is checked again a quarter of an
     interval after its own failure, round or not."""
-    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts TCP, never says a word
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(
-        "nodes:\n"
-        f"  refusing: {{host: 127.0.0.1, port: {_closed_port()}, user: root}}\n"
-        f"  wedged: {{host: 127.0.0.1, port: {silent.sockets[0].getsockname()[1]}, user: root}}\n"
-    )
-    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=6.0,
-                           command_timeout_s=6.0)
-    health = SshHealth(executor, inventory, interval_s=4, concurrency=1)
+    silent, health = await _refusing_and_wedged(sshd, tmp_path, timeout_s=6.0, interval_s=4, concurrency=1)
     published: asyncio.Queue = asyncio.Queue()
 
     async def publish(event) -> None:
