@@ -34,7 +34,9 @@ def consumer_config(item: Durable, settings: NatsSettings) -> ConsumerConfig:
     """The consumer as provisioned. Pull consumers redeliver one more time than their service acts,
     so the service dead-letters the last failure instead of the server dropping it; push
     consumers carry disposable samples (see `PushConsumer`)."""
-    common = {"durable_name": item.name, "filter_subject": item.filter_subject, "ack_wait": settings.ack_wait_s}
+    filters = item.filter_subjects
+    common = {"durable_name": item.name, "ack_wait": settings.ack_wait_s}
+    common |= {"filter_subject": filters[0]} if len(filters) == 1 else {"filter_subjects": list(filters)}
     if item.delivery == "push":
         return ConsumerConfig(
             **common,

@@ -112,6 +112,8 @@ class ServiceRuntime:
             **options,
         )
         self._loops: list[BackgroundLoop] = []
+        self._alongside: list[BackgroundLoop] = []
+        self._alongside_started: list[asyncio.Task] = []
         self._startup: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task] = []
         self._consumers: list[EventConsumer] = []
@@ -122,6 +124,8 @@ class ServiceRuntime:
         """Durable consumers of this service found gone (`_watch_consumers`)."""
         self._live: list[tuple[type[Event], EventHandler, type | None]] = []
         self._live_subs: list = []
+        self.more_push_consumers: Callable[[], list[PushConsumer]] = list
+        """Push consumers the service starts and stops itself (a detector cell's partitions), for their lag."""
         self.lease: Lease | None = None
         """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
         self.on_lease_lost: Callable[[str], Awaitable[None] | None] = _stop_this_process
@@ -158,9 +162,13 @@ class ServiceRuntime:
         """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer.
         With a `view` (`gpumedic_events.views`), only the fields it names are decoded and handed on."""
         consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics,
-                                connect=lambda: connect(self.nats, f"{self.service}.{durable}"), view=view)
+                                connect=self.connect_for(durable), view=view)
         self._push_consumers.append(consumer)
         return consumer
+
+    def connect_for(self, durable: str) -> Callable[[], Awaitable[nats.NATS]]:
+        """How a push consumer opens the connection of its own its samples come on (see PushConsumer)."""
+        return lambda: connect(self.nats, f"{self.service}.{durable}")
 
     def follow(self, event_type: type[Event], handler: EventHandler, *, view: type | None = None) -> None:
         """Read `event_type` live, as a plain subscriber (`topology.LIVE`): every instance gets
@@ -256,20 +264,34 @@ class ServiceRuntime:
             loop.__name__ = getattr(inner, "__name__", one_instance)
         self._loops.append(loop)
 
-    def shares(self, work: str) -> Shares:
+    def shares(self, work: str, *, before_giving_back: Callable[[int], Awaitable[None]] | None = None,
+               alongside: bool = False) -> Shares:
         """This instance's share of per-node work `work` (a name in `topology.SHARED_LOOPS`) among the
         service's live instances, by the nodes' partitions (`gpumedic_bus.shares`): its loop asks
-        `holds(node)` each round, and waits for `settled` before the first."""
+        `holds(node)` each round, and waits for `settled` before the first. `alongside`: held by
+        every instance, a one-active service's standbys too (see `alongside`)."""
         if work not in SHARED_LOOPS.get(self.service, ()):
             raise ValueError(f"{self.service} shares no work {work!r} by partition (topology.SHARED_LOOPS)")
-        shares = Shares(f"{self.service}.{work}", str(self.instance_id))
+        shares = Shares(f"{self.service}.{work}", str(self.instance_id), before_giving_back=before_giving_back)
 
         async def hold() -> None:
             await shares.run(self.broker.connection)
 
         hold.__name__ = f"{work}-shares"
-        self._loops.append(hold)
+        if alongside:
+            self.alongside(hold)
+        else:
+            self._loops.append(hold)
         return shares
+
+    def alongside(self, loop: BackgroundLoop) -> None:
+        """Run `loop` in every instance from its connection on, whether it is its service's active
+        one or a standby (every zombie-detector instance runs a detector cell; one decides)."""
+        self._alongside.append(loop)
+
+    async def _start_alongside(self) -> None:
+        for loop in self._alongside[len(self._alongside_started):]:
+            self._alongside_started.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
 
     async def _on_lease(self, key: str, loop: BackgroundLoop) -> None:
         said = False
@@ -316,6 +338,8 @@ class ServiceRuntime:
         deadline = asyncio.get_running_loop().time() + START_WITHIN_S
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [("connecting", self.broker.connect),
                                                                      ("checking its consumers", self._check_consumers)]
+        if self._alongside:
+            steps.append(("starting what every instance runs", self._start_alongside))
         if self.service in ONE_ACTIVE:
             steps.append(("taking its lease", self._become_active))
         steps += [(f"its startup hook {getattr(hook, '__name__', hook)}", hook) for hook in self._startup]
@@ -459,10 +483,11 @@ class ServiceRuntime:
             with contextlib.suppress(Exception):
                 await consumer.stop()
         # Bounded: a loop that swallows its cancellation must not keep the service from stopping.
-        for task in await stop_tasks(self._tasks, STOP_TASKS_WITHIN_S):
+        for task in await stop_tasks([*self._tasks, *self._alongside_started], STOP_TASKS_WITHIN_S):
             log.warning("%s: %s did not stop within %gs of being cancelled; stopping without it",
                         self.service, task.get_name(), STOP_TASKS_WITHIN_S)
         self._tasks.clear()
+        self._alongside_started.clear()
         if self.lease is not None:
             await self.lease.release()  # a standby takes over now, not a TTL later
         if self.service in PRODUCERS[ServiceHeartbeat]:
@@ -487,7 +512,7 @@ class ServiceRuntime:
 
     def lags(self) -> list[Lag]:
         """How far behind its stream each sample consumer this instance runs is now (a standby's: none)."""
-        return [consumer.lag() for consumer in self._push_consumers if consumer.started]
+        return [consumer.lag() for consumer in (*self._push_consumers, *self.more_push_consumers()) if consumer.started]
 
     async def _watch_lag(self) -> None:
         """Ask the server what waits for each sample consumer every LAG_CHECK_EVERY_S: a consumer that

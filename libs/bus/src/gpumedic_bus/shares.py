@@ -22,6 +22,7 @@ import math
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -32,10 +33,17 @@ from gpumedic_bus.streams import LEASE_TTL_S, LEASES, PARTITIONS, partition_of
 
 log = logging.getLogger(__name__)
 
+GIVE_BACK_WITHIN_S = 2.0
+"""How long an instance finishes a partition before it gives it back (well within the lease TTL)."""
+
 
 class Shares:
-    def __init__(self, name: str, instance: str, *, partitions: int = PARTITIONS) -> None:
+    def __init__(self, name: str, instance: str, *, partitions: int = PARTITIONS,
+                 before_giving_back: Callable[[int], Awaitable[None]] | None = None) -> None:
+        """`before_giving_back(partition)`: what this instance finishes of a partition before it
+        lets another take it (a detector cell writes its rules' memory); given `GIVE_BACK_WITHIN_S`."""
         self.name = name
+        self._before_giving_back = before_giving_back
         self.instance = instance
         self.partitions = partitions
         self.held: dict[int, int] = {}
@@ -122,6 +130,11 @@ class Shares:
                 await self._kv.delete(self._member)
 
     async def _give_back(self, partition: int) -> None:
+        if self._before_giving_back is not None:
+            try:
+                await asyncio.wait_for(self._before_giving_back(partition), GIVE_BACK_WITHIN_S)
+            except Exception as exc:  # noqa: BLE001 (the next holder learns a little again; the partition still moves)
+                log.warning("%s: partition %d given back unfinished (%s)", self.name, partition, type(exc).__name__)
         revision = self.held.pop(partition)  # no longer worked on here before another may take it
         with contextlib.suppress(Exception):  # unreachable: the bucket forgets it within the TTL
             await self._kv.delete(self._key(partition), last=revision)

@@ -34,6 +34,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     MessageRejected,
+    NodeFindings,
     NodeSampled,
     NodeDrained,
     NodeRetired,
@@ -232,7 +233,17 @@ CONTROL = Stream(
     description="What operators tell the system (silences, verdicts); detectors replay the silences from the start when they start.",
 )
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY, CONTROL)
+FINDINGS = Stream(
+    name="GPUMEDIC_FINDINGS",
+    events=(NodeFindings,),
+    storage=StorageType.FILE,
+    max_age_s=_DAY,
+    max_bytes=256 * 1024 * 1024,
+    duplicate_window_s=_MINUTE,
+    description="What the detector cells found over their partitions' nodes, for the decider's incident book; durable.",
+)
+
+STREAMS: tuple[Stream, ...] = (SAMPLES, NODE_EVENTS, INCIDENTS, ACTIONS, STATUS, DEAD_LETTERS, TELEMETRY, CONTROL, FINDINGS)
 
 INCIDENT_STATE = KeyValueConfig(
     bucket="GPUMEDIC_INCIDENT_STATE",

@@ -36,6 +36,7 @@ from gpumedic_events import (
     IncidentResolved,
     IncidentUpdated,
     MessageRejected,
+    NodeFindings,
     NodeSampled,
     NodeDrained,
     NodeRetired,
@@ -52,7 +53,7 @@ from gpumedic_events import (
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT
 from gpumedic_events.logs import LOGS_SUBJECT
 from gpumedic_events.rollout import ROLLOUT_SUBJECT
-from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, RULE_MEMORY, stream_of
+from gpumedic_bus.streams import INCIDENT_STATE, INCIDENTS, LEASES, PARTITIONS, RULE_MEMORY, stream_of
 
 SERVICES: tuple[str, ...] = (
     "node-sampler",
@@ -75,15 +76,35 @@ class Durable:
     service: str
     event: type[Event]
     delivery: Literal["pull", "push"] = "pull"
+    more: tuple[type[Event], ...] = ()
+    """Further events of the same stream it reads (a detector cell's node events, one consumer)."""
+    partition: int | None = None
+    """Reads only this partition's nodes (`streams.PARTITIONS`) of a partitioned stream."""
+
+    @property
+    def events(self) -> tuple[type[Event], ...]:
+        return (self.event, *self.more)
 
     @property
     def stream(self) -> str:
         return stream_of(self.event).name
 
     @property
+    def filter_subjects(self) -> tuple[str, ...]:
+        """What it reads of its stream: every stored message of its events (of its partition)."""
+        stream = stream_of(self.event)
+        if any(stream_of(e) is not stream for e in self.more):
+            raise ValueError(f"{self.name}: one consumer reads one stream")
+        if self.partition is None:
+            return tuple(stream.stored_filter(e) for e in self.events)
+        return tuple(stream.partition_filter(e, self.partition) for e in self.events)
+
+    @property
     def filter_subject(self) -> str:
-        """What it reads of its stream: every stored message of its event."""
-        return stream_of(self.event).stored_filter(self.event)
+        """Its one filter (a consumer of one event)."""
+        if self.more:
+            raise ValueError(f"{self.name} reads {len(self.events)} events: use filter_subjects")
+        return self.filter_subjects[0]
 
     def published_subject(self, stored: str) -> str:
         """The subject a message it reads was published on (a partitioned stream stores it with its partition)."""
@@ -102,11 +123,29 @@ NODE_INCIDENT_INPUTS: tuple[type[Event], ...] = (
     GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeRetired, ClusterChecked,
 )
 """The events the node-incident detector reads besides samples and action results (the cluster
-check: the leader's count of each node's jobs)."""
+check: the leader's count of each node's jobs). With detector cells, the decider reads them all
+still (a retirement closes what is open on the node) and its rules judge what compares nodes."""
+
+CELL_EVENTS: tuple[type[Event], ...] = (GpuXidReported, GpuLost, ProcessOomKilled, ContainerExited, NodeSshChecked, NodeRetired)
+"""The node events a detector cell reads with its nodes' samples: every node-incident input but the
+cluster check (one message about many nodes: the decider reads it)."""
+
+
+def cell_durables(partition: int) -> tuple[Durable, Durable]:
+    """A detector cell's two consumers of one partition: its nodes' samples (push, as the
+    detector's own) and their node events (pull, one consumer for all of them, in order)."""
+    return (
+        Durable(f"zombie-detector-cell-samples-p{partition:02d}", "zombie-detector", NodeSampled, "push", partition=partition),
+        Durable(f"zombie-detector-cell-events-p{partition:02d}", "zombie-detector", CELL_EVENTS[0], more=CELL_EVENTS[1:],
+                partition=partition),
+    )
+
 
 DURABLES: tuple[Durable, ...] = (
     Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
+    *(item for partition in range(PARTITIONS) for item in cell_durables(partition)),
     Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
+    Durable("zombie-detector-findings", "zombie-detector", NodeFindings),
     *(Durable(f"zombie-detector-{event.__name__}", "zombie-detector", event) for event in NODE_INCIDENT_INPUTS),
     Durable("leader-health-actions", "leader-health", ActionCompleted),
     # a peer daemon's accept queue as its own node sees it: a blocked event loop, and one whose
@@ -202,6 +241,8 @@ PRODUCERS: Mapping[type[Event], tuple[str, ...]] = {
     IncidentMarked: ("operator",),
     # report-builder prices a closed incident: it holds the store and the inventory's prices.
     IncidentCosted: ("report-builder",),
+    # A detector cell's findings, for the decider (both zombie-detector's own instances).
+    NodeFindings: ("zombie-detector",),
 }
 """Which services (or the operator's tools) publish each event. A new event must be added here,
 or `proto` fails."""
@@ -270,6 +311,8 @@ lease of its own (key `<service>.<loop>`)."""
 SHARED_LOOPS: Mapping[str, tuple[str, ...]] = {
     # every node's SSH login checked once a round, each instance checking the nodes of its partitions
     "remediator": ("ssh-health",),
+    # the node rules over the partitions' samples and node events, each cell on its own (`zombie_detector.cell`)
+    "zombie-detector": ("cells",),
 }
 """Per-node work of a shared service that its live instances split by the nodes' partitions
 (`gpumedic_bus.shares`: keys `<service>.<work>.p<k>` and `<service>.<work>.member.<instance>`)."""
@@ -305,13 +348,13 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 def durable_reading(service: str, subject: str) -> Durable | None:
     """The durable consumer of `service` that reads `subject`, if it has one."""
-    return next((d for d in DURABLES if d.service == service and subject_matches(d.filter_subject, subject)), None)
+    return next((d for d in DURABLES if d.service == service and any(subject_matches(f, subject) for f in d.filter_subjects)), None)
 
 
 def consumers() -> dict[str, tuple[type[Event], ...]]:
     """Which service consumes which events (over durable consumers, or live)."""
     result: dict[str, tuple[type[Event], ...]] = {}
-    pairs = [(item.service, item.event) for item in DURABLES] + [(s, e) for s, events in LIVE.items() for e in events]
+    pairs = [(item.service, event) for item in DURABLES for event in item.events] + [(s, e) for s, events in LIVE.items() for e in events]
     for service, event in pairs:
         if event not in result.get(service, ()):
             result[service] = (*result.get(service, ()), event)
@@ -474,6 +517,8 @@ def _service(service: str) -> Permissions:
         ]
         if access == "write" and bucket == INCIDENT_STATE.bucket:
             publish += _incident_state_keys(service)
+            if service == "zombie-detector":  # its cells follow every write (`zombie_detector.cell.OpenIncidents`)
+                subscribe.append(f"$KV.{bucket}.>")
         elif access == "write":
             publish.append(f"$KV.{bucket}.>")
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), responds=bool(answers))

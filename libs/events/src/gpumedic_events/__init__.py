@@ -47,6 +47,7 @@ from gpumedic_events.drain import NodeDrained, NodeRetired, NodeUndrained
 from gpumedic_events.logs import LOGS_SUBJECT, LogReport, LogRequest
 from gpumedic_events.preflight import PREFLIGHT_SUBJECT, GpuReadiness, PreflightReport, PreflightRequest
 from gpumedic_events.rollout import ROLLOUT_SUBJECT, RolloutReport, RolloutRequest, RolloutStep
+from gpumedic_events.findings import Found, NodeFindings
 from gpumedic_events.faults import ContainerExited, GpuLost, GpuXidReported, ListenBacklogReported, ProcessOomKilled
 from gpumedic_events.incident import (
     Diagnosis,
@@ -114,6 +115,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SilenceAdded,
     SilenceRemoved,
     IncidentMarked,
+    NodeFindings,
 )
 
 __all__ = [
@@ -176,6 +178,7 @@ __all__ = [
     "JobTag",
     "CheckFact",
     "FileFact",
+    "Found",
     "LogMatches",
     "NcclRasAnswer",
     "RasRank",
@@ -211,6 +214,7 @@ __all__ = [
     "operation_gpu",
     "MessageRejected",
     "NodeId",
+    "NodeFindings",
     "NodeSampled",
     "NvLinkSample",
     "ProcessIdentity",
