@@ -321,7 +321,9 @@ class Stack:
             # Kept for restarts; the instance id too, so a restarted one-active service takes its
             # own lease back at once instead of waiting out the TTL (gpumedic_bus.lease).
             instance = {"GPUMEDIC_INSTANCE_ID": str(uuid.uuid4())}
-            self._envs[name] = {**base, **self.service_env(service), **metrics, **console, **instance}
+            # Replicas of the detector share the nodes as cells (zombie_detector.cell); one reads them all.
+            cells = {"GPUMEDIC_DETECTOR_CELLS": "true"} if service == "zombie-detector" and self.instances.get(service, 1) > 1 else {}
+            self._envs[name] = {**base, **self.service_env(service), **metrics, **console, **instance, **cells}
             self._spawn(name)
 
     def _spawn(self, name: str) -> None:

@@ -15,7 +15,7 @@ from nats.js.errors import KeyNotFoundError
 from gpumedic_bus import Delivery, ServiceRuntime
 from gpumedic_bus.outage import nats_reason
 from gpumedic_bus.streams import PARTITIONS, RULE_MEMORY
-from gpumedic_events import Event
+from gpumedic_events import Event, NodeFindings
 from gpumedic_incidents.detector import Detector
 from zombie_detector import memory
 from zombie_detector.node_incidents import SOURCE, NodeIncidents
@@ -40,6 +40,10 @@ class DetectorHandlers(Detector):
         acknowledged once what it decided is stored; a sample does not wait (the next one decides
         again), so persisting and publishing a flood of incidents never holds the samples."""
         await self.decide(lambda now: self.logic.on_event(event, now), wait=delivery is not None)
+
+    async def on_findings(self, event: NodeFindings, delivery: Delivery) -> None:
+        """What a detector cell found, acknowledged once what it decided is stored."""
+        await self.decide(lambda now: self.logic.on_findings(event, now))
 
     async def watch_own_lag(self) -> None:
         """Its own lag, as its heartbeat would say it, each second."""

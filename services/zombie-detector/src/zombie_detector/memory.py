@@ -50,11 +50,17 @@ class _Checkpoint(msgspec.Struct):
     rules: dict[str, msgspec.Raw]
 
 
-def key(partition: int) -> str:
-    return f"zombie-detector.p{partition:02d}"
+DECIDER = "zombie-detector"
+CELLS = "zombie-detector.cells"
+"""Whose memory a key holds: the decider's rules' (those that compare nodes) or the cells' (the rest)."""
 
 
-def snapshot(rules: Iterable[object], now: datetime, *, budget: int = PARTITION_BYTES) -> tuple[dict[str, bytes], list[str]]:
+def key(partition: int, whose: str = DECIDER) -> str:
+    return f"{whose}.p{partition:02d}"
+
+
+def snapshot(rules: Iterable[object], now: datetime, *, budget: int = PARTITION_BYTES,
+             whose: str = DECIDER) -> tuple[dict[str, bytes], list[str]]:
     """Every partition's memory, as written to the bucket (a partition with none included, so
     that what it remembered before is replaced), and a line for each rule's part left out of a
     partition that would be over `budget` bytes (the largest first: that rule learns again after a
@@ -72,10 +78,10 @@ def snapshot(rules: Iterable[object], now: datetime, *, budget: int = PARTITION_
     for p, part in enumerate(parts):
         while sum(map(len, part.values())) > budget:
             name = max(part, key=lambda n: len(part[n]))
-            left_out.append(f"{key(p)}: {name}'s memory ({len(part[name]) // 1024} KiB) left out, the partition's would pass "
+            left_out.append(f"{key(p, whose)}: {name}'s memory ({len(part[name]) // 1024} KiB) left out, the partition's would pass "
                             f"{budget // 1024} KiB; it learns again after a takeover")
             del part[name]
-        values[key(p)] = msgspec.json.encode({"at": now, "rules": {n: msgspec.Raw(v) for n, v in part.items()}})
+        values[key(p, whose)] = msgspec.json.encode({"at": now, "rules": {n: msgspec.Raw(v) for n, v in part.items()}})
     return values, left_out
 
 

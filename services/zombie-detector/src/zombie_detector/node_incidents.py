@@ -13,10 +13,12 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from gpumedic_events import ActionCompleted, Event, NodeRetired, NodeSampled
+from gpumedic_events import ActionCompleted, Event, IncidentKind, NodeFindings, NodeRetired, NodeSampled
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from zombie_detector.rules import Rule, build_rules
+from zombie_detector.rules.job import JobRule
+from zombie_detector.wire import finding_of
 
 SOURCE = "zombie-detector"
 
@@ -32,6 +34,7 @@ class NodeIncidents:
         self._routes: dict[type[Event], list[Rule]] = {}
         self._retired: dict[str, datetime] = {}
         """Nodes retired (a worker the pool ended) and when: what they sent before arrives late."""
+        self._jobs = next((rule for rule in self.rules if isinstance(rule, JobRule)), None)
         for rule in self.rules:
             for event_type in rule.inputs:
                 self._routes.setdefault(event_type, []).append(rule)
@@ -59,6 +62,23 @@ class NodeIncidents:
             self.book.saw_node(event.node_id, now)
         findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, now)]
         return closed + self._decide(findings, now)
+
+    def on_findings(self, event: NodeFindings, now: datetime) -> list[Transition]:
+        """What a detector cell found over one input or one tick, decided together: but not what
+        was sent before its node was ended, nor what the job rule here, which sees every node,
+        knows to be a job's across nodes (a cell sees its partitions' nodes only)."""
+        findings = [finding_of(found) for found in event.findings]
+        retired = {f.node_id for f in findings if f.node_id in self._retired and event.observed_at <= self._retired[f.node_id]}
+        return self._decide([f for f in findings if f.node_id not in retired and not self._a_wider_jobs(f)], now)
+
+    def _a_wider_jobs(self, finding: Finding) -> bool:
+        if not finding.present or self._jobs is None:
+            return False
+        if finding.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.STUCK_PROCESS) and finding.gpu_index is not None:
+            return self._jobs.wider_rank_on(finding.node_id, finding.gpu_index)  # the job rule judges the job as one
+        if finding.kind is IncidentKind.CONTAINER_DIED:
+            return self._jobs.stopping(finding.node_id, self.book)  # its ranks' exits are the ladder's doing
+        return False
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)

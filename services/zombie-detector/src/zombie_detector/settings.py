@@ -16,3 +16,7 @@ class Settings(BaseSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings, description="GPUMEDIC_POLICY_FILE.")
     trace_to_bus: bool = Field(default=False, description="Also carry spans over the bus to the store (embedded mode).")
+    cells: bool = Field(default=False, description=(
+        "GPUMEDIC_DETECTOR_CELLS: every instance runs a detector cell over its share of the nodes' partitions and the "
+        "lease holder decides (set for each replica when the service runs in more than one; one instance reads every "
+        "sample itself)."))

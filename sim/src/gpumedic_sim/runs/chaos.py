@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,14 +141,20 @@ async def run_chaos(
     resume_within_s: float = 10.0,
     settle_s: float = 90.0,
     seed: int = 7,
+    replicas: dict[str, int] | None = None,
+    meanwhile: Callable[[Stack, ChaosResult], Awaitable[None]] | None = None,
     say=print,
 ) -> ChaosResult:
+    """`kill_every_s` or `bounce_every_s` 0: none of that. `replicas`: processes per service
+    (`Stack.instances`); `meanwhile`: what else to do to the stack while the zombies come (a test's
+    own kill), awaited alongside the injection."""
     rng = random.Random(seed)
     result = ChaosResult()
     var_dir.mkdir(parents=True, exist_ok=True)
     fleet = SimFleet(nodes, gpus, var_dir / "fleet", jobs_per_gpu=0)
     supervisor_log = (var_dir / "supervisor.log").open("a")
-    stack = Stack(var_dir, say=lambda line: print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=supervisor_log, flush=True))
+    stack = Stack(var_dir, say=lambda line: print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=supervisor_log, flush=True),
+                  instances=dict(replicas or {}))
     tasks: list[asyncio.Task] = []
     connections = []
     try:
@@ -190,7 +197,8 @@ async def run_chaos(
             task.add_done_callback(in_flight.discard)
 
         tasks.append(asyncio.create_task(fleet.run_samplers(publish, SAMPLE_INTERVAL_S)))
-        say(f"[2/4] {incidents} zombie jobs at {rate_per_s:g}/s; SIGKILL a service every {kill_every_s:g}s, "
+        say(f"[2/4] {incidents} zombie jobs at {rate_per_s:g}/s; "
+            + (f"SIGKILL a service every {kill_every_s:g}s, " if kill_every_s > 0 else "no service killed at random, ")
             + (f"{'restart' if bounce_signal == 'term' else 'SIGKILL'} a nats-server every {bounce_every_s:g}s"
                if bounce_every_s > 0 else "no nats-server bounced"))
         admin = await stack.connect(ADMIN)
@@ -205,7 +213,10 @@ async def run_chaos(
 
         await admin.subscribe(ServiceHeartbeat.subject_filter(), cb=on_heartbeat)
         stop = asyncio.Event()
-        tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, ready_at, stop, result)))
+        if kill_every_s > 0:
+            tasks.append(asyncio.create_task(_kill_services(stack, rng, kill_every_s, ready_at, stop, result)))
+        if meanwhile is not None:
+            tasks.append(asyncio.create_task(meanwhile(stack, result)))
         if bounce_every_s > 0:
             how = {"term": signal.SIGTERM, "kill": signal.SIGKILL}[bounce_signal]
             tasks.append(asyncio.create_task(_bounce_servers(stack, rng, bounce_every_s, how, stop, result)))

@@ -56,4 +56,16 @@ def build_rules(policy: Policy) -> list[Rule]:
     ]
 
 
-__all__ = ["Incidents", "Rule", "build_rules"]
+DECIDERS: tuple[type, ...] = (JobRule, PhantomRule, StragglerRule, FileRule, ContainerRateRule, BehindRule, SamplesLostRule)
+"""The rules that compare a node with the rest of the fleet or read the fleet's own facts (a job's
+ranks on several nodes, a cluster leader's count of each node's jobs, a GPU model's speed, the
+copy of a file most nodes have, the container deaths' rate, the services' lag, the bus's losses):
+the decider runs them, over every sample. The others look at one node at a time: detector cells
+run them over their partitions (`zombie_detector.cell`)."""
+
+
+def decider_rules(policy: Policy) -> list[Rule]:
+    return [rule for rule in build_rules(policy) if isinstance(rule, DECIDERS)]
+
+
+__all__ = ["DECIDERS", "Incidents", "Rule", "build_rules", "decider_rules"]

@@ -162,6 +162,12 @@ class JobRule:
         job = self.jobs.get(tag.id)
         return tag.spans_nodes or (job is not None and len(job.nodes) >= 2)
 
+    def wider_rank_on(self, node_id: str, gpu_index: int) -> bool:
+        """Whether the GPU runs a rank of a job across nodes (what a detector cell, which sees
+        only its partitions' nodes, cannot always tell)."""
+        return any(job.spans() and (seat := job.seats.get(node_id)) is not None and any(r.gpu == gpu_index for r in seat.ranks)
+                   for job_id in self._on_node.get(node_id, ()) if (job := self.jobs.get(job_id)) is not None)
+
     def stopping(self, node_id: str, incidents: Incidents) -> bool:
         """Whether a job with ranks on the node is being stopped by its incident's ladder (its ranks'
         exits are gpumedic's doing, not deaths to judge)."""
