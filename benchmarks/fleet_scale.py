@@ -176,13 +176,13 @@ def _handled(port: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def embedded_stack(idle_for_s: float):
+async def embedded_stack(idle_for_s: float, replicas: Mapping[str, int] | None = None):
     """The embedded stack with the control plane as its own processes (nats-server with TLS, SQLite,
-    the remediator observing, zombies found after `idle_for_s`): yields it, a connection as the
-    simulated fleet's user and one as the observer."""
+    the remediator observing, zombies found after `idle_for_s`; `replicas`: processes per service):
+    yields it, a connection as the simulated fleet's user and one as the observer."""
     with tempfile.TemporaryDirectory(prefix="gpumedic-scale-") as tmp:
         var = Path(tmp)
-        stack = Stack(var, say=lambda *_: None)
+        stack = Stack(var, say=lambda *_: None, instances=dict(replicas or {}))
         policy_file = var / "policy.yaml"
         dump_policy(Policy(fleet=FleetPolicy(hold_s=2), kinds=Kinds(zombie_job=ZombiePolicy(idle_for_s=idle_for_s))), policy_file)
         (var / "inventory.yaml").write_text("nodes: {}\n")
@@ -215,14 +215,19 @@ async def embedded_stack(idle_for_s: float):
             stack.stop()
 
 
+def process_names(stack: Stack, services: list[str]) -> list[str]:
+    """Each process of `services`: the service's name, then `<service>-2` and on for its replicas."""
+    return [service if n == 1 else f"{service}-{n}" for service in services for n in range(1, stack.instances.get(service, 1) + 1)]
+
+
 def handled_counts(stack: Stack) -> dict[str, int]:
-    """The samples each sample consumer has handled so far."""
-    return {s: _handled(stack.metrics_ports[s]) for s in SAMPLE_CONSUMERS}
+    """The samples each process of a sample consumer has handled so far."""
+    return {name: _handled(stack.metrics_ports[name]) for name in process_names(stack, SAMPLE_CONSUMERS)}
 
 
 def processes(stack: Stack) -> dict[str, int]:
-    """The pid of each control-plane service and of the nats-server."""
-    return {**{s: stack.processes[s].pid for s in CONTROL_PLANE}, "nats-server": stack.servers[0].pid}
+    """The pid of each control-plane process and of the nats-server."""
+    return {**{name: stack.processes[name].pid for name in process_names(stack, CONTROL_PLANE)}, "nats-server": stack.servers[0].pid}
 
 
 def print_services(cpu: dict[str, float], memory: dict[str, tuple[float, float]]) -> None:
@@ -249,7 +254,10 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--scale-zombies", dest="zombies", type=int, default=20)
     parser.add_argument("--scale-publishers", dest="publishers", type=int, default=0,
                         help=f"publisher processes (0: one per {PUBLISHER_RATE:,} samples/s)")
+    parser.add_argument("--scale-replicas", dest="replicas", action="append", default=[], metavar="SERVICE=N",
+                        help="processes of a service (zombie-detector=3: three detector cells, one of them deciding)")
     args, _ = parser.parse_known_args(argv)
+    replicas = {service: int(count) for service, count in (r.split("=", 1) for r in args.replicas)}
     nodes = [f"node-{i:05d}" for i in range(args.nodes)]
     rate = args.nodes / args.interval
     publishers = args.publishers or max(1, math.ceil(rate / PUBLISHER_RATE))
@@ -258,7 +266,7 @@ async def main(argv: list[str]) -> None:
     zombies_at = {nodes[(i * 7919) % len(nodes)]: (i + 1) * spacing for i in range(args.zombies)}
     idle_for_s = IDLE_FOR_S_PER_INTERVAL * args.interval
 
-    async with embedded_stack(idle_for_s) as (stack, _fleet, observer):
+    async with embedded_stack(idle_for_s, replicas) as (stack, _fleet, observer):
         opened: dict[str, float] = {}
         unexplained: list[IncidentOpened] = []
 
@@ -284,13 +292,13 @@ async def main(argv: list[str]) -> None:
         handled: dict[str, int] = {}
         for _ in range(60):
             now = handled_counts(stack)
-            if now == handled or all(v >= published for v in now.values()):
+            if now == handled or all(v >= published * _reads(name, replicas) for name, v in now.items()):
                 handled = now
                 break
             handled = now
             await asyncio.sleep(1)
         drained = time.monotonic() - started
-        cpu_s = {s: _cpu_s(pids[s]) - before[s] for s in SAMPLE_CONSUMERS}  # the drain's work too
+        cpu_s = {name: _cpu_s(pids[name]) - before[name] for name in handled}  # the drain's work too
         await asyncio.sleep(idle_for_s)  # the last zombies' incidents
 
     latencies = []
@@ -305,11 +313,15 @@ async def main(argv: list[str]) -> None:
         latencies.append(max(0.0, opened[node] - due))
     size = len(Replay(nodes[:1], args.interval).bodies[nodes[0]][1])
     print(f"fleet scale: {args.nodes:,} nodes x {GPUS} GPUs every {args.interval:g}s ({rate:,.0f} samples/s, "
-          f"{size:,} B each) for {args.duration:g}s through the embedded stack, from {publishers} publisher process(es)")
+          f"{size:,} B each) for {args.duration:g}s through the embedded stack, from {publishers} publisher process(es)"
+          + (f"; replicas {', '.join(f'{s} x{n}' for s, n in replicas.items())}" if replicas else ""))
     print(f"  samples published                          {published:>10,}   ({published / elapsed:,.0f}/s)")
     for service in SAMPLE_CONSUMERS:
-        dropped = published - handled.get(service, 0)
-        print(f"  {service + ' handled':<42} {handled.get(service, 0):>10,}   dropped {dropped:,}")
+        names = [name for name in handled if _service(name) == service]
+        count = sum(handled[name] for name in names)
+        dropped = published * _reads(service, replicas) - count
+        print(f"  {service + ' handled':<42} {count:>10,}   dropped {dropped:,}"
+              + ("   (each sample twice: by its partition's cell and by the decider)" if _reads(service, replicas) == 2 else ""))
     if latencies:
         print(f"  detection past the threshold ({len(latencies)} zombies)   p50 {percentile(latencies, 0.5) * 1000:6.0f} ms"
               f"   p99 {percentile(latencies, 0.99) * 1000:6.0f} ms   (goal p99 < 1000 ms)")
@@ -319,6 +331,28 @@ async def main(argv: list[str]) -> None:
           + (f"   {', '.join(f'{k} {n}' for k, n in kinds.most_common())}" if kinds else ""))
     print_services(cpu, memory)
     print_capacity(handled, cpu_s, drained, args.interval)
+    if _reads("zombie-detector", replicas) == 2:
+        print_cells(handled, cpu_s, published, args.interval)
+
+
+def _service(name: str) -> str:
+    return next(s for s in CONTROL_PLANE if name == s or re.fullmatch(rf"{re.escape(s)}-\d+", name))
+
+
+def _reads(name: str, replicas: Mapping[str, int]) -> int:
+    """How many times the processes of `name`'s service handle each sample between them: the
+    detector's cells and its decider each once when it has replicas."""
+    return 2 if _service(name) == "zombie-detector" and replicas.get("zombie-detector", 1) > 1 else 1
+
+
+def print_cells(handled: dict[str, int], cpu_s: dict[str, float], published: int, interval_s: float) -> None:
+    """The detector's replicas together: CPU per sample of the fleet (each read by a cell and by
+    the decider), and the replicas TARGET_NODES nodes would need at CORE_SHARE of a core each."""
+    names = [name for name in handled if _service(name) == "zombie-detector"]
+    per_sample = sum(cpu_s[name] for name in names) / published
+    target = TARGET_NODES / interval_s
+    print(f"  zombie-detector, {len(names)} replicas together: {per_sample * 1e6:.0f} us of CPU a fleet sample; "
+          f"{TARGET_NODES:,} nodes need {math.ceil(target * per_sample / CORE_SHARE)} replicas' worth of cores")
 
 
 def print_capacity(handled: dict[str, int], cpu_s: dict[str, float], seconds: float, interval_s: float) -> None:

@@ -248,13 +248,16 @@ def subscribe(
     metrics: ServiceMetrics,
     inbox_prefix: str,
     batch_size: int = 16,
+    fetch_within_s: float = 1.0,
     waits_on: tuple[type[BaseException], ...] = (),
 ) -> EventConsumer[E]:
     """Attach `handler` to a provisioned durable pull consumer.
 
     Each fetched batch is handled concurrently (FastStream runs the batch in one task group) and
     the next fetch waits until the whole batch is done, so `batch_size` bounds how many messages
-    this instance handles at once. Instances sharing the durable split the work. Fetched
+    this instance handles at once. A fetch that got its first message waits for the rest of its
+    batch until `fetch_within_s` is up (nats-py's fetch), so that bounds how late a lone message is
+    handled. Instances sharing the durable split the work. Fetched
     messages come back on the user's own `inbox_prefix` (FastStream does not take the connection's).
     What `waits_on` lists, raised by the handler, means a dependency is down: the message waits
     (see `EventConsumer._handle_waiting`).
@@ -265,7 +268,7 @@ def subscribe(
         durable.filter_subject,
         stream=JStream(durable.stream, declare=False),
         durable=durable.name,
-        pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
+        pull_sub=PullSub(batch_size=batch_size, timeout=fetch_within_s),
         inbox_prefix=f"{inbox_prefix}.".encode(),
         ack_policy=AckPolicy.MANUAL,
         decoder=undecoded,

@@ -138,12 +138,14 @@ class ServiceRuntime:
         self._startup.append(hook)
 
     def consume(
-        self, durable: str, handler: Handler, *, batch_size: int = 16, waits_on: tuple[type[BaseException], ...] = ()
+        self, durable: str, handler: Handler, *, batch_size: int = 16, fetch_within_s: float = 1.0,
+        waits_on: tuple[type[BaseException], ...] = (),
     ) -> EventConsumer:
         """Handle every event of one of this service's provisioned durable pull consumers.
 
         At most `batch_size` messages are handled at once; a handler that raises one of `waits_on`
-        (the store is down) waits instead of failing (see `gpumedic_bus.consume.subscribe`).
+        (the store is down) waits instead of failing; a lone message is handled at most
+        `fetch_within_s` after it came (see `gpumedic_bus.consume.subscribe`).
         """
         consumer = subscribe(
             self.broker,
@@ -153,6 +155,7 @@ class ServiceRuntime:
             metrics=self.metrics,
             inbox_prefix=self.nats.inbox_prefix,
             batch_size=batch_size,
+            fetch_within_s=fetch_within_s,
             waits_on=waits_on,
         )
         self._consumers.append(consumer)

@@ -202,13 +202,22 @@ class Cell:
         """Follow the open incidents; take and give back partitions as the shares say; tick."""
         js = self._runtime.broker.connection.jetstream()
         self._memory_kv = await js.key_value(RULE_MEMORY.bucket)
-        follower = asyncio.create_task(self.incidents.follow(self._runtime.broker.connection), name="cell-incidents")
+        follower = asyncio.create_task(self._follow_incidents(), name="cell-incidents")
+        unbound: set[int] = set()
         try:
             await self.shares.settled.wait()
             next_tick = next_checkpoint = asyncio.get_running_loop().time()
             while True:
                 for partition in sorted(set(self.shares.held) - set(self.held)):
-                    await self._take(partition)
+                    try:
+                        await self._take(partition)
+                    except Exception as exc:  # noqa: BLE001 (its consumer missing, the bus away: tried again next round)
+                        if partition not in unbound:
+                            log.warning("%s cell: partition %d held but not read (%s); trying again every %gs", SOURCE, partition,
+                                        nats_reason(exc) if isinstance(exc, BUS_AWAY) else repr(exc), RECONCILE_EVERY_S)
+                        unbound.add(partition)
+                    else:
+                        unbound.discard(partition)
                 for partition in sorted(set(self.held) - set(self.shares.held)):  # taken by another: nothing to finish
                     await self._stop(partition)
                     self.finder = self.finder.again(self.held, datetime.now(UTC))
@@ -224,6 +233,16 @@ class Cell:
             follower.cancel()
             for partition in list(self.held):
                 await self._stop(partition)
+
+    async def _follow_incidents(self) -> None:
+        """The open incidents, followed again from a fresh read whenever following them fails."""
+        while True:
+            try:
+                await self.incidents.follow(self._runtime.broker.connection)
+            except Exception as exc:  # noqa: BLE001 (the bus away: read afresh once it answers)
+                log.warning("%s cell: following the open incidents failed (%s); reading them afresh in 1s", SOURCE,
+                            nats_reason(exc) if isinstance(exc, BUS_AWAY) else repr(exc))
+                await asyncio.sleep(1.0)
 
     async def _tick(self) -> None:
         now = datetime.now(UTC)
@@ -266,7 +285,12 @@ class Cell:
         samples_durable, events_durable = cell_durables(partition)
         samples = PushConsumer(self._runtime.broker, samples_durable, self.on_sample, service=SOURCE, metrics=self._runtime.metrics,
                                connect=self._runtime.connect_for(samples_durable.name), view=Sample)
-        await samples.start()
+        try:
+            await samples.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await samples.stop()  # its connection
+            raise
         events = asyncio.create_task(self._pull(events_durable), name=f"cell-events-{partition:02d}")
         self.held[partition] = _Partition(partition, samples, events)
 

@@ -46,7 +46,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     runtime.consume_fast("zombie-detector-samples", handlers.on_event, view=Sample)  # all of it, decoded by msgspec
     runtime.follow(ServiceHeartbeat, handlers.on_event)  # how far behind each sample consumer is
     runtime.background(handlers.watch_own_lag)
-    runtime.consume("zombie-detector-findings", handlers.on_findings)
+    # a cell's finding is a sample's verdict: handled within 50 ms, not when a batch of 16 would fill
+    runtime.consume("zombie-detector-findings", handlers.on_findings, fetch_within_s=0.05)
     for event_type in NODE_INCIDENT_INPUTS:  # with cells, only what the rules that compare nodes read is judged here
         runtime.consume(f"zombie-detector-{event_type.__name__}", handlers.on_event)
     return runtime.app()
