@@ -195,3 +195,30 @@ async def test_a_node_that_begins_failing_is_checked_again_alone_a_quarter_of_an
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_node_that_leaves_the_inventory_during_its_round_is_no_failure(sshd, tmp_path):
+    """A worker ended and removed from the inventory while a round that began with it runs: its
+    check finds it gone from the inventory, which is no failed login to publish, and no check again."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  {n}: {{host: 127.0.0.1, port: {sshd.port}, user: root}}\n" for n in ("kept", "ended")))
+    executor = SshExecutor(inventory=inventory, known_hosts=sshd.known_hosts, client_key=sshd.client_key, connect_timeout_s=2.0,
+                           command_timeout_s=2.0)
+    health = SshHealth(executor, inventory, interval_s=4, concurrency=4)
+    login = executor.check
+
+    async def ended_meanwhile(node: str) -> None:
+        if node == "ended":  # terminated after the round read the inventory
+            inventory.write_text(f"nodes:\n  kept: {{host: 127.0.0.1, port: {sshd.port}, user: root}}\n")
+        await login(node)
+
+    executor.check = ended_meanwhile
+    published = []
+
+    async def publish(event) -> None:
+        published.append((event.node_id, event.reachable, event.cause))
+
+    await health.check_all(publish, again=True)
+    await asyncio.sleep(1.5)  # a check again would come a quarter interval (1 s) on
+    assert published == [("kept", True, "ok")]
+    assert set(health.states) == {"kept"}

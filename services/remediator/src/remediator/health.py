@@ -96,6 +96,9 @@ class SshHealth:
         limit: asyncio.Semaphore | None = None,
     ) -> None:
         cause, detail = await self._check(node, limit or self._limit)
+        if cause == "not_in_inventory":  # left the inventory since the round began (a worker ended): not ours to check
+            self.states.pop(node, None)
+            return
         state, event = next_check(self.states.get(node), node, cause, detail)
         if event is not None:
             try:

@@ -69,9 +69,9 @@ class NodeIncidents:
         knows to be a job's across nodes (a cell sees its partitions' nodes only)."""
         findings = [finding_of(found) for found in event.findings]
         retired = {f.node_id for f in findings if f.node_id in self._retired and event.observed_at <= self._retired[f.node_id]}
-        return self._decide([f for f in findings if f.node_id not in retired and not self._a_wider_jobs(f)], now)
+        return self._decide([f for f in findings if f.node_id not in retired and not self._a_jobs_across_nodes(f)], now)
 
-    def _a_wider_jobs(self, finding: Finding) -> bool:
+    def _a_jobs_across_nodes(self, finding: Finding) -> bool:
         if not finding.present or self._jobs is None:
             return False
         if finding.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.STUCK_PROCESS) and finding.gpu_index is not None:
