@@ -6,11 +6,13 @@ the book. What a cell cannot see (a job's ranks on another cell's nodes) the dec
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 
-from gpumedic_events import IncidentKind, IncidentOpened, NodeFindings, NodeRetired, NodeSampled
+from gpumedic_events import ActionRequested, IncidentKind, IncidentOpened, NodeFindings, NodeRetired, NodeSampled
+from gpumedic_incidents import Finding
 from gpumedic_events.views import Sample
 from tests.zombie_detector.test_job_rule import POLICY, node_sample
-from tests.zombie_detector.test_rules import at
+from tests.zombie_detector.test_rules import at, succeeded
 from zombie_detector.cell import Finder, OpenIncidents
 from zombie_detector.node_incidents import NodeIncidents
 from zombie_detector.rules import decider_rules
@@ -111,3 +113,33 @@ def test_the_open_incidents_follow_the_state_buckets_writes():
     remaining = next(iter(mirror.by_fingerprint))
     mirror._apply(remaining.replace("/", "."), b"{not json", None)  # a state that does not parse: read as closed, and said
     assert mirror.open_on("n1") == []
+
+
+def test_a_fault_in_what_a_node_sent_before_its_incident_closed_opens_no_new_one():
+    """A cell that took over a partition reads the samples its dead holder left: a zombie seen in
+    them was found, fixed and closed meanwhile, and is no new incident; one seen after the close is."""
+    cells = Cells([{"n1"}])
+    local = lambda i, s: node_sample(0, (0, 0), job="torchelastic:single", nodes=1) if i == 0 else None  # noqa: E731
+    finder = Finder(POLICY, cells.decider.book)
+    found = []
+    for s in range(0, 700, 5):
+        sample = Sample.decode_body(local(0, s).model_copy(update={"occurred_at": at(s)}).to_json())
+        cells._commit(cells.decider.on_event(sample, at(s)))
+        found += [(s, f) for f in finder.observe(sample, at(s)) if f.present and f.gpu_index == 0]
+    (s_found, zombie), *_ = found
+
+    def send(finding, observed_s: float, now_s: float):
+        sent = NodeFindings(source="zombie-detector", cell="p00", observed_at=at(observed_s), findings=(wire(finding),))
+        transitions = cells.decider.on_findings(sent, at(now_s))
+        cells._commit(transitions)
+        return transitions
+
+    [opened] = send(zombie, s_found, s_found + 1)
+    [request] = [e for e in cells.events if isinstance(e, ActionRequested)]
+    succeeded(SimpleNamespace(logic=cells.decider, _commit=cells._commit), request, s_found + 5)  # the kill ran
+    gone = Finding(IncidentKind.ZOMBIE_JOB, "n1", 0, present=False, summary="GPU 0 holds no process")
+    [closed] = send(gone, s_found + 10, s_found + 11)
+    assert closed.after is None  # resolved: fixed
+    assert send(zombie, s_found + 5, s_found + 40) == []  # seen before the close, read after it
+    [again] = send(zombie, s_found + 20, s_found + 41)
+    assert again.after is not None and again.after.incident_id != opened.after.incident_id

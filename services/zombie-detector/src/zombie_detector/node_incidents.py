@@ -24,7 +24,9 @@ SOURCE = "zombie-detector"
 
 log = logging.getLogger(__name__)
 RETIRED_KEPT = timedelta(hours=1)
-"""How long a retirement is remembered, against the node's last events arriving late."""
+"""How long a retirement (or an incident's close) is remembered, against the node's last events arriving late."""
+CLOSES_KEPT = 4096
+"""Closes remembered before those older than RETIRED_KEPT are let go."""
 
 
 class NodeIncidents:
@@ -34,6 +36,9 @@ class NodeIncidents:
         self._routes: dict[type[Event], list[Rule]] = {}
         self._retired: dict[str, datetime] = {}
         """Nodes retired (a worker the pool ended) and when: what they sent before arrives late."""
+        self._closed_at: dict[str, datetime] = {}
+        """When this book last closed an incident of each fingerprint (its own clock): what a cell
+        found in a node's samples from before then is older news than the close."""
         self._jobs = next((rule for rule in self.rules if isinstance(rule, JobRule)), None)
         for rule in self.rules:
             for event_type in rule.inputs:
@@ -61,15 +66,34 @@ class NodeIncidents:
         if isinstance(event, Sample):
             self.book.saw_node(event.node_id, now)
         findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, now)]
-        return closed + self._decide(findings, now)
+        return self._noted(closed, now) + self._decide(findings, now)
 
     def on_findings(self, event: NodeFindings, now: datetime) -> list[Transition]:
         """What a detector cell found over one input or one tick, decided together: but not what
-        was sent before its node was ended, nor what the job rule here, which sees every node,
-        knows to be a job's across nodes (a cell sees its partitions' nodes only)."""
+        was sent before its node was ended, nor a fault seen in what the node sent before this
+        book closed that fault's last incident (a cell that took over a partition reads the
+        samples its dead holder left: the zombie that was killed meanwhile is no new one), nor
+        what the job rule here, which sees every node, knows to be a job's across nodes (a cell
+        sees its partitions' nodes only)."""
         findings = [finding_of(found) for found in event.findings]
         retired = {f.node_id for f in findings if f.node_id in self._retired and event.observed_at <= self._retired[f.node_id]}
-        return self._decide([f for f in findings if f.node_id not in retired and not self._a_jobs_across_nodes(f)], now)
+        return self._decide([f for f in findings if f.node_id not in retired and not self._older_than_its_close(f, event.observed_at)
+                             and not self._a_jobs_across_nodes(f)], now)
+
+    def _older_than_its_close(self, finding: Finding, observed_at: datetime) -> bool:
+        if not finding.present or finding.occurrence:  # an event's occurrence is new whenever it came
+            return False
+        closed_at = self._closed_at.get(finding.fingerprint)
+        return closed_at is not None and observed_at <= closed_at
+
+    def _noted(self, transitions: list[Transition], now: datetime) -> list[Transition]:
+        """The closes among `transitions`, noted (those of the last hour kept)."""
+        for t in transitions:
+            if t.before is not None and t.after is None:
+                self._closed_at[t.before.fingerprint] = now
+                if len(self._closed_at) > CLOSES_KEPT:
+                    self._closed_at = {fp: at for fp, at in self._closed_at.items() if now - at < RETIRED_KEPT}
+        return transitions
 
     def _a_jobs_across_nodes(self, finding: Finding) -> bool:
         if not finding.present or self._jobs is None:
@@ -81,11 +105,11 @@ class NodeIncidents:
         return False
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
-        return self.book.on_action_completed(event, now, traceparent)
+        return self._noted(self.book.on_action_completed(event, now, traceparent), now)
 
     def on_tick(self, now: datetime) -> list[Transition]:
         findings = [f for rule in self.rules for f in self._guarded(rule, "tick", None, now)]
-        return self._decide(findings, now) + self.book.on_tick(now)
+        return self._decide(findings, now) + self._noted(self.book.on_tick(now), now)
 
     def _guarded(self, rule: Rule, step: str, event: Event | None, now: datetime) -> Sequence[Finding]:
         """One rule's findings; a rule that fails (a bug) is logged and costs only its own findings,
@@ -98,4 +122,4 @@ class NodeIncidents:
             return ()
 
     def _decide(self, findings: list[Finding], now: datetime) -> list[Transition]:
-        return self.book.on_findings(findings, now)
+        return self._noted(self.book.on_findings(findings, now), now)
