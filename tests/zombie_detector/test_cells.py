@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from gpumedic_events import ActionRequested, IncidentKind, IncidentOpened, NodeFindings, NodeRetired, NodeSampled
 from gpumedic_incidents import Finding
+from gpumedic_incidents.store import state_key
 from gpumedic_events.views import Sample
 from tests.zombie_detector.test_job_rule import POLICY, node_sample
 from tests.zombie_detector.test_rules import at, succeeded
@@ -105,13 +106,13 @@ def test_the_open_incidents_follow_the_state_buckets_writes():
     run(cells, 700, local)
     mirror = OpenIncidents()
     for state in cells.decider.book.incidents.values():
-        mirror._apply(state.fingerprint.replace("/", "."), state.model_dump_json().encode(), None)
+        mirror._apply(state_key(state.fingerprint), state.model_dump_json().encode(), None)
     assert {s.fingerprint for s in mirror.open_on("n1")} == {s.fingerprint for s in cells.decider.book.open_on("n1")} != set()
-    key = next(iter(mirror.by_fingerprint)).replace("/", ".")
+    key = next(iter(mirror.by_key))
     mirror._apply(key, b"", "DEL")
     assert len(mirror.open_on("n1")) == len(cells.decider.book.open_on("n1")) - 1
-    remaining = next(iter(mirror.by_fingerprint))
-    mirror._apply(remaining.replace("/", "."), b"{not json", None)  # a state that does not parse: read as closed, and said
+    remaining = next(iter(mirror.by_key))
+    mirror._apply(remaining, b"{not json", None)  # a state that does not parse: read as closed, and said
     assert mirror.open_on("n1") == []
 
 

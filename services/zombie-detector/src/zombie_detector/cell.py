@@ -34,6 +34,7 @@ from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, 
 from gpumedic_events.findings import MAX_FINDINGS
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState, IncidentStates, Policy
+from gpumedic_incidents.store import state_key
 from zombie_detector import memory
 from zombie_detector.node_incidents import SOURCE
 from zombie_detector.rules import DECIDERS, Incidents, Rule, build_rules
@@ -64,25 +65,25 @@ class OpenIncidents:
     """The open incidents as the state bucket holds them, for the rules to read (`rules.Incidents`)."""
 
     def __init__(self) -> None:
-        self.by_fingerprint: dict[str, IncidentState] = {}
+        self.by_key: dict[str, IncidentState] = {}
+        """Each open incident by its key in the bucket (`state_key` of its fingerprint)."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
 
     def open_on(self, node_id: str) -> list[IncidentState]:
-        return [self.by_fingerprint[fp] for fp in self._by_node.get(node_id, ())]
+        return [self.by_key[key] for key in self._by_node.get(node_id, ())]
 
     def get(self, fingerprint: str) -> IncidentState | None:
-        return self.by_fingerprint.get(fingerprint)
+        return self.by_key.get(state_key(fingerprint))
 
     def put(self, state: IncidentState) -> None:
-        self.by_fingerprint[state.fingerprint] = state
-        self._by_node[state.node_id].add(state.fingerprint)
+        key = state_key(state.fingerprint)
+        self.by_key[key] = state
+        self._by_node[state.node_id].add(key)
 
     def drop(self, key: str) -> None:
-        """`key`: the bucket's key (the fingerprint with `/` made `.`)."""
-        fingerprint = next((fp for fp in self.by_fingerprint if fp.replace("/", ".") == key), None)
-        state = self.by_fingerprint.pop(fingerprint, None) if fingerprint else None
+        state = self.by_key.pop(key, None)
         if state is not None:
-            self._by_node[state.node_id].discard(fingerprint)
+            self._by_node[state.node_id].discard(key)
 
     async def follow(self, nc) -> None:
         """Keep up with the bucket until cancelled: every key (a job's incident is on its culprit's
