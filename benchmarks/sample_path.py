@@ -7,7 +7,14 @@ figure is the detector's ceiling for any faster decoder: the same app with each 
 its already-decoded event, so decoding costs nothing and the rules, dispatch and acks remain.
 Last, what decoding one sample costs each consumer, against the whole event in pydantic: the views
 zombie-detector, report-builder and the autoscaler read (`gpumedic_events.views`), in interleaved
-rounds; and what the detector's rules cost a sample alone (its logic fed decoded samples, no bus)."""
+rounds; and what the detector's rules cost a sample alone (its logic fed decoded samples, no bus).
+
+Then a fleet's pace, not a backlog: samples published at `--rate` a second, as 10,000 nodes send
+them, and the CPU each message costs a consumer to receive and decode (the autoscaler's view)
+through a push subscription, as the sample consumers took them before, against the paced consumer
+they use (`gpumedic_bus.PacedConsumer`: a batch asked for every fifth of a second). Each consumer
+runs in a thread of its own with its own event loop and connection; its thread's CPU time is the
+figure, in interleaved rounds."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import asyncio
 import contextlib
 import statistics
 import tempfile
+import threading
 import time
 import timeit
 from datetime import UTC, datetime, timedelta
@@ -26,8 +34,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from benchmarks import HEALTH_EVERY, node_sample
 from gpumedic.natsd import NatsServer
-from gpumedic_bus import NatsSettings, provision
+from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
+from gpumedic_bus.consume import PACED_EVERY_S
 from gpumedic_bus.streams import SAMPLES
+from gpumedic_bus.topology import durable
 from gpumedic_events import NodeSampled
 from gpumedic_events.views import Sample, SampleFigures, SampleLoad
 from gpumedic_incidents import Policy
@@ -176,10 +186,78 @@ def rules_cost(rounds: int, nodes: int = 2_000, interval_s: float = 5.0) -> floa
     return statistics.median(took)
 
 
+async def _receive(url: str, paced: bool, warm_s: float, seconds: float) -> float:
+    """CPU microseconds of this thread per sample received and decoded (SampleLoad) over `seconds`."""
+    seen = 0
+
+    async def count(_sample) -> None:
+        nonlocal seen
+        seen += 1
+
+    if paced:
+        runtime = ServiceRuntime("autoscaler", NatsSettings(url=url))
+        consumer = PacedConsumer(runtime.broker, durable("autoscaler-samples"), count, service="autoscaler",
+                                 metrics=runtime.metrics, connect=lambda: nats.connect(url), view=SampleLoad)
+        await consumer.start()
+        stop = consumer.stop
+    else:
+        nc = await nats.connect(url)
+
+        async def on(msg) -> None:
+            await count(NodeSampled.decode_as(SampleLoad, msg.data, subject=SAMPLES.as_published(msg.subject)))
+
+        sub = await nc.jetstream().subscribe(SAMPLES.stored_filter(NodeSampled), stream=SAMPLES.name, cb=on, ordered_consumer=True,
+                                             deliver_policy=DeliverPolicy.NEW, pending_msgs_limit=-1)
+
+        async def stop() -> None:
+            await sub.unsubscribe()
+            await nc.close()
+
+    try:
+        await asyncio.sleep(warm_s)
+        cpu, first = time.thread_time(), seen
+        await asyncio.sleep(seconds)
+        return (time.thread_time() - cpu) / max(1, seen - first) * 1e6
+    finally:
+        await stop()
+
+
+async def trickle_costs(js, url: str, rate: int, rounds: int, seconds: float) -> dict[str, float]:
+    """The median CPU per sample of each way of receiving, samples published at `rate` meanwhile."""
+    bodies = [(s.subject, s.to_json()) for s in (node_sample(f"node-{n:05d}") for n in range(1000))]
+    took: dict[str, list[float]] = {"push": [], "paced": []}
+
+    async def publish() -> None:
+        began, sent = time.perf_counter(), 0
+        while True:
+            due = began + sent / rate - time.perf_counter()
+            if due > 0:
+                await asyncio.sleep(due)
+            subject, body = bodies[sent % len(bodies)]
+            await js.publish(subject, body)
+            sent += 1
+
+    publisher = asyncio.create_task(publish())
+    try:
+        for _ in range(rounds):
+            for way in took:
+                result: list[float] = []
+                thread = threading.Thread(target=lambda way=way: result.append(asyncio.run(_receive(url, way == "paced", 1.0, seconds))))
+                thread.start()
+                while thread.is_alive():
+                    await asyncio.sleep(0.05)  # the publisher goes on meanwhile
+                took[way].append(result[0])
+    finally:
+        publisher.cancel()
+    return {way: statistics.median(values) for way, values in took.items()}
+
+
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=2_000, help="samples a second in the paced comparison (10,000 nodes at 5 s)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each paced comparison round's measured time")
     args, _ = parser.parse_known_args(argv)
     import logging
 
@@ -199,6 +277,8 @@ async def main(argv: list[str]) -> None:
             ours.append(await _detector(js, server.url, args.messages))
             with _free_decoding():
                 free.append(await _detector(js, server.url, args.messages))
+        await js.purge_stream(SAMPLES.name)
+        trickle = await trickle_costs(js, server.url, args.rate, args.rounds, args.seconds)
         await nc.close()
     best_raw = max(statistics.median(raw_sub), statistics.median(raw_pull))
     detector = statistics.median(ours)
@@ -217,3 +297,7 @@ async def main(argv: list[str]) -> None:
     for name, us in costs.items():
         print(f"  decoding one sample: {name:<31} {us:6.1f} us" + ("" if us == whole else f"   ({us / whole:.2f} of the whole)"))
     print(f"  the detector's rules alone, a sample            {rules_cost(args.rounds):6.1f} us   (its logic fed decoded samples, no bus)")
+    print(f"  at {args.rate:,} samples/s, CPU to receive and decode one (autoscaler's view), median of {args.rounds} rounds:")
+    print(f"    push subscription, as before                {trickle['push']:6.1f} us")
+    print(f"    paced consumer (a batch every {PACED_EVERY_S:g} s)       {trickle['paced']:6.1f} us   "
+          f"({trickle['paced'] / trickle['push']:.2f} of push)")

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.__main__ import ALL, run
 
 SMALL = {
-    "sample_path": ["--messages", "500", "--rounds", "1"],
+    "sample_path": ["--messages", "500", "--rounds", "1", "--rate", "200", "--seconds", "1"],
     "sampler_cost": [],
     "detection_latency": ["--nodes", "20", "--faults", "3", "--interval", "1"],
     "fleet_scale": ["--scale-nodes", "50", "--scale-interval", "1", "--scale-duration", "5", "--scale-zombies", "2"],

@@ -207,7 +207,7 @@ def test_a_service_may_consume_only_its_own_declared_durables(nats_settings):
     runtime = ServiceRuntime("remediator", nats_settings)
     with pytest.raises(LookupError, match="no durable consumer 'made-up'"):
         runtime.consume("made-up", None)
-    with pytest.raises(ValueError, match="is zombie-detector's push consumer, not remediator's pull one"):
+    with pytest.raises(ValueError, match="is zombie-detector's paced consumer, not remediator's pull one"):
         runtime.consume("zombie-detector-samples", None)
 
 

@@ -42,7 +42,7 @@ def _consumed(app) -> set[str]:
     """The subjects the service reads, as published (a partitioned stream's consumer filters `<prefix>.>`)."""
     subjects = {s._resolved_subject_string.removesuffix(".>") + ".*" if s._resolved_subject_string.endswith(".>")
                 else s._resolved_subject_string for s in app.broker.subscribers}
-    subjects |= {c._event_type.subject_filter() for c in app.runtime._push_consumers}
+    subjects |= {c._event_type.subject_filter() for c in app.runtime._paced_consumers}
     subjects |= {event_type.subject_filter() for event_type, *_ in app.runtime._live}
     return subjects
 

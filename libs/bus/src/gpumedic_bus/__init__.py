@@ -8,7 +8,7 @@ from gpumedic_bus.connect import connect, connect_options  # noqa: E402 - after 
 from gpumedic_bus.consume import (
     Delivery,
     EventConsumer,
-    PushConsumer,
+    PacedConsumer,
     rejection,
 )
 from gpumedic_bus.provision import provision
@@ -24,7 +24,7 @@ __all__ = [
     "Delivery",
     "EventConsumer",
     "NatsSettings",
-    "PushConsumer",
+    "PacedConsumer",
     "ServiceRuntime",
     "connect",
     "connect_options",

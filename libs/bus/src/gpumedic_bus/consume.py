@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,10 +37,14 @@ from gpumedic_telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-PUSH_ACK_EVERY = 256
-"""A push consumer acknowledges once every this many messages (AckPolicy.ALL acks all before)."""
-PUSH_TURN_S = 0.005
-"""The longest a push consumer works through a backlog before it lets the rest of its service run."""
+PACED_BATCH = 256
+"""The most a paced consumer asks for at once; it acknowledges once a batch (AckPolicy.ALL acks all before)."""
+PACED_EVERY_S = 0.2
+"""How often a paced consumer asks for what has come, when it is not behind."""
+PACED_ANSWER_S = 5.0
+"""How long it waits for a batch's end before asking again (an answer lost to a leader's change)."""
+PACED_TURN_S = 0.005
+"""The longest a paced consumer works through a backlog before it lets the rest of its service run."""
 
 E = TypeVar("E", bound=Event)
 
@@ -301,24 +306,30 @@ class Lag:
         return self.behind_s > limit_s
 
 
-class PushConsumer(Generic[E]):
-    """A durable push consumer for a high-volume, disposable event (node samples).
+class PacedConsumer(Generic[E]):
+    """A durable consumer for a high-volume, disposable event (node samples), asked for in batches.
 
-    Measured on the sample path (`make bench`): FastStream's per-message dispatch and pull
-    fetching cost far more than the validation itself, so this path takes messages straight
-    from nats-py's push subscription on the broker's own connection, validates each into its
-    event class (or only into the fields a `view` of it names: `gpumedic_events.views`), and
-    acknowledges once every `ack_every` messages (the consumer acks all up to the last). Invalid
-    messages are dead-lettered like anywhere else; a handler error is logged
-    and the stream moves on, since the node's next sample supersedes this one.
+    Measured on the sample path (`make bench`): FastStream's per-message dispatch and nats-py's
+    pull fetch cost far more than the validation itself, so this path takes messages straight
+    from a plain subscription to its own inbox, validates each into its event class (or only
+    into the fields a `view` of it names: `gpumedic_events.views`), and acknowledges once a
+    batch (the consumer acks all up to the last). Invalid messages are dead-lettered like
+    anywhere else; a handler error is logged and the stream moves on, since the node's next
+    sample supersedes this one.
 
-    A consumer behind by its 2,048 unacknowledged samples (12 MB) must not hold its service
-    still, as it did under overload: every answer the service waited for (its lease's renewal, a
-    KV write, a publish's ack) queued on the one connection behind those samples, and nats-py
-    hands a backlog to the callback without returning to the event loop (taking from a non-empty
-    queue does not wait). The lease was lost, the process stopped, and its samples waited out
-    AckWait. So the samples come on a connection of their own (`connect`), and the consumer gives
-    the loop a turn at least every `PUSH_TURN_S`.
+    Paced, not pushed: every `every_s` it asks for what has come since (up to `batch`, answered
+    at once: `no_wait`), and asks again at once while batches come back full (a backlog). A push
+    consumer delivered each sample as it was published, 2,000 a second at 10,000 nodes, and each
+    one woke the process on its own: 75-96 us of CPU a message to receive it, against 18-25 us
+    for the same messages taken a fifth of a second at a time (`benchmarks/sample_path`'s paced
+    figures). A sample waits at most `every_s` more; a node samples every few seconds.
+
+    A consumer behind by a backlog must not hold its service still, as it did under overload:
+    every answer the service waited for (its lease's renewal, a KV write, a publish's ack) queued
+    on the one connection behind those samples, and nats-py hands a queue to the callback without
+    returning to the event loop. The lease was lost, the process stopped, and its samples waited
+    out AckWait. So the samples come on a connection of their own (`connect`), and the consumer
+    gives the loop a turn at least every `PACED_TURN_S`.
     """
 
     def __init__(
@@ -330,8 +341,8 @@ class PushConsumer(Generic[E]):
         connect: Callable[[], Awaitable[NATS]],
         service: str,
         metrics: ServiceMetrics,
-        ack_every: int = PUSH_ACK_EVERY,
-        ack_interval_s: float = 0.2,
+        batch: int = PACED_BATCH,
+        every_s: float = PACED_EVERY_S,
         view: type | None = None,
     ) -> None:
         self._broker = broker
@@ -345,12 +356,16 @@ class PushConsumer(Generic[E]):
         self._handler = handler
         self._service = service
         self._counts = _Counts(metrics, durable.event.__name__)
-        self._ack_every = ack_every
-        self._ack_interval_s = ack_interval_s
+        self._batch = batch
+        self._every_s = every_s
         self._last = None
-        self._since_ack = 0
         self._sub = None
-        self._ticker: asyncio.Task | None = None
+        self._puller: asyncio.Task | None = None
+        self._owed = 0
+        """What the batch asked for still to come."""
+        self._answered = asyncio.Event()
+        """The batch asked for has come: whole, or short and ended by the server's status."""
+        self._full = False
         self._pending = 0
         self._newest_stored: float | None = None
         """When the stream stored the newest message handled (epoch seconds, the server's clock)."""
@@ -362,21 +377,22 @@ class PushConsumer(Generic[E]):
     async def start(self) -> None:
         if self._nc is None:
             self._nc = await self._connect()
-        js = self._nc.jetstream()
-        # Binds to the provisioned consumer and its deliver subject (never creates one).
-        self._sub = await js.subscribe(
-            self.durable.filter_subject,
-            durable=self.durable.name,
-            stream=self.durable.stream,
-            cb=self.on_message,
-            manual_ack=True,
-            pending_msgs_limit=16 * self._ack_every,
-        )
-        self._ticker = asyncio.create_task(self._ack_periodically(), name=f"{self.durable.name}-acks")
+        # Bound, never created: a consumer not provisioned stops the start here, by its name.
+        info = await self._nc.jetstream().consumer_info(self.durable.stream, self.durable.name)
+        if info.config.deliver_subject:
+            raise ValueError(f"{self.durable.name} on {self.durable.stream} is a push consumer of an older release: run gpumedic-provision")
+        inbox = self._nc.new_inbox()
+        # Never more than the consumer lets wait unacknowledged: nats-py drops what overflows, and
+        # an ack of a later sample would then ack the dropped ones too.
+        self._sub = await self._nc.subscribe(inbox, cb=self._on_delivery, pending_msgs_limit=8 * PACED_BATCH)
+        self._puller = asyncio.create_task(self._ask_on_pace(inbox), name=f"{self.durable.name}-asks")
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
+        if self._puller is not None:
+            self._puller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._puller
+            self._puller = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -384,6 +400,35 @@ class PushConsumer(Generic[E]):
         if self._nc is not None:
             nc, self._nc = self._nc, None
             await nc.close()
+
+    async def _ask_on_pace(self, inbox: str) -> None:
+        """Ask for what has come; again at once after a full batch, else after `every_s`."""
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.durable.stream}.{self.durable.name}"
+        ask = json.dumps({"batch": self._batch, "no_wait": True}).encode()
+        while True:
+            self._owed, self._full = self._batch, False
+            self._answered.clear()
+            try:
+                await self._nc.publish(subject, ask, reply=inbox)
+                await asyncio.wait_for(self._answered.wait(), PACED_ANSWER_S)
+            except (TimeoutError, asyncio.TimeoutError):
+                pass  # no answer (a consumer leader being elected, the bus away): ask again
+            except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
+                log.debug("%s: asking for samples failed: %r", self.durable.name, exc)
+            await self._ack()
+            if not self._full:
+                await asyncio.sleep(self._every_s)
+
+    async def _on_delivery(self, msg) -> None:
+        headers = msg.headers
+        if headers and not msg.data and "Status" in headers:
+            self._answered.set()  # the server ends a short batch with a status (404: no more now)
+            return
+        await self.on_message(msg)
+        self._owed -= 1
+        if self._owed == 0:
+            self._full = True
+            self._answered.set()
 
     @property
     def started(self) -> bool:
@@ -416,7 +461,7 @@ class PushConsumer(Generic[E]):
             pass
 
     async def on_message(self, msg) -> None:
-        """One message, as nats-py's push subscription hands it."""
+        """One message, as the consumer's subscription hands it."""
         self._newest = msg
         try:
             event = self._event_type.decode_as(self.view, msg.data, subject=self._published(msg.subject))
@@ -440,20 +485,12 @@ class PushConsumer(Generic[E]):
                 self._counts.ok()
             self._counts.took(time.perf_counter() - started)
         self._last = msg
-        self._since_ack += 1
-        if self._since_ack >= self._ack_every:
-            await self._ack()
-        if time.perf_counter() - self._turn_began > PUSH_TURN_S:
+        if time.perf_counter() - self._turn_began > PACED_TURN_S:
             await asyncio.sleep(0)  # the rest of the service runs; then the backlog goes on
             self._turn_began = time.perf_counter()
 
     async def _ack(self) -> None:
-        msg, self._last, self._since_ack = self._last, None, 0
+        msg, self._last = self._last, None
         if msg is not None:
             with contextlib.suppress(Exception):  # unacked samples are redelivered: harmless
                 await msg.ack()
-
-    async def _ack_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._ack_interval_s)
-            await self._ack()

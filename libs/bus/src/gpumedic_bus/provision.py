@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from gpumedic_bus.connect import connect
-from gpumedic_bus.consume import PUSH_ACK_EVERY
+from gpumedic_bus.consume import PACED_BATCH
 from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.streams import KV_BUCKETS, STREAMS
 from gpumedic_bus.topology import DURABLES, Durable
@@ -32,20 +32,17 @@ PULL_MAX_ACK_PENDING = 1000
 
 def consumer_config(item: Durable, settings: NatsSettings) -> ConsumerConfig:
     """The consumer as provisioned. Pull consumers redeliver one more time than their service acts,
-    so the service dead-letters the last failure instead of the server dropping it; push
-    consumers carry disposable samples (see `PushConsumer`)."""
+    so the service dead-letters the last failure instead of the server dropping it; paced
+    consumers carry disposable samples (see `PacedConsumer`)."""
     filters = item.filter_subjects
     common = {"durable_name": item.name, "ack_wait": settings.ack_wait_s}
     common |= {"filter_subject": filters[0]} if len(filters) == 1 else {"filter_subjects": list(filters)}
-    if item.delivery == "push":
+    if item.delivery == "paced":
         return ConsumerConfig(
             **common,
-            deliver_subject=item.deliver_subject,
             ack_policy=AckPolicy.ALL,
             max_deliver=2,
-            max_ack_pending=8 * PUSH_ACK_EVERY,
-            flow_control=True,
-            idle_heartbeat=5.0,
+            max_ack_pending=8 * PACED_BATCH,
         )
     return ConsumerConfig(
         **common,
@@ -99,9 +96,13 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
             await js.update_stream(dataclasses.replace(config, **declared))
     for item in DURABLES:
         try:
-            await js.consumer_info(item.stream, item.name)
+            info = await js.consumer_info(item.stream, item.name)
         except NotFoundError:
             done.append(f"consumer {item.name} on {item.stream} for {item.service}")
+        else:
+            if info.config.deliver_subject:  # a push consumer of an older release: JetStream cannot make it pull
+                await js.delete_consumer(item.stream, item.name)  # only samples were pushed: disposable
+                done.append(f"consumer {item.name} on {item.stream} again, as a pull consumer")
         # Create, or update in place to the declared settings.
         await js.add_consumer(item.stream, consumer_config(item, settings))
     for line in done:

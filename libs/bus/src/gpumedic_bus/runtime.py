@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from gpumedic_bus.connect import connect, connect_options, quiet_tls_eof
-from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PushConsumer, subscribe, undecoded
+from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PacedConsumer, subscribe, undecoded
 from gpumedic_bus.follow import StreamFollower
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
@@ -117,14 +117,14 @@ class ServiceRuntime:
         self._startup: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task] = []
         self._consumers: list[EventConsumer] = []
-        self._push_consumers: list[PushConsumer] = []
+        self._paced_consumers: list[PacedConsumer] = []
         self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
         self._followers: list[StreamFollower] = []
         self.consumers_missing: set[str] = set()
         """Durable consumers of this service found gone (`_watch_consumers`)."""
         self._live: list[tuple[type[Event], EventHandler, type | None]] = []
         self._live_subs: list = []
-        self.more_push_consumers: Callable[[], list[PushConsumer]] = list
+        self.more_paced_consumers: Callable[[], list[PacedConsumer]] = list
         """Push consumers the service starts and stops itself (a detector cell's partitions), for their lag."""
         self.lease: Lease | None = None
         """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
@@ -161,16 +161,16 @@ class ServiceRuntime:
         self._consumers.append(consumer)
         return consumer
 
-    def consume_fast(self, durable: str, handler: EventHandler, *, view: type | None = None) -> PushConsumer:
-        """Consume a high-volume disposable event (samples) through a push consumer; see PushConsumer.
+    def consume_fast(self, durable: str, handler: EventHandler, *, view: type | None = None) -> PacedConsumer:
+        """Consume a high-volume disposable event (samples) through a paced consumer; see PacedConsumer.
         With a `view` (`gpumedic_events.views`), only the fields it names are decoded and handed on."""
-        consumer = PushConsumer(self.broker, self._own(durable, "push"), handler, service=self.service, metrics=self.metrics,
+        consumer = PacedConsumer(self.broker, self._own(durable, "paced"), handler, service=self.service, metrics=self.metrics,
                                 connect=self.connect_for(durable), view=view)
-        self._push_consumers.append(consumer)
+        self._paced_consumers.append(consumer)
         return consumer
 
     def connect_for(self, durable: str) -> Callable[[], Awaitable[nats.NATS]]:
-        """How a push consumer opens the connection of its own its samples come on (see PushConsumer)."""
+        """How a paced consumer opens the connection of its own its samples come on (see PacedConsumer)."""
         return lambda: connect(self.nats, f"{self.service}.{durable}")
 
     def follow(self, event_type: type[Event], handler: EventHandler, *, view: type | None = None) -> None:
@@ -182,10 +182,10 @@ class ServiceRuntime:
         self._live.append((event_type, handler, view))
 
     def reads(self, event_type: type[Event]) -> type:
-        """What this service decodes `event_type` into: the event itself, or the view its push
+        """What this service decodes `event_type` into: the event itself, or the view its paced
         consumer or live reader names (a message invalid only where the view does not read is
         handled, not refused)."""
-        views = [c.view for c in self._push_consumers if c.durable.event is event_type]
+        views = [c.view for c in self._paced_consumers if c.durable.event is event_type]
         views += [view for live, _, view in self._live if live is event_type and view is not None]
         return next((v for v in views if v is not event_type), event_type)
 
@@ -366,7 +366,7 @@ class ServiceRuntime:
         """Check that every consumer this service binds to is provisioned, and take its settings
         (all at once: each is answered by its own leader, and one may be mid-election)."""
         js = self.broker.connection.jetstream()
-        consumers = [*self._consumers, *self._push_consumers]
+        consumers = [*self._consumers, *self._paced_consumers]
         infos = await asyncio.gather(*(self._provisioned(js, c.durable) for c in consumers))
         for consumer, info in zip(consumers, infos, strict=True):
             if isinstance(consumer, EventConsumer):
@@ -401,12 +401,12 @@ class ServiceRuntime:
         if self._metrics_port is None or self.metrics.port is not None:
             return
         self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
-        durables = [c.durable.name for c in (*self._consumers, *self._push_consumers)]
+        durables = [c.durable.name for c in (*self._consumers, *self._paced_consumers)]
         if durables:
             self.metrics.gauge("gpumedic_consumer_missing", "1 for a durable consumer of this service found gone: it receives "
                                "nothing of it until `gpumedic provision` makes it again.", ["consumer"],
                                lambda: [((name,), 1.0 if name in self.consumers_missing else 0.0) for name in durables])
-        if self._push_consumers:
+        if self._paced_consumers:
             self.metrics.gauge("gpumedic_consumer_behind_seconds", "While samples wait for this consumer, the age of the newest one it "
                                "handled (0 when none waits): how far behind its stream it judges.", ["consumer"],
                                lambda: [((lag.durable,), lag.behind_s) for lag in self.lags()])
@@ -451,15 +451,15 @@ class ServiceRuntime:
 
     async def _started(self) -> None:
         deadline = asyncio.get_running_loop().time() + START_WITHIN_S
-        for consumer in self._push_consumers:
+        for consumer in self._paced_consumers:
             await self._patiently(f"binding {consumer.durable.name}", consumer.start, deadline)
         for event_type, handler, view in self._live:
             await self._follow(event_type, handler, view)
         if self.service in PRODUCERS[ServiceHeartbeat]:
             self._tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.service}-heartbeat"))
-        if self._consumers or self._push_consumers:
+        if self._consumers or self._paced_consumers:
             self._tasks.append(asyncio.create_task(self._watch_consumers(), name=f"{self.service}-consumers"))
-        if self._push_consumers:
+        if self._paced_consumers:
             self._tasks.append(asyncio.create_task(self._watch_lag(), name=f"{self.service}-lag"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
@@ -482,7 +482,7 @@ class ServiceRuntime:
             await follower.close()
         self._followers.clear()
         self._live_subs.clear()
-        for consumer in self._push_consumers:
+        for consumer in self._paced_consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
         # Bounded: a loop that swallows its cancellation must not keep the service from stopping.
@@ -515,7 +515,7 @@ class ServiceRuntime:
 
     def lags(self) -> list[Lag]:
         """How far behind its stream each sample consumer this instance runs is now (a standby's: none)."""
-        return [consumer.lag() for consumer in (*self._push_consumers, *self.more_push_consumers()) if consumer.started]
+        return [consumer.lag() for consumer in (*self._paced_consumers, *self.more_paced_consumers()) if consumer.started]
 
     async def _watch_lag(self) -> None:
         """Ask the server what waits for each sample consumer every LAG_CHECK_EVERY_S: a consumer that
@@ -523,7 +523,7 @@ class ServiceRuntime:
         js = self.broker.connection.jetstream()
         while True:
             await asyncio.sleep(LAG_CHECK_EVERY_S)
-            for consumer in self._push_consumers:
+            for consumer in self._paced_consumers:
                 try:
                     info = await js.consumer_info(consumer.durable.stream, consumer.durable.name, timeout=2)
                 except Exception as exc:  # the bus away: the messages' own counts stand meanwhile
@@ -539,7 +539,7 @@ class ServiceRuntime:
         js = self.broker.connection.jetstream()
         while True:
             await asyncio.sleep(CONSUMER_CHECK_EVERY_S)
-            for item in [c.durable for c in (*self._consumers, *self._push_consumers)]:
+            for item in [c.durable for c in (*self._consumers, *self._paced_consumers)]:
                 try:
                     await js.consumer_info(item.stream, item.name, timeout=2)
                 except NotFoundError:

@@ -75,7 +75,9 @@ class Durable:
     name: SubjectToken
     service: str
     event: type[Event]
-    delivery: Literal["pull", "push"] = "pull"
+    delivery: Literal["pull", "paced"] = "pull"
+    """pull: fetched a few at a time, each acknowledged (`EventConsumer`); paced: disposable samples,
+    asked for in batches on a pace and acknowledged once a batch (`PacedConsumer`)."""
     more: tuple[type[Event], ...] = ()
     """Further events of the same stream it reads (a detector cell's node events, one consumer)."""
     partition: int | None = None
@@ -110,11 +112,6 @@ class Durable:
         """The subject a message it reads was published on (a partitioned stream stores it with its partition)."""
         return stream_of(self.event).as_published(stored)
 
-    @property
-    def deliver_subject(self) -> str | None:
-        """Where a push consumer delivers; only its own service may subscribe to it."""
-        return f"_GPUMEDIC.deliver.{self.name}" if self.delivery == "push" else None
-
 
 DETECTORS: tuple[str, ...] = ("zombie-detector", "leader-health", "autoscaler")
 """The services that open incidents and ask the remediator to act on them."""
@@ -132,17 +129,17 @@ cluster check (one message about many nodes: the decider reads it)."""
 
 
 def cell_durables(partition: int) -> tuple[Durable, Durable]:
-    """A detector cell's two consumers of one partition: its nodes' samples (push, as the
+    """A detector cell's two consumers of one partition: its nodes' samples (paced, as the
     detector's own) and their node events (pull, one consumer for all of them, in order)."""
     return (
-        Durable(f"zombie-detector-cell-samples-p{partition:02d}", "zombie-detector", NodeSampled, "push", partition=partition),
+        Durable(f"zombie-detector-cell-samples-p{partition:02d}", "zombie-detector", NodeSampled, "paced", partition=partition),
         Durable(f"zombie-detector-cell-events-p{partition:02d}", "zombie-detector", CELL_EVENTS[0], more=CELL_EVENTS[1:],
                 partition=partition),
     )
 
 
 DURABLES: tuple[Durable, ...] = (
-    Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "push"),
+    Durable("zombie-detector-samples", "zombie-detector", NodeSampled, "paced"),
     *(item for partition in range(PARTITIONS) for item in cell_durables(partition)),
     Durable("zombie-detector-actions", "zombie-detector", ActionCompleted),
     Durable("zombie-detector-findings", "zombie-detector", NodeFindings),
@@ -151,7 +148,7 @@ DURABLES: tuple[Durable, ...] = (
     # a peer daemon's accept queue as its own node sees it: a blocked event loop, and one whose
     # full queue makes its host look down
     Durable("leader-health-ListenBacklogReported", "leader-health", ListenBacklogReported),
-    Durable("autoscaler-samples", "autoscaler", NodeSampled, "push"),
+    Durable("autoscaler-samples", "autoscaler", NodeSampled, "paced"),
     Durable("autoscaler-actions", "autoscaler", ActionCompleted),
     Durable("remediator-actions", "remediator", ActionRequested),
     *(
@@ -488,11 +485,7 @@ def _service(service: str) -> Permissions:
         api = f"$JS.API.CONSUMER.%s.{item.stream}.{item.name}"
         publish.append(api % "INFO")
         publish.append(f"$JS.ACK.{item.stream}.{item.name}.>")
-        if item.delivery == "pull":
-            publish.append(api % "MSG.NEXT")
-        else:
-            publish.append(f"$JS.FC.{item.stream}.{item.name}.>")
-            subscribe.append(item.deliver_subject)
+        publish.append(api % "MSG.NEXT")  # its messages come to its own inbox
     subscribe += [event.subject_filter() for event in LIVE.get(service, ())]
     for stream in sorted({stream_of(event).name for event in (*REPLAYS.get(service, ()), *LOOKUPS.get(service, ()))}):
         publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow, .latest)

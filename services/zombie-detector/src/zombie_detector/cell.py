@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from nats.js.errors import KeyNotFoundError
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_bus.consume import PushConsumer, keep_rejected
+from gpumedic_bus.consume import PacedConsumer, keep_rejected
 from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.streams import INCIDENT_STATE, RULE_MEMORY, partition_of, stream_of
 from gpumedic_bus.topology import Durable, cell_durables, subject_matches
@@ -166,7 +166,7 @@ class Finder:
 
 
 class _Partition:
-    def __init__(self, partition: int, samples: PushConsumer, events: asyncio.Task) -> None:
+    def __init__(self, partition: int, samples: PacedConsumer, events: asyncio.Task) -> None:
         self.partition = partition
         self.samples = samples
         self.events = events
@@ -180,7 +180,7 @@ class Cell:
         self.shares = runtime.shares("cells", before_giving_back=self._finish, alongside=True)
         self.held: dict[int, _Partition] = {}
         self._memory_kv = None
-        runtime.more_push_consumers = lambda: [held.samples for held in self.held.values()]
+        runtime.more_paced_consumers = lambda: [held.samples for held in self.held.values()]
 
     # --- what the cell reads ------------------------------------------------------------------
 
@@ -284,7 +284,7 @@ class Cell:
             lines = memory.recall(self.finder.rules, stored, datetime.now(UTC))
             log.info("%s cell: took partition %d; its rules' memory: %s", SOURCE, partition, "; ".join(lines))
         samples_durable, events_durable = cell_durables(partition)
-        samples = PushConsumer(self._runtime.broker, samples_durable, self.on_sample, service=SOURCE, metrics=self._runtime.metrics,
+        samples = PacedConsumer(self._runtime.broker, samples_durable, self.on_sample, service=SOURCE, metrics=self._runtime.metrics,
                                connect=self._runtime.connect_for(samples_durable.name), view=Sample)
         try:
             await samples.start()

@@ -1,0 +1,90 @@
+"""The paced sample consumer against a real nats-server: it asks for batches on its pace, at once
+again while they come back full, and acknowledges what it handled; a push consumer left by an
+older release is made again as a pull one by provisioning."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from benchmarks import node_sample
+from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
+from gpumedic_bus.consume import PACED_BATCH
+from gpumedic_bus.streams import SAMPLES
+from gpumedic_bus.topology import durable as declared_durable
+from gpumedic_events import NodeSampled
+
+DURABLE = "zombie-detector-samples"
+
+
+async def _publish(js, count: int) -> set[str]:
+    samples = [node_sample(f"node-{i:05d}", event_id=uuid.uuid4()) for i in range(count)]
+    await asyncio.gather(*(js.publish(s.subject, s.to_json()) for s in samples))
+    return {str(s.event_id) for s in samples}
+
+
+def _consumer(nats_settings, handled: list[str], every_s: float) -> PacedConsumer:
+    runtime = ServiceRuntime("zombie-detector", nats_settings)
+
+    async def handle(sample) -> None:
+        handled.append(str(sample.event_id))
+
+    return PacedConsumer(runtime.broker, declared_durable(DURABLE), handle, service="zombie-detector", metrics=runtime.metrics,
+                         connect=lambda: nats.connect(nats_settings.url), every_s=every_s)
+
+
+async def test_a_backlog_is_asked_for_batch_after_batch_at_once_and_a_new_sample_on_the_next_turn(nats_settings, js):
+    backlog = await _publish(js, 3 * PACED_BATCH + 17)
+    handled: list[str] = []
+    consumer = _consumer(nats_settings, handled, every_s=4.0)
+    began = time.monotonic()
+    await consumer.start()
+    try:
+        while len(handled) < len(backlog) and time.monotonic() - began < 30:
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - began
+        # Four batches: one pace's wait per batch would be 12 s and more; asked at once, the
+        # backlog is in before the first turn's end.
+        assert set(handled) == backlog and len(handled) == len(backlog)
+        assert took < 4.0, f"the backlog took {took:.1f}s: each full batch waited for the pace"
+        await asyncio.sleep(0.5)
+        later = await _publish(js, 1)
+        while not later <= set(handled) and time.monotonic() - began < 30:
+            await asyncio.sleep(0.02)
+        assert later <= set(handled)
+    finally:
+        await consumer.stop()
+    info = await js.consumer_info(SAMPLES.name, DURABLE)
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # what it handled is acknowledged, up to its stop
+
+
+async def test_a_push_consumer_of_an_older_release_is_made_again_as_pull_and_then_read(nats_settings, js):
+    await js.delete_consumer(SAMPLES.name, DURABLE)
+    await js.add_consumer(SAMPLES.name, ConsumerConfig(durable_name=DURABLE, filter_subject=SAMPLES.stored_filter(NodeSampled),
+                                                       deliver_subject="_GPUMEDIC.deliver." + DURABLE, ack_policy=AckPolicy.ALL))
+    handled: list[str] = []
+    consumer = _consumer(nats_settings, handled, every_s=0.2)
+    try:
+        await consumer.start()
+        raise AssertionError("a push consumer was bound as a paced one")
+    except ValueError as exc:
+        assert "push consumer of an older release: run gpumedic-provision" in str(exc)
+    await consumer.stop()
+
+    done = await provision(js, NatsSettings(url=nats_settings.url))
+    assert f"consumer {DURABLE} on {SAMPLES.name} again, as a pull consumer" in done
+    assert (await js.consumer_info(SAMPLES.name, DURABLE)).config.deliver_subject is None
+    sent = await _publish(js, 3)
+    consumer = _consumer(nats_settings, handled, every_s=0.2)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not sent <= set(handled) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        await consumer.stop()
+    assert sent <= set(handled)
