@@ -14,6 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from benchmarks import node_sample
 from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
 from gpumedic_bus.consume import PACED_BATCH
+from gpumedic_bus.follow import PacedReader
 from gpumedic_bus.streams import SAMPLES
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_events import NodeSampled
@@ -88,3 +89,33 @@ async def test_a_push_consumer_of_an_older_release_is_made_again_as_pull_and_the
     finally:
         await consumer.stop()
     assert sent <= set(handled)
+
+
+async def test_a_paced_reader_hands_on_what_is_stored_after_its_start_in_order_a_backlog_at_once(nats_settings, js):
+    before = await _publish(js, 5)  # stored before it starts: not its to read
+    seen: list[tuple[str, bytes]] = []
+
+    async def on_message(stored: str, body: bytes) -> None:
+        seen.append((stored, body))
+
+    nc = await nats.connect(nats_settings.url)
+    reader = PacedReader(nc, SAMPLES.name, SAMPLES.stored_filter(NodeSampled), on_message, every_s=4.0)
+    await reader.start()
+    try:
+        samples = [node_sample(f"node-{i:05d}", event_id=uuid.uuid4()) for i in range(3 * PACED_BATCH + 5)]
+        for sample in samples:  # one by one: the stream's order is the publishing order
+            await js.publish(sample.subject, sample.to_json())
+        began = time.monotonic()
+        while len(seen) < len(samples) and time.monotonic() - began < 30:
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - began
+    finally:
+        await reader.close()
+        await nc.close()
+    ids = [str(NodeSampled.from_json(body, subject=SAMPLES.as_published(stored)).event_id) for stored, body in seen]
+    assert ids == [str(s.event_id) for s in samples]  # each once, in order, none of those before
+    assert not before & set(ids)
+    assert all(SAMPLES.as_published(stored) == s.subject for (stored, _), s in zip(seen, samples, strict=True))
+    # Up to a pace (4 s) for the next ask, then four batches: a pace apart they would take 12 s more;
+    # each EOB said more waited, so each next batch was asked for at once.
+    assert took < 8.0, f"the backlog took {took:.1f}s"

@@ -24,12 +24,13 @@ from gpumedic.natsd import nats_server_binary
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_bus import connect
 from gpumedic_bus.shares import Shares
-from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, PARTITIONS, SAMPLES
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE, PARTITIONS, SAMPLES, stream_of
 from gpumedic_bus.topology import (
     ADMIN,
     CONSUMING_SERVICES,
     LAUNCHER,
     LIVE,
+    PACED_READS,
     OBSERVER,
     PRODUCERS,
     REPLAYS,
@@ -120,14 +121,16 @@ def test_each_service_may_publish_and_consume_what_the_contract_says_and_no_more
         for event, producers in PRODUCERS.items():
             allowed = any(_matches(_subject(event, user), p) for p in rules.publish)
             assert allowed == (user in producers), (user, event.__name__, "publish")
-        # Consumers read through their durables' API calls (pull) or deliver subjects (push); the only
-        # event-space subscriptions are the requests a service answers, what it reads live, and the
-        # wake-ups of what it replays (read from the stream itself).
+        # Consumers read through their durables' API calls; the only event-space subscriptions are the
+        # requests a service answers, what it reads live (but for what it reads a batch at a time
+        # from the stream, by direct gets), and the wake-ups of what it replays (read from the stream itself).
         answers = {r.subject for r in REQUESTS if r.service == user}
-        live = {e.subject_filter() for e in LIVE.get(user, ())}
+        live = {e.subject_filter() for e in LIVE.get(user, ()) if e not in PACED_READS.get(user, ())}
         replays = {e.subject_filter() for e in REPLAYS.get(user, ())}
         assert {p for p in rules.subscribe if p.startswith("gpumedic.")} == answers | live | replays, user
         assert rules.responds == bool(answers), user
+        direct = {p.removeprefix("$JS.API.DIRECT.GET.") for p in rules.publish if p.startswith("$JS.API.DIRECT.GET.")}
+        assert direct == {stream_of(e).name for e in PACED_READS.get(user, ())}, user
         # and it asks what it is an asker of (report-builder: a rollout, for the console's fleet operations)
         asked = {r.subject for r in REQUESTS}
         assert {p for p in rules.publish if p in asked} == {r.subject for r in REQUESTS if user in r.askers}, user

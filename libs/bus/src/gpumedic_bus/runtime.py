@@ -30,7 +30,7 @@ from opentelemetry.trace import Tracer
 
 from gpumedic_bus.connect import connect, connect_options, quiet_tls_eof
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PacedConsumer, subscribe, undecoded
-from gpumedic_bus.follow import StreamFollower
+from gpumedic_bus.follow import PacedReader, StreamFollower
 from gpumedic_bus.lease import Lease
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
@@ -38,7 +38,7 @@ from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.shares import Shares
 from gpumedic_bus.streams import stream_of
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS, SHARED_LOOPS
+from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, PACED_READS, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS, SHARED_LOOPS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat
@@ -124,6 +124,7 @@ class ServiceRuntime:
         """Durable consumers of this service found gone (`_watch_consumers`)."""
         self._live: list[tuple[type[Event], EventHandler, type | None]] = []
         self._live_subs: list = []
+        self._readers: list[tuple[PacedReader, nats.NATS]] = []
         self.more_paced_consumers: Callable[[], list[PacedConsumer]] = list
         """Push consumers the service starts and stops itself (a detector cell's partitions), for their lag."""
         self.lease: Lease | None = None
@@ -174,7 +175,8 @@ class ServiceRuntime:
         return lambda: connect(self.nats, f"{self.service}.{durable}")
 
     def follow(self, event_type: type[Event], handler: EventHandler, *, view: type | None = None) -> None:
-        """Read `event_type` live, as a plain subscriber (`topology.LIVE`): every instance gets
+        """Read `event_type` live (`topology.LIVE`), as a plain subscriber or, for what comes at a
+        fleet's rate (`topology.PACED_READS`), a batch at a time from its stream: every instance gets
         every message; none is acknowledged, and one that does not validate is skipped. With a
         `view` (`gpumedic_events.views`), only the fields it names are decoded and handed on."""
         if event_type not in LIVE.get(self.service, ()):
@@ -193,10 +195,10 @@ class ServiceRuntime:
         skipped = 0
         ok, skip = (self.metrics.handled.labels(event_type.__name__, outcome).inc for outcome in ("ok", "skipped"))
 
-        async def on_message(msg) -> None:
+        async def on_message(subject: str, data: bytes) -> None:
             nonlocal skipped
             try:
-                event = event_type.decode_as(view or event_type, msg.data, subject=msg.subject)
+                event = event_type.decode_as(view or event_type, data, subject=subject)
             except EventDecodeError as exc:
                 skip()
                 skipped += 1
@@ -209,7 +211,18 @@ class ServiceRuntime:
                 log.exception("%s: live %s handler failed", self.service, event_type.__name__)
             ok()
 
-        self._live_subs.append(await self.broker.connection.subscribe(event_type.subject_filter(), cb=on_message, pending_msgs_limit=65536))
+        if event_type in PACED_READS.get(self.service, ()):  # a batch at a time from the stream, on a connection of its own
+            stream = stream_of(event_type)
+            nc = await self.connect_for(f"{stream.name}-reads")()
+            reader = PacedReader(nc, stream.name, stream.stored_filter(event_type), lambda stored, data: on_message(stream.as_published(stored), data))
+            self._readers.append((reader, nc))
+            await self._patiently(f"reading {stream.name}", reader.start, asyncio.get_running_loop().time() + START_WITHIN_S)
+            return
+
+        async def on_live(msg) -> None:
+            await on_message(msg.subject, msg.data)
+
+        self._live_subs.append(await self.broker.connection.subscribe(event_type.subject_filter(), cb=on_live, pending_msgs_limit=65536))
 
     async def latest(self, event_type: type[Event], key: str | None = None) -> Event | None:
         """The last stored `event_type` for `key` (a node id; None: for any key), or None if its
@@ -480,8 +493,13 @@ class ServiceRuntime:
                 await sub.unsubscribe()
         for follower in self._followers:
             await follower.close()
+        for reader, nc in self._readers:
+            await reader.close()
+            with contextlib.suppress(Exception):
+                await nc.close()
         self._followers.clear()
         self._live_subs.clear()
+        self._readers.clear()
         for consumer in self._paced_consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()

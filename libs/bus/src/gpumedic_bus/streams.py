@@ -88,6 +88,9 @@ class Stream:
     """Each message is stored under its subject and its node's partition (`PARTITIONS`): the stream's
     events are keyed by node, their subjects of one shape. Publishers and live subscribers see the
     subject as published."""
+    direct: bool = False
+    """Any of its servers answers reads of stored messages (`allow_direct`): read a batch at a time
+    by every instance of a service (`topology.PACED_READS`)."""
 
     def __post_init__(self) -> None:
         shapes = {e.subject_filter().count(".") for e in self.events}
@@ -143,6 +146,7 @@ class Stream:
             duplicate_window=self.duplicate_window_s,
             num_replicas=replicas,
             subject_transform=transform,
+            allow_direct=self.direct,
         )
 
 
@@ -161,6 +165,7 @@ SAMPLES = Stream(
     description="Node samples: many, replaced every interval; a minute in memory, never fsynced; stored by partition.",
     replaceable=True,
     partitioned=True,
+    direct=True,
 )
 NODE_EVENTS = Stream(
     name="GPUMEDIC_NODE_EVENTS",

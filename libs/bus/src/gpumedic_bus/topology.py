@@ -186,6 +186,15 @@ LIVE: Mapping[str, tuple[type[Event], ...]] = {
 is published, nothing is acknowledged or kept for it, and what does not validate is skipped (the
 durable consumers of the same subject dead-letter it)."""
 
+PACED_READS: Mapping[str, tuple[type[Event], ...]] = {
+    # every console's samples, 2,000 a second at 10,000 nodes: delivered one by one, each woke the
+    # process on its own (gpumedic_bus.follow.PacedReader)
+    "report-builder": (NodeSampled,),
+}
+"""Of the events a service reads live, those it reads a batch at a time from their stream instead
+(a batched direct get every fifth of a second, no consumer: every instance still reads every
+message, from the newest stored when it starts), rather than subscribing to them."""
+
 LOOKUPS: Mapping[str, tuple[type[Event], ...]] = {
     # the console's node page: the node's whole latest sample, read from the stream when the page is
     # asked for (the fleet page keeps only a few figures per node in memory)
@@ -486,7 +495,9 @@ def _service(service: str) -> Permissions:
         publish.append(api % "INFO")
         publish.append(f"$JS.ACK.{item.stream}.{item.name}.>")
         publish.append(api % "MSG.NEXT")  # its messages come to its own inbox
-    subscribe += [event.subject_filter() for event in LIVE.get(service, ())]
+    paced = PACED_READS.get(service, ())
+    subscribe += [event.subject_filter() for event in LIVE.get(service, ()) if event not in paced]
+    publish += sorted({f"$JS.API.DIRECT.GET.{stream_of(event).name}" for event in paced})  # a batch of stored messages at a time
     for stream in sorted({stream_of(event).name for event in (*REPLAYS.get(service, ()), *LOOKUPS.get(service, ()))}):
         publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow, .latest)
     subscribe += [event.subject_filter() for event in REPLAYS.get(service, ())]  # woken up by new ones
