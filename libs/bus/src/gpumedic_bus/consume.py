@@ -408,10 +408,11 @@ class PacedConsumer(Generic[E]):
         while True:
             self._owed, self._full = self._batch, False
             self._answered.clear()
-            try:
+            try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that ends this loop
                 await self._nc.publish(subject, ask, reply=inbox)
-                await asyncio.wait_for(self._answered.wait(), PACED_ANSWER_S)
-            except (TimeoutError, asyncio.TimeoutError):
+                async with asyncio.timeout(PACED_ANSWER_S):
+                    await self._answered.wait()
+            except TimeoutError:
                 pass  # no answer (a consumer leader being elected, the bus away): ask again
             except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
                 log.debug("%s: asking for samples failed: %r", self.durable.name, exc)

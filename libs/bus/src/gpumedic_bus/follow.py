@@ -165,10 +165,11 @@ class PacedReader:
             self._more = False
             self._answered.clear()
             ask = json.dumps({"seq": self._next_seq, "batch": self._batch, "next_by_subj": self._subject}).encode()
-            try:
+            try:  # asyncio.timeout, not wait_for (above)
                 await self._nc.publish(subject, ask, reply=inbox)
-                await asyncio.wait_for(self._answered.wait(), PACED_ANSWER_S)
-            except (TimeoutError, asyncio.TimeoutError):
+                async with asyncio.timeout(PACED_ANSWER_S):
+                    await self._answered.wait()
+            except TimeoutError:
                 pass  # no answer (the bus away, a server going): ask again from the same sequence
             except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
                 log.debug("reading %s on %s failed: %r", self._subject, self._stream, exc)
