@@ -15,7 +15,8 @@ from benchmarks import node_sample
 from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
 from gpumedic_bus.consume import PACED_BATCH
 from gpumedic_bus.follow import PacedReader
-from gpumedic_bus.streams import SAMPLES
+from gpumedic_bus.streams import SAMPLES, stream_of
+from gpumedic_bus.topology import LIVE, PACED_READS, permissions_for
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_events import NodeSampled
 
@@ -36,6 +37,15 @@ def _consumer(nats_settings, handled: list[str], every_s: float) -> PacedConsume
 
     return PacedConsumer(runtime.broker, declared_durable(DURABLE), handle, service="zombie-detector", metrics=runtime.metrics,
                          connect=lambda: nats.connect(nats_settings.url), every_s=every_s)
+
+
+def test_what_a_service_reads_a_batch_at_a_time_it_reads_live_from_a_stream_that_allows_direct_gets():
+    for service, events in PACED_READS.items():
+        for event in events:
+            assert event in LIVE[service], (service, event.__name__)
+            assert stream_of(event).config().allow_direct, (service, stream_of(event).name)
+            rules = permissions_for(service).publish
+            assert f"$JS.API.DIRECT.GET.{stream_of(event).name}" in rules and f"$JS.API.STREAM.MSG.GET.{stream_of(event).name}" in rules
 
 
 async def test_a_backlog_is_asked_for_batch_after_batch_at_once_and_a_new_sample_on_the_next_turn(nats_settings, js):

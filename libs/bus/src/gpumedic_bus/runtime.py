@@ -38,7 +38,7 @@ from gpumedic_bus.settings import NatsSettings
 from gpumedic_bus.shares import Shares
 from gpumedic_bus.streams import stream_of
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, PACED_READS, ONE_INSTANCE_LOOPS, PRODUCERS, REPLAYS, REQUESTS, SHARED_LOOPS
+from gpumedic_bus.topology import LIVE, LOOKUPS, ONE_ACTIVE, ONE_INSTANCE_LOOPS, PACED_READS, PRODUCERS, REPLAYS, REQUESTS, SHARED_LOOPS
 from gpumedic_bus.topology import durable as declared_durable
 from gpumedic_bus.tracing import BusSpanRecorder
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, ServiceHeartbeat

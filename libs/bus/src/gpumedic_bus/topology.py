@@ -498,8 +498,9 @@ def _service(service: str) -> Permissions:
     paced = PACED_READS.get(service, ())
     subscribe += [event.subject_filter() for event in LIVE.get(service, ()) if event not in paced]
     publish += sorted({f"$JS.API.DIRECT.GET.{stream_of(event).name}" for event in paced})  # a batch of stored messages at a time
-    for stream in sorted({stream_of(event).name for event in (*REPLAYS.get(service, ()), *LOOKUPS.get(service, ()))}):
-        publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")  # read one stored message at a time (gpumedic_bus.follow, .latest)
+    # read one stored message at a time (gpumedic_bus.follow, .latest; where a paced read starts)
+    for stream in sorted({stream_of(event).name for event in (*REPLAYS.get(service, ()), *LOOKUPS.get(service, ()), *paced)}):
+        publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")
     subscribe += [event.subject_filter() for event in REPLAYS.get(service, ())]  # woken up by new ones
     answers = [r.subject for r in REQUESTS if r.service == service]
     subscribe += answers
