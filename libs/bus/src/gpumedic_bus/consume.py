@@ -48,6 +48,30 @@ PACED_TURN_S = 0.005
 
 E = TypeVar("E", bound=Event)
 
+
+async def ask_on_pace(
+    ask: Callable[[], Awaitable[None]], answered: asyncio.Event, more: Callable[[], bool], *,
+    every_s: float, what: str, settle: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """A paced reader's loop, until cancelled: `ask()` for a batch, wait until the reply handler
+    sets `answered` (or PACED_ANSWER_S: an answer lost to a leader's change, the bus away), then
+    `settle()` (acknowledge what was handled), and ask again at once if `more()` waits, else
+    after `every_s`."""
+    while True:
+        answered.clear()
+        try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that ends this loop
+            await ask()
+            async with asyncio.timeout(PACED_ANSWER_S):
+                await answered.wait()
+        except TimeoutError:
+            pass  # no answer: ask again
+        except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
+            log.debug("%s: asking for a batch failed: %r", what, exc)
+        if settle is not None:
+            await settle()
+        if not more():
+            await asyncio.sleep(every_s)
+
 RETRY_BACKOFF_S = (1.0, 5.0, 15.0, 30.0, 60.0)
 """Delay before redelivery after the n-th failed attempt (the last value repeats)."""
 WAIT_AT_MOST_S = 5.0
@@ -385,7 +409,17 @@ class PacedConsumer(Generic[E]):
         # Never more than the consumer lets wait unacknowledged: nats-py drops what overflows, and
         # an ack of a later sample would then ack the dropped ones too.
         self._sub = await self._nc.subscribe(inbox, cb=self._on_delivery, pending_msgs_limit=8 * PACED_BATCH)
-        self._puller = asyncio.create_task(self._ask_on_pace(inbox), name=f"{self.durable.name}-asks")
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.durable.stream}.{self.durable.name}"
+        ask = json.dumps({"batch": self._batch, "no_wait": True}).encode()
+
+        async def ask_for_a_batch() -> None:
+            self._owed, self._full = self._batch, False
+            await self._nc.publish(subject, ask, reply=inbox)
+
+        self._puller = asyncio.create_task(
+            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._full, every_s=self._every_s, what=self.durable.name, settle=self._ack),
+            name=f"{self.durable.name}-asks",
+        )
 
     async def stop(self) -> None:
         if self._puller is not None:
@@ -400,25 +434,6 @@ class PacedConsumer(Generic[E]):
         if self._nc is not None:
             nc, self._nc = self._nc, None
             await nc.close()
-
-    async def _ask_on_pace(self, inbox: str) -> None:
-        """Ask for what has come; again at once after a full batch, else after `every_s`."""
-        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.durable.stream}.{self.durable.name}"
-        ask = json.dumps({"batch": self._batch, "no_wait": True}).encode()
-        while True:
-            self._owed, self._full = self._batch, False
-            self._answered.clear()
-            try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that ends this loop
-                await self._nc.publish(subject, ask, reply=inbox)
-                async with asyncio.timeout(PACED_ANSWER_S):
-                    await self._answered.wait()
-            except TimeoutError:
-                pass  # no answer (a consumer leader being elected, the bus away): ask again
-            except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
-                log.debug("%s: asking for samples failed: %r", self.durable.name, exc)
-            await self._ack()
-            if not self._full:
-                await asyncio.sleep(self._every_s)
 
     async def _on_delivery(self, msg) -> None:
         headers = msg.headers

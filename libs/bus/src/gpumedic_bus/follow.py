@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
-from gpumedic_bus.consume import PACED_ANSWER_S, PACED_BATCH, PACED_EVERY_S, PACED_TURN_S
+from gpumedic_bus.consume import PACED_BATCH, PACED_EVERY_S, PACED_TURN_S, ask_on_pace
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,17 @@ class PacedReader:
             self._next_seq = 1
         inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(inbox, cb=self._on_reply, pending_msgs_limit=4 * self._batch)
-        self._asker = asyncio.create_task(self._ask_on_pace(inbox), name=f"read-{self._stream}")
+        subject = f"$JS.API.DIRECT.GET.{self._stream}"
+
+        async def ask_for_a_batch() -> None:  # from where the last answer ended
+            self._more = False
+            ask = json.dumps({"seq": self._next_seq, "batch": self._batch, "next_by_subj": self._subject}).encode()
+            await self._nc.publish(subject, ask, reply=inbox)
+
+        self._asker = asyncio.create_task(
+            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._more, every_s=self._every_s, what=f"reading {self._stream}"),
+            name=f"read-{self._stream}",
+        )
 
     async def close(self) -> None:
         if self._asker is not None:
@@ -158,23 +168,6 @@ class PacedReader:
             with contextlib.suppress(Exception):  # a closed connection has no subscription left to end
                 await self._sub.unsubscribe()
             self._sub = None
-
-    async def _ask_on_pace(self, inbox: str) -> None:
-        subject = f"$JS.API.DIRECT.GET.{self._stream}"
-        while True:
-            self._more = False
-            self._answered.clear()
-            ask = json.dumps({"seq": self._next_seq, "batch": self._batch, "next_by_subj": self._subject}).encode()
-            try:  # asyncio.timeout, not wait_for (above)
-                await self._nc.publish(subject, ask, reply=inbox)
-                async with asyncio.timeout(PACED_ANSWER_S):
-                    await self._answered.wait()
-            except TimeoutError:
-                pass  # no answer (the bus away, a server going): ask again from the same sequence
-            except Exception as exc:  # noqa: BLE001 (the connection closing or reconnecting: the next turn asks again)
-                log.debug("reading %s on %s failed: %r", self._subject, self._stream, exc)
-            if not self._more:
-                await asyncio.sleep(self._every_s)
 
     async def _on_reply(self, msg) -> None:
         headers = msg.headers or {}
