@@ -439,6 +439,33 @@ def test_a_node_gone_quiet_gets_its_sampler_restarted_and_its_next_sample_verifi
     assert isinstance(resolved, IncidentResolved) and resolved.resolution == "fixed"
 
 
+def test_the_tick_looks_again_at_every_node_when_one_joins_or_samples_faster_than_the_rest_were_due():
+    """The tick passes over every node only once the freshest sample may have made one overdue;
+    a node that joins, or whose interval shrinks, may be due before all the others."""
+    d = Detector()
+    d.feed(sample("slow", interval=60.0), 0)  # due after three minutes
+    assert d.tick(1) == []  # looked at: nothing due before 180 s
+    d.feed(sample("fast", interval=1.0), 2)  # joins later, due after three seconds
+    for s in range(3, 6):
+        d.feed(sample("slow", interval=60.0), s)
+        assert d.tick(s) == []
+    d.feed(sample("slow", interval=60.0), 6)
+    (opened, _) = d.tick(6)
+    assert (opened.kind, opened.node_id) == (IncidentKind.NODE_SILENT, "fast")
+
+    d = Detector()
+    d.feed(sample("a", interval=60.0), 0)
+    d.feed(sample("b", interval=60.0), 0)
+    assert d.tick(1) == []  # nothing due before 180 s
+    d.feed(sample("b", interval=2.0), 2)  # b's interval shrinks: due after six seconds now
+    for s in range(3, 9):
+        d.feed(sample("a", interval=60.0), s)
+        assert d.tick(s) == []
+    d.feed(sample("a", interval=60.0), 9)
+    (opened, _) = d.tick(9)
+    assert (opened.kind, opened.node_id) == (IncidentKind.NODE_SILENT, "b")
+
+
 def test_a_restarted_sampler_that_samples_before_the_restart_is_confirmed_is_still_verified_by_the_next_sample():
     d = Detector()
     d.feed(sample(), 0)

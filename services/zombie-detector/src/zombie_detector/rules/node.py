@@ -75,6 +75,10 @@ class NodeRule:
         """The newest sample from any node: the detector's view of the bus."""
         self.resumed_at: datetime | None = None
         """When samples came again after nothing arrived from anyone (the bus was away)."""
+        self.none_due_until: datetime | None = None
+        """No node is overdue before the freshest sample passes this (None: look at every node at
+        the next tick): a node's count only moves later, so the tick looks at every node only
+        then, not each second (at 10,000 nodes, a tenth of the rules' work on a sample)."""
 
     def observe(self, event, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, ServiceHeartbeat):
@@ -95,6 +99,8 @@ class NodeRule:
             self.resumed_at = now
         self.freshest = now if self.freshest is None else max(self.freshest, now)
         self.last_sample[event.node_id] = (now, event.interval_s)
+        if previous is None or previous[1] != event.interval_s:
+            self.none_due_until = None  # a new node, or a new interval: it may be due sooner than all the others
         findings: list[Finding] = []
         # Every sample while the incident is open clears it, not only the first: a clear that lands
         # while the restart is still in flight is not taken, and the next one must verify the fix.
@@ -122,11 +128,16 @@ class NodeRule:
         findings = []
         if incidents.get(LOST_FINGERPRINT) is not None:
             return []  # the bus drops samples: a missing one says nothing of its node
+        if self.none_due_until is not None and self.freshest <= self.none_due_until:
+            return []
+        due_first = None
         for node_id, (seen, interval) in self.last_sample.items():
+            counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
+            due = counted_from + timedelta(seconds=self.silent.after_intervals * interval)
+            due_first = due if due_first is None or due < due_first else due_first
             if self.behind_s > interval:
                 continue  # its next sample may wait in the stream, unseen
-            counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
-            if _overdue((counted_from, interval), self.freshest, self.silent.after_intervals):
+            if self.freshest > due:
                 quiet = (now - seen).total_seconds()
                 findings.append(
                     Finding(
@@ -139,6 +150,7 @@ class NodeRule:
                         operations={"restart_unit": RestartUnit(unit=self.silent.sampler_unit)},
                     )
                 )
+        self.none_due_until = due_first
         return findings
 
     def remember(self) -> list[LastSample]:
@@ -150,6 +162,7 @@ class NodeRule:
         for entry in entries:
             self.last_sample.setdefault(entry.node, (min(entry.at, now), entry.interval_s))
         self.resumed_at = now
+        self.none_due_until = None
 
     def _ssh(self, event: NodeSshChecked, incidents: Incidents) -> list[Finding]:
         if event.reachable:
