@@ -5,6 +5,7 @@ older release is made again as a pull one by provisioning."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -14,7 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from benchmarks import node_sample
 from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
 from gpumedic_bus.consume import PACED_BATCH
-from gpumedic_bus.follow import PacedReader
+from gpumedic_bus.follow import BACKLOG_BATCHES, PacedReader
 from gpumedic_bus.streams import SAMPLES, stream_of
 from gpumedic_bus.topology import LIVE, PACED_READS, permissions_for
 from gpumedic_bus.topology import durable as declared_durable
@@ -129,3 +130,38 @@ async def test_a_paced_reader_hands_on_what_is_stored_after_its_start_in_order_a
     # Up to a pace (4 s) for the next ask, then four batches: a pace apart they would take 12 s more;
     # each EOB said more waited, so each next batch was asked for at once.
     assert took < 8.0, f"the backlog took {took:.1f}s"
+
+
+async def test_a_paced_reader_behind_asks_for_several_batches_at_once(nats_settings, js):
+    """Far behind, each ask takes up to BACKLOG_BATCHES batches: a quarter of the round trips,
+    each an idle wait on a busy machine. Every message still comes once, in order."""
+    watcher = await nats.connect(nats_settings.url)
+    asked: list[int] = []
+
+    async def on_ask(msg) -> None:
+        asked.append(json.loads(msg.data)["batch"])
+
+    await watcher.subscribe(f"$JS.API.DIRECT.GET.{SAMPLES.name}", cb=on_ask)  # a copy of each ask the reader sends
+    seen: list[bytes] = []
+
+    async def on_message(stored: str, body: bytes) -> None:
+        seen.append(body)
+
+    nc = await nats.connect(nats_settings.url)
+    reader = PacedReader(nc, SAMPLES.name, SAMPLES.stored_filter(NodeSampled), on_message, batch=10, every_s=2.0)
+    await reader.start()
+    try:
+        samples = [node_sample(f"node-{i:05d}", event_id=uuid.uuid4()) for i in range(100)]
+        for sample in samples:
+            await js.publish(sample.subject, sample.to_json())
+        began = time.monotonic()
+        while len(seen) < len(samples) and time.monotonic() - began < 30:
+            await asyncio.sleep(0.02)
+    finally:
+        await reader.close()
+        await nc.close()
+        await watcher.close()
+    assert [str(NodeSampled.from_json(body).event_id) for body in seen] == [str(s.event_id) for s in samples]
+    assert set(asked) <= set(range(10, BACKLOG_BATCHES * 10 + 1)), asked  # never less than one batch, never more than four
+    assert max(asked) == BACKLOG_BATCHES * 10 > 10, asked
+    assert len(asked) < 1 + 10, asked  # fewer than the first ask (empty) and one for each of ten batches

@@ -35,6 +35,9 @@ GET_TIMEOUT_S = 2.0
 """How long one message get waits: a stored message answers in milliseconds, and a get lost to a
 server that is going away costs a service catching up at start this long (nats-py's default, 5 s,
 kept the autoscaler from being ready within 10 s of a restart under `make chaos`)."""
+BACKLOG_BATCHES = 4
+"""A paced reader behind asks for up to this many batches at once: a quarter of the round trips,
+each an idle wait on a busy machine (`benchmarks/overload`: report-builder catching up)."""
 
 
 class StreamFollower:
@@ -113,7 +116,7 @@ class PacedReader:
     handed once to `on_message(stored subject, body)`, with no consumer: every `every_s` a batched
     direct get (`$JS.API.DIRECT.GET`, NATS 2.11: up to `batch` messages from a sequence on, ended
     by an EOB status that says how many more wait) asks for what was stored since, and again at
-    once while more wait. The stream must allow direct gets (`Stream.direct`); any of its servers
+    once while more wait, for up to `BACKLOG_BATCHES` batches at once. The stream must allow direct gets (`Stream.direct`); any of its servers
     answers. A reader further behind than the stream keeps goes on from its oldest message.
 
     Subscribed, each message woke the process on its own: 2,000 a second at 10,000 nodes, each
@@ -131,7 +134,8 @@ class PacedReader:
         self._batch = batch
         self._every_s = every_s
         self._next_seq = 1
-        self._more = False
+        self._waiting = 0
+        """How many more the last batch's end said wait: the next ask takes up to BACKLOG_BATCHES of them."""
         self._answered = asyncio.Event()
         self._sub = None
         self._asker: asyncio.Task | None = None
@@ -145,16 +149,18 @@ class PacedReader:
         except NotFoundError:
             self._next_seq = 1
         inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(inbox, cb=self._on_reply, pending_msgs_limit=4 * self._batch)
+        # Room for the largest ask and a late answer to one before it (nats-py drops what overflows).
+        self._sub = await self._nc.subscribe(inbox, cb=self._on_reply, pending_msgs_limit=2 * BACKLOG_BATCHES * self._batch)
         subject = f"$JS.API.DIRECT.GET.{self._stream}"
 
         async def ask_for_a_batch() -> None:  # from where the last answer ended
-            self._more = False
-            ask = json.dumps({"seq": self._next_seq, "batch": self._batch, "next_by_subj": self._subject}).encode()
+            batch = min(max(self._batch, self._waiting), BACKLOG_BATCHES * self._batch)
+            self._waiting = 0
+            ask = json.dumps({"seq": self._next_seq, "batch": batch, "next_by_subj": self._subject}).encode()
             await self._nc.publish(subject, ask, reply=inbox)
 
         self._asker = asyncio.create_task(
-            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._more, every_s=self._every_s, what=f"reading {self._stream}"),
+            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._waiting > 0, every_s=self._every_s, what=f"reading {self._stream}"),
             name=f"read-{self._stream}",
         )
 
@@ -172,7 +178,10 @@ class PacedReader:
     async def _on_reply(self, msg) -> None:
         headers = msg.headers or {}
         if "Status" in headers:  # 204 EOB ends a batch (with how many more wait); 404: nothing new
-            self._more = headers.get("Status") == "204" and headers.get("Nats-Num-Pending", "0") != "0"
+            try:
+                self._waiting = int(headers.get("Nats-Num-Pending", "0")) if headers.get("Status") == "204" else 0
+            except ValueError:
+                self._waiting = 0
             self._answered.set()
             return
         try:
