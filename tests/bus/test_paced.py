@@ -14,8 +14,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from benchmarks import node_sample
 from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
-from gpumedic_bus.consume import PACED_BATCH
-from gpumedic_bus.follow import BACKLOG_BATCHES, PacedReader
+from gpumedic_bus.consume import BACKLOG_BATCHES, PACED_BATCH
+from gpumedic_bus.follow import PacedReader
 from gpumedic_bus.streams import SAMPLES, stream_of
 from gpumedic_bus.topology import LIVE, PACED_READS, permissions_for
 from gpumedic_bus.topology import durable as declared_durable
@@ -49,9 +49,16 @@ def test_what_a_service_reads_a_batch_at_a_time_it_reads_live_from_a_stream_that
             assert f"$JS.API.DIRECT.GET.{stream_of(event).name}" in rules and f"$JS.API.STREAM.MSG.GET.{stream_of(event).name}" in rules
 
 
-async def test_a_backlog_is_asked_for_batch_after_batch_at_once_and_a_new_sample_on_the_next_turn(nats_settings, js):
+async def test_a_backlog_is_asked_for_at_once_as_many_as_wait_and_a_new_sample_on_the_next_turn(nats_settings, js):
     backlog = await _publish(js, 3 * PACED_BATCH + 17)
     handled: list[str] = []
+    asked: list[int] = []
+    watcher = await nats.connect(nats_settings.url)
+
+    async def on_ask(msg) -> None:
+        asked.append(json.loads(msg.data)["batch"])
+
+    await watcher.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{SAMPLES.name}.{DURABLE}", cb=on_ask)  # a copy of each ask
     consumer = _consumer(nats_settings, handled, every_s=4.0)
     began = time.monotonic()
     await consumer.start()
@@ -68,8 +75,12 @@ async def test_a_backlog_is_asked_for_batch_after_batch_at_once_and_a_new_sample
         while not later <= set(handled) and time.monotonic() - began < 30:
             await asyncio.sleep(0.02)
         assert later <= set(handled)
+        # One batch first; its last sample said how many more waited: all of them asked for at once
+        # (within BACKLOG_BATCHES batches), then one batch a turn.
+        assert asked[:2] == [PACED_BATCH, 2 * PACED_BATCH + 17] and set(asked[2:]) == {PACED_BATCH}, asked
     finally:
         await consumer.stop()
+        await watcher.close()
     info = await js.consumer_info(SAMPLES.name, DURABLE)
     assert info.num_ack_pending == 0 and info.num_pending == 0  # what it handled is acknowledged, up to its stop
 

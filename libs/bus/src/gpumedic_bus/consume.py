@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 PACED_BATCH = 256
 """The most a paced consumer asks for at once; it acknowledges once a batch (AckPolicy.ALL acks all before)."""
+BACKLOG_BATCHES = 4
+"""A paced consumer or reader behind asks for up to this many batches at once: a quarter of the
+round trips, each an idle wait on a busy machine (`benchmarks/overload`: catching up)."""
 PACED_EVERY_S = 0.2
 """How often a paced consumer asks for what has come, when it is not behind."""
 PACED_ANSWER_S = 5.0
@@ -342,7 +345,8 @@ class PacedConsumer(Generic[E]):
     sample supersedes this one.
 
     Paced, not pushed: every `every_s` it asks for what has come since (up to `batch`, answered
-    at once: `no_wait`), and asks again at once while batches come back full (a backlog). A push
+    at once: `no_wait`), and asks again at once while batches come back full (a backlog), then
+    for as many as the last sample said wait, up to `BACKLOG_BATCHES` batches. A push
     consumer delivered each sample as it was published, 2,000 a second at 10,000 nodes, and each
     one woke the process on its own: `sample_path`'s comparison at that rate measured 165 us of
     CPU to receive and decode a sample pushed, 40 us paced. A sample waits at most `every_s` more;
@@ -410,11 +414,11 @@ class PacedConsumer(Generic[E]):
         # an ack of a later sample would then ack the dropped ones too.
         self._sub = await self._nc.subscribe(inbox, cb=self._on_delivery, pending_msgs_limit=8 * PACED_BATCH)
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.durable.stream}.{self.durable.name}"
-        ask = json.dumps({"batch": self._batch, "no_wait": True}).encode()
 
-        async def ask_for_a_batch() -> None:
-            self._owed, self._full = self._batch, False
-            await self._nc.publish(subject, ask, reply=inbox)
+        async def ask_for_a_batch() -> None:  # after a full batch, for as many as wait (within BACKLOG_BATCHES)
+            batch = min(max(self._batch, self._pending), BACKLOG_BATCHES * self._batch) if self._full else self._batch
+            self._owed, self._full = batch, False
+            await self._nc.publish(subject, json.dumps({"batch": batch, "no_wait": True}).encode(), reply=inbox)
 
         self._puller = asyncio.create_task(
             ask_on_pace(ask_for_a_batch, self._answered, lambda: self._full, every_s=self._every_s, what=self.durable.name, settle=self._ack),
@@ -444,6 +448,7 @@ class PacedConsumer(Generic[E]):
         self._owed -= 1
         if self._owed == 0:
             self._full = True
+            self._read_newest()  # how many more wait: the next batch's size
             self._answered.set()
 
     @property

@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
-from gpumedic_bus.consume import PACED_BATCH, PACED_EVERY_S, PACED_TURN_S, ask_on_pace
+from gpumedic_bus.consume import BACKLOG_BATCHES, PACED_BATCH, PACED_EVERY_S, PACED_TURN_S, ask_on_pace
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ GET_TIMEOUT_S = 2.0
 """How long one message get waits: a stored message answers in milliseconds, and a get lost to a
 server that is going away costs a service catching up at start this long (nats-py's default, 5 s,
 kept the autoscaler from being ready within 10 s of a restart under `make chaos`)."""
-BACKLOG_BATCHES = 4
-"""A paced reader behind asks for up to this many batches at once: a quarter of the round trips,
-each an idle wait on a busy machine (`benchmarks/overload`: report-builder catching up)."""
 
 
 class StreamFollower:
@@ -116,8 +113,9 @@ class PacedReader:
     handed once to `on_message(stored subject, body)`, with no consumer: every `every_s` a batched
     direct get (`$JS.API.DIRECT.GET`, NATS 2.11: up to `batch` messages from a sequence on, ended
     by an EOB status that says how many more wait) asks for what was stored since, and again at
-    once while more wait, for up to `BACKLOG_BATCHES` batches at once. The stream must allow direct gets (`Stream.direct`); any of its servers
-    answers. A reader further behind than the stream keeps goes on from its oldest message.
+    once while more wait, for up to `BACKLOG_BATCHES` batches at once. The stream must allow
+    direct gets (`Stream.direct`); any of its servers answers. A reader further behind than the
+    stream keeps goes on from its oldest message.
 
     Subscribed, each message woke the process on its own: 2,000 a second at 10,000 nodes, each
     costing several times what it costs in a batch (`gpumedic_bus.PacedConsumer`). It gives the
