@@ -41,7 +41,8 @@ PACED_BATCH = 256
 """The most a paced consumer asks for at once; it acknowledges once a batch (AckPolicy.ALL acks all before)."""
 BACKLOG_BATCHES = 4
 """A paced consumer or reader behind asks for up to this many batches at once: a quarter of the
-round trips, each an idle wait on a busy machine (`benchmarks/overload`: catching up)."""
+round trips, each an idle wait on a busy machine. The largest ask and a late answer to the one
+before it fit a paced consumer's `max_ack_pending` (8 batches) and its inbox's limit."""
 PACED_EVERY_S = 0.2
 """How often a paced consumer asks for what has come, when it is not behind."""
 PACED_ANSWER_S = 5.0
