@@ -96,6 +96,13 @@ def test_a_demo_empties_only_a_directory_a_demo_made(tmp_path):
     assert (var / "gpumedic.db").read_text() == "someone's store" and (var / "demo" / "notes.txt").exists()
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C's signal as a terminal leaves it: tests run as a shell's background job (`make
+    test-long &`) inherit SIGINT ignored, and Python keeps an inherited SIGINT ignored, as every
+    program run in the background should, so `up` would rightly never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("options", "running"),
     [((), "running; logs in"), (("--demo", "--nodes", "2"), "the stack keeps running")],
@@ -106,7 +113,7 @@ def test_up_runs_until_ctrl_c_then_stops_everything(tmp_path, options, running):
     gpumedic = Path(sys.executable).parent / "gpumedic"
     proc = subprocess.Popen(
         [str(gpumedic), "up", "--var", str(var), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")},
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUMEDIC_")}, preexec_fn=_as_a_terminal_starts_it,
     )
     lines = []
     try:
