@@ -249,6 +249,8 @@ async def trickle_costs(js, url: str, rate: int, rounds: int, seconds: float) ->
                 took[way].append(result[0])
     finally:
         publisher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await publisher  # ended before the connection closes, or its last publish says it closed
     return {way: statistics.median(values) for way, values in took.items()}
 
 
