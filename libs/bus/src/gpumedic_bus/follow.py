@@ -151,14 +151,14 @@ class PacedReader:
         self._sub = await self._nc.subscribe(inbox, cb=self._on_reply, pending_msgs_limit=2 * BACKLOG_BATCHES * self._batch)
         subject = f"$JS.API.DIRECT.GET.{self._stream}"
 
-        async def ask_for_a_batch() -> None:  # from where the last answer ended
-            batch = min(max(self._batch, self._waiting), BACKLOG_BATCHES * self._batch)
+        async def ask_for_a_batch(size: int) -> None:  # from where the last answer ended
             self._waiting = 0
-            ask = json.dumps({"seq": self._next_seq, "batch": batch, "next_by_subj": self._subject}).encode()
+            ask = json.dumps({"seq": self._next_seq, "batch": size, "next_by_subj": self._subject}).encode()
             await self._nc.publish(subject, ask, reply=inbox)
 
         self._asker = asyncio.create_task(
-            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._waiting > 0, every_s=self._every_s, what=f"reading {self._stream}"),
+            ask_on_pace(ask_for_a_batch, self._answered, lambda: self._waiting, batch=self._batch, every_s=self._every_s,
+                        what=f"reading {self._stream}"),
             name=f"read-{self._stream}",
         )
 
