@@ -13,15 +13,21 @@ import uuid
 from datetime import UTC, datetime
 
 from gpumedic_bus.streams import ACTIONS
+from gpumedic_bus import NatsSettings, ServiceRuntime
 from gpumedic_events import (
-    ActionCompleted, ActionRequested, GpuProcess, GpuSample, IncidentOpened, JobsObservation, NodeSampled, ServiceHeartbeat,
+    ActionCompleted, ActionRequested, GpuProcess, GpuSample, IncidentKind, IncidentOpened, JobsObservation, NodeFindings, NodeSampled,
+    ServiceHeartbeat,
 )
 from gpumedic_events.base import json_examples
-from gpumedic_incidents import Policy
+from gpumedic_incidents import Finding, Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, ZombiePolicy
 from gpumedic_incidents.store import IncidentStates
 from gpumedic_incidents.state import IncidentState, Unpublished
 from tests.e2e.test_thin_path import detector
+from zombie_detector.handlers import DetectorHandlers
+from zombie_detector.node_incidents import NodeIncidents
+from zombie_detector.rules import decider_rules
+from zombie_detector.wire import wire
 
 
 async def test_a_saved_but_unpublished_transition_is_published_once_on_resume(nats_settings, js, apps):
@@ -139,3 +145,31 @@ async def test_a_zombie_streak_outlives_the_detector_that_began_it(nats_settings
     found_after_s = time.monotonic() - began
     print(f"zombie found {found_after_s:.1f}s after its first idle sample")
     assert found_after_s < 12 + 6, found_after_s  # a fresh start would need 12 s from its own first sample
+
+
+async def test_a_restarted_decider_knows_what_the_run_before_it_closed(nats_url, js):
+    """A cell that takes over a dead replica's partition reads the samples it left, and may send a
+    zombie found in them that was killed and closed meanwhile. A decider restarted in between (the
+    dead replica held the lease) reads when each incident closed off the state bucket, where the
+    close left its deletion: the stale finding opens nothing, one seen after the close does."""
+    states = await IncidentStates.open(js)
+    now = datetime.now(UTC)
+    open_one, fixed = (IncidentState(incident_id=uuid.uuid4(), kind=IncidentKind.ZOMBIE_JOB, detector="zombie-detector", node_id=node,
+                                     gpu_index=0, opened_at=now, last_seen_at=now, phase="acting") for node in ("sim-node-01", "sim-node-02"))
+    for state in (open_one, fixed):
+        await states.save(state)
+    await asyncio.sleep(0.01)
+    before_close = datetime.now(UTC)
+    await states.delete(fixed)  # the earlier run closed it: fixed
+    policy = Policy(fleet=FleetPolicy(hold_s=0))
+    decider = DetectorHandlers(ServiceRuntime("zombie-detector", NatsSettings(url=nats_url)), NodeIncidents(policy, decider_rules(policy)))
+    await decider.restore(states)
+    assert set(decider.logic.book.incidents) == {open_one.fingerprint}
+
+    def found(observed_at: datetime) -> NodeFindings:
+        zombie = Finding(IncidentKind.ZOMBIE_JOB, "sim-node-02", 0, summary="GPU 0 idle with a process on it")
+        return NodeFindings(source="zombie-detector", cell="p00", observed_at=observed_at, findings=(wire(zombie),))
+
+    assert decider.logic.on_findings(found(before_close), datetime.now(UTC)) == []  # older news than the close
+    [reopened] = decider.logic.on_findings(found(datetime.now(UTC)), datetime.now(UTC))
+    assert reopened.after is not None and reopened.after.node_id == "sim-node-02" and reopened.after.incident_id != fixed.incident_id

@@ -132,9 +132,13 @@ class Detector:
 
     async def restore(self, states: IncidentStates) -> None:
         """Take back the open incidents of an earlier run before consuming anything."""
+        await self.resume(states, await states.load_all(detector=self.source))
+
+    async def resume(self, states: IncidentStates, opened: list[IncidentState]) -> None:
+        """Go on with `opened`, the open incidents of an earlier run, read from `states`."""
         self.states = states
         restored = []
-        for state in await states.load_all(detector=self.source):
+        for state in opened:
             if state.outbox:  # saved, then this detector stopped before publishing all of it
                 for item in state.outbox:
                     await self._send(EVENTS_BY_NAME[item.event].model_validate_json(item.body))

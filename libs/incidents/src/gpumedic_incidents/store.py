@@ -6,9 +6,11 @@ most one open incident per (node, kind, gpu). Detectors write; the remediator on
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from gpumedic_bus.streams import INCIDENT_STATE
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from gpumedic_incidents.state import IncidentState
@@ -42,22 +44,33 @@ class IncidentStates:
         return IncidentState.model_validate_json(entry.value)
 
     async def load_all(self, *, detector: str | None = None) -> list[IncidentState]:
-        """Every open incident (of one detector, if named). The keys come from the stream's leader
-        (its subjects), not from a watch: a watch started while the stream elects a leader can
-        report no keys at all, and a resuming detector would forget every open incident."""
+        """Every open incident (of one detector, if named)."""
+        return (await self.load(detector=detector))[0]
+
+    async def load(self, *, detector: str | None = None,
+                   closed_since: datetime | None = None) -> tuple[list[IncidentState], dict[str, datetime]]:
+        """Every open incident (of one detector, if named), and, by key, when each incident closed
+        at or after `closed_since` (a closed incident's key keeps its deletion, stamped by the
+        server: what a restarted detector needs to know a stale finding from a new fault). The keys
+        come from the stream's leader (its subjects), not from a watch: a watch started while the
+        stream elects a leader can report no keys at all, and a resuming detector would forget
+        every open incident."""
         info = await self._js.stream_info(self._stream, subjects_filter=f"{self._prefix}>")
-        keys = [subject.removeprefix(self._prefix) for subject in (info.state.subjects or {})]
-        states = []
-        for key in keys:
-            try:
-                entry = await self._kv.get(key)
-            except KeyNotFoundError:  # deleted: the incident closed
+        states, closed = [], {}
+        for key in info.state.subjects or {}:
+            try:  # from the leader, as the bucket reads (not a replica's "direct get")
+                entry = await self._js.get_msg(self._stream, subject=key, direct=False)
+            except NotFoundError:  # purged since
                 continue
-            if entry.value:
-                state = IncidentState.model_validate_json(entry.value)
+            if (entry.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                if closed_since is not None and entry.time is not None and entry.time >= closed_since:
+                    closed[key.removeprefix(self._prefix)] = entry.time
+                continue
+            if entry.data:
+                state = IncidentState.model_validate_json(entry.data)
                 if detector is None or state.detector == detector:
                     states.append(state)
-        return states
+        return states, closed
 
     async def save(self, state: IncidentState) -> None:
         await self._kv.put(state_key(state.fingerprint), state.model_dump_json().encode())

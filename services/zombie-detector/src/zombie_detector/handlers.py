@@ -17,8 +17,9 @@ from gpumedic_bus.outage import nats_reason
 from gpumedic_bus.streams import PARTITIONS, RULE_MEMORY
 from gpumedic_events import Event, NodeFindings
 from gpumedic_incidents.detector import Detector
+from gpumedic_incidents.store import IncidentStates
 from zombie_detector import memory
-from zombie_detector.node_incidents import SOURCE, NodeIncidents
+from zombie_detector.node_incidents import RETIRED_KEPT, SOURCE, NodeIncidents
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,15 @@ class DetectorHandlers(Detector):
         super().__init__(runtime, logic, SOURCE)
         self._left_out: set[str] = set()
         """The rules' parts of partitions the last write of the memory left out (said once)."""
+
+    async def restore(self, states: IncidentStates) -> None:
+        """The open incidents of an earlier run, and when it closed others: a cell that takes over
+        one of its partitions reads the samples it left, and a fault found there may have been
+        fixed and closed meanwhile (`NodeIncidents.on_findings`)."""
+        now = datetime.now(UTC)
+        opened, closed = await states.load(detector=self.source, closed_since=now - RETIRED_KEPT)
+        self.logic.recall_closes(closed, now)
+        await self.resume(states, opened)
 
     async def on_event(self, event: Event, delivery: Delivery | None = None) -> None:
         """A sample (push consumer, no delivery) or a node event (pull consumer). A node event is

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from gpumedic_events import ActionCompleted, Event, IncidentKind, NodeFindings, NodeRetired, NodeSampled
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
+from gpumedic_incidents.store import state_key
 from zombie_detector.rules import Rule, build_rules
 from zombie_detector.rules.job import JobRule
 from zombie_detector.wire import finding_of
@@ -37,8 +38,9 @@ class NodeIncidents:
         self._retired: dict[str, datetime] = {}
         """Nodes retired (a worker the pool ended) and when: what they sent before arrives late."""
         self._closed_at: dict[str, datetime] = {}
-        """When this book last closed an incident of each fingerprint (its own clock): what a cell
-        found in a node's samples from before then is older news than the close."""
+        """When this book last closed an incident of each fingerprint, by its key in the state
+        bucket (this book's clock; after a restart, the bucket's stamp on the deletion): what a
+        cell found in a node's samples from before then is older news than the close."""
         self._jobs = next((rule for rule in self.rules if isinstance(rule, JobRule)), None)
         for rule in self.rules:
             for event_type in rule.inputs:
@@ -83,17 +85,23 @@ class NodeIncidents:
     def _older_than_its_close(self, finding: Finding, observed_at: datetime) -> bool:
         if not finding.present or finding.occurrence:  # an event's occurrence is new whenever it came
             return False
-        closed_at = self._closed_at.get(finding.fingerprint)
+        closed_at = self._closed_at.get(state_key(finding.fingerprint))
         return closed_at is not None and observed_at <= closed_at
 
     def _noted(self, transitions: list[Transition], now: datetime) -> list[Transition]:
         """The closes among `transitions`, noted (those of the last hour kept)."""
         for t in transitions:
             if t.before is not None and t.after is None:
-                self._closed_at[t.before.fingerprint] = now
+                self._closed_at[state_key(t.before.fingerprint)] = now
                 if len(self._closed_at) > CLOSES_KEPT:
                     self._closed_at = {fp: at for fp, at in self._closed_at.items() if now - at < RETIRED_KEPT}
         return transitions
+
+    def recall_closes(self, closed: dict[str, datetime], now: datetime) -> None:
+        """When an earlier run closed incidents (by their keys in the state bucket), those of the
+        last `RETIRED_KEPT`: a cell that takes over a partition of that run's may still send what
+        it found before a close."""
+        self._closed_at |= {key: at for key, at in closed.items() if now - at < RETIRED_KEPT}
 
     def _a_jobs_across_nodes(self, finding: Finding) -> bool:
         if not finding.present or self._jobs is None:
