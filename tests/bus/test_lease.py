@@ -11,6 +11,7 @@ import time
 
 import nats
 import nats.js.errors
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from gpumedic_bus import NatsSettings, ServiceRuntime, provision
 from gpumedic_bus.lease import Lease
@@ -98,7 +99,11 @@ async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets
     await js.delete_key_value(LEASES.bucket)
     await js.create_key_value(old)
     await js.delete_key_value(INCIDENT_STATE.bucket)
-    await js.create_key_value(dataclasses.replace(INCIDENT_STATE, direct=True))
+    # as an older nats-py made a bucket: no time to live per key (a closed incident's mark keeps one)
+    await js.add_stream(StreamConfig(name=f"KV_{INCIDENT_STATE.bucket}", subjects=[f"$KV.{INCIDENT_STATE.bucket}.>"], max_msgs_per_subject=1,
+                                     allow_rollup_hdrs=True, deny_delete=True, allow_direct=True, discard=DiscardPolicy.NEW,
+                                     storage=StorageType.FILE))
+    assert not (await js.stream_info(f"KV_{INCIDENT_STATE.bucket}")).config.allow_msg_ttl
     nc = await nats.connect(nats_url)
     try:
         lease = await Lease.open(nc, "zombie-detector", "a")
@@ -111,6 +116,7 @@ async def test_a_lease_keeps_time_by_its_bucket_and_provision_brings_old_buckets
         await nc.close()
     states = (await (await js.key_value(INCIDENT_STATE.bucket)).status()).stream_info.config
     assert not states.allow_direct  # the gate reads the latest state from the stream's leader
+    assert states.allow_msg_ttl
 
 
 async def test_a_one_instance_loop_runs_in_one_instance_and_waits_out_a_bus_that_does_not_answer(nats_settings, monkeypatch, caplog):

@@ -12,7 +12,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from gpumedic_bus.streams import ACTIONS
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
 from gpumedic_bus import NatsSettings, ServiceRuntime
 from gpumedic_events import (
     ActionCompleted, ActionRequested, GpuProcess, GpuSample, IncidentKind, IncidentOpened, JobsObservation, NodeFindings, NodeSampled,
@@ -21,7 +21,8 @@ from gpumedic_events import (
 from gpumedic_events.base import json_examples
 from gpumedic_incidents import Finding, Policy
 from gpumedic_incidents.policy import FleetPolicy, Kinds, ZombiePolicy
-from gpumedic_incidents.store import IncidentStates
+from gpumedic_incidents import store
+from gpumedic_incidents.store import IncidentStates, state_key
 from gpumedic_incidents.state import IncidentState, Unpublished
 from tests.e2e.test_thin_path import detector
 from zombie_detector.handlers import DetectorHandlers
@@ -173,3 +174,22 @@ async def test_a_restarted_decider_knows_what_the_run_before_it_closed(nats_url,
     assert decider.logic.on_findings(found(before_close), datetime.now(UTC)) == []  # older news than the close
     [reopened] = decider.logic.on_findings(found(datetime.now(UTC)), datetime.now(UTC))
     assert reopened.after is not None and reopened.after.node_id == "sim-node-02" and reopened.after.incident_id != fixed.incident_id
+
+
+async def test_a_closes_mark_is_forgotten_after_its_time(nats_url, js, monkeypatch):
+    """The bucket keeps a closed incident's mark for `CLOSE_KEPT_S` only: it does not grow by every
+    fingerprint ever open, and a detector's start reads no more keys than the open incidents and
+    the last hour's closes (here a second)."""
+    monkeypatch.setattr(store, "CLOSE_KEPT_S", 1.0)
+    states = await IncidentStates.open(js)
+    now = datetime.now(UTC)
+    closed = IncidentState(incident_id=uuid.uuid4(), kind=IncidentKind.ZOMBIE_JOB, detector="zombie-detector", node_id="sim-node-03",
+                           gpu_index=1, opened_at=now, last_seen_at=now, phase="acting")
+    await states.save(closed)
+    await states.delete(closed)
+    assert await states.get(closed.fingerprint) is None
+    assert list((await states.load(closed_since=now))[1]) == [state_key(closed.fingerprint)]
+    await asyncio.sleep(2.5)  # the server removes an expired message within a second or so
+    assert await states.load(closed_since=now) == ([], {})
+    info = await js.stream_info(f"KV_{INCIDENT_STATE.bucket}")
+    assert info.state.messages == 0

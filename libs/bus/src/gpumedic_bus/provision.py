@@ -91,8 +91,10 @@ async def provision(js: JetStreamContext, settings: NatsSettings, *, replicas: i
             done.append(f"key-value bucket {bucket.bucket}")
             continue
         config = (await kv.status()).stream_info.config
-        declared = {"max_age": bucket.ttl or None, "allow_direct": bool(bucket.direct)}  # what a bucket's settings may change
-        if {"max_age": config.max_age or None, "allow_direct": bool(config.allow_direct)} != declared:
+        # What a bucket's settings may change; a time to live per key (a closed incident's mark)
+        # can be allowed on an older release's bucket, never taken back.
+        declared = {"max_age": bucket.ttl or None, "allow_direct": bool(bucket.direct), "allow_msg_ttl": True}
+        if {"max_age": config.max_age or None, "allow_direct": bool(config.allow_direct), "allow_msg_ttl": bool(config.allow_msg_ttl)} != declared:
             await js.update_stream(dataclasses.replace(config, **declared))
     for item in DURABLES:
         try:

@@ -16,6 +16,11 @@ from nats.js.kv import KeyValue
 from gpumedic_incidents.state import IncidentState
 
 
+CLOSE_KEPT_S = 3600.0
+"""How long a closed incident's key keeps the mark of its close: what a restarted detector can know of
+the closes before it."""
+
+
 def state_key(fingerprint: str) -> str:
     return fingerprint.replace("/", ".")
 
@@ -50,8 +55,9 @@ class IncidentStates:
     async def load(self, *, detector: str | None = None,
                    closed_since: datetime | None = None) -> tuple[list[IncidentState], dict[str, datetime]]:
         """Every open incident (of one detector, if named), and, by key, when each incident closed
-        at or after `closed_since` (a closed incident's key keeps its deletion, stamped by the
-        server: what a restarted detector needs to know a stale finding from a new fault). The keys
+        at or after `closed_since` (a closed incident's key keeps the mark of its close for
+        `CLOSE_KEPT_S`, stamped by the server: what a restarted detector needs to know a stale
+        finding from a new fault). The keys
         come from the stream's leader (its subjects), not from a watch: a watch started while the
         stream elects a leader can report no keys at all, and a resuming detector would forget
         every open incident."""
@@ -76,5 +82,8 @@ class IncidentStates:
         await self._kv.put(state_key(state.fingerprint), state.model_dump_json().encode())
 
     async def delete(self, state: IncidentState) -> None:
-        await self._kv.delete(state_key(state.fingerprint))
+        """The incident closed: its key keeps the mark of the close for `CLOSE_KEPT_S`, then the
+        bucket forgets it (a purge with a time to live), so the bucket does not grow by every
+        fingerprint that was ever open, nor does reading it at start."""
+        await self._kv.purge(state_key(state.fingerprint), msg_ttl=CLOSE_KEPT_S)
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from gpumedic_events import ActionCompleted, Event, IncidentKind, NodeFindings, NodeRetired, NodeSampled
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
-from gpumedic_incidents.store import state_key
+from gpumedic_incidents.store import CLOSE_KEPT_S, state_key
 from zombie_detector.rules import Rule, build_rules
 from zombie_detector.rules.job import JobRule
 from zombie_detector.wire import finding_of
@@ -24,8 +24,9 @@ from zombie_detector.wire import finding_of
 SOURCE = "zombie-detector"
 
 log = logging.getLogger(__name__)
-RETIRED_KEPT = timedelta(hours=1)
-"""How long a retirement (or an incident's close) is remembered, against the node's last events arriving late."""
+RETIRED_KEPT = timedelta(seconds=CLOSE_KEPT_S)
+"""How long a retirement (or an incident's close) is remembered, against the node's last events
+arriving late: an hour, as long as the state bucket keeps a close's mark for the next run."""
 CLOSES_KEPT = 4096
 """Closes remembered before those older than RETIRED_KEPT are let go."""
 
