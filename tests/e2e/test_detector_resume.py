@@ -2,7 +2,8 @@
 stopped between saving the incident and publishing its events publishes them once when it
 resumes (the saved IncidentOpened and ActionRequested, with their own ids); one whose bus stopped
 answering between the announcement and the action request waits it out, and the fault stays one
-incident, while its samples go on being handled (the stuck publish holds no lock they need)."""
+incident, while its samples go on being handled (the stuck publish holds no lock they need). A
+decider restarted after a close knows of it from the bucket, which forgets the close an hour on."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
 from gpumedic_bus import NatsSettings, ServiceRuntime
+from gpumedic_bus.streams import ACTIONS, INCIDENT_STATE
 from gpumedic_events import (
     ActionCompleted, ActionRequested, GpuProcess, GpuSample, IncidentKind, IncidentOpened, JobsObservation, NodeFindings, NodeSampled,
     ServiceHeartbeat,
 )
 from gpumedic_events.base import json_examples
-from gpumedic_incidents import Finding, Policy
+from gpumedic_incidents import Finding, Policy, store
 from gpumedic_incidents.policy import FleetPolicy, Kinds, ZombiePolicy
-from gpumedic_incidents import store
 from gpumedic_incidents.store import IncidentStates, state_key
 from gpumedic_incidents.state import IncidentState, Unpublished
 from tests.e2e.test_thin_path import detector
@@ -151,8 +151,8 @@ async def test_a_zombie_streak_outlives_the_detector_that_began_it(nats_settings
 async def test_a_restarted_decider_knows_what_the_run_before_it_closed(nats_url, js):
     """A cell that takes over a dead replica's partition reads the samples it left, and may send a
     zombie found in them that was killed and closed meanwhile. A decider restarted in between (the
-    dead replica held the lease) reads when each incident closed off the state bucket, where the
-    close left its deletion: the stale finding opens nothing, one seen after the close does."""
+    dead replica held the lease) reads when each incident closed off the state bucket, where a
+    close leaves its mark for an hour: the stale finding opens nothing, one seen after it does."""
     states = await IncidentStates.open(js)
     now = datetime.now(UTC)
     open_one, fixed = (IncidentState(incident_id=uuid.uuid4(), kind=IncidentKind.ZOMBIE_JOB, detector="zombie-detector", node_id=node,

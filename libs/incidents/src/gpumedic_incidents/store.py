@@ -1,4 +1,5 @@
-"""Open incidents in the JetStream KV bucket `GPUMEDIC_INCIDENT_STATE`, one key per fingerprint.
+"""Open incidents in the JetStream KV bucket `GPUMEDIC_INCIDENT_STATE`, one key per fingerprint;
+for an hour after an incident closes, its key keeps the mark of the close.
 
 The key is the fingerprint with `/` made `.` (`gpu-node-07.zombie_job.0`), so the bucket holds at
 most one open incident per (node, kind, gpu). Detectors write; the remediator only reads.
