@@ -37,6 +37,7 @@ from gpumedic.natsd import NatsServer
 from gpumedic_bus import NatsSettings, PacedConsumer, ServiceRuntime, provision
 from gpumedic_bus.consume import PACED_EVERY_S
 from gpumedic_bus.streams import SAMPLES
+from gpumedic_bus.tasks import stop_tasks
 from gpumedic_bus.topology import durable
 from gpumedic_events import NodeSampled
 from gpumedic_events.views import Sample, SampleFigures, SampleLoad
@@ -248,9 +249,9 @@ async def trickle_costs(js, url: str, rate: int, rounds: int, seconds: float) ->
                     await asyncio.sleep(0.05)  # the publisher goes on meanwhile
                 took[way].append(result[0])
     finally:
-        publisher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await publisher  # ended before the connection closes, or its last publish says it closed
+        # ended before the connection closes, or its last publish says it closed; cancelled again
+        # until it ends, since Python 3.11 can swallow a cancel that lands as a publish's ack does
+        await stop_tasks([publisher])
     return {way: statistics.median(values) for way, values in took.items()}
 
 
