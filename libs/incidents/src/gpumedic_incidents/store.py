@@ -58,10 +58,9 @@ class IncidentStates:
         """Every open incident (of one detector, if named), and, by key, when each incident closed
         at or after `closed_since` (a closed incident's key keeps the mark of its close for
         `CLOSE_KEPT_S`, stamped by the server: what a restarted detector needs to know a stale
-        finding from a new fault). The keys
-        come from the stream's leader (its subjects), not from a watch: a watch started while the
-        stream elects a leader can report no keys at all, and a resuming detector would forget
-        every open incident."""
+        finding from a new fault). The keys come from the stream's leader (its subjects), not
+        from a watch: a watch started while the stream elects a leader can report no keys at all,
+        and a resuming detector would forget every open incident."""
         info = await self._js.stream_info(self._stream, subjects_filter=f"{self._prefix}>")
         states, closed = [], {}
         for key in info.state.subjects or {}:

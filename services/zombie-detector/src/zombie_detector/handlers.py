@@ -40,9 +40,8 @@ class DetectorHandlers(Detector):
         """The open incidents of an earlier run, and when it closed others: a cell that takes over
         one of its partitions reads the samples it left, and a fault found there may have been
         fixed and closed meanwhile (`NodeIncidents.on_findings`)."""
-        now = datetime.now(UTC)
-        opened, closed = await states.load(detector=self.source, closed_since=now - RETIRED_KEPT)
-        self.logic.recall_closes(closed, now)
+        opened, closed = await states.load(detector=self.source, closed_since=datetime.now(UTC) - RETIRED_KEPT)
+        self.logic.recall_closes(closed)
         await self.resume(states, opened)
 
     async def on_event(self, event: Event, delivery: Delivery | None = None) -> None:

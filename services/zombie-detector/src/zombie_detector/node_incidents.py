@@ -98,11 +98,11 @@ class NodeIncidents:
                     self._closed_at = {fp: at for fp, at in self._closed_at.items() if now - at < RETIRED_KEPT}
         return transitions
 
-    def recall_closes(self, closed: dict[str, datetime], now: datetime) -> None:
-        """When an earlier run closed incidents (by their keys in the state bucket), those of the
-        last `RETIRED_KEPT`: a cell that takes over a partition of that run's may still send what
+    def recall_closes(self, closed: dict[str, datetime]) -> None:
+        """When an earlier run closed incidents (by their keys in the state bucket, those the
+        bucket still marks): a cell that takes over a partition of that run's may still send what
         it found before a close."""
-        self._closed_at |= {key: at for key, at in closed.items() if now - at < RETIRED_KEPT}
+        self._closed_at |= closed
 
     def _a_jobs_across_nodes(self, finding: Finding) -> bool:
         if not finding.present or self._jobs is None:
