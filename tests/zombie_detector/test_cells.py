@@ -109,11 +109,13 @@ def test_the_open_incidents_follow_the_state_buckets_writes():
         mirror._apply(state_key(state.fingerprint), state.model_dump_json().encode(), None)
     assert {s.fingerprint for s in mirror.open_on("n1")} == {s.fingerprint for s in cells.decider.book.open_on("n1")} != set()
     key = next(iter(mirror.by_key))
-    mirror._apply(key, b"", "DEL")
+    closed = mirror.by_key[key]
+    mirror._apply(key, b"", "PURGE")
     assert len(mirror.open_on("n1")) == len(cells.decider.book.open_on("n1")) - 1
+    assert [state for state, _ in mirror.closed_on("n1")] == [closed]  # readable a while, for facts arriving late
     remaining = next(iter(mirror.by_key))
     mirror._apply(remaining, b"{not json", None)  # a state that does not parse: read as closed, and said
-    assert mirror.open_on("n1") == []
+    assert mirror.open_on("n1") == [] and len(mirror.closed_on("n1")) == 1  # no close it can tell of
 
 
 def test_a_fault_in_what_a_node_sent_before_its_incident_closed_opens_no_new_one():

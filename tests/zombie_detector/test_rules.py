@@ -75,15 +75,15 @@ class Detector:
         detector's here, as rules that order a node's facts by the node's clock assume."""
         if "occurred_at" not in event.model_fields_set:
             event = event.model_copy(update={"occurred_at": at(s)})
-        return self._commit(self.logic.on_event(event, at(s)))
+        return self._commit(self.logic.on_event(event, at(s)), at(s))
 
     def tick(self, s: float) -> list:
-        return self._commit(self.logic.on_tick(at(s)))
+        return self._commit(self.logic.on_tick(at(s)), at(s))
 
-    def _commit(self, transitions) -> list:
+    def _commit(self, transitions, now: datetime | None = None) -> list:
         out = []
         for t in transitions:
-            self.logic.book.commit(t)
+            self.logic.book.commit(t, now)
             out += t.events
         self.events += out
         return out
@@ -710,6 +710,31 @@ def test_an_exit_caused_by_gpumedics_own_kill_is_part_of_that_incident():
     d.feed(exited(137, cid="b" * 64), 200)
     d.tick(215)
     assert [e.diagnosis.cause for e in d.opened(IncidentKind.CONTAINER_DIED)] == ["killed"]
+
+
+def test_the_exit_of_gpumedics_own_kill_delivered_after_the_fix_closed_is_still_the_kills_doing():
+    """A bus that falls behind delivers the killed job's container exit after the sample that
+    showed its GPU free, which closed the zombie: by the node's clock it died while the kill ran."""
+    d = Detector(Policy(fleet=FleetPolicy(hold_s=0), kinds=POLICY.kinds.model_copy(update={"zombie_job": POLICY.kinds.zombie_job.model_copy(update={"idle_for_s": 10})})))
+    idle = sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0, processes=(JOB,)),))
+    idle = idle.model_copy(update={"jobs": JobsObservation(running=1, output_growing=False)})
+    for s in range(0, 15, 5):
+        d.feed(idle, s)
+    (request,) = [e for e in d.events if isinstance(e, ActionRequested)]
+    done = ActionCompleted(
+        source="remediator", incident_id=request.incident_id, action_id=request.action_id, node_id="n1",
+        attempt=1, outcome=ActionOutcome.SUCCEEDED, detail="killed",
+    )
+    d._commit(d.logic.on_action_completed(done, at(17), None), at(17))
+    d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0),), jobs=0), 20)
+    assert [e.resolution for e in d.events if isinstance(e, IncidentResolved)] == ["fixed"]
+    d.feed(exited(143).model_copy(update={"occurred_at": at(16)}), 80)  # died as the kill ran; delivered a minute late
+    d.tick(95)
+    assert d.opened(IncidentKind.CONTAINER_DIED) == []
+    # A death after the close, however late it comes, is its own.
+    d.feed(exited(143, cid="b" * 64).model_copy(update={"occurred_at": at(25)}), 100)
+    d.tick(115)
+    assert [e.diagnosis.cause for e in d.opened(IncidentKind.CONTAINER_DIED)] == ["sigterm"]
 
 
 def test_a_restart_that_leaves_its_process_behind_is_the_orphans_story_not_two_deaths():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -31,9 +31,36 @@ from gpumedic_incidents.state import TRAITS, Finding, IncidentState, cleared, ma
 
 log = logging.getLogger(__name__)
 
+CLOSES_KEPT = timedelta(minutes=15)
+"""How long a closed incident stays readable to the rules (`RecentCloses`): longer than a bus that
+falls behind takes to deliver the facts that came with its fix."""
+
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
 no fleet-wide cause, so never a fleet incident."""
+
+
+class RecentCloses:
+    """The incidents closed in the last CLOSES_KEPT, per node, each with when it closed (by the
+    reader's clock): what a node sent while gpumedic was fixing it may arrive after the fix closed
+    the incident (a killed job's container exit behind the sample that showed its GPU free)."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, list[tuple[IncidentState, datetime]]] = {}
+        self._order: deque[tuple[datetime, str]] = deque()
+
+    def on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
+        return self._by_node.get(node_id, [])
+
+    def note(self, state: IncidentState, at: datetime) -> None:
+        self._by_node.setdefault(state.node_id, []).append((state, at))
+        self._order.append((at, state.node_id))
+        while self._order and at - self._order[0][0] > CLOSES_KEPT:  # each node's list is in the same order
+            _, node = self._order.popleft()
+            kept = self._by_node[node]
+            del kept[0]
+            if not kept:
+                del self._by_node[node]
 
 
 class IncidentBook:
@@ -42,6 +69,7 @@ class IncidentBook:
         self.policy = policy
         self.incidents: dict[str, IncidentState] = {}
         self._by_node: dict[str, set[str]] = {}
+        self.closed = RecentCloses()
         self.silences: dict[uuid.UUID, SilenceAdded] = {}
         self.nodes_seen: dict[str, datetime] = {}
         """When each node last sampled, by the detector's clock: the fleet's size for correlation."""
@@ -50,6 +78,9 @@ class IncidentBook:
 
     def open_on(self, node_id: str) -> list[IncidentState]:
         return [self.incidents[fp] for fp in self._by_node.get(node_id, ())]
+
+    def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
+        return self.closed.on(node_id)
 
     def get(self, fingerprint: str) -> IncidentState | None:
         return self.incidents.get(fingerprint)
@@ -174,10 +205,13 @@ class IncidentBook:
         for state in states:
             self._put(state)
 
-    def commit(self, transition: Transition) -> None:
-        """Swap a transition's state in, once it is persisted and its events published."""
+    def commit(self, transition: Transition, now: datetime | None = None) -> None:
+        """Swap a transition's state in, once it is persisted and its events published; a close
+        decided at `now` is kept readable a while (`closed_on`)."""
         if transition.before is not None:
             self._drop(transition.before.fingerprint)
+            if transition.after is None and now is not None:
+                self.closed.note(transition.before, now)
         if transition.after is not None:
             self._put(transition.after)
 

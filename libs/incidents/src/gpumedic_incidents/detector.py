@@ -160,7 +160,8 @@ class Detector:
                 self._applier = asyncio.create_task(self._apply_all(), name=f"{self.source}-apply")
             while len(self._unapplied) >= MAX_UNAPPLIED:
                 await asyncio.sleep(0.05)
-            queued = [self._commit(t) for t in decision(_now())]
+            now = _now()
+            queued = [self._commit(t, now) for t in decision(now)]
             self._unapplied.extend(queued)
             self._wake.set()
         if wait and queued:
@@ -171,7 +172,7 @@ class Detector:
         pending = [item.done for item in (self._applying, *self._unapplied) if item is not None]
         await asyncio.gather(*pending, return_exceptions=True)
 
-    def _commit(self, t: Transition) -> _Unapplied:
+    def _commit(self, t: Transition, now: datetime) -> _Unapplied:
         detect = None
         if t.spans and t.spans[0].name == "detect" and t.after is not None:
             # A new trace per incident, whatever consumed the input; its id goes into the state now,
@@ -179,7 +180,7 @@ class Detector:
             detect = self._tracer.start_span("detect", context=Context(), attributes=_attrs(t.after))
             with use_span(detect, end_on_exit=False):
                 t = dataclasses.replace(t, after=t.after.model_copy(update={"traceparent": inject_trace({}).get("traceparent")}))
-        self.logic.book.commit(t)
+        self.logic.book.commit(t, now)
         return _Unapplied(t, detect, asyncio.get_running_loop().create_future())
 
     async def _apply_all(self) -> None:

@@ -34,6 +34,7 @@ from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, 
 from gpumedic_events.findings import MAX_FINDINGS
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState, IncidentStates, Policy
+from gpumedic_incidents.book import RecentCloses
 from gpumedic_incidents.store import state_key
 from zombie_detector import memory
 from zombie_detector.node_incidents import SOURCE
@@ -62,15 +63,20 @@ def cell_name(partition: int) -> str:
 
 
 class OpenIncidents:
-    """The open incidents as the state bucket holds them, for the rules to read (`rules.Incidents`)."""
+    """The open incidents as the state bucket holds them, for the rules to read (`rules.Incidents`),
+    and those closed lately, by when this cell read the close."""
 
     def __init__(self) -> None:
         self.by_key: dict[str, IncidentState] = {}
         """Each open incident by its key in the bucket (`state_key` of its fingerprint)."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
+        self.closed = RecentCloses()
 
     def open_on(self, node_id: str) -> list[IncidentState]:
         return [self.by_key[key] for key in self._by_node.get(node_id, ())]
+
+    def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
+        return self.closed.on(node_id)
 
     def get(self, fingerprint: str) -> IncidentState | None:
         return self.by_key.get(state_key(fingerprint))
@@ -80,10 +86,12 @@ class OpenIncidents:
         self.by_key[key] = state
         self._by_node[state.node_id].add(key)
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: str, closed_at: datetime | None = None) -> None:
         state = self.by_key.pop(key, None)
         if state is not None:
             self._by_node[state.node_id].discard(key)
+            if closed_at is not None:
+                self.closed.note(state, closed_at)
 
     async def follow(self, nc) -> None:
         """Keep up with the bucket until cancelled: every key (a job's incident is on its culprit's
@@ -114,7 +122,7 @@ class OpenIncidents:
 
     def _apply(self, key: str, value: bytes, operation: str | None) -> None:
         if operation in ("DEL", "PURGE") or not value:
-            self.drop(key)
+            self.drop(key, datetime.now(UTC))
             return
         try:
             self.put(IncidentState.model_validate_json(value))

@@ -36,9 +36,14 @@ class Streak(msgspec.Struct, frozen=True):
 
 
 class Incidents(Protocol):
-    """What a rule may read of the open incidents."""
+    """What a rule may read of the open incidents, and of those closed lately."""
 
     def open_on(self, node_id: str) -> list[IncidentState]: ...
+
+    def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
+        """The node's incidents closed lately (`gpumedic_incidents.book.CLOSES_KEPT`), each as it was
+        when it closed and with when, oldest first."""
+        ...
 
     def get(self, fingerprint: str) -> IncidentState | None: ...
 

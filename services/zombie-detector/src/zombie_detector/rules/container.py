@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 
 from gpumedic_events import ContainerExited, ContainerUsage, Diagnosis, IncidentKind, ProcessOomKilled
 from gpumedic_events.views import Sample
-from gpumedic_incidents import Finding
+from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import ContainerPolicy
 from zombie_detector.rules.base import Incidents
 
@@ -41,7 +41,7 @@ KIND = IncidentKind.CONTAINER_DIED
 OOM_MEMORY = timedelta(minutes=5)
 """How long a kernel OOM kill waits for the exit of its container."""
 OWN_ACTION = timedelta(seconds=60)
-"""An exit this soon after gpumedic acted on the node's GPU processes is that action's doing."""
+"""An exit this soon after gpumedic asked to kill the node's GPU processes is that action's doing."""
 DISK_FULL_PCT = 98.0
 USAGE_FRESH = timedelta(seconds=120)
 """A container's usage older than this before its death says little of it (the sampler looks every 30 s)."""
@@ -106,8 +106,8 @@ class _Pending:
     exit: ContainerExited
     settles_at: datetime
     own_action: bool
-    """gpumedic was acting on the node's GPU processes when the exit arrived (by the time it
-    settles, the fixed incident may be closed)."""
+    """gpumedic's kill on the node's GPU processes explains it, as the incidents stood when it
+    arrived (by the time it settles, a close may be older than the closes kept)."""
 
 
 @dataclass
@@ -157,7 +157,7 @@ class ContainerRule:
         if ended_normally(event):
             return ()
         settles_at = now + timedelta(seconds=self.policy.settle_s)
-        node.pending.append(_Pending(event, settles_at, part_of_an_action(event, incidents, now, self.stopping)))
+        node.pending.append(_Pending(event, settles_at, part_of_an_action(event, incidents, self.stopping)))
         return ()
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
@@ -303,20 +303,28 @@ def ended_normally(exit_: ContainerExited) -> bool:
     return exit_.exit_code == 0 or (exit_.exit_code == 143 and exit_.engine_signal == "SIGTERM")
 
 
-def part_of_an_action(exit_: ContainerExited, incidents: Incidents, now: datetime, stopping: Stopping | None = None) -> bool:
-    """gpumedic just killed GPU processes on this node, or is stopping a hung job with ranks on it,
-    and this is a SIGKILL/SIGTERM exit without OOM."""
+def part_of_an_action(exit_: ContainerExited, incidents: Incidents, stopping: Stopping | None = None) -> bool:
+    """A SIGKILL/SIGTERM exit without OOM while gpumedic killed GPU processes on this node (an
+    incident acting or verifying, or one that acted and closed after the death: a bus that falls
+    behind can deliver the exit after the sample that showed the GPU free), or while it stops a hung
+    job with ranks on it. The death's time is the node's, so however late the exit arrives."""
     if exit_.exit_code not in (137, 143) or exit_.oom_killed:
         return False
     if stopping is not None and stopping(exit_.node_id, incidents):
         return True
-    return any(
-        i.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER)
-        and i.attempt > 0
-        and i.phase in ("acting", "verifying")
-        and (i.pending_action is None or now - i.pending_action.requested_at <= OWN_ACTION)
+    died_at = exit_.finished_at or exit_.occurred_at
+    if any(
+        _killed(i) and i.phase in ("acting", "verifying")
+        and (i.pending_action is None or died_at - i.pending_action.requested_at <= OWN_ACTION)
         for i in incidents.open_on(exit_.node_id)
-    )
+    ):
+        return True
+    return any(_killed(i) and i.opened_at <= died_at <= closed_at for i, closed_at in incidents.closed_on(exit_.node_id))
+
+
+def _killed(incident: IncidentState) -> bool:
+    """An incident whose fix kills GPU processes, and that asked for it."""
+    return incident.kind in (IncidentKind.ZOMBIE_JOB, IncidentKind.ORPHAN_GPU_HOLDER) and incident.attempt > 0
 
 
 def _holders(sample: Sample | None) -> list:

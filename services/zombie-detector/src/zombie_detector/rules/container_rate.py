@@ -58,7 +58,7 @@ class ContainerRateRule:
         self.judged_at: datetime | None = None
 
     def observe(self, event: ContainerExited, now: datetime, incidents: Incidents) -> Sequence[Finding]:
-        if self.policy is None or (event.engine_signal and not ended_normally(event)) or part_of_an_action(event, incidents, now, self.stopping):
+        if self.policy is None or (event.engine_signal and not ended_normally(event)) or part_of_an_action(event, incidents, self.stopping):
             return ()  # asked for, or gpumedic's own doing: no try of the node's
         name = event.name or event.container_id[:12]
         self.ended.setdefault(event.node_id, deque()).append((now, name, not ended_normally(event)))
