@@ -314,7 +314,7 @@ def part_of_an_action(exit_: ContainerExited, incidents: Incidents, stopping: St
         return True
     died_at = exit_.finished_at or exit_.occurred_at
     if any(
-        _killed(i) and i.phase in ("acting", "verifying")
+        _killed(i) and i.phase in ("acting", "verifying") and i.opened_at <= died_at
         and (i.pending_action is None or died_at - i.pending_action.requested_at <= OWN_ACTION)
         for i in incidents.open_on(exit_.node_id)
     ):
