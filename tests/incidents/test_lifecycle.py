@@ -23,7 +23,7 @@ from gpumedic_events import (
     SilenceRemoved,
 )
 from gpumedic_incidents import FLEET_NODE, Finding, IncidentBook, Policy, Transition, cleared
-from gpumedic_incidents.book import CLOSES_KEPT
+from gpumedic_incidents.book import RECENTLY_CLOSED
 from gpumedic_incidents.policy import FleetPolicy, KindPolicy, Kinds, Step, XidPolicy, ZombiePolicy
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
@@ -109,10 +109,10 @@ def test_a_closed_incident_stays_readable_for_a_while_by_when_it_closed():
         b.commit(t, at(20))
     ((closed, closed_at),) = b.closed_on("n1")
     assert (closed.fingerprint, closed.attempt, closed_at) == ("n1/zombie_job/0", 1, at(20)) and b.closed_on("n2") == []
-    for t in b.on_finding(zombie("n2"), at(20 + CLOSES_KEPT.total_seconds() + 1)):  # a later close lets the old ones go
+    for t in b.on_finding(zombie("n2"), at(20 + RECENTLY_CLOSED.total_seconds() + 1)):  # a later close lets the old ones go
         b.commit(t)
-    (t,) = b.on_finding(cleared(ZOMBIE, "n2", 0), at(20 + CLOSES_KEPT.total_seconds() + 1))
-    b.commit(t, at(20 + CLOSES_KEPT.total_seconds() + 1))
+    (t,) = b.on_finding(cleared(ZOMBIE, "n2", 0), at(20 + RECENTLY_CLOSED.total_seconds() + 1))
+    b.commit(t, at(20 + RECENTLY_CLOSED.total_seconds() + 1))
     assert b.closed_on("n1") == [] and [s.node_id for s, _ in b.closed_on("n2")] == ["n2"]
 
 

@@ -31,7 +31,7 @@ from gpumedic_incidents.state import TRAITS, Finding, IncidentState, cleared, ma
 
 log = logging.getLogger(__name__)
 
-CLOSES_KEPT = timedelta(minutes=15)
+RECENTLY_CLOSED = timedelta(minutes=15)
 """How long a closed incident stays readable to the rules (`RecentCloses`): longer than a bus that
 falls behind takes to deliver the facts that came with its fix."""
 
@@ -41,7 +41,7 @@ no fleet-wide cause, so never a fleet incident."""
 
 
 class RecentCloses:
-    """The incidents closed in the last CLOSES_KEPT, per node, each with when it closed (by the
+    """The incidents closed within RECENTLY_CLOSED, per node, each with when it closed (by the
     reader's clock): what a node sent while gpumedic was fixing it may arrive after the fix closed
     the incident (a killed job's container exit behind the sample that showed its GPU free)."""
 
@@ -55,7 +55,7 @@ class RecentCloses:
     def note(self, state: IncidentState, at: datetime) -> None:
         self._by_node.setdefault(state.node_id, []).append((state, at))
         self._order.append((at, state.node_id))
-        while self._order and at - self._order[0][0] > CLOSES_KEPT:  # each node's list is in the same order
+        while self._order and at - self._order[0][0] > RECENTLY_CLOSED:  # each node's list is in the same order
             _, node = self._order.popleft()
             kept = self._by_node[node]
             del kept[0]

@@ -41,7 +41,7 @@ class Incidents(Protocol):
     def open_on(self, node_id: str) -> list[IncidentState]: ...
 
     def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
-        """The node's incidents closed lately (`gpumedic_incidents.book.CLOSES_KEPT`), each as it was
+        """The node's incidents closed lately (`gpumedic_incidents.book.RECENTLY_CLOSED`), each as it was
         when it closed and with when, oldest first."""
         ...
 
