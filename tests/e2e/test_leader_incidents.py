@@ -23,6 +23,10 @@ from tests.e2e.conftest import samplers_running
 from tests.e2e.test_thin_path import remediator_settings
 
 INTERVAL_S = 0.3
+VERIFY_S = 10.0
+"""How long a fix has to show in the probes: longer than two rounds on a loaded machine, each of
+which may wait out the 2 s HTTP timeout (the scaled policy's 1.8 s escalated a restart that worked
+while the round after it was still waiting on the blocked answer)."""
 
 
 @contextlib.asynccontextmanager
@@ -32,6 +36,9 @@ async def cluster(nats_settings, store_url, apps, tmp_path, *, blocked_after_che
     fleet = SimFleet(3, 1, tmp_path / "fleet", jobs_per_gpu=0)
     await fleet.start()
     policy = sim_policy(INTERVAL_S)
+    patient = {name: kind.model_copy(update={"ladder": tuple(step.model_copy(update={"verify_within_s": VERIFY_S}) for step in kind.ladder)})
+               for name, kind in policy.kinds if name in ("no_leader", "peer_blocked", "peer_down")}
+    policy = policy.model_copy(update={"kinds": policy.kinds.model_copy(update=patient)})
     if blocked_after_checks is not None:
         blocked = policy.kinds.peer_blocked.model_copy(update={"after_checks": blocked_after_checks})
         policy = policy.model_copy(update={"kinds": policy.kinds.model_copy(update={"peer_blocked": blocked})})
