@@ -40,7 +40,7 @@ class NodeIncidents:
         """Nodes retired (a worker the pool ended) and when: what they sent before arrives late."""
         self._closed_at: dict[str, datetime] = {}
         """When this book last closed an incident of each fingerprint, by its key in the state
-        bucket (this book's clock; after a restart, the bucket's stamp on the deletion): what a
+        bucket (this book's clock; after a restart, the server's stamp on the close's mark): what a
         cell found in a node's samples from before then is older news than the close."""
         self._jobs = next((rule for rule in self.rules if isinstance(rule, JobRule)), None)
         for rule in self.rules:
