@@ -3,5 +3,5 @@ NATS login (or one job's secrets) would. The remediator's fixtures (a real sshd,
 the incident-state bucket on a real nats-server) and the end-to-end ones (services started from
 their factories, a migrated store) are borrowed from their own tests."""
 
-from tests.e2e.conftest import apps, store_url  # noqa: F401
+from tests.e2e.conftest import apps, sampling, store_url  # noqa: F401
 from tests.remediator.conftest import harness, incidents, make_settings, sleeper  # noqa: F401

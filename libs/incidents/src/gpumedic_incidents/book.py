@@ -63,6 +63,10 @@ class RecentCloses:
                 del self._by_node[node]
 
 
+_COVERING_KEPT = 100_000
+"""Label sets whose silences are remembered at once (a few MB); past it the memory starts again."""
+
+
 class IncidentBook:
     def __init__(self, detector: str, policy: Policy) -> None:
         self.detector = detector
@@ -71,6 +75,9 @@ class IncidentBook:
         self._by_node: dict[str, set[str]] = {}
         self.closed = RecentCloses()
         self.silences: dict[uuid.UUID, SilenceAdded] = {}
+        self._covering: dict[tuple, tuple[SilenceAdded, ...]] = {}
+        """Which silences match each incident's labels, until the silences change: a tick asks for
+        every open incident, and an operator's matchers are no per-sample cost."""
         self.nodes_seen: dict[str, datetime] = {}
         """When each node last sampled, by the detector's clock: the fleet's size for correlation."""
 
@@ -155,7 +162,7 @@ class IncidentBook:
         """A copy to decide on: its own incidents, the same silences and nodes."""
         book = IncidentBook(self.detector, self.policy)
         book.adopt(self.incidents.values())
-        book.silences, book.nodes_seen = self.silences, self.nodes_seen
+        book.silences, book._covering, book.nodes_seen = self.silences, self._covering, self.nodes_seen
         return book
 
     def on_action_completed(self, result: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
@@ -189,14 +196,18 @@ class IncidentBook:
             self.silences[event.silence_id] = event
         else:
             self.silences.pop(event.silence_id, None)
+        self._covering.clear()
 
     def silence_for(
         self, kind: IncidentKind, node_id: str, gpu_index: int | None, now: datetime, *, cluster: str | None = None,
     ) -> SilenceAdded | None:
-        for silence in self.silences.values():
-            if silence.window_at(now) is not None and silence.covers(kind, node_id, gpu_index, cluster):
-                return silence
-        return None
+        key = (kind, node_id, gpu_index, cluster)
+        covering = self._covering.get(key)
+        if covering is None:
+            if len(self._covering) >= _COVERING_KEPT:
+                self._covering.clear()
+            covering = self._covering[key] = tuple(s for s in self.silences.values() if s.covers(kind, node_id, gpu_index, cluster))
+        return next((s for s in covering if s.window_at(now) is not None), None)
 
     # --- state ------------------------------------------------------------------------------
 
