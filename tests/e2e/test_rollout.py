@@ -18,8 +18,9 @@ async def test_a_rolling_restart_over_the_bus_with_a_dry_run_first(nats_settings
     everyone = ("--nodes", "label:provider=simulated")
 
     code, out, _ = await _cli(capsys, "rollout", "restart-unit", "--unit", SAMPLER_UNIT, *everyone, "--dry-run")
-    assert code == 0 and "on 2 node(s) in 2 batch(es) (dry run: nothing ran)" in out
+    assert code == 1 and "on 2 node(s) in 2 batch(es) (dry run: nothing ran)" in out
     assert f"batch 2  sim-node-02  planned: systemctl restart {SAMPLER_UNIT}" in out
+    assert "stopped: the real run would stop before batch 2 of 2: it would take the breaker to 2 distinct nodes" in out
     assert not any(n.unit_restarts for n in fleet.nodes.values())
 
     # The shipped breaker lets 25 % of the fleet act within 10 minutes: of two nodes, one. The rollout

@@ -182,16 +182,16 @@ async def test_drains_and_undrains_count_for_neither_the_breaker_nor_the_node_li
 async def test_a_node_is_drained_while_any_incident_holds_it(sessions):
     first, second = _request("n1"), _request("n1")
     async with sessions() as session:
-        await repository.hold_drained(session=session, request=first, now=NOW)
-        await repository.hold_drained(session=session, request=second, now=NOW + timedelta(seconds=1))
-        await repository.hold_drained(session=session, request=first, now=NOW + timedelta(seconds=2))  # asked again
+        await repository.hold_drained(session=session, request=first, holder=str(first.incident_id), now=NOW)
+        await repository.hold_drained(session=session, request=second, holder=str(second.incident_id), now=NOW + timedelta(seconds=1))
+        await repository.hold_drained(session=session, request=first, holder=str(first.incident_id), now=NOW + timedelta(seconds=2))  # asked again
         await session.commit()
     async with sessions() as session:
         assert [r.incident_id for r in await views.drains(session=session, node_id="n1")] == [
             str(first.incident_id), str(second.incident_id)
         ]
-        await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)
-        await repository.release_drained(session=session, node_id="n1", incident_id=first.incident_id)  # twice: no error
+        await repository.release_drained(session=session, node_id="n1", holder=str(first.incident_id))
+        await repository.release_drained(session=session, node_id="n1", holder=str(first.incident_id))  # twice: no error
         await session.commit()
     async with sessions() as session:
         assert [r.incident_id for r in await views.drains(session=session)] == [str(second.incident_id)]

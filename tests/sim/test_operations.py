@@ -189,7 +189,7 @@ async def test_an_undrain_runs_dcgm_diagnostics_first_and_a_gpu_waiting_for_a_re
         async def holders(self, node_id):
             return []
 
-        async def release(self, request):
+        async def release(self, request, holder):
             released.append(request.node_id)
 
         async def tell(self, request, *, drained): ...

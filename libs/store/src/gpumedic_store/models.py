@@ -259,11 +259,19 @@ class Notification(Base):
     detail: Mapped[str] = mapped_column(Text, default="", comment="The last error, or why it was skipped.")
 
 
+OPERATORS_HOLD = "rollout"
+"""The holder of every drain a fleet operation (`gpumedic rollout drain-node`) made: one hold per
+node, whoever asked, so any rollout's undrain gives back what any rollout drained (each rollout has
+an id of its own, and holds keyed by it could be released by none)."""
+
+
 class NodeDrain(Base):
-    """A node is drained while it has a row here: one per incident that holds it out of service.
+    """A node is drained while it has a row here: one per incident that holds it out of service,
+    and one (`incident_id` = `OPERATORS_HOLD`) for every fleet operation's drain.
 
     Written only by the remediator's drain_node and undrain_node, so the node goes back to the
-    scheduler only when the last incident that drained it was validated."""
+    scheduler only when the last incident that drained it was validated, or an operator's rollout
+    undrained what an operator's rollout drained."""
 
     __tablename__ = "node_drains"
 

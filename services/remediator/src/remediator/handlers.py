@@ -31,8 +31,8 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from opentelemetry.trace import Status, StatusCode, Tracer
@@ -55,7 +55,7 @@ from gpumedic_incidents.policy import CheckpointPolicy
 from gpumedic_nodes.inventory import InventoryError, NodeAddress, load_inventory
 from gpumedic_nodes.ssh import NodeError, SshExecutor
 from gpumedic_providers.base import Provider
-from gpumedic_store import StoreUnavailable, TaskDatabase, breaker, views
+from gpumedic_store import OPERATORS_HOLD, StoreUnavailable, TaskDatabase, breaker, views
 from gpumedic_store.models import ActionRecord
 from gpumedic_telemetry import ACTION_ID, INCIDENT_ID, NODE_ID
 from remediator import catalogue, repository
@@ -176,14 +176,15 @@ class ActionHandler:
 
     async def run_gated(
         self, request: ActionRequested, why_not: str, still_working: Callable[[], Awaitable[None]],
-        *, checkpoint: CheckpointPolicy | None = None,
+        *, checkpoint: CheckpointPolicy | None = None, rollout: bool = False,
     ) -> ActionRecord:
         """Decide under the gate lock and record, then run only what was decided `executing`.
 
         `why_not` is the request's own refusal ('' when it passed); `still_working` is called
         before each command (a JetStream delivery's keep-alive); `checkpoint` is the incident's
         kind's checkpoint step. Pre-flight's clean comes in here too, so its kills obey the same
-        breaker, locks, caps and modes as every action."""
+        breaker, locks, caps and modes as every action. `rollout`: an operator's fleet operation
+        asks (its drains are the operators' hold, `Means.rollout`)."""
         # Read before the lock, which serialises every instance's decisions.
         fleet_size, address = self._inventory_facts(request.node_id)
         async with self._sessions() as session:
@@ -204,7 +205,7 @@ class ActionHandler:
             log.info("action %s on %s %s: %s", request.action_id, request.node_id, status, detail)
             return record
 
-        result = await self._execute(request, still_working, checkpoint)
+        result = await self._execute(request, still_working, checkpoint, rollout=rollout)
         log.info("action %s on %s %s: %s", request.action_id, request.node_id, result.outcome.value, result.detail)
         async with self._sessions() as session:
             session.add(record)
@@ -317,9 +318,13 @@ class ActionHandler:
                 held[node] = f"silenced by {silence.created_by} ({silence.reason}), silence {silence.id[:8]}: left alone"
         return held
 
-    async def breaker_room(self, nodes: set[str], operation: object) -> str:
+    async def breaker_room(self, nodes: set[str], operation: object, *, before: Collection[str] = ()) -> str:
         """Why acting on `nodes` now would take the breaker past its limit or meet it open ('' when
-        it would not): a fleet operation asks before each batch, and stops rather than trip it."""
+        it would not): a fleet operation asks before each batch, and stops rather than trip it; a
+        dry run asks with the nodes its earlier batches would have acted on (`before`).
+
+        A fleet operation's drain counts as a fix does (`Spec.rollout_counts`); an incident's drain
+        moves one node's jobs, and does not."""
         now = self._now()
         probe = ActionRequested(source=SERVICE, action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id=sorted(nodes)[0],
                                 attempt=1, operation=operation, reason="breaker room")
@@ -328,15 +333,24 @@ class ActionHandler:
                                                 node_window_s=self._gate.node_window_s)
         if view.breaker_open_since is not None:
             return f"the circuit breaker is open ({view.breaker_reason or 'tripped'}), {RESET_HINT}"
-        if not catalogue.spec_of(operation).fix:
-            return ""  # moving jobs harms none: the breaker does not count it
+        spec = catalogue.spec_of(operation)
+        if not spec.fix and not spec.rollout_counts:
+            return ""  # moving jobs back, ending a worker's record: the breaker does not count it
         fleet_size, _ = self._inventory_facts(probe.node_id)
         limit, why = breaker_limit(self._gate, fleet_size)
-        after = view.nodes_in_window | nodes
+        already = view.nodes_in_window | (await self._drained_by_rollouts(now) if spec.rollout_counts else set())
+        after = already | set(before) | nodes
         if len(after) > limit:
             return (f"it would take the breaker to {len(after)} distinct nodes acted on within {self._gate.breaker_window_s:g}s "
-                    f"({len(view.nodes_in_window)} already; {why}): wait for the window, or act on fewer nodes at once")
+                    f"({len(already | set(before))} already; {why}): wait for the window, or act on fewer nodes at once")
         return ""
+
+    async def _drained_by_rollouts(self, now: datetime) -> set[str]:
+        """The nodes fleet operations drained within the breaker's window."""
+        since = now - timedelta(seconds=self._gate.breaker_window_s)
+        async with self._sessions() as session:
+            rows = await views.drains(session=session)
+        return {r.node_id for r in rows if r.incident_id == OPERATORS_HOLD and r.drained_at >= since}
 
     def _inventory_facts(self, node_id: str) -> tuple[int, NodeAddress | None]:
         """Nodes in the inventory (for the breaker's share) and this node's entry (for its group and
@@ -371,6 +385,7 @@ class ActionHandler:
 
     async def _execute(
         self, request: ActionRequested, still_working: Callable[[], Awaitable[None]], checkpoint: CheckpointPolicy | None = None,
+        *, rollout: bool = False,
     ) -> ExecutionResult:
         """Run the operation on the node; every failure is an outcome, never an exception.
 
@@ -414,6 +429,7 @@ class ActionHandler:
         means = Means(
             actions=self._gate.actions, node=node, request=request, step=step, admin_token=lambda: self._admin_token(request.operation),
             provider=self.provider, task_db=self.task_db, scheduler=self.scheduler, preflight=self._gate.preflight, checkpoint=checkpoint,
+            rollout=rollout,
         )
         try:
             catalogue.render(request.operation, means.actions)  # refuse bad parameters before connecting

@@ -196,14 +196,14 @@ async def ledger_view(
 # --- drained nodes ------------------------------------------------------------------------------
 
 
-async def hold_drained(*, session: AsyncSession, request: ActionRequested, now: datetime) -> None:
-    """The request's incident holds its node drained (once, however often it asks)."""
-    key = (request.node_id, str(request.incident_id))
+async def hold_drained(*, session: AsyncSession, request: ActionRequested, holder: str, now: datetime) -> None:
+    """`holder` (the request's incident, or the operators' hold) holds the node drained (once, however often it asks)."""
+    key = (request.node_id, holder)
     if await session.get(NodeDrain, key) is None:
         session.add(
             NodeDrain(
                 node_id=request.node_id,
-                incident_id=str(request.incident_id),
+                incident_id=holder,
                 action_id=str(request.action_id),
                 reason=request.reason,
                 drained_at=now,
@@ -211,8 +211,8 @@ async def hold_drained(*, session: AsyncSession, request: ActionRequested, now: 
         )
 
 
-async def release_drained(*, session: AsyncSession, node_id: str, incident_id: uuid.UUID) -> None:
-    row = await session.get(NodeDrain, (node_id, str(incident_id)))
+async def release_drained(*, session: AsyncSession, node_id: str, holder: str) -> None:
+    row = await session.get(NodeDrain, (node_id, holder))
     if row is not None:
         await session.delete(row)
 

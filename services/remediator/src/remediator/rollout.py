@@ -11,7 +11,9 @@ batch the rollout checks that it would not take the breaker past its limit, and 
 would: a rollout never trips the breaker itself. A node a person silenced whole (a maintenance
 window: `gpumedic silence --node N`) is left alone and said so. A dry run resolves the nodes and renders each
 command, says where the gate would refuse (a protected node, the unit's node scope, observe
-mode), and runs nothing.
+mode) and before which batch the breaker would stop the real run, and runs nothing. A drain by a
+rollout is the operators' hold: any rollout's undrain gives it back, and a fleet-wide drain
+counts against the breaker as a fix does.
 """
 
 from __future__ import annotations
@@ -74,10 +76,7 @@ class Rollout:
             report = report.model_copy(update={"batches": batches})
             held = await self._actions.in_maintenance(nodes) if request.operation != "terminate_worker" else {}
             if request.dry_run:
-                steps = tuple(RolloutStep(batch=n, node_id=node, status="silenced", detail=held[node][:2000]) if node in held
-                              else self._plan(rollout_id, request, _operation(request, node), node, n)
-                              for n, batch in enumerate(batches, 1) for node in batch)
-                return report.model_copy(update={"steps": steps, "took_ms": _ms(started)})
+                return await self._dry_run(report, rollout_id, request, operation, batches, held, started)
             steps: list[RolloutStep] = []
             stopped = ""
             for n, batch in enumerate(batches, 1):
@@ -97,6 +96,20 @@ class Rollout:
                     break
             span.set_attribute("gpumedic.rollout.nodes", len(steps))
             return report.model_copy(update={"steps": tuple(steps), "stopped": stopped, "took_ms": _ms(started)})
+
+    async def _dry_run(self, report: RolloutReport, rollout_id: uuid.UUID, request: RolloutRequest, operation,
+                       batches: tuple[tuple[str, ...], ...], held: dict[str, str], started: float) -> RolloutReport:
+        """Every node's plan, and the batch before which the breaker would stop the real run (each
+        batch asked as the real run asks, with the batches before it taken as done)."""
+        steps, planned, stopped = [], set(), ""
+        for n, batch in enumerate(batches, 1):
+            steps += [RolloutStep(batch=n, node_id=node, status="silenced", detail=held[node][:2000]) if node in held
+                      else self._plan(rollout_id, request, _operation(request, node), node, n) for node in batch]
+            acting = {node for node in batch if node not in held}
+            if acting and not stopped and (why := await self._actions.breaker_room(acting, operation, before=planned)):
+                stopped = f"the real run would stop before batch {n} of {len(batches)}: {why}; {_left(batches, n - 1)}"
+            planned |= acting
+        return report.model_copy(update={"steps": tuple(steps), "stopped": stopped, "took_ms": _ms(started)})
 
     def _nodes(self, request: RolloutRequest) -> list[str]:
         """The inventory's nodes the selectors name, in node-id order."""
@@ -136,7 +149,7 @@ class Rollout:
 
     async def _act(self, rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int):
         with self._tracer.start_as_current_span("rollout.node", attributes={NODE_ID: node}):
-            return await self._actions.run_gated(_request(rollout_id, request, operation, node, batch), "", _keep_going)
+            return await self._actions.run_gated(_request(rollout_id, request, operation, node, batch), "", _keep_going, rollout=True)
 
 
 def _request(rollout_id: uuid.UUID, request: RolloutRequest, operation, node: str, batch: int) -> ActionRequested:

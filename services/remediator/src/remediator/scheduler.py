@@ -46,14 +46,14 @@ class StoreScheduler:
         async with self._sessions() as session:
             return [row.incident_id for row in await views.drains(session=session, node_id=node_id)]
 
-    async def hold(self, request: ActionRequested) -> None:
+    async def hold(self, request: ActionRequested, holder: str) -> None:
         async with self._sessions() as session:
-            await repository.hold_drained(session=session, request=request, now=self._now())
+            await repository.hold_drained(session=session, request=request, holder=holder, now=self._now())
             await session.commit()
 
-    async def release(self, request: ActionRequested) -> None:
+    async def release(self, request: ActionRequested, holder: str) -> None:
         async with self._sessions() as session:
-            await repository.release_drained(session=session, node_id=request.node_id, incident_id=request.incident_id)
+            await repository.release_drained(session=session, node_id=request.node_id, holder=holder)
             await session.commit()
 
     async def tell(self, request: ActionRequested, *, drained: bool) -> None:

@@ -97,6 +97,10 @@ class Spec:
     """Whether it may harm a job, so counts towards the per-node limit and the breaker. Moving jobs
     away from a node or back, adding a worker, requeueing a gone worker's tasks, marking its record
     ended, starting a job again and accepting a new worker harm none (an open breaker still holds them)."""
+    rollout_counts: bool = False
+    """Whether a fleet operation of it counts towards the breaker though it is no fix: a drain of the
+    whole fleet takes its capacity as surely as a fix on every node would (the nodes rollouts
+    drained within the window count as acted on)."""
     fits: Fits = fits_any
     """Why it does not fit the incident now ('' when it does), beyond the ladder naming it."""
     scope: Scope = unscoped
@@ -123,7 +127,7 @@ OPERATIONS: dict[type, Spec] = {
     HttpAdmin: Spec(admin.render, admin.execute, logs_in=True, fits=admin.fits, scope=admin.scope, admin_token=True),
     RestartJob: Spec(jobs.render, jobs.run, logs_in=True, fix=False, fits=jobs.fits, scope=jobs.scope, after_kill=True,
                      reaches=jobs.reaches),
-    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False, fix=False, ends_work=checkpoint.whole_node),
+    DrainNode: Spec(drain.render_drain, drain.drain, logs_in=False, fix=False, rollout_counts=True, ends_work=checkpoint.whole_node),
     UndrainNode: Spec(drain.render_undrain, drain.undrain, logs_in=True, fix=False),
     SpawnWorker: Spec(provider.render, provider.carry_out, logs_in=False, fix=False),
     TerminateWorker: Spec(provider.render, provider.carry_out, logs_in=False, fits=provider.fits_terminate,

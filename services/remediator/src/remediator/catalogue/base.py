@@ -113,12 +113,12 @@ class Scheduler(Protocol):
     """Where drains are kept and told (the store, the hook, the bus): the remediator's side."""
 
     async def holders(self, node_id: str) -> list[str]:
-        """The incidents holding the node drained."""
+        """Who holds the node drained: incidents' ids, and `OPERATORS_HOLD` for the rollouts'."""
         ...
 
-    async def hold(self, request: ActionRequested) -> None: ...
+    async def hold(self, request: ActionRequested, holder: str) -> None: ...
 
-    async def release(self, request: ActionRequested) -> None: ...
+    async def release(self, request: ActionRequested, holder: str) -> None: ...
 
     async def tell(self, request: ActionRequested, *, drained: bool) -> None:
         """POST to the policy's hook; raises with the host (never the URL) if it did not take it."""
@@ -146,6 +146,9 @@ class Means:
     """When a GPU is free and healthy (the policy's `preflight`): a new worker's acceptance reads it."""
     checkpoint: CheckpointPolicy | None = None
     """The incident's kind's checkpoint step (`kinds.<kind>.checkpoint`): None, none is asked."""
+    rollout: bool = False
+    """An operator's fleet operation, run in the remediator's own process (never a request off the
+    bus): its drains are the operators' hold (`OPERATORS_HOLD`), not the request's incident's."""
 
     def need(self, what: str) -> Any:
         """One of request, provider, task_db or scheduler; InvalidParameter says which setting is missing."""
