@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gpumedic_incidents.policy import LogFile, LogsPolicy, Policy, dump_policy
 from gpumedic_sim.machine.node import WORKER_LOG
+from remediator.logs import read_command
 from remediator.main import create_app as remediator_app
 from tests.e2e.test_operator import _cli
 from tests.e2e.test_thin_path import remediator_settings
@@ -27,7 +28,7 @@ async def test_a_workers_log_is_read_for_a_person_only_where_the_policy_names_it
     assert lines[0] == "INFO claimed task 17" and "Authentication failed" in lines[1] and "abcdef1234567890" not in out
     assert lines[2] == " [31mERROR SSH connection failed [0m"  # a terminal's escapes cannot reach the person's terminal
     assert "\x1b" not in out and f"sim-node-01:{WORKER_LOG}, its last 3 line(s)" in err
-    assert f"tail -c 1048576 -- {WORKER_LOG}" in node.ssh_commands
+    assert read_command(str(WORKER_LOG)) in node.ssh_commands
 
     code, _, err = await _cli(capsys, "logs", "sim-node-01", "secrets")
     assert code == 2 and "no log secrets in the policy's logs.files (it names: p2p, worker)" in err

@@ -275,6 +275,8 @@ def cmd_logs(args) -> int:
         print(report.model_dump_json(indent=2))
     else:
         print(f"{report.node_id}:{report.path}, its last {len(report.lines)} line(s)", file=sys.stderr)
+        if report.left_out:
+            print(f"({report.left_out} earlier line(s) left out to fit one message: ask for fewer with --lines)", file=sys.stderr)
         print("\n".join(report.lines))
     return 0
 

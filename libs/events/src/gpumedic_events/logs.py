@@ -15,7 +15,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field
 
 from gpumedic_events.action import ENDPOINT_PATTERN
-from gpumedic_events.base import NodeId, SubjectToken
+from gpumedic_events.base import MAX_EVENT_BYTES, NodeId, SubjectToken
 from gpumedic_events.preflight import _Message
 
 LOGS_SUBJECT = "gpumedic.v1.logs.read"
@@ -43,4 +43,19 @@ class LogReport(_Message):
     path: str = Field(default="", max_length=512, description="Where the log is on the node, as the policy names it.")
     lines: tuple[Annotated[str, Field(max_length=MAX_LOG_LINE)], ...] = Field(default=(), max_length=MAX_LOG_LINES)
     error: str = Field(default="", max_length=2000, description="Why nothing was read ('' when it was).")
+    left_out: int = Field(default=0, ge=0, description="The earliest lines asked for that were left out to keep the reply "
+                          "within a message's size (a log of long lines, or of characters JSON escapes).")
     took_ms: float = 0.0
+
+    def fitted(self, budget: int = MAX_EVENT_BYTES - 8 * 1024) -> LogReport:
+        """This report within `budget` bytes of JSON: the earliest lines are left out, and counted."""
+        size = len(self.to_json())
+        if size <= budget:
+            return self
+        cost = [len(LogReport.model_construct(lines=(line,)).model_dump_json(include={"lines"})) - 11 for line in self.lines]
+        keep = len(self.lines)
+        while keep and size > budget:
+            keep -= 1
+            size -= cost[len(self.lines) - keep - 1]
+        lines = self.lines[len(self.lines) - keep:]
+        return self.model_copy(update={"lines": lines, "left_out": self.left_out + len(self.lines) - keep})

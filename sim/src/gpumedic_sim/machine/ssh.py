@@ -2,7 +2,8 @@
 exact commands and changes the simulated state the way a Linux shell would.
 
 Only the catalogue's forms are interpreted (a real node runs the same lines unchanged):
-`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, `pgrep -f -a`, `tail -c` of a file, the `nvidia-smi` queries and
+`cat /proc/<pid>/stat|cmdline`, `kill -s KILL|TERM <pid>...`, `pgrep -f -a`, the log read (`tail -c` of a regular file that no link
+leads to), the `nvidia-smi` queries and
 `--gpu-reset`, `fuser /dev/nvidia<gpu>`, `systemctl restart|is-active <unit>` and `systemctl
 reboot`, `docker system df` and the prunes, `df` on /var/lib/docker (used, and free beside /),
 the `MemAvailable` line of /proc/meminfo, http_admin's curl POST
@@ -28,6 +29,7 @@ import asyncssh
 from gpumedic_sim.machine.host import DOCKER_KINDS, SimHost
 from gpumedic_sim.machine.parts import UNITS, SimGpu, SimProcess
 from remediator.catalogue.admin import CURL
+from remediator.logs import READ_SCRIPT
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +115,8 @@ def interpret(node: ShellNode, command: str, stdin: str = "") -> CommandResult:
             return _nvidia_smi(node, args)
         case ["pgrep", "-f", "-a", "--", regex]:
             return _pgrep(node, regex)
-        case ["tail", "-c", size, "--", path] if size.isdigit() and path.startswith("/"):
-            return _tail(node, path, int(size))
+        case ["sh", "-c", script, "gpumedic-log", path, size] if script == READ_SCRIPT and size.isdigit() and path.startswith("/"):
+            return _read_log(node, path, int(size))
         case ["fuser", path] if (device := _DEVICE.match(path)):
             return _fuser(node, path, int(device.group(1)))
         case ["systemctl", "reboot"]:
@@ -210,20 +212,19 @@ def _nvidia_smi(node: ShellNode, args: list[str]) -> CommandResult:
     return CommandResult(0, stdout="".join(f"{pid}\n" for pid in node.compute_pids(gpu)))
 
 
-def _tail(node: ShellNode, path: str, size: int) -> CommandResult:
-    """coreutils' `tail -c`: the last `size` bytes of a file of the node (under its run directory, its root)."""
+def _read_log(node: ShellNode, path: str, size: int) -> CommandResult:
+    """The log read's script (`remediator.logs.READ_SCRIPT`): coreutils' `tail -c`, the last `size`
+    bytes of a file of the node (under its run directory, its root), refused (exit 3) where the
+    file is missing, a symlink or no regular file, or where a link on the way leads to another file."""
     root = getattr(node, "file_root", None)
     where = root / path.lstrip("/") if root is not None and ".." not in path.split("/") else None
-    try:
-        if where is None:
-            raise FileNotFoundError
-        with open(where, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - size))
-            return CommandResult(0, stdout=f.read().decode("utf-8", "replace"))
-    except FileNotFoundError:
-        return CommandResult(1, stderr=f"tail: cannot open '{path}' for reading: No such file or directory\n")
-    except IsADirectoryError:
-        return CommandResult(1, stderr=f"tail: error reading '{path}': Is a directory\n")
+    if where is None or where.is_symlink() or not where.is_file():
+        return CommandResult(3, stderr="a symlink or no regular file: not read\n")
+    if where.resolve() != root.resolve() / path.lstrip("/"):
+        return CommandResult(3, stderr="a link on its way leads to another file: not read\n")
+    with open(where, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - size))
+        return CommandResult(0, stdout=f.read().decode("utf-8", "replace"))
 
 
 def _pgrep(node: ShellNode, regex: str) -> CommandResult:
