@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
-import re
 import shutil
 import sys
 import uuid
@@ -32,18 +30,10 @@ from rich.text import Text
 from sqlalchemy import inspect
 from sqlalchemy.orm import DeclarativeBase
 
+from gpumedic.printable import colour_on, printable
 from gpumedic_events.redact import redact, redact_tree
 
 ELLIPSIS = "…"
-
-
-def printable(text: object) -> str:
-    """`text` with every control character (C0, DEL, C1) written as an escape (`\\x1b`), so that text
-    from a node or another service is shown, never obeyed by the terminal."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-
-
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def clip(text: str, limit: int) -> str:
@@ -58,11 +48,6 @@ COLOURS = {
     **dict.fromkeys(("resolved", "succeeded", "ok", "CLOSED", "READY", "fixed", "cleared"), "green"),
 }
 """Words a table colours on a terminal: whole cells only, so a command line is never painted."""
-
-
-def colour_on() -> bool:
-    """Colour only for a person at a terminal who has not said NO_COLOR (any non-empty value)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def terminal_width() -> int | None:

@@ -15,6 +15,9 @@ from types import SimpleNamespace
 
 import click
 
+
+from gpumedic.printable import printable_output
+
 DEFAULT_VAR = Path("var")
 EXTENSIONS: dict[str, Callable[[SimpleNamespace], int]] = {}
 """Handlers that installed packages add to the built-in commands (the simulated fleet's `up --demo`)."""
@@ -198,6 +201,11 @@ def _load_extensions() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. Bad arguments exit 2 with one line that says what was wrong."""
     _load_extensions()
+    with printable_output():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         return cli.main(args=argv, prog_name="gpumedic", standalone_mode=False) or 0
     except click.exceptions.Exit as exc:  # --help
