@@ -50,3 +50,31 @@ def test_a_tree_masks_every_string_and_every_value_named_like_a_secret():
     assert redact_tree(tree) == {
         "command": "x --password=***", "env": {"API_TOKEN": "***", "empty_token": ""}, "pids": [4, 5], "lines": ["Bearer ***"],
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "kept", "hidden"),
+    [
+        ("GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA/x&X-Amz-Signature=9f8e7d6c5b4a3f2e&part=2", "&part=2", "9f8e7d6c5b4a"),
+        ("root:$6$Zq9x1Lm2$Yk0rVbQy3nP1x4uJc8sW2eT6gH9dF5aB:19700:0:99999:7:::", ":19700:0:99999", "Yk0rVbQy3nP1"),
+        ("alice:$y$j9T$abcdefghijklmnop$0123456789ABCDEFGHIJ:19700::", "alice:", "0123456789ABCDEF"),
+        ("bob:$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW", "bob:", "R9h/cIPz0gi"),
+        ("connect postgresql://u@db/x?sslmode=require&password=hunter2 now", " now", "hunter2"),
+    ],
+)
+def test_the_fourth_attacks_secrets_are_hidden(text, kept, hidden):
+    out = redact(text)
+    assert hidden not in out and kept in out and "***" in out
+    assert redact(out) == out
+
+
+def test_a_watch_rows_url_with_a_password_anywhere_is_refused_without_echoing_it():
+    from pydantic import ValidationError
+
+    from node_sampler.settings import Settings
+
+    for entry in ("postgresql://u@db/x?password=SECRET:games", "postgresql://u@db/x?sslmode=require&sslpassword=SECRET:games",
+                  "postgresql://u:SECRET@db/x:games"):
+        with pytest.raises(ValidationError) as refused:
+            Settings(watch_rows=[entry])
+        assert "put no password in the URL" in str(refused.value) and "SECRET" not in str(refused.value)

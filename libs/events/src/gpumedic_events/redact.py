@@ -11,8 +11,9 @@ same way, with the one the detector saw.
 What is masked: the value of an option or variable whose name has a secret word in it
 (`--api-key=...`, `--password ...`, `DB_PASSWORD=...`, `token: ...`, `"secret": "..."`, but not
 `--tokenizer-path`); a URL's user info; bearer, basic and token credentials; AWS access key ids;
-JWTs; PEM private key blocks; the token formats of common services (GitHub, GitLab, Slack, Hugging
-Face, OpenAI, RunPod).
+JWTs; PEM private key blocks (across lines: `redact_lines`); password hashes as crypt(3) writes
+them (`/etc/shadow`'s `$6$salt$hash`); S3 presigned URLs' signatures; the token formats of common
+services (GitHub, GitLab, Slack, Hugging Face, OpenAI, RunPod).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b((?:bearer|basic|token)\s+)(?!\*\*\*)[\w.~+/=-]{6,}"), rf"\g<1>{MASK}"),
     (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}\b"), MASK),
     (re.compile(r"\beyJ[\w-]{5,}\.[\w-]{5,}\.[\w-]*"), MASK),
+    # crypt(3) hashes: MD5, bcrypt, SHA-256/512, yescrypt, gost-yescrypt, scrypt, argon2
+    (re.compile(r"\$(?:1|2[abxy]?|5|6|y|gy|7|argon2(?:id|i|d))\$[./A-Za-z0-9$=,+-]{8,}"), MASK),
+    # an S3 (SigV4) presigned URL's signature and credential
+    (re.compile(r"(?i)([?&]X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s\"'<>]+"), rf"\g<1>{MASK}"),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}"
                 r"|hf_[A-Za-z0-9]{20,}|sk-[\w-]{20,}|rpa_[A-Za-z0-9]{20,})"), MASK),
 )
@@ -87,6 +92,29 @@ def redact(text: str) -> str:
     text = _OPTION.sub(_hide_value, text)
     text = _ASSIGN.sub(_hide_value, text)
     return _COLON.sub(_hide_labelled, text)
+
+
+_BLOCK_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_BLOCK_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+
+
+def redact_lines(lines: list[str]) -> list[str]:
+    """Lines of a log, each redacted, and a private key written over several lines masked whole: its
+    BEGIN line masks the key, and every line after it up to its END line (or the last line, if the
+    block never ends) is masked too (a per-line mask kept the key's body in clear)."""
+    out, inside = [], False
+    for line in lines:
+        if inside:
+            end = _BLOCK_END.search(line)
+            if end is None:
+                out.append(MASK)
+                continue
+            inside, line = False, line[end.end():]
+        begin = _BLOCK_BEGIN.search(line)
+        if begin is not None and _BLOCK_END.search(line, begin.end()) is None:
+            inside = True
+        out.append(redact(line))
+    return out
 
 
 def redact_tree(value: Any) -> Any:

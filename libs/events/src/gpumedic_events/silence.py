@@ -17,10 +17,11 @@ from datetime import datetime, timedelta
 from typing import ClassVar, Literal
 
 import re2
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpumedic_events.base import Event, NodeId
 from gpumedic_events.incident import IncidentKind
+from gpumedic_events.redact import redact
 
 _SILENCE_ID = "8e9f0a1b-2c3d-4e5f-8a6b-7c8d9e0f1a2b"
 
@@ -93,7 +94,7 @@ class Matcher(BaseModel):
 
 def split_matcher(text: str) -> tuple[str, str, str]:
     """(label, op, value) of `label op value`, the value's double quotes taken off; ValueError if it is none."""
-    found = MATCHER.match(text)
+    found = MATCHER.fullmatch(text)
     if found is None:
         raise ValueError(f"{text!r} is no matcher: write LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX "
                          f"(labels: {', '.join(LABELS)})")
@@ -101,6 +102,15 @@ def split_matcher(text: str) -> tuple[str, str, str]:
     if len(value) >= 2 and value[0] == value[-1] == '"':
         value = value[1:-1]
     return found["label"], found["op"], value
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def said_by_a_person(text: str) -> str:
+    """What a person typed (a reason, a note, a name), as every surface keeps it: on one line, no
+    control a terminal or a page could obey, and a secret pasted into it masked (`redact`)."""
+    return redact(_CONTROLS.sub(" ", text))
 
 
 def incident_labels(kind: str, node_id: str, gpu_index: int | None, cluster: str | None = None) -> dict[str, str]:
@@ -161,6 +171,7 @@ class SilenceAdded(Event):
     repeat_until: AwareDatetime | None = Field(default=None, description="With every_s: no window starts at or after it.")
     reason: str = Field(min_length=1, max_length=500, description="Why, for whoever reads the timeline.")
     created_by: str = Field(min_length=1, max_length=128)
+    _plain = field_validator("reason", "created_by")(said_by_a_person)
 
     @model_validator(mode="after")
     def _window(self) -> SilenceAdded:
@@ -231,6 +242,7 @@ class SilenceRemoved(Event):
 
     silence_id: uuid.UUID
     removed_by: str = Field(min_length=1, max_length=128)
+    _plain = field_validator("removed_by")(said_by_a_person)
 
 
 ACKNOWLEDGED_NOTE = "acknowledged; looking into it"
@@ -270,3 +282,4 @@ class IncidentMarked(Event):
     verdict: Literal["false_positive", "acknowledged"] = "false_positive"
     reason: str = Field(min_length=1, max_length=500)
     marked_by: str = Field(min_length=1, max_length=128)
+    _plain = field_validator("reason", "marked_by")(said_by_a_person)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
+
+from gpumedic_events.redact import redact
 
 from node_sampler.readings import JobsReading
 
@@ -35,9 +37,14 @@ def parse(entry: str) -> tuple[str, str]:
     parts = urlsplit(url)
     if not sep or not parts.hostname or not parts.path.strip("/"):
         raise ValueError(f"{_shown(entry)}: give postgresql://USER@HOST[:PORT]/DATABASE:TABLE")
-    if parts.password is not None:
+    if parts.password is not None or _password_in_query(parts.query):
         raise ValueError(f"{_shown(entry)}: put no password in the URL; give it in ~/.pgpass or PGPASSFILE")
     return url, table
+
+
+def _password_in_query(query: str) -> bool:
+    """libpq takes its parameters from the query too (`?password=...`, `&sslpassword=...`)."""
+    return any("password" in key.lower() for key, _ in parse_qsl(query, keep_blank_values=True))
 
 
 class PostgresRowsProbe:
@@ -72,6 +79,7 @@ def _where(url: str) -> str:
 
 
 def _shown(entry: str) -> str:
-    """An entry as an error may show it: without what could be a password."""
-    parts = urlsplit(entry.rpartition(":")[0])
-    return repr(entry) if parts.password is None else f"'{parts.scheme}://{parts.username}:***@{parts.hostname}...'"
+    """An entry as an error may show it: its user info masked, its query left out (either may hold a password)."""
+    url, _, table = entry.rpartition(":")
+    base, query, _ = url.partition("?")
+    return repr(redact(f"{base}{'?...' if query else ''}:{table}"))

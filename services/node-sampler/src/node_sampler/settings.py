@@ -23,7 +23,8 @@ from node_sampler.logwatch import MAX_PATTERNS, LogPattern
 class Settings(BaseSettings):
     """How one node-sampler runs."""
 
-    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_SAMPLER_", extra="ignore")
+    # An entry may be refused for the password it holds (WATCH_ROWS): the error says why, never echoes it.
+    model_config = SettingsConfigDict(env_prefix="GPUMEDIC_SAMPLER_", extra="ignore", hide_input_in_errors=True)
 
     nats: NatsSettings = Field(default_factory=NatsSettings, description="How to reach NATS (GPUMEDIC_NATS_*).")
     node_id: NodeId = Field(

@@ -27,6 +27,7 @@ import httpx
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gpumedic_events.silence import said_by_a_person
 from gpumedic_store import views
 from gpumedic_store.models import Incident, IncidentMark
 from gpumedic_webhook import DeliveryError, host_of, post
@@ -57,9 +58,10 @@ def alert_of(incident: Incident, now: datetime, *, console_url: str | None, ever
     if incident.recommended_action:
         annotations["next_step"] = incident.recommended_action
     if acknowledged is not None:
-        annotations["acknowledged_by"] = acknowledged.marked_by
+        # Masked again: a note stored before acknowledgements were masked (IncidentMarked's own check).
+        annotations["acknowledged_by"] = said_by_a_person(acknowledged.marked_by)
         annotations["acknowledged_at"] = _rfc3339(acknowledged.marked_at)
-        annotations["acknowledged_note"] = acknowledged.reason
+        annotations["acknowledged_note"] = said_by_a_person(acknowledged.reason)
     page = f"{console_url.rstrip('/')}/incidents/{incident.id}" if console_url else ""
     if page:
         annotations["console"] = page
