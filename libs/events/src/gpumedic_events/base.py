@@ -26,7 +26,7 @@ _TOKEN = re.compile(_TOKEN_PATTERN)
 
 def is_subject_token(value: object) -> bool:
     """Whether `value` may be a node id, a cluster's name or any other SubjectToken."""
-    return isinstance(value, str) and _TOKEN.match(value) is not None
+    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
 
 SubjectToken = Annotated[
     str,
@@ -101,7 +101,7 @@ class Event(BaseModel):
         """The subject for one routing key (a node id, a service name)."""
         if cls.subject_key is None:
             raise TypeError(f"{cls.__name__} has a fixed subject")
-        if not _TOKEN.match(key):
+        if not _TOKEN.fullmatch(key):
             raise ValueError(f"{key!r} is not a valid subject token for {cls.__name__}")
         return f"{cls.subject_prefix}.{key}"
 

@@ -90,7 +90,7 @@ class _Settings(_Strict):
     @model_validator(mode="after")
     def _label_names(self) -> _Settings:
         for key, value in self.labels.items():
-            if not re.match(NAME_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value):
+            if not re.fullmatch(NAME_PATTERN, key) or not re.fullmatch(LABEL_VALUE_PATTERN, value):
                 raise ValueError(f"label {key[:64]!r}={value[:64]!r}: letters, digits and _.-:/ only")
         return self
 

@@ -267,7 +267,7 @@ async def _quiet(_exc: Exception) -> None:
 
 def _id(value: object, pattern: re.Pattern[str]) -> bool:
     """An id that can be named in an action (a worker's is also its incidents' node id)."""
-    return isinstance(value, str | int) and not isinstance(value, bool) and bool(pattern.match(str(value)))
+    return isinstance(value, str | int) and not isinstance(value, bool) and bool(pattern.fullmatch(str(value)))
 
 
 def _when(value: object) -> datetime | None:

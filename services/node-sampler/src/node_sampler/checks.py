@@ -90,7 +90,7 @@ class CheckScripts:
             return {}
         scripts: dict[str, Path] = {}
         for path in entries:
-            if not SCRIPT_NAME.match(path.name):
+            if not SCRIPT_NAME.fullmatch(path.name):
                 continue  # a hidden file, a backup (x.sh.bak, x.sh~)
             try:
                 info = path.stat()

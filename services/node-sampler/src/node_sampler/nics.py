@@ -63,7 +63,7 @@ class NicReader:
         ports: list[IbPort] = []
         errors: list[str] = []
         for device in devices:
-            if not _NAME.match(device):
+            if not _NAME.fullmatch(device):
                 errors.append(f"infiniband: device name {device[:64]!r} skipped")
                 continue
             try:

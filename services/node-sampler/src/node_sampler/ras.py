@@ -198,7 +198,7 @@ def _failed(asked_at: datetime, error: str) -> NcclRasAnswer:
 
 def _rank(rank: Any, size: Any, host: Any, pid: Any, gpu: Any, dead: bool) -> RasRank:
     """A missing rank from RAS's values; one that is not a plain number or host is left out."""
-    host = host if isinstance(host, str) and _HOST.match(host) else None
+    host = host if isinstance(host, str) and _HOST.fullmatch(host) else None
     values = {"rank": _number(rank), "communicator_size": _number(size), "host": host, "pid": _number(pid), "gpu": _number(gpu)}
     try:
         return RasRank(**values, dead=dead)

@@ -117,7 +117,7 @@ def _insert(session: AsyncSession, model: type) -> Insert:
 def _valid_trace_id(trace_id: str | None) -> str | None:
     if trace_id is None:
         return None
-    if not _TRACE_ID.match(trace_id) or trace_id == "0" * 32:
+    if not _TRACE_ID.fullmatch(trace_id) or trace_id == "0" * 32:
         # A malformed header must not keep the event out of the store; it only loses the link.
         log.warning("ignoring invalid trace id %r", trace_id[:64])
         return None

@@ -45,7 +45,7 @@ class NodeScoped(Strict):
 
 
 def loopback_url(value: str, name: str) -> str:
-    if not HEALTH_URL.match(value):
+    if not HEALTH_URL.fullmatch(value):
         raise ValueError(f"{name} {value[:100]!r} must be http://127.0.0.1|localhost|[::1][:port][/plain/path]")
     return value
 
@@ -71,7 +71,7 @@ class RestartPolicy(ActionPolicy):
     @classmethod
     def _unit_names(cls, value: dict[str, UnitRule]) -> dict[str, UnitRule]:
         for unit in value:
-            if not re.match(UNIT_PATTERN, unit):
+            if not re.fullmatch(UNIT_PATTERN, unit):
                 raise ValueError(f"{unit[:100]!r} is not a systemd service name (letters, digits, :_.@-, ending .service)")
         return value
 
@@ -106,14 +106,14 @@ class AdminEndpoint(NodeScoped):
         if len(value) > 8:
             raise ValueError("a body of at most 8 fields")
         for key, text in value.items():
-            if not BODY_KEY.match(key):
+            if not BODY_KEY.fullmatch(key):
                 raise ValueError(f"{key[:100]!r} is not a body field name (letters, digits, _)")
             try:
                 parts = list(string.Formatter().parse(text))
             except ValueError as exc:
                 raise ValueError(f"body.{key}: {text[:100]!r} is not a template ({exc})") from None
             for literal, field, spec, conversion in parts:
-                if not BODY_TEXT.match(literal):
+                if not BODY_TEXT.fullmatch(literal):
                     raise ValueError(f"body.{key}: {literal[:100]!r} has characters other than letters, digits and ' _.:/@-'")
                 if field is not None and (field not in BODY_FIELDS or spec or conversion):
                     raise ValueError(f"body.{key}: {{{field}}} is not a placeholder it may use ({', '.join(sorted(BODY_FIELDS))})")
@@ -133,7 +133,7 @@ class AdminPolicy(ActionPolicy):
     @classmethod
     def _names(cls, value: dict[str, AdminEndpoint]) -> dict[str, AdminEndpoint]:
         for name in value:
-            if not re.match(ENDPOINT_PATTERN, name):
+            if not re.fullmatch(ENDPOINT_PATTERN, name):
                 raise ValueError(f"{name[:100]!r} is not an endpoint name (lower-case letters, digits and _)")
         return value
 
@@ -148,7 +148,7 @@ class JobRestart(NodeScoped):
     @field_validator("command")
     @classmethod
     def _plain_path(cls, value: str | None) -> str | None:
-        if value is not None and (not CHECK_COMMAND.match(value) or "/../" in f"{value}/"):
+        if value is not None and (not CHECK_COMMAND.fullmatch(value) or "/../" in f"{value}/"):
             raise ValueError(f"command {value[:100]!r} must be an absolute path to an executable, no arguments, no '..'")
         return value
 
@@ -166,7 +166,7 @@ class RestartJobPolicy(ActionPolicy):
     @classmethod
     def _names(cls, value: dict[str, JobRestart]) -> dict[str, JobRestart]:
         for name in value:
-            if not re.match(ENDPOINT_PATTERN, name):
+            if not re.fullmatch(ENDPOINT_PATTERN, name):
                 raise ValueError(f"{name[:100]!r} is not a job name (lower-case letters, digits and _)")
         return value
 
@@ -203,7 +203,7 @@ class PatternKillPolicy(KillPolicy):
     @classmethod
     def _names(cls, value: dict[str, ProcessPattern]) -> dict[str, ProcessPattern]:
         for name in value:
-            if not re.match(ENDPOINT_PATTERN, name):
+            if not re.fullmatch(ENDPOINT_PATTERN, name):
                 raise ValueError(f"{name[:100]!r} is not a pattern name (lower-case letters, digits and _)")
         return value
 
@@ -218,8 +218,8 @@ class LogFile(NodeScoped):
     @field_validator("path")
     @classmethod
     def _plain(cls, value: str) -> str:
-        if not LOG_PATH.fullmatch(value) or "/../" in f"{value}/" or len(value) > 512:
-            raise ValueError(f"{value[:100]!r}: an absolute path of letters, digits and _ . @ -, without ..")
+        if not LOG_PATH.fullmatch(value) or "/../" in f"{value}/" or "/./" in f"{value}/" or len(value) > 512:
+            raise ValueError(f"{value[:100]!r}: an absolute path of letters, digits and _ . @ -, without . or ..")
         return value
 
 
@@ -233,7 +233,7 @@ class LogsPolicy(Strict):
     @classmethod
     def _names(cls, value: dict[str, LogFile]) -> dict[str, LogFile]:
         for name in value:
-            if not re.match(ENDPOINT_PATTERN, name):
+            if not re.fullmatch(ENDPOINT_PATTERN, name):
                 raise ValueError(f"{name[:100]!r} is not a log name (lower-case letters, digits and _)")
         return value
 
@@ -252,7 +252,7 @@ class DrainPolicy(ActionPolicy):
     @field_validator("hook_url")
     @classmethod
     def _plain_url(cls, value: str | None) -> str | None:
-        if value is not None and not HOOK_URL.match(value):
+        if value is not None and not HOOK_URL.fullmatch(value):
             raise ValueError(f"hook_url {value[:100]!r} must be a plain http(s)://host[:port][/path] (no user, query or fragment)")
         return value
 
@@ -273,7 +273,7 @@ class UndrainPolicy(ActionPolicy):
     @field_validator("check_command")
     @classmethod
     def _plain_path(cls, value: str | None) -> str | None:
-        if value is not None and (not CHECK_COMMAND.match(value) or "/../" in f"{value}/" or "/./" in f"{value}/"):
+        if value is not None and (not CHECK_COMMAND.fullmatch(value) or "/../" in f"{value}/" or "/./" in f"{value}/"):
             raise ValueError(f"check_command {value[:100]!r} must be an absolute path of plain names, without arguments")
         return value
 

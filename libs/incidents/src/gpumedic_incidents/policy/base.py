@@ -41,11 +41,11 @@ class NodeSelector:
     text: str
 
     def __post_init__(self) -> None:
-        if not SELECTOR.match(self.text):
+        if not SELECTOR.fullmatch(self.text):
             raise ValueError(f"{self.text[:100]!r} is not a node selector (NODE, group:NAME or label:KEY=VALUE)")
 
     def matches(self, node_id: str, group: str | None = None, labels: Mapping[str, str] | None = None) -> bool:
-        found = SELECTOR.match(self.text)
+        found = SELECTOR.fullmatch(self.text)
         assert found is not None
         if found["group"] is not None:
             return group == found["group"]

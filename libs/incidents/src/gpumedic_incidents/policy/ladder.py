@@ -59,7 +59,7 @@ class CheckpointPolicy(Strict):
     @field_validator("file")
     @classmethod
     def _a_plain_name(cls, value: str) -> str:
-        if not FILE_NAME.match(value) or value in (".", ".."):
+        if not FILE_NAME.fullmatch(value) or value in (".", ".."):
             raise ValueError(f"file {value!r} is not a plain file name (letters, digits, . _ -; no directory)")
         return value
 

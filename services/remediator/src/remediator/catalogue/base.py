@@ -169,7 +169,7 @@ _MISSING = {
 def allowed_name(value: object, pattern: str, allowed: Mapping[str, object], *, what: str, form: str, listed_in: str) -> str:
     """`value` as a name of the policy's allow-list `allowed`: InvalidParameter says whether it is no
     such name at all (`form`) or not on the list (`listed_in`), and which names are."""
-    if not isinstance(value, str) or not re.match(pattern, value):
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
         raise InvalidParameter(f"{what} {short(value)} is not {form}")
     if value not in allowed:
         names = ", ".join(sorted(allowed)) or "none"

@@ -145,7 +145,7 @@ async def _tasks_on(worker_id: str, means: Means, query: str = "tasks_query") ->
     if error := await means.step(_asked(worker_id) if query == "tasks_query" else _asked_failed(worker_id), read):
         return [], error
     ids = [row[0] if len(row) == 1 else row for row in rows]
-    wrong = [t for t in ids if not isinstance(t, str | int) or isinstance(t, bool) or not TASK_ID.match(str(t))]
+    wrong = [t for t in ids if not isinstance(t, str | int) or isinstance(t, bool) or not TASK_ID.fullmatch(str(t))]
     if wrong:
         return [], f"the {query} answered {short(wrong[0])}, which is no task id"
     return [str(t) for t in ids][:MAX_TASKS], ""

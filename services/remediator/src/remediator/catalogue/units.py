@@ -32,7 +32,7 @@ def validate_unit(value: object, actions: Actions) -> str:
 
 
 def health_command(url: str) -> str:
-    if not HEALTH_URL.match(url):
+    if not HEALTH_URL.fullmatch(url):
         raise InvalidParameter(f"health URL {short(url)} is not a plain loopback URL")
     return f"curl -fsS -m {HEALTH_TIMEOUT_S} -o /dev/null {quoted(url)}"
 

@@ -55,7 +55,7 @@ class Sessions:
         if not hmac.compare_digest(token.encode(), self._token.encode()):
             raise AuthError("wrong token")
         name = name.strip()
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise AuthError("give your name (1 to 63 letters, digits, spaces or .@+-_): it is kept with what you do")
         self._forget_expired()
         session_id = secrets.token_urlsafe(32)
