@@ -13,12 +13,15 @@ delivery again, nothing more:
   the sequence the record names, with the subject and the SHA-256 the record names;
 - what is published is the stream's own copy of the original (and its headers), into that
   stream only (Nats-Expected-Stream), so a replay can carry nothing its producer did not send;
-- each original is replayed at most once, recorded in the store (who, when, what it became)
+- each original is replayed at most once for each service, recorded in the store (who, when, what it became)
   before it is published, however long after the first replay the second is asked for.
 
-Every consumer of the subject gets it again and takes it as a redelivery: events are kept once by
-their id, and an action request goes through the remediator's gate as a new request, its age
-counted from when it was first sent. Both read and publish as the NATS admin (the embedded
+Only the consumer that refused it handles it again (`Gpumedic-Replay-For` names its durable): every
+other consumer of the subject checks that the copy repeats a message its stream stored before
+(subject and bytes, at the sequence `Gpumedic-Replay-Of` names), and takes it as the original it
+already had. The refusing consumer takes it as a redelivery: events are kept once by their id, and
+an action request goes through the remediator's gate as a new request, its age counted from when it
+was first sent. Both read and publish as the NATS admin (the embedded
 stack's under `--var`, else GPUMEDIC_NATS_*), since only it may read the control plane's streams
 and publish on any subject.
 """
@@ -34,6 +37,7 @@ from nats.js.errors import NotFoundError
 
 from gpumedic.output import clip, table, to_json
 from gpumedic_bus import NatsSettings, connect
+from gpumedic_bus.consume import REPLAY_FOR, REPLAY_OF
 from gpumedic_bus.streams import DEAD_LETTERS, stream_of
 from gpumedic_bus.topology import durable_reading
 from gpumedic_events import EventDecodeError, MessageRejected
@@ -152,16 +156,16 @@ async def _replay_one(js, session, seq: int, by: str) -> str:
         became = earlier.result or "its publish did not finish; see the stream"
         return (f"dead letter {seq}: already replayed: {stream} #{stored_seq} was delivered again by {earlier.replayed_by} "
                 f"at {earlier.replayed_at.isoformat(timespec='seconds')} (dead letter {earlier.dead_letter_seq}): {became}")
-    headers = {k: v for k, v in (original.headers or {}).items() if k.lower() != "nats-msg-id"}
-    headers["Nats-Msg-Id"] = f"replay:{stream}:{stored_seq}"
+    headers = {k: v for k, v in (original.headers or {}).items() if k.lower() not in ("nats-msg-id", REPLAY_FOR.lower(), REPLAY_OF.lower())}
+    headers |= {"Nats-Msg-Id": f"replay:{stream}:{stored_seq}:{durable.name}", REPLAY_FOR: durable.name, REPLAY_OF: str(stored_seq)}
     try:
         # as first published: a partitioned stream stores it under its node's partition again
         ack = await js.publish(stream_of(durable.event).as_published(original.subject), original.data or b"", stream=stream, headers=headers)
     except Exception:
         # Unacknowledged: maybe stored, maybe not. The claim stays, saying so, rather than risk a second copy.
-        await replays.finish(session=session, stream=stream, seq=stored_seq, result="")
+        await replays.finish(session=session, stream=stream, seq=stored_seq, service=record.service, result="")
         raise
     said = f"stored as {ack.stream} #{ack.seq}"
-    await replays.finish(session=session, stream=stream, seq=stored_seq, result=said)
-    return (f"dead letter {seq}: replayed to {record.original_subject} ({said}); {record.service} refused it for: "
+    await replays.finish(session=session, stream=stream, seq=stored_seq, service=record.service, result=said)
+    return (f"dead letter {seq}: replayed to {durable.name} on {record.original_subject} ({said}); {record.service} refused it for: "
             f"{clip(record.reason, 200)}")

@@ -10,9 +10,9 @@ import json
 
 import pytest
 from gpumedic.cli import main
-from gpumedic_bus.consume import rejection
-from gpumedic_bus.streams import DEAD_LETTERS, INCIDENTS
-from gpumedic_events import IncidentOpened
+from gpumedic_bus.consume import REPLAY_FOR, REPLAY_OF, rejection
+from gpumedic_bus.streams import ACTIONS, DEAD_LETTERS, INCIDENTS
+from gpumedic_events import ActionCompleted, IncidentOpened
 from gpumedic_events.base import json_examples
 from gpumedic_events.deadletter import MAX_KEPT_PAYLOAD
 from gpumedic_store.migrate import upgrade
@@ -57,7 +57,8 @@ async def test_dead_letters_are_listed_with_their_reason_and_replayed_once(js, n
 
     before = (await js.stream_info(INCIDENTS.name)).state.messages
     assert await asyncio.to_thread(main, ["dead-letters", "replay", str(store_down), "--by", "alice"]) == 0
-    assert f"dead letter {store_down}: replayed to {OPENED.subject} (stored as {INCIDENTS.name}" in capsys.readouterr().out
+    assert f"dead letter {store_down}: replayed to report-builder-IncidentOpened on {OPENED.subject} (stored as {INCIDENTS.name}" \
+        in capsys.readouterr().out
     stored = await js.get_msg(INCIDENTS.name, seq=(await js.stream_info(INCIDENTS.name)).state.last_seq)
     assert stored.data == body  # byte for byte what was refused
 
@@ -84,15 +85,25 @@ async def test_dead_letters_are_listed_with_their_reason_and_replayed_once(js, n
     assert (await js.stream_info(INCIDENTS.name)).state.messages == before + 2
 
 
-async def test_the_same_message_refused_by_two_services_is_replayed_once(js, nats_url, store, monkeypatch, capsys):
-    """Each service that refused it keeps a dead letter; the original goes again once, for both."""
+async def test_the_same_message_refused_by_two_services_is_replayed_once_to_each(js, nats_url, store, monkeypatch, capsys):
+    """Each service that refused it keeps a dead letter; the original goes again once to each, and
+    only to it (the header names its durable)."""
     monkeypatch.setenv("GPUMEDIC_NATS_URL", nats_url)
-    body = OPENED.to_json()
-    where = await _stored(js, OPENED.subject, body)
-    first = await _keep(js, rejection("report-builder", OPENED.subject, body, "store down", 5, stored=where))
-    assert await asyncio.to_thread(main, ["dead-letters", "replay", str(first), str(first)]) == 1
+    completed = ActionCompleted.model_validate(json_examples(ActionCompleted)[0])
+    body = completed.to_json()
+    ack = await js.publish(completed.subject, body, stream=ACTIONS.name)
+    first = await _keep(js, rejection("report-builder", completed.subject, body, "store down", 5, stored=(ack.stream, ack.seq)))
+    second = await _keep(js, rejection("autoscaler", completed.subject, body, "provider down", 5, stored=(ack.stream, ack.seq)))
+    assert await asyncio.to_thread(main, ["dead-letters", "replay", str(first), str(first), str(second)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"dead letter {first}: replayed") and out[1].startswith(f"dead letter {first}: already replayed")
+    assert out[0].startswith(f"dead letter {first}: replayed to report-builder-ActionCompleted")
+    assert out[1].startswith(f"dead letter {first}: already replayed")
+    assert out[2].startswith(f"dead letter {second}: replayed to autoscaler-actions")
+    last = (await js.stream_info(ACTIONS.name)).state.last_seq
+    copies = [await js.get_msg(ACTIONS.name, seq=seq) for seq in (last - 1, last)]
+    assert [(c.data, c.headers[REPLAY_FOR], c.headers[REPLAY_OF]) for c in copies] == [
+        (body, "report-builder-ActionCompleted", str(ack.seq)), (body, "autoscaler-actions", str(ack.seq))
+    ]
 
 
 def test_without_a_bus_it_says_how_to_reach_one(tmp_path, monkeypatch, capsys):

@@ -79,8 +79,16 @@ async def ask_on_pace(
             await asyncio.sleep(every_s)
 
 
+REPLAY_FOR = "Gpumedic-Replay-For"
+"""On a dead letter's replay (`gpumedic dead-letters replay`): the durable that refused the
+original, the only consumer that handles the copy."""
+REPLAY_OF = "Gpumedic-Replay-Of"
+"""On a dead letter's replay: the stream sequence of the original the copy repeats."""
+
 RETRY_BACKOFF_S = (1.0, 5.0, 15.0, 30.0, 60.0)
 """Delay before redelivery after the n-th failed attempt (the last value repeats)."""
+REPLAY_CHECK_S = 5.0
+"""How long a consumer waits for its stream to say whether a replay repeats a stored message."""
 WAIT_AT_MOST_S = 5.0
 """While a dependency is down, a waiting message is tried again this often (or at a third of the
 consumer's AckWait, if that is shorter), telling JetStream each time that it is still being worked on."""
@@ -152,6 +160,11 @@ class EventConsumer(Generic[E]):
         subject = raw.subject
         deliveries = _deliveries(raw)
         headers = dict(raw.headers or {})
+        if headers.get(REPLAY_FOR, self.durable.name) != self.durable.name and await self._a_stored_copy(raw, headers):
+            log.info("%s: %s is a replay for %s, which refused it; %s had the original", self._service, subject,
+                     headers[REPLAY_FOR][:100], self.durable.name)
+            await msg.ack()
+            return
         try:
             event = self._event_type.from_json(raw.data, subject=self.durable.published_subject(subject))
         except EventDecodeError as exc:
@@ -203,6 +216,21 @@ class EventConsumer(Generic[E]):
             if waited:
                 self._waiting.dec()
                 log.info("%s: %s went on after waiting", self._service, delivery.subject)
+
+    async def _a_stored_copy(self, raw, headers: Mapping[str, str]) -> bool:
+        """Whether `raw` repeats, subject and bytes, a message its stream stored before it (at the
+        sequence `REPLAY_OF` names): only such a copy is skipped as another consumer's replay, so no
+        producer can keep a new message from this consumer by naming another in the header."""
+        stored = _stored_as(raw)
+        try:
+            seq = int(headers.get(REPLAY_OF, ""))
+            if stored is None or not 0 < seq < stored[1]:
+                return False
+            original = await self._broker.connection.jetstream(timeout=REPLAY_CHECK_S).get_msg(stored[0], seq=seq)
+        except Exception as exc:  # noqa: BLE001 (not a number, not stored, the bus away: handled as any message)
+            log.debug("%s: the replay header on %s names no stored original: %r", self._service, raw.subject, exc)
+            return False
+        return original.subject == raw.subject and original.data == raw.data
 
     async def _dead_letter(self, msg: NatsMessage, reason: str, deliveries: int, *, cause: str) -> None:
         raw = msg.raw_message

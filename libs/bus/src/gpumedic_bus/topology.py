@@ -495,6 +495,8 @@ def _service(service: str) -> Permissions:
         publish.append(api % "INFO")
         publish.append(f"$JS.ACK.{item.stream}.{item.name}.>")
         publish.append(api % "MSG.NEXT")  # its messages come to its own inbox
+        # whether a dead letter's replay for another consumer repeats a stored message (consume.REPLAY_FOR)
+        publish.append(f"$JS.API.STREAM.MSG.GET.{item.stream}")
     paced = PACED_READS.get(service, ())
     subscribe += [event.subject_filter() for event in LIVE.get(service, ()) if event not in paced]
     publish += sorted({f"$JS.API.DIRECT.GET.{stream_of(event).name}" for event in paced})  # a batch of stored messages at a time

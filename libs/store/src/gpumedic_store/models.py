@@ -382,8 +382,10 @@ class NodeDay(Base):
 
 
 class DeadLetterReplay(Base):
-    """A dead letter's original, delivered again by `gpumedic dead-letters replay`: at most once,
-    whatever the stream's duplicate window (a row is claimed before the publish and kept after)."""
+    """A dead letter's original, delivered again by `gpumedic dead-letters replay`: at most once for
+    each service that refused it, whatever the stream's duplicate window (a row is claimed before
+    the publish and kept after). `original` is STREAM:SEQ:SERVICE (`replays.original_key`); a row of
+    STREAM:SEQ alone is a replay from before replays went to one service, which every consumer got."""
 
     __tablename__ = "dead_letter_replays"
 
