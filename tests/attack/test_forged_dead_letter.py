@@ -125,7 +125,7 @@ async def test_a_real_dead_letter_still_replays_once(secured, as_operator, capsy
         assert await asyncio.to_thread(main, ["dead-letters", "replay", str(seq), "--by", "alice"]) == 0
         assert await asyncio.to_thread(main, ["dead-letters", "replay", str(seq)]) == 1
         out = capsys.readouterr().out
-        assert f"dead letter {seq}: replayed to {request.subject}" in out and "already replayed" in out and "by alice" in out
+        assert f"dead letter {seq}: replayed to remediator-actions on {request.subject}" in out and "already replayed" in out and "by alice" in out
         assert (await js.stream_info(ACTIONS.name)).state.messages == before + 1
     finally:
         await admin.close()
