@@ -412,3 +412,29 @@ def _escape(text: str) -> str:
 async def _record(r: _Remediator, completed: ActionCompleted):
     async with r.sessions() as session:
         return await repository.get_action(session=session, action_id=completed.action_id)
+
+
+async def test_a_rollouts_drain_is_the_operators_hold_beside_an_incidents(remediator, hook):
+    """An operator's rollout drains and undrains the operators' hold only: a node an incident holds
+    stays drained for it, and the incident's validation does not give back the operators' drain."""
+    r = remediator()
+    incident = uuid.uuid4()
+    await r.ask(DrainNode(), incident)
+
+    async def rollout(operation) -> str:
+        request = ActionRequested(source="remediator", action_id=uuid.uuid4(), incident_id=uuid.uuid4(), node_id="gpu-node-01",
+                                  attempt=1, operation=operation, reason="rollout drain_node by ops, batch 1")
+
+        async def keep_going() -> None: ...
+
+        return (await r.handler.run_gated(request, "", keep_going, rollout=True)).detail
+
+    assert await rollout(DrainNode()) == f"drained gpu-node-01 (it already was, for incident(s) {incident})"
+    assert sorted(await r.held()) == sorted([("gpu-node-01", str(incident)), ("gpu-node-01", "rollout")])
+    assert await rollout(UndrainNode()) == f"released the operators' hold; gpu-node-01 stays drained for incident(s) {incident}"
+    assert await r.held() == [("gpu-node-01", str(incident))]
+    assert await rollout(UndrainNode()) == f"no rollout drained gpu-node-01: nothing to give back (it stays drained for incident(s) {incident})"
+    await rollout(DrainNode())
+    released = await r.ask(UndrainNode(), incident)
+    assert released.detail == "released this incident's hold; gpu-node-01 stays drained for the operators' rollout drain"
+    assert await r.held() == [("gpu-node-01", "rollout")]

@@ -40,7 +40,9 @@ def _holder(means: Means) -> str:
 
 
 def _named(holders: list[str]) -> str:
-    return ", ".join("the operators' rollout drain" if h == OPERATORS_HOLD else f"incident {h}" for h in holders)
+    incidents = [h for h in holders if h != OPERATORS_HOLD]
+    named = ["the operators' rollout drain"] if OPERATORS_HOLD in holders else []
+    return " and ".join(named + ([f"incident(s) {', '.join(incidents)}"] if incidents else []))
 
 
 def check_command(actions: Actions) -> str:
