@@ -190,6 +190,12 @@ class IncidentBook:
         self.nodes_seen.pop(node_id, None)
         return [lifecycle.close(state, now, f"the node was retired: {reason}") for state in self.open_on(node_id)]
 
+    def gone(self, node_id: str, now: datetime, reason: str) -> list[Transition]:
+        """The node no longer exists (its provider lists its worker as ended), though work on it may
+        still be owed (its orphaned tasks' requeue): the incidents waiting to validate it close, since
+        no sample of it will come; the others go on."""
+        return [lifecycle.close(s, now, f"the node was retired: {reason}") for s in self.open_on(node_id) if s.phase == "validating"]
+
     def on_silence(self, event: SilenceAdded | SilenceRemoved) -> None:
         """Silences are facts replayed from the bus at start, not incident state: kept as they come."""
         if isinstance(event, SilenceAdded):

@@ -361,8 +361,9 @@ def link_to_fleet(state: IncidentState, fleet_incident_id: uuid.UUID, now: datet
 
 def close(state: IncidentState, now: datetime, summary: str) -> Transition:
     """Resolve an incident whose fault went away for a reason outside its own findings (a fleet
-    incident whose members all closed)."""
-    event = IncidentResolved(source=state.detector, resolution="cleared", summary=summary[:1000], **_ids(state))
+    incident whose members all closed, a node retired): fixed if its fix was already verified
+    (it was validating), else cleared."""
+    event = IncidentResolved(source=state.detector, resolution=state.resolution or "cleared", summary=summary[:1000], **_ids(state))
     return Transition(state, None, (Span("verify", (event,)),))
 
 

@@ -120,6 +120,8 @@ class PoolIncidents:
         self.history = PoolHistory(policy.kinds.failure_jump)
         self._rented_at: datetime | None = None
         """When the capacity_short incident's rental succeeded (its workers listed)."""
+        self._workers: set[str] = set()
+        """Every worker the provider has listed live: of the nodes, those it can say are gone."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class PoolIncidents:
         workers = [w for w in reading.workers if w.status in lifecycle.LIVE]
         for w in workers:
             self.book.saw_node(w.worker_id, now)
+        retired = self._retired(reading.workers, workers, now)
         self.offenders.learn(workers, now)
         present = _present(fleet, now, self.stale_after_s)
         for node_id in present:
@@ -157,7 +160,9 @@ class PoolIncidents:
             jump = self.history.round(rate, pool=self.pool)
             found += holes + ([jump] if jump else [])
             checked |= {IncidentKind.BLACK_HOLE, IncidentKind.FAILURE_JUMP}
-        transitions = self.book.reconcile(found, checked, now)
+        retiring = {t.before.node_id for t in retired if t.before is not None}
+        found = [f for f in found if f.node_id not in retiring]  # its tasks' failures still in the window are no news
+        transitions = retired + self.book.reconcile(found, checked, now)
         in_service = self._in_service(workers, found, fleet, now)
         on_task = {t.worker_id for t in records[1] if t.worker_id} if records is not None else set()
         supply = self._supply(workers, in_service, fleet, on_task)
@@ -178,6 +183,18 @@ class PoolIncidents:
             **self._outcomes(reading), worker_rows=worker_rows(workers, in_service, records, now),
         )
         return evaluated, transitions
+
+    def _retired(self, listed: list[Worker], live: list[Worker], now: datetime) -> list[Transition]:
+        """What closes because a worker of the pool is gone for good (ended, or no longer listed): a
+        terminated black hole waited to validate on samples of a machine that no longer exists."""
+        alive = {w.worker_id for w in live}
+        self._workers |= alive
+        said = {w.worker_id: w.status for w in listed}
+        transitions: list[Transition] = []
+        for node in sorted({s.node_id for s in self.book.incidents.values() if s.phase == "validating"} & self._workers - alive):
+            why = f"the provider lists worker {node} as {said[node]}" if node in said else f"the provider no longer lists worker {node}"
+            transitions += self.book.gone(node, now, why)
+        return transitions
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         state = self.book.by_id(event.incident_id)
