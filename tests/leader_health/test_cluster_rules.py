@@ -68,9 +68,9 @@ class Cluster:
         self.logic = ClusterIncidents("selfplay", policy)
         self.events: list = []
 
-    def round(self, s: float, answers: list[PeerAnswer], inventory: frozenset[str] | None = None) -> list:
+    def round(self, s: float, answers: list[PeerAnswer], inventory: frozenset[str] | None = None, *, overran: bool = False) -> list:
         out = []
-        for t in self.logic.on_round(answers, T0 + timedelta(seconds=s), inventory):
+        for t in self.logic.on_round(answers, T0 + timedelta(seconds=s), inventory, overran=overran):
             self.logic.book.commit(t)
             out += t.events
         self.events += out
@@ -286,3 +286,17 @@ def test_a_daemon_that_lists_thousands_of_made_up_members_makes_a_bounded_number
     for s in (0, 10, 20):
         c.round(s, flood, frozenset(NODES))
     assert len(c.opened()) == 20 and {e.kind for e in c.opened()} == {IncidentKind.UNKNOWN_PEER}
+
+
+def test_a_round_that_overran_its_interval_judges_no_peer_slow():
+    """On a busy control plane the prober itself is late: each answer's time is partly its own. A
+    slow answer in a round that overran neither counts towards slow_peer nor clears it."""
+    c = Cluster()
+    slow = [ok(n) for n in NODES[:4]] + [PeerAnswer("http://p5:8770/status", "ok", PeerStatus(node_id="p5", leader="p1", peers=tuple(NODES)),
+                                                    took_ms=12_000)]
+    for s in range(0, 100, 10):
+        assert c.round(s, slow, overran=True) == []
+    for s in range(100, 130, 10):
+        c.round(s, slow)  # rounds that kept up: the peer is judged by them alone
+    (opened,) = [e for e in c.opened() if e.kind is IncidentKind.SLOW_PEER]
+    assert opened.node_id == "p5" and "(3 checks in a row)" in opened.summary

@@ -3,7 +3,8 @@ cluster's incidents (the shared detector: persist, publish, request the remediat
 
 Rounds start every `interval_s` however long one takes (a blocked peer holds a round for the
 HTTP timeout), so "two rounds in a row" is two intervals; a round longer than the interval
-is followed by the next at once."""
+is followed by the next at once, says so, and judges no peer slow by it: each answer's time was
+measured by a prober that could not keep up, not only by the peer."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 concurrency=settings.probe_concurrency,
                 reader=reader,
             )
+            took = loop.time() - started
+            overran = took > settings.interval_s
+            if overran:
+                log.warning("the probe round over %d peers took %.1fs, past its %gs interval: no peer is judged slow by it",
+                            len(answers), took, settings.interval_s)
             for answer in answers:
                 if answer.state != "ok":
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)
@@ -45,7 +51,7 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 log.warning("cluster check not published (%r); the bus may be reconnecting", exc)
             try:
                 known = await asyncio.to_thread(inventory.names)
-                await detector.decide(lambda now: logic.on_round(answers, now, known))
+                await detector.decide(lambda now: logic.on_round(answers, now, known, overran=overran))
             except Exception:  # the bus or the state bucket; the next round decides again
                 log.exception("the round's incidents were not applied; the next round decides again")
             await asyncio.sleep(max(0.0, started + settings.interval_s - loop.time()))

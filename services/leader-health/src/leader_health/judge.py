@@ -125,10 +125,13 @@ class ClusterIncidents:
         self.book = IncidentBook(SOURCE, policy)
         self.rules = ClusterRules(cluster, policy)
 
-    def on_round(self, answers: list[PeerAnswer], now: datetime, inventory: frozenset[str] | None = None) -> list[Transition]:
+    def on_round(
+        self, answers: list[PeerAnswer], now: datetime, inventory: frozenset[str] | None = None, *, overran: bool = False,
+    ) -> list[Transition]:
+        """`overran`: the round took longer than its interval (its answer times are the prober's too)."""
         for answer in answers:
             self.book.saw_node(self.rules.node(answer.url), now)
-        findings = self.rules.observe(answers, now, self.book, inventory)
+        findings = self.rules.observe(answers, now, self.book, inventory, overran=overran)
         return [t for finding in findings for t in self.book.on_finding(finding, now)]
 
     def on_backlog(self, event: ListenBacklogReported, now: datetime) -> list[Transition]:

@@ -158,14 +158,16 @@ class ClusterRules:
         return seen[0] if seen[0].waiting >= self.policy.kinds.peer_blocked.backlog_from else None
 
     def observe(
-        self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents, inventory: frozenset[str] | None = None
+        self, answers: Sequence[PeerAnswer], now: datetime, incidents: Incidents, inventory: frozenset[str] | None = None,
+        *, overran: bool = False,
     ) -> list[Finding]:
         """One probe round's findings; `inventory`: the node ids and hosts the fleet's inventory names
-        (None: not known, and no member is judged a stranger)."""
+        (None: not known, and no member is judged a stranger); `overran`: the round outlasted its
+        interval, so how long a peer took to answer is no measure of the peer (no slow peer is judged)."""
         for a in answers:
             if a.status is not None:
                 self.node_of[a.url] = a.status.node_id
-        findings = [f for a in answers for f in self._peer(a, incidents, now)]
+        findings = [f for a in answers for f in self._peer(a, incidents, now, overran)]
         if not answers:
             return findings
         view = leadership(answers)
@@ -202,7 +204,7 @@ class ClusterRules:
 
     # --- per peer ---------------------------------------------------------------------------
 
-    def _peer(self, answer: PeerAnswer, incidents: Incidents, now: datetime) -> list[Finding]:
+    def _peer(self, answer: PeerAnswer, incidents: Incidents, now: datetime, overran: bool = False) -> list[Finding]:
         node = self.node(answer.url)
         state = answer.state
         backlog = self._backlog(node, now) if state in ("blocked", "unreachable") else None
@@ -212,7 +214,7 @@ class ClusterRules:
         if kind is None:  # answering (or answering badly): neither blocked nor down
             self._streaks.pop(answer.url, None)
             gone = [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
-            return gone + self._slow(answer, node, incidents)
+            return gone + self._slow(answer, node, incidents, overran)
         self._slow_streaks.pop(answer.url, None)
         streak, count = self._streaks.get(answer.url, (kind.value, 0))
         count = count + 1 if streak == kind.value else 1
@@ -246,10 +248,13 @@ class ClusterRules:
             operations=restart,
         )]
 
-    def _slow(self, answer: PeerAnswer, node: str, incidents: Incidents) -> list[Finding]:
-        """A peer that answers, but slower than the policy's limit, `after_checks` rounds in a row."""
+    def _slow(self, answer: PeerAnswer, node: str, incidents: Incidents, overran: bool = False) -> list[Finding]:
+        """A peer that answers, but slower than the policy's limit, `after_checks` rounds in a row
+        (a slow answer in a round that overran counts neither way: its streak waits)."""
         rule: SlowPeerPolicy = self.policy.kinds.slow_peer
         took_s = answer.took_ms / 1000
+        if overran and answer.state == "ok" and took_s > rule.slower_than_s:
+            return []
         if answer.state != "ok" or took_s <= rule.slower_than_s:
             self._slow_streaks.pop(answer.url, None)
             return [cleared(IncidentKind.SLOW_PEER, node)] if incidents.get(fingerprint(node, IncidentKind.SLOW_PEER, None)) else []
