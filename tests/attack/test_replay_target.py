@@ -10,25 +10,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest
-
 from gpumedic.cli import main
 from gpumedic_bus import ServiceRuntime
 from gpumedic_bus.consume import REPLAY_FOR, REPLAY_OF, rejection
 from gpumedic_bus.streams import ACTIONS, DEAD_LETTERS
 from gpumedic_events import ActionCompleted
 from gpumedic_events.base import json_examples
-from gpumedic_store.migrate import upgrade
 
 EXAMPLE = ActionCompleted.model_validate(json_examples(ActionCompleted)[0])
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    url = f"sqlite+aiosqlite:///{tmp_path / 'gpumedic.db'}"
-    upgrade(url)
-    monkeypatch.setenv("GPUMEDIC_STORE_URL", url)
-    return url
 
 
 async def _until(check, what: str, timeout_s: float = 15.0) -> None:
@@ -39,8 +28,9 @@ async def _until(check, what: str, timeout_s: float = 15.0) -> None:
     raise AssertionError(f"{what} within {timeout_s:g}s")
 
 
-async def test_a_replay_is_handled_by_the_consumer_that_refused_it_and_no_other(nats_settings, nats_url, js, store, monkeypatch, capsys):
+async def test_a_replay_is_handled_by_the_consumer_that_refused_it_and_no_other(nats_settings, nats_url, js, store_url, monkeypatch, capsys):
     monkeypatch.setenv("GPUMEDIC_NATS_URL", nats_url)
+    monkeypatch.setenv("GPUMEDIC_STORE_URL", store_url)
     handled: dict[str, list[uuid.UUID]] = {"zombie-detector": [], "report-builder": []}
     apps = []
     for service, durable in (("zombie-detector", "zombie-detector-actions"), ("report-builder", "report-builder-ActionCompleted")):

@@ -222,9 +222,8 @@ def test_while_the_pool_jumps_a_worker_that_runs_what_the_pool_runs_is_no_black_
     assert sorted(s.node_id for s in unjudged.of(IncidentKind.BLACK_HOLE)) == ["pod-9", "pod-new"]
 
 
-def test_a_black_hole_the_provider_no_longer_lists_closes_at_once_as_retired():
-    """A black hole ended by its terminate_worker validates on samples a machine that no longer exists
-    will never send: it stayed open to the end of a busy run. The provider's listing says it is gone."""
+def _terminated_black_hole() -> tuple[Pool, list, list]:
+    """A pool whose black hole pod-5 was drained and then ended, as the remediator answered: (pool, workers, outcomes)."""
     pool = Pool()
     workers = [_w(f"pod-{i}") for i in range(6)]
     outcomes = [Outcomes(f"pod-{i}", 30, 1) for i in range(5)] + [Outcomes("pod-5", 5, 15)]
@@ -237,6 +236,13 @@ def test_a_black_hole_the_provider_no_longer_lists_closes_at_once_as_retired():
     terminate = pool.requests()[-1]
     assert terminate.operation == TerminateWorker(worker_ids=("pod-5",))
     pool.complete(terminate, T0 + timedelta(seconds=110))
+    return pool, workers, outcomes
+
+
+def test_a_black_hole_the_provider_no_longer_lists_closes_at_once_as_retired():
+    """A black hole ended by its terminate_worker validates on samples a machine that no longer exists
+    will never send: it stayed open to the end of a busy run. The provider's listing says it is gone."""
+    pool, workers, outcomes = _terminated_black_hole()
     ended = [*workers[:5], _w("pod-5", status="terminated")]
     _round(pool, T0 + timedelta(seconds=120), ended, outcomes)  # the fault is gone with it: validation next
     (state,) = [s for s in pool.logic.book.incidents.values() if s.kind is IncidentKind.BLACK_HOLE]
@@ -251,16 +257,7 @@ def test_a_black_hole_the_provider_no_longer_lists_closes_at_once_as_retired():
 
 def test_an_incident_validating_on_a_worker_the_provider_still_lists_live_is_not_retired():
     """The provider has not ended it yet (a termination takes a while): validation goes on as before."""
-    pool = Pool()
-    workers = [_w(f"pod-{i}") for i in range(6)]
-    outcomes = [Outcomes(f"pod-{i}", 30, 1) for i in range(5)] + [Outcomes("pod-5", 5, 15)]
-    _round(pool, T0, workers, outcomes)
-    pool.tick(T0 + timedelta(seconds=20))
-    pool.complete(pool.requests()[-1], T0 + timedelta(seconds=21))  # drained
-    for at in (30, 100):
-        _round(pool, T0 + timedelta(seconds=at), workers, outcomes)
-        pool.tick(T0 + timedelta(seconds=at + 1))
-    pool.complete(pool.requests()[-1], T0 + timedelta(seconds=110))  # terminated, says the remediator
+    pool, workers, outcomes = _terminated_black_hole()
     for at in (120, 125, 130):
         _round(pool, T0 + timedelta(seconds=at), workers, outcomes[:5])  # still listed running, its failures aged out
     assert [(s.node_id, s.phase) for s in pool.logic.book.incidents.values()] == [("pod-5", "validating")]
