@@ -18,9 +18,12 @@ _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 """Unicode's bidirectional controls: text after U+202E reads right to left, so a hostile name can
 show a person another command, path or id than the one it is (Trojan Source, CVE-2021-42574)."""
 _CONTROLS = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
-_SPOKEN = re.compile(f"(?P<sgr>\x1b\\[[0-9;]*m)|(?P<control>[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}])")
-"""What a command's output may not carry raw: every control but a line's end and a tab. `sgr`: the
-colours `table` paints, let through only where colour is on."""
+_SPOKEN = re.compile(f"(?P<sgr>\x1b\\[(?:[0-9;]*)m)|(?P<control>[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}])")
+"""What a command's output may not carry raw: every control but a line's end and a tab. `sgr`: a
+colour, let through only where colour is on, and only of `table`'s palette (`_PALETTE`)."""
+_PALETTE = re.compile("\x1b\\[(?:0|1|22|31|32|33|39)?m")
+"""The SGR sequences `table` paints with (bold, red, amber, green, their resets): a node's text on a
+terminal could use these as well, but no other (no hidden text, no black on black)."""
 
 
 def _escaped(char: str) -> str:
@@ -51,7 +54,7 @@ class PrintableStream(io.TextIOBase):
 
     def _spoken(self, match: re.Match[str]) -> str:
         if match["sgr"] is not None:
-            return match["sgr"] if self._colour else printable(match["sgr"])
+            return match["sgr"] if self._colour and _PALETTE.fullmatch(match["sgr"]) else printable(match["sgr"])
         return _escaped(match["control"])
 
     def flush(self) -> None:

@@ -66,3 +66,16 @@ def test_one_printing_path_escapes_every_control_but_lines_and_tabs(capsys):
     out = capsys.readouterr()
     assert out.out == "a\tb job\\x1b[2J\\x1b]0;pwned\\x07-\\u009b31m\\u009d0;t\\x07-\\u202eexe.txt\\x0d\n"
     assert out.err == "error: \\x1b[31mred\\x1b[0m\n"  # into a pipe, colours too are text
+
+
+def test_on_a_terminal_only_the_tables_own_colours_pass():
+    import io
+
+    from gpumedic.output import table
+    from gpumedic.printable import PrintableStream
+
+    terminal = io.StringIO()
+    PrintableStream(terminal, colour=True).write(table(["NODE", "STATUS"], [["gpu-01", "failed"]], colour=True) + "\x1b[30;40mhidden\x1b[8m")
+    shown = terminal.getvalue()
+    assert "\x1b[31mfailed" in shown  # the table's red
+    assert shown.endswith("\\x1b[30;40mhidden\\x1b[8m")  # black on black and concealed text are text

@@ -1,9 +1,9 @@
 """drain_node and undrain_node: the node's place in the scheduler, not a command on the node.
 
 A drain records that the incident holds the node out of service (a rollout's, that the operators
-do: one hold for every rollout, so any rollout's undrain gives back what any rollout drained), tells the user's scheduler
-through the policy's hook (where one is set), and publishes NodeDrained for the autoscaler and
-anyone subscribed. An undrain comes only after the detector validated the fix on the samples.
+do: one hold for every rollout, so any rollout's undrain gives back what any rollout drained),
+tells the user's scheduler through the policy's hook (where one is set), and publishes NodeDrained
+for the autoscaler and anyone subscribed. An undrain comes only after the detector validated the fix on the samples.
 If another incident still holds the node, it only releases this incident's hold: the node stays
 drained. Otherwise the policy's `check_command` and DCGM's diagnostics (`dcgm_diag`, where the node
 has DCGM) must pass on the node first, then the hook hears `drained: false`, the hold goes, and
