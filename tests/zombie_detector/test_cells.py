@@ -6,6 +6,7 @@ the book. What a cell cannot see (a job's ranks on another cell's nodes) the dec
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from types import SimpleNamespace
 
 from gpumedic_events import ActionRequested, IncidentKind, IncidentOpened, NodeFindings, NodeRetired, NodeSampled
@@ -45,9 +46,9 @@ class Cells:
             sent = NodeFindings(source="zombie-detector", cell="p00", observed_at=at(s), findings=tuple(wire(f) for f in findings))
             self._commit(self.decider.on_findings(NodeFindings.from_json(sent.to_json(), subject=sent.subject), at(s)))
 
-    def _commit(self, transitions) -> None:
+    def _commit(self, transitions, now=None) -> None:
         for t in transitions:
-            self.decider.book.commit(t)
+            self.decider.book.commit(t, now)
             self.events += t.events
 
     def opened(self) -> list[tuple[str, str]]:
@@ -116,6 +117,24 @@ def test_the_open_incidents_follow_the_state_buckets_writes():
     remaining = next(iter(mirror.by_key))
     mirror._apply(remaining, b"{not json", None)  # a state that does not parse: read as closed, and said
     assert mirror.open_on("n1") == [] and len(mirror.closed_on("n1")) == 1  # no close it can tell of
+
+
+def test_a_cell_keeps_each_work_ending_actions_window_after_its_incident_moved_on():
+    """What a kill ends may reach a cell after the incident it read moved on: the window the cell
+    read (from the request to the answer) stays, so the death is still gpumedic's own doing."""
+    cells = Cells([{"n1"}])
+    local = lambda i, s: node_sample(0, (0, 0), job="torchelastic:single", nodes=1) if i == 0 else None  # noqa: E731
+    run(cells, 700, local)
+    acting = next(s for s in cells.decider.book.incidents.values() if s.pending_action is not None)
+    asked = acting.pending_action
+    assert asked.ends_work_on == ("n1",)
+    mirror = OpenIncidents()
+    mirror.put(acting, at(701))
+    skew = timedelta(seconds=5)
+    assert mirror.acted_on("n1") == [(asked.requested_at - skew, acting.deadline + skew)]  # no answer yet: until its deadline
+    mirror.put(acting.model_copy(update={"phase": "verifying", "pending_action": None}), at(703))
+    assert mirror.acted_on("n1") == [(asked.requested_at - skew, at(703) + skew)]  # answered: until then
+    assert mirror.acted_on("n2") == []
 
 
 def test_a_fault_in_what_a_node_sent_before_its_incident_closed_opens_no_new_one():

@@ -26,7 +26,7 @@ from gpumedic_events import (
 )
 from gpumedic_incidents import Policy
 from gpumedic_incidents.policy import Actions, FleetPolicy, JobHungPolicy, JobRestart, Kinds, RestartJobPolicy, Step
-from tests.zombie_detector.test_rules import Detector, sample, succeeded
+from tests.zombie_detector.test_rules import Detector, at, sample, succeeded
 from zombie_detector.rules.job import job_key
 
 POLICY = Policy(fleet=FleetPolicy(hold_s=0))
@@ -307,6 +307,29 @@ def test_with_a_restart_in_the_policy_the_stopped_job_starts_again_on_its_other_
     run(d, 600, 700, lambda i, s: node_sample(i) if i != 2 else gone(i, s))
     assert not [e for e in d.events[before:] if isinstance(e, IncidentEscalated)]
     assert kinds(d) == [("gpu_lost", "n3"), ("job_hung", "n3")]
+
+
+def test_the_stopped_ranks_exits_a_busy_bus_delivers_after_the_incident_moved_on_are_still_the_stops_doing():
+    """A hung job's stop ends its ranks on every node of the job; on a busy day their containers'
+    exits (143) arrive after the stop was answered and the incident moved on. By the nodes' clocks
+    they died while the stop ran: gpumedic's own doing, no container_died on any healthy host (the
+    busy mixed scenario opened 41, one per rank). A death after the stop is a death of its own."""
+    d = Detector(restarting_policy())
+    hung, stop = stopped(d)
+    died = at(421)
+    succeeded(d, stop, 423)
+    run(d, 425, 440, gone)
+    assert any(isinstance(e, ActionRequested) and isinstance(e.operation, RestartJob) for e in d.events)  # moved on
+    for i, node in enumerate(("n1", "n2", "n4")):
+        d.feed(ContainerExited(source="node-sampler", node_id=node, container_id=f"{i:x}" * 64, name=f"rank-{i}", exit_code=143,
+                               finished_at=died, occurred_at=died), 600)
+    d.tick(640)
+    assert d.opened(IncidentKind.CONTAINER_DIED) == []
+    later = at(700)
+    d.feed(ContainerExited(source="node-sampler", node_id="n1", container_id="e" * 64, name="rank-9", exit_code=143,
+                           finished_at=later, occurred_at=later), 700)
+    d.tick(740)
+    assert [(e.node_id, e.diagnosis.cause) for e in d.opened(IncidentKind.CONTAINER_DIED)] == [("n1", "sigterm")]
 
 
 def test_a_job_started_by_one_command_restarts_once_on_its_lowest_rank_but_never_on_the_node_that_stopped():

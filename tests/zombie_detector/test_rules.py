@@ -386,7 +386,7 @@ def succeeded(d: Detector, request: ActionRequested, s: float) -> None:
         ActionCompleted(source="remediator", action_id=request.action_id, incident_id=request.incident_id,
                         node_id=request.node_id, attempt=request.attempt, outcome=ActionOutcome.SUCCEEDED, detail="done"),
         at(s), None,
-    ))
+    ), at(s))
 
 
 def test_a_full_docker_disk_is_pruned_and_resolves_fixed_once_under_the_clearing_line():
@@ -701,7 +701,7 @@ def test_an_exit_caused_by_gpumedics_own_kill_is_part_of_that_incident():
         source="remediator", incident_id=request.incident_id, action_id=request.action_id, node_id="n1",
         attempt=1, outcome=ActionOutcome.SUCCEEDED, detail="killed",
     )
-    d._commit(d.logic.on_action_completed(done, at(17), None))
+    d._commit(d.logic.on_action_completed(done, at(17), None), at(17))
     d.feed(sample(gpus=(GpuSample(index=0, utilization_gpu_pct=0),), jobs=0), 20)
     assert [e.resolution for e in d.events if isinstance(e, IncidentResolved)] == ["fixed"]
     d.tick(30)

@@ -35,6 +35,11 @@ RECENTLY_CLOSED = timedelta(minutes=15)
 """How long a closed incident stays readable to the rules (`RecentCloses`): longer than a bus that
 falls behind takes to deliver the facts that came with its fix."""
 
+CLOCK_SKEW = timedelta(seconds=5)
+"""How far a node's clock (a container's death) may be from the detector's (a request, its answer):
+NTP keeps them within milliseconds; a few seconds for a node whose clock drifts, and no more, since
+a death this long after gpumedic's action answered is one of its own."""
+
 ROUTINE = frozenset({IncidentKind.BURN_IN})
 """Kinds that are a routine step, not a fault: many at once (a burst of rentals, each on trial) is
 no fleet-wide cause, so never a fleet incident."""
@@ -67,6 +72,47 @@ _COVERING_KEPT = 100_000
 """Label sets whose silences are remembered at once (a few MB); past it the memory starts again."""
 
 
+class RecentActions:
+    """The work-ending actions the incidents asked for (`state.ENDS_WORK`), per node they reach, each
+    as the window in which what they end may end, widened by CLOCK_SKEW: from the request to its
+    answer (to the incident's deadline while none came). A death on such a node within it is
+    gpumedic's own doing, whatever the incident did since (moved on, closed) and however late a busy
+    bus delivers the exit: the incident's phase when it arrives says nothing then. Kept for
+    RECENTLY_CLOSED after each window ends."""
+
+    def __init__(self) -> None:
+        self._windows: dict[uuid.UUID, tuple[tuple[str, ...], datetime, datetime]] = {}
+        self._by_node: dict[str, set[uuid.UUID]] = {}
+
+    def on(self, node_id: str) -> list[tuple[datetime, datetime]]:
+        return [self._windows[a][1:] for a in self._by_node.get(node_id, ())]
+
+    def note(self, before: IncidentState | None, after: IncidentState | None, at: datetime) -> None:
+        """One incident's change, read at `at` (the reader's clock): an action asked opens its window,
+        its answer (or the incident's end) closes it at `at`."""
+        asked = after.pending_action if after is not None else None
+        had = before.pending_action if before is not None else None
+        if asked is not None and asked.ends_work_on and asked.action_id not in self._windows:
+            until = (after.deadline if after is not None and after.deadline else asked.requested_at) + CLOCK_SKEW
+            self._windows[asked.action_id] = (asked.ends_work_on, asked.requested_at - CLOCK_SKEW, until)
+            for node in asked.ends_work_on:
+                self._by_node.setdefault(node, set()).add(asked.action_id)
+        if had is not None and (asked is None or asked.action_id != had.action_id) and had.action_id in self._windows:
+            nodes, start, until = self._windows[had.action_id]
+            self._windows[had.action_id] = (nodes, start, min(until, at + CLOCK_SKEW))
+        self._forget(at - RECENTLY_CLOSED)
+
+    def _forget(self, before: datetime) -> None:
+        for action, (nodes, _, until) in [(a, w) for a, w in self._windows.items() if w[2] < before]:
+            del self._windows[action]
+            for node in nodes:
+                held = self._by_node.get(node)
+                if held is not None:
+                    held.discard(action)
+                    if not held:
+                        del self._by_node[node]
+
+
 class IncidentBook:
     def __init__(self, detector: str, policy: Policy) -> None:
         self.detector = detector
@@ -74,6 +120,7 @@ class IncidentBook:
         self.incidents: dict[str, IncidentState] = {}
         self._by_node: dict[str, set[str]] = {}
         self.closed = RecentCloses()
+        self.acted = RecentActions()
         self.silences: dict[uuid.UUID, SilenceAdded] = {}
         self._covering: dict[tuple, tuple[SilenceAdded, ...]] = {}
         """Which silences match each incident's labels, until the silences change: a tick asks for
@@ -88,6 +135,9 @@ class IncidentBook:
 
     def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
         return self.closed.on(node_id)
+
+    def acted_on(self, node_id: str) -> list[tuple[datetime, datetime]]:
+        return self.acted.on(node_id)
 
     def get(self, fingerprint: str) -> IncidentState | None:
         return self.incidents.get(fingerprint)
@@ -225,6 +275,8 @@ class IncidentBook:
     def commit(self, transition: Transition, now: datetime | None = None) -> None:
         """Swap a transition's state in, once it is persisted and its events published; a close
         decided at `now` is kept readable a while (`closed_on`)."""
+        if now is not None:
+            self.acted.note(transition.before, transition.after, now)
         if transition.before is not None:
             self._drop(transition.before.fingerprint)
             if transition.after is None and now is not None:

@@ -51,7 +51,7 @@ from gpumedic_events import (
     action_id_for,
 )
 from gpumedic_incidents.policy import Policy, Step
-from gpumedic_incidents.state import Finding, IncidentState, PendingAction, operation_digest, traits_of
+from gpumedic_incidents.state import Finding, IncidentState, PendingAction, ends_work_on, operation_digest, traits_of
 
 SpanName = Literal["detect", "decide", "verify", "update"]
 UPDATE_AT = (2, 10, 100, 1000, 10_000)
@@ -428,7 +428,7 @@ def _request(
             "deadline": now + timedelta(seconds=policy.of(state.kind, state.key).action_timeout_s),
             "pending_action": PendingAction(
                 action_id=action_id, attempt=attempt, operation_sha256=operation_digest(operation), requested_at=now,
-                request_sha256=request.request_sha256,
+                request_sha256=request.request_sha256, ends_work_on=ends_work_on(operation, state.node_id),
             ),
         }
     )

@@ -36,6 +36,19 @@ def fingerprint(node_id: str, kind: IncidentKind | str, gpu_index: int | None, k
     return f"{base}/{key}" if key else base
 
 
+ENDS_WORK = frozenset({"kill_gpu_processes", "stop_job", "gpu_reset", "reboot_node", "restart_worker", "terminate_worker", "kill_pattern"})
+"""The operations that end processes on the nodes they reach: a container's exit 137 or 143 there,
+while one runs, is gpumedic's own doing (`book.RecentActions`)."""
+
+
+def ends_work_on(operation: Operation, node_id: str) -> tuple[str, ...]:
+    """The nodes whose processes `operation`, asked for on `node_id`, may end (a job's stop: every
+    node of its ranks); none for an operation that ends no work."""
+    if operation.operation not in ENDS_WORK:
+        return ()
+    return tuple(sorted({node_id, *(rank.node_id for rank in getattr(operation, "ranks", ()))}))
+
+
 class PendingAction(BaseModel):
     """The one action the incident waits for; a request must match it exactly."""
 
@@ -47,6 +60,8 @@ class PendingAction(BaseModel):
     requested_at: datetime
     request_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """The request's `ActionRequested.request_sha256`: the answer taken is the one to this request."""
+    ends_work_on: tuple[str, ...] = ()
+    """The nodes whose processes it may end (`ends_work_on`): what ends there meanwhile is its doing."""
 
 
 class Unpublished(BaseModel):

@@ -3,8 +3,10 @@ cluster's incidents (the shared detector: persist, publish, request the remediat
 
 Rounds start every `interval_s` however long one takes (a blocked peer holds a round for the
 HTTP timeout), so "two rounds in a row" is two intervals; a round longer than the interval
-is followed by the next at once, says so, and judges no peer slow by it: each answer's time was
-measured by a prober that could not keep up, not only by the peer."""
+is followed by the next at once. One that outlasts its interval by more than its slowest peer
+explains (a blocked or slow peer holds a round as long as it makes it wait) is the prober's own
+lateness: it says so and judges no peer slow by it, since each answer's time was measured by a
+prober that could not keep up, not only by the peer."""
 
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 reader=reader,
             )
             took = loop.time() - started
-            overran = took > settings.interval_s
+            slowest = max((a.took_ms for a in answers), default=0.0) / 1000
+            overran = took - slowest > settings.interval_s
             if overran:
-                log.warning("the probe round over %d peers took %.1fs, past its %gs interval: no peer is judged slow by it",
-                            len(answers), took, settings.interval_s)
+                log.warning("the probe round over %d peers took %.1fs (its slowest peer %.1fs), past its %gs interval: "
+                            "no peer is judged slow by it", len(answers), took, slowest, settings.interval_s)
             for answer in answers:
                 if answer.state != "ok":
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)

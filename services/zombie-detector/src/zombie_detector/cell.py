@@ -34,7 +34,7 @@ from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, 
 from gpumedic_events.findings import MAX_FINDINGS
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState, IncidentStates, Policy
-from gpumedic_incidents.book import RecentCloses
+from gpumedic_incidents.book import RecentActions, RecentCloses
 from gpumedic_incidents.store import state_key
 from zombie_detector import memory
 from zombie_detector.node_incidents import SOURCE
@@ -64,13 +64,14 @@ def cell_name(partition: int) -> str:
 
 class OpenIncidents:
     """The open incidents as the state bucket holds them, for the rules to read (`rules.Incidents`),
-    and those closed lately, by when this cell read the close."""
+    those closed lately and the work-ending actions they asked for, by when this cell read each."""
 
     def __init__(self) -> None:
         self.by_key: dict[str, IncidentState] = {}
         """Each open incident by its key in the bucket (`state_key` of its fingerprint)."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self.closed = RecentCloses()
+        self.acted = RecentActions()
 
     def open_on(self, node_id: str) -> list[IncidentState]:
         return [self.by_key[key] for key in self._by_node.get(node_id, ())]
@@ -78,11 +79,15 @@ class OpenIncidents:
     def closed_on(self, node_id: str) -> list[tuple[IncidentState, datetime]]:
         return self.closed.on(node_id)
 
+    def acted_on(self, node_id: str) -> list[tuple[datetime, datetime]]:
+        return self.acted.on(node_id)
+
     def get(self, fingerprint: str) -> IncidentState | None:
         return self.by_key.get(state_key(fingerprint))
 
-    def put(self, state: IncidentState) -> None:
+    def put(self, state: IncidentState, read_at: datetime | None = None) -> None:
         key = state_key(state.fingerprint)
+        self.acted.note(self.by_key.get(key), state, read_at or datetime.now(UTC))
         self.by_key[key] = state
         self._by_node[state.node_id].add(key)
 
@@ -92,6 +97,7 @@ class OpenIncidents:
             self._by_node[state.node_id].discard(key)
             if closed_at is not None:
                 self.closed.note(state, closed_at)
+                self.acted.note(state, None, closed_at)
 
     async def follow(self, nc) -> None:
         """Keep up with the bucket until cancelled: every key (a job's incident is on its culprit's

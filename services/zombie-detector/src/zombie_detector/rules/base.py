@@ -45,6 +45,11 @@ class Incidents(Protocol):
         when it closed and with when, oldest first."""
         ...
 
+    def acted_on(self, node_id: str) -> list[tuple[datetime, datetime]]:
+        """The windows in which a work-ending action gpumedic asked for lately may have ended the
+        node's processes (`gpumedic_incidents.book.RecentActions`), whatever its incident did since."""
+        ...
+
     def get(self, fingerprint: str) -> IncidentState | None: ...
 
 

@@ -304,15 +304,19 @@ def ended_normally(exit_: ContainerExited) -> bool:
 
 
 def part_of_an_action(exit_: ContainerExited, incidents: Incidents, stopping: Stopping | None = None) -> bool:
-    """A SIGKILL/SIGTERM exit without OOM while gpumedic killed GPU processes on this node (an
-    incident acting or verifying, or one that acted and closed after the death: a bus that falls
-    behind can deliver the exit after the sample that showed the GPU free), or while it stops a hung
-    job with ranks on it. The death's time is the node's, so however late the exit arrives."""
+    """A SIGKILL/SIGTERM exit without OOM while gpumedic ended work on this node: within the window
+    of a work-ending action it asked for there (a kill, a hung job's stop of its ranks, a reset or a
+    reboot: `Incidents.acted_on`), whatever its incident did since; an incident acting or verifying,
+    or one that acted and closed after the death (a bus that falls behind can deliver the exit after
+    the sample that showed the GPU free); or while it stops a hung job with ranks on it. The death's
+    time is the node's, so however late the exit arrives."""
     if exit_.exit_code not in (137, 143) or exit_.oom_killed:
         return False
     if stopping is not None and stopping(exit_.node_id, incidents):
         return True
     died_at = exit_.finished_at or exit_.occurred_at
+    if any(start <= died_at <= until for start, until in incidents.acted_on(exit_.node_id)):
+        return True
     if any(
         _killed(i) and i.phase in ("acting", "verifying") and i.opened_at <= died_at
         and (i.pending_action is None or died_at - i.pending_action.requested_at <= OWN_ACTION)
