@@ -86,3 +86,14 @@ def test_with_no_leader_the_jobs_are_counted_from_the_peer_that_counts_the_most(
     led = assess("c", [counting("n1", "n3", n2=2), counting("n2", "n3", n1=0, n3=2), counting("n3", "n3", n1=1)])
     assert led.view_by == "n3" and [(p.node_id, p.jobs) for p in led.leader_view] == [("n1", 1)]  # a leader's view first
     assert assess("c", [answer(None), answer(None)]).view_by is None  # nobody counts jobs
+
+
+def test_a_round_is_the_probers_overrun_only_past_what_its_slowest_peer_explains():
+    from leader_health.judge import round_overran
+
+    quick = [PeerAnswer(f"http://p{i}/status", "ok", None, took_ms=40) for i in range(1000)]
+    slow = [*quick[:4], PeerAnswer("http://p9/status", "ok", None, took_ms=12_000)]
+    assert round_overran(42.0, quick, 30.0)  # a thousand quick answers in 42 s: the prober fell behind
+    assert not round_overran(12.3, slow, 5.0)  # one slow peer held a round of five: the peer's doing
+    assert round_overran(18.0, slow, 5.0)
+    assert not round_overran(4.0, quick, 30.0)

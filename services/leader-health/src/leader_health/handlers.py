@@ -17,7 +17,7 @@ from pathlib import Path
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_incidents.detector import Detector
 from gpumedic_nodes.inventory import InventoryError, load_inventory
-from leader_health.judge import ClusterIncidents, assess
+from leader_health.judge import ClusterIncidents, assess, round_overran
 from leader_health.probe import probe_all
 from leader_health.settings import Settings
 from leader_health.status import StatusReader
@@ -40,11 +40,9 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
                 reader=reader,
             )
             took = loop.time() - started
-            slowest = max((a.took_ms for a in answers), default=0.0) / 1000
-            overran = took - slowest > settings.interval_s
-            if overran:
-                log.warning("the probe round over %d peers took %.1fs (its slowest peer %.1fs), past its %gs interval: "
-                            "no peer is judged slow by it", len(answers), took, slowest, settings.interval_s)
+            if overran := round_overran(took, answers, settings.interval_s):
+                log.warning("the probe round over %d peers took %.1fs, past its %gs interval by more than its slowest peer "
+                            "explains: no peer is judged slow by it", len(answers), took, settings.interval_s)
             for answer in answers:
                 if answer.state != "ok":
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)

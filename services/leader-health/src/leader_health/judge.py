@@ -118,6 +118,13 @@ def reachability(statuses: list[PeerStatus]) -> tuple[list[str], list[str]]:
     return one_way, unseen
 
 
+def round_overran(took_s: float, answers: Sequence[PeerAnswer], interval_s: float) -> bool:
+    """Whether a probe round outlasted its interval by more than its slowest peer explains (a blocked
+    or slow peer holds the round as long as it makes it wait): the prober's own lateness."""
+    slowest = max((a.took_ms for a in answers), default=0.0) / 1000
+    return took_s - slowest > interval_s
+
+
 class ClusterIncidents:
     """The cluster's incidents: each probe round through the rules into the shared incident book."""
 
