@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 
 from gpumedic_events import ActionCompleted, ClusterChecked, ListenBacklogReported, PeerJobs, PeerProblem, PeerRow
