@@ -62,6 +62,13 @@ def test_node_sampler_installs_without_a_database_or_ssh():
     needs = _closure(lock, "gpumedic-node-sampler")
     assert "nvidia-ml-py" in needs and "faststream" in needs
     assert not needs & {"sqlalchemy", "asyncssh", "alembic", "asyncpg", "aiosqlite", "gpumedic-store"}
+    # nor RE2 (a node matches no silence, and its wheels need glibc 2.27 where a node's artifact supports 2.17)
+    assert "google-re2" not in needs and "google-re2" in _optional(lock, "gpumedic-events")
+
+
+def _optional(lock: dict, name: str) -> set[str]:
+    package = next(p for p in lock["package"] if p["name"] == name)
+    return {d["name"] for extra in package.get("optional-dependencies", {}).values() for d in extra}
 
 
 def _module_name(root: Path, source: Path) -> str:

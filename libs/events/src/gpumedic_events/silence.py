@@ -10,13 +10,13 @@ learns them the same way.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-import re2
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpumedic_events.base import Event, NodeId
@@ -29,18 +29,30 @@ _SILENCE_ID = "8e9f0a1b-2c3d-4e5f-8a6b-7c8d9e0f1a2b"
 LABELS = ("node", "kind", "gpu", "cluster")
 MATCHER = re.compile(r"^\s*(?P<label>[a-z_]+)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*$")
 
-_RE2 = re2.Options()
-_RE2.log_errors = False  # a refused pattern is the caller's one-line error, not a line on stderr
+@functools.cache
+def _re2() -> tuple[Any, Any]:
+    """RE2's module and its options, imported once where a silence is matched. It is the extra
+    `gpumedic-events[matchers]`: what matches silences depends on it (the detectors, the remediator,
+    report-builder, the CLI); a node's sampler never does, and its wheel needs glibc 2.27 where the
+    node's artifact supports 2.17."""
+    try:
+        import re2
+    except ImportError:
+        raise ValueError("silence matchers need RE2: install gpumedic-events[matchers] (google-re2)") from None
+    options = re2.Options()
+    options.log_errors = False  # a refused pattern is the caller's one-line error, not a line on stderr
+    return re2, options
 
 
-def compile_re2(pattern: str) -> re2._Regexp:
+def compile_re2(pattern: str) -> Any:
     """`pattern` compiled by RE2, which matches in time linear in the text, whatever the pattern
     (Python's `re` backtracks: `((.*)*)*x` takes seconds on one node name, and a detector that
     matched silences with it lost its lease). RE2 is what Alertmanager and Prometheus use, so a
     pattern that works there works here; ValueError with RE2's reason for one it refuses
     (backreferences, lookaround)."""
+    re2, options = _re2()
     try:
-        return re2.compile(pattern, _RE2)
+        return re2.compile(pattern, options)
     except re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(f"{pattern[:200]!r} is not a regular expression RE2 accepts: {reason}") from None
@@ -59,7 +71,7 @@ class Matcher(BaseModel):
     op: Literal["=", "!=", "=~", "!~"]
     value: str = Field(max_length=4000)
     """Long enough for an inventory group's nodes as one alternation."""
-    _regex: re2._Regexp | None = PrivateAttr(default=None)
+    _regex: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _compiles(self) -> Matcher:
