@@ -14,11 +14,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-"""Unicode's bidirectional controls: text after U+202E reads right to left, so a hostile name can
-show a person another command, path or id than the one it is (Trojan Source, CVE-2021-42574)."""
-_CONTROLS = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
-_SPOKEN = re.compile(f"(?P<sgr>\x1b\\[(?:[0-9;]*)m)|(?P<control>[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}])")
+from gpumedic_events.redact import BIDI, CONTROLS
+
+_SPOKEN = re.compile(f"(?P<sgr>\x1b\\[[0-9;]*m)|(?P<control>[\x00-\x08\x0b-\x1f\x7f-\x9f{BIDI}])")
 """What a command's output may not carry raw: every control but a line's end and a tab. `sgr`: a
 colour, let through only where colour is on, and only of `table`'s palette (`_PALETTE`)."""
 _PALETTE = re.compile("\x1b\\[(?:0|1|22|31|32|33|39)?m")
@@ -35,7 +33,7 @@ def _escaped(char: str) -> str:
 def printable(text: object) -> str:
     """`text` with every control character (C0, DEL, C1, bidi) written as an escape (`\\x1b`,
     `\\u202e`), so that text from a node or another service is shown, never obeyed by the terminal."""
-    return _CONTROLS.sub(lambda m: _escaped(m.group()), str(text))
+    return CONTROLS.sub(lambda m: _escaped(m.group()), str(text))
 
 
 class PrintableStream(io.TextIOBase):

@@ -23,6 +23,13 @@ from typing import Any
 
 MASK = "***"
 
+BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""Unicode's bidirectional controls (a regex class's body): text after U+202E reads right to left, so
+a hostile name can show a person another command, path or id than the one it is (Trojan Source,
+CVE-2021-42574)."""
+CONTROLS = re.compile(f"[\x00-\x1f\x7f-\x9f{BIDI}]")
+"""Every character a terminal or a page could obey: C0, DEL, C1 and the bidi controls."""
+
 _SECRET_WORDS = frozenset(
     {"password", "passwd", "pwd", "pass", "secret", "token", "key", "apikey", "auth", "authorization",
      "credential", "credentials", "accesskey", "secretkey", "privatekey", "apitoken", "authtoken", "pat"}

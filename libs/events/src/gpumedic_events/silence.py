@@ -21,7 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, V
 
 from gpumedic_events.base import Event, NodeId
 from gpumedic_events.incident import IncidentKind
-from gpumedic_events.redact import redact
+from gpumedic_events.redact import CONTROLS, redact
 
 _SILENCE_ID = "8e9f0a1b-2c3d-4e5f-8a6b-7c8d9e0f1a2b"
 
@@ -116,13 +116,10 @@ def split_matcher(text: str) -> tuple[str, str, str]:
     return found["label"], found["op"], value
 
 
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
 def said_by_a_person(text: str) -> str:
     """What a person typed (a reason, a note, a name), as every surface keeps it: on one line, no
     control a terminal or a page could obey, and a secret pasted into it masked (`redact`)."""
-    return redact(_CONTROLS.sub(" ", text))
+    return redact(CONTROLS.sub(" ", text))
 
 
 def incident_labels(kind: str, node_id: str, gpu_index: int | None, cluster: str | None = None) -> dict[str, str]:
