@@ -300,3 +300,18 @@ def test_a_round_that_overran_its_interval_judges_no_peer_slow():
         c.round(s, slow)  # rounds that kept up: the peer is judged by them alone
     (opened,) = [e for e in c.opened() if e.kind is IncidentKind.SLOW_PEER]
     assert opened.node_id == "p5" and "(3 checks in a row)" in opened.summary
+
+
+def test_timeouts_the_prober_measured_while_it_was_late_itself_open_nothing():
+    """A starved leader-health (its loop lagging, its round overrunning) times out on peers that
+    would have answered: a peer it could not hear then is neither blocked nor down by that round,
+    and its streak goes on from the rounds that kept up. A refusal is no timeout and still counts."""
+    c = Cluster()
+    late = [ok(n) for n in NODES[:3]] + [bad("p4", "blocked"), bad("p5", "unreachable")]
+    for s in range(0, 100, 10):
+        assert c.round(s, late, overran=True) == []
+    assert c.round(100, [ok(n) for n in NODES[:3]] + [bad("p4", "down"), bad("p5", "ok")], overran=True) == []  # down: 1 of 3
+    for s in (110, 120, 130):
+        c.round(s, late)  # rounds that kept up: p4 and p5 are judged by them alone
+    opened = {e.node_id: e.kind for e in c.opened()}
+    assert opened == {"p4": IncidentKind.PEER_BLOCKED, "p5": IncidentKind.PEER_DOWN}

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from gpumedic_bus.lateness import parse_pressure
+from gpumedic_events import CpuPressure
 
 from node_sampler.host import DOCKER_ROOT, HostReader, parse_loadavg, parse_meminfo, watched_disks
 from node_sampler.readings import RawDisk
@@ -43,6 +45,34 @@ def test_memory_swap_load_and_cpus(tmp_path):
     assert reading.load == (12.5, 10.25, 8.0)
     assert reading.cpus == os.cpu_count()
     assert reading.disks == () and reading.errors == ()
+
+
+def test_cpu_pressure_from_the_kernels_psi_file(tmp_path):
+    root = proc_root(tmp_path)
+    assert HostReader(root).read().cpu_pressure is None  # a kernel without PSI (or psi=0): no figure, no error
+    (root / "pressure").mkdir()
+    (root / "pressure" / "cpu").write_text("some avg10=61.20 avg60=58.01 avg300=40.00 total=123456789\n"
+                                          "full avg10=3.50 avg60=1.00 avg300=0.50 total=456789\n")
+    assert HostReader(root).read().cpu_pressure == CpuPressure(some_avg10_pct=61.2, full_avg10_pct=3.5)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("some avg10=0.13 avg60=5.51 avg300=11.95 total=2390925178\n", CpuPressure(some_avg10_pct=0.13)),  # before 5.13: no full line
+    ("full avg10=3.50 avg60=1 avg300=0 total=1\n", None),  # no some line: nothing to say
+    ("some avg10=nan avg60=1 avg300=0 total=1\n", None),
+    ("some avg10=250.0 avg60=1 avg300=0 total=1\n", None),  # not a share
+    ("some avg10=lots\n", None),
+    ("", None),
+])
+def test_malformed_pressure_is_no_figure(text, expected):
+    assert parse_pressure(text) == expected
+
+
+def test_the_real_kernels_pressure_where_it_has_psi():
+    if not Path("/proc/pressure/cpu").exists():
+        pytest.skip("this kernel has no PSI")
+    pressure = HostReader("/proc").read().cpu_pressure
+    assert pressure is not None and 0.0 <= pressure.some_avg10_pct <= 100.0
 
 
 def test_a_malformed_meminfo_line_is_skipped_with_a_note(tmp_path):

@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from gpumedic_events import CpuPressure
+
 from node_sampler.readings import JobsReading
 from node_sampler.sampler import PUBLISH_WAIT_MIN_S, Sampler
 from tests.node_sampler.fakes import FakeProcessTable, table_for_two_gpus, two_gpus
@@ -71,6 +73,34 @@ async def test_missed_ticks_are_skipped_not_burst():
 
     assert clock.wakeups[:3] == [1005.0, 1020.0, 1025.0]
     assert sampler.skipped_ticks == 2
+
+
+async def test_a_starved_sampler_says_how_late_it_is_and_what_it_missed():
+    """A node whose job keeps every CPU busy wakes its sampler late: each sample says when it was due
+    (the taking time is `occurred_at`) and how many ticks it skipped before it, and the pressure of its
+    own cgroup, so the control plane reads a late node, not a silent one."""
+    clock = FakeClock()
+    published = []
+    woken_late = iter([7.5, 0.0, 0.0])
+
+    async def late_sleep(seconds: float) -> None:
+        await clock.sleep(seconds + next(woken_late, 0.0))  # the scheduler gives it a CPU this much later
+
+    starved = CpuPressure(some_avg10_pct=87.5, full_avg10_pct=12.0)
+    sampler = Sampler("n1", two_gpus(), table_for_two_gpus(), [], 5.0, clock=clock, sleep=late_sleep, own_pressure=lambda: starved)
+    await _run_until(sampler, lambda e: _append(published, e), 4, published)
+
+    late = [(e.occurred_at - e.due_at).total_seconds() for e in published]
+    assert late[0] == pytest.approx(0.0, abs=0.01)
+    assert late[1] == pytest.approx(7.5, abs=0.01)  # tick 1, due at 1005, taken at 1012.5
+    assert late[2] == pytest.approx(0.0, abs=0.01)  # tick 3 at 1015: tick 2 (1010) had passed
+    assert [e.missed_ticks for e in published] == [0, 0, 1, 0]
+    assert all(e.sampler_cpu_pressure == starved for e in published)
+    assert sampler.skipped_ticks == 1
+
+
+async def _append(into: list, event) -> None:
+    into.append(event)
 
 
 async def test_failed_publish_is_logged_and_the_loop_goes_on(caplog):

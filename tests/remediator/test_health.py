@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import asyncssh
 import pytest
 
+from gpumedic_bus.lateness import LAGGING_AFTER_S, LoopLag
 from gpumedic_bus.streams import partition_of
 from gpumedic_nodes.ssh import SshExecutor
 from remediator.health import Checked, SshHealth, next_check
@@ -222,3 +224,33 @@ async def test_a_node_that_leaves_the_inventory_during_its_round_is_no_failure(s
     await asyncio.sleep(1.5)  # a check again would come a quarter interval (1 s) on
     assert published == [("kept", True, "ok")]
     assert set(health.states) == {"kept"}
+
+
+async def test_a_timeout_measured_while_the_remediators_own_loop_lagged_is_not_counted(sshd, tmp_path):
+    """A starved remediator (its loop blocked by a GC pause or a neighbour's CPU) cannot tell a node
+    that did not answer from an answer that waited for its loop: that check counts neither way and
+    the node keeps its state; a refusal is no timeout and is still said; once the loop keeps up, the
+    wedged node's timeout counts."""
+    silent, health = await _refusing_and_wedged(sshd, tmp_path, timeout_s=1.0, interval_s=60, concurrency=4)
+    health._loop_lag = lag = LoopLag(every_s=0.05)
+    lagging = asyncio.create_task(lag.run())
+    published = []
+
+    async def publish(event) -> None:
+        published.append(event)
+
+    async def starve() -> None:
+        await asyncio.sleep(0.2)
+        time.sleep(LAGGING_AFTER_S + 0.2)  # the loop runs nothing meanwhile
+
+    try:
+        await asyncio.gather(health.check_all(publish), starve())
+        assert [(e.node_id, e.cause) for e in published] == [("refusing", "refused")]
+        assert "wedged" not in health.states
+        await asyncio.sleep(0.1)
+        await health.check_all(publish)
+        assert {e.node_id: e.cause for e in published[1:]} == {"refusing": "refused", "wedged": "timeout"}
+        assert {n: s.failures for n, s in health.states.items()} == {"refusing": 2, "wedged": 1}
+    finally:
+        lagging.cancel()
+        silent.close()

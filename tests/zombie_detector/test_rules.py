@@ -576,6 +576,46 @@ def test_a_service_behind_its_samples_is_one_control_plane_incident_until_it_cat
     assert resolved.incident_id == autoscaler.incident_id and "every service has caught up" in resolved.summary
 
 
+def late_loop(s: float, service="zombie-detector", *, instance=DETECTOR_INSTANCE) -> ServiceHeartbeat:
+    """A service's heartbeat saying its own event loop ran `s` seconds late (and it keeps up with its samples)."""
+    return behind(0.0, service, instance=instance).model_copy(update={"loop_lag_s": s})
+
+
+def test_while_the_detectors_own_loop_lags_no_node_is_silent_and_each_counts_afresh_once_it_keeps_up():
+    """A starved detector (its host's CPU taken, a long collection) handles samples late: a node it
+    has not heard from meanwhile may have sampled on time. Nothing is silent while its loop lags past
+    a second, and counts start again once it keeps up."""
+    d = Detector()
+    d.feed(sample("n1"), 0)
+    d.feed(sample("n2"), 0)
+    d.feed(late_loop(3.5), 1)
+    for s in range(5, 60, 5):
+        d.feed(sample("n2"), s)
+        assert d.tick(s) == []
+    d.feed(late_loop(0.05), 60)  # keeps up again: n1's count starts from here
+    d.feed(sample("n2"), 70)
+    assert d.tick(70) == [] and not d.opened(IncidentKind.NODE_SILENT)
+    d.feed(sample("n2"), 76)
+    (opened, _) = d.tick(76)
+    assert opened.kind is IncidentKind.NODE_SILENT and opened.node_id == "n1"
+
+
+def test_a_service_whose_loop_stays_late_is_behind_and_one_pause_is_not():
+    d = Detector()
+    assert d.feed(late_loop(3.0, "remediator"), 0) == []  # one collection pause, or the start of a starvation
+    assert d.feed(late_loop(0.1, "remediator"), 5) == []  # a pause: over
+    d.feed(late_loop(2.5, "remediator"), 10)
+    opened, *_ = d.feed(late_loop(4.0, "remediator"), 15)  # late for 5 s: starved
+    assert (opened.kind, opened.node_id) == (IncidentKind.CONTROL_PLANE_BEHIND, "control-plane")
+    assert opened.summary.startswith("remediator's own event loop runs 4.0s late since ")
+    assert "an SSH login that times out meanwhile counts neither way" in opened.summary
+    assert opened.evidence["remediator.loop_lag_s"] == 4.0
+    d.feed(late_loop(1.5, "remediator"), 20)  # below the limit, not yet below half of it: still behind
+    assert not [e for e in d.events if isinstance(e, IncidentResolved)]
+    (resolved,) = [e for e in d.feed(late_loop(0.2, "remediator"), 25) if isinstance(e, IncidentResolved)]
+    assert resolved.incident_id == opened.incident_id
+
+
 def test_nvml_that_cannot_be_used_is_an_incident_until_it_answers():
     d = Detector()
     opened, _ = d.feed(sample(gpus=(), nvml_error="NVMLError_LibraryNotFound"), 0)

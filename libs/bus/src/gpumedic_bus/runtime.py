@@ -32,6 +32,7 @@ from gpumedic_bus.connect import connect, connect_options, quiet_tls_eof
 from gpumedic_bus.consume import EventConsumer, EventHandler, Handler, Lag, PacedConsumer, subscribe, undecoded
 from gpumedic_bus.follow import PacedReader, StreamFollower
 from gpumedic_bus.lease import Lease
+from gpumedic_bus.lateness import HOST_PRESSURE, LoopLag, own_cgroup_pressure, read_pressure
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.publish import publish_event
 from gpumedic_bus.settings import NatsSettings
@@ -127,6 +128,9 @@ class ServiceRuntime:
         self._readers: list[tuple[PacedReader, nats.NATS]] = []
         self.more_paced_consumers: Callable[[], list[PacedConsumer]] = list
         """Push consumers the service starts and stops itself (a detector cell's partitions), for their lag."""
+        self.loop_lag = LoopLag()
+        """How late this process's event loop runs: what it times while lagging judges nothing."""
+        self._pressure_path = own_cgroup_pressure() or HOST_PRESSURE
         self.lease: Lease | None = None
         """Held while this instance is its service's active one (services in `topology.ONE_ACTIVE`)."""
         self.on_lease_lost: Callable[[str], Awaitable[None] | None] = _stop_this_process
@@ -414,6 +418,9 @@ class ServiceRuntime:
         if self._metrics_port is None or self.metrics.port is not None:
             return
         self.metrics.gauge(CONNECTED, "1 while this service's NATS connection is up.", [], self._connected)
+        self.metrics.gauge("gpumedic_event_loop_lag_seconds", "The worst lateness of this service's event loop over the last 10 s: "
+                           "past 1 s, what it times (SSH checks, peer probes, silence) judges nothing.", [],
+                           lambda: [((), self.loop_lag.worst())])
         durables = [c.durable.name for c in (*self._consumers, *self._paced_consumers)]
         if durables:
             self.metrics.gauge("gpumedic_consumer_missing", "1 for a durable consumer of this service found gone: it receives "
@@ -463,6 +470,7 @@ class ServiceRuntime:
         log.info("%s: replayed %d %s", self.service, replayed, "/".join(e.__name__ for e in events))
 
     async def _started(self) -> None:
+        self._tasks.append(asyncio.create_task(self.loop_lag.run(), name=f"{self.service}-loop-lag"))
         deadline = asyncio.get_running_loop().time() + START_WITHIN_S
         for consumer in self._paced_consumers:
             await self._patiently(f"binding {consumer.durable.name}", consumer.start, deadline)
@@ -529,6 +537,7 @@ class ServiceRuntime:
             source=self.service, service=self.service, instance_id=self.instance_id, state=state,
             consumers_missing=tuple(sorted(self.consumers_missing)),
             lag=tuple(ConsumerLag(durable=lag.durable, pending=lag.pending, behind_s=round(lag.behind_s, 3)) for lag in self.lags()),
+            loop_lag_s=round(self.loop_lag.worst(HEARTBEAT_EVERY_S), 3), cpu_pressure=read_pressure(self._pressure_path),
         )
 
     def lags(self) -> list[Lag]:

@@ -329,6 +329,21 @@ class ContainerUsage(BaseModel):
     memory_limit_mib: int | None = Field(default=None, ge=0, description="Its memory limit (memory.max), MiB; None: none.")
 
 
+class CpuPressure(BaseModel):
+    """The kernel's CPU pressure stall information (PSI, the kernel's `accounting/psi` page), over its
+    last 10 seconds: the share of time some runnable task waited for a CPU (`some`), and the share
+    every non-idle task did at once (`full`). A training node's data loaders keep `some` high; that is
+    why its sampler is late, not a reason to think it dead."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    some_avg10_pct: float = Field(ge=0, le=100, description="`some avg10`: % of the last 10 s some task waited for a CPU.")
+    full_avg10_pct: float | None = Field(
+        default=None, ge=0, le=100, description="`full avg10`: % of the last 10 s every non-idle task waited at once; None "
+        "where the kernel writes no `full` line for CPU (before 5.13).",
+    )
+
+
 class HostSample(BaseModel):
     """The host around the GPUs: memory, swap, load and the disks the jobs write to."""
 
@@ -342,6 +357,9 @@ class HostSample(BaseModel):
     load_5m: float | None = Field(default=None, ge=0, description="Load average over 5 minutes.")
     load_15m: float | None = Field(default=None, ge=0, description="Load average over 15 minutes.")
     cpus: int | None = Field(default=None, ge=1, description="Online CPUs, to read the load against.")
+    cpu_pressure: CpuPressure | None = Field(
+        default=None, description="The node's CPU pressure (/proc/pressure/cpu); None where the kernel has no PSI."
+    )
     disks: tuple[DiskUsage, ...] = Field(default=(), max_length=32, description="Usage of each configured path.")
     top_processes: tuple[TopProcess, ...] = Field(
         default=(),
@@ -531,6 +549,7 @@ class NodeSampled(Event):
                         "load_5m": 11.9,
                         "load_15m": 11.7,
                         "cpus": 224,
+                        "cpu_pressure": {"some_avg10_pct": 61.2, "full_avg10_pct": 0.0},
                         "disks": [
                             {
                                 "path": "/var/lib/docker",
@@ -542,6 +561,8 @@ class NodeSampled(Event):
                         ],
                     },
                     "jobs": {"running": 1, "output_growing": False},
+                    "due_at": "2026-11-22T10:14:59.998Z",
+                    "missed_ticks": 0,
                     "errors": [],
                 }
             ]
@@ -559,6 +580,19 @@ class NodeSampled(Event):
     )
     host: HostSample = Field(default_factory=HostSample, description="Memory, swap, load and disks.")
     jobs: JobsObservation = Field(default_factory=JobsObservation, description="Job probe results.")
+    due_at: AwareDatetime | None = Field(
+        default=None, description="When this sample was due by the sampler's own schedule (its grid of one tick per "
+        "interval). `occurred_at` is when it was taken: the difference is how late the sampler was, a busy node's CPUs "
+        "being taken by its job. The next sample is due one interval after this. None from samplers before 2026-12.",
+    )
+    missed_ticks: int = Field(
+        default=0, ge=0, le=1_000_000, description="Ticks the sampler skipped since its previous sample (it fell so far "
+        "behind that their time had passed): the gap before this sample is the node's lateness, not silence.",
+    )
+    sampler_cpu_pressure: CpuPressure | None = Field(
+        default=None, description="The CPU pressure of the sampler's own cgroup (its cgroup v2 `cpu.pressure`): how much "
+        "the sampler itself waited for a CPU. None outside a cgroup v2 group of its own.",
+    )
     unacknowledged: int = Field(
         default=0, ge=0, description="Samples this sampler sent since it started that the bus did not acknowledge (it only "
         "grows): what the control plane never got, said by the node itself in its next sample.",

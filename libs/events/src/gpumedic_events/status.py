@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpumedic_events.base import Event, SubjectToken
+from gpumedic_events.node import CpuPressure
 
 
 class ConsumerLag(BaseModel):
@@ -37,6 +38,8 @@ class ServiceHeartbeat(Event):
                     "instance_id": "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a07",
                     "state": "ready",
                     "lag": [{"durable": "zombie-detector-samples", "pending": 12, "behind_s": 0.04}],
+                    "loop_lag_s": 0.003,
+                    "cpu_pressure": {"some_avg10_pct": 4.1, "full_avg10_pct": 0.0},
                 }
             ]
         }
@@ -52,6 +55,14 @@ class ServiceHeartbeat(Event):
     )
     lag: tuple[ConsumerLag, ...] = Field(
         default=(), max_length=64, description="How far behind its stream each of its sample consumers is."
+    )
+    loop_lag_s: float | None = Field(
+        default=None, ge=0, description="The worst lateness of its event loop over the last few seconds: how much later "
+        "than asked its own timers fired. While it is past a second, what the service times (SSH checks, peer probes, "
+        "a node's silence) measures its own starvation, and it judges no timeout. None from services before 2026-12.",
+    )
+    cpu_pressure: CpuPressure | None = Field(
+        default=None, description="Its host's CPU pressure (/proc/pressure/cpu), or its cgroup's where it runs in one."
     )
 
 

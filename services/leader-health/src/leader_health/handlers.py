@@ -43,6 +43,9 @@ def check_loop(runtime: ServiceRuntime, settings: Settings, detector: Detector, 
             if overran := round_overran(took, answers, settings.interval_s):
                 log.warning("the probe round over %d peers took %.1fs, past its %gs interval by more than its slowest peer "
                             "explains: no peer is judged slow by it", len(answers), took, settings.interval_s)
+            elif overran := runtime.loop_lag.lagging_since(started):
+                log.warning("leader-health's own event loop lagged %.1fs during the probe round: no peer is judged slow, "
+                            "blocked or unreachable by it", runtime.loop_lag.worst_since(started))
             for answer in answers:
                 if answer.state != "ok":
                     log.info("peer %s: %s: %s", answer.url, answer.state, answer.detail)

@@ -54,6 +54,8 @@ MAX_STRANGERS = 20
 BACKLOG_FRESH = timedelta(seconds=60)
 """How long a node's word on its daemon's accept queue counts (its sampler says it every sample while it lasts)."""
 PEER_KINDS = {"blocked": IncidentKind.PEER_BLOCKED, "down": IncidentKind.PEER_DOWN, "unreachable": IncidentKind.PEER_DOWN}
+TIMED_OUT = frozenset({"blocked", "unreachable"})
+"""The states a timeout makes: a prober that was late itself cannot tell them from its own lateness."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,8 @@ class ClusterRules:
     ) -> list[Finding]:
         """One probe round's findings; `inventory`: the node ids and hosts the fleet's inventory names
         (None: not known, and no member is judged a stranger); `overran`: the round outlasted its
-        interval, so how long a peer took to answer is no measure of the peer (no slow peer is judged)."""
+        interval or the prober's own loop lagged, so how long a peer took to answer is no measure of the
+        peer: no slow peer is judged, and a timeout (blocked, unreachable) counts neither way."""
         for a in answers:
             if a.status is not None:
                 self.node_of[a.url] = a.status.node_id
@@ -216,6 +219,8 @@ class ClusterRules:
             gone = [cleared(k, node) for k in (IncidentKind.PEER_BLOCKED, IncidentKind.PEER_DOWN) if incidents.get(fingerprint(node, k, None))]
             return gone + self._slow(answer, node, incidents, overran)
         self._slow_streaks.pop(answer.url, None)
+        if overran and state in TIMED_OUT and backlog is None:
+            return []  # a timeout the prober measured while it was late itself: its streak waits
         streak, count = self._streaks.get(answer.url, (kind.value, 0))
         count = count + 1 if streak == kind.value else 1
         self._streaks[answer.url] = (kind.value, count)

@@ -1,4 +1,5 @@
-"""The host beside the GPUs: memory, swap, load, CPUs, the configured disks and the RDMA ports.
+"""The host beside the GPUs: memory, swap, load, CPUs and their pressure, the configured disks and
+the RDMA ports.
 
 A GPU job that dies of a full /var/lib/docker or a swapping host looks, from NVML alone, like
 a GPU problem; these readings tell the two apart. Read every second on real nodes, so each read
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from gpumedic_bus.lateness import read_pressure
 
 from node_sampler.nics import SYS_CLASS_INFINIBAND, NicReader
 from node_sampler.readings import HostReading, RawDisk
@@ -96,6 +99,7 @@ class HostReader:
         root = os.fspath(proc_root).rstrip("/") or "/"
         self._meminfo = f"{root}/meminfo"
         self._loadavg = f"{root}/loadavg"
+        self._pressure = f"{root}/pressure/cpu"
         self.disk_paths = tuple(os.fspath(p) for p in disk_paths)
         self._statvfs = statvfs
         self.nics = NicReader(ib_root)
@@ -124,6 +128,7 @@ class HostReader:
             swap_free_kib=memory.get("SwapFree"),
             load=load,
             cpus=cpu_count(),
+            cpu_pressure=read_pressure(self._pressure),
             disks=tuple(d for d in (self._disk(p, errors) for p in self.disk_paths) if d is not None),
             errors=tuple(errors),
             ib_ports=nics.ports,

@@ -13,6 +13,7 @@ from typing import Any
 
 from faststream import FastStream
 from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_bus.lateness import own_cgroup_pressure, read_pressure
 from gpumedic_bus.service import run_service
 from gpumedic_bus.topology import node_user
 from gpumedic_events import Event
@@ -88,6 +89,7 @@ def create_app(
         logs=LogPatterns(settings.log_patterns, interval_s=settings.interval_s, root=settings.files_root,
                          docker_socket=settings.docker_socket) if settings.log_patterns else None,
         cgroups=ContainerCgroups(settings.files_root / "sys/fs/cgroup"),
+        own_pressure=(lambda: read_pressure(own)) if (own := own_cgroup_pressure()) is not None else None,
         listen=(ListenQueue(settings.listen_port) if settings.listen_port else None) if settings.listen_port is not None
         else ListenQueue.of_status_url(settings.status_url),
     )

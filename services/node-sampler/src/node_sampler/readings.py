@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from gpumedic_events import (
+    CpuPressure,
     ComputeMode,
     ContainerUsage,
     DeviceHolder,
@@ -167,6 +168,8 @@ class HostReading:
     swap_free_kib: int | None = None
     load: tuple[float, float, float] | None = None
     cpus: int | None = None
+    cpu_pressure: CpuPressure | None = None
+    """/proc/pressure/cpu (None: a kernel without PSI)."""
     disks: tuple[RawDisk, ...] = ()
     errors: tuple[str, ...] = ()
     top: tuple[TopReading, ...] = ()
@@ -242,6 +245,9 @@ def assemble_sample(
     holders: Mapping[int, tuple[str, ...]] | None = None,
     container_exists: ContainerExists | None = None,
     unacknowledged: int = 0,
+    due_at: datetime | None = None,
+    missed_ticks: int = 0,
+    sampler_cpu_pressure: CpuPressure | None = None,
 ) -> NodeSampled:
     """The sample for one interval; never raises for odd readings, it notes them instead.
 
@@ -273,6 +279,9 @@ def assemble_sample(
         errors=cap_errors(notes),
         nvml_error=_clip(nvml.unavailable, 300) if nvml.unavailable else None,
         unacknowledged=unacknowledged,
+        due_at=due_at,
+        missed_ticks=missed_ticks,
+        sampler_cpu_pressure=sampler_cpu_pressure,
     )
 
 
@@ -306,6 +315,7 @@ def host_sample(reading: HostReading) -> HostSample:
         load_5m=load[1] if load else None,
         load_15m=load[2] if load else None,
         cpus=reading.cpus if reading.cpus and reading.cpus > 0 else None,
+        cpu_pressure=reading.cpu_pressure,
         disks=tuple(disks),
         top_processes=tuple(
             TopProcess(

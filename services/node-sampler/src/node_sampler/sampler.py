@@ -19,12 +19,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpumedic_bus.tasks import stop_tasks
-from gpumedic_events import ContainerUsage, Event, GpuHealth, NodeSampled
+from gpumedic_events import ContainerUsage, CpuPressure, Event, GpuHealth, NodeSampled
 
 from node_sampler.cgroups import ContainerCgroups
 from node_sampler.checks import CheckScripts
@@ -91,6 +91,7 @@ class Sampler:
         logs: LogPatterns | None = None,
         listen: ListenQueue | None = None,
         cgroups: ContainerCgroups | None = None,
+        own_pressure: Callable[[], CpuPressure | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -101,7 +102,8 @@ class Sampler:
         last `container_log_lines` log lines; `ras` asks NCCL's RAS while a job's ranks here idle;
         `files` are the files the node must have, `checks` the operator's own check scripts, `logs`
         their log patterns; `listen` the accept queue of the node's own daemon; `cgroups` each
-        container's CPU and memory, looked at with the busiest processes."""
+        container's CPU and memory, looked at with the busiest processes; `own_pressure` reads the CPU
+        pressure of the sampler's own cgroup."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.node_id = node_id
@@ -121,6 +123,7 @@ class Sampler:
         """Per GPU index, the health figures it last sent, and when (monotonic)."""
         self._clock = clock
         self._sleep = sleep
+        self.own_pressure = own_pressure
         self.skipped_ticks = 0
         self.dropped_events = 0
         self.ras = ras
@@ -150,9 +153,11 @@ class Sampler:
         self.unacknowledged = 0
         """Samples the bus did not acknowledge since the start: each sample says how many."""
 
-    async def sample(self) -> NodeSampled:
-        """One sample of the node now; GPUs newly lost also go out as `GpuLost` events."""
+    async def sample(self, due: float | None = None, missed_ticks: int = 0) -> NodeSampled:
+        """One sample of the node now, due at `due` (on the monotonic clock; None: now), `missed_ticks`
+        skipped since the last; GPUs newly lost also go out as `GpuLost` events."""
         occurred_at = datetime.now(UTC)
+        due_at = occurred_at - timedelta(seconds=max(0.0, self._clock() - due)) if due is not None else occurred_at
         (reading, processes, host, holders, notes), jobs = await asyncio.gather(
             asyncio.to_thread(self._read_host), self._observe_jobs()
         )
@@ -169,6 +174,9 @@ class Sampler:
             holders=holders,
             container_exists=self.containers.exists if self.containers else None,
             unacknowledged=self.unacknowledged,
+            due_at=due_at,
+            missed_ticks=missed_ticks,
+            sampler_cpu_pressure=self.own_pressure() if self.own_pressure is not None else None,
         )
         if any(gpu.health is not None for gpu in self.last.gpus):
             self.last = self._unchanged_health_left_out(self.last)
@@ -223,10 +231,10 @@ class Sampler:
 
     async def _sample_loop(self, publish: Publish) -> None:
         start = self._clock()
-        tick = 0
+        tick, missed = 0, 0
         while True:
             try:
-                event = await self.sample()
+                event = await self.sample(start + tick * self.interval_s, missed)
             except Exception:
                 # sample() guards every source; reaching here is a bug, but the node stays visible
                 log.exception("%s: sample failed", self.node_id)
@@ -242,9 +250,10 @@ class Sampler:
                     self.unacknowledged += 1  # the next sample says so
                     log.warning("%s: sample not published (%r); next try in %.1fs", self.node_id, exc, self.interval_s)
             following = next_tick(start, self._clock(), self.interval_s, tick)
-            if following > tick + 1:
-                self.skipped_ticks += following - tick - 1
-                log.warning("%s: sampling fell behind, skipped %d tick(s)", self.node_id, following - tick - 1)
+            missed = following - tick - 1  # the next sample says so: the gap is lateness, not silence
+            if missed:
+                self.skipped_ticks += missed
+                log.warning("%s: sampling fell behind, skipped %d tick(s)", self.node_id, missed)
             tick = following
             await self._sleep(max(0.0, start + tick * self.interval_s - self._clock()))
 

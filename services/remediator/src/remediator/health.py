@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpumedic_bus.lateness import LoopLag
 from gpumedic_bus.shares import Shares
 from gpumedic_events import NodeSshChecked
 from gpumedic_nodes.check import failure_of
@@ -22,6 +24,8 @@ from gpumedic_nodes.ssh import SshExecutor
 log = logging.getLogger(__name__)
 
 SERVICE = "remediator"
+UNJUDGED = "unjudged"
+"""A check whose timeout the remediator measured while its own loop lagged: neither way."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,12 @@ def next_check(previous: Checked | None, node_id: str, cause: str, detail: str) 
 
 
 class SshHealth:
-    def __init__(self, executor: SshExecutor, inventory: Path, *, interval_s: float, concurrency: int) -> None:
+    def __init__(self, executor: SshExecutor, inventory: Path, *, interval_s: float, concurrency: int,
+                 loop_lag: LoopLag | None = None) -> None:
+        """`loop_lag`: the remediator's own loop's lateness; a login that timed out while it lagged
+        says nothing of the node (the answer may have waited for the loop) and is checked again."""
         self._executor = executor
+        self._loop_lag = loop_lag
         self._inventory = inventory
         self.interval_s = interval_s
         self._limit = asyncio.Semaphore(concurrency)
@@ -96,6 +104,9 @@ class SshHealth:
         limit: asyncio.Semaphore | None = None,
     ) -> None:
         cause, detail = await self._check(node, limit or self._limit)
+        if cause == UNJUDGED:
+            log.info("SSH check of %s timed out while the remediator's own loop lagged (%s): not counted", node, detail)
+            return
         if cause == "not_in_inventory":  # left the inventory since the round began (a worker ended): not ours to check
             self.states.pop(node, None)
             return
@@ -124,8 +135,12 @@ class SshHealth:
 
     async def _check(self, node: str, limit: asyncio.Semaphore) -> tuple[str, str]:
         async with limit:
+            started = time.monotonic()
             try:
                 await self._executor.check(node)
             except Exception as exc:  # never let one node stop the round
-                return failure_of(exc)
+                cause, detail = failure_of(exc)
+                if cause == "timeout" and self._loop_lag is not None and self._loop_lag.lagging_since(started):
+                    return UNJUDGED, f"lagged {self._loop_lag.worst_since(started):.1f}s"
+                return cause, detail
             return "ok", ""

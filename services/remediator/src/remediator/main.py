@@ -80,7 +80,8 @@ def create_app(settings: Settings | None = None) -> FastStream:
     runtime.on_startup(_check)
     if settings.ssh_check_interval_s > 0:
         health = SshHealth(
-            executor, settings.inventory, interval_s=settings.ssh_check_interval_s, concurrency=settings.ssh_check_concurrency
+            executor, settings.inventory, interval_s=settings.ssh_check_interval_s, concurrency=settings.ssh_check_concurrency,
+            loop_lag=runtime.loop_lag,
         )
 
         async def _publish(event) -> None:

@@ -28,6 +28,7 @@ from nats.js.errors import KeyNotFoundError
 from gpumedic_bus import ServiceRuntime, publish_event
 from gpumedic_bus.consume import PacedConsumer, keep_rejected
 from gpumedic_bus.outage import BUS_AWAY, nats_reason
+from gpumedic_bus.runtime import HEARTBEAT_EVERY_S
 from gpumedic_bus.streams import INCIDENT_STATE, RULE_MEMORY, partition_of, stream_of
 from gpumedic_bus.topology import Durable, cell_durables, subject_matches
 from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, NodeFindings, ServiceHeartbeat
@@ -265,7 +266,7 @@ class Cell:
         if lags:  # how far behind its own samples this cell is: a sample not given yet is no silent node
             self.finder.observe(ServiceHeartbeat(source=SOURCE, service=SOURCE, instance_id=self._runtime.instance_id, state="ready",
                                                  lag=tuple(ConsumerLag(durable=lag.durable, pending=lag.pending, behind_s=lag.behind_s)
-                                                           for lag in lags)), now)
+                                                           for lag in lags), loop_lag_s=self._runtime.loop_lag.worst(HEARTBEAT_EVERY_S)), now)
         by_partition: dict[int, list[Finding]] = defaultdict(list)
         for finding in self.finder.tick(now):
             by_partition[partition_of(finding.node_id)].append(finding)

@@ -224,6 +224,10 @@ class BehindPolicy(KindPolicy):
         default=10.0, gt=0, description="A service whose newest handled sample is older than this while more wait is behind "
         "(two of the shipped 5 s intervals); it is caught up again below half of it.",
     )
+    loop_lag_s: float = Field(
+        default=2.0, gt=0, description="A service whose event loop has run later than this for 5 s is behind "
+        "too: what it times (SSH logins, peer probes, silence) is its own lateness. Past 1 s it already judges no timeout.",
+    )
 
 
 class SamplesLostPolicy(KindPolicy):

@@ -7,6 +7,7 @@
   silent while the detector itself is behind its samples by more than the node's interval (its
   own heartbeat's lag): a sample it has not been given yet is no silence; once it has caught up
   (below half of `control_plane_behind.after_s`), every node's count starts again from then;
+  the same while its own event loop runs later than `gpumedic_bus.lateness.LAGGING_AFTER_S`;
   and none while the bus is known to drop samples (`samples_lost` open). Every sample
   while it is open clears it (a clear that lands while the restart is in flight is not taken).
   Several nodes at once is one fleet incident, as for any kind; a whole fleet gone quiet
@@ -27,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Annotated
 
 import msgspec
+from gpumedic_bus.lateness import LAGGING_AFTER_S
 
 from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSshChecked, RestartUnit, ServiceHeartbeat
 from gpumedic_events.views import Sample
@@ -69,6 +71,9 @@ class NodeRule:
         self.service = service
         self.behind_s = 0.0
         """How far behind its samples the detector itself is (its own heartbeat)."""
+        self.loop_lag_s = 0.0
+        """How late the detector's own event loop runs (its own heartbeat): past LAGGING_AFTER_S it
+        cannot tell a silent node from its own starvation, and judges none."""
         self.last_sample: dict[str, tuple[datetime, float]] = {}
         """When each node last sampled (detector's clock) and its interval."""
         self.freshest: datetime | None = None
@@ -84,9 +89,11 @@ class NodeRule:
         if isinstance(event, ServiceHeartbeat):
             if event.service == self.service and event.state == "ready" and event.lag:  # a standby consumes nothing
                 behind_s = max((lag.behind_s for lag in event.lag), default=0.0)
-                if self.behind_s > self.caught_up_below_s >= behind_s:
+                loop_lag_s = self.loop_lag_s if event.loop_lag_s is None else event.loop_lag_s
+                was_late = self.behind_s > self.caught_up_below_s or self.loop_lag_s > LAGGING_AFTER_S
+                if was_late and behind_s <= self.caught_up_below_s and loop_lag_s <= LAGGING_AFTER_S:
                     self.resumed_at = now  # caught up: every node's count starts again from now
-                self.behind_s = behind_s
+                self.behind_s, self.loop_lag_s = behind_s, loop_lag_s
             return []
         if isinstance(event, NodeSshChecked):
             return self._ssh(event, incidents)
@@ -128,6 +135,8 @@ class NodeRule:
         findings = []
         if incidents.get(LOST_FINGERPRINT) is not None:
             return []  # the bus drops samples: a missing one says nothing of its node
+        if self.loop_lag_s > LAGGING_AFTER_S:
+            return []  # the judge is starved: a sample it has not handled yet is no silence
         if self.none_due_until is not None and self.freshest <= self.none_due_until:
             return []
         due_first = None
