@@ -221,7 +221,7 @@ async def test_a_phantom_count_the_leader_keeps_is_reset_on_the_leader_naming_th
     events = []
     for at_s in range(0, 601, 30):
         events += feed(assess("selfplay", await _round(urls)), at_s)
-        events += feed(sample, at_s + 1)
+        events += feed(sample.model_copy(update={"occurred_at": T0 + timedelta(seconds=at_s + 1)}), at_s + 1)
     (opened,) = [e for e in events if isinstance(e, IncidentOpened) and e.kind is IncidentKind.PHANTOM_JOBS]
     assert opened.node_id == node and opened.evidence["jobs_by_leader"] == 2 and opened.evidence["leader"] == leader
     (asked,) = [e for e in events if isinstance(e, ActionRequested) and e.incident_id == opened.incident_id]

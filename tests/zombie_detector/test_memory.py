@@ -51,13 +51,18 @@ def test_a_zombie_streak_goes_on_after_a_takeover_and_is_found_at_its_ten_minute
     assert first >= 1095
 
 
+def _no_probe(sample):
+    """A node without job probes: no job count, and no word on its output either."""
+    return sample.model_copy(update={"jobs": JobsObservation()})
+
+
 def test_a_stuck_process_streak_goes_on_too():
     before = Detector()
     stuck = (GpuSample(index=0, utilization_gpu_pct=0, processes=(OLD,)),)
     for s in range(0, 450, 5):
-        before.feed(sample("n2", gpus=stuck, jobs=None), s)
+        before.feed(_no_probe(sample("n2", gpus=stuck, jobs=None)), s)
     after, _ = _took_over(before, 455)
-    found = next(s for s in range(460, 1200, 5) if after.feed(sample("n2", gpus=stuck, jobs=None), s) and after.opened())
+    found = next(s for s in range(460, 1200, 5) if after.feed(_no_probe(sample("n2", gpus=stuck, jobs=None)), s) and after.opened())
     assert found == 600 and after.opened()[0].kind is IncidentKind.STUCK_PROCESS
 
 

@@ -31,13 +31,14 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.runtime import HEARTBEAT_EVERY_S
 from gpumedic_bus.streams import INCIDENT_STATE, RULE_MEMORY, partition_of, stream_of
 from gpumedic_bus.topology import Durable, cell_durables, subject_matches
-from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, NodeFindings, ServiceHeartbeat
+from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, NodeFindings, NodeRetired, ServiceHeartbeat
 from gpumedic_events.findings import MAX_FINDINGS
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState, IncidentStates, Policy
 from gpumedic_incidents.book import RecentActions, RecentCloses
 from gpumedic_incidents.store import state_key
 from zombie_detector import memory
+from zombie_detector.clocks import NodeClocks, by_arrival
 from zombie_detector.node_incidents import SOURCE
 from zombie_detector.rules import DECIDERS, Incidents, Rule, build_rules
 from zombie_detector.rules.job import JobRule
@@ -147,16 +148,22 @@ class Finder:
         self.policy = policy
         self.incidents = incidents
         self.rules = cell_rules(policy)
+        self.clocks = NodeClocks()
         self._routes: dict[type, list[Rule]] = {}
         for rule in self.rules:
             for event_type in rule.inputs:
                 self._routes.setdefault(event_type, []).append(rule)
 
     def observe(self, event, now: datetime) -> list[Finding]:
+        at = now
+        if isinstance(event, Sample):
+            at = self.clocks.place(event.node_id, event.occurred_at, now)  # the rules time the node by its own samples
+        elif isinstance(event, NodeRetired):
+            self.clocks.forget(event.node_id)
         findings: list[Finding] = []
         for rule in self._routes.get(type(event), ()):
             try:
-                findings += [f for f in rule.observe(event, now, self.incidents) if f.kind not in DECIDERS_KINDS]
+                findings += [f for f in rule.observe(event, by_arrival(rule, now, at), self.incidents) if f.kind not in DECIDERS_KINDS]
             except Exception:  # a rule's bug costs its own findings only
                 log.exception("%s cell: rule %s failed on %s", SOURCE, type(rule).__name__, getattr(event, "node_id", "-"))
         return findings

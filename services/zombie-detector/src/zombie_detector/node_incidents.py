@@ -17,6 +17,7 @@ from gpumedic_events import ActionCompleted, Event, IncidentKind, NodeFindings, 
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentBook, Policy, Transition
 from gpumedic_incidents.store import CLOSE_KEPT_S, state_key
+from zombie_detector.clocks import NodeClocks, by_arrival
 from zombie_detector.rules import Rule, build_rules
 from zombie_detector.rules.job import JobRule
 from zombie_detector.wire import finding_of
@@ -42,6 +43,7 @@ class NodeIncidents:
         """When this book last closed an incident of each fingerprint, by its key in the state
         bucket (this book's clock; after a restart, the server's stamp on the close's mark): what a
         cell found in a node's samples from before then is older news than the close."""
+        self.clocks = NodeClocks()
         self._jobs = next((rule for rule in self.rules if isinstance(rule, JobRule)), None)
         for rule in self.rules:
             for event_type in rule.inputs:
@@ -66,9 +68,13 @@ class NodeIncidents:
             if event.occurred_at <= self._retired[node_id]:
                 return []  # sent before the node was ended, delivered after: not a node coming back
             del self._retired[node_id]  # a new node of that id
+        at = now
         if isinstance(event, Sample):
             self.book.saw_node(event.node_id, now)
-        findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, now)]
+            at = self.clocks.place(event.node_id, event.occurred_at, now)  # the rules time the node by its own samples
+        elif isinstance(event, NodeRetired):
+            self.clocks.forget(event.node_id)
+        findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, by_arrival(rule, now, at))]
         return self._noted(closed, now) + self._decide(findings, now)
 
     def on_findings(self, event: NodeFindings, now: datetime) -> list[Transition]:

@@ -214,6 +214,10 @@ class MemoryPolicy(KindPolicy):
 
 class SilentPolicy(KindPolicy):
     after_intervals: float = Field(default=3.0, ge=1, description="Missed sample intervals before a node is silent.")
+    busy_after_intervals: float = Field(
+        default=12.0, ge=1, description="The same for a node whose last sample said its sampler runs late (it missed "
+        "ticks, was taken more than half an interval late, or its CPUs are pressed): a busy node's sampler waits for a CPU.",
+    )
     sampler_unit: str = Field(
         default=SAMPLER_UNIT, pattern=UNIT_PATTERN, description="The node-sampler's systemd unit, which restart_unit restarts."
     )

@@ -19,8 +19,26 @@ from typing import Annotated, Protocol
 import msgspec
 
 from gpumedic_events import Event, GpuProcess, KillGpuProcesses, ProcessIdentity, ProcessTarget
+from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState
 from gpumedic_incidents.policy import KillPolicy
+
+
+MAX_GAP_INTERVALS = 3
+"""A GPU unseen for more than this many of its node's intervals was not watched: a count restarts."""
+
+
+def watched_across(last_seen: datetime, now: datetime, sample: Sample) -> bool:
+    """Whether a count that last saw the node at `last_seen` goes on with this sample at `now` (its
+    node's time): a gap the sample itself explains, the ticks its sampler says it missed and how late
+    it was taken (a node whose job keeps every CPU busy), is a late node, not one unwatched."""
+    late_s = max(0.0, (sample.occurred_at - sample.due_at).total_seconds()) if sample.due_at is not None else 0.0
+    explained = min(sample.missed_ticks * sample.interval_s + late_s, MAX_LATE_INTERVALS * sample.interval_s)
+    return (now - last_seen).total_seconds() <= MAX_GAP_INTERVALS * sample.interval_s + explained
+
+
+MAX_LATE_INTERVALS = 60
+"""The longest gap a sample can explain by its lateness (five minutes at 5 s): past it, not watched."""
 
 
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]

@@ -156,6 +156,7 @@ HEARD_WITHIN_S = 30.0
 
 class SamplesLostRule:
     inputs = (Sample,)
+    judges_arrivals = True
 
     def __init__(self, policy: SamplesLostPolicy) -> None:
         self.policy = policy

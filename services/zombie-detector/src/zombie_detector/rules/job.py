@@ -39,11 +39,9 @@ from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy
 from gpumedic_incidents.policy.kinds import JobHungPolicy
 from gpumedic_incidents.state import fingerprint
-from zombie_detector.rules.base import Incidents
+from zombie_detector.rules.base import MAX_GAP_INTERVALS, Incidents
 
 KIND = IncidentKind.JOB_HUNG
-MAX_GAP_INTERVALS = 3
-"""A node of the job unseen for more than this many of its intervals has stopped sampling."""
 FORGET_AFTER_S = 3600.0
 """A job none of whose nodes has shown a rank for this long is forgotten."""
 MAX_JOBS = 10_000

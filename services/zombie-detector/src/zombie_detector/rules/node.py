@@ -1,6 +1,8 @@
 """What the node as a whole shows: its sampler gone quiet, NVML gone, SSH out of reach.
 
-- node_silent: no sample for `after_intervals` of the node's own interval, measured against the
+- node_silent: no sample for `after_intervals` of the node's own interval (`busy_after_intervals`
+  when its last sample said it runs late: ticks missed, taken late, its CPUs pressed; a busy
+  node's sampler waits for a CPU, and late is not dead), measured against the
   freshest sample the detector has from any node, not its wall clock: when the detector's own bus
   connection drops, every node's samples stop at once and none of them is silent for that; when
   samples resume after such a gap, every node's count starts again from then. Nor is a node
@@ -52,7 +54,7 @@ SSH_STEPS = {
 
 
 class LastSample(msgspec.Struct, frozen=True):
-    """When a node last sampled, by the detector's clock, and its interval (the rule's memory)."""
+    """When a node's last sample came, by the detector's clock, and its interval (the rule's memory)."""
 
     node: NodeId
     at: datetime
@@ -63,6 +65,8 @@ class NodeRule:
     inputs = (Sample, NodeSshChecked, NodeRetired, ServiceHeartbeat)
     entry = LastSample
     of_events = False
+    judges_arrivals = True
+    """Silence is nothing arriving: timed on arrival (`zombie_detector.clocks.by_arrival`)."""
 
     def __init__(self, silent: SilentPolicy, ssh: SshPolicy, *, behind: BehindPolicy | None = None, service: str = "zombie-detector") -> None:
         self.silent = silent
@@ -74,8 +78,9 @@ class NodeRule:
         self.loop_lag_s = 0.0
         """How late the detector's own event loop runs (its own heartbeat): past LAGGING_AFTER_S it
         cannot tell a silent node from its own starvation, and judges none."""
-        self.last_sample: dict[str, tuple[datetime, float]] = {}
-        """When each node last sampled (detector's clock) and its interval."""
+        self.last_sample: dict[str, tuple[datetime, float, float]] = {}
+        """When each node's last sample came (the detector's clock), its interval, and how
+        many intervals it may stay quiet (more when it said it was late or its CPUs were pressed)."""
         self.freshest: datetime | None = None
         """The newest sample from any node: the detector's view of the bus."""
         self.resumed_at: datetime | None = None
@@ -105,15 +110,16 @@ class NodeRule:
         if gap:  # nothing from anyone for a while: the bus was away; every node's count restarts now
             self.resumed_at = now
         self.freshest = now if self.freshest is None else max(self.freshest, now)
-        self.last_sample[event.node_id] = (now, event.interval_s)
-        if previous is None or previous[1] != event.interval_s:
+        patience = self.silent.busy_after_intervals if busy(event) else self.silent.after_intervals
+        self.last_sample[event.node_id] = (now, event.interval_s, patience)
+        if previous is None or previous[1:] != (event.interval_s, patience):
             self.none_due_until = None  # a new node, or a new interval: it may be due sooner than all the others
         findings: list[Finding] = []
         # Every sample while the incident is open clears it, not only the first: a clear that lands
         # while the restart is still in flight is not taken, and the next one must verify the fix.
-        came_back = previous is not None and _overdue(previous, now, self.silent.after_intervals)
+        came_back = previous is not None and now - previous[0] > timedelta(seconds=previous[2] * previous[1])
         if came_back or any(i.kind is SILENT for i in incidents.open_on(event.node_id)):
-            findings.append(Finding(SILENT, event.node_id, present=False, summary="the node samples again"))
+            findings.append(Finding(SILENT, event.node_id, present=False, summary="the node samples again" + _late(event)))
         if event.nvml_error:
             findings.append(
                 Finding(
@@ -140,9 +146,9 @@ class NodeRule:
         if self.none_due_until is not None and self.freshest <= self.none_due_until:
             return []
         due_first = None
-        for node_id, (seen, interval) in self.last_sample.items():
+        for node_id, (seen, interval, patience) in self.last_sample.items():
             counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
-            due = counted_from + timedelta(seconds=self.silent.after_intervals * interval)
+            due = counted_from + timedelta(seconds=patience * interval)
             due_first = due if due_first is None or due < due_first else due_first
             if self.behind_s > interval:
                 continue  # its next sample may wait in the stream, unseen
@@ -163,13 +169,13 @@ class NodeRule:
         return findings
 
     def remember(self) -> list[LastSample]:
-        return [LastSample(node, at, interval) for node, (at, interval) in self.last_sample.items()]
+        return [LastSample(node, at, interval) for node, (at, interval, _) in self.last_sample.items()]
 
     def recall(self, entries: Sequence[LastSample], now: datetime) -> None:
         """The nodes an earlier instance saw, so one that fell silent before the takeover is still
         judged; every count starts from the takeover, as after the bus was away."""
         for entry in entries:
-            self.last_sample.setdefault(entry.node, (min(entry.at, now), entry.interval_s))
+            self.last_sample.setdefault(entry.node, (min(entry.at, now), entry.interval_s, self.silent.after_intervals))
         self.resumed_at = now
         self.none_due_until = None
 
@@ -193,6 +199,25 @@ class NodeRule:
         ]
 
 
-def _overdue(last: tuple[datetime, float], now: datetime, intervals: float) -> bool:
-    seen, interval = last
-    return now - seen > timedelta(seconds=intervals * interval)
+BUSY_PRESSURE_PCT = 50.0
+"""CPU pressure (PSI `some avg10`) at which a node's CPUs are pressed: its sampler will be late."""
+
+
+def busy(sample: Sample) -> bool:
+    """Whether the node said, in this sample, that its sampler runs late: it missed ticks, was taken
+    more than half an interval late, or its CPUs (or the sampler's own cgroup's) are pressed."""
+    late = sample.due_at is not None and (sample.occurred_at - sample.due_at).total_seconds() > sample.interval_s / 2
+    pressed = any(p is not None and p.some_avg10_pct >= BUSY_PRESSURE_PCT for p in (sample.host.cpu_pressure, sample.sampler_cpu_pressure))
+    return sample.missed_ticks > 0 or late or pressed
+
+
+def _late(sample: Sample) -> str:
+    """What the sample that ends a quiet spell says of it: a late node, not a silent one."""
+    said = []
+    if sample.missed_ticks:
+        said.append(f"its sampler missed {sample.missed_ticks} tick(s)")
+    if sample.due_at is not None and (late_s := (sample.occurred_at - sample.due_at).total_seconds()) > sample.interval_s / 2:
+        said.append(f"was {late_s:.0f}s late")
+    if (pressure := sample.sampler_cpu_pressure or sample.host.cpu_pressure) is not None and pressure.some_avg10_pct >= BUSY_PRESSURE_PCT:
+        said.append(f"its CPUs are pressed ({pressure.some_avg10_pct:.0f}% of the last 10 s waiting)")
+    return f": {', '.join(said)}; late, not silent" if said else ""

@@ -8,7 +8,10 @@ leftover whose container is gone: that is an orphan). Nothing says whether the w
 between phases, so the policy observes by default: the incident names the processes, and a kill
 step may be added to the kind's ladder. A GPU the zombie rule counts (its node claimed jobs when
 the count began, and its job count went unread since) or has an open incident for is the zombie
-rule's: one hung job, one incident.
+rule's: one hung job, one incident. So is a GPU whose node gave its job count in the last
+`COUNTED_LATELY_S`: a busy node's status endpoint misses some probes, and an unread count is no
+missing one. A GPU output growth can be credited to (its processes wrote, or the node's output
+grows while none of its GPUs works: a checkpoint) is not stuck, whatever its utilisation.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
-from zombie_detector.rules.base import Incidents, Streak, kill_operation
+from zombie_detector.rules.base import Incidents, Streak, kill_operation, watched_across
 from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
-from zombie_detector.rules.zombie import MAX_GAP_INTERVALS, unidentified
+from zombie_detector.rules.zombie import Writes, holder_writes, producing, unidentified, wrote_since
 
 KIND = IncidentKind.STUCK_PROCESS
+COUNTED_LATELY_S = 600.0
+"""A node that gave its job count this recently has it unread, not missing: the zombie rule's."""
 ZOMBIE = IncidentKind.ZOMBIE_JOB
 
 
@@ -42,11 +47,16 @@ class StuckRule:
         self.wider = rank_of_wider_job
         self.zombie_counting = zombie_counting
         self.idle_since: dict[str, dict[int, tuple[datetime, datetime]]] = {}
-        """node -> GPU -> (first, last) seen idle under an old process, by the detector's clock."""
+        """node -> GPU -> (first, last) seen idle under an old process, by its node's sample times."""
+        self.counted_at: dict[str, datetime] = {}
+        """When each node last gave its job count: one that gave it lately has it unread now (a busy
+        node's status endpoint answers some probes, not all), which is no node without a count."""
+        self.writes: dict[tuple[str, int], Writes] = {}
+        """The write counters of the GPUs counted here, as of their node's last sample."""
 
     def observe(self, event: Sample | NodeRetired, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         if isinstance(event, NodeRetired):  # a worker the pool ended: forget it
-            self.idle_since.pop(event.node_id, None)
+            self._forget(event.node_id)
             return ()
         open_here: set[int | None] = set()
         zombies: set[int | None] = set()
@@ -55,10 +65,13 @@ class StuckRule:
                 open_here.add(incident.gpu_index)
             elif incident.kind is ZOMBIE:
                 zombies.add(incident.gpu_index)
-        if event.jobs.running is not None and not open_here:
+        if event.jobs.running is not None:
+            self.counted_at[event.node_id] = now
+        counted = self.counted_at.get(event.node_id)
+        if not open_here and (event.jobs.running is not None or counted is not None and (now - counted).total_seconds() < COUNTED_LATELY_S):
             # The node counts its jobs: the zombie rule's. Its count missing from some samples (a
             # status endpoint that answers now and then) adds nothing up here.
-            self.idle_since.pop(event.node_id, None)
+            self._forget(event.node_id, counted=True)
             return ()
         findings: list[Finding] = []
         for gpu in event.gpus:
@@ -67,7 +80,13 @@ class StuckRule:
                 continue  # cannot tell
             streaks = self.idle_since.get(event.node_id)
             zombie = gpu.index in zombies or self.zombie_counting(event.node_id, gpu.index)
-            stuck = event.jobs.running is None and bool(old) and gpu.utilization_gpu_pct < self.policy.idle_below_pct and not zombie
+            key = (event.node_id, gpu.index)
+            wrote = wrote_since(self.writes.pop(key, None), gpu)
+            idle = gpu.utilization_gpu_pct < self.policy.idle_below_pct
+            if idle and old:
+                self.writes[key] = holder_writes(gpu)
+            stuck = (event.jobs.running is None and bool(old) and idle and not zombie
+                     and not producing(gpu, event, self.policy.idle_below_pct, wrote))
             if not stuck:
                 if streaks is not None:
                     streaks.pop(gpu.index, None)
@@ -80,7 +99,7 @@ class StuckRule:
             if streaks is None:
                 streaks = self.idle_since[event.node_id] = {}
             first, last = streaks.get(gpu.index, (now, now))
-            if (now - last).total_seconds() > MAX_GAP_INTERVALS * event.interval_s:
+            if not watched_across(last, now, event):
                 first = now  # not watched in between
             streaks[gpu.index] = (first, now)
             idle_s = (now - first).total_seconds()
@@ -90,6 +109,13 @@ class StuckRule:
 
     def tick(self, now: datetime, incidents: Incidents) -> Sequence[Finding]:
         return ()
+
+    def _forget(self, node_id: str, *, counted: bool = False) -> None:
+        self.idle_since.pop(node_id, None)
+        if not counted:
+            self.counted_at.pop(node_id, None)
+        for key in [k for k in self.writes if k[0] == node_id]:
+            del self.writes[key]
 
     def remember(self) -> list[Streak]:
         return [Streak(node, gpu, first) for node, streaks in self.idle_since.items() for gpu, (first, _) in streaks.items()]

@@ -6,10 +6,12 @@ to it. A GPU whose own processes wrote to storage since the last sample (/proc/P
 sampler can read it) is producing, e.g. writing a checkpoint: no zombie. Without those counters
 growth is a node-wide signal, credited to the node's busy GPUs when there are any, so one hung job
 among busy ones is still found, and a node whose GPUs all idle while output grows is in an I/O
-phase (a checkpoint, an evaluation), not hung. Idleness is timed on the detector's own
-clock, never on the sample's timestamps (a sender chooses those), and only across samples at
-the node's interval: a burst of samples proves nothing, and a gap of more than
-`MAX_GAP_INTERVALS` intervals starts the count again. A sample with an unreadable utilisation on
+phase (a checkpoint, an evaluation), not hung. Idleness is timed on the node's sample times as
+placed on the detector's clock (`zombie_detector.clocks`: never later than they came, never
+on arrival), and only across samples at the node's interval: a burst of samples proves
+nothing, and a gap of more than `MAX_GAP_INTERVALS` intervals starts the count again, unless the
+sample after it explains it (its sampler says it missed those ticks, or was taken late: a busy
+node, not an unwatched one). A sample with an unreadable utilisation on
 a held GPU tells nothing: it neither opens nor clears anything, nor ends a count under way, and
 is not counted as watched. A sample whose job count is unread (a loaded status endpoint answers
 some probes, not all) but that shows the GPU idle without output keeps a count under way, begun
@@ -28,12 +30,10 @@ from gpumedic_events import GpuSample, IncidentKind, KillPattern
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, ZombiePolicy
-from zombie_detector.rules.base import Incidents, Streak, kill_operation
+from zombie_detector.rules.base import Incidents, Streak, kill_operation, watched_across
 from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 
 KIND = IncidentKind.ZOMBIE_JOB
-MAX_GAP_INTERVALS = 3
-"""A GPU unseen for more than this many sample intervals was not watched: its idle count restarts."""
 
 
 Writes = dict[tuple[int, int | None], int]
@@ -82,11 +82,17 @@ def idle_without_output(
     """This GPU held but idle, and no output growth it could be credited with: a zombie where the
     node claims jobs. `wrote`: whether the GPU's own processes wrote since the last sample (None:
     cannot tell)."""
-    if not _idle_and_held(gpu, idle_below_pct, wider) or wrote:
-        return False
-    if sample.jobs.output_growing is not True:
+    return _idle_and_held(gpu, idle_below_pct, wider) and not producing(gpu, sample, idle_below_pct, wrote)
+
+
+def producing(gpu: GpuSample, sample: Sample, idle_below_pct: int, wrote: bool | None) -> bool:
+    """Whether output growth can be credited to this idle GPU: its own processes wrote, or the node's
+    output grows while none of its GPUs is busy (a checkpoint, an evaluation: an I/O phase)."""
+    if wrote:
         return True
-    return any(
+    if sample.jobs.output_growing is not True:
+        return False
+    return not any(
         g is not gpu and g.utilization_gpu_pct is not None and g.utilization_gpu_pct >= idle_below_pct for g in sample.gpus
     )
 
@@ -146,7 +152,7 @@ class ZombieRule:
                 if gpu.processes and gpu.utilization_gpu_pct is None:
                     continue  # cannot tell whether it idles: the count goes on, this sample not watched
             streak = self.idle_since.get(key)
-            watched = streak is not None and (now - streak.last_seen).total_seconds() <= MAX_GAP_INTERVALS * event.interval_s
+            watched = streak is not None and watched_across(streak.last_seen, now, event)
             if not zombie and not (idle and event.jobs.running is None and watched):
                 self.idle_since.pop(key, None)
                 continue
