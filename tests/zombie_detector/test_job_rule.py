@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpumedic_events import (
     ActionRequested,
     ContainerExited,
+    CpuPressure,
     DrainNode,
     GpuLost,
     GpuProcess,
@@ -130,6 +131,25 @@ def test_a_hang_with_no_node_known_to_have_stopped_goes_to_a_person_after_anothe
     assert hung.node_id == "n1" and hung.evidence["culprit"] is None
     (escalated,) = [e for e in d.events if isinstance(e, IncidentEscalated)]
     assert "no node of the job is known to have stopped" in escalated.reason
+    assert not [e for e in d.events if isinstance(e, ActionRequested)]
+
+
+def test_a_busy_node_whose_samples_come_in_bursts_has_not_stopped_sampling():
+    """A job's node whose CPUs its data loaders take: its sampler is late and pressed, and what it
+    sends waits in its client and comes four samples at once, 20 s apart. That node has not stopped
+    sampling: a hang nothing names goes to a person, and no healthy node is drained for it."""
+    d = Detector(POLICY)
+    for s in range(0, 700, 5):
+        for i in (0, 2, 3):
+            d.feed(idle_but(i, s), s + i * 0.5)
+        if s % 20 == 15:  # the burst: four samples taken 5 s apart, each saying it was late, its CPUs pressed
+            for taken in range(s - 15, s + 1, 5):
+                late = idle_but(1, taken).model_copy(update={
+                    "occurred_at": at(taken), "due_at": at(taken - 3), "host": HostSample(cpu_pressure=CpuPressure(some_avg10_pct=93.0))})
+                d.feed(late, s + 0.5)
+        d.tick(s + 3)
+    (hung,) = d.opened(IncidentKind.JOB_HUNG)
+    assert hung.evidence["culprit"] is None and hung.evidence["cause"] is None
     assert not [e for e in d.events if isinstance(e, ActionRequested)]
 
 

@@ -120,6 +120,7 @@ def cmd_sim(args) -> int:
 
     from gpumedic_sim.runs.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
     from gpumedic_sim.runs.simulate import run_simulation
+    from gpumedic_sim.fleet.busy import Busy
 
     def plan(node_ids: list[str], gpus: int) -> Scenario:
         if args.scenario:
@@ -151,6 +152,7 @@ def cmd_sim(args) -> int:
             duration_s=args.duration,
             interval_s=args.interval,
             json_path=args.json,
+            busy=Busy(seed=args.seed) if args.busy else None,
         )
     )
 
@@ -192,6 +194,8 @@ def register() -> None:
                      help="seconds between samples per node"),
         click.option("--seed", type=int, default=0, show_default=True, help="seed for 'random' nodes and GPUs"),
         click.option("--json", type=PATH, help="also write the score as JSON to this file"),
+        click.option("--busy", is_flag=True, help="every node busy the way a training node is: its job keeps the CPUs at 100 %, so its "
+                     "sampler wakes late (ticks missed), its samples go out in bursts and its CPU pressure shows"),
         description="Start the embedded stack and a simulated fleet, inject the faults of a scenario (a YAML file, or a "
         "built-in one by name) and of --fault options on schedule, and score the incidents against each injection's answer "
         "key (precision, recall, time to incident), then show how each incident ended (fixed, cleared, escalated) and which "

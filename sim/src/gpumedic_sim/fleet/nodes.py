@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
+from gpumedic_sim.fleet.busy import Busy, BusyNode
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
@@ -189,6 +190,8 @@ class SimFleet:
         """Each sampling node's GPU series, as its node-sampler's /metrics serves them."""
         self.samplers: dict[str, Sampler] = {}
         """Each sampling node's sampler (its `skipped_ticks`: the machine running the fleet could not keep up)."""
+        self.busy_nodes: dict[str, BusyNode] = {}
+        """Each node made busy (`run_samplers(busy=...)`): its late wake-ups and bursts."""
         self._metrics: web.AppRunner | None = None
 
     def control_plane_env(self) -> dict[str, str]:
@@ -413,8 +416,9 @@ class SimFleet:
         self.guests.clear()
         self._started = False
 
-    async def run_samplers(self, publish: Publish, interval_s: float = 5.0) -> None:
-        """Run the real node-sampler for every node until cancelled (or `stop()`).
+    async def run_samplers(self, publish: Publish, interval_s: float = 5.0, *, busy: Busy | None = None) -> None:
+        """Run the real node-sampler for every node until cancelled (or `stop()`); with `busy`, on
+        nodes whose job keeps every CPU busy (`gpumedic_sim.fleet.busy`).
 
         The nodes' start times are spread over one interval, as real nodes booted at different
         moments would be, so the bus sees a steady stream rather than a burst per interval.
@@ -423,7 +427,8 @@ class SimFleet:
             raise RuntimeError("start the fleet first")
         nodes = list(self.nodes.values())
         tasks = [
-            asyncio.create_task(self._sample(node, publish, interval_s, i * interval_s / len(nodes)), name=f"sampler-{node.node_id}")
+            asyncio.create_task(self._sample(node, publish, interval_s, i * interval_s / len(nodes), busy),
+                                name=f"sampler-{node.node_id}")
             for i, node in enumerate(nodes)
         ]
         self._sampler_tasks.update(tasks)
@@ -445,13 +450,18 @@ class SimFleet:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    async def _sample(self, node: SimNode, publish: Publish, interval_s: float, offset_s: float) -> None:
+    async def _sample(self, node: SimNode, publish: Publish, interval_s: float, offset_s: float, busy: Busy | None) -> None:
+        pressed = busy.of(node.node_id, interval_s) if busy is not None else None
+        if pressed is not None:
+            self.busy_nodes[node.node_id] = pressed
+        link = pressed.link(publish) if pressed is not None else publish
+
         async def publish_unless_silent(event) -> None:
             if not node.sampler_silent:  # a hung sampler: nothing leaves the node
-                await publish(event)
+                await link(event)
 
         await asyncio.sleep(offset_s)
-        sampler = self.samplers[node.node_id] = node.sampler(interval_s)
+        sampler = self.samplers[node.node_id] = node.sampler(interval_s, busy=pressed)
         self.gpu_series[node.node_id] = GpuCollector.of(sampler, node.node_id)
         await sampler.run(publish_unless_silent)
 

@@ -27,6 +27,7 @@ from node_sampler.listen import ListenQueue
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
 
+from gpumedic_sim.fleet.busy import BusyNode
 from gpumedic_sim.machine.docker import SimDockerEngine
 from gpumedic_sim.machine.kernel import SimKernelLog
 from gpumedic_sim.machine.nccl import RasEndpoint
@@ -388,17 +389,18 @@ class SimNode(ScriptedNode):
             *([RowGrowthProbe([(self.games_db, "games")])] if self.games_db is not None else []),
         ]
 
-    def sampler(self, interval_s: float = 5.0, probes: list[JobProbe] | None = None) -> Sampler:
+    def sampler(self, interval_s: float = 5.0, probes: list[JobProbe] | None = None, busy: BusyNode | None = None) -> Sampler:
         """The real node-sampler's Sampler over this node, with every source and watcher a real
         node's has (the kernel log, the engine and NCCL's RAS only once the node has started). RAS
-        is asked at the pace of the sampling (the detector's windows are scaled to it too)."""
+        is asked at the pace of the sampling (the detector's windows are scaled to it too). With
+        `busy`, the node's CPUs are taken by its job: the sampler wakes late and its pressure shows."""
         return Sampler(
             self.node_id,
             self.nvml(),
             self.process_table(),
             self.probes() if probes is None else probes,
             interval_s,
-            host=self.machine,
+            host=busy.host(self.machine) if busy is not None else self.machine,
             holder_scan_interval_s=interval_s,
             xid_events=True,
             kernel_log=self.kernel_log_path,
@@ -411,6 +413,7 @@ class SimNode(ScriptedNode):
             logs=LogPatterns([WORKER_ERRORS], interval_s=interval_s, root=self._rundir) if self._rundir is not None else None,
             listen=ListenQueue(self._status.port) if self._status.port else None,
             cgroups=SimContainerCgroups(self),
+            **({"sleep": busy.sleep, "own_pressure": busy.pressure} if busy is not None else {}),
         )
 
 

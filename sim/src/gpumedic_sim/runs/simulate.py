@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumedic_sim.runs.pace import demo_env
+from gpumedic_sim.fleet.busy import Busy
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
@@ -290,6 +291,7 @@ async def run_simulation(
     interval_s: float = 5.0,
     json_path: Path | None = None,
     env: dict[str, str] | None = None,
+    busy: Busy | None = None,
     say=print,
 ) -> int:
     """Run the fleet with the scenario's faults; print the score. 0 when the run completed and met
@@ -362,11 +364,11 @@ async def run_simulation(
         async def publish(event: Event) -> None:
             await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": str(event.event_id)})
 
-        tasks.append(asyncio.create_task(fleet.run_samplers(publish, interval_s)))
+        tasks.append(asyncio.create_task(fleet.run_samplers(publish, interval_s, busy=busy)))
         sampling_since = time.monotonic()
         say(
             f"[4/5] scenario {plan.name!r}: {len(plan.faults)} injection(s) over {duration:.0f}s, "
-            f"samples every {interval_s:g}s"
+            f"samples every {interval_s:g}s" + (", every node busy (its sampler late and bursty, its CPUs pressed)" if busy else "")
         )
         tasks.append(asyncio.create_task(_inject_on_schedule(fleet, plan.faults, time.monotonic(), say)))
         pool_run = None
@@ -389,10 +391,15 @@ async def run_simulation(
         paged = pager.incidents() & observer.incidents.keys()
         outcomes = observer.outcomes(paged)
         skipped = sum(s.skipped_ticks for s in fleet.samplers.values())
-        behind = fell_behind(skipped, nodes * (time.monotonic() - sampling_since) / interval_s, nodes)
+        ticks = nodes * (time.monotonic() - sampling_since) / interval_s
+        behind = fell_behind(skipped, ticks, nodes)
+        late = sum(b.late_wakeups for b in fleet.busy_nodes.values())
+        bursts = sum(b.bursts for b in fleet.busy_nodes.values())
         say(f"[5/5] score after {time.monotonic() - started:.0f}s ({observer.received} events observed):")
         say("")
         say(render(result))
+        say(f"ticks skipped: {skipped:,} of about {ticks:,.0f} ({skipped / max(ticks, 1):.0%})" + (
+            f"; busy nodes: {late:,} late wake-ups, {bursts:,} bursts" if busy else ""))
         if behind:
             say(behind)
         say(observer.actions_line())
@@ -418,7 +425,7 @@ async def run_simulation(
             say("expectations: " + ("met" if not shortfalls else "NOT met: " + "; ".join(shortfalls)))
         if json_path is not None:
             document = {**result.to_dict(), "actions": observer.actions, "outcomes": outcomes, "paged": len(paged), "unpaged": len(unpaged),
-                        "ticks_skipped": skipped,
+                        "ticks_skipped": skipped, "ticks": round(ticks), "busy": busy is not None,
                         **({"pool": pool_document} if pool_document is not None else {}),
                         **({"expectations": shortfalls} if shortfalls is not None else {})}
             json_path.write_text(json.dumps(document, indent=2, default=str) + "\n")

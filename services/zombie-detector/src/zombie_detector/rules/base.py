@@ -37,6 +37,28 @@ def watched_across(last_seen: datetime, now: datetime, sample: Sample) -> bool:
     return (now - last_seen).total_seconds() <= MAX_GAP_INTERVALS * sample.interval_s + explained
 
 
+BUSY_PRESSURE_PCT = 50.0
+"""CPU pressure (PSI `some avg10`) at which a node's CPUs are pressed: its sampler will be late."""
+
+
+def busy(sample: Sample) -> bool:
+    """Whether the node said, in this sample, that its sampler runs late: it missed ticks, was taken
+    more than half an interval late, or its CPUs (or the sampler's own cgroup's) are pressed."""
+    late = sample.due_at is not None and (sample.occurred_at - sample.due_at).total_seconds() > sample.interval_s / 2
+    pressed = any(p is not None and p.some_avg10_pct >= BUSY_PRESSURE_PCT for p in (sample.host.cpu_pressure, sample.sampler_cpu_pressure))
+    return sample.missed_ticks > 0 or late or pressed
+
+
+BUSY_GAP_INTERVALS = 12.0
+"""How many intervals a node that says it runs late may go unseen before a rule that compares nodes
+takes it for stopped (node_silent's own is its policy's `busy_after_intervals`, 12 by default)."""
+
+
+def patience(sample: Sample) -> float:
+    """How many of its intervals the node of this sample may go unseen before it stopped sampling."""
+    return BUSY_GAP_INTERVALS if busy(sample) else MAX_GAP_INTERVALS
+
+
 MAX_LATE_INTERVALS = 60
 """The longest gap a sample can explain by its lateness (five minutes at 5 s): past it, not watched."""
 

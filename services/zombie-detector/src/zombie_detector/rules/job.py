@@ -39,7 +39,7 @@ from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy
 from gpumedic_incidents.policy.kinds import JobHungPolicy
 from gpumedic_incidents.state import fingerprint
-from zombie_detector.rules.base import MAX_GAP_INTERVALS, Incidents
+from zombie_detector.rules.base import MAX_GAP_INTERVALS, Incidents, patience
 
 KIND = IncidentKind.JOB_HUNG
 FORGET_AFTER_S = 3600.0
@@ -100,9 +100,12 @@ class Seat:
     output_growing: bool | None
     ras: NcclRasAnswer | None = None
     """What NCCL's RAS told this node's sampler while its ranks idled."""
+    patience: float = MAX_GAP_INTERVALS
+    """How many intervals its node may go unseen before it stopped sampling (more for a node that
+    said it runs late: `rules.base.patience`)."""
 
     def stale(self, now: datetime) -> bool:
-        return (now - self.seen_at).total_seconds() > MAX_GAP_INTERVALS * self.interval_s
+        return (now - self.seen_at).total_seconds() > self.patience * self.interval_s
 
 
 @dataclass
@@ -408,7 +411,7 @@ def _seat(sample: Sample, ranks: list[tuple[int, GpuProcess]], previous: Seat | 
             wrote = previous is not None and previous.writes.get((p.pid, p.start_ticks), p.write_bytes) < p.write_bytes
         seated.append(Rank(p.job.rank if p.job else None, gpu, p.pid, utilization.get(gpu), wrote, lost=gpu in lost,
                            start_ticks=p.start_ticks, command=p.command))
-    return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing, sample.nccl_ras)
+    return Seat(tuple(seated), now, sample.interval_s, writes, sample.jobs.output_growing, sample.nccl_ras, patience(sample))
 
 
 def _ras_culprit(job: Job, fresh: list[Seat]) -> Culprit | None:

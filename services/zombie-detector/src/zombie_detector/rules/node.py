@@ -36,7 +36,7 @@ from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSshChecked
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
-from zombie_detector.rules.base import Incidents, NodeId
+from zombie_detector.rules.base import BUSY_PRESSURE_PCT, Incidents, NodeId, busy
 from zombie_detector.rules.control_plane import LOST_FINGERPRINT
 
 SILENT = IncidentKind.NODE_SILENT
@@ -197,18 +197,6 @@ class NodeRule:
                 recommended_action=step,
             )
         ]
-
-
-BUSY_PRESSURE_PCT = 50.0
-"""CPU pressure (PSI `some avg10`) at which a node's CPUs are pressed: its sampler will be late."""
-
-
-def busy(sample: Sample) -> bool:
-    """Whether the node said, in this sample, that its sampler runs late: it missed ticks, was taken
-    more than half an interval late, or its CPUs (or the sampler's own cgroup's) are pressed."""
-    late = sample.due_at is not None and (sample.occurred_at - sample.due_at).total_seconds() > sample.interval_s / 2
-    pressed = any(p is not None and p.some_avg10_pct >= BUSY_PRESSURE_PCT for p in (sample.host.cpu_pressure, sample.sampler_cpu_pressure))
-    return sample.missed_ticks > 0 or late or pressed
 
 
 def _late(sample: Sample) -> str:

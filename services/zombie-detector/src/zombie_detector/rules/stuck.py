@@ -8,9 +8,9 @@ leftover whose container is gone: that is an orphan). Nothing says whether the w
 between phases, so the policy observes by default: the incident names the processes, and a kill
 step may be added to the kind's ladder. A GPU the zombie rule counts (its node claimed jobs when
 the count began, and its job count went unread since) or has an open incident for is the zombie
-rule's: one hung job, one incident. So is a GPU whose node gave its job count in the last
-`COUNTED_LATELY_S`: a busy node's status endpoint misses some probes, and an unread count is no
-missing one. A GPU output growth can be credited to (its processes wrote, or the node's output
+rule's: one hung job, one incident. So is a GPU whose node gave its job count within the last
+`COUNTED_WITHIN_INTERVALS` of its intervals: a busy node's status endpoint misses some probes,
+and an unread count is no missing one. A GPU output growth can be credited to (its processes wrote, or the node's output
 grows while none of its GPUs works: a checkpoint) is not stuck, whatever its utilisation.
 """
 
@@ -23,13 +23,14 @@ from gpumedic_events import GpuProcess, GpuSample, IncidentKind, NodeRetired
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import KillPolicy, StuckPolicy
-from zombie_detector.rules.base import Incidents, Streak, kill_operation, watched_across
+from zombie_detector.rules.base import BUSY_GAP_INTERVALS, Incidents, Streak, kill_operation, watched_across
 from zombie_detector.rules.job import RankOfWiderJob, spans_nodes
 from zombie_detector.rules.zombie import Writes, holder_writes, producing, unidentified, wrote_since
 
 KIND = IncidentKind.STUCK_PROCESS
-COUNTED_LATELY_S = 600.0
-"""A node that gave its job count this recently has it unread, not missing: the zombie rule's."""
+COUNTED_WITHIN_INTERVALS = BUSY_GAP_INTERVALS
+"""A node that gave its job count within this many of its intervals has it unread now, not missing:
+the zombie rule's. One that stopped giving it for good is this rule's a minute later (at 5 s)."""
 ZOMBIE = IncidentKind.ZOMBIE_JOB
 
 
@@ -68,7 +69,7 @@ class StuckRule:
         if event.jobs.running is not None:
             self.counted_at[event.node_id] = now
         counted = self.counted_at.get(event.node_id)
-        if not open_here and (event.jobs.running is not None or counted is not None and (now - counted).total_seconds() < COUNTED_LATELY_S):
+        if not open_here and (event.jobs.running is not None or counted is not None and (now - counted).total_seconds() <= COUNTED_WITHIN_INTERVALS * event.interval_s):
             # The node counts its jobs: the zombie rule's. Its count missing from some samples (a
             # status endpoint that answers now and then) adds nothing up here.
             self._forget(event.node_id, counted=True)
