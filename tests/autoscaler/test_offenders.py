@@ -209,3 +209,32 @@ def test_the_machines_remembered_are_the_workers_listed_and_those_whose_incident
     assert pool.logic.offenders.machines == {"w1": "m1", "w3": "m3"}, "w2 is gone and nothing of it counts"
     pool.round(T0 + 8 * DAY, queued=0, in_progress=0, workers=[_on("m3", "w3")])  # w1's XID is out of every window
     assert pool.logic.offenders.machines == {"w3": "m3"}
+
+
+def test_incidents_found_while_the_control_plane_was_behind_or_marked_false_count_against_no_host():
+    """On the busy day the control plane fell behind and judged healthy hosts by its own lateness;
+    a person marked one incident false. None of those makes a host a repeat offender; the same
+    incidents found while it keeps up do."""
+    from gpumedic_events import IncidentMarked
+
+    pool = Pool()
+    workers = [_on("m-1", "w1")]
+    pool.round(T0, queued=0, in_progress=1, workers=workers)
+    offenders = pool.logic.offenders
+    behind = _opened("control-plane", IncidentKind.CONTROL_PLANE_BEHIND, T0, gpu=None)
+    offenders.on_opened(behind)
+    for i in range(4):  # three of one kind within the hour would be a repeat offender
+        offenders.on_opened(_opened("w1", IncidentKind.NODE_SILENT, T0 + timedelta(seconds=10 * i), gpu=None))
+    offenders.on_resolved(IncidentResolved(source="zombie-detector", incident_id=behind.incident_id, node_id="control-plane",
+                                           kind=IncidentKind.CONTROL_PLANE_BEHIND, resolution="cleared", summary="caught up"))
+    marked = [_opened("w1", IncidentKind.NODE_SILENT, T0 + timedelta(seconds=60 + i), gpu=None) for i in range(3)]
+    for opened in marked:
+        offenders.on_opened(opened)
+    offenders.on_marked(IncidentMarked(source="gpumedic-cli", incident_id=marked[0].incident_id, reason="the node was busy",
+                                       marked_by="alice"))
+    pool.round(T0 + timedelta(seconds=70), queued=0, in_progress=1, workers=workers)
+    assert not pool.of(IncidentKind.REPEAT_OFFENDER)  # two counted: the behind ones and the false one are not
+    offenders.on_opened(_opened("w1", IncidentKind.NODE_SILENT, T0 + timedelta(seconds=80), gpu=None))
+    pool.round(T0 + timedelta(seconds=85), queued=0, in_progress=1, workers=workers)
+    (opened,) = pool.of(IncidentKind.REPEAT_OFFENDER)
+    assert opened.node_id == "w1" and opened.evidence["count"] == 3

@@ -67,3 +67,30 @@ async def test_stop_ends_running_samplers(tmp_path):
 def test_node_ids_widen_for_big_fleets(tmp_path):
     fleet = SimFleet(120, 0, tmp_path)
     assert list(fleet.nodes)[:2] == ["sim-node-001", "sim-node-002"] and "sim-node-120" in fleet.nodes
+
+
+async def test_a_busy_fleet_runs_the_real_sampler_late_and_bursty_and_its_samples_say_so(fleet):
+    """`gpumedic sim --busy`: the samples the real sampler takes on a busy node say how late they
+    were, the ticks they missed and the pressure; what the node sends goes out in bursts, in order."""
+    from gpumedic_sim.machine.busy import Busy
+
+    arrived: list[tuple[float, object]] = []
+
+    async def publish(event):
+        arrived.append((asyncio.get_running_loop().time(), event))
+
+    task = asyncio.create_task(fleet.run_samplers(publish, interval_s=0.1, busy=Busy(late_share=0.5, held_share=0.3, seed=7)))
+    async with asyncio.timeout(20):
+        while sum(1 for _, e in arrived if getattr(e, "missed_ticks", 0)) < 3 or sum(b.bursts for b in fleet.busy_nodes.values()) < 3:
+            await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    samples = [e for _, e in arrived if e.subject.startswith("gpumedic.v1.node.sampled")]
+    assert all(e.host.cpu_pressure is not None and 60.0 <= e.host.cpu_pressure.some_avg10_pct <= 98.0 for e in samples)
+    assert all(e.sampler_cpu_pressure is not None for e in samples)
+    assert max((e.occurred_at - e.due_at).total_seconds() for e in samples) > 0.05  # woken late
+    for node in ("sim-node-01", "sim-node-02"):  # bursts keep each node's order
+        taken = [e.occurred_at for e in samples if e.node_id == node]
+        assert taken == sorted(taken)
+    assert 3 <= sum(e.missed_ticks for e in samples) <= sum(s.skipped_ticks for s in fleet.samplers.values())  # each said in the next sample

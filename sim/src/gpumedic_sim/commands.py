@@ -120,7 +120,7 @@ def cmd_sim(args) -> int:
 
     from gpumedic_sim.runs.scenario import Scenario, ScenarioError, load_scenario, parse_fault_option, resolve_scenario_path
     from gpumedic_sim.runs.simulate import run_simulation
-    from gpumedic_sim.fleet.busy import Busy
+    from gpumedic_sim.machine.busy import Busy
 
     def plan(node_ids: list[str], gpus: int) -> Scenario:
         if args.scenario:

@@ -207,8 +207,9 @@ LOOKUPS: Mapping[str, tuple[type[Event], ...]] = {
 REPLAYS: Mapping[str, tuple[type[Event], ...]] = {
     "zombie-detector": (SilenceAdded, SilenceRemoved),
     "leader-health": (SilenceAdded, SilenceRemoved),
-    # every incident opened, counted against its host (repeat offenders)
-    "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved, IncidentOpened),
+    # every incident opened, counted against its host (repeat offenders) unless found while the
+    # control plane was behind (its resolution ends that) or marked false by a person
+    "autoscaler": (NodeDrained, NodeUndrained, SilenceAdded, SilenceRemoved, IncidentOpened, IncidentResolved, IncidentMarked),
 }
 """Events a service reads from the start of their stream whenever it starts, then follows (the few
 facts that make its state, such as the silences in force): read one stored message at a time

@@ -15,7 +15,7 @@ import logging
 from datetime import UTC, datetime
 
 from gpumedic_bus import ServiceRuntime, publish_event
-from gpumedic_events import CapacityEvaluated, IncidentOpened, NodeDrained, NodeUndrained
+from gpumedic_events import CapacityEvaluated, IncidentMarked, IncidentOpened, IncidentResolved, NodeDrained, NodeUndrained
 from gpumedic_events.views import SampleLoad
 from gpumedic_incidents import FLEET_NODE
 from gpumedic_incidents.detector import Detector
@@ -64,9 +64,16 @@ class CapacityHandlers:
         else:
             self.idle_since.pop(sample.node_id, None)
 
-    async def on_incident(self, event: IncidentOpened) -> None:
-        """Every incident opened, counted against its host (replayed at start, then followed)."""
-        self._detector.logic.offenders.on_opened(event)  # type: ignore[attr-defined]
+    async def on_incident(self, event: IncidentOpened | IncidentResolved | IncidentMarked) -> None:
+        """Every incident opened, counted against its host unless found while the control plane was
+        behind, or marked false by a person (replayed at start, then followed)."""
+        offenders = self._detector.logic.offenders  # type: ignore[attr-defined]
+        if isinstance(event, IncidentOpened):
+            offenders.on_opened(event)
+        elif isinstance(event, IncidentResolved):
+            offenders.on_resolved(event)
+        else:
+            offenders.on_marked(event)
 
     async def on_drain(self, event: NodeDrained | NodeUndrained) -> None:
         if isinstance(event, NodeDrained):

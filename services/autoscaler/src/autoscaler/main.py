@@ -18,7 +18,7 @@ from autoscaler.pool import HostIncidents, PoolIncidents
 from autoscaler.settings import Settings
 from gpumedic_bus import ServiceRuntime
 from gpumedic_bus.service import run_service
-from gpumedic_events import IncidentOpened, NodeDrained, NodeUndrained
+from gpumedic_events import IncidentMarked, IncidentOpened, IncidentResolved, NodeDrained, NodeUndrained
 from gpumedic_events.views import SampleLoad
 from gpumedic_incidents import Policy
 from gpumedic_incidents.detector import Detector
@@ -49,7 +49,8 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     detector.attach("autoscaler-actions")
     handlers = CapacityHandlers(runtime, settings, detector, demand, provider, behind_after_s=policy.kinds.control_plane_behind.after_s)
     runtime.replay((NodeDrained, NodeUndrained), handlers.on_drain)
-    runtime.replay((IncidentOpened,), handlers.on_incident)
+    runtime.replay((IncidentOpened, IncidentResolved), handlers.on_incident)
+    runtime.replay((IncidentMarked,), handlers.on_incident)
     runtime.consume_fast("autoscaler-samples", handlers.on_sample, view=SampleLoad)  # its load and burn-in figures only
     runtime.background(handlers.evaluate_loop)
     return runtime.app()

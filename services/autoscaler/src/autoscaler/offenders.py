@@ -16,7 +16,8 @@ hold), it is a `repeat_offender` on each node it runs now:
 
 Kinds about the fleet, the pool or the cluster as a whole are no host's doing and never counted;
 nor are informational incidents, nor those opened as part of a fleet incident (one cause on many
-hosts). Many hosts offending in one round are themselves one fleet incident and no node action
+hosts), nor those opened while the control plane said it was behind (`control_plane_behind` open:
+what it judged then may be its own lateness), nor those a person marked a false positive. Many hosts offending in one round are themselves one fleet incident and no node action
 (the book's fleet correlation), as any kind is.
 """
 
@@ -28,13 +29,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from autoscaler.lifecycle import span, worker_evidence
-from gpumedic_events import WHOLE_KINDS, IncidentKind, IncidentOpened, TerminateWorker
+from gpumedic_events import WHOLE_KINDS, IncidentKind, IncidentMarked, IncidentOpened, IncidentResolved, TerminateWorker
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import RepeatPolicy, RepeatRule
 from gpumedic_providers.base import Worker
 
 MAX_SEEN = 100_000
 """Incidents remembered at most (the oldest go first): a bound on memory whatever the stream holds."""
+BEHIND_FORGOTTEN = timedelta(hours=6)
+"""A control_plane_behind incident whose resolution was never heard counts no longer than this."""
 MAX_LISTED = 20
 """Incident ids, nodes and GPUs named in the evidence, at most."""
 
@@ -57,6 +60,10 @@ class RepeatOffenders:
         self.rules = policy.rules
         self._horizon = timedelta(seconds=max((r.window_s for r in self.rules), default=0))
         self._seen: dict[uuid.UUID, Seen] = {}
+        self._behind: dict[uuid.UUID, datetime] = {}
+        """The control_plane_behind incidents open now, and since when: what opens meanwhile is not counted."""
+        self._false: dict[uuid.UUID, None] = {}
+        """Incidents a person marked a false positive (kept, bounded, for a mark replayed before its incident)."""
         self.machines: dict[str, str] = {}
         """Rented workers -> the machine each ran on ('' where the provider named none): those listed
         now, and those gone whose incidents are still counted."""
@@ -72,6 +79,12 @@ class RepeatOffenders:
 
     def on_opened(self, event: IncidentOpened) -> None:
         """An incident any detector opened (replayed from the stream at start, then followed)."""
+        self._behind = {i: at for i, at in self._behind.items() if event.occurred_at - at < BEHIND_FORGOTTEN}
+        if event.kind is IncidentKind.CONTROL_PLANE_BEHIND:
+            self._behind[event.incident_id] = event.occurred_at
+            return
+        if self._behind or event.incident_id in self._false:
+            return  # found while the control plane was behind, or a person said it was wrong
         if (event.kind in WHOLE_KINDS or event.kind is IncidentKind.REPEAT_OFFENDER or event.severity == "info" or not self.rules
                 or event.related_incident_id is not None):  # part of a fleet incident: one cause for many hosts
             return
@@ -81,6 +94,17 @@ class RepeatOffenders:
         )
         if len(self._seen) > MAX_SEEN:
             del self._seen[min(self._seen.values(), key=lambda s: s.at).incident_id]
+
+    def on_resolved(self, event: IncidentResolved) -> None:
+        self._behind.pop(event.incident_id, None)
+
+    def on_marked(self, event: IncidentMarked) -> None:
+        """A person's verdict: a false positive counts against no host."""
+        if event.verdict == "false_positive":
+            self._seen.pop(event.incident_id, None)
+            self._false[event.incident_id] = None
+            if len(self._false) > MAX_SEEN:
+                del self._false[next(iter(self._false))]
 
     def _forget(self, now: datetime) -> None:
         """Incidents older than every rule's window count no more."""

@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpumedic.credentials import write_private
-from gpumedic_sim.fleet.busy import Busy, BusyNode
+from gpumedic_sim.machine.busy import Busy, BusyNode
 from gpumedic_sim.machine.cluster import ELECTION_S, PeerCluster
 from gpumedic_sim.machine.nccl import RasNetwork
 from gpumedic_sim.machine.node import LOOPBACK, SimNode
@@ -418,7 +418,7 @@ class SimFleet:
 
     async def run_samplers(self, publish: Publish, interval_s: float = 5.0, *, busy: Busy | None = None) -> None:
         """Run the real node-sampler for every node until cancelled (or `stop()`); with `busy`, on
-        nodes whose job keeps every CPU busy (`gpumedic_sim.fleet.busy`).
+        nodes whose job keeps every CPU busy (`gpumedic_sim.machine.busy`).
 
         The nodes' start times are spread over one interval, as real nodes booted at different
         moments would be, so the bus sees a steady stream rather than a burst per interval.

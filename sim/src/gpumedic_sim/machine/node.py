@@ -27,7 +27,7 @@ from node_sampler.listen import ListenQueue
 from node_sampler.ras import RasWatch
 from node_sampler.sampler import Sampler
 
-from gpumedic_sim.fleet.busy import BusyNode
+from gpumedic_sim.machine.busy import BusyNode
 from gpumedic_sim.machine.docker import SimDockerEngine
 from gpumedic_sim.machine.kernel import SimKernelLog
 from gpumedic_sim.machine.nccl import RasEndpoint

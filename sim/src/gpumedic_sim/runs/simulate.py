@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumedic_sim.runs.pace import demo_env
-from gpumedic_sim.fleet.busy import Busy
+from gpumedic_sim.machine.busy import Busy
 from gpumedic_sim.fleet.nodes import SimFleet
 from gpumedic_sim.runs.pager import Pager
 from gpumedic_sim.fleet.runpod import RentedFleet
