@@ -130,3 +130,37 @@ def test_the_node_clock_never_places_a_sample_after_it_came_nor_trusts_a_clock_t
     assert clocks.place("n1", at(3600), at(45)) == at(45)  # a clock an hour ahead (or a lying sender): never after it came
     assert clocks.place("n1", at(50) - timedelta(days=1), at(50)) == at(50)  # stepped back a day: starts afresh at arrival
     assert abs(clocks.place("n1", at(55) - timedelta(days=1), at(55.3)) - at(55)) < timedelta(seconds=0.01)
+
+
+def test_a_node_quiet_and_refusing_ssh_after_gpumedic_acted_on_it_is_its_own_doing_for_a_while():
+    """gpumedic killed a zombie's processes on n1 (a work-ending action), and n1 went quiet and
+    refused SSH right after, as a node does when what gpumedic ran takes it down: that is gpumedic's
+    own doing, neither node_silent nor ssh_unreachable, until 5 minutes after the action's answer.
+    Quiet beyond that is judged as any silence."""
+    from gpumedic_events import ActionRequested, KillGpuProcesses, NodeSshChecked
+    from gpumedic_incidents.policy import Kinds, Step, ZombiePolicy
+    from tests.zombie_detector.test_rules import succeeded
+
+    kill = ZombiePolicy(idle_for_s=30, ladder=(Step(action="kill_gpu_processes"),))
+    d = Detector(Policy(fleet=FleetPolicy(hold_s=0), kinds=Kinds(zombie_job=kill)))
+    request = None
+    for s in range(0, 60, 5):
+        d.feed(taken("n2", s, util=90), s)
+        if request is None:
+            d.feed(taken("n1", s), s)
+            request = next((e for e in d.events if isinstance(e, ActionRequested) and isinstance(e.operation, KillGpuProcesses)), None)
+    assert request is not None and request.node_id == "n1"
+    succeeded(d, request, 60)
+    refused = lambda n: NodeSshChecked(source="remediator", node_id="n1", reachable=False, cause="refused",  # noqa: E731
+                                       detail="connection refused", failures=n)
+    for s in range(60, 360, 5):
+        d.feed(taken("n2", s, util=90), s)
+        if s in (100, 130, 160):
+            d.feed(refused((s - 70) // 30), s)
+        d.tick(s)
+    assert not d.opened(IncidentKind.NODE_SILENT) and not d.opened(IncidentKind.SSH_UNREACHABLE)
+    for s in range(360, 380, 5):
+        d.feed(taken("n2", s, util=90), s)
+        d.tick(s)
+    d.feed(refused(4), 380)
+    assert {e.kind for e in d.opened() if e.node_id == "n1"} >= {IncidentKind.NODE_SILENT, IncidentKind.SSH_UNREACHABLE}

@@ -20,6 +20,10 @@
 - ssh_unreachable: the remediator's read-only login failed `after_checks` times in a row; the
   cause (refused, timeout, auth refused, host key changed) is the runbook's next step.
 
+Neither opens for a node gpumedic itself stopped or rebooted (`Incidents.acted_on`: the windows
+of its work-ending actions there, whatever their incidents did since), until `QUIET_AFTER_ACTION`
+after the action's end: a node quiet since before the action, or still quiet after, is judged.
+
 A retired node (a worker the pool ended: NodeRetired) is forgotten: its silence is its end.
 """
 
@@ -101,7 +105,7 @@ class NodeRule:
                 self.behind_s, self.loop_lag_s = behind_s, loop_lag_s
             return []
         if isinstance(event, NodeSshChecked):
-            return self._ssh(event, incidents)
+            return self._ssh(event, now, incidents)
         if isinstance(event, NodeRetired):
             self.last_sample.pop(event.node_id, None)
             return []  # the book closes what was open on it
@@ -149,6 +153,8 @@ class NodeRule:
         for node_id, (seen, interval, patience) in self.last_sample.items():
             counted_from = max(seen, self.resumed_at) if self.resumed_at is not None else seen
             due = counted_from + timedelta(seconds=patience * interval)
+            if (own := _quiet_of_our_doing(incidents.acted_on(node_id), seen)) is not None:
+                due = max(due, own)  # gpumedic stopped or rebooted what it runs: quiet is expected a while
             due_first = due if due_first is None or due < due_first else due_first
             if self.behind_s > interval:
                 continue  # its next sample may wait in the stream, unseen
@@ -179,13 +185,15 @@ class NodeRule:
         self.resumed_at = now
         self.none_due_until = None
 
-    def _ssh(self, event: NodeSshChecked, incidents: Incidents) -> list[Finding]:
+    def _ssh(self, event: NodeSshChecked, now: datetime, incidents: Incidents) -> list[Finding]:
         if event.reachable:
             if any(i.kind is SSH for i in incidents.open_on(event.node_id)):
                 return [Finding(SSH, event.node_id, present=False, summary="the remediator logs in again")]
             return []
         if event.failures < self.ssh.after_checks:
             return []
+        if any(start <= now <= end + QUIET_AFTER_ACTION for start, end in incidents.acted_on(event.node_id)):
+            return []  # a login refused while gpumedic reboots or stops the node is its own doing
         step = SSH_STEPS.get(event.cause, "")
         return [
             Finding(
@@ -197,6 +205,18 @@ class NodeRule:
                 recommended_action=step,
             )
         ]
+
+
+QUIET_AFTER_ACTION = timedelta(minutes=5)
+"""How long after a work-ending action of gpumedic's own (a reboot, a job's stop: `book.RecentActions`)
+ends a node may stay quiet, or refuse SSH, before it is silent or unreachable: a reboot takes minutes."""
+
+
+def _quiet_of_our_doing(windows: list[tuple[datetime, datetime]], seen: datetime) -> datetime | None:
+    """Until when a node quiet since `seen` may be so by gpumedic's own action (None: no action of
+    ours explains it; one asked for after it fell quiet does not)."""
+    ends = [end + QUIET_AFTER_ACTION for start, end in windows if start <= seen]
+    return max(ends, default=None)
 
 
 def _late(sample: Sample) -> str:
