@@ -238,3 +238,24 @@ def test_incidents_found_while_the_control_plane_was_behind_or_marked_false_coun
     pool.round(T0 + timedelta(seconds=85), queued=0, in_progress=1, workers=workers)
     (opened,) = pool.of(IncidentKind.REPEAT_OFFENDER)
     assert opened.node_id == "w1" and opened.evidence["count"] == 3
+
+
+def test_until_the_history_is_read_no_host_is_judged_either_way():
+    """The autoscaler reads every incident ever opened once it is ready: until it has, a host with
+    offences already counted is neither found again nor cleared, and none is found anew."""
+    pool = Pool()
+    workers = [_on("m-1", "w1")]
+    pool.round(T0, queued=0, in_progress=1, workers=workers)
+    for i in range(3):
+        pool.logic.offenders.on_opened(_opened("w1", IncidentKind.NODE_SILENT, T0 + timedelta(seconds=i), gpu=None))
+    pool.round(T0 + timedelta(seconds=5), queued=0, in_progress=1, workers=workers)
+    (opened,) = pool.of(IncidentKind.REPEAT_OFFENDER)
+    history_read = False
+    pool.logic.offenders.known = lambda: history_read
+    later = T0 + timedelta(hours=2)  # its offences have aged out of the hour: once read, it is clear
+    pool.round(later, queued=0, in_progress=1, workers=workers)
+    resolved = lambda: [e for e in pool.events if isinstance(e, IncidentResolved) and e.incident_id == opened.incident_id]  # noqa: E731
+    assert not resolved() and len(pool.of(IncidentKind.REPEAT_OFFENDER)) == 1
+    history_read = True
+    pool.round(later + timedelta(seconds=5), queued=0, in_progress=1, workers=workers)
+    assert resolved()

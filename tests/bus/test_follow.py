@@ -82,3 +82,41 @@ async def test_a_service_replays_what_is_in_force_then_follows_and_skips_what_do
     finally:
         app.exit()
         await task
+
+
+async def test_a_history_replayed_once_ready_does_not_hold_the_start_and_says_when_it_has_caught_up(nats_settings, js):
+    """A history that grows with the fleet (every incident ever opened) read before ready held a
+    restarted autoscaler for 12 s under chaos: read after, the service is ready at once, and what
+    the history decides waits for the event the replay sets once it has caught up."""
+    for i in range(40):
+        await _publish(js, _silence(f"n{i}"))
+    runtime = ServiceRuntime("zombie-detector", nats_settings)
+    got: list[uuid.UUID] = []
+    at_ready: list[int] = []
+    release = asyncio.Event()
+
+    async def on_silence(event) -> None:
+        if not got:
+            await release.wait()  # a slow history: ready must not wait for it
+        got.append(event.silence_id)
+
+    caught_up = runtime.replay((SilenceAdded, SilenceRemoved), on_silence, before_ready=False)
+    app = runtime.app()
+    task = asyncio.create_task(app.run())
+    try:
+        await asyncio.wait_for(runtime.ready.wait(), 20)
+        at_ready.append(len(got))
+        assert at_ready == [0] and not caught_up.is_set()
+        release.set()
+        await asyncio.wait_for(caught_up.wait(), 20)
+        assert len(got) == 40
+        late = _silence("late")
+        await _publish(js, late)
+        for _ in range(500):  # and it follows on from there
+            if got[-1] == late.silence_id:
+                break
+            await asyncio.sleep(0.02)
+        assert got[-1] == late.silence_id and len(got) == 41
+    finally:
+        app.exit()
+        await task

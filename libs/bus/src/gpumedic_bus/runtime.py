@@ -119,7 +119,8 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task] = []
         self._consumers: list[EventConsumer] = []
         self._paced_consumers: list[PacedConsumer] = []
-        self._replays: list[tuple[tuple[type[Event], ...], EventHandler]] = []
+        self._replays: list[tuple[tuple[type[Event], ...], EventHandler, asyncio.Event]] = []
+        self._replays_after: list[tuple[tuple[type[Event], ...], EventHandler, asyncio.Event]] = []
         self._followers: list[StreamFollower] = []
         self.consumers_missing: set[str] = set()
         """Durable consumers of this service found gone (`_watch_consumers`)."""
@@ -241,15 +242,32 @@ class ServiceRuntime:
             return None
         return event_type.from_json(msg.data, subject=stream.as_published(msg.subject))
 
-    def replay(self, events: tuple[type[Event], ...], handler: EventHandler) -> None:
+    def replay(self, events: tuple[type[Event], ...], handler: EventHandler, *, before_ready: bool = True) -> asyncio.Event:
         """Read every event of these types from the start of their stream when the service starts,
         before any consumer runs, then follow new ones (the few facts that make a service's state,
         such as silences). Declared in `gpumedic_bus.topology.REPLAYS`. A replay the bus breaks
-        off during the start begins again, so `handler` must take an event it has seen."""
+        off during the start begins again, so `handler` must take an event it has seen. With
+        `before_ready` False it runs once the service is ready, for a history that grows with the
+        fleet's (every incident opened): the service is back within seconds of a restart, and
+        what the history decides waits for the event returned, set once it has caught up."""
         allowed = REPLAYS.get(self.service, ())
         if not set(events) <= set(allowed) or len({stream_of(e).name for e in events}) != 1:
             raise ValueError(f"{self.service} may replay {[e.__name__ for e in allowed]} (one stream), not {[e.__name__ for e in events]}")
-        self._replays.append((events, handler))
+        caught_up = asyncio.Event()
+        (self._replays if before_ready else self._replays_after).append((events, handler, caught_up))
+        return caught_up
+
+    async def _replay_after_ready(self, events: tuple[type[Event], ...], handler: EventHandler, caught_up: asyncio.Event) -> None:
+        while True:
+            try:
+                await self._replay(events, handler)
+            except Exception as exc:  # noqa: BLE001 (the bus away: begun again, as a start's replay would be)
+                log.warning("%s: replaying %s: the bus did not answer (%s); trying again", self.service,
+                            "/".join(e.__name__ for e in events), nats_reason(exc))
+                await asyncio.sleep(0.5)
+                continue
+            caught_up.set()
+            return
 
     def _own(self, name: str, delivery: str):
         item = declared_durable(name)
@@ -364,9 +382,11 @@ class ServiceRuntime:
             steps.append(("taking its lease", self._become_active))
         steps += [(f"its startup hook {getattr(hook, '__name__', hook)}", hook) for hook in self._startup]
         steps += [(f"replaying {'/'.join(e.__name__ for e in events)}", functools.partial(self._replay, events, handler))
-                  for events, handler in self._replays]
+                  for events, handler, _ in self._replays]
         for what, step in steps:
             await self._patiently(what, step, deadline)
+        for _, _, caught_up in self._replays:
+            caught_up.set()
         # FastStream starts its subscribers next and keeps a subscription once made; made here,
         # each is retried on its own instead of one lookup that times out failing the start, and
         # all at once: each asks its own consumer's leader, and one may be mid-election.
@@ -484,6 +504,8 @@ class ServiceRuntime:
             self._tasks.append(asyncio.create_task(self._watch_lag(), name=f"{self.service}-lag"))
         if self._span_recorder is not None:
             self._tasks.append(asyncio.create_task(self._span_recorder.run(self._publish), name="spans"))
+        for events, handler, caught_up in self._replays_after:
+            self._tasks.append(asyncio.create_task(self._replay_after_ready(events, handler, caught_up), name=f"{self.service}-replay"))
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(_logged(loop, self.service), name=getattr(loop, "__name__", "loop")))
         self._serve_metrics()

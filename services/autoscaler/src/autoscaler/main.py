@@ -49,8 +49,12 @@ def create_app(settings: Settings | None = None, *, policy: Policy | None = None
     detector.attach("autoscaler-actions")
     handlers = CapacityHandlers(runtime, settings, detector, demand, provider, behind_after_s=policy.kinds.control_plane_behind.after_s)
     runtime.replay((NodeDrained, NodeUndrained), handlers.on_drain)
-    runtime.replay((IncidentOpened, IncidentResolved), handlers.on_incident)
-    runtime.replay((IncidentMarked,), handlers.on_incident)
+    # Every incident ever opened, a history that grows with the fleet's: read once the service is
+    # ready (a restart is back in seconds), the repeat offenders judged once it has caught up.
+    offenders = logic.offenders
+    marks = runtime.replay((IncidentMarked,), handlers.on_incident, before_ready=False)
+    opened = runtime.replay((IncidentOpened, IncidentResolved), handlers.on_incident, before_ready=False)
+    offenders.known = lambda: marks.is_set() and opened.is_set()
     runtime.consume_fast("autoscaler-samples", handlers.on_sample, view=SampleLoad)  # its load and burn-in figures only
     runtime.background(handlers.evaluate_loop)
     return runtime.app()

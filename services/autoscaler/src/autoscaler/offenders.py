@@ -24,7 +24,7 @@ what it judged then may be its own lateness), nor those a person marked a false 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -64,6 +64,9 @@ class RepeatOffenders:
         """The control_plane_behind incidents open now, and since when: what opens meanwhile is not counted."""
         self._false: dict[uuid.UUID, None] = {}
         """Incidents a person marked a false positive (kept, bounded, for a mark replayed before its incident)."""
+        self.known: Callable[[], bool] = lambda: True
+        """Whether the history of incidents has been read (the service replays it once ready): until
+        it has, nothing is judged, and what was found before stays as it was."""
         self.machines: dict[str, str] = {}
         """Rented workers -> the machine each ran on ('' where the provider named none): those listed
         now, and those gone whose incidents are still counted."""
@@ -134,10 +137,13 @@ class RepeatOffenders:
                     break
         return out
 
-    def findings(self, now: datetime, live: Mapping[str, Worker], present: set[str], *, provider: str = "") -> list[Finding]:
+    def findings(self, now: datetime, live: Mapping[str, Worker], present: set[str], *, provider: str = "") -> list[Finding] | None:
         """A finding on every node that runs on an offending host now: the rented workers listed
         (`live`) on its machine, or the host itself when it is a node that sampled lately
-        (`present`) and no worker of the pool (an owned node)."""
+        (`present`) and no worker of the pool (an owned node). None while the history is unread:
+        nothing can be told yet, neither way."""
+        if not self.known():
+            return None
         on_machine: dict[str, list[Worker]] = {}
         for w in live.values():
             if w.host_id:

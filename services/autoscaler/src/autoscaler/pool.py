@@ -142,9 +142,9 @@ class PoolIncidents:
         checked = set(lifecycle.KINDS) if records is not None else {IncidentKind.STUCK_SPAWNING}
         offending = self.offenders.findings(now, {w.worker_id: w for w in workers}, present, provider=self.provider)
         trials = {s.node_id for s in self.book.incidents.values() if s.kind is IncidentKind.BURN_IN}
-        found += offending + self.trials.round(workers, now, open_trials=trials, returned={f.node_id for f in offending},
-                                               provider=self.provider)
-        checked |= {IncidentKind.REPEAT_OFFENDER, IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED}
+        found += (offending or []) + self.trials.round(workers, now, open_trials=trials, returned={f.node_id for f in offending or ()},
+                                                       provider=self.provider)
+        checked |= {IncidentKind.BURN_IN, IncidentKind.BURN_IN_FAILED} | ({IncidentKind.REPEAT_OFFENDER} if offending is not None else set())
         if isinstance(reading.outcomes, list):
             # a worker gone since keeps the host it had; one listed now has the provider's word
             hosts = {w: host for w, (host, _) in self.outcomes.items()} | {w.worker_id: w.host_id or "" for w in workers}
@@ -356,7 +356,8 @@ class HostIncidents:
         present = _present(fleet, now, self.stale_after_s)
         for node_id in present:
             self.book.saw_node(node_id, now)
-        return self.book.reconcile(self.offenders.findings(now, {}, present), {IncidentKind.REPEAT_OFFENDER}, now)
+        offending = self.offenders.findings(now, {}, present)
+        return self.book.reconcile(offending, {IncidentKind.REPEAT_OFFENDER}, now) if offending is not None else []
 
     def on_action_completed(self, event: ActionCompleted, now: datetime, traceparent: str | None) -> list[Transition]:
         return self.book.on_action_completed(event, now, traceparent)
