@@ -67,6 +67,9 @@ def cmd_demo(args) -> int:
 def cmd_chaos(args) -> int:
     from gpumedic_sim.runs.chaos import run_chaos
 
+    if not _afresh(args.var, "chaos run", "chaos"):  # a cluster's old JetStream state and store would spoil the audit
+        return 2
+
     async def run() -> int:
         result = await run_chaos(
             args.var, nodes=args.nodes, gpus=args.gpus, incidents=args.incidents, rate_per_s=args.rate,

@@ -37,6 +37,7 @@ from opentelemetry.trace import Status, StatusCode, Tracer, use_span
 from prometheus_client import Counter as PromCounter
 
 from gpumedic_bus import Delivery, ServiceRuntime, inject_trace, publish_event, trace_context
+from gpumedic_bus.follow import GET_TIMEOUT_S
 from gpumedic_bus.outage import BUS_AWAY, nats_reason, ride_out
 from gpumedic_bus.tracing import traceparent_of
 from gpumedic_events import (
@@ -122,8 +123,12 @@ class Detector:
         runtime = self._runtime
 
         async def _restore() -> None:
-            # Provisioned with the streams (gpumedic provision); only opened here.
-            await self.restore(await IncidentStates.open(runtime.broker.connection.jetstream()))
+            # Provisioned with the streams (gpumedic provision); only opened here. Each read at start
+            # gives up after GET_TIMEOUT_S: a server bouncing never answers, and the start tries
+            # again sooner than the client's 5 s would (chaos: leader-health back in 16 s, not 10).
+            nc = runtime.broker.connection
+            reader = await IncidentStates.open(nc.jetstream(timeout=GET_TIMEOUT_S))
+            await self.resume(await IncidentStates.open(nc.jetstream()), await reader.load_all(detector=self.source))
 
         runtime.on_startup(_restore)
         runtime.replay((SilenceAdded, SilenceRemoved), self.on_silence)

@@ -6,11 +6,13 @@ same service a deployment runs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from faststream import FastStream
 
 from gpumedic_bus import ServiceRuntime, publish_event
+from gpumedic_bus.follow import GET_TIMEOUT_S
 from gpumedic_bus.service import run_service
 from gpumedic_events import LOGS_SUBJECT, OPERATION_NAMES, PREFLIGHT_SUBJECT, ROLLOUT_SUBJECT
 from gpumedic_incidents import IncidentStates, Policy
@@ -60,7 +62,10 @@ def create_app(settings: Settings | None = None) -> FastStream:
         settings.check_files()
         await ping(engine)
         # The detectors' open incidents, read-only: the gate checks every request against them.
-        handler.incidents = await IncidentStates.open(runtime.broker.connection.jetstream())
+        # One lookup, given up after GET_TIMEOUT_S: a server bouncing never answers, and the start
+        # asks again sooner than the client's 5 s would.
+        async with asyncio.timeout(GET_TIMEOUT_S):
+            handler.incidents = await IncidentStates.open(runtime.broker.connection.jetstream())
         log.info(
             "remediator: mode %s%s, store %s, inventory %s, breaker %d nodes / %gs, %d actions per node / %gs, "
             "requests refused after %gs, %d at once, protected %s",
