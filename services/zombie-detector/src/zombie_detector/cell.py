@@ -31,7 +31,7 @@ from gpumedic_bus.outage import BUS_AWAY, nats_reason
 from gpumedic_bus.runtime import HEARTBEAT_EVERY_S
 from gpumedic_bus.streams import INCIDENT_STATE, RULE_MEMORY, partition_of, stream_of
 from gpumedic_bus.topology import Durable, cell_durables, subject_matches
-from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, NodeFindings, NodeRetired, ServiceHeartbeat
+from gpumedic_events import ConsumerLag, Event, EventDecodeError, IncidentKind, NodeFindings, ServiceHeartbeat
 from gpumedic_events.findings import MAX_FINDINGS
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding, IncidentState, IncidentStates, Policy
@@ -155,11 +155,7 @@ class Finder:
                 self._routes.setdefault(event_type, []).append(rule)
 
     def observe(self, event, now: datetime) -> list[Finding]:
-        at = now
-        if isinstance(event, Sample):
-            at = self.clocks.place(event.node_id, event.occurred_at, now)  # the rules time the node by its own samples
-        elif isinstance(event, NodeRetired):
-            self.clocks.forget(event.node_id)
+        at = self.clocks.time_of(event, now)  # the rules time a node by its own samples
         findings: list[Finding] = []
         for rule in self._routes.get(type(event), ()):
             try:

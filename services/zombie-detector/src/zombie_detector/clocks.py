@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from gpumedic_events import NodeRetired
+from gpumedic_events.views import Sample
+
 RISE = 0.001
 """How fast the least delay may grow, per second of the node's time: a thousand times any clock's drift."""
 
@@ -51,6 +54,15 @@ class NodeClocks:
 
     def forget(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
+
+    def time_of(self, event: object, arrived_at: datetime) -> datetime:
+        """The time the rules are given for an event: a sample's placed where its node took it (a
+        retired node forgotten), any other's its arrival."""
+        if isinstance(event, Sample):
+            return self.place(event.node_id, event.occurred_at, arrived_at)
+        if isinstance(event, NodeRetired):
+            self.forget(event.node_id)
+        return arrived_at
 
 
 def by_arrival(rule: object, arrived_at: datetime, placed_at: datetime) -> datetime:

@@ -68,12 +68,9 @@ class NodeIncidents:
             if event.occurred_at <= self._retired[node_id]:
                 return []  # sent before the node was ended, delivered after: not a node coming back
             del self._retired[node_id]  # a new node of that id
-        at = now
         if isinstance(event, Sample):
             self.book.saw_node(event.node_id, now)
-            at = self.clocks.place(event.node_id, event.occurred_at, now)  # the rules time the node by its own samples
-        elif isinstance(event, NodeRetired):
-            self.clocks.forget(event.node_id)
+        at = self.clocks.time_of(event, now)  # the rules time a node by its own samples
         findings = [f for rule in self._routes.get(type(event), ()) for f in self._guarded(rule, "observe", event, by_arrival(rule, now, at))]
         return self._noted(closed, now) + self._decide(findings, now)
 

@@ -28,12 +28,16 @@ MAX_GAP_INTERVALS = 3
 """A GPU unseen for more than this many of its node's intervals was not watched: a count restarts."""
 
 
+def late_s(sample: Sample) -> float:
+    """How long after its tick was due the sample was taken (0 from a sampler that does not say)."""
+    return max(0.0, (sample.occurred_at - sample.due_at).total_seconds()) if sample.due_at is not None else 0.0
+
+
 def watched_across(last_seen: datetime, now: datetime, sample: Sample) -> bool:
     """Whether a count that last saw the node at `last_seen` goes on with this sample at `now` (its
     node's time): a gap the sample itself explains, the ticks its sampler says it missed and how late
     it was taken (a node whose job keeps every CPU busy), is a late node, not one unwatched."""
-    late_s = max(0.0, (sample.occurred_at - sample.due_at).total_seconds()) if sample.due_at is not None else 0.0
-    explained = min(sample.missed_ticks * sample.interval_s + late_s, MAX_LATE_INTERVALS * sample.interval_s)
+    explained = min(sample.missed_ticks * sample.interval_s + late_s(sample), MAX_LATE_INTERVALS * sample.interval_s)
     return (now - last_seen).total_seconds() <= MAX_GAP_INTERVALS * sample.interval_s + explained
 
 
@@ -44,7 +48,7 @@ BUSY_PRESSURE_PCT = 50.0
 def busy(sample: Sample) -> bool:
     """Whether the node said, in this sample, that its sampler runs late: it missed ticks, was taken
     more than half an interval late, or its CPUs (or the sampler's own cgroup's) are pressed."""
-    late = sample.due_at is not None and (sample.occurred_at - sample.due_at).total_seconds() > sample.interval_s / 2
+    late = late_s(sample) > sample.interval_s / 2
     pressed = any(p is not None and p.some_avg10_pct >= BUSY_PRESSURE_PCT for p in (sample.host.cpu_pressure, sample.sampler_cpu_pressure))
     return sample.missed_ticks > 0 or late or pressed
 

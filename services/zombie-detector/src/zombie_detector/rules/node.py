@@ -40,7 +40,7 @@ from gpumedic_events import Diagnosis, IncidentKind, NodeRetired, NodeSshChecked
 from gpumedic_events.views import Sample
 from gpumedic_incidents import Finding
 from gpumedic_incidents.policy import BehindPolicy, SilentPolicy, SshPolicy
-from zombie_detector.rules.base import BUSY_PRESSURE_PCT, Incidents, NodeId, busy
+from zombie_detector.rules.base import BUSY_PRESSURE_PCT, Incidents, NodeId, busy, late_s
 from zombie_detector.rules.control_plane import LOST_FINGERPRINT
 
 SILENT = IncidentKind.NODE_SILENT
@@ -224,8 +224,8 @@ def _late(sample: Sample) -> str:
     said = []
     if sample.missed_ticks:
         said.append(f"its sampler missed {sample.missed_ticks} tick(s)")
-    if sample.due_at is not None and (late_s := (sample.occurred_at - sample.due_at).total_seconds()) > sample.interval_s / 2:
-        said.append(f"was {late_s:.0f}s late")
+    if (late := late_s(sample)) > sample.interval_s / 2:
+        said.append(f"was {late:.0f}s late")
     if (pressure := sample.sampler_cpu_pressure or sample.host.cpu_pressure) is not None and pressure.some_avg10_pct >= BUSY_PRESSURE_PCT:
         said.append(f"its CPUs are pressed ({pressure.some_avg10_pct:.0f}% of the last 10 s waiting)")
     return f": {', '.join(said)}; late, not silent" if said else ""
