@@ -606,9 +606,7 @@ class ServiceRuntime:
     async def _heartbeat(self) -> None:
         while True:
             try:
-                # The same beat asked again while a server restarts (same id: stored once), so it says
-                # when the service said it: a new one made at each try told of a start seconds late.
-                await publish_event(self.broker, self.heartbeat_event("ready"), patience_s=HEARTBEAT_EVERY_S)
+                await publish_event(self.broker, self.heartbeat_event("ready"))
             except Exception as exc:  # sooner than the next beat: the first one says the service is back
                 log.warning("%s: heartbeat not published (%s); the bus may be reconnecting", self.service, nats_reason(exc))
                 await asyncio.sleep(1.0)
